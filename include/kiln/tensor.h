@@ -1,0 +1,124 @@
+// kiln::Tensor: a dense host tensor with a data type and a concrete shape.
+//
+// Copies share the same storage (like a shared_ptr); use clone() for a deep copy.
+// Storage is 64-byte aligned so kernels may use aligned vector loads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/error.h"
+
+namespace kiln {
+
+// The numeric codes are ONNX's TensorProto.DataType codes, so conversion is a cast.
+enum class DType : int32_t {
+  kUndefined = 0,
+  kFloat32 = 1,
+  kUInt8 = 2,
+  kInt8 = 3,
+  kUInt16 = 4,
+  kInt16 = 5,
+  kInt32 = 6,
+  kInt64 = 7,
+  kString = 8,
+  kBool = 9,
+  kFloat16 = 10,
+  kFloat64 = 11,
+  kUInt32 = 12,
+  kUInt64 = 13,
+  kBFloat16 = 16,
+};
+
+// "float32", "int64", ...; "dtype(N)" for a code kiln does not know.
+std::string to_string(DType dtype);
+// Bytes per element; 0 for types kiln cannot store (string, undefined, unknown codes).
+size_t element_size(DType dtype);
+bool is_known_dtype(int32_t onnx_code);
+bool is_float(DType dtype);    // float16, bfloat16, float32, float64
+bool is_integer(DType dtype);  // signed and unsigned integers (not bool)
+
+template <class T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::kFloat32; }
+template <> constexpr DType dtype_of<double>() { return DType::kFloat64; }
+template <> constexpr DType dtype_of<int8_t>() { return DType::kInt8; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::kUInt8; }
+template <> constexpr DType dtype_of<int16_t>() { return DType::kInt16; }
+template <> constexpr DType dtype_of<uint16_t>() { return DType::kUInt16; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::kInt32; }
+template <> constexpr DType dtype_of<uint32_t>() { return DType::kUInt32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
+template <> constexpr DType dtype_of<uint64_t>() { return DType::kUInt64; }
+template <> constexpr DType dtype_of<bool>() { return DType::kBool; }
+
+// Number of elements of a shape; throws kInvalidArgument on a negative dimension or overflow.
+int64_t shape_numel(const std::vector<int64_t>& shape);
+// "1x3x224x224" ("scalar" for rank 0).
+std::string shape_to_string(const std::vector<int64_t>& shape);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // A zero-filled tensor.
+  Tensor(DType dtype, std::vector<int64_t> shape);
+
+  template <class T>
+  static Tensor from_vector(std::vector<int64_t> shape, const std::vector<T>& values) {
+    Tensor t(dtype_of<T>(), std::move(shape));
+    if (static_cast<int64_t>(values.size()) != t.numel())
+      throw Error(ErrorKind::kInvalidArgument, "from_vector: value count does not match the shape");
+    T* out = t.data<T>();
+    for (size_t i = 0; i < values.size(); ++i) out[i] = values[i];
+    return t;
+  }
+  template <class T>
+  static Tensor scalar(T value) { return from_vector<T>({}, {value}); }
+
+  bool defined() const { return dtype_ != DType::kUndefined; }
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_.at(static_cast<size_t>(i)); }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * element_size(dtype_); }
+
+  void* raw() { return storage_ ? storage_.get() : nullptr; }
+  const void* raw() const { return storage_ ? storage_.get() : nullptr; }
+
+  // Typed access; throws kInvalidArgument if T does not match dtype().
+  template <class T> T* data() { check_type(dtype_of<T>()); return static_cast<T*>(raw()); }
+  template <class T> const T* data() const {
+    check_type(dtype_of<T>());
+    return static_cast<const T*>(raw());
+  }
+
+  // The same storage seen with another shape of equal element count.
+  Tensor reshaped(std::vector<int64_t> shape) const;
+  Tensor clone() const;
+  // Element i converted to double / int64 (any numeric dtype); for small tensors and tests.
+  double value_as_double(int64_t i) const;
+  int64_t value_as_int(int64_t i) const;
+  // All elements as int64 (any integer dtype); for shape tensors.
+  std::vector<int64_t> to_int_vector() const;
+  // A float32 copy of any numeric tensor.
+  Tensor to_float32() const;
+
+ private:
+  void check_type(DType expected) const;
+
+  DType dtype_ = DType::kUndefined;
+  std::vector<int64_t> shape_;
+  int64_t numel_ = 0;
+  std::shared_ptr<unsigned char[]> storage_;
+};
+
+// IEEE half and bfloat16 conversion, used by Cast and by importers.
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+float bfloat16_to_float(uint16_t b);
+uint16_t float_to_bfloat16(float f);
+
+}  // namespace kiln

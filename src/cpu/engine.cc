@@ -1,0 +1,168 @@
+#include "cpu/engine.h"
+
+#include <algorithm>
+#include <set>
+
+#include "ir/op_schema.h"
+
+namespace kiln::cpu {
+
+CpuEngine::CpuEngine(ir::Graph graph) : graph_(std::move(graph)) {
+  auto slot_of = [&](const std::string& name) {
+    auto it = slots_.find(name);
+    if (it != slots_.end()) return it->second;
+    slots_[name] = num_slots_;
+    return num_slots_++;
+  };
+  for (const std::string& in : graph_.inputs) slot_of(in);
+
+  std::vector<std::string> problems;
+  for (const ir::Node& node : graph_.nodes) {
+    Step step;
+    step.node = &node;
+    KernelInit init{node, {}, {}, {}};
+    for (const std::string& in : node.inputs) {
+      const ir::Value* v = in.empty() ? nullptr : graph_.find_value(in);
+      init.input_types.push_back(v ? &v->type : nullptr);
+      init.constants.push_back(v && v->constant ? &*v->constant : nullptr);
+      step.inputs.push_back(in.empty() ? -1 : slot_of(in));
+    }
+    for (const std::string& out : node.outputs) {
+      const ir::Value* v = out.empty() ? nullptr : graph_.find_value(out);
+      init.output_types.push_back(v ? &v->type : nullptr);
+      step.outputs.push_back(out.empty() ? -1 : slot_of(out));
+    }
+    const KernelEntry* entry = KernelRegistry::instance().find(node.op, node.domain);
+    std::string why;
+    if (!entry) why = "the CPU engine has no kernel for " + node.op;
+    else if (entry->check) why = entry->check(init);
+    if (!why.empty()) {
+      problems.push_back("node '" + node.name + "' (" + node.op + "): " + why);
+      continue;
+    }
+    try {
+      step.kernel = entry->create(init);
+    } catch (Error& e) {
+      if (e.node_name().empty()) e.node(node.name, node.op);
+      throw;
+    }
+    steps_.push_back(std::move(step));
+  }
+  if (!problems.empty()) {
+    std::string msg = std::to_string(problems.size()) + " node(s) cannot run on the CPU engine: ";
+    for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+    throw Error(ErrorKind::kUnsupported, msg);
+  }
+
+  constant_slots_.resize(static_cast<size_t>(num_slots_));
+  for (const auto& [name, slot] : slots_) {
+    const ir::Value* v = graph_.find_value(name);
+    if (v && v->constant) constant_slots_[static_cast<size_t>(slot)] = *v->constant;
+  }
+  // Free each intermediate after its last reader; graph inputs, outputs and constants stay.
+  std::set<int> keep;
+  for (const std::string& o : graph_.outputs) keep.insert(slots_.at(o));
+  std::vector<int> last_reader(static_cast<size_t>(num_slots_), -1);
+  for (size_t s = 0; s < steps_.size(); ++s)
+    for (int in : steps_[s].inputs)
+      if (in >= 0) last_reader[static_cast<size_t>(in)] = static_cast<int>(s);
+  for (int slot = 0; slot < num_slots_; ++slot) {
+    int r = last_reader[static_cast<size_t>(slot)];
+    if (r >= 0 && !keep.count(slot) && !constant_slots_[static_cast<size_t>(slot)].defined())
+      steps_[static_cast<size_t>(r)].release.push_back(slot);
+  }
+}
+
+void CpuEngine::check_inputs(const std::map<std::string, Tensor>& inputs) const {
+  for (const auto& [name, t] : inputs)
+    if (std::find(graph_.inputs.begin(), graph_.inputs.end(), name) == graph_.inputs.end()) {
+      std::string names;
+      for (const std::string& n : graph_.inputs) names += (names.empty() ? "" : ", ") + n;
+      throw Error(ErrorKind::kInvalidArgument, "the model has no input named '" + name + "'")
+          .hint("its inputs are: " + names);
+    }
+  std::map<std::string, int64_t> symbols;
+  for (const std::string& name : graph_.inputs) {
+    auto it = inputs.find(name);
+    if (it == inputs.end()) throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' was not given");
+    const Tensor& t = it->second;
+    const ir::TensorType& want = graph_.value(name).type;
+    if (t.dtype() != want.dtype)
+      throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' must be " + to_string(want.dtype) +
+                                                   ", got " + to_string(t.dtype()));
+    if (want.shape) {
+      const ir::Dims& dims = *want.shape;
+      std::string expected = ir::dims_to_string(dims);
+      if (t.rank() != static_cast<int>(dims.size()))
+        throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' must have shape " + expected + " (rank " +
+                                                     std::to_string(dims.size()) + "), got " + shape_to_string(t.shape()));
+      for (size_t i = 0; i < dims.size(); ++i) {
+        if (dims[i].known() && dims[i].value != t.shape()[i])
+          throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' must have shape " + expected + ", got " +
+                                                       shape_to_string(t.shape()));
+        if (dims[i].symbolic()) {
+          auto [sit, inserted] = symbols.emplace(dims[i].symbol, t.shape()[i]);
+          if (!inserted && sit->second != t.shape()[i])
+            throw Error(ErrorKind::kInvalidArgument, "dimension '" + dims[i].symbol + "' is " + std::to_string(sit->second) +
+                                                         " in one input and " + std::to_string(t.shape()[i]) + " in input '" +
+                                                         name + "'");
+        }
+      }
+    }
+  }
+}
+
+std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>& inputs) const {
+  check_inputs(inputs);
+  std::vector<Tensor> slots = constant_slots_;
+  for (const auto& [name, t] : inputs) slots[static_cast<size_t>(slots_.at(name))] = t;
+
+  std::vector<ir::TensorType> types;
+  std::vector<const ir::TensorType*> type_ptrs;
+  std::vector<const Tensor*> values;
+  std::vector<const ir::Dims*> no_symbolic;
+  std::vector<Tensor> outputs;
+  for (const Step& step : steps_) {
+    const ir::Node& node = *step.node;
+    types.assign(step.inputs.size(), {});
+    type_ptrs.assign(step.inputs.size(), nullptr);
+    values.assign(step.inputs.size(), nullptr);
+    no_symbolic.assign(step.inputs.size(), nullptr);
+    for (size_t i = 0; i < step.inputs.size(); ++i) {
+      if (step.inputs[i] < 0) continue;
+      const Tensor& t = slots[static_cast<size_t>(step.inputs[i])];
+      if (!t.defined()) throw node.error(ErrorKind::kInternal, "input '" + node.inputs[i] + "' was not computed");
+      types[i].dtype = t.dtype();
+      types[i].shape = ir::dims_of(t.shape());
+      type_ptrs[i] = &types[i];
+      values[i] = &t;
+    }
+    ir::InferContext ctx = ir::infer_node(node, type_ptrs, values, no_symbolic);
+    outputs.clear();
+    for (size_t o = 0; o < node.outputs.size(); ++o) {
+      const ir::TensorType& t = ctx.output_types[o];
+      if (node.outputs[o].empty()) {
+        outputs.emplace_back();
+        continue;
+      }
+      if (!t.shape || !ir::all_known(*t.shape))
+        throw node.error(ErrorKind::kInternal, "output " + std::to_string(o) + " has no concrete shape at run time");
+      outputs.emplace_back(t.dtype, ir::known_values(*t.shape));
+    }
+    std::vector<const Tensor*> in_ptrs(values.begin(), values.end());
+    try {
+      step.kernel->run(in_ptrs, outputs);
+    } catch (Error& e) {
+      if (e.node_name().empty()) e.node(node.name, node.op);
+      throw;
+    }
+    for (size_t o = 0; o < step.outputs.size(); ++o)
+      if (step.outputs[o] >= 0) slots[static_cast<size_t>(step.outputs[o])] = std::move(outputs[o]);
+    for (int r : step.release) slots[static_cast<size_t>(r)] = Tensor();
+  }
+  std::map<std::string, Tensor> result;
+  for (const std::string& o : graph_.outputs) result[o] = slots[static_cast<size_t>(slots_.at(o))];
+  return result;
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,71 @@
+// The CPU backend's kernel interface: one file per op family in src/cpu/ registers kernels
+// with KILN_REGISTER_CPU_KERNELS.
+//
+// A kernel is created once per node when the engine is built (it may pre-pack constant
+// weights then) and run many times. Output tensors arrive allocated with the shapes the op
+// schema inferred from the actual inputs; the kernel fills them.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace kiln::cpu {
+
+struct KernelInit {
+  const ir::Node& node;
+  std::vector<const ir::TensorType*> input_types;  // nullptr for omitted inputs
+  std::vector<const Tensor*> constants;            // constant inputs (weights), else nullptr
+  std::vector<const ir::TensorType*> output_types;
+
+  DType dtype(size_t i) const { return i < input_types.size() && input_types[i] ? input_types[i]->dtype : DType::kUndefined; }
+  bool has_input(size_t i) const { return i < input_types.size() && input_types[i]; }
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual void run(const std::vector<const Tensor*>& inputs, std::vector<Tensor>& outputs) = 0;
+};
+
+// A kernel from a lambda, for kernels that keep no state.
+using RunFn = std::function<void(const std::vector<const Tensor*>&, std::vector<Tensor>&)>;
+std::unique_ptr<Kernel> make_kernel(RunFn fn);
+
+struct KernelEntry {
+  std::string op;
+  std::string domain;  // "" or "kiln"
+  // "" if this node can run here, else why not (e.g. "int8 inputs are not supported").
+  std::function<std::string(const KernelInit&)> check;
+  std::function<std::unique_ptr<Kernel>(const KernelInit&)> create;
+  std::string dtypes;  // for docs/operators.md, e.g. "float32, int64"
+};
+
+class KernelRegistry {
+ public:
+  static KernelRegistry& instance();
+  void add(KernelEntry entry);
+  const KernelEntry* find(const std::string& op, const std::string& domain = "") const;
+  std::vector<const KernelEntry*> all() const;
+
+ private:
+  std::map<std::string, KernelEntry> entries_;
+};
+
+struct KernelRegistrar {
+  explicit KernelRegistrar(void (*fn)(KernelRegistry&)) { fn(KernelRegistry::instance()); }
+};
+
+#define KILN_REGISTER_CPU_KERNELS(family)                                                   \
+  static void kiln_register_cpu_##family(::kiln::cpu::KernelRegistry& registry);            \
+  static ::kiln::cpu::KernelRegistrar kiln_cpu_registrar_##family(&kiln_register_cpu_##family); \
+  static void kiln_register_cpu_##family(::kiln::cpu::KernelRegistry& registry)
+
+// A check that accepts the listed dtypes for input 0 (the common case).
+std::function<std::string(const KernelInit&)> accept_dtypes(std::vector<DType> dtypes);
+
+}  // namespace kiln::cpu

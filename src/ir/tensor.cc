@@ -1,0 +1,254 @@
+#include "kiln/tensor.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+
+namespace kiln {
+
+std::string to_string(DType dtype) {
+  switch (dtype) {
+    case DType::kUndefined: return "undefined";
+    case DType::kFloat32: return "float32";
+    case DType::kUInt8: return "uint8";
+    case DType::kInt8: return "int8";
+    case DType::kUInt16: return "uint16";
+    case DType::kInt16: return "int16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kString: return "string";
+    case DType::kBool: return "bool";
+    case DType::kFloat16: return "float16";
+    case DType::kFloat64: return "float64";
+    case DType::kUInt32: return "uint32";
+    case DType::kUInt64: return "uint64";
+    case DType::kBFloat16: return "bfloat16";
+  }
+  return "dtype(" + std::to_string(static_cast<int32_t>(dtype)) + ")";
+}
+
+size_t element_size(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: case DType::kInt32: case DType::kUInt32: return 4;
+    case DType::kUInt8: case DType::kInt8: case DType::kBool: return 1;
+    case DType::kUInt16: case DType::kInt16: case DType::kFloat16: case DType::kBFloat16: return 2;
+    case DType::kInt64: case DType::kUInt64: case DType::kFloat64: return 8;
+    case DType::kString: case DType::kUndefined: return 0;
+  }
+  return 0;
+}
+
+bool is_known_dtype(int32_t code) {
+  return element_size(static_cast<DType>(code)) > 0;
+}
+
+bool is_float(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16 ||
+         d == DType::kFloat64;
+}
+
+bool is_integer(DType d) {
+  switch (d) {
+    case DType::kUInt8: case DType::kInt8: case DType::kUInt16: case DType::kInt16:
+    case DType::kInt32: case DType::kInt64: case DType::kUInt32: case DType::kUInt64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int64_t shape_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) throw Error(ErrorKind::kInvalidArgument, "negative dimension in shape " + shape_to_string(shape));
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d)
+      throw Error(ErrorKind::kInvalidArgument, "shape " + shape_to_string(shape) + " has too many elements");
+    n *= d;
+  }
+  return n;
+}
+
+std::string shape_to_string(const std::vector<int64_t>& shape) {
+  if (shape.empty()) return "scalar";
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += "x";
+    s += std::to_string(shape[i]);
+  }
+  return s;
+}
+
+namespace {
+constexpr size_t kAlignment = 64;
+// Refuse single tensors above 64 GiB: such a size in a model file is corruption, not data.
+constexpr size_t kMaxTensorBytes = size_t{64} << 30;
+
+std::shared_ptr<unsigned char[]> allocate(size_t bytes) {
+  if (bytes > kMaxTensorBytes)
+    throw Error(ErrorKind::kInvalidArgument,
+                "tensor of " + std::to_string(bytes) + " bytes is larger than kiln allows (64 GiB)");
+  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded == 0) rounded = kAlignment;
+  auto* p = static_cast<unsigned char*>(::operator new[](rounded, std::align_val_t(kAlignment)));
+  std::memset(p, 0, rounded);
+  return std::shared_ptr<unsigned char[]>(
+      p, [](unsigned char* q) { ::operator delete[](q, std::align_val_t(kAlignment)); });
+}
+}  // namespace
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
+    : dtype_(dtype), shape_(std::move(shape)), numel_(shape_numel(shape_)) {
+  if (element_size(dtype) == 0)
+    throw Error(ErrorKind::kUnsupported, "tensors of type " + to_string(dtype) + " are not supported");
+  size_t esize = element_size(dtype);
+  if (numel_ > 0 && static_cast<size_t>(numel_) > kMaxTensorBytes / esize)
+    throw Error(ErrorKind::kInvalidArgument, "tensor of shape " + shape_to_string(shape_) + " is too large");
+  storage_ = allocate(static_cast<size_t>(numel_) * esize);
+}
+
+void Tensor::check_type(DType expected) const {
+  if (dtype_ != expected)
+    throw Error(ErrorKind::kInvalidArgument,
+                "tensor holds " + to_string(dtype_) + ", accessed as " + to_string(expected));
+}
+
+Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
+  if (shape_numel(shape) != numel_)
+    throw Error(ErrorKind::kInvalidArgument,
+                "cannot reshape " + shape_to_string(shape_) + " to " + shape_to_string(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  if (!defined()) return Tensor();
+  Tensor t(dtype_, shape_);
+  if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+double Tensor::value_as_double(int64_t i) const {
+  if (i < 0 || i >= numel_) throw Error(ErrorKind::kInvalidArgument, "element index out of range");
+  const void* p = raw();
+  switch (dtype_) {
+    case DType::kFloat32: return static_cast<const float*>(p)[i];
+    case DType::kFloat64: return static_cast<const double*>(p)[i];
+    case DType::kFloat16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBFloat16: return bfloat16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kInt8: return static_cast<const int8_t*>(p)[i];
+    case DType::kUInt8: return static_cast<const uint8_t*>(p)[i];
+    case DType::kInt16: return static_cast<const int16_t*>(p)[i];
+    case DType::kUInt16: return static_cast<const uint16_t*>(p)[i];
+    case DType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case DType::kUInt32: return static_cast<const uint32_t*>(p)[i];
+    case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kUInt64: return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
+    case DType::kBool: return static_cast<const uint8_t*>(p)[i] ? 1.0 : 0.0;
+    default: break;
+  }
+  throw Error(ErrorKind::kUnsupported, "value_as_double on " + to_string(dtype_));
+}
+
+int64_t Tensor::value_as_int(int64_t i) const {
+  if (i < 0 || i >= numel_) throw Error(ErrorKind::kInvalidArgument, "element index out of range");
+  const void* p = raw();
+  switch (dtype_) {
+    case DType::kInt8: return static_cast<const int8_t*>(p)[i];
+    case DType::kUInt8: return static_cast<const uint8_t*>(p)[i];
+    case DType::kInt16: return static_cast<const int16_t*>(p)[i];
+    case DType::kUInt16: return static_cast<const uint16_t*>(p)[i];
+    case DType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case DType::kUInt32: return static_cast<const uint32_t*>(p)[i];
+    case DType::kInt64: return static_cast<const int64_t*>(p)[i];
+    case DType::kUInt64: return static_cast<int64_t>(static_cast<const uint64_t*>(p)[i]);
+    case DType::kBool: return static_cast<const uint8_t*>(p)[i] ? 1 : 0;
+    default: {
+      double v = value_as_double(i);
+      if (!std::isfinite(v)) throw Error(ErrorKind::kInvalidArgument, "non-finite value where an integer is needed");
+      return static_cast<int64_t>(v);
+    }
+  }
+}
+
+std::vector<int64_t> Tensor::to_int_vector() const {
+  std::vector<int64_t> out(static_cast<size_t>(numel_));
+  for (int64_t i = 0; i < numel_; ++i) out[static_cast<size_t>(i)] = value_as_int(i);
+  return out;
+}
+
+Tensor Tensor::to_float32() const {
+  if (dtype_ == DType::kFloat32) return *this;
+  Tensor t(DType::kFloat32, shape_);
+  float* out = t.data<float>();
+  for (int64_t i = 0; i < numel_; ++i) out[i] = static_cast<float>(value_as_double(i));
+  return t;
+}
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400) == 0) { mant <<= 1; --exp; }
+      mant &= 0x3ff;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000 | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000;
+  uint32_t absx = x & 0x7fffffff;
+  if (absx >= 0x7f800000) return static_cast<uint16_t>(sign | 0x7c00 | (absx > 0x7f800000 ? 0x200 : 0));
+  if (absx >= 0x477ff000) return static_cast<uint16_t>(sign | 0x7c00);  // overflow to inf
+  if (absx < 0x38800000) {  // subnormal or zero in half
+    if (absx < 0x33000000) return static_cast<uint16_t>(sign);
+    uint32_t e = absx >> 23;
+    uint32_t m = (absx & 0x7fffff) | 0x800000;
+    uint32_t shift = 126 - e;  // 113 - e + 13
+    uint32_t half_m = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half_m & 1))) ++half_m;
+    return static_cast<uint16_t>(sign | half_m);
+  }
+  uint32_t e = (absx >> 23) - 127 + 15;
+  uint32_t m = absx & 0x7fffff;
+  uint32_t h = (e << 10) | (m >> 13);
+  uint32_t rem = m & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;  // round to nearest even
+  return static_cast<uint16_t>(sign | h);
+}
+
+float bfloat16_to_float(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t float_to_bfloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((x >> 16) | 0x40);  // NaN
+  uint32_t rounding = 0x7fff + ((x >> 16) & 1);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+}  // namespace kiln

@@ -1,0 +1,436 @@
+#include "onnx/importer.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "ir/op_schema.h"
+#include "onnx.pb.h"
+
+namespace kiln::onnx_import {
+
+namespace fs = std::filesystem;
+
+ImporterRegistry& ImporterRegistry::instance() {
+  static ImporterRegistry registry;
+  return registry;
+}
+
+void ImporterRegistry::add(OpImporter importer) {
+  std::string key = importer.op;
+  importers_[key] = std::move(importer);
+}
+
+const OpImporter* ImporterRegistry::find(const std::string& op) const {
+  auto it = importers_.find(op);
+  return it == importers_.end() ? nullptr : &it->second;
+}
+
+std::vector<const OpImporter*> ImporterRegistry::all() const {
+  std::vector<const OpImporter*> out;
+  for (const auto& [k, v] : importers_) out.push_back(&v);
+  return out;
+}
+
+void ImportContext::fail(const std::string& message) const {
+  throw node.error(ErrorKind::kInvalidModel, message);
+}
+
+void ImportContext::unsupported(const std::string& message) const {
+  throw node.error(ErrorKind::kUnsupported, message);
+}
+
+void ImportContext::move_ints_attribute_to_input(const std::string& attr, size_t index) {
+  if (!node.attrs.has(attr)) return;
+  std::vector<int64_t> values = node.attrs.get_ints(attr);
+  node.attrs.erase(attr);
+  std::string name = graph.add_constant(node.name + "_" + attr,
+                                        Tensor::from_vector<int64_t>({static_cast<int64_t>(values.size())}, values));
+  if (node.inputs.size() <= index) node.inputs.resize(index + 1);
+  node.inputs[index] = name;
+}
+
+namespace {
+
+Error model_error(const std::string& file, const std::string& message) {
+  Error e(ErrorKind::kInvalidModel, message);
+  e.file(file);
+  return e;
+}
+
+// Reads an external data file region into `out` (already sized), with bounds checks.
+void read_external(const onnx::TensorProto& proto, const std::string& base_dir, Tensor& out) {
+  std::string location;
+  int64_t offset = 0;
+  int64_t length = -1;
+  for (const auto& kv : proto.external_data()) {
+    if (kv.key() == "location") location = kv.value();
+    else if (kv.key() == "offset") offset = std::stoll(kv.value());
+    else if (kv.key() == "length") length = std::stoll(kv.value());
+  }
+  if (location.empty())
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has external data without a location");
+  if (base_dir.empty())
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' uses external data, which needs a model file path");
+  fs::path rel(location);
+  if (rel.is_absolute() || location.find("..") != std::string::npos)
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data location '" + location +
+                                              "' must be a relative path inside the model's folder");
+  fs::path path = fs::path(base_dir) / rel;
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    throw Error(ErrorKind::kIo, "tensor '" + proto.name() + "': external data file '" + path.string() + "' cannot be opened")
+        .hint("keep the data file next to the .onnx file");
+  f.seekg(0, std::ios::end);
+  int64_t size = static_cast<int64_t>(f.tellg());
+  int64_t need = static_cast<int64_t>(out.nbytes());
+  if (length >= 0 && length != need)
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data length " + std::to_string(length) +
+                                              " does not match its shape (" + std::to_string(need) + " bytes)");
+  if (offset < 0 || offset + need > size)
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data file '" + path.string() +
+                                              "' is too short (" + std::to_string(size) + " bytes, need " +
+                                              std::to_string(offset + need) + ")");
+  f.seekg(offset);
+  f.read(static_cast<char*>(out.raw()), need);
+  if (!f) throw Error(ErrorKind::kIo, "tensor '" + proto.name() + "': failed reading external data '" + path.string() + "'");
+}
+
+template <class Field>
+void check_count(const onnx::TensorProto& proto, const Field& field, int64_t numel) {
+  if (static_cast<int64_t>(field.size()) != numel)
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has " + std::to_string(field.size()) +
+                                              " values for " + std::to_string(numel) + " elements");
+}
+
+}  // namespace
+
+Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base_dir) {
+  if (proto.has_segment())
+    throw Error(ErrorKind::kUnsupported, "tensor '" + proto.name() + "' is segmented");
+  if (!is_known_dtype(proto.data_type()))
+    throw Error(ErrorKind::kUnsupported, "tensor '" + proto.name() + "' has data type " +
+                                             to_string(static_cast<DType>(proto.data_type())) +
+                                             ", which kiln does not support");
+  std::vector<int64_t> shape(proto.dims().begin(), proto.dims().end());
+  for (int64_t d : shape)
+    if (d < 0) throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has a negative dimension");
+  DType dtype = static_cast<DType>(proto.data_type());
+  Tensor t(dtype, shape);
+  const int64_t n = t.numel();
+  if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
+    read_external(proto, base_dir, t);
+    return t;
+  }
+  if (proto.has_raw_data()) {
+    if (proto.raw_data().size() != t.nbytes())
+      throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has " + std::to_string(proto.raw_data().size()) +
+                                                " bytes of raw data, its shape " + shape_to_string(shape) + " of " +
+                                                to_string(dtype) + " needs " + std::to_string(t.nbytes()));
+    if (n) std::memcpy(t.raw(), proto.raw_data().data(), t.nbytes());
+    return t;
+  }
+  switch (dtype) {
+    case DType::kFloat32:
+      check_count(proto, proto.float_data(), n);
+      std::copy(proto.float_data().begin(), proto.float_data().end(), t.data<float>());
+      break;
+    case DType::kFloat64:
+      check_count(proto, proto.double_data(), n);
+      std::copy(proto.double_data().begin(), proto.double_data().end(), t.data<double>());
+      break;
+    case DType::kInt64:
+      check_count(proto, proto.int64_data(), n);
+      std::copy(proto.int64_data().begin(), proto.int64_data().end(), t.data<int64_t>());
+      break;
+    case DType::kUInt32:
+    case DType::kUInt64: {
+      check_count(proto, proto.uint64_data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        if (dtype == DType::kUInt32) t.data<uint32_t>()[i] = static_cast<uint32_t>(proto.uint64_data(static_cast<int>(i)));
+        else t.data<uint64_t>()[i] = proto.uint64_data(static_cast<int>(i));
+      }
+      break;
+    }
+    case DType::kInt32: case DType::kInt16: case DType::kUInt16: case DType::kInt8:
+    case DType::kUInt8: case DType::kBool: case DType::kFloat16: case DType::kBFloat16: {
+      check_count(proto, proto.int32_data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        int32_t v = proto.int32_data(static_cast<int>(i));
+        switch (dtype) {
+          case DType::kInt32: t.data<int32_t>()[i] = v; break;
+          case DType::kInt16: t.data<int16_t>()[i] = static_cast<int16_t>(v); break;
+          case DType::kInt8: t.data<int8_t>()[i] = static_cast<int8_t>(v); break;
+          case DType::kUInt8: t.data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+          case DType::kBool: static_cast<uint8_t*>(t.raw())[i] = v ? 1 : 0; break;
+          default: static_cast<uint16_t*>(t.raw())[i] = static_cast<uint16_t>(v); break;  // 16-bit bit patterns
+        }
+      }
+      break;
+    }
+    default:
+      throw Error(ErrorKind::kUnsupported, "tensor '" + proto.name() + "' of type " + to_string(dtype));
+  }
+  return t;
+}
+
+Tensor read_tensor_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(ErrorKind::kIo, "cannot open '" + path + "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  onnx::TensorProto proto;
+  if (!proto.ParseFromString(ss.str())) throw model_error(path, "not a serialized ONNX TensorProto");
+  try {
+    return tensor_from_proto(proto, fs::path(path).parent_path().string());
+  } catch (Error& e) {
+    e.file(path);
+    throw;
+  }
+}
+
+namespace {
+
+ir::TensorType type_from_proto(const onnx::TypeProto& type, const std::string& value_name) {
+  ir::TensorType t;
+  if (!type.has_tensor_type())
+    throw Error(ErrorKind::kUnsupported, "value '" + value_name + "' is not a tensor (sequences, maps and optionals are not supported)");
+  const auto& tt = type.tensor_type();
+  if (tt.elem_type() != 0) {
+    if (!is_known_dtype(tt.elem_type()))
+      throw Error(ErrorKind::kUnsupported, "value '" + value_name + "' has data type " +
+                                               to_string(static_cast<DType>(tt.elem_type())) + ", which kiln does not support");
+    t.dtype = static_cast<DType>(tt.elem_type());
+  }
+  if (tt.has_shape()) {
+    ir::Dims dims;
+    for (const auto& d : tt.shape().dim()) {
+      if (d.has_dim_value()) {
+        if (d.dim_value() < 0)
+          throw Error(ErrorKind::kInvalidModel, "value '" + value_name + "' has a negative dimension");
+        dims.push_back(ir::Dim(d.dim_value()));
+      } else if (d.has_dim_param() && !d.dim_param().empty()) {
+        dims.push_back(ir::Dim::named(d.dim_param()));
+      } else {
+        dims.push_back(ir::Dim::unknown());
+      }
+    }
+    t.shape = std::move(dims);
+  }
+  return t;
+}
+
+ir::AttrValue attribute_from_proto(const onnx::AttributeProto& a, const std::string& base_dir,
+                                   const ir::Node& node) {
+  using AP = onnx::AttributeProto;
+  AP::AttributeType type = a.type();
+  if (type == AP::UNDEFINED) {  // old writers leave the type out: guess from what is set
+    if (a.has_f()) type = AP::FLOAT;
+    else if (a.has_i()) type = AP::INT;
+    else if (a.has_s()) type = AP::STRING;
+    else if (a.has_t()) type = AP::TENSOR;
+    else if (a.floats_size()) type = AP::FLOATS;
+    else if (a.ints_size()) type = AP::INTS;
+    else if (a.strings_size()) type = AP::STRINGS;
+  }
+  switch (type) {
+    case AP::INT: return static_cast<int64_t>(a.i());
+    case AP::FLOAT: return a.f();
+    case AP::STRING: return a.s();
+    case AP::INTS: return std::vector<int64_t>(a.ints().begin(), a.ints().end());
+    case AP::FLOATS: return std::vector<float>(a.floats().begin(), a.floats().end());
+    case AP::STRINGS: return std::vector<std::string>(a.strings().begin(), a.strings().end());
+    case AP::TENSOR: return tensor_from_proto(a.t(), base_dir);
+    default:
+      throw node.error(ErrorKind::kUnsupported,
+                       "attribute '" + a.name() + "' has type " + AP::AttributeType_Name(type) +
+                           " (subgraphs, sparse tensors and type protos are not supported)");
+  }
+}
+
+struct UnsupportedOp {
+  std::vector<std::string> nodes;
+  std::set<int> opsets;
+  std::string reason;
+};
+
+}  // namespace
+
+ir::Graph import_bytes(const std::string& bytes, const std::string& name, const std::string& base_dir) {
+  onnx::ModelProto model;
+  {
+    google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
+    google::protobuf::io::CodedInputStream coded(&raw);
+    coded.SetTotalBytesLimit(INT32_MAX);
+    if (bytes.empty() || !model.ParseFromCodedStream(&coded) || !coded.ConsumedEntireMessage())
+      throw model_error(name, "not a valid ONNX model (protobuf parsing failed: the file is truncated, corrupted, or not ONNX)");
+  }
+  if (!model.has_graph() || model.ir_version() <= 0)
+    throw model_error(name, "not a valid ONNX model (no graph or no IR version: is this an ONNX file?)");
+
+  // Opsets by domain.
+  std::map<std::string, int> opsets;
+  for (const auto& o : model.opset_import()) {
+    std::string domain = o.domain() == "ai.onnx" ? "" : o.domain();
+    opsets[domain] = static_cast<int>(o.version());
+  }
+  int opset = opsets.count("") ? opsets[""] : 0;
+  if (opset == 0 && model.ir_version() < 3) opset = 1;
+  if (opset < kMinOpset || opset > kMaxOpset)
+    throw Error(ErrorKind::kUnsupported, "the model uses ONNX opset " + std::to_string(opset) + "; kiln reads opsets " +
+                                             std::to_string(kMinOpset) + " to " + std::to_string(kMaxOpset))
+        .file(name)
+        .hint(opset < kMinOpset ? "convert it with onnx.version_converter.convert_version(model, 17), or re-export with opset_version=17"
+                                : "re-export with an older opset_version");
+
+  const onnx::GraphProto& gp = model.graph();
+  ir::Graph graph;
+  graph.name = gp.name();
+  graph.opset = opset;
+
+  try {
+    // Initializers.
+    for (const auto& init : gp.initializer()) {
+      if (init.name().empty()) throw model_error(name, "an initializer has no name");
+      ir::Value v;
+      v.name = init.name();
+      v.constant = tensor_from_proto(init, base_dir);
+      v.type.dtype = v.constant->dtype();
+      v.type.shape = ir::dims_of(v.constant->shape());
+      if (v.constant->rank() <= 1 && is_integer(v.type.dtype) && v.constant->numel() <= 64)
+        v.symbolic_value = ir::dims_of(v.constant->to_int_vector());
+      graph.set_value(std::move(v));
+    }
+    if (gp.sparse_initializer_size())
+      throw Error(ErrorKind::kUnsupported, "sparse initializers are not supported");
+
+    // Inputs (older exporters list initializers as inputs too: those stay constants).
+    for (const auto& in : gp.input()) {
+      if (in.name().empty()) throw model_error(name, "a graph input has no name");
+      if (graph.has_value(in.name())) continue;
+      ir::Value v;
+      v.name = in.name();
+      v.type = type_from_proto(in.type(), in.name());
+      if (v.type.dtype == DType::kUndefined) throw model_error(name, "graph input '" + in.name() + "' has no data type");
+      if (!v.type.shape) throw Error(ErrorKind::kUnsupported, "graph input '" + in.name() + "' has no shape (not even a rank)");
+      graph.inputs.push_back(v.name);
+      graph.set_value(std::move(v));
+    }
+    // Declared types of intermediate values and outputs fill in what inference cannot know.
+    for (const auto& vi : gp.value_info()) {
+      if (vi.name().empty() || graph.has_value(vi.name()) || !vi.has_type() || !vi.type().has_tensor_type()) continue;
+      ir::Value v;
+      v.name = vi.name();
+      v.type = type_from_proto(vi.type(), vi.name());
+      graph.set_value(std::move(v));
+    }
+    for (const auto& out : gp.output()) {
+      if (out.name().empty()) throw model_error(name, "a graph output has no name");
+      graph.outputs.push_back(out.name());
+      if (graph.has_value(out.name())) continue;
+      ir::Value v;
+      v.name = out.name();
+      if (out.has_type()) v.type = type_from_proto(out.type(), out.name());
+      graph.set_value(std::move(v));
+    }
+
+    // Every unsupported op, reported together.
+    std::map<std::string, UnsupportedOp> unsupported;
+    const ImporterRegistry& registry = ImporterRegistry::instance();
+    for (int i = 0; i < gp.node_size(); ++i) {
+      const auto& np = gp.node(i);
+      std::string domain = np.domain() == "ai.onnx" ? "" : np.domain();
+      std::string node_name = np.name().empty() ? np.op_type() + "_" + std::to_string(i) : np.name();
+      int node_opset = opsets.count(domain) ? opsets[domain] : 0;
+      std::string key = (domain.empty() ? "" : domain + "::") + np.op_type();
+      const OpImporter* imp = domain.empty() ? registry.find(np.op_type()) : nullptr;
+      std::string reason;
+      if (!domain.empty()) reason = "domain '" + domain + "' is not supported";
+      else if (!imp) reason = "no importer";
+      else if (node_opset < imp->since_opset) reason = "supported from opset " + std::to_string(imp->since_opset);
+      if (!reason.empty()) {
+        auto& u = unsupported[key];
+        u.nodes.push_back(node_name);
+        u.opsets.insert(node_opset);
+        u.reason = reason;
+      }
+    }
+    if (!unsupported.empty()) {
+      std::string msg = std::to_string(unsupported.size()) + " unsupported operator type(s): ";
+      bool first = true;
+      for (const auto& [op, u] : unsupported) {
+        if (!first) msg += "; ";
+        first = false;
+        msg += op + " (opset";
+        for (int o : u.opsets) msg += " " + std::to_string(o);
+        msg += ", " + u.reason + ") at node(s) ";
+        for (size_t k = 0; k < u.nodes.size() && k < 8; ++k) msg += (k ? ", " : "") + u.nodes[k];
+        if (u.nodes.size() > 8) msg += " and " + std::to_string(u.nodes.size() - 8) + " more";
+      }
+      throw Error(ErrorKind::kUnsupported, msg).file(name).hint("see docs/operators.md for what kiln supports");
+    }
+
+    // Convert.
+    std::set<std::string> node_names;
+    for (int i = 0; i < gp.node_size(); ++i) {
+      const auto& np = gp.node(i);
+      ir::Node node;
+      node.name = np.name().empty() ? np.op_type() + "_" + std::to_string(i) : np.name();
+      while (node_names.count(node.name)) node.name += "_" + std::to_string(i);
+      node_names.insert(node.name);
+      node.op = np.op_type();
+      node.inputs.assign(np.input().begin(), np.input().end());
+      node.outputs.assign(np.output().begin(), np.output().end());
+      for (const auto& a : np.attribute()) {
+        if (a.name().empty()) throw node.error(ErrorKind::kInvalidModel, "an attribute has no name");
+        if (!a.ref_attr_name().empty())
+          throw node.error(ErrorKind::kUnsupported, "attribute references (functions) are not supported");
+        node.attrs.set(a.name(), attribute_from_proto(a, base_dir, node));
+      }
+      for (const std::string& out : node.outputs)
+        if (!out.empty() && graph.find_value(out) && graph.find_value(out)->constant)
+          throw node.error(ErrorKind::kInvalidModel, "output '" + out + "' overwrites an initializer");
+      const OpImporter* imp = registry.find(np.op_type());
+      ImportContext ctx{np, graph, opsets[""], std::move(node)};
+      if (imp->convert) imp->convert(ctx);
+      else ctx.emit_as_is();
+    }
+
+    graph.topological_sort();
+    ir::infer_shapes(graph);
+    for (const std::string& out : graph.outputs) {
+      const ir::Value* v = graph.find_value(out);
+      if (!v || (graph.producer(out) < 0 && !v->constant &&
+                 std::find(graph.inputs.begin(), graph.inputs.end(), out) == graph.inputs.end()))
+        throw Error(ErrorKind::kInvalidModel, "graph output '" + out + "' is not produced by any node");
+    }
+  } catch (Error& e) {
+    if (e.file_path().empty()) e.file(name);
+    throw;
+  } catch (const std::exception& e) {
+    throw model_error(name, std::string("failed to import: ") + e.what());
+  }
+  return graph;
+}
+
+ir::Graph import_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(ErrorKind::kIo, "file not found").file(path);
+  if (fs::is_directory(path, ec)) throw Error(ErrorKind::kIo, "is a directory, not an ONNX file").file(path);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(ErrorKind::kIo, "cannot open the file").file(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string base = fs::path(path).parent_path().string();
+  if (base.empty()) base = ".";
+  return import_bytes(ss.str(), path, base);
+}
+
+}  // namespace kiln::onnx_import

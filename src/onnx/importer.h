@@ -1,0 +1,83 @@
+// The ONNX importer: model file -> ir::Graph with types and shapes inferred.
+//
+// One small importer per op family (src/onnx/<family>.cc) registers with
+// KILN_REGISTER_IMPORTERS; it turns one ONNX node (at the model's opset) into IR nodes in the
+// canonical form: the newest opset's semantics, with inputs where newer opsets moved
+// attributes to inputs (Squeeze axes, Clip min/max, Reduce* axes, ...).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace onnx {
+class NodeProto;
+class TensorProto;
+}  // namespace onnx
+
+namespace kiln::onnx_import {
+
+// The opsets of the default ONNX domain that kiln imports.
+constexpr int kMinOpset = 11;
+constexpr int kMaxOpset = 28;
+
+struct ImportContext {
+  const onnx::NodeProto& proto;
+  ir::Graph& graph;
+  int opset;  // of the node's domain
+  // The node as read: name, op, inputs, outputs and every attribute converted.
+  ir::Node node;
+
+  // Appends a node to the graph.
+  void emit(ir::Node n) { graph.nodes.push_back(std::move(n)); }
+  // Appends `node` unchanged (the common case).
+  void emit_as_is() { graph.nodes.push_back(node); }
+  // Turns attribute `attr` (ints) into a new int64 constant input at position `index` of
+  // `node`, as newer opsets take it; pads missing optional inputs with "". No-op if absent.
+  void move_ints_attribute_to_input(const std::string& attr, size_t index);
+  [[noreturn]] void fail(const std::string& message) const;
+  [[noreturn]] void unsupported(const std::string& message) const;
+};
+
+struct OpImporter {
+  std::string op;
+  int since_opset = kMinOpset;  // the first opset (of those kiln reads) the importer handles
+  std::function<void(ImportContext&)> convert;  // null: emit as is
+};
+
+class ImporterRegistry {
+ public:
+  static ImporterRegistry& instance();
+  void add(OpImporter importer);
+  const OpImporter* find(const std::string& op) const;
+  std::vector<const OpImporter*> all() const;
+
+ private:
+  std::map<std::string, OpImporter> importers_;
+};
+
+struct ImporterRegistrar {
+  explicit ImporterRegistrar(void (*fn)(ImporterRegistry&)) { fn(ImporterRegistry::instance()); }
+};
+
+#define KILN_REGISTER_IMPORTERS(family)                                                   \
+  static void kiln_register_importers_##family(::kiln::onnx_import::ImporterRegistry& registry); \
+  static ::kiln::onnx_import::ImporterRegistrar kiln_importers_registrar_##family(             \
+      &kiln_register_importers_##family);                                                 \
+  static void kiln_register_importers_##family(::kiln::onnx_import::ImporterRegistry& registry)
+
+// Reads an ONNX model file (external data is looked up beside it).
+ir::Graph import_file(const std::string& path);
+// Reads a serialized ModelProto; `name` is used in error messages and `base_dir` for
+// external data ("" refuses external data).
+ir::Graph import_bytes(const std::string& bytes, const std::string& name, const std::string& base_dir);
+
+// Converts one TensorProto (for tests and the conformance runner's .pb files).
+Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base_dir);
+// Reads a serialized TensorProto file (the backend test data format).
+Tensor read_tensor_file(const std::string& path);
+
+}  // namespace kiln::onnx_import

@@ -1,0 +1,88 @@
+// kiln inspect model.onnx: inputs, outputs, layers with shapes, parameters and FLOPs.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+#include <iostream>
+
+#include "ir/op_schema.h"
+#include "onnx/importer.h"
+#include "passes/pipeline.h"
+#include "tools/commands.h"
+
+namespace kiln::tools {
+
+namespace {
+struct InspectOptions {
+  std::string model;
+  bool optimize = false;
+  bool json = false;
+};
+
+std::string type_string(const ir::Graph& g, const std::string& name) {
+  const ir::Value* v = g.find_value(name);
+  return v ? v->type.str() : "?";
+}
+
+std::string human(double v, const char* unit) {
+  const char* prefixes[] = {"", "K", "M", "G", "T"};
+  int p = 0;
+  while (v >= 1000.0 && p < 4) { v /= 1000.0; ++p; }
+  return fmt::format("{:.2f} {}{}", v, prefixes[p], unit);
+}
+
+int inspect(const InspectOptions& o) {
+  ir::Graph g = onnx_import::import_file(o.model);
+  if (o.optimize) passes::optimize(g);
+  int64_t total_flops = 0;
+  nlohmann::json layers = nlohmann::json::array();
+  for (const ir::Node& n : g.nodes) {
+    int64_t f = ir::node_flops(g, n);
+    total_flops += f;
+    nlohmann::json l = {{"name", n.name}, {"op", n.op}, {"flops", f}};
+    for (const std::string& in : n.inputs) l["inputs"].push_back({{"name", in}, {"type", in.empty() ? "" : type_string(g, in)}});
+    for (const std::string& out : n.outputs) l["outputs"].push_back({{"name", out}, {"type", out.empty() ? "" : type_string(g, out)}});
+    layers.push_back(l);
+  }
+  if (o.json) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["opset"] = g.opset;
+    for (const std::string& in : g.inputs) j["inputs"].push_back({{"name", in}, {"type", type_string(g, in)}});
+    for (const std::string& out : g.outputs) j["outputs"].push_back({{"name", out}, {"type", type_string(g, out)}});
+    j["layers"] = layers;
+    j["parameters"] = g.parameter_count();
+    j["parameter_bytes"] = g.parameter_bytes();
+    j["flops"] = total_flops;
+    std::cout << j.dump(1) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("model: {} (opset {}{})\n", o.model, g.opset, o.optimize ? ", after kiln's passes" : "");
+  std::cout << "inputs:\n";
+  for (const std::string& in : g.inputs) std::cout << fmt::format("  {:<30} {}\n", in, type_string(g, in));
+  std::cout << "outputs:\n";
+  for (const std::string& out : g.outputs) std::cout << fmt::format("  {:<30} {}\n", out, type_string(g, out));
+  std::cout << fmt::format("layers ({}):\n", g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& n = g.nodes[i];
+    std::string outs;
+    for (const std::string& out : n.outputs) if (!out.empty()) outs += (outs.empty() ? "" : ", ") + type_string(g, out);
+    int64_t f = layers[i]["flops"].get<int64_t>();
+    std::cout << fmt::format("  {:<4} {:<22} {:<36} -> {:<28} {}\n", i, n.op, n.name.substr(0, 36), outs,
+                             f ? human(static_cast<double>(f), "FLOP") : "");
+  }
+  std::cout << fmt::format("parameters: {} ({})\n", g.parameter_count(), human(static_cast<double>(g.parameter_bytes()), "B"));
+  std::cout << fmt::format("FLOPs: {} ({} total; symbolic dims counted as unknown)\n", human(static_cast<double>(total_flops), "FLOP"), total_flops);
+  return 0;
+}
+}  // namespace
+
+void add_inspect_command(CLI::App& app, std::function<int()>& action) {
+  auto opts = std::make_shared<InspectOptions>();
+  CLI::App* cmd = app.add_subcommand("inspect", "Show a model's inputs, outputs, layers with shapes, parameters and FLOPs");
+  cmd->add_option("model", opts->model, "ONNX model file")->required();
+  cmd->add_flag("--optimize", opts->optimize, "Show the graph after kiln's passes (folding and fusion)");
+  cmd->add_flag("--json", opts->json, "Print JSON instead of text");
+  cmd->callback([opts, &action] { action = [opts] { return inspect(*opts); }; });
+}
+
+}  // namespace kiln::tools

@@ -1,0 +1,35 @@
+// kiln: the command line. Subcommands: inspect, run, conformance, operators.
+#include <cstdio>
+#include <exception>
+#include <iostream>
+
+#include "kiln/error.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln: compile ONNX models into fast inference engines and run them"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION);
+  std::function<int()> action;
+  kiln::tools::add_inspect_command(app, action);
+  kiln::tools::add_run_command(app, action);
+  kiln::tools::add_conformance_command(app, action);
+  kiln::tools::add_operators_command(app, action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return action ? action() : 0;
+  } catch (const kiln::Error& e) {
+    std::cerr << "kiln: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "kiln: error: out of memory\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "kiln: internal error: " << e.what() << "\n";
+    return 2;
+  }
+}
