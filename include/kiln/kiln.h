@@ -7,8 +7,8 @@
 //   auto outputs = engine.run({{"input", image}});
 //
 // Every function throws kiln::Error (see error.h) on failure, never anything else.
-// Thread safety: an Engine may be shared by threads that call run() concurrently; each call
-// works on its own buffers.
+// Thread safety: an Engine may be shared between threads, but run() must be called from one
+// thread at a time (kernels keep scratch buffers); execution contexts come with dynamic shapes.
 #pragma once
 
 #include <map>
