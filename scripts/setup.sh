@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Installs what kiln needs on Debian 12 and builds it (CPU only; no CUDA needed).
+#
+#   bash scripts/setup.sh
+#
+# Steps, each skipped when already done, so running it again is cheap:
+#   1. Debian packages (apt-get; needs root, or sudo)
+#   2. a Python virtual environment .venv with torch, onnx, onnxruntime, ... from PyPI
+#   3. cmake + ninja build into build/ (KILN_BUILD_DIR overrides)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+BUILD_DIR=${KILN_BUILD_DIR:-build}
+
+# Build tools and libraries kiln links (see CMakeLists.txt); libonnx-testdata holds the ONNX
+# backend test cases of `kiln conformance`; clang and libclang-rt-14-dev build the fuzz targets;
+# libstb-dev decodes images for `kiln run --input photo.jpg`; dataset-fashion-mnist gives the
+# demo real images without a download.
+DEBIAN_PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
+  libopenblas-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev libstb-dev
+  clang libclang-rt-14-dev
+  dataset-fashion-mnist
+  python3 python3-venv python3-dev
+)
+PYTHON_PACKAGES=(torch torchvision onnx onnxruntime numpy pytest onnxscript transformers)
+# The import name of each package above, to check what is there already.
+PYTHON_MODULES=(torch torchvision onnx onnxruntime numpy pytest onnxscript transformers)
+
+say() { printf '\n==> %s\n' "$*"; }
+
+# --- 1. Debian packages ---------------------------------------------------------------------
+missing=()
+for p in "${DEBIAN_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  say "installing Debian packages: ${missing[*]}"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { echo "setup.sh: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+    SUDO=sudo
+  fi
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+else
+  say "Debian packages: all installed"
+fi
+
+# --- 2. Python environment ------------------------------------------------------------------
+if [[ ! -x .venv/bin/python ]]; then
+  say "creating the virtual environment .venv"
+  python3 -m venv .venv
+fi
+if .venv/bin/python -c "import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))" \
+     "${PYTHON_MODULES[@]}"; then
+  say "Python packages: all installed in .venv"
+else
+  # torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the CPU only.
+  say "installing Python packages into .venv: ${PYTHON_PACKAGES[*]}"
+  .venv/bin/python -m pip install --upgrade pip
+  .venv/bin/python -m pip install "${PYTHON_PACKAGES[@]}"
+fi
+
+# --- 3. build -------------------------------------------------------------------------------
+if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+  say "configuring $BUILD_DIR (Release, CPU only)"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_PYTHON="$PWD/.venv/bin/python"
+fi
+say "building $BUILD_DIR"
+ninja -C "$BUILD_DIR" -j"$(nproc)"
+say "setup done: $BUILD_DIR/kiln --help"

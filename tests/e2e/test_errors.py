@@ -1,0 +1,181 @@
+"""Bad input through the command line: kiln exits with code 1 and a message naming what is wrong.
+
+Exit code 1 is what main.cc returns for a kiln::Error. A crash (negative code: killed by a
+signal; 134 abort; 139 segfault) or an internal error (2) fails these tests: bad input from a
+user must always be a reported error.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+def save(model: onnx.ModelProto, path) -> str:
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def small_model(shape=(1, 3, 4, 4)) -> onnx.ModelProto:
+    """y = relu(pixels + w): valid, with an initializer, so truncating it cuts through tensor
+    data. The input has a long name so a test can look for it in an error message."""
+    w = numpy_helper.from_array(np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32).reshape(shape), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["pixels", "w"], ["s"], name="add0"),
+         helper.make_node("Relu", ["s"], ["y"], name="relu0")],
+        "small",
+        [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def unsupported_op_model() -> onnx.ModelProto:
+    """Relu then a node of an op type that exists nowhere ("FooBar", in the default domain)."""
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+         helper.make_node("FooBar", ["r"], ["y"], name="the_foobar_node")],
+        "foobar",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def loop_model() -> onnx.ModelProto:
+    """A valid ONNX Loop (control flow, which kiln does not compile): sums x three times."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Add", ["acc_in", "x"], ["acc_out"])],
+        "body",
+        [helper.make_tensor_value_info("iter", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, 4])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trip", "cond", "zero"], ["y"], name="the_loop_node", body=body)],
+        "loop",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.array(3, dtype=np.int64), "trip"),
+         numpy_helper.from_array(np.array(True), "cond"),
+         numpy_helper.from_array(np.zeros((1, 4), dtype=np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def assert_clean_error(result, *must_mention: str) -> None:
+    """Exit code 1, a "kiln: error:" line, and each of must_mention somewhere in stderr."""
+    assert result.returncode == 1, f"expected exit code 1 (a reported error)\n{result.describe()}"
+    assert "kiln: error:" in result.stderr, f"no 'kiln: error:' message\n{result.describe()}"
+    for word in must_mention:
+        assert word in result.stderr, f"the error message does not mention {word!r}\n{result.describe()}"
+
+
+# --- a model file kiln cannot read: both `inspect` and `run` must reject it -------------------
+
+MODEL_COMMANDS = [["inspect"], ["run", "--random"]]
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=lambda c: c[0])
+def test_missing_model_file(command, run_kiln, tmp_path):
+    path = tmp_path / "does_not_exist.onnx"
+    assert_clean_error(run_kiln(command[0], path, *command[1:]), "does_not_exist.onnx")
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("fraction", [0.5, 0.9])
+def test_truncated_model(command, fraction, run_kiln, tmp_path):
+    data = small_model().SerializeToString()
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(data[: int(len(data) * fraction)])
+    assert_clean_error(run_kiln(command[0], path, *command[1:]), "truncated.onnx")
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_bytes(command, seed, run_kiln, tmp_path):
+    path = tmp_path / "random.onnx"
+    path.write_bytes(np.random.default_rng(seed).integers(0, 256, size=4096, dtype=np.uint8).tobytes())
+    assert_clean_error(run_kiln(command[0], path, *command[1:]), "random.onnx")
+
+
+def test_empty_file(run_kiln, tmp_path):
+    path = tmp_path / "empty.onnx"
+    path.write_bytes(b"")
+    assert_clean_error(run_kiln("inspect", path), "empty.onnx")
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=lambda c: c[0])
+def test_unsupported_op(command, run_kiln, tmp_path):
+    path = save(unsupported_op_model(), tmp_path / "foobar.onnx")
+    assert_clean_error(run_kiln(command[0], path, *command[1:]), "FooBar", "the_foobar_node")
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=lambda c: c[0])
+def test_loop_is_unsupported(command, run_kiln, tmp_path):
+    path = save(loop_model(), tmp_path / "loop.onnx")
+    assert_clean_error(run_kiln(command[0], path, *command[1:]), "Loop", "the_loop_node")
+
+
+# --- a good model with bad inputs to `kiln run` --------------------------------------------
+
+@pytest.fixture
+def good_model(tmp_path) -> str:
+    return save(small_model(), tmp_path / "small.onnx")
+
+
+def test_good_model_runs(good_model, run_kiln, tmp_path):
+    """The baseline of the tests below: with a right input the same command succeeds."""
+    x = np.random.default_rng(0).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = run_kiln("run", good_model, "--input", f"pixels={tmp_path / 'x.npy'}", "--output-dir", tmp_path / "out")
+    assert result.returncode == 0, result.describe()
+    w = np.linspace(-1, 1, x.size, dtype=np.float32).reshape(x.shape)
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), np.maximum(x + w, 0), rtol=1e-6)
+
+
+def test_missing_input_file(good_model, run_kiln, tmp_path):
+    result = run_kiln("run", good_model, "--input", f"pixels={tmp_path / 'no_such_input.npy'}")
+    assert_clean_error(result, "no_such_input.npy")
+
+
+def test_input_file_not_npy(good_model, run_kiln, tmp_path):
+    path = tmp_path / "garbage.npy"
+    path.write_bytes(b"this is not a numpy file")
+    assert_clean_error(run_kiln("run", good_model, "--input", f"pixels={path}"), "garbage.npy")
+
+
+def test_input_not_given(good_model, run_kiln):
+    """No --input and no --random: kiln must say which input has no value."""
+    assert_clean_error(run_kiln("run", good_model), "pixels")
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 5, 5), (1, 4, 4, 4), (3, 4, 4), (2, 3, 4, 4)], ids=str)
+def test_wrong_input_shape(shape, good_model, run_kiln, tmp_path):
+    np.save(tmp_path / "bad.npy", np.zeros(shape, dtype=np.float32))
+    assert_clean_error(run_kiln("run", good_model, "--input", f"pixels={tmp_path / 'bad.npy'}"), "pixels")
+
+
+# How a message may spell each numpy dtype.
+DTYPE_SPELLINGS = {np.int64: ("int64",), np.float64: ("float64", "double"), np.int32: ("int32",), np.uint8: ("uint8",)}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_SPELLINGS), ids=lambda d: d.__name__)
+def test_wrong_input_dtype(dtype, good_model, run_kiln, tmp_path):
+    np.save(tmp_path / "bad.npy", np.zeros((1, 3, 4, 4), dtype=dtype))
+    result = run_kiln("run", good_model, "--input", f"pixels={tmp_path / 'bad.npy'}")
+    assert_clean_error(result, "pixels")
+    assert any(s in result.stderr.lower() for s in DTYPE_SPELLINGS[dtype]), \
+        f"the error message does not name the dtype given ({DTYPE_SPELLINGS[dtype]})\n{result.describe()}"
+
+
+def test_unknown_input_name(good_model, run_kiln, tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros((1, 3, 4, 4), dtype=np.float32))
+    assert_clean_error(run_kiln("run", good_model, "--input", f"not_an_input={tmp_path / 'x.npy'}"), "not_an_input")
