@@ -1,0 +1,153 @@
+// CPU kernels of Cast, CastLike, Clip and Dropout.
+//
+// Cast converts between every numeric type and bool: float to integer truncates toward zero
+// (as static_cast does), anything to bool is "!= 0", float16/bfloat16 go through float32.
+#include <cstring>
+#include <limits>
+
+#include "cpu/kernel.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+// Calls fn(T{}) for the C++ type of every natively stored numeric dtype (bool as uint8_t).
+template <class Fn>
+bool dispatch_storage(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: fn(float{}); return true;
+    case DType::kFloat64: fn(double{}); return true;
+    case DType::kInt8: fn(int8_t{}); return true;
+    case DType::kInt16: fn(int16_t{}); return true;
+    case DType::kInt32: fn(int32_t{}); return true;
+    case DType::kInt64: fn(int64_t{}); return true;
+    case DType::kUInt8: fn(uint8_t{}); return true;
+    case DType::kUInt16: fn(uint16_t{}); return true;
+    case DType::kUInt32: fn(uint32_t{}); return true;
+    case DType::kUInt64: fn(uint64_t{}); return true;
+    case DType::kBool: fn(bool{}); return true;
+    default: return false;
+  }
+}
+
+template <class S, class D>
+void convert(const void* src, void* dst, int64_t n) {
+  const S* s = static_cast<const S*>(src);
+  D* d = static_cast<D*>(dst);
+  if constexpr (std::is_same_v<D, bool>) {
+    // Written as bytes so a bool tensor always holds 0 or 1.
+    uint8_t* b = static_cast<uint8_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) b[i] = s[i] != S(0) ? 1 : 0;
+  } else if constexpr (std::is_same_v<S, bool>) {
+    const uint8_t* b = static_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < n; ++i) d[i] = b[i] ? D(1) : D(0);
+  } else {
+#pragma omp parallel for if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);
+  }
+}
+
+bool is_half(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; }
+
+void cast_tensor(const Tensor& in, Tensor& out) {
+  const int64_t n = in.numel();
+  if (in.dtype() == out.dtype()) {
+    if (in.nbytes()) std::memcpy(out.raw(), in.raw(), in.nbytes());
+    return;
+  }
+  // 16-bit floats: through a float32 buffer.
+  if (is_half(in.dtype())) {
+    Tensor f(DType::kFloat32, in.shape());
+    const uint16_t* h = static_cast<const uint16_t*>(in.raw());
+    float* p = f.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = in.dtype() == DType::kFloat16 ? half_to_float(h[i]) : bfloat16_to_float(h[i]);
+    cast_tensor(f, out);
+    return;
+  }
+  if (is_half(out.dtype())) {
+    Tensor f(DType::kFloat32, out.shape());
+    cast_tensor(in, f);
+    const float* p = f.data<float>();
+    uint16_t* h = static_cast<uint16_t*>(out.raw());
+    for (int64_t i = 0; i < n; ++i)
+      h[i] = out.dtype() == DType::kFloat16 ? float_to_half(p[i]) : float_to_bfloat16(p[i]);
+    return;
+  }
+  dispatch_storage(in.dtype(), [&](auto s) {
+    dispatch_storage(out.dtype(), [&](auto d) { convert<decltype(s), decltype(d)>(in.raw(), out.raw(), n); });
+  });
+}
+
+bool castable(DType d) { return is_half(d) || dispatch_storage(d, [](auto) {}); }
+
+template <class T>
+void clip_loop(const std::vector<const Tensor*>& in, Tensor& out) {
+  T lo = std::numeric_limits<T>::lowest(), hi = std::numeric_limits<T>::max();
+  if (in.size() > 1 && in[1]) lo = in[1]->data<T>()[0];
+  if (in.size() > 2 && in[2]) hi = in[2]->data<T>()[0];
+  const T* x = in[0]->data<T>();
+  T* y = out.data<T>();
+  const int64_t n = out.numel();
+  // min > max: ONNX Runtime yields max everywhere; the min-then-max order below does the same.
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    T v = x[i] < lo ? lo : x[i];
+    y[i] = v > hi ? hi : v;
+  }
+}
+
+}  // namespace
+
+KILN_REGISTER_CPU_KERNELS(cast) {
+  for (const char* op : {"Cast", "CastLike"}) {
+    KernelEntry e;
+    e.op = op;
+    e.check = [](const KernelInit& init) -> std::string {
+      DType to = init.output_types[0] ? init.output_types[0]->dtype : DType::kUndefined;
+      if (!castable(init.dtype(0))) return "cannot cast from " + to_string(init.dtype(0));
+      if (!castable(to)) return "cannot cast to " + to_string(to);
+      return "";
+    };
+    e.dtypes = "float16, bfloat16, float32, float64, int8..int64, uint8..uint64, bool";
+    e.create = [](const KernelInit&) {
+      return make_kernel([](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { cast_tensor(*in[0], out[0]); });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "Clip";
+    e.check = [](const KernelInit& init) -> std::string {
+      if (init.dtype(0) != DType::kBool && dispatch_storage(init.dtype(0), [](auto) {})) return "";
+      return "input type " + to_string(init.dtype(0)) + " is not supported (supported: float32, float64, integers)";
+    };
+    e.dtypes = "float32, float64, int8..int64, uint8..uint64";
+    e.create = [](const KernelInit& init) {
+      RunFn fn;
+      dispatch_storage(init.dtype(0), [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, bool>)
+          fn = [](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { clip_loop<T>(in, out[0]); };
+      });
+      return make_kernel(std::move(fn));
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "Dropout";
+    e.dtypes = "all";
+    e.create = [](const KernelInit&) {
+      return make_kernel([](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        if (in.size() > 2 && in[2] && in[2]->numel() == 1 && in[2]->value_as_int(0) != 0)
+          throw Error(ErrorKind::kUnsupported, "training_mode is true; kiln runs inference only");
+        if (in[0]->nbytes()) std::memcpy(out[0].raw(), in[0]->raw(), in[0]->nbytes());
+        if (out.size() > 1 && out[1].defined() && out[1].nbytes()) std::memset(out[1].raw(), 1, out[1].nbytes());
+      });
+    };
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace kiln::cpu
