@@ -1,0 +1,171 @@
+// CPU kernels of Gather, GatherElements, GatherND (raw bytes, any dtype) and ScatterElements
+// (any dtype without reduction; float32/float64/int32/int64 with add/mul/max/min).
+// Indices are checked: an out-of-range index is the caller's error, not a crash.
+#include <algorithm>
+#include <cstring>
+
+#include "cpu/data_movement.h"
+#include "cpu/kernel.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+int64_t checked_index(int64_t i, int64_t dim) {
+  if (i < -dim || i >= dim)
+    throw Error(ErrorKind::kInvalidArgument, "index " + std::to_string(i) + " is out of range for a dimension of size " +
+                                                 std::to_string(dim));
+  return i < 0 ? i + dim : i;
+}
+
+int64_t axis_of(const ir::Node& n, int64_t rank) {
+  int64_t a = n.attrs.get_int("axis", 0);
+  return a < 0 ? a + rank : a;
+}
+
+void gather(const ir::Node& node, const Tensor& data, const Tensor& idx, Tensor& out) {
+  const auto& s = data.shape();
+  size_t axis = static_cast<size_t>(axis_of(node, data.rank()));
+  size_t es = element_size(data.dtype());
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < axis; ++d) outer *= s[d];
+  for (size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
+  int64_t dim = s[axis], n = idx.numel();
+  size_t row = static_cast<size_t>(inner) * es;
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) pos[static_cast<size_t>(j)] = checked_index(index_at(idx, j), dim);
+  const auto* x = static_cast<const unsigned char*>(data.raw());
+  auto* y = static_cast<unsigned char*>(out.raw());
+  if (!row) return;
+#pragma omp parallel for if (outer * n * inner > (1 << 16)) schedule(static)
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < n; ++j)
+      std::memcpy(y + static_cast<size_t>(o * n + j) * row, x + static_cast<size_t>(o * dim + pos[static_cast<size_t>(j)]) * row, row);
+}
+
+// Calls fn(linear index in `shape`, offset of the same coordinates in a tensor with strides
+// `other`) for every element; used where indices and data have different shapes.
+template <class F>
+void for_each_coord(const std::vector<int64_t>& shape, F fn) {
+  int64_t n = shape_numel(shape);
+  std::vector<int64_t> c(shape.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    fn(i, c);
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (++c[d] < shape[d]) break;
+      c[d] = 0;
+    }
+  }
+}
+
+void gather_elements(const ir::Node& node, const Tensor& data, const Tensor& idx, Tensor& out) {
+  size_t axis = static_cast<size_t>(axis_of(node, data.rank()));
+  size_t es = element_size(data.dtype());
+  std::vector<int64_t> ds = contiguous_strides(data.shape());
+  int64_t dim = data.shape()[axis];
+  const auto* x = static_cast<const unsigned char*>(data.raw());
+  auto* y = static_cast<unsigned char*>(out.raw());
+  for_each_coord(idx.shape(), [&](int64_t i, const std::vector<int64_t>& c) {
+    int64_t off = 0;
+    for (size_t d = 0; d < c.size(); ++d) off += (d == axis ? checked_index(index_at(idx, i), dim) : c[d]) * ds[d];
+    std::memcpy(y + static_cast<size_t>(i) * es, x + static_cast<size_t>(off) * es, es);
+  });
+}
+
+void gather_nd(const ir::Node& node, const Tensor& data, const Tensor& idx, Tensor& out) {
+  const auto& s = data.shape();
+  size_t b = static_cast<size_t>(node.attrs.get_int("batch_dims", 0));
+  size_t k = static_cast<size_t>(idx.shape().back());
+  size_t es = element_size(data.dtype());
+  std::vector<int64_t> ds = contiguous_strides(s);
+  int64_t slice = 1;
+  for (size_t d = b + k; d < s.size(); ++d) slice *= s[d];
+  int64_t batch = 1;
+  for (size_t d = 0; d < b; ++d) batch *= s[d];
+  int64_t tuples = idx.numel() / static_cast<int64_t>(k ? k : 1);
+  if (k == 0) tuples = shape_numel(std::vector<int64_t>(idx.shape().begin(), idx.shape().end() - 1));
+  int64_t per_batch = tuples / batch;
+  int64_t batch_stride = b ? ds[b - 1] : 0;
+  const int64_t* iv = idx.data<int64_t>();
+  const auto* x = static_cast<const unsigned char*>(data.raw());
+  auto* y = static_cast<unsigned char*>(out.raw());
+  size_t row = static_cast<size_t>(slice) * es;
+  for (int64_t t = 0; t < tuples; ++t) {
+    int64_t off = (t / per_batch) * batch_stride;
+    for (size_t j = 0; j < k; ++j) off += checked_index(iv[static_cast<size_t>(t) * k + j], s[b + j]) * ds[b + j];
+    if (row) std::memcpy(y + static_cast<size_t>(t) * row, x + static_cast<size_t>(off) * es, row);
+  }
+}
+
+template <class T>
+void scatter_reduce(T* y, int64_t off, T u, const std::string& r) {
+  if (r == "add") y[off] += u;
+  else if (r == "mul") y[off] *= u;
+  else if (r == "max") y[off] = std::max(y[off], u);
+  else y[off] = std::min(y[off], u);
+}
+
+void scatter_elements(const ir::Node& node, const Tensor& data, const Tensor& idx, const Tensor& upd, Tensor& out) {
+  if (idx.shape() != upd.shape())
+    throw Error(ErrorKind::kInvalidArgument, "indices " + shape_to_string(idx.shape()) + " and updates " +
+                                                 shape_to_string(upd.shape()) + " must have the same shape");
+  size_t axis = static_cast<size_t>(axis_of(node, data.rank()));
+  std::string r = node.attrs.get_string("reduction", "none");
+  size_t es = element_size(data.dtype());
+  std::vector<int64_t> ds = contiguous_strides(data.shape());
+  int64_t dim = data.shape()[axis];
+  if (data.nbytes()) std::memcpy(out.raw(), data.raw(), data.nbytes());
+  auto* y = static_cast<unsigned char*>(out.raw());
+  const auto* u = static_cast<const unsigned char*>(upd.raw());
+  for_each_coord(idx.shape(), [&](int64_t i, const std::vector<int64_t>& c) {
+    int64_t off = 0;
+    for (size_t d = 0; d < c.size(); ++d) off += (d == axis ? checked_index(index_at(idx, i), dim) : c[d]) * ds[d];
+    if (r == "none") {
+      std::memcpy(y + static_cast<size_t>(off) * es, u + static_cast<size_t>(i) * es, es);
+      return;
+    }
+    switch (data.dtype()) {
+      case DType::kFloat32: scatter_reduce(out.data<float>(), off, upd.data<float>()[i], r); break;
+      case DType::kFloat64: scatter_reduce(out.data<double>(), off, upd.data<double>()[i], r); break;
+      case DType::kInt32: scatter_reduce(out.data<int32_t>(), off, upd.data<int32_t>()[i], r); break;
+      default: scatter_reduce(out.data<int64_t>(), off, upd.data<int64_t>()[i], r); break;
+    }
+  });
+}
+
+}  // namespace
+
+KILN_REGISTER_CPU_KERNELS(gather) {
+  for (const char* op : {"Gather", "GatherElements", "GatherND"}) {
+    KernelEntry e;
+    e.op = op;
+    e.dtypes = "all";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        if (node->op == "Gather") gather(*node, *in[0], *in[1], out[0]);
+        else if (node->op == "GatherElements") gather_elements(*node, *in[0], *in[1], out[0]);
+        else gather_nd(*node, *in[0], *in[1], out[0]);
+      });
+    };
+    registry.add(std::move(e));
+  }
+  KernelEntry e;
+  e.op = "ScatterElements";
+  e.dtypes = "all (reduction none); float32, float64, int32, int64 (add, mul, max, min)";
+  e.check = [](const KernelInit& init) -> std::string {
+    if (init.node.attrs.get_string("reduction", "none") == "none") return "";
+    DType d = init.dtype(0);
+    if (d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64) return "";
+    return "reduction on " + to_string(d) + " is not supported";
+  };
+  e.create = [](const KernelInit& init) {
+    const ir::Node* node = &init.node;
+    return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+      scatter_elements(*node, *in[0], *in[1], *in[2], out[0]);
+    });
+  };
+  registry.add(std::move(e));
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,99 @@
+// Schemas of Gather, GatherElements, GatherND and ScatterElements. Gather with constant
+// indices on a 1-D shape value picks its symbolic elements (Shape -> Gather(0) gives N).
+#include "ops/shape_dims.h"
+
+namespace kiln::ir {
+
+namespace {
+
+void check_indices(const InferContext& ctx, size_t i) {
+  DType t = ctx.dtype(i);
+  if (t != DType::kInt64 && t != DType::kInt32) ctx.fail("indices must be int32 or int64, are " + to_string(t));
+}
+
+void infer_gather(InferContext& ctx) {
+  DType dtype = ctx.dtype(0);
+  check_indices(ctx, 1);
+  if (!ctx.shape_known(0) || !ctx.shape_known(1)) {
+    ctx.set_output(0, dtype, std::nullopt);
+    return;
+  }
+  const Dims& data = ctx.shape(0);
+  const Dims& idx = ctx.shape(1);
+  if (data.empty()) ctx.fail("data must have rank >= 1");
+  int64_t axis = normalize_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(data.size()));
+  size_t a = static_cast<size_t>(axis);
+  Dims out(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(a));
+  out.insert(out.end(), idx.begin(), idx.end());
+  out.insert(out.end(), data.begin() + static_cast<std::ptrdiff_t>(a) + 1, data.end());
+  ctx.set_output(0, dtype, out);
+
+  std::optional<std::vector<int64_t>> indices = known_ints(ctx, 1);
+  const Dim& d = data[a];
+  if (indices && d.known())
+    for (int64_t i : *indices)
+      if (i < -d.value || i >= d.value)
+        ctx.fail("index " + std::to_string(i) + " is out of range for axis " + std::to_string(axis) + " of size " +
+                 std::to_string(d.value));
+  if (data.size() == 1 && idx.size() <= 1 && indices && d.known()) {
+    std::optional<Dims> sv = ctx.int_elements(0);
+    if (sv && static_cast<int64_t>(sv->size()) == d.value) {
+      Dims value;
+      for (int64_t i : *indices) value.push_back((*sv)[static_cast<size_t>(i < 0 ? i + d.value : i)]);
+      ctx.set_symbolic(0, std::move(value));
+    }
+  }
+}
+
+void infer_gather_elements(InferContext& ctx) {
+  check_indices(ctx, 1);
+  if (ctx.shape_known(0) && ctx.shape_known(1)) {
+    if (ctx.shape(0).size() != ctx.shape(1).size())
+      ctx.fail("data has rank " + std::to_string(ctx.shape(0).size()) + ", indices rank " + std::to_string(ctx.shape(1).size()));
+    normalize_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(ctx.shape(0).size()));
+  }
+  ctx.set_output(0, ctx.dtype(0), ctx.type(1).shape);
+}
+
+void infer_gather_nd(InferContext& ctx) {
+  DType dtype = ctx.dtype(0);
+  if (ctx.dtype(1) != DType::kInt64) ctx.fail("indices must be int64");
+  if (!ctx.shape_known(0) || !ctx.shape_known(1)) {
+    ctx.set_output(0, dtype, std::nullopt);
+    return;
+  }
+  const Dims& data = ctx.shape(0);
+  const Dims& idx = ctx.shape(1);
+  size_t b = static_cast<size_t>(ctx.node.attrs.get_int("batch_dims", 0));
+  if (idx.empty() || b >= idx.size() || b >= data.size()) ctx.fail("batch_dims is too large for the ranks of data and indices");
+  const Dim& last = idx.back();
+  if (!last.known()) {
+    ctx.set_output(0, dtype, std::nullopt);
+    return;
+  }
+  size_t k = static_cast<size_t>(last.value);
+  if (b + k > data.size())
+    ctx.fail("indices' last dim (" + std::to_string(k) + ") plus batch_dims exceeds the data rank " + std::to_string(data.size()));
+  Dims out(idx.begin(), idx.end() - 1);
+  out.insert(out.end(), data.begin() + static_cast<std::ptrdiff_t>(b + k), data.end());
+  ctx.set_output(0, dtype, out);
+}
+
+void infer_scatter_elements(InferContext& ctx) {
+  check_indices(ctx, 1);
+  if (ctx.dtype(2) != ctx.dtype(0)) ctx.fail("updates must have the data's type");
+  std::string r = ctx.node.attrs.get_string("reduction", "none");
+  if (r != "none" && r != "add" && r != "mul" && r != "max" && r != "min") ctx.fail("unknown reduction '" + r + "'");
+  ctx.set_output(0, ctx.dtype(0), ctx.type(0).shape);
+}
+
+}  // namespace
+
+KILN_REGISTER_OPS(gather) {
+  registry.add({"Gather", "", 2, 2, 1, 1, infer_gather, nullptr, ""});
+  registry.add({"GatherElements", "", 2, 2, 1, 1, infer_gather_elements, nullptr, ""});
+  registry.add({"GatherND", "", 2, 2, 1, 1, infer_gather_nd, nullptr, ""});
+  registry.add({"ScatterElements", "", 3, 3, 1, 1, infer_scatter_elements, nullptr, ""});
+}
+
+}  // namespace kiln::ir
