@@ -1,0 +1,240 @@
+// CPU kernels of pooling (MaxPool also on int8/uint8 and with its Indices output; the rest
+// float32). 1-D, 2-D and 3-D pooling share one loop nest: fewer spatial dims are padded to
+// three with size-1 dims.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "cpu/kernel.h"
+#include "ops/pool.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+enum class PoolKind { kMax, kAverage, kLp };
+
+// Geometry of one run, padded to three spatial dims.
+struct Window3 {
+  int64_t in[3], out[3], k[3], s[3], d[3], pb[3], pe[3];
+  int64_t nc;  // N * C
+  int64_t in_size() const { return in[0] * in[1] * in[2]; }
+  int64_t out_size() const { return out[0] * out[1] * out[2]; }
+};
+
+Window3 window_for(const ir::Node& node, const Tensor& x, const Tensor& y) {
+  const size_t spatial = static_cast<size_t>(x.rank() - 2);
+  if (spatial > 3) throw node.error(ErrorKind::kUnsupported, "pooling over more than 3 spatial dims is not supported");
+  ir::PoolGeometry g = ir::pool_geometry(node, spatial);
+  Window3 w;
+  w.nc = x.dim(0) * x.dim(1);
+  const size_t lead = 3 - spatial;
+  for (size_t a = 0; a < 3; ++a) {
+    if (a < lead) {
+      w.in[a] = w.out[a] = w.k[a] = w.s[a] = w.d[a] = 1;
+      w.pb[a] = w.pe[a] = 0;
+      continue;
+    }
+    size_t i = a - lead;
+    w.in[a] = x.dim(static_cast<int>(2 + i));
+    w.out[a] = ir::pool_output_size(node, g, i, w.in[a]);  // also resolves auto_pad
+    w.k[a] = g.kernel[i];
+    w.s[a] = g.strides[i];
+    w.d[a] = g.dilations[i];
+    w.pb[a] = g.pad_begin[i];
+    w.pe[a] = g.pad_end[i];
+    if (w.out[a] != y.dim(static_cast<int>(2 + i))) throw node.error(ErrorKind::kInternal, "pool output size mismatch");
+  }
+  return w;
+}
+
+// The window taps of output position o on axis a that fall inside the input: k in [k0, k1).
+// `padded` counts the taps inside input + pads (AveragePool's count_include_pad divisor).
+struct Taps {
+  int64_t start, k0, k1, padded;
+};
+Taps taps(const Window3& w, int a, int64_t o) {
+  Taps t;
+  t.start = o * w.s[a] - w.pb[a];
+  auto ceil_div = [](int64_t n, int64_t d) { return (n + d - 1) / d; };
+  t.k0 = t.start < 0 ? ceil_div(-t.start, w.d[a]) : 0;
+  t.k1 = std::min(w.k[a], ceil_div(w.in[a] - t.start, w.d[a]));
+  t.padded = std::min(w.k[a], ceil_div(w.in[a] + w.pe[a] - t.start, w.d[a]));
+  if (t.k1 < t.k0) t.k1 = t.k0;
+  return t;
+}
+
+template <class T>
+void max_pool(const Window3& w, const T* x, T* y, int64_t* indices, bool column_major) {
+  const int64_t in_size = w.in_size(), out_size = w.out_size();
+#pragma omp parallel for schedule(static) if (w.nc * out_size > 4096)
+  for (int64_t c = 0; c < w.nc; ++c) {
+    const T* xc = x + c * in_size;
+    int64_t p = c * out_size;
+    for (int64_t od = 0; od < w.out[0]; ++od) {
+      Taps td = taps(w, 0, od);
+      for (int64_t oh = 0; oh < w.out[1]; ++oh) {
+        Taps th = taps(w, 1, oh);
+        for (int64_t ow = 0; ow < w.out[2]; ++ow, ++p) {
+          Taps tw = taps(w, 2, ow);
+          T best = std::numeric_limits<T>::lowest();
+          int64_t best_d = -1, best_h = -1, best_w = -1;
+          for (int64_t kd = td.k0; kd < td.k1; ++kd) {
+            int64_t id = td.start + kd * w.d[0];
+            for (int64_t kh = th.k0; kh < th.k1; ++kh) {
+              int64_t ih = th.start + kh * w.d[1];
+              const T* row = xc + (id * w.in[1] + ih) * w.in[2];
+              for (int64_t kw = tw.k0; kw < tw.k1; ++kw) {
+                int64_t iw = tw.start + kw * w.d[2];
+                if (row[iw] > best || best_d < 0) {
+                  best = row[iw];
+                  best_d = id, best_h = ih, best_w = iw;
+                }
+              }
+            }
+          }
+          y[p] = best;
+          if (indices) {
+            int64_t flat = column_major ? best_d + w.in[0] * (best_h + w.in[1] * best_w)
+                                        : (best_d * w.in[1] + best_h) * w.in[2] + best_w;
+            indices[p] = best_d < 0 ? -1 : c * in_size + flat;
+          }
+        }
+      }
+    }
+  }
+}
+
+// AveragePool and LpPool.
+void sum_pool(const Window3& w, const float* x, float* y, PoolKind kind, bool count_include_pad, float p_norm) {
+  const int64_t in_size = w.in_size(), out_size = w.out_size();
+#pragma omp parallel for schedule(static) if (w.nc * out_size > 4096)
+  for (int64_t c = 0; c < w.nc; ++c) {
+    const float* xc = x + c * in_size;
+    int64_t p = c * out_size;
+    for (int64_t od = 0; od < w.out[0]; ++od) {
+      Taps td = taps(w, 0, od);
+      for (int64_t oh = 0; oh < w.out[1]; ++oh) {
+        Taps th = taps(w, 1, oh);
+        for (int64_t ow = 0; ow < w.out[2]; ++ow, ++p) {
+          Taps tw = taps(w, 2, ow);
+          float sum = 0.f;
+          for (int64_t kd = td.k0; kd < td.k1; ++kd) {
+            int64_t id = td.start + kd * w.d[0];
+            for (int64_t kh = th.k0; kh < th.k1; ++kh) {
+              const float* row = xc + (id * w.in[1] + th.start + kh * w.d[1]) * w.in[2];
+              for (int64_t kw = tw.k0; kw < tw.k1; ++kw) {
+                float v = row[tw.start + kw * w.d[2]];
+                if (kind == PoolKind::kAverage) sum += v;
+                else if (p_norm == 2.f) sum += v * v;
+                else sum += std::pow(std::fabs(v), p_norm);
+              }
+            }
+          }
+          if (kind == PoolKind::kLp) {
+            y[p] = p_norm == 2.f ? std::sqrt(sum) : std::pow(sum, 1.f / p_norm);
+            continue;
+          }
+          int64_t count = count_include_pad ? td.padded * th.padded * tw.padded
+                                            : (td.k1 - td.k0) * (th.k1 - th.k0) * (tw.k1 - tw.k0);
+          y[p] = count > 0 ? sum / static_cast<float>(count) : 0.f;
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void global_pool(const Tensor& x, Tensor& y, PoolKind kind, float p_norm) {
+  const int64_t nc = x.dim(0) * x.dim(1);
+  const int64_t size = nc ? x.numel() / nc : 0;
+  const T* px = x.data<T>();
+  T* py = y.data<T>();
+#pragma omp parallel for schedule(static) if (x.numel() > 65536)
+  for (int64_t c = 0; c < nc; ++c) {
+    const T* row = px + c * size;
+    if (kind == PoolKind::kMax) {
+      T m = std::numeric_limits<T>::lowest();
+      for (int64_t i = 0; i < size; ++i) m = std::max(m, row[i]);
+      py[c] = m;
+    } else if (kind == PoolKind::kAverage) {
+      float s = 0.f;
+      for (int64_t i = 0; i < size; ++i) s += static_cast<float>(row[i]);
+      py[c] = static_cast<T>(size ? s / static_cast<float>(size) : 0.f);
+    } else {
+      float s = 0.f;
+      for (int64_t i = 0; i < size; ++i) s += std::pow(std::fabs(static_cast<float>(row[i])), p_norm);
+      py[c] = static_cast<T>(std::pow(s, 1.f / p_norm));
+    }
+  }
+}
+
+PoolKind kind_of(const std::string& op) {
+  if (op == "MaxPool" || op == "GlobalMaxPool") return PoolKind::kMax;
+  if (op == "LpPool" || op == "GlobalLpPool") return PoolKind::kLp;
+  return PoolKind::kAverage;
+}
+
+}  // namespace
+
+KILN_REGISTER_CPU_KERNELS(pool) {
+  {
+    KernelEntry e;
+    e.op = "MaxPool";
+    e.check = accept_dtypes({DType::kFloat32, DType::kInt8, DType::kUInt8});
+    e.dtypes = "float32, int8, uint8";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      bool column_major = node->attrs.get_int("storage_order", 0) == 1;
+      return make_kernel([node, column_major](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        Window3 w = window_for(*node, *in[0], out[0]);
+        int64_t* indices = out.size() > 1 && out[1].defined() ? out[1].data<int64_t>() : nullptr;
+        switch (in[0]->dtype()) {
+          case DType::kInt8: max_pool(w, in[0]->data<int8_t>(), out[0].data<int8_t>(), indices, column_major); break;
+          case DType::kUInt8: max_pool(w, in[0]->data<uint8_t>(), out[0].data<uint8_t>(), indices, column_major); break;
+          default: max_pool(w, in[0]->data<float>(), out[0].data<float>(), indices, column_major); break;
+        }
+      });
+    };
+    registry.add(std::move(e));
+  }
+  for (const char* op : {"AveragePool", "LpPool"}) {
+    KernelEntry e;
+    e.op = op;
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      PoolKind kind = kind_of(node->op);
+      bool include_pad = node->attrs.get_int("count_include_pad", 0) != 0;
+      float p_norm = static_cast<float>(node->attrs.get_int("p", 2));
+      if (kind == PoolKind::kLp && p_norm <= 0) throw node->error(ErrorKind::kInvalidModel, "p must be positive");
+      return make_kernel([=](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        Window3 w = window_for(*node, *in[0], out[0]);
+        sum_pool(w, in[0]->data<float>(), out[0].data<float>(), kind, include_pad, p_norm);
+      });
+    };
+    registry.add(std::move(e));
+  }
+  for (const char* op : {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}) {
+    KernelEntry e;
+    e.op = op;
+    bool max = std::string(op) == "GlobalMaxPool";
+    e.check = max ? accept_dtypes({DType::kFloat32, DType::kInt8, DType::kUInt8}) : accept_dtypes({DType::kFloat32});
+    e.dtypes = max ? "float32, int8, uint8" : "float32";
+    e.create = [](const KernelInit& init) {
+      PoolKind kind = kind_of(init.node.op);
+      float p_norm = static_cast<float>(init.node.attrs.get_int("p", 2));
+      return make_kernel([=](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        switch (in[0]->dtype()) {
+          case DType::kInt8: global_pool<int8_t>(*in[0], out[0], kind, p_norm); break;
+          case DType::kUInt8: global_pool<uint8_t>(*in[0], out[0], kind, p_norm); break;
+          default: global_pool<float>(*in[0], out[0], kind, p_norm); break;
+        }
+      });
+    };
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace kiln::cpu
