@@ -1,0 +1,374 @@
+// CPU kernels of Conv, kiln::FusedConv and ConvTranspose (float32; 1-D, 2-D and 3-D).
+//
+// Conv runs as a GEMM per image and group: Y_g[M/G x OHW] = W_g[M/G x K] @ col[K x OHW], with
+// K = C/G * kernel size. A 1x1 stride-1 unpadded conv needs no im2col (X is already col);
+// others build col with im2col. Depthwise convs (one input channel per group) run a direct
+// loop instead: their GEMMs would be 1 x k x OHW, too thin for BLAS. The epilogue (bias,
+// residual, activation) runs on each thread's slice right after its GEMM, while it is hot.
+//
+// Every conv runs as a 3-D one: 1-D and 2-D inputs get leading spatial dims of size 1.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/gemm_util.h"
+#include "cpu/kernel.h"
+#include "ops/conv_geometry.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+struct Geo3 {
+  int64_t batch = 0, in_c = 0, out_c = 0, group = 1;
+  int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1};
+  int64_t s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, p[3] = {0, 0, 0};
+
+  int64_t in_size() const { return in[0] * in[1] * in[2]; }
+  int64_t out_size() const { return out[0] * out[1] * out[2]; }
+  int64_t kernel_size() const { return k[0] * k[1] * k[2]; }
+};
+
+Geo3 make_geo3(const ir::Node& node, const std::vector<int64_t>& x, const std::vector<int64_t>& w, bool transpose) {
+  int spatial = static_cast<int>(x.size()) - 2;
+  std::vector<int64_t> wk(w.begin() + 2, w.end()), in(x.begin() + 2, x.end());
+  ir::ConvGeometry g = ir::conv_geometry(node, spatial, wk, in, transpose);
+  Geo3 r;
+  int off = 3 - spatial;
+  for (int i = 0; i < spatial; ++i) {
+    size_t u = static_cast<size_t>(i);
+    r.in[off + i] = in[u];
+    r.out[off + i] = ir::conv_output_size(node, g, i, in[u], transpose);
+    r.k[off + i] = g.kernel[u];
+    r.s[off + i] = g.strides[u];
+    r.d[off + i] = g.dilations[u];
+    r.p[off + i] = g.pad_begin[u];
+  }
+  r.batch = x[0];
+  r.in_c = x[1];
+  r.group = g.group;
+  r.out_c = transpose ? w[1] * g.group : w[0];
+  return r;
+}
+
+// Writes rows [row0, row1) and columns [col0, col1) of the im2col matrix of one image's
+// channel group `x` ([C/G, D, H, W]) into dst (row stride ld). Row r is (c, kd, kh, kw);
+// column p is the output position (od, oh, ow); padding reads as zero.
+void im2col(const float* x, const Geo3& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1, float* dst,
+            int64_t ld) {
+  const int64_t OH = g.out[1], OW = g.out[2];
+  const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
+  const int64_t kk = g.kernel_size();
+  for (int64_t r = row0; r < row1; ++r) {
+    const int64_t c = r / kk, kr = r % kk;
+    const int64_t kd = kr / (g.k[1] * g.k[2]), kh = (kr / g.k[2]) % g.k[1], kw = kr % g.k[2];
+    float* drow = dst + (r - row0) * ld;
+    int64_t p = col0;
+    int64_t od = p / (OH * OW), oh = (p / OW) % OH, ow = p % OW;
+    while (p < col1) {
+      const int64_t seg = std::min(col1 - p, OW - ow);
+      float* out = drow + (p - col0);
+      const int64_t id = od * g.s[0] - g.p[0] + kd * g.d[0];
+      const int64_t ih = oh * g.s[1] - g.p[1] + kh * g.d[1];
+      if (id < 0 || id >= D || ih < 0 || ih >= H) {
+        std::memset(out, 0, static_cast<size_t>(seg) * sizeof(float));
+      } else {
+        const float* src = x + ((c * D + id) * H + ih) * W;
+        const int64_t iw0 = ow * g.s[2] - g.p[2] + kw * g.d[2];
+        if (g.s[2] == 1) {
+          // Contiguous: zeros left of the image, a copy, zeros right of it.
+          int64_t lo = std::clamp<int64_t>(-iw0, 0, seg), hi = std::clamp<int64_t>(W - iw0, lo, seg);
+          if (lo) std::memset(out, 0, static_cast<size_t>(lo) * sizeof(float));
+          if (hi > lo) std::memcpy(out + lo, src + iw0 + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+          if (seg > hi) std::memset(out + hi, 0, static_cast<size_t>(seg - hi) * sizeof(float));
+        } else {
+          for (int64_t j = 0; j < seg; ++j) {
+            const int64_t iw = iw0 + j * g.s[2];
+            out[j] = (iw >= 0 && iw < W) ? src[iw] : 0.f;
+          }
+        }
+      }
+      p += seg;
+      ow = 0;
+      if (++oh == OH) {
+        oh = 0;
+        ++od;
+      }
+    }
+  }
+}
+
+// The range [lo, hi) of output positions o (0 <= o < out) whose input o * s + off is in
+// [0, in).
+inline void valid_range(int64_t off, int64_t s, int64_t in, int64_t out, int64_t& lo, int64_t& hi) {
+  lo = off >= 0 ? 0 : (-off + s - 1) / s;
+  hi = (in - 1 - off) < 0 ? 0 : (in - 1 - off) / s + 1;
+  lo = std::min(lo, out);
+  hi = std::clamp(hi, lo, out);
+}
+
+class ConvKernel final : public Kernel {
+ public:
+  ConvKernel(const ir::Node& node, bool fused)
+      : node_(node), fused_(fused), epilogue_(fused ? ir::Activation::from_node(node) : ir::Activation{}) {
+    use_single_threaded_blas();
+  }
+
+  void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
+    const Tensor& xt = *in[0];
+    const Tensor& wt = *in[1];
+    const Geo3 g = make_geo3(node_, xt.shape(), wt.shape(), false);
+    const float* x = xt.data<float>();
+    const float* w = wt.data<float>();
+    const float* bias = in.size() > 2 && in[2] ? in[2]->data<float>() : nullptr;
+    const float* z = fused_ && in.size() > 3 && in[3] ? in[3]->data<float>() : nullptr;
+    float* y = out[0].data<float>();
+    if (out[0].numel() == 0) return;
+
+    const int64_t C = g.in_c, M = g.out_c, G = g.group;
+    const int64_t Cg = C / G, Mg = M / G;
+    if (Cg == 1 && G > 1) {
+      depthwise(g, x, w, bias, z, y);
+      return;
+    }
+    const int64_t K = Cg * g.kernel_size(), Nin = g.in_size(), N = g.out_size();
+    const bool direct = g.kernel_size() == 1 && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && g.p[0] == 0 &&
+                        g.p[1] == 0 && g.p[2] == 0;
+    const int threads = max_threads();
+    const int64_t jobs = g.batch * G;
+    if (scratch_.size() < static_cast<size_t>(threads)) scratch_.resize(static_cast<size_t>(threads));
+
+    // The pieces of one (image, group) problem.
+    auto x_of = [&](int64_t j) { return x + ((j / G) * C + (j % G) * Cg) * Nin; };
+    auto y_offset = [&](int64_t j) { return ((j / G) * M + (j % G) * Mg) * N; };
+    auto w_of = [&](int64_t j) { return w + (j % G) * Mg * K; };
+    auto bias_of = [&](int64_t j) { return bias ? bias + (j % G) * Mg : nullptr; };
+
+    if (threads == 1 || jobs >= threads) {
+      // Enough independent problems: one per thread at a time.
+      if (!direct)
+        for (int t = 0; t < threads; ++t) grow(scratch_[static_cast<size_t>(t)], K * N);
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+      for (int64_t j = 0; j < jobs; ++j) {
+        float* col = scratch_[static_cast<size_t>(omp_get_thread_num())].data();
+        const float* bm = x_of(j);
+        if (!direct) {
+          im2col(x_of(j), g, 0, K, 0, N, col, N);
+          bm = col;
+        }
+        float* yj = y + y_offset(j);
+        sgemm(false, false, Mg, N, K, 1.f, w_of(j), K, bm, N, 0.f, yj, N);
+        epilogue_.apply(yj, N, Mg, N, bias_of(j), nullptr, z ? z + y_offset(j) : nullptr, N);
+      }
+      return;
+    }
+
+    for (int64_t j = 0; j < jobs; ++j) {
+      const float* xj = x_of(j);
+      const float* wj = w_of(j);
+      const float* bj = bias_of(j);
+      float* yj = y + y_offset(j);
+      const float* zj = z ? z + y_offset(j) : nullptr;
+      if (N >= 64 * threads) {
+        // Wide output: each thread takes a slice of output positions, builds its own slice
+        // of col, multiplies and finishes it.
+        const int64_t chunk = ((N + threads - 1) / threads + 15) / 16 * 16;
+        if (!direct)
+          for (int t = 0; t < threads; ++t) grow(scratch_[static_cast<size_t>(t)], K * chunk);
+#pragma omp parallel num_threads(threads)
+        {
+          const int t = omp_get_thread_num();
+          const int64_t n0 = std::min(N, t * chunk), n1 = std::min(N, n0 + chunk), nn = n1 - n0;
+          if (nn > 0) {
+            const float* bm = xj + n0;
+            int64_t ldb = N;
+            if (!direct) {
+              float* col = scratch_[static_cast<size_t>(t)].data();
+              im2col(xj, g, 0, K, n0, n1, col, nn);
+              bm = col;
+              ldb = nn;
+            }
+            sgemm(false, false, Mg, nn, K, 1.f, wj, K, bm, ldb, 0.f, yj + n0, N);
+            epilogue_.apply(yj + n0, N, Mg, nn, bj, nullptr, zj ? zj + n0 : nullptr, N);
+          }
+        }
+      } else {
+        // Narrow output (late layers): build col together, then split the output channels.
+        float* col = nullptr;
+        if (!direct) {
+          grow(scratch_[0], K * N);
+          col = scratch_[0].data();
+        }
+        const float* bm = direct ? xj : col;
+#pragma omp parallel num_threads(threads)
+        {
+          if (!direct) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < K; ++r) im2col(xj, g, r, r + 1, 0, N, col + r * N, N);
+          }
+          const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+          const int64_t chunk = (Mg + nt - 1) / nt;
+          const int64_t m0 = std::min(Mg, t * chunk), m1 = std::min(Mg, m0 + chunk);
+          if (m1 > m0) {
+            sgemm(false, false, m1 - m0, N, K, 1.f, wj + m0 * K, K, bm, N, 0.f, yj + m0 * N, N);
+            epilogue_.apply(yj + m0 * N, N, m1 - m0, N, bj ? bj + m0 : nullptr, nullptr, zj ? zj + m0 * N : nullptr, N);
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  static void grow(std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  }
+
+  // One input channel per group: a direct loop per output channel, row by row.
+  void depthwise(const Geo3& g, const float* x, const float* w, const float* bias, const float* z, float* y) const {
+    const int64_t C = g.in_c, M = g.out_c, Mg = M / g.group;
+    const int64_t Nin = g.in_size(), N = g.out_size(), kk = g.kernel_size();
+    const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
+    const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
+    const int64_t jobs = g.batch * M;
+#pragma omp parallel for schedule(static) num_threads(max_threads())
+    for (int64_t j = 0; j < jobs; ++j) {
+      const int64_t b = j / M, m = j % M;
+      const float* xc = x + (b * C + m / Mg) * Nin;
+      const float* wm = w + m * kk;
+      float* yc = y + j * N;
+      for (int64_t od = 0; od < OD; ++od)
+        for (int64_t oh = 0; oh < OH; ++oh) {
+          float* yrow = yc + (od * OH + oh) * OW;
+          std::fill(yrow, yrow + OW, 0.f);
+          for (int64_t kd = 0; kd < g.k[0]; ++kd) {
+            const int64_t id = od * g.s[0] - g.p[0] + kd * g.d[0];
+            if (id < 0 || id >= D) continue;
+            for (int64_t kh = 0; kh < g.k[1]; ++kh) {
+              const int64_t ih = oh * g.s[1] - g.p[1] + kh * g.d[1];
+              if (ih < 0 || ih >= H) continue;
+              const float* xrow = xc + (id * H + ih) * W;
+              for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+                const float wv = wm[(kd * g.k[1] + kh) * g.k[2] + kw];
+                const int64_t off = kw * g.d[2] - g.p[2];
+                int64_t lo, hi;
+                valid_range(off, g.s[2], W, OW, lo, hi);
+                if (g.s[2] == 1) {
+                  const float* xs = xrow + off;
+                  for (int64_t ow = lo; ow < hi; ++ow) yrow[ow] += wv * xs[ow];
+                } else {
+                  for (int64_t ow = lo; ow < hi; ++ow) yrow[ow] += wv * xrow[ow * g.s[2] + off];
+                }
+              }
+            }
+          }
+        }
+      epilogue_.apply(yc, N, 1, N, bias ? bias + m : nullptr, nullptr, z ? z + j * N : nullptr, N);
+    }
+  }
+
+  const ir::Node& node_;
+  bool fused_;
+  Epilogue epilogue_;
+  std::vector<std::vector<float>> scratch_;  // per-thread im2col buffers, kept between runs
+};
+
+// ConvTranspose as GEMM + col2im: col[M/G * k x HWin] = W_g^T @ X_g, then every column entry
+// is added to the output position it lands on.
+class ConvTransposeKernel final : public Kernel {
+ public:
+  explicit ConvTransposeKernel(const ir::Node& node) : node_(node) { use_single_threaded_blas(); }
+
+  void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
+    const Tensor& xt = *in[0];
+    const Tensor& wt = *in[1];
+    const Geo3 g = make_geo3(node_, xt.shape(), wt.shape(), true);
+    const float* x = xt.data<float>();
+    const float* w = wt.data<float>();
+    const float* bias = in.size() > 2 && in[2] ? in[2]->data<float>() : nullptr;
+    float* y = out[0].data<float>();
+    if (out[0].numel() == 0) return;
+    const int64_t C = g.in_c, M = g.out_c, G = g.group, Cg = C / G, Mg = M / G;
+    const int64_t kk = g.kernel_size(), Nin = g.in_size(), N = g.out_size(), R = Mg * kk;
+    if (static_cast<int64_t>(col_.size()) < R * Nin) col_.resize(static_cast<size_t>(R * Nin));
+    float* col = col_.data();
+    const int64_t ID = g.in[0], IH = g.in[1], IW = g.in[2];
+    const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
+    for (int64_t b = 0; b < g.batch; ++b)
+      for (int64_t gi = 0; gi < G; ++gi) {
+        const float* xg = x + (b * C + gi * Cg) * Nin;
+        const float* wg = w + gi * Cg * R;  // [Cg, Mg * kk]
+        float* yg = y + (b * M + gi * Mg) * N;
+        parallel_sgemm(true, false, R, Nin, Cg, 1.f, wg, R, xg, Nin, 0.f, col, Nin);
+#pragma omp parallel for schedule(static) num_threads(max_threads())
+        for (int64_t m = 0; m < Mg; ++m) {
+          float* ym = yg + m * N;
+          const float bv = bias ? bias[gi * Mg + m] : 0.f;
+          std::fill(ym, ym + N, bv);
+          for (int64_t kr = 0; kr < kk; ++kr) {
+            const int64_t kd = kr / (g.k[1] * g.k[2]), kh = (kr / g.k[2]) % g.k[1], kw = kr % g.k[2];
+            const float* crow = col + (m * kk + kr) * Nin;
+            int64_t w_lo, w_hi;  // input columns iw that land inside the output
+            // ow = iw * s - p + kw * d: valid for iw in a range.
+            {
+              const int64_t off = kw * g.d[2] - g.p[2];
+              w_lo = off >= 0 ? 0 : (-off + g.s[2] - 1) / g.s[2];
+              w_hi = (OW - 1 - off) < 0 ? 0 : (OW - 1 - off) / g.s[2] + 1;
+              w_hi = std::min(w_hi, IW);
+            }
+            for (int64_t id = 0; id < ID; ++id) {
+              const int64_t od = id * g.s[0] - g.p[0] + kd * g.d[0];
+              if (od < 0 || od >= OD) continue;
+              for (int64_t ih = 0; ih < IH; ++ih) {
+                const int64_t oh = ih * g.s[1] - g.p[1] + kh * g.d[1];
+                if (oh < 0 || oh >= OH) continue;
+                float* yrow = ym + (od * OH + oh) * OW;
+                const float* c = crow + (id * IH + ih) * IW;
+                for (int64_t iw = w_lo; iw < w_hi; ++iw) yrow[iw * g.s[2] - g.p[2] + kw * g.d[2]] += c[iw];
+              }
+            }
+          }
+        }
+      }
+  }
+
+ private:
+  const ir::Node& node_;
+  std::vector<float> col_;
+};
+
+std::string check_conv(const KernelInit& init) {
+  if (init.dtype(0) != DType::kFloat32 || init.dtype(1) != DType::kFloat32)
+    return "input type " + to_string(init.dtype(0)) + " is not supported (supported: float32)";
+  int rank = init.input_types[0]->rank();
+  if (rank >= 0 && (rank < 3 || rank > 5))
+    return "rank-" + std::to_string(rank) + " input: the CPU engine runs 1-D, 2-D and 3-D convolutions";
+  return "";
+}
+
+}  // namespace
+
+KILN_REGISTER_CPU_KERNELS(conv) {
+  for (const char* op : {"Conv", "FusedConv"}) {
+    KernelEntry e;
+    e.op = op;
+    e.domain = std::string(op) == "FusedConv" ? "kiln" : "";
+    e.check = check_conv;
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> {
+      return std::make_unique<ConvKernel>(init.node, init.node.op == "FusedConv");
+    };
+    registry.add(std::move(e));
+  }
+  KernelEntry e;
+  e.op = "ConvTranspose";
+  e.check = check_conv;
+  e.dtypes = "float32";
+  e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> {
+    return std::make_unique<ConvTransposeKernel>(init.node);
+  };
+  registry.add(std::move(e));
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,100 @@
+#include "cpu/gemm_util.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <mutex>
+
+namespace kiln::cpu {
+
+void use_single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+int max_threads() { return std::max(1, omp_get_max_threads()); }
+
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {  // BLAS rejects a zero-width operand; the product is zero
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.f ? 0.f : beta * c[i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+void parallel_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  int threads = max_threads();
+  // Not worth waking threads for a small product.
+  if (threads == 1 || m * n * std::max<int64_t>(k, 1) < (1 << 18)) {
+    sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  bool by_columns = n >= 64 * threads || n >= m;
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    if (by_columns) {
+      int64_t chunk = ((n + nt - 1) / nt + 15) / 16 * 16;
+      int64_t n0 = std::min(n, t * chunk), n1 = std::min(n, n0 + chunk);
+      const float* bp = trans_b ? b + n0 * ldb : b + n0;
+      sgemm(trans_a, trans_b, m, n1 - n0, k, alpha, a, lda, bp, ldb, beta, c + n0, ldc);
+    } else {
+      int64_t chunk = (m + nt - 1) / nt;
+      int64_t m0 = std::min(m, t * chunk), m1 = std::min(m, m0 + chunk);
+      const float* ap = trans_a ? a + m0 : a + m0 * lda;
+      sgemm(trans_a, trans_b, m1 - m0, n, k, alpha, ap, lda, b, ldb, beta, c + m0 * ldc, ldc);
+    }
+  }
+}
+
+Epilogue::Epilogue(ir::Activation act) : act_(std::move(act)) {
+  if (act_.kind.empty()) kind_ = Kind::kNone;
+  else if (act_.kind == "Relu") kind_ = Kind::kRelu;
+  else if (act_.kind == "Clip") kind_ = Kind::kClip;
+  else if (act_.kind == "LeakyRelu") kind_ = Kind::kLeakyRelu;
+  else kind_ = Kind::kOther;
+}
+
+void Epilogue::apply(float* y, int64_t ld, int64_t rows, int64_t cols, const float* row_bias, const float* col_bias,
+                     const float* residual, int64_t ld_residual) const {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = y + r * ld;
+    const float rb = row_bias ? row_bias[r] : 0.f;
+    if (row_bias)
+      for (int64_t c = 0; c < cols; ++c) row[c] += rb;
+    if (col_bias)
+      for (int64_t c = 0; c < cols; ++c) row[c] += col_bias[c];
+    if (residual) {
+      const float* z = residual + r * ld_residual;
+      for (int64_t c = 0; c < cols; ++c) row[c] += z[c];
+    }
+    switch (kind_) {
+      case Kind::kNone: break;
+      case Kind::kRelu:
+        for (int64_t c = 0; c < cols; ++c) row[c] = row[c] > 0.f ? row[c] : 0.f;
+        break;
+      case Kind::kClip: {
+        const float lo = act_.alpha, hi = act_.beta;
+        for (int64_t c = 0; c < cols; ++c) row[c] = std::min(std::max(row[c], lo), hi);
+        break;
+      }
+      case Kind::kLeakyRelu: {
+        const float a = act_.alpha;
+        for (int64_t c = 0; c < cols; ++c) row[c] = row[c] >= 0.f ? row[c] : a * row[c];
+        break;
+      }
+      case Kind::kOther:
+        for (int64_t c = 0; c < cols; ++c) row[c] = act_.apply(row[c]);
+        break;
+    }
+  }
+}
+
+}  // namespace kiln::cpu

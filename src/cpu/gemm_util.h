@@ -1,0 +1,48 @@
+// Helpers shared by the CPU compute kernels (Conv, ConvTranspose, Gemm, MatMul and the fused
+// forms): a float32 GEMM on OpenBLAS split over OpenMP threads, and the epilogue that adds
+// biases / a residual and applies the fused activation in one pass over an output block.
+//
+// Threading: kiln's kernels own the parallelism (OpenMP) and call OpenBLAS single-threaded
+// from inside their parallel regions, so one pool of threads runs at a time and a thread can
+// run im2col, GEMM and epilogue on its own slice of the output while it is in cache. Two pools
+// spinning on two cores (OpenBLAS's own threads and OpenMP's) cost more than they give.
+#pragma once
+
+#include <cstdint>
+
+#include "ir/activation.h"
+
+namespace kiln::cpu {
+
+// Makes OpenBLAS run each call on the calling thread. Idempotent; kernels call it at creation.
+void use_single_threaded_blas();
+
+int max_threads();
+
+// Row-major C[M x N] = alpha * op(A) @ op(B) + beta * C on the calling thread.
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// The same, split over the OpenMP threads (by columns when N is wide, else by rows).
+// Must be called outside a parallel region.
+void parallel_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// y = act(y + row_bias[r] + col_bias[c] + residual[r, c]) over a rows x cols block.
+// Any of row_bias, col_bias, residual may be null; the pointers are already offset to the
+// block's first row / column.
+class Epilogue {
+ public:
+  Epilogue() = default;
+  explicit Epilogue(ir::Activation act);
+  bool is_identity() const { return kind_ == Kind::kNone; }
+  void apply(float* y, int64_t ld, int64_t rows, int64_t cols, const float* row_bias, const float* col_bias,
+             const float* residual, int64_t ld_residual) const;
+
+ private:
+  enum class Kind { kNone, kRelu, kClip, kLeakyRelu, kOther };
+  Kind kind_ = Kind::kNone;
+  ir::Activation act_;
+};
+
+}  // namespace kiln::cpu

@@ -1,0 +1,121 @@
+// CPU kernels of MatMul and kiln::FusedMatMul (float32, numpy semantics):
+//   Y = act(A @ B + bias), bias [N] per column (FusedMatMul only).
+// When B has no batch of its own, A's batch and rows fold into one tall GEMM; otherwise one
+// GEMM per output batch entry, with broadcast batch dims read at stride 0.
+#include <omp.h>
+
+#include <vector>
+
+#include "cpu/gemm_util.h"
+#include "cpu/kernel.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+class MatMulKernel final : public Kernel {
+ public:
+  MatMulKernel(const ir::Node& node, bool fused)
+      : fused_(fused), epilogue_(fused ? ir::Activation::from_node(node) : ir::Activation{}) {
+    use_single_threaded_blas();
+  }
+
+  void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
+    std::vector<int64_t> as = in[0]->shape(), bs = in[1]->shape();
+    if (as.size() == 1) as.insert(as.begin(), 1);
+    if (bs.size() == 1) bs.push_back(1);
+    const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
+    const float* a = in[0]->data<float>();
+    const float* b = in[1]->data<float>();
+    const float* bias = fused_ && in.size() > 2 && in[2] ? in[2]->data<float>() : nullptr;
+    float* y = out[0].data<float>();
+    if (out[0].numel() == 0) return;
+
+    // Batch dims, right-aligned to the output's batch rank.
+    const size_t rank = std::max(as.size(), bs.size()) - 2;
+    std::vector<int64_t> ab(rank, 1), bb(rank, 1), ob(rank, 1);
+    for (size_t i = 0; i < as.size() - 2; ++i) ab[rank - (as.size() - 2) + i] = as[i];
+    for (size_t i = 0; i < bs.size() - 2; ++i) bb[rank - (bs.size() - 2) + i] = bs[i];
+    int64_t batch = 1, b_batch = 1;
+    for (size_t i = 0; i < rank; ++i) {
+      ob[i] = std::max(ab[i], bb[i]);
+      if (ab[i] == 0 || bb[i] == 0) ob[i] = 0;
+      batch *= ob[i];
+      b_batch *= bb[i];
+    }
+    if (b_batch == 1) {
+      // Every A matrix meets the same B: one (batch * M) x N GEMM. A's batch is the output's.
+      parallel_sgemm(false, false, batch * M, N, K, 1.f, a, K, b, N, 0.f, y, N);
+      finish(y, batch * M, N, bias);
+      return;
+    }
+    // Element strides of each batch dim in A and B (0 where broadcast).
+    std::vector<int64_t> a_stride(rank), b_stride(rank);
+    int64_t sa = M * K, sb = K * N;
+    for (size_t i = rank; i-- > 0;) {
+      a_stride[i] = ab[i] == 1 ? 0 : sa;
+      b_stride[i] = bb[i] == 1 ? 0 : sb;
+      sa *= ab[i];
+      sb *= bb[i];
+    }
+    auto offsets = [&](int64_t index, int64_t& ao, int64_t& bo) {
+      ao = bo = 0;
+      for (size_t i = rank; i-- > 0;) {
+        int64_t d = index % ob[i];
+        index /= ob[i];
+        ao += d * a_stride[i];
+        bo += d * b_stride[i];
+      }
+    };
+    const int threads = max_threads();
+    if (batch >= threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+      for (int64_t i = 0; i < batch; ++i) {
+        int64_t ao, bo;
+        offsets(i, ao, bo);
+        sgemm(false, false, M, N, K, 1.f, a + ao, K, b + bo, N, 0.f, y + i * M * N, N);
+        epilogue_.apply(y + i * M * N, N, M, N, nullptr, bias, nullptr, 0);
+      }
+      return;
+    }
+    for (int64_t i = 0; i < batch; ++i) {
+      int64_t ao, bo;
+      offsets(i, ao, bo);
+      parallel_sgemm(false, false, M, N, K, 1.f, a + ao, K, b + bo, N, 0.f, y + i * M * N, N);
+      finish(y + i * M * N, M, N, bias);
+    }
+  }
+
+ private:
+  void finish(float* y, int64_t rows, int64_t n, const float* bias) const {
+    if (epilogue_.is_identity() && !bias) return;
+#pragma omp parallel for schedule(static) if (rows * n > 65536) num_threads(max_threads())
+    for (int64_t r = 0; r < rows; ++r) epilogue_.apply(y + r * n, n, 1, n, nullptr, bias, nullptr, 0);
+  }
+
+  bool fused_;
+  Epilogue epilogue_;
+};
+
+}  // namespace
+
+KILN_REGISTER_CPU_KERNELS(matmul) {
+  for (const char* op : {"MatMul", "FusedMatMul"}) {
+    KernelEntry e;
+    e.op = op;
+    e.domain = std::string(op) == "FusedMatMul" ? "kiln" : "";
+    e.check = [](const KernelInit& init) -> std::string {
+      if (init.dtype(0) != DType::kFloat32 || init.dtype(1) != DType::kFloat32)
+        return "input types " + to_string(init.dtype(0)) + ", " + to_string(init.dtype(1)) +
+               " are not supported (supported: float32)";
+      return "";
+    };
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> {
+      return std::make_unique<MatMulKernel>(init.node, init.node.op == "FusedMatMul");
+    };
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace kiln::cpu

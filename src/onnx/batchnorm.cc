@@ -1,0 +1,19 @@
+// Importer of BatchNormalization. Before opset 14 there was no training_mode attribute: the
+// optional outputs (running mean/var, saved mean/var) were what asked for training, so a node
+// that uses them is marked training_mode=1 (which the schema rejects with a clear reason).
+// Trailing unused outputs are dropped so the IR node has just Y in inference mode.
+#include "onnx/importer.h"
+
+namespace kiln::onnx_import {
+
+KILN_REGISTER_IMPORTERS(batchnorm) {
+  registry.add({"BatchNormalization", kMinOpset, [](ImportContext& ctx) {
+                  ir::Node& n = ctx.node;
+                  while (n.outputs.size() > 1 && n.outputs.back().empty()) n.outputs.pop_back();
+                  if (ctx.opset < 14 && n.outputs.size() > 1) n.attrs.set("training_mode", int64_t{1});
+                  n.attrs.erase("momentum");  // only used in training
+                  ctx.emit_as_is();
+                }});
+}
+
+}  // namespace kiln::onnx_import
