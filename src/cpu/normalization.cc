@@ -1,0 +1,207 @@
+// CPU kernels of Softmax, LogSoftmax, LpNormalization, LayerNormalization and
+// InstanceNormalization (float32). The input is seen as [outer, axis, inner]; the common
+// last-axis case (inner == 1) runs over contiguous rows.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu/broadcast.h"
+#include "cpu/kernel.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+struct AxisSplit {
+  int64_t outer = 1, axis = 1, inner = 1;
+};
+
+AxisSplit split_at(const std::vector<int64_t>& shape, int64_t axis) {
+  AxisSplit s;
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  if (axis < 0) axis += rank;
+  for (int64_t i = 0; i < rank; ++i) {
+    if (i < axis) s.outer *= shape[static_cast<size_t>(i)];
+    else if (i == axis) s.axis = shape[static_cast<size_t>(i)];
+    else s.inner *= shape[static_cast<size_t>(i)];
+  }
+  return s;
+}
+
+enum class Norm { kSoftmax, kLogSoftmax, kL1, kL2 };
+
+// One strided row of `n` elements: softmax, log-softmax or Lp normalization in place of y.
+inline void normalize_row(const float* x, float* y, int64_t n, int64_t stride, Norm kind) {
+  if (kind == Norm::kL1 || kind == Norm::kL2) {
+    float acc = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      float v = x[i * stride];
+      acc += kind == Norm::kL1 ? std::fabs(v) : v * v;
+    }
+    float norm = kind == Norm::kL1 ? acc : std::sqrt(acc);
+    for (int64_t i = 0; i < n; ++i) y[i * stride] = x[i * stride] / norm;
+    return;
+  }
+  // Subtracting the max keeps exp() finite.
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i * stride]);
+  float sum = 0.f;
+  if (kind == Norm::kSoftmax) {
+    for (int64_t i = 0; i < n; ++i) {
+      float e = std::exp(x[i * stride] - m);
+      y[i * stride] = e;
+      sum += e;
+    }
+    float inv = 1.f / sum;
+    for (int64_t i = 0; i < n; ++i) y[i * stride] *= inv;
+  } else {
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(x[i * stride] - m);
+    float shift = m + std::log(sum);
+    for (int64_t i = 0; i < n; ++i) y[i * stride] = x[i * stride] - shift;
+  }
+}
+
+void softmax_like(const ir::Node& node, const Tensor& in, Tensor& out, Norm kind) {
+  if (in.numel() == 0) return;
+  AxisSplit s = split_at(in.shape(), node.attrs.get_int("axis", -1));
+  const float* x = in.data<float>();
+  float* y = out.data<float>();
+  const int64_t lines = s.outer * s.inner;
+#pragma omp parallel for schedule(static) if (in.numel() > 32768)
+  for (int64_t l = 0; l < lines; ++l) {
+    int64_t o = l / s.inner, i = l % s.inner;
+    int64_t base = o * s.axis * s.inner + i;
+    normalize_row(x + base, y + base, s.axis, s.inner, kind);
+  }
+}
+
+// `param` (Scale or B) broadcast to `target` dims, as a dense vector.
+std::vector<float> expand_to(const Tensor& param, const std::vector<int64_t>& target) {
+  int64_t n = shape_numel(target);
+  std::vector<float> out(static_cast<size_t>(n));
+  const float* p = param.data<float>();
+  if (param.numel() == n) {
+    std::copy(p, p + n, out.begin());
+    return out;
+  }
+  BroadcastPlan plan = plan_broadcast(target, {&param.shape()});
+  int64_t inner = plan.inner();
+  for (int64_t r = 0; r < plan.rows(); ++r) {
+    int64_t off;
+    plan.row_offsets(r, &off);
+    for (int64_t i = 0; i < inner; ++i) out[static_cast<size_t>(r * inner + i)] = p[off + i * plan.strides[0].back()];
+  }
+  return out;
+}
+
+// Normalizes `rows` rows of `cols` elements: y = (x - mean) / sqrt(var + eps) * scale + bias.
+// scale/bias index by column, or (channel_scale) by row % channels for InstanceNormalization.
+void normalize_rows(const float* x, float* y, int64_t rows, int64_t cols, float eps, const float* scale,
+                    const float* bias, int64_t channels, float* mean_out, float* inv_out) {
+#pragma omp parallel for schedule(static) if (rows * cols > 32768)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    double sum = 0.0;
+    for (int64_t i = 0; i < cols; ++i) sum += xr[i];
+    const float mean = static_cast<float>(sum / static_cast<double>(cols));
+    double sq = 0.0;
+    for (int64_t i = 0; i < cols; ++i) {
+      float d = xr[i] - mean;
+      sq += static_cast<double>(d) * d;
+    }
+    const float inv = 1.f / std::sqrt(static_cast<float>(sq / static_cast<double>(cols)) + eps);
+    if (mean_out) mean_out[r] = mean;
+    if (inv_out) inv_out[r] = inv;
+    if (channels > 0) {  // one scale and bias per row
+      const float a = scale[r % channels] * inv, b = bias[r % channels];
+      for (int64_t i = 0; i < cols; ++i) yr[i] = (xr[i] - mean) * a + b;
+    } else if (bias) {
+      for (int64_t i = 0; i < cols; ++i) yr[i] = (xr[i] - mean) * inv * scale[i] + bias[i];
+    } else {
+      for (int64_t i = 0; i < cols; ++i) yr[i] = (xr[i] - mean) * inv * scale[i];
+    }
+  }
+}
+
+void layer_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+  const Tensor& x = *in[0];
+  const int64_t rank = x.rank();
+  int64_t axis = node.attrs.get_int("axis", -1);
+  if (axis < 0) axis += rank;
+  std::vector<int64_t> normalized(x.shape().begin() + axis, x.shape().end());
+  const int64_t cols = shape_numel(normalized);
+  const int64_t rows = cols ? x.numel() / cols : 0;
+  std::vector<float> scale = expand_to(*in[1], normalized);
+  std::vector<float> bias;
+  if (in.size() > 2 && in[2]) bias = expand_to(*in[2], normalized);
+  float eps = node.attrs.get_float("epsilon", 1e-5f);
+  float* mean = out.size() > 1 && out[1].defined() ? out[1].data<float>() : nullptr;
+  float* inv = out.size() > 2 && out[2].defined() ? out[2].data<float>() : nullptr;
+  if (rows == 0 || cols == 0) return;
+  normalize_rows(x.data<float>(), out[0].data<float>(), rows, cols, eps, scale.data(),
+                 bias.empty() ? nullptr : bias.data(), 0, mean, inv);
+}
+
+void instance_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+  const Tensor& x = *in[0];
+  const int64_t channels = x.dim(1);
+  const int64_t rows = x.dim(0) * channels;
+  if (rows == 0) return;
+  const int64_t cols = x.numel() / rows;
+  if (in[1]->numel() != channels || in[2]->numel() != channels)
+    throw node.error(ErrorKind::kInvalidArgument, "scale and B must have C = " + std::to_string(channels) + " elements");
+  normalize_rows(x.data<float>(), out[0].data<float>(), rows, cols, node.attrs.get_float("epsilon", 1e-5f),
+                 in[1]->data<float>(), in[2]->data<float>(), channels, nullptr, nullptr);
+}
+
+}  // namespace
+
+KILN_REGISTER_CPU_KERNELS(normalization) {
+  for (const char* op : {"Softmax", "LogSoftmax", "LpNormalization"}) {
+    KernelEntry e;
+    e.op = op;
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      Norm kind = node->op == "Softmax" ? Norm::kSoftmax : node->op == "LogSoftmax" ? Norm::kLogSoftmax
+                  : node->attrs.get_int("p", 2) == 1 ? Norm::kL1 : Norm::kL2;
+      return make_kernel([node, kind](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        softmax_like(*node, *in[0], out[0], kind);
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "LayerNormalization";
+    e.check = [](const KernelInit& init) -> std::string {
+      if (init.dtype(0) != DType::kFloat32) return "input type " + to_string(init.dtype(0)) + " is not supported (supported: float32)";
+      for (size_t o = 1; o < init.output_types.size(); ++o)
+        if (init.output_types[o] && init.output_types[o]->dtype != DType::kFloat32)
+          return "stash_type other than float32 is not supported";
+      return "";
+    };
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { layer_norm(*node, in, out); });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "InstanceNormalization";
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { instance_norm(*node, in, out); });
+    };
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,102 @@
+// Schemas of Softmax, LogSoftmax, LayerNormalization, InstanceNormalization and
+// LpNormalization. Softmax here has opset 13's per-axis meaning; the importer rewrites the
+// older "flatten to 2-D at axis" form.
+#include "ir/op_schema.h"
+
+namespace kiln::ir {
+
+namespace {
+
+void infer_softmax(InferContext& ctx) {
+  const TensorType& x = ctx.type(0);
+  if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
+  if (x.shape) normalize_axis(ctx, ctx.node.attrs.get_int("axis", -1), static_cast<int64_t>(x.shape->size()));
+  if (ctx.node.op == "LpNormalization") {
+    int64_t p = ctx.node.attrs.get_int("p", 2);
+    if (p != 1 && p != 2) ctx.fail("p must be 1 or 2, is " + std::to_string(p));
+  }
+  ctx.set_output(0, x.dtype, x.shape);
+}
+
+// Checks that a per-channel / per-feature parameter broadcasts to `target`.
+void check_param(InferContext& ctx, size_t i, const Dims& target, const char* what) {
+  if (!ctx.has_input(i)) return;
+  if (ctx.dtype(i) != ctx.dtype(0))
+    ctx.fail(std::string(what) + " has type " + to_string(ctx.dtype(i)) + ", X has " + to_string(ctx.dtype(0)));
+  if (!ctx.shape_known(i)) return;
+  std::optional<Dims> b = broadcast_dims(target, ctx.shape(i));
+  if (!b || b->size() != target.size())
+    ctx.fail(std::string(what) + " shape " + dims_to_string(ctx.shape(i)) + " does not broadcast to " + dims_to_string(target));
+}
+
+void infer_layer_norm(InferContext& ctx) {
+  const TensorType& x = ctx.type(0);
+  if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
+  if (!x.shape) {
+    ctx.set_output(0, x.dtype, std::nullopt);
+    return;
+  }
+  const Dims& dims = *x.shape;
+  int64_t axis = normalize_axis(ctx, ctx.node.attrs.get_int("axis", -1), static_cast<int64_t>(dims.size()));
+  Dims normalized(dims.begin() + axis, dims.end());
+  check_param(ctx, 1, normalized, "Scale");
+  check_param(ctx, 2, normalized, "B");
+  ctx.set_output(0, x.dtype, dims);
+  // Mean and InvStdDev: X's shape with the normalized dims set to 1.
+  Dims stats(dims.begin(), dims.begin() + axis);
+  stats.resize(dims.size(), Dim(1));
+  DType stash = static_cast<DType>(ctx.node.attrs.get_int("stash_type", 1));
+  ctx.set_output(1, stash, stats);
+  ctx.set_output(2, stash, stats);
+}
+
+void infer_instance_norm(InferContext& ctx) {
+  const TensorType& x = ctx.type(0);
+  if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
+  if (x.shape) {
+    if (x.shape->size() < 3) ctx.fail("input must have rank 3 or more ([N, C, spatial...])");
+    Dims c = {(*x.shape)[1]};
+    for (size_t i = 1; i < 3; ++i) {
+      if (ctx.dtype(i) != x.dtype) ctx.fail("input " + std::to_string(i) + " has type " + to_string(ctx.dtype(i)));
+      if (ctx.shape_known(i) && (ctx.shape(i).size() != 1 || (ctx.shape(i)[0].known() && c[0].known() && ctx.shape(i)[0] != c[0])))
+        ctx.fail("input " + std::to_string(i) + " must have shape [C] = [" + c[0].str() + "], has " + dims_to_string(ctx.shape(i)));
+    }
+  }
+  ctx.set_output(0, x.dtype, x.shape);
+}
+
+int64_t elementwise_flops(const FlopsContext& c, int64_t per_element) {
+  return FlopsContext::numel(c.input_types[0]) * per_element;
+}
+
+}  // namespace
+
+KILN_REGISTER_OPS(normalization) {
+  for (const char* op : {"Softmax", "LogSoftmax", "LpNormalization"}) {
+    OpSchema s;
+    s.op = op;
+    s.infer = infer_softmax;
+    s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 5); };
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s;
+    s.op = "LayerNormalization";
+    s.min_inputs = 2;
+    s.max_inputs = 3;
+    s.max_outputs = 3;
+    s.infer = infer_layer_norm;
+    s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 8); };
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s;
+    s.op = "InstanceNormalization";
+    s.min_inputs = s.max_inputs = 3;
+    s.infer = infer_instance_norm;
+    s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 8); };
+    registry.add(std::move(s));
+  }
+}
+
+}  // namespace kiln::ir
