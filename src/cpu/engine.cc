@@ -54,6 +54,8 @@ CpuEngine::CpuEngine(ir::Graph graph) : graph_(std::move(graph)) {
     throw Error(ErrorKind::kUnsupported, msg);
   }
 
+  // A graph output may be an initializer no node reads (e.g. an imported Constant).
+  for (const std::string& o : graph_.outputs) slot_of(o);
   constant_slots_.resize(static_cast<size_t>(num_slots_));
   for (const auto& [name, slot] : slots_) {
     const ir::Value* v = graph_.find_value(name);

@@ -1,0 +1,90 @@
+// CPU kernels of ConstantOfShape (any dtype: the value's bytes repeated), EyeLike (any dtype)
+// and Range (float32, float64, int16, int32, int64).
+#include <cstring>
+
+#include "cpu/kernel.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+template <class T>
+void range(const Tensor& start, const Tensor& delta, Tensor& out) {
+  T s = start.data<T>()[0], d = delta.data<T>()[0];
+  T* y = out.data<T>();
+  // start + i * delta, not repeated addition, so float ranges do not drift.
+  for (int64_t i = 0; i < out.numel(); ++i) y[i] = static_cast<T>(s + static_cast<T>(i) * d);
+}
+
+void fill_one(void* dst, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: *static_cast<float*>(dst) = 1.f; break;
+    case DType::kFloat64: *static_cast<double*>(dst) = 1.0; break;
+    case DType::kFloat16: *static_cast<uint16_t*>(dst) = float_to_half(1.f); break;
+    case DType::kBFloat16: *static_cast<uint16_t*>(dst) = float_to_bfloat16(1.f); break;
+    default: {
+      // Integers and bool: 1 in the low byte of a little-endian value.
+      std::memset(dst, 0, element_size(dtype));
+      *static_cast<uint8_t*>(dst) = 1;
+    }
+  }
+}
+
+}  // namespace
+
+KILN_REGISTER_CPU_KERNELS(constant) {
+  {
+    KernelEntry e;
+    e.op = "ConstantOfShape";
+    e.dtypes = "all";
+    e.create = [](const KernelInit& init) {
+      const Tensor* v = init.node.attrs.get_tensor("value");
+      Tensor value = v ? *v : Tensor::scalar<float>(0.f);
+      return make_kernel([value](const std::vector<const Tensor*>&, std::vector<Tensor>& out) {
+        size_t es = element_size(value.dtype());
+        auto* y = static_cast<unsigned char*>(out[0].raw());
+        for (int64_t i = 0; i < out[0].numel(); ++i) std::memcpy(y + static_cast<size_t>(i) * es, value.raw(), es);
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "EyeLike";
+    e.dtypes = "all";
+    e.create = [](const KernelInit& init) {
+      int64_t k = init.node.attrs.get_int("k", 0);
+      return make_kernel([k](const std::vector<const Tensor*>&, std::vector<Tensor>& out) {
+        Tensor& y = out[0];
+        size_t es = element_size(y.dtype());
+        int64_t rows = y.dim(0), cols = y.dim(1);
+        std::memset(y.raw(), 0, y.nbytes());
+        for (int64_t r = 0; r < rows; ++r) {
+          int64_t c = r + k;
+          if (c >= 0 && c < cols) fill_one(static_cast<unsigned char*>(y.raw()) + static_cast<size_t>(r * cols + c) * es, y.dtype());
+        }
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "Range";
+    e.check = accept_dtypes({DType::kFloat32, DType::kFloat64, DType::kInt16, DType::kInt32, DType::kInt64});
+    e.dtypes = "float32, float64, int16, int32, int64";
+    e.create = [](const KernelInit&) {
+      return make_kernel([](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        switch (in[0]->dtype()) {
+          case DType::kFloat32: range<float>(*in[0], *in[2], out[0]); break;
+          case DType::kFloat64: range<double>(*in[0], *in[2], out[0]); break;
+          case DType::kInt16: range<int16_t>(*in[0], *in[2], out[0]); break;
+          case DType::kInt32: range<int32_t>(*in[0], *in[2], out[0]); break;
+          default: range<int64_t>(*in[0], *in[2], out[0]); break;
+        }
+      });
+    };
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace kiln::cpu

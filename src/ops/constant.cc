@@ -1,0 +1,86 @@
+// Schemas of ops that generate tensors: ConstantOfShape, EyeLike and Range. Their output
+// shapes come from int_elements (ConstantOfShape) or the values (Range), so ConstantOfShape of
+// a symbolic shape and Range(0, N, 1) keep the symbol.
+#include <cmath>
+
+#include "ops/shape_dims.h"
+
+namespace kiln::ir {
+
+namespace {
+
+void infer_constant_of_shape(InferContext& ctx) {
+  const Tensor* value = ctx.node.attrs.get_tensor("value");
+  if (value && value->numel() != 1) ctx.fail("value must have exactly one element");
+  DType dtype = value ? value->dtype() : DType::kFloat32;
+  if (ctx.dtype(0) != DType::kInt64) ctx.fail("the shape input must be int64");
+  std::optional<Dims> shape = ctx.int_elements(0);
+  if (!shape) {
+    if (ctx.shape_known(0) && ctx.shape(0).size() == 1 && ctx.shape(0)[0].known())
+      ctx.set_output(0, dtype, Dims(static_cast<size_t>(ctx.shape(0)[0].value), Dim::unknown()));
+    else
+      ctx.set_output(0, dtype, std::nullopt);
+    return;
+  }
+  if (std::optional<std::vector<int64_t>> raw = raw_ints(ctx, 0))
+    for (int64_t d : *raw)
+      if (d < 0) ctx.fail("the shape has a negative dimension " + std::to_string(d));
+  ctx.set_output(0, dtype, *shape);
+  // A small int64 vector of ones (exporters build Expand shapes that way) stays a shape value.
+  if (shape->size() == 1 && (*shape)[0].known() && (*shape)[0].value <= 64 && is_integer(dtype)) {
+    int64_t v = value ? value->value_as_int(0) : 0;
+    ctx.set_symbolic(0, Dims(static_cast<size_t>((*shape)[0].value), Dim(v)));
+  }
+}
+
+void infer_eye_like(InferContext& ctx) {
+  DType dtype = ctx.node.attrs.has("dtype") ? static_cast<DType>(ctx.node.attrs.get_int("dtype", 1)) : ctx.dtype(0);
+  if (element_size(dtype) == 0) ctx.unsupported("dtype " + to_string(dtype) + " is not supported");
+  if (ctx.shape_known(0) && ctx.shape(0).size() != 2) ctx.fail("the input must be 2-D");
+  ctx.set_output(0, dtype, ctx.type(0).shape);
+}
+
+// Range's length: max(ceil((limit - start) / delta), 0).
+void infer_range(InferContext& ctx) {
+  DType dtype = ctx.dtype(0);
+  if (ctx.dtype(1) != dtype || ctx.dtype(2) != dtype) ctx.fail("start, limit and delta must have the same type");
+  for (size_t i = 0; i < 3; ++i)
+    if (ctx.shape_known(i) && !(ctx.shape(i).empty() || (ctx.shape(i).size() == 1 && ctx.shape(i)[0] == Dim(1))))
+      ctx.fail("input " + std::to_string(i) + " must be a scalar");
+  const Tensor *s = ctx.value(0), *l = ctx.value(1), *d = ctx.value(2);
+  if (s && l && d) {
+    if (d->value_as_double(0) == 0) ctx.fail("delta is 0");
+    int64_t n;
+    if (is_integer(dtype)) {
+      int64_t a = s->value_as_int(0), b = l->value_as_int(0), c = d->value_as_int(0);
+      n = c > 0 ? (b - a + c - 1) / c : (a - b + (-c) - 1) / (-c);
+    } else {
+      n = static_cast<int64_t>(std::ceil((l->value_as_double(0) - s->value_as_double(0)) / d->value_as_double(0)));
+    }
+    n = std::max<int64_t>(n, 0);
+    ctx.set_output(0, dtype, Dims{Dim(n)});
+    if (is_integer(dtype) && n <= 64) {
+      Dims value;
+      for (int64_t i = 0; i < n; ++i) value.push_back(Dim(s->value_as_int(0) + i * d->value_as_int(0)));
+      ctx.set_symbolic(0, std::move(value));
+    }
+    return;
+  }
+  // Range(0, N, 1) has N elements, whatever N is.
+  std::optional<Dims> se = ctx.int_elements(0), le = ctx.int_elements(1), de = ctx.int_elements(2);
+  if (se && le && de && se->size() == 1 && de->size() == 1 && le->size() == 1 && (*se)[0] == Dim(0) && (*de)[0] == Dim(1)) {
+    ctx.set_output(0, dtype, Dims{(*le)[0]});
+    return;
+  }
+  ctx.set_output(0, dtype, Dims{Dim::unknown()});
+}
+
+}  // namespace
+
+KILN_REGISTER_OPS(constant) {
+  registry.add({"ConstantOfShape", "", 1, 1, 1, 1, infer_constant_of_shape, nullptr, ""});
+  registry.add({"EyeLike", "", 1, 1, 1, 1, infer_eye_like, nullptr, ""});
+  registry.add({"Range", "", 3, 3, 1, 1, infer_range, nullptr, ""});
+}
+
+}  // namespace kiln::ir
