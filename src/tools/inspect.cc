@@ -2,12 +2,15 @@
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <iostream>
+#include <map>
 
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
 #include "passes/pipeline.h"
 #include "tools/commands.h"
+#include "tools/shapes.h"
 
 namespace kiln::tools {
 
@@ -16,6 +19,8 @@ struct InspectOptions {
   std::string model;
   bool optimize = false;
   bool json = false;
+  std::vector<std::string> dims;    // --dim N=8
+  std::vector<std::string> shapes;  // --shapes input:1x3x224x224
 };
 
 std::string type_string(const ir::Graph& g, const std::string& name) {
@@ -30,8 +35,53 @@ std::string human(double v, const char* unit) {
   return fmt::format("{:.2f} {}{}", v, prefixes[p], unit);
 }
 
+// Gives every dynamic input dimension a number so that shapes and FLOPs further down are
+// concrete. Returns the declared input types (before binding) and lists the dimensions that
+// nobody bound (set to 1) in `defaulted`.
+std::map<std::string, std::string> bind_dims(ir::Graph& g, const InspectOptions& o, std::vector<std::string>& defaulted) {
+  tools::ShapeBindings b;
+  for (const std::string& d : o.dims) b.add_dim_option(d);
+  for (const std::string& s : o.shapes) b.add_shapes_option(s);
+  std::vector<std::string> symbols;
+  std::map<std::string, std::string> declared;
+  for (const std::string& in : g.inputs) {
+    const ir::Value& v = g.value(in);
+    declared[in] = v.type.str();
+    for (const ir::Dim& d : *v.type.shape)
+      if (d.symbolic()) symbols.push_back(d.symbol);
+  }
+  check_bindings_used(b, g.inputs, symbols);
+  bool changed = false;
+  for (const std::string& in : g.inputs) {
+    ir::Value& v = g.value(in);
+    std::vector<int64_t> shape;
+    std::vector<std::string> names;
+    for (const ir::Dim& d : *v.type.shape) {
+      shape.push_back(d.known() ? d.value : -1);
+      names.push_back(d.known() ? "" : d.symbol);
+    }
+    std::vector<int64_t> bound = resolve_shape(in, shape, names, b, 1, defaulted);
+    if (bound != shape) {
+      v.type.shape = ir::dims_of(bound);
+      changed = true;
+    }
+  }
+  if (changed) {
+    // Declared shapes of later values still carry the symbols; inference replaces them.
+    for (const auto& [name, value] : g.values())
+      if (!value.constant && std::find(g.inputs.begin(), g.inputs.end(), name) == g.inputs.end()) {
+        ir::Value& v = g.value(name);
+        if (v.type.shape && !ir::all_known(*v.type.shape)) v.type.shape.reset();
+      }
+    ir::infer_shapes(g);
+  }
+  return declared;
+}
+
 int inspect(const InspectOptions& o) {
   ir::Graph g = onnx_import::import_file(o.model);
+  std::vector<std::string> defaulted;
+  std::map<std::string, std::string> declared = bind_dims(g, o, defaulted);
   if (o.optimize) passes::optimize(g);
   int64_t total_flops = 0;
   nlohmann::json layers = nlohmann::json::array();
@@ -47,7 +97,9 @@ int inspect(const InspectOptions& o) {
     nlohmann::json j;
     j["model"] = o.model;
     j["opset"] = g.opset;
-    for (const std::string& in : g.inputs) j["inputs"].push_back({{"name", in}, {"type", type_string(g, in)}});
+    for (const std::string& in : g.inputs)
+      j["inputs"].push_back({{"name", in}, {"declared_type", declared[in]}, {"type", type_string(g, in)}});
+    j["dims_bound_to_1"] = defaulted;
     for (const std::string& out : g.outputs) j["outputs"].push_back({{"name", out}, {"type", type_string(g, out)}});
     j["layers"] = layers;
     j["parameters"] = g.parameter_count();
@@ -58,7 +110,10 @@ int inspect(const InspectOptions& o) {
   }
   std::cout << fmt::format("model: {} (opset {}{})\n", o.model, g.opset, o.optimize ? ", after kiln's passes" : "");
   std::cout << "inputs:\n";
-  for (const std::string& in : g.inputs) std::cout << fmt::format("  {:<30} {}\n", in, type_string(g, in));
+  for (const std::string& in : g.inputs) {
+    std::string now = type_string(g, in);
+    std::cout << fmt::format("  {:<30} {}{}\n", in, declared[in], now == declared[in] ? "" : "  (bound to " + now + ")");
+  }
   std::cout << "outputs:\n";
   for (const std::string& out : g.outputs) std::cout << fmt::format("  {:<30} {}\n", out, type_string(g, out));
   std::cout << fmt::format("layers ({}):\n", g.nodes.size());
@@ -71,7 +126,12 @@ int inspect(const InspectOptions& o) {
                              f ? human(static_cast<double>(f), "FLOP") : "");
   }
   std::cout << fmt::format("parameters: {} ({})\n", g.parameter_count(), human(static_cast<double>(g.parameter_bytes()), "B"));
-  std::cout << fmt::format("FLOPs: {} ({} total; symbolic dims counted as unknown)\n", human(static_cast<double>(total_flops), "FLOP"), total_flops);
+  std::cout << fmt::format("FLOPs: {} ({} total)\n", human(static_cast<double>(total_flops), "FLOP"), total_flops);
+  if (!defaulted.empty()) {
+    std::string list;
+    for (const std::string& d : defaulted) list += (list.empty() ? "" : ", ") + d;
+    std::cout << fmt::format("note: dynamic dimensions bound to 1 for shapes and FLOPs: {} (choose with --dim NAME=VALUE or --shapes INPUT:DxDxD)\n", list);
+  }
   return 0;
 }
 }  // namespace
@@ -82,6 +142,8 @@ void add_inspect_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("model", opts->model, "ONNX model file")->required();
   cmd->add_flag("--optimize", opts->optimize, "Show the graph after kiln's passes (folding and fusion)");
   cmd->add_flag("--json", opts->json, "Print JSON instead of text");
+  cmd->add_option("--dim", opts->dims, "Bind a dynamic dimension, e.g. --dim N=8 (repeatable; unbound ones are 1)");
+  cmd->add_option("--shapes", opts->shapes, "Bind input shapes, e.g. --shapes input:1x3x224x224,mask:1x128");
   cmd->callback([opts, &action] { action = [opts] { return inspect(*opts); }; });
 }
 

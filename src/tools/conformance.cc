@@ -1,0 +1,305 @@
+// kiln conformance DIR: runs ONNX backend test cases (DIR/**/model.onnx with
+// test_data_set_*/input_*.pb and output_*.pb) through import, kiln's passes and the CPU
+// engine, and compares with the expected outputs.
+//
+// Each case runs in a child process (fork), so that a crash or a hang in one kernel is
+// reported as that case's failure instead of ending the run. The parent never runs a kernel
+// itself, which keeps fork safe with OpenMP (the children start their own thread pools).
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "kiln/kiln.h"
+#include "onnx/importer.h"
+#include "tools/commands.h"
+
+namespace kiln::tools {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct ConformanceOptions {
+  std::string dir;
+  std::string json;
+  std::string filter;
+  bool verbose = false;
+  bool no_fork = false;
+  int timeout_s = 120;
+  bool no_optimize = false;
+};
+
+struct Case {
+  std::string name;  // path relative to DIR
+  fs::path dir;
+};
+
+enum class Status { kPass, kFail, kUnsupported };
+const char* status_name(Status s) {
+  return s == Status::kPass ? "PASS" : s == Status::kFail ? "FAIL" : "UNSUPPORTED";
+}
+
+struct Result {
+  Status status = Status::kPass;
+  std::string reason;
+};
+
+constexpr double kRtol = 1e-3;
+constexpr double kAtol = 1e-5;
+
+std::vector<Case> find_cases(const fs::path& root) {
+  if (!fs::is_directory(root)) throw Error(ErrorKind::kIo, "'" + root.string() + "' is not a directory");
+  std::vector<Case> cases;
+  auto add = [&](const fs::path& dir) {
+    std::string name = fs::relative(dir, root).generic_string();
+    if (name == ".") name = dir.filename().string();
+    cases.push_back({name, dir});
+  };
+  if (fs::exists(root / "model.onnx")) add(root);
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    if (it->is_directory() && it->path() != root && fs::exists(it->path() / "model.onnx")) add(it->path());
+  }
+  std::sort(cases.begin(), cases.end(), [](const Case& a, const Case& b) { return a.name < b.name; });
+  return cases;
+}
+
+// Files named <prefix><index>.pb in a data set, ordered by index.
+std::vector<fs::path> numbered_files(const fs::path& dir, const std::string& prefix) {
+  std::vector<std::pair<long, fs::path>> found;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string f = e.path().filename().string();
+    if (f.rfind(prefix, 0) != 0 || e.path().extension() != ".pb") continue;
+    std::string digits = f.substr(prefix.size(), f.size() - prefix.size() - 3);
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    found.emplace_back(std::stol(digits), e.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [i, p] : found) out.push_back(p);
+  return out;
+}
+
+std::string value_str(double v) { return fmt::format("{:.7g}", v); }
+
+// "" when `got` matches `want`: same dtype and shape; floats within rtol/atol (NaN matches
+// NaN, infinities match themselves); integers and bools exactly.
+std::string compare(const Tensor& got, const Tensor& want) {
+  if (got.dtype() != want.dtype()) return "dtype " + to_string(got.dtype()) + ", expected " + to_string(want.dtype());
+  if (got.shape() != want.shape())
+    return "shape [" + shape_to_string(got.shape()) + "], expected [" + shape_to_string(want.shape()) + "]";
+  int64_t bad = 0, first_bad = -1;
+  double worst = -1;
+  int64_t worst_at = -1;
+  bool floats = is_float(want.dtype());
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    bool ok;
+    double err = 0;
+    if (floats) {
+      double g = got.value_as_double(i), w = want.value_as_double(i);
+      if (std::isnan(w) || std::isnan(g)) ok = std::isnan(w) && std::isnan(g);
+      else if (std::isinf(w) || std::isinf(g)) ok = g == w;
+      else {
+        err = std::abs(g - w) - (kAtol + kRtol * std::abs(w));
+        ok = err <= 0;
+      }
+      if (!ok && !(err > 0)) err = INFINITY;  // NaN or infinity mismatches are the worst
+    } else {
+      ok = got.value_as_int(i) == want.value_as_int(i);
+      err = ok ? 0 : 1;
+    }
+    if (!ok) {
+      if (first_bad < 0) first_bad = i;
+      ++bad;
+      if (err > worst) { worst = err; worst_at = i; }
+    }
+  }
+  if (bad == 0) return "";
+  int64_t at = floats ? worst_at : first_bad;
+  std::string got_s = floats ? value_str(got.value_as_double(at)) : std::to_string(got.value_as_int(at));
+  std::string want_s = floats ? value_str(want.value_as_double(at)) : std::to_string(want.value_as_int(at));
+  return fmt::format("{} of {} values differ; {} at index {}: got {}, expected {}", bad, want.numel(),
+                     floats ? "worst" : "first", at, got_s, want_s);
+}
+
+Result run_case(const Case& c, const ConformanceOptions& o) {
+  auto classify = [](const Error& e, const std::string& stage) {
+    return Result{e.kind() == ErrorKind::kUnsupported ? Status::kUnsupported : Status::kFail, stage + ": " + e.what()};
+  };
+  BuildOptions build;
+  build.optimize = !o.no_optimize;
+  std::optional<Engine> engine;
+  try {
+    engine.emplace(Engine::from_onnx((c.dir / "model.onnx").string(), build));
+  } catch (const Error& e) {
+    return classify(e, "build");
+  }
+  std::vector<fs::path> sets;
+  for (const auto& e : fs::directory_iterator(c.dir))
+    if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
+  std::sort(sets.begin(), sets.end());
+  if (sets.empty()) return {Status::kFail, "the case has no test_data_set_* directory"};
+
+  for (const fs::path& set : sets) {
+    std::string where = sets.size() > 1 ? set.filename().string() + ": " : "";
+    std::vector<fs::path> in_files = numbered_files(set, "input_");
+    std::vector<fs::path> out_files = numbered_files(set, "output_");
+    const auto& ins = engine->inputs();
+    const auto& outs = engine->outputs();
+    if (in_files.size() != ins.size())
+      return {Status::kFail, fmt::format("{}the test gives {} inputs, the model has {}", where, in_files.size(), ins.size())};
+    if (out_files.size() != outs.size())
+      return {Status::kFail, fmt::format("{}the test expects {} outputs, the model has {}", where, out_files.size(), outs.size())};
+    std::map<std::string, Tensor> inputs;
+    std::vector<Tensor> expected;
+    try {
+      for (size_t i = 0; i < in_files.size(); ++i) inputs[ins[i].name] = onnx_import::read_tensor_file(in_files[i].string());
+      for (const fs::path& f : out_files) expected.push_back(onnx_import::read_tensor_file(f.string()));
+    } catch (const Error& e) {
+      return classify(e, where + "reading test data");
+    }
+    std::map<std::string, Tensor> got;
+    try {
+      got = engine->run(inputs);
+    } catch (const Error& e) {
+      return classify(e, where + "run");
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::string diff = compare(got.at(outs[i].name), expected[i]);
+      if (!diff.empty()) return {Status::kFail, fmt::format("{}output {} '{}': {}", where, i, outs[i].name, diff)};
+    }
+  }
+  return {};
+}
+
+// Any exception other than kiln::Error is a bug in kiln; report it as a failure.
+Result run_case_guarded(const Case& c, const ConformanceOptions& o) {
+  try {
+    return run_case(c, o);
+  } catch (const std::bad_alloc&) {
+    return {Status::kFail, "out of memory"};
+  } catch (const std::exception& e) {
+    return {Status::kFail, std::string("internal error (not a kiln::Error): ") + e.what()};
+  }
+}
+
+Result run_case_in_child(const Case& c, const ConformanceOptions& o) {
+  int fds[2];
+  if (pipe(fds) != 0) throw Error(ErrorKind::kInternal, std::string("pipe failed: ") + std::strerror(errno));
+  std::cout.flush();
+  std::cerr.flush();
+  pid_t pid = fork();
+  if (pid < 0) throw Error(ErrorKind::kInternal, std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    close(fds[0]);
+    alarm(static_cast<unsigned>(o.timeout_s));
+    Result r = run_case_guarded(c, o);
+    std::string msg = std::to_string(static_cast<int>(r.status)) + "\n" + r.reason;
+    size_t done = 0;
+    while (done < msg.size()) {
+      ssize_t n = write(fds[1], msg.data() + done, msg.size() - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string msg;
+  char buf[4096];
+  while (true) {
+    ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    msg.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    if (sig == SIGALRM) return {Status::kFail, fmt::format("timed out after {} s", o.timeout_s)};
+    return {Status::kFail, fmt::format("crashed with signal {} ({})", sig, strsignal(sig))};
+  }
+  size_t nl = msg.find('\n');
+  if (nl == std::string::npos) return {Status::kFail, "the case's process exited without a result"};
+  return {static_cast<Status>(std::stoi(msg.substr(0, nl))), msg.substr(nl + 1)};
+}
+
+std::string one_line(std::string s, size_t max) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  if (s.size() > max) s = s.substr(0, max) + "...";
+  return s;
+}
+
+int conformance(const ConformanceOptions& o) {
+  std::vector<Case> cases = find_cases(o.dir);
+  if (!o.filter.empty()) {
+    std::regex re;
+    try {
+      re = std::regex(o.filter);
+    } catch (const std::regex_error& e) {
+      throw Error(ErrorKind::kInvalidArgument, "--filter '" + o.filter + "' is not a valid regular expression: " + e.what());
+    }
+    cases.erase(std::remove_if(cases.begin(), cases.end(), [&](const Case& c) { return !std::regex_search(c.name, re); }),
+                cases.end());
+  }
+  if (cases.empty())
+    throw Error(ErrorKind::kInvalidArgument, "no test cases (directories with model.onnx) under '" + o.dir + "'" +
+                                                 (o.filter.empty() ? "" : " match --filter '" + o.filter + "'"));
+  int counts[3] = {0, 0, 0};
+  nlohmann::json results = nlohmann::json::array();
+  for (const Case& c : cases) {
+    Result r = o.no_fork ? run_case_guarded(c, o) : run_case_in_child(c, o);
+    ++counts[static_cast<int>(r.status)];
+    std::cout << status_name(r.status) << " " << c.name;
+    if (!r.reason.empty()) std::cout << ": " << (o.verbose ? r.reason : one_line(r.reason, 200));
+    std::cout << std::endl;
+    results.push_back({{"name", c.name}, {"status", status_name(r.status)}, {"reason", r.reason}});
+  }
+  int total = static_cast<int>(cases.size());
+  std::cout << fmt::format("\n{} cases: {} passed, {} failed, {} unsupported ({:.1f}% pass)\n", total, counts[0], counts[1],
+                           counts[2], 100.0 * counts[0] / total);
+  nlohmann::json summary = {{"dir", o.dir}, {"filter", o.filter}, {"total", total}, {"pass", counts[0]},
+                            {"fail", counts[1]}, {"unsupported", counts[2]}, {"rtol", kRtol}, {"atol", kAtol},
+                            {"cases", results}};
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    if (!f) throw Error(ErrorKind::kIo, "cannot create '" + o.json + "'");
+    f << summary.dump(1) << "\n";
+    if (!f) throw Error(ErrorKind::kIo, "cannot write '" + o.json + "'");
+  } else {
+    std::cout << summary.dump() << "\n";
+  }
+  return counts[1] == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void add_conformance_command(CLI::App& app, std::function<int()>& action) {
+  auto o = std::make_shared<ConformanceOptions>();
+  CLI::App* cmd = app.add_subcommand("conformance", "Run ONNX backend test cases and compare with their expected outputs");
+  cmd->add_option("dir", o->dir, "Directory searched recursively for test cases (e.g. /usr/share/libonnx-testdata/data/node)")
+      ->required();
+  cmd->add_option("--json", o->json, "Write the JSON summary here (default: printed last on stdout)");
+  cmd->add_option("--filter", o->filter, "Only cases whose name matches this regular expression (ECMAScript, searched)");
+  cmd->add_flag("-v,--verbose", o->verbose, "Print full failure reasons");
+  cmd->add_option("--timeout", o->timeout_s, "Seconds one case may take before it counts as failed")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_flag("--no-fork", o->no_fork, "Run cases in this process (for debuggers; a crash then ends the run)");
+  cmd->add_flag("--no-optimize", o->no_optimize, "Skip kiln's graph passes");
+  cmd->callback([o, &action] { action = [o] { return conformance(*o); }; });
+}
+
+}  // namespace kiln::tools

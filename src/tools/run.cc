@@ -1,0 +1,377 @@
+// kiln run model.onnx: feeds inputs (tensors from .npy / .pb files, photos, or random data),
+// runs the model on the CPU engine and summarizes each output (and the top classes of
+// classifier outputs).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include "io/image.h"
+#include "io/npy.h"
+#include "kiln/kiln.h"
+#include "onnx/importer.h"
+#include "tools/commands.h"
+#include "tools/shapes.h"
+
+namespace kiln::tools {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunOptions {
+  std::string model;
+  std::vector<std::string> inputs;
+  bool random = false;
+  uint64_t seed = 0;
+  int64_t batch = -1;
+  std::vector<std::string> dims;
+  std::vector<std::string> shapes;
+  std::string output_dir;
+  int top_k = 5;
+  std::string labels;
+  bool no_optimize = false;
+  // Image preprocessing.
+  int64_t resize = 256;
+  std::string crop;  // "224" or "HxW"; default: the model's H, W
+  std::vector<float> mean = {0.485f, 0.456f, 0.406f};
+  std::vector<float> std = {0.229f, 0.224f, 0.225f};
+  bool gray = false;
+};
+
+std::string lower_extension(const std::string& path) {
+  std::string ext = fs::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext;
+}
+
+// A copy of `t` with another numeric dtype (for a float64 .npy fed to a float32 model, say).
+Tensor cast_to(const Tensor& t, DType dtype) {
+  Tensor out(dtype, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double v = t.value_as_double(i);
+    switch (dtype) {
+      case DType::kFloat32: out.data<float>()[i] = static_cast<float>(v); break;
+      case DType::kFloat64: out.data<double>()[i] = v; break;
+      case DType::kFloat16: static_cast<uint16_t*>(out.raw())[i] = float_to_half(static_cast<float>(v)); break;
+      case DType::kInt64: out.data<int64_t>()[i] = t.value_as_int(i); break;
+      case DType::kInt32: out.data<int32_t>()[i] = static_cast<int32_t>(t.value_as_int(i)); break;
+      case DType::kUInt8: out.data<uint8_t>()[i] = static_cast<uint8_t>(t.value_as_int(i)); break;
+      case DType::kInt8: out.data<int8_t>()[i] = static_cast<int8_t>(t.value_as_int(i)); break;
+      case DType::kBool: out.data<bool>()[i] = v != 0; break;
+      default:
+        throw Error(ErrorKind::kUnsupported, "cannot convert " + to_string(t.dtype()) + " to " + to_string(dtype));
+    }
+  }
+  return out;
+}
+
+Tensor load_image_input(const std::string& path, const TensorDesc& desc, const RunOptions& o) {
+  if (desc.shape.size() != 4 || !is_float(desc.dtype))
+    throw Error(ErrorKind::kInvalidArgument, "an image was given for input '" + desc.name + "', which is not a float NCHW tensor")
+        .file(path)
+        .hint("images become float32 [N, C, H, W] tensors; pass a .npy file for other inputs");
+  int64_t c = desc.shape[1];
+  if (c != -1 && c != 1 && c != 3)
+    throw Error(ErrorKind::kInvalidArgument, "input '" + desc.name + "' has " + std::to_string(c) +
+                                                 " channels; images give 1 (--gray) or 3")
+        .file(path)
+        .hint("if the model takes NHWC images, convert the photo to a .npy file yourself");
+  io::ImageOptions io;
+  io.resize = o.resize;
+  io.gray = o.gray || c == 1;
+  if (o.gray && c == 3)
+    throw Error(ErrorKind::kInvalidArgument, "--gray was given but input '" + desc.name + "' takes 3 channels");
+  io.crop_height = desc.shape[2] > 0 ? desc.shape[2] : 224;
+  io.crop_width = desc.shape[3] > 0 ? desc.shape[3] : 224;
+  if (!o.crop.empty()) {
+    ShapeBindings parse;
+    parse.add_shapes_option("crop:" + o.crop);
+    const std::vector<int64_t>& hw = parse.shapes["crop"];
+    if (hw.size() != 1 && hw.size() != 2)
+      throw Error(ErrorKind::kInvalidArgument, "--crop must be SIZE or HxW, got '" + o.crop + "'");
+    io.crop_height = hw[0];
+    io.crop_width = hw.back();
+    if ((desc.shape[2] > 0 && desc.shape[2] != io.crop_height) || (desc.shape[3] > 0 && desc.shape[3] != io.crop_width))
+      throw Error(ErrorKind::kInvalidArgument, "--crop " + o.crop + " does not match input '" + desc.name + "' (" +
+                                                   std::to_string(desc.shape[2]) + "x" + std::to_string(desc.shape[3]) + ")");
+  }
+  if (io.gray) {
+    // ImageNet's statistics are for RGB; a gray model gets plain [0, 1] unless told.
+    bool defaults = o.mean == RunOptions{}.mean && o.std == RunOptions{}.std;
+    io.mean = {defaults ? 0.0f : o.mean[0], 0, 0};
+    io.std = {defaults ? 1.0f : o.std[0], 1, 1};
+  } else {
+    if (o.mean.size() != 3 && o.mean.size() != 1) throw Error(ErrorKind::kInvalidArgument, "--mean takes 1 or 3 values");
+    if (o.std.size() != 3 && o.std.size() != 1) throw Error(ErrorKind::kInvalidArgument, "--std takes 1 or 3 values");
+    for (size_t i = 0; i < 3; ++i) {
+      io.mean[i] = o.mean[std::min(i, o.mean.size() - 1)];
+      io.std[i] = o.std[std::min(i, o.std.size() - 1)];
+    }
+  }
+  Tensor one = io::load_image(path, io);
+  // The batch: --batch, else the model's fixed batch, else 1. Every row is the same photo.
+  int64_t batch = o.batch > 0 ? o.batch : desc.shape[0] > 0 ? desc.shape[0] : 1;
+  std::vector<int64_t> shape = one.shape();
+  shape[0] = batch;
+  Tensor t(DType::kFloat32, shape);
+  for (int64_t b = 0; b < batch; ++b)
+    std::copy(one.data<float>(), one.data<float>() + one.numel(), t.data<float>() + b * one.numel());
+  return desc.dtype == DType::kFloat32 ? t : cast_to(t, desc.dtype);
+}
+
+Tensor load_input(const std::string& path, const TensorDesc& desc, const RunOptions& o) {
+  if (!fs::exists(path)) throw Error(ErrorKind::kIo, "input file '" + path + "' does not exist");
+  std::string ext = lower_extension(path);
+  Tensor t;
+  if (ext == ".npy") t = io::read_npy(path);
+  else if (ext == ".pb") t = onnx_import::read_tensor_file(path);
+  else return load_image_input(path, desc, o);
+  if (t.dtype() != desc.dtype) {
+    std::cout << fmt::format("note: input '{}' converted from {} to {}\n", desc.name, to_string(t.dtype()), to_string(desc.dtype));
+    t = cast_to(t, desc.dtype);
+  }
+  return t;
+}
+
+Tensor random_input(const TensorDesc& desc, const std::vector<int64_t>& shape, std::mt19937_64& rng) {
+  Tensor t(desc.dtype, shape);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  // Small non-negative integers: valid as indices, lengths and class ids in most models.
+  std::uniform_int_distribution<int> small(0, 9);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    switch (desc.dtype) {
+      case DType::kFloat32: t.data<float>()[i] = normal(rng); break;
+      case DType::kFloat64: t.data<double>()[i] = normal(rng); break;
+      case DType::kFloat16: static_cast<uint16_t*>(t.raw())[i] = float_to_half(normal(rng)); break;
+      case DType::kBFloat16: static_cast<uint16_t*>(t.raw())[i] = float_to_bfloat16(normal(rng)); break;
+      case DType::kBool: t.data<bool>()[i] = small(rng) % 2; break;
+      case DType::kInt64: t.data<int64_t>()[i] = small(rng); break;
+      case DType::kInt32: t.data<int32_t>()[i] = small(rng); break;
+      case DType::kInt16: t.data<int16_t>()[i] = static_cast<int16_t>(small(rng)); break;
+      case DType::kInt8: t.data<int8_t>()[i] = static_cast<int8_t>(small(rng)); break;
+      case DType::kUInt8: t.data<uint8_t>()[i] = static_cast<uint8_t>(small(rng)); break;
+      default:
+        throw Error(ErrorKind::kUnsupported, "--random cannot fill " + to_string(desc.dtype) + " input '" + desc.name + "'");
+    }
+  }
+  return t;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+std::string format_value(double v, DType dtype) {
+  if (is_float(dtype)) return fmt::format("{:.6g}", v);
+  return fmt::format("{}", static_cast<int64_t>(v));
+}
+
+// A classifier's output row: show the k largest scores as probabilities. Rows that already
+// are probabilities (softmax inside the model) are shown as they are.
+void print_top_k(const Tensor& t, int k, const std::vector<std::string>& labels) {
+  int64_t rows = t.dim(0), classes = t.dim(1);
+  const int64_t max_rows = 16;
+  for (int64_t r = 0; r < std::min(rows, max_rows); ++r) {
+    std::vector<double> row(static_cast<size_t>(classes));
+    for (int64_t c = 0; c < classes; ++c) row[static_cast<size_t>(c)] = t.value_as_double(r * classes + c);
+    double sum = 0;
+    bool in_unit = true;
+    for (double v : row) {
+      sum += v;
+      in_unit = in_unit && v >= 0 && v <= 1;
+    }
+    bool already = in_unit && std::abs(sum - 1.0) < 1e-3;
+    std::vector<double> prob = row;
+    if (!already) {
+      double mx = *std::max_element(row.begin(), row.end());
+      double total = 0;
+      for (double& p : prob) total += (p = std::exp(p - mx));
+      for (double& p : prob) p /= total;
+    }
+    std::vector<int64_t> order(static_cast<size_t>(classes));
+    for (int64_t c = 0; c < classes; ++c) order[static_cast<size_t>(c)] = c;
+    int64_t shown = std::min<int64_t>(k, classes);
+    std::partial_sort(order.begin(), order.begin() + shown, order.end(), [&](int64_t a, int64_t b) {
+      return row[static_cast<size_t>(a)] > row[static_cast<size_t>(b)];
+    });
+    std::cout << fmt::format("  top-{} of row {} ({}):\n", shown, r, already ? "the output is a probability" : "softmax of the output");
+    for (int64_t i = 0; i < shown; ++i) {
+      int64_t c = order[static_cast<size_t>(i)];
+      std::string label = c < static_cast<int64_t>(labels.size()) ? "  " + labels[static_cast<size_t>(c)] : "";
+      std::cout << fmt::format("    {:>6}  {:>8.4f}  (score {:.4g}){}\n", c, prob[static_cast<size_t>(c)], row[static_cast<size_t>(c)], label);
+    }
+  }
+  if (rows > max_rows) std::cout << fmt::format("  ({} more rows not shown)\n", rows - max_rows);
+}
+
+void print_output(const std::string& name, const Tensor& t, const RunOptions& o, const std::vector<std::string>& labels) {
+  std::cout << fmt::format("output '{}': {} [{}]\n", name, to_string(t.dtype()), shape_to_string(t.shape()));
+  if (t.numel() == 0 || element_size(t.dtype()) == 0) return;
+  double mn = INFINITY, mx = -INFINITY, sum = 0;
+  int64_t nans = 0, finite = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double v = t.value_as_double(i);
+    if (std::isnan(v)) { ++nans; continue; }
+    mn = std::min(mn, v);
+    mx = std::max(mx, v);
+    if (std::isfinite(v)) { sum += v; ++finite; }
+  }
+  std::cout << fmt::format("  min {}  max {}  mean {:.6g}{}\n", format_value(mn, DType::kFloat64), format_value(mx, DType::kFloat64),
+                           finite ? sum / static_cast<double>(finite) : NAN, nans ? fmt::format("  ({} NaN)", nans) : "");
+  std::string first;
+  int64_t n = std::min<int64_t>(t.numel(), 8);
+  for (int64_t i = 0; i < n; ++i) first += (i ? " " : "") + format_value(t.value_as_double(i), t.dtype());
+  std::cout << fmt::format("  first values: {}{}\n", first, t.numel() > n ? " ..." : "");
+  if (o.top_k > 0 && t.rank() == 2 && is_float(t.dtype()) && t.dim(1) >= 2) print_top_k(t, o.top_k, labels);
+}
+
+// A file name for an output: tensor names may hold '/' or ':'.
+std::string file_name_for(const std::string& name) {
+  std::string s = name;
+  for (char& c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) c = '_';
+  if (s.empty() || s[0] == '.') s = "_" + s;
+  return s;
+}
+
+std::vector<std::string> read_labels(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(ErrorKind::kIo, "cannot open the labels file '" + path + "'");
+  std::vector<std::string> labels;
+  std::string line;
+  while (std::getline(f, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    labels.push_back(line);
+  }
+  return labels;
+}
+
+int run(const RunOptions& o) {
+  std::vector<std::string> labels = o.labels.empty() ? std::vector<std::string>{} : read_labels(o.labels);
+  BuildOptions build;
+  build.optimize = !o.no_optimize;
+  auto t0 = std::chrono::steady_clock::now();
+  Engine engine = Engine::from_onnx(o.model, build);
+  double build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << fmt::format("model: {} ({} layers on {}{}, built in {:.1f} ms)\n", o.model, engine.layer_count(), engine.backend(),
+                           o.no_optimize ? ", not optimized" : "", build_ms);
+
+  std::vector<std::string> input_names, symbols;
+  for (const TensorDesc& d : engine.inputs()) {
+    input_names.push_back(d.name);
+    for (const std::string& s : d.dim_names)
+      if (!s.empty()) symbols.push_back(s);
+  }
+  ShapeBindings bindings;
+  for (const std::string& d : o.dims) bindings.add_dim_option(d);
+  for (const std::string& s : o.shapes) bindings.add_shapes_option(s);
+  bindings.batch = o.batch;
+  check_bindings_used(bindings, input_names, symbols);
+
+  // Which file feeds which input: "name=file" names it; a bare file takes the next input in
+  // the model's order that nobody named.
+  std::map<std::string, std::string> files;
+  std::vector<std::string> positional;
+  for (const std::string& spec : o.inputs) {
+    size_t eq = spec.find('=');
+    std::string name = eq == std::string::npos ? "" : spec.substr(0, eq);
+    if (!name.empty() && std::find(input_names.begin(), input_names.end(), name) != input_names.end()) {
+      if (files.count(name)) throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' is given twice");
+      files[name] = spec.substr(eq + 1);
+    } else if (!name.empty() && !fs::exists(spec)) {
+      throw Error(ErrorKind::kInvalidArgument, "--input " + spec + ": the model has no input named '" + name + "'")
+          .hint("its inputs are: " + join(input_names));
+    } else {
+      positional.push_back(spec);
+    }
+  }
+  for (const std::string& path : positional) {
+    auto free = std::find_if(input_names.begin(), input_names.end(), [&](const std::string& n) { return !files.count(n); });
+    if (free == input_names.end())
+      throw Error(ErrorKind::kInvalidArgument, "--input " + path + ": every model input already has a file")
+          .hint("the model's inputs are: " + join(input_names));
+    files[*free] = path;
+  }
+
+  std::map<std::string, Tensor> inputs;
+  std::vector<std::string> missing, defaulted;
+  std::mt19937_64 rng(o.seed);
+  for (const TensorDesc& d : engine.inputs()) {
+    auto f = files.find(d.name);
+    if (f != files.end()) {
+      inputs[d.name] = load_input(f->second, d, o);
+    } else if (o.random) {
+      std::vector<int64_t> shape = resolve_shape(d.name, d.shape, d.dim_names, bindings, 1, defaulted);
+      inputs[d.name] = random_input(d, shape, rng);
+    } else {
+      missing.push_back(d.name);
+      continue;
+    }
+    std::cout << fmt::format("input '{}': {} [{}]{}\n", d.name, to_string(inputs[d.name].dtype()),
+                             shape_to_string(inputs[d.name].shape()), f != files.end() ? " from " + f->second : " (random)");
+  }
+  if (!missing.empty())
+    throw Error(ErrorKind::kInvalidArgument, "no data for input(s) " + join(missing))
+        .hint("pass --input NAME=file.npy (or .pb, or a photo), or --random");
+  if (!defaulted.empty())
+    std::cout << fmt::format("note: dynamic dimensions set to 1: {} (choose with --dim NAME=VALUE, --shapes or --batch)\n", join(defaulted));
+
+  t0 = std::chrono::steady_clock::now();
+  std::map<std::string, Tensor> outputs = engine.run(inputs);
+  double run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << fmt::format("ran in {:.2f} ms\n", run_ms);
+
+  if (!o.output_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(o.output_dir, ec);
+    if (ec) throw Error(ErrorKind::kIo, "cannot create the directory '" + o.output_dir + "': " + ec.message());
+  }
+  for (const TensorDesc& d : engine.outputs()) {
+    const Tensor& t = outputs.at(d.name);
+    print_output(d.name, t, o, labels);
+    if (!o.output_dir.empty()) {
+      std::string path = (fs::path(o.output_dir) / (file_name_for(d.name) + ".npy")).string();
+      io::write_npy(path, t.dtype() == DType::kBFloat16 ? t.to_float32() : t);
+      std::cout << fmt::format("  wrote {}\n", path);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, std::function<int()>& action) {
+  auto o = std::make_shared<RunOptions>();
+  CLI::App* cmd = app.add_subcommand("run", "Run a model on the CPU engine and summarize its outputs");
+  cmd->add_option("model", o->model, "ONNX model file")->required();
+  cmd->add_option("--input,-i", o->inputs,
+                  "Input data: NAME=FILE or FILE (next unnamed input); FILE is .npy, .pb (ONNX TensorProto) or an image (repeatable)");
+  cmd->add_flag("--random", o->random, "Fill inputs without a file with random data (floats ~ N(0,1), integers in 0..9)");
+  cmd->add_option("--seed", o->seed, "Seed for --random")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "Batch size: the first dimension of dynamic inputs, and images are repeated this often")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--dim", o->dims, "Bind a dynamic dimension for --random, e.g. --dim seq=128 (repeatable)");
+  cmd->add_option("--shapes", o->shapes, "Input shapes for --random, e.g. --shapes input:1x3x224x224");
+  cmd->add_option("--output-dir,-o", o->output_dir, "Write every output to DIR/<output name>.npy");
+  cmd->add_option("--top-k", o->top_k, "Classes to show per row of classifier outputs ([N, C] float; 0: none)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--labels", o->labels, "Class names, one per line, for the top-k lists");
+  cmd->add_flag("--no-optimize", o->no_optimize, "Skip kiln's graph passes (to compare with the optimized graph)");
+  cmd->add_option("--resize", o->resize, "Images: scale the shorter side to this before cropping (0: no resize)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--crop", o->crop, "Images: center crop SIZE or HxW (default: the model's input H, W, else 224)");
+  cmd->add_option("--mean", o->mean, "Images: per-channel mean of [0,1] values (default ImageNet's)")->expected(1, 3);
+  cmd->add_option("--std", o->std, "Images: per-channel standard deviation (default ImageNet's)")->expected(1, 3);
+  cmd->add_flag("--gray", o->gray, "Images: one gray channel (automatic for 1-channel inputs)");
+  cmd->callback([o, &action] { action = [o] { return run(*o); }; });
+}
+
+}  // namespace kiln::tools
