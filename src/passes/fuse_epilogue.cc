@@ -1,0 +1,377 @@
+// Epilogue fusion: the elementwise work after a Conv / Gemm / MatMul (bias, residual add,
+// activation) runs inside the producing kernel, while the result is still in registers,
+// instead of as separate passes over memory:
+//   Conv [+ Add of a per-channel constant] [+ Add of a same-shape tensor] [+ activation]
+//     -> kiln::FusedConv(X, W, B, Z)
+//   Gemm [+ Add of a constant bias when Gemm has none] [+ activation] -> kiln::FusedGemm
+//   MatMul [+ Add of a constant bias [N]] [+ activation] -> kiln::FusedMatMul(A, B, bias)
+// The activations are those of ir::Activation, including the SiLU (x * Sigmoid(x)) and
+// erf-Gelu (x * 0.5 * (1 + Erf(x / sqrt 2))) patterns exporters write out as several nodes.
+// A node is absorbed only when nothing else reads the values it consumes from the chain.
+#include <cmath>
+#include <limits>
+
+#include "ir/activation.h"
+#include "ir/op_schema.h"
+#include "passes/pipeline.h"
+#include "passes/rewrite.h"
+
+namespace kiln::passes {
+
+namespace {
+
+struct Match {
+  std::vector<int> nodes;  // absorbed nodes
+  std::string output;      // the value the fused node writes
+};
+
+struct ActivationMatch : Match {
+  ir::Activation act;
+};
+
+// The one element of a float constant of a single element, or nullopt.
+std::optional<float> scalar_constant(const ir::Graph& g, const std::string& name) {
+  const Tensor* t = name.empty() ? nullptr : g.constant(name);
+  if (!t || !is_float(t->dtype()) || t->numel() != 1) return std::nullopt;
+  return static_cast<float>(t->value_as_double(0));
+}
+
+bool near(std::optional<float> v, double want) {
+  return v && std::fabs(*v - want) <= 1e-4 * std::fabs(want);
+}
+
+const ir::Node* node_at(const ir::Graph& g, int i) { return i < 0 ? nullptr : &g.nodes[static_cast<size_t>(i)]; }
+
+bool is_onnx(const ir::Node* n, const char* op) { return n && n->domain.empty() && n->op == op; }
+
+// For a binary node reading `x` on one side: the other input; "" if `x` is not an input.
+std::string other_input(const ir::Node& n, const std::string& x) {
+  if (n.inputs.size() != 2) return "";
+  if (n.inputs[0] == x) return n.inputs[1];
+  if (n.inputs[1] == x) return n.inputs[0];
+  return "";
+}
+
+// The value of a single-output node, or "".
+std::string out0(const ir::Node* n) { return n && n->outputs.size() == 1 ? n->outputs[0] : std::string(); }
+
+// x * 0.5 * (1 + Erf(x / sqrt 2)) in the arrangements exporters write. `x` has exactly two
+// readers: the x / sqrt 2 node and a Mul.
+std::optional<ActivationMatch> match_erf_gelu(const ir::Graph& g, const std::string& x) {
+  std::vector<int> readers = g.consumers(x);
+  if (readers.size() != 2 || use_count(g, x) != 2) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    const ir::Node* scale = node_at(g, readers[static_cast<size_t>(k)]);
+    const ir::Node* other = node_at(g, readers[static_cast<size_t>(1 - k)]);
+    bool scaled = (is_onnx(scale, "Div") && scale->inputs.size() == 2 && scale->inputs[0] == x &&
+                   near(scalar_constant(g, scale->inputs[1]), std::sqrt(2.0))) ||
+                  (is_onnx(scale, "Mul") && near(scalar_constant(g, other_input(*scale, x)), std::sqrt(0.5)));
+    if (!scaled || !is_onnx(other, "Mul")) continue;
+    int erf_i = sole_consumer(g, out0(scale));
+    const ir::Node* erf = node_at(g, erf_i);
+    if (!is_onnx(erf, "Erf")) continue;
+    int add_i = sole_consumer(g, out0(erf));
+    const ir::Node* add = node_at(g, add_i);
+    if (!is_onnx(add, "Add") || !near(scalar_constant(g, other_input(*add, out0(erf))), 1.0)) continue;
+    const int other_i = readers[static_cast<size_t>(1 - k)];
+    const std::string one_plus = out0(add);
+    ActivationMatch m;
+    m.act.kind = "Gelu";
+    m.nodes = {readers[static_cast<size_t>(k)], erf_i, add_i, other_i};
+    std::string other_rest = other_input(*other, x);
+    if (other_rest == one_plus) {
+      // (x * (1 + erf)) * 0.5
+      int half_i = sole_consumer(g, out0(other));
+      const ir::Node* half = node_at(g, half_i);
+      if (!is_onnx(half, "Mul") || !near(scalar_constant(g, other_input(*half, out0(other))), 0.5)) continue;
+      m.nodes.push_back(half_i);
+      m.output = out0(half);
+      return m;
+    }
+    if (near(scalar_constant(g, other_rest), 0.5)) {
+      // (x * 0.5) * (1 + erf)
+      int last_i = sole_consumer(g, out0(other));
+      if (last_i < 0 || last_i != sole_consumer(g, one_plus)) continue;
+      const ir::Node* last = node_at(g, last_i);
+      if (!is_onnx(last, "Mul") || other_input(*last, one_plus) != out0(other)) continue;
+      m.nodes.push_back(last_i);
+      m.output = out0(last);
+      return m;
+    }
+    // x * ((1 + erf) * 0.5)
+    int half_i = sole_consumer(g, one_plus);
+    const ir::Node* half = node_at(g, half_i);
+    if (!is_onnx(half, "Mul") || !near(scalar_constant(g, other_input(*half, one_plus)), 0.5)) continue;
+    if (other_rest != out0(half)) continue;
+    m.nodes = {readers[static_cast<size_t>(k)], erf_i, add_i, half_i, other_i};
+    m.output = out0(other);
+    return m;
+  }
+  return std::nullopt;
+}
+
+// An activation reading `x` whose nodes can be absorbed, or nullopt.
+std::optional<ActivationMatch> match_activation(const ir::Graph& g, const std::string& x) {
+  if (x.empty() || g.is_graph_output(x)) return std::nullopt;
+  int uses = use_count(g, x);
+  if (uses == 2) {
+    // SiLU: Mul(x, Sigmoid(x)).
+    std::vector<int> readers = g.consumers(x);
+    if (readers.size() == 2) {
+      for (int k = 0; k < 2; ++k) {
+        int sig_i = readers[static_cast<size_t>(k)];
+        int mul_i = readers[static_cast<size_t>(1 - k)];
+        const ir::Node* sig = node_at(g, sig_i);
+        const ir::Node* mul = node_at(g, mul_i);
+        if (is_onnx(sig, "Sigmoid") && is_onnx(mul, "Mul") && sole_consumer(g, out0(sig)) == mul_i &&
+            other_input(*mul, x) == out0(sig)) {
+          ActivationMatch m;
+          m.act.kind = "SiLU";
+          m.nodes = {sig_i, mul_i};
+          m.output = out0(mul);
+          return m;
+        }
+      }
+    }
+    return match_erf_gelu(g, x);
+  }
+  int c = sole_consumer(g, x);
+  const ir::Node* n = node_at(g, c);
+  if (!n || !n->domain.empty() || n->inputs.empty() || n->inputs[0] != x || n->outputs.size() != 1) return std::nullopt;
+  ActivationMatch m;
+  m.nodes = {c};
+  m.output = n->outputs[0];
+  const std::string& op = n->op;
+  if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "HardSwish") {
+    m.act.kind = op;
+  } else if (op == "LeakyRelu") {
+    m.act.kind = op;
+    m.act.alpha = n->attrs.get_float("alpha", 0.01f);
+  } else if (op == "HardSigmoid") {
+    m.act.kind = op;
+    m.act.alpha = n->attrs.get_float("alpha", 0.2f);
+    m.act.beta = n->attrs.get_float("beta", 0.5f);
+  } else if (op == "Gelu") {
+    std::string approx = n->attrs.get_string("approximate", "none");
+    if (approx == "none") m.act.kind = "Gelu";
+    else if (approx == "tanh") m.act.kind = "GeluTanh";
+    else return std::nullopt;
+  } else if (op == "Clip") {
+    // Missing bounds are unbounded; a computed bound cannot be baked into the kernel.
+    m.act.kind = "Clip";
+    m.act.alpha = std::numeric_limits<float>::lowest();
+    m.act.beta = std::numeric_limits<float>::max();
+    if (n->has_input(1)) {
+      auto lo = scalar_constant(g, n->inputs[1]);
+      if (!lo) return std::nullopt;
+      m.act.alpha = *lo;
+    }
+    if (n->has_input(2)) {
+      auto hi = scalar_constant(g, n->inputs[2]);
+      if (!hi) return std::nullopt;
+      m.act.beta = *hi;
+    }
+  } else {
+    return std::nullopt;
+  }
+  return m;
+}
+
+bool same_type(const ir::TensorType* a, const ir::TensorType* b) {
+  if (!a || !b || a->dtype != b->dtype || !a->shape || !b->shape || a->shape->size() != b->shape->size()) return false;
+  for (size_t i = 0; i < a->shape->size(); ++i)
+    if ((*a->shape)[i] != (*b->shape)[i]) return false;
+  return true;
+}
+
+// A constant that, added to a tensor of rank `rank`, varies only along `axis` (which has
+// `channels` entries): its values per channel, or nullopt.
+std::optional<std::vector<float>> per_axis_constant(const ir::Graph& g, const std::string& name, int rank, int axis,
+                                                    int64_t channels) {
+  const Tensor* t = float_constant(g, name);
+  if (!t || t->rank() > rank || channels <= 0) return std::nullopt;
+  int offset = rank - t->rank();
+  for (int d = 0; d < t->rank(); ++d)
+    if (t->dim(d) != 1 && !(d + offset == axis && t->dim(d) == channels)) return std::nullopt;
+  std::vector<float> out(static_cast<size_t>(channels));
+  for (int64_t c = 0; c < channels; ++c) out[static_cast<size_t>(c)] = t->data<float>()[t->numel() == 1 ? 0 : c];
+  return out;
+}
+
+// Adds `extra` to the 1-D bias `bias` ("" = zeros); returns the new constant's name.
+std::string add_to_bias(ir::Graph& g, const std::string& bias, const std::vector<float>& extra, const std::string& hint) {
+  std::vector<float> b = extra;
+  if (const Tensor* old = float_constant(g, bias))
+    for (size_t i = 0; i < b.size(); ++i) b[i] += old->data<float>()[i];
+  return g.add_constant(hint, Tensor::from_vector<float>({static_cast<int64_t>(b.size())}, b));
+}
+
+// A sole-reader Add of `x`, returning the node index and its other input.
+int sole_add(const ir::Graph& g, const std::string& x, std::string& other) {
+  int c = sole_consumer(g, x);
+  const ir::Node* n = node_at(g, c);
+  if (!is_onnx(n, "Add") || n->outputs.size() != 1) return -1;
+  other = other_input(*n, x);
+  return other.empty() || other == x ? -1 : c;
+}
+
+// Replaces `first` and the absorbed nodes by `fused`, placed where the last absorbed node
+// was (every input of the chain is computed by then).
+void commit(ir::Graph& g, size_t first, const std::vector<int>& absorbed, ir::Node fused) {
+  while (!fused.inputs.empty() && fused.inputs.back().empty()) fused.inputs.pop_back();
+  size_t last = first;
+  for (int i : absorbed) last = std::max(last, static_cast<size_t>(i));
+  std::vector<bool> remove(g.nodes.size(), false);
+  remove[first] = true;
+  for (int i : absorbed) remove[static_cast<size_t>(i)] = true;
+  remove[last] = false;
+  g.nodes[last] = std::move(fused);
+  erase_nodes(g, remove);
+}
+
+bool fuse_conv(ir::Graph& g, size_t i) {
+  const ir::Node& conv = g.nodes[i];
+  if (conv.inputs.size() < 2 || conv.outputs.size() != 1) return false;
+  std::string cur = conv.outputs[0];
+  const ir::TensorType* out_type = type_of(g, cur);
+  if (!out_type || !is_float(out_type->dtype) || out_type->rank() < 3) return false;
+  const ir::Dim channels = (*out_type->shape)[1];
+  std::vector<int> absorbed;
+  std::string bias = conv.has_input(2) ? conv.inputs[2] : "";
+  std::string residual;
+  std::string other;
+  int add = sole_add(g, cur, other);
+  if (add >= 0 && channels.known() && (bias.empty() || float_constant(g, bias))) {
+    if (auto extra = per_axis_constant(g, other, out_type->rank(), 1, channels.value)) {
+      bias = add_to_bias(g, bias, *extra, conv.name + "_fused_bias");
+      absorbed.push_back(add);
+      cur = out0(node_at(g, add));
+      add = sole_add(g, cur, other);
+    }
+  }
+  if (add >= 0 && same_type(type_of(g, other), out_type)) {
+    residual = other;
+    absorbed.push_back(add);
+    cur = out0(node_at(g, add));
+  }
+  std::optional<ActivationMatch> act = match_activation(g, cur);
+  if (act) {
+    absorbed.insert(absorbed.end(), act->nodes.begin(), act->nodes.end());
+    cur = act->output;
+  }
+  if (absorbed.empty()) return false;
+  ir::Node fused;
+  fused.name = conv.name;
+  fused.op = "FusedConv";
+  fused.domain = "kiln";
+  fused.inputs = {conv.inputs[0], conv.inputs[1], bias, residual};
+  fused.outputs = {cur};
+  fused.attrs = conv.attrs;
+  (act ? act->act : ir::Activation{}).store(fused);
+  commit(g, i, absorbed, std::move(fused));
+  return true;
+}
+
+bool fuse_gemm(ir::Graph& g, size_t i) {
+  const ir::Node& gemm = g.nodes[i];
+  if (gemm.inputs.size() < 2 || gemm.outputs.size() != 1) return false;
+  std::string cur = gemm.outputs[0];
+  const ir::TensorType* out_type = type_of(g, cur);
+  if (!out_type || !is_float(out_type->dtype) || out_type->rank() != 2) return false;
+  std::vector<int> absorbed;
+  ir::Node fused;
+  fused.attrs = gemm.attrs;
+  std::string c = gemm.has_input(2) ? gemm.inputs[2] : "";
+  std::string other;
+  int add = sole_add(g, cur, other);
+  const ir::Dim n = (*out_type->shape)[1];
+  if (add >= 0 && c.empty() && n.known()) {
+    if (auto bias = per_axis_constant(g, other, 2, 1, n.value)) {
+      c = g.add_constant(gemm.name + "_fused_bias", Tensor::from_vector<float>({n.value}, *bias));
+      fused.attrs.set("beta", 1.f);
+      absorbed.push_back(add);
+      cur = out0(node_at(g, add));
+    }
+  }
+  std::optional<ActivationMatch> act = match_activation(g, cur);
+  if (act) {
+    absorbed.insert(absorbed.end(), act->nodes.begin(), act->nodes.end());
+    cur = act->output;
+  }
+  if (absorbed.empty()) return false;
+  fused.name = gemm.name;
+  fused.op = "FusedGemm";
+  fused.domain = "kiln";
+  fused.inputs = {gemm.inputs[0], gemm.inputs[1], c};
+  fused.outputs = {cur};
+  (act ? act->act : ir::Activation{}).store(fused);
+  commit(g, i, absorbed, std::move(fused));
+  return true;
+}
+
+bool fuse_matmul(ir::Graph& g, size_t i) {
+  const ir::Node& mm = g.nodes[i];
+  if (mm.inputs.size() != 2 || mm.outputs.size() != 1) return false;
+  std::string cur = mm.outputs[0];
+  const ir::TensorType* out_type = type_of(g, cur);
+  const ir::TensorType* b_type = type_of(g, mm.inputs[1]);
+  // A 1-D B has no column axis for a bias to run along.
+  if (!out_type || !is_float(out_type->dtype) || out_type->rank() < 1 || !b_type || b_type->rank() < 2) return false;
+  const ir::Dim n = b_type->shape->back();
+  std::vector<int> absorbed;
+  std::string bias;
+  std::string other;
+  int add = sole_add(g, cur, other);
+  if (add >= 0 && n.known()) {
+    if (auto b = per_axis_constant(g, other, out_type->rank(), out_type->rank() - 1, n.value)) {
+      // A bias broadcast along the last axis only; a scalar would also qualify but is rare.
+      const Tensor* t = g.constant(other);
+      if (t->numel() == n.value) {
+        bias = t->rank() == 1 ? other : g.add_constant(other + "_1d", Tensor::from_vector<float>({n.value}, *b));
+        absorbed.push_back(add);
+        cur = out0(node_at(g, add));
+      }
+    }
+  }
+  std::optional<ActivationMatch> act = match_activation(g, cur);
+  if (act) {
+    absorbed.insert(absorbed.end(), act->nodes.begin(), act->nodes.end());
+    cur = act->output;
+  }
+  if (absorbed.empty()) return false;
+  ir::Node fused;
+  fused.name = mm.name;
+  fused.op = "FusedMatMul";
+  fused.domain = "kiln";
+  fused.inputs = {mm.inputs[0], mm.inputs[1], bias};
+  fused.outputs = {cur};
+  (act ? act->act : ir::Activation{}).store(fused);
+  commit(g, i, absorbed, std::move(fused));
+  return true;
+}
+
+}  // namespace
+
+int fuse_epilogue(ir::Graph& graph) {
+  const ir::OpRegistry& ops = ir::OpRegistry::instance();
+  bool conv_ok = ops.find("FusedConv", "kiln") != nullptr;
+  bool gemm_ok = ops.find("FusedGemm", "kiln") != nullptr;
+  bool matmul_ok = ops.find("FusedMatMul", "kiln") != nullptr;
+  int fused = 0;
+  for (size_t i = 0; i < graph.nodes.size();) {
+    const ir::Node& n = graph.nodes[i];
+    bool done = false;
+    if (n.domain.empty()) {
+      if (n.op == "Conv" && conv_ok) done = fuse_conv(graph, i);
+      else if (n.op == "Gemm" && gemm_ok) done = fuse_gemm(graph, i);
+      else if (n.op == "MatMul" && matmul_ok) done = fuse_matmul(graph, i);
+    }
+    // After a fusion node i is gone and the next one has moved into its place.
+    if (done) ++fused;
+    else ++i;
+  }
+  if (fused) graph.prune_values();
+  return fused;
+}
+
+}  // namespace kiln::passes

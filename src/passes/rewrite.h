@@ -1,0 +1,66 @@
+// Small helpers the passes share for reading and rewriting a graph.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace kiln::passes {
+
+// Number of node inputs (counting repeats) that read `value`.
+inline int use_count(const ir::Graph& g, const std::string& value) {
+  int n = 0;
+  for (const ir::Node& node : g.nodes)
+    for (const std::string& in : node.inputs)
+      if (in == value) ++n;
+  return n;
+}
+
+// True when `value` is read by exactly one node input and is not a graph output: the
+// condition for absorbing the node that produces it into its consumer.
+inline bool only_feeds_one_input(const ir::Graph& g, const std::string& value) {
+  return !value.empty() && !g.is_graph_output(value) && use_count(g, value) == 1;
+}
+
+// The only node reading `value` (index), or -1 when there is not exactly one reading input
+// or the value is a graph output.
+inline int sole_consumer(const ir::Graph& g, const std::string& value) {
+  if (!only_feeds_one_input(g, value)) return -1;
+  std::vector<int> c = g.consumers(value);
+  return c.size() == 1 ? c[0] : -1;
+}
+
+// A float32 constant behind `name`, or nullptr.
+inline const Tensor* float_constant(const ir::Graph& g, const std::string& name) {
+  const Tensor* t = name.empty() ? nullptr : g.constant(name);
+  return t && t->dtype() == DType::kFloat32 ? t : nullptr;
+}
+
+// Removes the nodes whose flag is set, keeping the order of the others.
+inline void erase_nodes(ir::Graph& g, const std::vector<bool>& remove) {
+  std::vector<ir::Node> kept;
+  kept.reserve(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (i >= remove.size() || !remove[i]) kept.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(kept);
+}
+
+// The type of a value, or nullptr when the graph does not know it.
+inline const ir::TensorType* type_of(const ir::Graph& g, const std::string& name) {
+  const ir::Value* v = name.empty() ? nullptr : g.find_value(name);
+  return v ? &v->type : nullptr;
+}
+
+// Replaces a value's entry by a constant with the same name (type taken from the tensor).
+inline void make_constant(ir::Graph& g, const std::string& name, Tensor t) {
+  ir::Value v;
+  v.name = name;
+  v.type.dtype = t.dtype();
+  v.type.shape = ir::dims_of(t.shape());
+  if (t.rank() <= 1 && is_integer(t.dtype()) && t.numel() <= 64) v.symbolic_value = ir::dims_of(t.to_int_vector());
+  v.constant = std::move(t);
+  g.set_value(std::move(v));
+}
+
+}  // namespace kiln::passes
