@@ -1,0 +1,84 @@
+// Helpers for the compute-op tests (conv_test.cc, linear_test.cc): random tensors, running
+// one node through shape inference and the CPU engine, and a relative comparison.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/engine.h"
+#include "ir/op_schema.h"
+#include "kiln/tensor.h"
+
+namespace kiln::testing {
+
+inline Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  Tensor t(DType::kFloat32, std::move(shape));
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
+  return t;
+}
+
+// One input of a single-node graph: a name ("" = omitted), its data, and whether the graph
+// holds it as a constant (weights) or takes it as a runtime input.
+struct NodeInput {
+  std::string name;
+  Tensor data;
+  bool constant = false;
+};
+
+// A graph of the one node (its inputs renamed to the given names, output "Y").
+inline ir::Graph single_node_graph(ir::Node node, const std::vector<NodeInput>& inputs,
+                                   const std::vector<ir::Dims>& declared = {}) {
+  ir::Graph g;
+  g.name = "test";
+  g.opset = 21;
+  node.inputs.clear();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const NodeInput& in = inputs[i];
+    node.inputs.push_back(in.name);
+    if (in.name.empty()) continue;
+    ir::Value v;
+    v.name = in.name;
+    v.type.dtype = in.data.dtype();
+    v.type.shape = i < declared.size() ? declared[i] : ir::dims_of(in.data.shape());
+    if (in.constant) v.constant = in.data;
+    else g.inputs.push_back(in.name);
+    g.set_value(v);
+  }
+  node.outputs = {"Y"};
+  if (node.name.empty()) node.name = "node0";
+  g.nodes.push_back(node);
+  g.outputs = {"Y"};
+  ir::infer_shapes(g);
+  return g;
+}
+
+inline Tensor run_single_node(const ir::Node& node, const std::vector<NodeInput>& inputs) {
+  cpu::CpuEngine engine(single_node_graph(node, inputs));
+  std::map<std::string, Tensor> feed;
+  for (const NodeInput& in : inputs)
+    if (!in.name.empty() && !in.constant) feed[in.name] = in.data;
+  return engine.run(feed).at("Y");
+}
+
+// Every element within 1e-4 relative (absolute near zero).
+inline ::testing::AssertionResult all_close(const Tensor& got, const Tensor& want, float rel = 1e-4f) {
+  if (got.shape() != want.shape())
+    return ::testing::AssertionFailure() << "shape " << shape_to_string(got.shape()) << " vs expected "
+                                         << shape_to_string(want.shape());
+  const float* a = got.data<float>();
+  const float* b = want.data<float>();
+  for (int64_t i = 0; i < got.numel(); ++i)
+    if (!(std::fabs(a[i] - b[i]) <= rel * std::max(1.f, std::fabs(b[i]))))
+      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs expected " << b[i];
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace kiln::testing
