@@ -100,9 +100,9 @@ def run_kiln(kiln_bin):
 def model_cache() -> str:
     """Exported models are cached by torch version: exporting is the slow part of these tests,
     and a new torch may export differently, so its models get a fresh directory."""
-    import torch
+    from importlib.metadata import version  # not `import torch`: that takes seconds
 
-    path = os.path.join(REPO, "tests", "e2e", ".models", f"torch-{torch.__version__}")
+    path = os.path.join(REPO, "tests", "e2e", ".models", f"torch-{version('torch')}")
     os.makedirs(path, exist_ok=True)
     return path
 

@@ -87,6 +87,7 @@ def test_model_matches_onnxruntime(model, exporter, batch, model_cache, run_kiln
     result = run_kiln(*args)
     if result.returncode != 0:
         first = next((line for line in result.stderr.splitlines() if "error" in line), result.stderr.strip()[:300])
+        first = first.replace(path + ": ", "")  # the path is in the test's name already
         pytest.fail(f"kiln failed on {model.name} ({exporter} export, batch {batch}): {first}\n\n{result.describe()}",
                     pytrace=False)
 
