@@ -1,0 +1,269 @@
+// Broadcasting binary ops, Where, Cast, Clip, Softmax and normalization against naive
+// references; symbolic shape arithmetic; importer rewrites of old opsets.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "elementwise_util.h"
+#include "onnx/importer.h"
+
+namespace kiln {
+namespace {
+
+using ew_test::In;
+using ew_test::make_node;
+using ew_test::run_node;
+
+// Add and Mul over a broadcast pair, checked element by element against numpy's rule.
+void check_broadcast(const std::string& op, std::vector<int64_t> sa, std::vector<int64_t> sb, uint32_t seed) {
+  Tensor a = ew_test::random_floats(sa, seed), b = ew_test::random_floats(sb, seed + 1);
+  Tensor y = run_node(make_node(op), {{a}, {b}})[0];
+  std::vector<int64_t> out = y.shape();
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    std::vector<int64_t> idx = ew_test::unravel(i, out);
+    float va = a.data<float>()[ew_test::broadcast_index(idx, sa)];
+    float vb = b.data<float>()[ew_test::broadcast_index(idx, sb)];
+    float want = op == "Add" ? va + vb : op == "Sub" ? va - vb : va * vb;
+    ASSERT_FLOAT_EQ(y.data<float>()[i], want) << op << " element " << i;
+  }
+}
+
+TEST(Elementwise, BroadcastMatchesNumpyRule) {
+  check_broadcast("Add", {2, 3, 4, 5}, {3, 1, 5}, 1);
+  check_broadcast("Mul", {2, 8, 3, 3}, {2, 8, 1, 1}, 2);  // SE block
+  check_broadcast("Sub", {4, 1, 6}, {1, 5, 1}, 3);         // both sides broadcast
+  check_broadcast("Add", {2, 3}, {}, 4);                   // scalar
+  check_broadcast("Mul", {}, {7}, 5);
+  check_broadcast("Add", {300, 300}, {300, 300}, 6);       // equal shapes, parallel path
+  check_broadcast("Mul", {1, 1, 1}, {1}, 7);
+}
+
+TEST(Elementwise, BroadcastShapeAndErrors) {
+  ir::Graph g = ew_test::one_node_graph(make_node("Add"), {{Tensor(DType::kFloat32, {5, 1, 3})}, {Tensor(DType::kFloat32, {4, 1})}});
+  EXPECT_EQ(ir::known_values(*g.value("y0").type.shape), (std::vector<int64_t>{5, 4, 3}));
+  try {
+    ew_test::one_node_graph(make_node("Add"), {{Tensor(DType::kFloat32, {2, 3})}, {Tensor(DType::kFloat32, {4})}});
+    FAIL() << "incompatible shapes accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidModel);
+    EXPECT_EQ(e.node_name(), "n0");
+    EXPECT_NE(std::string(e.what()).find("broadcast"), std::string::npos);
+  }
+  EXPECT_THROW(ew_test::one_node_graph(make_node("Add"), {{Tensor(DType::kFloat32, {2})}, {Tensor(DType::kInt64, {2})}}), Error);
+}
+
+TEST(Elementwise, IntegerDivTruncatesAndRefusesZero) {
+  Tensor a = Tensor::from_vector<int64_t>({4}, {-7, 7, -7, INT64_MIN});
+  Tensor b = Tensor::from_vector<int64_t>({4}, {2, -2, -2, -1});
+  Tensor y = run_node(make_node("Div"), {{a}, {b}})[0];
+  EXPECT_EQ(y.to_int_vector(), (std::vector<int64_t>{-3, -3, 3, INT64_MIN}));  // wraps, no crash
+  Tensor zero = Tensor::from_vector<int32_t>({2}, {1, 0});
+  Tensor x = Tensor::from_vector<int32_t>({2}, {5, 6});
+  try {
+    run_node(make_node("Div"), {{x}, {zero}});
+    FAIL() << "integer division by zero accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_EQ(e.node_name(), "n0");
+  }
+}
+
+TEST(Elementwise, ModFollowsDivisorOrDividendSign) {
+  Tensor a = Tensor::from_vector<int32_t>({4}, {-7, 7, -7, 7});
+  Tensor b = Tensor::from_vector<int32_t>({4}, {3, -3, -3, 3});
+  EXPECT_EQ(run_node(make_node("Mod"), {{a}, {b}})[0].to_int_vector(), (std::vector<int64_t>{2, -2, -1, 1}));
+  ir::Node c_style = make_node("Mod");
+  c_style.attrs.set("fmod", int64_t{1});
+  EXPECT_EQ(run_node(c_style, {{a}, {b}})[0].to_int_vector(), (std::vector<int64_t>{-1, 1, -1, 1}));
+}
+
+TEST(Elementwise, ComparisonsLogicAndVariadic) {
+  Tensor a = Tensor::from_vector<float>({3}, {1, 2, 3});
+  Tensor b = Tensor::from_vector<float>({1}, {2});
+  EXPECT_EQ(run_node(make_node("Less"), {{a}, {b}})[0].to_int_vector(), (std::vector<int64_t>{1, 0, 0}));
+  EXPECT_EQ(run_node(make_node("GreaterOrEqual"), {{a}, {b}})[0].to_int_vector(), (std::vector<int64_t>{0, 1, 1}));
+  Tensor p = Tensor::from_vector<bool>({4}, {true, true, false, false});
+  Tensor q = Tensor::from_vector<bool>({4}, {true, false, true, false});
+  EXPECT_EQ(run_node(make_node("Xor"), {{p}, {q}})[0].to_int_vector(), (std::vector<int64_t>{0, 1, 1, 0}));
+  Tensor c = Tensor::from_vector<float>({2, 1}, {10, -10});
+  Tensor mx = run_node(make_node("Max"), {{a}, {b}, {c}})[0];
+  ew_test::expect_close(mx, {10, 10, 10, 2, 2, 3});
+  Tensor mean = run_node(make_node("Mean"), {{a}, {b}, {c}})[0];
+  ew_test::expect_close(mean, {13.f / 3, 14.f / 3, 15.f / 3, -7.f / 3, -6.f / 3, -5.f / 3});
+  ew_test::expect_close(run_node(make_node("Sum"), {{a}})[0], {1, 2, 3});
+}
+
+TEST(Elementwise, PReluPowAndBitShift) {
+  Tensor x = Tensor::from_vector<float>({2, 2}, {-1, 2, -3, 4});
+  Tensor slope = Tensor::from_vector<float>({2}, {0.5f, 0.25f});
+  ew_test::expect_close(run_node(make_node("PRelu"), {{x}, {slope, true}})[0], {-0.5f, 2, -1.5f, 4});
+  Tensor e = Tensor::from_vector<int64_t>({1}, {2});
+  ew_test::expect_close(run_node(make_node("Pow"), {{x}, {e}})[0], {1, 4, 9, 16});
+  ir::Node shift = make_node("BitShift");
+  shift.attrs.set("direction", std::string("LEFT"));
+  Tensor u = Tensor::from_vector<uint32_t>({3}, {1, 3, 1});
+  Tensor s = Tensor::from_vector<uint32_t>({3}, {4, 1, 40});
+  EXPECT_EQ(run_node(shift, {{u}, {s}})[0].to_int_vector(), (std::vector<int64_t>{16, 6, 0}));
+}
+
+TEST(Elementwise, WhereBroadcastsThreeWays) {
+  Tensor cond = Tensor::from_vector<bool>({2, 1}, {true, false});
+  Tensor x = Tensor::from_vector<int64_t>({3}, {1, 2, 3});
+  Tensor y = Tensor::from_vector<int64_t>({}, {-1});
+  Tensor z = run_node(make_node("Where"), {{cond}, {x}, {y}})[0];
+  EXPECT_EQ(z.shape(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(z.to_int_vector(), (std::vector<int64_t>{1, 2, 3, -1, -1, -1}));
+}
+
+TEST(Elementwise, CastTruncatesAndConverts) {
+  Tensor x = Tensor::from_vector<float>({5}, {1.9f, -1.9f, 0.f, 2.5f, -0.2f});
+  ir::Node to_int = make_node("Cast");
+  to_int.attrs.set("to", int64_t{static_cast<int64_t>(DType::kInt32)});
+  EXPECT_EQ(run_node(to_int, {{x}})[0].to_int_vector(), (std::vector<int64_t>{1, -1, 0, 2, 0}));
+  ir::Node to_bool = make_node("Cast");
+  to_bool.attrs.set("to", int64_t{static_cast<int64_t>(DType::kBool)});
+  EXPECT_EQ(run_node(to_bool, {{x}})[0].to_int_vector(), (std::vector<int64_t>{1, 1, 0, 1, 1}));
+  ir::Node to_half = make_node("Cast");
+  to_half.attrs.set("to", int64_t{static_cast<int64_t>(DType::kFloat16)});
+  Tensor h = run_node(to_half, {{x}})[0];
+  EXPECT_EQ(h.dtype(), DType::kFloat16);
+  EXPECT_FLOAT_EQ(half_to_float(static_cast<const uint16_t*>(h.raw())[3]), 2.5f);
+  Tensor like = Tensor::from_vector<int64_t>({1}, {0});
+  EXPECT_EQ(run_node(make_node("CastLike"), {{x}, {like}})[0].dtype(), DType::kInt64);
+}
+
+TEST(Elementwise, ClipWithOptionalBounds) {
+  Tensor x = Tensor::from_vector<float>({4}, {-2, -0.5f, 0.5f, 8});
+  ew_test::expect_close(run_node(make_node("Clip"), {{x}, {Tensor()}, {Tensor::scalar<float>(6.f), true}})[0], {-2, -0.5f, 0.5f, 6});
+  ew_test::expect_close(run_node(make_node("Clip"), {{x}, {Tensor::scalar<float>(0.f)}, {Tensor::scalar<float>(1.f)}})[0], {0, 0, 0.5f, 1});
+  Tensor bad = Tensor::from_vector<float>({2}, {0, 1});
+  EXPECT_THROW(run_node(make_node("Clip"), {{x}, {bad, true}}), Error);
+}
+
+TEST(Elementwise, DropoutIsIdentityWithTrueMask) {
+  Tensor x = ew_test::random_floats({3, 4}, 9);
+  std::vector<Tensor> out = run_node(make_node("Dropout"), {{x}}, 2);
+  ew_test::expect_close(out[0], std::vector<float>(x.data<float>(), x.data<float>() + 12));
+  EXPECT_EQ(out[1].to_int_vector(), std::vector<int64_t>(12, 1));
+  EXPECT_THROW(run_node(make_node("Dropout"), {{x}, {Tensor::scalar<float>(0.5f), true}, {Tensor::scalar<bool>(true), true}}), Error);
+}
+
+// Symbolic values: a shape [N, 6] divided by [1, 3] stays [N, 2]; x*1 and x+0 keep N.
+TEST(Elementwise, SymbolicShapeArithmetic) {
+  ir::Graph g;
+  ir::Value s;
+  s.name = "s";
+  s.type.dtype = DType::kInt64;
+  s.type.shape = ir::Dims{2};
+  s.symbolic_value = ir::Dims{ir::Dim::named("N"), ir::Dim(6)};
+  g.set_value(s);
+  g.inputs.push_back("s");
+  std::string d = g.add_constant("d", Tensor::from_vector<int64_t>({2}, {1, 3}));
+  std::string z = g.add_constant("z", Tensor::from_vector<int64_t>({2}, {0, 4}));
+  std::string k = g.add_constant("k", Tensor::from_vector<int64_t>({1}, {2}));
+  auto add = [&](const char* op, std::string a, std::string b, std::string out) {
+    ir::Node n;
+    n.name = out;
+    n.op = op;
+    n.inputs = {a, b};
+    n.outputs = {out};
+    g.nodes.push_back(n);
+  };
+  add("Div", "s", d, "div");    // [N, 2]
+  add("Add", "div", z, "add");  // [N, 6]
+  add("Mul", "add", d, "mul");  // [N, 18]
+  add("Mul", "s", k, "mul2");   // [unknown, 12]
+  add("Sub", "add", d, "sub");  // [unknown (N - 1), 3]
+  ir::infer_shapes(g);
+  auto sym = [&](const std::string& v) { return ir::dims_to_string(*g.value(v).symbolic_value); };
+  EXPECT_EQ(sym("div"), "Nx2");
+  EXPECT_EQ(sym("add"), "Nx6");
+  EXPECT_EQ(sym("mul"), "Nx18");
+  EXPECT_EQ(sym("mul2"), "?x12");
+  EXPECT_EQ(sym("sub"), "?x3");
+}
+
+TEST(Elementwise, LegacyShapeChainKeepsBatchSymbolic) {
+  ir::Graph g = onnx_import::import_file(ew_test::test_data("symbolic_div_reshape.onnx"));
+  EXPECT_EQ(ir::dims_to_string(*g.value("Y").type.shape), "Nx2x3");
+}
+
+// Reference softmax over `axis` of a [outer, n, inner] view.
+std::vector<float> softmax_ref(const Tensor& x, int64_t outer, int64_t n, int64_t inner, bool log) {
+  std::vector<float> y(static_cast<size_t>(x.numel()));
+  const float* p = x.data<float>();
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      double m = -1e30, s = 0;
+      for (int64_t k = 0; k < n; ++k) m = std::max(m, double(p[(o * n + k) * inner + i]));
+      for (int64_t k = 0; k < n; ++k) s += std::exp(p[(o * n + k) * inner + i] - m);
+      for (int64_t k = 0; k < n; ++k) {
+        size_t at = static_cast<size_t>((o * n + k) * inner + i);
+        y[at] = log ? float(p[at] - m - std::log(s)) : float(std::exp(p[at] - m) / s);
+      }
+    }
+  return y;
+}
+
+TEST(Normalization, SoftmaxPerAxis) {
+  Tensor x = ew_test::random_floats({2, 3, 4}, 11, -5.f, 5.f);
+  ir::Node mid = make_node("Softmax");
+  mid.attrs.set("axis", int64_t{1});
+  ew_test::expect_close(run_node(mid, {{x}})[0], softmax_ref(x, 2, 3, 4, false));
+  ew_test::expect_close(run_node(make_node("Softmax"), {{x}})[0], softmax_ref(x, 6, 4, 1, false));
+  ir::Node log = make_node("LogSoftmax");
+  log.attrs.set("axis", int64_t{0});
+  ew_test::expect_close(run_node(log, {{x}})[0], softmax_ref(x, 1, 2, 12, true), 1e-4f);
+}
+
+// Opset 11 Softmax(axis=1) on [2,3,4] normalizes each batch row of 12 values together.
+TEST(Normalization, Opset11SoftmaxFlattensAtAxis) {
+  ir::Graph g = onnx_import::import_file(ew_test::test_data("softmax_opset11_axis1.onnx"));
+  Tensor x = ew_test::random_floats({2, 3, 4}, 12, -3.f, 3.f);
+  cpu::CpuEngine engine(g);
+  Tensor y = engine.run({{"X", x}}).at("Y");
+  EXPECT_EQ(y.shape(), (std::vector<int64_t>{2, 3, 4}));
+  ew_test::expect_close(y, softmax_ref(x, 2, 12, 1, false));
+}
+
+TEST(Normalization, LayerNormalizationWithStats) {
+  Tensor x = ew_test::random_floats({2, 3, 8}, 13);
+  Tensor scale = ew_test::random_floats({8}, 14), bias = ew_test::random_floats({8}, 15);
+  ir::Node n = make_node("LayerNormalization");
+  n.attrs.set("epsilon", 1e-3f);
+  std::vector<Tensor> out = run_node(n, {{x}, {scale, true}, {bias, true}}, 3);
+  std::vector<float> want, means, invs;
+  for (int64_t r = 0; r < 6; ++r) {
+    const float* row = x.data<float>() + r * 8;
+    double m = 0, v = 0;
+    for (int i = 0; i < 8; ++i) m += row[i] / 8.0;
+    for (int i = 0; i < 8; ++i) v += (row[i] - m) * (row[i] - m) / 8.0;
+    double inv = 1.0 / std::sqrt(v + 1e-3);
+    means.push_back(float(m));
+    invs.push_back(float(inv));
+    for (int i = 0; i < 8; ++i) want.push_back(float((row[i] - m) * inv * scale.data<float>()[i] + bias.data<float>()[i]));
+  }
+  ew_test::expect_close(out[0], want, 1e-4f);
+  EXPECT_EQ(out[1].shape(), (std::vector<int64_t>{2, 3, 1}));
+  ew_test::expect_close(out[1], means, 1e-4f);
+  ew_test::expect_close(out[2], invs, 1e-4f);
+}
+
+TEST(Normalization, InstanceNormalization) {
+  Tensor x = ew_test::random_floats({2, 3, 5}, 16);
+  Tensor scale = Tensor::from_vector<float>({3}, {1, 2, 3}), bias = Tensor::from_vector<float>({3}, {0, 1, -1});
+  Tensor y = run_node(make_node("InstanceNormalization"), {{x}, {scale, true}, {bias, true}})[0];
+  std::vector<float> want;
+  for (int64_t r = 0; r < 6; ++r) {
+    const float* row = x.data<float>() + r * 5;
+    double m = 0, v = 0;
+    for (int i = 0; i < 5; ++i) m += row[i] / 5.0;
+    for (int i = 0; i < 5; ++i) v += (row[i] - m) * (row[i] - m) / 5.0;
+    for (int i = 0; i < 5; ++i)
+      want.push_back(float((row[i] - m) / std::sqrt(v + 1e-5) * scale.data<float>()[r % 3] + bias.data<float>()[r % 3]));
+  }
+  ew_test::expect_close(y, want, 1e-4f);
+}
+
+}  // namespace
+}  // namespace kiln
