@@ -96,12 +96,13 @@ ConvGeometry conv_geometry(const Node& node, int spatial, const std::vector<int6
       g.pad_begin[i] = upper ? total / 2 : total - total / 2;
     } else {
       int64_t out = g.output_shape.empty() ? in * s : g.output_shape[i];
+      // Negative when output_shape asks for more than the natural output: the extra end
+      // positions then receive no input (only the bias), as in ONNX's reference.
       total = s * (in - 1) + g.output_padding[i] + k - out;
-      if (total < 0)
-        throw node.error(ErrorKind::kUnsupported, "output_shape " + join(g.output_shape) +
-                                                      " is larger than the transposed convolution produces");
-      // ONNX's rule: SAME_UPPER puts the smaller half first, anything else the larger.
-      g.pad_begin[i] = upper ? total / 2 : total - total / 2;
+      // ONNX's rule, with floor division: SAME_UPPER puts the smaller half first, anything
+      // else the larger.
+      int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);
+      g.pad_begin[i] = upper ? half : total - half;
     }
     g.pad_end[i] = total - g.pad_begin[i];
   }
@@ -212,8 +213,7 @@ KILN_REGISTER_OPS(conv) {
     s.max_inputs = 3;
     s.infer = [transpose](InferContext& ctx) { infer_conv(ctx, transpose); };
     s.flops = [transpose](const FlopsContext& ctx) { return conv_flops(ctx, transpose); };
-    s.limits = transpose ? "CPU: float32; output_shape larger than the natural output is not supported"
-                         : "CPU: float32";
+    s.limits = "CPU: float32, 1-D to 3-D";
     registry.add(std::move(s));
   }
 }

@@ -1,0 +1,261 @@
+// Gemm, MatMul, BatchNormalization and kiln::FusedGemm / kiln::FusedMatMul: CPU kernels
+// against naive loops on random inputs, shape inference and bad-input errors.
+#include <gtest/gtest.h>
+
+#include "compute_test_util.h"
+#include "ir/activation.h"
+
+namespace kiln {
+namespace {
+
+using testing::all_close;
+using testing::NodeInput;
+using testing::random_tensor;
+using testing::run_single_node;
+
+ir::Node make_node(const std::string& op, const std::string& domain = "") {
+  ir::Node n;
+  n.name = "node0";
+  n.op = op;
+  n.domain = domain;
+  return n;
+}
+
+// alpha * op(A) @ op(B) + beta * C with C broadcast by numpy rules.
+Tensor reference_gemm(const Tensor& a, const Tensor& b, const Tensor* c, bool ta, bool tb, float alpha, float beta) {
+  int64_t m = ta ? a.dim(1) : a.dim(0), k = ta ? a.dim(0) : a.dim(1), n = tb ? b.dim(0) : b.dim(1);
+  Tensor y(DType::kFloat32, {m, n});
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        float av = ta ? a.data<float>()[p * m + i] : a.data<float>()[i * k + p];
+        float bv = tb ? b.data<float>()[j * k + p] : b.data<float>()[p * n + j];
+        acc += static_cast<double>(av) * bv;
+      }
+      double cv = 0;
+      if (c) {
+        int64_t ci = c->rank() == 2 && c->dim(0) != 1 ? i : 0;
+        int64_t cj = c->rank() >= 1 && c->shape().back() != 1 ? j : 0;
+        cv = c->data<float>()[ci * (c->rank() == 2 ? c->dim(1) : 0) + cj];
+      }
+      y.data<float>()[i * n + j] = static_cast<float>(alpha * acc + beta * cv);
+    }
+  return y;
+}
+
+TEST(Gemm, MatchesReference) {
+  struct Case {
+    int64_t m, k, n;
+    bool ta, tb;
+    float alpha, beta;
+    std::vector<int64_t> c;  // empty: no C; {0}: omitted input
+  };
+  std::vector<Case> cases{
+      {3, 4, 5, false, false, 1.f, 1.f, {3, 5}},    {7, 3, 2, true, false, 0.5f, 2.f, {2}},
+      {6, 5, 4, false, true, 1.f, 1.f, {1, 4}},     {4, 6, 3, true, true, -1.f, 0.25f, {4, 1}},
+      {5, 8, 9, false, true, 1.f, 1.f, {}},          {2, 3, 4, false, false, 1.f, 0.5f, {1}},
+      {64, 300, 129, false, true, 1.f, 1.f, {129}}, {200, 64, 40, true, false, 2.f, 1.f, {200, 40}},
+      {1, 2048, 1000, false, true, 1.f, 1.f, {1000}},
+  };
+  uint32_t seed = 500;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("m " + std::to_string(c.m) + " k " + std::to_string(c.k) + " n " + std::to_string(c.n) +
+                 " transA " + std::to_string(c.ta) + " transB " + std::to_string(c.tb));
+    Tensor a = random_tensor(c.ta ? std::vector<int64_t>{c.k, c.m} : std::vector<int64_t>{c.m, c.k}, seed++);
+    Tensor b = random_tensor(c.tb ? std::vector<int64_t>{c.n, c.k} : std::vector<int64_t>{c.k, c.n}, seed++);
+    ir::Node node = make_node("Gemm");
+    node.attrs.set("transA", int64_t{c.ta});
+    node.attrs.set("transB", int64_t{c.tb});
+    node.attrs.set("alpha", c.alpha);
+    node.attrs.set("beta", c.beta);
+    std::vector<NodeInput> in{{"A", a}, {"B", b, true}};
+    Tensor ct;
+    if (!c.c.empty()) {
+      ct = random_tensor(c.c, seed++);
+      in.push_back({"C", ct, true});
+    }
+    Tensor want = reference_gemm(a, b, c.c.empty() ? nullptr : &ct, c.ta, c.tb, c.alpha, c.beta);
+    EXPECT_TRUE(all_close(run_single_node(node, in), want));
+
+    // FusedGemm: the same plus an activation.
+    ir::Node fused = node;
+    fused.op = "FusedGemm";
+    fused.domain = "kiln";
+    ir::Activation act{"Relu"};
+    act.store(fused);
+    for (int64_t i = 0; i < want.numel(); ++i) want.data<float>()[i] = act.apply(want.data<float>()[i]);
+    EXPECT_TRUE(all_close(run_single_node(fused, in), want));
+  }
+}
+
+TEST(Gemm, ShapeErrorsNameTheNode) {
+  ir::Node node = make_node("Gemm");
+  node.name = "fc";
+  try {
+    testing::single_node_graph(node, {{"A", Tensor(DType::kFloat32, {2, 3})}, {"B", Tensor(DType::kFloat32, {4, 5}), true}});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.node_name(), "fc");
+    EXPECT_NE(std::string(e.what()).find("inner dims"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(testing::single_node_graph(node, {{"A", Tensor(DType::kFloat32, {2, 3})},
+                                                  {"B", Tensor(DType::kFloat32, {3, 5}), true},
+                                                  {"C", Tensor(DType::kFloat32, {3, 5}), true}}),
+               Error);
+}
+
+// numpy matmul on [batch..., m, k] x [batch..., k, n] with broadcasting, plus 1-D operands.
+Tensor reference_matmul(const Tensor& a, const Tensor& b, const std::vector<int64_t>& out_shape) {
+  std::vector<int64_t> as = a.shape(), bs = b.shape();
+  if (as.size() == 1) as.insert(as.begin(), 1);
+  if (bs.size() == 1) bs.push_back(1);
+  int64_t m = as[as.size() - 2], k = as.back(), n = bs.back();
+  size_t rank = std::max(as.size(), bs.size()) - 2;
+  std::vector<int64_t> ab(rank, 1), bb(rank, 1), ob(rank);
+  for (size_t i = 0; i < as.size() - 2; ++i) ab[rank - (as.size() - 2) + i] = as[i];
+  for (size_t i = 0; i < bs.size() - 2; ++i) bb[rank - (bs.size() - 2) + i] = bs[i];
+  int64_t batch = 1;
+  for (size_t i = 0; i < rank; ++i) batch *= (ob[i] = std::max(ab[i], bb[i]));
+  Tensor y(DType::kFloat32, out_shape);
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    // Decompose the batch index and map it into A and B (index 0 where they broadcast).
+    int64_t rem = bi, ai = 0, bj = 0, amul = 1, bmul = 1;
+    for (size_t i = rank; i-- > 0;) {
+      int64_t d = rem % ob[i];
+      rem /= ob[i];
+      ai += (ab[i] == 1 ? 0 : d) * amul;
+      bj += (bb[i] == 1 ? 0 : d) * bmul;
+      amul *= ab[i];
+      bmul *= bb[i];
+    }
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t p = 0; p < k; ++p)
+          acc += static_cast<double>(a.data<float>()[ai * m * k + i * k + p]) * b.data<float>()[bj * k * n + p * n + j];
+        y.data<float>()[(bi * m + i) * n + j] = static_cast<float>(acc);
+      }
+  }
+  return y;
+}
+
+TEST(MatMul, MatchesReferenceWithBroadcasting) {
+  struct Case {
+    std::vector<int64_t> a, b, y;
+  };
+  std::vector<Case> cases{
+      {{3, 4}, {4, 5}, {3, 5}},
+      {{2, 3, 4}, {4, 5}, {2, 3, 5}},             // B shared: one tall GEMM
+      {{2, 3, 4}, {2, 4, 5}, {2, 3, 5}},          // batched
+      {{3, 4}, {2, 4, 5}, {2, 3, 5}},             // A broadcast
+      {{2, 1, 3, 4}, {1, 3, 4, 6}, {2, 3, 3, 6}}, // both broadcast
+      {{4}, {4, 5}, {5}},                         // 1-D A
+      {{2, 3, 4}, {4}, {2, 3}},                   // 1-D B
+      {{4}, {4}, {}},                             // dot product
+      {{5}, {3, 5, 2}, {3, 2}},                   // 1-D A against a batch
+      {{1, 196, 768}, {768, 256}, {1, 196, 256}}, // transformer-sized
+      {{12, 50, 64}, {12, 64, 50}, {12, 50, 50}}, // attention-sized, batch >= threads
+  };
+  uint32_t seed = 700;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("A " + shape_to_string(c.a) + " B " + shape_to_string(c.b));
+    Tensor a = random_tensor(c.a, seed++), b = random_tensor(c.b, seed++);
+    Tensor got = run_single_node(make_node("MatMul"), {{"A", a}, {"B", b}});
+    EXPECT_TRUE(all_close(got, reference_matmul(a, b, c.y)));
+  }
+}
+
+TEST(MatMul, FusedMatMulAddsBiasAndActivation) {
+  uint32_t seed = 800;
+  for (auto [as, bs] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{2, 7, 16}, {16, 9}}, {{3, 5, 8}, {3, 8, 6}}, {{300, 64}, {64, 100}}}) {
+    SCOPED_TRACE("A " + shape_to_string(as) + " B " + shape_to_string(bs));
+    Tensor a = random_tensor(as, seed++), b = random_tensor(bs, seed++);
+    Tensor bias = random_tensor({bs.back()}, seed++);
+    ir::Node node = make_node("FusedMatMul", "kiln");
+    ir::Activation act{"Gelu"};
+    act.store(node);
+    Tensor got = run_single_node(node, {{"A", a}, {"B", b, true}, {"bias", bias, true}});
+    Tensor want = reference_matmul(a, b, got.shape());
+    int64_t n = bs.back();
+    for (int64_t i = 0; i < want.numel(); ++i)
+      want.data<float>()[i] = act.apply(want.data<float>()[i] + bias.data<float>()[i % n]);
+    EXPECT_TRUE(all_close(got, want));
+  }
+}
+
+TEST(MatMul, ShapeInference) {
+  ir::Node node = make_node("MatMul");
+  ir::Graph g = testing::single_node_graph(
+      node, {{"A", Tensor(DType::kFloat32, {1, 4, 8})}, {"B", Tensor(DType::kFloat32, {8, 3}), true}},
+      {ir::Dims{ir::Dim::named("batch"), ir::Dim::named("seq"), 8}});
+  EXPECT_EQ(ir::dims_to_string(*g.value("Y").type.shape), "batchxseqx3");
+  try {
+    testing::single_node_graph(node, {{"A", Tensor(DType::kFloat32, {2, 4, 8})}, {"B", Tensor(DType::kFloat32, {3, 8, 3})}});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.node_name(), "node0");
+    EXPECT_NE(std::string(e.what()).find("broadcast"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(testing::single_node_graph(node, {{"A", Tensor(DType::kFloat32, {2, 4})}, {"B", Tensor(DType::kFloat32, {5, 3})}}),
+               Error);
+  ir::Node fused = make_node("FusedMatMul", "kiln");
+  EXPECT_THROW(testing::single_node_graph(fused, {{"A", Tensor(DType::kFloat32, {2, 4})},
+                                                   {"B", Tensor(DType::kFloat32, {4, 3})},
+                                                   {"bias", Tensor(DType::kFloat32, {4})}}),
+               Error);
+}
+
+TEST(BatchNormalization, MatchesFormula) {
+  uint32_t seed = 900;
+  for (bool constant : {true, false})
+    for (auto shape : std::vector<std::vector<int64_t>>{{2, 3, 4, 5}, {1, 16, 64, 64}, {4, 6}, {2, 3, 7}}) {
+      SCOPED_TRACE(shape_to_string(shape) + (constant ? " constant params" : " runtime params"));
+      int64_t c = shape[1];
+      Tensor x = random_tensor(shape, seed++), scale = random_tensor({c}, seed++), bias = random_tensor({c}, seed++);
+      Tensor mean = random_tensor({c}, seed++), var = random_tensor({c}, seed++);
+      for (int64_t i = 0; i < c; ++i) var.data<float>()[i] = std::fabs(var.data<float>()[i]) + 0.1f;
+      ir::Node node = make_node("BatchNormalization");
+      node.attrs.set("epsilon", 1e-3f);
+      Tensor got = run_single_node(node, {{"X", x}, {"s", scale, constant}, {"b", bias, constant},
+                                          {"m", mean, constant}, {"v", var, constant}});
+      Tensor want(DType::kFloat32, shape);
+      int64_t inner = x.numel() / (shape[0] * c);
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        int64_t ch = (i / inner) % c;
+        want.data<float>()[i] = (x.data<float>()[i] - mean.data<float>()[ch]) /
+                                    std::sqrt(var.data<float>()[ch] + 1e-3f) * scale.data<float>()[ch] +
+                                bias.data<float>()[ch];
+      }
+      EXPECT_TRUE(all_close(got, want));
+    }
+}
+
+TEST(BatchNormalization, RejectsTrainingModeAndWrongParameterShapes) {
+  ir::Node node = make_node("BatchNormalization");
+  node.name = "bn1";
+  node.attrs.set("training_mode", int64_t{1});
+  std::vector<NodeInput> in{{"X", Tensor(DType::kFloat32, {1, 3, 4, 4})}, {"s", Tensor(DType::kFloat32, {3}), true},
+                            {"b", Tensor(DType::kFloat32, {3}), true}, {"m", Tensor(DType::kFloat32, {3}), true},
+                            {"v", Tensor(DType::kFloat32, {3}), true}};
+  try {
+    testing::single_node_graph(node, in);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_EQ(e.node_name(), "bn1");
+    EXPECT_NE(std::string(e.what()).find("training_mode"), std::string::npos) << e.what();
+  }
+  node.attrs.erase("training_mode");
+  in[3].data = Tensor(DType::kFloat32, {4});
+  try {
+    testing::single_node_graph(node, in);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("input_mean"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln
