@@ -83,7 +83,7 @@ def main() -> int:
     np.save(input_path, x)
     from PIL import Image
     Image.fromarray(image).save(os.path.join(a.out, "image.png"))
-    print(f"\n==> 2. input: Fashion-MNIST test image {a.image} (a {label}), as a {list(x.shape)} tensor in {input_path}")
+    print(f"\n==> 2. input: Fashion-MNIST test image {a.image} (class: {label}), as a {list(x.shape)} tensor in {input_path}")
 
     out_dir = os.path.join(a.out, "kiln")
     cmd = [a.kiln, "run", onnx_path, "--input", f"input={input_path}", "--top-k", "5", "--output-dir", out_dir]

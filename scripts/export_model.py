@@ -3,7 +3,7 @@
 
     python scripts/export_model.py resnet18 -o resnet18.onnx
     python scripts/export_model.py resnet50 --exporter dynamo --size 224 -o r50.onnx
-    python scripts/export_model.py mypkg.models:make_net --input-shape 3x32x32 -o net.onnx
+    python scripts/export_model.py mypkg.models:make_net --channels 1 --size 28 -o net.onnx
 
 MODEL is a torchvision classification model name (random weights: nothing is downloaded), one of
 kiln's small test models (see --list), or "module:function" returning a torch.nn.Module that
