@@ -1,0 +1,39 @@
+"""Makes the tiny models and image the CLI tests use (committed; rerun to regenerate).
+
+    .venv/bin/python tests/cli/data/make_models.py
+"""
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def save(graph, name, opset=17):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="kiln-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, os.path.join(HERE, name))
+
+
+# A classifier head with a dynamic batch: x [N, 4] -> Gemm (3 classes) -> Relu -> y [N, 3].
+w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4) / 10.0, "w")
+save(helper.make_graph(
+    [helper.make_node("Gemm", ["x", "w"], ["logits"], transB=1), helper.make_node("Relu", ["logits"], ["y"])],
+    "dynamic_classifier",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
+    [w]), "dynamic_classifier.onnx")
+
+# An image model: [1, 3, 8, 8] -> Identity, to check the image preprocessing end to end.
+save(helper.make_graph(
+    [helper.make_node("Identity", ["image"], ["pixels"])],
+    "image_identity",
+    [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 8, 8])],
+    [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, [1, 3, 8, 8])]), "image_identity.onnx")
+
+# A pure red 16x12 PPM photo (stb_image reads binary PPM; no image library needed here).
+with open(os.path.join(HERE, "red_16x12.ppm"), "wb") as f:
+    f.write(b"P6\n16 12\n255\n" + bytes([255, 0, 0]) * (16 * 12))
