@@ -50,23 +50,39 @@ std::string lower_extension(const std::string& path) {
   return ext;
 }
 
-// A copy of `t` with another numeric dtype (for a float64 .npy fed to a float32 model, say).
-Tensor cast_to(const Tensor& t, DType dtype) {
+// A copy of `t` with another numeric dtype (NumPy writes float64 by default, for one).
+// Float targets take any value (rounding to the nearest is what the user expects); integer
+// and bool targets must hold every value exactly, since truncating token ids, say, would
+// silently run the model on other data than the user's.
+Tensor cast_to(const Tensor& t, DType dtype, const std::string& input_name) {
   Tensor out(dtype, t.shape());
   for (int64_t i = 0; i < t.numel(); ++i) {
     double v = t.value_as_double(i);
     switch (dtype) {
-      case DType::kFloat32: out.data<float>()[i] = static_cast<float>(v); break;
-      case DType::kFloat64: out.data<double>()[i] = v; break;
-      case DType::kFloat16: static_cast<uint16_t*>(out.raw())[i] = float_to_half(static_cast<float>(v)); break;
-      case DType::kInt64: out.data<int64_t>()[i] = t.value_as_int(i); break;
-      case DType::kInt32: out.data<int32_t>()[i] = static_cast<int32_t>(t.value_as_int(i)); break;
-      case DType::kUInt8: out.data<uint8_t>()[i] = static_cast<uint8_t>(t.value_as_int(i)); break;
-      case DType::kInt8: out.data<int8_t>()[i] = static_cast<int8_t>(t.value_as_int(i)); break;
-      case DType::kBool: out.data<bool>()[i] = v != 0; break;
-      default:
-        throw Error(ErrorKind::kUnsupported, "cannot convert " + to_string(t.dtype()) + " to " + to_string(dtype));
+      case DType::kFloat32: out.data<float>()[i] = static_cast<float>(v); continue;
+      case DType::kFloat64: out.data<double>()[i] = v; continue;
+      case DType::kFloat16: static_cast<uint16_t*>(out.raw())[i] = float_to_half(static_cast<float>(v)); continue;
+      default: break;
     }
+    bool exact = std::isfinite(v) && v == std::floor(v);
+    if (exact && is_float(t.dtype()) && std::abs(v) >= 9007199254740992.0) exact = false;  // beyond 2^53: not exact
+    int64_t iv = exact ? (is_float(t.dtype()) ? static_cast<int64_t>(v) : t.value_as_int(i)) : 0;
+    switch (dtype) {
+      case DType::kInt64: out.data<int64_t>()[i] = iv; break;
+      case DType::kInt32: exact = exact && iv >= INT32_MIN && iv <= INT32_MAX; out.data<int32_t>()[i] = static_cast<int32_t>(iv); break;
+      case DType::kInt16: exact = exact && iv >= INT16_MIN && iv <= INT16_MAX; out.data<int16_t>()[i] = static_cast<int16_t>(iv); break;
+      case DType::kInt8: exact = exact && iv >= INT8_MIN && iv <= INT8_MAX; out.data<int8_t>()[i] = static_cast<int8_t>(iv); break;
+      case DType::kUInt8: exact = exact && iv >= 0 && iv <= UINT8_MAX; out.data<uint8_t>()[i] = static_cast<uint8_t>(iv); break;
+      case DType::kBool: exact = exact && (iv == 0 || iv == 1); out.data<bool>()[i] = iv != 0; break;
+      default:
+        throw Error(ErrorKind::kUnsupported, "input '" + input_name + "': cannot convert " + to_string(t.dtype()) + " data to " +
+                                                 to_string(dtype));
+    }
+    if (!exact)
+      throw Error(ErrorKind::kInvalidArgument, fmt::format("input '{}' is {}, but the data given is {} and its value {} (index {}) "
+                                                           "is not a {} value",
+                                                           input_name, to_string(dtype), to_string(t.dtype()), v, i, to_string(dtype)))
+          .hint("convert the data yourself, e.g. a.astype(np." + to_string(dtype) + ")");
   }
   return out;
 }
@@ -122,7 +138,7 @@ Tensor load_image_input(const std::string& path, const TensorDesc& desc, const R
   Tensor t(DType::kFloat32, shape);
   for (int64_t b = 0; b < batch; ++b)
     std::copy(one.data<float>(), one.data<float>() + one.numel(), t.data<float>() + b * one.numel());
-  return desc.dtype == DType::kFloat32 ? t : cast_to(t, desc.dtype);
+  return desc.dtype == DType::kFloat32 ? t : cast_to(t, desc.dtype, desc.name);
 }
 
 Tensor load_input(const std::string& path, const TensorDesc& desc, const RunOptions& o) {
@@ -133,8 +149,9 @@ Tensor load_input(const std::string& path, const TensorDesc& desc, const RunOpti
   else if (ext == ".pb") t = onnx_import::read_tensor_file(path);
   else return load_image_input(path, desc, o);
   if (t.dtype() != desc.dtype) {
-    std::cout << fmt::format("note: input '{}' converted from {} to {}\n", desc.name, to_string(t.dtype()), to_string(desc.dtype));
-    t = cast_to(t, desc.dtype);
+    DType given = t.dtype();
+    t = cast_to(t, desc.dtype, desc.name);
+    std::cout << fmt::format("note: input '{}' converted from {} to {}\n", desc.name, to_string(given), to_string(desc.dtype));
   }
   return t;
 }
