@@ -1,0 +1,100 @@
+// Tests of optimize(): the passes together on a small ResNet-like graph with a dynamic batch,
+// and the options that switch folding and fusion off.
+#include <gtest/gtest.h>
+
+#include "graph_builder.h"
+#include "ir/activation.h"
+#include "passes/pipeline.h"
+
+namespace kiln::testing {
+namespace {
+
+using ir::Dim;
+
+std::string batchnorm(GraphBuilder& b, const std::string& x, int64_t c, const std::string& out) {
+  return b.node("BatchNormalization",
+                {x, b.random(out + "_g", {c}, 0.5f, 1.5f), b.random(out + "_b", {c}), b.random(out + "_m", {c}),
+                 b.random(out + "_v", {c}, 0.1f, 2.f)},
+                out);
+}
+
+// Conv-BN-Relu, Conv-BN + skip -> Relu, then x.view(x.size(0), -1) -> Dropout -> Gemm, with
+// a Gemm weight stored transposed through a constant Transpose.
+ir::Graph small_resnet() {
+  GraphBuilder b;
+  b.input("input", {Dim::named("batch"), 4, 6, 6});
+  b.node("Identity", {"input"}, "in_copy");
+  b.node("Conv", {"in_copy", b.random("w1", {4, 4, 3, 3})}, "c1", {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  batchnorm(b, "c1", 4, "bn1");
+  b.node("Relu", {"bn1"}, "r1");
+  b.node("Conv", {"r1", b.random("w2", {4, 4, 3, 3})}, "c2", {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  batchnorm(b, "c2", 4, "bn2");
+  b.node("Add", {"bn2", "in_copy"}, "sum");
+  b.node("Relu", {"sum"}, "r2");
+  b.node("Shape", {"r2"}, "shape");
+  b.node("Gather", {"shape", b.constant("zero", Tensor::scalar<int64_t>(0))}, "n");
+  b.node("Unsqueeze", {"n", b.ints("axes", {0})}, "n1");
+  b.node("Concat", {"n1", b.ints("minus_one", {-1})}, "flat_shape", {{"axis", int64_t{0}}});
+  b.node("Reshape", {"r2", "flat_shape"}, "flat");
+  b.node("Dropout", {"flat", b.scalar("ratio", 0.1f)}, "dropped");
+  b.node("Transpose", {b.random("fc_w_t", {144, 10})}, "fc_w", {{"perm", std::vector<int64_t>{1, 0}}});
+  b.node("Gemm", {"dropped", "fc_w", b.random("fc_b", {10})}, "logits", {{"transB", int64_t{1}}});
+  b.node("Relu", {"logits"}, "output");
+  b.output("output");
+  return b.build();
+}
+
+TEST(Optimize, FoldsFusesAndSimplifiesASmallResNet) {
+  ir::Graph before = small_resnet();
+  ir::Graph after = before;
+  passes::optimize(after);
+
+  for (const char* gone : {"BatchNormalization", "Identity", "Dropout", "Shape", "Gather", "Concat", "Transpose",
+                           "Relu", "Add", "Conv", "Gemm"})
+    EXPECT_EQ(count_ops(after, gone), 0) << gone;
+  ASSERT_EQ(after.nodes.size(), 4u);
+  EXPECT_EQ(after.nodes[0].op, "FusedConv");
+  EXPECT_EQ(ir::Activation::from_node(after.nodes[0]).kind, "Relu");
+  EXPECT_EQ(after.nodes[1].op, "FusedConv");
+  ASSERT_EQ(after.nodes[1].inputs.size(), 4u);
+  EXPECT_EQ(after.nodes[1].inputs[3], "input");  // the residual, after Identity removal
+  EXPECT_EQ(after.nodes[2].op, "Reshape");
+  ASSERT_NE(after.constant(after.nodes[2].inputs[1]), nullptr);
+  EXPECT_EQ(after.constant(after.nodes[2].inputs[1])->to_int_vector(), (std::vector<int64_t>{0, -1}));
+  EXPECT_EQ(after.nodes[3].op, "FusedGemm");
+  EXPECT_EQ(after.value("output").type.str(), "float32[batchx10]");
+  expect_same_outputs(before, after, 1);
+  expect_same_outputs(before, after, 3);
+}
+
+TEST(Optimize, OptionsSwitchFoldingAndFusionOff) {
+  ir::Graph before = small_resnet();
+  ir::Graph g = before;
+  passes::PassOptions off;
+  off.fold_constants = false;
+  off.fuse = false;
+  passes::optimize(g, off);
+  EXPECT_EQ(count_ops(g, "BatchNormalization"), 2);
+  EXPECT_EQ(count_ops(g, "Transpose"), 1);  // a constant Transpose, not folded
+  EXPECT_EQ(count_ops(g, "Conv"), 2);
+  EXPECT_EQ(count_ops(g, "FusedConv"), 0);
+  // Cleanup still runs: copies and the dynamic-batch shape chain go.
+  EXPECT_EQ(count_ops(g, "Identity"), 0);
+  EXPECT_EQ(count_ops(g, "Shape"), 0);
+  expect_same_outputs(before, g);
+}
+
+TEST(Optimize, IsIdempotent) {
+  ir::Graph g = small_resnet();
+  passes::optimize(g);
+  ir::Graph again = g;
+  passes::optimize(again);
+  ASSERT_EQ(again.nodes.size(), g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    EXPECT_EQ(again.nodes[i].op, g.nodes[i].op);
+    EXPECT_EQ(again.nodes[i].inputs, g.nodes[i].inputs);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing
