@@ -24,8 +24,12 @@ void check_param(InferContext& ctx, size_t i, const Dims& target, const char* wh
   if (ctx.dtype(i) != ctx.dtype(0))
     ctx.fail(std::string(what) + " has type " + to_string(ctx.dtype(i)) + ", X has " + to_string(ctx.dtype(0)));
   if (!ctx.shape_known(i)) return;
+  // Unidirectional: the parameter may only stretch to the target, never widen it.
   std::optional<Dims> b = broadcast_dims(target, ctx.shape(i));
-  if (!b || b->size() != target.size())
+  bool widens = !b || b->size() != target.size();
+  for (size_t d = 0; b && !widens && d < target.size(); ++d)
+    widens = (*b)[d].known() && target[d].known() && (*b)[d].value != target[d].value;
+  if (widens)
     ctx.fail(std::string(what) + " shape " + dims_to_string(ctx.shape(i)) + " does not broadcast to " + dims_to_string(target));
 }
 

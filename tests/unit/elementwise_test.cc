@@ -267,3 +267,16 @@ TEST(Normalization, InstanceNormalization) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST(Normalization, LayerNormRejectsScaleThatWidens) {
+  ir::Node n = ew_test::make_node("LayerNormalization");
+  Tensor x(DType::kFloat32, {2, 1});
+  Tensor scale(DType::kFloat32, {5});
+  EXPECT_THROW(ew_test::one_node_graph(n, {{x}, {scale, true}}), Error);
+}
+
+}  // namespace
+}  // namespace kiln
