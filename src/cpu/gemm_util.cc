@@ -4,13 +4,47 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
+
+#include <strings.h>
+
+// Present in OpenBLAS builds with DYNAMIC_ARCH (Debian's); weak so other builds still link.
+extern "C" __attribute__((weak)) void gotoblas_dynamic_init(void);
+extern "C" __attribute__((weak)) void gotoblas_dynamic_quit(void);
 
 namespace kiln::cpu {
 
+namespace {
+
+// OpenBLAS 0.3.21 picks its kernels from the CPU model number and falls back to "Prescott"
+// (SSE3) for models it does not know, which is what virtual machines often report even on
+// AVX-512 hardware: its sgemm then runs 5-10x slower. When that happens on a CPU that has
+// AVX2/AVX-512, re-select the kernels the features allow. A user's OPENBLAS_CORETYPE wins.
+void fix_openblas_core_choice() {
+  if (std::getenv("OPENBLAS_CORETYPE") || !gotoblas_dynamic_init || !gotoblas_dynamic_quit) return;
+  const char* core = openblas_get_corename();
+  bool pre_avx2 = false;
+  for (const char* old : {"prescott", "core2", "penryn", "dunnington", "nehalem", "sandybridge", "atom",
+                          "katmai", "coppermine", "northwood", "banias", "unknown"})
+    if (core && strcasecmp(core, old) == 0) pre_avx2 = true;
+  if (!pre_avx2 || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
+  bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  setenv("OPENBLAS_CORETYPE", avx512 ? "SkylakeX" : "Haswell", 0);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+}
+
+}  // namespace
+
 void use_single_threaded_blas() {
   static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+  std::call_once(once, [] {
+    fix_openblas_core_choice();
+    openblas_set_num_threads(1);
+  });
 }
 
 int max_threads() { return std::max(1, omp_get_max_threads()); }

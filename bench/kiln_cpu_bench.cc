@@ -1,0 +1,144 @@
+// kiln_cpu_bench: times kiln's CPU engine on one ONNX model.
+//
+//   kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--no-fuse] [--no-optimize]
+//                  [--dump-output file.bin] [--input file.bin]
+//
+// Imports the model, runs passes::optimize (unless --no-optimize), builds cpu::CpuEngine,
+// feeds every input random float32 data (seed 0; symbolic dims take --batch) or the raw
+// float32 contents of --input, times --runs runs after --warmup and prints one JSON object.
+// --dump-output writes the first output's raw float32 values, so a script can compare them
+// with another runtime on the same input.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/engine.h"
+#include "onnx/importer.h"
+#include "passes/pipeline.h"
+
+namespace {
+
+int usage() {
+  std::cerr << "usage: kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--no-fuse] [--no-optimize]"
+               " [--dump-output file.bin] [--input file.bin]\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage();
+  std::string model = argv[1];
+  int64_t batch = 1;
+  int runs = 50, warmup = 5;
+  bool optimize = true, fuse = true;
+  std::string dump, input_file;
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
+      return argv[++i];
+    };
+    try {
+      if (a == "--batch") batch = std::stoll(value());
+      else if (a == "--runs") runs = std::stoi(value());
+      else if (a == "--warmup") warmup = std::stoi(value());
+      else if (a == "--no-fuse") fuse = false;
+      else if (a == "--no-optimize") optimize = false;
+      else if (a == "--dump-output") dump = value();
+      else if (a == "--input") input_file = value();
+      else return usage();
+    } catch (const std::exception& e) {
+      std::cerr << "kiln_cpu_bench: " << e.what() << "\n";
+      return usage();
+    }
+  }
+  if (runs < 1) return usage();
+  try {
+    kiln::ir::Graph graph = kiln::onnx_import::import_file(model);
+    if (optimize) {
+      kiln::passes::PassOptions options;
+      options.fuse = fuse;
+      kiln::passes::optimize(graph, options);
+    }
+    std::map<std::string, int> op_counts;
+    for (const auto& n : graph.nodes) op_counts[(n.domain.empty() ? "" : n.domain + "::") + n.op]++;
+
+    std::map<std::string, kiln::Tensor> feed;
+    std::mt19937 rng(0);
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    for (const std::string& name : graph.inputs) {
+      const kiln::ir::TensorType& t = graph.value(name).type;
+      if (t.dtype != kiln::DType::kFloat32 || !t.shape)
+        throw kiln::Error(kiln::ErrorKind::kUnsupported, "input '" + name + "' is not a float32 tensor of known rank");
+      std::vector<int64_t> shape;
+      for (const kiln::ir::Dim& d : *t.shape) shape.push_back(d.known() ? d.value : batch);
+      kiln::Tensor x(kiln::DType::kFloat32, shape);
+      if (!input_file.empty()) {
+        std::ifstream f(input_file, std::ios::binary);
+        if (!f.read(static_cast<char*>(x.raw()), static_cast<std::streamsize>(x.nbytes())))
+          throw kiln::Error(kiln::ErrorKind::kIo, "cannot read " + std::to_string(x.nbytes()) + " bytes of input")
+              .file(input_file);
+      } else {
+        for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
+      }
+      feed[name] = x;
+    }
+
+    kiln::cpu::CpuEngine engine(std::move(graph));
+    std::map<std::string, kiln::Tensor> result;
+    for (int i = 0; i < warmup; ++i) result = engine.run(feed);
+    std::vector<double> ms;
+    for (int i = 0; i < runs; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      result = engine.run(feed);
+      auto t1 = std::chrono::steady_clock::now();
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    if (!dump.empty()) {
+      const kiln::Tensor& y = result.at(engine.graph().outputs.at(0));
+      kiln::Tensor yf = y.to_float32();
+      std::ofstream f(dump, std::ios::binary);
+      f.write(static_cast<const char*>(yf.raw()), static_cast<std::streamsize>(yf.nbytes()));
+      if (!f) throw kiln::Error(kiln::ErrorKind::kIo, "cannot write the output").file(dump);
+    }
+    std::vector<double> sorted = ms;
+    std::sort(sorted.begin(), sorted.end());
+    double mean = 0;
+    for (double v : ms) mean += v;
+    mean /= static_cast<double>(ms.size());
+    auto pct = [&](double p) {
+      size_t idx = static_cast<size_t>(p * static_cast<double>(sorted.size() - 1) + 0.5);
+      return sorted[std::min(idx, sorted.size() - 1)];
+    };
+    nlohmann::json out;
+    out["model"] = model;
+    out["batch"] = batch;
+    out["runs"] = runs;
+    out["warmup"] = warmup;
+    out["optimized"] = optimize;
+    out["fused"] = optimize && fuse;
+    out["threads"] = omp_get_max_threads();
+    out["median_ms"] = pct(0.5);
+    out["mean_ms"] = mean;
+    out["p90_ms"] = pct(0.9);
+    out["min_ms"] = sorted.front();
+    out["nodes"] = engine.graph().nodes.size();
+    out["op_counts"] = op_counts;
+    out["times_ms"] = ms;
+    std::cout << out.dump() << std::endl;
+  } catch (const kiln::Error& e) {
+    std::cerr << "kiln_cpu_bench: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
