@@ -18,6 +18,16 @@ int64_t checked_index(int64_t i, int64_t dim) {
   return i < 0 ? i + dim : i;
 }
 
+// GatherElements/ScatterElements: off the axis, indices may not reach past the data.
+void check_within(const Tensor& data, const Tensor& idx, size_t axis) {
+  if (idx.rank() != data.rank())
+    throw Error(ErrorKind::kInvalidArgument, "indices and data must have the same rank");
+  for (size_t d = 0; d < idx.shape().size(); ++d)
+    if (d != axis && idx.shape()[d] > data.shape()[d])
+      throw Error(ErrorKind::kInvalidArgument, "indices " + shape_to_string(idx.shape()) + " reach past data " +
+                                                   shape_to_string(data.shape()) + " off the axis");
+}
+
 int64_t axis_of(const ir::Node& n, int64_t rank) {
   int64_t a = n.attrs.get_int("axis", 0);
   return a < 0 ? a + rank : a;
@@ -60,6 +70,7 @@ void for_each_coord(const std::vector<int64_t>& shape, F fn) {
 
 void gather_elements(const ir::Node& node, const Tensor& data, const Tensor& idx, Tensor& out) {
   size_t axis = static_cast<size_t>(axis_of(node, data.rank()));
+  check_within(data, idx, axis);
   size_t es = element_size(data.dtype());
   std::vector<int64_t> ds = contiguous_strides(data.shape());
   int64_t dim = data.shape()[axis];
@@ -110,6 +121,7 @@ void scatter_elements(const ir::Node& node, const Tensor& data, const Tensor& id
     throw Error(ErrorKind::kInvalidArgument, "indices " + shape_to_string(idx.shape()) + " and updates " +
                                                  shape_to_string(upd.shape()) + " must have the same shape");
   size_t axis = static_cast<size_t>(axis_of(node, data.rank()));
+  check_within(data, idx, axis);
   std::string r = node.attrs.get_string("reduction", "none");
   size_t es = element_size(data.dtype());
   std::vector<int64_t> ds = contiguous_strides(data.shape());

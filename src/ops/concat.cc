@@ -19,7 +19,7 @@ void infer_concat(InferContext& ctx) {
     ctx.set_output(0, dtype, std::nullopt);
     return;
   }
-  int64_t axis = normalize_axis(ctx, ctx.node.attrs.require_int("axis"), rank);
+  int64_t axis = static_cast<int64_t>(dim_axis(ctx, ctx.node.attrs.require_int("axis"), rank));
   Dims out(static_cast<size_t>(rank), Dim::unknown());
   int64_t axis_sum = 0;
   bool axis_known = true;

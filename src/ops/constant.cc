@@ -55,7 +55,9 @@ void infer_range(InferContext& ctx) {
       int64_t a = s->value_as_int(0), b = l->value_as_int(0), c = d->value_as_int(0);
       n = c > 0 ? (b - a + c - 1) / c : (a - b + (-c) - 1) / (-c);
     } else {
-      n = static_cast<int64_t>(std::ceil((l->value_as_double(0) - s->value_as_double(0)) / d->value_as_double(0)));
+      double len = std::ceil((l->value_as_double(0) - s->value_as_double(0)) / d->value_as_double(0));
+      if (!std::isfinite(len) || len > 1e15) ctx.fail("the range's length is not a finite size");
+      n = static_cast<int64_t>(len);
     }
     n = std::max<int64_t>(n, 0);
     ctx.set_output(0, dtype, Dims{Dim(n)});

@@ -18,6 +18,9 @@ void infer_expand(InferContext& ctx) {
       ctx.set_output(0, dtype, std::nullopt);
     return;
   }
+  if (std::optional<std::vector<int64_t>> raw = raw_ints(ctx, 1))
+    for (int64_t d : *raw)
+      if (d < 0) ctx.fail("the shape has a negative dimension " + std::to_string(d));
   std::optional<Dims> out = broadcast_dims(ctx.shape(0), *target);
   if (!out)
     ctx.fail("cannot expand shape " + dims_to_string(ctx.shape(0)) + " to " + dims_to_string(*target));
@@ -39,6 +42,9 @@ void infer_tile(InferContext& ctx) {
   }
   if (repeats->size() != in.size())
     ctx.fail("repeats has " + std::to_string(repeats->size()) + " values for an input of rank " + std::to_string(in.size()));
+  if (std::optional<std::vector<int64_t>> raw = raw_ints(ctx, 1))
+    for (int64_t r : *raw)
+      if (r < 0) ctx.fail("repeats must be >= 0, one is " + std::to_string(r));
   Dims out;
   for (size_t i = 0; i < in.size(); ++i) {
     const Dim& r = (*repeats)[i];

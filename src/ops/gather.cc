@@ -21,7 +21,7 @@ void infer_gather(InferContext& ctx) {
   const Dims& data = ctx.shape(0);
   const Dims& idx = ctx.shape(1);
   if (data.empty()) ctx.fail("data must have rank >= 1");
-  int64_t axis = normalize_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(data.size()));
+  int64_t axis = static_cast<int64_t>(dim_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(data.size())));
   size_t a = static_cast<size_t>(axis);
   Dims out(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(a));
   out.insert(out.end(), idx.begin(), idx.end());
@@ -50,7 +50,7 @@ void infer_gather_elements(InferContext& ctx) {
   if (ctx.shape_known(0) && ctx.shape_known(1)) {
     if (ctx.shape(0).size() != ctx.shape(1).size())
       ctx.fail("data has rank " + std::to_string(ctx.shape(0).size()) + ", indices rank " + std::to_string(ctx.shape(1).size()));
-    normalize_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(ctx.shape(0).size()));
+    dim_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(ctx.shape(0).size()));
   }
   ctx.set_output(0, ctx.dtype(0), ctx.type(1).shape);
 }
@@ -66,6 +66,10 @@ void infer_gather_nd(InferContext& ctx) {
   const Dims& idx = ctx.shape(1);
   size_t b = static_cast<size_t>(ctx.node.attrs.get_int("batch_dims", 0));
   if (idx.empty() || b >= idx.size() || b >= data.size()) ctx.fail("batch_dims is too large for the ranks of data and indices");
+  for (size_t i = 0; i < b; ++i)
+    if (data[i].known() && idx[i].known() && data[i].value != idx[i].value)
+      ctx.fail("batch dim " + std::to_string(i) + " is " + std::to_string(data[i].value) + " in data and " +
+               std::to_string(idx[i].value) + " in indices");
   const Dim& last = idx.back();
   if (!last.known()) {
     ctx.set_output(0, dtype, std::nullopt);
@@ -84,6 +88,10 @@ void infer_scatter_elements(InferContext& ctx) {
   if (ctx.dtype(2) != ctx.dtype(0)) ctx.fail("updates must have the data's type");
   std::string r = ctx.node.attrs.get_string("reduction", "none");
   if (r != "none" && r != "add" && r != "mul" && r != "max" && r != "min") ctx.fail("unknown reduction '" + r + "'");
+  if (ctx.shape_known(0) && ctx.shape_known(1) && ctx.shape(0).size() != ctx.shape(1).size())
+    ctx.fail("data has rank " + std::to_string(ctx.shape(0).size()) + ", indices rank " + std::to_string(ctx.shape(1).size()));
+  if (ctx.shape_known(0))
+    dim_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(ctx.shape(0).size()));
   ctx.set_output(0, ctx.dtype(0), ctx.type(0).shape);
 }
 

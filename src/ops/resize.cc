@@ -38,9 +38,13 @@ ResizePlan resize_plan(const Node& node, const Dims& in, const Tensor* roi, cons
     for (size_t k = 0; k < axes.size(); ++k) {
       size_t a = static_cast<size_t>(axes[k]);
       double s = scales->value_as_double(static_cast<int64_t>(k));
-      if (!(s > 0)) fail("scales must be positive");
+      if (!(s > 0) || !std::isfinite(s)) fail("scales must be positive and finite");
       p.scale[a] = s;
-      if (in[a].known()) p.out[a] = Dim(static_cast<int64_t>(std::floor(static_cast<double>(in[a].value) * s)));
+      if (in[a].known()) {
+        double n = std::floor(static_cast<double>(in[a].value) * s);
+        if (n > 1e12) fail("scale " + std::to_string(s) + " makes axis " + std::to_string(a) + " too large");
+        p.out[a] = Dim(static_cast<int64_t>(n));
+      }
       else if (s != 1.0) p.out[a] = Dim::unknown();
     }
     return p;
@@ -79,6 +83,14 @@ ResizePlan resize_plan(const Node& node, const Dims& in, const Tensor* roi, cons
 
 namespace {
 
+// Sizes must be >= 0, and an empty axis cannot be resized to a non-empty one.
+void check_plan(const Node& node, const Dims& in, const ResizePlan& p) {
+  for (size_t a = 0; a < in.size(); ++a)
+    if (in[a].known() && in[a].value == 0 && p.out[a].known() && p.out[a].value > 0)
+      throw node.error(ErrorKind::kInvalidModel, "cannot resize an empty axis " + std::to_string(a) + " to a non-empty one");
+}
+
+
 void infer_resize(InferContext& ctx) {
   DType dtype = ctx.dtype(0);
   const Attributes& a = ctx.node.attrs;
@@ -103,6 +115,9 @@ void infer_resize(InferContext& ctx) {
     return true;
   };
   bool has_scales = present(2), has_sizes = present(3);
+  if (has_scales && !is_float(ctx.dtype(2))) ctx.fail("scales must be float, are " + to_string(ctx.dtype(2)));
+  if (has_sizes && ctx.dtype(3) != DType::kInt64) ctx.fail("sizes must be int64, are " + to_string(ctx.dtype(3)));
+  if (present(1) && !is_float(ctx.dtype(1))) ctx.fail("roi must be float, is " + to_string(ctx.dtype(1)));
   const Tensor* scales = has_scales ? ctx.value(2) : nullptr;
   std::optional<Dims> sizes = has_sizes ? ctx.int_elements(3) : std::nullopt;
   if ((has_scales && !scales) || (has_sizes && !sizes) || (ctx.has_input(1) && present(1) && !ctx.value(1))) {
@@ -110,7 +125,12 @@ void infer_resize(InferContext& ctx) {
     ctx.set_output(0, dtype, Dims(in.size(), Dim::unknown()));
     return;
   }
+  if (has_sizes)
+    if (std::optional<std::vector<int64_t>> raw = raw_ints(ctx, 3))
+      for (int64_t s : *raw)
+        if (s < 0) ctx.fail("sizes must be >= 0, one is " + std::to_string(s));
   ResizePlan p = resize_plan(ctx.node, in, present(1) ? ctx.value(1) : nullptr, scales, sizes);
+  check_plan(ctx.node, in, p);
   ctx.set_output(0, dtype, p.out);
 }
 

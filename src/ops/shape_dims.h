@@ -33,6 +33,13 @@ inline std::optional<std::vector<int64_t>> known_ints(const InferContext& ctx, s
   return out;
 }
 
+// normalize_axis for ops that index a dim of the input: rank 0 has no axis at all (the shared
+// normalize_axis accepts axis 0 there, for ops that treat scalars as 1-element vectors).
+inline size_t dim_axis(const InferContext& ctx, int64_t axis, int64_t rank) {
+  if (rank == 0) ctx.fail("the input is a scalar, which has no axis " + std::to_string(axis));
+  return static_cast<size_t>(normalize_axis(ctx, axis, rank));
+}
+
 // A dim's factorization for element counting: a known product, the symbols (as a multiset),
 // and how many dims are neither known nor symbolic.
 struct DimProduct {

@@ -40,7 +40,7 @@ void infer_slice(InferContext& ctx) {
       if (!axes) {
         if (k < out.size()) out[k] = Dim::unknown();
       } else if (k < axes->size()) {
-        out[static_cast<size_t>(normalize_axis(ctx, (*axes)[k], rank))] = Dim::unknown();
+        out[dim_axis(ctx, (*axes)[k], rank)] = Dim::unknown();
       }
     }
     ctx.set_output(0, dtype, out);

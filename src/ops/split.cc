@@ -14,7 +14,7 @@ void infer_split(InferContext& ctx) {
     return;
   }
   const Dims& in = ctx.shape(0);
-  int64_t axis = normalize_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(in.size()));
+  int64_t axis = static_cast<int64_t>(dim_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(in.size())));
   const Dim& d = in[static_cast<size_t>(axis)];
   std::vector<Dim> sizes(n_out, Dim::unknown());
   if (ctx.has_input(1)) {
@@ -57,7 +57,7 @@ void infer_split(InferContext& ctx) {
     Dims out = in;
     out[static_cast<size_t>(axis)] = sizes[o];
     ctx.set_output(o, dtype, out);
-    if (sv && sizes[o].known() && offset >= 0) {
+    if (sv && sizes[o].known() && offset >= 0 && sizes[o].value <= static_cast<int64_t>(sv->size()) - offset) {
       ctx.set_symbolic(o, Dims(sv->begin() + offset, sv->begin() + offset + sizes[o].value));
       offset += sizes[o].value;
     } else {

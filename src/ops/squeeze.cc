@@ -28,7 +28,7 @@ void infer_squeeze(InferContext& ctx) {
       return;
     }
     for (int64_t a : *axes) {
-      size_t i = static_cast<size_t>(normalize_axis(ctx, a, rank));
+      size_t i = dim_axis(ctx, a, rank);
       if (drop[i]) ctx.fail("axis " + std::to_string(a) + " is listed twice");
       if (in[i].known() && in[i].value != 1)
         ctx.fail("cannot squeeze axis " + std::to_string(a) + " of shape " + dims_to_string(in) + ": its size is not 1");

@@ -42,7 +42,7 @@ void infer_depth_space(InferContext& ctx) {
   const Dims& in = ctx.shape(0);
   if (in.size() != 4) ctx.fail("the input must be 4-D (NCHW), is " + dims_to_string(in));
   int64_t b = ctx.node.attrs.require_int("blocksize");
-  if (b <= 0) ctx.fail("blocksize must be positive");
+  if (b <= 0 || b > (1 << 20)) ctx.fail("blocksize must be positive (and sane)");
   if (ctx.node.op == "DepthToSpace") {
     std::string mode = ctx.node.attrs.get_string("mode", "DCR");
     if (mode != "DCR" && mode != "CRD") ctx.fail("mode must be DCR or CRD, is '" + mode + "'");

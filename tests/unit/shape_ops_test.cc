@@ -382,3 +382,36 @@ TEST(ShapeOps, GatherElementsAndScatterElements) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST(ShapeOps, ScalarInputsHaveNoAxisToSplitConcatOrSqueeze) {
+  Tensor s = Tensor::scalar<float>(1.f);
+  EXPECT_THROW(run_one("Split", s), Error);
+  EXPECT_THROW(run_one("Concat", s, {}, attrs({{"axis", int64_t{0}}})), Error);
+  EXPECT_THROW(run_one("Squeeze", s, {Tensor::from_vector<int64_t>({1}, {0})}), Error);
+  EXPECT_THROW(run_one("TopK", s, {Tensor::from_vector<int64_t>({1}, {1})}), Error);
+}
+
+TEST(ShapeOps, TopKNonZeroCumSumTrilu) {
+  Builder b;
+  std::string x = b.input("x", DType::kFloat32, {2, 4});
+  std::vector<std::string> tk = b.node("TopK", {x, b.ints({2})}, attrs({{"axis", int64_t{1}}}), 2);
+  std::string nz = b.one("NonZero", {x});
+  ir::infer_shapes(b.g);
+  EXPECT_EQ(dims(b.type(nz)), "2x?");  // data-dependent length
+  Tensor in = Tensor::from_vector<float>({2, 4}, {3, 1, 3, 2, 0, -1, 0, 5});
+  auto out = run(b.g, {tk[0], tk[1], nz}, {{"x", in}});
+  EXPECT_EQ(values<float>(out[tk[0]]), (std::vector<float>{3, 3, 5, 0}));
+  EXPECT_EQ(values<int64_t>(out[tk[1]]), (std::vector<int64_t>{0, 2, 3, 0}));  // ties: lower index first
+  EXPECT_EQ(values<int64_t>(out[nz]), (std::vector<int64_t>{0, 0, 0, 0, 1, 1, 0, 1, 2, 3, 1, 3}));
+  Tensor c = run_one("CumSum", Tensor::from_vector<int32_t>({4}, {1, 2, 3, 4}), {Tensor::scalar<int64_t>(0)},
+                     attrs({{"exclusive", int64_t{1}}, {"reverse", int64_t{1}}}));
+  EXPECT_EQ(values<int32_t>(c), (std::vector<int32_t>{9, 7, 4, 0}));
+  Tensor t = run_one("Trilu", iota_float({2, 3}), {Tensor::scalar<int64_t>(1)}, attrs({{"upper", int64_t{0}}}));
+  EXPECT_EQ(values<float>(t), (std::vector<float>{0, 1, 0, 3, 4, 5}));
+}
+
+}  // namespace
+}  // namespace kiln
