@@ -38,6 +38,9 @@ std::optional<std::vector<Tensor>> evaluate_node(const ir::Node& node, const std
     kernel->run(inputs, outputs);
     return outputs;
   } catch (Error& e) {
+    // A kernel that turns down an attribute value or layout cannot fold the node; the node
+    // stays in the graph and the backend that runs it decides.
+    if (e.kind() == ErrorKind::kUnsupported) return std::nullopt;
     if (e.node_name().empty()) e.node(node.name, node.op);
     throw;
   }
