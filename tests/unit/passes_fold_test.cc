@@ -95,7 +95,7 @@ TEST(RemoveIdentityAndDropout, RewiresConsumersAndKeepsOutputNames) {
   b.input("x", {2, 5});
   b.node("Relu", {"x"}, "r");
   b.node("Identity", {"r"}, "r_copy");
-  b.node("Dropout", {"r_copy", b.scalar("ratio", 0.5f)}, "dropped");
+  b.node("Dropout", {"r_copy", b.scalar("ratio", 0.5f), b.constant("train", Tensor::scalar<bool>(false))}, "dropped");
   b.node("Add", {"dropped", "x"}, "sum");
   b.node("Identity", {"sum"}, "y");  // a graph output: its name must survive
   b.output("y");

@@ -142,6 +142,26 @@ TEST(FuseEpilogue, GemmActivationAndMatMulBiasGelu) {
   expect_same_outputs(before, after);
 }
 
+TEST(FuseEpilogue, GemmWithoutCTakesTheFollowingBiasAdd) {
+  GraphBuilder b;
+  b.input("x", {Dim::named("N"), 6});
+  b.node("Gemm", {"x", b.random("w", {6, 5})}, "g", {{"alpha", 0.5f}, {"beta", 3.f}});
+  b.node("Add", {"g", b.random("bias", {1, 5})}, "biased");
+  b.node("Relu", {"biased"}, "y");
+  b.output("y");
+  ir::Graph before = b.build();
+  ir::Graph after = before;
+
+  EXPECT_EQ(passes::fuse_epilogue(after), 1);
+  ASSERT_EQ(after.nodes.size(), 1u);
+  EXPECT_EQ(after.nodes[0].op, "FusedGemm");
+  ASSERT_EQ(after.nodes[0].inputs.size(), 3u);
+  EXPECT_FLOAT_EQ(after.nodes[0].attrs.get_float("beta", 0.f), 1.f);
+  EXPECT_EQ(ir::Activation::from_node(after.nodes[0]).kind, "Relu");
+  ir::infer_shapes(after);
+  expect_same_outputs(before, after, 3);
+}
+
 TEST(FuseEpilogue, BatchedMatMulBiasWithoutActivation) {
   GraphBuilder b;
   b.input("x", {Dim::named("B"), 7, 6});
