@@ -91,8 +91,11 @@ def main():
     ap.add_argument("--runs", type=int, default=30, help="timed runs per engine per round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--out", default=os.path.join(here, "results", "cpu_resnet50.json"))
+    ap.add_argument("--out", default=None, help="default bench/results/cpu_resnet50[_tN].json")
     args = ap.parse_args()
+    if args.out is None:
+        suffix = "" if args.threads == 2 else f"_t{args.threads}"
+        args.out = os.path.join(here, "results", f"cpu_resnet50{suffix}.json")
 
     if not os.path.exists(args.model):
         os.makedirs(os.path.dirname(args.model), exist_ok=True)
@@ -128,6 +131,8 @@ def main():
         "benchmark": "torchvision resnet50, random weights (seed 0), batch 1, 3x224x224 float32, opset 17",
         "command": " ".join([os.path.relpath(sys.executable)] + sys.argv),
         "threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
+        "load_average_after": os.getloadavg(),
         "machine": machine(),
         "onnxruntime": dict(o, version=ort.__version__, intra_op_num_threads=args.threads),
         "kiln_optimized": dict(k, op_counts=kiln_info["op_counts"]),

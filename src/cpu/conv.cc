@@ -172,27 +172,27 @@ class ConvKernel final : public Kernel {
       float* yj = y + y_offset(j);
       const float* zj = z ? z + y_offset(j) : nullptr;
       if (N >= 64 * threads) {
-        // Wide output: each thread takes a slice of output positions, builds its own slice
-        // of col, multiplies and finishes it.
-        const int64_t chunk = ((N + threads - 1) / threads + 15) / 16 * 16;
+        // Wide output: threads take slices of output positions; each builds its slice of col,
+        // multiplies and finishes it. Several slices per thread keep col in cache and let a
+        // thread that got ahead take more (dynamic), which matters when the cores are shared.
+        const int64_t slices = std::max<int64_t>(threads, std::min<int64_t>(4 * threads, N / 64));
+        const int64_t chunk = ((N + slices - 1) / slices + 15) / 16 * 16;
         if (!direct)
           for (int t = 0; t < threads; ++t) grow(scratch_[static_cast<size_t>(t)], K * chunk);
-#pragma omp parallel num_threads(threads)
-        {
-          const int t = omp_get_thread_num();
-          const int64_t n0 = std::min(N, t * chunk), n1 = std::min(N, n0 + chunk), nn = n1 - n0;
-          if (nn > 0) {
-            const float* bm = xj + n0;
-            int64_t ldb = N;
-            if (!direct) {
-              float* col = scratch_[static_cast<size_t>(t)].data();
-              im2col(xj, g, 0, K, n0, n1, col, nn);
-              bm = col;
-              ldb = nn;
-            }
-            sgemm(false, false, Mg, nn, K, 1.f, wj, K, bm, ldb, 0.f, yj + n0, N);
-            epilogue_.apply(yj + n0, N, Mg, nn, bj, nullptr, zj ? zj + n0 : nullptr, N);
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+        for (int64_t sl = 0; sl < slices; ++sl) {
+          const int64_t n0 = std::min(N, sl * chunk), n1 = std::min(N, n0 + chunk), nn = n1 - n0;
+          if (nn <= 0) continue;
+          const float* bm = xj + n0;
+          int64_t ldb = N;
+          if (!direct) {
+            float* col = scratch_[static_cast<size_t>(omp_get_thread_num())].data();
+            im2col(xj, g, 0, K, n0, n1, col, nn);
+            bm = col;
+            ldb = nn;
           }
+          sgemm(false, false, Mg, nn, K, 1.f, wj, K, bm, ldb, 0.f, yj + n0, N);
+          epilogue_.apply(yj + n0, N, Mg, nn, bj, nullptr, zj ? zj + n0 : nullptr, N);
         }
       } else {
         // Narrow output (late layers): build col together, then split the output channels.
@@ -202,16 +202,18 @@ class ConvKernel final : public Kernel {
           col = scratch_[0].data();
         }
         const float* bm = direct ? xj : col;
+        const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(4 * threads, Mg / 16));
+        const int64_t chunk = (Mg + slices - 1) / slices;
 #pragma omp parallel num_threads(threads)
         {
           if (!direct) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
             for (int64_t r = 0; r < K; ++r) im2col(xj, g, r, r + 1, 0, N, col + r * N, N);
           }
-          const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-          const int64_t chunk = (Mg + nt - 1) / nt;
-          const int64_t m0 = std::min(Mg, t * chunk), m1 = std::min(Mg, m0 + chunk);
-          if (m1 > m0) {
+#pragma omp for schedule(dynamic)
+          for (int64_t sl = 0; sl < slices; ++sl) {
+            const int64_t m0 = std::min(Mg, sl * chunk), m1 = std::min(Mg, m0 + chunk);
+            if (m1 <= m0) continue;
             sgemm(false, false, m1 - m0, N, K, 1.f, wj + m0 * K, K, bm, N, 0.f, yj + m0 * N, N);
             epilogue_.apply(yj + m0 * N, N, m1 - m0, N, bj ? bj + m0 : nullptr, nullptr, zj ? zj + m0 * N : nullptr, N);
           }
