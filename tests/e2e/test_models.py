@@ -110,7 +110,7 @@ def test_model_matches_onnxruntime(model, exporter, batch, model_cache, run_kiln
         err = export_model.relative_l2(got, want)
         if not err <= TOLERANCE:
             worst = np.unravel_index(np.argmax(np.abs(got.astype(np.float64) - want)), want.shape)
-            errors.append(f"output '{name}': relative L2 error {err:.3e} > {TOLERANCE:g}; worst at {list(worst)}: "
-                          f"kiln {got[worst]!r}, ONNX Runtime {want[worst]!r}")
+            errors.append(f"output '{name}': relative L2 error {err:.3e} > {TOLERANCE:g}; worst at "
+                          f"{[int(i) for i in worst]}: kiln {got[worst].item()}, ONNX Runtime {want[worst].item()}")
     if errors:
         pytest.fail(f"{model.name} ({exporter} export, batch {batch}): " + "; ".join(errors), pytrace=False)
