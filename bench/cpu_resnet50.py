@@ -58,8 +58,12 @@ def time_ort(path, x, threads, runs, warmup):
     return times, y
 
 
-def time_kiln(bench, path, input_bin, output_bin, threads, runs, warmup, fuse):
+def time_kiln(bench, path, input_bin, output_bin, threads, runs, warmup, fuse, passive):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if passive:
+        # OpenMP threads sleep instead of spinning between parallel regions: slower on an
+        # idle machine, far faster when other processes compete for the cores.
+        env["OMP_WAIT_POLICY"] = "passive"
     cmd = [bench, path, "--runs", str(runs), "--warmup", str(warmup), "--input", input_bin,
            "--dump-output", output_bin]
     if not fuse:
@@ -91,10 +95,11 @@ def main():
     ap.add_argument("--runs", type=int, default=30, help="timed runs per engine per round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--omp-passive", action="store_true", help="run kiln with OMP_WAIT_POLICY=passive")
     ap.add_argument("--out", default=None, help="default bench/results/cpu_resnet50[_tN].json")
     args = ap.parse_args()
     if args.out is None:
-        suffix = "" if args.threads == 2 else f"_t{args.threads}"
+        suffix = ("" if args.threads == 2 else f"_t{args.threads}") + ("_passive" if args.omp_passive else "")
         args.out = os.path.join(here, "results", f"cpu_resnet50{suffix}.json")
 
     if not os.path.exists(args.model):
@@ -114,10 +119,10 @@ def main():
         t, y_ort = time_ort(args.model, x, args.threads, args.runs, args.warmup)
         ort_times += t
         kiln_info, y_kiln = time_kiln(args.kiln_bench, args.model, input_bin, output_bin, args.threads,
-                                      args.runs, args.warmup, fuse=True)
+                                      args.runs, args.warmup, fuse=True, passive=args.omp_passive)
         kiln_times += kiln_info["times_ms"]
         unfused, y_unfused = time_kiln(args.kiln_bench, args.model, input_bin, output_bin, args.threads,
-                                       args.runs, args.warmup, fuse=False)
+                                       args.runs, args.warmup, fuse=False, passive=args.omp_passive)
         kiln_unfused_times += unfused["times_ms"]
 
     def diff(y):
@@ -131,7 +136,7 @@ def main():
         "benchmark": "torchvision resnet50, random weights (seed 0), batch 1, 3x224x224 float32, opset 17",
         "command": " ".join([os.path.relpath(sys.executable)] + sys.argv),
         "threads": args.threads,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
+        "kiln_omp_wait_policy": "passive" if args.omp_passive else os.environ.get("OMP_WAIT_POLICY", "(default)"),
         "load_average_after": os.getloadavg(),
         "machine": machine(),
         "onnxruntime": dict(o, version=ort.__version__, intra_op_num_threads=args.threads),
