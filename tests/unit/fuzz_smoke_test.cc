@@ -359,6 +359,11 @@ struct Findings {
   }
 };
 
+uint32_t env_or(const char* name, uint32_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? static_cast<uint32_t>(std::strtoul(v, nullptr, 10)) : fallback;
+}
+
 TEST(FuzzSmoke, MutatedModelsFailOnlyWithKilnErrors) {
   CrashReporter reporter;
   std::vector<std::string> seeds, names = {"seed cnn", "seed shape chain", "seed elementwise"};
@@ -370,8 +375,9 @@ TEST(FuzzSmoke, MutatedModelsFailOnlyWithKilnErrors) {
     protos.push_back(m);
     seeds.push_back(std::move(s));
   }
-  std::mt19937 rng(20240601);
-  const int kIterations = 10000;
+  // Fixed by default so CI is reproducible; KILN_FUZZ_SMOKE_SEED / _ITERATIONS explore further.
+  std::mt19937 rng(env_or("KILN_FUZZ_SMOKE_SEED", 20240601));
+  const int kIterations = static_cast<int>(env_or("KILN_FUZZ_SMOKE_ITERATIONS", 10000));
   Findings f;
   int ran = 0;
   for (int i = 0; i < kIterations; ++i) {
