@@ -1,10 +1,12 @@
 // CPU kernels of Conv, kiln::FusedConv and ConvTranspose (float32; 1-D, 2-D and 3-D).
 //
-// Conv runs as a GEMM per image and group: Y_g[M/G x OHW] = W_g[M/G x K] @ col[K x OHW], with
-// K = C/G * kernel size. A 1x1 stride-1 unpadded conv needs no im2col (X is already col);
-// others build col with im2col. Depthwise convs (one input channel per group) run a direct
-// loop instead: their GEMMs would be 1 x k x OHW, too thin for BLAS. The epilogue (bias,
-// residual, activation) runs on each thread's slice right after its GEMM, while it is hot.
+// Conv runs as a GEMM per image and group on kiln's own packed sgemm (cpu/sgemm.h):
+// Y_g[M/G x OHW] = W_g[M/G x K] @ col[K x OHW], with K = C/G * kernel size. W_g is packed once
+// when the kernel is created (when W is a constant); col is never built as a whole: the GEMM
+// packs its panels straight from X (im2col while packing), or from X itself for a 1x1 stride-1
+// unpadded conv. The epilogue (bias, residual, activation) is applied on each output tile
+// while it is in registers / L1. Depthwise convs (one input channel per group) run a direct
+// loop instead: their GEMMs would be 1 x k x OHW, too thin for a GEMM.
 //
 // Every conv runs as a 3-D one: 1-D and 2-D inputs get leading spatial dims of size 1.
 #include <omp.h>
@@ -15,6 +17,7 @@
 
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/sgemm.h"
 #include "ops/conv_geometry.h"
 
 namespace kiln::cpu {
@@ -53,53 +56,6 @@ Geo3 make_geo3(const ir::Node& node, const std::vector<int64_t>& x, const std::v
   return r;
 }
 
-// Writes rows [row0, row1) and columns [col0, col1) of the im2col matrix of one image's
-// channel group `x` ([C/G, D, H, W]) into dst (row stride ld). Row r is (c, kd, kh, kw);
-// column p is the output position (od, oh, ow); padding reads as zero.
-void im2col(const float* x, const Geo3& g, int64_t row0, int64_t row1, int64_t col0, int64_t col1, float* dst,
-            int64_t ld) {
-  const int64_t OH = g.out[1], OW = g.out[2];
-  const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
-  const int64_t kk = g.kernel_size();
-  for (int64_t r = row0; r < row1; ++r) {
-    const int64_t c = r / kk, kr = r % kk;
-    const int64_t kd = kr / (g.k[1] * g.k[2]), kh = (kr / g.k[2]) % g.k[1], kw = kr % g.k[2];
-    float* drow = dst + (r - row0) * ld;
-    int64_t p = col0;
-    int64_t od = p / (OH * OW), oh = (p / OW) % OH, ow = p % OW;
-    while (p < col1) {
-      const int64_t seg = std::min(col1 - p, OW - ow);
-      float* out = drow + (p - col0);
-      const int64_t id = od * g.s[0] - g.p[0] + kd * g.d[0];
-      const int64_t ih = oh * g.s[1] - g.p[1] + kh * g.d[1];
-      if (id < 0 || id >= D || ih < 0 || ih >= H) {
-        std::memset(out, 0, static_cast<size_t>(seg) * sizeof(float));
-      } else {
-        const float* src = x + ((c * D + id) * H + ih) * W;
-        const int64_t iw0 = ow * g.s[2] - g.p[2] + kw * g.d[2];
-        if (g.s[2] == 1) {
-          // Contiguous: zeros left of the image, a copy, zeros right of it.
-          int64_t lo = std::clamp<int64_t>(-iw0, 0, seg), hi = std::clamp<int64_t>(W - iw0, lo, seg);
-          if (lo) std::memset(out, 0, static_cast<size_t>(lo) * sizeof(float));
-          if (hi > lo) std::memcpy(out + lo, src + iw0 + lo, static_cast<size_t>(hi - lo) * sizeof(float));
-          if (seg > hi) std::memset(out + hi, 0, static_cast<size_t>(seg - hi) * sizeof(float));
-        } else {
-          for (int64_t j = 0; j < seg; ++j) {
-            const int64_t iw = iw0 + j * g.s[2];
-            out[j] = (iw >= 0 && iw < W) ? src[iw] : 0.f;
-          }
-        }
-      }
-      p += seg;
-      ow = 0;
-      if (++oh == OH) {
-        oh = 0;
-        ++od;
-      }
-    }
-  }
-}
-
 // The range [lo, hi) of output positions o (0 <= o < out) whose input o * s + off is in
 // [0, in).
 inline void valid_range(int64_t off, int64_t s, int64_t in, int64_t out, int64_t& lo, int64_t& hi) {
@@ -111,9 +67,16 @@ inline void valid_range(int64_t off, int64_t s, int64_t in, int64_t out, int64_t
 
 class ConvKernel final : public Kernel {
  public:
-  ConvKernel(const ir::Node& node, bool fused)
-      : node_(node), fused_(fused), epilogue_(fused ? ir::Activation::from_node(node) : ir::Activation{}) {
-    use_single_threaded_blas();
+  ConvKernel(const KernelInit& init, bool fused)
+      : node_(init.node), fused_(fused), epilogue_(fused ? ir::Activation::from_node(init.node) : ir::Activation{}) {
+    // Constant weights are packed once, here, for every group.
+    const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
+    const int64_t group = init.node.attrs.get_int("group", 1);
+    if (w && w->dtype() == DType::kFloat32 && w->rank() >= 3 && group >= 1 && w->dim(0) > 0 &&
+        w->dim(0) % group == 0 && !(w->dim(1) == 1 && group > 1)) {
+      pack_weights(w->data<float>(), w->dim(0), w->numel() / w->dim(0), group);
+      const_weights_ = true;
+    }
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
@@ -136,95 +99,54 @@ class ConvKernel final : public Kernel {
     const int64_t K = Cg * g.kernel_size(), Nin = g.in_size(), N = g.out_size();
     const bool direct = g.kernel_size() == 1 && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && g.p[0] == 0 &&
                         g.p[1] == 0 && g.p[2] == 0;
+    if (!const_weights_) pack_weights(w, M, K, G);
     const int threads = max_threads();
     const int64_t jobs = g.batch * G;
-    if (scratch_.size() < static_cast<size_t>(threads)) scratch_.resize(static_cast<size_t>(threads));
 
-    // The pieces of one (image, group) problem.
-    auto x_of = [&](int64_t j) { return x + ((j / G) * C + (j % G) * Cg) * Nin; };
-    auto y_offset = [&](int64_t j) { return ((j / G) * M + (j % G) * Mg) * N; };
-    auto w_of = [&](int64_t j) { return w + (j % G) * Mg * K; };
-    auto bias_of = [&](int64_t j) { return bias ? bias + (j % G) * Mg : nullptr; };
-
-    if (threads == 1 || jobs >= threads) {
-      // Enough independent problems: one per thread at a time.
-      if (!direct)
-        for (int t = 0; t < threads; ++t) grow(scratch_[static_cast<size_t>(t)], K * N);
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
-      for (int64_t j = 0; j < jobs; ++j) {
-        float* col = scratch_[static_cast<size_t>(omp_get_thread_num())].data();
-        const float* bm = x_of(j);
-        if (!direct) {
-          im2col(x_of(j), g, 0, K, 0, N, col, N);
-          bm = col;
-        }
-        float* yj = y + y_offset(j);
-        sgemm(false, false, Mg, N, K, 1.f, w_of(j), K, bm, N, 0.f, yj, N);
-        epilogue_.apply(yj, N, Mg, N, bias_of(j), nullptr, z ? z + y_offset(j) : nullptr, N);
-      }
-      return;
+    Im2col geo;
+    for (int i = 0; i < 3; ++i) {
+      geo.in[i] = g.in[i];
+      geo.out[i] = g.out[i];
+      geo.k[i] = g.k[i];
+      geo.s[i] = g.s[i];
+      geo.d[i] = g.d[i];
+      geo.p[i] = g.p[i];
     }
-
-    for (int64_t j = 0; j < jobs; ++j) {
-      const float* xj = x_of(j);
-      const float* wj = w_of(j);
-      const float* bj = bias_of(j);
-      float* yj = y + y_offset(j);
-      const float* zj = z ? z + y_offset(j) : nullptr;
-      if (N >= 64 * threads) {
-        // Wide output: threads take slices of output positions; each builds its slice of col,
-        // multiplies and finishes it. Several slices per thread keep col in cache and let a
-        // thread that got ahead take more (dynamic), which matters when the cores are shared.
-        const int64_t slices = std::max<int64_t>(threads, std::min<int64_t>(4 * threads, N / 64));
-        const int64_t chunk = ((N + slices - 1) / slices + 15) / 16 * 16;
-        if (!direct)
-          for (int t = 0; t < threads; ++t) grow(scratch_[static_cast<size_t>(t)], K * chunk);
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
-        for (int64_t sl = 0; sl < slices; ++sl) {
-          const int64_t n0 = std::min(N, sl * chunk), n1 = std::min(N, n0 + chunk), nn = n1 - n0;
-          if (nn <= 0) continue;
-          const float* bm = xj + n0;
-          int64_t ldb = N;
-          if (!direct) {
-            float* col = scratch_[static_cast<size_t>(omp_get_thread_num())].data();
-            im2col(xj, g, 0, K, n0, n1, col, nn);
-            bm = col;
-            ldb = nn;
-          }
-          sgemm(false, false, Mg, nn, K, 1.f, wj, K, bm, ldb, 0.f, yj + n0, N);
-          epilogue_.apply(yj + n0, N, Mg, nn, bj, nullptr, zj ? zj + n0 : nullptr, N);
-        }
+    // One (image, group) problem on `nthreads` threads.
+    auto run_job = [&](int64_t j, int nthreads) {
+      const float* xj = x + ((j / G) * C + (j % G) * Cg) * Nin;
+      const int64_t y_off = ((j / G) * M + (j % G) * Mg) * N;
+      Im2col im = geo;
+      im.x = xj;
+      SgemmB b;
+      if (direct) {
+        b.data = xj;
+        b.ld = N;
       } else {
-        // Narrow output (late layers): build col together, then split the output channels.
-        float* col = nullptr;
-        if (!direct) {
-          grow(scratch_[0], K * N);
-          col = scratch_[0].data();
-        }
-        const float* bm = direct ? xj : col;
-        const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(4 * threads, Mg / 16));
-        const int64_t chunk = (Mg + slices - 1) / slices;
-#pragma omp parallel num_threads(threads)
-        {
-          if (!direct) {
-#pragma omp for schedule(dynamic, 16)
-            for (int64_t r = 0; r < K; ++r) im2col(xj, g, r, r + 1, 0, N, col + r * N, N);
-          }
-#pragma omp for schedule(dynamic)
-          for (int64_t sl = 0; sl < slices; ++sl) {
-            const int64_t m0 = std::min(Mg, sl * chunk), m1 = std::min(Mg, m0 + chunk);
-            if (m1 <= m0) continue;
-            sgemm(false, false, m1 - m0, N, K, 1.f, wj + m0 * K, K, bm, N, 0.f, yj + m0 * N, N);
-            epilogue_.apply(yj + m0 * N, N, m1 - m0, N, bj ? bj + m0 : nullptr, nullptr, zj ? zj + m0 * N : nullptr, N);
-          }
-        }
+        b.conv = &im;
       }
+      SgemmEpilogue ep;
+      ep.row_bias = bias ? bias + (j % G) * Mg : nullptr;
+      ep.residual = z ? z + y_off : nullptr;
+      ep.ld_residual = N;
+      ep.act = &epilogue_;
+      packed_sgemm(packed_[static_cast<size_t>(j % G)], N, b, y + y_off, N, ep, nthreads);
+    };
+    if (threads > 1 && jobs >= threads) {
+      // Enough independent problems: one per thread at a time.
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+      for (int64_t j = 0; j < jobs; ++j) run_job(j, 1);
+    } else {
+      for (int64_t j = 0; j < jobs; ++j) run_job(j, threads);
     }
   }
 
  private:
-  static void grow(std::vector<float>& v, int64_t n) {
-    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  // W [M, K] (K = C/G * kernel size) into one PackedA per group.
+  void pack_weights(const float* w, int64_t m, int64_t k, int64_t group) {
+    const int64_t mg = m / group;
+    packed_.resize(static_cast<size_t>(group));
+    for (int64_t gi = 0; gi < group; ++gi) packed_[static_cast<size_t>(gi)].pack(w + gi * mg * k, mg, k, k);
   }
 
   // One input channel per group: a direct loop per output channel, row by row.
@@ -273,7 +195,8 @@ class ConvKernel final : public Kernel {
   const ir::Node& node_;
   bool fused_;
   Epilogue epilogue_;
-  std::vector<std::vector<float>> scratch_;  // per-thread im2col buffers, kept between runs
+  std::vector<PackedA> packed_;  // W per group, MR-row panels
+  bool const_weights_ = false;   // packed_ holds the constant W (else it is packed per run)
 };
 
 // ConvTranspose as GEMM + col2im: col[M/G * k x HWin] = W_g^T @ X_g, then every column entry
@@ -359,7 +282,7 @@ KILN_REGISTER_CPU_KERNELS(conv) {
     e.check = check_conv;
     e.dtypes = "float32";
     e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> {
-      return std::make_unique<ConvKernel>(init.node, init.node.op == "FusedConv");
+      return std::make_unique<ConvKernel>(init, init.node.op == "FusedConv");
     };
     registry.add(std::move(e));
   }

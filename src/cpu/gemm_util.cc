@@ -96,6 +96,17 @@ Epilogue::Epilogue(ir::Activation act) : act_(std::move(act)) {
   else kind_ = Kind::kOther;
 }
 
+int Epilogue::clamp_mode(float& lo, float& hi) const {
+  lo = act_.alpha;
+  hi = act_.beta;
+  switch (kind_) {
+    case Kind::kNone: return 0;
+    case Kind::kRelu: return 1;
+    case Kind::kClip: return 2;
+    default: return -1;
+  }
+}
+
 void Epilogue::apply(float* y, int64_t ld, int64_t rows, int64_t cols, const float* row_bias, const float* col_bias,
                      const float* residual, int64_t ld_residual) const {
   for (int64_t r = 0; r < rows; ++r) {

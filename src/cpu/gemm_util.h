@@ -36,6 +36,9 @@ class Epilogue {
   Epilogue() = default;
   explicit Epilogue(ir::Activation act);
   bool is_identity() const { return kind_ == Kind::kNone; }
+  // How a vector kernel can apply the activation itself: 0 none, 1 Relu (x > 0 ? x : 0),
+  // 2 Clip to [lo, hi]; -1 for the others, which apply() runs afterwards.
+  int clamp_mode(float& lo, float& hi) const;
   void apply(float* y, int64_t ld, int64_t rows, int64_t cols, const float* row_bias, const float* col_bias,
              const float* residual, int64_t ld_residual) const;
 

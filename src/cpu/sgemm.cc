@@ -1,0 +1,466 @@
+#include "cpu/sgemm.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <new>
+
+namespace kiln::cpu {
+
+namespace {
+
+// One micro-tile: C[mr x nr] (+)= A panel [kc x MR] @ B panel [kc x NR], where mr <= MR and
+// nr <= NR are the rows and columns that exist in C (the panels are zero-padded past them).
+struct Tile {
+  int64_t kc = 0;
+  const float* a = nullptr;
+  const float* b = nullptr;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  int mr = 0, nr = 0;
+  bool first = false;           // start from bias (or 0), not from C: the first K block
+  const float* bias = nullptr;  // the tile's rows' bias, or null
+  bool last = false;            // the last K block: add the residual and clamp
+  const float* z = nullptr;     // the tile's residual, or null
+  int64_t ldz = 0;
+  int clamp = 0;  // 0 none, 1 Relu, 2 Clip to [lo, hi] (Epilogue::clamp_mode)
+  float lo = 0.f, hi = 0.f;
+};
+
+using TileFn = void (*)(const Tile&);
+
+// Relu and Clip with the NaN behaviour of Epilogue::apply: Relu maps NaN to 0, Clip keeps it.
+inline float clamp_scalar(float v, int mode, float lo, float hi) {
+  if (mode == 1) return v > 0.f ? v : 0.f;
+  if (mode == 2) return std::min(std::max(v, lo), hi);
+  return v;
+}
+
+// The portable kernel (and the reference the vector ones are tested against).
+template <int MR, int NR>
+void tile_plain(const Tile& t) {
+  float acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      if (t.first) acc[i][j] = t.bias && i < t.mr ? t.bias[i] : 0.f;
+      else acc[i][j] = i < t.mr && j < t.nr ? t.c[i * t.ldc + j] : 0.f;
+    }
+  const float* a = t.a;
+  const float* b = t.b;
+  for (int64_t k = 0; k < t.kc; ++k, a += MR, b += NR)
+    for (int i = 0; i < MR; ++i) {
+      const float ai = a[i];
+      for (int j = 0; j < NR; ++j) acc[i][j] += ai * b[j];
+    }
+  for (int i = 0; i < t.mr; ++i)
+    for (int j = 0; j < t.nr; ++j) {
+      float v = acc[i][j];
+      if (t.last) {
+        if (t.z) v += t.z[i * t.ldz + j];
+        v = clamp_scalar(v, t.clamp, t.lo, t.hi);
+      }
+      t.c[i * t.ldc + j] = v;
+    }
+}
+
+// 6 x 16: twelve ymm accumulators, two B loads and six broadcasts per k.
+__attribute__((target("avx2,fma"))) void tile_avx2(const Tile& t) {
+  constexpr int MR = 6;
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(t.nr), lane);
+  const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(t.nr - 8), lane);
+  __m256 c0[MR], c1[MR];
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    if (t.first) {
+      c0[i] = c1[i] = _mm256_set1_ps(t.bias && i < t.mr ? t.bias[i] : 0.f);
+    } else if (i < t.mr) {
+      c0[i] = _mm256_maskload_ps(t.c + i * t.ldc, m0);
+      c1[i] = _mm256_maskload_ps(t.c + i * t.ldc + 8, m1);
+    } else {
+      c0[i] = c1[i] = _mm256_setzero_ps();
+    }
+  }
+  const float* a = t.a;
+  const float* b = t.b;
+  for (int64_t k = 0; k < t.kc; ++k, a += MR, b += 16) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(a + i);
+      c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+      c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+    }
+  }
+  const __m256 zero = _mm256_setzero_ps(), lo = _mm256_set1_ps(t.lo), hi = _mm256_set1_ps(t.hi);
+#pragma GCC unroll 6
+  for (int i = 0; i < MR; ++i) {
+    if (i >= t.mr) break;
+    __m256 v0 = c0[i], v1 = c1[i];
+    if (t.last) {
+      if (t.z) {
+        v0 = _mm256_add_ps(v0, _mm256_maskload_ps(t.z + i * t.ldz, m0));
+        v1 = _mm256_add_ps(v1, _mm256_maskload_ps(t.z + i * t.ldz + 8, m1));
+      }
+      if (t.clamp == 1) {  // max(v, 0) returns 0 for NaN, like Epilogue's Relu
+        v0 = _mm256_max_ps(v0, zero);
+        v1 = _mm256_max_ps(v1, zero);
+      } else if (t.clamp == 2) {  // (bound, v) order keeps NaN, like std::min/std::max
+        v0 = _mm256_min_ps(hi, _mm256_max_ps(lo, v0));
+        v1 = _mm256_min_ps(hi, _mm256_max_ps(lo, v1));
+      }
+    }
+    _mm256_maskstore_ps(t.c + i * t.ldc, m0, v0);
+    _mm256_maskstore_ps(t.c + i * t.ldc + 8, m1, v1);
+  }
+}
+
+// 8 x 32: sixteen zmm accumulators, two B loads and eight broadcasts per k. Column edges use
+// AVX-512 masks, so edge tiles need no staging.
+__attribute__((target("avx512f,fma"))) void tile_avx512(const Tile& t) {
+  constexpr int MR = 8;
+  const unsigned nr = static_cast<unsigned>(t.nr);
+  const __mmask16 m0 = nr >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << nr) - 1);
+  const __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : static_cast<__mmask16>((1u << (nr - 16)) - 1);
+  __m512 c0[MR], c1[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    if (t.first) {
+      c0[i] = c1[i] = _mm512_set1_ps(t.bias && i < t.mr ? t.bias[i] : 0.f);
+    } else if (i < t.mr) {
+      c0[i] = _mm512_maskz_loadu_ps(m0, t.c + i * t.ldc);
+      c1[i] = _mm512_maskz_loadu_ps(m1, t.c + i * t.ldc + 16);
+    } else {
+      c0[i] = c1[i] = _mm512_setzero_ps();
+    }
+  }
+  const float* a = t.a;
+  const float* b = t.b;
+  for (int64_t k = 0; k < t.kc; ++k, a += MR, b += 32) {
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[i]);
+      c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
+      c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
+    }
+  }
+  const __m512 zero = _mm512_setzero_ps(), lo = _mm512_set1_ps(t.lo), hi = _mm512_set1_ps(t.hi);
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    if (i >= t.mr) break;
+    __m512 v0 = c0[i], v1 = c1[i];
+    if (t.last) {
+      if (t.z) {
+        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, t.z + i * t.ldz));
+        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, t.z + i * t.ldz + 16));
+      }
+      if (t.clamp == 1) {
+        v0 = _mm512_max_ps(v0, zero);
+        v1 = _mm512_max_ps(v1, zero);
+      } else if (t.clamp == 2) {
+        v0 = _mm512_min_ps(hi, _mm512_max_ps(lo, v0));
+        v1 = _mm512_min_ps(hi, _mm512_max_ps(lo, v1));
+      }
+    }
+    _mm512_mask_storeu_ps(t.c + i * t.ldc, m0, v0);
+    _mm512_mask_storeu_ps(t.c + i * t.ldc + 16, m1, v1);
+  }
+}
+
+struct MicroKernel {
+  int mr, nr;
+  TileFn fn;
+};
+
+MicroKernel micro_kernel(SgemmIsa isa) {
+  switch (isa) {
+    case SgemmIsa::kAvx512: return {8, 32, tile_avx512};
+    case SgemmIsa::kAvx2: return {6, 16, tile_avx2};
+    case SgemmIsa::kPlain: break;
+  }
+  return {4, 16, tile_plain<4, 16>};
+}
+
+std::atomic<int> forced_isa{-1};
+
+// Packs rows [k0, k1) and columns [n0, n1) of B into NR-column panels: row r of panel q goes
+// to dst + q * panel_stride + (r - k0) * nr. Columns past n1 in the last panel are zeroed.
+void pack_b(const SgemmB& b, int nr, int64_t k0, int64_t k1, int64_t n0, int64_t n1, float* dst,
+            int64_t panel_stride) {
+  const int64_t width = n1 - n0, full = width / nr, tail = width % nr;
+  if (!b.conv) {
+    for (int64_t r = k0; r < k1; ++r) {
+      const float* src = b.data + r * b.ld + n0;
+      float* d = dst + (r - k0) * nr;
+      for (int64_t q = 0; q < full; ++q, src += nr, d += panel_stride)
+        std::memcpy(d, src, static_cast<size_t>(nr) * sizeof(float));
+      if (tail) {
+        std::memcpy(d, src, static_cast<size_t>(tail) * sizeof(float));
+        std::memset(d + tail, 0, static_cast<size_t>(nr - tail) * sizeof(float));
+      }
+    }
+    return;
+  }
+  const Im2col& g = *b.conv;
+  const int64_t OH = g.out[1], OW = g.out[2];
+  const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
+  const int64_t kk = g.k[0] * g.k[1] * g.k[2], sw = g.s[2];
+  const int64_t od0 = n0 / (OH * OW), oh0 = (n0 / OW) % OH, ow0 = n0 % OW;
+  // (c, kd, kh, kw) of row k0, stepped along with r (no divisions per row).
+  int64_t c = k0 / kk, kd = (k0 % kk) / (g.k[1] * g.k[2]), kh = (k0 / g.k[2]) % g.k[1], kw = k0 % g.k[2];
+  for (int64_t r = k0; r < k1; ++r) {
+    const float* xc = g.x + c * D * H * W;
+    float* drow = dst + (r - k0) * nr;
+    const int64_t off_d = kd * g.d[0] - g.p[0], off_h = kh * g.d[1] - g.p[1], off_w = kw * g.d[2] - g.p[2];
+    int64_t od = od0, oh = oh0, ow = ow0;
+    int64_t j = 0, q = 0, jj = 0;  // column within [n0, n1); its panel and place in it
+    while (j < width) {
+      // A run of columns in one output row and one panel: one input row, consecutive taps.
+      const int64_t seg = std::min({width - j, OW - ow, nr - jj});
+      float* out = drow + q * panel_stride + jj;
+      const int64_t id = od * g.s[0] + off_d, ih = oh * g.s[1] + off_h;
+      if (id < 0 || id >= D || ih < 0 || ih >= H) {
+        for (int64_t e = 0; e < seg; ++e) out[e] = 0.f;
+      } else {
+        const float* src = xc + (id * H + ih) * W;
+        const int64_t iw0 = ow * sw + off_w;
+        // Taps e in [lo, hi) fall inside the row: zeros left of it, the taps, zeros right.
+        const int64_t lo = std::min<int64_t>(seg, iw0 >= 0 ? 0 : (-iw0 + sw - 1) / sw);
+        const int64_t hi = std::clamp<int64_t>(W - 1 - iw0 < 0 ? 0 : (W - 1 - iw0) / sw + 1, lo, seg);
+        for (int64_t e = 0; e < lo; ++e) out[e] = 0.f;
+        if (sw == 1) {
+          const float* s1 = src + iw0;
+          for (int64_t e = lo; e < hi; ++e) out[e] = s1[e];
+        } else if (sw == 2) {
+          const float* s2 = src + iw0;
+          for (int64_t e = lo; e < hi; ++e) out[e] = s2[2 * e];
+        } else {
+          for (int64_t e = lo; e < hi; ++e) out[e] = src[iw0 + e * sw];
+        }
+        for (int64_t e = hi; e < seg; ++e) out[e] = 0.f;
+      }
+      j += seg;
+      jj += seg;
+      if (jj == nr) {
+        jj = 0;
+        ++q;
+      }
+      ow += seg;
+      if (ow == OW) {
+        ow = 0;
+        if (++oh == OH) {
+          oh = 0;
+          ++od;
+        }
+      }
+    }
+    if (tail) std::memset(drow + full * panel_stride + tail, 0, static_cast<size_t>(nr - tail) * sizeof(float));
+    if (++kw == g.k[2]) {
+      kw = 0;
+      if (++kh == g.k[1]) {
+        kh = 0;
+        if (++kd == g.k[0]) {
+          kd = 0;
+          ++c;
+        }
+      }
+    }
+  }
+}
+
+// Everything one product needs, shared by its threads.
+struct Problem {
+  const PackedA& a;
+  MicroKernel mk;
+  int64_t n;
+  float* c;
+  int64_t ldc;
+  const SgemmEpilogue& ep;
+  int clamp;
+  float lo, hi;
+  bool act_after;  // an activation the micro-kernel does not apply
+};
+
+// Multiplies rows [m0, m1) (m0 a multiple of MR) of A's K block [k0, k0 + kc) with packed B
+// panels covering columns [n0, n1); panel q at b + q * panel_stride.
+void compute_block(const Problem& p, const float* b, int64_t panel_stride, int64_t k0, int64_t kc, int64_t n0,
+                   int64_t n1, int64_t m0, int64_t m1, bool first, bool last) {
+  const int mr = p.mk.mr, nr = p.mk.nr;
+  Tile t;
+  t.kc = kc;
+  t.ldc = p.ldc;
+  t.first = first;
+  t.last = last;
+  t.ldz = p.ep.ld_residual;
+  t.clamp = p.clamp;
+  t.lo = p.lo;
+  t.hi = p.hi;
+  for (int64_t j = n0, q = 0; j < n1; j += nr, ++q) {
+    t.b = b + q * panel_stride;
+    t.nr = static_cast<int>(std::min<int64_t>(nr, n1 - j));
+    for (int64_t i = m0; i < m1; i += mr) {
+      t.mr = static_cast<int>(std::min<int64_t>(mr, m1 - i));
+      t.a = p.a.panel(i / mr) + k0 * mr;
+      t.c = p.c + i * p.ldc + j;
+      t.bias = p.ep.row_bias ? p.ep.row_bias + i : nullptr;
+      t.z = p.ep.residual ? p.ep.residual + i * p.ep.ld_residual + j : nullptr;
+      p.mk.fn(t);
+      if (last && p.act_after) p.ep.act->apply(t.c, p.ldc, t.mr, t.nr, nullptr, nullptr, nullptr, 0);
+    }
+  }
+}
+
+// Per-thread packing buffers, kept between calls (OpenMP threads live as long as the process).
+AlignedFloats& thread_buffer() {
+  thread_local AlignedFloats buf;
+  return buf;
+}
+
+// K blocks of at most about 320 rows, so a B micro-panel (kc x NR) stays in L1 while it meets
+// every A panel.
+constexpr int64_t kMaxKc = 320;
+// Columns per task when wide outputs are split: a KC x 512 B block (about 640 KB) stays in L2.
+constexpr int64_t kMaxNc = 512;
+
+}  // namespace
+
+const char* sgemm_isa_name(SgemmIsa isa) {
+  switch (isa) {
+    case SgemmIsa::kAvx512: return "avx512";
+    case SgemmIsa::kAvx2: return "avx2";
+    case SgemmIsa::kPlain: break;
+  }
+  return "plain";
+}
+
+SgemmIsa sgemm_best_isa() {
+  static const SgemmIsa best = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) return SgemmIsa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return SgemmIsa::kAvx2;
+    return SgemmIsa::kPlain;
+  }();
+  return best;
+}
+
+SgemmIsa sgemm_isa() {
+  const int f = forced_isa.load();
+  const SgemmIsa best = sgemm_best_isa();
+  if (f < 0) return best;
+  return static_cast<SgemmIsa>(std::min(f, static_cast<int>(best)));
+}
+
+void sgemm_force_isa(SgemmIsa isa) { forced_isa = static_cast<int>(isa); }
+void sgemm_reset_isa() { forced_isa = -1; }
+
+float* AlignedFloats::reserve(int64_t n) {
+  if (n > size_) {
+    // Round up to whole cache lines; aligned_alloc wants a multiple of the alignment.
+    const size_t bytes = (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64;
+    float* p = static_cast<float*>(std::aligned_alloc(64, bytes));
+    if (!p) throw std::bad_alloc();
+    p_.reset(p);
+    size_ = n;
+  }
+  return p_.get();
+}
+
+void PackedA::pack(const float* a, int64_t m, int64_t k, int64_t lda) {
+  isa_ = sgemm_isa();
+  mr_ = micro_kernel(isa_).mr;
+  m_ = m;
+  k_ = k;
+  const int64_t panels = (m + mr_ - 1) / mr_;
+  float* d = buf_.reserve(std::max<int64_t>(1, panels * k * mr_));
+  for (int64_t pi = 0; pi < panels; ++pi)
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int i = 0; i < mr_; ++i) {
+        const int64_t row = pi * mr_ + i;
+        *d++ = row < m ? a[row * lda + kk] : 0.f;
+      }
+}
+
+void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_t ldc, const SgemmEpilogue& ep,
+                  int threads) {
+  const int64_t M = a.rows(), K = a.depth();
+  if (M <= 0 || n <= 0) return;
+  const Epilogue none;
+  const Epilogue& act = ep.act ? *ep.act : none;
+  if (K == 0) {  // an empty sum: the epilogue alone
+    for (int64_t i = 0; i < M; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.f);
+    act.apply(c, ldc, M, n, ep.row_bias, nullptr, ep.residual, ep.ld_residual);
+    return;
+  }
+  // The micro-kernel applies Relu/Clip itself; other activations run on each finished tile.
+  SgemmEpilogue ep_local = ep;
+  ep_local.act = &act;
+  Problem pr{a, micro_kernel(a.isa()), n, c, ldc, ep_local, 0, 0.f, 0.f, false};
+  pr.clamp = act.clamp_mode(pr.lo, pr.hi);
+  if (pr.clamp < 0) {
+    pr.clamp = 0;
+    pr.act_after = true;
+  }
+
+  const int mr = pr.mk.mr, nr = pr.mk.nr;
+  const int64_t kblocks = (K + kMaxKc - 1) / kMaxKc, kc_max = (K + kblocks - 1) / kblocks;
+  const int64_t panels = (n + nr - 1) / nr;
+  if (M * n * K < (int64_t{1} << 17)) threads = 1;  // not worth waking threads
+  threads = std::max(1, threads);
+
+  if (threads == 1 || panels >= 4 * threads) {
+    // Wide: tasks are column chunks; each packs its own B, K block by K block, and runs every
+    // row of A against it. Several chunks per thread let a thread that got ahead take more.
+    const int64_t max_chunk = std::max<int64_t>(1, kMaxNc / nr);
+    int64_t tasks = (panels + max_chunk - 1) / max_chunk;
+    if (threads > 1) tasks = std::max(tasks, std::min<int64_t>(panels, 4 * threads));
+    const int64_t chunk = (panels + tasks - 1) / tasks;
+    tasks = (panels + chunk - 1) / chunk;
+    auto task = [&](int64_t ti) {
+      const int64_t n0 = ti * chunk * nr, n1 = std::min(n, n0 + chunk * nr);
+      float* buf = thread_buffer().reserve(kc_max * chunk * nr);
+      for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+        const int64_t kc = std::min(kc_max, K - k0);
+        pack_b(b, nr, k0, k0 + kc, n0, n1, buf, kc * nr);
+        compute_block(pr, buf, kc * nr, k0, kc, n0, n1, 0, M, k0 == 0, k0 + kc == K);
+      }
+    };
+    if (threads == 1 || tasks == 1) {
+      for (int64_t ti = 0; ti < tasks; ++ti) task(ti);
+    } else {
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+      for (int64_t ti = 0; ti < tasks; ++ti) task(ti);
+    }
+    return;
+  }
+
+  // Narrow: pack all of B once, the threads sharing the rows, then split the rows of A.
+  float* buf = thread_buffer().reserve(K * panels * nr);
+  const int64_t panel_stride = K * nr;
+  const int64_t m_panels = (M + mr - 1) / mr;
+  const int64_t m_chunk = std::max<int64_t>(1, (m_panels + 4 * threads - 1) / (4 * threads));
+  const int64_t m_tasks = (m_panels + m_chunk - 1) / m_chunk;
+  constexpr int64_t kPackRows = 16;
+  const int64_t pack_tasks = (K + kPackRows - 1) / kPackRows;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t ti = 0; ti < pack_tasks; ++ti) {
+      const int64_t r0 = ti * kPackRows, r1 = std::min(K, r0 + kPackRows);
+      pack_b(b, nr, r0, r1, 0, n, buf + r0 * nr, panel_stride);
+    }
+#pragma omp for schedule(dynamic)
+    for (int64_t ti = 0; ti < m_tasks; ++ti) {
+      const int64_t m0 = ti * m_chunk * mr, m1 = std::min(M, m0 + m_chunk * mr);
+      for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+        const int64_t kc = std::min(kc_max, K - k0);
+        compute_block(pr, buf + k0 * nr, panel_stride, k0, kc, 0, n, m0, m1, k0 == 0, k0 + kc == K);
+      }
+    }
+  }
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,109 @@
+// kiln's own float32 GEMM for convolution: C[M x N] = epilogue(A[M x K] @ B[K x N]).
+//
+// BLIS-style. A (the weights) is packed once, when the kernel is created, into panels of MR
+// rows stored K-major, so the micro-kernel reads MR consecutive floats per k. B (the input side)
+// is packed on every call into panels of NR columns, KC rows at a time, straight from the
+// input: either a row-major matrix (a 1x1 stride-1 conv reads X itself) or the im2col matrix of
+// a convolution, built while packing so there is no separate im2col pass over memory. A
+// register-blocked micro-kernel computes MR x NR tiles with FMAs; on the last K block it adds
+// the residual and applies Relu/Clip in registers before storing, and any other activation
+// runs on the tile right after, while it is in L1.
+//
+// Micro-kernels: AVX-512 (8 x 32, two zmm per row), AVX2 (6 x 16) and plain C++ (4 x 16),
+// picked at run time from what the CPU supports (the AVX-512 one is compiled with a function
+// target attribute, so the library still runs on CPUs without it). A PackedA remembers the
+// kernel it was packed for, since the panel height depends on it.
+//
+// Threads: wide outputs are split by column chunks, each thread packing its own B; narrow ones
+// (the 7x7 and 14x14 late ResNet layers) pack B once, together, and split the rows of A.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+
+#include "cpu/gemm_util.h"
+
+namespace kiln::cpu {
+
+enum class SgemmIsa { kPlain = 0, kAvx2 = 1, kAvx512 = 2 };
+
+const char* sgemm_isa_name(SgemmIsa isa);
+// The best kernel this CPU runs.
+SgemmIsa sgemm_best_isa();
+// The kernel that new PackedA objects use: the best one unless a test forced another.
+SgemmIsa sgemm_isa();
+// Test hook: use `isa` (or the best the CPU has, if that is lower) for packs made from now
+// on. sgemm_reset_isa() undoes it.
+void sgemm_force_isa(SgemmIsa isa);
+void sgemm_reset_isa();
+
+// A float buffer aligned to 64 bytes (one cache line, one zmm) that only grows.
+class AlignedFloats {
+ public:
+  float* data() const { return p_.get(); }
+  int64_t size() const { return size_; }
+  // Makes room for n floats; the contents are not kept.
+  float* reserve(int64_t n);
+
+ private:
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  std::unique_ptr<float[], Free> p_;
+  int64_t size_ = 0;
+};
+
+// A [M x K] (row-major, leading dimension lda) in MR-row panels: panel i holds rows
+// [i*MR, i*MR + MR) as K groups of MR floats; rows past M are zero.
+class PackedA {
+ public:
+  PackedA() = default;
+  PackedA(const float* a, int64_t m, int64_t k, int64_t lda) { pack(a, m, k, lda); }
+  void pack(const float* a, int64_t m, int64_t k, int64_t lda);
+
+  bool empty() const { return m_ == 0 && k_ == 0; }
+  int64_t rows() const { return m_; }
+  int64_t depth() const { return k_; }
+  SgemmIsa isa() const { return isa_; }
+  int mr() const { return mr_; }
+  const float* panel(int64_t i) const { return buf_.data() + i * k_ * mr_; }
+
+ private:
+  int64_t m_ = 0, k_ = 0;
+  SgemmIsa isa_ = SgemmIsa::kPlain;
+  int mr_ = 1;
+  AlignedFloats buf_;
+};
+
+// The im2col matrix of one image and channel group of a convolution, as B: row r is
+// (c, kd, kh, kw), column p the output position (od, oh, ow); taps in the padding read 0.
+// 1-D and 2-D convolutions use leading sizes of 1.
+struct Im2col {
+  const float* x = nullptr;  // [C, D, H, W]
+  int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1};
+  int64_t s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, p[3] = {0, 0, 0};
+};
+
+// B [K x N]: a row-major matrix (data, ld), or the im2col matrix of `conv` when set.
+struct SgemmB {
+  const float* data = nullptr;
+  int64_t ld = 0;
+  const Im2col* conv = nullptr;
+};
+
+// What happens to C after the product: C = act(A @ B + row_bias[r] + residual[r, c]).
+// Every pointer may be null.
+struct SgemmEpilogue {
+  const float* row_bias = nullptr;  // [M]
+  const float* residual = nullptr;  // [M x N], leading dimension ld_residual
+  int64_t ld_residual = 0;
+  const Epilogue* act = nullptr;
+};
+
+// C[M x N] (leading dimension ldc) = epilogue(A @ B), M and K from `a`. Runs on up to
+// `threads` OpenMP threads; with threads > 1 it must be called outside a parallel region.
+void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_t ldc, const SgemmEpilogue& ep,
+                  int threads);
+
+}  // namespace kiln::cpu
