@@ -97,6 +97,8 @@ class Tensor {
 
   // The same storage seen with another shape of equal element count.
   Tensor reshaped(std::vector<int64_t> shape) const;
+  // The same storage seen as another dtype of the same element size (bool as uint8, ...).
+  Tensor bitcast(DType dtype) const;
   Tensor clone() const;
   // Element i converted to double / int64 (any numeric dtype); for small tensors and tests.
   double value_as_double(int64_t i) const;

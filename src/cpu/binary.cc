@@ -210,13 +210,23 @@ RunFn logic_kernel(const std::string& op) {
   return [](auto& in, auto& out) { binary_loop<B, B, B>(*in[0], *in[1], out[0], [](B a, B b) { return B(!a != !b); }); };
 }
 
+// double -> integer without undefined behaviour: NaN gives 0, out-of-range values saturate
+// (an integer base with a fractional or negative exponent can produce either).
+template <class X>
+X saturate_to(double v) {
+  if (std::isnan(v)) return X(0);
+  if (v <= static_cast<double>(std::numeric_limits<X>::lowest())) return std::numeric_limits<X>::lowest();
+  if (v >= static_cast<double>(std::numeric_limits<X>::max())) return std::numeric_limits<X>::max();
+  return static_cast<X>(v);
+}
+
 // Pow: the base's type decides the result; the exponent may have another numeric type.
 template <class X, class Y>
 void pow_loop(const Tensor& x, const Tensor& y, Tensor& z) {
   if constexpr (std::is_floating_point_v<X>)
     binary_loop<X, Y, X>(x, y, z, [](X a, Y b) { return static_cast<X>(std::pow(a, static_cast<X>(b))); });
   else
-    binary_loop<X, Y, X>(x, y, z, [](X a, Y b) { return static_cast<X>(std::pow(static_cast<double>(a), static_cast<double>(b))); });
+    binary_loop<X, Y, X>(x, y, z, [](X a, Y b) { return saturate_to<X>(std::pow(static_cast<double>(a), static_cast<double>(b))); });
 }
 
 template <class T>

@@ -148,7 +148,12 @@ std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>
         continue;
       }
       if (!t.shape || !ir::all_known(*t.shape))
-        throw node.error(ErrorKind::kInternal, "output " + std::to_string(o) + " has no concrete shape at run time");
+        // Every input is concrete here, so a schema that still cannot give a shape was handed
+        // shape-carrying inputs (pads, sizes, splits...) of the wrong type or with invalid values.
+        throw node.error(ErrorKind::kInvalidModel,
+                         "cannot determine the shape of output '" + node.outputs[o] +
+                             "' from the actual inputs (a shape, size, pads or split input has the wrong "
+                             "type or invalid values)");
       outputs.emplace_back(t.dtype, ir::known_values(*t.shape));
     }
     std::vector<const Tensor*> in_ptrs(values.begin(), values.end());

@@ -40,7 +40,9 @@ inline void normalize_row(const float* x, float* y, int64_t n, int64_t stride, N
       acc += kind == Norm::kL1 ? std::fabs(v) : v * v;
     }
     float norm = kind == Norm::kL1 ? acc : std::sqrt(acc);
-    for (int64_t i = 0; i < n; ++i) y[i * stride] = x[i * stride] / norm;
+    // A zero vector stays zero (ONNX Runtime and the ONNX reference give 0, not 0/0 = NaN).
+    const float inv = norm > 0.f ? 1.f / norm : 0.f;
+    for (int64_t i = 0; i < n; ++i) y[i * stride] = x[i * stride] * inv;
     return;
   }
   // Subtracting the max keeps exp() finite.

@@ -183,6 +183,8 @@ bool dispatch(DType d, Fn&& fn) {
 
 std::string check_types(const KernelInit& init) {
   if (dispatch(init.dtype(0), [](auto) {})) return "";
+  // bool max/min are any/all: the uint8 kernel on the same bytes (0 or 1) computes them.
+  if (init.dtype(0) == DType::kBool && (init.node.op == "ReduceMax" || init.node.op == "ReduceMin")) return "";
   return "input type " + to_string(init.dtype(0)) + " is not supported (supported: float32, float64, int32, int64, int8, uint8)";
 }
 
@@ -194,11 +196,21 @@ KILN_REGISTER_CPU_KERNELS(reduce) {
     KernelEntry e;
     e.op = op;
     e.check = check_types;
-    e.dtypes = "float32, float64, int32, int64, int8, uint8";
+    e.dtypes = "float32, float64, int32, int64, int8, uint8 (bool: ReduceMax, ReduceMin)";
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       Red kind = red_of(node->op);
       RunFn fn;
+      if (init.dtype(0) == DType::kBool) {
+        fn = [node, kind](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+          Tensor x = in[0]->bitcast(DType::kUInt8);
+          Tensor y = out[0].bitcast(DType::kUInt8);
+          std::vector<const Tensor*> inputs = in;
+          inputs[0] = &x;
+          reduce<uint8_t>(*node, inputs, y, kind);
+        };
+        return make_kernel(std::move(fn));
+      }
       dispatch(init.dtype(0), [&](auto tag) {
         fn = [node, kind](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
           reduce<decltype(tag)>(*node, in, out[0], kind);

@@ -39,7 +39,10 @@ KILN_REGISTER_CPU_KERNELS(transpose) {
         } else if (to_space) {
           view = {n, b, b, c / (b * b), h, w};
           perm = {0, 3, 4, 1, 5, 2};
-        } else {
+        } else if (crd) {  // SpaceToDepth CRD (opset 28): channel c*b*b + i*b + j
+          view = {n, c, h / b, b, w / b, b};
+          perm = {0, 1, 3, 5, 2, 4};
+        } else {  // SpaceToDepth DCR: channel (i*b + j)*c + c0
           view = {n, c, h / b, b, w / b, b};
           perm = {0, 3, 5, 1, 2, 4};
         }

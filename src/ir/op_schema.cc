@@ -159,6 +159,21 @@ void merge_declared(const Node& node, const std::string& value_name, TensorType&
     if (!d.known() && (decl.known() || (!d.symbolic() && decl.symbolic()))) d = decl;
   }
 }
+// A value's symbolic elements from inference, completed by what an earlier step learned
+// about the same value (passes::probe_symbolic_values finds elements that go through
+// arithmetic inference cannot follow, such as N*12 or torch's expand(-1) Where pattern).
+std::optional<Dims> merge_symbolic(std::optional<Dims> inferred, const std::optional<Dims>& earlier) {
+  if (!earlier) return inferred;
+  if (!inferred) return earlier;
+  if (inferred->size() != earlier->size()) return inferred;
+  for (size_t i = 0; i < inferred->size(); ++i) {
+    Dim& d = (*inferred)[i];
+    const Dim& e = (*earlier)[i];
+    if (!d.known() && (e.known() || (!d.symbolic() && e.symbolic()))) d = e;
+  }
+  return inferred;
+}
+
 }  // namespace
 
 void infer_shapes(Graph& graph) {
@@ -191,7 +206,7 @@ void infer_shapes(Graph& graph) {
       Value v;
       v.name = node.outputs[o];
       v.type = std::move(t);
-      v.symbolic_value = ctx.output_symbolic[o];
+      v.symbolic_value = merge_symbolic(ctx.output_symbolic[o], existing ? existing->symbolic_value : std::nullopt);
       if (existing && existing->constant) v.constant = existing->constant;
       graph.set_value(std::move(v));
     }

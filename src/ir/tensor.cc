@@ -122,6 +122,14 @@ Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
   return t;
 }
 
+Tensor Tensor::bitcast(DType dtype) const {
+  if (element_size(dtype) != element_size(dtype_) || element_size(dtype) == 0)
+    throw Error(ErrorKind::kInvalidArgument, "cannot view " + to_string(dtype_) + " as " + to_string(dtype));
+  Tensor t = *this;
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::clone() const {
   if (!defined()) return Tensor();
   Tensor t(dtype_, shape_);

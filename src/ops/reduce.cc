@@ -37,7 +37,9 @@ namespace {
 
 void infer_reduce(InferContext& ctx) {
   const TensorType& x = ctx.type(0);
-  if (!is_float(x.dtype) && !is_integer(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not numeric");
+  const bool bool_ok = x.dtype == DType::kBool && (ctx.node.op == "ReduceMax" || ctx.node.op == "ReduceMin");
+  if (!is_float(x.dtype) && !is_integer(x.dtype) && !bool_ok)
+    ctx.fail("input type " + to_string(x.dtype) + " is not numeric");
   const bool keepdims = ctx.node.attrs.get_int("keepdims", 1) != 0;
   std::optional<std::vector<int64_t>> axes;
   if (ctx.has_input(1)) {
@@ -74,7 +76,9 @@ void infer_reduce(InferContext& ctx) {
 
 void infer_arg(InferContext& ctx) {
   const TensorType& x = ctx.type(0);
-  if (!is_float(x.dtype) && !is_integer(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not numeric");
+  const bool bool_ok = x.dtype == DType::kBool && (ctx.node.op == "ReduceMax" || ctx.node.op == "ReduceMin");
+  if (!is_float(x.dtype) && !is_integer(x.dtype) && !bool_ok)
+    ctx.fail("input type " + to_string(x.dtype) + " is not numeric");
   if (!x.shape) {
     ctx.set_output(0, DType::kInt64, std::nullopt);
     return;

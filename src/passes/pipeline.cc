@@ -16,6 +16,8 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
     int changes = 0;
     changes += remove_identity_and_dropout(graph);
     if (options.fold_constants) changes += fold_constants(graph, evaluate);
+    // Once folding has done what it can, learn what symbolic arithmetic missed.
+    if (options.fold_constants && round == 0) changes += probe_symbolic_values(graph, evaluate);
     changes += simplify_shape_chains(graph);
     changes += eliminate_dead_code(graph);
     ir::infer_shapes(graph);

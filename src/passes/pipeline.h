@@ -47,6 +47,11 @@ int fuse_epilogue(ir::Graph& graph);
 // but whose symbolic value is known a constant shape input instead, so the chain dies.
 int simplify_shape_chains(ir::Graph& graph);
 
+// Learns the elements of small computed integer tensors (shape arithmetic that symbolic
+// inference cannot follow) by folding the shape subgraphs at two bindings of the symbolic
+// input dims, and stores them as symbolic values.
+int probe_symbolic_values(ir::Graph& graph, const NodeEvaluator& evaluate);
+
 struct PassOptions {
   bool fold_constants = true;
   bool fuse = true;  // BatchNorm folding and Conv/Gemm epilogue fusion

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 
+#include "cpu/evaluate.h"
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
 #include "passes/pipeline.h"
@@ -72,17 +73,35 @@ std::map<std::string, std::string> bind_dims(ir::Graph& g, const InspectOptions&
       if (!value.constant && std::find(g.inputs.begin(), g.inputs.end(), name) == g.inputs.end()) {
         ir::Value& v = g.value(name);
         if (v.type.shape && !ir::all_known(*v.type.shape)) v.type.shape.reset();
+        v.symbolic_value.reset();  // it may name the symbols just bound
       }
     ir::infer_shapes(g);
   }
   return declared;
 }
 
+// Some shape arithmetic (torch's expand: Where(Equal(shape, -1), ...)) goes through negative
+// numbers that symbolic inference does not track. With every dim bound, computing the shape
+// subgraphs on a copy gives the concrete types; the graph shown stays as it is.
+void fill_shapes_by_folding(ir::Graph& g) {
+  ir::Graph folded = g;
+  passes::fold_constants(folded, cpu::evaluate_node);
+  ir::infer_shapes(folded);
+  for (const auto& [name, v] : folded.values()) {
+    ir::Value* shown = g.find_value(name);
+    if (!shown || !v.type.shape || !ir::all_known(*v.type.shape)) continue;
+    if (!shown->type.shape || !ir::all_known(*shown->type.shape)) shown->type = v.type;
+  }
+}
+
 int inspect(const InspectOptions& o) {
   ir::Graph g = onnx_import::import_file(o.model);
+  // Optimize while the dims are still symbolic (the graph a dynamic engine runs), then bind
+  // them only to make the shapes and FLOPs shown concrete.
+  if (o.optimize) passes::optimize(g);
   std::vector<std::string> defaulted;
   std::map<std::string, std::string> declared = bind_dims(g, o, defaulted);
-  if (o.optimize) passes::optimize(g);
+  fill_shapes_by_folding(g);
   int64_t total_flops = 0;
   nlohmann::json layers = nlohmann::json::array();
   for (const ir::Node& n : g.nodes) {
