@@ -48,6 +48,17 @@ std::map<std::string, std::vector<int64_t>> probe(const ir::Graph& graph, const 
     v.type.shape.reset();
     v.symbolic_value.reset();
   }
+  // Folding drops values nothing reads any more (a folded Reshape's shape): an Identity per
+  // candidate into an extra graph output keeps each one alive (graph outputs are not folded).
+  for (const std::string& name : candidates) {
+    ir::Node keep;
+    keep.op = "Identity";
+    keep.name = g.unique_name(name + "_probe_keep");
+    keep.inputs = {name};
+    keep.outputs = {g.unique_name(name + "_probe_out")};
+    g.outputs.push_back(keep.outputs[0]);
+    g.nodes.push_back(std::move(keep));
+  }
   ir::infer_shapes(g);
   for (int round = 0; round < 8; ++round) {
     if (fold_constants(g, evaluate) == 0) break;
