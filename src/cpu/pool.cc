@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "cpu/kernel.h"
 #include "ops/pool.h"
@@ -105,6 +106,54 @@ void max_pool(const Window3& w, const T* x, T* y, int64_t* indices, bool column_
   }
 }
 
+// MaxPool of float32 over 1-D/2-D windows without Indices (ResNet's stem): per output row, the
+// max over the window's rows of every input column (a loop that vectorizes), then the max
+// over the window's columns of that. Same result as max_pool, NaN included: both start from
+// the window's first tap and only let a greater value replace it.
+void max_pool_2d_float(const Window3& w, const float* x, float* y) {
+  const int64_t H = w.in[1], W = w.in[2], OH = w.out[1], OW = w.out[2];
+  std::vector<Taps> tw(static_cast<size_t>(OW));
+  for (int64_t ow = 0; ow < OW; ++ow) tw[static_cast<size_t>(ow)] = taps(w, 2, ow);
+  const float lowest = std::numeric_limits<float>::lowest();
+#pragma omp parallel if (w.nc * OH * OW > 4096)
+  {
+    std::vector<float> rowmax(static_cast<size_t>(W));
+    float* rm = rowmax.data();
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < w.nc; ++c) {
+      const float* xc = x + c * H * W;
+      float* yc = y + c * OH * OW;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        const Taps th = taps(w, 1, oh);
+        float* yrow = yc + oh * OW;
+        if (th.k1 <= th.k0) {  // the window lies in the padding
+          std::fill(yrow, yrow + OW, lowest);
+          continue;
+        }
+        const float* r0 = xc + (th.start + th.k0 * w.d[1]) * W;
+        std::copy(r0, r0 + W, rm);
+        for (int64_t kh = th.k0 + 1; kh < th.k1; ++kh) {
+          const float* r = xc + (th.start + kh * w.d[1]) * W;
+          for (int64_t i = 0; i < W; ++i) rm[i] = r[i] > rm[i] ? r[i] : rm[i];
+        }
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          const Taps& t = tw[static_cast<size_t>(ow)];
+          if (t.k1 <= t.k0) {
+            yrow[ow] = lowest;
+            continue;
+          }
+          float best = rm[t.start + t.k0 * w.d[2]];
+          for (int64_t kw = t.k0 + 1; kw < t.k1; ++kw) {
+            const float v = rm[t.start + kw * w.d[2]];
+            best = v > best ? v : best;
+          }
+          yrow[ow] = best;
+        }
+      }
+    }
+  }
+}
+
 // AveragePool and LpPool.
 void sum_pool(const Window3& w, const float* x, float* y, PoolKind kind, bool count_include_pad, float p_norm) {
   const int64_t in_size = w.in_size(), out_size = w.out_size();
@@ -192,7 +241,12 @@ KILN_REGISTER_CPU_KERNELS(pool) {
         switch (in[0]->dtype()) {
           case DType::kInt8: max_pool(w, in[0]->data<int8_t>(), out[0].data<int8_t>(), indices, column_major); break;
           case DType::kUInt8: max_pool(w, in[0]->data<uint8_t>(), out[0].data<uint8_t>(), indices, column_major); break;
-          default: max_pool(w, in[0]->data<float>(), out[0].data<float>(), indices, column_major); break;
+          default:
+            if (!indices && w.in[0] == 1 && w.out[0] == 1 && w.k[0] == 1)
+              max_pool_2d_float(w, in[0]->data<float>(), out[0].data<float>());
+            else
+              max_pool(w, in[0]->data<float>(), out[0].data<float>(), indices, column_major);
+            break;
         }
       });
     };

@@ -187,25 +187,47 @@ MicroKernel micro_kernel(SgemmIsa isa) {
 
 std::atomic<int> forced_isa{-1};
 
-// Packs rows [k0, k1) and columns [n0, n1) of B into NR-column panels: row r of panel q goes
-// to dst + q * panel_stride + (r - k0) * nr. Columns past n1 in the last panel are zeroed.
-void pack_b(const SgemmB& b, int nr, int64_t k0, int64_t k1, int64_t n0, int64_t n1, float* dst,
-            int64_t panel_stride) {
-  const int64_t width = n1 - n0, full = width / nr, tail = width % nr;
-  if (!b.conv) {
-    for (int64_t r = k0; r < k1; ++r) {
-      const float* src = b.data + r * b.ld + n0;
-      float* d = dst + (r - k0) * nr;
-      for (int64_t q = 0; q < full; ++q, src += nr, d += panel_stride)
-        std::memcpy(d, src, static_cast<size_t>(nr) * sizeof(float));
-      if (tail) {
-        std::memcpy(d, src, static_cast<size_t>(tail) * sizeof(float));
-        std::memset(d + tail, 0, static_cast<size_t>(nr - tail) * sizeof(float));
-      }
+// One run of im2col columns that read one input row: out[e] = src[e * sw] for e in [lo, hi)
+// (the taps inside the row), 0 for the rest of [0, seg).
+struct CopyTapsScalar {
+  static inline void run(float* out, const float* src, int64_t sw, int64_t lo, int64_t hi, int64_t seg) {
+    for (int64_t e = 0; e < lo; ++e) out[e] = 0.f;
+    if (sw == 1) {
+      for (int64_t e = lo; e < hi; ++e) out[e] = src[e];
+    } else if (sw == 2) {
+      for (int64_t e = lo; e < hi; ++e) out[e] = src[2 * e];
+    } else {
+      for (int64_t e = lo; e < hi; ++e) out[e] = src[e * sw];
     }
-    return;
+    for (int64_t e = hi; e < seg; ++e) out[e] = 0.f;
   }
-  const Im2col& g = *b.conv;
+};
+
+// The same with AVX-512 masks for stride 1: a masked load of the taps (masked-off lanes read
+// nothing, so src may point before the row) and a masked store of the run, 16 at a time.
+struct CopyTapsAvx512 {
+  __attribute__((target("avx512f"))) static inline void run(float* out, const float* src, int64_t sw,
+                                                                            int64_t lo, int64_t hi, int64_t seg) {
+    if (sw != 1) {
+      CopyTapsScalar::run(out, src, sw, lo, hi, seg);
+      return;
+    }
+    for (int64_t e0 = 0; e0 < seg; e0 += 16) {
+      const int64_t n = std::min<int64_t>(16, seg - e0);
+      const int64_t vlo = std::clamp<int64_t>(lo - e0, 0, 16), vhi = std::clamp<int64_t>(hi - e0, vlo, 16);
+      const __mmask16 store = static_cast<__mmask16>((1u << n) - 1);
+      const __mmask16 load = static_cast<__mmask16>(((1u << vhi) - 1) & ~((1u << vlo) - 1));
+      const __m512 v = _mm512_maskz_loadu_ps(load, src + e0);
+      _mm512_mask_storeu_ps(out + e0, store, v);
+    }
+  }
+};
+
+// Packs rows [k0, k1) and columns [n0, n1) of an im2col B (see pack_b).
+template <class CopyTaps>
+__attribute__((always_inline)) inline void pack_im2col(const Im2col& g, int nr, int64_t k0, int64_t k1, int64_t n0,
+                                                       int64_t n1, float* dst, int64_t panel_stride) {
+  const int64_t width = n1 - n0, full = width / nr, tail = width % nr;
   const int64_t OH = g.out[1], OW = g.out[2];
   const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
   const int64_t kk = g.k[0] * g.k[1] * g.k[2], sw = g.s[2];
@@ -226,22 +248,17 @@ void pack_b(const SgemmB& b, int nr, int64_t k0, int64_t k1, int64_t n0, int64_t
       if (id < 0 || id >= D || ih < 0 || ih >= H) {
         for (int64_t e = 0; e < seg; ++e) out[e] = 0.f;
       } else {
-        const float* src = xc + (id * H + ih) * W;
         const int64_t iw0 = ow * sw + off_w;
-        // Taps e in [lo, hi) fall inside the row: zeros left of it, the taps, zeros right.
-        const int64_t lo = std::min<int64_t>(seg, iw0 >= 0 ? 0 : (-iw0 + sw - 1) / sw);
-        const int64_t hi = std::clamp<int64_t>(W - 1 - iw0 < 0 ? 0 : (W - 1 - iw0) / sw + 1, lo, seg);
-        for (int64_t e = 0; e < lo; ++e) out[e] = 0.f;
+        // Taps e in [lo, hi) fall inside the row.
+        int64_t lo, hi;
         if (sw == 1) {
-          const float* s1 = src + iw0;
-          for (int64_t e = lo; e < hi; ++e) out[e] = s1[e];
-        } else if (sw == 2) {
-          const float* s2 = src + iw0;
-          for (int64_t e = lo; e < hi; ++e) out[e] = s2[2 * e];
+          lo = std::clamp<int64_t>(-iw0, 0, seg);
+          hi = std::clamp<int64_t>(W - iw0, lo, seg);
         } else {
-          for (int64_t e = lo; e < hi; ++e) out[e] = src[iw0 + e * sw];
+          lo = std::min<int64_t>(seg, iw0 >= 0 ? 0 : (-iw0 + sw - 1) / sw);
+          hi = std::clamp<int64_t>(W - 1 - iw0 < 0 ? 0 : (W - 1 - iw0) / sw + 1, lo, seg);
         }
-        for (int64_t e = hi; e < seg; ++e) out[e] = 0.f;
+        CopyTaps::run(out, xc + (id * H + ih) * W + iw0, sw, lo, hi, seg);
       }
       j += seg;
       jj += seg;
@@ -270,6 +287,56 @@ void pack_b(const SgemmB& b, int nr, int64_t k0, int64_t k1, int64_t n0, int64_t
       }
     }
   }
+}
+
+void pack_im2col_scalar(const Im2col& g, int nr, int64_t k0, int64_t k1, int64_t n0, int64_t n1, float* dst,
+                        int64_t panel_stride) {
+  pack_im2col<CopyTapsScalar>(g, nr, k0, k1, n0, n1, dst, panel_stride);
+}
+
+__attribute__((target("avx512f"))) void pack_im2col_avx512(const Im2col& g, int nr, int64_t k0, int64_t k1,
+                                                          int64_t n0, int64_t n1, float* dst, int64_t panel_stride) {
+  pack_im2col<CopyTapsAvx512>(g, nr, k0, k1, n0, n1, dst, panel_stride);
+}
+
+// Row-major B: whole panels are fixed-size copies the compiler turns into vector moves.
+template <int NR>
+void pack_rows_fixed(const float* data, int64_t ld, int64_t k0, int64_t k1, int64_t n0, int64_t full, float* dst,
+                     int64_t panel_stride) {
+  for (int64_t r = k0; r < k1; ++r) {
+    const float* src = data + r * ld + n0;
+    float* d = dst + (r - k0) * NR;
+    for (int64_t q = 0; q < full; ++q, src += NR, d += panel_stride) std::memcpy(d, src, NR * sizeof(float));
+  }
+}
+
+// Packs rows [k0, k1) and columns [n0, n1) of B into NR-column panels: row r of panel q goes
+// to dst + q * panel_stride + (r - k0) * nr. Columns past n1 in the last panel are zeroed.
+// `avx512`: the CPU has AVX-512 (for the im2col copies).
+void pack_b(const SgemmB& b, int nr, bool avx512, int64_t k0, int64_t k1, int64_t n0, int64_t n1, float* dst,
+            int64_t panel_stride) {
+  const int64_t width = n1 - n0, full = width / nr, tail = width % nr;
+  if (b.conv) {
+    if (avx512) pack_im2col_avx512(*b.conv, nr, k0, k1, n0, n1, dst, panel_stride);
+    else pack_im2col_scalar(*b.conv, nr, k0, k1, n0, n1, dst, panel_stride);
+    return;
+  }
+  if (nr == 32) {
+    pack_rows_fixed<32>(b.data, b.ld, k0, k1, n0, full, dst, panel_stride);
+  } else if (nr == 16) {
+    pack_rows_fixed<16>(b.data, b.ld, k0, k1, n0, full, dst, panel_stride);
+  } else {
+    for (int64_t r = k0; r < k1; ++r)
+      for (int64_t q = 0; q < full; ++q)
+        std::memcpy(dst + q * panel_stride + (r - k0) * nr, b.data + r * b.ld + n0 + q * nr,
+                    static_cast<size_t>(nr) * sizeof(float));
+  }
+  if (tail)
+    for (int64_t r = k0; r < k1; ++r) {
+      float* d = dst + full * panel_stride + (r - k0) * nr;
+      std::memcpy(d, b.data + r * b.ld + n0 + full * nr, static_cast<size_t>(tail) * sizeof(float));
+      std::memset(d + tail, 0, static_cast<size_t>(nr - tail) * sizeof(float));
+    }
 }
 
 // Everything one product needs, shared by its threads.
@@ -406,6 +473,7 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
   }
 
   const int mr = pr.mk.mr, nr = pr.mk.nr;
+  const bool avx512 = a.isa() == SgemmIsa::kAvx512;
   const int64_t kblocks = (K + kMaxKc - 1) / kMaxKc, kc_max = (K + kblocks - 1) / kblocks;
   const int64_t panels = (n + nr - 1) / nr;
   if (M * n * K < (int64_t{1} << 17)) threads = 1;  // not worth waking threads
@@ -424,7 +492,7 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
       float* buf = thread_buffer().reserve(kc_max * chunk * nr);
       for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
         const int64_t kc = std::min(kc_max, K - k0);
-        pack_b(b, nr, k0, k0 + kc, n0, n1, buf, kc * nr);
+        pack_b(b, nr, avx512, k0, k0 + kc, n0, n1, buf, kc * nr);
         compute_block(pr, buf, kc * nr, k0, kc, n0, n1, 0, M, k0 == 0, k0 + kc == K);
       }
     };
@@ -450,7 +518,7 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
 #pragma omp for schedule(static)
     for (int64_t ti = 0; ti < pack_tasks; ++ti) {
       const int64_t r0 = ti * kPackRows, r1 = std::min(K, r0 + kPackRows);
-      pack_b(b, nr, r0, r1, 0, n, buf + r0 * nr, panel_stride);
+      pack_b(b, nr, avx512, r0, r1, 0, n, buf + r0 * nr, panel_stride);
     }
 #pragma omp for schedule(dynamic)
     for (int64_t ti = 0; ti < m_tasks; ++ti) {
