@@ -64,6 +64,8 @@ class Tensor {
   Tensor() = default;
   // A zero-filled tensor.
   Tensor(DType dtype, std::vector<int64_t> shape);
+  // A tensor whose contents are unspecified, for outputs a kernel writes in full.
+  static Tensor uninitialized(DType dtype, std::vector<int64_t> shape);
 
   template <class T>
   static Tensor from_vector(std::vector<int64_t> shape, const std::vector<T>& values) {

@@ -40,6 +40,7 @@ class CpuEngine {
   std::map<std::string, int> slots_;       // value name -> slot
   std::vector<Tensor> constant_slots_;     // slot -> constant tensor (undefined otherwise)
   int num_slots_ = 0;
+  bool poison_outputs_ = false;  // KILN_POISON_OUTPUTS=1: fill fresh outputs with 0xFF bytes
 };
 
 }  // namespace kiln::cpu

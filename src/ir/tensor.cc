@@ -84,14 +84,14 @@ constexpr size_t kAlignment = 64;
 // Refuse single tensors above 64 GiB: such a size in a model file is corruption, not data.
 constexpr size_t kMaxTensorBytes = size_t{64} << 30;
 
-std::shared_ptr<unsigned char[]> allocate(size_t bytes) {
+std::shared_ptr<unsigned char[]> allocate(size_t bytes, bool zero = true) {
   if (bytes > kMaxTensorBytes)
     throw Error(ErrorKind::kInvalidArgument,
                 "tensor of " + std::to_string(bytes) + " bytes is larger than kiln allows (64 GiB)");
   size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) rounded = kAlignment;
   auto* p = static_cast<unsigned char*>(::operator new[](rounded, std::align_val_t(kAlignment)));
-  std::memset(p, 0, rounded);
+  if (zero) std::memset(p, 0, rounded);
   return std::shared_ptr<unsigned char[]>(
       p, [](unsigned char* q) { ::operator delete[](q, std::align_val_t(kAlignment)); });
 }
@@ -105,6 +105,19 @@ Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
   if (numel_ > 0 && static_cast<size_t>(numel_) > kMaxTensorBytes / esize)
     throw Error(ErrorKind::kInvalidArgument, "tensor of shape " + shape_to_string(shape_) + " is too large");
   storage_ = allocate(static_cast<size_t>(numel_) * esize);
+}
+
+Tensor Tensor::uninitialized(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.numel_ = shape_numel(t.shape_);
+  size_t esize = element_size(dtype);
+  if (esize == 0) throw Error(ErrorKind::kUnsupported, "tensors of type " + to_string(dtype) + " are not supported");
+  if (t.numel_ > 0 && static_cast<size_t>(t.numel_) > kMaxTensorBytes / esize)
+    throw Error(ErrorKind::kInvalidArgument, "tensor of shape " + shape_to_string(t.shape_) + " is too large");
+  t.storage_ = allocate(static_cast<size_t>(t.numel_) * esize, false);
+  return t;
 }
 
 void Tensor::check_type(DType expected) const {
