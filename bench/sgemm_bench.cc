@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
     for (float& v : a) v = dist(rng);
     for (float& v : b) v = dist(rng);
     PackedA pa(a.data(), s.m, s.k, s.k);
+    if (s.n <= kNarrowN) pa.add_wide_panels(a.data(), s.k);  // as Conv does
     SgemmB sb;
     sb.data = b.data();
     sb.ld = s.n;

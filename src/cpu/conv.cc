@@ -100,6 +100,10 @@ class ConvKernel final : public Kernel {
     const bool direct = g.kernel_size() == 1 && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && g.p[0] == 0 &&
                         g.p[1] == 0 && g.p[2] == 0;
     if (!const_weights_) pack_weights(w, M, K, G);
+    if (N <= kNarrowN)  // the transposed product for narrow outputs reads A in 32-row panels
+      for (int64_t gi = 0; gi < G; ++gi)
+        if (!packed_[static_cast<size_t>(gi)].has_wide_panels())
+          packed_[static_cast<size_t>(gi)].add_wide_panels(w + gi * Mg * K, K);
     const int threads = max_threads();
     const int64_t jobs = g.batch * G;
 

@@ -118,10 +118,11 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const Tile& t) {
   }
 }
 
-// 8 x 32: sixteen zmm accumulators, two B loads and eight broadcasts per k. Column edges use
-// AVX-512 masks, so edge tiles need no staging.
+// MR x 32: 2*MR zmm accumulators, two B loads and MR broadcasts per k. Column edges use
+// AVX-512 masks, so edge tiles need no staging. MR = 8 is the main kernel; MR = 7 serves the
+// transposed product of narrow outputs (see packed_sgemm).
+template <int MR>
 __attribute__((target("avx512f,fma"))) void tile_avx512(const Tile& t) {
-  constexpr int MR = 8;
   const unsigned nr = static_cast<unsigned>(t.nr);
   const __mmask16 m0 = nr >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << nr) - 1);
   const __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : static_cast<__mmask16>((1u << (nr - 16)) - 1);
@@ -178,7 +179,7 @@ struct MicroKernel {
 
 MicroKernel micro_kernel(SgemmIsa isa) {
   switch (isa) {
-    case SgemmIsa::kAvx512: return {8, 32, tile_avx512};
+    case SgemmIsa::kAvx512: return {8, 32, tile_avx512<8>};
     case SgemmIsa::kAvx2: return {6, 16, tile_avx2};
     case SgemmIsa::kPlain: break;
   }
@@ -393,6 +394,105 @@ constexpr int64_t kMaxKc = 320;
 // Columns per task when wide outputs are split: a KC x 512 B block (about 640 KB) stays in L2.
 constexpr int64_t kMaxNc = 512;
 
+// The transposed product of narrow outputs stores its C^T tiles ([nt][32]: row j holds the
+// 32 rows m0.. of column n0 + j) into C with the epilogue: bias is a vector along m, the
+// residual and C are read and written 16 rows at a time with gathers/scatters.
+__attribute__((target("avx512f"))) void store_transposed(const float* tile, int nt, int mv, float* c, int64_t ldc,
+                                                        const float* bias, const float* z, int64_t ldz, int clamp,
+                                                        float lo_v, float hi_v) {
+  const unsigned m = static_cast<unsigned>(mv);
+  const __mmask16 m0 = m >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << m) - 1);
+  const __mmask16 m1 = m >= 32 ? 0xFFFF : m <= 16 ? 0 : static_cast<__mmask16>((1u << (m - 16)) - 1);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i idx_c = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(ldc)));
+  const __m512i idx_z = _mm512_mullo_epi32(lane, _mm512_set1_epi32(static_cast<int>(ldz)));
+  const __m512 zero = _mm512_setzero_ps(), lo = _mm512_set1_ps(lo_v), hi = _mm512_set1_ps(hi_v);
+  const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : zero;
+  const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : zero;
+  for (int j = 0; j < nt; ++j) {
+    __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(tile + j * 32), b0);
+    __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(tile + j * 32 + 16), b1);
+    if (z) {
+      v0 = _mm512_add_ps(v0, _mm512_mask_i32gather_ps(zero, m0, idx_z, z + j, 4));
+      if (m1) v1 = _mm512_add_ps(v1, _mm512_mask_i32gather_ps(zero, m1, idx_z, z + 16 * ldz + j, 4));
+    }
+    if (clamp == 1) {
+      v0 = _mm512_max_ps(v0, zero);
+      v1 = _mm512_max_ps(v1, zero);
+    } else if (clamp == 2) {
+      v0 = _mm512_min_ps(hi, _mm512_max_ps(lo, v0));
+      v1 = _mm512_min_ps(hi, _mm512_max_ps(lo, v1));
+    }
+    _mm512_mask_i32scatter_ps(c + j, m0, idx_c, v0, 4);
+    if (m1) _mm512_mask_i32scatter_ps(c + 16 * ldc + j, m1, idx_c, v1, 4);
+  }
+}
+
+AlignedFloats& thread_tile_buffer() {
+  thread_local AlignedFloats buf;
+  return buf;
+}
+
+// Narrow outputs (the 7x7 and 14x14 ResNet layers) with AVX-512: C^T [N x M] = B^T @ A^T on the
+// 7 x 32 kernel. B's columns are the broadcast side, in 7-column panels, so N = 49 and
+// N = 196 fill every tile (32-column panels would compute 64 and 224 columns); A's wide
+// 32-row panels are the vector side. B is packed once by all threads, then the threads split
+// A's rows; partial sums stay in a per-task buffer of C^T tiles across K blocks.
+void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
+  constexpr int NT = 7, MV = 32;
+  constexpr int64_t kKc = 256;  // a 32 x kc A panel (32 KB) stays in L1 across B's panels
+  const PackedA& a = p.a;
+  const int64_t M = a.rows(), K = a.depth(), n = p.n;
+  const int64_t n_panels = (n + NT - 1) / NT, m_panels = (M + MV - 1) / MV;
+  const int64_t kblocks = (K + kKc - 1) / kKc, kc_max = (K + kblocks - 1) / kblocks;
+  float* bbuf = thread_buffer().reserve(K * n_panels * NT);
+  const int64_t m_chunk = std::max<int64_t>(1, (m_panels + 4 * threads - 1) / (4 * threads));
+  const int64_t tasks = (m_panels + m_chunk - 1) / m_chunk;
+  constexpr int64_t kPackRows = 16;
+  const int64_t pack_tasks = (K + kPackRows - 1) / kPackRows;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t ti = 0; ti < pack_tasks; ++ti) {
+      const int64_t r0 = ti * kPackRows, r1 = std::min(K, r0 + kPackRows);
+      pack_b(b, NT, true, r0, r1, 0, n, bbuf + r0 * NT, K * NT);
+    }
+#pragma omp for schedule(dynamic)
+    for (int64_t ti = 0; ti < tasks; ++ti) {
+      const int64_t mp0 = ti * m_chunk, mp1 = std::min(m_panels, mp0 + m_chunk);
+      float* acc = thread_tile_buffer().reserve((mp1 - mp0) * n_panels * NT * MV);
+      Tile t;
+      t.ldc = MV;
+      for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+        t.kc = std::min(kc_max, K - k0);
+        t.first = k0 == 0;
+        for (int64_t mp = mp0; mp < mp1; ++mp) {
+          t.b = a.wide_panel(mp) + k0 * MV;
+          t.nr = static_cast<int>(std::min<int64_t>(MV, M - mp * MV));
+          for (int64_t q = 0; q < n_panels; ++q) {
+            t.a = bbuf + q * K * NT + k0 * NT;
+            t.mr = static_cast<int>(std::min<int64_t>(NT, n - q * NT));
+            t.c = acc + ((mp - mp0) * n_panels + q) * NT * MV;
+            tile_avx512<NT>(t);
+          }
+        }
+      }
+      for (int64_t mp = mp0; mp < mp1; ++mp)
+        for (int64_t q = 0; q < n_panels; ++q) {
+          const int64_t m0 = mp * MV, n0 = q * NT;
+          const int nt = static_cast<int>(std::min<int64_t>(NT, n - n0));
+          const int mv = static_cast<int>(std::min<int64_t>(MV, M - m0));
+          float* cb = p.c + m0 * p.ldc + n0;
+          store_transposed(acc + ((mp - mp0) * n_panels + q) * NT * MV, nt, mv, cb, p.ldc,
+                           p.ep.row_bias ? p.ep.row_bias + m0 : nullptr,
+                           p.ep.residual ? p.ep.residual + m0 * p.ep.ld_residual + n0 : nullptr, p.ep.ld_residual,
+                           p.clamp, p.lo, p.hi);
+          if (p.act_after) p.ep.act->apply(cb, p.ldc, mv, nt, nullptr, nullptr, nullptr, 0);
+        }
+    }
+  }
+}
+
 }  // namespace
 
 const char* sgemm_isa_name(SgemmIsa isa) {
@@ -437,6 +537,7 @@ float* AlignedFloats::reserve(int64_t n) {
 }
 
 void PackedA::pack(const float* a, int64_t m, int64_t k, int64_t lda) {
+  has_wide_ = false;
   isa_ = sgemm_isa();
   mr_ = micro_kernel(isa_).mr;
   m_ = m;
@@ -449,6 +550,19 @@ void PackedA::pack(const float* a, int64_t m, int64_t k, int64_t lda) {
         const int64_t row = pi * mr_ + i;
         *d++ = row < m ? a[row * lda + kk] : 0.f;
       }
+}
+
+void PackedA::add_wide_panels(const float* a, int64_t lda) {
+  if (isa_ != SgemmIsa::kAvx512) return;
+  const int64_t panels = (m_ + 31) / 32;
+  float* d = wide_.reserve(std::max<int64_t>(1, panels * k_ * 32));
+  for (int64_t pi = 0; pi < panels; ++pi)
+    for (int64_t kk = 0; kk < k_; ++kk)
+      for (int i = 0; i < 32; ++i) {
+        const int64_t row = pi * 32 + i;
+        *d++ = row < m_ ? a[row * lda + kk] : 0.f;
+      }
+  has_wide_ = true;
 }
 
 void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_t ldc, const SgemmEpilogue& ep,
@@ -478,6 +592,14 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
   const int64_t panels = (n + nr - 1) / nr;
   if (M * n * K < (int64_t{1} << 17)) threads = 1;  // not worth waking threads
   threads = std::max(1, threads);
+
+  // Narrow outputs that 32-column panels would pad by more than a few percent.
+  const bool ld_fits = ldc < (int64_t{1} << 25) && ep.ld_residual < (int64_t{1} << 25);  // 32-bit scatter offsets
+  if (a.has_wide_panels() && a.isa() == SgemmIsa::kAvx512 && n <= kNarrowN && ld_fits &&
+      panels * 32 * 100 > ((n + 6) / 7) * 7 * 105) {
+    narrow_transposed(pr, b, threads);
+    return;
+  }
 
   if (threads == 1 || panels >= 4 * threads) {
     // Wide: tasks are column chunks; each packs its own B, K block by K block, and runs every

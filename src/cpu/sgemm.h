@@ -61,6 +61,12 @@ class PackedA {
   PackedA() = default;
   PackedA(const float* a, int64_t m, int64_t k, int64_t lda) { pack(a, m, k, lda); }
   void pack(const float* a, int64_t m, int64_t k, int64_t lda);
+  // Adds a second copy in 32-row panels for the transposed product of narrow outputs (N up
+  // to kNarrowN), which uses A as the vector side. AVX-512 packs only; packed_sgemm uses it
+  // when present. Must not run concurrently with packed_sgemm on this PackedA.
+  void add_wide_panels(const float* a, int64_t lda);
+  bool has_wide_panels() const { return has_wide_; }
+  const float* wide_panel(int64_t i) const { return wide_.data() + i * k_ * 32; }
 
   bool empty() const { return m_ == 0 && k_ == 0; }
   int64_t rows() const { return m_; }
@@ -74,7 +80,12 @@ class PackedA {
   SgemmIsa isa_ = SgemmIsa::kPlain;
   int mr_ = 1;
   AlignedFloats buf_;
+  AlignedFloats wide_;
+  bool has_wide_ = false;
 };
+
+// Outputs up to this many columns can use the transposed product (PackedA::add_wide_panels).
+constexpr int64_t kNarrowN = 256;
 
 // The im2col matrix of one image and channel group of a convolution, as B: row r is
 // (c, kd, kh, kw), column p the output position (od, oh, ow); taps in the padding read 0.

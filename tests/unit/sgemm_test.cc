@@ -87,9 +87,12 @@ TEST(Sgemm, MatchesNaiveLoopOnEveryKernel) {
   for (SgemmIsa isa : available_isas()) {
     IsaScope scope(isa);
     for (const Case& c : cases())
-      for (int threads : {1, 2}) {
+      for (int threads : {1, 2})
+        for (bool wide : {false, true}) {
+        if (wide && (isa != SgemmIsa::kAvx512 || c.n > kNarrowN)) continue;
         SCOPED_TRACE(std::string(sgemm_isa_name(isa)) + " M " + std::to_string(c.m) + " N " + std::to_string(c.n) +
-                     " K " + std::to_string(c.k) + " threads " + std::to_string(threads));
+                     " K " + std::to_string(c.k) + " threads " + std::to_string(threads) +
+                     (wide ? " (transposed narrow path)" : ""));
         std::vector<float> a = random_vector(static_cast<size_t>(c.m * c.k), seed++);
         std::vector<float> b = random_vector(static_cast<size_t>(c.k * c.n), seed++);
         // C with a wider leading dimension, so writes past N would show.
@@ -97,6 +100,8 @@ TEST(Sgemm, MatchesNaiveLoopOnEveryKernel) {
         std::vector<float> got(static_cast<size_t>(c.m * ldc), 1234.f);
         PackedA pa(a.data(), c.m, c.k, c.k);
         ASSERT_EQ(pa.isa(), isa);
+        if (wide) pa.add_wide_panels(a.data(), c.k);
+        ASSERT_EQ(pa.has_wide_panels(), wide);
         SgemmB sb;
         sb.data = b.data();
         sb.ld = c.n;
@@ -110,16 +115,18 @@ TEST(Sgemm, MatchesNaiveLoopOnEveryKernel) {
 
 TEST(Sgemm, EpilogueAddsBiasResidualAndActivation) {
   uint32_t seed = 500;
-  const std::vector<Case> shapes{{9, 33, 5}, {17, 49, 321}, {40, 700, 30}, {8, 32, 16}};
+  const std::vector<Case> shapes{{9, 33, 5}, {17, 49, 321}, {40, 700, 30}, {8, 32, 16}, {70, 196, 300}, {33, 49, 600}};
   for (SgemmIsa isa : available_isas()) {
     IsaScope scope(isa);
     for (const Case& c : shapes)
       for (const char* kind : {"", "Relu", "Clip", "LeakyRelu", "Sigmoid"})
         for (bool with_bias : {false, true})
-          for (bool with_residual : {false, true}) {
+          for (bool with_residual : {false, true})
+            for (bool wide : {false, true}) {
             SCOPED_TRACE(std::string(sgemm_isa_name(isa)) + " M " + std::to_string(c.m) + " N " +
                          std::to_string(c.n) + " K " + std::to_string(c.k) + " '" + kind + "' bias " +
-                         std::to_string(with_bias) + " residual " + std::to_string(with_residual));
+                         std::to_string(with_bias) + " residual " + std::to_string(with_residual) +
+                         (wide ? " wide" : ""));
             std::vector<float> a = random_vector(static_cast<size_t>(c.m * c.k), seed++);
             std::vector<float> b = random_vector(static_cast<size_t>(c.k * c.n), seed++);
             std::vector<float> bias = random_vector(static_cast<size_t>(c.m), seed++);
@@ -132,6 +139,7 @@ TEST(Sgemm, EpilogueAddsBiasResidualAndActivation) {
             ep.ld_residual = c.n;
             ep.act = &epilogue;
             PackedA pa(a.data(), c.m, c.k, c.k);
+            if (wide) pa.add_wide_panels(a.data(), c.k);
             SgemmB sb;
             sb.data = b.data();
             sb.ld = c.n;
@@ -215,6 +223,7 @@ TEST(Sgemm, Im2colPackingMatchesExplicitColumns) {
         std::vector<float> col = explicit_im2col(g, cc.c);
         std::vector<float> a = random_vector(static_cast<size_t>(cc.m * k), seed++);
         PackedA pa(a.data(), cc.m, k, k);
+        if (threads == 2) pa.add_wide_panels(a.data(), k);  // the transposed path where it applies
         SgemmB sb;
         sb.conv = &g;
         std::vector<float> got(static_cast<size_t>(cc.m * n));
