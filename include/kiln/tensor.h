@@ -112,6 +112,7 @@ class Tensor {
 
  private:
   void check_type(DType expected) const;
+  void allocate_storage(DType dtype, std::vector<int64_t> shape, bool zero);
 
   DType dtype_ = DType::kUndefined;
   std::vector<int64_t> shape_;

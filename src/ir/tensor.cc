@@ -97,27 +97,24 @@ std::shared_ptr<unsigned char[]> allocate(size_t bytes, bool zero = true) {
 }
 }  // namespace
 
-Tensor::Tensor(DType dtype, std::vector<int64_t> shape)
-    : dtype_(dtype), shape_(std::move(shape)), numel_(shape_numel(shape_)) {
-  if (element_size(dtype) == 0)
-    throw Error(ErrorKind::kUnsupported, "tensors of type " + to_string(dtype) + " are not supported");
-  size_t esize = element_size(dtype);
-  if (numel_ > 0 && static_cast<size_t>(numel_) > kMaxTensorBytes / esize)
-    throw Error(ErrorKind::kInvalidArgument, "tensor of shape " + shape_to_string(shape_) + " is too large");
-  storage_ = allocate(static_cast<size_t>(numel_) * esize);
-}
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape) { allocate_storage(dtype, std::move(shape), true); }
 
 Tensor Tensor::uninitialized(DType dtype, std::vector<int64_t> shape) {
   Tensor t;
-  t.dtype_ = dtype;
-  t.shape_ = std::move(shape);
-  t.numel_ = shape_numel(t.shape_);
+  t.allocate_storage(dtype, std::move(shape), false);
+  return t;
+}
+
+void Tensor::allocate_storage(DType dtype, std::vector<int64_t> shape, bool zero) {
   size_t esize = element_size(dtype);
   if (esize == 0) throw Error(ErrorKind::kUnsupported, "tensors of type " + to_string(dtype) + " are not supported");
-  if (t.numel_ > 0 && static_cast<size_t>(t.numel_) > kMaxTensorBytes / esize)
-    throw Error(ErrorKind::kInvalidArgument, "tensor of shape " + shape_to_string(t.shape_) + " is too large");
-  t.storage_ = allocate(static_cast<size_t>(t.numel_) * esize, false);
-  return t;
+  int64_t numel = shape_numel(shape);
+  if (numel > 0 && static_cast<size_t>(numel) > kMaxTensorBytes / esize)
+    throw Error(ErrorKind::kInvalidArgument, "tensor of shape " + shape_to_string(shape) + " is too large");
+  storage_ = allocate(static_cast<size_t>(numel) * esize, zero);
+  dtype_ = dtype;
+  shape_ = std::move(shape);
+  numel_ = numel;
 }
 
 void Tensor::check_type(DType expected) const {
