@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <new>
+#include <vector>
 
 namespace kiln::cpu {
 
@@ -187,6 +188,7 @@ MicroKernel micro_kernel(SgemmIsa isa) {
 }
 
 std::atomic<int> forced_isa{-1};
+std::atomic<int> narrow_policy{0};  // NarrowPolicy
 
 // One run of im2col columns that read one input row: out[e] = src[e * sw] for e in [lo, hi)
 // (the taps inside the row), 0 for the rest of [0, seg).
@@ -232,42 +234,26 @@ __attribute__((always_inline)) inline void pack_im2col(const Im2col& g, int nr, 
   const int64_t OH = g.out[1], OW = g.out[2];
   const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
   const int64_t kk = g.k[0] * g.k[1] * g.k[2], sw = g.s[2];
-  const int64_t od0 = n0 / (OH * OW), oh0 = (n0 / OW) % OH, ow0 = n0 % OW;
-  // (c, kd, kh, kw) of row k0, stepped along with r (no divisions per row).
-  int64_t c = k0 / kk, kd = (k0 % kk) / (g.k[1] * g.k[2]), kh = (k0 / g.k[2]) % g.k[1], kw = k0 % g.k[2];
-  for (int64_t r = k0; r < k1; ++r) {
-    const float* xc = g.x + c * D * H * W;
-    float* drow = dst + (r - k0) * nr;
-    const int64_t off_d = kd * g.d[0] - g.p[0], off_h = kh * g.d[1] - g.p[1], off_w = kw * g.d[2] - g.p[2];
-    int64_t od = od0, oh = oh0, ow = ow0;
+  // The runs of columns that share an output row and a panel (so read one input row with
+  // consecutive taps) are the same for every row of B: list them once.
+  struct Run {
+    int64_t dst, len, id, ih, iw;  // offset in a row of panels; input position of tap (0, 0, 0)
+  };
+  thread_local std::vector<Run> runs;
+  runs.clear();
+  {
+    int64_t od = n0 / (OH * OW), oh = (n0 / OW) % OH, ow = n0 % OW;
     int64_t j = 0, q = 0, jj = 0;  // column within [n0, n1); its panel and place in it
     while (j < width) {
-      // A run of columns in one output row and one panel: one input row, consecutive taps.
-      const int64_t seg = std::min({width - j, OW - ow, nr - jj});
-      float* out = drow + q * panel_stride + jj;
-      const int64_t id = od * g.s[0] + off_d, ih = oh * g.s[1] + off_h;
-      if (id < 0 || id >= D || ih < 0 || ih >= H) {
-        for (int64_t e = 0; e < seg; ++e) out[e] = 0.f;
-      } else {
-        const int64_t iw0 = ow * sw + off_w;
-        // Taps e in [lo, hi) fall inside the row.
-        int64_t lo, hi;
-        if (sw == 1) {
-          lo = std::clamp<int64_t>(-iw0, 0, seg);
-          hi = std::clamp<int64_t>(W - iw0, lo, seg);
-        } else {
-          lo = std::min<int64_t>(seg, iw0 >= 0 ? 0 : (-iw0 + sw - 1) / sw);
-          hi = std::clamp<int64_t>(W - 1 - iw0 < 0 ? 0 : (W - 1 - iw0) / sw + 1, lo, seg);
-        }
-        CopyTaps::run(out, xc + (id * H + ih) * W + iw0, sw, lo, hi, seg);
-      }
-      j += seg;
-      jj += seg;
+      const int64_t len = std::min({width - j, OW - ow, nr - jj});
+      runs.push_back({q * panel_stride + jj, len, od * g.s[0], oh * g.s[1], ow * sw});
+      j += len;
+      jj += len;
       if (jj == nr) {
         jj = 0;
         ++q;
       }
-      ow += seg;
+      ow += len;
       if (ow == OW) {
         ow = 0;
         if (++oh == OH) {
@@ -275,6 +261,32 @@ __attribute__((always_inline)) inline void pack_im2col(const Im2col& g, int nr, 
           ++od;
         }
       }
+    }
+  }
+  // (c, kd, kh, kw) of row k0, stepped along with r (no divisions per row).
+  int64_t c = k0 / kk, kd = (k0 % kk) / (g.k[1] * g.k[2]), kh = (k0 / g.k[2]) % g.k[1], kw = k0 % g.k[2];
+  for (int64_t r = k0; r < k1; ++r) {
+    const float* xc = g.x + c * D * H * W;
+    float* drow = dst + (r - k0) * nr;
+    const int64_t off_d = kd * g.d[0] - g.p[0], off_h = kh * g.d[1] - g.p[1], off_w = kw * g.d[2] - g.p[2];
+    for (const Run& run : runs) {
+      float* out = drow + run.dst;
+      const int64_t seg = run.len, id = run.id + off_d, ih = run.ih + off_h;
+      if (id < 0 || id >= D || ih < 0 || ih >= H) {
+        for (int64_t e = 0; e < seg; ++e) out[e] = 0.f;
+        continue;
+      }
+      const int64_t iw0 = run.iw + off_w;
+      // Taps e in [lo, hi) fall inside the row.
+      int64_t lo, hi;
+      if (sw == 1) {
+        lo = std::clamp<int64_t>(-iw0, 0, seg);
+        hi = std::clamp<int64_t>(W - iw0, lo, seg);
+      } else {
+        lo = std::min<int64_t>(seg, iw0 >= 0 ? 0 : (-iw0 + sw - 1) / sw);
+        hi = std::clamp<int64_t>(W - 1 - iw0 < 0 ? 0 : (W - 1 - iw0) / sw + 1, lo, seg);
+      }
+      CopyTaps::run(out, xc + (id * H + ih) * W + iw0, sw, lo, hi, seg);
     }
     if (tail) std::memset(drow + full * panel_stride + tail, 0, static_cast<size_t>(nr - tail) * sizeof(float));
     if (++kw == g.k[2]) {
@@ -522,6 +534,7 @@ SgemmIsa sgemm_isa() {
 }
 
 void sgemm_force_isa(SgemmIsa isa) { forced_isa = static_cast<int>(isa); }
+void sgemm_set_narrow_policy(NarrowPolicy policy) { narrow_policy = static_cast<int>(policy); }
 void sgemm_reset_isa() { forced_isa = -1; }
 
 float* AlignedFloats::reserve(int64_t n) {
@@ -595,8 +608,13 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
 
   // Narrow outputs that 32-column panels would pad by more than a few percent.
   const bool ld_fits = ldc < (int64_t{1} << 25) && ep.ld_residual < (int64_t{1} << 25);  // 32-bit scatter offsets
+  // Cost model (sgemm_bench): the 32-column path computes panels * 32 columns; the transposed
+  // one computes n rounded up to 7, plus its transposed stores (about 48/K of the work).
+  const auto policy = static_cast<NarrowPolicy>(narrow_policy.load());
+  const double normal_cost = static_cast<double>(panels * 32);
+  const double narrow_cost = static_cast<double>((n + 6) / 7 * 7) * (1.0 + 48.0 / static_cast<double>(K));
   if (a.has_wide_panels() && a.isa() == SgemmIsa::kAvx512 && n <= kNarrowN && ld_fits &&
-      panels * 32 * 100 > ((n + 6) / 7) * 7 * 105) {
+      policy != NarrowPolicy::kNever && (policy == NarrowPolicy::kAlways || narrow_cost < normal_cost)) {
     narrow_transposed(pr, b, threads);
     return;
   }

@@ -87,6 +87,11 @@ class PackedA {
 // Outputs up to this many columns can use the transposed product (PackedA::add_wide_panels).
 constexpr int64_t kNarrowN = 256;
 
+// Test/benchmark hook: when the transposed product runs, given wide panels. kAuto weighs the
+// padding it saves against its transposed stores; kAlways/kNever force the choice.
+enum class NarrowPolicy { kAuto, kAlways, kNever };
+void sgemm_set_narrow_policy(NarrowPolicy policy);
+
 // The im2col matrix of one image and channel group of a convolution, as B: row r is
 // (c, kd, kh, kw), column p the output position (od, oh, ow); taps in the padding read 0.
 // 1-D and 2-D convolutions use leading sizes of 1.

@@ -23,10 +23,17 @@ std::vector<float> random_vector(size_t n, uint32_t seed) {
   return v;
 }
 
-// Restores the default kernel choice when a test ends, pass or fail.
+// Restores the default kernel choice when a test ends, pass or fail. The transposed narrow
+// path is forced wherever a PackedA has wide panels, so those tests always reach it.
 struct IsaScope {
-  explicit IsaScope(SgemmIsa isa) { sgemm_force_isa(isa); }
-  ~IsaScope() { sgemm_reset_isa(); }
+  explicit IsaScope(SgemmIsa isa) {
+    sgemm_force_isa(isa);
+    sgemm_set_narrow_policy(NarrowPolicy::kAlways);
+  }
+  ~IsaScope() {
+    sgemm_reset_isa();
+    sgemm_set_narrow_policy(NarrowPolicy::kAuto);
+  }
 };
 
 std::vector<SgemmIsa> available_isas() {
