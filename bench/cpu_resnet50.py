@@ -74,6 +74,18 @@ def time_kiln(bench, path, input_bin, output_bin, threads, runs, warmup, fuse, p
     return result, y
 
 
+def kiln_commit(here):
+    """The checkout's commit (with "+dirty" when files differ), so figures name the code."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True, capture_output=True,
+                             text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "bench"],
+                               cwd=here, capture_output=True, text=True).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def machine():
     info = {"platform": platform.platform(), "cpus": os.cpu_count()}
     try:
@@ -113,6 +125,7 @@ def main():
 
     import onnxruntime as ort
 
+    load_before = os.getloadavg()
     ort_times, kiln_times, kiln_unfused_times = [], [], []
     kiln_info = None
     for _ in range(args.rounds):
@@ -135,6 +148,8 @@ def main():
     result = {
         "benchmark": "torchvision resnet50, random weights (seed 0), batch 1, 3x224x224 float32, opset 17",
         "command": " ".join([os.path.relpath(sys.executable)] + sys.argv),
+        "kiln_commit": kiln_commit(here),
+        "load_average_before": load_before,
         "threads": args.threads,
         "kiln_omp_wait_policy": "passive" if args.omp_passive else os.environ.get("OMP_WAIT_POLICY", "(default)"),
         "load_average_after": os.getloadavg(),

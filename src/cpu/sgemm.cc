@@ -622,13 +622,17 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
   if (threads == 1 || panels >= 4 * threads) {
     // Wide: tasks are column chunks; each packs its own B, K block by K block, and runs every
     // row of A against it. Several chunks per thread let a thread that got ahead take more.
+    // Tasks get floor or ceil of panels / tasks panels each, and their number is a multiple of
+    // the threads, so an even split stays even (25 panels on 2 threads: 16 tasks, not 7 + 6).
     const int64_t max_chunk = std::max<int64_t>(1, kMaxNc / nr);
     int64_t tasks = (panels + max_chunk - 1) / max_chunk;
-    if (threads > 1) tasks = std::max(tasks, std::min<int64_t>(panels, 4 * threads));
-    const int64_t chunk = (panels + tasks - 1) / tasks;
-    tasks = (panels + chunk - 1) / chunk;
+    if (threads > 1) {
+      tasks = std::max(tasks, std::min<int64_t>(panels, 8 * threads));
+      tasks = std::min(panels, (tasks + threads - 1) / threads * threads);
+    }
+    const int64_t chunk = (panels + tasks - 1) / tasks;  // the most panels one task gets
     auto task = [&](int64_t ti) {
-      const int64_t n0 = ti * chunk * nr, n1 = std::min(n, n0 + chunk * nr);
+      const int64_t n0 = ti * panels / tasks * nr, n1 = std::min(n, (ti + 1) * panels / tasks * nr);
       float* buf = thread_buffer().reserve(kc_max * chunk * nr);
       for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
         const int64_t kc = std::min(kc_max, K - k0);
