@@ -1,5 +1,8 @@
 #include "cpu/sgemm.h"
 
+// GCC 12's own AVX-512 intrinsics (_mm512_max_ps and friends start from an "undefined" vector)
+// trip -Wmaybe-uninitialized when inlined here; the warning is about the header, not this code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #include <omp.h>
 
@@ -440,6 +443,53 @@ __attribute__((target("avx512f"))) void store_transposed(const float* tile, int 
   }
 }
 
+// Column p's place in a row of 7-column panels, and its output row and column, for the
+// flat im2col packer below.
+struct FlatIm2colTables {
+  std::vector<int32_t> dst, oh, ow;
+};
+
+// Is the im2col B of a conv a shifted copy of each input plane? With stride 1 in a 2-D conv
+// whose output rows are as wide as its input rows, column p = oh * W + ow of row (c, kh, kw)
+// reads x[c][p + off_h * W + off_w] wherever that tap is inside the image.
+bool flat_im2col_applies(const Im2col& g, int64_t n, int64_t panel_stride) {
+  return g.in[0] == 1 && g.out[0] == 1 && g.k[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && g.out[2] == g.in[2] &&
+         (n / 7 + 1) * panel_stride < (int64_t{1} << 30);
+}
+
+// Packs rows [k0, k1) of such a B, all n columns, into 7-column panels (the narrow path's
+// layout): 16 columns at a time, a masked load of the taps inside the image and a scatter into
+// the panels.
+__attribute__((target("avx512f"))) void pack_im2col_flat7(const Im2col& g, const FlatIm2colTables& t, int64_t k0,
+                                                         int64_t k1, int64_t n, float* dst, int64_t panel_stride) {
+  const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2];
+  const int64_t kk = g.k[1] * g.k[2];
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t r = k0; r < k1; ++r) {
+    const int64_t c = r / kk, kh = (r % kk) / g.k[2], kw = r % g.k[2];
+    const int64_t off_h = kh * g.d[1] - g.p[1], off_w = kw * g.d[2] - g.p[2];
+    // Output rows and columns whose tap is inside the image.
+    const __m512i oh_lo = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(-off_h, 0, OH)));
+    const __m512i oh_hi = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(H - off_h, 0, OH)));
+    const __m512i ow_lo = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(-off_w, 0, OW)));
+    const __m512i ow_hi = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(W - off_w, 0, OW)));
+    const float* xs = g.x + c * H * W + off_h * W + off_w;  // column p reads xs[p]
+    float* drow = dst + (r - k0) * 7;
+    for (int64_t p0 = 0; p0 < n; p0 += 16) {
+      const __mmask16 in_n = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(static_cast<int>(n - p0)));
+      const __m512i oh = _mm512_maskz_loadu_epi32(in_n, t.oh.data() + p0);
+      const __m512i ow = _mm512_maskz_loadu_epi32(in_n, t.ow.data() + p0);
+      __mmask16 inside = _mm512_mask_cmpge_epi32_mask(in_n, oh, oh_lo);
+      inside = _mm512_mask_cmplt_epi32_mask(inside, oh, oh_hi);
+      inside = _mm512_mask_cmpge_epi32_mask(inside, ow, ow_lo);
+      inside = _mm512_mask_cmplt_epi32_mask(inside, ow, ow_hi);
+      const __m512 v = _mm512_maskz_loadu_ps(inside, xs + p0);
+      _mm512_mask_i32scatter_ps(drow, in_n, _mm512_maskz_loadu_epi32(in_n, t.dst.data() + p0), v, 4);
+    }
+    if (n % 7) std::memset(drow + (n / 7) * panel_stride + n % 7, 0, static_cast<size_t>(7 - n % 7) * sizeof(float));
+  }
+}
+
 AlignedFloats& thread_tile_buffer() {
   thread_local AlignedFloats buf;
   return buf;
@@ -462,12 +512,27 @@ void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
   const int64_t tasks = (m_panels + m_chunk - 1) / m_chunk;
   constexpr int64_t kPackRows = 16;
   const int64_t pack_tasks = (K + kPackRows - 1) / kPackRows;
+  const bool flat = b.conv && flat_im2col_applies(*b.conv, n, K * NT);
+  thread_local FlatIm2colTables tables;
+  if (flat) {
+    const int64_t OW = b.conv->out[2];
+    tables.dst.resize(static_cast<size_t>(n));
+    tables.oh.resize(static_cast<size_t>(n));
+    tables.ow.resize(static_cast<size_t>(n));
+    for (int64_t p = 0; p < n; ++p) {
+      tables.dst[static_cast<size_t>(p)] = static_cast<int32_t>(p / NT * K * NT + p % NT);
+      tables.oh[static_cast<size_t>(p)] = static_cast<int32_t>(p / OW);
+      tables.ow[static_cast<size_t>(p)] = static_cast<int32_t>(p % OW);
+    }
+  }
+  const FlatIm2colTables& flat_tables = tables;  // the calling thread's, read by all
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)
     for (int64_t ti = 0; ti < pack_tasks; ++ti) {
       const int64_t r0 = ti * kPackRows, r1 = std::min(K, r0 + kPackRows);
-      pack_b(b, NT, true, r0, r1, 0, n, bbuf + r0 * NT, K * NT);
+      if (flat) pack_im2col_flat7(*b.conv, flat_tables, r0, r1, n, bbuf + r0 * NT, K * NT);
+      else pack_b(b, NT, true, r0, r1, 0, n, bbuf + r0 * NT, K * NT);
     }
 #pragma omp for schedule(dynamic)
     for (int64_t ti = 0; ti < tasks; ++ti) {
