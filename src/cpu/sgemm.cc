@@ -315,6 +315,92 @@ __attribute__((target("avx512f"))) void pack_im2col_avx512(const Im2col& g, int 
   pack_im2col<CopyTapsAvx512>(g, nr, k0, k1, n0, n1, dst, panel_stride);
 }
 
+// Column p's place in a row of 7-column panels, and its output row and column, for the
+// flat im2col packer below.
+struct FlatIm2colTables {
+  std::vector<int32_t> dst, oh, ow;
+};
+
+// Is the im2col B of a conv a shifted copy of each input plane? With stride 1 in a 2-D conv
+// whose output rows are as wide as its input rows, column p = oh * W + ow of row (c, kh, kw)
+// reads x[c][p + off_h * W + off_w] wherever that tap is inside the image.
+bool flat_im2col_applies(const Im2col& g, int64_t n, int64_t panel_stride) {
+  return g.in[0] == 1 && g.out[0] == 1 && g.k[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && g.out[2] == g.in[2] &&
+         (n / 7 + 1) * panel_stride < (int64_t{1} << 30);
+}
+
+// Packs rows [k0, k1) of such a B, all n columns, into 7-column panels (the narrow path's
+// layout): 16 columns at a time, a masked load of the taps inside the image and a scatter into
+// the panels.
+__attribute__((target("avx512f"))) void pack_im2col_flat7(const Im2col& g, const FlatIm2colTables& t, int64_t k0,
+                                                         int64_t k1, int64_t n, float* dst, int64_t panel_stride) {
+  const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2];
+  const int64_t kk = g.k[1] * g.k[2];
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t r = k0; r < k1; ++r) {
+    const int64_t c = r / kk, kh = (r % kk) / g.k[2], kw = r % g.k[2];
+    const int64_t off_h = kh * g.d[1] - g.p[1], off_w = kw * g.d[2] - g.p[2];
+    // Output rows and columns whose tap is inside the image.
+    const __m512i oh_lo = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(-off_h, 0, OH)));
+    const __m512i oh_hi = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(H - off_h, 0, OH)));
+    const __m512i ow_lo = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(-off_w, 0, OW)));
+    const __m512i ow_hi = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(W - off_w, 0, OW)));
+    const float* xs = g.x + c * H * W + off_h * W + off_w;  // column p reads xs[p]
+    float* drow = dst + (r - k0) * 7;
+    for (int64_t p0 = 0; p0 < n; p0 += 16) {
+      const __mmask16 in_n = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(static_cast<int>(n - p0)));
+      const __m512i oh = _mm512_maskz_loadu_epi32(in_n, t.oh.data() + p0);
+      const __m512i ow = _mm512_maskz_loadu_epi32(in_n, t.ow.data() + p0);
+      __mmask16 inside = _mm512_mask_cmpge_epi32_mask(in_n, oh, oh_lo);
+      inside = _mm512_mask_cmplt_epi32_mask(inside, oh, oh_hi);
+      inside = _mm512_mask_cmpge_epi32_mask(inside, ow, ow_lo);
+      inside = _mm512_mask_cmplt_epi32_mask(inside, ow, ow_hi);
+      const __m512 v = _mm512_maskz_loadu_ps(inside, xs + p0);
+      _mm512_mask_i32scatter_ps(drow, in_n, _mm512_maskz_loadu_epi32(in_n, t.dst.data() + p0), v, 4);
+    }
+    if (n % 7) std::memset(drow + (n / 7) * panel_stride + n % 7, 0, static_cast<size_t>(7 - n % 7) * sizeof(float));
+  }
+}
+
+// The same for the 32-column panels of the main path, columns [n0, n1) with n0 on a panel
+// boundary: 16 columns never straddle a panel, so the store is a plain masked store.
+__attribute__((target("avx512f"))) void pack_im2col_flat32(const Im2col& g, int64_t k0, int64_t k1, int64_t n0,
+                                                          int64_t n1, float* dst, int64_t panel_stride) {
+  const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2];
+  const int64_t kk = g.k[1] * g.k[2], width = n1 - n0;
+  thread_local std::vector<int32_t> oh_of, ow_of;
+  oh_of.resize(static_cast<size_t>(width));
+  ow_of.resize(static_cast<size_t>(width));
+  for (int64_t j = 0; j < width; ++j) {
+    oh_of[static_cast<size_t>(j)] = static_cast<int32_t>((n0 + j) / OW);
+    ow_of[static_cast<size_t>(j)] = static_cast<int32_t>((n0 + j) % OW);
+  }
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int64_t r = k0; r < k1; ++r) {
+    const int64_t c = r / kk, kh = (r % kk) / g.k[2], kw = r % g.k[2];
+    const int64_t off_h = kh * g.d[1] - g.p[1], off_w = kw * g.d[2] - g.p[2];
+    const __m512i oh_lo = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(-off_h, 0, OH)));
+    const __m512i oh_hi = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(H - off_h, 0, OH)));
+    const __m512i ow_lo = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(-off_w, 0, OW)));
+    const __m512i ow_hi = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(W - off_w, 0, OW)));
+    const float* xs = g.x + c * H * W + off_h * W + off_w + n0;  // column n0 + j reads xs[j]
+    float* drow = dst + (r - k0) * 32;
+    for (int64_t j = 0; j < width; j += 16) {
+      const __mmask16 in_n = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(static_cast<int>(width - j)));
+      const __m512i oh = _mm512_maskz_loadu_epi32(in_n, oh_of.data() + j);
+      const __m512i ow = _mm512_maskz_loadu_epi32(in_n, ow_of.data() + j);
+      __mmask16 inside = _mm512_mask_cmpge_epi32_mask(in_n, oh, oh_lo);
+      inside = _mm512_mask_cmplt_epi32_mask(inside, oh, oh_hi);
+      inside = _mm512_mask_cmpge_epi32_mask(inside, ow, ow_lo);
+      inside = _mm512_mask_cmplt_epi32_mask(inside, ow, ow_hi);
+      // Past n1 in the last panel: zeros (the masked load gives 0 there).
+      _mm512_storeu_ps(drow + (j / 32) * panel_stride + j % 32, _mm512_maskz_loadu_ps(inside, xs + j));
+    }
+    if (width % 32 && width % 32 <= 16)  // the last panel's upper half got no store above
+      std::memset(drow + (width / 32) * panel_stride + 16, 0, 16 * sizeof(float));
+  }
+}
+
 // Row-major B: whole panels are fixed-size copies the compiler turns into vector moves.
 template <int NR>
 void pack_rows_fixed(const float* data, int64_t ld, int64_t k0, int64_t k1, int64_t n0, int64_t full, float* dst,
@@ -333,7 +419,9 @@ void pack_b(const SgemmB& b, int nr, bool avx512, int64_t k0, int64_t k1, int64_
             int64_t panel_stride) {
   const int64_t width = n1 - n0, full = width / nr, tail = width % nr;
   if (b.conv) {
-    if (avx512) pack_im2col_avx512(*b.conv, nr, k0, k1, n0, n1, dst, panel_stride);
+    if (avx512 && nr == 32 && n0 % 32 == 0 && flat_im2col_applies(*b.conv, n1, panel_stride))
+      pack_im2col_flat32(*b.conv, k0, k1, n0, n1, dst, panel_stride);
+    else if (avx512) pack_im2col_avx512(*b.conv, nr, k0, k1, n0, n1, dst, panel_stride);
     else pack_im2col_scalar(*b.conv, nr, k0, k1, n0, n1, dst, panel_stride);
     return;
   }
@@ -440,53 +528,6 @@ __attribute__((target("avx512f"))) void store_transposed(const float* tile, int 
     }
     _mm512_mask_i32scatter_ps(c + j, m0, idx_c, v0, 4);
     if (m1) _mm512_mask_i32scatter_ps(c + 16 * ldc + j, m1, idx_c, v1, 4);
-  }
-}
-
-// Column p's place in a row of 7-column panels, and its output row and column, for the
-// flat im2col packer below.
-struct FlatIm2colTables {
-  std::vector<int32_t> dst, oh, ow;
-};
-
-// Is the im2col B of a conv a shifted copy of each input plane? With stride 1 in a 2-D conv
-// whose output rows are as wide as its input rows, column p = oh * W + ow of row (c, kh, kw)
-// reads x[c][p + off_h * W + off_w] wherever that tap is inside the image.
-bool flat_im2col_applies(const Im2col& g, int64_t n, int64_t panel_stride) {
-  return g.in[0] == 1 && g.out[0] == 1 && g.k[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && g.out[2] == g.in[2] &&
-         (n / 7 + 1) * panel_stride < (int64_t{1} << 30);
-}
-
-// Packs rows [k0, k1) of such a B, all n columns, into 7-column panels (the narrow path's
-// layout): 16 columns at a time, a masked load of the taps inside the image and a scatter into
-// the panels.
-__attribute__((target("avx512f"))) void pack_im2col_flat7(const Im2col& g, const FlatIm2colTables& t, int64_t k0,
-                                                         int64_t k1, int64_t n, float* dst, int64_t panel_stride) {
-  const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2];
-  const int64_t kk = g.k[1] * g.k[2];
-  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int64_t r = k0; r < k1; ++r) {
-    const int64_t c = r / kk, kh = (r % kk) / g.k[2], kw = r % g.k[2];
-    const int64_t off_h = kh * g.d[1] - g.p[1], off_w = kw * g.d[2] - g.p[2];
-    // Output rows and columns whose tap is inside the image.
-    const __m512i oh_lo = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(-off_h, 0, OH)));
-    const __m512i oh_hi = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(H - off_h, 0, OH)));
-    const __m512i ow_lo = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(-off_w, 0, OW)));
-    const __m512i ow_hi = _mm512_set1_epi32(static_cast<int>(std::clamp<int64_t>(W - off_w, 0, OW)));
-    const float* xs = g.x + c * H * W + off_h * W + off_w;  // column p reads xs[p]
-    float* drow = dst + (r - k0) * 7;
-    for (int64_t p0 = 0; p0 < n; p0 += 16) {
-      const __mmask16 in_n = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(static_cast<int>(n - p0)));
-      const __m512i oh = _mm512_maskz_loadu_epi32(in_n, t.oh.data() + p0);
-      const __m512i ow = _mm512_maskz_loadu_epi32(in_n, t.ow.data() + p0);
-      __mmask16 inside = _mm512_mask_cmpge_epi32_mask(in_n, oh, oh_lo);
-      inside = _mm512_mask_cmplt_epi32_mask(inside, oh, oh_hi);
-      inside = _mm512_mask_cmpge_epi32_mask(inside, ow, ow_lo);
-      inside = _mm512_mask_cmplt_epi32_mask(inside, ow, ow_hi);
-      const __m512 v = _mm512_maskz_loadu_ps(inside, xs + p0);
-      _mm512_mask_i32scatter_ps(drow, in_n, _mm512_maskz_loadu_epi32(in_n, t.dst.data() + p0), v, 4);
-    }
-    if (n % 7) std::memset(drow + (n / 7) * panel_stride + n % 7, 0, static_cast<size_t>(7 - n % 7) * sizeof(float));
   }
 }
 
