@@ -10,12 +10,16 @@
 // runs on the tile right after, while it is in L1.
 //
 // Micro-kernels: AVX-512 (8 x 32, two zmm per row), AVX2 (6 x 16) and plain C++ (4 x 16),
-// picked at run time from what the CPU supports (the AVX-512 one is compiled with a function
-// target attribute, so the library still runs on CPUs without it). A PackedA remembers the
+// picked at run time from what the CPU supports (the AVX-512 code is compiled with function
+// target attributes, so the library still runs on CPUs without it). A PackedA remembers the
 // kernel it was packed for, since the panel height depends on it.
 //
+// Narrow outputs (N <= kNarrowN, e.g. ResNet's 14x14 and 7x7 layers) can run transposed on
+// AVX-512: C^T = B^T A^T on a 7 x 32 kernel, so N = 49 or 196 fill every tile, when the
+// PackedA also holds 32-row panels (add_wide_panels) and a cost model says it pays.
+//
 // Threads: wide outputs are split by column chunks, each thread packing its own B; narrow ones
-// (the 7x7 and 14x14 late ResNet layers) pack B once, together, and split the rows of A.
+// pack B once, together, and split the rows of A.
 #pragma once
 
 #include <cstdint>
