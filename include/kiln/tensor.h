@@ -66,6 +66,10 @@ class Tensor {
   Tensor(DType dtype, std::vector<int64_t> shape);
   // A tensor whose contents are unspecified, for outputs a kernel writes in full.
   static Tensor uninitialized(DType dtype, std::vector<int64_t> shape);
+  // For allocators that recycle memory: a tensor over `storage` (64-byte aligned, at least
+  // nbytes() long), and the storage behind a tensor.
+  static Tensor over_storage(DType dtype, std::vector<int64_t> shape, std::shared_ptr<unsigned char[]> storage);
+  const std::shared_ptr<unsigned char[]>& storage() const { return storage_; }
 
   template <class T>
   static Tensor from_vector(std::vector<int64_t> shape, const std::vector<T>& values) {

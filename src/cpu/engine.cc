@@ -3,11 +3,48 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <set>
 
 #include "ir/op_schema.h"
 
 namespace kiln::cpu {
+
+namespace {
+// The deleter of the pool's buffers; it also records their capacity (and marks them as the
+// pool's: std::get_deleter finds it only on buffers made here).
+struct PoolBuffer {
+  static constexpr size_t kAlignment = 64;
+  size_t capacity;
+  void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(kAlignment)); }
+};
+}  // namespace
+
+std::shared_ptr<unsigned char[]> BufferPool::take(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = free_.lower_bound(bytes);
+    if (it != free_.end() && it->first <= 2 * bytes + 4096) {
+      std::shared_ptr<unsigned char[]> buffer = std::move(it->second);
+      free_.erase(it);
+      return buffer;
+    }
+  }
+  size_t capacity = std::max<size_t>(PoolBuffer::kAlignment, (bytes + 63) / 64 * 64);
+  auto* p = static_cast<unsigned char*>(::operator new[](capacity, std::align_val_t(PoolBuffer::kAlignment)));
+  return std::shared_ptr<unsigned char[]>(p, PoolBuffer{capacity});
+}
+
+void BufferPool::give(Tensor& t) {
+  const std::shared_ptr<unsigned char[]>& storage = t.storage();
+  // use_count 1: nothing else holds it (a kernel that returned a view of its input would
+  // share it; graph outputs are never given back).
+  if (!storage || storage.use_count() != 1) return;
+  const PoolBuffer* buffer = std::get_deleter<PoolBuffer>(storage);
+  if (!buffer) return;  // not made here (a caller's input)
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.emplace(buffer->capacity, storage);
+}
 
 CpuEngine::CpuEngine(ir::Graph graph) : graph_(std::move(graph)) {
   const char* poison = std::getenv("KILN_POISON_OUTPUTS");
@@ -160,7 +197,8 @@ std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>
                              "type or invalid values)");
       // Kernels write every element of their outputs, so no zero-fill (it cost ~5% of a
       // ResNet-50 run); KILN_POISON_OUTPUTS=1 fills them with 0xFF bytes (NaN) to prove it.
-      Tensor out = Tensor::uninitialized(t.dtype, ir::known_values(*t.shape));
+      std::vector<int64_t> shape = ir::known_values(*t.shape);
+      Tensor out = Tensor::over_storage(t.dtype, shape, pool_.take(static_cast<size_t>(shape_numel(shape)) * element_size(t.dtype)));
       if (poison_outputs_ && out.nbytes()) std::memset(out.raw(), 0xFF, out.nbytes());
       outputs.push_back(std::move(out));
     }
@@ -173,7 +211,10 @@ std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>
     }
     for (size_t o = 0; o < step.outputs.size(); ++o)
       if (step.outputs[o] >= 0) slots[static_cast<size_t>(step.outputs[o])] = std::move(outputs[o]);
-    for (int r : step.release) slots[static_cast<size_t>(r)] = Tensor();
+    for (int r : step.release) {
+      pool_.give(slots[static_cast<size_t>(r)]);
+      slots[static_cast<size_t>(r)] = Tensor();
+    }
   }
   std::map<std::string, Tensor> result;
   for (const std::string& o : graph_.outputs) result[o] = slots[static_cast<size_t>(slots_.at(o))];

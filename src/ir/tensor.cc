@@ -105,6 +105,17 @@ Tensor Tensor::uninitialized(DType dtype, std::vector<int64_t> shape) {
   return t;
 }
 
+Tensor Tensor::over_storage(DType dtype, std::vector<int64_t> shape, std::shared_ptr<unsigned char[]> storage) {
+  if (element_size(dtype) == 0)
+    throw Error(ErrorKind::kUnsupported, "tensors of type " + to_string(dtype) + " are not supported");
+  Tensor t;
+  t.dtype_ = dtype;
+  t.numel_ = shape_numel(shape);
+  t.shape_ = std::move(shape);
+  t.storage_ = std::move(storage);
+  return t;
+}
+
 void Tensor::allocate_storage(DType dtype, std::vector<int64_t> shape, bool zero) {
   size_t esize = element_size(dtype);
   if (esize == 0) throw Error(ErrorKind::kUnsupported, "tensors of type " + to_string(dtype) + " are not supported");
