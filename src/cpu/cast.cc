@@ -3,6 +3,8 @@
 // Cast converts between every numeric type and bool: float to integer truncates toward zero
 // (as static_cast does), anything to bool is "!= 0", float16/bfloat16 go through float32.
 #include <cstring>
+#include <type_traits>
+#include <cmath>
 #include <limits>
 
 #include "cpu/kernel.h"
@@ -41,6 +43,17 @@ void convert(const void* src, void* dst, int64_t n) {
   } else if constexpr (std::is_same_v<S, bool>) {
     const uint8_t* b = static_cast<const uint8_t*>(src);
     for (int64_t i = 0; i < n; ++i) d[i] = b[i] ? D(1) : D(0);
+  } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
+    // Truncation toward zero; NaN and values outside D's range (undefined behaviour in C++,
+    // unspecified by ONNX) become 0 and the nearest bound.
+#pragma omp parallel for if (n > 65536) schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = static_cast<double>(s[i]);
+      if (std::isnan(v)) d[i] = D(0);
+      else if (v <= static_cast<double>(std::numeric_limits<D>::lowest())) d[i] = std::numeric_limits<D>::lowest();
+      else if (v >= static_cast<double>(std::numeric_limits<D>::max())) d[i] = std::numeric_limits<D>::max();
+      else d[i] = static_cast<D>(v);
+    }
   } else {
 #pragma omp parallel for if (n > 65536) schedule(static)
     for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);

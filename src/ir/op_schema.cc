@@ -98,6 +98,12 @@ std::optional<Dims> broadcast_dims(const Dims& a, const Dims& b) {
   return out;
 }
 
+Dims unknown_dims(const InferContext& ctx, int64_t rank) {
+  if (rank < 0 || rank > kMaxRank)
+    ctx.fail("an output of rank " + std::to_string(rank) + " (kiln supports ranks up to " + std::to_string(kMaxRank) + ")");
+  return Dims(static_cast<size_t>(rank), Dim::unknown());
+}
+
 int64_t normalize_axis(const InferContext& ctx, int64_t axis, int64_t rank) {
   if (axis < -rank || axis >= std::max<int64_t>(rank, 1))
     ctx.fail("axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));

@@ -103,6 +103,10 @@ void infer_shapes(Graph& graph);
 int64_t node_flops(const Graph& graph, const Node& node);
 
 // Helpers shared by schemas.
+// Ranks above this are refused: a model declaring one is corrupt, not large.
+constexpr int64_t kMaxRank = 64;
+// `rank` unknown dims; fails the context when the rank is negative or above kMaxRank.
+Dims unknown_dims(const InferContext& ctx, int64_t rank);
 // Numpy-style broadcast of two shapes; nullopt if incompatible.
 std::optional<Dims> broadcast_dims(const Dims& a, const Dims& b);
 // Normalizes a possibly negative axis against a rank; fails the context when out of range.

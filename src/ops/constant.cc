@@ -17,7 +17,7 @@ void infer_constant_of_shape(InferContext& ctx) {
   std::optional<Dims> shape = ctx.int_elements(0);
   if (!shape) {
     if (ctx.shape_known(0) && ctx.shape(0).size() == 1 && ctx.shape(0)[0].known())
-      ctx.set_output(0, dtype, Dims(static_cast<size_t>(ctx.shape(0)[0].value), Dim::unknown()));
+      ctx.set_output(0, dtype, unknown_dims(ctx, ctx.shape(0)[0].value));
     else
       ctx.set_output(0, dtype, std::nullopt);
     return;

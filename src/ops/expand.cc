@@ -13,7 +13,7 @@ void infer_expand(InferContext& ctx) {
   if (!target || !ctx.shape_known(0)) {
     int64_t len = ctx.shape_known(1) && ctx.shape(1).size() == 1 && ctx.shape(1)[0].known() ? ctx.shape(1)[0].value : -1;
     if (len >= 0 && ctx.shape_known(0))
-      ctx.set_output(0, dtype, Dims(static_cast<size_t>(std::max<int64_t>(len, static_cast<int64_t>(ctx.shape(0).size()))), Dim::unknown()));
+      ctx.set_output(0, dtype, unknown_dims(ctx, std::max<int64_t>(len, static_cast<int64_t>(ctx.shape(0).size()))));
     else
       ctx.set_output(0, dtype, std::nullopt);
     return;

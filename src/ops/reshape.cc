@@ -22,7 +22,7 @@ void infer_reshape(InferContext& ctx) {
   if (!target) {
     // The target is computed at run time: only its length (the output rank) may be known.
     if (ctx.shape_known(1) && ctx.shape(1).size() == 1 && ctx.shape(1)[0].known())
-      ctx.set_output(0, dtype, Dims(static_cast<size_t>(ctx.shape(1)[0].value), Dim::unknown()));
+      ctx.set_output(0, dtype, unknown_dims(ctx, ctx.shape(1)[0].value));
     else
       ctx.set_output(0, dtype, std::nullopt);
     return;
