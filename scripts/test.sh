@@ -14,3 +14,17 @@ echo
 echo "==> ctest in $BUILD_DIR"
 # ctest's exit code is non-zero when any test fails; set -e passes it on.
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
+
+# With no filter given: a bounded libFuzzer run of the ONNX importer (through passes and the
+# CPU engine) and of the .npy reader, in a clang build with AddressSanitizer and UBSan.
+if (($# == 0)); then
+  FUZZ_DIR=${KILN_FUZZ_BUILD_DIR:-build-fuzz}
+  echo
+  echo "==> libFuzzer targets in $FUZZ_DIR"
+  mkdir -p "$FUZZ_DIR"
+  cmake -S . -B "$FUZZ_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_FUZZ=ON \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ > "$FUZZ_DIR/configure.log" 2>&1 ||
+    { cat "$FUZZ_DIR/configure.log"; exit 1; }
+  ninja -C "$FUZZ_DIR" fuzz_onnx_import fuzz_npy
+  ctest --test-dir "$FUZZ_DIR" -L fuzz --output-on-failure
+fi
