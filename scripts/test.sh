@@ -10,12 +10,8 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${KILN_BUILD_DIR:-build}
 
 bash scripts/setup.sh
-echo
-echo "==> ctest in $BUILD_DIR"
-# ctest's exit code is non-zero when any test fails; set -e passes it on.
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
 
-# With no filter given: a bounded libFuzzer run of the ONNX importer (through passes and the
+# With no filter given, first: a bounded libFuzzer run of the ONNX importer (through passes and the
 # CPU engine) and of the .npy reader, in a clang build with AddressSanitizer and UBSan.
 if (($# == 0)); then
   FUZZ_DIR=${KILN_FUZZ_BUILD_DIR:-build-fuzz}
@@ -28,3 +24,8 @@ if (($# == 0)); then
   ninja -C "$FUZZ_DIR" fuzz_onnx_import fuzz_npy
   ctest --test-dir "$FUZZ_DIR" -L fuzz --output-on-failure
 fi
+
+echo
+echo "==> ctest in $BUILD_DIR"
+# ctest's exit code is non-zero when any test fails; set -e passes it on.
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"
