@@ -229,6 +229,24 @@ void commit(ir::Graph& g, size_t first, const std::vector<int>& absorbed, ir::No
   erase_nodes(g, remove);
 }
 
+// The end every fusion shares: absorbs an activation reading `cur`, then replaces node i and
+// the absorbed nodes by `fused` (whose op, inputs and attributes the caller set). False, and
+// the graph untouched, when there is nothing to absorb.
+bool finish_fusion(ir::Graph& g, size_t i, std::vector<int> absorbed, std::string cur, ir::Node fused) {
+  std::optional<ActivationMatch> act = match_activation(g, cur);
+  if (act) {
+    absorbed.insert(absorbed.end(), act->nodes.begin(), act->nodes.end());
+    cur = act->output;
+  }
+  if (absorbed.empty()) return false;
+  fused.name = g.nodes[i].name;
+  fused.domain = "kiln";
+  fused.outputs = {cur};
+  (act ? act->act : ir::Activation{}).store(fused);
+  commit(g, i, absorbed, std::move(fused));
+  return true;
+}
+
 bool fuse_conv(ir::Graph& g, size_t i) {
   const ir::Node& conv = g.nodes[i];
   if (conv.inputs.size() < 2 || conv.outputs.size() != 1) return false;
@@ -254,22 +272,11 @@ bool fuse_conv(ir::Graph& g, size_t i) {
     absorbed.push_back(add);
     cur = out0(node_at(g, add));
   }
-  std::optional<ActivationMatch> act = match_activation(g, cur);
-  if (act) {
-    absorbed.insert(absorbed.end(), act->nodes.begin(), act->nodes.end());
-    cur = act->output;
-  }
-  if (absorbed.empty()) return false;
   ir::Node fused;
-  fused.name = conv.name;
   fused.op = "FusedConv";
-  fused.domain = "kiln";
   fused.inputs = {conv.inputs[0], conv.inputs[1], bias, residual};
-  fused.outputs = {cur};
   fused.attrs = conv.attrs;
-  (act ? act->act : ir::Activation{}).store(fused);
-  commit(g, i, absorbed, std::move(fused));
-  return true;
+  return finish_fusion(g, i, std::move(absorbed), cur, std::move(fused));
 }
 
 bool fuse_gemm(ir::Graph& g, size_t i) {
@@ -293,20 +300,9 @@ bool fuse_gemm(ir::Graph& g, size_t i) {
       cur = out0(node_at(g, add));
     }
   }
-  std::optional<ActivationMatch> act = match_activation(g, cur);
-  if (act) {
-    absorbed.insert(absorbed.end(), act->nodes.begin(), act->nodes.end());
-    cur = act->output;
-  }
-  if (absorbed.empty()) return false;
-  fused.name = gemm.name;
   fused.op = "FusedGemm";
-  fused.domain = "kiln";
   fused.inputs = {gemm.inputs[0], gemm.inputs[1], c};
-  fused.outputs = {cur};
-  (act ? act->act : ir::Activation{}).store(fused);
-  commit(g, i, absorbed, std::move(fused));
-  return true;
+  return finish_fusion(g, i, std::move(absorbed), cur, std::move(fused));
 }
 
 bool fuse_matmul(ir::Graph& g, size_t i) {
@@ -333,21 +329,10 @@ bool fuse_matmul(ir::Graph& g, size_t i) {
       }
     }
   }
-  std::optional<ActivationMatch> act = match_activation(g, cur);
-  if (act) {
-    absorbed.insert(absorbed.end(), act->nodes.begin(), act->nodes.end());
-    cur = act->output;
-  }
-  if (absorbed.empty()) return false;
   ir::Node fused;
-  fused.name = mm.name;
   fused.op = "FusedMatMul";
-  fused.domain = "kiln";
   fused.inputs = {mm.inputs[0], mm.inputs[1], bias};
-  fused.outputs = {cur};
-  (act ? act->act : ir::Activation{}).store(fused);
-  commit(g, i, absorbed, std::move(fused));
-  return true;
+  return finish_fusion(g, i, std::move(absorbed), cur, std::move(fused));
 }
 
 }  // namespace
