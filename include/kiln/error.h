@@ -14,6 +14,7 @@ enum class ErrorKind {
   kUnsupported,    // valid, but kiln cannot handle it (an op, a dtype, an attribute value)
   kInvalidArgument,// the caller passed something wrong (a shape, a dtype, a missing input)
   kIo,             // a file could not be read or written
+  kDevice,         // the GPU, its driver, or a CUDA library (cuDNN, cuBLASLt) failed or is missing
   kInternal,       // a bug in kiln
 };
 

@@ -8,6 +8,7 @@ const char* to_string(ErrorKind kind) {
     case ErrorKind::kUnsupported: return "unsupported";
     case ErrorKind::kInvalidArgument: return "invalid argument";
     case ErrorKind::kIo: return "I/O error";
+    case ErrorKind::kDevice: return "GPU error";
     case ErrorKind::kInternal: return "internal error";
   }
   return "error";
