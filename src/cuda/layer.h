@@ -102,11 +102,14 @@ struct LayerFormats {
   std::vector<Format> outputs;  // one per node output
 };
 
-// Device pointers for one execution of a layer.
+// Device pointers for one execution of a layer, and the library handles of the execution
+// context that runs it (each context has its own, bound to its stream).
 struct LayerIO {
   std::vector<const void*> inputs;  // nullptr for omitted inputs and non-uploaded constants
   std::vector<void*> outputs;
   void* workspace = nullptr;        // workspace_bytes() bytes (nullptr when 0)
+  cudnnContext* cudnn = nullptr;
+  cublasLtContext* cublaslt = nullptr;
 };
 
 class Layer {
