@@ -1,0 +1,494 @@
+// Conv, kiln::FusedConv and ConvTranspose on cuDNN.
+//
+// 2-D convolutions of float16 / tf32 builds run channels-last (NHWC), where cuDNN's tensor
+// core kernels are fastest; strict fp32 builds and 1-D / 3-D convolutions run on row-major
+// (NCHW) tensors. The epilogue of FusedConv (bias, residual Z, activation) runs either inside
+// cuDNN (cudnnConvolutionBiasActivationForward, for ReLU and identity) or as one kernel after
+// the convolution; the builder times every cuDNN algorithm in both forms on this GPU and keeps
+// the fastest (the tactic), remembered in the timing cache.
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "cuda/check.h"
+#include "cuda/device_math.cuh"
+#include "cuda/engine.h"
+#include "ir/activation.h"
+#include "ops/conv_geometry.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+// --- the epilogue kernel: y = act(y + bias[c] + z) -------------------------------------------
+
+struct DeviceActivation {
+  int kind = 0;  // 0 none, 1 relu, 2 clip, 3 sigmoid, 4 silu, 5 hardswish, 6 hardsigmoid,
+                 // 7 leakyrelu, 8 tanh, 9 gelu, 10 gelu-tanh
+  float alpha = 0, beta = 0;
+};
+
+DeviceActivation device_activation(const ir::Activation& a) {
+  static const char* kinds[] = {"", "Relu", "Clip", "Sigmoid", "SiLU", "HardSwish", "HardSigmoid",
+                                "LeakyRelu", "Tanh", "Gelu", "GeluTanh"};
+  for (int i = 0; i < 11; ++i)
+    if (a.kind == kinds[i]) return DeviceActivation{i, a.alpha, a.beta};
+  throw Error(ErrorKind::kUnsupported, "unknown epilogue activation '" + a.kind + "'");
+}
+
+__device__ __forceinline__ float activate(const DeviceActivation& a, float x) {
+  switch (a.kind) {
+    case 1: return x > 0.f ? x : 0.f;
+    case 2: return fminf(fmaxf(x, a.alpha), a.beta);
+    case 3: return 1.f / (1.f + __expf(-x));
+    case 4: return x / (1.f + __expf(-x));
+    case 5: return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
+    case 6: return fminf(fmaxf(a.alpha * x + a.beta, 0.f), 1.f);
+    case 7: return x >= 0.f ? x : a.alpha * x;
+    case 8: return tanhf(x);
+    case 9: return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
+    case 10: return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  }
+  return x;
+}
+
+// channel of element i: (i / inner) % channels (inner = 1 for NHWC, H*W for NCHW).
+template <class T>
+__global__ void epilogue_kernel(T* __restrict__ y, const float* __restrict__ bias, const T* __restrict__ z,
+                                int64_t n, int64_t channels, int64_t inner, DeviceActivation act) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float v = load_float(y, i);
+    if (bias) v += bias[(i / inner) % channels];
+    if (z) v += load_float(z, i);
+    store_float(y, i, activate(act, v));
+  }
+}
+
+// NHWC float16 with channels % 8 == 0: 8 halves (16 bytes) per thread.
+__global__ void epilogue_nhwc_half8_kernel(__half* __restrict__ y, const float* __restrict__ bias,
+                                           const __half* __restrict__ z, int64_t n8, int64_t channels,
+                                           DeviceActivation act) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n8; i += int64_t{gridDim.x} * blockDim.x) {
+    uint4 raw = reinterpret_cast<const uint4*>(y)[i];
+    uint4 zraw = z ? reinterpret_cast<const uint4*>(z)[i] : uint4{0, 0, 0, 0};
+    __half* h = reinterpret_cast<__half*>(&raw);
+    const __half* zh = reinterpret_cast<const __half*>(&zraw);
+    const int64_t c0 = (i * 8) % channels;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float v = __half2float(h[k]);
+      if (bias) v += bias[c0 + k];
+      if (z) v += __half2float(zh[k]);
+      h[k] = __float2half_rn(activate(act, v));
+    }
+    reinterpret_cast<uint4*>(y)[i] = raw;
+  }
+}
+
+void launch_epilogue(void* y, const float* bias, const void* z, const TensorSpec& spec, DeviceActivation act,
+                     cudaStream_t stream) {
+  const int64_t n = spec.elements();
+  if (n == 0) return;
+  const int64_t channels = spec.shape[1];
+  int64_t inner = 1;
+  if (spec.format.layout != Layout::kNHWC)
+    for (int i = 2; i < spec.rank(); ++i) inner *= spec.shape[i];
+  if (spec.format.dtype == DType::kFloat16 && spec.format.layout == Layout::kNHWC && channels % 8 == 0) {
+    epilogue_nhwc_half8_kernel<<<grid_for(n / 8, 256, 2), 256, 0, stream>>>(
+        static_cast<__half*>(y), bias, static_cast<const __half*>(z), n / 8, channels, act);
+  } else if (spec.format.dtype == DType::kFloat16) {
+    epilogue_kernel<__half><<<grid_for(n, 256, 4), 256, 0, stream>>>(static_cast<__half*>(y), bias,
+                                                                      static_cast<const __half*>(z), n, channels, inner, act);
+  } else {
+    epilogue_kernel<float><<<grid_for(n, 256, 4), 256, 0, stream>>>(static_cast<float*>(y), bias,
+                                                                     static_cast<const float*>(z), n, channels, inner, act);
+  }
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+// --- cuDNN descriptors -------------------------------------------------------------------------
+
+cudnnDataType_t cudnn_dtype(DType d) {
+  switch (d) {
+    case DType::kFloat32: return CUDNN_DATA_FLOAT;
+    case DType::kFloat16: return CUDNN_DATA_HALF;
+    case DType::kBFloat16: return CUDNN_DATA_BFLOAT16;
+    default: throw Error(ErrorKind::kUnsupported, "cuDNN convolutions take float32/float16/bfloat16, not " + to_string(d));
+  }
+}
+
+// A tensor descriptor of rank >= 4 (1-D convs get a unit H dim). NHWC uses cuDNN's format.
+struct TensorDescriptor {
+  cudnnTensorDescriptor_t desc = nullptr;
+  TensorDescriptor(const std::vector<int64_t>& shape4plus, DType dtype, Layout layout) {
+    KILN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&desc));
+    std::vector<int> dims(shape4plus.begin(), shape4plus.end());
+    if (layout == Layout::kNHWC) {
+      KILN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NHWC, cudnn_dtype(dtype), dims[0], dims[1], dims[2], dims[3]));
+    } else {
+      std::vector<int> strides(dims.size(), 1);
+      for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
+      KILN_CUDNN_CHECK(cudnnSetTensorNdDescriptor(desc, cudnn_dtype(dtype), static_cast<int>(dims.size()), dims.data(), strides.data()));
+    }
+  }
+  ~TensorDescriptor() { if (desc) cudnnDestroyTensorDescriptor(desc); }
+  TensorDescriptor(const TensorDescriptor&) = delete;
+  TensorDescriptor& operator=(const TensorDescriptor&) = delete;
+};
+
+struct FilterDescriptor {
+  cudnnFilterDescriptor_t desc = nullptr;
+  FilterDescriptor(const std::vector<int64_t>& shape4plus, DType dtype, Layout layout) {
+    KILN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&desc));
+    std::vector<int> dims(shape4plus.begin(), shape4plus.end());
+    KILN_CUDNN_CHECK(cudnnSetFilterNdDescriptor(desc, cudnn_dtype(dtype),
+                                                layout == Layout::kNHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                                static_cast<int>(dims.size()), dims.data()));
+  }
+  ~FilterDescriptor() { if (desc) cudnnDestroyFilterDescriptor(desc); }
+  FilterDescriptor(const FilterDescriptor&) = delete;
+  FilterDescriptor& operator=(const FilterDescriptor&) = delete;
+};
+
+struct ConvParams {
+  int spatial = 2;
+  std::vector<int64_t> x, w, y;  // logical shapes, padded to >= 4 dims (1-D gets H = 1)
+  std::vector<int> pads, strides, dilations;
+  int64_t group = 1;
+  Format format;                 // of x, y (and z)
+  Precision precision = Precision::kFp32;
+  bool transpose = false;
+  bool has_bias = false, has_z = false;
+  ir::Activation act;
+
+  std::string key() const {
+    std::ostringstream s;
+    s << (transpose ? "convT" : "conv") << "|x" << shape_to_string(x) << "|w" << shape_to_string(w) << "|g" << group
+      << "|p";
+    for (int p : pads) s << p << ",";
+    s << "|s";
+    for (int v : strides) s << v << ",";
+    s << "|d";
+    for (int v : dilations) s << v << ",";
+    s << "|" << format.str() << "|" << to_string(precision) << "|b" << has_bias << "z" << has_z << "|" << act.kind;
+    return s.str();
+  }
+};
+
+struct ConvolutionDescriptor {
+  cudnnConvolutionDescriptor_t desc = nullptr;
+  explicit ConvolutionDescriptor(const ConvParams& p) {
+    KILN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&desc));
+    const cudnnDataType_t compute = CUDNN_DATA_FLOAT;  // float accumulation for every precision
+    KILN_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor(desc, static_cast<int>(p.pads.size()), p.pads.data(),
+                                                     p.strides.data(), p.dilations.data(), CUDNN_CROSS_CORRELATION,
+                                                     compute));
+    KILN_CUDNN_CHECK(cudnnSetConvolutionGroupCount(desc, static_cast<int>(p.group)));
+    const bool strict = p.precision == Precision::kFp32 && p.format.dtype == DType::kFloat32;
+    KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(desc, strict ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION));
+  }
+  ~ConvolutionDescriptor() { if (desc) cudnnDestroyConvolutionDescriptor(desc); }
+  ConvolutionDescriptor(const ConvolutionDescriptor&) = delete;
+  ConvolutionDescriptor& operator=(const ConvolutionDescriptor&) = delete;
+};
+
+// Weights in cuDNN's order for the layout (KCRS, or KRSC for NHWC) and the storage dtype.
+Tensor filter_for(const Tensor& w, const std::vector<int64_t>& w4, const Format& format) {
+  Tensor reshaped = w.reshaped(w4);
+  return convert_constant(reshaped, Format{format.dtype, w4.size() == 4 ? format.layout : Layout::kLinear});
+}
+
+class ConvLayer final : public Layer {
+ public:
+  ConvLayer(ConvParams p, BuildServices& services, const Tensor& weights, const Tensor* bias)
+      : p_(std::move(p)),
+        x_desc_(p_.x, p_.format.dtype, p_.format.layout),
+        y_desc_(p_.y, p_.format.dtype, p_.format.layout),
+        w_desc_(p_.w, p_.format.dtype, p_.format.layout),
+        conv_desc_(p_),
+        bias_desc_(bias_shape(p_), p_.format.dtype, Layout::kLinear),
+        y_spec_{p_.y, p_.format},
+        epilogue_act_(device_activation(p_.act)) {
+    if (p_.transpose) {
+      // backward-data's "filter" is the forward filter: [C_in, K/g, R, S] in NCHW order.
+      Tensor w = convert_constant(weights.reshaped(p_.w), Format{p_.format.dtype, Layout::kLinear});
+      if (p_.format.layout == Layout::kNHWC) w = convert_constant(w.reshaped(p_.w), Format{p_.format.dtype, Layout::kNHWC});
+      weights_ = services.upload(w.raw(), w.nbytes());
+    } else {
+      Tensor w = filter_for(weights, p_.w, p_.format);
+      weights_ = services.upload(w.raw(), w.nbytes());
+    }
+    const int64_t k = p_.y[1];
+    std::vector<float> b32(static_cast<size_t>(k), 0.f);
+    if (bias) std::memcpy(b32.data(), bias->data<float>(), sizeof(float) * static_cast<size_t>(k));
+    bias32_ = static_cast<const float*>(services.upload(b32.data(), b32.size() * sizeof(float)));
+    Tensor bstore = convert_constant(Tensor::from_vector<float>({k}, b32), Format{p_.format.dtype, Layout::kLinear});
+    bias_storage_ = services.upload(bstore.raw(), bstore.nbytes());
+    KILN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&relu_));
+    KILN_CUDNN_CHECK(cudnnSetActivationDescriptor(relu_, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
+    KILN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&identity_));
+    KILN_CUDNN_CHECK(cudnnSetActivationDescriptor(identity_, CUDNN_ACTIVATION_IDENTITY, CUDNN_NOT_PROPAGATE_NAN, 0.0));
+    choose_tactic(services);
+  }
+
+  ~ConvLayer() override {
+    if (relu_) cudnnDestroyActivationDescriptor(relu_);
+    if (identity_) cudnnDestroyActivationDescriptor(identity_);
+  }
+
+  void enqueue(const LayerIO& io, cudaStream_t stream) const override {
+    run(io.cudnn, io.inputs[0], io.inputs.size() > 3 ? io.inputs[3] : nullptr, io.outputs[0], io.workspace, stream,
+        fused_, algo_, workspace_);
+  }
+  size_t workspace_bytes() const override { return workspace_; }
+  std::string tactic() const override {
+    return std::string("cudnn:") + (p_.transpose ? "bwd-data" : fused_ ? "fused" : "conv+epilogue") +
+           " algo=" + std::to_string(algo_);
+  }
+
+ private:
+  // [1, K, 1, 1]: one bias per output channel.
+  static std::vector<int64_t> bias_shape(const ConvParams& p) {
+    std::vector<int64_t> shape(p.y.size(), 1);
+    shape[1] = p.y[1];
+    return shape;
+  }
+  bool epilogue_needed() const { return p_.has_bias || p_.has_z || !p_.act.kind.empty(); }
+
+  void run(cudnnHandle_t handle, const void* x, const void* z, void* y, void* ws, cudaStream_t stream, bool fused,
+           int algo, size_t ws_bytes) const {
+    KILN_CUDNN_CHECK(cudnnSetStream(handle, stream));
+    const float one = 1.f, zero = 0.f;
+    if (p_.transpose) {
+      KILN_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, &one, w_desc_.desc, weights_, x_desc_.desc, x, conv_desc_.desc,
+                                                    static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws, ws_bytes,
+                                                    &zero, y_desc_.desc, y));
+      if (p_.has_bias) launch_epilogue(y, bias32_, nullptr, y_spec_, DeviceActivation{}, stream);
+      return;
+    }
+    if (fused) {
+      const float alpha2 = z ? 1.f : 0.f;
+      KILN_CUDNN_CHECK(cudnnConvolutionBiasActivationForward(
+          handle, &one, x_desc_.desc, x, w_desc_.desc, weights_, conv_desc_.desc,
+          static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws, ws_bytes, &alpha2, y_desc_.desc, z ? z : y,
+          bias_desc_.desc, bias_storage_, p_.act.kind.empty() ? identity_ : relu_, y_desc_.desc, y));
+      return;
+    }
+    KILN_CUDNN_CHECK(cudnnConvolutionForward(handle, &one, x_desc_.desc, x, w_desc_.desc, weights_, conv_desc_.desc,
+                                             static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws, ws_bytes, &zero,
+                                             y_desc_.desc, y));
+    if (epilogue_needed()) launch_epilogue(y, p_.has_bias ? bias32_ : nullptr, z, y_spec_, epilogue_act_, stream);
+  }
+
+  struct Candidate { bool fused; int algo; size_t workspace; };
+
+  std::vector<Candidate> candidates(BuildServices& services) const {
+    std::vector<Candidate> out;
+    const size_t limit = size_t{1} << 30;
+    cudnnHandle_t handle = services.cudnn();
+    if (p_.transpose) {
+      int count = 0;
+      cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, w_desc_.desc, x_desc_.desc, conv_desc_.desc,
+                                                                   y_desc_.desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                                   &count, perf));
+      for (int i = 0; i < count; ++i)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit)
+          out.push_back({false, static_cast<int>(perf[i].algo), perf[i].memory});
+      return out;
+    }
+    int count = 0;
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    KILN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, x_desc_.desc, w_desc_.desc, conv_desc_.desc,
+                                                            y_desc_.desc, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf));
+    const bool fusable = p_.act.kind.empty() || p_.act.kind == "Relu";
+    for (int i = 0; i < count; ++i) {
+      if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > limit) continue;
+      const int algo = static_cast<int>(perf[i].algo);
+      out.push_back({false, algo, perf[i].memory});
+      // cuDNN's fused call takes identity only with IMPLICIT_PRECOMP_GEMM.
+      if (fusable && (p_.act.kind == "Relu" || perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM))
+        out.push_back({true, algo, perf[i].memory});
+    }
+    return out;
+  }
+
+  static std::string encode(const Candidate& c) {
+    return std::string(c.fused ? "fused" : "split") + ":" + std::to_string(c.algo) + ":" + std::to_string(c.workspace);
+  }
+
+  void choose_tactic(BuildServices& services) {
+    const std::string key = p_.key();
+    if (auto cached = services.cached_tactic(key)) {
+      Candidate c{};
+      char kind[16] = {};
+      unsigned long long ws = 0;
+      if (std::sscanf(cached->c_str(), "%15[a-z]:%d:%llu", kind, &c.algo, &ws) == 3) {
+        fused_ = std::string(kind) == "fused";
+        algo_ = c.algo;
+        workspace_ = static_cast<size_t>(ws);
+        return;
+      }
+    }
+    std::vector<Candidate> list = candidates(services);
+    if (list.empty()) throw Error(ErrorKind::kUnsupported, "cuDNN has no algorithm for this convolution (" + key + ")");
+    const LayerIO& io = services.scratch_io();
+    const void* z = io.inputs.size() > 3 ? io.inputs[3] : nullptr;
+    float best = 1e30f;
+    std::string last_error;
+    for (const Candidate& c : list) {
+      void* ws = c.workspace ? services.scratch(c.workspace) : nullptr;
+      try {
+        float ms = services.time_ms([&](cudaStream_t s) {
+          run(services.cudnn(), io.inputs[0], z, io.outputs[0], ws, s, c.fused, c.algo, c.workspace);
+        });
+        if (ms < best) {
+          best = ms;
+          fused_ = c.fused;
+          algo_ = c.algo;
+          workspace_ = c.workspace;
+        }
+      } catch (const Error& e) {
+        last_error = e.what();  // this algorithm refused these parameters at run time
+        cudaGetLastError();
+      }
+    }
+    if (best >= 1e30f) throw Error(ErrorKind::kUnsupported, "no cuDNN algorithm ran this convolution: " + last_error);
+    services.record_tactic(key, encode(Candidate{fused_, algo_, workspace_}));
+  }
+
+  ConvParams p_;
+  TensorDescriptor x_desc_, y_desc_;
+  FilterDescriptor w_desc_;
+  ConvolutionDescriptor conv_desc_;
+  TensorDescriptor bias_desc_;
+  TensorSpec y_spec_;
+  DeviceActivation epilogue_act_;
+  cudnnActivationDescriptor_t relu_ = nullptr, identity_ = nullptr;
+  const void* weights_ = nullptr;
+  const float* bias32_ = nullptr;
+  const void* bias_storage_ = nullptr;
+  bool fused_ = false;
+  int algo_ = 0;
+  size_t workspace_ = 0;
+};
+
+// --- lowering ----------------------------------------------------------------------------------
+
+struct Lowering {
+  ConvParams params;
+  std::string why;  // "" when supported
+};
+
+Lowering plan_conv(const LayerRequest& r, bool transpose) {
+  Lowering l;
+  ConvParams& p = l.params;
+  const ir::Node& node = r.node;
+  if (!r.has_input(0) || !r.has_input(1)) { l.why = "X and W are required"; return l; }
+  if (r.input_dtypes[0] != DType::kFloat32) { l.why = "only float32 models are supported (got " + to_string(r.input_dtypes[0]) + ")"; return l; }
+  if (!r.is_constant(1)) { l.why = "the weights W must be a constant"; return l; }
+  if (r.has_input(2) && !r.is_constant(2)) { l.why = "the bias B must be a constant"; return l; }
+  const std::vector<int64_t>& x = r.input_shape(0);
+  const std::vector<int64_t>& w = r.constants[1]->shape();
+  p.spatial = static_cast<int>(x.size()) - 2;
+  if (p.spatial < 1 || p.spatial > 3) { l.why = std::to_string(p.spatial) + "-D convolutions are not supported"; return l; }
+  std::vector<int64_t> wk(w.begin() + 2, w.end()), in(x.begin() + 2, x.end());
+  ir::ConvGeometry g;
+  try {
+    g = ir::conv_geometry(node, p.spatial, wk, in, transpose);
+  } catch (const Error& e) {
+    l.why = e.message();
+    return l;
+  }
+  for (int i = 0; i < p.spatial; ++i) {
+    if (g.pad_begin[i] != g.pad_end[i]) {
+      l.why = "asymmetric padding (" + std::to_string(g.pad_begin[i]) + " before, " + std::to_string(g.pad_end[i]) +
+              " after) is not supported on the GPU yet";
+      return l;
+    }
+  }
+  if (transpose) {
+    for (int i = 0; i < p.spatial; ++i) {
+      int64_t natural = g.strides[i] * (x[2 + i] - 1) + g.effective_kernel(i) - g.pad_begin[i] - g.pad_end[i];
+      int64_t extra = r.output_shapes[0][2 + i] - natural;
+      if (extra < 0 || extra >= g.strides[i]) {
+        l.why = "this ConvTranspose output size needs pads cuDNN cannot express";
+        return l;
+      }
+    }
+  }
+  p.group = g.group;
+  p.transpose = transpose;
+  p.precision = r.precision;
+  p.has_bias = r.has_input(2);
+  p.has_z = node.op == "FusedConv" && r.has_input(3);
+  if (node.op == "FusedConv") p.act = ir::Activation::from_node(node);
+  const DType storage = r.float_storage();
+  const bool nhwc = p.spatial == 2 && storage == DType::kFloat16;
+  p.format = Format{storage, nhwc ? Layout::kNHWC : Layout::kLinear};
+  // 1-D convs run as 2-D with H = 1.
+  auto widen = [&](std::vector<int64_t> s) {
+    if (p.spatial == 1) s.insert(s.begin() + 2, 1);
+    return s;
+  };
+  p.x = widen(x);
+  p.w = widen(w);
+  p.y = widen(r.output_shapes[0]);
+  for (int i = 0; i < p.spatial; ++i) {
+    p.pads.push_back(static_cast<int>(g.pad_begin[i]));
+    p.strides.push_back(static_cast<int>(g.strides[i]));
+    p.dilations.push_back(static_cast<int>(g.dilations[i]));
+  }
+  if (p.spatial == 1) {
+    p.pads.insert(p.pads.begin(), 0);
+    p.strides.insert(p.strides.begin(), 1);
+    p.dilations.insert(p.dilations.begin(), 1);
+  }
+  // ConvTranspose runs as cuDNN's backward-data pass of the conv from y to x; the layer
+  // keeps our names (x read, y written) and passes them to cuDNN as dy and dx.
+  return l;
+}
+
+LayerFormats conv_formats(const LayerRequest& r, bool transpose) {
+  Lowering l = plan_conv(r, transpose);
+  LayerFormats f;
+  f.inputs.resize(r.inputs.size());
+  f.inputs[0] = l.params.format;
+  if (r.node.op == "FusedConv" && r.has_input(3)) f.inputs[3] = l.params.format;
+  f.outputs = {l.params.format};
+  return f;
+}
+
+std::unique_ptr<Layer> conv_create(const LayerRequest& r, BuildServices& services, bool transpose) {
+  Lowering l = plan_conv(r, transpose);
+  if (!l.why.empty()) throw r.node.error(ErrorKind::kUnsupported, l.why);
+  const Tensor* bias = r.has_input(2) ? r.constants[2] : nullptr;
+  return std::make_unique<ConvLayer>(l.params, services, *r.constants[1], bias);
+}
+
+}  // namespace
+
+KILN_REGISTER_CUDA_LAYERS(conv) {
+  for (const char* op : {"Conv", "FusedConv"}) {
+    LayerEntry e;
+    e.op = op;
+    e.domain = std::string(op) == "FusedConv" ? "kiln" : "";
+    e.check = [](const LayerRequest& r) { return plan_conv(r, false).why; };
+    e.formats = [](const LayerRequest& r) { return conv_formats(r, false); };
+    e.create = [](const LayerRequest& r, const LayerFormats&, BuildServices& s) { return conv_create(r, s, false); };
+    e.dtypes = "float32, float16 (cuDNN; NHWC for 2-D in fp16)";
+    registry.add(std::move(e));
+  }
+  LayerEntry t;
+  t.op = "ConvTranspose";
+  t.check = [](const LayerRequest& r) { return plan_conv(r, true).why; };
+  t.formats = [](const LayerRequest& r) { return conv_formats(r, true); };
+  t.create = [](const LayerRequest& r, const LayerFormats&, BuildServices& s) { return conv_create(r, s, true); };
+  t.dtypes = "float32, float16 (cuDNN)";
+  registry.add(std::move(t));
+}
+
+}  // namespace kiln::cuda
