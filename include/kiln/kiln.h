@@ -6,11 +6,25 @@
 //   kiln::Tensor image(kiln::DType::kFloat32, {1, 3, 224, 224});
 //   auto outputs = engine.run({{"input", image}});
 //
+// On a GPU (built with the CUDA backend):
+//
+//   kiln::BuildOptions options;
+//   options.device = kiln::Device::kCuda;
+//   options.precision = kiln::Precision::kFp16;
+//   options.input_shapes["input"] = {8, 3, 224, 224};   // GPU engines have fixed shapes
+//   kiln::Engine engine = kiln::Engine::from_onnx("resnet50.onnx", options);
+//   engine.save("resnet50.engine");                      // kiln::Engine::load() reads it back
+//   kiln::Context context = engine.create_context();     // memory + CUDA graph of one runner
+//   auto outputs = context.run({{"input", batch}});
+//
 // Every function throws kiln::Error (see error.h) on failure, never anything else.
-// Thread safety: an Engine may be shared between threads, but run() must be called from one
-// thread at a time (kernels keep scratch buffers); execution contexts come with dynamic shapes.
+// Thread safety: an Engine may be shared between threads. Engine::run() must be called from
+// one thread at a time (CPU kernels keep scratch buffers; a GPU engine runs on one built-in
+// context). A Context belongs to one thread at a time; several contexts of one engine may run
+// at once on different threads (unless a layer fell back to the CPU: see Engine::info()).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,30 +44,114 @@ struct TensorDesc {
   std::vector<std::string> dim_names;
 };
 
+enum class Device { kCpu, kCuda };
+
+// kFp32: strict float32 arithmetic. kTf32: float32 storage, TF32 tensor-core products.
+// kFp16: float16 storage where a layer supports it (float32 accumulation); layers that must
+// stay float32 do, and Engine::info() lists them. kBest: kFp16, with TF32 for float32 layers.
+enum class Precision { kFp32, kTf32, kFp16, kBest };
+const char* to_string(Precision precision);
+
 struct BuildOptions {
   bool optimize = true;  // run kiln's graph passes (constant folding, BatchNorm folding, fusion)
+  Device device = Device::kCpu;
+  Precision precision = Precision::kFp32;  // GPU engines
+  // GPU engines are built for fixed input shapes: the shape per input name; an input not
+  // listed takes its declared shape with dynamic dimensions set to 1.
+  std::map<std::string, std::vector<int64_t>> input_shapes;
+  // A timing cache file: read if it exists, written after the build.
+  std::string timing_cache;
+  // Run nodes without a GPU layer on the CPU (slow; otherwise such nodes fail the build).
+  bool allow_cpu_fallback = false;
+  // Progress lines of the build (layer by layer, with the chosen tactic); nullptr: quiet.
+  std::function<void(const std::string&)> log;
 };
+
+struct LayerInfo {
+  std::string name;
+  std::string op;
+  std::string tactic;     // e.g. "cudnn:fused algo=1", "cublasLt:algo#0", "cpu"
+  std::string precision;  // storage of its output: "float16", "float32", ...
+  bool cpu_fallback = false;
+  double flops = 0;
+};
+
+struct EngineInfo {
+  std::string backend;     // "cpu" or "cuda"
+  std::string device;      // GPU name, or "cpu"
+  std::string precision;   // "fp32", "tf32", "fp16", "best"
+  std::vector<LayerInfo> layers;
+  size_t weight_bytes = 0;       // GPU: weights on the device
+  size_t activation_bytes = 0;   // GPU: the activation arena of one context
+  size_t workspace_bytes = 0;    // GPU: library workspace of one context
+  std::vector<std::string> fp32_layers;  // fp16 builds: float layers that kept float32
+  bool has_cpu_fallback = false;
+};
+
+class Context;
 
 class Engine {
  public:
-  // Imports an ONNX model, optimizes it and builds an engine for the CPU.
+  // Imports an ONNX model, optimizes it and builds an engine for options.device.
   static Engine from_onnx(const std::string& onnx_path, const BuildOptions& options = {});
+  // Reads an engine file written by save(). The file is checked (format, kiln version,
+  // checksum, GPU and library versions); a mismatch is a kiln::Error that says which.
+  static Engine load(const std::string& engine_path);
+  // Writes the engine file (GPU engines). Provisional format: the model and the chosen
+  // tactics, so loading rebuilds without timing anything.
+  void save(const std::string& engine_path) const;
 
   const std::vector<TensorDesc>& inputs() const;
   const std::vector<TensorDesc>& outputs() const;
-  // "cpu" (the GPU engine arrives with the CUDA backend).
+  // "cpu" or "cuda".
   std::string backend() const;
-  // Number of layers after optimization.
+  // Number of layers after optimization (GPU: including reformat layers).
   size_t layer_count() const;
+  EngineInfo info() const;
+  // A new execution context (GPU engines): its own activation memory and CUDA graph.
+  Context create_context() const;
 
   // Runs the model. Every input must be given, with the declared dtype and a shape that
   // matches the declared one (dynamic dimensions may take any value, consistently).
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const;
 
- private:
   struct Impl;
+
+ private:
+  friend class Context;
   explicit Engine(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  static Engine build(std::string model_bytes, const std::string& name, const std::string& base_dir,
+                      const BuildOptions& options, const std::map<std::string, std::string>& tactics);
   std::shared_ptr<const Impl> impl_;
+};
+
+// Per-layer time of one profiled run.
+struct LayerTiming {
+  std::string name, op, tactic;
+  float ms = 0;
+};
+
+// One runner of a GPU engine: activation memory, library handles and a CUDA graph of its own.
+// Inputs and outputs live in device buffers of the engine's dtypes, row-major.
+class Context {
+ public:
+  // Device pointers of an input or output buffer (valid as long as the context).
+  void* input_buffer(const std::string& name) const;
+  void* output_buffer(const std::string& name) const;
+  // Runs the engine on a CUDA stream (a cudaStream_t; nullptr: the legacy default stream),
+  // asynchronously: the first call captures a CUDA graph, later ones replay it.
+  void enqueue(void* cuda_stream);
+  // Copies inputs in, runs, copies outputs out, waits.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
+  // Times every layer of one run (no CUDA graph); waits.
+  std::vector<LayerTiming> profile(void* cuda_stream);
+
+  struct Impl;
+
+ private:
+  friend class Engine;
+  explicit Context(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace kiln

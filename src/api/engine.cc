@@ -1,19 +1,69 @@
-// The public API (include/kiln/kiln.h) over the importer, the passes and the CPU engine.
+// The public API (include/kiln/kiln.h) over the importer, the passes, the CPU engine and,
+// when built with it, the CUDA engine.
 #include "kiln/kiln.h"
 
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
 #include "cpu/engine.h"
+#include "engine/engine_file.h"
+#include "ir/op_schema.h"
 #include "onnx/importer.h"
 #include "passes/pipeline.h"
 
+#if KILN_WITH_CUDA
+#include <cublasLt.h>
+#include <cudnn.h>
+
+#include "cuda/check.h"
+#include "cuda/engine.h"
+#endif
+
 namespace kiln {
+
+const char* to_string(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kTf32: return "tf32";
+    case Precision::kFp16: return "fp16";
+    case Precision::kBest: return "best";
+  }
+  return "?";
+}
 
 struct Engine::Impl {
   std::unique_ptr<cpu::CpuEngine> cpu;
   std::vector<TensorDesc> inputs;
   std::vector<TensorDesc> outputs;
+  BuildOptions options;
+  std::string model_bytes;  // the ONNX model, for the engine file
+  std::string model_name;
+#if KILN_WITH_CUDA
+  std::unique_ptr<cuda::CudaEngine> gpu;
+  // Engine::run's own context and stream, created on first use.
+  mutable std::mutex run_mutex;
+  mutable std::shared_ptr<Context::Impl> default_context;
+#endif
+};
+
+struct Context::Impl {
+  std::shared_ptr<const Engine::Impl> engine;
+#if KILN_WITH_CUDA
+  std::unique_ptr<cuda::CudaContext> context;
+  cudaStream_t stream = nullptr;
+  ~Impl() {
+    context.reset();
+    if (stream) cudaStreamDestroy(stream);
+  }
+#endif
 };
 
 namespace {
+
 TensorDesc describe(const ir::Graph& g, const std::string& name) {
   TensorDesc d;
   d.name = name;
@@ -27,35 +77,259 @@ TensorDesc describe(const ir::Graph& g, const std::string& name) {
   }
   return d;
 }
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(ErrorKind::kIo, "cannot open the model file (does it exist?)").file(path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+#if KILN_WITH_CUDA
+cuda::Precision cuda_precision(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return cuda::Precision::kFp32;
+    case Precision::kTf32: return cuda::Precision::kTf32;
+    case Precision::kFp16:
+    case Precision::kBest: return cuda::Precision::kFp16;
+  }
+  return cuda::Precision::kFp32;
+}
+
+// What an engine file must match on the machine that loads it.
+nlohmann::json device_identity() {
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  int runtime = 0;
+  KILN_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  return {{"gpu", prop.name},
+          {"compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor)},
+          {"cuda_runtime", runtime},
+          {"cudnn", static_cast<int64_t>(cudnnGetVersion())},
+          {"cublaslt", static_cast<int64_t>(cublasLtGetVersion())}};
+}
+#endif
+
 }  // namespace
 
-Engine Engine::from_onnx(const std::string& onnx_path, const BuildOptions& options) {
-  ir::Graph graph = onnx_import::import_file(onnx_path);
+Engine Engine::build(std::string model_bytes, const std::string& name, const std::string& base_dir,
+                     const BuildOptions& options, const std::map<std::string, std::string>& timing_entries) {
+  ir::Graph graph = onnx_import::import_bytes(model_bytes, name, base_dir);
+  auto impl = std::make_shared<Engine::Impl>();
+  impl->options = options;
+  impl->options.log = nullptr;
+  impl->model_bytes = std::move(model_bytes);
+  impl->model_name = name;
   try {
+    if (options.device == Device::kCuda) passes::bind_input_shapes(graph, options.input_shapes);
     if (options.optimize) passes::optimize(graph);
   } catch (Error& e) {
-    if (e.file_path().empty()) e.file(onnx_path);
+    if (e.file_path().empty()) e.file(name);
     throw;
   }
-  auto impl = std::make_shared<Impl>();
   for (const std::string& in : graph.inputs) impl->inputs.push_back(describe(graph, in));
   for (const std::string& out : graph.outputs) impl->outputs.push_back(describe(graph, out));
   try {
-    impl->cpu = std::make_unique<cpu::CpuEngine>(std::move(graph));
+    if (options.device == Device::kCpu) {
+      impl->cpu = std::make_unique<cpu::CpuEngine>(std::move(graph));
+    } else {
+#if KILN_WITH_CUDA
+      cuda::BuildConfig config;
+      config.precision = cuda_precision(options.precision);
+      config.allow_cpu_fallback = options.allow_cpu_fallback;
+      config.timing_cache_path = options.timing_cache;
+      config.timing_entries = timing_entries;
+      config.log = options.log;
+      impl->gpu = cuda::CudaEngine::build(graph, config);
+#else
+      throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend")
+          .hint("rebuild with the CUDA toolkit installed (KILN_WITH_CUDA=ON), or use --device cpu");
+#endif
+    }
   } catch (Error& e) {
-    if (e.file_path().empty()) e.file(onnx_path);
+    if (e.file_path().empty()) e.file(name);
     throw;
   }
   return Engine(std::move(impl));
 }
 
+Engine Engine::from_onnx(const std::string& onnx_path, const BuildOptions& options) {
+  std::string bytes = read_file(onnx_path);
+  std::string base_dir = std::filesystem::path(onnx_path).parent_path().string();
+  if (base_dir.empty()) base_dir = ".";
+  return build(std::move(bytes), onnx_path, base_dir, options, {});
+}
+
+void Engine::save(const std::string& engine_path) const {
+#if KILN_WITH_CUDA
+  if (!impl_->gpu)
+    throw Error(ErrorKind::kUnsupported, "only GPU engines can be saved yet").hint("build with --device cuda");
+  engine_file::Contents c;
+  nlohmann::json shapes = nlohmann::json::object();
+  for (const TensorDesc& d : impl_->inputs) shapes[d.name] = d.shape;
+  c.header = {{"kiln_version", KILN_VERSION},
+              {"backend", "cuda"},
+              {"device", device_identity()},
+              {"options",
+               {{"precision", to_string(impl_->options.precision)},
+                {"optimize", impl_->options.optimize},
+                {"allow_cpu_fallback", impl_->options.allow_cpu_fallback},
+                {"input_shapes", shapes}}},
+              {"model_name", std::filesystem::path(impl_->model_name).filename().string()},
+              {"tactics", impl_->gpu->timing_entries()}};
+  c.model = impl_->model_bytes;
+  engine_file::write(engine_path, c);
+#else
+  (void)engine_path;
+  throw Error(ErrorKind::kUnsupported, "only GPU engines can be saved, and this kiln has no CUDA backend");
+#endif
+}
+
+Engine Engine::load(const std::string& engine_path) {
+  engine_file::Contents c = engine_file::read(engine_path);
+  const nlohmann::json& h = c.header;
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    if (!h.contains(key)) throw Error(ErrorKind::kInvalidModel, std::string("the engine file's header has no '") + key + "'").file(engine_path);
+    return h.at(key);
+  };
+  try {
+    std::string version = field("kiln_version").get<std::string>();
+    if (version != KILN_VERSION)
+      throw Error(ErrorKind::kInvalidModel, "the engine was built by kiln " + version + ", this is kiln " + KILN_VERSION)
+          .file(engine_path)
+          .hint("rebuild it with this kiln (kiln build)");
+    if (field("backend").get<std::string>() != "cuda")
+      throw Error(ErrorKind::kInvalidModel, "unknown engine backend '" + field("backend").get<std::string>() + "'").file(engine_path);
+#if KILN_WITH_CUDA
+    nlohmann::json here = device_identity();
+    const nlohmann::json& built = field("device");
+    for (const char* key : {"compute_capability", "cudnn", "cublaslt"}) {
+      if (!built.contains(key) || built.at(key) != here.at(key))
+        throw Error(ErrorKind::kInvalidArgument, std::string("the engine was built for ") + key + " " +
+                                                     (built.contains(key) ? built.at(key).dump() : "?") + " (" +
+                                                     built.value("gpu", std::string("?")) + "), this machine has " +
+                                                     here.at(key).dump() + " (" + here.at("gpu").get<std::string>() + ")")
+            .file(engine_path)
+            .hint("rebuild the engine on this machine: kiln build model.onnx -o model.engine");
+    }
+    const nlohmann::json& o = field("options");
+    BuildOptions options;
+    options.device = Device::kCuda;
+    std::string precision = o.at("precision").get<std::string>();
+    options.precision = precision == "fp16" ? Precision::kFp16 : precision == "tf32" ? Precision::kTf32
+                        : precision == "best" ? Precision::kBest : Precision::kFp32;
+    options.optimize = o.at("optimize").get<bool>();
+    options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
+    for (const auto& [name, shape] : o.at("input_shapes").items()) options.input_shapes[name] = shape.get<std::vector<int64_t>>();
+    std::map<std::string, std::string> tactics = field("tactics").get<std::map<std::string, std::string>>();
+    return build(std::move(c.model), engine_path, "", options, tactics);
+#else
+    throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend and cannot run GPU engines").file(engine_path);
+#endif
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kInvalidModel, std::string("the engine file's header is malformed: ") + e.what()).file(engine_path);
+  }
+}
+
 const std::vector<TensorDesc>& Engine::inputs() const { return impl_->inputs; }
 const std::vector<TensorDesc>& Engine::outputs() const { return impl_->outputs; }
-std::string Engine::backend() const { return "cpu"; }
-size_t Engine::layer_count() const { return impl_->cpu->graph().nodes.size(); }
+
+std::string Engine::backend() const { return impl_->cpu ? "cpu" : "cuda"; }
+
+size_t Engine::layer_count() const {
+#if KILN_WITH_CUDA
+  if (impl_->gpu) return impl_->gpu->layers().size();
+#endif
+  return impl_->cpu->graph().nodes.size();
+}
+
+EngineInfo Engine::info() const {
+  EngineInfo info;
+  info.backend = backend();
+  info.precision = impl_->cpu ? "fp32" : to_string(impl_->options.precision);
+  if (impl_->cpu) {
+    info.device = "cpu";
+    const ir::Graph& g = impl_->cpu->graph();
+    for (const ir::Node& n : g.nodes) {
+      LayerInfo l{n.name, n.op, "cpu", "float32", false, 0};
+      try {
+        l.flops = static_cast<double>(ir::node_flops(g, n));
+      } catch (const Error&) {
+      }
+      info.layers.push_back(l);
+    }
+    return info;
+  }
+#if KILN_WITH_CUDA
+  const cuda::CudaEngine& e = *impl_->gpu;
+  info.device = e.device_name();
+  for (const cuda::PlannedLayer& l : e.layers()) {
+    LayerInfo li;
+    li.name = l.name;
+    li.op = l.op;
+    li.tactic = l.layer->tactic();
+    li.precision = l.outputs.empty() || l.outputs[0] < 0 ? "" : to_string(e.buffers()[l.outputs[0]].spec.format.dtype);
+    li.cpu_fallback = l.cpu_fallback;
+    li.flops = l.flops;
+    info.has_cpu_fallback |= l.cpu_fallback;
+    info.layers.push_back(li);
+  }
+  info.weight_bytes = e.weight_bytes();
+  info.activation_bytes = e.arena_bytes();
+  info.workspace_bytes = e.workspace_bytes();
+  info.fp32_layers = e.fp32_layers();
+#endif
+  return info;
+}
+
+Context Engine::create_context() const {
+#if KILN_WITH_CUDA
+  if (impl_->gpu) {
+    auto c = std::make_shared<Context::Impl>();
+    c->engine = impl_;
+    c->context = std::make_unique<cuda::CudaContext>(*impl_->gpu);
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    return Context(std::move(c));
+  }
+#endif
+  throw Error(ErrorKind::kUnsupported, "execution contexts are for GPU engines; CPU engines run with Engine::run");
+}
 
 std::map<std::string, Tensor> Engine::run(const std::map<std::string, Tensor>& inputs) const {
+#if KILN_WITH_CUDA
+  if (impl_->gpu) {
+    std::lock_guard<std::mutex> lock(impl_->run_mutex);
+    if (!impl_->default_context) impl_->default_context = create_context().impl_;
+    return Context(impl_->default_context).run(inputs);
+  }
+#endif
   return impl_->cpu->run(inputs);
 }
+
+#if KILN_WITH_CUDA
+void* Context::input_buffer(const std::string& name) const { return impl_->context->input_buffer(name); }
+void* Context::output_buffer(const std::string& name) const { return impl_->context->output_buffer(name); }
+void Context::enqueue(void* cuda_stream) { impl_->context->enqueue(static_cast<cudaStream_t>(cuda_stream)); }
+std::map<std::string, Tensor> Context::run(const std::map<std::string, Tensor>& inputs) {
+  return impl_->context->run(inputs, impl_->stream);
+}
+std::vector<LayerTiming> Context::profile(void* cuda_stream) {
+  std::vector<LayerTiming> out;
+  for (const cuda::LayerTime& t : impl_->context->profile(static_cast<cudaStream_t>(cuda_stream)))
+    out.push_back(LayerTiming{t.name, t.op, t.tactic, t.ms});
+  return out;
+}
+#else
+void* Context::input_buffer(const std::string&) const { throw Error(ErrorKind::kUnsupported, "no CUDA backend"); }
+void* Context::output_buffer(const std::string&) const { throw Error(ErrorKind::kUnsupported, "no CUDA backend"); }
+void Context::enqueue(void*) { throw Error(ErrorKind::kUnsupported, "no CUDA backend"); }
+std::map<std::string, Tensor> Context::run(const std::map<std::string, Tensor>&) {
+  throw Error(ErrorKind::kUnsupported, "no CUDA backend");
+}
+std::vector<LayerTiming> Context::profile(void*) { throw Error(ErrorKind::kUnsupported, "no CUDA backend"); }
+#endif
 
 }  // namespace kiln

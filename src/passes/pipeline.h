@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -51,6 +53,11 @@ int simplify_shape_chains(ir::Graph& graph);
 // inference cannot follow) by folding the shape subgraphs at two bindings of the symbolic
 // input dims, and stores them as symbolic values.
 int probe_symbolic_values(ir::Graph& graph, const NodeEvaluator& evaluate);
+
+// Gives every input its shape from `shapes` (by input name; dims must agree with the declared
+// ones), or its declared shape with dynamic dims set to 1, and re-infers all shapes.
+// Throws kInvalidArgument naming the input on a contradiction or an unknown name.
+int bind_input_shapes(ir::Graph& graph, const std::map<std::string, std::vector<int64_t>>& shapes);
 
 struct PassOptions {
   bool fold_constants = true;
