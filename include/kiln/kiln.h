@@ -108,8 +108,9 @@ class Engine {
   // Number of layers after optimization (GPU: including reformat layers).
   size_t layer_count() const;
   EngineInfo info() const;
-  // A new execution context (GPU engines): its own activation memory and CUDA graph.
-  Context create_context() const;
+  // A new execution context (GPU engines): its own activation memory and CUDA graph
+  // (use_cuda_graph false: every run launches layer by layer).
+  Context create_context(bool use_cuda_graph = true) const;
 
   // Runs the model. Every input must be given, with the declared dtype and a shape that
   // matches the declared one (dynamic dimensions may take any value, consistently).

@@ -285,12 +285,12 @@ EngineInfo Engine::info() const {
   return info;
 }
 
-Context Engine::create_context() const {
+Context Engine::create_context(bool use_cuda_graph) const {
 #if KILN_WITH_CUDA
   if (impl_->gpu) {
     auto c = std::make_shared<Context::Impl>();
     c->engine = impl_;
-    c->context = std::make_unique<cuda::CudaContext>(*impl_->gpu);
+    c->context = std::make_unique<cuda::CudaContext>(*impl_->gpu, use_cuda_graph);
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     return Context(std::move(c));
   }

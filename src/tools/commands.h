@@ -12,5 +12,7 @@ void add_inspect_command(CLI::App& app, std::function<int()>& action);
 void add_run_command(CLI::App& app, std::function<int()>& action);
 void add_conformance_command(CLI::App& app, std::function<int()>& action);
 void add_operators_command(CLI::App& app, std::function<int()>& action);
+void add_build_command(CLI::App& app, std::function<int()>& action);
+void add_bench_command(CLI::App& app, std::function<int()>& action);
 
 }  // namespace kiln::tools

@@ -37,6 +37,7 @@ struct ConformanceOptions {
   bool no_fork = false;
   int timeout_s = 120;
   bool no_optimize = false;
+  std::string device = "cpu";  // "cuda": the GPU engine, built per test data set at its shapes
 };
 
 struct Case {
@@ -151,9 +152,18 @@ Result run_case(const Case& c, const ConformanceOptions& o) {
   };
   BuildOptions build;
   build.optimize = !o.no_optimize;
+  const bool gpu = o.device == "cuda";
+  if (gpu) build.device = Device::kCuda;
   std::optional<Engine> engine;
+  std::vector<std::string> input_names;
   try {
-    engine.emplace(Engine::from_onnx((c.dir / "model.onnx").string(), build));
+    if (gpu) {
+      // GPU engines have fixed shapes: learn the input names now, build per data set below.
+      ir::Graph g = onnx_import::import_file((c.dir / "model.onnx").string());
+      input_names = g.inputs;
+    } else {
+      engine.emplace(Engine::from_onnx((c.dir / "model.onnx").string(), build));
+    }
   } catch (const Error& e) {
     return classify(e, "build");
   }
@@ -167,6 +177,22 @@ Result run_case(const Case& c, const ConformanceOptions& o) {
     std::string where = sets.size() > 1 ? set.filename().string() + ": " : "";
     std::vector<fs::path> in_files = numbered_files(set, "input_");
     std::vector<fs::path> out_files = numbered_files(set, "output_");
+    if (gpu) {
+      if (in_files.size() != input_names.size())
+        return {Status::kFail, fmt::format("{}the test gives {} inputs, the model has {}", where, in_files.size(), input_names.size())};
+      try {
+        build.input_shapes.clear();
+        for (size_t i = 0; i < in_files.size(); ++i)
+          build.input_shapes[input_names[i]] = onnx_import::read_tensor_file(in_files[i].string()).shape();
+      } catch (const Error& e) {
+        return classify(e, where + "reading test data");
+      }
+      try {
+        engine.emplace(Engine::from_onnx((c.dir / "model.onnx").string(), build));
+      } catch (const Error& e) {
+        return classify(e, where + "build");
+      }
+    }
     const auto& ins = engine->inputs();
     const auto& outs = engine->outputs();
     if (in_files.size() != ins.size())
@@ -250,6 +276,72 @@ Result run_case_in_child(const Case& c, const ConformanceOptions& o) {
   return {static_cast<Status>(std::stoi(msg.substr(0, nl))), msg.substr(nl + 1)};
 }
 
+// GPU cases run in one long-lived worker process (a process per case would pay CUDA's
+// start-up each time): the worker runs cases from `first` on and writes one result per case;
+// when it crashes or times out, the case it was on fails and a new worker takes the next.
+void run_cases_in_workers(const std::vector<Case>& cases, const ConformanceOptions& o,
+                          const std::function<void(size_t, const Result&)>& report) {
+  size_t next = 0;
+  while (next < cases.size()) {
+    int fds[2];
+    if (pipe(fds) != 0) throw Error(ErrorKind::kInternal, std::string("pipe failed: ") + std::strerror(errno));
+    std::cout.flush();
+    std::cerr.flush();
+    pid_t pid = fork();
+    if (pid < 0) throw Error(ErrorKind::kInternal, std::string("fork failed: ") + std::strerror(errno));
+    if (pid == 0) {
+      close(fds[0]);
+      for (size_t i = next; i < cases.size(); ++i) {
+        alarm(static_cast<unsigned>(o.timeout_s));
+        Result r = run_case_guarded(cases[i], o);
+        std::string body = std::to_string(static_cast<int>(r.status)) + "\n" + r.reason;
+        std::string msg = std::to_string(body.size()) + "\n" + body;
+        size_t done = 0;
+        while (done < msg.size()) {
+          ssize_t n = write(fds[1], msg.data() + done, msg.size() - done);
+          if (n <= 0) _exit(1);
+          done += static_cast<size_t>(n);
+        }
+      }
+      _exit(0);
+    }
+    close(fds[1]);
+    std::string buffer;
+    char buf[4096];
+    auto take_results = [&] {
+      while (true) {
+        size_t nl = buffer.find('\n');
+        if (nl == std::string::npos) return;
+        size_t len = std::stoul(buffer.substr(0, nl));
+        if (buffer.size() < nl + 1 + len) return;
+        std::string body = buffer.substr(nl + 1, len);
+        buffer.erase(0, nl + 1 + len);
+        size_t bl = body.find('\n');
+        report(next, Result{static_cast<Status>(std::stoi(body.substr(0, bl))), body.substr(bl + 1)});
+        ++next;
+      }
+    };
+    while (true) {
+      ssize_t n = read(fds[0], buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      buffer.append(buf, static_cast<size_t>(n));
+      take_results();
+    }
+    close(fds[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (next < cases.size() && (WIFSIGNALED(status) || WEXITSTATUS(status) != 0)) {
+      int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      Result r{Status::kFail, sig == SIGALRM ? fmt::format("timed out after {} s", o.timeout_s)
+                              : sig ? fmt::format("crashed with signal {} ({})", sig, strsignal(sig))
+                                    : "the worker process exited without a result"};
+      report(next, r);
+      ++next;
+    }
+  }
+}
+
 std::string one_line(std::string s, size_t max) {
   std::replace(s.begin(), s.end(), '\n', ' ');
   if (s.size() > max) s = s.substr(0, max) + "...";
@@ -273,18 +365,24 @@ int conformance(const ConformanceOptions& o) {
                                                  (o.filter.empty() ? "" : " match --filter '" + o.filter + "'"));
   int counts[3] = {0, 0, 0};
   nlohmann::json results = nlohmann::json::array();
-  for (const Case& c : cases) {
-    Result r = o.no_fork ? run_case_guarded(c, o) : run_case_in_child(c, o);
+  auto report = [&](size_t i, const Result& r) {
+    const Case& c = cases[i];
     ++counts[static_cast<int>(r.status)];
     std::cout << status_name(r.status) << " " << c.name;
     if (!r.reason.empty()) std::cout << ": " << (o.verbose ? r.reason : one_line(r.reason, 200));
     std::cout << std::endl;
     results.push_back({{"name", c.name}, {"status", status_name(r.status)}, {"reason", r.reason}});
+  };
+  if (o.device == "cuda" && !o.no_fork) {
+    run_cases_in_workers(cases, o, report);
+  } else {
+    for (size_t i = 0; i < cases.size(); ++i)
+      report(i, o.no_fork ? run_case_guarded(cases[i], o) : run_case_in_child(cases[i], o));
   }
   int total = static_cast<int>(cases.size());
   std::cout << fmt::format("\n{} cases: {} passed, {} failed, {} unsupported ({:.1f}% pass)\n", total, counts[0], counts[1],
                            counts[2], 100.0 * counts[0] / total);
-  nlohmann::json summary = {{"dir", o.dir}, {"filter", o.filter}, {"total", total}, {"pass", counts[0]},
+  nlohmann::json summary = {{"dir", o.dir}, {"device", o.device}, {"filter", o.filter}, {"total", total}, {"pass", counts[0]},
                             {"fail", counts[1]}, {"unsupported", counts[2]}, {"rtol", kRtol}, {"atol", kAtol},
                             {"cases", results}};
   if (!o.json.empty()) {
@@ -312,6 +410,8 @@ void add_conformance_command(CLI::App& app, std::function<int()>& action) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_flag("--no-fork", o->no_fork, "Run cases in this process (for debuggers; a crash then ends the run)");
   cmd->add_flag("--no-optimize", o->no_optimize, "Skip kiln's graph passes");
+  cmd->add_option("--device", o->device, "cpu, or cuda: the GPU engine (fp32), built for each test data set's shapes")
+      ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([o, &action] { action = [o] { return conformance(*o); }; });
 }
 

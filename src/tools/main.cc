@@ -1,4 +1,4 @@
-// kiln: the command line. Subcommands: inspect, run, conformance, operators.
+// kiln: the command line. Subcommands: inspect, build, run, bench, conformance, operators.
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -12,7 +12,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION);
   std::function<int()> action;
   kiln::tools::add_inspect_command(app, action);
+  kiln::tools::add_build_command(app, action);
   kiln::tools::add_run_command(app, action);
+  kiln::tools::add_bench_command(app, action);
   kiln::tools::add_conformance_command(app, action);
   kiln::tools::add_operators_command(app, action);
   try {

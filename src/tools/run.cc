@@ -16,6 +16,7 @@
 #include "kiln/kiln.h"
 #include "onnx/importer.h"
 #include "tools/commands.h"
+#include "tools/engine_options.h"
 #include "tools/shapes.h"
 
 namespace kiln::tools {
@@ -35,7 +36,7 @@ struct RunOptions {
   std::string output_dir;
   int top_k = 5;
   std::string labels;
-  bool no_optimize = false;
+  EngineOptions engine;  // --device, precision, --timing-cache, --allow-cpu-fallback
   // Image preprocessing.
   int64_t resize = 256;
   std::string crop;  // "224" or "HxW"; default: the model's H, W
@@ -273,16 +274,53 @@ std::vector<std::string> read_labels(const std::string& path) {
 
 int run(const RunOptions& o) {
   std::vector<std::string> labels = o.labels.empty() ? std::vector<std::string>{} : read_labels(o.labels);
-  BuildOptions build;
-  build.optimize = !o.no_optimize;
-  auto t0 = std::chrono::steady_clock::now();
-  Engine engine = Engine::from_onnx(o.model, build);
-  double build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << fmt::format("model: {} ({} layers on {}{}, built in {:.1f} ms)\n", o.model, engine.layer_count(), engine.backend(),
-                           o.no_optimize ? ", not optimized" : "", build_ms);
+  // A GPU engine is built for the shapes of the data given, so the inputs are read first, by
+  // the model's declared inputs; a CPU engine or an engine file is opened first.
+  const bool engine_file = is_engine_file(o.model);
+  const bool gpu_from_onnx = !engine_file && o.engine.device == "cuda";
+  std::optional<Engine> engine;
+  double build_ms = 0;
+  auto open_engine = [&](const std::map<std::string, std::vector<int64_t>>& shapes) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (engine_file) {
+      engine.emplace(Engine::load(o.model));
+    } else {
+      std::vector<std::string> unused;
+      EngineOptions eo = o.engine;
+      eo.shapes.clear();
+      eo.dims.clear();
+      eo.batch = -1;
+      BuildOptions build = eo.build_options(o.model, unused);
+      for (const auto& [name, shape] : shapes) build.input_shapes[name] = shape;
+      engine.emplace(Engine::from_onnx(o.model, build));
+    }
+    build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::cout << fmt::format("model: {} ({} layers on {}{}, {} in {:.1f} ms)\n", o.model, engine->layer_count(),
+                             engine->backend(), o.engine.no_optimize ? ", not optimized" : "",
+                             engine_file ? "loaded" : "built", build_ms);
+  };
+  std::vector<TensorDesc> declared;
+  if (gpu_from_onnx) {
+    ir::Graph g = onnx_import::import_file(o.model);
+    for (const std::string& in : g.inputs) {
+      TensorDesc d;
+      d.name = in;
+      const ir::Value& v = g.value(in);
+      d.dtype = v.type.dtype;
+      if (v.type.shape)
+        for (const ir::Dim& dim : *v.type.shape) {
+          d.shape.push_back(dim.known() ? dim.value : -1);
+          d.dim_names.push_back(dim.known() ? "" : dim.symbol);
+        }
+      declared.push_back(d);
+    }
+  } else {
+    open_engine({});
+    declared = engine->inputs();
+  }
 
   std::vector<std::string> input_names, symbols;
-  for (const TensorDesc& d : engine.inputs()) {
+  for (const TensorDesc& d : declared) {
     input_names.push_back(d.name);
     for (const std::string& s : d.dim_names)
       if (!s.empty()) symbols.push_back(s);
@@ -321,7 +359,7 @@ int run(const RunOptions& o) {
   std::map<std::string, Tensor> inputs;
   std::vector<std::string> missing, defaulted;
   std::mt19937_64 rng(o.seed);
-  for (const TensorDesc& d : engine.inputs()) {
+  for (const TensorDesc& d : declared) {
     auto f = files.find(d.name);
     if (f != files.end()) {
       inputs[d.name] = load_input(f->second, d, o);
@@ -341,8 +379,13 @@ int run(const RunOptions& o) {
   if (!defaulted.empty())
     std::cout << fmt::format("note: dynamic dimensions set to 1: {} (choose with --dim NAME=VALUE, --shapes or --batch)\n", join(defaulted));
 
-  t0 = std::chrono::steady_clock::now();
-  std::map<std::string, Tensor> outputs = engine.run(inputs);
+  if (gpu_from_onnx) {
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& [name, t] : inputs) shapes[name] = t.shape();
+    open_engine(shapes);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  std::map<std::string, Tensor> outputs = engine->run(inputs);
   double run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::cout << fmt::format("ran in {:.2f} ms\n", run_ms);
 
@@ -351,7 +394,7 @@ int run(const RunOptions& o) {
     fs::create_directories(o.output_dir, ec);
     if (ec) throw Error(ErrorKind::kIo, "cannot create the directory '" + o.output_dir + "': " + ec.message());
   }
-  for (const TensorDesc& d : engine.outputs()) {
+  for (const TensorDesc& d : engine->outputs()) {
     const Tensor& t = outputs.at(d.name);
     print_output(d.name, t, o, labels);
     if (!o.output_dir.empty()) {
@@ -367,8 +410,8 @@ int run(const RunOptions& o) {
 
 void add_run_command(CLI::App& app, std::function<int()>& action) {
   auto o = std::make_shared<RunOptions>();
-  CLI::App* cmd = app.add_subcommand("run", "Run a model on the CPU engine and summarize its outputs");
-  cmd->add_option("model", o->model, "ONNX model file")->required();
+  CLI::App* cmd = app.add_subcommand("run", "Run a model (CPU or GPU engine, or an engine file) and summarize its outputs");
+  cmd->add_option("model", o->model, "ONNX model file or kiln engine file")->required();
   cmd->add_option("--input,-i", o->inputs,
                   "Input data: NAME=FILE or FILE (next unnamed input); FILE is .npy, .pb (ONNX TensorProto) or an image (repeatable)");
   cmd->add_flag("--random", o->random, "Fill inputs without a file with random data (floats ~ N(0,1), integers in 0..9)");
@@ -381,13 +424,13 @@ void add_run_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--top-k", o->top_k, "Classes to show per row of classifier outputs ([N, C] float; 0: none)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--labels", o->labels, "Class names, one per line, for the top-k lists");
-  cmd->add_flag("--no-optimize", o->no_optimize, "Skip kiln's graph passes (to compare with the optimized graph)");
   cmd->add_option("--resize", o->resize, "Images: scale the shorter side to this before cropping (0: no resize)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--crop", o->crop, "Images: center crop SIZE or HxW (default: the model's input H, W, else 224)");
   cmd->add_option("--mean", o->mean, "Images: per-channel mean of [0,1] values (default ImageNet's)")->expected(1, 3);
   cmd->add_option("--std", o->std, "Images: per-channel standard deviation (default ImageNet's)")->expected(1, 3);
   cmd->add_flag("--gray", o->gray, "Images: one gray channel (automatic for 1-channel inputs)");
+  o->engine.add_to(cmd, "cpu", /*shape_options=*/false);
   cmd->callback([o, &action] { action = [o] { return run(*o); }; });
 }
 

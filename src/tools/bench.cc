@@ -1,0 +1,290 @@
+// kiln bench: times an engine in the manner of trtexec. For each batch size: build (or load)
+// the engine, warm up, then time iterations with CUDA events around each run (the engine's
+// CUDA graph replay, optionally with the host<->device copies), synchronizing after each, as
+// the PyTorch peers in bench/ are timed. Reports latency statistics, throughput, GPU memory
+// and engine size; --profile adds time per layer; --json writes everything (docs/bench.md).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "tools/commands.h"
+#include "tools/engine_options.h"
+
+#if KILN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/check.h"
+#endif
+
+namespace kiln::tools {
+
+namespace {
+
+struct BenchOptions {
+  std::string model;
+  EngineOptions engine;
+  std::string batches;  // "1,8,128"
+  int warmup = 20;
+  int iterations = 0;   // 0: by batch size (200, or 50 for batches >= 64) unless --duration
+  double duration_s = 0;
+  bool with_transfers = false;
+  bool no_graph = false;
+  bool profile = false;
+  std::string json;
+  uint64_t seed = 0;
+};
+
+struct Stats {
+  double min = 0, mean = 0, median = 0, p90 = 0, p95 = 0, p99 = 0, max = 0, stddev = 0;
+};
+
+Stats statistics(std::vector<double> v) {
+  Stats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  auto pct = [&](double p) { return v[static_cast<size_t>(std::lround(p * static_cast<double>(v.size() - 1)))]; };
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  s.p90 = pct(0.90);
+  s.p95 = pct(0.95);
+  s.p99 = pct(0.99);
+  s.mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  double sq = 0;
+  for (double x : v) sq += (x - s.mean) * (x - s.mean);
+  s.stddev = std::sqrt(sq / static_cast<double>(v.size()));
+  return s;
+}
+
+nlohmann::json stats_json(const Stats& s) {
+  return {{"min", s.min}, {"mean", s.mean}, {"median", s.median}, {"p90", s.p90}, {"p95", s.p95},
+          {"p99", s.p99}, {"max", s.max}, {"stddev", s.stddev}};
+}
+
+std::vector<int64_t> parse_batches(const std::string& text) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  while (pos <= text.size() && !text.empty()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    try {
+      size_t used = 0;
+      long long v = std::stoll(item, &used);
+      if (used != item.size() || v <= 0) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw Error(ErrorKind::kInvalidArgument, "--batches takes positive integers separated by commas, not '" + text + "'");
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+#if KILN_WITH_CUDA
+Tensor random_tensor(const TensorDesc& d, std::mt19937_64& rng) {
+  Tensor t(d.dtype, d.shape);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    switch (d.dtype) {
+      case DType::kFloat32: t.data<float>()[i] = normal(rng); break;
+      case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(rng() % 10); break;
+      case DType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(rng() % 10); break;
+      case DType::kBool: t.data<bool>()[i] = rng() % 2; break;
+      default: break;  // zeros
+    }
+  }
+  return t;
+}
+
+nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_before) {
+  nlohmann::json r;
+  std::vector<std::string> defaulted;
+  EngineOptions eo = o.engine;
+  if (batch > 0) eo.batch = batch;
+  auto t0 = std::chrono::steady_clock::now();
+  std::optional<Engine> engine;
+  size_t engine_file_bytes = 0;
+  if (is_engine_file(o.model)) {
+    engine.emplace(Engine::load(o.model));
+    engine_file_bytes = std::filesystem::file_size(o.model);
+  } else {
+    engine.emplace(Engine::from_onnx(o.model, eo.build_options(o.model, defaulted)));
+  }
+  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Context context = engine->create_context(!o.no_graph);
+  size_t free_after = 0, total = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+  const int64_t items = engine->inputs().empty() || engine->inputs()[0].shape.empty() ? 1 : engine->inputs()[0].shape[0];
+
+  cudaStream_t stream = nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<std::pair<void*, void*>> h2d, d2h;  // (pinned host, device)
+  std::vector<size_t> h2d_bytes, d2h_bytes;
+  std::mt19937_64 rng(o.seed);
+  for (const TensorDesc& d : engine->inputs()) {
+    Tensor t = random_tensor(d, rng);
+    void* host = nullptr;
+    KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(t.nbytes(), 1)));
+    std::memcpy(host, t.raw(), t.nbytes());
+    KILN_CUDA_CHECK(cudaMemcpy(context.input_buffer(d.name), host, t.nbytes(), cudaMemcpyHostToDevice));
+    h2d.push_back({host, context.input_buffer(d.name)});
+    h2d_bytes.push_back(t.nbytes());
+  }
+  for (const TensorDesc& d : engine->outputs()) {
+    size_t bytes = static_cast<size_t>(shape_numel(d.shape)) * element_size(d.dtype);
+    void* host = nullptr;
+    KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(bytes, 1)));
+    d2h.push_back({host, context.output_buffer(d.name)});
+    d2h_bytes.push_back(bytes);
+  }
+  cudaEvent_t start, end;
+  KILN_CUDA_CHECK(cudaEventCreate(&start));
+  KILN_CUDA_CHECK(cudaEventCreate(&end));
+  auto iteration = [&]() -> double {
+    KILN_CUDA_CHECK(cudaEventRecord(start, stream));
+    if (o.with_transfers)
+      for (size_t i = 0; i < h2d.size(); ++i)
+        KILN_CUDA_CHECK(cudaMemcpyAsync(h2d[i].second, h2d[i].first, h2d_bytes[i], cudaMemcpyHostToDevice, stream));
+    context.enqueue(stream);
+    if (o.with_transfers)
+      for (size_t i = 0; i < d2h.size(); ++i)
+        KILN_CUDA_CHECK(cudaMemcpyAsync(d2h[i].first, d2h[i].second, d2h_bytes[i], cudaMemcpyDeviceToHost, stream));
+    KILN_CUDA_CHECK(cudaEventRecord(end, stream));
+    KILN_CUDA_CHECK(cudaEventSynchronize(end));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+    return ms;
+  };
+  for (int i = 0; i < o.warmup; ++i) iteration();
+  std::vector<double> times;
+  const int iters = o.iterations > 0 ? o.iterations : (items >= 64 ? 50 : 200);
+  auto bench_start = std::chrono::steady_clock::now();
+  while (true) {
+    times.push_back(iteration());
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
+    if (o.duration_s > 0 ? (elapsed >= o.duration_s && times.size() >= 10) : static_cast<int>(times.size()) >= iters) break;
+  }
+  Stats s = statistics(times);
+  EngineInfo info = engine->info();
+  r = {{"batch", items},
+       {"precision", info.precision},
+       {"device", info.device},
+       {"layers", info.layers.size()},
+       {"build_s", build_s},
+       {"iterations", times.size()},
+       {"warmup", o.warmup},
+       {"cuda_graph", !o.no_graph},
+       {"with_transfers", o.with_transfers},
+       {"latency_ms", stats_json(s)},
+       {"throughput_per_s", 1000.0 * static_cast<double>(items) / s.median},
+       {"throughput_mean_per_s", 1000.0 * static_cast<double>(items) / s.mean},
+       {"weights_bytes", info.weight_bytes},
+       {"activation_bytes", info.activation_bytes},
+       {"workspace_bytes", info.workspace_bytes},
+       {"gpu_memory_used_bytes", free_before > free_after ? free_before - free_after : 0},
+       {"fp32_layers", info.fp32_layers},
+       {"cpu_fallback", info.has_cpu_fallback}};
+  if (engine_file_bytes) r["engine_file_bytes"] = engine_file_bytes;
+  std::cout << fmt::format(
+      "batch {:>4}  {}: median {:.4f} ms  mean {:.4f}  min {:.4f}  p90 {:.4f}  p95 {:.4f}  p99 {:.4f}  max {:.4f}  sd {:.4f}  "
+      "| {:.1f} items/s | build {:.1f} s | GPU memory {}\n",
+      items, info.precision, s.median, s.mean, s.min, s.p90, s.p95, s.p99, s.max, s.stddev,
+      1000.0 * static_cast<double>(items) / s.median, build_s,
+      format_bytes(static_cast<double>(free_before > free_after ? free_before - free_after : 0)));
+  if (o.profile) {
+    // Median per layer over several profiled runs.
+    const int runs = 10;
+    std::vector<std::vector<double>> per_layer;
+    std::vector<LayerTiming> first;
+    for (int i = 0; i < runs; ++i) {
+      std::vector<LayerTiming> t = context.profile(stream);
+      if (per_layer.empty()) {
+        per_layer.resize(t.size());
+        first = t;
+      }
+      for (size_t l = 0; l < t.size() && l < per_layer.size(); ++l) per_layer[l].push_back(t[l].ms);
+    }
+    nlohmann::json layers = nlohmann::json::array();
+    double total_ms = 0;
+    std::vector<std::pair<double, size_t>> order;
+    for (size_t l = 0; l < per_layer.size(); ++l) {
+      Stats ls = statistics(per_layer[l]);
+      total_ms += ls.median;
+      order.push_back({ls.median, l});
+      layers.push_back({{"name", first[l].name}, {"op", first[l].op}, {"tactic", first[l].tactic}, {"median_ms", ls.median},
+                        {"flops", l < info.layers.size() ? info.layers[l].flops : 0.0}});
+    }
+    std::sort(order.rbegin(), order.rend());
+    std::cout << fmt::format("  profile (median of {} runs, layer by layer without a CUDA graph): {:.4f} ms total\n", runs, total_ms);
+    for (size_t i = 0; i < std::min<size_t>(order.size(), 25); ++i) {
+      const auto& l = first[order[i].second];
+      std::cout << fmt::format("    {:>8.4f} ms {:>5.1f}%  {:<18} {:<40} {}\n", order[i].first, 100.0 * order[i].first / total_ms,
+                               l.op, l.name.substr(0, 40), l.tactic);
+    }
+    r["profile"] = {{"total_ms", total_ms}, {"layers", layers}};
+  }
+  KILN_CUDA_CHECK(cudaEventDestroy(start));
+  KILN_CUDA_CHECK(cudaEventDestroy(end));
+  for (auto& [host, dev] : h2d) cudaFreeHost(host);
+  for (auto& [host, dev] : d2h) cudaFreeHost(host);
+  KILN_CUDA_CHECK(cudaStreamDestroy(stream));
+  return r;
+}
+#endif
+
+int bench(const BenchOptions& o) {
+#if KILN_WITH_CUDA
+  if (o.engine.device != "cuda") throw Error(ErrorKind::kInvalidArgument, "kiln bench times GPU engines (--device cuda)");
+  std::vector<int64_t> batches = o.batches.empty() ? std::vector<int64_t>{o.engine.batch} : parse_batches(o.batches);
+  if (is_engine_file(o.model) && (batches.size() > 1 || batches[0] > 0))
+    throw Error(ErrorKind::kInvalidArgument, "an engine file has fixed shapes: --batches applies to ONNX models");
+  size_t free_before = 0, total = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+  nlohmann::json results = nlohmann::json::array();
+  for (int64_t b : batches) results.push_back(bench_one(o, b, free_before));
+  nlohmann::json out = {{"schema", "kiln-bench 1"},
+                        {"model", o.model},
+                        {"kiln_version", KILN_VERSION},
+                        {"timing", "CUDA events around each run, synchronized after each; throughput = batch / median latency"},
+                        {"results", results}};
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    if (!f) throw Error(ErrorKind::kIo, "cannot create '" + o.json + "'");
+    f << out.dump(1) << "\n";
+  }
+  return 0;
+#else
+  (void)o;
+  throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend; kiln bench needs a GPU");
+#endif
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, std::function<int()>& action) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "Time a GPU engine: latency statistics, throughput, memory (like trtexec)");
+  cmd->add_option("model", o->model, "ONNX model (built per batch size) or engine file")->required();
+  o->engine.add_to(cmd, "cuda");
+  cmd->add_option("--batches", o->batches, "Batch sizes to sweep, e.g. 1,8,128 (ONNX models with a dynamic batch)");
+  cmd->add_option("--warmup", o->warmup, "Untimed runs first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--iterations", o->iterations, "Timed runs (default 200, or 50 for batches >= 64)")->check(CLI::PositiveNumber);
+  cmd->add_option("--duration", o->duration_s, "Time runs for this many seconds instead (at least 10 runs)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--with-transfers", o->with_transfers, "Include copying inputs in and outputs out (pinned host memory)");
+  cmd->add_flag("--no-graph", o->no_graph, "Launch layer by layer instead of replaying a CUDA graph");
+  cmd->add_flag("--profile", o->profile, "Also time every layer (median of 10 runs)");
+  cmd->add_option("--json", o->json, "Write the results as JSON (schema: docs/bench.md)");
+  cmd->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
+  cmd->callback([o, &action] { action = [o] { return bench(*o); }; });
+}
+
+}  // namespace kiln::tools

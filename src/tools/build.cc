@@ -1,0 +1,82 @@
+// kiln build model.onnx --fp16 -o model.engine: builds a GPU engine (tactics timed on this
+// GPU) and writes the engine file; prints what it chose and the memory it needs.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+
+#include "tools/commands.h"
+#include "tools/engine_options.h"
+
+namespace kiln::tools {
+
+namespace {
+
+struct BuildCommandOptions {
+  std::string model;
+  std::string output;
+  EngineOptions engine;
+};
+
+void print_summary(const Engine& engine) {
+  EngineInfo info = engine.info();
+  std::map<std::string, int> ops;
+  int fallback = 0;
+  for (const LayerInfo& l : info.layers) {
+    ++ops[l.op];
+    fallback += l.cpu_fallback;
+  }
+  std::cout << fmt::format("engine: {} layers on {} ({}), precision {}\n", info.layers.size(), info.device, info.backend,
+                           info.precision);
+  std::string list;
+  for (const auto& [op, n] : ops) list += fmt::format("{}{} x{}", list.empty() ? "" : ", ", op, n);
+  std::cout << "  layers: " << list << "\n";
+  std::cout << fmt::format("  memory: weights {}, activations {}, workspace {}\n", format_bytes(static_cast<double>(info.weight_bytes)),
+                           format_bytes(static_cast<double>(info.activation_bytes)),
+                           format_bytes(static_cast<double>(info.workspace_bytes)));
+  if (!info.fp32_layers.empty()) {
+    std::cout << fmt::format("  {} layer(s) kept float32 in this fp16 build:", info.fp32_layers.size());
+    for (const std::string& l : info.fp32_layers) std::cout << " " << l;
+    std::cout << "\n";
+  }
+  if (fallback) std::cout << fmt::format("  {} layer(s) run on the CPU (--allow-cpu-fallback)\n", fallback);
+  for (const TensorDesc& d : engine.inputs())
+    std::cout << fmt::format("  input  '{}': {} [{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
+  for (const TensorDesc& d : engine.outputs())
+    std::cout << fmt::format("  output '{}': {} [{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
+}
+
+int build(const BuildCommandOptions& o) {
+  std::vector<std::string> defaulted;
+  BuildOptions options = o.engine.build_options(o.model, defaulted);
+  if (options.device != Device::kCuda)
+    throw Error(ErrorKind::kInvalidArgument, "kiln build writes GPU engines; --device cpu has no engine file yet");
+  if (!defaulted.empty()) {
+    std::string list;
+    for (const std::string& d : defaulted) list += (list.empty() ? "" : ", ") + d;
+    std::cout << "note: dynamic dimensions set to 1: " << list << " (choose with --batch, --dim or --shapes)\n";
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  Engine engine = Engine::from_onnx(o.model, options);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string out = o.output.empty() ? std::filesystem::path(o.model).replace_extension(".engine").string() : o.output;
+  engine.save(out);
+  print_summary(engine);
+  std::cout << fmt::format("built in {:.2f} s; wrote {} ({})\n", seconds, out,
+                           format_bytes(static_cast<double>(std::filesystem::file_size(out))));
+  return 0;
+}
+
+}  // namespace
+
+void add_build_command(CLI::App& app, std::function<int()>& action) {
+  auto o = std::make_shared<BuildCommandOptions>();
+  CLI::App* cmd = app.add_subcommand("build", "Build a GPU engine from an ONNX model and write the engine file");
+  cmd->add_option("model", o->model, "ONNX model file")->required();
+  cmd->add_option("-o,--output", o->output, "Engine file to write (default: the model's name with .engine)");
+  o->engine.add_to(cmd, "cuda");
+  cmd->callback([o, &action] { action = [o] { return build(*o); }; });
+}
+
+}  // namespace kiln::tools

@@ -1,0 +1,39 @@
+// Options shared by the commands that build engines (build, run, bench): device, precision,
+// input shapes, timing cache, CPU fallback; and opening a model or an engine file.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+
+namespace kiln::tools {
+
+struct EngineOptions {
+  std::string device = "cuda";
+  bool fp16 = false, tf32 = false, fp32 = false, best = false;
+  std::vector<std::string> shapes;  // --shapes input:1x3x224x224
+  std::vector<std::string> dims;    // --dim N=8
+  int64_t batch = -1;               // --batch: the first dim of inputs whose first dim is dynamic
+  std::string timing_cache;
+  bool allow_cpu_fallback = false;
+  bool no_optimize = false;
+  bool verbose = false;
+
+  // Adds the options to a subcommand (`device_default`: "cuda" for build/bench, "cpu" for run;
+  // `shape_options` false for commands that have their own --shapes/--dim/--batch).
+  void add_to(CLI::App* cmd, const std::string& device_default, bool shape_options = true);
+  Precision precision() const;
+  // Build options for `model`: input shapes resolved from the model's declared inputs and the
+  // --shapes/--dim/--batch options (unbound dynamic dims become 1, and `defaulted` lists them).
+  BuildOptions build_options(const std::string& model, std::vector<std::string>& defaulted) const;
+};
+
+// True when `path` is a kiln engine file (by its magic), false for anything else.
+bool is_engine_file(const std::string& path);
+
+// "12.3 MiB"
+std::string format_bytes(double bytes);
+
+}  // namespace kiln::tools
