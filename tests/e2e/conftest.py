@@ -8,13 +8,15 @@ from __future__ import annotations
 import glob
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
+import sys
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+from e2e_models import E2eModel, load_model_list  # noqa: E402,F401  (shared with tests/gpu)
 
 
 def pytest_addoption(parser):
@@ -35,26 +37,6 @@ def pytest_collection_modifyitems(config, items):
         (keep if model is not None and model.name in wanted else drop).append(item)
     items[:] = keep
     config.hook.pytest_deselected(items=drop)
-
-
-@dataclass(frozen=True)
-class E2eModel:
-    name: str
-    size: int  # image height and width; ignored by the text model
-
-    def __str__(self) -> str:
-        return self.name
-
-
-def load_model_list() -> list[E2eModel]:
-    """tests/e2e/models.txt: one model per line, an optional image size after it."""
-    models = []
-    with open(os.path.join(os.path.dirname(__file__), "models.txt")) as f:
-        for line in f:
-            fields = line.split("#", 1)[0].split()
-            if fields:
-                models.append(E2eModel(fields[0], int(fields[1]) if len(fields) > 1 else 64))
-    return models
 
 
 def find_kiln() -> str:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import export_model
-from conftest import load_model_list
+from e2e_models import ExportError, exported_model, load_model_list
 
 TOLERANCE = 1e-4  # relative L2 error, kiln vs ONNX Runtime
 
@@ -22,32 +22,6 @@ TOLERANCE = 1e-4  # relative L2 error, kiln vs ONNX Runtime
 # exports one after all, the test reports XPASS as a failure, so this list stays true.
 EXPORT_FAILS = {
 }
-
-
-class ExportError(Exception):
-    pass
-
-
-def exported_model(cache: str, model, exporter: str) -> str:
-    """The model exported with exporter, from the cache or exported now. A failed export is
-    remembered too (the exporters fail the same way every time, and slowly)."""
-    path = os.path.join(cache, f"{model.name}-{model.size}px-{exporter}.onnx")
-    failed = path + ".export-failed"
-    if os.path.exists(path):
-        return path
-    if os.path.exists(failed):
-        with open(failed) as f:
-            raise ExportError(f.read())
-    spec = export_model.load_model(model.name, size=model.size)
-    opset = 17 if exporter == "torchscript" else None
-    try:
-        export_model.export(spec, path, exporter, opset)
-    except Exception as e:  # the exporters raise many types; all mean "could not export"
-        message = f"{exporter} export of {model.name} failed: {type(e).__name__}: {str(e)[:2000]}"
-        with open(failed, "w") as f:
-            f.write(message)
-        raise ExportError(message) from e
-    return path
 
 
 def params():

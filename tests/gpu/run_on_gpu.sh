@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU session in one command, for the GPU machine (see ../shared/gpu/README.md): a kiln
+# built here (scripts/build_gpu.sh -> build-gpu/) runs there with cuDNN from torch's wheel.
+#   tests/gpu/run_on_gpu.sh STAGE...    stages: info conformance models bench
+# Logs and JSON go to $OUT (default out/).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+CUDNN=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(nvidia.cudnn.__path__[0], "lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=${CUDNN}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+if [[ -f build-gpu/dist/kiln.xz ]]; then
+  xz -dkc build-gpu/dist/kiln.xz > build-gpu/kiln && chmod +x build-gpu/kiln
+fi
+export KILN_BIN=$PWD/build-gpu/kiln
+export PYTHONUNBUFFERED=1
+status=0
+for stage in "$@"; do
+  echo "==> $stage"
+  case $stage in
+    info)
+      nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+      "$KILN_BIN" --version ;;
+    conformance)
+      # onnx's own node cases of the installed onnx, on the GPU engine (fp32).
+      [[ -d /tmp/onnx-node-tests/node ]] || python3 src/tools/generate_node_tests.py -o /tmp/onnx-node-tests > /dev/null
+      "$KILN_BIN" conformance /tmp/onnx-node-tests --device cuda --json "$OUT/conformance_gpu.json" > "$OUT/conformance_gpu.log" 2>&1
+      status=$((status | $?))
+      grep -E "^FAIL" "$OUT/conformance_gpu.log" | head -60
+      tail -2 "$OUT/conformance_gpu.log" | head -1 ;;
+    models)
+      python3 -m pytest tests/gpu -q -x --timeout 1200 -p no:cacheprovider ${KILN_GPU_MODELS:+-k "$KILN_GPU_MODELS"} 2>&1 | tee "$OUT/gpu_models.log" | tail -40
+      status=$((status | ${PIPESTATUS[0]})) ;;
+    bench)
+      python3 bench/gpu_resnet50.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -60
+      status=$((status | ${PIPESTATUS[0]})) ;;
+    *) echo "unknown stage $stage"; status=1 ;;
+  esac
+done
+exit $status
