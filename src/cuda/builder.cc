@@ -66,11 +66,20 @@ std::vector<std::string> CudaEngine::fp32_layers() const {
 
 namespace {
 
-bool is_view_op(const ir::Node& n) {
+bool is_view_op(const ir::Graph& g, const ir::Node& n) {
   if (!n.domain.empty()) return false;
-  return n.op == "Reshape" || n.op == "Flatten" || n.op == "Squeeze" || n.op == "Unsqueeze" ||
-         n.op == "Identity" || (n.op == "Dropout" && n.outputs.size() == 1);
+  if (n.op == "Dropout") {
+    // Inference-mode Dropout only: training_mode absent or a constant false.
+    if (n.outputs.size() != 1 && !(n.outputs.size() == 2 && n.outputs[1].empty())) return false;
+    if (!n.has_input(2)) return true;
+    const Tensor* mode = g.constant(n.inputs[2]);
+    return mode && mode->numel() == 1 && mode->value_as_double(0) == 0.0;
+  }
+  return n.op == "Reshape" || n.op == "Flatten" || n.op == "Squeeze" || n.op == "Unsqueeze" || n.op == "Identity";
 }
+
+// Shape and Size of a tensor whose shape the build knows: constants.
+bool is_shape_op(const ir::Node& n) { return n.domain.empty() && (n.op == "Shape" || n.op == "Size"); }
 
 // NCHW and NHWC are the same bytes when C == 1 or H * W == 1.
 bool layouts_share_memory(const std::vector<int64_t>& shape) {
@@ -148,6 +157,10 @@ class Builder final : public BuildServices {
   int constant_buffer(const std::string& value, const Format& format);
   void add_layer(PlannedLayer layer);
   void lower_view(const ir::Node& node);
+  void lower_shape(const ir::Node& node);
+  // Gives the outputs of a node that could not be lowered placeholder buffers, so the build
+  // goes on and reports every unsupported node at once.
+  void placeholder_outputs(const ir::Node& node);
   void lower_node(const ir::Node& node, std::vector<std::string>& unsupported);
   void log(const std::string& line) { if (config_.log) config_.log(line); }
 
@@ -319,6 +332,42 @@ void Builder::lower_view(const ir::Node& node) {
   value_buffer_[node.outputs[0]] = add_buffer(std::move(b));
 }
 
+void Builder::placeholder_outputs(const ir::Node& node) {
+  for (const std::string& out : node.outputs) {
+    if (out.empty()) continue;
+    const ir::Value& v = graph_.value(out);
+    Buffer b;
+    b.name = out;
+    std::vector<int64_t> shape;
+    if (v.type.shape)
+      for (const ir::Dim& d : *v.type.shape) shape.push_back(d.known() ? d.value : 0);
+    b.spec = TensorSpec{shape, Format{v.type.dtype, Layout::kLinear}};
+    value_buffer_[out] = add_buffer(std::move(b));
+  }
+}
+
+void Builder::lower_shape(const ir::Node& node) {
+  const std::vector<int64_t>& shape = buffers_[value_buffer_.at(node.inputs[0])].spec.shape;
+  Tensor result;
+  if (node.op == "Size") {
+    result = Tensor::from_vector<int64_t>({}, {shape_numel(shape)});
+  } else {
+    const int64_t rank = static_cast<int64_t>(shape.size());
+    auto clamp = [&](int64_t v) { return std::clamp(v < 0 ? v + rank : v, int64_t{0}, rank); };
+    const int64_t start = clamp(node.attrs.get_int("start", 0));
+    const int64_t end = node.attrs.has("end") ? clamp(node.attrs.get_int("end", rank)) : rank;
+    std::vector<int64_t> dims;
+    for (int64_t i = start; i < end; ++i) dims.push_back(shape[static_cast<size_t>(i)]);
+    result = Tensor::from_vector<int64_t>({static_cast<int64_t>(dims.size())}, dims);
+  }
+  Buffer b;
+  b.name = node.outputs[0];
+  b.spec = TensorSpec{result.shape(), Format{DType::kInt64, Layout::kLinear}};
+  b.kind = BufferKind::kWeight;
+  b.weight = upload(result.raw(), result.nbytes());
+  value_buffer_[node.outputs[0]] = add_buffer(std::move(b));
+}
+
 void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsupported) {
   // Logical specs of constants, kept alive while the request points at them.
   std::deque<TensorSpec> constant_specs;
@@ -355,6 +404,7 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
   const bool fallback = !why.empty();
   if (fallback && !config_.allow_cpu_fallback) {
     unsupported.push_back(node.name + " (" + node.op + "): " + why);
+    placeholder_outputs(node);
     return;
   }
   LayerFormats formats;
@@ -460,8 +510,10 @@ std::unique_ptr<CudaEngine> Builder::build() {
   auto started = std::chrono::steady_clock::now();
   for (size_t i = 0; i < total; ++i) {
     const ir::Node& node = graph_.nodes[i];
-    if (is_view_op(node)) {
+    if (is_view_op(graph_, node)) {
       lower_view(node);
+    } else if (is_shape_op(node) && value_buffer_.count(node.inputs[0])) {
+      lower_shape(node);
     } else {
       lower_node(node, unsupported);
     }

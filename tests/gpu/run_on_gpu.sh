@@ -29,10 +29,10 @@ for stage in "$@"; do
       grep -E "^FAIL" "$OUT/conformance_gpu.log" | head -60
       tail -2 "$OUT/conformance_gpu.log" | head -1 ;;
     models)
-      python3 -m pytest tests/gpu -q -x --timeout 1200 -p no:cacheprovider ${KILN_GPU_MODELS:+-k "$KILN_GPU_MODELS"} 2>&1 | tee "$OUT/gpu_models.log" | tail -40
+      python3 -m pytest tests/gpu -q --timeout 600 -p no:cacheprovider ${KILN_GPU_MODELS:+-k "$KILN_GPU_MODELS"} 2>&1 | tee "$OUT/gpu_models.log" | tail -40
       status=$((status | ${PIPESTATUS[0]})) ;;
     bench)
-      python3 bench/gpu_resnet50.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -60
+      python3 bench/gpu_bench.py --out "$OUT" ${KILN_BENCH_MODELS:+--models "$KILN_BENCH_MODELS"} 2>&1 | tee "$OUT/bench.log" | tail -60
       status=$((status | ${PIPESTATUS[0]})) ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac

@@ -64,6 +64,7 @@ def test_gpu_matches_cpu(model, precision, kiln_bin, model_cache, tmp_path):
         err = rel_l2(got[name], want[name])
         limit = FP32_TOLERANCE if precision == "fp32" else FP16_TOLERANCE
         assert err <= limit, f"output {name}: relative L2 error {err:.3g} > {limit:g}"
-        if precision == "fp16" and want[name].ndim == 2 and want[name].shape[1] >= 2:
+        classifier = model.name != "bert_base_2layers"  # BERT's outputs are features, not class scores
+        if precision == "fp16" and classifier and want[name].ndim == 2 and want[name].shape[1] >= 2:
             agree = float(np.mean(np.argmax(got[name], 1) == np.argmax(want[name], 1)))
             assert agree >= FP16_TOP1_AGREEMENT, f"output {name}: top-1 agrees on {agree:.1%} of {batch} inputs"

@@ -1,0 +1,99 @@
+"""Small graphs of the patterns CNNs are made of, GPU engine (fp32 and fp16) against the CPU
+engine: each fused conv epilogue, depthwise and grouped convs, residual adds, squeeze-and-
+excitation, channel counts that are and are not multiples of 8 (the vectorized paths)."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from test_gpu_models import rel_l2, run_kiln
+
+
+def conv(name, x, cin, cout, k=3, group=1, rng=None, stride=1):
+    w = (rng.standard_normal((cout, cin // group, k, k)) / np.sqrt(cin // group * k * k)).astype(np.float32)
+    b = (rng.standard_normal(cout) * 0.1).astype(np.float32)
+    inits = [numpy_helper.from_array(w, name + "_w"), numpy_helper.from_array(b, name + "_b")]
+    node = helper.make_node("Conv", [x, name + "_w", name + "_b"], [name], group=group, pads=[k // 2] * 4,
+                            strides=[stride, stride])
+    return [node], inits
+
+
+def activation(kind, x, out):
+    if kind == "relu6":
+        return [helper.make_node("Clip", [x, "zero", "six"], [out])]
+    if kind == "silu":
+        return [helper.make_node("Sigmoid", [x], [out + "_s"]), helper.make_node("Mul", [x, out + "_s"], [out])]
+    op = {"relu": "Relu", "hardswish": "HardSwish", "sigmoid": "Sigmoid", "tanh": "Tanh"}[kind]
+    return [helper.make_node(op, [x], [out])]
+
+
+def build(pattern: str, channels: int, path: str):
+    rng = np.random.default_rng(channels)
+    c = channels
+    nodes, inits = [], [numpy_helper.from_array(np.array(0, np.float32), "zero"),
+                        numpy_helper.from_array(np.array(6, np.float32), "six")]
+    if pattern.startswith("conv_"):
+        n, i = conv("c1", "x", c, c, rng=rng)
+        nodes += n + activation(pattern[5:], "c1", "y")
+        inits += i
+    elif pattern == "residual_identity":
+        n, i = conv("c1", "x", c, c, rng=rng)
+        nodes += n + [helper.make_node("Add", ["c1", "x"], ["y"])]
+        inits += i
+    elif pattern == "residual_relu":
+        n, i = conv("c1", "x", c, c, rng=rng)
+        nodes += n + [helper.make_node("Add", ["c1", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+        inits += i
+    elif pattern.startswith("depthwise_"):
+        n, i = conv("c1", "x", c, c, group=c, rng=rng)
+        nodes += n + activation(pattern[10:], "c1", "y")
+        inits += i
+    elif pattern == "grouped":
+        n, i = conv("c1", "x", c, c, group=2 if c % 2 == 0 else 1, rng=rng)
+        nodes += n + activation("relu", "c1", "y")
+        inits += i
+    elif pattern == "strided_1x1":
+        n, i = conv("c1", "x", c, 2 * c, k=1, rng=rng, stride=2)
+        nodes += n
+        nodes[-1].output[0] = "y"
+        inits += i
+    elif pattern == "squeeze_excite":
+        nodes.append(helper.make_node("GlobalAveragePool", ["x"], ["g"]))
+        n1, i1 = conv("s1", "g", c, max(c // 4, 1), k=1, rng=rng)
+        n2, i2 = conv("s2", "s1r", max(c // 4, 1), c, k=1, rng=rng)
+        nodes += n1 + activation("relu", "s1", "s1r") + n2 + activation("sigmoid", "s2", "gate")
+        nodes.append(helper.make_node("Mul", ["x", "gate"], ["y"]))
+        inits += i1 + i2
+    else:
+        raise ValueError(pattern)
+    out_c = 2 * c if pattern == "strided_1x1" else c
+    out_hw = 6 if pattern == "strided_1x1" else 12
+    graph = helper.make_graph(nodes, pattern, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, c, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, out_c, out_hw, out_hw])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+
+
+PATTERNS = ["conv_relu", "conv_relu6", "conv_hardswish", "conv_silu", "conv_sigmoid", "conv_tanh",
+            "residual_identity", "residual_relu", "depthwise_relu", "depthwise_relu6", "depthwise_silu", "grouped",
+            "strided_1x1", "squeeze_excite"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("channels", [16, 12])
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_pattern(pattern, channels, precision, kiln_bin, tmp_path):
+    path = str(tmp_path / "m.onnx")
+    build(pattern, channels, path)
+    x = np.random.default_rng(7).standard_normal((4, channels, 12, 12)).astype(np.float32)
+    want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu")["y"]
+    got = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "gpu"), "--device", "cuda", f"--{precision}")["y"]
+    err = rel_l2(got, want)
+    limit = 1e-4 if precision == "fp32" else 1e-2
+    assert err <= limit, f"{pattern} C={channels} {precision}: relative L2 error {err:.3g}"
