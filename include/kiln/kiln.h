@@ -63,6 +63,9 @@ struct BuildOptions {
   std::string timing_cache;
   // Run nodes without a GPU layer on the CPU (slow; otherwise such nodes fail the build).
   bool allow_cpu_fallback = false;
+  // Extra graph outputs, for debugging (like Polygraphy's --onnx-outputs): value names, or
+  // "all" for every node output. Marked values are kept as they are (not fused away).
+  std::vector<std::string> mark_outputs;
   // Progress lines of the build (layer by layer, with the chosen tactic); nullptr: quiet.
   std::function<void(const std::string&)> log;
 };

@@ -123,6 +123,19 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
   impl->options.log = nullptr;
   impl->model_bytes = std::move(model_bytes);
   impl->model_name = name;
+  for (const std::string& mark : options.mark_outputs) {
+    auto add = [&](const std::string& v) {
+      if (!v.empty() && !graph.is_graph_output(v)) graph.outputs.push_back(v);
+    };
+    if (mark == "all") {
+      for (const ir::Node& n : graph.nodes)
+        for (const std::string& out : n.outputs) add(out);
+    } else if (graph.has_value(mark) && !graph.constant(mark)) {
+      add(mark);
+    } else {
+      throw Error(ErrorKind::kInvalidArgument, "--mark-outputs: the model has no computed value named '" + mark + "'").file(name);
+    }
+  }
   try {
     if (options.device == Device::kCuda) passes::bind_input_shapes(graph, options.input_shapes);
     if (options.optimize) passes::optimize(graph);

@@ -28,6 +28,8 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_flag("--allow-cpu-fallback", allow_cpu_fallback, "Run nodes without a GPU layer on the CPU instead of failing");
   cmd->add_flag("--no-optimize", no_optimize, "Skip kiln's graph passes");
   cmd->add_flag("-v,--verbose", verbose, "Print every layer as it is built, with its tactic");
+  cmd->add_option("--mark-outputs", mark_outputs, "Also output these values (names, or 'all'), to compare layer by layer")
+      ->delimiter(',');
 }
 
 Precision EngineOptions::precision() const {
@@ -46,6 +48,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   b.precision = precision();
   b.timing_cache = timing_cache;
   b.allow_cpu_fallback = allow_cpu_fallback;
+  b.mark_outputs = mark_outputs;
   if (b.device == Device::kCpu) {
     if (precision() != Precision::kFp32) throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32 only");
     return b;

@@ -20,6 +20,7 @@ struct EngineOptions {
   bool allow_cpu_fallback = false;
   bool no_optimize = false;
   bool verbose = false;
+  std::vector<std::string> mark_outputs;
 
   // Adds the options to a subcommand (`device_default`: "cuda" for build/bench, "cpu" for run;
   // `shape_options` false for commands that have their own --shapes/--dim/--batch).
