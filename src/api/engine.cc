@@ -123,17 +123,19 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
   impl->options.log = nullptr;
   impl->model_bytes = std::move(model_bytes);
   impl->model_name = name;
-  for (const std::string& mark : options.mark_outputs) {
-    auto add = [&](const std::string& v) {
-      if (!v.empty() && !graph.is_graph_output(v)) graph.outputs.push_back(v);
-    };
-    if (mark == "all") {
-      for (const ir::Node& n : graph.nodes)
-        for (const std::string& out : n.outputs) add(out);
-    } else if (graph.has_value(mark) && !graph.constant(mark)) {
-      add(mark);
+  // Named values are marked before the passes (so they survive them); "all" marks the outputs
+  // of the optimized graph's nodes, so both engines compare the same fused layers.
+  auto mark = [&](const std::string& v) {
+    if (!v.empty() && !graph.is_graph_output(v) && !graph.constant(v)) graph.outputs.push_back(v);
+  };
+  bool mark_all = false;
+  for (const std::string& m : options.mark_outputs) {
+    if (m == "all") {
+      mark_all = true;
+    } else if (graph.has_value(m) && !graph.constant(m)) {
+      mark(m);
     } else {
-      throw Error(ErrorKind::kInvalidArgument, "--mark-outputs: the model has no computed value named '" + mark + "'").file(name);
+      throw Error(ErrorKind::kInvalidArgument, "--mark-outputs: the model has no computed value named '" + m + "'").file(name);
     }
   }
   try {
@@ -143,6 +145,9 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
     if (e.file_path().empty()) e.file(name);
     throw;
   }
+  if (mark_all)
+    for (const ir::Node& n : graph.nodes)
+      for (const std::string& out : n.outputs) mark(out);
   for (const std::string& in : graph.inputs) impl->inputs.push_back(describe(graph, in));
   for (const std::string& out : graph.outputs) impl->outputs.push_back(describe(graph, out));
   try {

@@ -14,9 +14,11 @@
 #include <sstream>
 
 #include "cuda/check.h"
+#include "cuda/conv_graph.h"
 #include "cuda/device_math.cuh"
 #include "cuda/engine.h"
 #include "cuda/epilogue.h"
+#include "cuda/gemm.h"
 #include "ir/activation.h"
 #include "ops/conv_geometry.h"
 
@@ -142,6 +144,8 @@ class ConvLayer final : public Layer {
     bias32_ = static_cast<const float*>(services.upload(b32.data(), b32.size() * sizeof(float)));
     Tensor bstore = convert_constant(Tensor::from_vector<float>({k}, b32), Format{p_.format.dtype, Layout::kLinear});
     bias_storage_ = services.upload(bstore.raw(), bstore.nbytes());
+    weights_host_ = weights;
+    bias_host_ = b32;
     KILN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&relu_));
     KILN_CUDNN_CHECK(cudnnSetActivationDescriptor(relu_, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
     KILN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&identity_));
@@ -155,11 +159,22 @@ class ConvLayer final : public Layer {
   }
 
   void enqueue(const LayerIO& io, cudaStream_t stream) const override {
-    run(io.cudnn, io.inputs[0], io.inputs.size() > 3 ? io.inputs[3] : nullptr, io.outputs[0], io.workspace, stream,
-        fused_, algo_, workspace_);
+    const void* z = io.inputs.size() > 3 ? io.inputs[3] : nullptr;
+    if (gemm_) {
+      gemm_->enqueue(io, stream);
+      return;
+    }
+    if (graph_) {
+      KILN_CUDNN_CHECK(cudnnSetStream(io.cudnn, stream));
+      graph_->execute(io.cudnn, io.inputs[0], weights_, bias_storage_, z, io.outputs[0], io.workspace);
+      return;
+    }
+    run(io.cudnn, io.inputs[0], z, io.outputs[0], io.workspace, stream, fused_, algo_, workspace_);
   }
   size_t workspace_bytes() const override { return workspace_; }
   std::string tactic() const override {
+    if (gemm_) return "gemm(" + gemm_->tactic() + ")";
+    if (graph_) return "cudnn-graph:" + graph_->engine_name() + " #" + std::to_string(graph_->selected());
     return std::string("cudnn:") + (p_.transpose ? "bwd-data" : fused_ ? "fused" : "conv+epilogue") +
            " algo=" + std::to_string(algo_);
   }
@@ -235,17 +250,79 @@ class ConvLayer final : public Layer {
     return std::string(c.fused ? "fused" : "split") + ":" + std::to_string(c.algo) + ":" + std::to_string(c.workspace);
   }
 
+  // The graph API form of this convolution, when it has one (2-D, float16 channels-last).
+  bool graph_eligible() const {
+    return !p_.transpose && p_.spatial == 2 && p_.format.dtype == DType::kFloat16 && p_.format.layout == Layout::kNHWC &&
+           conv_graph_supports(p_.act);
+  }
+  std::unique_ptr<ConvGraph> make_graph(BuildServices& services) const {
+    ConvGraphSpec g;
+    g.x = p_.x;
+    g.w = p_.w;
+    g.y = p_.y;
+    for (int v : p_.pads) g.pads.push_back(v);
+    for (int v : p_.strides) g.strides.push_back(v);
+    for (int v : p_.dilations) g.dilations.push_back(v);
+    g.nhwc = true;
+    g.io_type = CUDNN_DATA_HALF;
+    g.has_bias = p_.has_bias;
+    g.has_z = p_.has_z;
+    g.act = p_.act;
+    return std::make_unique<ConvGraph>(services.cudnn(), g);
+  }
+
+  // A 1x1 convolution with stride 1 and no padding on channels-last data is one matrix
+  // product: Y[N*H*W, K] = X[N*H*W, C] W[K, C]^T, with bias, residual and activation in
+  // cuBLASLt's epilogue.
+  bool gemm_eligible() const {
+    if (p_.transpose || p_.spatial != 2 || p_.group != 1 || p_.format.layout != Layout::kNHWC) return false;
+    if (p_.w[2] != 1 || p_.w[3] != 1) return false;
+    for (size_t i = 0; i < p_.pads.size(); ++i)
+      if (p_.pads[i] != 0 || p_.strides[i] != 1 || p_.dilations[i] != 1) return false;
+    return true;
+  }
+  std::unique_ptr<Layer> make_gemm(BuildServices& services) const {
+    GemmSpec g;
+    g.m = p_.y[0] * p_.y[2] * p_.y[3];
+    g.n = p_.y[1];
+    g.k = p_.x[1];
+    g.trans_b = true;
+    g.dtype = p_.format.dtype;
+    g.precision = p_.precision;
+    if (p_.has_bias) g.bias = bias_host_;
+    g.addend_input = p_.has_z ? 3 : -1;
+    g.act = p_.act;
+    return make_gemm_layer(g, weights_host_, services);
+  }
+
   void choose_tactic(BuildServices& services) {
     const std::string key = p_.key();
     if (auto cached = services.cached_tactic(key)) {
-      Candidate c{};
-      char kind[16] = {};
-      unsigned long long ws = 0;
-      if (std::sscanf(cached->c_str(), "%15[a-z]:%d:%llu", kind, &c.algo, &ws) == 3) {
-        fused_ = std::string(kind) == "fused";
-        algo_ = c.algo;
-        workspace_ = static_cast<size_t>(ws);
-        return;
+      try {
+        if (cached->rfind("graph:", 0) == 0) {
+          auto g = make_graph(services);
+          if (g->select(services.cudnn(), std::atoi(cached->c_str() + 6))) {
+            workspace_ = g->workspace_bytes();
+            graph_ = std::move(g);
+            return;
+          }
+        } else if (*cached == "gemm" && gemm_eligible()) {
+          gemm_ = make_gemm(services);
+          workspace_ = gemm_->workspace_bytes();
+          return;
+        } else {
+          char kind[16] = {};
+          int algo = 0;
+          unsigned long long ws = 0;
+          if (std::sscanf(cached->c_str(), "%15[a-z]:%d:%llu", kind, &algo, &ws) == 3) {
+            fused_ = std::string(kind) == "fused";
+            algo_ = algo;
+            workspace_ = static_cast<size_t>(ws);
+            return;
+          }
+        }
+      } catch (const Error&) {
+        // a cached tactic this build cannot use: time again
       }
     }
     std::vector<Candidate> list = candidates(services);
@@ -254,6 +331,7 @@ class ConvLayer final : public Layer {
     const void* z = io.inputs.size() > 3 ? io.inputs[3] : nullptr;
     float best = 1e30f;
     std::string last_error;
+    std::string choice;
     for (const Candidate& c : list) {
       void* ws = c.workspace ? services.scratch(c.workspace) : nullptr;
       try {
@@ -265,14 +343,69 @@ class ConvLayer final : public Layer {
           fused_ = c.fused;
           algo_ = c.algo;
           workspace_ = c.workspace;
+          choice = encode(c);
         }
       } catch (const Error& e) {
         last_error = e.what();  // this algorithm refused these parameters at run time
         cudaGetLastError();
       }
     }
+    // The graph API's engines, timed against the best legacy algorithm.
+    std::unique_ptr<ConvGraph> graph;
+    int graph_index = -1;
+    if (graph_eligible()) {
+      try {
+        graph = make_graph(services);
+        const int tried = std::min(graph->candidate_count(), kGraphCandidates);
+        for (int i = 0; i < tried; ++i) {
+          if (!graph->select(services.cudnn(), i) || graph->workspace_bytes() > (size_t{1} << 30)) continue;
+          void* ws = graph->workspace_bytes() ? services.scratch(graph->workspace_bytes()) : nullptr;
+          try {
+            float ms = services.time_ms([&](cudaStream_t s) {
+              KILN_CUDNN_CHECK(cudnnSetStream(services.cudnn(), s));
+              graph->execute(services.cudnn(), io.inputs[0], weights_, bias_storage_, z, io.outputs[0], ws);
+            });
+            if (ms < best) {
+              best = ms;
+              graph_index = i;
+            }
+          } catch (const Error& e) {
+            last_error = e.what();
+            cudaGetLastError();
+          }
+        }
+      } catch (const Error& e) {
+        last_error = e.what();  // cuDNN refused the graph: the legacy tactic stands
+      }
+    }
+    // cuBLASLt for 1x1 convolutions.
+    std::unique_ptr<Layer> gemm;
+    bool gemm_won = false;
+    if (gemm_eligible()) {
+      try {
+        gemm = make_gemm(services);
+        LayerIO gio = io;
+        gio.workspace = services.scratch(gemm->workspace_bytes());
+        float ms = services.time_ms([&](cudaStream_t s) { gemm->enqueue(gio, s); });
+        gemm_won = ms < best;
+        if (gemm_won) best = ms;
+      } catch (const Error& e) {
+        last_error = e.what();
+        cudaGetLastError();
+      }
+    }
     if (best >= 1e30f) throw Error(ErrorKind::kUnsupported, "no cuDNN algorithm ran this convolution: " + last_error);
-    services.record_tactic(key, encode(Candidate{fused_, algo_, workspace_}));
+    if (gemm_won) {
+      gemm_ = std::move(gemm);
+      workspace_ = gemm_->workspace_bytes();
+      services.record_tactic(key, "gemm");
+    } else if (graph_index >= 0 && graph->select(services.cudnn(), graph_index)) {
+      workspace_ = graph->workspace_bytes();
+      graph_ = std::move(graph);
+      services.record_tactic(key, "graph:" + std::to_string(graph_index));
+    } else {
+      services.record_tactic(key, choice);
+    }
   }
 
   ConvParams p_;
@@ -289,6 +422,11 @@ class ConvLayer final : public Layer {
   bool fused_ = false;
   int algo_ = 0;
   size_t workspace_ = 0;
+  std::unique_ptr<ConvGraph> graph_;  // set when a graph-API engine won
+  std::unique_ptr<Layer> gemm_;       // set when cuBLASLt won (1x1 convolutions)
+  Tensor weights_host_;               // float32 [K, C/g, R, S], for the GEMM form
+  std::vector<float> bias_host_;
+  static constexpr int kGraphCandidates = 8;
 };
 
 // --- lowering ----------------------------------------------------------------------------------

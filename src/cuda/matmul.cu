@@ -14,6 +14,7 @@
 #include "cuda/check.h"
 #include "cuda/engine.h"
 #include "cuda/epilogue.h"
+#include "cuda/gemm.h"
 #include "ir/activation.h"
 
 namespace kiln::cuda {
@@ -51,7 +52,8 @@ struct MatmulParams {
   bool b_constant = false;
   std::vector<float> bias;        // per column of Y (size N), empty if none
   Tensor c_matrix;                // Gemm's C expanded to [M, N], or undefined
-  bool c_runtime = false;         // C is input 2 at run time, exactly [M, N]
+  bool c_runtime = false;         // C is a runtime input, exactly [M, N]
+  int c_input = 2;                // which layer input C is
   ir::Activation act;
 
   std::string key() const {
@@ -145,19 +147,17 @@ class MatmulLayer final : public Layer {
     const size_t es = element_size(p_.dtype);
     const char* a = static_cast<const char*>(io.inputs[0]);
     const char* b = static_cast<const char*>(b_weights_ ? b_weights_ : io.inputs[1]);
-    const void* c = c_weights_ ? c_weights_ : (p_.c_runtime ? io.inputs[2] : nullptr);
+    const void* c = c_weights_ ? c_weights_ : (p_.c_runtime ? io.inputs[p_.c_input] : nullptr);
     char* y = static_cast<char*>(io.outputs[0]);
     const float alpha = p_.alpha;
     const float beta = c ? p_.beta : 0.f;
     const int64_t out_elems = s.m * s.n * s.batch;
-    if (c) {
-      // cuBLASLt reads C in place of D's old contents: copy C into Y first, beta scales it.
-      KILN_CUDA_CHECK(cudaMemcpyAsync(y, c, static_cast<size_t>(s.m * s.n) * es, cudaMemcpyDeviceToDevice, stream));
-    }
     if (s.call_offsets.empty()) {
-      KILN_CUBLAS_CHECK(cublasLtMatmul(handle, desc_, &alpha, b, layout_a_, a, layout_b_, &beta, y, layout_d_, y,
+      // C (a [M, N] addend, or nothing) is read where it is: D = act(alpha A B + beta C + bias).
+      KILN_CUBLAS_CHECK(cublasLtMatmul(handle, desc_, &alpha, b, layout_a_, a, layout_b_, &beta, c ? c : y, layout_d_, y,
                                        layout_d_, &algo, ws, kMatmulWorkspace, stream));
     } else {
+      if (c) throw Error(ErrorKind::kInternal, "a broadcast batched product with an addend");
       for (size_t i = 0; i < s.call_offsets.size(); ++i) {
         const auto [ao, bo] = s.call_offsets[i];
         char* yi = y + static_cast<int64_t>(i) * s.out_call_stride * static_cast<int64_t>(es);
@@ -382,6 +382,23 @@ LayerFormats matmul_formats(const LayerRequest& r) {
 }
 
 }  // namespace
+
+std::unique_ptr<Layer> make_gemm_layer(const GemmSpec& spec, const Tensor& b, BuildServices& services) {
+  MatmulParams p;
+  p.shape.m = spec.m;
+  p.shape.n = spec.n;
+  p.shape.k = spec.k;
+  p.shape.trans_b = spec.trans_b;
+  p.dtype = spec.dtype;
+  p.precision = spec.precision;
+  p.b_constant = true;
+  p.bias = spec.bias;
+  p.c_runtime = spec.addend_input >= 0;
+  p.beta = p.c_runtime ? 1.f : 0.f;
+  p.c_input = spec.addend_input;
+  p.act = spec.act;
+  return std::make_unique<MatmulLayer>(std::move(p), &b, services);
+}
 
 KILN_REGISTER_CUDA_LAYERS(matmul) {
   for (const char* op : {"MatMul", "FusedMatMul", "Gemm", "FusedGemm"}) {

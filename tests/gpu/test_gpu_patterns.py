@@ -49,6 +49,14 @@ def build(pattern: str, channels: int, path: str):
         n, i = conv("c1", "x", c, c, rng=rng)
         nodes += n + [helper.make_node("Add", ["c1", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
         inits += i
+    elif pattern.startswith("pointwise_"):
+        # 1x1 conv (the GEMM tactic), optionally with the residual and ReLU of a bottleneck.
+        n, i = conv("c1", "x", c, c, k=1, rng=rng)
+        inits += i
+        if pattern == "pointwise_residual_relu":
+            nodes += n + [helper.make_node("Add", ["c1", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+        else:
+            nodes += n + activation(pattern[10:], "c1", "y")
     elif pattern.startswith("depthwise_"):
         n, i = conv("c1", "x", c, c, group=c, rng=rng)
         nodes += n + activation(pattern[10:], "c1", "y")
@@ -82,7 +90,7 @@ def build(pattern: str, channels: int, path: str):
 
 PATTERNS = ["conv_relu", "conv_relu6", "conv_hardswish", "conv_silu", "conv_sigmoid", "conv_tanh",
             "residual_identity", "residual_relu", "depthwise_relu", "depthwise_relu6", "depthwise_silu", "grouped",
-            "strided_1x1", "squeeze_excite"]
+            "strided_1x1", "squeeze_excite", "pointwise_residual_relu", "pointwise_relu6", "pointwise_silu"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

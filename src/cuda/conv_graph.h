@@ -1,0 +1,59 @@
+// Convolutions with a fused epilogue through cuDNN's graph (backend) API:
+//   Y = act(conv(X, W) + bias + Z)
+// as one operation graph (a convolution and pointwise ops on virtual float tensors), for
+// which cuDNN's heuristics list engine configurations; each one that finalizes is a tactic
+// the conv layer times against the legacy API's algorithms. The graph API reaches the
+// runtime-fusion and Hopper-specific engines the legacy calls do not.
+#pragma once
+
+#include <cudnn.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/activation.h"
+
+namespace kiln::cuda {
+
+struct ConvGraphSpec {
+  std::vector<int64_t> x, w, y;  // logical NCHW-order dims (4-D)
+  std::vector<int64_t> pads, strides, dilations;
+  bool nhwc = true;                // X, Y, Z (and W as KRSC) channels-last
+  cudnnDataType_t io_type = CUDNN_DATA_HALF;
+  bool has_bias = false, has_z = false;
+  ir::Activation act;
+};
+
+// True when the activation can be expressed as cuDNN pointwise ops.
+bool conv_graph_supports(const ir::Activation& act);
+
+class ConvGraph {
+ public:
+  // Builds the operation graph and asks cuDNN's heuristics (mode A) for engine configs.
+  // Throws kiln::Error (kDevice) if cuDNN refuses the graph itself.
+  ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& spec);
+  ~ConvGraph();
+  ConvGraph(const ConvGraph&) = delete;
+  ConvGraph& operator=(const ConvGraph&) = delete;
+
+  // Engine configs the heuristics returned (some may fail to finalize).
+  int candidate_count() const;
+  // Finalizes candidate i as the execution plan; false when this engine cannot run it.
+  bool select(cudnnHandle_t handle, int i);
+  int selected() const { return selected_; }
+  size_t workspace_bytes() const { return workspace_; }
+  std::string engine_name() const;
+
+  // Runs the selected plan. bias and z may be null when the spec has none.
+  void execute(cudnnHandle_t handle, const void* x, const void* w, const void* bias, const void* z, void* y,
+               void* workspace) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int selected_ = -1;
+  size_t workspace_ = 0;
+};
+
+}  // namespace kiln::cuda
