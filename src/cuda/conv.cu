@@ -9,7 +9,9 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -25,6 +27,105 @@
 namespace kiln::cuda {
 
 namespace {
+
+// --- checking tactics ---------------------------------------------------------------------------
+// A candidate that is fast but wrong (cuDNN engines have had bugs at unusual shapes) must not
+// win: every candidate's output for the first image is compared with a direct convolution
+// in float32, and one that differs beyond the precision's tolerance is dropped.
+
+struct RefGeometry {
+  int c, h, w, k, oh, ow, r, s, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, cg, kg;
+  bool nhwc;
+};
+
+template <class T>
+__global__ void reference_conv_kernel(const T* __restrict__ x, const T* __restrict__ wt, const float* __restrict__ bias,
+                                      const T* __restrict__ z, float* __restrict__ ref, RefGeometry g,
+                                      DeviceActivation act) {
+  const int total = g.k * g.oh * g.ow;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int k = i / (g.oh * g.ow), oh = (i / g.ow) % g.oh, ow = i % g.ow;
+    const int group = k / g.kg;
+    float acc = 0.f;
+    for (int cg = 0; cg < g.cg; ++cg) {
+      const int c = group * g.cg + cg;
+      for (int r = 0; r < g.r; ++r) {
+        const int ih = oh * g.stride_h - g.pad_h + r * g.dil_h;
+        if (ih < 0 || ih >= g.h) continue;
+        for (int s = 0; s < g.s; ++s) {
+          const int iw = ow * g.stride_w - g.pad_w + s * g.dil_w;
+          if (iw < 0 || iw >= g.w) continue;
+          const int64_t xi = g.nhwc ? (int64_t(ih) * g.w + iw) * g.c + c : (int64_t(c) * g.h + ih) * g.w + iw;
+          const int64_t wi = g.nhwc ? ((int64_t(k) * g.r + r) * g.s + s) * g.cg + cg : ((int64_t(k) * g.cg + cg) * g.r + r) * g.s + s;
+          acc += load_float(x, xi) * load_float(wt, wi);
+        }
+      }
+    }
+    if (bias) acc += bias[k];
+    const int64_t yi = g.nhwc ? (int64_t(oh) * g.ow + ow) * g.k + k : (int64_t(k) * g.oh + oh) * g.ow + ow;
+    if (z) acc += load_float(z, yi);
+    ref[yi] = activate(act, acc);
+  }
+}
+
+template <class T>
+__global__ void compare_kernel(const T* __restrict__ y, const float* __restrict__ ref, int n, double* sums) {
+  double diff = 0, norm = 0;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const double got = load_float(y, i), want = ref[i];
+    diff += (got - want) * (got - want);
+    norm += want * want;
+    if (!(got == got)) diff += 1e30;  // NaN
+  }
+  atomicAdd(&sums[0], diff);
+  atomicAdd(&sums[1], norm);
+}
+
+// Holds the reference output of image 0 and compares candidates with it.
+class TacticChecker {
+ public:
+  TacticChecker(const RefGeometry& g, DType dtype, const void* x, const void* w, const float* bias, const void* z,
+                DeviceActivation act, double tolerance, cudaStream_t stream)
+      : n_(g.k * g.oh * g.ow), dtype_(dtype), tolerance_(tolerance), stream_(stream) {
+    KILN_CUDA_CHECK(cudaMalloc(&ref_, ((sizeof(float) * static_cast<size_t>(n_) + 15) / 16) * 16 + 2 * sizeof(double)));
+    sums_ = reinterpret_cast<double*>(reinterpret_cast<char*>(ref_) + ((sizeof(float) * n_ + 15) / 16) * 16);
+    if (dtype == DType::kFloat16)
+      reference_conv_kernel<__half><<<grid_for(n_), 256, 0, stream>>>(static_cast<const __half*>(x), static_cast<const __half*>(w),
+                                                                       bias, static_cast<const __half*>(z), ref_, g, act);
+    else
+      reference_conv_kernel<float><<<grid_for(n_), 256, 0, stream>>>(static_cast<const float*>(x), static_cast<const float*>(w),
+                                                                      bias, static_cast<const float*>(z), ref_, g, act);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+  ~TacticChecker() { if (ref_) cudaFree(ref_); }
+  TacticChecker(const TacticChecker&) = delete;
+  TacticChecker& operator=(const TacticChecker&) = delete;
+
+  // The relative L2 error of image 0 of `y` (the candidate's output); sets `ok`.
+  double error(const void* y, bool& ok) const {
+    KILN_CUDA_CHECK(cudaMemsetAsync(sums_, 0, 2 * sizeof(double), stream_));
+    const unsigned blocks = std::min(grid_for(n_), 256u);
+    if (dtype_ == DType::kFloat16)
+      compare_kernel<__half><<<blocks, 256, 0, stream_>>>(static_cast<const __half*>(y), ref_, n_, sums_);
+    else
+      compare_kernel<float><<<blocks, 256, 0, stream_>>>(static_cast<const float*>(y), ref_, n_, sums_);
+    KILN_CUDA_CHECK_LAUNCH();
+    double host[2] = {0, 0};
+    KILN_CUDA_CHECK(cudaMemcpyAsync(host, sums_, sizeof(host), cudaMemcpyDeviceToHost, stream_));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const double err = std::sqrt(host[0] / std::max(host[1], 1e-30));
+    ok = err <= tolerance_;
+    return err;
+  }
+
+ private:
+  int n_;
+  DType dtype_;
+  double tolerance_;
+  cudaStream_t stream_;
+  float* ref_ = nullptr;
+  double* sums_ = nullptr;
+};
 
 // --- cuDNN descriptors -------------------------------------------------------------------------
 
@@ -295,8 +396,35 @@ class ConvLayer final : public Layer {
     return make_gemm_layer(g, weights_host_, services);
   }
 
+  // The checker for this convolution (2-D and 1-D forward convolutions), or nullptr.
+  std::unique_ptr<TacticChecker> make_checker(const void* x, const void* z, cudaStream_t stream) const {
+    if (p_.transpose || p_.x.size() != 4) return nullptr;
+    RefGeometry g{};
+    g.c = static_cast<int>(p_.x[1]);
+    g.h = static_cast<int>(p_.x[2]);
+    g.w = static_cast<int>(p_.x[3]);
+    g.k = static_cast<int>(p_.y[1]);
+    g.oh = static_cast<int>(p_.y[2]);
+    g.ow = static_cast<int>(p_.y[3]);
+    g.r = static_cast<int>(p_.w[2]);
+    g.s = static_cast<int>(p_.w[3]);
+    g.pad_h = p_.pads[0];
+    g.pad_w = p_.pads[1];
+    g.stride_h = p_.strides[0];
+    g.stride_w = p_.strides[1];
+    g.dil_h = p_.dilations[0];
+    g.dil_w = p_.dilations[1];
+    g.cg = static_cast<int>(p_.w[1]);
+    g.kg = static_cast<int>(p_.y[1] / p_.group);
+    g.nhwc = p_.format.layout == Layout::kNHWC;
+    const double tolerance = p_.format.dtype == DType::kFloat16 ? 2e-2 : p_.precision == Precision::kFp32 ? 1e-4 : 1e-2;
+    return std::make_unique<TacticChecker>(g, p_.format.dtype, x, weights_, p_.has_bias ? bias32_ : nullptr,
+                                           p_.has_z ? z : nullptr, epilogue_act_, tolerance, stream);
+  }
+
   void choose_tactic(BuildServices& services) {
     const std::string key = p_.key();
+    const bool log = std::getenv("KILN_TACTIC_LOG") != nullptr;  // every candidate's time, for tuning
     if (auto cached = services.cached_tactic(key)) {
       try {
         if (cached->rfind("graph:", 0) == 0) {
@@ -332,13 +460,24 @@ class ConvLayer final : public Layer {
     float best = 1e30f;
     std::string last_error;
     std::string choice;
+    std::unique_ptr<TacticChecker> checker = make_checker(io.inputs[0], z, services.stream());
+    // A candidate's output (of its last timed run) must match the direct convolution.
+    auto correct = [&](const char* what) {
+      if (!checker) return true;
+      bool ok = false;
+      double err = checker->error(io.outputs[0], ok);
+      if (!ok && log) std::fprintf(stderr, "  tactic %s: %s rejected, relative error %.3g\n", key.c_str(), what, err);
+      if (!ok) last_error = std::string(what) + " gave wrong results (relative error " + std::to_string(err) + ")";
+      return ok;
+    };
     for (const Candidate& c : list) {
       void* ws = c.workspace ? services.scratch(c.workspace) : nullptr;
       try {
         float ms = services.time_ms([&](cudaStream_t s) {
           run(services.cudnn(), io.inputs[0], z, io.outputs[0], ws, s, c.fused, c.algo, c.workspace);
         });
-        if (ms < best) {
+        if (log) std::fprintf(stderr, "  tactic %s: legacy %s %.4f ms\n", key.c_str(), encode(c).c_str(), ms);
+        if (ms < best && correct(encode(c).c_str())) {
           best = ms;
           fused_ = c.fused;
           algo_ = c.algo;
@@ -365,7 +504,8 @@ class ConvLayer final : public Layer {
               KILN_CUDNN_CHECK(cudnnSetStream(services.cudnn(), s));
               graph->execute(services.cudnn(), io.inputs[0], weights_, bias_storage_, z, io.outputs[0], ws);
             });
-            if (ms < best) {
+            if (log) std::fprintf(stderr, "  tactic %s: graph #%d %s %.4f ms\n", key.c_str(), i, graph->engine_name().c_str(), ms);
+            if (ms < best && correct(("graph " + graph->engine_name()).c_str())) {
               best = ms;
               graph_index = i;
             }
@@ -387,10 +527,12 @@ class ConvLayer final : public Layer {
         LayerIO gio = io;
         gio.workspace = services.scratch(gemm->workspace_bytes());
         float ms = services.time_ms([&](cudaStream_t s) { gemm->enqueue(gio, s); });
-        gemm_won = ms < best;
+        if (log) std::fprintf(stderr, "  tactic %s: gemm %.4f ms\n", key.c_str(), ms);
+        gemm_won = ms < best && correct("gemm");
         if (gemm_won) best = ms;
       } catch (const Error& e) {
         last_error = e.what();
+        if (log) std::fprintf(stderr, "  tactic %s: gemm failed: %s\n", key.c_str(), e.what());
         cudaGetLastError();
       }
     }

@@ -18,6 +18,25 @@ struct DeviceActivation {
 };
 DeviceActivation device_activation(const ir::Activation& a);
 
+#ifdef __CUDACC__
+// The activation on the device; the same definitions as ir::Activation::apply.
+__device__ __forceinline__ float activate(const DeviceActivation& a, float x) {
+  switch (a.kind) {
+    case 1: return x > 0.f ? x : 0.f;
+    case 2: return fminf(fmaxf(x, a.alpha), a.beta);
+    case 3: return 1.f / (1.f + __expf(-x));
+    case 4: return x / (1.f + __expf(-x));
+    case 5: return x * fminf(fmaxf(x / 6.f + 0.5f, 0.f), 1.f);
+    case 6: return fminf(fmaxf(a.alpha * x + a.beta, 0.f), 1.f);
+    case 7: return x >= 0.f ? x : a.alpha * x;
+    case 8: return tanhf(x);
+    case 9: return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
+    case 10: return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  }
+  return x;
+}
+#endif
+
 // y has `n` elements of `dtype` (float32 or float16); element i belongs to channel
 // (i / inner) % channels. bias (float32, may be null) has `channels` entries; z (may be
 // null) has y's dtype and layout.
