@@ -128,6 +128,8 @@ def main() -> None:
     import torch
 
     meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
+            "torch_fp32_note": "PyTorch eager fp32 lets cuDNN convolutions use TF32 (torch.backends.cudnn.allow_tf32 "
+                               f"= {torch.backends.cudnn.allow_tf32}); kiln --tf32 is its like, kiln --fp32 is strict",
             "date": time.strftime("%Y-%m-%d"), "kiln": run([kiln_bin(), "--version"]).stdout.strip(),
             "command": " ".join(sys.argv), "timing": "CUDA events around each run, synchronized after each; "
             "median of 200 runs (50 for batch >= 64) after 20 warm-up runs, for kiln and PyTorch alike"}
@@ -136,6 +138,7 @@ def main() -> None:
         path = os.path.join(args.out, f"{name}-224.onnx")
         export(name, path)
         entry = {"kiln_fp16": kiln_bench(path, "fp16", batches, args.out),
+                 "kiln_tf32": kiln_bench(path, "tf32", [max(batches)], args.out),
                  "kiln_fp32": kiln_bench(path, "fp32", [max(batches)], args.out)}
         if name == "resnet50":
             entry["build_fp16_b128"] = build_times(path, args.out)
@@ -147,7 +150,7 @@ def main() -> None:
 
     print(f"\n{'model':<16}{'config':<40}{'batch':>6}{'median ms':>11}{'items/s':>11}")
     for name, e in results["models"].items():
-        for prec in ("kiln_fp16", "kiln_fp32"):
+        for prec in ("kiln_fp16", "kiln_tf32", "kiln_fp32"):
             for r in e[prec]:
                 print(f"{name:<16}{prec:<40}{r['batch']:>6}{r['latency_ms']['median']:>11.4f}{r['throughput_per_s']:>11.1f}")
         for r in e.get("torch", []):

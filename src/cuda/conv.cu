@@ -353,6 +353,7 @@ class ConvLayer final : public Layer {
 
   // The graph API form of this convolution, when it has one (2-D, float16 channels-last).
   bool graph_eligible() const {
+    if (std::getenv("KILN_NO_CUDNN_GRAPH")) return false;  // debugging knob: legacy cuDNN and cuBLASLt only
     return !p_.transpose && p_.spatial == 2 && p_.format.dtype == DType::kFloat16 && p_.format.layout == Layout::kNHWC &&
            conv_graph_supports(p_.act);
   }
@@ -376,6 +377,7 @@ class ConvLayer final : public Layer {
   // product: Y[N*H*W, K] = X[N*H*W, C] W[K, C]^T, with bias, residual and activation in
   // cuBLASLt's epilogue.
   bool gemm_eligible() const {
+    if (std::getenv("KILN_NO_CONV_GEMM")) return false;  // debugging knob
     if (p_.transpose || p_.spatial != 2 || p_.group != 1 || p_.format.layout != Layout::kNHWC) return false;
     if (p_.w[2] != 1 || p_.w[3] != 1) return false;
     for (size_t i = 0; i < p_.pads.size(); ++i)
