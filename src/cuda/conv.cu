@@ -30,11 +30,13 @@ namespace {
 
 // --- checking tactics ---------------------------------------------------------------------------
 // A candidate that is fast but wrong (cuDNN engines have had bugs at unusual shapes) must not
-// win: every candidate's output for the first image is compared with a direct convolution
-// in float32, and one that differs beyond the precision's tolerance is dropped.
+// win: every candidate's output for the first images (all of them up to 64M output
+// elements) is compared with a direct convolution in float32, and one that differs beyond
+// the precision's tolerance is dropped.
 
 struct RefGeometry {
   int c, h, w, k, oh, ow, r, s, pad_h, pad_w, stride_h, stride_w, dil_h, dil_w, cg, kg;
+  int images;  // how many images (from the first) to check
   bool nhwc;
 };
 
@@ -42,9 +44,12 @@ template <class T>
 __global__ void reference_conv_kernel(const T* __restrict__ x, const T* __restrict__ wt, const float* __restrict__ bias,
                                       const T* __restrict__ z, float* __restrict__ ref, RefGeometry g,
                                       DeviceActivation act) {
-  const int total = g.k * g.oh * g.ow;
+  const int per_image = g.k * g.oh * g.ow;
+  const int total = per_image * g.images;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int k = i / (g.oh * g.ow), oh = (i / g.ow) % g.oh, ow = i % g.ow;
+    const int n = i / per_image, j = i % per_image;
+    const int k = j / (g.oh * g.ow), oh = (j / g.ow) % g.oh, ow = j % g.ow;
+    const T* x_n = x + int64_t(n) * g.c * g.h * g.w;
     const int group = k / g.kg;
     float acc = 0.f;
     for (int cg = 0; cg < g.cg; ++cg) {
@@ -57,12 +62,13 @@ __global__ void reference_conv_kernel(const T* __restrict__ x, const T* __restri
           if (iw < 0 || iw >= g.w) continue;
           const int64_t xi = g.nhwc ? (int64_t(ih) * g.w + iw) * g.c + c : (int64_t(c) * g.h + ih) * g.w + iw;
           const int64_t wi = g.nhwc ? ((int64_t(k) * g.r + r) * g.s + s) * g.cg + cg : ((int64_t(k) * g.cg + cg) * g.r + r) * g.s + s;
-          acc += load_float(x, xi) * load_float(wt, wi);
+          acc += load_float(x_n, xi) * load_float(wt, wi);
         }
       }
     }
     if (bias) acc += bias[k];
-    const int64_t yi = g.nhwc ? (int64_t(oh) * g.ow + ow) * g.k + k : (int64_t(k) * g.oh + oh) * g.ow + ow;
+    const int64_t yi = int64_t(n) * per_image +
+                       (g.nhwc ? (int64_t(oh) * g.ow + ow) * g.k + k : (int64_t(k) * g.oh + oh) * g.ow + ow);
     if (z) acc += load_float(z, yi);
     ref[yi] = activate(act, acc);
   }
@@ -86,7 +92,7 @@ class TacticChecker {
  public:
   TacticChecker(const RefGeometry& g, DType dtype, const void* x, const void* w, const float* bias, const void* z,
                 DeviceActivation act, double tolerance, cudaStream_t stream)
-      : n_(g.k * g.oh * g.ow), dtype_(dtype), tolerance_(tolerance), stream_(stream) {
+      : n_(g.k * g.oh * g.ow * g.images), dtype_(dtype), tolerance_(tolerance), stream_(stream) {
     KILN_CUDA_CHECK(cudaMalloc(&ref_, ((sizeof(float) * static_cast<size_t>(n_) + 15) / 16) * 16 + 2 * sizeof(double)));
     sums_ = reinterpret_cast<double*>(reinterpret_cast<char*>(ref_) + ((sizeof(float) * n_ + 15) / 16) * 16);
     if (dtype == DType::kFloat16)
@@ -419,6 +425,8 @@ class ConvLayer final : public Layer {
     g.cg = static_cast<int>(p_.w[1]);
     g.kg = static_cast<int>(p_.y[1] / p_.group);
     g.nhwc = p_.format.layout == Layout::kNHWC;
+    const int64_t per_image = p_.y[1] * p_.y[2] * p_.y[3];
+    g.images = static_cast<int>(std::clamp<int64_t>((int64_t{1} << 26) / std::max<int64_t>(per_image, 1), 1, p_.x[0]));
     const double tolerance = p_.format.dtype == DType::kFloat16 ? 2e-2 : p_.precision == Precision::kFp32 ? 1e-4 : 1e-2;
     return std::make_unique<TacticChecker>(g, p_.format.dtype, x, weights_, p_.has_bias ? bias32_ : nullptr,
                                            p_.has_z ? z : nullptr, epilogue_act_, tolerance, stream);
