@@ -1,0 +1,82 @@
+// Host-side parts of the CUDA backend that need no GPU: the activation arena planner and the
+// timing cache file.
+#include <gtest/gtest.h>
+
+#if KILN_WITH_CUDA
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "cuda/memory_plan.h"
+#include "cuda/timing_cache.h"
+
+namespace kiln::cuda {
+namespace {
+
+Buffer arena_buffer(int64_t elements, int first, int last) {
+  Buffer b;
+  b.spec = TensorSpec{{elements}, Format{DType::kFloat32, Layout::kLinear}};
+  b.first_use = first;
+  b.last_use = last;
+  return b;
+}
+
+TEST(MemoryPlan, BuffersAliveTogetherNeverOverlapAndDeadOnesAreReused) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<Buffer> buffers;
+    for (int i = 0; i < 40; ++i) {
+      int first = static_cast<int>(rng() % 30);
+      buffers.push_back(arena_buffer(1 + rng() % 5000, first, first + static_cast<int>(rng() % 6)));
+    }
+    Buffer weight = arena_buffer(100, 0, 0);
+    weight.kind = BufferKind::kWeight;
+    buffers.push_back(weight);
+    size_t total = plan_arena(buffers);
+    size_t sum = 0;
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      const Buffer& a = buffers[i];
+      if (a.kind != BufferKind::kArena) continue;
+      sum += a.spec.bytes();
+      EXPECT_EQ(a.offset % 256, 0u);
+      EXPECT_LE(a.offset + a.spec.bytes(), total);
+      for (size_t j = i + 1; j < buffers.size(); ++j) {
+        const Buffer& b = buffers[j];
+        if (b.kind != BufferKind::kArena) continue;
+        bool live_together = !(a.last_use < b.first_use || b.last_use < a.first_use);
+        bool overlap = a.offset < b.offset + b.spec.bytes() && b.offset < a.offset + a.spec.bytes();
+        EXPECT_FALSE(live_together && overlap) << "buffers " << i << " and " << j;
+      }
+    }
+    EXPECT_LT(total, sum) << "nothing was reused";
+  }
+}
+
+TEST(MemoryPlan, AChainNeedsOnlyTwoBuffers) {
+  std::vector<Buffer> chain;
+  for (int i = 0; i < 10; ++i) chain.push_back(arena_buffer(1024, i, i + 1));  // layer i writes, i+1 reads
+  EXPECT_EQ(plan_arena(chain), 2 * 4096u);
+}
+
+TEST(TimingCache, SavesLoadsAndIgnoresAnotherDevice) {
+  std::string path = ::testing::TempDir() + "/kiln_timing_cache_test.txt";
+  std::remove(path.c_str());
+  TimingCache a("GPU A sm_90");
+  EXPECT_NE(a.load(path).find("does not exist"), std::string::npos);
+  a.set("conv|x1", "graph:3");
+  a.set("gemm|m1", "2");
+  a.save(path);
+  TimingCache b("GPU A sm_90");
+  b.load(path);
+  EXPECT_EQ(b.find("conv|x1").value_or(""), "graph:3");
+  EXPECT_EQ(b.size(), 2u);
+  TimingCache other("GPU B sm_80");
+  EXPECT_NE(other.load(path).find("ignored"), std::string::npos);
+  EXPECT_EQ(other.size(), 0u);
+  std::ofstream(path) << "something else\n";
+  EXPECT_THROW(TimingCache("GPU A sm_90").load(path), Error);
+}
+
+}  // namespace
+}  // namespace kiln::cuda
+#endif

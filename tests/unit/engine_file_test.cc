@@ -1,0 +1,77 @@
+// The engine file's container: round trip, and every kind of damage is a clear kiln::Error.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "engine/engine_file.h"
+#include "kiln/error.h"
+
+namespace kiln {
+namespace {
+
+std::string bytes_of(const engine_file::Contents& c) {
+  std::string path = ::testing::TempDir() + "/kiln_engine_file_test.engine";
+  engine_file::write(path, c);
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+engine_file::Contents sample() {
+  engine_file::Contents c;
+  c.header = {{"kiln_version", "0.1.0"}, {"backend", "cuda"}, {"tactics", {{"k", "v"}}}};
+  c.model = std::string("\x08\x07\x12\x04test", 8);
+  return c;
+}
+
+TEST(EngineFile, RoundTrip) {
+  engine_file::Contents back = engine_file::parse(bytes_of(sample()), "x.engine");
+  EXPECT_EQ(back.header, sample().header);
+  EXPECT_EQ(back.model, sample().model);
+}
+
+TEST(EngineFile, EveryTruncationIsAnError) {
+  std::string bytes = bytes_of(sample());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    try {
+      engine_file::parse(bytes.substr(0, n), "x.engine");
+      FAIL() << "a file truncated to " << n << " bytes was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidModel);
+      EXPECT_EQ(e.file_path(), "x.engine");
+    }
+  }
+}
+
+TEST(EngineFile, CorruptionIsCaughtByTheChecksum) {
+  std::string bytes = bytes_of(sample());
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string bad = bytes;
+    size_t at = 8 + rng() % (bad.size() - 8);  // past the magic
+    bad[at] = static_cast<char>(bad[at] ^ (1 + rng() % 255));
+    EXPECT_THROW(engine_file::parse(bad, "x.engine"), Error) << "byte " << at;
+  }
+}
+
+TEST(EngineFile, ForeignFilesAndOtherVersionsAreRefused) {
+  try {
+    engine_file::parse("\x08\x01 an onnx model", "model.onnx");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a kiln engine file"), std::string::npos) << e.what();
+  }
+  std::string bytes = bytes_of(sample());
+  bytes[8] = 99;  // format version
+  try {
+    engine_file::parse(bytes, "x.engine");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("format 99"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(engine_file::read("/nonexistent/x.engine"), Error);
+}
+
+}  // namespace
+}  // namespace kiln
