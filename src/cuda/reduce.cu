@@ -503,7 +503,7 @@ std::unique_ptr<Layer> reduce_layer_for(const ir::Node& node, const Plan& p, DTy
   } else {
     if (out == in)
       return reduce_layer<K, In, In>(p, Reducer<K, In, In>{}, tactic);
-    if constexpr (std::is_same_v<In, __half> && (K == Red::kProd || K == Red::kSumSquare)) {
+    if constexpr (std::is_same_v<In, __half> && (K == Red::kProd || K == Red::kSumSquare || K == Red::kSum || K == Red::kL1)) {
       if (out == DType::kFloat32) return reduce_layer<K, __half, float>(p, Reducer<K, __half, float>{}, tactic);
     }
     throw node.error(ErrorKind::kInternal, "no reduction kernel from " + to_string(in) + " to " + to_string(out));
@@ -606,10 +606,12 @@ bool keeps_layout(const LayerRequest& r, const std::vector<int64_t>& axes, bool 
   return make_geom(r.input_shape(0), r.inputs[0]->logical_strides(), axes, reorder, g).empty();
 }
 
-// ReduceProd and ReduceSumSquare overflow float16 easily: under kFp16 they keep a float32
-// output (and read a float16 input as it is).
+// Products and sums overflow float16 easily (a sum of 70,000 ones is already inf): under
+// kFp16 ReduceProd, ReduceSumSquare, ReduceSum and ReduceL1 keep a float32 output (and read a
+// float16 input as it is).
 bool fp32_output(const LayerRequest& r, Red kind) {
-  return (kind == Red::kProd || kind == Red::kSumSquare) && r.input_dtypes[0] == DType::kFloat32;
+  return (kind == Red::kProd || kind == Red::kSumSquare || kind == Red::kSum || kind == Red::kL1) &&
+         r.input_dtypes[0] == DType::kFloat32;
 }
 
 LayerFormats reduce_formats(const LayerRequest& r) {
