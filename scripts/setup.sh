@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what kiln needs on Debian 12 and builds it (CPU only; no CUDA needed).
+# Installs what kiln needs on Debian 12 and builds it. No GPU is needed; where the CUDA toolkit
+# is installed (/usr/local/cuda) the CUDA backend is compiled too (it runs only on a GPU machine).
 #
 #   bash scripts/setup.sh
 #
@@ -65,7 +66,7 @@ fi
 
 # --- 3. build -------------------------------------------------------------------------------
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
-  say "configuring $BUILD_DIR (Release, CPU only)"
+  say "configuring $BUILD_DIR (Release; the CUDA backend too if the CUDA toolkit is installed)"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_PYTHON="$PWD/.venv/bin/python"
 fi
 say "building $BUILD_DIR"
