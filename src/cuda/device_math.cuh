@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include "cuda/layer.h"
 
@@ -32,6 +34,38 @@ __device__ __forceinline__ int64_t strided_offset(const StridedShape& shape, int
     offset += idx * shape.strides[d];
   }
   return offset;
+}
+
+// Moving elements of any dtype as 1- to 16-byte units (data movement and gathers).
+
+// The largest power-of-two unit in [es, 16] bytes dividing every quantity (bytes).
+inline size_t widest_unit(size_t es, std::initializer_list<uint64_t> byte_quantities) {
+  size_t unit = 16;
+  while (unit > es) {
+    bool ok = true;
+    for (uint64_t q : byte_quantities) ok = ok && q % unit == 0;
+    if (ok) break;
+    unit /= 2;
+  }
+  return unit;
+}
+
+inline size_t pointer_unit(size_t unit, const void* a, const void* b) {
+  const auto bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b);
+  while (unit > 1 && bits % unit) unit /= 2;
+  return unit;
+}
+
+// Calls f(U{}) with U an unsigned type of `unit` bytes (uint4 for 16).
+template <class F> void with_unit(size_t unit, F&& f) {
+  switch (unit) {
+    case 1: f(uint8_t{}); return;
+    case 2: f(uint16_t{}); return;
+    case 4: f(uint32_t{}); return;
+    case 8: f(uint64_t{}); return;
+    case 16: f(uint4{}); return;
+  }
+  throw Error(ErrorKind::kInternal, "no copy unit of " + std::to_string(unit) + " bytes");
 }
 
 }  // namespace kiln::cuda

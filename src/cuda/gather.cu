@@ -25,29 +25,6 @@ namespace {
 
 constexpr int kBlock = 256;
 
-size_t widest_unit(size_t es, uint64_t bytes) {
-  size_t unit = 16;
-  while (unit > es && bytes % unit) unit /= 2;
-  return unit;
-}
-
-size_t pointer_unit(size_t unit, const void* a, const void* b) {
-  const auto bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b);
-  while (unit > 1 && bits % unit) unit /= 2;
-  return unit;
-}
-
-template <class F> void with_unit(size_t unit, F&& f) {
-  switch (unit) {
-    case 1: f(uint8_t{}); return;
-    case 2: f(uint16_t{}); return;
-    case 4: f(uint32_t{}); return;
-    case 8: f(uint64_t{}); return;
-    case 16: f(uint4{}); return;
-  }
-  throw Error(ErrorKind::kUnsupported, "no CUDA kernel for elements of " + std::to_string(unit) + " bytes");
-}
-
 template <class F> void with_index_type(DType d, F&& f) {
   if (d == DType::kInt32) f(int32_t{});
   else f(int64_t{});
@@ -300,7 +277,7 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
       for (size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
       const int64_t dim = s[axis], n = shape_numel(r.inputs[1]->shape);
       const DType idx = f.inputs[1].dtype;
-      const size_t max_unit = widest_unit(es, static_cast<uint64_t>(inner) * es);
+      const size_t max_unit = widest_unit(es, {static_cast<uint64_t>(inner) * es});
       return make_layer("kernel:gather", [=](const LayerIO& io, cudaStream_t stream) {
         const int64_t total = outer * n * inner;
         if (total == 0) return;
@@ -402,7 +379,7 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
         p.strides[j] = ds[b + j];
       }
       p.n = tuples * slice;
-      const size_t max_unit = widest_unit(es, static_cast<uint64_t>(slice) * es);
+      const size_t max_unit = widest_unit(es, {static_cast<uint64_t>(slice) * es});
       return make_layer("kernel:gather_nd", [=](const LayerIO& io, cudaStream_t stream) {
         if (p.n == 0) return;
         const size_t unit = std::max(es, pointer_unit(max_unit, io.inputs[0], io.outputs[0]));
