@@ -120,6 +120,11 @@ def input_maker(name: str, size: int = 64, channels: int = 3, seq_len: int = 16)
     return _image_inputs(channels, 64 if name == "vit_b_16_2layers" else size)
 
 
+# Changes whenever load_model builds different weights, so caches of exports are not reused:
+# 2 = BatchNorm statistics calibrated (see _calibrate_batchnorm).
+WEIGHTS_VERSION = 2
+
+
 def load_model(name: str, size: int = 64, channels: int = 3, seq_len: int = 16, seed: int = 0) -> ModelSpec:
     """Builds MODEL with random weights (seeded), in eval mode, ready to export."""
     import torch
@@ -146,7 +151,30 @@ def load_model(name: str, size: int = 64, channels: int = 3, seq_len: int = 16, 
                              f"model, not one of {sorted(SMALL_MODELS)}, and not module:function")
         module = torchvision.models.get_model(name, weights=None)
     axes = {"input": {0: "batch"}, "output": {0: "batch"}}
-    return ModelSpec(name, module.eval(), ["input"], ["output"], input_maker(name, size, channels), axes)
+    make = input_maker(name, size, channels)
+    _calibrate_batchnorm(module, make)
+    return ModelSpec(name, module.eval(), ["input"], ["output"], make, axes)
+
+
+def _calibrate_batchnorm(module, make, batches: int = 4, batch: int = 8) -> None:
+    """Sets every BatchNorm's running statistics from a few random batches, as training would.
+    With the initial statistics (mean 0, variance 1) a randomly initialised network's
+    activations shrink layer by layer: MobileNet-v2's last layers output values near 1e-8,
+    below float16's smallest subnormal, so no float16 engine (ours, PyTorch's) could match
+    float32 on such a model. Trained networks keep activations near unit scale; so do these."""
+    import torch
+
+    norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    for bn in norms:
+        bn.reset_running_stats()
+        bn.momentum = None  # a cumulative average over the batches
+    module.train()
+    with torch.no_grad():
+        for i in range(batches):
+            module(*(torch.from_numpy(a) for a in make(batch, seed=1000 + i)))
+    module.eval()
 
 
 def export(spec: ModelSpec, path: str, exporter: str = "torchscript", opset: int | None = 17) -> None:

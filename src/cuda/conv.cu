@@ -17,6 +17,7 @@
 
 #include "cuda/check.h"
 #include "cuda/conv_graph.h"
+#include "cuda/depthwise.h"
 #include "cuda/device_math.cuh"
 #include "cuda/engine.h"
 #include "cuda/epilogue.h"
@@ -253,6 +254,15 @@ class ConvLayer final : public Layer {
     bias_storage_ = services.upload(bstore.raw(), bstore.nbytes());
     weights_host_ = weights;
     bias_host_ = b32;
+    if (depthwise_eligible()) {
+      // kiln's depthwise kernel reads float32 weights tap-major: [R*S][C].
+      const int64_t c = p_.y[1], taps = p_.w[2] * p_.w[3];
+      const float* src = weights.data<float>();
+      std::vector<float> tap_major(static_cast<size_t>(c * taps));
+      for (int64_t k = 0; k < c; ++k)
+        for (int64_t t = 0; t < taps; ++t) tap_major[static_cast<size_t>(t * c + k)] = src[k * taps + t];
+      depthwise_weights_ = static_cast<const float*>(services.upload(tap_major.data(), tap_major.size() * sizeof(float)));
+    }
     KILN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&relu_));
     KILN_CUDNN_CHECK(cudnnSetActivationDescriptor(relu_, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
     KILN_CUDNN_CHECK(cudnnCreateActivationDescriptor(&identity_));
@@ -271,6 +281,10 @@ class ConvLayer final : public Layer {
       gemm_->enqueue(io, stream);
       return;
     }
+    if (depthwise_outputs_) {
+      run_depthwise(io.inputs[0], z, io.outputs[0], depthwise_outputs_, stream);
+      return;
+    }
     if (graph_) {
       KILN_CUDNN_CHECK(cudnnSetStream(io.cudnn, stream));
       graph_->execute(io.cudnn, io.inputs[0], weights_, bias_storage_, z, io.outputs[0], io.workspace);
@@ -281,6 +295,7 @@ class ConvLayer final : public Layer {
   size_t workspace_bytes() const override { return workspace_; }
   std::string tactic() const override {
     if (gemm_) return "gemm(" + gemm_->tactic() + ")";
+    if (depthwise_outputs_) return "kernel:depthwise_nhwc x" + std::to_string(depthwise_outputs_);
     if (graph_) return "cudnn-graph:" + graph_->engine_name() + " #" + std::to_string(graph_->selected());
     return std::string("cudnn:") + (p_.transpose ? "bwd-data" : fused_ ? "fused" : "conv+epilogue") +
            " algo=" + std::to_string(algo_);
@@ -404,6 +419,25 @@ class ConvLayer final : public Layer {
     return make_gemm_layer(g, weights_host_, services);
   }
 
+  // kiln's own kernel for depthwise convolutions (one filter per channel) in float16 NHWC.
+  DepthwiseGeometry depthwise_geometry() const {
+    return DepthwiseGeometry{static_cast<int>(p_.x[0]), static_cast<int>(p_.x[1]), static_cast<int>(p_.x[2]),
+                             static_cast<int>(p_.x[3]), static_cast<int>(p_.y[2]), static_cast<int>(p_.y[3]),
+                             static_cast<int>(p_.w[2]), static_cast<int>(p_.w[3]), p_.pads[0], p_.pads[1],
+                             p_.strides[0], p_.strides[1], p_.dilations[0], p_.dilations[1]};
+  }
+  bool depthwise_eligible() const {
+    if (std::getenv("KILN_NO_DEPTHWISE_KERNEL")) return false;  // debugging knob: cuDNN only
+    return !p_.transpose && p_.spatial == 2 && p_.format.dtype == DType::kFloat16 &&
+           p_.format.layout == Layout::kNHWC && p_.group == p_.x[1] && p_.y[1] == p_.x[1] && p_.w[1] == 1 &&
+           depthwise_supported(depthwise_geometry());
+  }
+  void run_depthwise(const void* x, const void* z, void* y, int outputs_per_thread, cudaStream_t stream) const {
+    launch_depthwise_nhwc(static_cast<const __half*>(x), depthwise_weights_, p_.has_bias ? bias32_ : nullptr,
+                          static_cast<const __half*>(z), static_cast<__half*>(y), depthwise_geometry(), epilogue_act_,
+                          outputs_per_thread, stream);
+  }
+
   // The checker for this convolution (2-D and 1-D forward convolutions), or nullptr.
   std::unique_ptr<TacticChecker> make_checker(const void* x, const void* z, cudaStream_t stream) const {
     if (p_.transpose || p_.x.size() != 4) return nullptr;
@@ -444,6 +478,10 @@ class ConvLayer final : public Layer {
             graph_ = std::move(g);
             return;
           }
+        } else if (cached->rfind("depthwise:", 0) == 0 && depthwise_eligible()) {
+          depthwise_outputs_ = std::atoi(cached->c_str() + 10);
+          if (depthwise_outputs_ == 1 || depthwise_outputs_ == 2 || depthwise_outputs_ == 4) return;
+          depthwise_outputs_ = 0;
         } else if (*cached == "gemm" && gemm_eligible()) {
           gemm_ = make_gemm(services);
           workspace_ = gemm_->workspace_bytes();
@@ -469,26 +507,38 @@ class ConvLayer final : public Layer {
     const void* z = io.inputs.size() > 3 ? io.inputs[3] : nullptr;
     float best = 1e30f;
     std::string last_error;
-    std::string choice;
     std::unique_ptr<TacticChecker> checker = make_checker(io.inputs[0], z, services.stream());
-    // A candidate's output (of its last timed run) must match the direct convolution.
-    auto correct = [&](const char* what) {
-      if (!checker) return true;
-      bool ok = false;
-      double err = checker->error(io.outputs[0], ok);
-      if (!ok && log) std::fprintf(stderr, "  tactic %s: %s rejected, relative error %.3g\n", key.c_str(), what, err);
-      if (!ok) last_error = std::string(what) + " gave wrong results (relative error " + std::to_string(err) + ")";
-      return ok;
+    // Times one candidate; when it is the fastest so far, runs it once more on a poisoned
+    // output (all bits set: NaN) and compares with the direct convolution. The poison matters:
+    // an engine that leaves part of the output unwritten would otherwise pass on what an
+    // earlier candidate wrote there (a cuDNN depthwise engine did exactly that).
+    auto consider = [&](const std::string& what, const std::function<void(cudaStream_t)>& launch) {
+      const float ms = services.time_ms(launch);
+      if (log) std::fprintf(stderr, "  tactic %s: %s %.4f ms\n", key.c_str(), what.c_str(), ms);
+      if (!(ms < best)) return false;
+      if (checker) {
+        KILN_CUDA_CHECK(cudaMemsetAsync(io.outputs[0], 0xFF, y_spec_.bytes(), services.stream()));
+        launch(services.stream());
+        bool ok = false;
+        const double err = checker->error(io.outputs[0], ok);
+        if (!ok) {
+          if (log) std::fprintf(stderr, "  tactic %s: %s rejected, relative error %.3g\n", key.c_str(), what.c_str(), err);
+          last_error = what + " gave wrong results (relative error " + std::to_string(err) + ")";
+          return false;
+        }
+      }
+      best = ms;
+      return true;
     };
+    enum class Winner { kNone, kLegacy, kGraph, kGemm, kDepthwise } winner = Winner::kNone;
+    std::string choice;
     for (const Candidate& c : list) {
       void* ws = c.workspace ? services.scratch(c.workspace) : nullptr;
       try {
-        float ms = services.time_ms([&](cudaStream_t s) {
-          run(services.cudnn(), io.inputs[0], z, io.outputs[0], ws, s, c.fused, c.algo, c.workspace);
-        });
-        if (log) std::fprintf(stderr, "  tactic %s: legacy %s %.4f ms\n", key.c_str(), encode(c).c_str(), ms);
-        if (ms < best && correct(encode(c).c_str())) {
-          best = ms;
+        if (consider("legacy " + encode(c), [&](cudaStream_t s) {
+              run(services.cudnn(), io.inputs[0], z, io.outputs[0], ws, s, c.fused, c.algo, c.workspace);
+            })) {
+          winner = Winner::kLegacy;
           fused_ = c.fused;
           algo_ = c.algo;
           workspace_ = c.workspace;
@@ -510,13 +560,11 @@ class ConvLayer final : public Layer {
           if (!graph->select(services.cudnn(), i) || graph->workspace_bytes() > (size_t{1} << 30)) continue;
           void* ws = graph->workspace_bytes() ? services.scratch(graph->workspace_bytes()) : nullptr;
           try {
-            float ms = services.time_ms([&](cudaStream_t s) {
-              KILN_CUDNN_CHECK(cudnnSetStream(services.cudnn(), s));
-              graph->execute(services.cudnn(), io.inputs[0], weights_, bias_storage_, z, io.outputs[0], ws);
-            });
-            if (log) std::fprintf(stderr, "  tactic %s: graph #%d %s %.4f ms\n", key.c_str(), i, graph->engine_name().c_str(), ms);
-            if (ms < best && correct(("graph " + graph->engine_name()).c_str())) {
-              best = ms;
+            if (consider("graph #" + std::to_string(i) + " " + graph->engine_name(), [&](cudaStream_t s) {
+                  KILN_CUDNN_CHECK(cudnnSetStream(services.cudnn(), s));
+                  graph->execute(services.cudnn(), io.inputs[0], weights_, bias_storage_, z, io.outputs[0], ws);
+                })) {
+              winner = Winner::kGraph;
               graph_index = i;
             }
           } catch (const Error& e) {
@@ -530,34 +578,61 @@ class ConvLayer final : public Layer {
     }
     // cuBLASLt for 1x1 convolutions.
     std::unique_ptr<Layer> gemm;
-    bool gemm_won = false;
     if (gemm_eligible()) {
       try {
         gemm = make_gemm(services);
         LayerIO gio = io;
         gio.workspace = services.scratch(gemm->workspace_bytes());
-        float ms = services.time_ms([&](cudaStream_t s) { gemm->enqueue(gio, s); });
-        if (log) std::fprintf(stderr, "  tactic %s: gemm %.4f ms\n", key.c_str(), ms);
-        gemm_won = ms < best && correct("gemm");
-        if (gemm_won) best = ms;
+        if (consider("gemm " + gemm->tactic(), [&](cudaStream_t s) { gemm->enqueue(gio, s); })) winner = Winner::kGemm;
       } catch (const Error& e) {
         last_error = e.what();
         if (log) std::fprintf(stderr, "  tactic %s: gemm failed: %s\n", key.c_str(), e.what());
         cudaGetLastError();
       }
     }
-    if (best >= 1e30f) throw Error(ErrorKind::kUnsupported, "no cuDNN algorithm ran this convolution: " + last_error);
-    if (gemm_won) {
-      gemm_ = std::move(gemm);
-      workspace_ = gemm_->workspace_bytes();
-      services.record_tactic(key, "gemm");
-    } else if (graph_index >= 0 && graph->select(services.cudnn(), graph_index)) {
-      workspace_ = graph->workspace_bytes();
-      graph_ = std::move(graph);
-      services.record_tactic(key, "graph:" + std::to_string(graph_index));
-    } else {
-      services.record_tactic(key, choice);
+    // kiln's depthwise kernel, at 1, 2 or 4 output pixels per thread.
+    int depthwise_outputs = 0;
+    if (depthwise_eligible()) {
+      for (int outputs : {1, 2, 4}) {
+        try {
+          if (consider("kernel depthwise x" + std::to_string(outputs),
+                       [&](cudaStream_t s) { run_depthwise(io.inputs[0], z, io.outputs[0], outputs, s); })) {
+            winner = Winner::kDepthwise;
+            depthwise_outputs = outputs;
+          }
+        } catch (const Error& e) {
+          last_error = e.what();
+          cudaGetLastError();
+        }
+      }
     }
+    switch (winner) {
+      case Winner::kNone:
+        throw Error(ErrorKind::kUnsupported, "no cuDNN algorithm ran this convolution correctly: " + last_error);
+      case Winner::kGemm:
+        gemm_ = std::move(gemm);
+        workspace_ = gemm_->workspace_bytes();
+        services.record_tactic(key, "gemm");
+        break;
+      case Winner::kGraph:
+        // select() hands back the plan already finalized and timed for this candidate.
+        if (!graph->select(services.cudnn(), graph_index))
+          throw Error(ErrorKind::kDevice, "cuDNN engine " + std::to_string(graph_index) + " failed to finalize again (" + key + ")");
+        graph->drop_other_plans();
+        workspace_ = graph->workspace_bytes();
+        graph_ = std::move(graph);
+        services.record_tactic(key, "graph:" + std::to_string(graph_index));
+        break;
+      case Winner::kLegacy:
+        services.record_tactic(key, choice);
+        break;
+      case Winner::kDepthwise:
+        depthwise_outputs_ = depthwise_outputs;
+        workspace_ = 0;
+        services.record_tactic(key, "depthwise:" + std::to_string(depthwise_outputs));
+        break;
+    }
+    if (log) std::fprintf(stderr, "  tactic %s: chose %s (%.4f ms)\n", key.c_str(), tactic().c_str(), best);
   }
 
   ConvParams p_;
@@ -576,6 +651,8 @@ class ConvLayer final : public Layer {
   size_t workspace_ = 0;
   std::unique_ptr<ConvGraph> graph_;  // set when a graph-API engine won
   std::unique_ptr<Layer> gemm_;       // set when cuBLASLt won (1x1 convolutions)
+  int depthwise_outputs_ = 0;         // set when kiln's depthwise kernel won: outputs per thread
+  const float* depthwise_weights_ = nullptr;
   Tensor weights_host_;               // float32 [K, C/g, R, S], for the GEMM form
   std::vector<float> bias_host_;
   static constexpr int kGraphCandidates = 8;

@@ -70,6 +70,10 @@ struct ConvGraph::Impl {
   DescriptorPtr graph;
   std::vector<cudnnBackendDescriptor_t> configs;  // owned: destroyed in ~Impl
   DescriptorPtr plan;
+  // Plans already finalized, by candidate: selecting a candidate again (the winner, after
+  // the others were timed) reuses its plan; some engines refuse a second finalization.
+  std::vector<DescriptorPtr> plans;
+  std::vector<size_t> plan_workspace;
   std::vector<int64_t> uids;
   bool has_bias = false, has_z = false;
 
@@ -207,19 +211,31 @@ int ConvGraph::candidate_count() const { return static_cast<int>(impl_->configs.
 
 bool ConvGraph::select(cudnnHandle_t handle, int i) {
   if (i < 0 || i >= candidate_count()) return false;
-  auto plan = std::make_shared<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-  cudnnBackendDescriptor_t config = impl_->configs[static_cast<size_t>(i)];
-  plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
-      .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config);
-  if (plan->try_finalize() != CUDNN_STATUS_SUCCESS) return false;
-  int64_t ws = 0, n = 0;
-  if (cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws) !=
-      CUDNN_STATUS_SUCCESS)
-    return false;
-  impl_->plan = plan;
+  const size_t at = static_cast<size_t>(i);
+  impl_->plans.resize(impl_->configs.size());
+  impl_->plan_workspace.resize(impl_->configs.size());
+  if (!impl_->plans[at]) {
+    auto plan = std::make_shared<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    cudnnBackendDescriptor_t config = impl_->configs[at];
+    plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
+        .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config);
+    if (plan->try_finalize() != CUDNN_STATUS_SUCCESS) return false;
+    int64_t ws = 0, n = 0;
+    if (cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &ws) !=
+        CUDNN_STATUS_SUCCESS)
+      return false;
+    impl_->plans[at] = plan;
+    impl_->plan_workspace[at] = static_cast<size_t>(ws);
+  }
+  impl_->plan = impl_->plans[at];
   selected_ = i;
-  workspace_ = static_cast<size_t>(ws);
+  workspace_ = impl_->plan_workspace[at];
   return true;
+}
+
+void ConvGraph::drop_other_plans() {
+  for (size_t i = 0; i < impl_->plans.size(); ++i)
+    if (static_cast<int>(i) != selected_) impl_->plans[i].reset();
 }
 
 std::string ConvGraph::engine_name() const {

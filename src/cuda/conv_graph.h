@@ -42,6 +42,8 @@ class ConvGraph {
   // Finalizes candidate i as the execution plan; false when this engine cannot run it.
   bool select(cudnnHandle_t handle, int i);
   int selected() const { return selected_; }
+  // Frees the plans of the candidates not selected (after tactic timing).
+  void drop_other_plans();
   size_t workspace_bytes() const { return workspace_; }
   std::string engine_name() const;
 

@@ -45,6 +45,21 @@ __global__ void transpose_kernel(const In* __restrict__ src, Out* __restrict__ d
   }
 }
 
+// The same transpose when rows is small (NCHW -> NHWC of an image input, C = 3): one thread
+// per column reads its `rows` elements (each read coalesced across the warp) and writes them
+// next to each other; the 32x32 tiles above would leave most threads idle.
+template <class In, class Out>
+__global__ void transpose_few_rows_kernel(const In* __restrict__ src, Out* __restrict__ dst, int rows, int64_t cols,
+                                          int64_t batch) {
+  const int64_t total = batch * cols;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t b = i / cols, c = i - b * cols;
+    const In* s = src + b * rows * cols + c;
+    Out* d = dst + i * rows;
+    for (int r = 0; r < rows; ++r) d[r] = convert_element<Out>(s[r * cols]);
+  }
+}
+
 template <class In, class Out>
 __global__ void convert_kernel(const In* __restrict__ src, Out* __restrict__ dst, int64_t n) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
@@ -110,7 +125,10 @@ class ReformatLayer final : public Layer {
     KILN_DISPATCH_STORAGE(from_.format.dtype, In, [&] {
       KILN_DISPATCH_STORAGE(to_.format.dtype, Out, [&] {
         if constexpr (sizeof(In) == sizeof(Out) || (!std::is_integral_v<In> && !std::is_integral_v<Out>)) {
-          if (transpose_) {
+          if (transpose_ && rows_ <= kFewRows) {
+            transpose_few_rows_kernel<In, Out><<<grid_for(batch_ * cols_, 256, 4), 256, 0, stream>>>(
+                static_cast<const In*>(src), static_cast<Out*>(dst), static_cast<int>(rows_), cols_, batch_);
+          } else if (transpose_) {
             dim3 block(32, 8);
             dim3 grid(static_cast<unsigned>((cols_ + 31) / 32), static_cast<unsigned>((rows_ + 31) / 32),
                       static_cast<unsigned>(std::min<int64_t>(batch_, 65535)));
@@ -129,11 +147,13 @@ class ReformatLayer final : public Layer {
   }
 
   std::string tactic() const override {
+    if (transpose_ && rows_ <= kFewRows) return "kernel:transpose_few_rows " + from_.format.str() + "->" + to_.format.str();
     return std::string(transpose_ ? "kernel:transpose " : "kernel:convert ") + from_.format.str() + "->" +
            to_.format.str();
   }
 
  private:
+  static constexpr int64_t kFewRows = 8;
   TensorSpec from_, to_;
   bool transpose_ = false;
   int64_t batch_ = 0, rows_ = 0, cols_ = 0;

@@ -35,7 +35,7 @@ class ExportError(Exception):
 def exported_model(cache: str, model, exporter: str) -> str:
     """The model exported with exporter, from the cache or exported now. A failed export is
     remembered too (the exporters fail the same way every time, and slowly)."""
-    path = os.path.join(cache, f"{model.name}-{model.size}px-{exporter}.onnx")
+    path = os.path.join(cache, f"{model.name}-{model.size}px-{exporter}-w{export_model.WEIGHTS_VERSION}.onnx")
     failed = path + ".export-failed"
     if os.path.exists(path):
         return path
