@@ -3,10 +3,10 @@
 fp32 (strict): relative L2 error at most 1e-4.
 
 fp16: relative L2 error at most 1e-2 and, for classifiers, the same top-1 class as the CPU
-engine on at least 99% of random inputs (near-ties of the CPU's own scores excepted: see
-top1_agreement), or, where PyTorch's own float16 (cuDNN, channels-last, on the same GPU)
-misses those marks on the model, no worse than PyTorch: error at most 1.5x PyTorch's
-float16 error, top-1 agreement at least PyTorch's. The second clause exists because the
+engine on at least 99% of random inputs (near-ties of the CPU's own scores, within the measured
+error, excepted: see top1_agreement). Where PyTorch's own float16 (cuDNN, channels-last, on
+the same GPU) misses the 1e-2 mark on a model, kiln's error may be up to 1.5x PyTorch's
+float16 error instead. That clause exists because the
 models have random weights: with BatchNorm statistics calibrated (so activations keep a
 trained network's scale; scripts/export_model.py), deep random networks amplify any
 perturbation (rounding ResNet-50's weights to float16 alone, in float32 arithmetic, moves
@@ -28,7 +28,8 @@ FP32_TOLERANCE = 1e-4
 FP16_TOLERANCE = 1e-2
 FP16_TOP1_AGREEMENT = 0.99
 PEER_FACTOR = 1.5  # kiln's fp16 error may be at most this times PyTorch's, where PyTorch's misses the mark
-TOP1_TIE = 3e-3  # float16's resolution, relative to the scores' spread
+TOP1_TIE_FACTOR = 3.0
+TOP1_TIE_MIN = 3e-3  # float16's resolution, relative to the scores' spread
 
 
 def run_kiln(kiln_bin, model_path, inputs, names, out_dir, *extra):
@@ -64,7 +65,7 @@ def test_gpu_matches_cpu(model, precision, kiln_bin, model_cache, tmp_path):
     m = onnx.load(path, load_external_data=False)
     names = [i.name for i in m.graph.input if i.name not in {init.name for init in m.graph.initializer}]
     # fp16's top-1 check needs many rows; the 224px VGG takes fewer to keep the CPU side quick.
-    batch = 8 if precision == "fp32" else (25 if model.size >= 224 else 100)
+    batch = 8 if precision == "fp32" else (25 if model.size >= 224 else 200)
     inputs = export_model.input_maker(model.name, size=model.size)(batch, seed=hash(model.name) % 1000)
     want = run_kiln(kiln_bin, path, inputs, names, str(tmp_path / "cpu"), "--device", "cpu")
     got = run_kiln(kiln_bin, path, inputs, names, str(tmp_path / "gpu"), "--device", "cuda", f"--{precision}")
@@ -84,12 +85,50 @@ def test_gpu_matches_cpu(model, precision, kiln_bin, model_cache, tmp_path):
         limit = max(FP16_TOLERANCE, PEER_FACTOR * peer_err)
         assert err <= limit, f"output {name}: relative L2 error {err:.3g} > {limit:.3g} (PyTorch fp16: {peer_err:.3g})"
         if classifier and want[name].ndim == 2 and want[name].shape[1] >= 2:
-            agree, exact = top1_agreement(got[name], want[name])
-            peer_agree, _ = top1_agreement(peer, want[name])
-            print(f"{model.name} {name}: fp16 top-1 agreement kiln {agree:.1%} ({exact:.1%} without ties), PyTorch {peer_agree:.1%}")
-            assert agree >= min(FP16_TOP1_AGREEMENT, peer_agree), (
-                f"output {name}: top-1 agrees on {agree:.1%} of {batch} inputs ({exact:.1%} without ties; "
-                f"PyTorch fp16: {peer_agree:.1%})")
+            agree, exact = top1_agreement(got[name], want[name], err)
+            peer_agree, peer_exact = top1_agreement(peer, want[name], peer_err)
+            print(f"{model.name} {name}: fp16 top-1 agreement kiln {agree:.1%} (exactly {exact:.1%}), "
+                  f"PyTorch {peer_agree:.1%} ({peer_exact:.1%})")
+            assert agree >= FP16_TOP1_AGREEMENT, (
+                f"output {name}: top-1 agrees on {agree:.1%} of {batch} inputs (exactly {exact:.1%}; "
+                f"PyTorch fp16: {peer_agree:.1%}, {peer_exact:.1%})")
+
+
+def torch_fp16_outputs(model, inputs):
+    """The same model (rebuilt with the same seed) in PyTorch float16 on the GPU, channels-last,
+    on the same inputs: {output name: float32 array}."""
+    import torch
+
+    spec = export_model.load_model(model.name, size=model.size)
+    module = spec.module.cuda().half()
+    if model.name != "bert_base_2layers":
+        module = module.to(memory_format=torch.channels_last)
+    args = []
+    for a in inputs:
+        t = torch.from_numpy(a).cuda()
+        args.append(t.half().contiguous(memory_format=torch.channels_last) if t.is_floating_point() and t.dim() == 4
+                    else t.half() if t.is_floating_point() else t)
+    with torch.no_grad():
+        out = module(*args)
+    if not isinstance(out, (tuple, list)):
+        out = [out]
+    return {name: o.float().cpu().numpy() for name, o in zip(spec.output_names, out)}
+
+
+def top1_agreement(got, want, err):
+    """(agreement, exact agreement) of the top-1 classes. A row counts as agreeing when the GPU's
+    class is the CPU's, or when the CPU's own scores tie them: its score for the GPU's class is
+    within TOP1_TIE_FACTOR * err (the output's measured relative L2 error, at least TOP1_TIE_MIN)
+    standard deviations of the row of its best. An engine whose output is off by err overall can
+    swap classes closer than that without being wrong anywhere; random-weight classifiers have
+    many such near-ties (among 1000 classes the top two are within 1% of a standard deviation in
+    about 4% of rows), trained ones few. A swap of classes further apart still fails."""
+    want = want.astype(np.float64)
+    picked = np.argmax(got, 1)
+    exact = picked == np.argmax(want, 1)
+    gap = want.max(1) - want[np.arange(len(want)), picked]
+    tie = gap <= max(TOP1_TIE_FACTOR * err, TOP1_TIE_MIN) * want.std(1)
+    return float(np.mean(exact | tie)), float(np.mean(exact))
 
 
 def torch_fp16_outputs(model, inputs):
