@@ -129,38 +129,3 @@ def top1_agreement(got, want, err):
     gap = want.max(1) - want[np.arange(len(want)), picked]
     tie = gap <= max(TOP1_TIE_FACTOR * err, TOP1_TIE_MIN) * want.std(1)
     return float(np.mean(exact | tie)), float(np.mean(exact))
-
-
-def torch_fp16_outputs(model, inputs):
-    """The same model (rebuilt with the same seed) in PyTorch float16 on the GPU, channels-last,
-    on the same inputs: {output name: float32 array}."""
-    import torch
-
-    spec = export_model.load_model(model.name, size=model.size)
-    module = spec.module.cuda().half()
-    if model.name != "bert_base_2layers":
-        module = module.to(memory_format=torch.channels_last)
-    args = []
-    for a in inputs:
-        t = torch.from_numpy(a).cuda()
-        args.append(t.half().contiguous(memory_format=torch.channels_last) if t.is_floating_point() and t.dim() == 4
-                    else t.half() if t.is_floating_point() else t)
-    with torch.no_grad():
-        out = module(*args)
-    if not isinstance(out, (tuple, list)):
-        out = [out]
-    return {name: o.float().cpu().numpy() for name, o in zip(spec.output_names, out)}
-
-
-def top1_agreement(got, want):
-    """(agreement, exact agreement) of the top-1 classes. A row counts as agreeing when the GPU's
-    class is the CPU's, or when the CPU's own scores tie them: its score for the GPU's class is
-    within TOP1_TIE of its best, in units of the row's standard deviation. Random-weight
-    classifiers have near-ties that no float16 engine resolves as float32 does: among 1000
-    classes the top two are closer than 0.3% of a standard deviation in about 1% of rows."""
-    want = want.astype(np.float64)
-    picked = np.argmax(got, 1)
-    exact = picked == np.argmax(want, 1)
-    gap = want.max(1) - want[np.arange(len(want)), picked]
-    tie = gap <= TOP1_TIE * want.std(1)
-    return float(np.mean(exact | tie)), float(np.mean(exact))
