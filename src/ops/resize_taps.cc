@@ -1,0 +1,112 @@
+// Resize's interpolation taps (see resize_taps.h); the arithmetic follows ONNX's reference.
+#include "ops/resize_taps.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kiln::ir {
+
+ResizeOptions resize_options(const Node& node) {
+  const Attributes& a = node.attrs;
+  ResizeOptions o;
+  o.mode = a.get_string("mode", "nearest");
+  o.ctm = a.get_string("coordinate_transformation_mode", "half_pixel");
+  o.nearest = a.get_string("nearest_mode", "round_prefer_floor");
+  o.cubic_a = a.get_float("cubic_coeff_a", -0.75f);
+  o.exclude_outside = a.get_int("exclude_outside", 0) != 0;
+  o.extrapolation = a.get_float("extrapolation_value", 0.f);
+  return o;
+}
+
+namespace {
+
+// Output coordinate j of an axis -> input coordinate, per coordinate_transformation_mode.
+// Like ONNX's reference, the resized length is in_len * scale, unrounded (it differs from the
+// output size when scales do not divide evenly, e.g. align_corners with scale 0.6).
+double source_coord(const ResizeOptions& o, int64_t j, int64_t in_len, double scale, double roi_s, double roi_e) {
+  double x = static_cast<double>(j);
+  double out_len = static_cast<double>(in_len) * scale;
+  if (o.ctm == "asymmetric") return x / scale;
+  if (o.ctm == "align_corners") return out_len == 1 ? 0.0 : x * static_cast<double>(in_len - 1) / (out_len - 1);
+  if (o.ctm == "pytorch_half_pixel") return out_len > 1 ? (x + 0.5) / scale - 0.5 : 0.0;
+  if (o.ctm == "tf_half_pixel_for_nn") return (x + 0.5) / scale;
+  if (o.ctm == "tf_crop_and_resize") {
+    double span = static_cast<double>(in_len - 1);
+    return out_len > 1 ? roi_s * span + x * (roi_e - roi_s) * span / (out_len - 1) : 0.5 * (roi_s + roi_e) * span;
+  }
+  if (o.ctm == "half_pixel_symmetric") {
+    double adjustment = std::floor(out_len) / out_len;
+    double offset = static_cast<double>(in_len) / 2.0 * (1.0 - adjustment);
+    return offset + (x + 0.5) / scale - 0.5;
+  }
+  return (x + 0.5) / scale - 0.5;  // half_pixel
+}
+
+int64_t nearest_index(const ResizeOptions& o, double x) {
+  double f = std::floor(x);
+  if (o.nearest == "floor") return static_cast<int64_t>(f);
+  if (o.nearest == "ceil") return static_cast<int64_t>(std::ceil(x));
+  if (x - f == 0.5) return static_cast<int64_t>(o.nearest == "round_prefer_ceil" ? f + 1 : f);
+  return static_cast<int64_t>(std::round(x));
+}
+
+
+}  // namespace
+
+std::vector<ResizeTaps> resize_axis_taps(const ResizeOptions& o, int64_t in_len, int64_t out_len, double scale, double roi_s, double roi_e) {
+  std::vector<ResizeTaps> taps(static_cast<size_t>(out_len));
+  auto clamp = [in_len](int64_t i) { return std::min(std::max<int64_t>(i, 0), in_len - 1); };
+  for (int64_t j = 0; j < out_len; ++j) {
+    ResizeTaps& t = taps[static_cast<size_t>(j)];
+    double x = source_coord(o, j, in_len, scale, roi_s, roi_e);
+    if (o.ctm == "tf_crop_and_resize" && (x < 0 || x > static_cast<double>(in_len - 1))) {
+      t.outside = 1;
+      continue;
+    }
+    if (o.mode == "nearest") {
+      t.n = 1;
+      t.idx[0] = clamp(nearest_index(o, x));
+      t.w[0] = 1.f;
+    } else if (o.mode == "linear") {
+      x = std::min(std::max(x, 0.0), static_cast<double>(in_len - 1));
+      int64_t i0 = static_cast<int64_t>(std::floor(x));
+      double r = x - static_cast<double>(i0);
+      t.n = 2;
+      t.idx[0] = clamp(i0);
+      t.idx[1] = clamp(i0 + 1);
+      t.w[0] = static_cast<float>(1.0 - r);
+      t.w[1] = static_cast<float>(r);
+    } else {  // cubic (Keys), neighbours i0-1 .. i0+2 with edge padding
+      int64_t i0 = static_cast<int64_t>(std::floor(x));
+      double r = x - static_cast<double>(i0), a = o.cubic_a;
+      double d[4] = {r + 1, r, 1 - r, 2 - r};
+      double sum = 0, w[4];
+      for (int k = 0; k < 4; ++k) {
+        double s = d[k];
+        w[k] = s <= 1 ? ((a + 2) * s - (a + 3)) * s * s + 1 : ((a * s - 5 * a) * s + 8 * a) * s - 4 * a;
+        int64_t i = i0 - 1 + k;
+        if (o.exclude_outside && (i < 0 || i >= in_len)) w[k] = 0;
+        sum += w[k];
+      }
+      t.n = 4;
+      for (int k = 0; k < 4; ++k) {
+        t.idx[k] = clamp(i0 - 1 + k);
+        t.w[k] = static_cast<float>(o.exclude_outside && sum != 0 ? w[k] / sum : w[k]);
+      }
+    }
+  }
+  return taps;
+}
+
+bool resize_taps_identity(const std::vector<ResizeTaps>& taps, int64_t in_len) {
+  if (static_cast<int64_t>(taps.size()) != in_len) return false;
+  for (size_t j = 0; j < taps.size(); ++j) {
+    const ResizeTaps& t = taps[j];
+    if (t.outside) return false;
+    for (int k = 0; k < t.n; ++k)
+      if (t.w[k] != 0.f && !(t.idx[k] == static_cast<int64_t>(j) && t.w[k] == 1.f)) return false;
+  }
+  return true;
+}
+
+}  // namespace kiln::ir

@@ -1,0 +1,41 @@
+// Resize's interpolation taps, shared by the CPU kernel and the CUDA layer so both read the
+// same source elements with the same weights: for one resized axis, per output index, up to
+// four source indices and weights (nearest: 1, linear: 2, cubic: 4), or "outside" (the
+// extrapolation value, tf_crop_and_resize beyond the input).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace kiln::ir {
+
+struct ResizeOptions {
+  std::string mode, ctm, nearest;  // mode, coordinate_transformation_mode, nearest_mode
+  double cubic_a = -0.75;
+  bool exclude_outside = false;
+  float extrapolation = 0.f;
+};
+
+// The node's Resize attributes, with ONNX's defaults.
+ResizeOptions resize_options(const Node& node);
+
+// A plain struct, uploaded as is to the GPU as a table.
+struct ResizeTaps {
+  int64_t idx[4] = {0, 0, 0, 0};
+  float w[4] = {0, 0, 0, 0};
+  int32_t n = 0;
+  int32_t outside = 0;
+};
+
+// The taps of every output index along an axis of in_len resized to out_len by `scale`
+// (roi_s, roi_e: the axis' roi, for tf_crop_and_resize).
+std::vector<ResizeTaps> resize_axis_taps(const ResizeOptions& o, int64_t in_len, int64_t out_len, double scale,
+                                         double roi_s, double roi_e);
+
+// True when the taps read each input index as it is (the axis is not really resized).
+bool resize_taps_identity(const std::vector<ResizeTaps>& taps, int64_t in_len);
+
+}  // namespace kiln::ir
