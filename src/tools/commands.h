@@ -14,5 +14,6 @@ void add_conformance_command(CLI::App& app, std::function<int()>& action);
 void add_operators_command(CLI::App& app, std::function<int()>& action);
 void add_build_command(CLI::App& app, std::function<int()>& action);
 void add_bench_command(CLI::App& app, std::function<int()>& action);
+void add_calibrate_command(CLI::App& app, std::function<int()>& action);
 
 }  // namespace kiln::tools
