@@ -15,6 +15,7 @@
 
 #include "../../fuzz/exercise.h"
 #include "onnx.pb.h"
+#include "quantization/calibration_cache.h"
 
 namespace kiln {
 namespace {
@@ -409,6 +410,27 @@ TEST(FuzzSmoke, MutatedNpyFilesFailOnlyWithKilnErrors) {
     std::string bytes = mutate_bytes(seeds[static_cast<size_t>(i) % seeds.size()], rng);
     describe_input("npy iteration " + std::to_string(i));
     ok += f.survive([&] { fuzz::exercise_npy(bytes); return true; }, "npy", i);
+  }
+  EXPECT_TRUE(f.bugs.empty()) << f.report();
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(f.errors, 0);
+}
+
+TEST(FuzzSmoke, MutatedCalibrationCachesFailOnlyWithKilnErrors) {
+  quantization::CalibrationCache cache;
+  cache.model_fingerprint = quantization::model_fingerprint("m");
+  cache.algorithm = "entropy";
+  cache.batches = 4;
+  cache.scales = {{"input", 0.02f}, {"/conv1/Relu_output_0", 0.5f}, {"a: b", 1e-6f}};
+  std::vector<std::string> seeds = {quantization::to_kiln_text(cache), quantization::to_tensorrt_text(cache)};
+  std::mt19937 rng(7);
+  CrashReporter reporter;
+  Findings f;
+  int ok = 0;
+  for (int i = 0; i < 4000; ++i) {
+    std::string bytes = mutate_bytes(seeds[static_cast<size_t>(i) % seeds.size()], rng);
+    describe_input("calibration cache iteration " + std::to_string(i));
+    ok += f.survive([&] { return !quantization::parse_calibration_cache(bytes, "fuzz").scales.empty(); }, "cache", i);
   }
   EXPECT_TRUE(f.bugs.empty()) << f.report();
   EXPECT_GT(ok, 0);
