@@ -1,0 +1,101 @@
+// CPU kernels of QuantizeLinear and DequantizeLinear (see ops/quantize.h): the reference
+// arithmetic, in float32 with round-half-to-even, per tensor or per channel.
+#include <cmath>
+
+#include "cpu/kernel.h"
+#include "ops/quantize.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+// The zero point of channel c as an integer (0 when absent).
+int64_t zero_point(const Tensor* zp, int64_t c) {
+  if (!zp || zp->numel() == 0) return 0;
+  return zp->value_as_int(zp->numel() == 1 ? 0 : c);
+}
+
+template <class Q>
+void quantize(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
+  const ir::QuantizeAxis axis = ir::quantize_axis(node, x.shape(), scale.numel());
+  int64_t lo = 0, hi = 0;
+  ir::quantized_range(y.dtype(), lo, hi);
+  const float* in = x.data<float>();
+  const float* s = scale.data<float>();
+  Q* out = static_cast<Q*>(y.raw());
+  const int64_t n = x.numel();
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = (i / axis.inner) % axis.channels;
+    // The quotient in float32 (as ONNX's reference and ONNX Runtime compute it; in double a
+    // quotient just off .5 can round the other way); nearbyint rounds half to even.
+    double q = static_cast<double>(std::nearbyint(in[i] / s[c])) + static_cast<double>(zero_point(zp, c));
+    if (std::isnan(q)) q = 0;
+    out[i] = static_cast<Q>(std::min<double>(std::max<double>(q, static_cast<double>(lo)), static_cast<double>(hi)));
+  }
+}
+
+template <class Q>
+void dequantize(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
+  const ir::QuantizeAxis axis = ir::quantize_axis(node, x.shape(), scale.numel());
+  const Q* in = static_cast<const Q*>(x.raw());
+  const float* s = scale.data<float>();
+  float* out = y.data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = (i / axis.inner) % axis.channels;
+    out[i] = static_cast<float>(static_cast<int64_t>(in[i]) - zero_point(zp, c)) * s[c];
+  }
+}
+
+template <template <class> class Fn>
+bool dispatch_quantized(DType dtype, const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp,
+                        Tensor& y) {
+  switch (dtype) {
+    case DType::kInt8: Fn<int8_t>::run(node, x, scale, zp, y); return true;
+    case DType::kUInt8: Fn<uint8_t>::run(node, x, scale, zp, y); return true;
+    case DType::kInt16: Fn<int16_t>::run(node, x, scale, zp, y); return true;
+    case DType::kUInt16: Fn<uint16_t>::run(node, x, scale, zp, y); return true;
+    case DType::kInt32: Fn<int32_t>::run(node, x, scale, zp, y); return true;
+    default: return false;
+  }
+}
+
+template <class Q> struct QuantizeFn { static void run(const ir::Node& n, const Tensor& x, const Tensor& s, const Tensor* z, Tensor& y) { quantize<Q>(n, x, s, z, y); } };
+template <class Q> struct DequantizeFn { static void run(const ir::Node& n, const Tensor& x, const Tensor& s, const Tensor* z, Tensor& y) { dequantize<Q>(n, x, s, z, y); } };
+
+const Tensor* zero_point_input(const std::vector<const Tensor*>& in) { return in.size() > 2 ? in[2] : nullptr; }
+
+}  // namespace
+
+KILN_REGISTER_CPU_KERNELS(quantize) {
+  {
+    KernelEntry e;
+    e.op = "QuantizeLinear";
+    e.dtypes = "float32 -> int8, uint8, int16, uint16";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        if (!dispatch_quantized<QuantizeFn>(out[0].dtype(), *node, *in[0], *in[1], zero_point_input(in), out[0]))
+          throw node->error(ErrorKind::kUnsupported, "cannot quantize to " + to_string(out[0].dtype()));
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "DequantizeLinear";
+    e.dtypes = "int8, uint8, int16, uint16, int32 -> float32";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        if (!dispatch_quantized<DequantizeFn>(in[0]->dtype(), *node, *in[0], *in[1], zero_point_input(in), out[0]))
+          throw node->error(ErrorKind::kUnsupported, "cannot dequantize " + to_string(in[0]->dtype()));
+      });
+    };
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,125 @@
+// CUDA layers of QuantizeLinear and DequantizeLinear (see ops/quantize.h), with the CPU
+// kernel's arithmetic: the quotient x / scale in float32, rounded half to even (nearbyintf),
+// plus the zero point, saturated; dequantization (x - zero point) * scale. The scale and zero
+// point must be constants here (uploaded once, per tensor or per channel); data is float32 in
+// linear layout (the builder reformats around the layer where the network stores float16).
+#include <cmath>
+
+#include "cuda/check.h"
+#include "cuda/engine.h"
+#include "ops/quantize.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+template <class Q>
+__global__ void quantize_kernel(const float* __restrict__ x, Q* __restrict__ y, const float* __restrict__ scale,
+                                const int32_t* __restrict__ zero, int64_t n, int64_t channels, int64_t inner, float lo,
+                                float hi) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = channels == 1 ? 0 : (i / inner) % channels;
+    float q = nearbyintf(x[i] / scale[c]) + static_cast<float>(zero[c]);
+    if (q != q) q = 0.f;  // NaN, as the CPU kernel
+    y[i] = static_cast<Q>(fminf(fmaxf(q, lo), hi));
+  }
+}
+
+template <class Q>
+__global__ void dequantize_kernel(const Q* __restrict__ x, float* __restrict__ y, const float* __restrict__ scale,
+                                  const int32_t* __restrict__ zero, int64_t n, int64_t channels, int64_t inner) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = channels == 1 ? 0 : (i / inner) % channels;
+    y[i] = static_cast<float>(static_cast<int64_t>(x[i]) - zero[c]) * scale[c];
+  }
+}
+
+template <class Fn>
+bool dispatch_quantized(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kInt8: fn(int8_t{}); return true;
+    case DType::kUInt8: fn(uint8_t{}); return true;
+    case DType::kInt16: fn(int16_t{}); return true;
+    case DType::kUInt16: fn(uint16_t{}); return true;
+    case DType::kInt32: fn(int32_t{}); return true;
+    default: return false;
+  }
+}
+
+std::string check_request(const LayerRequest& r) {
+  if (!r.is_constant(1)) return "the scale must be a constant";
+  if (r.has_input(2) && !r.is_constant(2)) return "the zero point must be a constant";
+  if (r.node.attrs.get_int("block_size", 0) != 0) return "blocked quantization (block_size) is not supported";
+  return "";
+}
+
+LayerFormats formats(const LayerRequest& r, bool quantize) {
+  LayerFormats f;
+  f.inputs.resize(r.inputs.size());  // scale and zero point: not uploaded by the builder
+  f.inputs[0] = Format{quantize ? DType::kFloat32 : r.input_dtypes[0], Layout::kLinear};
+  f.outputs = {Format{quantize ? r.output_dtypes[0] : DType::kFloat32, Layout::kLinear}};
+  return f;
+}
+
+std::unique_ptr<Layer> create(const LayerRequest& r, BuildServices& services, bool quantize) {
+  const Tensor& scale = *r.constants[1];
+  const Tensor* zp = r.is_constant(2) ? r.constants[2] : nullptr;
+  const ir::QuantizeAxis axis = ir::quantize_axis(r.node, r.input_shape(0), scale.numel());
+  std::vector<float> scales(static_cast<size_t>(axis.channels));
+  std::vector<int32_t> zeros(static_cast<size_t>(axis.channels), 0);
+  for (int64_t c = 0; c < axis.channels; ++c) {
+    scales[static_cast<size_t>(c)] = scale.data<float>()[scale.numel() == 1 ? 0 : c];
+    if (zp && zp->numel() > 0) zeros[static_cast<size_t>(c)] = static_cast<int32_t>(zp->value_as_int(zp->numel() == 1 ? 0 : c));
+  }
+  const float* d_scale = static_cast<const float*>(services.upload(scales.data(), scales.size() * sizeof(float)));
+  const int32_t* d_zero = static_cast<const int32_t*>(services.upload(zeros.data(), zeros.size() * sizeof(int32_t)));
+  const int64_t n = shape_numel(r.output_shapes[0]);
+  const DType qtype = quantize ? r.output_dtypes[0] : r.input_dtypes[0];
+  EnqueueFn fn;
+  dispatch_quantized(qtype, [&](auto tag) {
+    using Q = decltype(tag);
+    if (quantize) {
+      int64_t lo = 0, hi = 0;
+      ir::quantized_range(qtype, lo, hi);
+      fn = [=](const LayerIO& io, cudaStream_t stream) {
+        if (n <= 0) return;
+        quantize_kernel<Q><<<grid_for(n), 256, 0, stream>>>(static_cast<const float*>(io.inputs[0]),
+                                                             static_cast<Q*>(io.outputs[0]), d_scale, d_zero, n,
+                                                             axis.channels, axis.inner, static_cast<float>(lo),
+                                                             static_cast<float>(hi));
+        KILN_CUDA_CHECK_LAUNCH();
+      };
+    } else {
+      fn = [=](const LayerIO& io, cudaStream_t stream) {
+        if (n <= 0) return;
+        dequantize_kernel<Q><<<grid_for(n), 256, 0, stream>>>(static_cast<const Q*>(io.inputs[0]),
+                                                               static_cast<float*>(io.outputs[0]), d_scale, d_zero, n,
+                                                               axis.channels, axis.inner);
+        KILN_CUDA_CHECK_LAUNCH();
+      };
+    }
+  });
+  if (!fn || (quantize && qtype == DType::kInt32))
+    throw r.node.error(ErrorKind::kUnsupported, "cannot " + std::string(quantize ? "quantize to " : "dequantize ") +
+                                                    to_string(qtype));
+  return make_layer(std::string("kernel:") + (quantize ? "quantize " : "dequantize ") + to_string(qtype) +
+                        (axis.channels > 1 ? " per-channel" : ""),
+                    std::move(fn));
+}
+
+}  // namespace
+
+KILN_REGISTER_CUDA_LAYERS(quantize) {
+  for (bool quantize : {true, false}) {
+    LayerEntry e;
+    e.op = quantize ? "QuantizeLinear" : "DequantizeLinear";
+    e.check = check_request;
+    e.formats = [quantize](const LayerRequest& r) { return formats(r, quantize); };
+    e.create = [quantize](const LayerRequest& r, const LayerFormats&, BuildServices& s) { return create(r, s, quantize); };
+    e.dtypes = quantize ? "float32 -> int8, uint8, int16, uint16 (constant scale)"
+                        : "int8, uint8, int16, uint16, int32 -> float32 (constant scale)";
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace kiln::cuda

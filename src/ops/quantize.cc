@@ -1,0 +1,93 @@
+// Schemas of QuantizeLinear and DequantizeLinear (see quantize.h).
+#include "ops/quantize.h"
+
+#include "ir/op_schema.h"
+
+namespace kiln::ir {
+
+bool quantized_range(DType dtype, int64_t& lo, int64_t& hi) {
+  switch (dtype) {
+    case DType::kInt8: lo = -128, hi = 127; return true;
+    case DType::kUInt8: lo = 0, hi = 255; return true;
+    case DType::kInt16: lo = -32768, hi = 32767; return true;
+    case DType::kUInt16: lo = 0, hi = 65535; return true;
+    default: return false;
+  }
+}
+
+QuantizeAxis quantize_axis(const Node& node, const std::vector<int64_t>& x, int64_t scale_numel) {
+  QuantizeAxis q;
+  if (scale_numel == 1) return q;
+  const int64_t rank = static_cast<int64_t>(x.size());
+  int64_t axis = node.attrs.get_int("axis", 1);
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank)
+    throw node.error(ErrorKind::kInvalidModel, "axis " + std::to_string(node.attrs.get_int("axis", 1)) +
+                                                   " is out of range for an input of rank " + std::to_string(rank));
+  if (x[static_cast<size_t>(axis)] != scale_numel)
+    throw node.error(ErrorKind::kInvalidModel, "the scale has " + std::to_string(scale_numel) + " values; axis " +
+                                                   std::to_string(axis) + " of the input has " +
+                                                   std::to_string(x[static_cast<size_t>(axis)]));
+  q.channels = scale_numel;
+  for (int64_t d = axis + 1; d < rank; ++d) q.inner *= x[static_cast<size_t>(d)];
+  return q;
+}
+
+namespace {
+
+void check_scale(InferContext& ctx) {
+  if (ctx.node.attrs.get_int("block_size", 0) != 0) ctx.unsupported("blocked quantization (block_size) is not supported");
+  if (ctx.dtype(1) != DType::kFloat32)
+    ctx.unsupported("scale of type " + to_string(ctx.dtype(1)) + " is not supported (float32 only)");
+  if (ctx.shape_known(1) && ctx.shape(1).size() > 1)
+    ctx.fail("the scale must be a scalar or 1-D (per channel), has rank " + std::to_string(ctx.shape(1).size()));
+  if (ctx.has_input(2) && ctx.shape_known(2) && ctx.shape_known(1) && ctx.shape(2).size() != ctx.shape(1).size())
+    ctx.fail("the zero point's shape differs from the scale's");
+}
+
+void infer_quantize(InferContext& ctx) {
+  check_scale(ctx);
+  if (ctx.dtype(0) != DType::kFloat32)
+    ctx.unsupported("input of type " + to_string(ctx.dtype(0)) + " is not supported (float32 only)");
+  DType to = DType::kUInt8;
+  if (ctx.has_input(2)) {
+    to = ctx.dtype(2);
+  } else if (int64_t code = ctx.node.attrs.get_int("output_dtype", 0); code != 0) {
+    if (code < 0 || code > INT32_MAX || !is_known_dtype(static_cast<int32_t>(code)))
+      ctx.unsupported("cannot quantize to data type " + std::to_string(code));
+    to = static_cast<DType>(code);
+  }
+  int64_t lo, hi;
+  if (!quantized_range(to, lo, hi))
+    ctx.unsupported("quantizing to " + to_string(to) + " is not supported (int8, uint8, int16, uint16)");
+  ctx.set_output(0, to, ctx.type(0).shape);
+}
+
+void infer_dequantize(InferContext& ctx) {
+  check_scale(ctx);
+  int64_t lo, hi;
+  if (!quantized_range(ctx.dtype(0), lo, hi) && ctx.dtype(0) != DType::kInt32)
+    ctx.unsupported("dequantizing " + to_string(ctx.dtype(0)) + " is not supported (int8, uint8, int16, uint16, int32)");
+  if (ctx.has_input(2) && ctx.dtype(2) != ctx.dtype(0))
+    ctx.fail("the zero point has type " + to_string(ctx.dtype(2)) + ", the input " + to_string(ctx.dtype(0)));
+  ctx.set_output(0, DType::kFloat32, ctx.type(0).shape);
+}
+
+int64_t elementwise_flops(const FlopsContext& c) { return 2 * FlopsContext::numel(c.output_types[0]); }
+
+}  // namespace
+
+KILN_REGISTER_OPS(quantize) {
+  for (const char* op : {"QuantizeLinear", "DequantizeLinear"}) {
+    OpSchema s;
+    s.op = op;
+    s.min_inputs = 2;
+    s.max_inputs = 3;
+    s.infer = std::string(op) == "QuantizeLinear" ? infer_quantize : infer_dequantize;
+    s.flops = elementwise_flops;
+    s.limits = "float32 data and scales; int8, uint8, int16, uint16 (and int32 for Dequantize); no block_size";
+    registry.add(std::move(s));
+  }
+}
+
+}  // namespace kiln::ir
