@@ -86,9 +86,15 @@ double kl_divergence(const std::vector<double>& p, const std::vector<double>& q)
 
 }  // namespace
 
-int entropy_threshold_bins(const std::vector<double>& bins, int levels) {
-  const int total = static_cast<int>(bins.size());
+int entropy_threshold_bins(const std::vector<double>& histogram, int levels) {
+  const int total = static_cast<int>(histogram.size());
   if (total <= levels) return total;
+  // The first bin holds every exact zero: after a ReLU, half of all values. Left as it is, that
+  // spike dominates the divergence (merging it with its neighbours costs more than clipping the
+  // tail), and the search clips far too much. As NVIDIA's calibrators do, it is flattened to
+  // its neighbour's count first; zeros are exact in INT8 anyway.
+  std::vector<double> bins = histogram;
+  bins[0] = bins[1];
   double best = std::numeric_limits<double>::infinity();
   int best_bins = total;
   std::vector<double> p, q;

@@ -47,7 +47,7 @@ double calibration_threshold(const AbsHistogram& histogram, CalibrationAlgorithm
 
 // The KL-divergence threshold search itself, on any histogram of |x| with bins of equal width
 // (exposed for tests): returns the number of bins m (128..bins) whose range [0, m * width] is
-// chosen.
+// chosen. The first bin (exact zeros) is given its neighbour's count first (see the .cc).
 int entropy_threshold_bins(const std::vector<double>& bins, int levels = 128);
 
 }  // namespace kiln::quantization

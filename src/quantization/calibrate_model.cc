@@ -1,0 +1,115 @@
+// Calibrating a model (see calibrate_model.h).
+#include "quantization/calibrate_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "io/npy.h"
+#include "kiln/kiln.h"
+
+namespace kiln::quantization {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The calibration batches, loaded one at a time.
+std::vector<std::string> batch_files(const std::string& data) {
+  std::error_code ec;
+  if (fs::is_directory(data, ec)) {
+    std::vector<std::string> files;
+    for (const auto& entry : fs::directory_iterator(data))
+      if (entry.is_regular_file() && entry.path().extension() == ".npy") files.push_back(entry.path().string());
+    std::sort(files.begin(), files.end());
+    if (files.empty())
+      throw Error(ErrorKind::kInvalidArgument, "calibration folder " + data + " has no .npy files")
+          .hint("put one batch per .npy file there (images come with INT8 builds)");
+    return files;
+  }
+  if (!fs::exists(data, ec)) throw Error(ErrorKind::kIo, "calibration data " + data + " does not exist");
+  return {data};
+}
+
+Tensor slice_rows(const Tensor& t, int64_t begin, int64_t end) {
+  std::vector<int64_t> shape = t.shape();
+  const int64_t row = t.numel() / std::max<int64_t>(shape[0], 1);
+  shape[0] = end - begin;
+  Tensor out(t.dtype(), shape);
+  const size_t bytes = element_size(t.dtype());
+  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + begin * row * bytes, out.nbytes());
+  return out;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(ErrorKind::kIo, "cannot read " + path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+CalibrationResult calibrate_model(const std::string& model_path, const CalibrationOptions& o) {
+  BuildOptions build;
+  build.mark_outputs = {"all"};
+  Engine engine = Engine::from_onnx(model_path, build);
+  if (engine.inputs().size() != 1)
+    throw Error(ErrorKind::kUnsupported, "calibration takes models with one input; " + model_path + " has " +
+                                             std::to_string(engine.inputs().size()));
+  const TensorDesc& input = engine.inputs()[0];
+
+  // The batches: whole files from a folder, or rows of one file.
+  std::vector<std::string> files = batch_files(o.data);
+  std::vector<std::pair<size_t, std::pair<int64_t, int64_t>>> plan;  // file, row range (-1: all)
+  if (files.size() == 1 && !fs::is_directory(o.data)) {
+    Tensor all = io::read_npy(files[0]);
+    if (all.shape().empty()) throw Error(ErrorKind::kInvalidArgument, files[0] + " holds a scalar, not a batch");
+    for (int64_t r = 0; r < all.shape()[0]; r += o.batch) plan.push_back({0, {r, std::min(all.shape()[0], r + o.batch)}});
+  } else {
+    for (size_t i = 0; i < files.size(); ++i) plan.push_back({i, {-1, -1}});
+  }
+  if (o.max_batches > 0 && static_cast<size_t>(o.max_batches) < plan.size()) plan.resize(static_cast<size_t>(o.max_batches));
+
+  std::map<std::string, AbsHistogram> histograms;
+  Tensor whole;
+  size_t loaded = files.size();
+  for (size_t b = 0; b < plan.size(); ++b) {
+    const auto& [file, rows] = plan[b];
+    Tensor batch;
+    if (rows.first < 0) {
+      batch = io::read_npy(files[file]);
+    } else {
+      if (loaded != file) whole = io::read_npy(files[file]), loaded = file;
+      batch = slice_rows(whole, rows.first, rows.second);
+    }
+    if (batch.dtype() != input.dtype)
+      throw Error(ErrorKind::kInvalidArgument, "calibration batch " + files[file] + " is " + to_string(batch.dtype()) +
+                                                   "; input '" + input.name + "' takes " + to_string(input.dtype));
+    auto outputs = engine.run({{input.name, batch}});
+    outputs.emplace(input.name, batch);
+    for (const auto& [name, t] : outputs)
+      if (t.dtype() == DType::kFloat32) histograms[name].add(t.data<float>(), t.numel());
+    if (o.progress) o.progress(b + 1, plan.size(), histograms.size());
+  }
+
+  CalibrationResult result;
+  result.cache.model_fingerprint = model_fingerprint(read_file(model_path));
+  result.cache.algorithm = to_string(o.algorithm);
+  result.cache.batches = static_cast<int>(plan.size());
+  for (const auto& [name, h] : histograms) {
+    const double threshold = calibration_threshold(h, o.algorithm, o.percentile);
+    if (threshold <= 0) {
+      ++result.all_zero;  // never nonzero: nothing to scale
+      continue;
+    }
+    result.cache.scales[name] = static_cast<float>(threshold / 127.0);
+  }
+  return result;
+}
+
+}  // namespace kiln::quantization

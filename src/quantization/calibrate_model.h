@@ -1,0 +1,33 @@
+// Calibrating a model: run it on calibration batches with the CPU engine and turn the |x|
+// histogram of every float32 activation (the inputs and every node output) into an INT8 scale.
+// Used by `kiln calibrate` and `kiln quantize`.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "quantization/calibration.h"
+#include "quantization/calibration_cache.h"
+
+namespace kiln::quantization {
+
+struct CalibrationOptions {
+  // A .npy file (its first dimension split into batches of `batch` rows) or a folder of .npy
+  // files (one batch each, in name order), for a model with one input.
+  std::string data;
+  int batch = 8;
+  int max_batches = 0;  // 0: all
+  CalibrationAlgorithm algorithm = CalibrationAlgorithm::kEntropy;
+  double percentile = 99.99;
+  // Called after each batch: (batches done, batches in all, tensors seen).
+  std::function<void(size_t, size_t, size_t)> progress;
+};
+
+struct CalibrationResult {
+  CalibrationCache cache;  // scales of every tensor that was ever nonzero
+  int all_zero = 0;        // tensors left out: never nonzero
+};
+
+CalibrationResult calibrate_model(const std::string& model_path, const CalibrationOptions& options);
+
+}  // namespace kiln::quantization

@@ -1,0 +1,89 @@
+// kiln quantize model.onnx --calib DATA -o model.qdq.onnx: calibrates the model (or reads a
+// calibration cache) and writes it as a QDQ ONNX model: int8 weights per output channel and
+// Quantize/DequantizeLinear pairs on the activations of every Conv, Gemm and MatMul (see
+// quantization/qdq_writer.h). ONNX Runtime, TensorRT and kiln read such models.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "commands.h"
+#include "kiln/kiln.h"
+#include "quantization/calibrate_model.h"
+#include "quantization/qdq_writer.h"
+
+namespace kiln::tools {
+
+namespace {
+
+struct QuantizeOptions {
+  std::string model, output;
+  std::string data, cache;
+  std::string algorithm = "entropy";
+  double percentile = 99.99;
+  int batches = 0;
+  int batch = 8;
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(ErrorKind::kIo, "cannot read " + path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+int quantize(const QuantizeOptions& o) {
+  const std::string bytes = read_bytes(o.model);
+  quantization::CalibrationCache cache;
+  std::ifstream existing(o.cache);
+  if (!o.cache.empty() && existing.good()) {
+    cache = quantization::read_calibration_cache(o.cache, quantization::model_fingerprint(bytes));
+    std::printf("scales of %zu tensors from %s\n", cache.scales.size(), o.cache.c_str());
+  } else {
+    if (o.data.empty())
+      throw Error(ErrorKind::kInvalidArgument, "kiln quantize needs --calib DATA, or --calib-cache FILE of an earlier run");
+    quantization::CalibrationOptions c;
+    c.algorithm = quantization::parse_calibration_algorithm(o.algorithm);
+    c.data = o.data;
+    c.batch = o.batch;
+    c.max_batches = o.batches;
+    c.percentile = o.percentile;
+    const auto start = std::chrono::steady_clock::now();
+    c.progress = [start](size_t done, size_t all, size_t tensors) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "\rkiln quantize: calibration batch %zu/%zu, %zu tensors, %.1f s", done, all, tensors, s);
+      if (done == all) std::fprintf(stderr, "\n");
+    };
+    cache = quantization::calibrate_model(o.model, c).cache;
+    if (!o.cache.empty()) quantization::write_calibration_cache(o.cache, cache);
+  }
+  quantization::QdqReport report;
+  const std::string qdq = quantization::write_qdq_model(bytes, o.model, cache, report);
+  const std::string out = o.output.empty() ? o.model.substr(0, o.model.rfind(".onnx")) + ".qdq.onnx" : o.output;
+  std::ofstream f(out, std::ios::binary | std::ios::trunc);
+  if (!(f << qdq)) throw Error(ErrorKind::kIo, "cannot write " + out);
+  std::printf("quantized %d layers: %d activations, %d weight tensors (%.1f MB float32 -> %.1f MB int8)", report.layers,
+              report.activations, report.weights, report.float_weight_bytes / 1e6, report.int8_weight_bytes / 1e6);
+  if (report.missing_scales) std::printf("; %d activation inputs left float (no scale)", report.missing_scales);
+  std::printf(" -> %s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_quantize_command(CLI::App& app, std::function<int()>& action) {
+  auto o = std::make_shared<QuantizeOptions>();
+  CLI::App* cmd = app.add_subcommand("quantize", "Calibrate a model and write it as a QDQ (int8) ONNX model");
+  cmd->add_option("model", o->model, "ONNX model file (one input; opset 13 or later)")->required();
+  cmd->add_option("--output,-o", o->output, "QDQ model to write (default MODEL.qdq.onnx)");
+  cmd->add_option("--calib", o->data, "Calibration data: a .npy file (split into batches of --batch) or a folder of .npy batches");
+  cmd->add_option("--calib-cache", o->cache, "Calibration cache: read if it exists (and matches the model), else written");
+  cmd->add_option("--calib-algo", o->algorithm, "entropy, minmax or percentile")->capture_default_str();
+  cmd->add_option("--percentile", o->percentile, "For --calib-algo percentile: the share of |x| kept, in %")->capture_default_str();
+  cmd->add_option("--calib-batches", o->batches, "Use at most this many batches (0: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch", o->batch, "Rows per batch when --calib is one .npy file")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->callback([o, &action] { action = [o] { return quantize(*o); }; });
+}
+
+}  // namespace kiln::tools
