@@ -6,9 +6,9 @@
 // DATA: a .npy file (its first dimension split into batches of --batch) or a folder of .npy
 // files (one batch each, in name order), for a model with one input. (Image folders and named
 // datasets come with INT8 builds.)
-#include <chrono>
 #include <cstdio>
 
+#include "calibration_flags.h"
 #include "commands.h"
 #include "kiln/kiln.h"
 #include "quantization/calibrate_model.h"
@@ -19,32 +19,16 @@ namespace {
 
 struct CalibrateOptions {
   std::string model;
-  std::string data;
-  std::string algorithm = "entropy";
-  double percentile = 99.99;
-  int batches = 0;  // 0: all
-  int batch = 8;
+  CalibrationFlags calibration;
   std::string cache;
   bool tensorrt = false;
 };
 
 int calibrate(const CalibrateOptions& o) {
-  quantization::CalibrationOptions c;
-  c.algorithm = quantization::parse_calibration_algorithm(o.algorithm);
-  c.data = o.data;
-  c.batch = o.batch;
-  c.max_batches = o.batches;
-  c.percentile = o.percentile;
-  const auto start = std::chrono::steady_clock::now();
-  c.progress = [start](size_t done, size_t all, size_t tensors) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "\rkiln calibrate: batch %zu/%zu, %zu tensors, %.1f s", done, all, tensors, s);
-    if (done == all) std::fprintf(stderr, "\n");
-  };
-  const quantization::CalibrationResult r = quantization::calibrate_model(o.model, c);
+  const quantization::CalibrationResult r = quantization::calibrate_model(o.model, o.calibration.options("kiln calibrate"));
   const std::string path = o.cache.empty() ? o.model + ".calib" : o.cache;
   quantization::write_calibration_cache(path, r.cache, o.tensorrt);
-  std::printf("calibrated %zu tensors (%s, %d batches)%s -> %s\n", r.cache.scales.size(), o.algorithm.c_str(),
+  std::printf("calibrated %zu tensors (%s, %d batches)%s -> %s\n", r.cache.scales.size(), o.calibration.algorithm.c_str(),
               r.cache.batches, r.all_zero ? (", " + std::to_string(r.all_zero) + " all-zero tensors left out").c_str() : "",
               path.c_str());
   return 0;
@@ -57,14 +41,7 @@ void add_calibrate_command(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand(
       "calibrate", "Compute INT8 scales of every activation from calibration data (CPU engine) into a calibration cache");
   cmd->add_option("model", o->model, "ONNX model file (one input)")->required();
-  cmd->add_option("--calib", o->data, "Calibration data: a .npy file (split into batches of --batch) or a folder of .npy batches")
-      ->required();
-  cmd->add_option("--calib-algo", o->algorithm, "entropy (KL divergence, as TensorRT), minmax or percentile")
-      ->capture_default_str();
-  cmd->add_option("--percentile", o->percentile, "For --calib-algo percentile: the share of |x| kept, in %")
-      ->capture_default_str();
-  cmd->add_option("--calib-batches", o->batches, "Use at most this many batches (0: all)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--batch", o->batch, "Rows per batch when --calib is one .npy file")->capture_default_str()->check(CLI::PositiveNumber);
+  o->calibration.add_to(cmd, /*data_required=*/true);
   cmd->add_option("--calib-cache,-o", o->cache, "Cache file to write (default MODEL.calib); a name ending in .trt gets TensorRT's format");
   cmd->add_flag("--tensorrt", o->tensorrt, "Write TensorRT's calibration cache format");
   cmd->callback([o, &action] { action = [o] { return calibrate(*o); }; });

@@ -2,11 +2,11 @@
 // calibration cache) and writes it as a QDQ ONNX model: int8 weights per output channel and
 // Quantize/DequantizeLinear pairs on the activations of every Conv, Gemm and MatMul (see
 // quantization/qdq_writer.h). ONNX Runtime, TensorRT and kiln read such models.
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
+#include "calibration_flags.h"
 #include "commands.h"
 #include "kiln/kiln.h"
 #include "quantization/calibrate_model.h"
@@ -17,12 +17,8 @@ namespace kiln::tools {
 namespace {
 
 struct QuantizeOptions {
-  std::string model, output;
-  std::string data, cache;
-  std::string algorithm = "entropy";
-  double percentile = 99.99;
-  int batches = 0;
-  int batch = 8;
+  std::string model, output, cache;
+  CalibrationFlags calibration;
 };
 
 std::string read_bytes(const std::string& path) {
@@ -41,21 +37,9 @@ int quantize(const QuantizeOptions& o) {
     cache = quantization::read_calibration_cache(o.cache, quantization::model_fingerprint(bytes));
     std::printf("scales of %zu tensors from %s\n", cache.scales.size(), o.cache.c_str());
   } else {
-    if (o.data.empty())
+    if (o.calibration.data.empty())
       throw Error(ErrorKind::kInvalidArgument, "kiln quantize needs --calib DATA, or --calib-cache FILE of an earlier run");
-    quantization::CalibrationOptions c;
-    c.algorithm = quantization::parse_calibration_algorithm(o.algorithm);
-    c.data = o.data;
-    c.batch = o.batch;
-    c.max_batches = o.batches;
-    c.percentile = o.percentile;
-    const auto start = std::chrono::steady_clock::now();
-    c.progress = [start](size_t done, size_t all, size_t tensors) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "\rkiln quantize: calibration batch %zu/%zu, %zu tensors, %.1f s", done, all, tensors, s);
-      if (done == all) std::fprintf(stderr, "\n");
-    };
-    cache = quantization::calibrate_model(o.model, c).cache;
+    cache = quantization::calibrate_model(o.model, o.calibration.options("kiln quantize")).cache;
     if (!o.cache.empty()) quantization::write_calibration_cache(o.cache, cache);
   }
   quantization::QdqReport report;
@@ -77,12 +61,8 @@ void add_quantize_command(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand("quantize", "Calibrate a model and write it as a QDQ (int8) ONNX model");
   cmd->add_option("model", o->model, "ONNX model file (one input; opset 13 or later)")->required();
   cmd->add_option("--output,-o", o->output, "QDQ model to write (default MODEL.qdq.onnx)");
-  cmd->add_option("--calib", o->data, "Calibration data: a .npy file (split into batches of --batch) or a folder of .npy batches");
   cmd->add_option("--calib-cache", o->cache, "Calibration cache: read if it exists (and matches the model), else written");
-  cmd->add_option("--calib-algo", o->algorithm, "entropy, minmax or percentile")->capture_default_str();
-  cmd->add_option("--percentile", o->percentile, "For --calib-algo percentile: the share of |x| kept, in %")->capture_default_str();
-  cmd->add_option("--calib-batches", o->batches, "Use at most this many batches (0: all)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--batch", o->batch, "Rows per batch when --calib is one .npy file")->capture_default_str()->check(CLI::PositiveNumber);
+  o->calibration.add_to(cmd, /*data_required=*/false);
   cmd->callback([o, &action] { action = [o] { return quantize(*o); }; });
 }
 

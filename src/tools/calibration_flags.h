@@ -1,0 +1,53 @@
+// The calibration options that `kiln calibrate` and `kiln quantize` share: their flags, and
+// the quantization::CalibrationOptions they make (with a progress line on stderr).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "quantization/calibrate_model.h"
+
+namespace kiln::tools {
+
+struct CalibrationFlags {
+  std::string data;
+  std::string algorithm = "entropy";
+  double percentile = 99.99;
+  int batches = 0;  // 0: all
+  int batch = 8;
+
+  void add_to(CLI::App* cmd, bool data_required) {
+    auto* calib = cmd->add_option("--calib", data,
+                                  "Calibration data: a .npy file (split into batches of --batch) or a folder of .npy batches");
+    if (data_required) calib->required();
+    cmd->add_option("--calib-algo", algorithm, "entropy (KL divergence, as TensorRT), minmax or percentile")
+        ->capture_default_str();
+    cmd->add_option("--percentile", percentile, "For --calib-algo percentile: the share of |x| kept, in %")
+        ->capture_default_str();
+    cmd->add_option("--calib-batches", batches, "Use at most this many batches (0: all)")->check(CLI::NonNegativeNumber);
+    cmd->add_option("--batch", batch, "Rows per batch when --calib is one .npy file")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+  }
+
+  // `tool` names the command in the progress line.
+  quantization::CalibrationOptions options(const std::string& tool) const {
+    quantization::CalibrationOptions c;
+    c.algorithm = quantization::parse_calibration_algorithm(algorithm);
+    c.data = data;
+    c.batch = batch;
+    c.max_batches = batches;
+    c.percentile = percentile;
+    const auto start = std::chrono::steady_clock::now();
+    c.progress = [start, tool](size_t done, size_t all, size_t tensors) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "\r%s: calibration batch %zu/%zu, %zu tensors, %.1f s", tool.c_str(), done, all, tensors, s);
+      if (done == all) std::fprintf(stderr, "\n");
+    };
+    return c;
+  }
+};
+
+}  // namespace kiln::tools
