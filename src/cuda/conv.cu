@@ -511,7 +511,7 @@ class ConvLayer final : public Layer {
     // Times one candidate; when it is the fastest so far, runs it once more on a poisoned
     // output (all bits set: NaN) and compares with the direct convolution. The poison matters:
     // an engine that leaves part of the output unwritten would otherwise pass on what an
-    // earlier candidate wrote there (a cuDNN depthwise engine did exactly that).
+    // earlier candidate wrote there (suspected of a cuDNN graph engine for depthwise convs).
     auto consider = [&](const std::string& what, const std::function<void(cudaStream_t)>& launch) {
       const float ms = services.time_ms(launch);
       if (log) std::fprintf(stderr, "  tactic %s: %s %.4f ms\n", key.c_str(), what.c_str(), ms);
