@@ -1,6 +1,7 @@
 // CPU kernels of QuantizeLinear and DequantizeLinear (see ops/quantize.h): the reference
 // arithmetic, in float32 with round-half-to-even, per tensor or per channel.
 #include <cmath>
+#include <vector>
 
 #include "cpu/kernel.h"
 #include "ops/quantize.h"
@@ -9,10 +10,13 @@ namespace kiln::cpu {
 
 namespace {
 
-// The zero point of channel c as an integer (0 when absent).
-int64_t zero_point(const Tensor* zp, int64_t c) {
-  if (!zp || zp->numel() == 0) return 0;
-  return zp->value_as_int(zp->numel() == 1 ? 0 : c);
+// The zero point of every channel as an integer (0 when absent), read once per run rather
+// than per element.
+std::vector<int64_t> zero_points(const Tensor* zp, int64_t channels) {
+  std::vector<int64_t> z(static_cast<size_t>(channels), 0);
+  if (zp && zp->numel() > 0)
+    for (int64_t c = 0; c < channels; ++c) z[static_cast<size_t>(c)] = zp->value_as_int(zp->numel() == 1 ? 0 : c);
+  return z;
 }
 
 template <class Q>
@@ -23,13 +27,14 @@ void quantize(const ir::Node& node, const Tensor& x, const Tensor& scale, const 
   const float* in = x.data<float>();
   const float* s = scale.data<float>();
   Q* out = static_cast<Q*>(y.raw());
+  const std::vector<int64_t> zero = zero_points(zp, axis.channels);
   const int64_t n = x.numel();
 #pragma omp parallel for if (n > 65536) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = (i / axis.inner) % axis.channels;
     // The quotient in float32 (as ONNX's reference and ONNX Runtime compute it; in double a
     // quotient just off .5 can round the other way); nearbyint rounds half to even.
-    double q = static_cast<double>(std::nearbyint(in[i] / s[c])) + static_cast<double>(zero_point(zp, c));
+    double q = static_cast<double>(std::nearbyint(in[i] / s[c])) + static_cast<double>(zero[static_cast<size_t>(c)]);
     if (std::isnan(q)) q = 0;
     out[i] = static_cast<Q>(std::min<double>(std::max<double>(q, static_cast<double>(lo)), static_cast<double>(hi)));
   }
@@ -41,11 +46,12 @@ void dequantize(const ir::Node& node, const Tensor& x, const Tensor& scale, cons
   const Q* in = static_cast<const Q*>(x.raw());
   const float* s = scale.data<float>();
   float* out = y.data<float>();
+  const std::vector<int64_t> zero = zero_points(zp, axis.channels);
   const int64_t n = x.numel();
 #pragma omp parallel for if (n > 65536) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = (i / axis.inner) % axis.channels;
-    out[i] = static_cast<float>(static_cast<int64_t>(in[i]) - zero_point(zp, c)) * s[c];
+    out[i] = static_cast<float>(static_cast<int64_t>(in[i]) - zero[static_cast<size_t>(c)]) * s[c];
   }
 }
 
