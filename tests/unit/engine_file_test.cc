@@ -12,7 +12,10 @@ namespace kiln {
 namespace {
 
 std::string bytes_of(const engine_file::Contents& c) {
-  std::string path = ::testing::TempDir() + "/kiln_engine_file_test.engine";
+  // One file per test: CTest runs these tests in parallel processes, which shared one path and
+  // raced (a test read the file while another rewrote it).
+  const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  std::string path = ::testing::TempDir() + "/kiln_engine_file_test_" + test + ".engine";
   engine_file::write(path, c);
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
