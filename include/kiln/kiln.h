@@ -49,7 +49,10 @@ enum class Device { kCpu, kCuda };
 // kFp32: strict float32 arithmetic. kTf32: float32 storage, TF32 tensor-core products.
 // kFp16: float16 storage where a layer supports it (float32 accumulation); layers that must
 // stay float32 do, and Engine::info() lists them. kBest: kFp16, with TF32 for float32 layers.
-enum class Precision { kFp32, kTf32, kFp16, kBest };
+// kInt8: convolutions in INT8 (int8 tensor-core products, int32 sums, a float epilogue that
+// requantizes) where BuildOptions::int8_scales gives their input's scale; every other layer as
+// kFp16 on the GPU and float32 on the CPU (whose INT8 kernels are the exact integer reference).
+enum class Precision { kFp32, kTf32, kFp16, kBest, kInt8 };
 const char* to_string(Precision precision);
 
 struct BuildOptions {
@@ -66,6 +69,11 @@ struct BuildOptions {
   // Extra graph outputs, for debugging (like Polygraphy's --onnx-outputs): value names, or
   // "all" for every node output. Marked values are kept as they are (not fused away).
   std::vector<std::string> mark_outputs;
+  // kInt8: the calibrated scale of each activation (value name -> scale; real = int8 * scale),
+  // as `kiln calibrate` writes them (quantization/calibration_cache.h reads its files), and
+  // node names to keep in float (mixed precision).
+  std::map<std::string, float> int8_scales;
+  std::vector<std::string> float_layers;
   // Progress lines of the build (layer by layer, with the chosen tactic); nullptr: quiet.
   std::function<void(const std::string&)> log;
 };
@@ -82,12 +90,13 @@ struct LayerInfo {
 struct EngineInfo {
   std::string backend;     // "cpu" or "cuda"
   std::string device;      // GPU name, or "cpu"
-  std::string precision;   // "fp32", "tf32", "fp16", "best"
+  std::string precision;   // "fp32", "tf32", "fp16", "best", "int8"
   std::vector<LayerInfo> layers;
   size_t weight_bytes = 0;       // GPU: weights on the device
   size_t activation_bytes = 0;   // GPU: the activation arena of one context
   size_t workspace_bytes = 0;    // GPU: library workspace of one context
   std::vector<std::string> fp32_layers;  // fp16 builds: float layers that kept float32
+  std::vector<std::string> int8_kept_float;  // int8 builds: convolutions left in float, "name: why"
   bool has_cpu_fallback = false;
 };
 

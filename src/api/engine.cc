@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
 #include "passes/pipeline.h"
+#include "quantization/quantize_graph.h"
 
 #if KILN_WITH_CUDA
 #include <cublasLt.h>
@@ -31,6 +33,7 @@ const char* to_string(Precision precision) {
     case Precision::kTf32: return "tf32";
     case Precision::kFp16: return "fp16";
     case Precision::kBest: return "best";
+    case Precision::kInt8: return "int8";
   }
   return "?";
 }
@@ -42,6 +45,7 @@ struct Engine::Impl {
   BuildOptions options;
   std::string model_bytes;  // the ONNX model, for the engine file
   std::string model_name;
+  std::vector<std::string> int8_kept_float;  // kInt8: convs left in float, "name: why"
 #if KILN_WITH_CUDA
   std::unique_ptr<cuda::CudaEngine> gpu;
   // Engine::run's own context and stream, created on first use.
@@ -92,7 +96,8 @@ cuda::Precision cuda_precision(Precision p) {
     case Precision::kFp32: return cuda::Precision::kFp32;
     case Precision::kTf32: return cuda::Precision::kTf32;
     case Precision::kFp16:
-    case Precision::kBest: return cuda::Precision::kFp16;
+    case Precision::kBest:
+    case Precision::kInt8: return cuda::Precision::kFp16;  // INT8 layers are kiln::QConv nodes
   }
   return cuda::Precision::kFp32;
 }
@@ -148,6 +153,19 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
   if (mark_all)
     for (const ir::Node& n : graph.nodes)
       for (const std::string& out : n.outputs) mark(out);
+  if (options.precision == Precision::kInt8) {
+    if (options.int8_scales.empty())
+      throw Error(ErrorKind::kInvalidArgument, "an INT8 build needs calibrated activation scales").file(name)
+          .hint("give calibration data (kiln build --int8 --calib DATA) or a calibration cache (--calib-cache FILE)");
+    std::set<std::string> pinned(options.float_layers.begin(), options.float_layers.end());
+    quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, options.int8_scales, pinned);
+    impl->int8_kept_float = r.kept_float;
+    if (options.log) {
+      options.log("int8: " + std::to_string(r.quantized) + " convolutions in INT8, " + std::to_string(r.int8_values) +
+                  " int8 tensors between them, " + std::to_string(r.quantize_nodes) + " quantize layers");
+      for (const std::string& k : r.kept_float) options.log("int8: kept in float: " + k);
+    }
+  }
   for (const std::string& in : graph.inputs) impl->inputs.push_back(describe(graph, in));
   for (const std::string& out : graph.outputs) impl->outputs.push_back(describe(graph, out));
   try {
@@ -195,7 +213,9 @@ void Engine::save(const std::string& engine_path) const {
                {{"precision", to_string(impl_->options.precision)},
                 {"optimize", impl_->options.optimize},
                 {"allow_cpu_fallback", impl_->options.allow_cpu_fallback},
-                {"input_shapes", shapes}}},
+                {"input_shapes", shapes},
+                {"int8_scales", impl_->options.int8_scales},
+                {"float_layers", impl_->options.float_layers}}},
               {"model_name", std::filesystem::path(impl_->model_name).filename().string()},
               {"tactics", impl_->gpu->timing_entries()}};
   c.model = impl_->model_bytes;
@@ -238,7 +258,10 @@ Engine Engine::load(const std::string& engine_path) {
     options.device = Device::kCuda;
     std::string precision = o.at("precision").get<std::string>();
     options.precision = precision == "fp16" ? Precision::kFp16 : precision == "tf32" ? Precision::kTf32
-                        : precision == "best" ? Precision::kBest : Precision::kFp32;
+                        : precision == "best" ? Precision::kBest : precision == "int8" ? Precision::kInt8
+                        : Precision::kFp32;
+    if (o.contains("int8_scales")) options.int8_scales = o.at("int8_scales").get<std::map<std::string, float>>();
+    if (o.contains("float_layers")) options.float_layers = o.at("float_layers").get<std::vector<std::string>>();
     options.optimize = o.at("optimize").get<bool>();
     options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
     for (const auto& [name, shape] : o.at("input_shapes").items()) options.input_shapes[name] = shape.get<std::vector<int64_t>>();
@@ -267,12 +290,14 @@ size_t Engine::layer_count() const {
 EngineInfo Engine::info() const {
   EngineInfo info;
   info.backend = backend();
-  info.precision = impl_->cpu ? "fp32" : to_string(impl_->options.precision);
+  info.precision = impl_->cpu && impl_->options.precision != Precision::kInt8 ? "fp32" : to_string(impl_->options.precision);
+  info.int8_kept_float = impl_->int8_kept_float;
   if (impl_->cpu) {
     info.device = "cpu";
     const ir::Graph& g = impl_->cpu->graph();
     for (const ir::Node& n : g.nodes) {
-      LayerInfo l{n.name, n.op, "cpu", "float32", false, 0};
+      const ir::Value* out = n.outputs.empty() ? nullptr : g.find_value(n.outputs[0]);
+      LayerInfo l{n.name, n.op, "cpu", out ? to_string(out->type.dtype) : "", false, 0};
       try {
         l.flops = static_cast<double>(ir::node_flops(g, n));
       } catch (const Error&) {

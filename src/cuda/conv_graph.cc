@@ -33,7 +33,7 @@ class Descriptor {
 
 using DescriptorPtr = std::shared_ptr<Descriptor>;
 
-enum Uid : int64_t { kX = 1, kW = 2, kBias = 3, kZ = 4, kY = 5, kVirtual = 100 };
+enum Uid : int64_t { kX = 1, kW = 2, kBias = 3, kZ = 4, kY = 5, kScale = 6, kZMult = 7, kOutMult = 8, kVirtual = 100 };
 
 std::vector<int64_t> strides_for(const std::vector<int64_t>& dims, bool nhwc) {
   const int64_t n_ = dims[0], c = dims[1], h = dims[2], w = dims[3];
@@ -75,7 +75,6 @@ struct ConvGraph::Impl {
   std::vector<DescriptorPtr> plans;
   std::vector<size_t> plan_workspace;
   std::vector<int64_t> uids;
-  bool has_bias = false, has_z = false;
 
   ~Impl() {
     for (cudnnBackendDescriptor_t c : configs) cudnnBackendDestroyDescriptor(c);
@@ -84,11 +83,13 @@ struct ConvGraph::Impl {
 
 ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  m.has_bias = s.has_bias;
-  m.has_z = s.has_z;
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-  auto x = tensor(kX, s.io_type, s.x, strides_for(s.x, s.nhwc), false);
-  auto w = tensor(kW, s.io_type, s.w, strides_for(s.w, s.nhwc), false);
+  const cudnnDataType_t in_type = s.int8 ? CUDNN_DATA_INT8 : s.io_type;
+  const cudnnDataType_t y_type = s.int8 ? s.y_type : s.io_type;
+  const cudnnDataType_t z_type = s.int8 ? s.z_type : s.io_type;
+  const cudnnDataType_t bias_type = s.int8 ? f32 : s.io_type;
+  auto x = tensor(kX, in_type, s.x, strides_for(s.x, s.nhwc), false);
+  auto w = tensor(kW, in_type, s.w, strides_for(s.w, s.nhwc), false);
   m.keep = {x, w};
   int64_t next_virtual = kVirtual;
   std::vector<DescriptorPtr> ops;
@@ -96,8 +97,10 @@ ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::
   // The steps after the convolution, each a pointwise op; the last one writes Y.
   struct Step { cudnnPointwiseMode_t mode; int64_t operand; double lower = 0, upper = 0, slope = 0; bool clip = false; };
   std::vector<Step> steps;
+  if (s.int8) steps.push_back({CUDNN_POINTWISE_MUL, kScale});
   if (s.has_bias) steps.push_back({CUDNN_POINTWISE_ADD, kBias});
   if (s.has_z) steps.push_back({CUDNN_POINTWISE_ADD, kZ});
+  if (s.int8 && s.has_z_mult) steps.push_back({CUDNN_POINTWISE_MUL, kZMult});
   const std::string& k = s.act.kind;
   if (k == "Relu") steps.push_back({CUDNN_POINTWISE_RELU_FWD, 0});
   else if (k == "Clip") steps.push_back({CUDNN_POINTWISE_RELU_FWD, 0, s.act.alpha, s.act.beta, 0, true});
@@ -108,17 +111,19 @@ ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::
   else if (k == "Gelu") steps.push_back({CUDNN_POINTWISE_GELU_FWD, 0});
   else if (k == "GeluTanh") steps.push_back({CUDNN_POINTWISE_GELU_APPROX_TANH_FWD, 0});
   else if (!k.empty()) throw Error(ErrorKind::kUnsupported, "activation " + k + " has no cuDNN pointwise form");
+  if (s.int8 && s.has_out_mult) steps.push_back({CUDNN_POINTWISE_MUL, kOutMult});
 
   const std::vector<int64_t> y_strides = strides_for(s.y, s.nhwc);
   auto output_of = [&](bool last) {
-    return last ? tensor(kY, s.io_type, s.y, y_strides, false) : tensor(next_virtual++, f32, s.y, y_strides, true);
+    return last ? tensor(kY, y_type, s.y, y_strides, false) : tensor(next_virtual++, f32, s.y, y_strides, true);
   };
 
-  // Convolution.
+  // Convolution (INT8: int32 products into an int32 virtual tensor, as cuDNN's INT8 engines want).
+  const cudnnDataType_t compute = s.int8 ? CUDNN_DATA_INT32 : f32;
   auto conv = std::make_shared<Descriptor>(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   int64_t spatial = 2;
   cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  conv->set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32)
+  conv->set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute)
       .set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode)
       .set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial)
       .set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, s.dilations.data())
@@ -126,7 +131,9 @@ ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::
       .set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, s.pads.data())
       .set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, s.pads.data());
   conv->finalize();
-  DescriptorPtr current = output_of(steps.empty());
+  DescriptorPtr current = steps.empty() ? output_of(true)
+                          : s.int8     ? tensor(next_virtual++, CUDNN_DATA_INT32, s.y, y_strides, true)
+                                       : output_of(false);
   auto conv_op = std::make_shared<Descriptor>(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
   float alpha = 1.f, beta = 0.f;
   conv_op->set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, *x)
@@ -139,6 +146,7 @@ ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::
   m.keep.insert(m.keep.end(), {conv, current});
   ops.push_back(conv_op);
 
+  m.uids = {kX, kW};
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& st = steps[i];
     auto pw = std::make_shared<Descriptor>(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
@@ -159,21 +167,24 @@ ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::
     op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *pw)
         .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, *current)
         .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, *out);
-    if (st.operand == kBias) {
-      std::vector<int64_t> dims = {1, s.y[1], 1, 1}, strides = {s.y[1], 1, s.y[1], s.y[1]};
-      auto b = tensor(kBias, s.io_type, dims, strides, false);
-      op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
-      m.keep.push_back(b);
-    } else if (st.operand == kZ) {
-      auto z = tensor(kZ, s.io_type, s.y, y_strides, false);
+    if (st.operand == kZ) {
+      auto z = tensor(kZ, z_type, s.y, y_strides, false);
       op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *z);
       m.keep.push_back(z);
+      m.uids.push_back(kZ);
+    } else if (st.operand != 0) {  // a per-channel vector: bias, scale or multiplier
+      std::vector<int64_t> dims = {1, s.y[1], 1, 1}, strides = {s.y[1], 1, s.y[1], s.y[1]};
+      auto b = tensor(st.operand, st.operand == kBias ? bias_type : f32, dims, strides, false);
+      op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+      m.keep.push_back(b);
+      m.uids.push_back(st.operand);
     }
     op->finalize();
     m.keep.insert(m.keep.end(), {pw, out});
     ops.push_back(op);
     current = out;
   }
+  m.uids.push_back(kY);
 
   m.graph = std::make_shared<Descriptor>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   std::vector<cudnnBackendDescriptor_t> raw;
@@ -199,10 +210,6 @@ ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::
   for (int64_t i = got; i < count; ++i) cudnnBackendDestroyDescriptor(m.configs[static_cast<size_t>(i)]);
   m.configs.resize(static_cast<size_t>(got));
 
-  m.uids = {kX, kW};
-  if (s.has_bias) m.uids.push_back(kBias);
-  if (s.has_z) m.uids.push_back(kZ);
-  m.uids.push_back(kY);
 }
 
 ConvGraph::~ConvGraph() = default;
@@ -255,10 +262,18 @@ std::string ConvGraph::engine_name() const {
 
 void ConvGraph::execute(cudnnHandle_t handle, const void* x, const void* w, const void* bias, const void* z, void* y,
                         void* workspace) const {
-  std::vector<void*> pointers = {const_cast<void*>(x), const_cast<void*>(w)};
-  if (impl_->has_bias) pointers.push_back(const_cast<void*>(bias));
-  if (impl_->has_z) pointers.push_back(const_cast<void*>(z));
-  pointers.push_back(y);
+  ConvGraphArgs a;
+  a.x = x, a.w = w, a.bias = bias, a.z = z, a.y = y;
+  execute(handle, a, workspace);
+}
+
+void ConvGraph::execute(cudnnHandle_t handle, const ConvGraphArgs& a, void* workspace) const {
+  std::vector<void*> pointers;
+  for (int64_t uid : impl_->uids) {
+    const void* p = uid == kX ? a.x : uid == kW ? a.w : uid == kBias ? a.bias : uid == kZ ? a.z : uid == kScale ? a.scale
+                    : uid == kZMult ? a.z_mult : uid == kOutMult ? a.out_mult : a.y;
+    pointers.push_back(const_cast<void*>(p));
+  }
   Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, static_cast<int64_t>(impl_->uids.size()), impl_->uids.data())
       .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(pointers.size()), pointers.data())

@@ -1,5 +1,7 @@
 // Convolutions with a fused epilogue through cuDNN's graph (backend) API:
 //   Y = act(conv(X, W) + bias + Z)
+// or, for INT8 (int8 X and W, int32 products; per-channel float32 vectors):
+//   Y = act((conv(X, W) * scale + bias + Z) * z_mult) * out_mult      (Y int8 or float16)
 // as one operation graph (a convolution and pointwise ops on virtual float tensors), for
 // which cuDNN's heuristics list engine configurations; each one that finalizes is a tactic
 // the conv layer times against the legacy API's algorithms. The graph API reaches the
@@ -20,9 +22,26 @@ struct ConvGraphSpec {
   std::vector<int64_t> x, w, y;  // logical NCHW-order dims (4-D)
   std::vector<int64_t> pads, strides, dilations;
   bool nhwc = true;                // X, Y, Z (and W as KRSC) channels-last
-  cudnnDataType_t io_type = CUDNN_DATA_HALF;
+  cudnnDataType_t io_type = CUDNN_DATA_HALF;  // X, W, Y, Z and bias of a float conv
   bool has_bias = false, has_z = false;
   ir::Activation act;
+  // INT8: X and W int8 (io_type is ignored), bias float32, Y and Z of these types; the
+  // per-channel vectors of the INT8 form above (scale always; z_mult, out_mult optional).
+  bool int8 = false;
+  cudnnDataType_t y_type = CUDNN_DATA_INT8, z_type = CUDNN_DATA_INT8;
+  bool has_z_mult = false, has_out_mult = false;
+};
+
+// Device pointers of one run; those the spec does not have are ignored.
+struct ConvGraphArgs {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  const void* bias = nullptr;
+  const void* z = nullptr;
+  const void* scale = nullptr;
+  const void* z_mult = nullptr;
+  const void* out_mult = nullptr;
+  void* y = nullptr;
 };
 
 // True when the activation can be expressed as cuDNN pointwise ops.
@@ -50,6 +69,7 @@ class ConvGraph {
   // Runs the selected plan. bias and z may be null when the spec has none.
   void execute(cudnnHandle_t handle, const void* x, const void* w, const void* bias, const void* z, void* y,
                void* workspace) const;
+  void execute(cudnnHandle_t handle, const ConvGraphArgs& args, void* workspace) const;
 
  private:
   struct Impl;

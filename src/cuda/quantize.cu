@@ -1,8 +1,13 @@
 // CUDA layers of QuantizeLinear and DequantizeLinear (see ops/quantize.h), with the CPU
 // kernel's arithmetic: the quotient x / scale in float32, rounded half to even (nearbyintf),
 // plus the zero point, saturated; dequantization (x - zero point) * scale. The scale and zero
-// point must be constants here (uploaded once, per tensor or per channel); data is float32 in
-// linear layout (the builder reformats around the layer where the network stores float16).
+// point must be constants here (uploaded once, per tensor or per channel). Per-channel data is
+// float32 in linear layout (the builder reformats around the layer); with one scale for the
+// whole tensor the layer is elementwise, so it reads and writes the float tensor as stored
+// (float16 or float32, linear or NHWC): an INT8 build quantizes float16 NHWC activations in
+// place of two transposes.
+#include <cuda_fp16.h>
+
 #include <cmath>
 
 #include "cuda/check.h"
@@ -13,13 +18,13 @@ namespace kiln::cuda {
 
 namespace {
 
-template <class Q>
-__global__ void quantize_kernel(const float* __restrict__ x, Q* __restrict__ y, const float* __restrict__ scale,
+template <class F, class Q>
+__global__ void quantize_kernel(const F* __restrict__ x, Q* __restrict__ y, const float* __restrict__ scale,
                                 const int32_t* __restrict__ zero, int64_t n, int64_t channels, int64_t inner, float lo,
                                 float hi) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t c = channels == 1 ? 0 : (i / inner) % channels;
-    float q = nearbyintf(x[i] / scale[c]) + static_cast<float>(zero[c]);
+    float q = nearbyintf(static_cast<float>(x[i]) / scale[c]) + static_cast<float>(zero[c]);
     if (q != q) q = 0.f;  // NaN, as the CPU kernel
     y[i] = static_cast<Q>(fminf(fmaxf(q, lo), hi));
   }
@@ -53,15 +58,27 @@ std::string check_request(const LayerRequest& r) {
   return "";
 }
 
+// One scale for the whole tensor: the layer is elementwise and keeps the stored format.
+bool per_tensor(const LayerRequest& r) { return r.is_constant(1) && r.constants[1]->numel() == 1; }
+
 LayerFormats formats(const LayerRequest& r, bool quantize) {
   LayerFormats f;
   f.inputs.resize(r.inputs.size());  // scale and zero point: not uploaded by the builder
-  f.inputs[0] = Format{quantize ? DType::kFloat32 : r.input_dtypes[0], Layout::kLinear};
-  f.outputs = {Format{quantize ? r.output_dtypes[0] : DType::kFloat32, Layout::kLinear}};
+  Layout layout = Layout::kLinear;
+  DType real = DType::kFloat32;
+  if (per_tensor(r) && r.has_input(0)) {
+    layout = r.inputs[0]->format.layout;
+    // Quantize reads float16 as stored; dequantize writes float32 (exact; a float16 reader
+    // gets a reformat).
+    if (quantize && r.inputs[0]->format.dtype == DType::kFloat16) real = DType::kFloat16;
+  }
+  f.inputs[0] = Format{quantize ? real : r.input_dtypes[0], layout};
+  f.outputs = {Format{quantize ? r.output_dtypes[0] : real, layout}};
   return f;
 }
 
-std::unique_ptr<Layer> create(const LayerRequest& r, BuildServices& services, bool quantize) {
+std::unique_ptr<Layer> create(const LayerRequest& r, const LayerFormats& formats, BuildServices& services, bool quantize) {
+  const bool half = quantize && formats.inputs[0].dtype == DType::kFloat16;
   const Tensor& scale = *r.constants[1];
   const Tensor* zp = r.is_constant(2) ? r.constants[2] : nullptr;
   const ir::QuantizeAxis axis = ir::quantize_axis(r.node, r.input_shape(0), scale.numel());
@@ -83,10 +100,14 @@ std::unique_ptr<Layer> create(const LayerRequest& r, BuildServices& services, bo
       ir::quantized_range(qtype, lo, hi);
       fn = [=](const LayerIO& io, cudaStream_t stream) {
         if (n <= 0) return;
-        quantize_kernel<Q><<<grid_for(n), 256, 0, stream>>>(static_cast<const float*>(io.inputs[0]),
-                                                             static_cast<Q*>(io.outputs[0]), d_scale, d_zero, n,
-                                                             axis.channels, axis.inner, static_cast<float>(lo),
-                                                             static_cast<float>(hi));
+        if (half)
+          quantize_kernel<__half, Q><<<grid_for(n), 256, 0, stream>>>(
+              static_cast<const __half*>(io.inputs[0]), static_cast<Q*>(io.outputs[0]), d_scale, d_zero, n, axis.channels,
+              axis.inner, static_cast<float>(lo), static_cast<float>(hi));
+        else
+          quantize_kernel<float, Q><<<grid_for(n), 256, 0, stream>>>(
+              static_cast<const float*>(io.inputs[0]), static_cast<Q*>(io.outputs[0]), d_scale, d_zero, n, axis.channels,
+              axis.inner, static_cast<float>(lo), static_cast<float>(hi));
         KILN_CUDA_CHECK_LAUNCH();
       };
     } else {
@@ -115,7 +136,7 @@ KILN_REGISTER_CUDA_LAYERS(quantize) {
     e.op = quantize ? "QuantizeLinear" : "DequantizeLinear";
     e.check = check_request;
     e.formats = [quantize](const LayerRequest& r) { return formats(r, quantize); };
-    e.create = [quantize](const LayerRequest& r, const LayerFormats&, BuildServices& s) { return create(r, s, quantize); };
+    e.create = [quantize](const LayerRequest& r, const LayerFormats& f, BuildServices& s) { return create(r, f, s, quantize); };
     e.dtypes = quantize ? "float32 -> int8, uint8, int16, uint16 (constant scale)"
                         : "int8, uint8, int16, uint16, int32 -> float32 (constant scale)";
     registry.add(std::move(e));

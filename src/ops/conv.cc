@@ -131,12 +131,20 @@ int64_t conv_output_size(const Node& node, const ConvGeometry& g, int i, int64_t
   return out;
 }
 
-void infer_conv(InferContext& ctx, bool transpose) {
+void infer_conv(InferContext& ctx, bool transpose, bool quantized) {
   const Node& node = ctx.node;
-  DType dt = ctx.dtype(0);
-  if (!is_float(dt)) ctx.unsupported("input X has type " + to_string(dt) + "; Conv takes floating point");
-  if (ctx.dtype(1) != dt)
-    ctx.fail("W has type " + to_string(ctx.dtype(1)) + " but X has " + to_string(dt));
+  const DType x_type = ctx.dtype(0);
+  // A quantized conv (kiln::QConv) reads int8 X and W and a float32 bias; its output type is
+  // set by its own schema.
+  const DType dt = quantized ? DType::kFloat32 : x_type;
+  if (quantized) {
+    if (x_type != DType::kInt8) ctx.fail("input X has type " + to_string(x_type) + "; a quantized conv takes int8");
+    if (ctx.dtype(1) != DType::kInt8) ctx.fail("W has type " + to_string(ctx.dtype(1)) + "; a quantized conv takes int8");
+  } else {
+    if (!is_float(dt)) ctx.unsupported("input X has type " + to_string(dt) + "; Conv takes floating point");
+    if (ctx.dtype(1) != dt)
+      ctx.fail("W has type " + to_string(ctx.dtype(1)) + " but X has " + to_string(dt));
+  }
   if (!ctx.shape_known(0) || !ctx.shape_known(1)) {
     ctx.set_output(0, dt, std::nullopt);
     return;
@@ -173,7 +181,7 @@ void infer_conv(InferContext& ctx, bool transpose) {
     if (w[1].known()) out_channels = Dim(w[1].value * g.group);
   }
   if (ctx.has_input(2)) {
-    if (ctx.dtype(2) != dt) ctx.fail("B has type " + to_string(ctx.dtype(2)) + " but X has " + to_string(dt));
+    if (ctx.dtype(2) != dt) ctx.fail("B has type " + to_string(ctx.dtype(2)) + "; expected " + to_string(dt));
     if (ctx.shape_known(2)) {
       const Dims& b = ctx.shape(2);
       if (b.size() != 1 || (b[0].known() && out_channels.known() && b[0].value != out_channels.value))

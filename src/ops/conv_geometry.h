@@ -42,8 +42,9 @@ ConvGeometry conv_geometry(const Node& node, int spatial, const std::vector<int6
 int64_t conv_output_size(const Node& node, const ConvGeometry& g, int i, int64_t in_size, bool transpose);
 
 // Shape inference of Conv (transpose false) and ConvTranspose: inputs X, W, B; also used by
-// kiln::FusedConv. Checks channels against W and group, and B's length.
-void infer_conv(InferContext& ctx, bool transpose);
+// kiln::FusedConv and (quantized: int8 X and W, float32 B and Y) kiln::QConv. Checks channels
+// against W and group, and B's length.
+void infer_conv(InferContext& ctx, bool transpose, bool quantized = false);
 // 2 * multiply-adds of a Conv / ConvTranspose node.
 int64_t conv_flops(const FlopsContext& ctx, bool transpose);
 

@@ -9,6 +9,7 @@
 
 #include "kiln/error.h"
 #include "onnx.pb.h"
+#include "quantization/quantize_graph.h"
 
 namespace kiln::quantization {
 
@@ -132,17 +133,9 @@ class Writer {
     const int64_t channels = dims[static_cast<size_t>(axis)];
     int64_t inner = 1;
     for (size_t d = static_cast<size_t>(axis) + 1; d < dims.size(); ++d) inner *= dims[d];
-    std::vector<float> scale(static_cast<size_t>(channels), 0.f);
-    for (size_t i = 0; i < v.size(); ++i) {
-      float& s = scale[static_cast<size_t>((static_cast<int64_t>(i) / inner) % channels)];
-      s = std::max(s, std::fabs(v[i]));
-    }
-    for (float& s : scale) s = s > 0 ? s / 127.f : 1.f;  // an all-zero channel: any scale
+    std::vector<float> scale(static_cast<size_t>(channels));
     std::vector<int8_t> q(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      const float s = scale[static_cast<size_t>((static_cast<int64_t>(i) / inner) % channels)];
-      q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(v[i] / s), -127.f, 127.f));
-    }
+    quantize_per_channel(v.data(), static_cast<int64_t>(v.size()), channels, inner, q.data(), scale.data());
     std::vector<int8_t> zeros(static_cast<size_t>(channels), 0);
     const std::string base = unique(name + "_int8");
     added_.push_back(scalar_or_vector(base, onnx::TensorProto::INT8, dims, q.data(), q.size()));

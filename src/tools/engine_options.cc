@@ -2,12 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "onnx/importer.h"
+#include "quantization/calibrate_model.h"
 #include "tools/shapes.h"
 
 namespace kiln::tools {
@@ -19,6 +23,20 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_flag("--tf32", tf32, "GPU: float32 storage, TF32 tensor-core products");
   cmd->add_flag("--fp32", fp32, "GPU: strict float32 (the default)");
   cmd->add_flag("--best", best, "GPU: float16 where supported, TF32 elsewhere");
+  cmd->add_flag("--int8", int8,
+                "INT8 convolutions from calibrated scales (--calib or --calib-cache); other layers fp16 on the GPU, "
+                "float32 on the CPU");
+  cmd->add_option("--calib", calib_data, "INT8 calibration data: a .npy file (split into --calib-batch rows) or a folder of .npy batches");
+  cmd->add_option("--calib-algo", calib_algo, "entropy (KL divergence, as TensorRT), minmax or percentile")->capture_default_str();
+  cmd->add_option("--calib-percentile", calib_percentile, "For --calib-algo percentile: the share of |x| kept, in %")
+      ->capture_default_str();
+  cmd->add_option("--calib-batches", calib_batches, "Calibrate on at most this many batches (0: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--calib-batch", calib_batch, "Rows per calibration batch when --calib is one .npy file")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--calib-cache", calib_cache,
+                  "Calibration cache: read when it exists (a cache of another model is refused), else written after calibrating");
+  cmd->add_option("--layer-precision", layer_precision, "Pin a layer's precision in an INT8 build: NAME=fp16 (repeatable)");
   if (shape_options) {
     cmd->add_option("--shapes", shapes, "Input shapes, e.g. --shapes input:8x3x224x224 (GPU engines have fixed shapes)");
     cmd->add_option("--dim", dims, "Bind a dynamic dimension by name, e.g. --dim seq=128 (repeatable)");
@@ -34,7 +52,8 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
 
 Precision EngineOptions::precision() const {
   int n = fp16 + tf32 + fp32 + best;
-  if (n > 1) throw Error(ErrorKind::kInvalidArgument, "give one of --fp16, --tf32, --fp32, --best");
+  if (n + int8 > 1) throw Error(ErrorKind::kInvalidArgument, "give one of --fp16, --tf32, --fp32, --best, --int8");
+  if (int8) return Precision::kInt8;
   if (fp16) return Precision::kFp16;
   if (tf32) return Precision::kTf32;
   if (best) return Precision::kBest;
@@ -49,8 +68,20 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   b.timing_cache = timing_cache;
   b.allow_cpu_fallback = allow_cpu_fallback;
   b.mark_outputs = mark_outputs;
+  if (!int8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty()))
+    throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache and --layer-precision are for INT8 builds")
+        .hint("add --int8");
+  for (const std::string& lp : layer_precision) {
+    const size_t eq = lp.rfind('=');
+    const std::string p = eq == std::string::npos ? "" : lp.substr(eq + 1);
+    if (eq == std::string::npos || eq == 0 || (p != "fp16" && p != "fp32" && p != "int8"))
+      throw Error(ErrorKind::kInvalidArgument, "--layer-precision " + lp + ": expected NAME=fp16, NAME=fp32 or NAME=int8");
+    if (p != "int8") b.float_layers.push_back(lp.substr(0, eq));
+  }
   if (b.device == Device::kCpu) {
-    if (precision() != Precision::kFp32) throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32 only");
+    if (precision() != Precision::kFp32 && precision() != Precision::kInt8)
+      throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32 or INT8 (--int8) only");
+    if (int8) b.int8_scales = int8_scales(model, b.device);
     return b;
   }
   ShapeBindings bindings;
@@ -77,6 +108,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     }
     b.input_shapes[in] = resolve_shape(in, shape, names, bindings, 1, defaulted);
   }
+  if (int8) b.int8_scales = int8_scales(model, b.device);
   // Progress: every layer with --verbose, else about every tenth of the layers.
   const bool all = verbose;
   b.log = [all](const std::string& line) {
@@ -86,6 +118,41 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     std::cerr << "kiln build: " << line << std::endl;
   };
   return b;
+}
+
+std::map<std::string, float> EngineOptions::int8_scales(const std::string& model, Device device) const {
+  (void)device;  // calibration runs on the CPU engine
+  namespace q = quantization;
+  std::error_code ec;
+  if (!calib_cache.empty() && std::filesystem::exists(calib_cache, ec)) {
+    std::ifstream f(model, std::ios::binary);
+    std::stringstream bytes;
+    bytes << f.rdbuf();
+    q::CalibrationCache cache = q::read_calibration_cache(calib_cache, q::model_fingerprint(bytes.str()));
+    std::cerr << "kiln: INT8 scales of " << cache.scales.size() << " tensors from " << calib_cache << "\n";
+    return cache.scales;
+  }
+  if (calib_data.empty())
+    throw Error(ErrorKind::kInvalidArgument, "--int8 needs calibration: --calib DATA, or --calib-cache FILE of an earlier run")
+        .hint("DATA is a .npy file of inputs or a folder of .npy batches");
+  q::CalibrationOptions c;
+  c.algorithm = q::parse_calibration_algorithm(calib_algo);
+  c.data = calib_data;
+  c.batch = calib_batch;
+  c.max_batches = calib_batches;
+  c.percentile = calib_percentile;
+  const auto start = std::chrono::steady_clock::now();
+  c.progress = [start](size_t done, size_t all, size_t tensors) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "\rkiln: calibration batch %zu/%zu, %zu tensors, %.1f s", done, all, tensors, s);
+    if (done == all) std::fprintf(stderr, "\n");
+  };
+  q::CalibrationResult r = q::calibrate_model(model, c);
+  if (!calib_cache.empty()) {
+    q::write_calibration_cache(calib_cache, r.cache);
+    std::cerr << "kiln: wrote the calibration cache " << calib_cache << "\n";
+  }
+  return r.cache.scales;
 }
 
 bool is_engine_file(const std::string& path) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,13 @@ struct EngineOptions {
   bool no_optimize = false;
   bool verbose = false;
   std::vector<std::string> mark_outputs;
+  // INT8: calibration data or a cache (see quantization/calibrate_model.h), and layers pinned
+  // to float (--layer-precision NAME=fp16).
+  bool int8 = false;
+  std::string calib_data, calib_algo = "entropy", calib_cache;
+  int calib_batches = 0, calib_batch = 8;
+  double calib_percentile = 99.99;
+  std::vector<std::string> layer_precision;
 
   // Adds the options to a subcommand (`device_default`: "cuda" for build/bench, "cpu" for run;
   // `shape_options` false for commands that have their own --shapes/--dim/--batch).
@@ -28,7 +36,10 @@ struct EngineOptions {
   Precision precision() const;
   // Build options for `model`: input shapes resolved from the model's declared inputs and the
   // --shapes/--dim/--batch options (unbound dynamic dims become 1, and `defaulted` lists them).
+  // With --int8, the scales come from --calib-cache (when the file exists) or from calibrating
+  // on --calib (written to --calib-cache when given), with progress on stderr.
   BuildOptions build_options(const std::string& model, std::vector<std::string>& defaulted) const;
+  std::map<std::string, float> int8_scales(const std::string& model, Device device) const;
 };
 
 // True when `path` is a kiln engine file (by its magic), false for anything else.

@@ -62,3 +62,42 @@ def test_quantize_refuses_a_stale_cache(run_kiln, model_cache, tmp_path):
     result = run_kiln("quantize", path, "--calib-cache", cache, "-o", tmp_path / "q.onnx")
     assert result.returncode != 0
     assert "made for another model" in result.stdout + result.stderr
+
+
+def test_int8_cpu_engine_resnet18(run_kiln, model_cache, tmp_path):
+    """kiln run --int8: the CPU engine's exact-integer INT8 convolutions (kiln::QConv) from a
+    calibration run, against float32 and against ONNX Runtime's int8 kernels on our QDQ model."""
+    model = E2eModel("resnet18", 64)
+    path = exported_model(model_cache, model, "torchscript")
+    make = export_model.input_maker(model.name, size=model.size)
+    np.save(tmp_path / "calib.npy", make(32, seed=11)[0])
+    x = make(16, seed=12)[0]
+    np.save(tmp_path / "x.npy", x)
+    cache = tmp_path / "resnet18.calib"
+    result = run_kiln("run", path, "--int8", "--calib", tmp_path / "calib.npy", "--calib-cache", cache,
+                      "--input", f"input={tmp_path / 'x.npy'}", "--top-k", "0", "--output-dir", tmp_path / "int8")
+    assert result.returncode == 0, result.describe()
+    assert cache.exists()
+    int8 = np.load(tmp_path / "int8" / "output.npy")
+    fp32 = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    # As kiln quantize's QDQ model (~10% on this random network), plus int8 residuals.
+    assert 0 < rel_l2(int8, fp32) < 0.2
+
+    result = run_kiln("quantize", path, "--calib-cache", cache, "-o", tmp_path / "q.onnx")
+    assert result.returncode == 0, result.describe()
+    ort_int8 = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    # Two INT8 implementations with the same scales, each rounding its own way (kiln also
+    # keeps residuals int8): kiln's error against float32 is of the size of ONNX Runtime's.
+    kiln_err, ort_err = rel_l2(int8, fp32), rel_l2(ort_int8, fp32)
+    print(f"INT8 vs float32: kiln {kiln_err:.4f}, ONNX Runtime {ort_err:.4f}; kiln vs ONNX Runtime {rel_l2(int8, ort_int8):.4f}")
+    assert kiln_err < 1.5 * ort_err
+    assert rel_l2(int8, ort_int8) < 1.5 * ort_err
+
+    # The cache is reused; a build without scales is refused with the way out.
+    result = run_kiln("run", path, "--int8", "--calib-cache", cache, "--input", f"input={tmp_path / 'x.npy'}",
+                      "--top-k", "0", "--output-dir", tmp_path / "again")
+    assert result.returncode == 0, result.describe()
+    assert np.array_equal(np.load(tmp_path / "again" / "output.npy"), int8)
+    result = run_kiln("run", path, "--int8", "--input", f"input={tmp_path / 'x.npy'}")
+    assert result.returncode != 0
+    assert "--calib" in result.stdout + result.stderr

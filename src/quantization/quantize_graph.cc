@@ -1,0 +1,145 @@
+// The INT8 pass (see quantize_graph.h).
+#include "quantization/quantize_graph.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ir/activation.h"
+
+namespace kiln::quantization {
+
+namespace {
+
+bool is_conv(const ir::Node& n) {
+  return (n.op == "Conv" && n.domain.empty()) || (n.op == "FusedConv" && n.domain == "kiln");
+}
+
+// Activations the GPU's INT8 epilogue (cuDNN pointwise ops) has.
+bool epilogue_has(const std::string& kind) {
+  for (const char* k : {"", "Relu", "Clip", "LeakyRelu", "Sigmoid", "SiLU", "Tanh", "Gelu", "GeluTanh"})
+    if (kind == k) return true;
+  return false;
+}
+
+// "" when the conv can be quantized, else why not.
+std::string why_float(const ir::Graph& g, const ir::Node& n, const std::map<std::string, float>& scales,
+                      const std::set<std::string>& pinned) {
+  if (pinned.count(n.name)) return "pinned to float";
+  const ir::Value* x = g.find_value(n.inputs[0]);
+  if (!x || x->type.dtype != DType::kFloat32 || x->type.rank() != 4) return "input is not a float32 NCHW tensor";
+  const Tensor* w = g.constant(n.inputs[1]);
+  if (!w || w->dtype() != DType::kFloat32 || w->rank() != 4) return "weights are not a constant float32 4-D tensor";
+  if (n.attrs.get_int("group", 1) != 1) return "grouped convolution";
+  const int64_t out_c = w->dim(0), in_c = w->dim(1);
+  if (in_c % 16 != 0 || out_c % 16 != 0)
+    return std::to_string(in_c) + " input / " + std::to_string(out_c) + " output channels (INT8 needs multiples of 16)";
+  if (!epilogue_has(n.attrs.get_string("activation", ""))) return "activation has no INT8 epilogue";
+  if (n.has_input(3)) {
+    const ir::Value* z = g.find_value(n.inputs[3]);
+    if (!z || z->type.dtype != DType::kFloat32) return "residual is not float32";
+  }
+  auto s = scales.find(n.inputs[0]);
+  if (s == scales.end() || !(s->second > 0)) return "no calibrated scale for its input " + n.inputs[0];
+  return "";
+}
+
+Tensor scalar(DType dtype) { return Tensor(dtype, {}); }
+
+}  // namespace
+
+void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64_t inner, int8_t* q, float* scales) {
+  std::fill(scales, scales + channels, 0.f);
+  for (int64_t i = 0; i < count; ++i) {
+    float& s = scales[(i / inner) % channels];
+    s = std::max(s, std::fabs(w[i]));
+  }
+  for (int64_t c = 0; c < channels; ++c) scales[c] = scales[c] > 0 ? scales[c] / 127.f : 1.f;
+  for (int64_t i = 0; i < count; ++i)
+    q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(w[i] / scales[(i / inner) % channels]), -127.f, 127.f));
+}
+
+QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, float>& scales,
+                                   const std::set<std::string>& pinned) {
+  QuantizeGraphReport report;
+  std::set<size_t> chosen;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& n = g.nodes[i];
+    if (!is_conv(n)) continue;
+    std::string why = why_float(g, n, scales, pinned);
+    if (why.empty()) chosen.insert(i);
+    else report.kept_float.push_back(n.name + ": " + why);
+  }
+
+  // Values that stay int8: written by a chosen conv, scaled, read only by chosen convs as X or Z.
+  std::set<std::string> int8_values;
+  for (size_t i : chosen) {
+    const std::string& y = g.nodes[i].outputs[0];
+    auto s = scales.find(y);
+    if (s == scales.end() || !(s->second > 0) || g.is_graph_output(y)) continue;
+    bool all = true;
+    for (int c : g.consumers(y)) {
+      const ir::Node& r = g.nodes[static_cast<size_t>(c)];
+      bool ok = chosen.count(static_cast<size_t>(c)) != 0;
+      for (size_t k = 0; ok && k < r.inputs.size(); ++k)
+        if (r.inputs[k] == y && k != 0 && k != 3) ok = false;
+      all = all && ok;
+    }
+    if (all) int8_values.insert(y);
+  }
+  report.int8_values = static_cast<int>(int8_values.size());
+
+  std::map<std::string, std::string> quantized_inputs;  // float value -> its QuantizeLinear output
+  std::vector<ir::Node> added;
+  auto quantized_input = [&](const std::string& x) -> std::string {
+    auto done = quantized_inputs.find(x);
+    if (done != quantized_inputs.end()) return done->second;
+    Tensor s = scalar(DType::kFloat32);
+    *s.data<float>() = scales.at(x);
+    Tensor zp = scalar(DType::kInt8);
+    *zp.data<int8_t>() = 0;
+    ir::Node q;
+    q.op = "QuantizeLinear";
+    q.name = g.unique_name(x + "_quantize");
+    q.inputs = {x, g.add_constant(x + "_scale", std::move(s)), g.add_constant(x + "_zero_point", std::move(zp))};
+    q.outputs = {g.unique_name(x + "_int8")};
+    ir::Value v;
+    v.name = q.outputs[0];
+    v.type = g.value(x).type;
+    v.type.dtype = DType::kInt8;
+    g.set_value(v);
+    added.push_back(q);
+    ++report.quantize_nodes;
+    return quantized_inputs[x] = q.outputs[0];
+  };
+
+  for (size_t i : chosen) {
+    ir::Node& n = g.nodes[i];
+    const Tensor& w = *g.constant(n.inputs[1]);
+    const int64_t out_c = w.dim(0);
+    Tensor wq(DType::kInt8, w.shape());
+    std::vector<float> w_scales(static_cast<size_t>(out_c));
+    quantize_per_channel(w.data<float>(), w.numel(), out_c, w.numel() / out_c, wq.data<int8_t>(), w_scales.data());
+
+    const std::string x = n.inputs[0];
+    n.inputs[0] = int8_values.count(x) ? x : quantized_input(x);
+    n.inputs[1] = g.add_constant(n.name + "_weight_int8", std::move(wq));
+    n.attrs.set("x_scale", scales.at(x));
+    n.attrs.set("w_scales", w_scales);
+    if (n.has_input(3) && int8_values.count(n.inputs[3])) n.attrs.set("z_scale", scales.at(n.inputs[3]));
+    const std::string& y = n.outputs[0];
+    if (int8_values.count(y)) {
+      n.attrs.set("y_scale", scales.at(y));
+      g.value(y).type.dtype = DType::kInt8;
+    }
+    if (n.op == "Conv") ir::Activation{}.store(n);
+    n.op = "QConv";
+    n.domain = "kiln";
+    ++report.quantized;
+  }
+  g.nodes.insert(g.nodes.end(), added.begin(), added.end());
+  g.topological_sort();
+  g.prune_values();
+  return report;
+}
+
+}  // namespace kiln::quantization

@@ -1,0 +1,43 @@
+// The INT8 pass: turns the convolutions of an optimized graph into kiln::QConv nodes (see
+// src/ops/quantized_conv.cc) using calibrated activation scales, the way TensorRT's implicit
+// INT8 mode does:
+//   - weights: symmetric int8 per output channel (scale = max|W[m]| / 127);
+//   - activations: symmetric int8 per tensor, with the calibrated scale of the value;
+//   - a conv's input is quantized by a QuantizeLinear node, unless it is already int8;
+//   - a conv's output (and a residual Z) stays int8 between convs: a value is stored int8 when
+//     a quantized conv writes it and every reader is a quantized conv (as X or Z), so chains
+//     of convs (ResNet's blocks) never see float tensors; elsewhere the conv writes float32.
+// A conv is quantized when it is 2-D, its weights are constant, group is 1, input and output
+// channels are multiples of 16 (cuDNN's INT8 engines read 16-byte channel rows), its
+// activation is one the GPU epilogue has, its input has a scale, and it is not pinned to
+// float by name. Every other node is left as it is (float).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace kiln::quantization {
+
+struct QuantizeGraphReport {
+  int quantized = 0;         // convs that became kiln::QConv
+  int int8_values = 0;       // values stored int8 between quantized convs
+  int quantize_nodes = 0;    // QuantizeLinear nodes added in front of them
+  std::vector<std::string> kept_float;  // "node: why", for convs left in float
+};
+
+// `scales`: value name -> scale (real = int8 * scale). `pinned_float`: node names to keep in
+// float (mixed precision).
+QuantizeGraphReport quantize_graph(ir::Graph& graph, const std::map<std::string, float>& scales,
+                                   const std::set<std::string>& pinned_float = {});
+
+// Symmetric per-channel int8 weights: `channels` rows of `inner` values each (row c is the
+// values whose index / inner % channels == c). Writes q (same size) and one scale per channel
+// (max|row| / 127; 1 for an all-zero row).
+void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64_t inner, int8_t* q, float* scales);
+
+}  // namespace kiln::quantization

@@ -1,0 +1,220 @@
+// kiln::QConv, the INT8 convolution: the CPU kernel (the integer reference the GPU is tested
+// against) against the op's definition computed naively, and the INT8 pass
+// (quantization/quantize_graph.h) on a small residual network.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "compute_test_util.h"
+#include "cpu/engine.h"
+#include "graph_builder.h"
+#include "ir/op_schema.h"
+#include "quantization/quantize_graph.h"
+
+namespace kiln {
+namespace {
+
+Tensor random_int8(std::vector<int64_t> shape, uint32_t seed, int lo = -128, int hi = 127) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(lo, hi);
+  Tensor t(DType::kInt8, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<int8_t>()[i] = static_cast<int8_t>(dist(rng));
+  return t;
+}
+
+struct Case {
+  int64_t n, c, h, w, m, k, stride, pad;
+  bool z = false, z_int8 = false, y_int8 = true, relu = true;
+};
+
+// The op's definition, one output element at a time: the window's int8 products summed
+// exactly, then the float32 epilogue in the order src/ops/quantized_conv.cc gives.
+Tensor reference_qconv(const Case& cs, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor* z, float x_scale,
+                       const std::vector<float>& w_scales, float z_scale, float y_scale) {
+  const int64_t oh = (cs.h + 2 * cs.pad - cs.k) / cs.stride + 1, ow = (cs.w + 2 * cs.pad - cs.k) / cs.stride + 1;
+  Tensor y(cs.y_int8 ? DType::kInt8 : DType::kFloat32, {cs.n, cs.m, oh, ow});
+  for (int64_t n = 0; n < cs.n; ++n)
+    for (int64_t m = 0; m < cs.m; ++m)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          int64_t acc = 0;
+          for (int64_t c = 0; c < cs.c; ++c)
+            for (int64_t a = 0; a < cs.k; ++a)
+              for (int64_t e = 0; e < cs.k; ++e) {
+                const int64_t yi = i * cs.stride - cs.pad + a, xj = j * cs.stride - cs.pad + e;
+                if (yi < 0 || yi >= cs.h || xj < 0 || xj >= cs.w) continue;
+                acc += int64_t{x.data<int8_t>()[((n * cs.c + c) * cs.h + yi) * cs.w + xj]} *
+                       w.data<int8_t>()[((m * cs.c + c) * cs.k + a) * cs.k + e];
+              }
+          const int64_t at = ((n * cs.m + m) * oh + i) * ow + j;
+          const float mult = x_scale * w_scales[static_cast<size_t>(m)];
+          float v = std::fma(static_cast<float>(acc), mult, b.data<float>()[m]);
+          if (z) v += cs.z_int8 ? static_cast<float>(z->data<int8_t>()[at]) * z_scale : z->data<float>()[at];
+          if (cs.relu) v = v > 0.f ? v : 0.f;
+          if (cs.y_int8) y.data<int8_t>()[at] = static_cast<int8_t>(std::clamp(std::nearbyint(v / y_scale), -128.f, 127.f));
+          else y.data<float>()[at] = v;
+        }
+  return y;
+}
+
+void check_case(const Case& cs, uint32_t seed) {
+  const int64_t oh = (cs.h + 2 * cs.pad - cs.k) / cs.stride + 1, ow = (cs.w + 2 * cs.pad - cs.k) / cs.stride + 1;
+  Tensor x = random_int8({cs.n, cs.c, cs.h, cs.w}, seed);
+  Tensor w = random_int8({cs.m, cs.c, cs.k, cs.k}, seed + 1, -127, 127);
+  Tensor b = testing::random_tensor({cs.m}, seed + 2);
+  std::vector<float> w_scales(static_cast<size_t>(cs.m));
+  std::mt19937 rng(seed + 3);
+  std::uniform_real_distribution<float> ws(1e-3f, 1e-2f);
+  for (float& s : w_scales) s = ws(rng);
+  const float x_scale = 0.021f, z_scale = 0.033f, y_scale = 0.047f;
+  Tensor z = cs.z_int8 ? random_int8({cs.n, cs.m, oh, ow}, seed + 4) : testing::random_tensor({cs.n, cs.m, oh, ow}, seed + 4);
+
+  ir::Node node;
+  node.op = "QConv";
+  node.domain = "kiln";
+  node.attrs.set("kernel_shape", std::vector<int64_t>{cs.k, cs.k});
+  node.attrs.set("strides", std::vector<int64_t>{cs.stride, cs.stride});
+  node.attrs.set("pads", std::vector<int64_t>{cs.pad, cs.pad, cs.pad, cs.pad});
+  node.attrs.set("activation", std::string(cs.relu ? "Relu" : ""));
+  node.attrs.set("x_scale", x_scale);
+  node.attrs.set("w_scales", w_scales);
+  if (cs.z_int8) node.attrs.set("z_scale", z_scale);
+  if (cs.y_int8) node.attrs.set("y_scale", y_scale);
+  std::vector<testing::NodeInput> inputs = {{"X", x}, {"W", w, true}, {"B", b, true}};
+  if (cs.z) inputs.push_back({"Z", z});
+  Tensor got = testing::run_single_node(node, inputs);
+  Tensor want = reference_qconv(cs, x, w, b, cs.z ? &z : nullptr, x_scale, w_scales, z_scale, y_scale);
+  ASSERT_EQ(got.shape(), want.shape());
+  ASSERT_EQ(got.dtype(), want.dtype());
+  int64_t differ = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    if (cs.y_int8) differ += got.data<int8_t>()[i] != want.data<int8_t>()[i];
+    else differ += got.data<float>()[i] != want.data<float>()[i];
+  }
+  EXPECT_EQ(differ, 0) << "of " << got.numel() << " outputs";
+  // The outputs use the int8 range (a test whose outputs all saturate or vanish proves little).
+  if (cs.y_int8) {
+    int distinct = 0;
+    std::vector<bool> seen(256, false);
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      const int v = got.data<int8_t>()[i] + 128;
+      distinct += !seen[static_cast<size_t>(v)];
+      seen[static_cast<size_t>(v)] = true;
+    }
+    EXPECT_GT(distinct, 20);
+  }
+}
+
+TEST(QConv, MatchesTheIntegerDefinition3x3Stride2) { check_case({2, 16, 9, 11, 32, 3, 2, 1}, 1); }
+TEST(QConv, MatchesTheIntegerDefinition1x1) { check_case({3, 32, 5, 6, 16, 1, 1, 0}, 2); }
+TEST(QConv, Int8ResidualAndInt8Output) {
+  Case c{2, 16, 8, 8, 16, 3, 1, 1};
+  c.z = c.z_int8 = true;
+  check_case(c, 3);
+}
+TEST(QConv, FloatResidualFloatOutputNoActivation) {
+  Case c{1, 16, 6, 7, 32, 3, 1, 1};
+  c.z = true;
+  c.y_int8 = false;
+  c.relu = false;
+  check_case(c, 4);
+}
+
+TEST(QConv, SchemaRejectsFloatInputsAndBadScales) {
+  testing::GraphBuilder gb;
+  gb.input("X", {1, 16, 4, 4});  // float32: a quantized conv takes int8
+  gb.constant("W", random_int8({16, 16, 1, 1}, 5));
+  gb.node("QConv", {"X", "W"}, "Y", {{"x_scale", 0.1f}, {"w_scales", std::vector<float>(16, 0.1f)}});
+  gb.last().domain = "kiln";
+  gb.output("Y");
+  EXPECT_THROW(gb.build(), Error);
+
+  testing::GraphBuilder g2;
+  g2.input("X", {1, 16, 4, 4}, DType::kInt8);
+  g2.constant("W", random_int8({16, 16, 1, 1}, 5));
+  g2.node("QConv", {"X", "W"}, "Y", {{"x_scale", 0.1f}, {"w_scales", std::vector<float>(8, 0.1f)}});  // 8 != 16
+  g2.last().domain = "kiln";
+  g2.output("Y");
+  try {
+    g2.build();
+    FAIL() << "8 scales for 16 channels were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("w_scales"), std::string::npos) << e.what();
+  }
+}
+
+// The INT8 pass on conv -> conv(+residual) -> pool: the first conv's output stays int8 (both
+// readers are quantized convs), the second writes float for the pool; the network's output
+// moves by about the quantization step only.
+TEST(QuantizeGraph, ResidualChainKeepsInt8BetweenConvs) {
+  testing::GraphBuilder gb;
+  gb.input("X", {2, 16, 8, 8});
+  gb.random("W1", {16, 16, 3, 3}, -0.2f, 0.2f);
+  gb.random("B1", {16}, -0.1f, 0.1f);
+  gb.random("W2", {16, 16, 1, 1}, -0.3f, 0.3f);
+  gb.random("B2", {16}, -0.1f, 0.1f);
+  gb.random("W3", {16, 3, 3, 3});  // 3 input channels: stays float
+  gb.node("FusedConv", {"X", "W1", "B1"}, "y1",
+          {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"activation", std::string("Relu")}});
+  gb.last().domain = "kiln";
+  gb.node("FusedConv", {"y1", "W2", "B2", "y1"}, "y2", {{"activation", std::string("Relu")}});
+  gb.last().domain = "kiln";
+  gb.node("GlobalAveragePool", {"y2"}, "out");
+  gb.output("out");
+  ir::Graph g = gb.build();
+
+  Tensor x = testing::random_tensor({2, 16, 8, 8}, 7);
+  // Scales from the float network's own ranges on this input.
+  ir::Graph probe = g;
+  probe.outputs = {"out", "y1", "y2"};
+  auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
+  std::map<std::string, float> scales;
+  auto amax = [](const Tensor& t) {
+    float m = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.data<float>()[i]));
+    return m;
+  };
+  scales["X"] = amax(x) / 127.f;
+  scales["y1"] = amax(ranges.at("y1")) / 127.f;
+  scales["y2"] = amax(ranges.at("y2")) / 127.f;
+
+  ir::Graph q = g;
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales);
+  EXPECT_EQ(r.quantized, 2);
+  EXPECT_EQ(r.int8_values, 1);     // y1
+  EXPECT_EQ(r.quantize_nodes, 1);  // X
+  EXPECT_EQ(q.value("y1").type.dtype, DType::kInt8);
+  EXPECT_EQ(q.value("y2").type.dtype, DType::kFloat32);
+  int qconv = 0;
+  for (const ir::Node& n : q.nodes) qconv += n.op == "QConv";
+  EXPECT_EQ(qconv, 2);
+  ir::infer_shapes(q);  // the rewritten graph is well-typed
+
+  const Tensor want = cpu::CpuEngine(g).run({{"X", x}}).at("out");
+  const Tensor got = cpu::CpuEngine(q).run({{"X", x}}).at("out");
+  double err = 0, norm = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = got.data<float>()[i] - want.data<float>()[i];
+    err += d * d;
+    norm += double{want.data<float>()[i]} * want.data<float>()[i];
+  }
+  EXPECT_LT(std::sqrt(err / norm), 0.03) << "INT8 moved the output too far";
+  EXPECT_GT(std::sqrt(err / norm), 0.0) << "the quantized graph computed exactly the float result: was it quantized?";
+}
+
+TEST(QuantizeGraph, ReportsWhyAConvStaysFloat) {
+  testing::GraphBuilder gb;
+  gb.input("X", {1, 3, 8, 8});
+  gb.random("W", {16, 3, 3, 3});
+  gb.node("Conv", {"X", "W"}, "Y");
+  gb.output("Y");
+  ir::Graph g = gb.build();
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(g, {{"X", 0.01f}});
+  EXPECT_EQ(r.quantized, 0);
+  ASSERT_EQ(r.kept_float.size(), 1u);
+  EXPECT_NE(r.kept_float[0].find("multiples of 16"), std::string::npos) << r.kept_float[0];
+}
+
+}  // namespace
+}  // namespace kiln
