@@ -7,7 +7,9 @@ For each torchvision model (random weights, 3x224x224, exported to ONNX with a d
 scripts/export_model.py): kiln fp16 and fp32 engines through `kiln bench` (CUDA events around
 each run, synchronized after each) and the peers timed the same way as ../shared/perf/peers.py
 does: PyTorch eager fp32, and torch.compile(mode="reduce-overhead") on the fp16 channels-last
-model. Also the build time of the fp16 engine, cold and with a warm timing cache. Writes
+model. kiln INT8 (--int8, calibrated on --calib-images random inputs of the export's own input
+maker; entropy calibration, cache in DIR) unless --no-int8.
+Also the build time of the fp16 engine, cold and with a warm timing cache. Writes
 DIR/gpu_bench.json and prints a table; commit the JSON under bench/results/.
 """
 from __future__ import annotations
@@ -48,6 +50,18 @@ def kiln_bench(model: str, precision: str, batches: list[int], out: str, extra: 
     print(r.stdout, flush=True)
     with open(js) as f:
         return json.load(f)["results"]
+
+
+def int8_extra(name: str, out: str, images: int) -> list[str]:
+    """Calibration data for an INT8 build: random inputs made as the tests make them."""
+    import numpy as np
+
+    import export_model
+
+    calib = os.path.join(out, f"{name}-calib.npy")
+    if not os.path.exists(calib):
+        np.save(calib, export_model.input_maker(name, size=224)(images, seed=5)[0])
+    return ["--calib", calib, "--calib-cache", os.path.join(out, f"{name}.calib")]
 
 
 def time_fn(fn, iters: int, warm: int = 20):
@@ -122,6 +136,8 @@ def main() -> None:
     ap.add_argument("--models", default="resnet50")
     ap.add_argument("--batches", default="1,128")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--no-int8", action="store_true")
+    ap.add_argument("--calib-images", type=int, default=32)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     batches = [int(b) for b in args.batches.split(",")]
@@ -140,6 +156,8 @@ def main() -> None:
         entry = {"kiln_fp16": kiln_bench(path, "fp16", batches, args.out),
                  "kiln_tf32": kiln_bench(path, "tf32", [max(batches)], args.out),
                  "kiln_fp32": kiln_bench(path, "fp32", [max(batches)], args.out)}
+        if not args.no_int8:
+            entry["kiln_int8"] = kiln_bench(path, "int8", batches, args.out, int8_extra(name, args.out, args.calib_images))
         if name == "resnet50":
             entry["build_fp16_b128"] = build_times(path, args.out)
         if not args.no_peers:
@@ -150,11 +168,16 @@ def main() -> None:
 
     print(f"\n{'model':<16}{'config':<40}{'batch':>6}{'median ms':>11}{'items/s':>11}")
     for name, e in results["models"].items():
-        for prec in ("kiln_fp16", "kiln_tf32", "kiln_fp32"):
-            for r in e[prec]:
+        for prec in ("kiln_int8", "kiln_fp16", "kiln_tf32", "kiln_fp32"):
+            for r in e.get(prec, []):
                 print(f"{name:<16}{prec:<40}{r['batch']:>6}{r['latency_ms']['median']:>11.4f}{r['throughput_per_s']:>11.1f}")
         for r in e.get("torch", []):
             print(f"{name:<16}{r['cfg']:<40}{r['batch']:>6}{r['median_ms']:>11.4f}{r['items_per_s']:>11.1f}")
+        if e.get("kiln_int8") and e.get("kiln_fp32"):
+            w8, w32 = e["kiln_int8"][0].get("weights_bytes", 0), e["kiln_fp32"][0].get("weights_bytes", 0)
+            if w8 and w32:
+                print(f"{name:<16}weights on the GPU: int8 engine {w8 / 2**20:.1f} MiB, fp32 engine {w32 / 2**20:.1f} MiB "
+                      f"({100 * w8 / w32:.0f}%)")
         if "build_fp16_b128" in e:
             b = e["build_fp16_b128"]
             print(f"{name:<16}build fp16 b128: cold {b['cold_s']:.1f} s, warm cache {b['warm_cache_s']:.1f} s")

@@ -192,6 +192,7 @@ nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_befo
        {"workspace_bytes", info.workspace_bytes},
        {"gpu_memory_used_bytes", free_before > free_after ? free_before - free_after : 0},
        {"fp32_layers", info.fp32_layers},
+       {"int8_kept_float", info.int8_kept_float},
        {"cpu_fallback", info.has_cpu_fallback}};
   if (engine_file_bytes) r["engine_file_bytes"] = engine_file_bytes;
   std::cout << fmt::format(

@@ -40,6 +40,11 @@ void print_summary(const Engine& engine) {
     for (const std::string& l : info.fp32_layers) std::cout << " " << l;
     std::cout << "\n";
   }
+  if (info.precision == "int8") {
+    std::cout << fmt::format("  {} convolution(s) kept in float in this INT8 build{}\n", info.int8_kept_float.size(),
+                             info.int8_kept_float.empty() ? "" : ":");
+    for (const std::string& l : info.int8_kept_float) std::cout << "    " << l << "\n";
+  }
   if (fallback) std::cout << fmt::format("  {} layer(s) run on the CPU (--allow-cpu-fallback)\n", fallback);
   for (const TensorDesc& d : engine.inputs())
     std::cout << fmt::format("  input  '{}': {} [{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
