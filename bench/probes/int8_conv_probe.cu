@@ -177,12 +177,157 @@ static void probe_graph(cudnnHandle_t h, const Shape& s, const GraphVariant& v, 
     }
     for (auto& c : cfgs) cudnnBackendDestroyDescriptor(c);
   }
+  // Every engine of the library (not only the heuristics' list), with default knobs.
+  if (getenv("PROBE_ALL_ENGINES")) {
+    int64_t count = 0, n = 0;
+    cudnnBackendGetAttribute(graph.d, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, CUDNN_TYPE_INT64, 1, &n, &count);
+    for (int64_t e = 0; e < count; ++e) {
+      Desc eng(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+      eng.set_desc(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph).set(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &e);
+      if (!eng.finalize()) continue;
+      Desc cfg(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      cfg.set_desc(CUDNN_ATTR_ENGINECFG_ENGINE, eng);
+      if (!cfg.finalize()) continue;
+      Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h)
+          .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg.d);
+      if (!plan.finalize()) continue;
+      int64_t wsz = 0;
+      cudnnBackendGetAttribute(plan.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &wsz);
+      if ((size_t)wsz > ws_bytes) continue;
+      ++total, ++finalized;
+      std::vector<int64_t> uids = {'x', 'w', 'b', 'y'};
+      std::vector<void*> ptrs = {x, w, bias, y};
+      if (v.scale) { uids.push_back('s'); ptrs.push_back(sc); }
+      Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+      pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, (int64_t)uids.size(), uids.data())
+          .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, (int64_t)ptrs.size(), ptrs.data())
+          .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+      if (!pack.finalize()) continue;
+      float ms = time_ms([&] { return cudnnBackendExecute(h, plan.d, pack.d) == CUDNN_STATUS_SUCCESS; });
+      std::printf("%-22s %-16s   engine %lld: %.4f ms\n", s.name, v.name, (long long)e, ms);
+      if (ms > 0 && (best < 0 || ms < best)) best = ms, best_name = "G:eng" + std::to_string(e);
+    }
+  }
   const double flops = 2.0 * s.n * s.k * oh * ow * s.c * s.r * s.s;
   if (best > 0)
     std::printf("%-22s %-16s %2d cand %2d ok  best %.4f ms  %6.1f TOPS  %s\n", s.name, v.name, total, finalized, best,
                 flops / best / 1e9, best_name.c_str());
   else
     std::printf("%-22s %-16s %2d cand %2d ok  none ran\n", s.name, v.name, total, finalized);
+}
+
+// --- residual epilogues: which form of "+ Z" costs what (PROBE_RESIDUAL=1) ------------------
+// mode 0: int8 X/W, MUL s, ADD b, ADD Z(int8), MUL m, RELU -> int8      (kiln v1)
+// mode 1: same with Z float16, no MUL m
+// mode 2: same with Z int8, no MUL m (equal scales)
+// mode 3: Z int8 pre-scaled by its own MUL (a DAG), then ADD, RELU
+// mode 4: float16 conv: ADD b, ADD Z(fp16), RELU -> fp16                (the fp16 engine)
+// mode 5: int8 X/W, MUL s, ADD b, ADD Z(int8), RELU, MUL m -> int8 (multiplier after the activation)
+static void probe_residual(cudnnHandle_t h, const Shape& s, int mode, void* x, void* w, void* sc, void* bias, void* z,
+                           void* y, void* ws, size_t ws_bytes) {
+  const int oh = out_dim(s.h, s.r, s.stride, s.pad), ow = out_dim(s.w, s.s, s.stride, s.pad);
+  std::vector<int64_t> xd = {s.n, s.c, s.h, s.w}, wd = {s.k, s.c, s.r, s.s}, yd = {s.n, s.k, oh, ow}, cd = {1, s.k, 1, 1};
+  const bool fp16 = mode == 4;
+  const cudnnDataType_t in = fp16 ? CUDNN_DATA_HALF : CUDNN_DATA_INT8;
+  const cudnnDataType_t zt = (mode == 1 || mode == 4) ? CUDNN_DATA_HALF : CUDNN_DATA_INT8;
+  auto X = tensor('x', in, xd, false, false), W = tensor('w', in, wd, false, false);
+  auto S = tensor('s', CUDNN_DATA_FLOAT, cd, true, false), B = tensor('b', fp16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT, cd, true, false);
+  auto M = tensor('m', CUDNN_DATA_FLOAT, cd, true, false), Z = tensor('z', zt, yd, false, false);
+  auto Y = tensor('y', fp16 ? CUDNN_DATA_HALF : CUDNN_DATA_INT8, yd, false, false);
+  int64_t vid = 200;
+  auto V = [&](cudnnDataType_t t) { return tensor(vid++, t, yd, false, true); };
+  Desc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  int64_t sp = 2, dil[2] = {1, 1}, str[2] = {s.stride, s.stride}, pad[2] = {s.pad, s.pad};
+  cudnnConvolutionMode_t cm = CUDNN_CROSS_CORRELATION;
+  cudnnDataType_t comp = fp16 ? CUDNN_DATA_FLOAT : CUDNN_DATA_INT32;
+  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp)
+      .set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &cm)
+      .set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &sp)
+      .set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil)
+      .set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str)
+      .set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad)
+      .set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  conv.finalize();
+  auto A = V(fp16 ? CUDNN_DATA_FLOAT : CUDNN_DATA_INT32);
+  float alpha = 1, beta = 0;
+  Desc cop(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+  cop.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, *X).set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, *W)
+      .set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, *A).set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
+      .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+  cop.finalize();
+  std::vector<std::shared_ptr<Desc>> keep;
+  std::vector<cudnnBackendDescriptor_t> raw = {cop.d};
+  auto pw = [&](cudnnPointwiseMode_t m, const P& a, const P& b, const P& out) {
+    auto d = std::make_shared<Desc>(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    cudnnDataType_t f = CUDNN_DATA_FLOAT;
+    d->set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &m).set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &f);
+    d->finalize();
+    auto op = std::make_shared<Desc>(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, *d).set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, *a)
+        .set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, *out);
+    if (b) op->set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, *b);
+    op->finalize();
+    keep.push_back(d), keep.push_back(op);
+    raw.push_back(op->d);
+  };
+  std::vector<int64_t> uids = {'x', 'w', 'b', 'z', 'y'};
+  std::vector<void*> ptrs = {x, w, bias, z, y};
+  if (fp16) {
+    auto a1 = V(CUDNN_DATA_FLOAT), a2 = V(CUDNN_DATA_FLOAT);
+    pw(CUDNN_POINTWISE_ADD, A, B, a1), pw(CUDNN_POINTWISE_ADD, a1, Z, a2), pw(CUDNN_POINTWISE_RELU_FWD, a2, nullptr, Y);
+  } else {
+    uids.push_back('s'), ptrs.push_back(sc);
+    auto a1 = V(CUDNN_DATA_FLOAT), a2 = V(CUDNN_DATA_FLOAT), a3 = V(CUDNN_DATA_FLOAT);
+    pw(CUDNN_POINTWISE_MUL, A, S, a1), pw(CUDNN_POINTWISE_ADD, a1, B, a2);
+    if (mode == 0) {
+      auto a4 = V(CUDNN_DATA_FLOAT);
+      pw(CUDNN_POINTWISE_ADD, a2, Z, a3), pw(CUDNN_POINTWISE_MUL, a3, M, a4), pw(CUDNN_POINTWISE_RELU_FWD, a4, nullptr, Y);
+      uids.push_back('m'), ptrs.push_back(sc);
+    } else if (mode == 1 || mode == 2) {
+      pw(CUDNN_POINTWISE_ADD, a2, Z, a3), pw(CUDNN_POINTWISE_RELU_FWD, a3, nullptr, Y);
+    } else if (mode == 3) {
+      auto zs = V(CUDNN_DATA_FLOAT);
+      pw(CUDNN_POINTWISE_MUL, Z, M, zs), pw(CUDNN_POINTWISE_ADD, a2, zs, a3), pw(CUDNN_POINTWISE_RELU_FWD, a3, nullptr, Y);
+      uids.push_back('m'), ptrs.push_back(sc);
+    } else if (mode == 5) {
+      auto a4 = V(CUDNN_DATA_FLOAT);
+      pw(CUDNN_POINTWISE_ADD, a2, Z, a3), pw(CUDNN_POINTWISE_RELU_FWD, a3, nullptr, a4), pw(CUDNN_POINTWISE_MUL, a4, M, Y);
+      uids.push_back('m'), ptrs.push_back(sc);
+    }
+  }
+  Desc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)raw.size(), raw.data())
+      .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+  if (!graph.finalize()) { std::printf("%-22s residual mode %d: graph refused\n", s.name, mode); return; }
+  float best = -1; int64_t best_e = -1; int ran = 0;
+  int64_t count = 0, n = 0;
+  cudnnBackendGetAttribute(graph.d, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, CUDNN_TYPE_INT64, 1, &n, &count);
+  for (int64_t e = 0; e < count; ++e) {
+    Desc eng(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    eng.set_desc(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph).set(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &e);
+    if (!eng.finalize()) continue;
+    Desc cfg(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    cfg.set_desc(CUDNN_ATTR_ENGINECFG_ENGINE, eng);
+    if (!cfg.finalize()) continue;
+    Desc plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h)
+        .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg.d);
+    if (!plan.finalize()) continue;
+    int64_t wsz = 0;
+    cudnnBackendGetAttribute(plan.d, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &wsz);
+    if ((size_t)wsz > ws_bytes) continue;
+    Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, (int64_t)uids.size(), uids.data())
+        .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, (int64_t)ptrs.size(), ptrs.data())
+        .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    if (!pack.finalize()) continue;
+    float ms = time_ms([&] { return cudnnBackendExecute(h, plan.d, pack.d) == CUDNN_STATUS_SUCCESS; });
+    if (ms > 0) ++ran;
+    if (ms > 0 && (best < 0 || ms < best)) best = ms, best_e = e;
+  }
+  std::printf("%-22s residual mode %d: %d engines ran, best %.4f ms (engine %lld)\n", s.name, mode, ran, best, (long long)best_e);
 }
 
 // --- legacy cuDNN int8 --------------------------------------------------------------------
@@ -272,7 +417,7 @@ int main(int argc, char** argv) {
   std::vector<Shape> shapes = {
       {"1x1 56x56 64->256", n, 64, 56, 56, 256, 1, 1, 1, 0},   {"1x1 56x56 256->64", n, 256, 56, 56, 64, 1, 1, 1, 0},
       {"1x1 28x28 512->128", n, 512, 28, 28, 128, 1, 1, 1, 0}, {"1x1 14x14 1024->256", n, 1024, 14, 14, 256, 1, 1, 1, 0},
-      {"1x1 7x7 2048->512", n, 2048, 7, 7, 512, 1, 1, 1, 0},    {"3x3 56x56 64", n, 64, 56, 56, 64, 3, 3, 1, 1},
+      {"1x1 7x7 2048->512", n, 2048, 7, 7, 512, 1, 1, 1, 0},    {"1x1 28x28 128->512", n, 128, 28, 28, 512, 1, 1, 1, 0},    {"3x3 56x56 64", n, 64, 56, 56, 64, 3, 3, 1, 1},
       {"3x3 28x28 128", n, 128, 28, 28, 128, 3, 3, 1, 1},       {"3x3 14x14 256", n, 256, 14, 14, 256, 3, 3, 1, 1},
       {"3x3 7x7 512", n, 512, 7, 7, 512, 3, 3, 1, 1},           {"3x3 s2 56->28 128", n, 128, 56, 56, 128, 3, 3, 2, 1},
   };
@@ -301,8 +446,21 @@ int main(int argc, char** argv) {
       {"lt int8>i8", CUDA_R_8I, CUDA_R_8I, CUBLAS_COMPUTE_32I, CUDA_R_32F, 0},
       {"lt fp8>f16 bias", CUDA_R_8F_E4M3, CUDA_R_16F, CUBLAS_COMPUTE_32F, CUDA_R_32F, 3},
   };
+  if (getenv("PROBE_RESIDUAL")) {
+    void* z;
+    CUDA_OK(cudaMalloc(&z, big));
+    CUDA_OK(cudaMemset(z, 1, big));
+    for (const Shape& s : shapes)
+      if (s.r == 1 || s.k == 64)
+        for (int mode = 0; mode <= 5; ++mode) probe_residual(h, s, mode, x, w, sc, bias, z, y, ws, ws_bytes), std::fflush(stdout);
+    return 0;
+  }
+  const bool only_int8 = getenv("PROBE_ALL_ENGINES") != nullptr;
   for (const Shape& s : shapes) {
-    for (const GraphVariant& v : graph_variants) probe_graph(h, s, v, x, w, sc, bias, y, ws, ws_bytes);
+    for (const GraphVariant& v : graph_variants)
+      if (!only_int8 || std::string(v.name) == "graph int8>i8" || std::string(v.name) == "graph fp16")
+        probe_graph(h, s, v, x, w, sc, bias, y, ws, ws_bytes);
+    if (only_int8) continue;
     probe_legacy_int8(h, s, false, x, w, y, ws, ws_bytes);
     probe_legacy_int8(h, s, true, x, w, y, ws, ws_bytes);
     if (s.r == 1)

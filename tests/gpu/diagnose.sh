@@ -4,6 +4,7 @@
 #   tactics MODEL BATCH   build fp16 with every tactic candidate's time logged, and profile it
 #   compare MODEL BATCH   layer-by-layer comparison of fp16 on the GPU with the CPU engine
 # e.g. tests/gpu/diagnose.sh tactics resnet50 1 compare mobilenet_v2 8
+# KILN_DIAG_PRECISION=int8 makes `tactics` build INT8 (calibrated on 32 random inputs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -20,7 +21,14 @@ while (($# >= 3)); do
   tag=${model}_b$b
   case $stage in
     tactics)
-      KILN_TACTIC_LOG=1 $K bench $M/$model.onnx --fp16 --batch $b -v --profile --json $OUT/${tag}_profile.json > $OUT/${tag}_tactics.log 2>&1
+      prec=${KILN_DIAG_PRECISION:-fp16}
+      extra=()
+      if [[ $prec == int8 ]]; then
+        [[ -f $M/${model}_calib.npy ]] || python3 -c "import sys, numpy as np; sys.path.insert(0, 'scripts'); import export_model; np.save('$M/${model}_calib.npy', export_model.input_maker('$model', size=224)(32, seed=5)[0])"
+        extra=(--calib $M/${model}_calib.npy --calib-cache $M/$model.calib)
+        tag=${tag}_int8
+      fi
+      KILN_TACTIC_LOG=1 $K bench $M/$model.onnx --$prec "${extra[@]}" --batch $b -v --profile --json $OUT/${tag}_profile.json > $OUT/${tag}_tactics.log 2>&1
       echo "$tag: $(grep -E "median" $OUT/${tag}_tactics.log)"
       python3 - "$OUT/${tag}_profile.json" <<'PY'
 import json, sys
@@ -28,7 +36,7 @@ r = json.load(open(sys.argv[1]))["results"][0]
 layers = sorted(r["profile"]["layers"], key=lambda l: -l["median_ms"])
 total = r["profile"]["total_ms"]
 print(f"  profile total {total:.3f} ms; slowest layers:")
-for l in layers[:12]:
+for l in layers[:25]:
     print(f"  {l['median_ms']*1000:8.1f} us  {l['name'][:60]:60s} {l.get('tactic', '')}")
 PY
       ;;
