@@ -15,6 +15,7 @@
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
 #include "passes/pipeline.h"
+#include "quantization/qdq_import.h"
 #include "quantization/quantize_graph.h"
 
 #if KILN_WITH_CUDA
@@ -143,6 +144,9 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
       throw Error(ErrorKind::kInvalidArgument, "--mark-outputs: the model has no computed value named '" + m + "'").file(name);
     }
   }
+  // Explicit quantization: the model's Q/DQ pairs become scales for the INT8 pass.
+  quantization::QdqScales qdq;
+  if (options.precision == Precision::kInt8) qdq = quantization::absorb_qdq(graph);
   try {
     if (options.device == Device::kCuda) passes::bind_input_shapes(graph, options.input_shapes);
     if (options.optimize) passes::optimize(graph);
@@ -154,15 +158,20 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
     for (const ir::Node& n : graph.nodes)
       for (const std::string& out : n.outputs) mark(out);
   if (options.precision == Precision::kInt8) {
-    if (options.int8_scales.empty())
+    // The model's own scales first (a QDQ model), calibrated ones for the other values.
+    std::map<std::string, float> scales = qdq.activations;
+    scales.insert(options.int8_scales.begin(), options.int8_scales.end());
+    if (scales.empty())
       throw Error(ErrorKind::kInvalidArgument, "an INT8 build needs calibrated activation scales").file(name)
-          .hint("give calibration data (kiln build --int8 --calib DATA) or a calibration cache (--calib-cache FILE)");
+          .hint("give calibration data (kiln build --int8 --calib DATA) or a calibration cache (--calib-cache FILE), "
+                "or a model with QuantizeLinear/DequantizeLinear pairs");
     std::set<std::string> pinned(options.float_layers.begin(), options.float_layers.end());
-    quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, options.int8_scales, pinned);
+    quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, scales, pinned, &qdq.weights);
     impl->int8_kept_float = r.kept_float;
     if (options.log) {
-      options.log("int8: " + std::to_string(r.quantized) + " convolutions in INT8, " + std::to_string(r.int8_values) +
-                  " int8 tensors between them, " + std::to_string(r.quantize_nodes) + " quantize layers");
+      options.log("int8: " + std::to_string(r.quantized) + " convolutions in INT8 (" + std::to_string(r.model_weights) +
+                  " with the model's int8 weights), " + std::to_string(r.int8_values) + " int8 tensors between them, " +
+                  std::to_string(r.quantize_nodes) + " quantize layers");
       for (const std::string& k : r.kept_float) options.log("int8: kept in float: " + k);
     }
   }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "ir/activation.h"
 
@@ -59,7 +60,8 @@ void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64
 }
 
 QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, float>& scales,
-                                   const std::set<std::string>& pinned) {
+                                   const std::set<std::string>& pinned,
+                                   const std::map<std::string, QdqWeight>* model_weights) {
   QuantizeGraphReport report;
   std::set<size_t> chosen;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -118,7 +120,24 @@ QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, flo
     const int64_t out_c = w.dim(0);
     Tensor wq(DType::kInt8, w.shape());
     std::vector<float> w_scales(static_cast<size_t>(out_c));
-    quantize_per_channel(w.data<float>(), w.numel(), out_c, w.numel() / out_c, wq.data<int8_t>(), w_scales.data());
+    const QdqWeight* given = nullptr;
+    if (model_weights) {
+      auto it = model_weights->find(n.inputs[1]);
+      if (it != model_weights->end() && it->second.values.shape() == w.shape() &&
+          std::memcmp(it->second.values.raw(), w.raw(), w.nbytes()) == 0)
+        given = &it->second;
+    }
+    if (given) {
+      // The model's own integers: w = int8 * scale exactly, so w / scale rounds back to them.
+      w_scales = given->scales;
+      const int64_t inner = w.numel() / out_c;
+      for (int64_t e = 0; e < w.numel(); ++e)
+        wq.data<int8_t>()[e] = static_cast<int8_t>(
+            std::clamp(std::nearbyint(w.data<float>()[e] / w_scales[static_cast<size_t>(e / inner)]), -128.f, 127.f));
+      ++report.model_weights;
+    } else {
+      quantize_per_channel(w.data<float>(), w.numel(), out_c, w.numel() / out_c, wq.data<int8_t>(), w_scales.data());
+    }
 
     const std::string x = n.inputs[0];
     n.inputs[0] = int8_values.count(x) ? x : quantized_input(x);

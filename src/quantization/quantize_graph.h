@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "quantization/qdq_import.h"
 
 namespace kiln::quantization {
 
@@ -27,13 +28,17 @@ struct QuantizeGraphReport {
   int quantized = 0;         // convs that became kiln::QConv
   int int8_values = 0;       // values stored int8 between quantized convs
   int quantize_nodes = 0;    // QuantizeLinear nodes added in front of them
+  int model_weights = 0;     // convs that kept the model's own int8 weights (explicit QDQ)
   std::vector<std::string> kept_float;  // "node: why", for convs left in float
 };
 
 // `scales`: value name -> scale (real = int8 * scale). `pinned_float`: node names to keep in
-// float (mixed precision).
+// float (mixed precision). `model_weights` (explicit quantization, qdq_import.h): weights whose
+// int8 form the model gave; a conv whose weight is still exactly that tensor keeps the model's
+// scales (and so its integers).
 QuantizeGraphReport quantize_graph(ir::Graph& graph, const std::map<std::string, float>& scales,
-                                   const std::set<std::string>& pinned_float = {});
+                                   const std::set<std::string>& pinned_float = {},
+                                   const std::map<std::string, QdqWeight>* model_weights = nullptr);
 
 // Symmetric per-channel int8 weights: `channels` rows of `inner` values each (row c is the
 // values whose index / inner % channels == c). Writes q (same size) and one scale per channel

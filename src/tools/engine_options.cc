@@ -78,6 +78,14 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
       throw Error(ErrorKind::kInvalidArgument, "--layer-precision " + lp + ": expected NAME=fp16, NAME=fp32 or NAME=int8");
     if (p != "int8") b.float_layers.push_back(lp.substr(0, eq));
   }
+  // Progress: every layer with --verbose, else about every tenth of the layers.
+  const bool all = verbose;
+  b.log = [all](const std::string& line) {
+    long i = 0, n = 0;
+    if (!all && std::sscanf(line.c_str(), "[%ld/%ld]", &i, &n) == 2 && n > 0 && i != n && (i * 10 / n) == ((i - 1) * 10 / n))
+      return;
+    std::cerr << "kiln build: " << line << std::endl;
+  };
   if (b.device == Device::kCpu) {
     if (precision() != Precision::kFp32 && precision() != Precision::kInt8)
       throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32 or INT8 (--int8) only");
@@ -109,14 +117,6 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     b.input_shapes[in] = resolve_shape(in, shape, names, bindings, 1, defaulted);
   }
   if (int8) b.int8_scales = int8_scales(model, b.device);
-  // Progress: every layer with --verbose, else about every tenth of the layers.
-  const bool all = verbose;
-  b.log = [all](const std::string& line) {
-    long i = 0, n = 0;
-    if (!all && std::sscanf(line.c_str(), "[%ld/%ld]", &i, &n) == 2 && n > 0 && i != n && (i * 10 / n) == ((i - 1) * 10 / n))
-      return;
-    std::cerr << "kiln build: " << line << std::endl;
-  };
   return b;
 }
 
@@ -132,9 +132,7 @@ std::map<std::string, float> EngineOptions::int8_scales(const std::string& model
     std::cerr << "kiln: INT8 scales of " << cache.scales.size() << " tensors from " << calib_cache << "\n";
     return cache.scales;
   }
-  if (calib_data.empty())
-    throw Error(ErrorKind::kInvalidArgument, "--int8 needs calibration: --calib DATA, or --calib-cache FILE of an earlier run")
-        .hint("DATA is a .npy file of inputs or a folder of .npy batches");
+  if (calib_data.empty()) return {};  // a QDQ model carries its scales; otherwise the build says what is missing
   q::CalibrationOptions c;
   c.algorithm = q::parse_calibration_algorithm(calib_algo);
   c.data = calib_data;

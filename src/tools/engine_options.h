@@ -37,7 +37,8 @@ struct EngineOptions {
   // Build options for `model`: input shapes resolved from the model's declared inputs and the
   // --shapes/--dim/--batch options (unbound dynamic dims become 1, and `defaulted` lists them).
   // With --int8, the scales come from --calib-cache (when the file exists) or from calibrating
-  // on --calib (written to --calib-cache when given), with progress on stderr.
+  // on --calib (written to --calib-cache when given), with progress on stderr; neither: none
+  // (a model with Q/DQ pairs has its own).
   BuildOptions build_options(const std::string& model, std::vector<std::string>& defaulted) const;
   std::map<std::string, float> int8_scales(const std::string& model, Device device) const;
 };

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "compute_test_util.h"
@@ -214,6 +215,68 @@ TEST(QuantizeGraph, ReportsWhyAConvStaysFloat) {
   EXPECT_EQ(r.quantized, 0);
   ASSERT_EQ(r.kept_float.size(), 1u);
   EXPECT_NE(r.kept_float[0].find("multiples of 16"), std::string::npos) << r.kept_float[0];
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Explicit quantization: symmetric int8 Q/DQ pairs and DQ'd int8 weights are read out of the
+// graph; an asymmetric (uint8, zero point 128) pair is left to run as it is.
+TEST(AbsorbQdq, ReadsSymmetricPairsAndWeightsKeepsOthers) {
+  testing::GraphBuilder gb;
+  gb.input("X", {1, 16, 4, 4});
+  gb.scalar("s", 0.05f);
+  gb.constant("zp", Tensor::scalar<int8_t>(0));
+  gb.constant("Wq", random_int8({16, 16, 1, 1}, 9, -127, 127));
+  std::vector<float> ws(16);
+  for (size_t i = 0; i < ws.size(); ++i) ws[i] = 0.01f * static_cast<float>(i + 1);
+  gb.constant("ws", Tensor::from_vector<float>({16}, ws));
+  gb.constant("wzp", Tensor(DType::kInt8, {16}));
+  gb.scalar("s2", 0.1f);
+  gb.constant("zp2", Tensor::scalar<uint8_t>(128));
+  gb.node("QuantizeLinear", {"X", "s", "zp"}, "Xq");
+  gb.node("DequantizeLinear", {"Xq", "s", "zp"}, "Xd");
+  gb.node("DequantizeLinear", {"Wq", "ws", "wzp"}, "W", {{"axis", int64_t{0}}});
+  gb.node("Conv", {"Xd", "W"}, "Y");
+  gb.node("QuantizeLinear", {"Y", "s2", "zp2"}, "Yq");
+  gb.node("DequantizeLinear", {"Yq", "s2", "zp2"}, "Yd");
+  gb.output("Yd");
+  ir::Graph g = gb.build();
+
+  quantization::QdqScales q = quantization::absorb_qdq(g);
+  ASSERT_EQ(q.activations.size(), 1u);
+  EXPECT_FLOAT_EQ(q.activations.at("X"), 0.05f);
+  ASSERT_EQ(q.weights.count("W"), 1u);
+  EXPECT_EQ(q.weights.at("W").scales, ws);
+  EXPECT_EQ(q.pairs_left, 2);  // the uint8 pair
+  const Tensor wq = random_int8({16, 16, 1, 1}, 9, -127, 127);
+  ASSERT_NE(g.constant("W"), nullptr);
+  const Tensor& w = *g.constant("W");
+  for (int64_t e = 0; e < w.numel(); ++e)
+    ASSERT_EQ(w.data<float>()[e], static_cast<float>(wq.data<int8_t>()[e]) * ws[static_cast<size_t>(e / 16)]);
+  int convs = 0;
+  for (const ir::Node& n : g.nodes) {
+    if (n.op == "Conv") {
+      ++convs;
+      EXPECT_EQ(n.inputs[0], "X");  // reads the float input directly
+    }
+  }
+  EXPECT_EQ(convs, 1);
+
+  // The INT8 pass then keeps the model's integers.
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(g, q.activations, {}, &q.weights);
+  EXPECT_EQ(r.quantized, 1);
+  EXPECT_EQ(r.model_weights, 1);
+  for (const ir::Node& n : g.nodes) {
+    if (n.op != "QConv") continue;
+    const Tensor* got = g.constant(n.inputs[1]);
+    ASSERT_NE(got, nullptr);
+    EXPECT_EQ(std::memcmp(got->raw(), wq.raw(), wq.nbytes()), 0) << "the model's integers were not kept";
+    EXPECT_EQ(n.attrs.get_floats("w_scales"), ws);
+  }
 }
 
 }  // namespace
