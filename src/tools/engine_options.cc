@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <sstream>
 
 #include "onnx/importer.h"
+#include "quantization/accuracy_budget.h"
 #include "quantization/calibrate_model.h"
 #include "tools/shapes.h"
 
@@ -37,6 +39,13 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_option("--calib-cache", calib_cache,
                   "Calibration cache: read when it exists (a cache of another model is refused), else written after calibrating");
   cmd->add_option("--layer-precision", layer_precision, "Pin a layer's precision in an INT8 build: NAME=fp16 (repeatable)");
+  cmd->add_option("--accuracy-budget", accuracy_budget,
+                  "INT8: keep the fewest convolutions in float so that top-1 agreement with float32 on held-out "
+                  "calibration batches drops by at most this many points")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--budget-batches", budget_batches, "Calibration batches held out for --accuracy-budget (from the end)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   if (shape_options) {
     cmd->add_option("--shapes", shapes, "Input shapes, e.g. --shapes input:8x3x224x224 (GPU engines have fixed shapes)");
     cmd->add_option("--dim", dims, "Bind a dynamic dimension by name, e.g. --dim seq=128 (repeatable)");
@@ -68,8 +77,8 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   b.timing_cache = timing_cache;
   b.allow_cpu_fallback = allow_cpu_fallback;
   b.mark_outputs = mark_outputs;
-  if (!int8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty()))
-    throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache and --layer-precision are for INT8 builds")
+  if (!int8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty() || accuracy_budget >= 0))
+    throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache, --layer-precision and --accuracy-budget are for INT8 builds")
         .hint("add --int8");
   for (const std::string& lp : layer_precision) {
     const size_t eq = lp.rfind('=');
@@ -89,7 +98,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   if (b.device == Device::kCpu) {
     if (precision() != Precision::kFp32 && precision() != Precision::kInt8)
       throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32 or INT8 (--int8) only");
-    if (int8) b.int8_scales = int8_scales(model, b.device);
+    if (int8) add_int8(model, b);
     return b;
   }
   ShapeBindings bindings;
@@ -116,13 +125,20 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     }
     b.input_shapes[in] = resolve_shape(in, shape, names, bindings, 1, defaulted);
   }
-  if (int8) b.int8_scales = int8_scales(model, b.device);
+  if (int8) add_int8(model, b);
   return b;
 }
 
-std::map<std::string, float> EngineOptions::int8_scales(const std::string& model, Device device) const {
-  (void)device;  // calibration runs on the CPU engine
+void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
   namespace q = quantization;
+  // Held-out batches for the accuracy budget come off the end of the calibration data.
+  std::vector<Tensor> heldout;
+  int usable = 0;
+  if (accuracy_budget >= 0) {
+    if (calib_data.empty())
+      throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget needs --calib DATA: it holds out the last batches to measure on");
+    heldout = q::heldout_batches(calib_data, calib_batch, budget_batches, usable);
+  }
   std::error_code ec;
   if (!calib_cache.empty() && std::filesystem::exists(calib_cache, ec)) {
     std::ifstream f(model, std::ios::binary);
@@ -130,27 +146,48 @@ std::map<std::string, float> EngineOptions::int8_scales(const std::string& model
     bytes << f.rdbuf();
     q::CalibrationCache cache = q::read_calibration_cache(calib_cache, q::model_fingerprint(bytes.str()));
     std::cerr << "kiln: INT8 scales of " << cache.scales.size() << " tensors from " << calib_cache << "\n";
-    return cache.scales;
+    b.int8_scales = cache.scales;
+  } else if (!calib_data.empty()) {
+    q::CalibrationOptions c;
+    c.algorithm = q::parse_calibration_algorithm(calib_algo);
+    c.data = calib_data;
+    c.batch = calib_batch;
+    c.max_batches = calib_batches;
+    if (accuracy_budget >= 0) c.max_batches = calib_batches > 0 ? std::min(calib_batches, usable) : usable;
+    c.percentile = calib_percentile;
+    const auto start = std::chrono::steady_clock::now();
+    c.progress = [start](size_t done, size_t all, size_t tensors) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "\rkiln: calibration batch %zu/%zu, %zu tensors, %.1f s", done, all, tensors, s);
+      if (done == all) std::fprintf(stderr, "\n");
+    };
+    q::CalibrationResult r = q::calibrate_model(model, c);
+    if (!calib_cache.empty()) {
+      q::write_calibration_cache(calib_cache, r.cache);
+      std::cerr << "kiln: wrote the calibration cache " << calib_cache << "\n";
+    }
+    b.int8_scales = r.cache.scales;
   }
-  if (calib_data.empty()) return {};  // a QDQ model carries its scales; otherwise the build says what is missing
-  q::CalibrationOptions c;
-  c.algorithm = q::parse_calibration_algorithm(calib_algo);
-  c.data = calib_data;
-  c.batch = calib_batch;
-  c.max_batches = calib_batches;
-  c.percentile = calib_percentile;
-  const auto start = std::chrono::steady_clock::now();
-  c.progress = [start](size_t done, size_t all, size_t tensors) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::fprintf(stderr, "\rkiln: calibration batch %zu/%zu, %zu tensors, %.1f s", done, all, tensors, s);
-    if (done == all) std::fprintf(stderr, "\n");
-  };
-  q::CalibrationResult r = q::calibrate_model(model, c);
-  if (!calib_cache.empty()) {
-    q::write_calibration_cache(calib_cache, r.cache);
-    std::cerr << "kiln: wrote the calibration cache " << calib_cache << "\n";
+  // else: none (a model with Q/DQ pairs has its own; otherwise the build says what is missing)
+  if (accuracy_budget >= 0) {
+    q::BudgetReport r = q::fit_accuracy_budget(model, b.int8_scales, heldout, accuracy_budget, [&](const std::string& line) {
+      if (verbose) std::cerr << "kiln: " << line << "\n";
+    });
+    std::cerr << fmt::format("kiln: accuracy budget {} points: all-INT8 top-1 agreement with float32 {:.2f}% (error {:.4f})",
+                             accuracy_budget, r.agreement_int8, r.error_int8);
+    if (r.float_layers.empty()) {
+      std::cerr << ", within budget\n";
+    } else {
+      std::cerr << fmt::format("; {} layer(s) kept in float -> {:.2f}% (error {:.4f}){}\n", r.float_layers.size(),
+                               r.agreement_final, r.error_final, r.met ? "" : ": budget NOT met with every layer in float");
+      for (size_t i = 0; i < r.float_layers.size(); ++i) {
+        const auto& l = *std::find_if(r.ranking.begin(), r.ranking.end(),
+                                      [&](const q::LayerSensitivity& s) { return s.layer == r.float_layers[i]; });
+        std::cerr << fmt::format("kiln:   {} (alone in float: agreement {:.2f}%, error {:.4f})\n", l.layer, l.agreement, l.error);
+      }
+    }
+    b.float_layers.insert(b.float_layers.end(), r.float_layers.begin(), r.float_layers.end());
   }
-  return r.cache.scales;
 }
 
 bool is_engine_file(const std::string& path) {

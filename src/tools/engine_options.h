@@ -29,6 +29,8 @@ struct EngineOptions {
   int calib_batches = 0, calib_batch = 8;
   double calib_percentile = 99.99;
   std::vector<std::string> layer_precision;
+  double accuracy_budget = -1;  // top-1 agreement points; < 0: off
+  int budget_batches = 1;
 
   // Adds the options to a subcommand (`device_default`: "cuda" for build/bench, "cpu" for run;
   // `shape_options` false for commands that have their own --shapes/--dim/--batch).
@@ -39,8 +41,10 @@ struct EngineOptions {
   // With --int8, the scales come from --calib-cache (when the file exists) or from calibrating
   // on --calib (written to --calib-cache when given), with progress on stderr; neither: none
   // (a model with Q/DQ pairs has its own).
+  // With --accuracy-budget, the last --budget-batches of --calib are held out and the layers
+  // that must stay float are added to the build's float layers (quantization/accuracy_budget.h).
   BuildOptions build_options(const std::string& model, std::vector<std::string>& defaulted) const;
-  std::map<std::string, float> int8_scales(const std::string& model, Device device) const;
+  void add_int8(const std::string& model, BuildOptions& b) const;
 };
 
 // True when `path` is a kiln engine file (by its magic), false for anything else.

@@ -115,3 +115,24 @@ def test_int8_cpu_engine_resnet18(run_kiln, model_cache, tmp_path):
     result = run_kiln("run", path, "--int8", "--input", f"input={tmp_path / 'x.npy'}")
     assert result.returncode != 0
     assert "--calib" in result.stdout + result.stderr
+
+
+def test_int8_accuracy_budget(run_kiln, model_cache, tmp_path):
+    """--accuracy-budget: the fewest convolutions kept in float so that top-1 agreement with float32
+    on the held-out last calibration batch loses at most the budget (here 0 points)."""
+    model = E2eModel("resnet18", 64)
+    path = exported_model(model_cache, model, "torchscript")
+    make = export_model.input_maker(model.name, size=model.size)
+    np.save(tmp_path / "calib.npy", make(32, seed=11)[0])
+    np.save(tmp_path / "x.npy", make(2, seed=12)[0])
+    result = run_kiln("run", path, "--int8", "--calib", tmp_path / "calib.npy", "--accuracy-budget", "0",
+                      "--input", f"input={tmp_path / 'x.npy'}", "--top-k", "0")
+    assert result.returncode == 0, result.describe()
+    m = re.search(r"all-INT8 top-1 agreement with float32 ([\d.]+)%.*?(?:(\d+) layer\(s\) kept in float -> ([\d.]+)%|within budget)",
+                  result.stderr)
+    assert m, result.stderr
+    if m.group(2):  # the random network disagrees somewhere in INT8: layers went back to float
+        assert float(m.group(3)) == 100.0 and "NOT met" not in result.stderr
+        assert 0 < int(m.group(2)) < 19  # the fewest, not all
+        assert result.stderr.count("alone in float") == int(m.group(2))
+        assert re.search(r"kept in float: \S+: pinned to float", result.stderr)
