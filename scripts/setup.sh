@@ -20,7 +20,7 @@ BUILD_DIR=${KILN_BUILD_DIR:-build}
 DEBIAN_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
-  libopenblas-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev libstb-dev
+  zlib1g-dev libopenblas-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev libstb-dev
   clang libclang-rt-14-dev
   dataset-fashion-mnist
   python3 python3-venv python3-dev

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "io/idx.h"
 #include "io/npy.h"
 
 namespace kiln::quantization {
@@ -71,6 +72,13 @@ std::vector<Tensor> heldout_batches(const std::string& data, int batch, int held
   namespace fs = std::filesystem;
   std::vector<Tensor> batches;
   std::error_code ec;
+  if (data == "fashion-mnist") {  // the end of the train split
+    const io::LabeledImages train = io::load_fashion_mnist("train");
+    const int64_t n = train.images.dim(0), total = n / batch;
+    calibration_batches = static_cast<int>(total - heldout);
+    for (int64_t b = total - heldout; b < total; ++b) batches.push_back(io::fashion_mnist_input(train, b * batch, (b + 1) * batch));
+    return batches;
+  }
   if (fs::is_directory(data, ec)) {
     std::vector<std::string> files;
     for (const auto& e : fs::directory_iterator(data))

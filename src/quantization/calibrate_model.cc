@@ -8,6 +8,7 @@
 #include <map>
 #include <sstream>
 
+#include "io/idx.h"
 #include "io/npy.h"
 #include "kiln/kiln.h"
 
@@ -63,10 +64,21 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
                                              std::to_string(engine.inputs().size()));
   const TensorDesc& input = engine.inputs()[0];
 
+  std::map<std::string, AbsHistogram> histograms;
+  // A named dataset: Fashion-MNIST's train split, normalized as the model was trained.
+  std::vector<Tensor> named;
+  if (o.data == "fashion-mnist") {
+    const io::LabeledImages train = io::load_fashion_mnist("train");
+    int64_t rows = train.images.dim(0);
+    if (o.max_batches > 0) rows = std::min<int64_t>(rows, int64_t{o.max_batches} * o.batch);
+    for (int64_t r = 0; r < rows; r += o.batch) named.push_back(io::fashion_mnist_input(train, r, std::min(rows, r + o.batch)));
+  }
   // The batches: whole files from a folder, or rows of one file.
-  std::vector<std::string> files = batch_files(o.data);
+  std::vector<std::string> files = named.empty() ? batch_files(o.data) : std::vector<std::string>{};
   std::vector<std::pair<size_t, std::pair<int64_t, int64_t>>> plan;  // file, row range (-1: all)
-  if (files.size() == 1 && !fs::is_directory(o.data)) {
+  if (!named.empty()) {
+    for (size_t i = 0; i < named.size(); ++i) plan.push_back({i, {-2, -2}});
+  } else if (files.size() == 1 && !fs::is_directory(o.data)) {
     Tensor all = io::read_npy(files[0]);
     if (all.shape().empty()) throw Error(ErrorKind::kInvalidArgument, files[0] + " holds a scalar, not a batch");
     for (int64_t r = 0; r < all.shape()[0]; r += o.batch) plan.push_back({0, {r, std::min(all.shape()[0], r + o.batch)}});
@@ -75,20 +87,21 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
   }
   if (o.max_batches > 0 && static_cast<size_t>(o.max_batches) < plan.size()) plan.resize(static_cast<size_t>(o.max_batches));
 
-  std::map<std::string, AbsHistogram> histograms;
   Tensor whole;
   size_t loaded = files.size();
   for (size_t b = 0; b < plan.size(); ++b) {
     const auto& [file, rows] = plan[b];
     Tensor batch;
-    if (rows.first < 0) {
+    if (rows.first == -2) {
+      batch = named[file];
+    } else if (rows.first < 0) {
       batch = io::read_npy(files[file]);
     } else {
       if (loaded != file) whole = io::read_npy(files[file]), loaded = file;
       batch = slice_rows(whole, rows.first, rows.second);
     }
     if (batch.dtype() != input.dtype)
-      throw Error(ErrorKind::kInvalidArgument, "calibration batch " + files[file] + " is " + to_string(batch.dtype()) +
+      throw Error(ErrorKind::kInvalidArgument, "calibration batch " + (named.empty() ? files[file] : o.data) + " is " + to_string(batch.dtype()) +
                                                    "; input '" + input.name + "' takes " + to_string(input.dtype));
     auto outputs = engine.run({{input.name, batch}});
     outputs.emplace(input.name, batch);

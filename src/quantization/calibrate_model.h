@@ -12,8 +12,9 @@
 namespace kiln::quantization {
 
 struct CalibrationOptions {
-  // A .npy file (its first dimension split into batches of `batch` rows) or a folder of .npy
-  // files (one batch each, in name order), for a model with one input.
+  // A .npy file (its first dimension split into batches of `batch` rows), a folder of .npy
+  // files (one batch each, in name order), or "fashion-mnist" (the train split, normalized as
+  // scripts/train_fashion_mnist.py does), for a model with one input.
   std::string data;
   int batch = 8;
   int max_batches = 0;  // 0: all

@@ -16,5 +16,6 @@ void add_build_command(CLI::App& app, std::function<int()>& action);
 void add_bench_command(CLI::App& app, std::function<int()>& action);
 void add_calibrate_command(CLI::App& app, std::function<int()>& action);
 void add_quantize_command(CLI::App& app, std::function<int()>& action);
+void add_eval_command(CLI::App& app, std::function<int()>& action);
 
 }  // namespace kiln::tools

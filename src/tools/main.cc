@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   kiln::tools::add_bench_command(app, action);
   kiln::tools::add_calibrate_command(app, action);
   kiln::tools::add_quantize_command(app, action);
+  kiln::tools::add_eval_command(app, action);
   kiln::tools::add_conformance_command(app, action);
   kiln::tools::add_operators_command(app, action);
   try {
