@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "io/idx.h"
+#include "onnx/importer.h"
 #include "io/npy.h"
 #include "kiln/kiln.h"
 
@@ -56,13 +58,20 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 CalibrationResult calibrate_model(const std::string& model_path, const CalibrationOptions& o) {
-  BuildOptions build;
-  build.mark_outputs = {"all"};
-  Engine engine = Engine::from_onnx(model_path, build);
-  if (engine.inputs().size() != 1)
+  // The model's input, from the model itself: a GPU engine is built at the first batch's shape.
+  const ir::Graph model = onnx_import::import_file(model_path);
+  if (model.inputs.size() != 1)
     throw Error(ErrorKind::kUnsupported, "calibration takes models with one input; " + model_path + " has " +
-                                             std::to_string(engine.inputs().size()));
-  const TensorDesc& input = engine.inputs()[0];
+                                             std::to_string(model.inputs.size()));
+  TensorDesc input;
+  input.name = model.inputs[0];
+  input.dtype = model.value(input.name).type.dtype;
+  BuildOptions build;
+  build.mark_outputs = {"all"};  // every layer's output (of the optimized graph: the names INT8 builds look up)
+  build.device = o.device;
+  std::optional<Engine> engine;
+  std::vector<int64_t> engine_shape;
+  int skipped = 0;
 
   std::map<std::string, AbsHistogram> histograms;
   // A named dataset: Fashion-MNIST's train split, normalized as the model was trained.
@@ -103,17 +112,39 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
     if (batch.dtype() != input.dtype)
       throw Error(ErrorKind::kInvalidArgument, "calibration batch " + (named.empty() ? files[file] : o.data) + " is " + to_string(batch.dtype()) +
                                                    "; input '" + input.name + "' takes " + to_string(input.dtype));
-    auto outputs = engine.run({{input.name, batch}});
+    if (!engine) {
+      if (o.device == Device::kCuda) build.input_shapes[input.name] = batch.shape();  // GPU engines have fixed shapes
+      engine.emplace(Engine::from_onnx(model_path, build));
+      engine_shape = batch.shape();
+    } else if (o.device == Device::kCuda && batch.shape() != engine_shape) {
+      ++skipped;  // a last, shorter batch: the GPU engine's shape is fixed
+      continue;
+    }
+    auto outputs = engine->run({{input.name, batch}});
     outputs.emplace(input.name, batch);
+    // One histogram per tensor, filled in parallel (each tensor's by one thread).
+    std::vector<std::pair<AbsHistogram*, const Tensor*>> work;
     for (const auto& [name, t] : outputs)
-      if (t.dtype() == DType::kFloat32) histograms[name].add(t.data<float>(), t.numel());
+      if (t.dtype() == DType::kFloat32) work.push_back({&histograms[name], &t});
+    std::string failure;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < work.size(); ++i) {
+      try {
+        work[i].first->add(work[i].second->data<float>(), work[i].second->numel());
+      } catch (const Error& e) {
+#pragma omp critical
+        failure = e.what();
+      }
+    }
+    if (!failure.empty()) throw Error(ErrorKind::kInvalidArgument, failure);
     if (o.progress) o.progress(b + 1, plan.size(), histograms.size());
   }
 
   CalibrationResult result;
   result.cache.model_fingerprint = model_fingerprint(read_file(model_path));
   result.cache.algorithm = to_string(o.algorithm);
-  result.cache.batches = static_cast<int>(plan.size());
+  result.cache.batches = static_cast<int>(plan.size()) - skipped;
+  result.skipped_batches = skipped;
   for (const auto& [name, h] : histograms) {
     const double threshold = calibration_threshold(h, o.algorithm, o.percentile);
     if (threshold <= 0) {

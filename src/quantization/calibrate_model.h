@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "kiln/kiln.h"
 #include "quantization/calibration.h"
 #include "quantization/calibration_cache.h"
 
@@ -20,6 +21,9 @@ struct CalibrationOptions {
   int max_batches = 0;  // 0: all
   CalibrationAlgorithm algorithm = CalibrationAlgorithm::kEntropy;
   double percentile = 99.99;
+  // Where the model runs: kCuda collects the activations of a float32 GPU engine built at the
+  // first batch's shape (a last, shorter batch is skipped); the histograms are built on the host.
+  Device device = Device::kCpu;
   // Called after each batch: (batches done, batches in all, tensors seen).
   std::function<void(size_t, size_t, size_t)> progress;
 };
@@ -27,6 +31,7 @@ struct CalibrationOptions {
 struct CalibrationResult {
   CalibrationCache cache;  // scales of every tensor that was ever nonzero
   int all_zero = 0;        // tensors left out: never nonzero
+  int skipped_batches = 0;  // GPU: batches of another shape than the first
 };
 
 CalibrationResult calibrate_model(const std::string& model_path, const CalibrationOptions& options);

@@ -17,6 +17,7 @@ struct CalibrationFlags {
   double percentile = 99.99;
   int batches = 0;  // 0: all
   int batch = 8;
+  std::string device = "cpu";
 
   void add_to(CLI::App* cmd, bool data_required) {
     auto* calib = cmd->add_option("--calib", data,
@@ -27,6 +28,9 @@ struct CalibrationFlags {
     cmd->add_option("--percentile", percentile, "For --calib-algo percentile: the share of |x| kept, in %")
         ->capture_default_str();
     cmd->add_option("--calib-batches", batches, "Use at most this many batches (0: all)")->check(CLI::NonNegativeNumber);
+    cmd->add_option("--device", device, "Run the model for calibration on cpu or cuda (a float32 GPU engine)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"cpu", "cuda"}));
     cmd->add_option("--batch", batch, "Rows per batch when --calib is one .npy file")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
@@ -40,6 +44,7 @@ struct CalibrationFlags {
     c.batch = batch;
     c.max_batches = batches;
     c.percentile = percentile;
+    c.device = device == "cuda" ? Device::kCuda : Device::kCpu;
     const auto start = std::chrono::steady_clock::now();
     c.progress = [start, tool](size_t done, size_t all, size_t tensors) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -155,6 +155,7 @@ void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
     c.max_batches = calib_batches;
     if (accuracy_budget >= 0) c.max_batches = calib_batches > 0 ? std::min(calib_batches, usable) : usable;
     c.percentile = calib_percentile;
+    c.device = b.device;  // GPU builds calibrate on the GPU
     const auto start = std::chrono::steady_clock::now();
     c.progress = [start](size_t done, size_t all, size_t tensors) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
