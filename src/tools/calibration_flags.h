@@ -5,11 +5,22 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 #include "quantization/calibrate_model.h"
 
 namespace kiln::tools {
+
+// A progress line on stderr for calibration; `tool` names the command.
+inline std::function<void(size_t, size_t, size_t)> calibration_progress(const std::string& tool) {
+  const auto start = std::chrono::steady_clock::now();
+  return [start, tool](size_t done, size_t all, size_t tensors) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "\r%s: calibration batch %zu/%zu, %zu tensors, %.1f s", tool.c_str(), done, all, tensors, s);
+    if (done == all) std::fprintf(stderr, "\n");
+  };
+}
 
 struct CalibrationFlags {
   std::string data;
@@ -45,12 +56,7 @@ struct CalibrationFlags {
     c.max_batches = batches;
     c.percentile = percentile;
     c.device = device == "cuda" ? Device::kCuda : Device::kCpu;
-    const auto start = std::chrono::steady_clock::now();
-    c.progress = [start, tool](size_t done, size_t all, size_t tensors) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "\r%s: calibration batch %zu/%zu, %zu tensors, %.1f s", tool.c_str(), done, all, tensors, s);
-      if (done == all) std::fprintf(stderr, "\n");
-    };
+    c.progress = calibration_progress(tool);
     return c;
   }
 };

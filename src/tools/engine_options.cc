@@ -14,6 +14,7 @@
 #include "onnx/importer.h"
 #include "quantization/accuracy_budget.h"
 #include "quantization/calibrate_model.h"
+#include "tools/calibration_flags.h"
 #include "tools/shapes.h"
 
 namespace kiln::tools {
@@ -156,12 +157,7 @@ void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
     if (accuracy_budget >= 0) c.max_batches = calib_batches > 0 ? std::min(calib_batches, usable) : usable;
     c.percentile = calib_percentile;
     c.device = b.device;  // GPU builds calibrate on the GPU
-    const auto start = std::chrono::steady_clock::now();
-    c.progress = [start](size_t done, size_t all, size_t tensors) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "\rkiln: calibration batch %zu/%zu, %zu tensors, %.1f s", done, all, tensors, s);
-      if (done == all) std::fprintf(stderr, "\n");
-    };
+    c.progress = calibration_progress("kiln");
     q::CalibrationResult r = q::calibrate_model(model, c);
     if (!calib_cache.empty()) {
       q::write_calibration_cache(calib_cache, r.cache);
