@@ -3,6 +3,7 @@
 // iterations, and check that kiln never crashes and that every failure is a kiln::Error other
 // than kInternal (which would be a bug in kiln).
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 
 #include "../../fuzz/exercise.h"
 #include "onnx.pb.h"
+#include "io/idx.h"
 #include "quantization/calibration_cache.h"
 
 namespace kiln {
@@ -432,6 +434,36 @@ TEST(FuzzSmoke, MutatedCalibrationCachesFailOnlyWithKilnErrors) {
     describe_input("calibration cache iteration " + std::to_string(i));
     ok += f.survive([&] { return !quantization::parse_calibration_cache(bytes, "fuzz").scales.empty(); }, "cache", i);
   }
+  EXPECT_TRUE(f.bugs.empty()) << f.report();
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(f.errors, 0);
+}
+
+TEST(FuzzSmoke, MutatedIdxFilesFailOnlyWithKilnErrors) {
+  // Seeds: a plain image file (2 x 3 x 4), a label file, and the image file gzipped.
+  std::string images = {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 4};
+  for (int i = 0; i < 24; ++i) images.push_back(static_cast<char>(i * 11));
+  const std::string labels = {0, 0, 8, 1, 0, 0, 0, 5, 1, 2, 3, 4, 5};
+  const std::string path = (fs::temp_directory_path() / ("kiln_fuzz_idx_" + std::to_string(::getpid()))).string();
+  gzFile gz = gzopen(path.c_str(), "wb");
+  ASSERT_NE(gz, nullptr);
+  gzwrite(gz, images.data(), static_cast<unsigned>(images.size()));
+  gzclose(gz);
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream gzipped;
+  gzipped << in.rdbuf();
+  std::vector<std::string> seeds = {images, labels, gzipped.str()};
+  std::mt19937 rng(13);
+  CrashReporter reporter;
+  Findings f;
+  int ok = 0;
+  for (int i = 0; i < 2000; ++i) {
+    std::string bytes = mutate_bytes(seeds[static_cast<size_t>(i) % seeds.size()], rng);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    describe_input("idx iteration " + std::to_string(i));
+    ok += f.survive([&] { return io::read_idx(path).numel() >= 0; }, "idx", i);
+  }
+  fs::remove(path);
   EXPECT_TRUE(f.bugs.empty()) << f.report();
   EXPECT_GT(ok, 0);
   EXPECT_GT(f.errors, 0);
