@@ -2,6 +2,7 @@
 #include "quantization/calibrate_model.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "io/idx.h"
+#include "io/image.h"
 #include "onnx/importer.h"
 #include "io/npy.h"
 #include "kiln/kiln.h"
@@ -20,17 +22,33 @@ namespace {
 
 namespace fs = std::filesystem;
 
+bool is_image(const fs::path& p) {
+  std::string e = p.extension().string();
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const char* x : {".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm"})
+    if (e == x) return true;
+  return false;
+}
+
+// The files of a folder with this extension test, sorted by name.
+std::vector<std::string> files_in(const std::string& dir, bool (*want)(const fs::path&)) {
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_regular_file() && want(entry.path())) files.push_back(entry.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+bool is_npy(const fs::path& p) { return p.extension() == ".npy"; }
+
 // The calibration batches, loaded one at a time.
 std::vector<std::string> batch_files(const std::string& data) {
   std::error_code ec;
   if (fs::is_directory(data, ec)) {
-    std::vector<std::string> files;
-    for (const auto& entry : fs::directory_iterator(data))
-      if (entry.is_regular_file() && entry.path().extension() == ".npy") files.push_back(entry.path().string());
-    std::sort(files.begin(), files.end());
+    std::vector<std::string> files = files_in(data, is_npy);
     if (files.empty())
-      throw Error(ErrorKind::kInvalidArgument, "calibration folder " + data + " has no .npy files")
-          .hint("put one batch per .npy file there (images come with INT8 builds)");
+      throw Error(ErrorKind::kInvalidArgument, "calibration folder " + data + " has no .npy files and no images")
+          .hint("put one batch per .npy file there, or JPEG/PNG images");
     return files;
   }
   if (!fs::exists(data, ec)) throw Error(ErrorKind::kIo, "calibration data " + data + " does not exist");
@@ -81,6 +99,39 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
     int64_t rows = train.images.dim(0);
     if (o.max_batches > 0) rows = std::min<int64_t>(rows, int64_t{o.max_batches} * o.batch);
     for (int64_t r = 0; r < rows; r += o.batch) named.push_back(io::fashion_mnist_input(train, r, std::min(rows, r + o.batch)));
+  }
+  // A folder of images: preprocessed as `kiln run` does by default (torchvision's ImageNet
+  // steps: resize the short side to 256/224 of the input's size, center crop, normalize), gray
+  // for a one-channel input.
+  std::error_code ec;
+  if (named.empty() && fs::is_directory(o.data, ec) && files_in(o.data, is_npy).empty()) {
+    std::vector<std::string> images = files_in(o.data, is_image);
+    const auto& shape = model.value(input.name).type.shape;
+    if (images.empty() || !shape || shape->size() != 4 || !(*shape)[1].known() || !(*shape)[2].known() || !(*shape)[3].known())
+      throw Error(ErrorKind::kInvalidArgument, images.empty() ? "calibration folder " + o.data + " has no .npy files and no images"
+                                                              : "calibrating on images needs a model input of known [N, C, H, W]")
+          .hint("put one batch per .npy file there, or JPEG/PNG images");
+    io::ImageOptions image = o.image;
+    image.crop_height = (*shape)[2].value;
+    image.crop_width = (*shape)[3].value;
+    if (image.resize == 256) image.resize = (image.crop_height * 256 + 112) / 224;
+    image.gray = (*shape)[1].value == 1;
+    if (o.max_batches > 0 && images.size() > static_cast<size_t>(o.max_batches) * static_cast<size_t>(o.batch))
+      images.resize(static_cast<size_t>(o.max_batches) * static_cast<size_t>(o.batch));
+    for (size_t first = 0; first < images.size(); first += static_cast<size_t>(o.batch)) {
+      const size_t n = std::min(images.size() - first, static_cast<size_t>(o.batch));
+      Tensor batch;
+      for (size_t i = 0; i < n; ++i) {
+        Tensor one = io::load_image(images[first + i], image);
+        if (i == 0) {
+          std::vector<int64_t> s = one.shape();
+          s[0] = static_cast<int64_t>(n);
+          batch = Tensor(DType::kFloat32, s);
+        }
+        std::memcpy(batch.data<float>() + i * one.numel(), one.data<float>(), one.nbytes());
+      }
+      named.push_back(std::move(batch));
+    }
   }
   // The batches: whole files from a folder, or rows of one file.
   std::vector<std::string> files = named.empty() ? batch_files(o.data) : std::vector<std::string>{};

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "io/image.h"
 #include "kiln/kiln.h"
 #include "quantization/calibration.h"
 #include "quantization/calibration_cache.h"
@@ -14,10 +15,12 @@ namespace kiln::quantization {
 
 struct CalibrationOptions {
   // A .npy file (its first dimension split into batches of `batch` rows), a folder of .npy
-  // files (one batch each, in name order), or "fashion-mnist" (the train split, normalized as
-  // scripts/train_fashion_mnist.py does), for a model with one input.
+  // files (one batch each, in name order), a folder of images (JPEG, PNG, ...; `batch` per
+  // batch, preprocessed with `image` at the input's size), or "fashion-mnist" (the train split,
+  // normalized as scripts/train_fashion_mnist.py does), for a model with one input.
   std::string data;
   int batch = 8;
+  io::ImageOptions image;  // resize 256 means "256/224 of the input's size"
   int max_batches = 0;  // 0: all
   CalibrationAlgorithm algorithm = CalibrationAlgorithm::kEntropy;
   double percentile = 99.99;

@@ -32,7 +32,7 @@ struct CalibrationFlags {
 
   void add_to(CLI::App* cmd, bool data_required) {
     auto* calib = cmd->add_option("--calib", data,
-                                  "Calibration data: a .npy file (split into batches of --batch), a folder of .npy batches, or fashion-mnist");
+                                  "Calibration data: a .npy file (split into batches of --batch), a folder of .npy batches or of images, or fashion-mnist");
     if (data_required) calib->required();
     cmd->add_option("--calib-algo", algorithm, "entropy (KL divergence, as TensorRT), minmax or percentile")
         ->capture_default_str();

@@ -29,7 +29,7 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_flag("--int8", int8,
                 "INT8 convolutions from calibrated scales (--calib or --calib-cache); other layers fp16 on the GPU, "
                 "float32 on the CPU");
-  cmd->add_option("--calib", calib_data, "INT8 calibration data: a .npy file (split into --calib-batch rows), a folder of .npy batches, or fashion-mnist");
+  cmd->add_option("--calib", calib_data, "INT8 calibration data: a .npy file (split into --calib-batch rows), a folder of .npy batches or of images, or fashion-mnist");
   cmd->add_option("--calib-algo", calib_algo, "entropy (KL divergence, as TensorRT), minmax or percentile")->capture_default_str();
   cmd->add_option("--calib-percentile", calib_percentile, "For --calib-algo percentile: the share of |x| kept, in %")
       ->capture_default_str();

@@ -2,6 +2,7 @@
 float32 model, and that kiln's CPU engine runs close to ONNX Runtime's int8 kernels."""
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -136,3 +137,27 @@ def test_int8_accuracy_budget(run_kiln, model_cache, tmp_path):
         assert 0 < int(m.group(2)) < 19  # the fewest, not all
         assert result.stderr.count("alone in float") == int(m.group(2))
         assert re.search(r"kept in float: \S+: pinned to float", result.stderr)
+
+
+def test_calibrate_on_an_image_folder(run_kiln, tmp_path):
+    """--calib FOLDER of images: decoded and preprocessed at the model's input size (gray for
+    one channel), `--batch` images per batch."""
+    from PIL import Image
+
+    model = os.path.join(os.path.dirname(__file__), "..", "..", "models", "fashion_mnist_resnet.onnx")
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (30 + i, 40, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
+    result = run_kiln("calibrate", model, "--calib", folder, "--batch", "4", "-o", tmp_path / "c.calib")
+    assert result.returncode == 0, result.describe()
+    assert re.search(r"calibrated \d+ tensors \(entropy, 2 batches\)", result.stdout), result.stdout
+    assert "input:" in (tmp_path / "c.calib").read_text()
+
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("no images here")
+    result = run_kiln("calibrate", model, "--calib", empty, "-o", tmp_path / "d.calib")
+    assert result.returncode != 0
+    assert "has no .npy files and no images" in result.stdout + result.stderr
