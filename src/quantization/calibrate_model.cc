@@ -101,8 +101,8 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
     for (int64_t r = 0; r < rows; r += o.batch) named.push_back(io::fashion_mnist_input(train, r, std::min(rows, r + o.batch)));
   }
   // A folder of images: preprocessed as `kiln run` does by default (torchvision's ImageNet
-  // steps: resize the short side to 256/224 of the input's size, center crop, normalize), gray
-  // for a one-channel input.
+  // steps: resize the short side to 256, center crop to the input's H x W, normalize with
+  // ImageNet's mean and std; a one-channel input gets gray [0, 1] values).
   std::error_code ec;
   if (named.empty() && fs::is_directory(o.data, ec) && files_in(o.data, is_npy).empty()) {
     std::vector<std::string> images = files_in(o.data, is_image);
@@ -114,8 +114,12 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
     io::ImageOptions image = o.image;
     image.crop_height = (*shape)[2].value;
     image.crop_width = (*shape)[3].value;
-    if (image.resize == 256) image.resize = (image.crop_height * 256 + 112) / 224;
-    image.gray = (*shape)[1].value == 1;
+    if ((*shape)[1].value == 1 && !image.gray) {
+      // As `kiln run`: ImageNet's statistics are for RGB; a gray model gets plain [0, 1].
+      image.gray = true;
+      image.mean = {0.f, 0.f, 0.f};
+      image.std = {1.f, 1.f, 1.f};
+    }
     if (o.max_batches > 0 && images.size() > static_cast<size_t>(o.max_batches) * static_cast<size_t>(o.batch))
       images.resize(static_cast<size_t>(o.max_batches) * static_cast<size_t>(o.batch));
     for (size_t first = 0; first < images.size(); first += static_cast<size_t>(o.batch)) {

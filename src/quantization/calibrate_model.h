@@ -20,7 +20,7 @@ struct CalibrationOptions {
   // normalized as scripts/train_fashion_mnist.py does), for a model with one input.
   std::string data;
   int batch = 8;
-  io::ImageOptions image;  // resize 256 means "256/224 of the input's size"
+  io::ImageOptions image;  // for image folders; the crop is the input's H x W
   int max_batches = 0;  // 0: all
   CalibrationAlgorithm algorithm = CalibrationAlgorithm::kEntropy;
   double percentile = 99.99;
