@@ -17,6 +17,7 @@
 #include "onnx/importer.h"
 #include "tools/commands.h"
 #include "tools/engine_options.h"
+#include "tools/image_flags.h"
 #include "tools/shapes.h"
 
 namespace kiln::tools {
@@ -37,12 +38,7 @@ struct RunOptions {
   int top_k = 5;
   std::string labels;
   EngineOptions engine;  // --device, precision, --timing-cache, --allow-cpu-fallback
-  // Image preprocessing.
-  int64_t resize = 256;
-  std::string crop;  // "224" or "HxW"; default: the model's H, W
-  std::vector<float> mean = {0.485f, 0.456f, 0.406f};
-  std::vector<float> std = {0.229f, 0.224f, 0.225f};
-  bool gray = false;
+  ImageFlags image;  // image preprocessing: --resize, --crop, --mean, --std, --gray
 };
 
 std::string lower_extension(const std::string& path) {
@@ -89,49 +85,7 @@ Tensor cast_to(const Tensor& t, DType dtype, const std::string& input_name) {
 }
 
 Tensor load_image_input(const std::string& path, const TensorDesc& desc, const RunOptions& o) {
-  if (desc.shape.size() != 4 || !is_float(desc.dtype))
-    throw Error(ErrorKind::kInvalidArgument, "an image was given for input '" + desc.name + "', which is not a float NCHW tensor")
-        .file(path)
-        .hint("images become float32 [N, C, H, W] tensors; pass a .npy file for other inputs");
-  int64_t c = desc.shape[1];
-  if (c != -1 && c != 1 && c != 3)
-    throw Error(ErrorKind::kInvalidArgument, "input '" + desc.name + "' has " + std::to_string(c) +
-                                                 " channels; images give 1 (--gray) or 3")
-        .file(path)
-        .hint("if the model takes NHWC images, convert the photo to a .npy file yourself");
-  io::ImageOptions io;
-  io.resize = o.resize;
-  io.gray = o.gray || c == 1;
-  if (o.gray && c == 3)
-    throw Error(ErrorKind::kInvalidArgument, "--gray was given but input '" + desc.name + "' takes 3 channels");
-  io.crop_height = desc.shape[2] > 0 ? desc.shape[2] : 224;
-  io.crop_width = desc.shape[3] > 0 ? desc.shape[3] : 224;
-  if (!o.crop.empty()) {
-    ShapeBindings parse;
-    parse.add_shapes_option("crop:" + o.crop);
-    const std::vector<int64_t>& hw = parse.shapes["crop"];
-    if (hw.size() != 1 && hw.size() != 2)
-      throw Error(ErrorKind::kInvalidArgument, "--crop must be SIZE or HxW, got '" + o.crop + "'");
-    io.crop_height = hw[0];
-    io.crop_width = hw.back();
-    if ((desc.shape[2] > 0 && desc.shape[2] != io.crop_height) || (desc.shape[3] > 0 && desc.shape[3] != io.crop_width))
-      throw Error(ErrorKind::kInvalidArgument, "--crop " + o.crop + " does not match input '" + desc.name + "' (" +
-                                                   std::to_string(desc.shape[2]) + "x" + std::to_string(desc.shape[3]) + ")");
-  }
-  if (io.gray) {
-    // ImageNet's statistics are for RGB; a gray model gets plain [0, 1] unless told.
-    bool defaults = o.mean == RunOptions{}.mean && o.std == RunOptions{}.std;
-    io.mean = {defaults ? 0.0f : o.mean[0], 0, 0};
-    io.std = {defaults ? 1.0f : o.std[0], 1, 1};
-  } else {
-    if (o.mean.size() != 3 && o.mean.size() != 1) throw Error(ErrorKind::kInvalidArgument, "--mean takes 1 or 3 values");
-    if (o.std.size() != 3 && o.std.size() != 1) throw Error(ErrorKind::kInvalidArgument, "--std takes 1 or 3 values");
-    for (size_t i = 0; i < 3; ++i) {
-      io.mean[i] = o.mean[std::min(i, o.mean.size() - 1)];
-      io.std[i] = o.std[std::min(i, o.std.size() - 1)];
-    }
-  }
-  Tensor one = io::load_image(path, io);
+  Tensor one = io::load_image(path, o.image.options(desc, path));
   // The batch: --batch, else the model's fixed batch, else 1. Every row is the same photo.
   int64_t batch = o.batch > 0 ? o.batch : desc.shape[0] > 0 ? desc.shape[0] : 1;
   std::vector<int64_t> shape = one.shape();
@@ -424,12 +378,7 @@ void add_run_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--top-k", o->top_k, "Classes to show per row of classifier outputs ([N, C] float; 0: none)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--labels", o->labels, "Class names, one per line, for the top-k lists");
-  cmd->add_option("--resize", o->resize, "Images: scale the shorter side to this before cropping (0: no resize)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--crop", o->crop, "Images: center crop SIZE or HxW (default: the model's input H, W, else 224)");
-  cmd->add_option("--mean", o->mean, "Images: per-channel mean of [0,1] values (default ImageNet's)")->expected(1, 3);
-  cmd->add_option("--std", o->std, "Images: per-channel standard deviation (default ImageNet's)")->expected(1, 3);
-  cmd->add_flag("--gray", o->gray, "Images: one gray channel (automatic for 1-channel inputs)");
+  o->image.add_to(cmd);
   o->engine.add_to(cmd, "cpu", /*shape_options=*/false);
   cmd->callback([o, &action] { action = [o] { return run(*o); }; });
 }
