@@ -65,6 +65,20 @@ Tensor slice_rows(const Tensor& t, int64_t begin, int64_t end) {
   return out;
 }
 
+// The model's one input, with -1 for its dynamic dimensions.
+TensorDesc input_of(const ir::Graph& model, const std::string& model_path) {
+  if (model.inputs.size() != 1)
+    throw Error(ErrorKind::kUnsupported, "calibration takes models with one input; " + model_path + " has " +
+                                             std::to_string(model.inputs.size()));
+  TensorDesc input;
+  input.name = model.inputs[0];
+  const auto& type = model.value(input.name).type;
+  input.dtype = type.dtype;
+  if (type.shape)
+    for (const ir::Dim& d : *type.shape) input.shape.push_back(d.known() ? d.value : -1);
+  return input;
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(ErrorKind::kIo, "cannot read " + path);
@@ -75,18 +89,23 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
+TensorDesc calibration_input(const std::string& model_path) {
+  return input_of(onnx_import::import_file(model_path), model_path);
+}
+
+bool is_image_folder(const std::string& data) {
+  std::error_code ec;
+  return fs::is_directory(data, ec) && files_in(data, is_npy).empty() && !files_in(data, is_image).empty();
+}
+
 CalibrationResult calibrate_model(const std::string& model_path, const CalibrationOptions& o) {
   // The model's input, from the model itself: a GPU engine is built at the first batch's shape.
   const ir::Graph model = onnx_import::import_file(model_path);
-  if (model.inputs.size() != 1)
-    throw Error(ErrorKind::kUnsupported, "calibration takes models with one input; " + model_path + " has " +
-                                             std::to_string(model.inputs.size()));
-  TensorDesc input;
-  input.name = model.inputs[0];
-  input.dtype = model.value(input.name).type.dtype;
+  const TensorDesc input = input_of(model, model_path);
   BuildOptions build;
   build.mark_outputs = {"all"};  // every layer's output (of the optimized graph: the names INT8 builds look up)
   build.device = o.device;
+  build.precision = Precision::kFp32;  // the activations of the float model
   std::optional<Engine> engine;
   std::vector<int64_t> engine_shape;
   int skipped = 0;
@@ -95,31 +114,41 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
   // A named dataset: Fashion-MNIST's train split, normalized as the model was trained.
   std::vector<Tensor> named;
   if (o.data == "fashion-mnist") {
+    if (input.dtype != DType::kFloat32 || input.shape.size() != 4 || input.shape[1] != 1 || input.shape[2] != 28 ||
+        input.shape[3] != 28)
+      throw Error(ErrorKind::kInvalidArgument, "calibration on fashion-mnist feeds float32 [N, 1, 28, 28] images; input '" +
+                                                   input.name + "' is " + to_string(input.dtype) + " [" +
+                                                   shape_to_string(input.shape) + "]")
+          .file(model_path);
     const io::LabeledImages train = io::load_fashion_mnist("train");
     int64_t rows = train.images.dim(0);
     if (o.max_batches > 0) rows = std::min<int64_t>(rows, int64_t{o.max_batches} * o.batch);
     for (int64_t r = 0; r < rows; r += o.batch) named.push_back(io::fashion_mnist_input(train, r, std::min(rows, r + o.batch)));
   }
-  // A folder of images: preprocessed as `kiln run` does by default (torchvision's ImageNet
-  // steps: resize the short side to 256, center crop to the input's H x W, normalize with
-  // ImageNet's mean and std; a one-channel input gets gray [0, 1] values).
+  // A folder of images: decoded and preprocessed with o.image (by default as `kiln run` does:
+  // torchvision's ImageNet steps, resize the short side to 256, center crop to the input's
+  // H x W, normalize with ImageNet's mean and std; a one-channel input gets gray [0, 1] values).
   std::error_code ec;
   if (named.empty() && fs::is_directory(o.data, ec) && files_in(o.data, is_npy).empty()) {
     std::vector<std::string> images = files_in(o.data, is_image);
-    const auto& shape = model.value(input.name).type.shape;
-    if (images.empty() || !shape || shape->size() != 4 || !(*shape)[1].known() || !(*shape)[2].known() || !(*shape)[3].known())
-      throw Error(ErrorKind::kInvalidArgument, images.empty() ? "calibration folder " + o.data + " has no .npy files and no images"
-                                                              : "calibrating on images needs a model input of known [N, C, H, W]")
+    if (images.empty())
+      throw Error(ErrorKind::kInvalidArgument, "calibration folder " + o.data + " has no .npy files and no images")
           .hint("put one batch per .npy file there, or JPEG/PNG images");
+    if (input.shape.size() != 4 || (input.shape[1] != -1 && input.shape[1] != 1 && input.shape[1] != 3))
+      throw Error(ErrorKind::kInvalidArgument, "calibrating on images needs a model input of [N, C, H, W] with 1 or 3 channels; '" +
+                                                   input.name + "' is [" + shape_to_string(input.shape) + "]")
+          .file(model_path);
     io::ImageOptions image = o.image;
-    image.crop_height = (*shape)[2].value;
-    image.crop_width = (*shape)[3].value;
-    if ((*shape)[1].value == 1 && !image.gray) {
-      // As `kiln run`: ImageNet's statistics are for RGB; a gray model gets plain [0, 1].
+    if (input.shape[2] > 0) image.crop_height = input.shape[2];
+    if (input.shape[3] > 0) image.crop_width = input.shape[3];
+    if (input.shape[1] == 1 && !image.gray) {
+      // As `kiln run`: ImageNet's statistics are for RGB; a gray model gets plain [0, 1] unless told.
+      const io::ImageOptions defaults;
       image.gray = true;
-      image.mean = {0.f, 0.f, 0.f};
-      image.std = {1.f, 1.f, 1.f};
+      if (image.mean == defaults.mean && image.std == defaults.std) image.mean[0] = 0.f, image.std[0] = 1.f;
     }
+    if (image.gray && input.shape[1] == 3)
+      throw Error(ErrorKind::kInvalidArgument, "gray calibration images for input '" + input.name + "', which takes 3 channels");
     if (o.max_batches > 0 && images.size() > static_cast<size_t>(o.max_batches) * static_cast<size_t>(o.batch))
       images.resize(static_cast<size_t>(o.max_batches) * static_cast<size_t>(o.batch));
     for (size_t first = 0; first < images.size(); first += static_cast<size_t>(o.batch)) {

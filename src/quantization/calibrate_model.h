@@ -20,7 +20,10 @@ struct CalibrationOptions {
   // normalized as scripts/train_fashion_mnist.py does), for a model with one input.
   std::string data;
   int batch = 8;
-  io::ImageOptions image;  // for image folders; the crop is the input's H x W
+  // For image folders, as given except: the crop is the input's H x W where those are fixed,
+  // and a one-channel input gets gray images (plain [0, 1] values while mean and std are
+  // ImageNet's defaults), as `kiln run` does. tools::ImageFlags makes these from the flags.
+  io::ImageOptions image;
   int max_batches = 0;  // 0: all
   CalibrationAlgorithm algorithm = CalibrationAlgorithm::kEntropy;
   double percentile = 99.99;
@@ -38,5 +41,12 @@ struct CalibrationResult {
 };
 
 CalibrationResult calibrate_model(const std::string& model_path, const CalibrationOptions& options);
+
+// The one input of a model to calibrate (name, dtype, shape with -1 where dynamic); throws
+// kiln::Error for a model with another number of inputs.
+TensorDesc calibration_input(const std::string& model_path);
+
+// True when `data` is a folder of images without .npy files: calibration decodes the images.
+bool is_image_folder(const std::string& data);
 
 }  // namespace kiln::quantization

@@ -3,9 +3,9 @@
 // every node output), and writes each tensor's INT8 scale (threshold / 127) to a calibration
 // cache (kiln's text format, or TensorRT's), which INT8 builds read.
 //
-// DATA: a .npy file (its first dimension split into batches of --batch) or a folder of .npy
-// files (one batch each, in name order), for a model with one input. (Image folders and named
-// datasets come with INT8 builds.)
+// DATA: a .npy file (its first dimension split into batches of --batch), a folder of .npy
+// files (one batch each, in name order), a folder of images (--batch per batch, preprocessed
+// with `kiln run`'s image flags), or fashion-mnist (the train split), for a model with one input.
 #include <cstdio>
 
 #include "calibration_flags.h"
@@ -25,7 +25,7 @@ struct CalibrateOptions {
 };
 
 int calibrate(const CalibrateOptions& o) {
-  const quantization::CalibrationResult r = quantization::calibrate_model(o.model, o.calibration.options("kiln calibrate"));
+  const quantization::CalibrationResult r = quantization::calibrate_model(o.model, o.calibration.options("kiln calibrate", o.model));
   const std::string path = o.cache.empty() ? o.model + ".calib" : o.cache;
   quantization::write_calibration_cache(path, r.cache, o.tensorrt);
   std::printf("calibrated %zu tensors (%s, %d batches)%s -> %s\n", r.cache.scales.size(), o.calibration.algorithm.c_str(),

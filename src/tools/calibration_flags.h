@@ -1,5 +1,6 @@
-// The calibration options that `kiln calibrate` and `kiln quantize` share: their flags, and
-// the quantization::CalibrationOptions they make (with a progress line on stderr).
+// The calibration options that `kiln calibrate` and `kiln quantize` share: their flags
+// (with `kiln run`'s image preprocessing flags, for folders of images), and the
+// quantization::CalibrationOptions they make (with a progress line on stderr).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "quantization/calibrate_model.h"
+#include "tools/image_flags.h"
 
 namespace kiln::tools {
 
@@ -29,6 +31,7 @@ struct CalibrationFlags {
   int batches = 0;  // 0: all
   int batch = 8;
   std::string device = "cpu";
+  ImageFlags image;  // --resize, --crop, --mean, --std, --gray: for a folder of images
 
   void add_to(CLI::App* cmd, bool data_required) {
     auto* calib = cmd->add_option("--calib", data,
@@ -42,13 +45,15 @@ struct CalibrationFlags {
     cmd->add_option("--device", device, "Run the model for calibration on cpu or cuda (a float32 GPU engine)")
         ->capture_default_str()
         ->check(CLI::IsMember({"cpu", "cuda"}));
-    cmd->add_option("--batch", batch, "Rows per batch when --calib is one .npy file")
+    cmd->add_option("--batch", batch, "Rows per batch when --calib is one .npy file, images per batch for a folder of images or fashion-mnist")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    image.add_to(cmd);
   }
 
-  // `tool` names the command in the progress line.
-  quantization::CalibrationOptions options(const std::string& tool) const {
+  // `tool` names the command in the progress line; for a folder of images, the image flags are
+  // resolved against `model`'s input.
+  quantization::CalibrationOptions options(const std::string& tool, const std::string& model) const {
     quantization::CalibrationOptions c;
     c.algorithm = quantization::parse_calibration_algorithm(algorithm);
     c.data = data;
@@ -57,6 +62,7 @@ struct CalibrationFlags {
     c.percentile = percentile;
     c.device = device == "cuda" ? Device::kCuda : Device::kCpu;
     c.progress = calibration_progress(tool);
+    if (quantization::is_image_folder(data)) c.image = image.options(quantization::calibration_input(model), data);
     return c;
   }
 };

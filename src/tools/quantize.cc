@@ -39,7 +39,7 @@ int quantize(const QuantizeOptions& o) {
   } else {
     if (o.calibration.data.empty())
       throw Error(ErrorKind::kInvalidArgument, "kiln quantize needs --calib DATA, or --calib-cache FILE of an earlier run");
-    cache = quantization::calibrate_model(o.model, o.calibration.options("kiln quantize")).cache;
+    cache = quantization::calibrate_model(o.model, o.calibration.options("kiln quantize", o.model)).cache;
     if (!o.cache.empty()) quantization::write_calibration_cache(o.cache, cache);
   }
   quantization::QdqReport report;

@@ -155,6 +155,18 @@ def test_calibrate_on_an_image_folder(run_kiln, tmp_path):
     assert re.search(r"calibrated \d+ tensors \(entropy, 2 batches\)", result.stdout), result.stdout
     assert "input:" in (tmp_path / "c.calib").read_text()
 
+    # kiln run's preprocessing flags: gray [0, 1] values by default, and with --mean 0 --std 0.5
+    # twice those (the minmax scale doubles).
+    def input_scale(*flags):
+        cache = tmp_path / "flags.calib"
+        result = run_kiln("calibrate", model, "--calib", folder, "--calib-algo", "minmax", *flags, "-o", cache)
+        assert result.returncode == 0, result.describe()
+        return float(re.search(r"^input: (\S+)$", cache.read_text(), re.M).group(1))
+
+    plain = input_scale()
+    assert 0.9 < plain * 127 <= 1.0
+    assert abs(input_scale("--mean", "0", "--std", "0.5") / plain - 2.0) < 1e-5
+
     empty = tmp_path / "nothing"
     empty.mkdir()
     (empty / "notes.txt").write_text("no images here")
