@@ -22,9 +22,10 @@ std::vector<uint8_t> read_all(const std::string& path) {
   int got = 0;
   while ((got = gzread(f, chunk, sizeof chunk)) > 0) data.insert(data.end(), chunk, chunk + got);
   int err = 0;
-  const std::string message = got < 0 ? gzerror(f, &err) : "";
+  std::string message = got < 0 ? gzerror(f, &err) : "";
+  if (message.rfind(path + ": ", 0) == 0) message.erase(0, path.size() + 2);  // zlib prefixes the path
   gzclose(f);
-  if (got < 0) throw Error(ErrorKind::kInvalidModel, path + " is corrupt: " + message);
+  if (got < 0) throw Error(ErrorKind::kInvalidArgument, path + " is corrupt: " + message);
   return data;
 }
 
@@ -33,13 +34,16 @@ std::vector<uint8_t> read_all(const std::string& path) {
 Tensor read_idx(const std::string& path) {
   const std::vector<uint8_t> d = read_all(path);
   if (d.size() < 4 || d[0] != 0 || d[1] != 0)
-    throw Error(ErrorKind::kInvalidModel, path + " is not an IDX file (its first bytes are not an IDX magic number)");
-  if (d[2] != 0x08)
-    throw Error(ErrorKind::kUnsupported, path + " holds IDX type 0x" + std::to_string(d[2]) + "; kiln reads unsigned bytes (0x08)");
+    throw Error(ErrorKind::kInvalidArgument, path + " is not an IDX file (its first bytes are not an IDX magic number)");
+  if (d[2] != 0x08) {
+    const char* hex = "0123456789abcdef";
+    throw Error(ErrorKind::kUnsupported, path + " holds IDX type 0x" + std::string{hex[d[2] >> 4], hex[d[2] & 15]} +
+                                             "; kiln reads unsigned bytes (0x08)");
+  }
   const int rank = d[3];
-  if (rank < 1 || rank > 4) throw Error(ErrorKind::kInvalidModel, path + " declares " + std::to_string(rank) + " dimensions");
+  if (rank < 1 || rank > 4) throw Error(ErrorKind::kInvalidArgument, path + " declares " + std::to_string(rank) + " dimensions");
   if (d.size() < 4 + 4 * static_cast<size_t>(rank))
-    throw Error(ErrorKind::kInvalidModel, path + " is truncated: it ends inside its header");
+    throw Error(ErrorKind::kInvalidArgument, path + " is truncated: it ends inside its header");
   std::vector<int64_t> dims;
   uint64_t count = 1;
   for (int i = 0; i < rank; ++i) {
@@ -47,11 +51,11 @@ Tensor read_idx(const std::string& path) {
     const int64_t v = (int64_t{p[0]} << 24) | (int64_t{p[1]} << 16) | (int64_t{p[2]} << 8) | p[3];
     dims.push_back(v);
     count *= static_cast<uint64_t>(v);
-    if (count > (uint64_t{1} << 34)) throw Error(ErrorKind::kInvalidModel, path + " declares implausibly large dimensions");
+    if (count > (uint64_t{1} << 34)) throw Error(ErrorKind::kInvalidArgument, path + " declares implausibly large dimensions");
   }
   const size_t header = 4 + 4 * static_cast<size_t>(rank);
   if (d.size() - header < count)
-    throw Error(ErrorKind::kInvalidModel, path + " is truncated: its dimensions need " + std::to_string(count) +
+    throw Error(ErrorKind::kInvalidArgument, path + " is truncated: its dimensions need " + std::to_string(count) +
                                               " bytes of data, it has " + std::to_string(d.size() - header));
   Tensor t(DType::kUInt8, dims);
   std::copy(d.begin() + static_cast<std::ptrdiff_t>(header), d.begin() + static_cast<std::ptrdiff_t>(header + count),
@@ -72,7 +76,7 @@ LabeledImages load_fashion_mnist(const std::string& split, const std::string& di
         .hint("install Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist)");
   LabeledImages out{read_idx(images), read_idx(dir + "/" + prefix + "-labels-idx1-ubyte.gz")};
   if (out.images.rank() != 3 || out.labels.rank() != 1 || out.images.dim(0) != out.labels.dim(0))
-    throw Error(ErrorKind::kInvalidModel, "Fashion-MNIST " + split + " in " + dir + ": " +
+    throw Error(ErrorKind::kInvalidArgument, "Fashion-MNIST " + split + " in " + dir + ": " +
                                               std::to_string(out.images.dim(0)) + " images but " +
                                               std::to_string(out.labels.numel()) + " labels, or not N x rows x cols");
   return out;
