@@ -41,9 +41,20 @@ void rank_row(const float* scores, int64_t classes, int64_t label, int64_t& top1
   in_top5 = above < 5;
 }
 
+// Throws unless the engine takes Fashion-MNIST's images: one float32 input [N, 1, 28, 28].
+void check_input(const Engine& engine, const std::string& file) {
+  const TensorDesc& in = engine.inputs().at(0);
+  if (engine.inputs().size() != 1 || in.dtype != DType::kFloat32 || in.shape.size() != 4 || in.shape[1] != 1 ||
+      in.shape[2] != 28 || in.shape[3] != 28)
+    throw Error(ErrorKind::kInvalidArgument, "Fashion-MNIST feeds float32 [N, 1, 28, 28] images; input '" + in.name + "' is " +
+                                                 to_string(in.dtype) + " [" + shape_to_string(in.shape) + "]" +
+                                                 (engine.inputs().size() != 1 ? " (and the model has other inputs)" : ""))
+        .file(file);
+}
+
 // Runs `engine` on images [begin, end), padded to `batch` rows when the engine has a fixed batch;
 // returns the class scores of the real rows.
-Tensor run_batch(const Engine& engine, const io::LabeledImages& data, int64_t begin, int64_t end, int64_t batch) {
+Tensor run_batch(const Engine& engine, const io::LabeledImages& data, int64_t begin, int64_t end) {
   const TensorDesc& in = engine.inputs().at(0);
   Tensor x = io::fashion_mnist_input(data, begin, end);
   const int64_t rows = end - begin;
@@ -52,7 +63,6 @@ Tensor run_batch(const Engine& engine, const io::LabeledImages& data, int64_t be
     std::copy(x.data<float>(), x.data<float>() + x.numel(), padded.data<float>());
     x = std::move(padded);
   }
-  (void)batch;
   Tensor y = engine.run({{in.name, x}}).at(engine.outputs().at(0).name);
   if (y.dtype() != DType::kFloat32 || y.rank() != 2)
     throw Error(ErrorKind::kInvalidArgument, "kiln eval needs class scores [N, classes] from the first output; '" +
@@ -79,25 +89,25 @@ int eval(const EvalOptions& o) {
     engine.emplace(Engine::from_onnx(o.model, eo.build_options(o.model, defaulted)));
     if (reference.empty()) reference = o.model;
   }
+  check_input(*engine, o.model);
   const TensorDesc& in = engine->inputs().at(0);
-  if (in.dtype != DType::kFloat32 || in.shape.size() != 4 || in.shape[1] != 1 || in.shape[2] != 28 || in.shape[3] != 28)
-    throw Error(ErrorKind::kInvalidArgument, "Fashion-MNIST feeds float32 [N, 1, 28, 28] images; input '" + in.name + "' is " +
-                                                 to_string(in.dtype) + " [" + shape_to_string(in.shape) + "]")
-        .file(o.model);
   const int64_t batch = in.shape[0] > 0 ? in.shape[0] : eo.batch;
   const EngineInfo info = engine->info();
   // The float32 reference: the ONNX model on the CPU engine (the engine itself when it is that).
   std::optional<Engine> ref;
-  const bool self_reference = !engine_file && info.backend == "cpu" && info.precision == "fp32";
-  if (!reference.empty() && !self_reference) ref.emplace(Engine::from_onnx(reference));
+  const bool self_reference = !engine_file && o.reference.empty() && info.backend == "cpu" && info.precision == "fp32";
+  if (!reference.empty() && !self_reference) {
+    ref.emplace(Engine::from_onnx(reference));
+    check_input(*ref, reference);
+  }
 
   int64_t top1 = 0, top5 = 0, agree = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t b = 0; b < count; b += batch) {
     const int64_t e = std::min(count, b + batch);
-    const Tensor y = run_batch(*engine, test, b, e, batch);
+    const Tensor y = run_batch(*engine, test, b, e);
     std::optional<Tensor> r;
-    if (ref) r = run_batch(*ref, test, b, e, batch);
+    if (ref) r = run_batch(*ref, test, b, e);
     const int64_t classes = y.dim(1);
     for (int64_t i = 0; i < e - b; ++i) {
       const int64_t label = test.labels.data<uint8_t>()[b + i];
@@ -128,7 +138,8 @@ int eval(const EvalOptions& o) {
                         {"precision", info.precision}, {"device", info.device}, {"backend", info.backend},
                         {"top1", top1 / n}, {"top5", top5 / n}};
     if (has_reference) j["agreement_fp32"] = agree / n;
-    std::ofstream(o.json) << j.dump(1) << "\n";
+    std::ofstream f(o.json);
+    if (!(f << j.dump(1) << "\n")) throw Error(ErrorKind::kIo, "cannot write " + o.json);
   }
   return 0;
 }
