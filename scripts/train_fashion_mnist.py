@@ -2,14 +2,15 @@
 """Trains kiln's real-data test model: a small ResNet on Fashion-MNIST, from Debian's
 dataset-fashion-mnist files (train split), and exports it to ONNX.
 
-    .venv/bin/python scripts/train_fashion_mnist.py [--epochs 4] [-o models/fashion_mnist_resnet.onnx]
+    .venv/bin/python scripts/train_fashion_mnist.py [--epochs 2] [-o models/fashion_mnist_resnet.onnx]
 
 The network: a 3x3 stem (1 -> 16 channels), three stages of two BasicBlocks (16, 32, 64
 channels; stride 2 between stages; BatchNorm, residual adds, ReLU), global average pooling and
 a 10-way Linear layer. Inputs are (pixel / 255 - MEAN) / STD, shape [N, 1, 28, 28]. Writes the
 ONNX (opset 17, dynamic batch "batch", input "input", output "logits") and a JSON beside it
 with the normalization, the epochs, the command and the test-split accuracy PyTorch measured.
-Seeds are fixed; on a 2-core machine four epochs take a few minutes.
+Seeds are fixed: a rerun writes the committed model bit for bit (PyTorch test top-1 0.9117).
+On a 2-core machine the default two epochs take 3 to 9 minutes, with the load.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ class FashionResNet(nn.Module):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("-o", "--output", default="models/fashion_mnist_resnet.onnx")
     args = ap.parse_args()
     torch.manual_seed(0)
