@@ -8,6 +8,7 @@
 
 #include "io/idx.h"
 #include "io/npy.h"
+#include "quantization/calibrate_model.h"
 
 namespace kiln::quantization {
 
@@ -56,15 +57,6 @@ Score score(const std::vector<float>& got, const std::vector<float>& want, int64
   return s;
 }
 
-Tensor rows_of(const Tensor& t, int64_t begin, int64_t end) {
-  std::vector<int64_t> shape = t.shape();
-  const int64_t row = t.numel() / std::max<int64_t>(shape[0], 1);
-  shape[0] = end - begin;
-  Tensor out(t.dtype(), shape);
-  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + begin * row * static_cast<int64_t>(element_size(t.dtype())),
-              out.nbytes());
-  return out;
-}
 
 }  // namespace
 
@@ -88,7 +80,7 @@ std::vector<Tensor> heldout_batches(const std::string& data, int batch, int held
   } else {
     Tensor all = io::read_npy(data);
     if (all.rank() < 1) throw Error(ErrorKind::kInvalidArgument, data + " holds a scalar, not a batch");
-    for (int64_t r = 0; r < all.dim(0); r += batch) batches.push_back(rows_of(all, r, std::min(all.dim(0), r + batch)));
+    for (int64_t r = 0; r < all.dim(0); r += batch) batches.push_back(slice_rows(all, r, std::min(all.dim(0), r + batch)));
   }
   if (static_cast<int>(batches.size()) <= heldout)
     throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget holds out " + std::to_string(heldout) + " of the " +

@@ -55,15 +55,6 @@ std::vector<std::string> batch_files(const std::string& data) {
   return {data};
 }
 
-Tensor slice_rows(const Tensor& t, int64_t begin, int64_t end) {
-  std::vector<int64_t> shape = t.shape();
-  const int64_t row = t.numel() / std::max<int64_t>(shape[0], 1);
-  shape[0] = end - begin;
-  Tensor out(t.dtype(), shape);
-  const size_t bytes = element_size(t.dtype());
-  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + begin * row * bytes, out.nbytes());
-  return out;
-}
 
 // The model's one input, with -1 for its dynamic dimensions.
 TensorDesc input_of(const ir::Graph& model, const std::string& model_path) {
@@ -96,6 +87,16 @@ TensorDesc calibration_input(const std::string& model_path) {
 bool is_image_folder(const std::string& data) {
   std::error_code ec;
   return fs::is_directory(data, ec) && files_in(data, is_npy).empty() && !files_in(data, is_image).empty();
+}
+
+Tensor slice_rows(const Tensor& t, int64_t begin, int64_t end) {
+  std::vector<int64_t> shape = t.shape();
+  const int64_t row = t.numel() / std::max<int64_t>(shape[0], 1);
+  shape[0] = end - begin;
+  Tensor out(t.dtype(), shape);
+  const size_t bytes = element_size(t.dtype());
+  std::memcpy(out.raw(), static_cast<const char*>(t.raw()) + begin * row * bytes, out.nbytes());
+  return out;
 }
 
 CalibrationResult calibrate_model(const std::string& model_path, const CalibrationOptions& o) {

@@ -40,6 +40,9 @@ struct CalibrationResult {
   int skipped_batches = 0;  // GPU: batches of another shape than the first
 };
 
+// Rows [begin, end) of a tensor along its first dimension (a calibration batch of a .npy file).
+Tensor slice_rows(const Tensor& t, int64_t begin, int64_t end);
+
 CalibrationResult calibrate_model(const std::string& model_path, const CalibrationOptions& options);
 
 // The one input of a model to calibrate (name, dtype, shape with -1 where dynamic); throws
