@@ -32,6 +32,7 @@ class QConvKernel final : public Kernel {
         z_scale_(init.node.attrs.get_float("z_scale", 0.f)),
         y_scale_(init.node.attrs.get_float("y_scale", 0.f)),
         w_scales_(init.node.attrs.get_floats("w_scales")) {
+    inv_y_scale_ = y_scale_ > 0.f ? 1.f / y_scale_ : 0.f;
     multiplier_.resize(w_scales_.size());
     for (size_t m = 0; m < w_scales_.size(); ++m) multiplier_[m] = x_scale_ * w_scales_[m];
   }
@@ -124,7 +125,7 @@ class QConvKernel final : public Kernel {
         float v = std::fma(static_cast<float>(acc[p]), mult, b);
         if (zf) v += zf[p];
         if (zq) v += static_cast<float>(zq[p]) * z_scale_;
-        const float q = std::nearbyint(act_.apply(v) / y_scale_);
+        const float q = std::nearbyint(act_.apply(v) * inv_y_scale_);
         out[p] = static_cast<int8_t>(std::clamp(q, -128.f, 127.f));
       }
     } else {
@@ -141,6 +142,7 @@ class QConvKernel final : public Kernel {
   const ir::Node& node_;
   ir::Activation act_;
   float x_scale_, z_scale_, y_scale_;
+  float inv_y_scale_;  // 1 / y_scale, the op's requantizing factor
   std::vector<float> w_scales_;
   std::vector<float> multiplier_;  // x_scale * w_scales[m]
 };

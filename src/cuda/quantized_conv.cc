@@ -12,17 +12,23 @@
 // cuDNN converts the last float value to int8 with rounding to nearest even and saturation.
 // Measured on an H100 (bench/results/probes/probe_b128.txt): these engines run ResNet-50's
 // 3x3 and 1x1 convolutions at 1.7-2.1x the speed of the float16 graph engines, except the
-// 64-channel layers at 56x56.
+// 64-channel layers at 56x56. kiln's own INT8 kernel (cuda/int8_conv.h), which computes the
+// epilogue as the CPU reference does, is timed against them as more tactics.
+// KILN_INT8_CONV_TACTIC=kernel or =cudnn limits the choice to one of the two (for tests and
+// diagnosis).
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <sstream>
+#include <vector>
 
 #include "cuda/check.h"
 #include "cuda/conv_graph.h"
 #include "cuda/engine.h"
+#include "cuda/int8_conv.h"
 #include "ir/activation.h"
 #include "ops/conv_geometry.h"
 
@@ -36,6 +42,7 @@ struct QConvParams {
   ir::Activation act;
   bool has_z = false, z_int8 = false, y_int8 = false;
   DType y_storage = DType::kInt8, z_storage = DType::kInt8;
+  Int8ConvGeometry geometry;  // for kiln's kernel
 };
 
 bool homogeneous(const ir::Activation& act) { return act.kind.empty() || act.kind == "Relu" || act.kind == "LeakyRelu"; }
@@ -62,6 +69,13 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
     p.strides.push_back(g.strides[static_cast<size_t>(i)]);
     p.dilations.push_back(g.dilations[static_cast<size_t>(i)]);
   }
+  Int8ConvGeometry& geo = p.geometry;
+  geo.batch = p.x[0], geo.c = static_cast<int>(p.x[1]), geo.h = static_cast<int>(p.x[2]), geo.w = static_cast<int>(p.x[3]);
+  geo.k = static_cast<int>(p.y[1]), geo.oh = static_cast<int>(p.y[2]), geo.ow = static_cast<int>(p.y[3]);
+  geo.r = static_cast<int>(p.w[2]), geo.s = static_cast<int>(p.w[3]);
+  geo.pad_h = static_cast<int>(p.pads[0]), geo.pad_w = static_cast<int>(p.pads[1]);
+  geo.stride_h = static_cast<int>(p.strides[0]), geo.stride_w = static_cast<int>(p.strides[1]);
+  geo.dil_h = static_cast<int>(p.dilations[0]), geo.dil_w = static_cast<int>(p.dilations[1]);
   p.has_z = r.has_input(3);
   p.z_int8 = p.has_z && n.attrs.get_float("z_scale", 0.f) > 0.f;
   p.y_int8 = n.attrs.get_float("y_scale", 0.f) > 0.f;
@@ -117,6 +131,15 @@ class QConvLayer final : public Layer {
     args_.z_mult = upload(z_mult);
     args_.out_mult = upload(out_mult);
 
+    // kiln's kernel takes the op's constants as they are (the CPU reference's arithmetic).
+    std::vector<float> mult(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) mult[static_cast<size_t>(k)] = x_scale * w_scales[static_cast<size_t>(k)];
+    kernel_args_.w = static_cast<const int8_t*>(weights_);
+    kernel_args_.mult = static_cast<const float*>(upload(mult));
+    if (bias) kernel_args_.bias = static_cast<const float*>(services.upload(bias, static_cast<size_t>(K) * sizeof(float)));
+    kernel_args_.z_scale = p.z_int8 ? z_scale : 1.f;
+    kernel_args_.y_scale = p.y_int8 ? y_scale : 0.f;
+
     spec_.x = p.x;
     spec_.w = p.w;
     spec_.y = p.y;
@@ -136,6 +159,10 @@ class QConvLayer final : public Layer {
   }
 
   void enqueue(const LayerIO& io, cudaStream_t stream) const override {
+    if (kernel_) {
+      launch_kernel(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], *kernel_, stream);
+      return;
+    }
     KILN_CUDNN_CHECK(cudnnSetStream(io.cudnn, stream));
     ConvGraphArgs a = args_;
     a.x = io.inputs[0];
@@ -144,9 +171,21 @@ class QConvLayer final : public Layer {
     graph_->execute(io.cudnn, a, io.workspace);
   }
   size_t workspace_bytes() const override { return graph_ ? graph_->workspace_bytes() : 0; }
-  std::string tactic() const override { return "cudnn:int8 graph " + (graph_ ? graph_->engine_name() : std::string("none")); }
+  std::string tactic() const override {
+    if (kernel_) return "kernel:int8 " + kernel_->str();
+    return "cudnn:int8 graph " + (graph_ ? graph_->engine_name() : std::string("none"));
+  }
 
  private:
+  void launch_kernel(const void* x, const void* z, void* y, const Int8ConvTactic& tactic, cudaStream_t stream) const {
+    Int8ConvArgs a = kernel_args_;
+    a.x = static_cast<const int8_t*>(x);
+    a.z = z;
+    a.y = y;
+    launch_int8_conv(p_.geometry, p_.y_storage, z_type(), a, p_.act, tactic, stream);
+  }
+  DType z_type() const { return p_.has_z ? p_.z_storage : DType::kUndefined; }
+
   std::string key() const {
     std::ostringstream k;
     auto dims = [&](const std::vector<int64_t>& d) {
@@ -160,43 +199,96 @@ class QConvLayer final : public Layer {
     return k.str();
   }
 
-  // Times the engines cuDNN's heuristics offer (or takes the timing cache's choice).
+  // Times kiln's kernels and the engines cuDNN's heuristics offer (or takes the timing cache's
+  // choice: "kernel:TACTIC" or "graph:INDEX").
   void choose_engine(BuildServices& services) {
     const std::string k = key();
-    graph_ = std::make_unique<ConvGraph>(services.cudnn(), spec_);
-    if (auto cached = services.cached_tactic(k); cached && cached->rfind("graph:", 0) == 0) {
-      if (graph_->select(services.cudnn(), std::atoi(cached->c_str() + 6))) return;
+    const char* only = std::getenv("KILN_INT8_CONV_TACTIC");
+    std::string kernel_why;
+    std::vector<Int8ConvTactic> kernels = int8_conv_tactics(p_.geometry, p_.y_storage, z_type(), &kernel_why);
+    if (only && std::string(only) == "cudnn") kernels.clear();
+    const bool kernel_ok = !kernels.empty();
+    const bool cudnn_ok = !only || std::string(only) != "kernel";
+    std::string last_error = "no candidate ran";
+    if (cudnn_ok) {
+      try {
+        graph_ = std::make_unique<ConvGraph>(services.cudnn(), spec_);
+      } catch (const Error& e) {
+        if (!kernel_ok) throw;
+        last_error = e.what();
+      }
+    } else if (!kernel_ok) {
+      throw Error(ErrorKind::kUnsupported, "KILN_INT8_CONV_TACTIC=kernel, but kiln's INT8 kernels do not run " + k + ": " + kernel_why);
+    }
+    if (auto cached = services.cached_tactic(k)) {
+      Int8ConvTactic tactic;
+      if (cached->rfind("kernel:", 0) == 0 && kernel_ok && Int8ConvTactic::parse(cached->substr(7), tactic)) {
+        for (const Int8ConvTactic& t : kernels) {
+          if (t.kernel != tactic.kernel || t.tile_n != tactic.tile_n) continue;
+          // Launched once now, outside any graph capture (it raises the kernel's limits).
+          const LayerIO& io = services.scratch_io();
+          launch_kernel(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], tactic, services.stream());
+          kernel_ = tactic;
+          graph_.reset();
+          return;
+        }
+      }
+      if (cached->rfind("graph:", 0) == 0 && graph_ && graph_->select(services.cudnn(), std::atoi(cached->c_str() + 6))) {
+        graph_->drop_other_plans();
+        return;
+      }
     }
     const bool log = std::getenv("KILN_TACTIC_LOG") != nullptr;
     const LayerIO& io = services.scratch_io();
-    ConvGraphArgs a = args_;
-    a.x = io.inputs[0];
-    a.z = p_.has_z ? io.inputs[3] : nullptr;
-    a.y = io.outputs[0];
     float best = 1e30f;
-    int best_index = -1;
-    std::string last_error = "cuDNN offered no engine";
-    const int tried = std::min(graph_->candidate_count(), kCandidates);
-    for (int i = 0; i < tried; ++i) {
-      if (!graph_->select(services.cudnn(), i) || graph_->workspace_bytes() > (size_t{1} << 30)) continue;
-      void* ws = graph_->workspace_bytes() ? services.scratch(graph_->workspace_bytes()) : nullptr;
+    std::string best_tactic;
+    for (const Int8ConvTactic& tactic : kernels) {
       try {
         const float ms = services.time_ms([&](cudaStream_t s) {
-          KILN_CUDNN_CHECK(cudnnSetStream(services.cudnn(), s));
-          graph_->execute(services.cudnn(), a, ws);
+          launch_kernel(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], tactic, s);
         });
-        if (log) std::fprintf(stderr, "  tactic %s: graph #%d %s %.4f ms\n", k.c_str(), i, graph_->engine_name().c_str(), ms);
-        if (ms < best) best = ms, best_index = i;
+        if (log) std::fprintf(stderr, "  tactic %s: kernel %s %.4f ms\n", k.c_str(), tactic.str().c_str(), ms);
+        if (ms < best) best = ms, best_tactic = "kernel:" + tactic.str();
       } catch (const Error& e) {
         last_error = e.what();
         cudaGetLastError();
       }
     }
-    if (best_index < 0) throw Error(ErrorKind::kUnsupported, "no cuDNN engine ran this INT8 convolution (" + k + "): " + last_error);
-    if (!graph_->select(services.cudnn(), best_index))
-      throw Error(ErrorKind::kDevice, "cuDNN engine " + std::to_string(best_index) + " failed to finalize again (" + k + ")");
-    graph_->drop_other_plans();
-    services.record_tactic(k, "graph:" + std::to_string(best_index));
+    int best_graph = -1;
+    float best_graph_ms = 1e30f;
+    if (graph_) {
+      ConvGraphArgs a = args_;
+      a.x = io.inputs[0];
+      a.z = p_.has_z ? io.inputs[3] : nullptr;
+      a.y = io.outputs[0];
+      const int tried = std::min(graph_->candidate_count(), kCandidates);
+      for (int i = 0; i < tried; ++i) {
+        if (!graph_->select(services.cudnn(), i) || graph_->workspace_bytes() > (size_t{1} << 30)) continue;
+        void* ws = graph_->workspace_bytes() ? services.scratch(graph_->workspace_bytes()) : nullptr;
+        try {
+          const float ms = services.time_ms([&](cudaStream_t s) {
+            KILN_CUDNN_CHECK(cudnnSetStream(services.cudnn(), s));
+            graph_->execute(services.cudnn(), a, ws);
+          });
+          if (log) std::fprintf(stderr, "  tactic %s: graph #%d %s %.4f ms\n", k.c_str(), i, graph_->engine_name().c_str(), ms);
+          if (ms < best_graph_ms) best_graph_ms = ms, best_graph = i;
+        } catch (const Error& e) {
+          last_error = e.what();
+          cudaGetLastError();
+        }
+      }
+      if (best_graph >= 0 && best_graph_ms < best) best = best_graph_ms, best_tactic = "graph:" + std::to_string(best_graph);
+    }
+    if (best_tactic.empty()) throw Error(ErrorKind::kUnsupported, "nothing ran this INT8 convolution (" + k + "): " + last_error);
+    if (Int8ConvTactic tactic; best_tactic.rfind("kernel:", 0) == 0 && Int8ConvTactic::parse(best_tactic.substr(7), tactic)) {
+      kernel_ = tactic;
+      graph_.reset();
+    } else {
+      if (!graph_->select(services.cudnn(), best_graph))
+        throw Error(ErrorKind::kDevice, "cuDNN engine " + std::to_string(best_graph) + " failed to finalize again (" + k + ")");
+      graph_->drop_other_plans();
+    }
+    services.record_tactic(k, best_tactic);
     if (log) std::fprintf(stderr, "  tactic %s: chose %s (%.4f ms)\n", k.c_str(), tactic().c_str(), best);
   }
 
@@ -204,7 +296,9 @@ class QConvLayer final : public Layer {
   ConvGraphSpec spec_;
   ConvGraphArgs args_;
   const void* weights_ = nullptr;
-  std::unique_ptr<ConvGraph> graph_;
+  std::unique_ptr<ConvGraph> graph_;  // null when kiln's kernel runs the layer
+  Int8ConvArgs kernel_args_;
+  std::optional<Int8ConvTactic> kernel_;  // set when kiln's kernel runs the layer
   // Each candidate is a runtime-compiled engine (about 0.2 s to finalize): ResNet-50's INT8
   // build took 91 s timing 8 per layer, and the winner was always among cuDNN's first picks
   // (bench/NOTES.md, version 3).
@@ -237,7 +331,7 @@ KILN_REGISTER_CUDA_LAYERS(quantized_conv) {
     if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
     return std::make_unique<QConvLayer>(r, p, s);
   };
-  e.dtypes = "int8 -> int8, float16 (cuDNN graph API, NHWC)";
+  e.dtypes = "int8 -> int8, float16 (NHWC; kiln's implicit GEMM or cuDNN's graph API)";
   registry.add(std::move(e));
 }
 

@@ -18,7 +18,10 @@
 //     acc[n,m,p] = sum over the window of X * W           (exact, int32)
 //     v          = act(fma(acc, x_scale * w_scales[m], B[m]) + Zreal)   (float32; one fused
 //                                                                       multiply-add)
-//     Y          = y_scale > 0 ? saturate_int8(round_half_to_even(v / y_scale)) : v
+//     Y          = y_scale > 0 ? saturate_int8(round_half_to_even(v * (1 / y_scale))) : v
+//   with 1 / y_scale rounded to float32 once: requantizing multiplies by the reciprocal, as
+//   TensorRT's does, because a division per element made the GPU kernel's epilogue several
+//   times slower (bench/NOTES.md, INT8 version 4).
 #include "ir/activation.h"
 #include "ops/conv_geometry.h"
 

@@ -89,3 +89,67 @@ def test_int8_gpu_matches_cpu_reference(name, size, kiln_bin, model_cache, tmp_p
         assert np.isfinite(gpu[out]).all()
         assert to_fp32 <= INT8_VS_FP32
         assert to_fp32 <= GPU_ERROR_FACTOR * rel_l2(cpu[out], fp32[out])
+
+
+def kernel_chain_model(path):
+    """INT8 layers that exercise kiln's own kernel (cuda/int8_conv.cu) in every form it has:
+    3x3 over 48 channels (16-byte chunks that straddle taps; 675 output pixels, not a multiple
+    of the 128-row tile), 1x1 with an int8 residual, 1x1 stride 2 to 128 channels, a dilated
+    3x3 with LeakyRelu writing the float16 output."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    weights = {
+        "w1": rng.standard_normal((64, 48, 3, 3)) * 0.08, "b1": rng.standard_normal(64) * 0.1,
+        "w2": rng.standard_normal((64, 64, 1, 1)) * 0.15, "b2": rng.standard_normal(64) * 0.1,
+        "w3": rng.standard_normal((128, 64, 1, 1)) * 0.15, "b3": rng.standard_normal(128) * 0.1,
+        "w4": rng.standard_normal((128, 128, 3, 3)) * 0.04, "b4": rng.standard_normal(128) * 0.1,
+    }
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["y1"], name="relu1"),
+             helper.make_node("Conv", ["y1", "w2", "b2"], ["c2"], name="conv2"),
+             helper.make_node("Add", ["c2", "y1"], ["s2"], name="add2"),
+             helper.make_node("Relu", ["s2"], ["y2"], name="relu2"),
+             helper.make_node("Conv", ["y2", "w3", "b3"], ["y3"], name="conv3", strides=[2, 2]),
+             helper.make_node("Conv", ["y3", "w4", "b4"], ["c4"], name="conv4", pads=[2, 2, 2, 2], dilations=[2, 2]),
+             helper.make_node("LeakyRelu", ["c4"], ["y4"], name="leaky4", alpha=0.1)]
+    graph = helper.make_graph(nodes, "int8_kernel_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 48, 15, 15])],
+                              [helper.make_tensor_value_info("y4", TensorProto.FLOAT, [3, 128, 8, 8])],
+                              [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_int8_kernel_matches_cpu_exactly(kiln_bin, tmp_path, monkeypatch):
+    """kiln's INT8 kernel computes the CPU reference's epilogue (fma, division, ties to even):
+    with an input that float16 holds exactly and quantizes to whole steps, every int8 tensor
+    matches the CPU engine's bit for bit, so the float16 output differs from the CPU's float32
+    only by float16's rounding. cuDNN's engines (scales folded differently) are held to the
+    block tolerance on the same model."""
+    path = str(tmp_path / "chain.onnx")
+    kernel_chain_model(path)
+    rng = np.random.default_rng(8)
+    calib = str(tmp_path / "calib.npy")
+    np.save(calib, rng.standard_normal((12, 48, 15, 15)).astype(np.float32))
+    cache = str(tmp_path / "chain.calib")
+    run_kiln(kiln_bin, path, [np.zeros((3, 48, 15, 15), np.float32)], ["x"], str(tmp_path / "calibrate"), "--device", "cpu",
+             "--int8", "--calib", calib, "--calib-batch", "3", "--calib-cache", cache)
+    # The input's scale set to 1/16 and the input made of sixteenths: exact in float16, and
+    # quantized to exact integers on both engines.
+    lines = [("x: 0.0625" if line.startswith("x: ") else line) for line in open(cache).read().splitlines()]
+    assert "x: 0.0625" in lines
+    open(cache, "w").write("\n".join(lines) + "\n")
+    x = [(rng.integers(-100, 101, (3, 48, 15, 15)) / 16).astype(np.float32)]
+    common = ["--int8", "--calib-cache", cache]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y4"]
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "kernel")
+    kernel = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "kernel"), "--device", "cuda", *common)["y4"]
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cudnn")
+    cudnn = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cudnn"), "--device", "cuda", *common)["y4"]
+    fp16_rounding = np.abs(cpu) * 2.0**-11 + 2.0**-24
+    off = np.abs(kernel.astype(np.float64) - cpu) > fp16_rounding
+    print(f"kernel: {int(off.sum())} of {off.size} outputs beyond float16 rounding of the CPU's; "
+          f"kernel vs CPU {rel_l2(kernel, cpu):.2e}, cuDNN vs CPU {rel_l2(cudnn, cpu):.2e}")
+    assert np.abs(cpu).max() > 0.1  # not a degenerate all-zero output
+    assert not off.any()
+    assert rel_l2(cudnn, cpu) <= BLOCK_TOLERANCE

@@ -53,7 +53,7 @@ Tensor reference_qconv(const Case& cs, const Tensor& x, const Tensor& w, const T
           float v = std::fma(static_cast<float>(acc), mult, b.data<float>()[m]);
           if (z) v += cs.z_int8 ? static_cast<float>(z->data<int8_t>()[at]) * z_scale : z->data<float>()[at];
           if (cs.relu) v = v > 0.f ? v : 0.f;
-          if (cs.y_int8) y.data<int8_t>()[at] = static_cast<int8_t>(std::clamp(std::nearbyint(v / y_scale), -128.f, 127.f));
+          if (cs.y_int8) y.data<int8_t>()[at] = static_cast<int8_t>(std::clamp(std::nearbyint(v * (1.f / y_scale)), -128.f, 127.f));
           else y.data<float>()[at] = v;
         }
   return y;

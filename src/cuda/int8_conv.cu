@@ -1,0 +1,512 @@
+// kiln's INT8 convolution kernels (see int8_conv.h for what and why).
+//
+// The GEMM: rows are output pixels (M = batch * oh * ow), columns output channels (N = k), the
+// reduction runs over the filter taps and input channels (K = r * s * c), in the order of the
+// KRSC weights, so a weight row is one contiguous run of K bytes. A block computes a
+// 128 x tile_n tile with 8 warps (4 along M, 2 along N; each warp 32 x tile_n/2 as m16n8k32
+// products). A 16-byte chunk of A is 16 channels of one tap of one pixel (c is a multiple of
+// 16), fetched with cp.async, or zero-filled where the tap falls in the padding. Shared-memory
+// rows have their 16-byte chunks XOR-swizzled by row, so that ldmatrix reads eight rows of one
+// chunk column without bank conflicts. The epilogue writes its results to a shared-memory
+// tile, stored to memory in 16-byte rows.
+#include "cuda/int8_conv.h"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <type_traits>
+
+#include "cuda/check.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockK = 64;  // bytes of K per pipeline stage (implicit GEMM)
+constexpr int kStages = 3;
+constexpr int kThreads = 256;
+constexpr int kRowPad = 16;  // bytes after each row of the residual and output tiles
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, or 16 zero bytes when `valid` is false (src is not read then).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a (16x32, row-major) * b (32x8, column-major), int8 in, int32 sums.
+__device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Byte offset of chunk `chunk` of row `row` in a tile of rows of `chunks` 16-byte chunks
+// (4, 8 or 16): eight consecutive rows put one chunk column in eight different bank groups.
+__device__ __forceinline__ int swizzled(int row, int chunk, int chunks) {
+  const int flip = chunks == 4 ? (row >> 1) & 3 : row & 7;
+  return (row * chunks + (chunk ^ flip)) << 4;
+}
+
+// The op's requantization: v * (1 / y_scale) rounded to nearest, ties to even, saturated to
+// int8 (cvt.rni.sat: one instruction for nearbyint and the clamp); returned in the low byte.
+__device__ __forceinline__ uint32_t quantize_int8(float v, float inv_y_scale) {
+  int q;
+  asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(q) : "f"(__fmul_rn(v, inv_y_scale)));
+  return static_cast<uint32_t>(q);
+}
+
+// Activations by template where the common ones cost nothing: 0 none, 1 Relu, 2 any other
+// (DeviceActivation's switch).
+template <int kAct> __device__ __forceinline__ float activation(const DeviceActivation& act, float v) {
+  if constexpr (kAct == 0) return v;
+  else if constexpr (kAct == 1) return fmaxf(v, 0.f);
+  else return activate(act, v);
+}
+
+// The epilogue of two neighbouring output channels of one pixel: reads the residual pair from
+// the residual tile and writes the output pair to the output tile (both in shared memory).
+template <class YT, class ZT, int kAct>
+__device__ __forceinline__ void epilogue_pair(int acc0, int acc1, const float2 mult, const float2 bias, const void* z_pair,
+                                              float z_scale, void* y_pair, float inv_y_scale, const DeviceActivation& act) {
+  float v0 = __fmaf_rn(__int2float_rn(acc0), mult.x, bias.x);
+  float v1 = __fmaf_rn(__int2float_rn(acc1), mult.y, bias.y);
+  if constexpr (std::is_same_v<ZT, int8_t>) {
+    const char2 z = *static_cast<const char2*>(z_pair);
+    // Separate multiply and add, as the CPU reference rounds them (no contraction to fma).
+    v0 = __fadd_rn(v0, __fmul_rn(static_cast<float>(z.x), z_scale));
+    v1 = __fadd_rn(v1, __fmul_rn(static_cast<float>(z.y), z_scale));
+  } else if constexpr (std::is_same_v<ZT, __half>) {
+    const float2 z = __half22float2(*static_cast<const __half2*>(z_pair));
+    v0 = __fadd_rn(v0, __fmul_rn(z.x, z_scale));
+    v1 = __fadd_rn(v1, __fmul_rn(z.y, z_scale));
+  }
+  v0 = activation<kAct>(act, v0);
+  v1 = activation<kAct>(act, v1);
+  if constexpr (std::is_same_v<YT, int8_t>)
+    *static_cast<uint16_t*>(y_pair) =
+        static_cast<uint16_t>(__byte_perm(quantize_int8(v0, inv_y_scale), quantize_int8(v1, inv_y_scale), 0x0040));
+  else
+    *static_cast<__half2*>(y_pair) = __floats2half2_rn(v0, v1);
+}
+
+struct KernelParams {
+  Int8ConvGeometry g;
+  Int8ConvArgs a;
+  DeviceActivation act;
+  float inv_y_scale;  // 1 / y_scale (int8 output)
+  int m;            // output pixels
+  int k_total;      // r * s * c
+  int k_tiles;      // implicit GEMM: stages of kBlockK bytes
+  int m_tiles;      // blocks of kBlockM pixels
+  bool contiguous;  // 1x1, stride 1: pixel m's input row is row m
+};
+
+// One warp's products over K bytes [k0, k1) of an A tile (kBlockM rows) and a B tile (weights,
+// tile_n rows), both of rows of `chunks` swizzled chunks.
+template <int kTilesN>
+__device__ __forceinline__ void warp_products(int (&acc)[2][kTilesN][4], const uint8_t* a_tile, const uint8_t* b_tile, int chunks,
+                                              int k0, int k1, int warp_m, int warp_n, int lane) {
+  constexpr int kWarpN = kTilesN * 8;
+#pragma unroll 2
+  for (int k = k0; k < k1; k += 32) {
+    const int chunk = k >> 4;
+    uint32_t a[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(a[mt], a_tile + swizzled(warp_m * 32 + mt * 16 + (lane & 15), chunk + (lane >> 4), chunks));
+#pragma unroll
+    for (int np = 0; np < kTilesN / 2; ++np) {
+      uint32_t b[4];
+      const int n = warp_n * kWarpN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+      ldmatrix_x4(b, b_tile + swizzled(n, chunk + ((lane >> 3) & 1), chunks));
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        mma_s8(acc[mt][2 * np], a[mt], b[0], b[1]);
+        mma_s8(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// The epilogue of a warp's accumulators into the output tile (shared memory, rows of
+// y_pitch bytes), reading residuals from the residual tile (rows of z_pitch bytes). mult and
+// bias point at the block's first column (bias may be null).
+template <int kTilesN, class YT, class ZT, int kAct>
+__device__ __forceinline__ void warp_epilogue(const int (&acc)[2][kTilesN][4], const float* mult, const float* bias,
+                                              const uint8_t* z_tile, int z_pitch, uint8_t* y_tile, int y_pitch,
+                                              const KernelParams& p, int warp_m, int warp_n, int lane) {
+  constexpr int kWarpN = kTilesN * 8;
+  constexpr int kZBytes = std::is_void_v<ZT> ? 1 : sizeof(std::conditional_t<std::is_void_v<ZT>, int8_t, ZT>);
+  const int group = lane >> 2, quad = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt) {
+    const int col = warp_n * kWarpN + nt * 8 + quad * 2;
+    const float2 m2 = make_float2(mult[col], mult[col + 1]);
+    const float2 b2 = bias ? make_float2(bias[col], bias[col + 1]) : make_float2(0.f, 0.f);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = warp_m * 32 + mt * 16 + group + half * 8;
+        epilogue_pair<YT, ZT, kAct>(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1], m2, b2, z_tile + row * z_pitch + col * kZBytes,
+                                    p.a.z_scale, y_tile + row * y_pitch + col * static_cast<int>(sizeof(YT)), p.inv_y_scale, p.act);
+      }
+    }
+  }
+}
+
+// Stores rows [m_base, m_base + kBlockM) of the output tile (those below p.m) in 16-byte units.
+template <int kBlockN, class YT>
+__device__ __forceinline__ void store_tile(const uint8_t* y_tile, int y_pitch, const KernelParams& p, int m_base, int n_base) {
+  constexpr int kChunksPerRow = kBlockN * static_cast<int>(sizeof(YT)) / 16;
+  uint8_t* y = static_cast<uint8_t*>(p.a.y);
+  for (int i = threadIdx.x; i < kBlockM * kChunksPerRow; i += kThreads) {
+    const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+    const int m = m_base + row;
+    if (m < p.m)
+      *reinterpret_cast<uint4*>(y + (static_cast<int64_t>(m) * p.g.k + n_base) * static_cast<int64_t>(sizeof(YT)) + chunk * 16) =
+          *reinterpret_cast<const uint4*>(y_tile + row * y_pitch + chunk * 16);
+  }
+}
+
+// Loads rows [m_base, m_base + kBlockM) of the residual (columns from n_base) into z_tile.
+template <int kBlockN, class ZT>
+__device__ __forceinline__ void load_residual(uint8_t* z_tile, int z_pitch, const KernelParams& p, int m_base, int n_base) {
+  if constexpr (!std::is_void_v<ZT>) {
+    constexpr int kChunksPerRow = kBlockN * static_cast<int>(sizeof(ZT)) / 16;
+    const uint8_t* z = static_cast<const uint8_t*>(p.a.z);
+    for (int i = threadIdx.x; i < kBlockM * kChunksPerRow; i += kThreads) {
+      const int row = i / kChunksPerRow, chunk = i % kChunksPerRow;
+      const int m = m_base + row;
+      const bool valid = m < p.m;
+      const uint8_t* src = valid ? z + (static_cast<int64_t>(m) * p.g.k + n_base) * static_cast<int64_t>(sizeof(ZT)) + chunk * 16 : z;
+      cp_async16(z_tile + row * z_pitch + chunk * 16, src, valid);
+    }
+  }
+}
+
+template <int kBlockN, class T> __host__ __device__ constexpr int tile_pitch() {
+  if constexpr (std::is_void_v<T>) return 0;
+  else return kBlockN * static_cast<int>(sizeof(T)) + kRowPad;
+}
+
+// ---- kImplicitGemm ----------------------------------------------------------------------
+
+template <int kBlockN, class YT, class ZT, int kAct>
+__global__ void __launch_bounds__(kThreads) implicit_gemm_kernel(const KernelParams p) {
+  constexpr int kTilesN = kBlockN / 16;  // per warp (two warps along N)
+  constexpr int kStageBytes = (kBlockM + kBlockN) * kBlockK;
+  constexpr int kZPitch = tile_pitch<kBlockN, ZT>(), kYPitch = tile_pitch<kBlockN, YT>();
+  static_assert(kBlockM * kYPitch <= kStages * kStageBytes, "the output tile reuses the pipeline's buffers");
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* z_tile = smem + kStages * kStageBytes;
+
+  const Int8ConvGeometry& g = p.g;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp & 3, warp_n = warp >> 2;
+  const int n_blocks = g.k / kBlockN;
+  const int m_base = static_cast<int>(blockIdx.x / n_blocks) * kBlockM;
+  const int n_base = static_cast<int>(blockIdx.x % n_blocks) * kBlockN;
+
+  load_residual<kBlockN, ZT>(z_tile, kZPitch, p, m_base, n_base);  // overlaps the main loop
+
+  // The two A rows this thread loads (rows tid/4 and tid/4 + 64, chunk tid%4 of each stage).
+  const int a_chunk = tid & 3;
+  int64_t a_image[2];
+  int a_ih[2], a_iw[2];
+  bool a_valid[2];
+  const int pixels = g.oh * g.ow;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int m = m_base + (tid >> 2) + i * 64;
+    a_valid[i] = m < p.m;
+    const int image = a_valid[i] ? m / pixels : 0;
+    const int rem = a_valid[i] ? m - image * pixels : 0;
+    a_image[i] = static_cast<int64_t>(image) * g.h * g.w * g.c;
+    a_ih[i] = (rem / g.ow) * g.stride_h - g.pad_h;
+    a_iw[i] = (rem % g.ow) * g.stride_w - g.pad_w;
+  }
+  auto load_stage = [&](int stage, int k_tile) {
+    uint8_t* a_tile = smem + stage * kStageBytes;
+    uint8_t* b_tile = a_tile + kBlockM * kBlockK;
+    const int k = k_tile * kBlockK + a_chunk * 16;
+    const bool k_valid = k < p.k_total;
+    const int tap = k / g.c, c = k - tap * g.c;
+    const int dh = (tap / g.s) * g.dil_h, dw = (tap % g.s) * g.dil_w;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int ih = a_ih[i] + dh, iw = a_iw[i] + dw;
+      const bool valid = k_valid && a_valid[i] && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
+      const int8_t* src = valid ? p.a.x + a_image[i] + (static_cast<int64_t>(ih) * g.w + iw) * g.c + c : p.a.x;
+      cp_async16(a_tile + swizzled((tid >> 2) + i * 64, a_chunk, 4), src, valid);
+    }
+    for (int i = tid; i < kBlockN * 4; i += kThreads) {
+      const int n = i >> 2, chunk = i & 3;
+      const int kb = k_tile * kBlockK + chunk * 16;
+      const bool valid = kb < p.k_total;
+      const int8_t* src = valid ? p.a.w + static_cast<int64_t>(n_base + n) * p.k_total + kb : p.a.w;
+      cp_async16(b_tile + swizzled(n, chunk, 4), src, valid);
+    }
+  };
+
+  int acc[2][kTilesN][4] = {};
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < p.k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < p.k_tiles; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = kt + kStages - 1;
+    if (next < p.k_tiles) load_stage(next % kStages, next);
+    cp_async_commit();
+    const uint8_t* a_tile = smem + (kt % kStages) * kStageBytes;
+    warp_products(acc, a_tile, a_tile + kBlockM * kBlockK, 4, 0, kBlockK, warp_m, warp_n, lane);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the pipeline's buffers; the residual tile is in
+
+  warp_epilogue<kTilesN, YT, ZT, kAct>(acc, p.a.mult + n_base, p.a.bias ? p.a.bias + n_base : nullptr, z_tile, kZPitch, smem,
+                                       kYPitch, p, warp_m, warp_n, lane);
+  __syncthreads();
+  store_tile<kBlockN, YT>(smem, kYPitch, p, m_base, n_base);
+}
+
+template <int kBlockN, class YT, class ZT>
+constexpr int implicit_gemm_smem() {
+  return kStages * (kBlockM + kBlockN) * kBlockK + kBlockM * tile_pitch<kBlockN, ZT>();
+}
+
+// ---- kStream1x1 ----------------------------------------------------------------------------
+// gridDim.x = n_blocks * blocks_per_column: block b keeps column block b % n_blocks (its
+// weights, multipliers and biases in shared memory) and walks the row tiles b / n_blocks,
+// + blocks_per_column, ..., with the next tile's pixels and residuals loading (double
+// buffered) while it computes, finishes and stores the current one. K = c: 64, 128 or 256.
+
+// Byte offsets in shared memory; buffer b of A (and of Z) is at a + b * a_size.
+struct StreamLayout {
+  int w, a, a_size, z, z_size, y, vectors, total;
+};
+
+template <int kBlockN, class YT, class ZT>
+__host__ __device__ constexpr StreamLayout stream_layout(int c) {
+  StreamLayout l{};
+  int at = 0;
+  l.w = at, at += kBlockN * c;
+  l.a = at, l.a_size = kBlockM * c, at += 2 * l.a_size;
+  l.z = at, l.z_size = kBlockM * tile_pitch<kBlockN, ZT>(), at += 2 * l.z_size;
+  l.y = at, at += kBlockM * tile_pitch<kBlockN, YT>();
+  l.vectors = at, at += 2 * kBlockN * static_cast<int>(sizeof(float));
+  l.total = at;
+  return l;
+}
+
+template <int kBlockN, class YT, class ZT, int kAct>
+__global__ void __launch_bounds__(kThreads) stream1x1_kernel(const KernelParams p) {
+  constexpr int kTilesN = kBlockN / 16;
+  constexpr int kZPitch = tile_pitch<kBlockN, ZT>(), kYPitch = tile_pitch<kBlockN, YT>();
+  extern __shared__ __align__(128) uint8_t smem[];
+  const Int8ConvGeometry& g = p.g;
+  const StreamLayout layout = stream_layout<kBlockN, YT, ZT>(g.c);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp & 3, warp_n = warp >> 2;
+  const int n_blocks = g.k / kBlockN;
+  const int n_base = static_cast<int>(blockIdx.x % n_blocks) * kBlockN;
+  const int stride = static_cast<int>(gridDim.x / n_blocks);
+  const int chunks = g.c >> 4, chunk_shift = __ffs(chunks) - 1;  // chunks per row: 4, 8 or 16
+
+  // The block's weights (first commit group, with the first tile) and epilogue vectors.
+  for (int i = tid; i < kBlockN * chunks; i += kThreads) {
+    const int n = i >> chunk_shift, chunk = i & (chunks - 1);
+    cp_async16(smem + layout.w + swizzled(n, chunk, chunks), p.a.w + static_cast<int64_t>(n_base + n) * g.c + chunk * 16, true);
+  }
+  float* mult = reinterpret_cast<float*>(smem + layout.vectors);
+  float* bias = mult + kBlockN;
+  for (int i = tid; i < kBlockN; i += kThreads) {
+    mult[i] = p.a.mult[n_base + i];
+    bias[i] = p.a.bias ? p.a.bias[n_base + i] : 0.f;
+  }
+
+  auto load_tile = [&](int buffer, int tile) {
+    const int m_base = tile * kBlockM;
+    uint8_t* a_tile = smem + layout.a + buffer * layout.a_size;
+    for (int i = tid; i < kBlockM * chunks; i += kThreads) {
+      const int row = i >> chunk_shift, chunk = i & (chunks - 1);
+      const int m = m_base + row;
+      const bool valid = m < p.m;
+      int64_t pixel = m;
+      if (!p.contiguous && valid) {
+        const int pixels = g.oh * g.ow, image = m / pixels, rem = m - image * pixels;
+        pixel = (static_cast<int64_t>(image) * g.h + (rem / g.ow) * g.stride_h) * g.w + (rem % g.ow) * g.stride_w;
+      }
+      cp_async16(a_tile + swizzled(row, chunk, chunks), valid ? p.a.x + pixel * g.c + chunk * 16 : p.a.x, valid);
+    }
+    load_residual<kBlockN, ZT>(smem + layout.z + buffer * layout.z_size, kZPitch, p, m_base, n_base);
+  };
+
+  int buffer = 0;
+  int tile = static_cast<int>(blockIdx.x / n_blocks);
+  if (tile < p.m_tiles) load_tile(0, tile);
+  cp_async_commit();
+  for (; tile < p.m_tiles; tile += stride, buffer ^= 1) {
+    if (tile + stride < p.m_tiles) load_tile(buffer ^ 1, tile + stride);
+    cp_async_commit();
+    cp_async_wait<1>();  // this tile's group (and the weights) have landed
+    __syncthreads();
+    int acc[2][kTilesN][4] = {};
+    warp_products(acc, smem + layout.a + buffer * layout.a_size, smem + layout.w, chunks, 0, g.c, warp_m, warp_n, lane);
+    warp_epilogue<kTilesN, YT, ZT, kAct>(acc, mult, bias, smem + layout.z + buffer * layout.z_size, kZPitch, smem + layout.y, kYPitch, p, warp_m,
+                                         warp_n, lane);
+    __syncthreads();  // the output tile is complete; this tile's buffers are free to refill
+    store_tile<kBlockN, YT>(smem + layout.y, kYPitch, p, tile * kBlockM, n_base);
+  }
+  cp_async_wait<0>();
+}
+
+// ---- launching -----------------------------------------------------------------------------
+
+struct KernelInfo {
+  int blocks_per_sm = 0;
+  int sms = 0;
+};
+
+// Raises the kernel's shared-memory limit and reads its occupancy, once per kernel.
+template <class Kernel>
+const KernelInfo& prepare(Kernel kernel, int smem) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, KernelInfo> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  KernelInfo& info = known[{reinterpret_cast<const void*>(kernel), smem}];
+  if (info.sms == 0) {
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kernel, kThreads, smem));
+    int device = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&device));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
+    if (info.blocks_per_sm < 1) throw Error(ErrorKind::kDevice, "kiln INT8 convolution: the kernel does not fit on this GPU");
+  }
+  return info;
+}
+
+template <int kBlockN, class YT, class ZT, int kAct>
+void launch_typed(const KernelParams& p, Int8ConvKernel which, cudaStream_t stream) {
+  if (which == Int8ConvKernel::kImplicitGemm) {
+    auto kernel = implicit_gemm_kernel<kBlockN, YT, ZT, kAct>;
+    const int smem = implicit_gemm_smem<kBlockN, YT, ZT>();
+    prepare(kernel, smem);
+    const int64_t blocks = static_cast<int64_t>(p.m_tiles) * (p.g.k / kBlockN);
+    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+  } else {
+    auto kernel = stream1x1_kernel<kBlockN, YT, ZT, kAct>;
+    const int smem = stream_layout<kBlockN, YT, ZT>(p.g.c).total;
+    const KernelInfo& info = prepare(kernel, smem);
+    const int n_blocks = p.g.k / kBlockN;
+    const int per_column = std::clamp(info.blocks_per_sm * info.sms / n_blocks, 1, p.m_tiles);
+    kernel<<<static_cast<unsigned>(per_column * n_blocks), kThreads, smem, stream>>>(p);
+  }
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <int kBlockN, class YT, class ZT>
+void launch_act(const KernelParams& p, Int8ConvKernel which, int act, cudaStream_t stream) {
+  if (act == 0) launch_typed<kBlockN, YT, ZT, 0>(p, which, stream);
+  else if (act == 1) launch_typed<kBlockN, YT, ZT, 1>(p, which, stream);
+  else launch_typed<kBlockN, YT, ZT, 2>(p, which, stream);
+}
+
+template <int kBlockN, class YT>
+void launch_z(const KernelParams& p, Int8ConvKernel which, int act, DType z_type, cudaStream_t stream) {
+  if (z_type == DType::kInt8) launch_act<kBlockN, YT, int8_t>(p, which, act, stream);
+  else if (z_type == DType::kFloat16) launch_act<kBlockN, YT, __half>(p, which, act, stream);
+  else launch_act<kBlockN, YT, void>(p, which, act, stream);
+}
+
+template <int kBlockN>
+void launch_y(const KernelParams& p, Int8ConvKernel which, int act, DType y_type, DType z_type, cudaStream_t stream) {
+  if (y_type == DType::kInt8) launch_z<kBlockN, int8_t>(p, which, act, z_type, stream);
+  else launch_z<kBlockN, __half>(p, which, act, z_type, stream);
+}
+
+// Shared memory the stream kernel needs for this geometry, whatever the types (the largest).
+int stream_smem_bound(int c, int tile_n) {
+  return tile_n == 128 ? stream_layout<128, __half, __half>(c).total : stream_layout<64, __half, __half>(c).total;
+}
+
+}  // namespace
+
+std::string Int8ConvTactic::str() const {
+  return std::string(kernel == Int8ConvKernel::kImplicitGemm ? "implicit-gemm:" : "stream1x1:") + std::to_string(tile_n);
+}
+
+bool Int8ConvTactic::parse(const std::string& text, Int8ConvTactic& tactic) {
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return false;
+  const std::string name = text.substr(0, colon);
+  if (name == "implicit-gemm") tactic.kernel = Int8ConvKernel::kImplicitGemm;
+  else if (name == "stream1x1") tactic.kernel = Int8ConvKernel::kStream1x1;
+  else return false;
+  tactic.tile_n = std::atoi(text.c_str() + colon + 1);
+  return tactic.tile_n == 64 || tactic.tile_n == 128;
+}
+
+std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y_type, DType z_type, std::string* why) {
+  auto refuse = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return std::vector<Int8ConvTactic>{};
+  };
+  if (g.c % 16 != 0) return refuse("input channels must be a multiple of 16");
+  if (g.k % 64 != 0) return refuse("output channels must be a multiple of 64");
+  if (y_type != DType::kInt8 && y_type != DType::kFloat16) return refuse("the output must be int8 or float16");
+  if (z_type != DType::kUndefined && z_type != DType::kInt8 && z_type != DType::kFloat16)
+    return refuse("the residual must be int8 or float16");
+  if (g.batch * g.oh * g.ow + kBlockM >= (int64_t{1} << 31) / 2 || int64_t{g.r} * g.s * g.c >= (int64_t{1} << 30))
+    return refuse("too large for 32-bit pixel indices");
+  std::vector<Int8ConvTactic> tactics;
+  const bool one_by_one = g.r == 1 && g.s == 1 && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 && g.dil_w == 1;
+  for (int tile : {64, 128}) {
+    if (g.k % tile != 0) continue;
+    tactics.push_back({Int8ConvKernel::kImplicitGemm, tile});
+    if (one_by_one && (g.c == 64 || g.c == 128 || g.c == 256) && stream_smem_bound(g.c, tile) <= 227 * 1024)
+      tactics.push_back({Int8ConvKernel::kStream1x1, tile});
+  }
+  return tactics;
+}
+
+void launch_int8_conv(const Int8ConvGeometry& g, DType y_type, DType z_type, const Int8ConvArgs& args,
+                      const ir::Activation& act, const Int8ConvTactic& tactic, cudaStream_t stream) {
+  bool known = false;
+  for (const Int8ConvTactic& t : int8_conv_tactics(g, y_type, z_type))
+    known = known || (t.kernel == tactic.kernel && t.tile_n == tactic.tile_n);
+  if (!known) throw Error(ErrorKind::kInternal, "kiln INT8 convolution: tactic " + tactic.str() + " does not run this geometry");
+  KernelParams p;
+  p.g = g;
+  p.a = args;
+  p.act = device_activation(act);
+  p.inv_y_scale = args.y_scale > 0.f ? 1.f / args.y_scale : 0.f;
+  p.m = static_cast<int>(g.batch * g.oh * g.ow);
+  p.k_total = g.r * g.s * g.c;
+  p.k_tiles = (p.k_total + kBlockK - 1) / kBlockK;
+  p.m_tiles = (p.m + kBlockM - 1) / kBlockM;
+  p.contiguous = g.r == 1 && g.s == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 && g.pad_w == 0 && g.oh == g.h && g.ow == g.w;
+  if (p.m == 0) return;
+  const int act_kind = act.kind.empty() ? 0 : act.kind == "Relu" ? 1 : 2;
+  if (tactic.tile_n == 128) launch_y<128>(p, tactic.kernel, act_kind, y_type, z_type, stream);
+  else launch_y<64>(p, tactic.kernel, act_kind, y_type, z_type, stream);
+}
+
+}  // namespace kiln::cuda
