@@ -57,9 +57,10 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint
 
 // Byte offset of chunk `chunk` of row `row` in a tile of rows of `chunks` 16-byte chunks
 // (4, 8 or 16): eight consecutive rows put one chunk column in eight different bank groups.
-__device__ __forceinline__ int swizzled(int row, int chunk, int chunks) {
-  const int flip = chunks == 4 ? (row >> 1) & 3 : row & 7;
-  return (row * chunks + (chunk ^ flip)) << 4;
+template <int kChunks> __device__ __forceinline__ int swizzled(int row, int chunk) {
+  static_assert(kChunks == 4 || kChunks % 8 == 0, "rows of 4, 8, 16... chunks");
+  const int flip = kChunks == 4 ? (row >> 1) & 3 : row & 7;
+  return (row * kChunks + (chunk ^ flip)) << 4;
 }
 
 // The op's requantization: v * (1 / y_scale) rounded to nearest, ties to even, saturated to
@@ -116,23 +117,23 @@ struct KernelParams {
   bool contiguous;  // 1x1, stride 1: pixel m's input row is row m
 };
 
-// One warp's products over K bytes [k0, k1) of an A tile (kBlockM rows) and a B tile (weights,
-// tile_n rows), both of rows of `chunks` swizzled chunks.
-template <int kTilesN>
-__device__ __forceinline__ void warp_products(int (&acc)[2][kTilesN][4], const uint8_t* a_tile, const uint8_t* b_tile, int chunks,
-                                              int k0, int k1, int warp_m, int warp_n, int lane) {
+// One warp's products over an A tile (kBlockM rows) and a B tile (weights, tile_n rows), both
+// of rows of kChunks swizzled 16-byte chunks.
+template <int kTilesN, int kChunks>
+__device__ __forceinline__ void warp_products(int (&acc)[2][kTilesN][4], const uint8_t* a_tile, const uint8_t* b_tile, int warp_m,
+                                              int warp_n, int lane) {
   constexpr int kWarpN = kTilesN * 8;
-#pragma unroll 2
-  for (int k = k0; k < k1; k += 32) {
+#pragma unroll
+  for (int k = 0; k < kChunks * 16; k += 32) {
     const int chunk = k >> 4;
     uint32_t a[2][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(a[mt], a_tile + swizzled(warp_m * 32 + mt * 16 + (lane & 15), chunk + (lane >> 4), chunks));
+    for (int mt = 0; mt < 2; ++mt) ldmatrix_x4(a[mt], a_tile + swizzled<kChunks>(warp_m * 32 + mt * 16 + (lane & 15), chunk + (lane >> 4)));
 #pragma unroll
     for (int np = 0; np < kTilesN / 2; ++np) {
       uint32_t b[4];
       const int n = warp_n * kWarpN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-      ldmatrix_x4(b, b_tile + swizzled(n, chunk + ((lane >> 3) & 1), chunks));
+      ldmatrix_x4(b, b_tile + swizzled<kChunks>(n, chunk + ((lane >> 3) & 1)));
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         mma_s8(acc[mt][2 * np], a[mt], b[0], b[1]);
@@ -252,14 +253,14 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm_kernel(const KernelPar
       const int ih = a_ih[i] + dh, iw = a_iw[i] + dw;
       const bool valid = k_valid && a_valid[i] && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
       const int8_t* src = valid ? p.a.x + a_image[i] + (static_cast<int64_t>(ih) * g.w + iw) * g.c + c : p.a.x;
-      cp_async16(a_tile + swizzled((tid >> 2) + i * 64, a_chunk, 4), src, valid);
+      cp_async16(a_tile + swizzled<4>((tid >> 2) + i * 64, a_chunk), src, valid);
     }
     for (int i = tid; i < kBlockN * 4; i += kThreads) {
       const int n = i >> 2, chunk = i & 3;
       const int kb = k_tile * kBlockK + chunk * 16;
       const bool valid = kb < p.k_total;
       const int8_t* src = valid ? p.a.w + static_cast<int64_t>(n_base + n) * p.k_total + kb : p.a.w;
-      cp_async16(b_tile + swizzled(n, chunk, 4), src, valid);
+      cp_async16(b_tile + swizzled<4>(n, chunk), src, valid);
     }
   };
 
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm_kernel(const KernelPar
     if (next < p.k_tiles) load_stage(next % kStages, next);
     cp_async_commit();
     const uint8_t* a_tile = smem + (kt % kStages) * kStageBytes;
-    warp_products(acc, a_tile, a_tile + kBlockM * kBlockK, 4, 0, kBlockK, warp_m, warp_n, lane);
+    warp_products<kTilesN, kBlockK / 16>(acc, a_tile, a_tile + kBlockM * kBlockK, warp_m, warp_n, lane);
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the pipeline's buffers; the residual tile is in
@@ -296,19 +297,22 @@ constexpr int implicit_gemm_smem() {
 // gridDim.x = n_blocks * blocks_per_column: block b keeps column block b % n_blocks (its
 // weights, multipliers and biases in shared memory) and walks the row tiles b / n_blocks,
 // + blocks_per_column, ..., with the next tile's pixels and residuals loading (double
-// buffered) while it computes, finishes and stores the current one. K = c: 64, 128 or 256.
+// buffered) while it computes, finishes and stores the current one. K = kC (64, 128 or 256)
+// is a template parameter, so that every thread's share of each tile's loads and stores is a
+// fixed set of offsets computed once (the per-tile address arithmetic was a large part of the
+// first version's instructions).
 
 // Byte offsets in shared memory; buffer b of A (and of Z) is at a + b * a_size.
 struct StreamLayout {
   int w, a, a_size, z, z_size, y, vectors, total;
 };
 
-template <int kBlockN, class YT, class ZT>
-__host__ __device__ constexpr StreamLayout stream_layout(int c) {
+template <int kC, int kBlockN, class YT, class ZT>
+__host__ __device__ constexpr StreamLayout stream_layout() {
   StreamLayout l{};
   int at = 0;
-  l.w = at, at += kBlockN * c;
-  l.a = at, l.a_size = kBlockM * c, at += 2 * l.a_size;
+  l.w = at, at += kBlockN * kC;
+  l.a = at, l.a_size = kBlockM * kC, at += 2 * l.a_size;
   l.z = at, l.z_size = kBlockM * tile_pitch<kBlockN, ZT>(), at += 2 * l.z_size;
   l.y = at, at += kBlockM * tile_pitch<kBlockN, YT>();
   l.vectors = at, at += 2 * kBlockN * static_cast<int>(sizeof(float));
@@ -316,64 +320,101 @@ __host__ __device__ constexpr StreamLayout stream_layout(int c) {
   return l;
 }
 
-template <int kBlockN, class YT, class ZT, int kAct>
-__global__ void __launch_bounds__(kThreads) stream1x1_kernel(const KernelParams p) {
+// This thread's 16-byte chunks of a kBlockM-row tile of rows of kRowBytes: for the j-th, the
+// row and the byte offset within the row.
+template <int kRowBytes>
+struct TileChunks {
+  static constexpr int kPerRow = kRowBytes / 16;
+  static constexpr int kCount = kBlockM * kPerRow / kThreads;
+  static_assert(kCount * kThreads == kBlockM * kPerRow, "whole chunks per thread");
+  __device__ __forceinline__ static int row(int j) { return (static_cast<int>(threadIdx.x) + j * kThreads) / kPerRow; }
+  __device__ __forceinline__ static int col(int j) { return (static_cast<int>(threadIdx.x) + j * kThreads) % kPerRow * 16; }
+};
+
+template <int kC, int kBlockN, class YT, class ZT, int kAct>
+__global__ void __launch_bounds__(kThreads, 2) stream1x1_kernel(const KernelParams p) {
   constexpr int kTilesN = kBlockN / 16;
+  constexpr int kChunks = kC / 16;
+  constexpr bool kHasZ = !std::is_void_v<ZT>;
+  constexpr int kZBytes = kHasZ ? sizeof(std::conditional_t<kHasZ, ZT, int8_t>) : 0;
   constexpr int kZPitch = tile_pitch<kBlockN, ZT>(), kYPitch = tile_pitch<kBlockN, YT>();
+  constexpr StreamLayout kLayout = stream_layout<kC, kBlockN, YT, ZT>();
+  using AChunks = TileChunks<kC>;
+  using ZChunks = TileChunks<kBlockN * (kHasZ ? kZBytes : 1)>;
+  using YChunks = TileChunks<kBlockN * static_cast<int>(sizeof(YT))>;
   extern __shared__ __align__(128) uint8_t smem[];
   const Int8ConvGeometry& g = p.g;
-  const StreamLayout layout = stream_layout<kBlockN, YT, ZT>(g.c);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp & 3, warp_n = warp >> 2;
   const int n_blocks = g.k / kBlockN;
   const int n_base = static_cast<int>(blockIdx.x % n_blocks) * kBlockN;
   const int stride = static_cast<int>(gridDim.x / n_blocks);
-  const int chunks = g.c >> 4, chunk_shift = __ffs(chunks) - 1;  // chunks per row: 4, 8 or 16
 
   // The block's weights (first commit group, with the first tile) and epilogue vectors.
-  for (int i = tid; i < kBlockN * chunks; i += kThreads) {
-    const int n = i >> chunk_shift, chunk = i & (chunks - 1);
-    cp_async16(smem + layout.w + swizzled(n, chunk, chunks), p.a.w + static_cast<int64_t>(n_base + n) * g.c + chunk * 16, true);
+  for (int i = tid; i < kBlockN * kChunks; i += kThreads) {
+    const int n = i / kChunks, chunk = i % kChunks;
+    cp_async16(smem + kLayout.w + swizzled<kChunks>(n, chunk), p.a.w + static_cast<int64_t>(n_base + n) * kC + chunk * 16, true);
   }
-  float* mult = reinterpret_cast<float*>(smem + layout.vectors);
+  float* mult = reinterpret_cast<float*>(smem + kLayout.vectors);
   float* bias = mult + kBlockN;
   for (int i = tid; i < kBlockN; i += kThreads) {
     mult[i] = p.a.mult[n_base + i];
     bias[i] = p.a.bias ? p.a.bias[n_base + i] : 0.f;
   }
+  // Row strides of the residual and output in bytes, and this block's column offset in them.
+  const int64_t zy_row = static_cast<int64_t>(g.k);
+  const int8_t* x = p.a.x;
 
   auto load_tile = [&](int buffer, int tile) {
     const int m_base = tile * kBlockM;
-    uint8_t* a_tile = smem + layout.a + buffer * layout.a_size;
-    for (int i = tid; i < kBlockM * chunks; i += kThreads) {
-      const int row = i >> chunk_shift, chunk = i & (chunks - 1);
-      const int m = m_base + row;
+    uint8_t* a_tile = smem + kLayout.a + buffer * kLayout.a_size;
+#pragma unroll
+    for (int j = 0; j < AChunks::kCount; ++j) {
+      const int row = AChunks::row(j), m = m_base + row;
       const bool valid = m < p.m;
       int64_t pixel = m;
-      if (!p.contiguous && valid) {
+      if (!p.contiguous && valid) {  // a strided 1x1: pixel m's input pixel
         const int pixels = g.oh * g.ow, image = m / pixels, rem = m - image * pixels;
         pixel = (static_cast<int64_t>(image) * g.h + (rem / g.ow) * g.stride_h) * g.w + (rem % g.ow) * g.stride_w;
       }
-      cp_async16(a_tile + swizzled(row, chunk, chunks), valid ? p.a.x + pixel * g.c + chunk * 16 : p.a.x, valid);
+      cp_async16(a_tile + swizzled<kChunks>(row, AChunks::col(j) / 16), valid ? x + pixel * kC + AChunks::col(j) : x, valid);
     }
-    load_residual<kBlockN, ZT>(smem + layout.z + buffer * layout.z_size, kZPitch, p, m_base, n_base);
+    if constexpr (kHasZ) {
+      uint8_t* z_tile = smem + kLayout.z + buffer * kLayout.z_size;
+      const uint8_t* z = static_cast<const uint8_t*>(p.a.z);
+#pragma unroll
+      for (int j = 0; j < ZChunks::kCount; ++j) {
+        const int row = ZChunks::row(j), m = m_base + row;
+        const bool valid = m < p.m;
+        cp_async16(z_tile + row * kZPitch + ZChunks::col(j),
+                   valid ? z + (m * zy_row + n_base) * kZBytes + ZChunks::col(j) : z, valid);
+      }
+    }
   };
 
   int buffer = 0;
   int tile = static_cast<int>(blockIdx.x / n_blocks);
   if (tile < p.m_tiles) load_tile(0, tile);
   cp_async_commit();
+  uint8_t* y = static_cast<uint8_t*>(p.a.y);
   for (; tile < p.m_tiles; tile += stride, buffer ^= 1) {
     if (tile + stride < p.m_tiles) load_tile(buffer ^ 1, tile + stride);
     cp_async_commit();
     cp_async_wait<1>();  // this tile's group (and the weights) have landed
     __syncthreads();
     int acc[2][kTilesN][4] = {};
-    warp_products(acc, smem + layout.a + buffer * layout.a_size, smem + layout.w, chunks, 0, g.c, warp_m, warp_n, lane);
-    warp_epilogue<kTilesN, YT, ZT, kAct>(acc, mult, bias, smem + layout.z + buffer * layout.z_size, kZPitch, smem + layout.y, kYPitch, p, warp_m,
-                                         warp_n, lane);
+    warp_products<kTilesN, kChunks>(acc, smem + kLayout.a + buffer * kLayout.a_size, smem + kLayout.w, warp_m, warp_n, lane);
+    warp_epilogue<kTilesN, YT, ZT, kAct>(acc, mult, bias, smem + kLayout.z + buffer * kLayout.z_size, kZPitch, smem + kLayout.y,
+                                         kYPitch, p, warp_m, warp_n, lane);
     __syncthreads();  // the output tile is complete; this tile's buffers are free to refill
-    store_tile<kBlockN, YT>(smem + layout.y, kYPitch, p, tile * kBlockM, n_base);
+    const int m_base = tile * kBlockM;
+#pragma unroll
+    for (int j = 0; j < YChunks::kCount; ++j) {
+      const int row = YChunks::row(j), m = m_base + row;
+      if (m < p.m)
+        *reinterpret_cast<uint4*>(y + (m * zy_row + n_base) * static_cast<int64_t>(sizeof(YT)) + YChunks::col(j)) =
+            *reinterpret_cast<const uint4*>(smem + kLayout.y + row * kYPitch + YChunks::col(j));
+    }
   }
   cp_async_wait<0>();
 }
@@ -394,6 +435,10 @@ const KernelInfo& prepare(Kernel kernel, int smem) {
   KernelInfo& info = known[{reinterpret_cast<const void*>(kernel), smem}];
   if (info.sms == 0) {
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    // All of L1 as shared memory, as cuDNN's convolution kernels take it: a kernel that asks
+    // for another split makes the multiprocessors drain and reconfigure between it and its
+    // neighbours, which isolated timing does not see (ResNet-50 at batch 1 ran 20% slower).
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kernel, kThreads, smem));
     int device = 0;
     KILN_CUDA_CHECK(cudaGetDevice(&device));
@@ -401,6 +446,16 @@ const KernelInfo& prepare(Kernel kernel, int smem) {
     if (info.blocks_per_sm < 1) throw Error(ErrorKind::kDevice, "kiln INT8 convolution: the kernel does not fit on this GPU");
   }
   return info;
+}
+
+template <int kC, int kBlockN, class YT, class ZT, int kAct>
+void launch_stream(const KernelParams& p, cudaStream_t stream) {
+  auto kernel = stream1x1_kernel<kC, kBlockN, YT, ZT, kAct>;
+  constexpr int smem = stream_layout<kC, kBlockN, YT, ZT>().total;
+  const KernelInfo& info = prepare(kernel, smem);
+  const int n_blocks = p.g.k / kBlockN;
+  const int per_column = std::clamp(info.blocks_per_sm * info.sms / n_blocks, 1, p.m_tiles);
+  kernel<<<static_cast<unsigned>(per_column * n_blocks), kThreads, smem, stream>>>(p);
 }
 
 template <int kBlockN, class YT, class ZT, int kAct>
@@ -411,13 +466,12 @@ void launch_typed(const KernelParams& p, Int8ConvKernel which, cudaStream_t stre
     prepare(kernel, smem);
     const int64_t blocks = static_cast<int64_t>(p.m_tiles) * (p.g.k / kBlockN);
     kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+  } else if constexpr (kAct < 2) {  // the stream kernel has no other activations
+    if (p.g.c == 64) launch_stream<64, kBlockN, YT, ZT, kAct>(p, stream);
+    else if (p.g.c == 128) launch_stream<128, kBlockN, YT, ZT, kAct>(p, stream);
+    else launch_stream<256, kBlockN, YT, ZT, kAct>(p, stream);
   } else {
-    auto kernel = stream1x1_kernel<kBlockN, YT, ZT, kAct>;
-    const int smem = stream_layout<kBlockN, YT, ZT>(p.g.c).total;
-    const KernelInfo& info = prepare(kernel, smem);
-    const int n_blocks = p.g.k / kBlockN;
-    const int per_column = std::clamp(info.blocks_per_sm * info.sms / n_blocks, 1, p.m_tiles);
-    kernel<<<static_cast<unsigned>(per_column * n_blocks), kThreads, smem, stream>>>(p);
+    throw Error(ErrorKind::kInternal, "kiln INT8 convolution: the stream kernel has no such activation");
   }
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -444,7 +498,13 @@ void launch_y(const KernelParams& p, Int8ConvKernel which, int act, DType y_type
 
 // Shared memory the stream kernel needs for this geometry, whatever the types (the largest).
 int stream_smem_bound(int c, int tile_n) {
-  return tile_n == 128 ? stream_layout<128, __half, __half>(c).total : stream_layout<64, __half, __half>(c).total;
+  auto bound = [&](auto tile) {
+    constexpr int kTile = decltype(tile)::value;
+    return c == 64 ? stream_layout<64, kTile, __half, __half>().total
+           : c == 128 ? stream_layout<128, kTile, __half, __half>().total
+                      : stream_layout<256, kTile, __half, __half>().total;
+  };
+  return tile_n == 128 ? bound(std::integral_constant<int, 128>{}) : bound(std::integral_constant<int, 64>{});
 }
 
 }  // namespace
@@ -464,7 +524,8 @@ bool Int8ConvTactic::parse(const std::string& text, Int8ConvTactic& tactic) {
   return tactic.tile_n == 64 || tactic.tile_n == 128;
 }
 
-std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y_type, DType z_type, std::string* why) {
+std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y_type, DType z_type, const ir::Activation& act,
+                                              std::string* why) {
   auto refuse = [&](const std::string& reason) {
     if (why) *why = reason;
     return std::vector<Int8ConvTactic>{};
@@ -474,14 +535,15 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
   if (y_type != DType::kInt8 && y_type != DType::kFloat16) return refuse("the output must be int8 or float16");
   if (z_type != DType::kUndefined && z_type != DType::kInt8 && z_type != DType::kFloat16)
     return refuse("the residual must be int8 or float16");
-  if (g.batch * g.oh * g.ow + kBlockM >= (int64_t{1} << 31) / 2 || int64_t{g.r} * g.s * g.c >= (int64_t{1} << 30))
-    return refuse("too large for 32-bit pixel indices");
+  if ((g.batch * g.oh * g.ow + kBlockM) * g.k >= (int64_t{1} << 31) / 2 || int64_t{g.r} * g.s * g.c >= (int64_t{1} << 30))
+    return refuse("too large for 32-bit element indices");
   std::vector<Int8ConvTactic> tactics;
   const bool one_by_one = g.r == 1 && g.s == 1 && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 && g.dil_w == 1;
   for (int tile : {64, 128}) {
     if (g.k % tile != 0) continue;
     tactics.push_back({Int8ConvKernel::kImplicitGemm, tile});
-    if (one_by_one && (g.c == 64 || g.c == 128 || g.c == 256) && stream_smem_bound(g.c, tile) <= 227 * 1024)
+    if (one_by_one && (g.c == 64 || g.c == 128 || g.c == 256) && (act.kind.empty() || act.kind == "Relu") &&
+        stream_smem_bound(g.c, tile) <= 227 * 1024)
       tactics.push_back({Int8ConvKernel::kStream1x1, tile});
   }
   return tactics;
@@ -490,7 +552,7 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
 void launch_int8_conv(const Int8ConvGeometry& g, DType y_type, DType z_type, const Int8ConvArgs& args,
                       const ir::Activation& act, const Int8ConvTactic& tactic, cudaStream_t stream) {
   bool known = false;
-  for (const Int8ConvTactic& t : int8_conv_tactics(g, y_type, z_type))
+  for (const Int8ConvTactic& t : int8_conv_tactics(g, y_type, z_type, act))
     known = known || (t.kernel == tactic.kernel && t.tile_n == tactic.tile_n);
   if (!known) throw Error(ErrorKind::kInternal, "kiln INT8 convolution: tactic " + tactic.str() + " does not run this geometry");
   KernelParams p;

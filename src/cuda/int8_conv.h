@@ -14,7 +14,8 @@
 // and stores the current one. Two kernels, each timed against cuDNN's engines as more tactics
 // of the QConv layer:
 //   - kImplicitGemm: any filter size, stride, padding, dilation (a 3-stage pipeline over K);
-//   - kStream1x1: 1x1 convolutions (any stride) with 64, 128 or 256 input channels.
+//   - kStream1x1: 1x1 convolutions (any stride) with 64, 128 or 256 input channels, no
+//     activation or Relu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,7 +59,8 @@ struct Int8ConvTactic {
 
 // The tactics that run this geometry with these storage types (y: int8 or float16; z: int8,
 // float16, or kUndefined for none); empty when none does, and `why` says why not.
-std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y_type, DType z_type, std::string* why = nullptr);
+std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y_type, DType z_type, const ir::Activation& act,
+                                              std::string* why = nullptr);
 
 // Launches one of those tactics. The first launch of each kernel raises its shared-memory
 // limit, so make it outside CUDA graph capture (the layer's build does, by timing it).

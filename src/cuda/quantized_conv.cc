@@ -205,7 +205,7 @@ class QConvLayer final : public Layer {
     const std::string k = key();
     const char* only = std::getenv("KILN_INT8_CONV_TACTIC");
     std::string kernel_why;
-    std::vector<Int8ConvTactic> kernels = int8_conv_tactics(p_.geometry, p_.y_storage, z_type(), &kernel_why);
+    std::vector<Int8ConvTactic> kernels = int8_conv_tactics(p_.geometry, p_.y_storage, z_type(), p_.act, &kernel_why);
     if (only && std::string(only) == "cudnn") kernels.clear();
     const bool kernel_ok = !kernels.empty();
     const bool cudnn_ok = !only || std::string(only) != "kernel";
