@@ -169,7 +169,8 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
     quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, scales, pinned, &qdq.weights);
     impl->int8_kept_float = r.kept_float;
     if (options.log) {
-      options.log("int8: " + std::to_string(r.quantized) + " convolutions in INT8 (" + std::to_string(r.model_weights) +
+      options.log("int8: " + std::to_string(r.quantized) + " convolutions in INT8 (" + std::to_string(r.matrix_products) +
+                  " of them matrix products as 1x1 convolutions, " + std::to_string(r.model_weights) +
                   " with the model's int8 weights), " + std::to_string(r.int8_values) + " int8 tensors between them, " +
                   std::to_string(r.quantize_nodes) + " quantize layers");
       for (const std::string& k : r.kept_float) options.log("int8: kept in float: " + k);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "ir/activation.h"
+#include "quantization/gemm_as_conv.h"
 
 namespace kiln::quantization {
 
@@ -59,10 +60,12 @@ void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64
     q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(w[i] / scales[(i / inner) % channels]), -127.f, 127.f));
 }
 
-QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, float>& scales,
+QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, float>& calibrated,
                                    const std::set<std::string>& pinned,
                                    const std::map<std::string, QdqWeight>* model_weights) {
   QuantizeGraphReport report;
+  std::map<std::string, float> scales = calibrated;  // and those of the values the rewrite adds
+  report.matrix_products = rewrite_gemms_as_convs(g, scales, pinned, epilogue_has, report.kept_float);
   std::set<size_t> chosen;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const ir::Node& n = g.nodes[i];

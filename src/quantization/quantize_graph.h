@@ -7,7 +7,8 @@
 //   - a conv's output (and a residual Z) stays int8 between convs: a value is stored int8 when
 //     a quantized conv writes it and every reader is a quantized conv (as X or Z), so chains
 //     of convs (ResNet's blocks) never see float tensors; elsewhere the conv writes float32.
-// A conv is quantized when it is 2-D, its weights are constant, group is 1, input and output
+// Gemm and MatMul layers with constant weights are quantized as 1x1 convolutions
+// (quantization/gemm_as_conv.h). A conv is quantized when it is 2-D, its weights are constant, group is 1, input and output
 // channels are multiples of 16 (cuDNN's INT8 engines read 16-byte channel rows), its
 // activation is one the GPU epilogue has, its input has a scale, and it is not pinned to
 // float by name. Every other node is left as it is (float).
@@ -26,6 +27,7 @@ namespace kiln::quantization {
 
 struct QuantizeGraphReport {
   int quantized = 0;         // convs that became kiln::QConv
+  int matrix_products = 0;   // of those, Gemm / MatMul layers run as 1x1 convs (gemm_as_conv.h)
   int int8_values = 0;       // values stored int8 between quantized convs
   int quantize_nodes = 0;    // QuantizeLinear nodes added in front of them
   int model_weights = 0;     // convs that kept the model's own int8 weights (explicit QDQ)

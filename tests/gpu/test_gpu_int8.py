@@ -153,3 +153,64 @@ def test_int8_kernel_matches_cpu_exactly(kiln_bin, tmp_path, monkeypatch):
     assert np.abs(cpu).max() > 0.1  # not a degenerate all-zero output
     assert not off.any()
     assert rel_l2(cudnn, cpu) <= BLOCK_TOLERANCE
+
+
+def mlp_model(path, exact):
+    """Matrix products, which the INT8 pass runs as 1x1 convolutions (gemm_as_conv.h).
+    exact: one Gemm (bias, Relu) from the input, for the bit-for-bit check; otherwise
+    Gemm -> Gemm -> MatMul over a 3-D activation."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(12)
+    inits = {"w1": rng.standard_normal((128, 64)) * 0.1, "b1": rng.standard_normal(128) * 0.1,
+             "w2": rng.standard_normal((64, 128)) * 0.1, "b2": rng.standard_normal(64) * 0.1,
+             "w3": rng.standard_normal((64, 64)) * 0.1, "shape": np.array([4, 8, 64])}
+    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["g1"], name="fc1", transB=1),
+             helper.make_node("Relu", ["g1"], ["h1"], name="relu1")]
+    out, out_shape = "h1", [32, 128]
+    if not exact:
+        nodes += [helper.make_node("Gemm", ["h1", "w2", "b2"], ["h2"], name="fc2", transB=1),
+                  helper.make_node("Reshape", ["h2", "shape"], ["h3"], name="to3d"),
+                  helper.make_node("MatMul", ["h3", "w3"], ["y"], name="fc3")]
+        out, out_shape = "y", [4, 8, 64]
+    else:
+        del inits["w2"], inits["b2"], inits["w3"], inits["shape"]
+    graph = helper.make_graph(nodes, "int8_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 64])],
+                              [helper.make_tensor_value_info(out, TensorProto.FLOAT, out_shape)],
+                              [numpy_helper.from_array(a.astype(np.int64 if n == "shape" else np.float32), n) for n, a in inits.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return out
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["one-gemm-exact", "gemm-gemm-matmul"])
+def test_int8_matrix_products_match_cpu(exact, kiln_bin, tmp_path, monkeypatch):
+    path = str(tmp_path / "mlp.onnx")
+    out = mlp_model(path, exact)
+    rng = np.random.default_rng(13)
+    calib = str(tmp_path / "calib.npy")
+    np.save(calib, rng.standard_normal((128, 64)).astype(np.float32))
+    cache = str(tmp_path / "mlp.calib")
+    run_kiln(kiln_bin, path, [np.zeros((32, 64), np.float32)], ["x"], str(tmp_path / "calibrate"), "--device", "cpu",
+             "--int8", "--calib", calib, "--calib-batch", "32", "--calib-cache", cache)
+    if exact:  # as in test_int8_kernel_matches_cpu_exactly: inputs float16 holds, quantized to whole steps
+        lines = [("x: 0.0625" if line.startswith("x: ") else line) for line in open(cache).read().splitlines()]
+        open(cache, "w").write("\n".join(lines) + "\n")
+        x = [(rng.integers(-100, 101, (32, 64)) / 16).astype(np.float32)]
+    else:  # inputs like the calibration data
+        x = [rng.standard_normal((32, 64)).astype(np.float32)]
+    common = ["--int8", "--calib-cache", cache, "-v"]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)[out]
+    fp32 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp32"), "--device", "cpu")[out]
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "kernel")
+    kernel = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "kernel"), "--device", "cuda", *common)[out]
+    monkeypatch.delenv("KILN_INT8_CONV_TACTIC")
+    chosen = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "chosen"), "--device", "cuda", *common)[out]
+    print(f"{out}: kernel vs CPU {rel_l2(kernel, cpu):.2e}, chosen tactic vs CPU {rel_l2(chosen, cpu):.2e}, "
+          f"CPU int8 vs fp32 {rel_l2(cpu, fp32):.2e}")
+    assert 0 < rel_l2(cpu, fp32) < 0.05  # quantized, and sensibly
+    assert rel_l2(chosen, cpu) <= BLOCK_TOLERANCE
+    if exact:
+        assert not (np.abs(kernel.astype(np.float64) - cpu) > np.abs(cpu) * 2.0**-11 + 2.0**-24).any()
+    else:
+        assert rel_l2(kernel, cpu) <= BLOCK_TOLERANCE

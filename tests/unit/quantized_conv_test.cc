@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "compute_test_util.h"
 #include "cpu/engine.h"
@@ -277,6 +278,70 @@ TEST(AbsorbQdq, ReadsSymmetricPairsAndWeightsKeepsOthers) {
     EXPECT_EQ(std::memcmp(got->raw(), wq.raw(), wq.nbytes()), 0) << "the model's integers were not kept";
     EXPECT_EQ(n.attrs.get_floats("w_scales"), ws);
   }
+}
+
+
+// Matrix products through the INT8 convolution (quantization/gemm_as_conv.h): a Gemm with a
+// bias and Relu, then a MatMul over a 3-D activation, both become QConv between reshapes, keep
+// their layer names, and the network's output moves by about the quantization step only.
+TEST(QuantizeGraph, GemmAndMatMulRunAsInt8Convolutions) {
+  testing::GraphBuilder gb;
+  gb.input("X", {2, 3, 32});
+  gb.random("W1", {48, 32}, -0.3f, 0.3f);  // Gemm with transB = 1: [N, K]
+  gb.random("B1", {48}, -0.1f, 0.1f);
+  gb.random("W2", {48, 16}, -0.3f, 0.3f);  // MatMul: [K, N]
+  gb.node("Reshape", {"X", gb.ints("flat", {6, 32})}, "x2");
+  gb.node("FusedGemm", {"x2", "W1", "B1"}, "h", {{"transB", int64_t{1}}, {"activation", std::string("Relu")}});
+  gb.last().domain = "kiln";
+  gb.last().name = "fc1";
+  gb.node("Reshape", {"h", gb.ints("back", {2, 3, 48})}, "h3");
+  gb.node("MatMul", {"h3", "W2"}, "out");
+  gb.last().name = "fc2";
+  gb.output("out");
+  ir::Graph g = gb.build();
+
+  Tensor x = testing::random_tensor({2, 3, 32}, 11);
+  ir::Graph probe = g;
+  probe.outputs = {"out", "x2", "h", "h3"};
+  auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
+  auto amax = [](const Tensor& t) {
+    float m = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.data<float>()[i]));
+    return m;
+  };
+  std::map<std::string, float> scales;
+  for (const char* v : {"x2", "h", "h3", "out"}) scales[v] = amax(ranges.at(v)) / 127.f;
+
+  ir::Graph q = g;
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales);
+  EXPECT_EQ(r.quantized, 2);
+  EXPECT_EQ(r.matrix_products, 2);
+  std::set<std::string> qconvs;
+  for (const ir::Node& n : q.nodes)
+    if (n.op == "QConv") qconvs.insert(n.name);
+  EXPECT_EQ(qconvs, (std::set<std::string>{"fc1", "fc2"}));
+  ir::infer_shapes(q);
+  EXPECT_EQ(q.value("out").type.shape, ir::dims_of({2, 3, 16}));
+
+  const Tensor want = cpu::CpuEngine(g).run({{"X", x}}).at("out");
+  const Tensor got = cpu::CpuEngine(q).run({{"X", x}}).at("out");
+  ASSERT_EQ(got.shape(), want.shape());
+  double err = 0, norm = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = got.data<float>()[i] - want.data<float>()[i];
+    err += d * d;
+    norm += double{want.data<float>()[i]} * want.data<float>()[i];
+  }
+  EXPECT_LT(std::sqrt(err / norm), 0.03) << "INT8 moved the output too far";
+  EXPECT_GT(std::sqrt(err / norm), 0.0) << "the output is exactly the float one: was it quantized?";
+
+  // Pinned to float by name, a product stays as it was.
+  ir::Graph pinned = g;
+  quantization::QuantizeGraphReport rp = quantization::quantize_graph(pinned, scales, {"fc2"});
+  EXPECT_EQ(rp.matrix_products, 1);
+  bool matmul_left = false;
+  for (const ir::Node& n : pinned.nodes) matmul_left = matmul_left || (n.op == "MatMul" && n.name == "fc2");
+  EXPECT_TRUE(matmul_left);
 }
 
 }  // namespace
