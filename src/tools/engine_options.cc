@@ -19,7 +19,8 @@
 
 namespace kiln::tools {
 
-void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, bool shape_options) {
+void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, bool shape_options, bool image_options) {
+  if (image_options) image.add_to(cmd);
   device = device_default;
   cmd->add_option("--device", device, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_flag("--fp16", fp16, "GPU: float16 storage (float32 accumulation); layers that must stay float32 do");
@@ -157,6 +158,7 @@ void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
     if (accuracy_budget >= 0) c.max_batches = calib_batches > 0 ? std::min(calib_batches, usable) : usable;
     c.percentile = calib_percentile;
     c.device = b.device;  // GPU builds calibrate on the GPU
+    if (q::is_image_folder(calib_data)) c.image = image.options(q::calibration_input(model), calib_data);
     c.progress = calibration_progress("kiln");
     q::CalibrationResult r = q::calibrate_model(model, c);
     if (!calib_cache.empty()) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "tools/image_flags.h"
 
 namespace kiln::tools {
 
@@ -31,10 +32,14 @@ struct EngineOptions {
   std::vector<std::string> layer_precision;
   double accuracy_budget = -1;  // top-1 agreement points; < 0: off
   int budget_batches = 1;
+  // The preprocessing of a --calib folder of images: `kiln run`'s image flags (build and bench
+  // add them with add_to; run passes its own, which also serve --input photo.jpg).
+  ImageFlags image;
 
   // Adds the options to a subcommand (`device_default`: "cuda" for build/bench, "cpu" for run;
-  // `shape_options` false for commands that have their own --shapes/--dim/--batch).
-  void add_to(CLI::App* cmd, const std::string& device_default, bool shape_options = true);
+  // `shape_options` false for commands that have their own --shapes/--dim/--batch;
+  // `image_options` false for commands that have the image flags already).
+  void add_to(CLI::App* cmd, const std::string& device_default, bool shape_options = true, bool image_options = true);
   Precision precision() const;
   // Build options for `model`: input shapes resolved from the model's declared inputs and the
   // --shapes/--dim/--batch options (unbound dynamic dims become 1, and `defaulted` lists them).

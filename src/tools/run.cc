@@ -241,6 +241,7 @@ int run(const RunOptions& o) {
     } else {
       std::vector<std::string> unused;
       EngineOptions eo = o.engine;
+      eo.image = o.image;  // a --calib folder of images is preprocessed as --input photos are
       eo.shapes.clear();
       eo.dims.clear();
       eo.batch = -1;
@@ -379,7 +380,7 @@ void add_run_command(CLI::App& app, std::function<int()>& action) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--labels", o->labels, "Class names, one per line, for the top-k lists");
   o->image.add_to(cmd);
-  o->engine.add_to(cmd, "cpu", /*shape_options=*/false);
+  o->engine.add_to(cmd, "cpu", /*shape_options=*/false, /*image_options=*/false);
   cmd->callback([o, &action] { action = [o] { return run(*o); }; });
 }
 

@@ -169,6 +169,19 @@ def test_calibrate_on_an_image_folder(run_kiln, tmp_path):
     assert 0.9 < plain * 127 <= 1.0
     assert abs(input_scale("--mean", "0", "--std", "0.5") / plain - 2.0) < 1e-5
 
+    # The same flags for an INT8 build's own calibration (kiln run / build / bench --int8 --calib).
+    def build_input_scale(*flags):
+        cache = tmp_path / "build.calib"
+        if cache.exists():
+            cache.unlink()
+        result = run_kiln("run", model, "--int8", "--calib", folder, "--calib-algo", "minmax", "--calib-cache", cache,
+                          "--random", "--top-k", "0", *flags)
+        assert result.returncode == 0, result.describe()
+        return float(re.search(r"^input: (\S+)$", cache.read_text(), re.M).group(1))
+
+    assert build_input_scale() == plain
+    assert abs(build_input_scale("--mean", "0", "--std", "0.5") / plain - 2.0) < 1e-5
+
     empty = tmp_path / "nothing"
     empty.mkdir()
     (empty / "notes.txt").write_text("no images here")
