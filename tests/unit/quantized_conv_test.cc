@@ -25,6 +25,17 @@ Tensor random_int8(std::vector<int64_t> shape, uint32_t seed, int lo = -128, int
   return t;
 }
 
+// |got - want| / |want| over all elements (L2 norms).
+double relative_l2(const Tensor& got, const Tensor& want) {
+  double err = 0, norm = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double d = got.data<float>()[i] - want.data<float>()[i];
+    err += d * d;
+    norm += double{want.data<float>()[i]} * want.data<float>()[i];
+  }
+  return std::sqrt(err / norm);
+}
+
 struct Case {
   int64_t n, c, h, w, m, k, stride, pad;
   bool z = false, z_int8 = false, y_int8 = true, relu = true;
@@ -195,14 +206,9 @@ TEST(QuantizeGraph, ResidualChainKeepsInt8BetweenConvs) {
 
   const Tensor want = cpu::CpuEngine(g).run({{"X", x}}).at("out");
   const Tensor got = cpu::CpuEngine(q).run({{"X", x}}).at("out");
-  double err = 0, norm = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double d = got.data<float>()[i] - want.data<float>()[i];
-    err += d * d;
-    norm += double{want.data<float>()[i]} * want.data<float>()[i];
-  }
-  EXPECT_LT(std::sqrt(err / norm), 0.03) << "INT8 moved the output too far";
-  EXPECT_GT(std::sqrt(err / norm), 0.0) << "the quantized graph computed exactly the float result: was it quantized?";
+  const double err = relative_l2(got, want);
+  EXPECT_LT(err, 0.03) << "INT8 moved the output too far";
+  EXPECT_GT(err, 0.0) << "the quantized graph computed exactly the float result: was it quantized?";
 }
 
 TEST(QuantizeGraph, ReportsWhyAConvStaysFloat) {
@@ -326,14 +332,9 @@ TEST(QuantizeGraph, GemmAndMatMulRunAsInt8Convolutions) {
   const Tensor want = cpu::CpuEngine(g).run({{"X", x}}).at("out");
   const Tensor got = cpu::CpuEngine(q).run({{"X", x}}).at("out");
   ASSERT_EQ(got.shape(), want.shape());
-  double err = 0, norm = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double d = got.data<float>()[i] - want.data<float>()[i];
-    err += d * d;
-    norm += double{want.data<float>()[i]} * want.data<float>()[i];
-  }
-  EXPECT_LT(std::sqrt(err / norm), 0.03) << "INT8 moved the output too far";
-  EXPECT_GT(std::sqrt(err / norm), 0.0) << "the output is exactly the float one: was it quantized?";
+  const double err = relative_l2(got, want);
+  EXPECT_LT(err, 0.03) << "INT8 moved the output too far";
+  EXPECT_GT(err, 0.0) << "the output is exactly the float one: was it quantized?";
 
   // Pinned to float by name, a product stays as it was.
   ir::Graph pinned = g;
