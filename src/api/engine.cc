@@ -166,7 +166,9 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
           .hint("give calibration data (kiln build --int8 --calib DATA) or a calibration cache (--calib-cache FILE), "
                 "or a model with QuantizeLinear/DequantizeLinear pairs");
     std::set<std::string> pinned(options.float_layers.begin(), options.float_layers.end());
-    quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, scales, pinned, &qdq.weights);
+    quantization::QuantizeTarget target;
+    target.grouped_convolutions = options.device == Device::kCpu;
+    quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, scales, pinned, &qdq.weights, target);
     impl->int8_kept_float = r.kept_float;
     if (options.log) {
       options.log("int8: " + std::to_string(r.quantized) + " convolutions in INT8 (" + std::to_string(r.matrix_products) +

@@ -25,15 +25,16 @@ bool epilogue_has(const std::string& kind) {
 
 // "" when the conv can be quantized, else why not.
 std::string why_float(const ir::Graph& g, const ir::Node& n, const std::map<std::string, float>& scales,
-                      const std::set<std::string>& pinned) {
+                      const std::set<std::string>& pinned, const QuantizeTarget& target) {
   if (pinned.count(n.name)) return "pinned to float";
   const ir::Value* x = g.find_value(n.inputs[0]);
   if (!x || x->type.dtype != DType::kFloat32 || x->type.rank() != 4) return "input is not a float32 NCHW tensor";
   const Tensor* w = g.constant(n.inputs[1]);
   if (!w || w->dtype() != DType::kFloat32 || w->rank() != 4) return "weights are not a constant float32 4-D tensor";
-  if (n.attrs.get_int("group", 1) != 1) return "grouped convolution";
+  const int64_t group = n.attrs.get_int("group", 1);
+  if (group != 1 && !target.grouped_convolutions) return "grouped convolution (no INT8 layer for it on this device)";
   const int64_t out_c = w->dim(0), in_c = w->dim(1);
-  if (in_c % 16 != 0 || out_c % 16 != 0)
+  if (group == 1 && (in_c % 16 != 0 || out_c % 16 != 0))
     return std::to_string(in_c) + " input / " + std::to_string(out_c) + " output channels (INT8 needs multiples of 16)";
   if (!epilogue_has(n.attrs.get_string("activation", ""))) return "activation has no INT8 epilogue";
   if (n.has_input(3)) {
@@ -62,7 +63,7 @@ void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64
 
 QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, float>& calibrated,
                                    const std::set<std::string>& pinned,
-                                   const std::map<std::string, QdqWeight>* model_weights) {
+                                   const std::map<std::string, QdqWeight>* model_weights, const QuantizeTarget& target) {
   QuantizeGraphReport report;
   std::map<std::string, float> scales = calibrated;  // and those of the values the rewrite adds
   report.matrix_products = rewrite_gemms_as_convs(g, scales, pinned, epilogue_has, report.kept_float);
@@ -70,7 +71,7 @@ QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, flo
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const ir::Node& n = g.nodes[i];
     if (!is_conv(n)) continue;
-    std::string why = why_float(g, n, scales, pinned);
+    std::string why = why_float(g, n, scales, pinned, target);
     if (why.empty()) chosen.insert(i);
     else report.kept_float.push_back(n.name + ": " + why);
   }

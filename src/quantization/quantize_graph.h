@@ -11,7 +11,8 @@
 // (quantization/gemm_as_conv.h). A conv is quantized when it is 2-D, its weights are constant, group is 1, input and output
 // channels are multiples of 16 (cuDNN's INT8 engines read 16-byte channel rows), its
 // activation is one the GPU epilogue has, its input has a scale, and it is not pinned to
-// float by name. Every other node is left as it is (float).
+// float by name; grouped convolutions only for a target that has them (QuantizeTarget).
+// Every other node is left as it is (float).
 #pragma once
 
 #include <cstdint>
@@ -34,13 +35,21 @@ struct QuantizeGraphReport {
   std::vector<std::string> kept_float;  // "node: why", for convs left in float
 };
 
+// What the target engine runs in INT8 beyond the common case.
+struct QuantizeTarget {
+  // Grouped and depthwise convolutions, with any channel counts: the CPU engine's integer
+  // reference runs them; the GPU's INT8 layers do not yet (they stay float there).
+  bool grouped_convolutions = false;
+};
+
 // `scales`: value name -> scale (real = int8 * scale). `pinned_float`: node names to keep in
 // float (mixed precision). `model_weights` (explicit quantization, qdq_import.h): weights whose
 // int8 form the model gave; a conv whose weight is still exactly that tensor keeps the model's
 // scales (and so its integers).
 QuantizeGraphReport quantize_graph(ir::Graph& graph, const std::map<std::string, float>& scales,
                                    const std::set<std::string>& pinned_float = {},
-                                   const std::map<std::string, QdqWeight>* model_weights = nullptr);
+                                   const std::map<std::string, QdqWeight>* model_weights = nullptr,
+                                   const QuantizeTarget& target = {});
 
 // Symmetric per-channel int8 weights: `channels` rows of `inner` values each (row c is the
 // values whose index / inner % channels == c). Writes q (same size) and one scale per channel

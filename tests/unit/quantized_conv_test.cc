@@ -39,6 +39,7 @@ double relative_l2(const Tensor& got, const Tensor& want) {
 struct Case {
   int64_t n, c, h, w, m, k, stride, pad;
   bool z = false, z_int8 = false, y_int8 = true, relu = true;
+  int64_t group = 1;
 };
 
 // The op's definition, one output element at a time: the window's int8 products summed
@@ -52,13 +53,14 @@ Tensor reference_qconv(const Case& cs, const Tensor& x, const Tensor& w, const T
       for (int64_t i = 0; i < oh; ++i)
         for (int64_t j = 0; j < ow; ++j) {
           int64_t acc = 0;
-          for (int64_t c = 0; c < cs.c; ++c)
+          const int64_t cg = cs.c / cs.group, first = m / (cs.m / cs.group) * cg;  // this output's group
+          for (int64_t c = first; c < first + cg; ++c)
             for (int64_t a = 0; a < cs.k; ++a)
               for (int64_t e = 0; e < cs.k; ++e) {
                 const int64_t yi = i * cs.stride - cs.pad + a, xj = j * cs.stride - cs.pad + e;
                 if (yi < 0 || yi >= cs.h || xj < 0 || xj >= cs.w) continue;
                 acc += int64_t{x.data<int8_t>()[((n * cs.c + c) * cs.h + yi) * cs.w + xj]} *
-                       w.data<int8_t>()[((m * cs.c + c) * cs.k + a) * cs.k + e];
+                       w.data<int8_t>()[((m * cg + c - first) * cs.k + a) * cs.k + e];
               }
           const int64_t at = ((n * cs.m + m) * oh + i) * ow + j;
           const float mult = x_scale * w_scales[static_cast<size_t>(m)];
@@ -74,7 +76,7 @@ Tensor reference_qconv(const Case& cs, const Tensor& x, const Tensor& w, const T
 void check_case(const Case& cs, uint32_t seed) {
   const int64_t oh = (cs.h + 2 * cs.pad - cs.k) / cs.stride + 1, ow = (cs.w + 2 * cs.pad - cs.k) / cs.stride + 1;
   Tensor x = random_int8({cs.n, cs.c, cs.h, cs.w}, seed);
-  Tensor w = random_int8({cs.m, cs.c, cs.k, cs.k}, seed + 1, -127, 127);
+  Tensor w = random_int8({cs.m, cs.c / cs.group, cs.k, cs.k}, seed + 1, -127, 127);
   Tensor b = testing::random_tensor({cs.m}, seed + 2);
   std::vector<float> w_scales(static_cast<size_t>(cs.m));
   std::mt19937 rng(seed + 3);
@@ -87,6 +89,7 @@ void check_case(const Case& cs, uint32_t seed) {
   node.op = "QConv";
   node.domain = "kiln";
   node.attrs.set("kernel_shape", std::vector<int64_t>{cs.k, cs.k});
+  node.attrs.set("group", cs.group);
   node.attrs.set("strides", std::vector<int64_t>{cs.stride, cs.stride});
   node.attrs.set("pads", std::vector<int64_t>{cs.pad, cs.pad, cs.pad, cs.pad});
   node.attrs.set("activation", std::string(cs.relu ? "Relu" : ""));
@@ -125,6 +128,15 @@ TEST(QConv, Int8ResidualAndInt8Output) {
   Case c{2, 16, 8, 8, 16, 3, 1, 1};
   c.z = c.z_int8 = true;
   check_case(c, 3);
+}
+TEST(QConv, DepthwiseAndGrouped) {
+  Case depthwise{2, 24, 9, 8, 24, 3, 1, 1};
+  depthwise.group = 24;
+  check_case(depthwise, 5);
+  Case grouped{1, 12, 7, 7, 18, 3, 2, 1};  // 3 groups of 4 input and 6 output channels
+  grouped.group = 3;
+  grouped.z = grouped.z_int8 = true;
+  check_case(grouped, 6);
 }
 TEST(QConv, FloatResidualFloatOutputNoActivation) {
   Case c{1, 16, 6, 7, 32, 3, 1, 1};
@@ -343,6 +355,55 @@ TEST(QuantizeGraph, GemmAndMatMulRunAsInt8Convolutions) {
   bool matmul_left = false;
   for (const ir::Node& n : pinned.nodes) matmul_left = matmul_left || (n.op == "MatMul" && n.name == "fc2");
   EXPECT_TRUE(matmul_left);
+}
+
+// Grouped and depthwise convolutions: quantized for a target that runs them (the CPU engine),
+// left in float, with the reason, for one that does not (the GPU).
+TEST(QuantizeGraph, DepthwiseConvolutionsForTargetsThatRunThem) {
+  testing::GraphBuilder gb;
+  gb.input("X", {2, 24, 8, 8});
+  gb.random("Wd", {24, 1, 3, 3}, -0.5f, 0.5f);
+  gb.random("Bd", {24}, -0.1f, 0.1f);
+  gb.random("Wp", {32, 24, 1, 1}, -0.3f, 0.3f);
+  gb.node("FusedConv", {"X", "Wd", "Bd"}, "d",
+          {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"group", int64_t{24}}, {"activation", std::string("Relu")}});
+  gb.last().domain = "kiln";
+  gb.last().name = "depthwise";
+  gb.node("Conv", {"d", "Wp"}, "out");
+  gb.last().name = "pointwise";
+  gb.output("out");
+  ir::Graph g = gb.build();
+  Tensor x = testing::random_tensor({2, 24, 8, 8}, 13);
+  ir::Graph probe = g;
+  probe.outputs = {"out", "d"};
+  auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
+  auto amax = [](const Tensor& t) {
+    float m = 0;
+    for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.data<float>()[i]));
+    return m;
+  };
+  const std::map<std::string, float> scales = {{"X", amax(x) / 127.f}, {"d", amax(ranges.at("d")) / 127.f}};
+
+  // 24 channels: with group 1 that is not a multiple of 16, so the pointwise conv stays float
+  // on every target; the depthwise one is quantized where the target has grouped INT8.
+  ir::Graph gpu = g;
+  quantization::QuantizeGraphReport rg = quantization::quantize_graph(gpu, scales);
+  EXPECT_EQ(rg.quantized, 0);
+  ASSERT_EQ(rg.kept_float.size(), 2u);
+  EXPECT_NE(rg.kept_float[0].find("grouped convolution"), std::string::npos) << rg.kept_float[0];
+
+  quantization::QuantizeTarget cpu_target;
+  cpu_target.grouped_convolutions = true;
+  ir::Graph q = g;
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales, {}, nullptr, cpu_target);
+  EXPECT_EQ(r.quantized, 1);
+  EXPECT_EQ(r.kept_float.size(), 1u);
+  bool depthwise_int8 = false;
+  for (const ir::Node& n : q.nodes) depthwise_int8 = depthwise_int8 || (n.op == "QConv" && n.name == "depthwise");
+  EXPECT_TRUE(depthwise_int8);
+  const double err = relative_l2(cpu::CpuEngine(q).run({{"X", x}}).at("out"), cpu::CpuEngine(g).run({{"X", x}}).at("out"));
+  EXPECT_LT(err, 0.03) << "INT8 moved the output too far";
+  EXPECT_GT(err, 0.0) << "the output is exactly the float one: was it quantized?";
 }
 
 }  // namespace
