@@ -25,6 +25,13 @@ Tensor random_int8(std::vector<int64_t> shape, uint32_t seed, int lo = -128, int
   return t;
 }
 
+// The largest |x| of a float tensor (a symmetric INT8 scale is this / 127).
+float amax(const Tensor& t) {
+  float m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.data<float>()[i]));
+  return m;
+}
+
 // |got - want| / |want| over all elements (L2 norms).
 double relative_l2(const Tensor& got, const Tensor& want) {
   double err = 0, norm = 0;
@@ -195,11 +202,6 @@ TEST(QuantizeGraph, ResidualChainKeepsInt8BetweenConvs) {
   probe.outputs = {"out", "y1", "y2"};
   auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
   std::map<std::string, float> scales;
-  auto amax = [](const Tensor& t) {
-    float m = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.data<float>()[i]));
-    return m;
-  };
   scales["X"] = amax(x) / 127.f;
   scales["y1"] = amax(ranges.at("y1")) / 127.f;
   scales["y2"] = amax(ranges.at("y2")) / 127.f;
@@ -322,11 +324,6 @@ TEST(QuantizeGraph, GemmAndMatMulRunAsInt8Convolutions) {
   ir::Graph probe = g;
   probe.outputs = {"out", "x2", "h", "h3"};
   auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
-  auto amax = [](const Tensor& t) {
-    float m = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.data<float>()[i]));
-    return m;
-  };
   std::map<std::string, float> scales;
   for (const char* v : {"x2", "h", "h3", "out"}) scales[v] = amax(ranges.at(v)) / 127.f;
 
@@ -377,11 +374,6 @@ TEST(QuantizeGraph, DepthwiseConvolutionsForTargetsThatRunThem) {
   ir::Graph probe = g;
   probe.outputs = {"out", "d"};
   auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
-  auto amax = [](const Tensor& t) {
-    float m = 0;
-    for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::fabs(t.data<float>()[i]));
-    return m;
-  };
   const std::map<std::string, float> scales = {{"X", amax(x) / 127.f}, {"d", amax(ranges.at("d")) / 127.f}};
 
   // 24 channels: with group 1 that is not a multiple of 16, so the pointwise conv stays float
