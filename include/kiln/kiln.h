@@ -138,6 +138,16 @@ class Engine {
   std::shared_ptr<const Impl> impl_;
 };
 
+// Writes the model after kiln's folding passes as ONNX (what `kiln export --simplify` does):
+// constants and shape arithmetic folded, BatchNorm folded into the layer before it, copies and
+// dead nodes removed; no fusion into kiln's own ops, so any ONNX reader can run the result.
+// Inputs keep their dynamic dimensions. Throws kiln::Error naming the file at fault.
+struct SimplifyResult {
+  size_t nodes_before = 0;  // as imported
+  size_t nodes_after = 0;
+};
+SimplifyResult simplify_onnx(const std::string& onnx_path, const std::string& output_path);
+
 // Per-layer time of one profiled run.
 struct LayerTiming {
   std::string name, op, tactic;

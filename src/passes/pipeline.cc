@@ -28,7 +28,7 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
     }
     if (changes == 0) break;
   }
-  if (options.fuse) {
+  if (options.fuse && options.fuse_epilogue) {
     for (int round = 0; round < 4; ++round) {
       int fused = fuse_epilogue(graph);
       if (fused == 0) break;

@@ -62,6 +62,9 @@ int bind_input_shapes(ir::Graph& graph, const std::map<std::string, std::vector<
 struct PassOptions {
   bool fold_constants = true;
   bool fuse = true;  // BatchNorm folding and Conv/Gemm epilogue fusion
+  // With fuse: also the epilogue fusion into kiln's own ops (FusedConv, ...). False keeps the
+  // graph in ONNX ops (BatchNorm still folded), as `kiln export --simplify` writes it.
+  bool fuse_epilogue = true;
 };
 
 // Runs the passes to a fixed point and re-infers shapes.

@@ -114,7 +114,7 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
   std::map<std::string, AbsHistogram> histograms;
   // A named dataset: Fashion-MNIST's train split, normalized as the model was trained.
   std::vector<Tensor> named;
-  if (o.data == "fashion-mnist") {
+  if (!o.next_batch && o.data == "fashion-mnist") {
     if (input.dtype != DType::kFloat32 || input.shape.size() != 4 || input.shape[1] != 1 || input.shape[2] != 28 ||
         input.shape[3] != 28)
       throw Error(ErrorKind::kInvalidArgument, "calibration on fashion-mnist feeds float32 [N, 1, 28, 28] images; input '" +
@@ -130,7 +130,7 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
   // torchvision's ImageNet steps, resize the short side to 256, center crop to the input's
   // H x W, normalize with ImageNet's mean and std; a one-channel input gets gray [0, 1] values).
   std::error_code ec;
-  if (named.empty() && fs::is_directory(o.data, ec) && files_in(o.data, is_npy).empty()) {
+  if (!o.next_batch && named.empty() && fs::is_directory(o.data, ec) && files_in(o.data, is_npy).empty()) {
     std::vector<std::string> images = files_in(o.data, is_image);
     if (images.empty())
       throw Error(ErrorKind::kInvalidArgument, "calibration folder " + o.data + " has no .npy files and no images")
@@ -168,9 +168,11 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
     }
   }
   // The batches: whole files from a folder, or rows of one file.
-  std::vector<std::string> files = named.empty() ? batch_files(o.data) : std::vector<std::string>{};
+  std::vector<std::string> files = named.empty() && !o.next_batch ? batch_files(o.data) : std::vector<std::string>{};
   std::vector<std::pair<size_t, std::pair<int64_t, int64_t>>> plan;  // file, row range (-1: all)
-  if (!named.empty()) {
+  if (o.next_batch) {
+    // The caller's batches: as many as it gives (up to max_batches); the plan stays empty.
+  } else if (!named.empty()) {
     for (size_t i = 0; i < named.size(); ++i) plan.push_back({i, {-2, -2}});
   } else if (files.size() == 1 && !fs::is_directory(o.data)) {
     Tensor all = io::read_npy(files[0]);
@@ -183,10 +185,16 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
 
   Tensor whole;
   size_t loaded = files.size();
-  for (size_t b = 0; b < plan.size(); ++b) {
-    const auto& [file, rows] = plan[b];
+  size_t batches = 0;
+  for (size_t b = 0; o.next_batch ? (o.max_batches <= 0 || b < static_cast<size_t>(o.max_batches)) : b < plan.size(); ++b) {
     Tensor batch;
-    if (rows.first == -2) {
+    const size_t file = o.next_batch ? 0 : plan[b].first;
+    const std::pair<int64_t, int64_t> rows = o.next_batch ? std::pair<int64_t, int64_t>{-3, -3} : plan[b].second;
+    if (rows.first == -3) {
+      if (!o.next_batch(batch)) break;
+      if (batch.shape().empty())
+        throw Error(ErrorKind::kInvalidArgument, "calibration batch " + std::to_string(b + 1) + " of " + o.data + " is a scalar, not a batch");
+    } else if (rows.first == -2) {
       batch = named[file];
     } else if (rows.first < 0) {
       batch = io::read_npy(files[file]);
@@ -195,7 +203,7 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
       batch = slice_rows(whole, rows.first, rows.second);
     }
     if (batch.dtype() != input.dtype)
-      throw Error(ErrorKind::kInvalidArgument, "calibration batch " + (named.empty() ? files[file] : o.data) + " is " + to_string(batch.dtype()) +
+      throw Error(ErrorKind::kInvalidArgument, "calibration batch " + (files.empty() ? o.data : files[file]) + " is " + to_string(batch.dtype()) +
                                                    "; input '" + input.name + "' takes " + to_string(input.dtype));
     if (!engine) {
       if (o.device == Device::kCuda) build.input_shapes[input.name] = batch.shape();  // GPU engines have fixed shapes
@@ -222,13 +230,15 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
       }
     }
     if (!failure.empty()) throw Error(ErrorKind::kInvalidArgument, failure);
+    ++batches;
     if (o.progress) o.progress(b + 1, plan.size(), histograms.size());
   }
+  if (batches == 0) throw Error(ErrorKind::kInvalidArgument, "no calibration batches in " + o.data);
 
   CalibrationResult result;
   result.cache.model_fingerprint = model_fingerprint(read_file(model_path));
   result.cache.algorithm = to_string(o.algorithm);
-  result.cache.batches = static_cast<int>(plan.size()) - skipped;
+  result.cache.batches = static_cast<int>(batches);  // skipped batches were not counted
   result.skipped_batches = skipped;
   for (const auto& [name, h] : histograms) {
     const double threshold = calibration_threshold(h, o.algorithm, o.percentile);

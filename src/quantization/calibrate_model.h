@@ -19,6 +19,10 @@ struct CalibrationOptions {
   // batch, preprocessed with `image` at the input's size), or "fashion-mnist" (the train split,
   // normalized as scripts/train_fashion_mnist.py does), for a model with one input.
   std::string data;
+  // Or, when set, batches from the caller (the Python package's calibration from any iterable):
+  // each call fills `batch` and returns true, or returns false when there are no more. `data`
+  // is then only the name used in messages.
+  std::function<bool(Tensor& batch)> next_batch;
   int batch = 8;
   // For image folders, as given except: the crop is the input's H x W where those are fixed,
   // and a one-channel input gets gray images (plain [0, 1] values while mean and std are
@@ -30,7 +34,7 @@ struct CalibrationOptions {
   // Where the model runs: kCuda collects the activations of a float32 GPU engine built at the
   // first batch's shape (a last, shorter batch is skipped); the histograms are built on the host.
   Device device = Device::kCpu;
-  // Called after each batch: (batches done, batches in all, tensors seen).
+  // Called after each batch: (batches done, batches in all or 0 when unknown, tensors seen).
   std::function<void(size_t, size_t, size_t)> progress;
 };
 

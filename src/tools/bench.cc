@@ -89,7 +89,6 @@ std::vector<int64_t> parse_batches(const std::string& text) {
   return out;
 }
 
-#if KILN_WITH_CUDA
 Tensor random_tensor(const TensorDesc& d, std::mt19937_64& rng) {
   Tensor t(d.dtype, d.shape);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -105,6 +104,64 @@ Tensor random_tensor(const TensorDesc& d, std::mt19937_64& rng) {
   return t;
 }
 
+// The CPU engine: the wall-clock time of Engine::run (which waits for its result) per run.
+// Dynamic first dimensions take the batch size; other dynamic dimensions take --dim / --shapes.
+nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
+  std::vector<std::string> defaulted;
+  EngineOptions eo = o.engine;
+  if (batch > 0) eo.batch = batch;
+  const BuildOptions build = eo.build_options(o.model, defaulted);
+  auto t0 = std::chrono::steady_clock::now();
+  Engine engine = Engine::from_onnx(o.model, build);
+  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::mt19937_64 rng(o.seed);
+  std::map<std::string, Tensor> inputs;
+  for (TensorDesc d : engine.inputs()) {
+    if (auto given = build.input_shapes.find(d.name); given != build.input_shapes.end()) d.shape = given->second;
+    for (size_t i = 0; i < d.shape.size(); ++i)
+      if (d.shape[i] < 0) {
+        if (i != 0)
+          throw Error(ErrorKind::kInvalidArgument, "input '" + d.name + "' has a dynamic dimension " + std::to_string(i) +
+                                                       "; give its size with --dim NAME=SIZE or --shapes");
+        d.shape[i] = batch > 0 ? batch : 1;
+      }
+    inputs.emplace(d.name, random_tensor(d, rng));
+  }
+  const int64_t items = inputs.empty() || inputs.begin()->second.rank() == 0 ? 1 : inputs.at(engine.inputs()[0].name).dim(0);
+  auto iteration = [&]() {
+    auto start = std::chrono::steady_clock::now();
+    engine.run(inputs);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  };
+  for (int i = 0; i < o.warmup; ++i) iteration();
+  std::vector<double> times;
+  const int iters = o.iterations > 0 ? o.iterations : (items >= 64 ? 10 : 50);
+  auto bench_start = std::chrono::steady_clock::now();
+  while (true) {
+    times.push_back(iteration());
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
+    if (o.duration_s > 0 ? (elapsed >= o.duration_s && times.size() >= 10) : static_cast<int>(times.size()) >= iters) break;
+  }
+  const Stats s = statistics(times);
+  const EngineInfo info = engine.info();
+  std::cout << fmt::format("batch {:>4}  cpu {}: median {:.4f} ms  mean {:.4f}  min {:.4f}  p90 {:.4f}  p99 {:.4f}  max {:.4f}  "
+                           "| {:.1f} items/s | build {:.1f} s\n",
+                           items, info.precision, s.median, s.mean, s.min, s.p90, s.p99, s.max,
+                           1000.0 * static_cast<double>(items) / s.median, build_s);
+  return {{"batch", items},
+          {"precision", info.precision},
+          {"device", "cpu"},
+          {"layers", info.layers.size()},
+          {"build_s", build_s},
+          {"iterations", times.size()},
+          {"warmup", o.warmup},
+          {"latency_ms", stats_json(s)},
+          {"throughput_per_s", 1000.0 * static_cast<double>(items) / s.median},
+          {"throughput_mean_per_s", 1000.0 * static_cast<double>(items) / s.mean},
+          {"int8_kept_float", info.int8_kept_float}};
+}
+
+#if KILN_WITH_CUDA
 nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_before) {
   nlohmann::json r;
   std::vector<std::string> defaulted;
@@ -243,19 +300,29 @@ nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_befo
 #endif
 
 int bench(const BenchOptions& o) {
-#if KILN_WITH_CUDA
-  if (o.engine.device != "cuda") throw Error(ErrorKind::kInvalidArgument, "kiln bench times GPU engines (--device cuda)");
   std::vector<int64_t> batches = o.batches.empty() ? std::vector<int64_t>{o.engine.batch} : parse_batches(o.batches);
+  const bool cpu = o.engine.device == "cpu";
   if (is_engine_file(o.model) && (batches.size() > 1 || batches[0] > 0))
     throw Error(ErrorKind::kInvalidArgument, "an engine file has fixed shapes: --batches applies to ONNX models");
-  size_t free_before = 0, total = 0;
-  KILN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+  if (cpu && (o.with_transfers || o.no_graph || o.profile))
+    throw Error(ErrorKind::kInvalidArgument, "--with-transfers, --no-graph and --profile are for GPU engines (--device cuda)");
   nlohmann::json results = nlohmann::json::array();
-  for (int64_t b : batches) results.push_back(bench_one(o, b, free_before));
+  if (cpu) {
+    for (int64_t b : batches) results.push_back(bench_cpu_one(o, b));
+  } else {
+#if KILN_WITH_CUDA
+    size_t free_before = 0, total = 0;
+    KILN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+    for (int64_t b : batches) results.push_back(bench_one(o, b, free_before));
+#else
+    throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend; kiln bench --device cuda needs it");
+#endif
+  }
   nlohmann::json out = {{"schema", "kiln-bench 1"},
                         {"model", o.model},
                         {"kiln_version", KILN_VERSION},
-                        {"timing", "CUDA events around each run, synchronized after each; throughput = batch / median latency"},
+                        {"timing", cpu ? "wall clock around each Engine::run (which returns the outputs); throughput = batch / median latency"
+                                       : "CUDA events around each run, synchronized after each; throughput = batch / median latency"},
                         {"results", results}};
   if (!o.json.empty()) {
     std::ofstream f(o.json);
@@ -263,10 +330,6 @@ int bench(const BenchOptions& o) {
     f << out.dump(1) << "\n";
   }
   return 0;
-#else
-  (void)o;
-  throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend; kiln bench needs a GPU");
-#endif
 }
 
 }  // namespace

@@ -17,5 +17,7 @@ void add_bench_command(CLI::App& app, std::function<int()>& action);
 void add_calibrate_command(CLI::App& app, std::function<int()>& action);
 void add_quantize_command(CLI::App& app, std::function<int()>& action);
 void add_eval_command(CLI::App& app, std::function<int()>& action);
+// export, compare, report: handed to the Python package (python_tools.cc).
+void add_python_commands(CLI::App& app, std::function<int()>& action);
 
 }  // namespace kiln::tools

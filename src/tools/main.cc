@@ -1,4 +1,5 @@
-// kiln: the command line. Subcommands: inspect, build, run, bench, conformance, operators.
+// kiln: the command line. Subcommands: inspect, build, run, bench, calibrate, quantize, eval,
+// conformance, operators; export, compare and report run in Python (tools/python_tools.cc).
 #include <cstdio>
 #include <exception>
 #include <iostream>
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   kiln::tools::add_eval_command(app, action);
   kiln::tools::add_conformance_command(app, action);
   kiln::tools::add_operators_command(app, action);
+  kiln::tools::add_python_commands(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

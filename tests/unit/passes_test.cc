@@ -4,6 +4,8 @@
 
 #include "graph_builder.h"
 #include "ir/activation.h"
+#include "onnx/exporter.h"
+#include "onnx/importer.h"
 #include "passes/pipeline.h"
 
 namespace kiln::testing {
@@ -82,6 +84,36 @@ TEST(Optimize, OptionsSwitchFoldingAndFusionOff) {
   EXPECT_EQ(count_ops(g, "Identity"), 0);
   EXPECT_EQ(count_ops(g, "Shape"), 0);
   expect_same_outputs(before, g);
+}
+
+// What `kiln export --simplify` does: fold without fusing into kiln's ops, write ONNX, and the
+// model read back computes what the original did.
+TEST(Optimize, FoldedGraphWritesAsOnnxAndReadsBack) {
+  ir::Graph before = small_resnet();
+  ir::Graph g = before;
+  passes::PassOptions fold_only;
+  fold_only.fuse_epilogue = false;
+  passes::optimize(g, fold_only);
+  EXPECT_EQ(count_ops(g, "BatchNormalization"), 0);
+  EXPECT_EQ(count_ops(g, "FusedConv"), 0);
+  EXPECT_EQ(count_ops(g, "Shape"), 0);
+  const std::string bytes = onnx_export::export_model(g);
+  ir::Graph back = onnx_import::import_bytes(bytes, "simplified.onnx", ".");
+  EXPECT_EQ(back.nodes.size(), g.nodes.size());
+  EXPECT_EQ(back.value("input").type.str(), before.value("input").type.str());  // the symbolic batch survives
+  expect_same_outputs(before, back, 1);
+  expect_same_outputs(before, back, 3);
+
+  // Fused graphs hold kiln's own ops: writing one names the node instead of writing bad ONNX.
+  passes::optimize(g);
+  ASSERT_GT(count_ops(g, "FusedConv"), 0);
+  try {
+    onnx_export::export_model(g);
+    FAIL() << "a graph with kiln::FusedConv was written as ONNX";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("FusedConv"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Optimize, IsIdempotent) {

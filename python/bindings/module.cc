@@ -1,0 +1,354 @@
+// kiln._kiln: the C++ API (include/kiln/kiln.h) for Python, through pybind11. The Python
+// package (python/kiln/__init__.py) adds the conveniences on top: Builder, torch tensors,
+// calibration from any iterable.
+//
+// Tensors cross as numpy arrays: inputs are copied in (C-contiguous, the engine's dtype:
+// a wrong dtype is kiln's own error, never a silent conversion), outputs are numpy arrays over
+// kiln's storage (no copy). GPU buffers of a Context leave as DLPack capsules, so
+// torch.from_dlpack() sees them without a copy.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <iostream>
+
+#include "kiln/kiln.h"
+#include "quantization/calibrate_model.h"
+#include "quantization/calibration_cache.h"
+
+namespace py = pybind11;
+
+namespace kiln::python {
+namespace {
+
+// numpy's name of each kiln dtype that numpy has.
+const char* numpy_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat16: return "float16";
+    case DType::kFloat64: return "float64";
+    case DType::kInt8: return "int8";
+    case DType::kInt16: return "int16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
+    case DType::kUInt16: return "uint16";
+    case DType::kUInt32: return "uint32";
+    case DType::kUInt64: return "uint64";
+    case DType::kBool: return "bool";
+    default: return nullptr;
+  }
+}
+
+DType dtype_of_numpy(const py::dtype& dt, const std::string& what) {
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kFloat64, DType::kInt8, DType::kInt16, DType::kInt32,
+                  DType::kInt64, DType::kUInt8, DType::kUInt16, DType::kUInt32, DType::kUInt64, DType::kBool})
+    if (dt.is(py::dtype(numpy_name(d)))) return d;
+  throw Error(ErrorKind::kInvalidArgument, what + " has numpy dtype " + py::str(dt).cast<std::string>() +
+                                               ", which kiln does not take");
+}
+
+Tensor to_tensor(const py::handle& object, const std::string& what) {
+  // np.asarray: numpy arrays as they are, CPU torch tensors and lists through __array__.
+  py::array array = py::module_::import("numpy").attr("ascontiguousarray")(object);
+  const DType dtype = dtype_of_numpy(array.dtype(), what);
+  std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
+  Tensor t = Tensor::uninitialized(dtype, shape);
+  if (t.nbytes()) std::memcpy(t.raw(), array.data(), t.nbytes());
+  return t;
+}
+
+py::array to_numpy(const Tensor& t) {
+  const char* name = numpy_name(t.dtype());
+  if (!name) throw Error(ErrorKind::kUnsupported, "an output of dtype " + to_string(t.dtype()) + " has no numpy dtype");
+  // The array keeps a copy of the Tensor (shared storage) alive: no data is copied.
+  auto* owner = new Tensor(t);
+  py::capsule keep(owner, [](void* p) { delete static_cast<Tensor*>(p); });
+  std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
+  if (!owner->raw()) return py::array(py::dtype(name), shape);  // empty tensor
+  return py::array(py::dtype(name), shape, {}, owner->raw(), keep);
+}
+
+std::map<std::string, Tensor> to_tensors(const py::dict& inputs) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [key, value] : inputs) {
+    const std::string name = py::str(key).cast<std::string>();
+    out.emplace(name, to_tensor(value, "input '" + name + "'"));
+  }
+  return out;
+}
+
+py::dict to_dict(const std::map<std::string, Tensor>& tensors) {
+  py::dict out;
+  for (const auto& [name, t] : tensors) out[py::str(name)] = to_numpy(t);
+  return out;
+}
+
+Precision parse_precision(const std::string& p) {
+  for (Precision x : {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBest, Precision::kInt8})
+    if (p == to_string(x)) return x;
+  throw Error(ErrorKind::kInvalidArgument, "unknown precision '" + p + "' (fp32, tf32, fp16, best or int8)");
+}
+
+Device parse_device(const std::string& d) {
+  if (d == "cpu") return Device::kCpu;
+  if (d == "cuda" || d == "gpu") return Device::kCuda;
+  throw Error(ErrorKind::kInvalidArgument, "unknown device '" + d + "' (cpu or cuda)");
+}
+
+// DLPack, as the standard defines it (dlpack.h v0.8 layout), for the GPU buffers of a Context.
+struct DLDevice { int32_t device_type; int32_t device_id; };
+struct DLDataType { uint8_t code; uint8_t bits; uint16_t lanes; };
+struct DLTensor {
+  void* data; DLDevice device; int32_t ndim; DLDataType dtype; int64_t* shape; int64_t* strides; uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor; void* manager_ctx; void (*deleter)(DLManagedTensor*);
+};
+constexpr int32_t kDLCUDA = 2;
+
+DLDataType dlpack_dtype(DType d) {
+  enum : uint8_t { kInt = 0, kUInt = 1, kFloat = 2, kBool = 6 };
+  const uint8_t bits = static_cast<uint8_t>(element_size(d) * 8);
+  if (d == DType::kBool) return {kBool, 8, 1};
+  if (is_float(d) && d != DType::kBFloat16) return {kFloat, bits, 1};
+  if (d == DType::kUInt8 || d == DType::kUInt16 || d == DType::kUInt32 || d == DType::kUInt64) return {kUInt, bits, 1};
+  if (is_integer(d)) return {kInt, bits, 1};
+  throw Error(ErrorKind::kUnsupported, "no DLPack form for dtype " + to_string(d));
+}
+
+// A capsule named "dltensor" over a device buffer; `keep` (the Context) outlives the capsule's
+// consumers because the managed tensor holds a reference to it.
+struct DlpackOwner {
+  std::vector<int64_t> shape;
+  py::object keep;
+};
+
+py::capsule dlpack_capsule(void* data, const TensorDesc& desc, py::object keep) {
+  auto* owner = new DlpackOwner{desc.shape, std::move(keep)};
+  auto* m = new DLManagedTensor{};
+  int device = 0;
+  m->dl_tensor = {data, {kDLCUDA, device}, static_cast<int32_t>(owner->shape.size()), dlpack_dtype(desc.dtype),
+                  owner->shape.data(), nullptr, 0};
+  m->manager_ctx = owner;
+  m->deleter = [](DLManagedTensor* self) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<DlpackOwner*>(self->manager_ctx);
+    delete self;
+  };
+  // The consumer renames a used capsule "used_dltensor" and calls the deleter itself; an unused
+  // one is freed here.
+  return py::capsule(m, "dltensor", [](PyObject* capsule) {
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+      auto* self = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+      self->deleter(self);
+    }
+  });
+}
+
+const TensorDesc& find_desc(const std::vector<TensorDesc>& list, const std::string& name, const char* what) {
+  for (const TensorDesc& d : list)
+    if (d.name == name) return d;
+  throw Error(ErrorKind::kInvalidArgument, std::string("the engine has no ") + what + " '" + name + "'");
+}
+
+py::dict engine_info(const Engine& engine) {
+  const EngineInfo info = engine.info();
+  py::list layers;
+  for (const LayerInfo& l : info.layers) {
+    py::dict d;
+    d["name"] = l.name, d["op"] = l.op, d["tactic"] = l.tactic, d["precision"] = l.precision;
+    d["cpu_fallback"] = l.cpu_fallback, d["flops"] = l.flops;
+    layers.append(d);
+  }
+  py::dict d;
+  d["backend"] = info.backend, d["device"] = info.device, d["precision"] = info.precision, d["layers"] = layers;
+  d["weight_bytes"] = info.weight_bytes, d["activation_bytes"] = info.activation_bytes;
+  d["workspace_bytes"] = info.workspace_bytes, d["fp32_layers"] = info.fp32_layers;
+  d["int8_kept_float"] = info.int8_kept_float, d["has_cpu_fallback"] = info.has_cpu_fallback;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_kiln, m) {
+  m.doc() = "kiln's C++ engine (include/kiln/kiln.h); use the kiln package, which wraps it.";
+  m.attr("__version__") = KILN_VERSION;
+#if KILN_WITH_CUDA
+  m.attr("has_cuda") = true;
+#else
+  m.attr("has_cuda") = false;
+#endif
+
+  // kiln::Error -> kiln.Error (a RuntimeError) with the message kiln prints.
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      py::set_error(error, e.what());
+    }
+  });
+
+  py::class_<TensorDesc>(m, "TensorDesc")
+      .def_readonly("name", &TensorDesc::name)
+      .def_property_readonly("dtype", [](const TensorDesc& d) { return to_string(d.dtype); })
+      .def_readonly("shape", &TensorDesc::shape, "dimensions; -1 where dynamic")
+      .def_readonly("dim_names", &TensorDesc::dim_names)
+      .def("__repr__", [](const TensorDesc& d) {
+        return "TensorDesc(" + d.name + ", " + to_string(d.dtype) + ", [" + shape_to_string(d.shape) + "])";
+      });
+
+  py::class_<BuildOptions>(m, "BuildOptions")
+      .def(py::init<>())
+      .def_readwrite("optimize", &BuildOptions::optimize)
+      .def_property(
+          "device", [](const BuildOptions& o) { return std::string(o.device == Device::kCpu ? "cpu" : "cuda"); },
+          [](BuildOptions& o, const std::string& d) { o.device = parse_device(d); })
+      .def_property(
+          "precision", [](const BuildOptions& o) { return std::string(to_string(o.precision)); },
+          [](BuildOptions& o, const std::string& p) { o.precision = parse_precision(p); })
+      .def_readwrite("input_shapes", &BuildOptions::input_shapes)
+      .def_readwrite("timing_cache", &BuildOptions::timing_cache)
+      .def_readwrite("allow_cpu_fallback", &BuildOptions::allow_cpu_fallback)
+      .def_readwrite("mark_outputs", &BuildOptions::mark_outputs)
+      .def_readwrite("int8_scales", &BuildOptions::int8_scales)
+      .def_readwrite("float_layers", &BuildOptions::float_layers)
+      .def_readwrite("log", &BuildOptions::log);
+
+  py::class_<Engine>(m, "Engine")
+      .def_static(
+          "from_onnx",
+          [](const std::string& path, const BuildOptions& options) {
+            py::gil_scoped_release release;
+            return Engine::from_onnx(path, options);
+          },
+          py::arg("path"), py::arg("options") = BuildOptions{})
+      .def_static(
+          "load",
+          [](const std::string& path) {
+            py::gil_scoped_release release;
+            return Engine::load(path);
+          },
+          py::arg("path"))
+      .def("save", &Engine::save, py::arg("path"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("inputs", &Engine::inputs)
+      .def_property_readonly("outputs", &Engine::outputs)
+      .def_property_readonly("backend", &Engine::backend)
+      .def_property_readonly("layer_count", &Engine::layer_count)
+      .def("info", &engine_info)
+      .def("create_context", &Engine::create_context, py::arg("use_cuda_graph") = true)
+      .def("run", [](const Engine& engine, const py::dict& inputs) {
+        std::map<std::string, Tensor> in = to_tensors(inputs);
+        std::map<std::string, Tensor> out;
+        {
+          py::gil_scoped_release release;
+          out = engine.run(in);
+        }
+        return to_dict(out);
+      });
+
+  // The Context keeps its Engine alive (Engine's shared Impl): py::keep_alive ties the Python
+  // objects too, so an engine's owner may drop it while contexts run.
+  py::class_<Context>(m, "Context", py::dynamic_attr())
+      .def("run",
+           [](Context& context, const py::dict& inputs) {
+             std::map<std::string, Tensor> in = to_tensors(inputs);
+             std::map<std::string, Tensor> out;
+             {
+               py::gil_scoped_release release;
+               out = context.run(in);
+             }
+             return to_dict(out);
+           })
+      .def("enqueue",
+           [](Context& context, uintptr_t stream) { context.enqueue(reinterpret_cast<void*>(stream)); },
+           py::arg("cuda_stream") = 0, py::call_guard<py::gil_scoped_release>(),
+           "Runs on a CUDA stream (an int, as torch.cuda.Stream.cuda_stream), asynchronously")
+      .def("input_pointer", [](const Context& c, const std::string& name) {
+        return reinterpret_cast<uintptr_t>(c.input_buffer(name));
+      })
+      .def("output_pointer", [](const Context& c, const std::string& name) {
+        return reinterpret_cast<uintptr_t>(c.output_buffer(name));
+      })
+      .def(
+          "input_dlpack",
+          [](py::object self, const Engine& engine, const std::string& name) {
+            const Context& c = self.cast<const Context&>();
+            return dlpack_capsule(c.input_buffer(name), find_desc(engine.inputs(), name, "input"), self);
+          },
+          py::arg("engine"), py::arg("name"))
+      .def(
+          "output_dlpack",
+          [](py::object self, const Engine& engine, const std::string& name) {
+            const Context& c = self.cast<const Context&>();
+            return dlpack_capsule(c.output_buffer(name), find_desc(engine.outputs(), name, "output"), self);
+          },
+          py::arg("engine"), py::arg("name"))
+      .def("profile", [](Context& c, uintptr_t stream) {
+        py::list rows;
+        std::vector<LayerTiming> timings;
+        {
+          py::gil_scoped_release release;
+          timings = c.profile(reinterpret_cast<void*>(stream));
+        }
+        for (const LayerTiming& t : timings) {
+          py::dict d;
+          d["name"] = t.name, d["op"] = t.op, d["tactic"] = t.tactic, d["ms"] = t.ms;
+          rows.append(d);
+        }
+        return rows;
+      }, py::arg("cuda_stream") = 0);
+
+  m.def(
+      "simplify_onnx",
+      [](const std::string& in, const std::string& out) {
+        SimplifyResult r;
+        {
+          py::gil_scoped_release release;
+          r = simplify_onnx(in, out);
+        }
+        return py::make_tuple(r.nodes_before, r.nodes_after);
+      },
+      py::arg("onnx_path"), py::arg("output_path"),
+      "Writes the model after kiln's folding passes as ONNX; returns (nodes before, nodes after)");
+
+  // Calibration from Python batches: `next_batch()` returns the next batch (a numpy array) or
+  // None when there are no more. Returns {tensor name: scale}.
+  m.def(
+      "calibrate",
+      [](const std::string& model, py::function next_batch, const std::string& algorithm, double percentile,
+         int max_batches, const std::string& device, bool progress) {
+        quantization::CalibrationOptions o;
+        o.data = "the Python batches";
+        o.algorithm = quantization::parse_calibration_algorithm(algorithm);
+        o.percentile = percentile;
+        o.max_batches = max_batches;
+        o.device = parse_device(device);
+        size_t count = 0;
+        o.next_batch = [&](Tensor& batch) {
+          py::gil_scoped_acquire gil;
+          py::object b = next_batch();
+          if (b.is_none()) return false;
+          batch = to_tensor(b, "calibration batch " + std::to_string(++count));
+          return true;
+        };
+        if (progress)
+          o.progress = [](size_t done, size_t, size_t tensors) {
+            std::cerr << "\rkiln: calibration batch " << done << ", " << tensors << " tensors" << std::flush;
+          };
+        quantization::CalibrationResult r;
+        {
+          py::gil_scoped_release release;
+          r = quantization::calibrate_model(model, o);
+        }
+        if (progress) std::cerr << "\n";
+        return r.cache.scales;
+      },
+      py::arg("model"), py::arg("next_batch"), py::arg("algorithm") = "entropy", py::arg("percentile") = 99.99,
+      py::arg("max_batches") = 0, py::arg("device") = "cpu", py::arg("progress") = true);
+}
+
+}  // namespace kiln::python
