@@ -6,8 +6,10 @@
 #
 # Steps, each skipped when already done, so running it again is cheap:
 #   1. Debian packages (apt-get; needs root, or sudo)
-#   2. a Python virtual environment .venv with torch, onnx, onnxruntime, ... from PyPI
-#   3. cmake + ninja build into build/ (KILN_BUILD_DIR overrides)
+#   2. a Python virtual environment .venv with torch, onnx, onnxruntime, ... from PyPI, and
+#      .venv-tf with TensorFlow and tf2onnx (kept apart so their pins never move torch's)
+#   3. cmake + ninja build into build/ (KILN_BUILD_DIR overrides), with the Python package's
+#      extension module laid out in build/python
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -16,7 +18,7 @@ BUILD_DIR=${KILN_BUILD_DIR:-build}
 # Build tools and libraries kiln links (see CMakeLists.txt); libonnx-testdata holds the ONNX
 # backend test cases of `kiln conformance`; clang and libclang-rt-14-dev build the fuzz targets;
 # libstb-dev decodes images for `kiln run --input photo.jpg`; dataset-fashion-mnist gives the
-# demo real images without a download.
+# demo real images without a download; chromium renders the HTML report in its test.
 DEBIAN_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
@@ -24,10 +26,18 @@ DEBIAN_PACKAGES=(
   clang libclang-rt-14-dev
   dataset-fashion-mnist
   python3 python3-venv python3-dev
+  chromium
 )
-PYTHON_PACKAGES=(torch torchvision onnx onnxruntime numpy pytest onnxscript transformers)
+# pybind11 and scikit-build-core build the Python package (kiln._kiln; `pip install .`);
+# matplotlib draws `kiln report`'s charts; nbconvert and ipykernel execute notebooks/demo.ipynb.
+PYTHON_PACKAGES=(torch torchvision onnx onnxruntime numpy pytest onnxscript transformers
+  pybind11 scikit-build-core matplotlib nbconvert ipykernel)
 # The import name of each package above, to check what is there already.
-PYTHON_MODULES=(torch torchvision onnx onnxruntime numpy pytest onnxscript transformers)
+PYTHON_MODULES=(torch torchvision onnx onnxruntime numpy pytest onnxscript transformers
+  pybind11 scikit_build_core matplotlib nbconvert ipykernel)
+# The TensorFlow environment of `kiln export --from savedmodel` and its test.
+TF_PACKAGES=(tensorflow-cpu tf2onnx onnxruntime numpy pytest)
+TF_MODULES=(tensorflow tf2onnx onnxruntime numpy pytest)
 
 say() { printf '\n==> %s\n' "$*"; }
 
@@ -62,6 +72,18 @@ else
   say "installing Python packages into .venv: ${PYTHON_PACKAGES[*]}"
   .venv/bin/python -m pip install --upgrade pip
   .venv/bin/python -m pip install "${PYTHON_PACKAGES[@]}"
+fi
+if [[ ! -x .venv-tf/bin/python ]]; then
+  say "creating the TensorFlow environment .venv-tf"
+  python3 -m venv .venv-tf
+fi
+if .venv-tf/bin/python -c "import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))" \
+     "${TF_MODULES[@]}"; then
+  say "TensorFlow packages: all installed in .venv-tf"
+else
+  say "installing into .venv-tf: ${TF_PACKAGES[*]}"
+  .venv-tf/bin/python -m pip install --upgrade pip
+  .venv-tf/bin/python -m pip install "${TF_PACKAGES[@]}"
 fi
 
 # --- 3. build -------------------------------------------------------------------------------

@@ -1,0 +1,146 @@
+"""The Python package `kiln` (python/kiln, extension kiln._kiln) used as a user would: engines
+from ONNX run on numpy arrays and torch tensors against ONNX Runtime, errors as kiln.Error, INT8
+calibration from a torch DataLoader on real Fashion-MNIST images, kiln.simplify and
+`kiln export --simplify`, and `kiln compare` on the CPU writing a results file of the documented
+schema. CTest runs this with PYTHONPATH=<build>/python, where the build lays the package out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import kiln
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FASHION = os.path.join(REPO, "models", "fashion_mnist_resnet.onnx")
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import export_model  # noqa: E402
+import train_fashion_mnist  # noqa: E402
+
+
+def ort_run(path: str, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_engine_matches_onnxruntime_on_numpy_and_torch_inputs():
+    import torch
+
+    engine = kiln.Engine.from_onnx(FASHION)
+    assert engine.backend == "cpu"
+    assert [d.name for d in engine.inputs] == ["input"] and engine.inputs[0].shape == [-1, 1, 28, 28]
+    assert engine.inputs[0].dtype == "float32"
+    rng = np.random.default_rng(7)
+    for batch in (1, 5):
+        x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
+        want = ort_run(FASHION, {"input": x})[0]
+        got = engine.run({"input": x})["logits"]
+        assert got.shape == (batch, 10) and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        from_torch = engine.run({"input": torch.from_numpy(x)})["logits"]
+        np.testing.assert_array_equal(from_torch, got)
+    info = engine.info()
+    assert info["backend"] == "cpu" and len(info["layers"]) == engine.layer_count > 0
+
+
+def test_bad_inputs_are_kiln_errors_that_say_what(tmp_path):
+    engine = kiln.Engine.from_onnx(FASHION)
+    with pytest.raises(kiln.Error, match="float32.*float64|float64"):
+        engine.run({"input": np.zeros((1, 1, 28, 28), np.float64)})
+    with pytest.raises(kiln.Error, match="input"):
+        engine.run({})
+    with pytest.raises(kiln.Error, match="no_such.onnx"):
+        kiln.Engine.from_onnx(str(tmp_path / "no_such.onnx"))
+    truncated = tmp_path / "truncated.onnx"
+    truncated.write_bytes(open(FASHION, "rb").read()[:1000])
+    with pytest.raises(kiln.Error, match="truncated.onnx"):
+        kiln.Engine.from_onnx(str(truncated))
+    with pytest.raises(kiln.Error, match="precision 'fp8'"):
+        kiln.Builder(precision="fp8")
+    with pytest.raises(kiln.Error, match="calibrate"):
+        kiln.Builder(precision="int8").build(FASHION)
+    assert issubclass(kiln.Error, RuntimeError)
+
+
+def test_int8_calibration_from_a_dataloader_on_fashion_mnist():
+    import torch
+
+    images, labels = train_fashion_mnist.load_split("train")
+    train = torch.utils.data.TensorDataset(torch.from_numpy(train_fashion_mnist.normalize(images[:256])),
+                                           torch.from_numpy(labels[:256].astype(np.int64)))
+    loader = torch.utils.data.DataLoader(train, batch_size=64)
+    builder = kiln.Builder(precision="int8")
+    scales = builder.calibrate(FASHION, loader, progress=False)
+    assert len(scales) > 10 and all(s > 0 for s in scales.values())
+    int8 = builder.build(FASHION)
+    assert int8.info()["precision"] == "int8"
+    assert any(layer["op"] == "QConv" for layer in int8.info()["layers"])
+    test_images, test_labels = train_fashion_mnist.load_split("t10k")
+    x = train_fashion_mnist.normalize(test_images[:500])
+    float_out = kiln.Engine.from_onnx(FASHION).run({"input": x})["logits"]
+    int8_out = int8.run({"input": x})["logits"]
+    agreement = np.mean(float_out.argmax(1) == int8_out.argmax(1))
+    accuracy = np.mean(int8_out.argmax(1) == test_labels[:500])
+    assert agreement >= 0.97, agreement
+    assert accuracy >= 0.85, accuracy
+    # An empty iterable is an error, not scales of nothing.
+    with pytest.raises(kiln.Error, match="no calibration batches"):
+        kiln.calibrate(FASHION, [], progress=False)
+
+
+def test_simplify_writes_onnx_that_onnxruntime_runs_alike(tmp_path):
+    src, out = str(tmp_path / "squeezenet.onnx"), str(tmp_path / "simplified.onnx")
+    spec = export_model.load_model("squeezenet1_1", size=64)
+    export_model.export(spec, src, "torchscript", 13)
+    before, after = kiln.simplify(src, out)
+    assert after < before  # the exporter's shape arithmetic folds away
+    x = spec.make_inputs(3, 1)[0]
+    np.testing.assert_allclose(ort_run(out, {"input": x})[0], ort_run(src, {"input": x})[0], rtol=1e-5, atol=1e-5)
+    import onnx
+
+    model = onnx.load(out)
+    onnx.checker.check_model(model)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param  # the batch stays dynamic
+
+
+def test_kiln_export_command_with_simplify(kiln_bin, tmp_path):
+    out = tmp_path / "resnet18.onnx"
+    p = subprocess.run([kiln_bin, "export", "resnet18", "--size", "32", "--simplify", "-o", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "simplified with kiln's folding passes" in p.stdout and "ONNX Runtime vs PyTorch" in p.stdout
+    assert out.exists()
+    # A tool that is not there is a clear error, not a traceback.
+    p = subprocess.run([kiln_bin, "export", "no_such_model", "-o", str(tmp_path / "x.onnx")], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode != 0 and "no_such_model" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_compare_on_the_cpu_writes_the_documented_schema(kiln_bin, tmp_path):
+    out = tmp_path / "results.json"
+    p = subprocess.run([kiln_bin, "compare", "resnet18", "--device", "cpu", "--size", "32", "--batches", "1,2",
+                        "--runs", "3", "--warmup", "1", "--calib-images", "8", "--work", str(tmp_path / "work"),
+                        "-o", str(out)], capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "pytorch eager-fp32: batch 2 (2/2)" in p.stdout  # progress
+    r = json.loads(out.read_text())
+    assert r["schema"] == "kiln.compare/1"
+    assert r["device"]["kind"] == "cpu" and r["model"]["input_shape"] == [-1, 3, 32, 32]
+    measured = {(e["runtime"], e["variant"], e["batch"]) for e in r["results"] if "latency_ms" in e}
+    for runtime, variant in (("pytorch", "eager-fp32"), ("pytorch", "compile"), ("kiln", "fp32"), ("kiln", "int8")):
+        for b in (1, 2):
+            assert (runtime, variant, b) in measured, (runtime, variant, b, r["results"])
+    for e in r["results"]:
+        if "latency_ms" in e:
+            assert 0 < e["latency_ms"]["min"] <= e["latency_ms"]["median"] <= e["latency_ms"]["p99"]
+            assert e["throughput"] == pytest.approx(e["batch"] * 1000 / e["latency_ms"]["median"])
+        else:
+            assert e["error"]  # fp16 on the CPU says why it is not there
+    acc = {(e["runtime"], e["variant"]): e for e in r["accuracy"]["entries"]}
+    assert acc[("kiln", "fp32")]["max_abs_diff"] < 1e-3 and acc[("kiln", "fp32")]["top1_agreement"] == 1.0
+    assert acc[("kiln", "int8")]["cosine"] > 0.9
