@@ -132,7 +132,7 @@ Tensor pixels_to_tensor(const std::vector<uint8_t>& pixels, int64_t height, int6
       for (int64_t x = 0; x < o.crop_width; ++x) {
         const uint8_t* px = &img[static_cast<size_t>(((top + y) * w + left + x) * channels)];
         float v;
-        if (out_c == channels) v = px[c];
+        if (out_c == channels) v = px[o.bgr && out_c == 3 ? 2 - c : c];
         else if (out_c == 1) v = 0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2];  // ITU-R 601 luma, as PIL's "L"
         else v = px[0];  // a gray source feeding an RGB model: repeat the channel
         v /= 255.0f;

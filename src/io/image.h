@@ -17,8 +17,9 @@ struct ImageOptions {
   int64_t crop_height = 224;  // then the center crop_height x crop_width is taken
   int64_t crop_width = 224;
   bool gray = false;          // one channel (luma) instead of RGB
-  // Per channel, applied to values scaled to [0, 1]: (v - mean) / std. For gray only
-  // element 0 is used.
+  bool bgr = false;           // channels in B, G, R order (models trained on OpenCV / Caffe images)
+  // Per channel (of the output's order: B, G, R with bgr), applied to values scaled to [0, 1]:
+  // (v - mean) / std. For gray only element 0 is used.
   std::array<float, 3> mean = {0.485f, 0.456f, 0.406f};
   std::array<float, 3> std = {0.229f, 0.224f, 0.225f};
 };

@@ -14,6 +14,7 @@ void ImageFlags::add_to(CLI::App* cmd) {
   cmd->add_option("--mean", mean, "Images: per-channel mean of [0,1] values (default ImageNet's)")->expected(1, 3);
   cmd->add_option("--std", std, "Images: per-channel standard deviation (default ImageNet's)")->expected(1, 3);
   cmd->add_flag("--gray", gray, "Images: one gray channel (automatic for 1-channel inputs)");
+  cmd->add_flag("--bgr", bgr, "Images: channels in B, G, R order (OpenCV/Caffe-trained models; --mean/--std in that order)");
 }
 
 io::ImageOptions ImageFlags::options(const TensorDesc& desc, const std::string& file) const {
@@ -30,6 +31,9 @@ io::ImageOptions ImageFlags::options(const TensorDesc& desc, const std::string& 
   io::ImageOptions io;
   io.resize = resize;
   io.gray = gray || c == 1;
+  io.bgr = bgr;
+  if (bgr && io.gray)
+    throw Error(ErrorKind::kInvalidArgument, "--bgr is for 3-channel inputs; input '" + desc.name + "' takes gray images");
   if (gray && c == 3)
     throw Error(ErrorKind::kInvalidArgument, "--gray was given but input '" + desc.name + "' takes 3 channels");
   io.crop_height = desc.shape[2] > 0 ? desc.shape[2] : 224;

@@ -20,6 +20,7 @@ struct ImageFlags {
   std::vector<float> mean = {0.485f, 0.456f, 0.406f};
   std::vector<float> std = {0.229f, 0.224f, 0.225f};
   bool gray = false;
+  bool bgr = false;
 
   void add_to(CLI::App* cmd);
 

@@ -80,6 +80,21 @@ TEST(Image, GrayUsesLuma) {
   EXPECT_NEAR(t.data<float>()[3], 1.0f, 1e-5);
 }
 
+TEST(Image, BgrReversesTheChannelsAndTheirStatistics) {
+  std::vector<uint8_t> px = {10, 20, 30};  // one pixel: R G B
+  io::ImageOptions o;
+  o.resize = 0;
+  o.crop_height = o.crop_width = 1;
+  o.bgr = true;
+  o.mean = {0.1f, 0.2f, 0.3f};  // for B, G, R
+  o.std = {0.5f, 0.25f, 2.0f};
+  Tensor t = io::pixels_to_tensor(px, 1, 1, 3, o);
+  ASSERT_EQ(t.shape(), (std::vector<int64_t>{1, 3, 1, 1}));
+  EXPECT_NEAR(t.data<float>()[0], (30 / 255.f - 0.1f) / 0.5f, 1e-6);   // B first
+  EXPECT_NEAR(t.data<float>()[1], (20 / 255.f - 0.2f) / 0.25f, 1e-6);
+  EXPECT_NEAR(t.data<float>()[2], (10 / 255.f - 0.3f) / 2.0f, 1e-6);  // R last
+}
+
 TEST(Image, CropLargerThanTheImageIsAnError) {
   io::ImageOptions o;
   o.resize = 0;
