@@ -162,7 +162,9 @@ class Context {
   void* input_buffer(const std::string& name) const;
   void* output_buffer(const std::string& name) const;
   // Runs the engine on a CUDA stream (a cudaStream_t; nullptr: the legacy default stream),
-  // asynchronously: the first call captures a CUDA graph, later ones replay it.
+  // asynchronously: the first call captures a CUDA graph, later ones replay it. Default
+  // streams cannot be captured: there the graph runs on a stream of the context's, ordered
+  // after the caller's earlier work and before its later work on that stream.
   void enqueue(void* cuda_stream);
   // Copies inputs in, runs, copies outputs out, waits.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);

@@ -103,9 +103,12 @@ class Builder:
         return Engine.from_onnx(model, self.options)
 
 
+_engine_create_context = Engine.create_context  # the extension's, before the wrapper below replaces it
+
+
 def _create_context(self: Engine, use_cuda_graph: bool = True) -> Context:
     """A new execution context (GPU engines): its own activation memory and CUDA graph."""
-    context = _kiln.Engine.create_context(self, use_cuda_graph)
+    context = _engine_create_context(self, use_cuda_graph)
     context.engine = self  # for the tensor descriptions of run_torch(), and to keep the engine alive
     return context
 

@@ -162,6 +162,8 @@ class Comparison:
 
     def precision_flags(self, variant: str, onnx: str) -> list[str]:
         flags = ["--device", self.a.device, f"--{variant}"]
+        if self.a.device == "cuda":  # every build of the comparison shares its layer timings
+            flags += ["--timing-cache", os.path.join(self.work, "timing.cache")]
         if variant == "int8":
             flags += ["--calib", self.calib, "--calib-batch", "8", "--calib-cache", os.path.join(self.work, "model.calib")]
         return flags
@@ -302,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                                           text=True).stdout.strip().removeprefix("kiln ")},
         "timing": (f"{a.runs} timed runs after {a.warmup} warm-up runs per configuration; "
                    + ("CUDA events around each call, synchronized after each (PyTorch and kiln alike)"
-                      if a.device == "cuda" else "wall clock around each call (PyTorch and kiln alike)")),
+                      if a.device == "cuda" else "wall clock around each call (PyTorch and kiln alike)"))
+                   + ("; PyTorch eager fp32 lets cuDNN use TF32 (torch.backends.cudnn.allow_tf32 = "
+                      f"{torch.backends.cudnn.allow_tf32}), kiln fp32 is strict float32" if a.device == "cuda" else ""),
         "results": c.results,
         "sizes": c.sizes,
         "accuracy": {"reference": "pytorch eager-fp32",

@@ -14,6 +14,10 @@ std::string where(const char* call, const char* file, int line) {
 }  // namespace
 
 void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line) {
+  // A failed call also sets the runtime's last error; clear it, or the next unrelated
+  // cudaGetLastError() check (after a kernel launch) would report this failure again.
+  // Sticky errors (a faulted context) stay: every later call reports them anyway.
+  (void)cudaGetLastError();
   Error e(ErrorKind::kDevice, std::string("CUDA error ") + cudaGetErrorName(status) + ": " +
                                   cudaGetErrorString(status) + " in " + where(call, file, line));
   if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver)

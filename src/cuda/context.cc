@@ -37,6 +37,9 @@ CudaContext::CudaContext(const CudaEngine& engine, bool use_cuda_graph)
 
 CudaContext::~CudaContext() {
   if (graph_) cudaGraphExecDestroy(graph_);
+  if (side_stream_) cudaStreamDestroy(side_stream_);
+  if (fork_) cudaEventDestroy(fork_);
+  if (join_) cudaEventDestroy(join_);
   for (auto& [name, p] : pinned_) cudaFreeHost(p);
   if (cudnn_) cudnnDestroy(cudnn_);
   if (cublaslt_) cublasLtDestroy(cublaslt_);
@@ -78,6 +81,21 @@ void CudaContext::enqueue_layers(cudaStream_t stream) {
 }
 
 void CudaContext::enqueue(cudaStream_t stream) {
+  if (use_cuda_graph_ && (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)) {
+    // A default stream cannot be captured (PyTorch's current stream is the legacy one unless
+    // the caller picked another): replay on the context's own stream, joined to the caller's.
+    if (!side_stream_) {
+      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+      KILN_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+      KILN_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    }
+    KILN_CUDA_CHECK(cudaEventRecord(fork_, stream));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_, 0));
+    enqueue(side_stream_);
+    KILN_CUDA_CHECK(cudaEventRecord(join_, side_stream_));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
+    return;
+  }
   KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   if (!use_cuda_graph_) {
     enqueue_layers(stream);

@@ -156,6 +156,10 @@ class CudaContext {
   std::vector<LayerIO> io_;  // per layer, bound to this context's memory
   cudaGraphExec_t graph_ = nullptr;
   cudaStream_t graph_stream_ = nullptr;
+  // For callers on a default stream, which cannot be captured: the graph runs on this stream,
+  // ordered after and before the caller's work by the two events.
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   std::map<std::string, void*> pinned_;  // staging per input/output name
 };
 

@@ -46,6 +46,8 @@ def test_engine_matches_onnxruntime_on_numpy_and_torch_inputs():
         np.testing.assert_array_equal(from_torch, got)
     info = engine.info()
     assert info["backend"] == "cpu" and len(info["layers"]) == engine.layer_count > 0
+    with pytest.raises(kiln.Error, match="GPU|CUDA|cuda"):
+        engine.create_context()  # contexts belong to GPU engines
 
 
 def test_bad_inputs_are_kiln_errors_that_say_what(tmp_path):
