@@ -85,6 +85,7 @@ struct LayerInfo {
   std::string precision;  // storage of its output: "float16", "float32", ...
   bool cpu_fallback = false;
   double flops = 0;
+  std::vector<int64_t> shape;  // of its (first) output; -1 where dynamic (CPU engines)
 };
 
 struct EngineInfo {
@@ -107,10 +108,12 @@ class Engine {
   // Imports an ONNX model, optimizes it and builds an engine for options.device.
   static Engine from_onnx(const std::string& onnx_path, const BuildOptions& options = {});
   // Reads an engine file written by save(). The file is checked (format, kiln version,
-  // checksum, GPU and library versions); a mismatch is a kiln::Error that says which.
+  // checksum, GPU and library versions; for CPU engines, that this CPU has AVX2/FMA/F16C); a
+  // mismatch is a kiln::Error that says which.
   static Engine load(const std::string& engine_path);
-  // Writes the engine file (GPU engines). Provisional format: the model and the chosen
-  // tactics, so loading rebuilds without timing anything.
+  // Writes the engine file (GPU and CPU engines). Provisional format (src/engine/engine_file.h):
+  // the model, the build options (INT8 scales included) and the chosen tactics, so loading
+  // rebuilds without calibrating or timing anything.
   void save(const std::string& engine_path) const;
 
   const std::vector<TensorDesc>& inputs() const;

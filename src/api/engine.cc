@@ -119,6 +119,29 @@ nlohmann::json device_identity() {
 }
 #endif
 
+// The CPU an engine file records (informative), and whether this one runs kiln's CPU kernels.
+nlohmann::json cpu_identity() {
+  __builtin_cpu_init();
+  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return {{"cpu", "x86-64"}, {"x86_64_v3", v3}};
+}
+
+// The build options an engine file's header holds (Engine::save writes them).
+BuildOptions options_from_header(const nlohmann::json& o) {
+  BuildOptions options;
+  const std::string precision = o.at("precision").get<std::string>();
+  options.precision = precision == "fp16" ? Precision::kFp16 : precision == "tf32" ? Precision::kTf32
+                      : precision == "best" ? Precision::kBest : precision == "int8" ? Precision::kInt8
+                      : precision == "fp32" ? Precision::kFp32
+                      : throw Error(ErrorKind::kInvalidModel, "the engine file names an unknown precision '" + precision + "'");
+  if (o.contains("int8_scales")) options.int8_scales = o.at("int8_scales").get<std::map<std::string, float>>();
+  if (o.contains("float_layers")) options.float_layers = o.at("float_layers").get<std::vector<std::string>>();
+  options.optimize = o.at("optimize").get<bool>();
+  options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
+  for (const auto& [name, shape] : o.at("input_shapes").items()) options.input_shapes[name] = shape.get<std::vector<int64_t>>();
+  return options;
+}
+
 }  // namespace
 
 Engine Engine::build(std::string model_bytes, const std::string& name, const std::string& base_dir,
@@ -168,6 +191,7 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
     std::set<std::string> pinned(options.float_layers.begin(), options.float_layers.end());
     quantization::QuantizeTarget target;
     target.grouped_convolutions = options.device == Device::kCpu;
+    target.depthwise_convolutions = true;  // the GPU's INT8 depthwise kernel
     quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, scales, pinned, &qdq.weights, target);
     impl->int8_kept_float = r.kept_float;
     if (options.log) {
@@ -212,15 +236,21 @@ Engine Engine::from_onnx(const std::string& onnx_path, const BuildOptions& optio
 }
 
 void Engine::save(const std::string& engine_path) const {
-#if KILN_WITH_CUDA
-  if (!impl_->gpu)
-    throw Error(ErrorKind::kUnsupported, "only GPU engines can be saved yet").hint("build with --device cuda");
   engine_file::Contents c;
   nlohmann::json shapes = nlohmann::json::object();
-  for (const TensorDesc& d : impl_->inputs) shapes[d.name] = d.shape;
+  if (!impl_->cpu)  // GPU engines have fixed shapes; CPU engines keep the model's dynamic ones
+    for (const TensorDesc& d : impl_->inputs) shapes[d.name] = d.shape;
+  nlohmann::json tactics = nlohmann::json::object();
+  nlohmann::json device = cpu_identity();
+#if KILN_WITH_CUDA
+  if (impl_->gpu) {
+    tactics = impl_->gpu->timing_entries();
+    device = device_identity();
+  }
+#endif
   c.header = {{"kiln_version", KILN_VERSION},
-              {"backend", "cuda"},
-              {"device", device_identity()},
+              {"backend", backend()},
+              {"device", device},
               {"options",
                {{"precision", to_string(impl_->options.precision)},
                 {"optimize", impl_->options.optimize},
@@ -229,13 +259,9 @@ void Engine::save(const std::string& engine_path) const {
                 {"int8_scales", impl_->options.int8_scales},
                 {"float_layers", impl_->options.float_layers}}},
               {"model_name", std::filesystem::path(impl_->model_name).filename().string()},
-              {"tactics", impl_->gpu->timing_entries()}};
+              {"tactics", tactics}};
   c.model = impl_->model_bytes;
   engine_file::write(engine_path, c);
-#else
-  (void)engine_path;
-  throw Error(ErrorKind::kUnsupported, "only GPU engines can be saved, and this kiln has no CUDA backend");
-#endif
 }
 
 Engine Engine::load(const std::string& engine_path) {
@@ -251,8 +277,20 @@ Engine Engine::load(const std::string& engine_path) {
       throw Error(ErrorKind::kInvalidModel, "the engine was built by kiln " + version + ", this is kiln " + KILN_VERSION)
           .file(engine_path)
           .hint("rebuild it with this kiln (kiln build)");
-    if (field("backend").get<std::string>() != "cuda")
-      throw Error(ErrorKind::kInvalidModel, "unknown engine backend '" + field("backend").get<std::string>() + "'").file(engine_path);
+    const std::string backend = field("backend").get<std::string>();
+    if (backend == "cpu") {
+      // The CPU kernels are compiled for x86-64-v3: a machine without it would fault on the
+      // first AVX2 instruction, so say so instead.
+      const nlohmann::json here = cpu_identity();
+      if (!here.at("x86_64_v3").get<bool>())
+        throw Error(ErrorKind::kInvalidArgument, "this CPU lacks AVX2, FMA or F16C, which kiln's CPU engine needs")
+            .file(engine_path);
+      BuildOptions options = options_from_header(field("options"));
+      options.device = Device::kCpu;
+      return build(std::move(c.model), engine_path, "", options, {});
+    }
+    if (backend != "cuda")
+      throw Error(ErrorKind::kInvalidModel, "unknown engine backend '" + backend + "'").file(engine_path);
 #if KILN_WITH_CUDA
     nlohmann::json here = device_identity();
     const nlohmann::json& built = field("device");
@@ -265,18 +303,8 @@ Engine Engine::load(const std::string& engine_path) {
             .file(engine_path)
             .hint("rebuild the engine on this machine: kiln build model.onnx -o model.engine");
     }
-    const nlohmann::json& o = field("options");
-    BuildOptions options;
+    BuildOptions options = options_from_header(field("options"));
     options.device = Device::kCuda;
-    std::string precision = o.at("precision").get<std::string>();
-    options.precision = precision == "fp16" ? Precision::kFp16 : precision == "tf32" ? Precision::kTf32
-                        : precision == "best" ? Precision::kBest : precision == "int8" ? Precision::kInt8
-                        : Precision::kFp32;
-    if (o.contains("int8_scales")) options.int8_scales = o.at("int8_scales").get<std::map<std::string, float>>();
-    if (o.contains("float_layers")) options.float_layers = o.at("float_layers").get<std::vector<std::string>>();
-    options.optimize = o.at("optimize").get<bool>();
-    options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
-    for (const auto& [name, shape] : o.at("input_shapes").items()) options.input_shapes[name] = shape.get<std::vector<int64_t>>();
     std::map<std::string, std::string> tactics = field("tactics").get<std::map<std::string, std::string>>();
     return build(std::move(c.model), engine_path, "", options, tactics);
 #else
@@ -284,6 +312,9 @@ Engine Engine::load(const std::string& engine_path) {
 #endif
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorKind::kInvalidModel, std::string("the engine file's header is malformed: ") + e.what()).file(engine_path);
+  } catch (Error& e) {
+    if (e.file_path().empty()) e.file(engine_path);
+    throw;
   }
 }
 
@@ -309,7 +340,9 @@ EngineInfo Engine::info() const {
     const ir::Graph& g = impl_->cpu->graph();
     for (const ir::Node& n : g.nodes) {
       const ir::Value* out = n.outputs.empty() ? nullptr : g.find_value(n.outputs[0]);
-      LayerInfo l{n.name, n.op, "cpu", out ? to_string(out->type.dtype) : "", false, 0};
+      LayerInfo l{n.name, n.op, "cpu", out ? to_string(out->type.dtype) : "", false, 0, {}};
+      if (out && out->type.shape)
+        for (const ir::Dim& d : *out->type.shape) l.shape.push_back(d.known() ? d.value : -1);
       try {
         l.flops = static_cast<double>(ir::node_flops(g, n));
       } catch (const Error&) {
@@ -327,6 +360,7 @@ EngineInfo Engine::info() const {
     li.op = l.op;
     li.tactic = l.layer->tactic();
     li.precision = l.outputs.empty() || l.outputs[0] < 0 ? "" : to_string(e.buffers()[l.outputs[0]].spec.format.dtype);
+    if (!l.outputs.empty() && l.outputs[0] >= 0) li.shape = e.buffers()[l.outputs[0]].spec.shape;
     li.cpu_fallback = l.cpu_fallback;
     li.flops = l.flops;
     info.has_cpu_fallback |= l.cpu_fallback;

@@ -29,6 +29,7 @@
 #include "cuda/conv_graph.h"
 #include "cuda/engine.h"
 #include "cuda/int8_conv.h"
+#include "cuda/int8_depthwise.h"
 #include "ir/activation.h"
 #include "ops/conv_geometry.h"
 
@@ -43,6 +44,7 @@ struct QConvParams {
   bool has_z = false, z_int8 = false, y_int8 = false;
   DType y_storage = DType::kInt8, z_storage = DType::kInt8;
   Int8ConvGeometry geometry;  // for kiln's kernel
+  bool depthwise = false;     // group = channels: kiln's depthwise kernel (cuDNN has no INT8 grouped engines)
 };
 
 bool homogeneous(const ir::Activation& act) { return act.kind.empty() || act.kind == "Relu" || act.kind == "LeakyRelu"; }
@@ -53,8 +55,13 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
   if (!r.is_constant(1)) return "the weights must be a constant";
   if (r.has_input(2) && !r.is_constant(2)) return "the bias must be a constant";
   const ir::Node& n = r.node;
-  if (n.attrs.get_int("group", 1) != 1) return "grouped INT8 convolutions are not supported on the GPU";
-  p.act = ir::Activation::from_node(n);
+  const int64_t group = n.attrs.get_int("group", 1);
+  if (group != 1) {
+    const std::vector<int64_t>& ws = r.constants[1]->shape();
+    if (ws.size() != 4 || ws[1] != 1 || ws[0] != group || r.input_shape(0)[1] != group)
+      return "grouped INT8 convolutions other than depthwise ones are not supported on the GPU";
+    p.depthwise = true;
+  }  p.act = ir::Activation::from_node(n);
   if (!conv_graph_supports(p.act)) return "activation " + p.act.kind + " has no INT8 epilogue on the GPU";
   p.x = r.input_shape(0);
   p.w = r.constants[1]->shape();
@@ -81,6 +88,8 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
   p.y_int8 = n.attrs.get_float("y_scale", 0.f) > 0.f;
   p.y_storage = p.y_int8 ? DType::kInt8 : r.float_storage();
   p.z_storage = p.z_int8 ? DType::kInt8 : r.float_storage();
+  if (std::string why; p.depthwise && !int8_depthwise_supported(geo, p.y_storage, p.has_z ? p.z_storage : DType::kUndefined, &why))
+    return "depthwise INT8 convolution: " + why;
   return "";
 }
 
@@ -93,13 +102,19 @@ class QConvLayer final : public Layer {
   QConvLayer(const LayerRequest& r, const QConvParams& p, BuildServices& services) : p_(p) {
     const ir::Node& n = r.node;
     const int64_t K = p.w[0], C = p.w[1], R = p.w[2], S = p.w[3];
-    // Weights: int8 [K, C, R, S] -> KRSC.
     const int8_t* w = r.constants[1]->data<int8_t>();
-    std::vector<int8_t> krsc(static_cast<size_t>(K * C * R * S));
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t i = 0; i < R * S; ++i) krsc[static_cast<size_t>((k * R * S + i) * C + c)] = w[(k * C + c) * R * S + i];
-    weights_ = services.upload(krsc.data(), krsc.size());
+    if (p.depthwise) {
+      // Depthwise weights [K, 1, R, S] -> tap-major [R * S][K].
+      const std::vector<int8_t> taps = depthwise_weights(w, static_cast<int>(K), static_cast<int>(R), static_cast<int>(S));
+      weights_ = services.upload(taps.data(), taps.size());
+    } else {
+      // Weights: int8 [K, C, R, S] -> KRSC.
+      std::vector<int8_t> krsc(static_cast<size_t>(K * C * R * S));
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t i = 0; i < R * S; ++i) krsc[static_cast<size_t>((k * R * S + i) * C + c)] = w[(k * C + c) * R * S + i];
+      weights_ = services.upload(krsc.data(), krsc.size());
+    }
 
     // The epilogue's per-channel vectors (see the file comment).
     const float x_scale = n.attrs.get_float("x_scale", 0.f);
@@ -139,6 +154,7 @@ class QConvLayer final : public Layer {
     if (bias) kernel_args_.bias = static_cast<const float*>(services.upload(bias, static_cast<size_t>(K) * sizeof(float)));
     kernel_args_.z_scale = p.z_int8 ? z_scale : 1.f;
     kernel_args_.y_scale = p.y_int8 ? y_scale : 0.f;
+    if (p.depthwise) return;  // one kernel, nothing to choose
 
     spec_.x = p.x;
     spec_.w = p.w;
@@ -159,6 +175,14 @@ class QConvLayer final : public Layer {
   }
 
   void enqueue(const LayerIO& io, cudaStream_t stream) const override {
+    if (p_.depthwise) {
+      Int8ConvArgs a = kernel_args_;
+      a.x = static_cast<const int8_t*>(io.inputs[0]);
+      a.z = p_.has_z ? io.inputs[3] : nullptr;
+      a.y = io.outputs[0];
+      launch_int8_depthwise(p_.geometry, p_.y_storage, z_type(), a, p_.act, stream);
+      return;
+    }
     if (kernel_) {
       launch_kernel(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], *kernel_, stream);
       return;
@@ -172,6 +196,7 @@ class QConvLayer final : public Layer {
   }
   size_t workspace_bytes() const override { return graph_ ? graph_->workspace_bytes() : 0; }
   std::string tactic() const override {
+    if (p_.depthwise) return "kernel:int8 depthwise";
     if (kernel_) return "kernel:int8 " + kernel_->str();
     return "cudnn:int8 graph " + (graph_ ? graph_->engine_name() : std::string("none"));
   }
@@ -331,7 +356,7 @@ KILN_REGISTER_CUDA_LAYERS(quantized_conv) {
     if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
     return std::make_unique<QConvLayer>(r, p, s);
   };
-  e.dtypes = "int8 -> int8, float16 (NHWC; kiln's implicit GEMM or cuDNN's graph API)";
+  e.dtypes = "int8 -> int8, float16 (NHWC; kiln's implicit GEMM or cuDNN's graph API; depthwise: kiln's kernel)";
   registry.add(std::move(e));
 }
 

@@ -32,8 +32,12 @@ std::string why_float(const ir::Graph& g, const ir::Node& n, const std::map<std:
   const Tensor* w = g.constant(n.inputs[1]);
   if (!w || w->dtype() != DType::kFloat32 || w->rank() != 4) return "weights are not a constant float32 4-D tensor";
   const int64_t group = n.attrs.get_int("group", 1);
-  if (group != 1 && !target.grouped_convolutions) return "grouped convolution (no INT8 layer for it on this device)";
   const int64_t out_c = w->dim(0), in_c = w->dim(1);
+  const bool depthwise = group != 1 && in_c == 1 && out_c == group;
+  if (group != 1 && !target.grouped_convolutions) {
+    if (!depthwise || !target.depthwise_convolutions) return "grouped convolution (no INT8 layer for it on this device)";
+    if (out_c % 16 != 0) return std::to_string(out_c) + " depthwise channels (INT8 needs multiples of 16)";
+  }
   if (group == 1 && (in_c % 16 != 0 || out_c % 16 != 0))
     return std::to_string(in_c) + " input / " + std::to_string(out_c) + " output channels (INT8 needs multiples of 16)";
   if (!epilogue_has(n.attrs.get_string("activation", ""))) return "activation has no INT8 epilogue";

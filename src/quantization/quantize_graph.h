@@ -38,8 +38,11 @@ struct QuantizeGraphReport {
 // What the target engine runs in INT8 beyond the common case.
 struct QuantizeTarget {
   // Grouped and depthwise convolutions, with any channel counts: the CPU engine's integer
-  // reference runs them; the GPU's INT8 layers do not yet (they stay float there).
+  // reference runs them.
   bool grouped_convolutions = false;
+  // Depthwise convolutions (group = input = output channels) with channels a multiple of 16:
+  // the GPU's INT8 depthwise kernel runs them (other grouped ones stay float there).
+  bool depthwise_convolutions = false;
 };
 
 // `scales`: value name -> scale (real = int8 * scale). `pinned_float`: node names to keep in

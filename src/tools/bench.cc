@@ -110,9 +110,10 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
   std::vector<std::string> defaulted;
   EngineOptions eo = o.engine;
   if (batch > 0) eo.batch = batch;
-  const BuildOptions build = eo.build_options(o.model, defaulted);
+  const bool engine_file = is_engine_file(o.model);
+  const BuildOptions build = engine_file ? BuildOptions{} : eo.build_options(o.model, defaulted);
   auto t0 = std::chrono::steady_clock::now();
-  Engine engine = Engine::from_onnx(o.model, build);
+  Engine engine = engine_file ? Engine::load(o.model) : Engine::from_onnx(o.model, build);
   const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::mt19937_64 rng(o.seed);
   std::map<std::string, Tensor> inputs;
@@ -301,7 +302,7 @@ nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_befo
 
 int bench(const BenchOptions& o) {
   std::vector<int64_t> batches = o.batches.empty() ? std::vector<int64_t>{o.engine.batch} : parse_batches(o.batches);
-  const bool cpu = o.engine.device == "cpu";
+  const bool cpu = is_engine_file(o.model) ? engine_file_backend(o.model) == "cpu" : o.engine.device == "cpu";
   if (is_engine_file(o.model) && (batches.size() > 1 || batches[0] > 0))
     throw Error(ErrorKind::kInvalidArgument, "an engine file has fixed shapes: --batches applies to ONNX models");
   if (cpu && (o.with_transfers || o.no_graph || o.profile))

@@ -13,6 +13,7 @@
 
 #include "onnx/importer.h"
 #include "quantization/accuracy_budget.h"
+#include "engine/engine_file.h"
 #include "quantization/calibrate_model.h"
 #include "tools/calibration_flags.h"
 #include "tools/shapes.h"
@@ -194,6 +195,13 @@ bool is_engine_file(const std::string& path) {
   char magic[8] = {};
   f.read(magic, sizeof magic);
   return f && std::memcmp(magic, "KILNENG1", 8) == 0;
+}
+
+std::string engine_file_backend(const std::string& path) {
+  const engine_file::Contents c = engine_file::read(path);
+  if (!c.header.contains("backend") || !c.header.at("backend").is_string())
+    throw Error(ErrorKind::kInvalidModel, "the engine file's header names no backend").file(path);
+  return c.header.at("backend").get<std::string>();
 }
 
 std::string format_bytes(double bytes) {

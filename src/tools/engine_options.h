@@ -54,6 +54,8 @@ struct EngineOptions {
 
 // True when `path` is a kiln engine file (by its magic), false for anything else.
 bool is_engine_file(const std::string& path);
+// "cpu" or "cuda": the backend an engine file was built for (reads and checks the file).
+std::string engine_file_backend(const std::string& path);
 
 // "12.3 MiB"
 std::string format_bytes(double bytes);

@@ -1,4 +1,5 @@
 // kiln inspect model.onnx: inputs, outputs, layers with shapes, parameters and FLOPs.
+// kiln inspect model.engine: the layers after fusion with precision, tactic and shape; memory.
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
@@ -10,7 +11,10 @@
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
 #include "passes/pipeline.h"
+#include "engine/engine_file.h"
+#include "kiln/kiln.h"
 #include "tools/commands.h"
+#include "tools/engine_options.h"
 #include "tools/shapes.h"
 
 namespace kiln::tools {
@@ -94,7 +98,66 @@ void fill_shapes_by_folding(ir::Graph& g) {
   }
 }
 
+// An engine file: what was built (layers after fusion with their precision, tactic and output
+// shape; inputs and outputs; memory) and for what (the header: kiln version, device, options).
+int inspect_engine(const InspectOptions& o) {
+  const engine_file::Contents file = engine_file::read(o.model);
+  const Engine engine = Engine::load(o.model);
+  const EngineInfo info = engine.info();
+  auto desc_json = [](const TensorDesc& d) {
+    return nlohmann::json{{"name", d.name}, {"dtype", to_string(d.dtype)}, {"shape", d.shape}, {"dim_names", d.dim_names}};
+  };
+  nlohmann::json j;
+  j["engine"] = o.model;
+  j["format_version"] = engine_file::kEngineFormatVersion;
+  for (const char* key : {"kiln_version", "backend", "device", "options", "model_name"})
+    if (file.header.contains(key)) j[key] = file.header.at(key);
+  j["options"].erase("int8_scales");  // per tensor: long, and in the calibration cache
+  j["int8_scales"] = file.header.contains("options") ? file.header.at("options").value("int8_scales", nlohmann::json::object()).size() : 0;
+  j["precision"] = info.precision;
+  for (const TensorDesc& d : engine.inputs()) j["inputs"].push_back(desc_json(d));
+  for (const TensorDesc& d : engine.outputs()) j["outputs"].push_back(desc_json(d));
+  double flops = 0;
+  j["layers"] = nlohmann::json::array();
+  for (const LayerInfo& l : info.layers) {
+    flops += l.flops;
+    j["layers"].push_back({{"name", l.name}, {"op", l.op}, {"tactic", l.tactic}, {"precision", l.precision},
+                           {"shape", l.shape}, {"flops", l.flops}, {"cpu_fallback", l.cpu_fallback}});
+  }
+  j["flops"] = flops;
+  j["memory"] = {{"weight_bytes", info.weight_bytes}, {"activation_bytes", info.activation_bytes},
+                 {"workspace_bytes", info.workspace_bytes}};
+  j["fp32_layers"] = info.fp32_layers;
+  j["int8_kept_float"] = info.int8_kept_float;
+  if (o.json) {
+    std::cout << j.dump(1) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("engine: {} (kiln {}, {} engine, precision {}, format {})\n", o.model,
+                           j.value("kiln_version", "?"), info.backend, info.precision, engine_file::kEngineFormatVersion);
+  if (file.header.contains("device")) std::cout << "built for: " << file.header.at("device").dump() << "\n";
+  std::cout << "inputs:\n";
+  for (const TensorDesc& d : engine.inputs())
+    std::cout << fmt::format("  {:<30} {}[{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
+  std::cout << "outputs:\n";
+  for (const TensorDesc& d : engine.outputs())
+    std::cout << fmt::format("  {:<30} {}[{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
+  std::cout << fmt::format("layers ({}):\n", info.layers.size());
+  for (size_t i = 0; i < info.layers.size(); ++i) {
+    const LayerInfo& l = info.layers[i];
+    std::cout << fmt::format("  {:<4} {:<18} {:<34} {:<9} {:<22} {}\n", i, l.op, l.name.substr(0, 34), l.precision,
+                             "[" + shape_to_string(l.shape) + "]", l.tactic);
+  }
+  std::cout << fmt::format("memory: weights {}, activations {}, workspace {} (per context)\n",
+                           human(static_cast<double>(info.weight_bytes), "B"), human(static_cast<double>(info.activation_bytes), "B"),
+                           human(static_cast<double>(info.workspace_bytes), "B"));
+  std::cout << fmt::format("FLOPs: {}\n", human(flops, "FLOP"));
+  for (const std::string& k : info.int8_kept_float) std::cout << "kept in float: " << k << "\n";
+  return 0;
+}
+
 int inspect(const InspectOptions& o) {
+  if (is_engine_file(o.model)) return inspect_engine(o);
   ir::Graph g = onnx_import::import_file(o.model);
   // Optimize while the dims are still symbolic (the graph a dynamic engine runs), then bind
   // them only to make the shapes and FLOPs shown concrete.
@@ -157,8 +220,9 @@ int inspect(const InspectOptions& o) {
 
 void add_inspect_command(CLI::App& app, std::function<int()>& action) {
   auto opts = std::make_shared<InspectOptions>();
-  CLI::App* cmd = app.add_subcommand("inspect", "Show a model's inputs, outputs, layers with shapes, parameters and FLOPs");
-  cmd->add_option("model", opts->model, "ONNX model file")->required();
+  CLI::App* cmd = app.add_subcommand("inspect", "Show a model's or an engine file's inputs, outputs, layers with shapes, "
+                                                 "(engines: precision, tactic and memory), parameters and FLOPs");
+  cmd->add_option("model", opts->model, "ONNX model file, or engine file")->required();
   cmd->add_flag("--optimize", opts->optimize, "Show the graph after kiln's passes (folding and fusion)");
   cmd->add_flag("--json", opts->json, "Print JSON instead of text");
   cmd->add_option("--dim", opts->dims, "Bind a dynamic dimension, e.g. --dim N=8 (repeatable; unbound ones are 1)");

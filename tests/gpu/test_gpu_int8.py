@@ -14,6 +14,7 @@ error (at most 1.25x).
 from __future__ import annotations
 
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -153,6 +154,64 @@ def test_int8_kernel_matches_cpu_exactly(kiln_bin, tmp_path, monkeypatch):
     assert np.abs(cpu).max() > 0.1  # not a degenerate all-zero output
     assert not off.any()
     assert rel_l2(cudnn, cpu) <= BLOCK_TOLERANCE
+
+
+def depthwise_chain_model(path):
+    """Depthwise INT8 layers (cuda/int8_depthwise.cu) in the forms MobileNets and EfficientNets
+    use and a few more: 3x3 with Relu, a dilated 3x3 with an int8 residual, a 5x5 stride 2 with
+    LeakyRelu writing the float16 output; 32 channels (two 16-channel groups per pixel)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(17)
+    weights = {"w1": rng.standard_normal((32, 1, 3, 3)) * 0.3, "b1": rng.standard_normal(32) * 0.1,
+               "w2": rng.standard_normal((32, 1, 3, 3)) * 0.3, "b2": rng.standard_normal(32) * 0.1,
+               "w3": rng.standard_normal((32, 1, 5, 5)) * 0.15, "b3": rng.standard_normal(32) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="dw1", group=32, pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["y1"], name="relu1"),
+             helper.make_node("Conv", ["y1", "w2", "b2"], ["c2"], name="dw2", group=32, pads=[2, 2, 2, 2], dilations=[2, 2]),
+             helper.make_node("Add", ["c2", "y1"], ["s2"], name="add2"),
+             helper.make_node("Relu", ["s2"], ["y2"], name="relu2"),
+             helper.make_node("Conv", ["y2", "w3", "b3"], ["c3"], name="dw3", group=32, pads=[2, 2, 2, 2], strides=[2, 2]),
+             helper.make_node("LeakyRelu", ["c3"], ["y3"], name="leaky3", alpha=0.1)]
+    graph = helper.make_graph(nodes, "int8_depthwise_chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 32, 15, 15])],
+                              [helper.make_tensor_value_info("y3", TensorProto.FLOAT, [3, 32, 8, 8])],
+                              [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_int8_depthwise_matches_cpu_exactly(kiln_bin, tmp_path):
+    """The depthwise kernel gives the CPU reference's integers bit for bit (as
+    test_int8_kernel_matches_cpu_exactly checks kiln's dense kernels): the float16 output
+    differs from the CPU's float32 only by float16's rounding."""
+    path = str(tmp_path / "depthwise.onnx")
+    depthwise_chain_model(path)
+    rng = np.random.default_rng(18)
+    calib = str(tmp_path / "calib.npy")
+    np.save(calib, rng.standard_normal((12, 32, 15, 15)).astype(np.float32))
+    cache = str(tmp_path / "depthwise.calib")
+    run_kiln(kiln_bin, path, [np.zeros((3, 32, 15, 15), np.float32)], ["x"], str(tmp_path / "calibrate"), "--device", "cpu",
+             "--int8", "--calib", calib, "--calib-batch", "3", "--calib-cache", cache)
+    lines = [("x: 0.0625" if line.startswith("x: ") else line) for line in open(cache).read().splitlines()]
+    open(cache, "w").write("\n".join(lines) + "\n")
+    x = [(rng.integers(-100, 101, (3, 32, 15, 15)) / 16).astype(np.float32)]
+    common = ["--int8", "--calib-cache", cache]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y3"]
+    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y3"]
+    fp16 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp16"), "--device", "cuda", "--fp16")["y3"]
+    fp16_rounding = np.abs(cpu) * 2.0**-11 + 2.0**-24
+    off = np.abs(gpu.astype(np.float64) - cpu) > fp16_rounding
+    print(f"depthwise: {int(off.sum())} of {off.size} outputs beyond float16 rounding of the CPU's; "
+          f"INT8 vs fp16 engine {rel_l2(gpu, fp16):.2e}")
+    assert np.abs(cpu).max() > 0.1
+    assert not off.any()
+    assert rel_l2(gpu, fp16) > 1e-3  # it did run in INT8: the float engine's output is not the integer one
+    # The build says which layers run the depthwise kernel.
+    build = subprocess.run([kiln_bin, "build", path, "--int8", "--calib-cache", cache, "-v", "-o", str(tmp_path / "dw.engine")],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    assert (build.stdout + build.stderr).count("kernel:int8 depthwise") == 3, build.stdout + build.stderr
 
 
 def mlp_model(path, exact):

@@ -384,6 +384,15 @@ TEST(QuantizeGraph, DepthwiseConvolutionsForTargetsThatRunThem) {
   ASSERT_EQ(rg.kept_float.size(), 2u);
   EXPECT_NE(rg.kept_float[0].find("grouped convolution"), std::string::npos) << rg.kept_float[0];
 
+  // The GPU's depthwise kernel needs channels in multiples of 16: 24 stay float, and say so.
+  quantization::QuantizeTarget gpu_target;
+  gpu_target.depthwise_convolutions = true;
+  ir::Graph on_gpu = g;
+  quantization::QuantizeGraphReport rd = quantization::quantize_graph(on_gpu, scales, {}, nullptr, gpu_target);
+  EXPECT_EQ(rd.quantized, 0);
+  ASSERT_EQ(rd.kept_float.size(), 2u);
+  EXPECT_NE(rd.kept_float[0].find("24 depthwise channels"), std::string::npos) << rd.kept_float[0];
+
   quantization::QuantizeTarget cpu_target;
   cpu_target.grouped_convolutions = true;
   ir::Graph q = g;
