@@ -6,7 +6,14 @@
 #include <random>
 #include <string>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "cpu/engine.h"
+#include "engine/engine_file.h"
+#include "kiln/kiln.h"
 #include "io/npy.h"
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
@@ -82,6 +89,28 @@ inline void exercise_npy(const std::string& bytes) {
   Tensor again = io::parse_npy(io::to_npy(t), "again.npy");
   if (again.shape() != t.shape() || again.dtype() != t.dtype() || again.nbytes() != t.nbytes())
     throw Error(ErrorKind::kInternal, "npy round trip changed the tensor");
+}
+
+// An engine file, loaded through the public API (Engine::load reads a path: the bytes go to a
+// temporary file). fix_checksum: first rewrite the checksum to match the mutated bytes, so the
+// header, the options and the embedded model get fuzzed rather than only the checksum test.
+inline bool exercise_engine_file(std::string bytes, bool fix_checksum) {
+  if (fix_checksum && bytes.size() >= 8) {
+    const uint64_t h = engine_file::checksum(bytes.data(), bytes.size() - 8);
+    for (size_t i = 0; i < 8; ++i) bytes[bytes.size() - 8 + i] = static_cast<char>((h >> (8 * i)) & 0xFF);
+  }
+  engine_file::parse(bytes, "fuzz.engine");
+  struct TempFile {
+    std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                 ("kiln_fuzz_" + std::to_string(::getpid()) + ".engine");
+    ~TempFile() {
+      std::error_code ec;
+      std::filesystem::remove(path, ec);
+    }
+  } file;
+  std::ofstream(file.path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  Engine engine = Engine::load(file.path.string());
+  return engine.layer_count() > 0 || !engine.outputs().empty();
 }
 
 }  // namespace kiln::fuzz

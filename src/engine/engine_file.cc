@@ -57,6 +57,8 @@ class Reader {
 
 }  // namespace
 
+uint64_t checksum(const char* data, size_t n) { return fnv1a(data, n); }
+
 void write(const std::string& path, const Contents& contents) {
   std::string out(kMagic, sizeof(kMagic));
   put<uint32_t>(out, kEngineFormatVersion);

@@ -32,5 +32,8 @@ void write(const std::string& path, const Contents& contents);
 Contents read(const std::string& path);
 // Parses a file already in memory (used by read() and by the fuzzer).
 Contents parse(const std::string& bytes, const std::string& name);
+// The checksum of a file's first n bytes, as its last 8 bytes hold it (the fuzzer fixes it up
+// after mutating a file, to reach what lies behind the check).
+uint64_t checksum(const char* data, size_t n);
 
 }  // namespace kiln::engine_file

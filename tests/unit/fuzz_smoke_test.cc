@@ -397,6 +397,32 @@ TEST(FuzzSmoke, MutatedModelsFailOnlyWithKilnErrors) {
   std::cout << "fuzz smoke: " << kIterations << " models, " << f.errors << " rejected with kiln::Error, " << ran << " ran\n";
 }
 
+// CPU engine files of small models, mutated bytewise, loaded with the checksum as mutated (the
+// check must catch it) and fixed up (the header, options and model behind it get fuzzed).
+TEST(FuzzSmoke, MutatedEngineFilesFailOnlyWithKilnErrors) {
+  std::vector<std::string> seeds;
+  for (const char* model : {"tests/data/softmax_opset11_axis1.onnx", "tests/data/symbolic_div_reshape.onnx"}) {
+    const fs::path path = fs::path(KILN_SOURCE_DIR) / model;
+    const fs::path saved = fs::temp_directory_path() / (path.stem().string() + "_smoke.engine");
+    Engine::from_onnx(path.string()).save(saved.string());
+    seeds.push_back(read_file(saved));
+    fs::remove(saved);
+  }
+  std::mt19937 rng(7);
+  CrashReporter reporter;
+  Findings f;
+  int loaded = 0;
+  for (int i = 0; i < 1500; ++i) {
+    std::string bytes = mutate_bytes(seeds[static_cast<size_t>(i) % seeds.size()], rng);
+    const bool fix = i % 2 == 1;
+    describe_input("engine file iteration " + std::to_string(i) + (fix ? " (checksum fixed)" : ""));
+    loaded += f.survive([&] { return fuzz::exercise_engine_file(bytes, fix); }, "engine", i);
+  }
+  EXPECT_TRUE(f.bugs.empty()) << f.report();
+  EXPECT_GT(loaded, 0);       // some mutations (in names, say) still load
+  EXPECT_GT(f.errors, 750);   // every unfixed one fails its checksum, and more
+}
+
 TEST(FuzzSmoke, MutatedNpyFilesFailOnlyWithKilnErrors) {
   std::vector<std::string> seeds = {
       io::to_npy(Tensor::from_vector<float>({2, 3}, {1, 2, 3, 4, 5, 6})),
