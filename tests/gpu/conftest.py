@@ -29,3 +29,15 @@ def model_cache() -> str:
     path = os.environ.get("KILN_MODEL_CACHE") or os.path.join(ROOT, "tests", "e2e", ".models", f"torch-{torch.__version__.split('+')[0]}")
     os.makedirs(path, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="module")
+def resnet18_64(tmp_path_factory):
+    """ResNet-18 at 64x64 (random weights, calibrated BatchNorm), exported with a dynamic batch:
+    (ONNX path, export_model.ModelSpec)."""
+    import export_model
+
+    path = str(tmp_path_factory.mktemp("resnet18") / "resnet18.onnx")
+    spec = export_model.load_model("resnet18", size=64)
+    export_model.export(spec, path, "torchscript", 17)
+    return path, spec

@@ -30,11 +30,11 @@ for stage in "$@"; do
       grep -E "^FAIL" "$OUT/conformance_gpu.log" | head -60
       tail -2 "$OUT/conformance_gpu.log" | head -1 ;;
     models)
-      python3 -m pytest tests/gpu -q --timeout 600 -p no:cacheprovider --ignore tests/gpu/test_gpu_python.py \
+      python3 -m pytest tests/gpu -q --timeout 600 -p no:cacheprovider --ignore tests/gpu/test_gpu_python.py --ignore tests/gpu/test_gpu_contexts.py \
         ${KILN_GPU_MODELS:+-k "$KILN_GPU_MODELS"} 2>&1 | tee "$OUT/gpu_models.log" | tail -40
       status=$((status | ${PIPESTATUS[0]})) ;;
     python)
-      PYTHONPATH=$PWD/build-gpu/python python3 -m pytest tests/gpu/test_gpu_python.py -v -p no:cacheprovider 2>&1 |
+      PYTHONPATH=$PWD/build-gpu/python python3 -m pytest tests/gpu/test_gpu_python.py tests/gpu/test_gpu_contexts.py -v -p no:cacheprovider 2>&1 |
         tee "$OUT/gpu_python.log" | tail -30
       status=$((status | ${PIPESTATUS[0]})) ;;
     bench)

@@ -121,6 +121,22 @@ def kernel_chain_model(path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
+def exact_input_cache(kiln_bin, path, shape, tmp_path, rng):
+    """A calibration cache for the model at `path` (input "x" of `shape`, calibrated on the CPU)
+    with the input's scale set to 1/16, and an input made of sixteenths: exact in float16 and
+    quantized to exact integers on both engines, so their int8 tensors can be compared bit for
+    bit. Returns (cache path, [input])."""
+    calib = str(tmp_path / "calib.npy")
+    np.save(calib, rng.standard_normal((4 * shape[0], *shape[1:])).astype(np.float32))
+    cache = str(tmp_path / "exact.calib")
+    run_kiln(kiln_bin, path, [np.zeros(shape, np.float32)], ["x"], str(tmp_path / "calibrate"), "--device", "cpu",
+             "--int8", "--calib", calib, "--calib-batch", str(shape[0]), "--calib-cache", cache)
+    lines = [("x: 0.0625" if line.startswith("x: ") else line) for line in open(cache).read().splitlines()]
+    assert "x: 0.0625" in lines
+    open(cache, "w").write("\n".join(lines) + "\n")
+    return cache, [(rng.integers(-100, 101, shape) / 16).astype(np.float32)]
+
+
 def test_int8_kernel_matches_cpu_exactly(kiln_bin, tmp_path, monkeypatch):
     """kiln's INT8 kernel computes the CPU reference's epilogue (fma, division, ties to even):
     with an input that float16 holds exactly and quantizes to whole steps, every int8 tensor
@@ -129,18 +145,7 @@ def test_int8_kernel_matches_cpu_exactly(kiln_bin, tmp_path, monkeypatch):
     block tolerance on the same model."""
     path = str(tmp_path / "chain.onnx")
     kernel_chain_model(path)
-    rng = np.random.default_rng(8)
-    calib = str(tmp_path / "calib.npy")
-    np.save(calib, rng.standard_normal((12, 48, 15, 15)).astype(np.float32))
-    cache = str(tmp_path / "chain.calib")
-    run_kiln(kiln_bin, path, [np.zeros((3, 48, 15, 15), np.float32)], ["x"], str(tmp_path / "calibrate"), "--device", "cpu",
-             "--int8", "--calib", calib, "--calib-batch", "3", "--calib-cache", cache)
-    # The input's scale set to 1/16 and the input made of sixteenths: exact in float16, and
-    # quantized to exact integers on both engines.
-    lines = [("x: 0.0625" if line.startswith("x: ") else line) for line in open(cache).read().splitlines()]
-    assert "x: 0.0625" in lines
-    open(cache, "w").write("\n".join(lines) + "\n")
-    x = [(rng.integers(-100, 101, (3, 48, 15, 15)) / 16).astype(np.float32)]
+    cache, x = exact_input_cache(kiln_bin, path, (3, 48, 15, 15), tmp_path, np.random.default_rng(8))
     common = ["--int8", "--calib-cache", cache]
     cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y4"]
     monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "kernel")
@@ -187,15 +192,7 @@ def test_int8_depthwise_matches_cpu_exactly(kiln_bin, tmp_path):
     differs from the CPU's float32 only by float16's rounding."""
     path = str(tmp_path / "depthwise.onnx")
     depthwise_chain_model(path)
-    rng = np.random.default_rng(18)
-    calib = str(tmp_path / "calib.npy")
-    np.save(calib, rng.standard_normal((12, 32, 15, 15)).astype(np.float32))
-    cache = str(tmp_path / "depthwise.calib")
-    run_kiln(kiln_bin, path, [np.zeros((3, 32, 15, 15), np.float32)], ["x"], str(tmp_path / "calibrate"), "--device", "cpu",
-             "--int8", "--calib", calib, "--calib-batch", "3", "--calib-cache", cache)
-    lines = [("x: 0.0625" if line.startswith("x: ") else line) for line in open(cache).read().splitlines()]
-    open(cache, "w").write("\n".join(lines) + "\n")
-    x = [(rng.integers(-100, 101, (3, 32, 15, 15)) / 16).astype(np.float32)]
+    cache, x = exact_input_cache(kiln_bin, path, (3, 32, 15, 15), tmp_path, np.random.default_rng(18))
     common = ["--int8", "--calib-cache", cache]
     cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y3"]
     gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y3"]

@@ -9,17 +9,8 @@ import os
 import numpy as np
 import pytest
 
-import export_model
 
 import kiln  # noqa: E402  (a missing module fails the file, never skips it)
-
-
-@pytest.fixture(scope="module")
-def resnet18(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("py") / "resnet18.onnx")
-    spec = export_model.load_model("resnet18", size=64)
-    export_model.export(spec, path, "torchscript", 17)
-    return path, spec
 
 
 def rel_l2(a, b):
@@ -27,10 +18,10 @@ def rel_l2(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def test_fp16_builder_and_run_torch_zero_copy(resnet18, tmp_path):
+def test_fp16_builder_and_run_torch_zero_copy(resnet18_64, tmp_path):
     import torch
 
-    path, spec = resnet18
+    path, spec = resnet18_64
     assert kiln.has_cuda
     x = spec.make_inputs(8, 3)[0]
     want = kiln.Engine.from_onnx(path).run({"input": x})["output"]  # the CPU engine, float32
@@ -61,10 +52,10 @@ def test_fp16_builder_and_run_torch_zero_copy(resnet18, tmp_path):
         engine.run({"input": spec.make_inputs(4, 3)[0]})
 
 
-def test_int8_builder_calibrates_on_the_gpu_from_a_dataloader(resnet18):
+def test_int8_builder_calibrates_on_the_gpu_from_a_dataloader(resnet18_64):
     import torch
 
-    path, spec = resnet18
+    path, spec = resnet18_64
     data = torch.utils.data.TensorDataset(torch.from_numpy(spec.make_inputs(64, 5)[0]))
     loader = torch.utils.data.DataLoader(data, batch_size=16)
     builder = kiln.Builder(precision="int8", device="cuda", shapes={"input": [16, 3, 64, 64]})
