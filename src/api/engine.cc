@@ -2,6 +2,8 @@
 // when built with it, the CUDA engine.
 #include "kiln/kiln.h"
 
+#include <cpuid.h>
+
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -121,8 +123,15 @@ nlohmann::json device_identity() {
 
 // The CPU an engine file records (informative), and whether this one runs kiln's CPU kernels.
 nlohmann::json cpu_identity() {
-  __builtin_cpu_init();
-  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // CPUID directly: clang's __builtin_cpu_supports does not know "f16c".
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  bool v3 = false;
+  if (__get_cpuid(1, &a, &b, &c, &d)) {
+    const bool fma = c & (1u << 12), f16c = c & (1u << 29), avx = c & (1u << 28);
+    unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
+    const bool avx2 = __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) && (b7 & (1u << 5));
+    v3 = fma && f16c && avx && avx2;
+  }
   return {{"cpu", "x86-64"}, {"x86_64_v3", v3}};
 }
 
