@@ -1,5 +1,8 @@
 #include "cuda/timing_cache.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -38,13 +41,27 @@ std::string TimingCache::load(const std::string& path) {
 }
 
 void TimingCache::save(const std::string& path) const {
-  std::string tmp = path + ".tmp";
+  // Builds that share one cache file may save it at the same time: keep what the file holds
+  // now (entries another build added since this one loaded it; ours win on the same key), and
+  // write through a temporary file of this process's own, renamed over the cache.
+  TimingCache merged(device_);
+  try {
+    merged.load(path);
+  } catch (const Error&) {
+    // unreadable or not a timing cache: overwritten, as a cache for another device is
+  }
+  for (const auto& [key, tactic] : entries_) merged.entries_[key] = tactic;
+  static std::atomic<unsigned> serial{0};
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(serial++);
   {
     std::ofstream out(tmp, std::ios::trunc);
     if (!out) throw Error(ErrorKind::kIo, "cannot write the timing cache").file(path);
     out << kMagic << "\ndevice " << device_ << "\n";
-    for (const auto& [key, tactic] : entries_) out << key << '\t' << tactic << '\n';
-    if (!out) throw Error(ErrorKind::kIo, "cannot write the timing cache").file(path);
+    for (const auto& [key, tactic] : merged.entries_) out << key << '\t' << tactic << '\n';
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error(ErrorKind::kIo, "cannot write the timing cache").file(path);
+    }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

@@ -23,7 +23,11 @@ class TimingCache {
   // the build log ("" when nothing worth saying). Throws kIo if it exists but is unreadable,
   // kInvalidArgument if it is not a timing cache.
   std::string load(const std::string& path);
-  // Writes all entries (atomically: a temporary file renamed over `path`). Throws kIo.
+  // Writes all entries, merged with those the file holds by then for this device (builds that
+  // share a cache file and save one after the other keep each other's entries; this cache's win
+  // on the same key), atomically: a temporary file of this process's renamed over `path`, so
+  // saves at the same instant never corrupt the file (one of them may then miss the other's
+  // newest entries, which the next build times again). Throws kIo.
   void save(const std::string& path) const;
 
   std::optional<std::string> find(const std::string& key) const;

@@ -77,6 +77,35 @@ TEST(TimingCache, SavesLoadsAndIgnoresAnotherDevice) {
   EXPECT_THROW(TimingCache("GPU A sm_90").load(path), Error);
 }
 
+// Two builds load the same cache, time different layers and save one after the other: the file
+// keeps both builds' entries, and the later build's tactic for a key both timed.
+TEST(TimingCache, BuildsSharingAFileKeepEachOthersEntries) {
+  std::string path = ::testing::TempDir() + "/kiln_timing_cache_shared.txt";
+  std::remove(path.c_str());
+  TimingCache first("GPU A sm_90"), second("GPU A sm_90");
+  first.load(path);
+  second.load(path);
+  first.set("conv|a", "graph:1");
+  first.set("conv|both", "graph:2");
+  second.set("gemm|b", "3");
+  second.set("conv|both", "kernel:implicit-gemm:64");
+  first.save(path);
+  second.save(path);
+  TimingCache read("GPU A sm_90");
+  read.load(path);
+  EXPECT_EQ(read.size(), 3u);
+  EXPECT_EQ(read.find("conv|a").value_or(""), "graph:1");
+  EXPECT_EQ(read.find("gemm|b").value_or(""), "3");
+  EXPECT_EQ(read.find("conv|both").value_or(""), "kernel:implicit-gemm:64");
+  // A cache file written for another device is replaced, not merged.
+  TimingCache other("GPU B sm_80");
+  other.set("conv|c", "graph:0");
+  other.save(path);
+  TimingCache b_read("GPU B sm_80");
+  b_read.load(path);
+  EXPECT_EQ(b_read.size(), 1u);
+}
+
 }  // namespace
 }  // namespace kiln::cuda
 #endif
