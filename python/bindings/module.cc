@@ -154,6 +154,13 @@ const TensorDesc& find_desc(const std::vector<TensorDesc>& list, const std::stri
   throw Error(ErrorKind::kInvalidArgument, std::string("the engine has no ") + what + " '" + name + "'");
 }
 
+// A DLPack capsule over one of a Context's (`self`'s) input or output buffers.
+py::capsule buffer_dlpack(py::object self, const Engine& engine, const std::string& name, bool output) {
+  const Context& c = self.cast<const Context&>();
+  if (output) return dlpack_capsule(c.output_buffer(name), find_desc(engine.outputs(), name, "output"), self);
+  return dlpack_capsule(c.input_buffer(name), find_desc(engine.inputs(), name, "input"), self);
+}
+
 py::dict engine_info(const Engine& engine) {
   const EngineInfo info = engine.info();
   py::list layers;
@@ -275,17 +282,11 @@ PYBIND11_MODULE(_kiln, m) {
       })
       .def(
           "input_dlpack",
-          [](py::object self, const Engine& engine, const std::string& name) {
-            const Context& c = self.cast<const Context&>();
-            return dlpack_capsule(c.input_buffer(name), find_desc(engine.inputs(), name, "input"), self);
-          },
+          [](py::object self, const Engine& engine, const std::string& name) { return buffer_dlpack(self, engine, name, false); },
           py::arg("engine"), py::arg("name"))
       .def(
           "output_dlpack",
-          [](py::object self, const Engine& engine, const std::string& name) {
-            const Context& c = self.cast<const Context&>();
-            return dlpack_capsule(c.output_buffer(name), find_desc(engine.outputs(), name, "output"), self);
-          },
+          [](py::object self, const Engine& engine, const std::string& name) { return buffer_dlpack(self, engine, name, true); },
           py::arg("engine"), py::arg("name"))
       .def("profile", [](Context& c, uintptr_t stream) {
         py::list rows;

@@ -160,7 +160,7 @@ class Comparison:
             raise RuntimeError(lines[-1] if lines else f"{' '.join(cmd[:2])} failed with exit code {r.returncode}")
         return r
 
-    def precision_flags(self, variant: str, onnx: str) -> list[str]:
+    def precision_flags(self, variant: str) -> list[str]:
         flags = ["--device", self.a.device, f"--{variant}"]
         if self.a.device == "cuda":  # every build of the comparison shares its layer timings
             flags += ["--timing-cache", os.path.join(self.work, "timing.cache")]
@@ -183,7 +183,7 @@ class Comparison:
             try:
                 log(f"kiln {variant}: kiln bench over batches {','.join(map(str, a.batches))}")
                 js = os.path.join(self.work, f"bench_{variant}.json")
-                self.kiln_cmd("bench", onnx, *self.precision_flags(variant, onnx), "--batches", ",".join(map(str, a.batches)),
+                self.kiln_cmd("bench", onnx, *self.precision_flags(variant), "--batches", ",".join(map(str, a.batches)),
                               "--warmup", str(a.warmup), "--iterations", str(a.runs), "--json", js)
                 with open(js) as f:
                     bench = json.load(f)["results"]
@@ -195,7 +195,7 @@ class Comparison:
                 log(f"kiln {variant}: outputs on the accuracy batch")
                 out_dir = os.path.join(self.work, f"outputs_{variant}")
                 run_flags = ["--batch", str(len(x_acc))] if a.device == "cuda" else []
-                self.kiln_cmd("run", onnx, *self.precision_flags(variant, onnx), *run_flags,
+                self.kiln_cmd("run", onnx, *self.precision_flags(variant), *run_flags,
                               "--input", f"{spec.input_names[0]}={x_path}", "--output-dir", out_dir)
                 out = np.load(os.path.join(out_dir, f"{spec.output_names[0]}.npy"))
                 self.accuracy.append(accuracy_entry("kiln", variant, out, ref))
@@ -206,7 +206,7 @@ class Comparison:
                         size[name] = last[key]
                 if a.device == "cuda":
                     engine = os.path.join(self.work, f"{variant}.engine")
-                    self.kiln_cmd("build", onnx, *self.precision_flags(variant, onnx), "--batch", str(max(a.batches)),
+                    self.kiln_cmd("build", onnx, *self.precision_flags(variant), "--batch", str(max(a.batches)),
                                   "-o", engine)
                     size["engine_bytes"] = os.path.getsize(engine)
                 self.sizes.append(size)
