@@ -11,17 +11,22 @@
 //   kiln::BuildOptions options;
 //   options.device = kiln::Device::kCuda;
 //   options.precision = kiln::Precision::kFp16;
-//   options.input_shapes["input"] = {8, 3, 224, 224};   // GPU engines have fixed shapes
+//   options.input_shapes["input"] = {8, 3, 224, 224};   // fixed shapes, or a range:
+//   // options.profiles = {{{"input", {{1, 3, 224, 224}, {32, 3, 224, 224}, {64, 3, 224, 224}}}}};
 //   kiln::Engine engine = kiln::Engine::from_onnx("resnet50.onnx", options);
 //   engine.save("resnet50.engine");                      // kiln::Engine::load() reads it back
-//   kiln::Context context = engine.create_context();     // memory + CUDA graph of one runner
-//   auto outputs = context.run({{"input", batch}});
+//   kiln::Context context = engine.create_context();     // memory + CUDA graphs of one runner
+//   auto outputs = context.run({{"input", batch}});      // any shape within the profile
 //
 // Every function throws kiln::Error (see error.h) on failure, never anything else.
-// Thread safety: an Engine may be shared between threads. Engine::run() must be called from
-// one thread at a time (CPU kernels keep scratch buffers; a GPU engine runs on one built-in
+// Thread safety: an Engine may be shared between threads: its const methods (inputs(), info(),
+// create_context(), save(), ...) may be called from several threads at once. Engine::run()
+// serializes its callers (CPU kernels keep scratch buffers; a GPU engine runs on one built-in
 // context). A Context belongs to one thread at a time; several contexts of one engine may run
-// at once on different threads (unless a layer fell back to the CPU: see Engine::info()).
+// at once on different threads, each on its own stream, sharing the engine's weights (unless a
+// layer fell back to the CPU: see Engine::info()). A GPU engine plans a new input shape on
+// first use (Context::set_input_shape, run) under a lock of the engine's: other contexts going
+// to new shapes wait for it, those at shapes already planned do not.
 #pragma once
 
 #include <functional>
@@ -55,13 +60,25 @@ enum class Device { kCpu, kCuda };
 enum class Precision { kFp32, kTf32, kFp16, kBest, kInt8 };
 const char* to_string(Precision precision);
 
+// The shapes an optimization profile accepts for one input: every dimension d between min[d]
+// and max[d]. Tactics are timed at opt (the shape to run fastest), and at min and max.
+struct ShapeRange {
+  std::vector<int64_t> min, opt, max;
+};
+// An optimization profile, TensorRT's notion: a range per input name. A GPU engine runs any
+// input shapes that lie within one of its profiles.
+using OptimizationProfile = std::map<std::string, ShapeRange>;
+
 struct BuildOptions {
   bool optimize = true;  // run kiln's graph passes (constant folding, BatchNorm folding, fusion)
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;  // GPU engines
-  // GPU engines are built for fixed input shapes: the shape per input name; an input not
-  // listed takes its declared shape with dynamic dimensions set to 1.
+  // GPU engines: fixed input shapes, by input name. An input in neither input_shapes nor a
+  // profile takes its declared shape with dynamic dimensions set to 1.
   std::map<std::string, std::vector<int64_t>> input_shapes;
+  // GPU engines: dynamic shapes. Each profile gives ranges for some inputs; the others are
+  // fixed as above. No profiles: one profile of the fixed shapes. (CPU engines run any shape.)
+  std::vector<OptimizationProfile> profiles;
   // A timing cache file: read if it exists, written after the build.
   std::string timing_cache;
   // Run nodes without a GPU layer on the CPU (slow; otherwise such nodes fail the build).
@@ -88,14 +105,27 @@ struct LayerInfo {
   std::vector<int64_t> shape;  // of its (first) output; -1 where dynamic (CPU engines)
 };
 
+// A GPU engine's optimization profile as built: every input's range, and the plans of its
+// opt and max shapes.
+struct ProfileInfo {
+  OptimizationProfile ranges;        // every input (fixed ones with min = opt = max)
+  std::vector<LayerInfo> layers;     // at the opt shapes (output shapes at opt)
+  std::vector<std::vector<int64_t>> min_shapes, max_shapes;  // per layer: its output at min / max
+  size_t activation_bytes = 0;       // the arena at the max shapes
+  size_t workspace_bytes = 0;        // library workspace at the max shapes
+};
+
 struct EngineInfo {
   std::string backend;     // "cpu" or "cuda"
   std::string device;      // GPU name, or "cpu"
   std::string precision;   // "fp32", "tf32", "fp16", "best", "int8"
-  std::vector<LayerInfo> layers;
-  size_t weight_bytes = 0;       // GPU: weights on the device
-  size_t activation_bytes = 0;   // GPU: the activation arena of one context
+  std::vector<LayerInfo> layers;  // GPU: at profile 0's opt shapes
+  size_t weight_bytes = 0;       // GPU: weights on the device (shared by every shape and context)
+  size_t activation_bytes = 0;   // GPU: the activation arena of one context (the largest plan's)
   size_t workspace_bytes = 0;    // GPU: library workspace of one context
+  size_t io_bytes = 0;           // GPU: input and output buffers of one context (at the max shapes)
+  std::vector<ProfileInfo> profiles;  // GPU engines
+  size_t planned_shapes = 0;     // GPU: input shapes planned so far (min/opt/max of each profile, then those run)
   std::vector<std::string> fp32_layers;  // fp16 builds: float layers that kept float32
   std::vector<std::string> int8_kept_float;  // int8 builds: convolutions left in float, "name: why"
   bool has_cpu_fallback = false;
@@ -111,13 +141,18 @@ class Engine {
   // checksum, GPU and library versions; for CPU engines, that this CPU has AVX2/FMA/F16C); a
   // mismatch is a kiln::Error that says which.
   static Engine load(const std::string& engine_path);
-  // Writes the engine file (GPU and CPU engines). Provisional format (src/engine/engine_file.h):
-  // the model, the build options (INT8 scales included) and the chosen tactics, so loading
-  // rebuilds without calibrating or timing anything.
+  // Writes the engine file (GPU and CPU engines; docs/engine-format.md): the optimized graph
+  // and its weights (INT8 weights as int8), the profiles and the chosen tactics, so loading
+  // runs no graph passes and times nothing.
   void save(const std::string& engine_path) const;
 
+  // Inputs and outputs; -1 marks a dimension that varies (CPU engines: the model's dynamic
+  // dimensions; GPU engines: those the profiles let vary).
   const std::vector<TensorDesc>& inputs() const;
   const std::vector<TensorDesc>& outputs() const;
+  // GPU engines: the optimization profiles, each naming every input (fixed shapes: one
+  // profile with min = opt = max). CPU engines: none (they run any shape).
+  const std::vector<OptimizationProfile>& profiles() const;
   // "cpu" or "cuda".
   std::string backend() const;
   // Number of layers after optimization (GPU: including reformat layers).
@@ -128,7 +163,8 @@ class Engine {
   Context create_context(bool use_cuda_graph = true) const;
 
   // Runs the model. Every input must be given, with the declared dtype and a shape that
-  // matches the declared one (dynamic dimensions may take any value, consistently).
+  // matches the declared one (CPU: dynamic dimensions may take any value, consistently; GPU:
+  // the shapes must lie within a profile).
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const;
 
   struct Impl;
@@ -136,8 +172,6 @@ class Engine {
  private:
   friend class Context;
   explicit Engine(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
-  static Engine build(std::string model_bytes, const std::string& name, const std::string& base_dir,
-                      const BuildOptions& options, const std::map<std::string, std::string>& tactics);
   std::shared_ptr<const Impl> impl_;
 };
 
@@ -157,21 +191,38 @@ struct LayerTiming {
   float ms = 0;
 };
 
-// One runner of a GPU engine: activation memory, library handles and a CUDA graph of its own.
+// One runner of a GPU engine: activation memory, library handles and CUDA graphs of its own.
 // Inputs and outputs live in device buffers of the engine's dtypes, row-major.
 class Context {
  public:
-  // Device pointers of an input or output buffer (valid as long as the context).
+  // The optimization profile whose ranges set_input_shape() checks (0 at first); choosing one
+  // sets every input to that profile's opt shape.
+  void set_optimization_profile(int index);
+  int optimization_profile() const;
+  // The shape of an input for the next enqueue() or profile() (the profile's opt shape until
+  // set). Throws kiln::Error naming the input for an unknown name, a wrong rank, or a shape
+  // outside the current profile.
+  void set_input_shape(const std::string& name, const std::vector<int64_t>& shape);
+  std::vector<int64_t> input_shape(const std::string& name) const;
+  // The shape of an output at the current input shapes (plans them on first use).
+  std::vector<int64_t> output_shape(const std::string& name);
+  // The layers of the plan at the current input shapes, as Engine::info() describes them.
+  std::vector<LayerInfo> layers();
+  // Device pointers of an input or output buffer, large enough for the largest shapes of every
+  // profile (valid as long as the context; they never move). Contents are row-major at the
+  // current shapes.
   void* input_buffer(const std::string& name) const;
   void* output_buffer(const std::string& name) const;
-  // Runs the engine on a CUDA stream (a cudaStream_t; nullptr: the legacy default stream),
-  // asynchronously: the first call captures a CUDA graph, later ones replay it. Default
-  // streams cannot be captured: there the graph runs on a stream of the context's, ordered
-  // after the caller's earlier work and before its later work on that stream.
+  // Runs the engine at the current input shapes on a CUDA stream (a cudaStream_t; nullptr:
+  // the legacy default stream), asynchronously: the first call at a shape captures a CUDA graph
+  // (kept per shape, the 8 most recent), later ones replay it. Default streams cannot be
+  // captured: there the graph runs on a stream of the context's, ordered after the caller's
+  // earlier work and before its later work on that stream.
   void enqueue(void* cuda_stream);
-  // Copies inputs in, runs, copies outputs out, waits.
+  // Sets the input shapes from the tensors (the first profile that holds them, if the current
+  // one does not), copies inputs in, runs, copies outputs out, waits.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
-  // Times every layer of one run (no CUDA graph); waits.
+  // Times every layer of one run at the current shapes (no CUDA graph); waits.
   std::vector<LayerTiming> profile(void* cuda_stream);
 
   struct Impl;

@@ -126,11 +126,11 @@ struct DlpackOwner {
   py::object keep;
 };
 
-py::capsule dlpack_capsule(void* data, const TensorDesc& desc, py::object keep) {
-  auto* owner = new DlpackOwner{desc.shape, std::move(keep)};
+py::capsule dlpack_capsule(void* data, DType dtype, std::vector<int64_t> shape, py::object keep) {
+  auto* owner = new DlpackOwner{std::move(shape), std::move(keep)};
   auto* m = new DLManagedTensor{};
   int device = 0;
-  m->dl_tensor = {data, {kDLCUDA, device}, static_cast<int32_t>(owner->shape.size()), dlpack_dtype(desc.dtype),
+  m->dl_tensor = {data, {kDLCUDA, device}, static_cast<int32_t>(owner->shape.size()), dlpack_dtype(dtype),
                   owner->shape.data(), nullptr, 0};
   m->manager_ctx = owner;
   m->deleter = [](DLManagedTensor* self) {
@@ -154,11 +154,13 @@ const TensorDesc& find_desc(const std::vector<TensorDesc>& list, const std::stri
   throw Error(ErrorKind::kInvalidArgument, std::string("the engine has no ") + what + " '" + name + "'");
 }
 
-// A DLPack capsule over one of a Context's (`self`'s) input or output buffers.
+// A DLPack capsule over one of a Context's (`self`'s) input or output buffers, at the context's
+// current shapes.
 py::capsule buffer_dlpack(py::object self, const Engine& engine, const std::string& name, bool output) {
-  const Context& c = self.cast<const Context&>();
-  if (output) return dlpack_capsule(c.output_buffer(name), find_desc(engine.outputs(), name, "output"), self);
-  return dlpack_capsule(c.input_buffer(name), find_desc(engine.inputs(), name, "input"), self);
+  Context& c = self.cast<Context&>();
+  if (output)
+    return dlpack_capsule(c.output_buffer(name), find_desc(engine.outputs(), name, "output").dtype, c.output_shape(name), self);
+  return dlpack_capsule(c.input_buffer(name), find_desc(engine.inputs(), name, "input").dtype, c.input_shape(name), self);
 }
 
 py::dict engine_info(const Engine& engine) {
@@ -175,6 +177,15 @@ py::dict engine_info(const Engine& engine) {
   d["weight_bytes"] = info.weight_bytes, d["activation_bytes"] = info.activation_bytes;
   d["workspace_bytes"] = info.workspace_bytes, d["fp32_layers"] = info.fp32_layers;
   d["int8_kept_float"] = info.int8_kept_float, d["has_cpu_fallback"] = info.has_cpu_fallback;
+  d["io_bytes"] = info.io_bytes, d["planned_shapes"] = info.planned_shapes;
+  py::list profiles;
+  for (const ProfileInfo& p : info.profiles) {
+    py::dict pd;
+    pd["ranges"] = p.ranges;
+    pd["activation_bytes"] = p.activation_bytes, pd["workspace_bytes"] = p.workspace_bytes;
+    profiles.append(pd);
+  }
+  d["profiles"] = profiles;
   return d;
 }
 
@@ -208,6 +219,19 @@ PYBIND11_MODULE(_kiln, m) {
         return "TensorDesc(" + d.name + ", " + to_string(d.dtype) + ", [" + shape_to_string(d.shape) + "])";
       });
 
+  py::class_<ShapeRange>(m, "ShapeRange", "min, opt and max shapes of one input in an optimization profile")
+      .def(py::init([](std::vector<int64_t> min, std::vector<int64_t> opt, std::vector<int64_t> max) {
+             return ShapeRange{std::move(min), std::move(opt), std::move(max)};
+           }),
+           py::arg("min"), py::arg("opt"), py::arg("max"))
+      .def_readwrite("min", &ShapeRange::min)
+      .def_readwrite("opt", &ShapeRange::opt)
+      .def_readwrite("max", &ShapeRange::max)
+      .def("__repr__", [](const ShapeRange& r) {
+        return "ShapeRange(min=[" + shape_to_string(r.min) + "], opt=[" + shape_to_string(r.opt) + "], max=[" +
+               shape_to_string(r.max) + "])";
+      });
+
   py::class_<BuildOptions>(m, "BuildOptions")
       .def(py::init<>())
       .def_readwrite("optimize", &BuildOptions::optimize)
@@ -218,6 +242,7 @@ PYBIND11_MODULE(_kiln, m) {
           "precision", [](const BuildOptions& o) { return std::string(to_string(o.precision)); },
           [](BuildOptions& o, const std::string& p) { o.precision = parse_precision(p); })
       .def_readwrite("input_shapes", &BuildOptions::input_shapes)
+      .def_readwrite("profiles", &BuildOptions::profiles, "list of {input name: ShapeRange} (GPU dynamic shapes)")
       .def_readwrite("timing_cache", &BuildOptions::timing_cache)
       .def_readwrite("allow_cpu_fallback", &BuildOptions::allow_cpu_fallback)
       .def_readwrite("mark_outputs", &BuildOptions::mark_outputs)
@@ -243,6 +268,7 @@ PYBIND11_MODULE(_kiln, m) {
       .def("save", &Engine::save, py::arg("path"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("inputs", &Engine::inputs)
       .def_property_readonly("outputs", &Engine::outputs)
+      .def_property_readonly("profiles", &Engine::profiles)
       .def_property_readonly("backend", &Engine::backend)
       .def_property_readonly("layer_count", &Engine::layer_count)
       .def("info", &engine_info)
@@ -274,6 +300,11 @@ PYBIND11_MODULE(_kiln, m) {
            [](Context& context, uintptr_t stream) { context.enqueue(reinterpret_cast<void*>(stream)); },
            py::arg("cuda_stream") = 0, py::call_guard<py::gil_scoped_release>(),
            "Runs on a CUDA stream (an int, as torch.cuda.Stream.cuda_stream), asynchronously")
+      .def("set_input_shape", &Context::set_input_shape, py::arg("name"), py::arg("shape"),
+           py::call_guard<py::gil_scoped_release>(), "The shape of an input for the next runs (within the profile)")
+      .def("input_shape", &Context::input_shape, py::arg("name"))
+      .def("output_shape", &Context::output_shape, py::arg("name"), py::call_guard<py::gil_scoped_release>())
+      .def_property("optimization_profile", &Context::optimization_profile, &Context::set_optimization_profile)
       .def("input_pointer", [](const Context& c, const std::string& name) {
         return reinterpret_cast<uintptr_t>(c.input_buffer(name));
       })

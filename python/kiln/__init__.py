@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._kiln import BuildOptions, Context, Engine, Error, TensorDesc, __version__, has_cuda  # noqa: F401
+from ._kiln import BuildOptions, Context, Engine, Error, ShapeRange, TensorDesc, __version__, has_cuda  # noqa: F401
 from . import _kiln
 
-__all__ = ["Builder", "BuildOptions", "Context", "Engine", "Error", "TensorDesc", "calibrate", "simplify", "has_cuda",
+__all__ = ["Builder", "BuildOptions", "Context", "Engine", "Error", "ShapeRange", "TensorDesc", "calibrate", "simplify", "has_cuda",
            "__version__"]
 
 
@@ -69,11 +69,13 @@ def simplify(onnx_path: str, output_path: str) -> tuple[int, int]:
 class Builder:
     """Build options plus calibration, in one place: the Python face of kiln::BuildOptions.
 
-    precision: fp32, tf32, fp16, best or int8; device: cpu or cuda. shapes: {input: shape}
-    (GPU engines have fixed shapes). For int8, call calibrate() first or pass int8_scales.
+    precision: fp32, tf32, fp16, best or int8; device: cpu or cuda. shapes: {input: shape} fixes
+    an input's shape; profiles: a list of {input: (min, opt, max)} (GPU engines then run any shape
+    within one profile). For int8, call calibrate() first or pass int8_scales.
     """
 
     def __init__(self, precision: str = "fp32", device: str = "cpu", shapes: Mapping[str, Sequence[int]] | None = None,
+                 profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]] = (),
                  timing_cache: str | None = None, allow_cpu_fallback: bool = False,
                  int8_scales: Mapping[str, float] | None = None, float_layers: Sequence[str] = (),
                  optimize: bool = True, verbose: bool = False):
@@ -82,6 +84,8 @@ class Builder:
         self.options.device = device
         self.options.optimize = optimize
         self.options.input_shapes = {k: [int(d) for d in v] for k, v in (shapes or {}).items()}
+        self.options.profiles = [{name: r if isinstance(r, ShapeRange) else ShapeRange(*[[int(d) for d in s] for s in r])
+                                  for name, r in p.items()} for p in profiles]
         self.options.timing_cache = timing_cache or ""
         self.options.allow_cpu_fallback = allow_cpu_fallback
         self.options.int8_scales = dict(int8_scales or {})
@@ -120,6 +124,9 @@ def _run_torch(self: Context, inputs: Mapping[str, Any], stream: Any = None) -> 
     import torch
 
     stream = stream or torch.cuda.current_stream()
+    for name, tensor in inputs.items():  # dynamic engines run at the tensors' shapes
+        if list(tensor.shape) != self.input_shape(name):
+            self.set_input_shape(name, list(tensor.shape))
     with torch.cuda.stream(stream):
         for name, tensor in inputs.items():
             torch.from_dlpack(self.input_dlpack(self.engine, name)).copy_(tensor, non_blocking=True)

@@ -12,9 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/profiles.h"
 #include "cpu/engine.h"
 #include "engine/engine_file.h"
 #include "ir/op_schema.h"
+#include "onnx/exporter.h"
 #include "onnx/importer.h"
 #include "passes/pipeline.h"
 #include "quantization/qdq_import.h"
@@ -45,10 +47,13 @@ struct Engine::Impl {
   std::unique_ptr<cpu::CpuEngine> cpu;
   std::vector<TensorDesc> inputs;
   std::vector<TensorDesc> outputs;
+  std::vector<OptimizationProfile> profiles;  // GPU engines
   BuildOptions options;
-  std::string model_bytes;  // the ONNX model, for the engine file
   std::string model_name;
   std::vector<std::string> int8_kept_float;  // kInt8: convs left in float, "name: why"
+  // The optimized graph, dynamic dimensions symbolic: what GPU plans are specialized from and
+  // what the engine file holds (CPU engines keep theirs in `cpu`).
+  std::shared_ptr<const ir::Graph> graph;
 #if KILN_WITH_CUDA
   std::unique_ptr<cuda::CudaEngine> gpu;
   // Engine::run's own context and stream, created on first use.
@@ -147,20 +152,36 @@ BuildOptions options_from_header(const nlohmann::json& o) {
   if (o.contains("float_layers")) options.float_layers = o.at("float_layers").get<std::vector<std::string>>();
   options.optimize = o.at("optimize").get<bool>();
   options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
-  for (const auto& [name, shape] : o.at("input_shapes").items()) options.input_shapes[name] = shape.get<std::vector<int64_t>>();
   return options;
 }
 
-}  // namespace
+nlohmann::json profiles_to_json(const std::vector<OptimizationProfile>& profiles) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const OptimizationProfile& p : profiles) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [name, r] : p) j[name] = {{"min", r.min}, {"opt", r.opt}, {"max", r.max}};
+    out.push_back(j);
+  }
+  return out;
+}
 
-Engine Engine::build(std::string model_bytes, const std::string& name, const std::string& base_dir,
-                     const BuildOptions& options, const std::map<std::string, std::string>& timing_entries) {
+std::vector<OptimizationProfile> profiles_from_json(const nlohmann::json& j) {
+  std::vector<OptimizationProfile> out;
+  for (const nlohmann::json& p : j) {
+    OptimizationProfile profile;
+    for (const auto& [name, r] : p.items())
+      profile[name] = ShapeRange{r.at("min").get<std::vector<int64_t>>(), r.at("opt").get<std::vector<int64_t>>(),
+                                 r.at("max").get<std::vector<int64_t>>()};
+    out.push_back(std::move(profile));
+  }
+  return out;
+}
+
+// The model as an engine runs it: imported, Q/DQ pairs absorbed, optimized (dynamic dimensions
+// kept symbolic), marked outputs added, and for INT8 quantized.
+ir::Graph optimized_graph(const std::string& model_bytes, const std::string& name, const std::string& base_dir,
+                          const BuildOptions& options, std::vector<std::string>& int8_kept_float) {
   ir::Graph graph = onnx_import::import_bytes(model_bytes, name, base_dir);
-  auto impl = std::make_shared<Engine::Impl>();
-  impl->options = options;
-  impl->options.log = nullptr;
-  impl->model_bytes = std::move(model_bytes);
-  impl->model_name = name;
   // Named values are marked before the passes (so they survive them); "all" marks the outputs
   // of the optimized graph's nodes, so both engines compare the same fused layers.
   auto mark = [&](const std::string& v) {
@@ -180,7 +201,6 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
   quantization::QdqScales qdq;
   if (options.precision == Precision::kInt8) qdq = quantization::absorb_qdq(graph);
   try {
-    if (options.device == Device::kCuda) passes::bind_input_shapes(graph, options.input_shapes);
     if (options.optimize) passes::optimize(graph);
   } catch (Error& e) {
     if (e.file_path().empty()) e.file(name);
@@ -202,7 +222,7 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
     target.grouped_convolutions = options.device == Device::kCpu;
     target.depthwise_convolutions = true;  // the GPU's INT8 depthwise kernel
     quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, scales, pinned, &qdq.weights, target);
-    impl->int8_kept_float = r.kept_float;
+    int8_kept_float = r.kept_float;
     if (options.log) {
       options.log("int8: " + std::to_string(r.quantized) + " convolutions in INT8 (" + std::to_string(r.matrix_products) +
                   " of them matrix products as 1x1 convolutions, " + std::to_string(r.model_weights) +
@@ -211,20 +231,82 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
       for (const std::string& k : r.kept_float) options.log("int8: kept in float: " + k);
     }
   }
+  return graph;
+}
+
+#if KILN_WITH_CUDA
+cuda::Profile cuda_profile(const OptimizationProfile& p) {
+  cuda::Profile out;
+  for (const auto& [name, r] : p) out.inputs[name] = cuda::ShapeRange{r.min, r.opt, r.max};
+  return out;
+}
+
+// A GPU plan's graph: the engine's graph at concrete input shapes, shape arithmetic folded (and
+// anything that folding opens up fused, when the build optimizes).
+cuda::CudaEngine::Specializer specializer(std::shared_ptr<const ir::Graph> graph, bool optimize, std::string name) {
+  return [graph = std::move(graph), optimize, name = std::move(name)](const cuda::Shapes& shapes) {
+    ir::Graph g = *graph;
+    try {
+      passes::bind_input_shapes(g, shapes);
+      if (optimize) passes::optimize(g);
+    } catch (Error& e) {
+      if (e.file_path().empty()) e.file(name);
+      throw;
+    }
+    return g;
+  };
+}
+#endif
+
+// Makes the engine of an optimized graph: the CPU engine, or the GPU engine over the profiles
+// (with `tactics` used before any timing).
+std::shared_ptr<Engine::Impl> make_engine(ir::Graph graph, const std::string& name, const BuildOptions& options,
+                                          std::vector<OptimizationProfile> profiles,
+                                          const std::map<std::string, std::string>& tactics,
+                                          std::vector<std::string> int8_kept_float) {
+  auto impl = std::make_shared<Engine::Impl>();
+  impl->options = options;
+  impl->options.log = nullptr;
+  impl->model_name = name;
+  impl->int8_kept_float = std::move(int8_kept_float);
   for (const std::string& in : graph.inputs) impl->inputs.push_back(describe(graph, in));
   for (const std::string& out : graph.outputs) impl->outputs.push_back(describe(graph, out));
   try {
     if (options.device == Device::kCpu) {
+      if (!options.profiles.empty())
+        throw Error(ErrorKind::kInvalidArgument, "optimization profiles are for GPU engines: the CPU engine runs any input shape")
+            .hint("leave out --min-shapes/--opt-shapes/--max-shapes, or build for --device cuda");
       impl->cpu = std::make_unique<cpu::CpuEngine>(std::move(graph));
     } else {
 #if KILN_WITH_CUDA
+      if (profiles.empty()) profiles = api::resolve_profiles(impl->inputs, options);
+      impl->profiles = profiles;
+      impl->inputs = api::profile_inputs(impl->inputs, profiles);
+      impl->graph = std::make_shared<const ir::Graph>(std::move(graph));
       cuda::BuildConfig config;
       config.precision = cuda_precision(options.precision);
       config.allow_cpu_fallback = options.allow_cpu_fallback;
       config.timing_cache_path = options.timing_cache;
-      config.timing_entries = timing_entries;
+      config.timing_entries = tactics;
       config.log = options.log;
-      impl->gpu = cuda::CudaEngine::build(graph, config);
+      for (const OptimizationProfile& p : profiles) config.profiles.push_back(cuda_profile(p));
+      impl->gpu = cuda::CudaEngine::build(specializer(impl->graph, options.optimize, name), config);
+      // Output dimensions that differ between the profiles' min and max plans vary; the others
+      // are what every plan computes.
+      for (size_t i = 0; i < impl->outputs.size(); ++i) {
+        std::vector<int64_t> shape;
+        for (int p = 0; p < static_cast<int>(profiles.size()); ++p)
+          for (const auto& plan : {impl->gpu->opt_plan(p), impl->gpu->max_plan(p),
+                                   impl->gpu->plan(cuda_profile(profiles[static_cast<size_t>(p)]).min())}) {
+            const std::vector<int64_t>& s = plan->outputs().at(i).shape;
+            if (shape.empty()) shape = s;
+            for (size_t d = 0; d < shape.size() && d < s.size(); ++d)
+              if (shape[d] != s[d]) shape[d] = -1;
+          }
+        impl->outputs[i].shape = shape;
+        for (size_t d = 0; d < shape.size() && d < impl->outputs[i].dim_names.size(); ++d)
+          if (shape[d] >= 0) impl->outputs[i].dim_names[d].clear();
+      }
 #else
       throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend")
           .hint("rebuild with the CUDA toolkit installed (KILN_WITH_CUDA=ON), or use --device cpu");
@@ -234,29 +316,36 @@ Engine Engine::build(std::string model_bytes, const std::string& name, const std
     if (e.file_path().empty()) e.file(name);
     throw;
   }
-  return Engine(std::move(impl));
+  return impl;
 }
+
+}  // namespace
 
 Engine Engine::from_onnx(const std::string& onnx_path, const BuildOptions& options) {
   std::string bytes = read_file(onnx_path);
   std::string base_dir = std::filesystem::path(onnx_path).parent_path().string();
   if (base_dir.empty()) base_dir = ".";
-  return build(std::move(bytes), onnx_path, base_dir, options, {});
+  std::vector<std::string> kept_float;
+  ir::Graph graph = optimized_graph(bytes, onnx_path, base_dir, options, kept_float);
+  return Engine(make_engine(std::move(graph), onnx_path, options, {}, {}, std::move(kept_float)));
 }
 
 void Engine::save(const std::string& engine_path) const {
   engine_file::Contents c;
-  nlohmann::json shapes = nlohmann::json::object();
-  if (!impl_->cpu)  // GPU engines have fixed shapes; CPU engines keep the model's dynamic ones
-    for (const TensorDesc& d : impl_->inputs) shapes[d.name] = d.shape;
   nlohmann::json tactics = nlohmann::json::object();
   nlohmann::json device = cpu_identity();
+  const ir::Graph* graph = impl_->cpu ? &impl_->cpu->graph() : impl_->graph.get();
 #if KILN_WITH_CUDA
   if (impl_->gpu) {
     tactics = impl_->gpu->timing_entries();
     device = device_identity();
   }
 #endif
+  auto descs = [](const std::vector<TensorDesc>& list) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const TensorDesc& d : list) out.push_back({{"name", d.name}, {"dtype", to_string(d.dtype)}, {"shape", d.shape}});
+    return out;
+  };
   c.header = {{"kiln_version", KILN_VERSION},
               {"backend", backend()},
               {"device", device},
@@ -264,12 +353,15 @@ void Engine::save(const std::string& engine_path) const {
                {{"precision", to_string(impl_->options.precision)},
                 {"optimize", impl_->options.optimize},
                 {"allow_cpu_fallback", impl_->options.allow_cpu_fallback},
-                {"input_shapes", shapes},
                 {"int8_scales", impl_->options.int8_scales},
                 {"float_layers", impl_->options.float_layers}}},
               {"model_name", std::filesystem::path(impl_->model_name).filename().string()},
+              {"inputs", descs(impl_->inputs)},
+              {"outputs", descs(impl_->outputs)},
+              {"profiles", profiles_to_json(impl_->profiles)},
+              {"int8_kept_float", impl_->int8_kept_float},
               {"tactics", tactics}};
-  c.model = impl_->model_bytes;
+  c.graph = onnx_export::export_engine_graph(*graph, c.weights);
   engine_file::write(engine_path, c);
 }
 
@@ -287,6 +379,9 @@ Engine Engine::load(const std::string& engine_path) {
           .file(engine_path)
           .hint("rebuild it with this kiln (kiln build)");
     const std::string backend = field("backend").get<std::string>();
+    BuildOptions options;
+    std::map<std::string, std::string> tactics;
+    std::vector<OptimizationProfile> profiles;
     if (backend == "cpu") {
       // The CPU kernels are compiled for x86-64-v3: a machine without it would fault on the
       // first AVX2 instruction, so say so instead.
@@ -294,31 +389,49 @@ Engine Engine::load(const std::string& engine_path) {
       if (!here.at("x86_64_v3").get<bool>())
         throw Error(ErrorKind::kInvalidArgument, "this CPU lacks AVX2, FMA or F16C, which kiln's CPU engine needs")
             .file(engine_path);
-      BuildOptions options = options_from_header(field("options"));
+      options = options_from_header(field("options"));
       options.device = Device::kCpu;
-      return build(std::move(c.model), engine_path, "", options, {});
-    }
-    if (backend != "cuda")
-      throw Error(ErrorKind::kInvalidModel, "unknown engine backend '" + backend + "'").file(engine_path);
+    } else if (backend == "cuda") {
 #if KILN_WITH_CUDA
-    nlohmann::json here = device_identity();
-    const nlohmann::json& built = field("device");
-    for (const char* key : {"compute_capability", "cudnn", "cublaslt"}) {
-      if (!built.contains(key) || built.at(key) != here.at(key))
-        throw Error(ErrorKind::kInvalidArgument, std::string("the engine was built for ") + key + " " +
-                                                     (built.contains(key) ? built.at(key).dump() : "?") + " (" +
-                                                     built.value("gpu", std::string("?")) + "), this machine has " +
-                                                     here.at(key).dump() + " (" + here.at("gpu").get<std::string>() + ")")
-            .file(engine_path)
-            .hint("rebuild the engine on this machine: kiln build model.onnx -o model.engine");
-    }
-    BuildOptions options = options_from_header(field("options"));
-    options.device = Device::kCuda;
-    std::map<std::string, std::string> tactics = field("tactics").get<std::map<std::string, std::string>>();
-    return build(std::move(c.model), engine_path, "", options, tactics);
+      nlohmann::json here = device_identity();
+      const nlohmann::json& built = field("device");
+      for (const char* key : {"compute_capability", "cudnn", "cublaslt"}) {
+        if (!built.contains(key) || built.at(key) != here.at(key))
+          throw Error(ErrorKind::kInvalidArgument, std::string("the engine was built for ") + key + " " +
+                                                       (built.contains(key) ? built.at(key).dump() : "?") + " (" +
+                                                       built.value("gpu", std::string("?")) + "), this machine has " +
+                                                       here.at(key).dump() + " (" + here.at("gpu").get<std::string>() + ")")
+              .file(engine_path)
+              .hint("rebuild the engine on this machine: kiln build model.onnx -o model.engine");
+      }
+      options = options_from_header(field("options"));
+      options.device = Device::kCuda;
+      tactics = field("tactics").get<std::map<std::string, std::string>>();
+      profiles = profiles_from_json(field("profiles"));
+      if (profiles.empty()) throw Error(ErrorKind::kInvalidModel, "the GPU engine file has no optimization profile").file(engine_path);
 #else
-    throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend and cannot run GPU engines").file(engine_path);
+      throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend and cannot run GPU engines").file(engine_path);
 #endif
+    } else {
+      throw Error(ErrorKind::kInvalidModel, "unknown engine backend '" + backend + "'").file(engine_path);
+    }
+    ir::Graph graph = onnx_import::import_engine_graph(c.graph, c.weights, engine_path);
+    // The graph's inputs are the ones the profiles name, with their declared ranks.
+    for (const OptimizationProfile& p : profiles) {
+      if (p.size() != graph.inputs.size())
+        throw Error(ErrorKind::kInvalidModel, "the engine file's profiles do not name the graph's inputs").file(engine_path);
+      for (const std::string& in : graph.inputs) {
+        auto r = p.find(in);
+        const ir::Value& v = graph.value(in);
+        if (r == p.end() || !v.type.shape || r->second.min.size() != v.type.shape->size() ||
+            r->second.opt.size() != r->second.min.size() || r->second.max.size() != r->second.min.size())
+          throw Error(ErrorKind::kInvalidModel, "the engine file's profiles do not match its graph's input '" + in + "'")
+              .file(engine_path);
+      }
+    }
+    std::vector<std::string> kept_float;
+    if (h.contains("int8_kept_float")) kept_float = h.at("int8_kept_float").get<std::vector<std::string>>();
+    return Engine(make_engine(std::move(graph), engine_path, options, profiles, tactics, std::move(kept_float)));
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorKind::kInvalidModel, std::string("the engine file's header is malformed: ") + e.what()).file(engine_path);
   } catch (Error& e) {
@@ -329,15 +442,38 @@ Engine Engine::load(const std::string& engine_path) {
 
 const std::vector<TensorDesc>& Engine::inputs() const { return impl_->inputs; }
 const std::vector<TensorDesc>& Engine::outputs() const { return impl_->outputs; }
+const std::vector<OptimizationProfile>& Engine::profiles() const { return impl_->profiles; }
 
 std::string Engine::backend() const { return impl_->cpu ? "cpu" : "cuda"; }
 
 size_t Engine::layer_count() const {
 #if KILN_WITH_CUDA
-  if (impl_->gpu) return impl_->gpu->layers().size();
+  if (impl_->gpu) return impl_->gpu->opt_plan(0)->layers().size();
 #endif
   return impl_->cpu->graph().nodes.size();
 }
+
+#if KILN_WITH_CUDA
+namespace {
+
+std::vector<LayerInfo> plan_layers(const cuda::ShapePlan& plan) {
+  std::vector<LayerInfo> out;
+  for (const cuda::PlannedLayer& l : plan.layers()) {
+    LayerInfo li;
+    li.name = l.name;
+    li.op = l.op;
+    li.tactic = l.layer->tactic();
+    li.precision = l.outputs.empty() || l.outputs[0] < 0 ? "" : to_string(plan.buffers()[l.outputs[0]].spec.format.dtype);
+    if (!l.outputs.empty() && l.outputs[0] >= 0) li.shape = plan.buffers()[l.outputs[0]].spec.shape;
+    li.cpu_fallback = l.cpu_fallback;
+    li.flops = l.flops;
+    out.push_back(li);
+  }
+  return out;
+}
+
+}  // namespace
+#endif
 
 EngineInfo Engine::info() const {
   EngineInfo info;
@@ -363,22 +499,36 @@ EngineInfo Engine::info() const {
 #if KILN_WITH_CUDA
   const cuda::CudaEngine& e = *impl_->gpu;
   info.device = e.device_name();
-  for (const cuda::PlannedLayer& l : e.layers()) {
-    LayerInfo li;
-    li.name = l.name;
-    li.op = l.op;
-    li.tactic = l.layer->tactic();
-    li.precision = l.outputs.empty() || l.outputs[0] < 0 ? "" : to_string(e.buffers()[l.outputs[0]].spec.format.dtype);
-    if (!l.outputs.empty() && l.outputs[0] >= 0) li.shape = e.buffers()[l.outputs[0]].spec.shape;
-    li.cpu_fallback = l.cpu_fallback;
-    li.flops = l.flops;
-    info.has_cpu_fallback |= l.cpu_fallback;
-    info.layers.push_back(li);
+  for (size_t p = 0; p < impl_->profiles.size(); ++p) {
+    const int index = static_cast<int>(p);
+    ProfileInfo pi;
+    pi.ranges = impl_->profiles[p];
+    pi.layers = plan_layers(*e.opt_plan(index));
+    // The same layers at min and max, matched by name (a layer the other plan lacks: no shape).
+    auto shapes_by_name = [](const cuda::ShapePlan& plan) {
+      std::map<std::string, std::vector<int64_t>> out;
+      for (const LayerInfo& l : plan_layers(plan)) out[l.name] = l.shape;
+      return out;
+    };
+    const auto min_shapes = shapes_by_name(*e.plan(cuda_profile(impl_->profiles[p]).min()));
+    const auto max_shapes = shapes_by_name(*e.max_plan(index));
+    for (const LayerInfo& l : pi.layers) {
+      auto lo = min_shapes.find(l.name), hi = max_shapes.find(l.name);
+      pi.min_shapes.push_back(lo == min_shapes.end() ? std::vector<int64_t>{} : lo->second);
+      pi.max_shapes.push_back(hi == max_shapes.end() ? std::vector<int64_t>{} : hi->second);
+    }
+    pi.activation_bytes = e.max_plan(index)->arena_bytes();
+    pi.workspace_bytes = e.max_plan(index)->workspace_bytes();
+    info.profiles.push_back(std::move(pi));
   }
+  info.layers = info.profiles.at(0).layers;
+  for (const LayerInfo& l : info.layers) info.has_cpu_fallback |= l.cpu_fallback;
   info.weight_bytes = e.weight_bytes();
   info.activation_bytes = e.arena_bytes();
   info.workspace_bytes = e.workspace_bytes();
-  info.fp32_layers = e.fp32_layers();
+  for (const cuda::IoSlot& slot : e.io()) info.io_bytes += slot.capacity;
+  info.planned_shapes = e.plan_count();
+  info.fp32_layers = e.opt_plan(0)->fp32_layers();
 #endif
   return info;
 }
@@ -408,6 +558,18 @@ std::map<std::string, Tensor> Engine::run(const std::map<std::string, Tensor>& i
 }
 
 #if KILN_WITH_CUDA
+void Context::set_optimization_profile(int index) { impl_->context->set_profile(index); }
+int Context::optimization_profile() const { return impl_->context->profile(); }
+void Context::set_input_shape(const std::string& name, const std::vector<int64_t>& shape) {
+  impl_->context->set_input_shape(name, shape);
+}
+std::vector<int64_t> Context::input_shape(const std::string& name) const { return impl_->context->input_shape(name); }
+std::vector<int64_t> Context::output_shape(const std::string& name) {
+  for (const cuda::EngineIO& out : impl_->context->current_plan().outputs())
+    if (out.name == name) return out.shape;
+  throw Error(ErrorKind::kInvalidArgument, "the engine has no output named '" + name + "'");
+}
+std::vector<LayerInfo> Context::layers() { return plan_layers(impl_->context->current_plan()); }
 void* Context::input_buffer(const std::string& name) const { return impl_->context->input_buffer(name); }
 void* Context::output_buffer(const std::string& name) const { return impl_->context->output_buffer(name); }
 void Context::enqueue(void* cuda_stream) { impl_->context->enqueue(static_cast<cudaStream_t>(cuda_stream)); }
@@ -421,13 +583,20 @@ std::vector<LayerTiming> Context::profile(void* cuda_stream) {
   return out;
 }
 #else
-void* Context::input_buffer(const std::string&) const { throw Error(ErrorKind::kUnsupported, "no CUDA backend"); }
-void* Context::output_buffer(const std::string&) const { throw Error(ErrorKind::kUnsupported, "no CUDA backend"); }
-void Context::enqueue(void*) { throw Error(ErrorKind::kUnsupported, "no CUDA backend"); }
-std::map<std::string, Tensor> Context::run(const std::map<std::string, Tensor>&) {
-  throw Error(ErrorKind::kUnsupported, "no CUDA backend");
-}
-std::vector<LayerTiming> Context::profile(void*) { throw Error(ErrorKind::kUnsupported, "no CUDA backend"); }
+namespace {
+[[noreturn]] void no_cuda() { throw Error(ErrorKind::kUnsupported, "no CUDA backend"); }
+}  // namespace
+void Context::set_optimization_profile(int) { no_cuda(); }
+int Context::optimization_profile() const { no_cuda(); }
+void Context::set_input_shape(const std::string&, const std::vector<int64_t>&) { no_cuda(); }
+std::vector<int64_t> Context::input_shape(const std::string&) const { no_cuda(); }
+std::vector<int64_t> Context::output_shape(const std::string&) { no_cuda(); }
+std::vector<LayerInfo> Context::layers() { no_cuda(); }
+void* Context::input_buffer(const std::string&) const { no_cuda(); }
+void* Context::output_buffer(const std::string&) const { no_cuda(); }
+void Context::enqueue(void*) { no_cuda(); }
+std::map<std::string, Tensor> Context::run(const std::map<std::string, Tensor>&) { no_cuda(); }
+std::vector<LayerTiming> Context::profile(void*) { no_cuda(); }
 #endif
 
 }  // namespace kiln

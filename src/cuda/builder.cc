@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <fstream>
 #include <set>
@@ -30,7 +31,27 @@ WeightMemory::~WeightMemory() {
   for (void* b : blocks_) cudaFree(b);
 }
 
+namespace {
+// A 64-bit hash of a weight's bytes (FNV-1a over 8-byte words, then the tail), to find uploads
+// of the same content; equal sizes and hashes are taken as equal contents.
+uint64_t content_hash(const void* data, size_t bytes) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 1469598103934665603ull;
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 1099511628211ull;
+    h ^= h >> 29;
+  }
+  for (; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
 const void* WeightMemory::upload(const void* host, size_t bytes) {
+  const auto key = std::make_pair(bytes, bytes ? content_hash(host, bytes) : 0);
+  if (auto it = uploaded_.find(key); it != uploaded_.end()) return it->second;
   constexpr size_t kAlign = 256, kBlock = size_t{64} << 20;
   const size_t size = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
   if (size > block_left_) {
@@ -46,18 +67,19 @@ const void* WeightMemory::upload(const void* host, size_t bytes) {
   cursor_ += size;
   block_left_ -= size;
   used_ += size;
+  uploaded_[key] = dst;
   return dst;
 }
 
-CudaEngine::~CudaEngine() = default;
+ShapePlan::~ShapePlan() = default;
 
-std::map<std::string, std::string> CudaEngine::tactics() const {
+std::map<std::string, std::string> ShapePlan::tactics() const {
   std::map<std::string, std::string> out;
   for (const PlannedLayer& l : layers_) out[l.name] = l.layer->tactic();
   return out;
 }
 
-std::vector<std::string> CudaEngine::fp32_layers() const {
+std::vector<std::string> ShapePlan::fp32_layers() const {
   std::vector<std::string> out;
   for (const PlannedLayer& l : layers_)
     if (l.fp32_under_fp16) out.push_back(l.name + " (" + l.op + ")");
@@ -104,16 +126,21 @@ class ScratchMemory {
   size_t capacity_ = 0;
 };
 
+}  // namespace
+
 std::string device_signature(const cudaDeviceProp& prop) {
   return std::string(prop.name) + " sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
          " cudnn " + std::to_string(cudnnGetVersion()) + " cublasLt " + std::to_string(cublasLtGetVersion());
 }
 
-}  // namespace
-
+// Lowers one specialized graph to a ShapePlan. Weights go to the engine's (shared) weight memory;
+// tactics come from the timing cache, else from `hints` (node name -> the tactic the node took
+// in a plan at other shapes), else from timing the candidates.
 class Builder final : public BuildServices {
  public:
-  Builder(const ir::Graph& graph, const BuildConfig& config) : graph_(graph), config_(config) {}
+  Builder(const ir::Graph& graph, const BuildConfig& config, TimingCache& cache, WeightMemory& weights,
+          const std::map<std::string, std::string>* hints)
+      : graph_(graph), config_(config), cache_(cache), weights_(weights), hints_(hints) {}
 
   ~Builder() override {
     if (events_[0]) cudaEventDestroy(events_[0]);
@@ -123,21 +150,26 @@ class Builder final : public BuildServices {
     if (stream_) cudaStreamDestroy(stream_);
   }
 
-  std::unique_ptr<CudaEngine> build();
+  std::unique_ptr<ShapePlan> build(const Shapes& shapes);
 
   // --- BuildServices ----------------------------------------------------------------------
-  const void* upload(const void* host, size_t bytes) override { return engine_->weights_.upload(host, bytes); }
+  const void* upload(const void* host, size_t bytes) override { return weights_.upload(host, bytes); }
   const LayerIO& scratch_io() override;
   void* scratch(size_t bytes) override { return workspace_scratch_.get(bytes); }
   float time_ms(const std::function<void(cudaStream_t)>& run) override;
   std::optional<std::string> cached_tactic(const std::string& key) override {
-    auto t = cache_.find(key);
-    if (t) used_tactics_[key] = *t;
+    std::optional<std::string> t = cache_.find(key);
+    if (!t && hints_ && current_request_) {
+      // Not timed at this shape: start from what the node took at other shapes. A layer that
+      // cannot use it times its candidates and records the winner instead.
+      if (auto h = hints_->find(current_request_->node.name); h != hints_->end()) t = h->second;
+    }
+    if (t) note_tactic(key, *t);
     return t;
   }
   void record_tactic(const std::string& key, const std::string& tactic) override {
     cache_.set(key, tactic);
-    used_tactics_[key] = tactic;
+    note_tactic(key, tactic);
   }
   cudnnContext* cudnn() override { return cudnn_; }
   cublasLtContext* cublaslt() override { return cublaslt_; }
@@ -163,15 +195,20 @@ class Builder final : public BuildServices {
   void placeholder_outputs(const ir::Node& node);
   void lower_node(const ir::Node& node, std::vector<std::string>& unsupported);
   void log(const std::string& line) { if (config_.log) config_.log(line); }
+  void note_tactic(const std::string& key, const std::string& tactic) {
+    plan_->timing_entries_[key] = tactic;
+    if (current_request_) plan_->node_tactics_[current_request_->node.name] = tactic;
+  }
 
   const ir::Graph& graph_;
   const BuildConfig& config_;
-  std::unique_ptr<CudaEngine> engine_;
+  TimingCache& cache_;
+  WeightMemory& weights_;
+  const std::map<std::string, std::string>* hints_;
+  std::unique_ptr<ShapePlan> plan_;
   std::deque<Buffer> buffers_;  // a deque: requests hold pointers to specs while buffers are added
   std::map<std::string, int> value_buffer_;
   std::map<std::pair<std::string, std::string>, int> converted_;
-  TimingCache cache_;
-  std::map<std::string, std::string> used_tactics_;
 
   cudaDeviceProp prop_{};
   cudaStream_t stream_ = nullptr;
@@ -300,7 +337,7 @@ int Builder::buffer_in_format(const std::string& value, const Format& format) {
 }
 
 void Builder::add_layer(PlannedLayer layer) {
-  const int index = static_cast<int>(engine_->layers_.size());
+  const int index = static_cast<int>(plan_->layers_.size());
   for (int in : layer.inputs)
     if (in >= 0) {
       Buffer& r = buffers_[root(in)];
@@ -311,7 +348,7 @@ void Builder::add_layer(PlannedLayer layer) {
       buffers_[out].first_use = index;
       buffers_[out].last_use = std::max(buffers_[out].last_use, index);
     }
-  engine_->layers_.push_back(std::move(layer));
+  plan_->layers_.push_back(std::move(layer));
 }
 
 void Builder::lower_view(const ir::Node& node) {
@@ -467,13 +504,12 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
   for (size_t i = 0; i < node.outputs.size(); ++i) value_buffer_[node.outputs[i]] = outputs[i];
 }
 
-std::unique_ptr<CudaEngine> Builder::build() {
-  engine_.reset(new CudaEngine());
-  engine_->precision_ = config_.precision;
+std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes) {
+  plan_.reset(new ShapePlan());
+  plan_->shapes_ = shapes;
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop_, device));
-  engine_->device_name_ = prop_.name;
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
   KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
@@ -481,14 +517,8 @@ std::unique_ptr<CudaEngine> Builder::build() {
   KILN_CUDA_CHECK(cudaEventCreate(&events_[0]));
   KILN_CUDA_CHECK(cudaEventCreate(&events_[1]));
 
-  cache_ = TimingCache(device_signature(prop_));
-  if (!config_.timing_cache_path.empty()) {
-    std::string note = cache_.load(config_.timing_cache_path);
-    if (!note.empty()) log(note);
-  }
-  for (const auto& [key, tactic] : config_.timing_entries) cache_.set(key, tactic);
-
-  // Graph inputs: user-facing buffers in the logical dtype, row-major.
+  // Graph inputs: the context's input buffers (kIo, in graph.inputs order), logical dtype, row-major.
+  int io = 0;
   for (const std::string& name : graph_.inputs) {
     const ir::Value& v = graph_.value(name);
     if (!v.type.shape || !ir::all_known(*v.type.shape))
@@ -498,11 +528,13 @@ std::unique_ptr<CudaEngine> Builder::build() {
     Buffer b;
     b.name = name;
     b.spec = TensorSpec{ir::known_values(*v.type.shape), Format{v.type.dtype, Layout::kLinear}};
+    b.kind = BufferKind::kIo;
+    b.io = io++;
     b.first_use = 0;
     b.last_use = std::numeric_limits<int>::max();
     int id = add_buffer(std::move(b));
     value_buffer_[name] = id;
-    engine_->inputs_.push_back(EngineIO{name, v.type.dtype, buffers_[id].spec.shape, id});
+    plan_->inputs_.push_back(EngineIO{name, v.type.dtype, buffers_[id].spec.shape, id});
   }
 
   std::vector<std::string> unsupported;
@@ -517,9 +549,9 @@ std::unique_ptr<CudaEngine> Builder::build() {
     } else {
       lower_node(node, unsupported);
     }
-    if (config_.log && !engine_->layers_.empty() && engine_->layers_.back().name == node.name)
+    if (config_.log && !plan_->layers_.empty() && plan_->layers_.back().name == node.name)
       log("[" + std::to_string(i + 1) + "/" + std::to_string(total) + "] " + node.name + " (" + node.op +
-          "): " + engine_->layers_.back().layer->tactic());
+          "): " + plan_->layers_.back().layer->tactic());
   }
   if (!unsupported.empty()) {
     std::string msg = std::to_string(unsupported.size()) + " node(s) cannot run on the GPU:";
@@ -527,16 +559,17 @@ std::unique_ptr<CudaEngine> Builder::build() {
     throw Error(ErrorKind::kUnsupported, msg).hint("--allow-cpu-fallback runs them on the CPU (slow)");
   }
 
-  // Graph outputs: the logical dtype, row-major, alive to the end, one buffer each.
+  // Graph outputs: the logical dtype, row-major, one buffer each, in the context's output
+  // buffers (kIo): the buffer whose memory an output is becomes that output's slot.
   std::set<int> taken;
-  for (const EngineIO& in : engine_->inputs_) taken.insert(in.buffer);
+  for (const EngineIO& in : plan_->inputs_) taken.insert(in.buffer);
   for (const std::string& name : graph_.outputs) {
     const ir::Value& v = graph_.value(name);
     if (!v.type.shape || !ir::all_known(*v.type.shape))
       throw Error(ErrorKind::kUnsupported, "output '" + name + "' has no known shape at build time");
     int id = buffer_in_format(name, Format{v.type.dtype, Layout::kLinear});
-    if (buffers_[id].kind == BufferKind::kWeight || taken.count(root(id))) {
-      // A constant output or one that shares memory with an input or another output: copy.
+    if (buffers_[root(id)].kind != BufferKind::kArena || taken.count(root(id))) {
+      // A constant output, or one that shares memory with an input or another output: copy.
       Buffer b;
       b.name = name + "@output";
       b.spec = buffers_[id].spec;
@@ -550,33 +583,36 @@ std::unique_ptr<CudaEngine> Builder::build() {
       add_layer(std::move(layer));
       id = copy;
     }
+    Buffer& r = buffers_[root(id)];
     taken.insert(root(id));
-    buffers_[root(id)].last_use = std::numeric_limits<int>::max();
-    engine_->outputs_.push_back(EngineIO{name, v.type.dtype, buffers_[id].spec.shape, id});
+    r.kind = BufferKind::kIo;
+    r.io = io++;
+    r.last_use = std::numeric_limits<int>::max();
+    plan_->outputs_.push_back(EngineIO{name, v.type.dtype, buffers_[id].spec.shape, id});
   }
 
   // Memory: lifetimes are layer indices; views live in their root buffer.
-  const int n_layers = static_cast<int>(engine_->layers_.size());
+  const int n_layers = static_cast<int>(plan_->layers_.size());
   for (Buffer& b : buffers_) {
     if (b.last_use == std::numeric_limits<int>::max()) b.last_use = n_layers;
     if (b.first_use < 0) b.first_use = b.last_use < 0 ? 0 : b.first_use;
     if (b.last_use < b.first_use) b.last_use = b.first_use;  // written, never read
   }
-  engine_->buffers_.assign(buffers_.begin(), buffers_.end());
-  engine_->arena_bytes_ = plan_arena(engine_->buffers_);
-  for (const PlannedLayer& l : engine_->layers_)
-    engine_->workspace_bytes_ = std::max(engine_->workspace_bytes_, l.layer->workspace_bytes());
-
-  engine_->timing_entries_ = used_tactics_;
-  if (!config_.timing_cache_path.empty()) cache_.save(config_.timing_cache_path);
+  plan_->buffers_.assign(buffers_.begin(), buffers_.end());
+  plan_->arena_bytes_ = plan_arena(plan_->buffers_);
+  for (const PlannedLayer& l : plan_->layers_)
+    plan_->workspace_bytes_ = std::max(plan_->workspace_bytes_, l.layer->workspace_bytes());
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  log("built " + std::to_string(n_layers) + " layers in " + std::to_string(seconds).substr(0, 5) + " s");
-  return std::move(engine_);
+  log("built " + std::to_string(n_layers) + " layers at " + shapes_key(shapes) + " in " +
+      std::to_string(seconds).substr(0, 5) + " s");
+  return std::move(plan_);
 }
 
-std::unique_ptr<CudaEngine> CudaEngine::build(const ir::Graph& graph, const BuildConfig& config) {
-  Builder builder(graph, config);
-  return builder.build();
+std::unique_ptr<ShapePlan> build_plan(const ir::Graph& graph, const Shapes& shapes, const BuildConfig& config,
+                                 TimingCache& cache, WeightMemory& weights,
+                                 const std::map<std::string, std::string>* hints) {
+  Builder builder(graph, config, cache, weights, hints);
+  return builder.build(shapes);
 }
 
 }  // namespace kiln::cuda

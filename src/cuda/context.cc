@@ -1,8 +1,9 @@
-// The execution context: binds the engine's layers to this context's memory and handles,
-// and runs them on a stream, as a CUDA graph after the first run.
+// The execution context: binds the plan of its current input shapes to this context's memory
+// and handles, and runs it on a stream, as a CUDA graph (one per shape) after the first run.
 #include <cublasLt.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "cuda/check.h"
@@ -12,69 +13,154 @@ namespace kiln::cuda {
 
 CudaContext::CudaContext(const CudaEngine& engine, bool use_cuda_graph)
     : engine_(engine), use_cuda_graph_(use_cuda_graph) {
-  if (engine.arena_bytes_) KILN_CUDA_CHECK(cudaMalloc(&arena_, engine.arena_bytes_));
-  if (engine.workspace_bytes_) KILN_CUDA_CHECK(cudaMalloc(&workspace_, engine.workspace_bytes_));
   KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
   KILN_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
-  for (const PlannedLayer& l : engine.layers_) {
-    LayerIO io;
-    for (int b : l.inputs) io.inputs.push_back(b >= 0 ? address(b) : nullptr);
-    for (int b : l.outputs) io.outputs.push_back(b >= 0 ? address(b) : nullptr);
-    io.workspace = l.layer->workspace_bytes() ? workspace_ : nullptr;
-    io.cudnn = cudnn_;
-    io.cublaslt = cublaslt_;
-    io_.push_back(std::move(io));
+  for (const IoSlot& slot : engine.io()) {
+    void* device = nullptr;
+    void* host = nullptr;
+    KILN_CUDA_CHECK(cudaMalloc(&device, std::max<size_t>(slot.capacity, 1)));
+    io_buffers_.push_back(device);
+    KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(slot.capacity, 1)));
+    pinned_.push_back(host);
   }
-  auto pin = [&](const EngineIO& e) {
-    void* p = nullptr;
-    const size_t bytes = engine.buffers_[e.buffer].spec.bytes();
-    KILN_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 1)));
-    pinned_[e.name] = p;
-  };
-  for (const EngineIO& e : engine.inputs_) pin(e);
-  for (const EngineIO& e : engine.outputs_) pin(e);
+  // Memory for the largest plan the build made (every profile's max shape among them).
+  reserve(engine.arena_bytes(), engine.workspace_bytes());
+  set_profile(0);
 }
 
 CudaContext::~CudaContext() {
-  if (graph_) cudaGraphExecDestroy(graph_);
+  for (auto& [key, b] : bound_)
+    if (b.graph) cudaGraphExecDestroy(b.graph);
   if (side_stream_) cudaStreamDestroy(side_stream_);
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
-  for (auto& [name, p] : pinned_) cudaFreeHost(p);
+  for (void* p : pinned_) cudaFreeHost(p);
+  for (void* p : io_buffers_) cudaFree(p);
   if (cudnn_) cudnnDestroy(cudnn_);
   if (cublaslt_) cublasLtDestroy(cublaslt_);
   if (arena_) cudaFree(arena_);
   if (workspace_) cudaFree(workspace_);
 }
 
-void* CudaContext::address(int buffer) const {
-  const Buffer& b = engine_.buffers_[buffer];
+void CudaContext::reserve(size_t arena_bytes, size_t workspace_bytes) {
+  if (arena_bytes <= arena_capacity_ && workspace_bytes <= workspace_capacity_) return;
+  // A plan built after this context was made needs more memory than any before it (rare:
+  // the profiles' max shapes are planned at build time). Work in flight may still use the old
+  // memory, and every bound plan points into it.
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  for (auto& [key, b] : bound_)
+    if (b.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(b.graph));
+  bound_.clear();
+  if (arena_bytes > arena_capacity_) {
+    if (arena_) KILN_CUDA_CHECK(cudaFree(arena_));
+    arena_ = nullptr;
+    arena_capacity_ = 0;
+    KILN_CUDA_CHECK(cudaMalloc(&arena_, std::max<size_t>(arena_bytes, 1)));
+    arena_capacity_ = arena_bytes;
+  }
+  if (workspace_bytes > workspace_capacity_) {
+    if (workspace_) KILN_CUDA_CHECK(cudaFree(workspace_));
+    workspace_ = nullptr;
+    workspace_capacity_ = 0;
+    KILN_CUDA_CHECK(cudaMalloc(&workspace_, std::max<size_t>(workspace_bytes, 1)));
+    workspace_capacity_ = workspace_bytes;
+  }
+}
+
+void CudaContext::set_profile(int index) {
+  if (index < 0 || index >= static_cast<int>(engine_.profiles().size()))
+    throw Error(ErrorKind::kInvalidArgument, "optimization profile " + std::to_string(index) + " does not exist: the engine has " +
+                                                 std::to_string(engine_.profiles().size()));
+  profile_ = index;
+  shapes_ = engine_.profiles()[static_cast<size_t>(index)].opt();
+}
+
+void CudaContext::set_input_shape(const std::string& name, const std::vector<int64_t>& shape) {
+  engine_.io_index(name, true);  // names an input, or throws
+  Shapes next = shapes_;
+  next[name] = shape;
+  const std::string why = engine_.profiles()[static_cast<size_t>(profile_)].mismatch(next);
+  if (!why.empty())
+    throw Error(ErrorKind::kInvalidArgument, "input shape " + shape_to_string(shape) + " for '" + name +
+                                                 "' is outside optimization profile " + std::to_string(profile_) + ": " + why)
+        .hint("build the engine with a profile that covers it (--min-shapes/--max-shapes), or pick another profile");
+  shapes_ = std::move(next);
+}
+
+const std::vector<int64_t>& CudaContext::input_shape(const std::string& name) const {
+  engine_.io_index(name, true);
+  return shapes_.at(name);
+}
+
+const ShapePlan& CudaContext::current_plan() { return *bound().plan; }
+
+void* CudaContext::address(const ShapePlan& plan, int buffer) const {
+  const Buffer& b = plan.buffers()[buffer];
   switch (b.kind) {
     case BufferKind::kArena: return static_cast<char*>(arena_) + b.offset;
     case BufferKind::kWeight: return const_cast<void*>(b.weight);
-    case BufferKind::kView: return address(b.view_of);
+    case BufferKind::kView: return address(plan, b.view_of);
+    case BufferKind::kIo: return io_buffers_.at(static_cast<size_t>(b.io));
   }
   return nullptr;
 }
 
 void* CudaContext::input_buffer(const std::string& name) const {
-  for (const EngineIO& e : engine_.inputs_)
-    if (e.name == name) return address(e.buffer);
-  throw Error(ErrorKind::kInvalidArgument, "the engine has no input named '" + name + "'");
+  return io_buffers_[static_cast<size_t>(engine_.io_index(name, true))];
 }
 
 void* CudaContext::output_buffer(const std::string& name) const {
-  for (const EngineIO& e : engine_.outputs_)
-    if (e.name == name) return address(e.buffer);
-  throw Error(ErrorKind::kInvalidArgument, "the engine has no output named '" + name + "'");
+  return io_buffers_[static_cast<size_t>(engine_.io_index(name, false))];
 }
 
-void CudaContext::enqueue_layers(cudaStream_t stream) {
-  for (size_t i = 0; i < engine_.layers_.size(); ++i) {
+void CudaContext::bind(Bound& b) {
+  const ShapePlan& plan = *b.plan;
+  b.io.clear();
+  for (const PlannedLayer& l : plan.layers()) {
+    LayerIO io;
+    for (int id : l.inputs) io.inputs.push_back(id >= 0 ? address(plan, id) : nullptr);
+    for (int id : l.outputs) io.outputs.push_back(id >= 0 ? address(plan, id) : nullptr);
+    io.workspace = l.layer->workspace_bytes() ? workspace_ : nullptr;
+    io.cudnn = cudnn_;
+    io.cublaslt = cublaslt_;
+    b.io.push_back(std::move(io));
+  }
+}
+
+CudaContext::Bound& CudaContext::bound() {
+  const std::string key = shapes_key(shapes_);
+  auto it = bound_.find(key);
+  if (it == bound_.end()) {
+    std::shared_ptr<const ShapePlan> plan = engine_.plan(shapes_);
+    for (const auto* list : {&plan->inputs(), &plan->outputs()})
+      for (const EngineIO& x : *list) {
+        const IoSlot& slot = engine_.io()[static_cast<size_t>(plan->buffers()[x.buffer].io)];
+        if (plan->buffers()[x.buffer].spec.bytes() > slot.capacity)
+          throw Error(ErrorKind::kInternal, "'" + x.name + "' at " + key + " needs more memory than at the profiles' max shapes");
+      }
+    reserve(plan->arena_bytes(), plan->workspace_bytes());
+    if (bound_.size() >= kMaxGraphs) {
+      auto oldest = std::min_element(bound_.begin(), bound_.end(),
+                                     [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+      if (oldest->second.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(oldest->second.graph));
+      bound_.erase(oldest);
+    }
+    Bound& b = bound_[key];
+    b.plan = std::move(plan);
+    bind(b);
+    it = bound_.find(key);
+  }
+  it->second.last_used = ++clock_;
+  return it->second;
+}
+
+void CudaContext::enqueue_layers(const Bound& b, cudaStream_t stream) {
+  const std::vector<PlannedLayer>& layers = b.plan->layers();
+  for (size_t i = 0; i < layers.size(); ++i) {
     try {
-      engine_.layers_[i].layer->enqueue(io_[i], stream);
+      layers[i].layer->enqueue(b.io[i], stream);
     } catch (Error& e) {
-      if (e.node_name().empty()) e.node(engine_.layers_[i].name, engine_.layers_[i].op);
+      if (e.node_name().empty()) e.node(layers[i].name, layers[i].op);
       throw;
     }
   }
@@ -96,88 +182,122 @@ void CudaContext::enqueue(cudaStream_t stream) {
     KILN_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
     return;
   }
+  Bound& b = bound();
   KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   if (!use_cuda_graph_) {
-    enqueue_layers(stream);
+    enqueue_layers(b, stream);
     return;
   }
-  if (graph_ && graph_stream_ == stream) {
-    KILN_CUDA_CHECK(cudaGraphLaunch(graph_, stream));
+  if (b.graph && b.graph_stream == stream) {
+    KILN_CUDA_CHECK(cudaGraphLaunch(b.graph, stream));
     return;
   }
   // The first run on a stream runs eagerly (libraries load kernels and pick plans lazily, which
   // a capture must not see), then the same work is captured for the next runs.
-  enqueue_layers(stream);
-  if (graph_) {
-    KILN_CUDA_CHECK(cudaGraphExecDestroy(graph_));
-    graph_ = nullptr;
+  enqueue_layers(b, stream);
+  if (b.graph) {
+    KILN_CUDA_CHECK(cudaGraphExecDestroy(b.graph));
+    b.graph = nullptr;
   }
   cudaGraph_t graph = nullptr;
   KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
-    enqueue_layers(stream);
+    enqueue_layers(b, stream);
   } catch (...) {
     cudaStreamEndCapture(stream, &graph);
     if (graph) cudaGraphDestroy(graph);
     throw;
   }
   KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaError_t status = cudaGraphInstantiate(&graph_, graph, 0);
+  cudaError_t status = cudaGraphInstantiate(&b.graph, graph, 0);
   cudaGraphDestroy(graph);
   KILN_CUDA_CHECK(status);
-  graph_stream_ = stream;
+  b.graph_stream = stream;
 }
 
 std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tensor>& inputs, cudaStream_t stream) {
-  for (const EngineIO& e : engine_.inputs_) {
-    auto it = inputs.find(e.name);
-    if (it == inputs.end()) throw Error(ErrorKind::kInvalidArgument, "input '" + e.name + "' is missing");
+  Shapes shapes;
+  for (const IoSlot& slot : engine_.io()) {
+    if (!slot.is_input) continue;
+    auto it = inputs.find(slot.name);
+    if (it == inputs.end()) throw Error(ErrorKind::kInvalidArgument, "input '" + slot.name + "' is missing");
     const Tensor& t = it->second;
-    if (t.dtype() != e.dtype)
-      throw Error(ErrorKind::kInvalidArgument, "input '" + e.name + "' has dtype " + to_string(t.dtype()) +
-                                                   ", the engine expects " + to_string(e.dtype));
-    if (t.shape() != e.shape)
-      throw Error(ErrorKind::kInvalidArgument, "input '" + e.name + "' has shape " + shape_to_string(t.shape()) +
-                                                   ", the engine was built for " + shape_to_string(e.shape))
-          .hint("build the engine for this shape (--shapes " + e.name + ":" + shape_to_string(t.shape()) + ")");
-    std::memcpy(pinned_.at(e.name), t.raw(), t.nbytes());
-    KILN_CUDA_CHECK(cudaMemcpyAsync(input_buffer(e.name), pinned_.at(e.name), t.nbytes(), cudaMemcpyHostToDevice, stream));
+    if (t.dtype() != slot.dtype)
+      throw Error(ErrorKind::kInvalidArgument, "input '" + slot.name + "' has dtype " + to_string(t.dtype()) +
+                                                   ", the engine expects " + to_string(slot.dtype));
+    shapes[slot.name] = t.shape();
   }
-  for (const auto& [name, t] : inputs) {
-    bool known = false;
-    for (const EngineIO& e : engine_.inputs_) known |= e.name == name;
-    if (!known) throw Error(ErrorKind::kInvalidArgument, "the engine has no input named '" + name + "'");
+  for (const auto& [name, t] : inputs) engine_.io_index(name, true);  // no unknown names
+  // The current profile if it holds these shapes, else the first that does.
+  const std::vector<Profile>& profiles = engine_.profiles();
+  std::string why = profiles[static_cast<size_t>(profile_)].mismatch(shapes);
+  if (!why.empty()) {
+    std::string all = "profile " + std::to_string(profile_) + ": " + why;
+    for (size_t p = 0; p < profiles.size() && !why.empty(); ++p) {
+      if (static_cast<int>(p) == profile_) continue;
+      std::string w = profiles[p].mismatch(shapes);
+      if (w.empty()) {
+        profile_ = static_cast<int>(p);
+        why.clear();
+      } else {
+        all += "; profile " + std::to_string(p) + ": " + w;
+      }
+    }
+    if (!why.empty()) {
+      const bool fixed = profiles.size() == 1 && profiles[0].min() == profiles[0].max();
+      std::string given;
+      for (const auto& [name, shape] : shapes) given += (given.empty() ? "" : ", ") + name + ":" + shape_to_string(shape);
+      const std::string message =
+          fixed ? "input shapes " + given + " are not the engine's: it was built for " + shapes_key(profiles[0].opt()) + " (" + why + ")"
+                : "input shapes " + given + " fit no optimization profile of the engine (" + all + ")";
+      throw Error(ErrorKind::kInvalidArgument, message)
+          .hint("build the engine for these shapes (--shapes, or a profile: --min-shapes/--opt-shapes/--max-shapes)");
+    }
+  }
+  shapes_ = shapes;
+  for (size_t i = 0; i < engine_.io().size(); ++i) {
+    const IoSlot& slot = engine_.io()[i];
+    if (!slot.is_input) continue;
+    const Tensor& t = inputs.at(slot.name);
+    std::memcpy(pinned_[i], t.raw(), t.nbytes());
+    KILN_CUDA_CHECK(cudaMemcpyAsync(io_buffers_[i], pinned_[i], t.nbytes(), cudaMemcpyHostToDevice, stream));
   }
   enqueue(stream);
+  const ShapePlan& plan = *bound().plan;
   std::map<std::string, Tensor> outputs;
-  for (const EngineIO& e : engine_.outputs_) {
-    Tensor t = Tensor::uninitialized(e.dtype, e.shape);
-    KILN_CUDA_CHECK(cudaMemcpyAsync(pinned_.at(e.name), output_buffer(e.name), t.nbytes(), cudaMemcpyDeviceToHost, stream));
-    outputs[e.name] = t;
+  std::vector<std::pair<size_t, Tensor>> copies;
+  for (const EngineIO& out : plan.outputs()) {
+    const size_t slot = static_cast<size_t>(engine_.io_index(out.name, false));
+    Tensor t = Tensor::uninitialized(out.dtype, out.shape);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(pinned_[slot], io_buffers_[slot], t.nbytes(), cudaMemcpyDeviceToHost, stream));
+    copies.push_back({slot, t});
+    outputs[out.name] = t;
   }
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
-  for (auto& [name, t] : outputs) std::memcpy(t.raw(), pinned_.at(name), t.nbytes());
+  for (auto& [slot, t] : copies) std::memcpy(t.raw(), pinned_[slot], t.nbytes());
   return outputs;
 }
 
 std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
+  Bound& b = bound();
   KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
-  const size_t n = engine_.layers_.size();
+  const std::vector<PlannedLayer>& layers = b.plan->layers();
+  const size_t n = layers.size();
   std::vector<cudaEvent_t> events(n + 1);
   for (auto& e : events) KILN_CUDA_CHECK(cudaEventCreate(&e));
   std::vector<LayerTime> times;
   try {
     KILN_CUDA_CHECK(cudaEventRecord(events[0], stream));
     for (size_t i = 0; i < n; ++i) {
-      engine_.layers_[i].layer->enqueue(io_[i], stream);
+      layers[i].layer->enqueue(b.io[i], stream);
       KILN_CUDA_CHECK(cudaEventRecord(events[i + 1], stream));
     }
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
     for (size_t i = 0; i < n; ++i) {
       LayerTime t;
-      t.name = engine_.layers_[i].name;
-      t.op = engine_.layers_[i].op;
-      t.tactic = engine_.layers_[i].layer->tactic();
+      t.name = layers[i].name;
+      t.op = layers[i].op;
+      t.tactic = layers[i].layer->tactic();
       KILN_CUDA_CHECK(cudaEventElapsedTime(&t.ms, events[i], events[i + 1]));
       times.push_back(t);
     }

@@ -1,6 +1,7 @@
-// The CUDA engine: the builder lowers an optimized graph with concrete shapes to a plan of
-// layers over planned buffers (builder.cc); an execution context runs the plan on a stream,
-// as one CUDA graph after the first run (context.cc).
+// The CUDA engine: the builder lowers an optimized graph specialized to concrete input shapes
+// to a plan of layers over planned buffers (builder.cc); the engine keeps a plan per input
+// shape within its optimization profiles (profiles.cc); an execution context runs the plan of
+// its current shapes on a stream, as one CUDA graph per shape after the first run (context.cc).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,27 @@
 
 namespace kiln::cuda {
 
+// Input shapes by input name: one binding of an engine's inputs.
+using Shapes = std::map<std::string, std::vector<int64_t>>;
+
+// The shapes an optimization profile accepts for one input: each dimension d within
+// [min[d], max[d]]. Tactics are timed at opt (and at min and max, see CudaEngine).
+struct ShapeRange {
+  std::vector<int64_t> min, opt, max;
+};
+
+// An optimization profile: a range for every input of the graph (fixed inputs: min = opt = max).
+struct Profile {
+  std::map<std::string, ShapeRange> inputs;
+
+  // "" when every input's shape lies in the profile; else why not, naming the input and the
+  // dimension ("input 'x': dimension 0 is 300, above the profile's max 256").
+  std::string mismatch(const Shapes& shapes) const;
+  Shapes min() const;
+  Shapes opt() const;
+  Shapes max() const;
+};
+
 struct BuildConfig {
   Precision precision = Precision::kFp32;
   bool allow_cpu_fallback = false;   // ops without a GPU layer run on the CPU engine's kernel
@@ -23,11 +46,20 @@ struct BuildConfig {
   // Timing-cache entries to use before the file's (an engine file's tactics): no timing.
   std::map<std::string, std::string> timing_entries;
   size_t max_workspace_bytes = size_t{1} << 30;
+  // The optimization profiles; at least one.
+  std::vector<Profile> profiles;
+  // Plans kept for shapes other than the profiles' min/opt/max (least recently used dropped).
+  size_t max_cached_plans = 16;
   std::function<void(const std::string&)> log;  // progress lines; nullptr: quiet
 };
 
 // Where a buffer's memory comes from.
-enum class BufferKind : uint8_t { kArena, kWeight, kView };
+//   kArena:  the execution context's activation arena, at `offset`
+//   kWeight: the engine's weight memory (constants)
+//   kView:   another buffer's memory (reshapes, layout changes that move no bytes)
+//   kIo:     the context's buffer of an engine input or output (`io`: index in CudaEngine::io()),
+//            sized for the largest shape the profiles allow, so its address never changes
+enum class BufferKind : uint8_t { kArena, kWeight, kView, kIo };
 
 struct Buffer {
   std::string name;
@@ -36,6 +68,7 @@ struct Buffer {
   size_t offset = 0;             // kArena: offset in the activation arena
   const void* weight = nullptr;  // kWeight: device pointer in the engine's weight memory
   int view_of = -1;              // kView: the buffer whose memory this one shares
+  int io = -1;                   // kIo: index in CudaEngine::io()
   int first_use = -1, last_use = -1;  // layer indices (graph inputs/outputs: whole run)
 };
 
@@ -50,6 +83,7 @@ struct PlannedLayer {
   double flops = 0;
 };
 
+// An input or output of one plan: its shape at that plan's binding.
 struct EngineIO {
   std::string name;
   DType dtype;
@@ -57,7 +91,9 @@ struct EngineIO {
   int buffer = -1;
 };
 
-// Device memory the engine owns for weights: a bump allocator over large blocks.
+// Device memory the engine owns for weights: a bump allocator over large blocks. Uploads are
+// content-addressed: the plans of one engine (one per input shape) upload the same weights,
+// and each distinct content is stored once.
 class WeightMemory {
  public:
   WeightMemory() = default;
@@ -72,46 +108,116 @@ class WeightMemory {
   size_t block_left_ = 0;
   char* cursor_ = nullptr;
   size_t used_ = 0;
+  std::map<std::pair<size_t, uint64_t>, const void*> uploaded_;  // (bytes, content hash) -> device
 };
 
-class CudaEngine {
+// The layers and buffers of an engine at one binding of its input shapes: what the builder
+// (builder.cc) makes of the graph specialized to those shapes.
+class ShapePlan {
  public:
-  // Builds for the current CUDA device. The graph must be optimized and every shape known.
-  // Throws kUnsupported naming every node without a GPU layer (unless CPU fallback is on).
-  static std::unique_ptr<CudaEngine> build(const ir::Graph& graph, const BuildConfig& config);
-  ~CudaEngine();
-
+  ~ShapePlan();
+  const Shapes& shapes() const { return shapes_; }
   const std::vector<EngineIO>& inputs() const { return inputs_; }
   const std::vector<EngineIO>& outputs() const { return outputs_; }
   const std::vector<PlannedLayer>& layers() const { return layers_; }
   const std::vector<Buffer>& buffers() const { return buffers_; }
   size_t arena_bytes() const { return arena_bytes_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
-  size_t weight_bytes() const { return weights_.bytes(); }
-  Precision precision() const { return precision_; }
-  const std::string& device_name() const { return device_name_; }
-  // Tactic per node name (for inspection), and the timing-cache entries this build used
-  // (for the engine file: rebuilding with them times nothing).
+  // The implementation of each layer (node name -> Layer::tactic()), for inspection.
   std::map<std::string, std::string> tactics() const;
+  // The timing-cache entries this plan used (key -> tactic), and the tactic each node took
+  // (node name -> the same tactic strings): plans at other shapes start from the latter.
   const std::map<std::string, std::string>& timing_entries() const { return timing_entries_; }
+  const std::map<std::string, std::string>& node_tactics() const { return node_tactics_; }
   // Names of float layers that kept float32 in an fp16 build.
   std::vector<std::string> fp32_layers() const;
 
  private:
   friend class Builder;
-  friend class CudaContext;
-  CudaEngine() = default;
-
+  ShapePlan() = default;
+  Shapes shapes_;
   std::vector<EngineIO> inputs_, outputs_;
   std::vector<Buffer> buffers_;
   std::vector<PlannedLayer> layers_;
-  WeightMemory weights_;
   size_t arena_bytes_ = 0;
   size_t workspace_bytes_ = 0;
+  std::map<std::string, std::string> timing_entries_, node_tactics_;
+};
+
+// An engine input or output as the execution contexts hold it.
+struct IoSlot {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  bool is_input = true;
+  size_t capacity = 0;  // bytes of its largest shape in any profile
+};
+
+class TimingCache;
+
+// A GPU engine: optimization profiles and the plans built for them. The plans of every
+// profile's opt, min and max shapes are built (their tactics timed) by build(); a plan for any
+// other shape within a profile is built on first use (plan()), each layer starting from the
+// tactic it took in the timed plan nearest in size, so nothing is timed again unless that
+// tactic cannot run the new shape. Weights are uploaded once and shared by every plan.
+// Thread-safe: plan() may be called from several threads at once.
+class CudaEngine {
+ public:
+  // The graph specialized to input shapes (dims bound, shapes inferred, shape arithmetic
+  // folded): what a plan is built from. Called from plan() on any thread, one call at a time.
+  using Specializer = std::function<ir::Graph(const Shapes&)>;
+
+  // Builds for the current CUDA device. Throws kUnsupported naming every node without a GPU
+  // layer (unless CPU fallback is on), kInvalidArgument for a malformed profile.
+  static std::unique_ptr<CudaEngine> build(Specializer specialize, const BuildConfig& config);
+  ~CudaEngine();
+
+  const std::vector<Profile>& profiles() const { return profiles_; }
+  const std::vector<IoSlot>& io() const { return io_; }
+  // Index of an input (is_input) or output in io(); throws kInvalidArgument naming it.
+  int io_index(const std::string& name, bool is_input) const;
+  // The plan for `shapes` (every input named; the caller has checked them against a profile).
+  std::shared_ptr<const ShapePlan> plan(const Shapes& shapes) const;
+  // The plan of a profile's opt shapes, built by build().
+  std::shared_ptr<const ShapePlan> opt_plan(int profile) const;
+  // The plan of a profile's max shapes (memory is planned for it), built by build().
+  std::shared_ptr<const ShapePlan> max_plan(int profile) const;
+
+  size_t weight_bytes() const;
+  // The largest activation arena / workspace of the plans built so far.
+  size_t arena_bytes() const;
+  size_t workspace_bytes() const;
+  size_t plan_count() const;
+  Precision precision() const { return precision_; }
+  const std::string& device_name() const { return device_name_; }
+  // The timing-cache entries of every plan built so far (for the engine file: loading with
+  // them times nothing).
+  std::map<std::string, std::string> timing_entries() const;
+
+ private:
+  CudaEngine() = default;
+  std::shared_ptr<const ShapePlan> build_plan(const Shapes& shapes, const std::map<std::string, std::string>* hints,
+                                         const BuildConfig& config) const;
+
+  Specializer specialize_;
+  BuildConfig config_;
+  std::vector<Profile> profiles_;
+  std::vector<IoSlot> io_;
   Precision precision_ = Precision::kFp32;
   std::string device_name_;
-  std::map<std::string, std::string> timing_entries_;
+
+  mutable std::mutex mutex_;  // guards everything below
+  mutable WeightMemory weights_;
+  mutable std::unique_ptr<TimingCache> cache_;
+  // Plans by shape key: the profiles' min/opt/max ones (pinned), then up to max_cached_plans
+  // others, least recently used first out.
+  mutable std::map<std::string, std::shared_ptr<const ShapePlan>> pinned_, cached_;
+  mutable std::vector<std::string> cached_order_;  // least recently used first
+  std::vector<std::shared_ptr<const ShapePlan>> opt_plans_, max_plans_;
+  mutable size_t arena_bytes_ = 0, workspace_bytes_ = 0;
 };
+
+// A printable key of a binding: "input=8x3x224x224;mask=8x16".
+std::string shapes_key(const Shapes& shapes);
 
 // Per-layer times of a profiled run.
 struct LayerTime {
@@ -119,9 +225,9 @@ struct LayerTime {
   float ms = 0;
 };
 
-// One execution context: its own activation arena, workspace, stream-bound library handles
-// and CUDA graph. A context must be used from one thread at a time; several contexts may
-// share an engine.
+// One execution context: its own activation arena, workspace, input/output buffers,
+// stream-bound library handles, and one CUDA graph per input shape it ran (a bounded cache).
+// A context must be used from one thread at a time; several contexts may share an engine.
 class CudaContext {
  public:
   explicit CudaContext(const CudaEngine& engine, bool use_cuda_graph = true);
@@ -129,38 +235,71 @@ class CudaContext {
   CudaContext(const CudaContext&) = delete;
   CudaContext& operator=(const CudaContext&) = delete;
 
-  // Device buffers of the engine's inputs and outputs (logical dtype, row-major).
+  // The optimization profile that set_input_shape() checks against (0 at first). Selecting one
+  // sets every input to its opt shape.
+  void set_profile(int index);
+  int profile() const { return profile_; }
+  // The shape of an input for the next runs (the profile's opt shape until set). Throws
+  // kInvalidArgument naming the input: unknown name, wrong rank, or outside the profile.
+  void set_input_shape(const std::string& name, const std::vector<int64_t>& shape);
+  const std::vector<int64_t>& input_shape(const std::string& name) const;
+  const Shapes& input_shapes() const { return shapes_; }
+  // The plan for the current input shapes (built on first use).
+  const ShapePlan& current_plan();
+
+  // Device buffers of the engine's inputs and outputs (logical dtype, row-major), large
+  // enough for any shape of any profile; their addresses never change.
   void* input_buffer(const std::string& name) const;
   void* output_buffer(const std::string& name) const;
 
-  // Runs the engine on `stream` reading input_buffer()s and writing output_buffer()s.
-  // Asynchronous; the first call on a stream captures a CUDA graph, later calls replay it.
+  // Runs the engine on `stream` at the current input shapes, reading input_buffer()s and
+  // writing output_buffer()s. Asynchronous; the first call at a shape on a stream captures a
+  // CUDA graph, later calls replay it.
   void enqueue(cudaStream_t stream);
 
-  // Copies host inputs in (through pinned staging), runs, copies outputs back, waits.
+  // Sets the input shapes from the tensors (choosing a profile that holds them), copies them
+  // in (through pinned staging), runs, copies the outputs back, waits.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, cudaStream_t stream);
 
   // Runs layer by layer with events between layers (no CUDA graph); synchronizes.
   std::vector<LayerTime> profile(cudaStream_t stream);
 
+  // CUDA graphs kept per context (one per input shape; least recently used first out).
+  static constexpr size_t kMaxGraphs = 8;
+
  private:
-  void enqueue_layers(cudaStream_t stream);
-  void* address(int buffer) const;
+  // A plan bound to this context's memory and handles, with its CUDA graph once captured.
+  struct Bound {
+    std::shared_ptr<const ShapePlan> plan;
+    std::vector<LayerIO> io;  // per layer
+    cudaGraphExec_t graph = nullptr;
+    cudaStream_t graph_stream = nullptr;
+    uint64_t last_used = 0;
+  };
+  Bound& bound();
+  void bind(Bound& b);
+  void reserve(size_t arena_bytes, size_t workspace_bytes);
+  void enqueue_layers(const Bound& b, cudaStream_t stream);
+  void* address(const ShapePlan& plan, int buffer) const;
 
   const CudaEngine& engine_;
   bool use_cuda_graph_;
+  int profile_ = 0;
+  Shapes shapes_;
   void* arena_ = nullptr;
+  size_t arena_capacity_ = 0;
   void* workspace_ = nullptr;
+  size_t workspace_capacity_ = 0;
+  std::vector<void*> io_buffers_;   // per CudaEngine::io() slot
+  std::vector<void*> pinned_;       // host staging per slot
   cudnnContext* cudnn_ = nullptr;
   cublasLtContext* cublaslt_ = nullptr;
-  std::vector<LayerIO> io_;  // per layer, bound to this context's memory
-  cudaGraphExec_t graph_ = nullptr;
-  cudaStream_t graph_stream_ = nullptr;
+  std::map<std::string, Bound> bound_;  // by shapes_key
+  uint64_t clock_ = 0;
   // For callers on a default stream, which cannot be captured: the graph runs on this stream,
   // ordered after and before the caller's work by the two events.
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
-  std::map<std::string, void*> pinned_;  // staging per input/output name
 };
 
 // Layers that the builder adds itself.

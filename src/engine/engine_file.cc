@@ -65,8 +65,10 @@ void write(const std::string& path, const Contents& contents) {
   std::string header = contents.header.dump();
   put<uint64_t>(out, header.size());
   out += header;
-  put<uint64_t>(out, contents.model.size());
-  out += contents.model;
+  put<uint64_t>(out, contents.graph.size());
+  out += contents.graph;
+  put<uint64_t>(out, contents.weights.size());
+  out += contents.weights;
   put<uint64_t>(out, fnv1a(out.data(), out.size()));
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   if (!f) throw Error(ErrorKind::kIo, "cannot write the engine file").file(path);
@@ -83,14 +85,17 @@ Contents parse(const std::string& bytes, const std::string& name) {
   r.get_bytes(sizeof(kMagic), "magic");
   uint32_t version = r.get<uint32_t>("format version");
   if (version != kEngineFormatVersion)
-    throw Error(ErrorKind::kInvalidModel, "engine file format " + std::to_string(version) + ", this kiln reads format " +
-                                              std::to_string(kEngineFormatVersion))
+    throw Error(ErrorKind::kInvalidModel, "engine file format " + std::to_string(version) + " (" +
+                                              (version < kEngineFormatVersion ? "older" : "newer") +
+                                              "), this kiln reads format " + std::to_string(kEngineFormatVersion))
         .file(name)
-        .hint("rebuild the engine with this kiln (kiln build)");
+        .hint("rebuild the engine from its ONNX model with this kiln (kiln build)");
   uint64_t header_size = r.get<uint64_t>("header size");
   std::string header = r.get_bytes(header_size, "header");
-  uint64_t model_size = r.get<uint64_t>("model size");
-  std::string model = r.get_bytes(model_size, "model");
+  uint64_t graph_size = r.get<uint64_t>("graph size");
+  std::string graph = r.get_bytes(graph_size, "graph");
+  uint64_t weights_size = r.get<uint64_t>("weights size");
+  std::string weights = r.get_bytes(weights_size, "weights");
   const size_t checked = r.pos();
   uint64_t checksum = r.get<uint64_t>("checksum");
   if (checksum != fnv1a(bytes.data(), checked))
@@ -105,7 +110,8 @@ Contents parse(const std::string& bytes, const std::string& name) {
     throw Error(ErrorKind::kInvalidModel, std::string("the engine file's header is not valid JSON: ") + e.what()).file(name);
   }
   if (!c.header.is_object()) throw Error(ErrorKind::kInvalidModel, "the engine file's header is not a JSON object").file(name);
-  c.model = std::move(model);
+  c.graph = std::move(graph);
+  c.weights = std::move(weights);
   return c;
 }
 

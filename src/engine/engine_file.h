@@ -1,14 +1,18 @@
-// The engine file (provisional format; the dynamic-shapes issue makes it final).
+// The engine file (docs/engine-format.md has the whole layout and the header's fields).
 //
 //   bytes 0..7    magic "KILNENG1"
 //   u32           format version (kEngineFormatVersion)
 //   u64 + bytes   header: JSON (kiln version, backend, GPU name and compute capability, CUDA,
-//                 cuDNN and cuBLASLt versions, build options, the timing-cache entries the
-//                 build chose)
-//   u64 + bytes   the ONNX model as given to the build
+//                 cuDNN and cuBLASLt versions, build options, inputs and outputs, optimization
+//                 profiles, INT8 scales, the tactics the build chose)
+//   u64 + bytes   graph: an ONNX ModelProto of the optimized graph (kiln's fused and INT8 ops
+//                 in domain "kiln"), whose initializers are external data in the weights section
+//                 (location "kiln:weights", offset and length into it)
+//   u64 + bytes   weights: the initializers' bytes, each at a 64-byte aligned offset (INT8
+//                 weights as int8)
 //   u64           FNV-1a 64 checksum of every byte before it
-// Integers are little-endian. Loading rebuilds the engine from the model with the recorded
-// tactics, so nothing is timed again.
+// Integers are little-endian. Loading imports the graph as it is (no passes) and builds with
+// the recorded tactics, so nothing is timed again.
 #pragma once
 
 #include <cstdint>
@@ -18,11 +22,12 @@
 
 namespace kiln::engine_file {
 
-constexpr uint32_t kEngineFormatVersion = 1;
+constexpr uint32_t kEngineFormatVersion = 2;
 
 struct Contents {
   nlohmann::json header;
-  std::string model;  // serialized ONNX ModelProto
+  std::string graph;    // serialized ONNX ModelProto, initializers in `weights`
+  std::string weights;
 };
 
 // Throws kIo when the file cannot be written.

@@ -53,9 +53,31 @@ void write_attribute(const std::string& name, const ir::AttrValue& value, onnx::
   }
 }
 
-}  // namespace
+// An initializer's bytes appended to an engine file's weights section (64-byte aligned), the
+// tensor pointing there as external data.
+void write_external(const std::string& name, const Tensor& t, onnx::TensorProto* proto, std::string& weights) {
+  proto->set_name(name);
+  proto->set_data_type(static_cast<int32_t>(t.dtype()));
+  for (int64_t d : t.shape()) proto->add_dims(d);
+  if (t.dtype() == DType::kString)
+    throw Error(ErrorKind::kUnsupported, "constant '" + name + "' holds strings, which the engine file does not hold");
+  weights.resize((weights.size() + 63) / 64 * 64, '\0');
+  const size_t offset = weights.size();
+  weights.append(static_cast<const char*>(t.raw()), t.nbytes());
+  proto->set_data_location(onnx::TensorProto::EXTERNAL);
+  auto add = [&](const char* key, const std::string& value) {
+    auto* kv = proto->add_external_data();
+    kv->set_key(key);
+    kv->set_value(value);
+  };
+  add("location", "kiln:weights");
+  add("offset", std::to_string(offset));
+  add("length", std::to_string(t.nbytes()));
+}
 
-std::string export_model(const ir::Graph& graph, const std::string& producer) {
+// Both forms: a plain ONNX model (`weights` null: kiln's ops refused, data inline), or an
+// engine file's graph (kiln's ops in domain "kiln", initializers in `weights`).
+std::string write_model(const ir::Graph& graph, const std::string& producer, std::string* weights) {
   onnx::ModelProto model;
   model.set_ir_version(8);  // the version of opsets 18-20; readers of newer opsets read it
   model.set_producer_name(producer);
@@ -63,6 +85,11 @@ std::string export_model(const ir::Graph& graph, const std::string& producer) {
   auto* opset = model.add_opset_import();
   opset->set_domain("");
   opset->set_version(std::max(graph.opset, kMinWrittenOpset));
+  if (weights) {
+    auto* kiln_opset = model.add_opset_import();
+    kiln_opset->set_domain("kiln");
+    kiln_opset->set_version(1);
+  }
 
   onnx::GraphProto* g = model.mutable_graph();
   g->set_name(graph.name.empty() ? "kiln" : graph.name);
@@ -70,7 +97,8 @@ std::string export_model(const ir::Graph& graph, const std::string& producer) {
   auto constant_input = [&](const std::string& name) {
     const ir::Value* v = graph.find_value(name);
     if (!v || !v->constant || !initializers.insert(name).second) return;
-    write_tensor(name, *v->constant, g->add_initializer());
+    if (weights) write_external(name, *v->constant, g->add_initializer(), *weights);
+    else write_tensor(name, *v->constant, g->add_initializer());
   };
   std::set<std::string> typed;  // inputs and outputs carry their types already
   for (const std::string& name : graph.inputs) {
@@ -80,10 +108,11 @@ std::string export_model(const ir::Graph& graph, const std::string& producer) {
     typed.insert(name);
   }
   for (const ir::Node& node : graph.nodes) {
-    if (!node.domain.empty())
+    if (!node.domain.empty() && !weights)
       throw node.error(ErrorKind::kUnsupported, "is kiln's own op " + node.domain + "::" + node.op +
                                                     ", which has no ONNX form (write the model before fusion)");
     auto* n = g->add_node();
+    if (!node.domain.empty()) n->set_domain(node.domain);
     n->set_name(node.name);
     n->set_op_type(node.op);
     for (const std::string& in : node.inputs) {
@@ -113,6 +142,16 @@ std::string export_model(const ir::Graph& graph, const std::string& producer) {
   if (!model.SerializeToString(&bytes))
     throw Error(ErrorKind::kInternal, "could not serialize the ONNX model (over 2 GB?)");
   return bytes;
+}
+
+}  // namespace
+
+std::string export_model(const ir::Graph& graph, const std::string& producer) {
+  return write_model(graph, producer, nullptr);
+}
+
+std::string export_engine_graph(const ir::Graph& graph, std::string& weights) {
+  return write_model(graph, "kiln", &weights);
 }
 
 }  // namespace kiln::onnx_export

@@ -65,6 +65,15 @@ Error model_error(const std::string& file, const std::string& message) {
   return e;
 }
 
+// Where external data lives: files beside the model, or an engine file's weights section.
+struct DataSource {
+  std::string base_dir;                  // "" refuses external data files
+  const std::string* weights = nullptr;  // an engine file's weights (location "kiln:weights")
+};
+thread_local DataSource data_source;  // set by import_model for the import it runs
+
+constexpr char kEngineWeights[] = "kiln:weights";
+
 // Reads an external data file region into `out` (already sized), with bounds checks.
 void read_external(const onnx::TensorProto& proto, const std::string& base_dir, Tensor& out) {
   std::string location;
@@ -77,6 +86,16 @@ void read_external(const onnx::TensorProto& proto, const std::string& base_dir, 
   }
   if (location.empty())
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has external data without a location");
+  const int64_t need = static_cast<int64_t>(out.nbytes());
+  if (data_source.weights && location == kEngineWeights) {
+    const int64_t size = static_cast<int64_t>(data_source.weights->size());
+    if (length != need || offset < 0 || offset > size || need > size - offset)
+      throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': bytes " + std::to_string(offset) + " + " +
+                                                std::to_string(length) + " of the weights section (" + std::to_string(size) +
+                                                " bytes) do not hold its " + std::to_string(need) + " bytes");
+    std::memcpy(out.raw(), data_source.weights->data() + offset, static_cast<size_t>(need));
+    return;
+  }
   if (base_dir.empty())
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' uses external data, which needs a model file path");
   fs::path rel(location);
@@ -90,7 +109,6 @@ void read_external(const onnx::TensorProto& proto, const std::string& base_dir, 
         .hint("keep the data file next to the .onnx file");
   f.seekg(0, std::ios::end);
   int64_t size = static_cast<int64_t>(f.tellg());
-  int64_t need = static_cast<int64_t>(out.nbytes());
   if (length >= 0 && length != need)
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data length " + std::to_string(length) +
                                               " does not match its shape (" + std::to_string(need) + " bytes)");
@@ -126,7 +144,7 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base
   Tensor t(dtype, shape);
   const int64_t n = t.numel();
   if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
-    read_external(proto, base_dir, t);
+    read_external(proto, base_dir.empty() ? data_source.base_dir : base_dir, t);
     return t;
   }
   if (proto.has_raw_data()) {
@@ -263,7 +281,16 @@ struct UnsupportedOp {
 
 }  // namespace
 
-ir::Graph import_bytes(const std::string& bytes, const std::string& name, const std::string& base_dir) {
+namespace {
+
+ir::Graph import_model(const std::string& bytes, const std::string& name, const DataSource& source, bool kiln_ops) {
+  // Tensors read during this import find their external data here.
+  struct Scope {
+    explicit Scope(const DataSource& s) : saved(data_source) { data_source = s; }
+    ~Scope() { data_source = saved; }
+    DataSource saved;
+  } scope(source);
+  const std::string& base_dir = source.base_dir;
   onnx::ModelProto model;
   {
     google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
@@ -352,7 +379,10 @@ ir::Graph import_bytes(const std::string& bytes, const std::string& name, const 
       std::string key = (domain.empty() ? "" : domain + "::") + np.op_type();
       const OpImporter* imp = domain.empty() ? registry.find(np.op_type()) : nullptr;
       std::string reason;
-      if (!domain.empty()) reason = "domain '" + domain + "' is not supported";
+      if (kiln_ops && domain == "kiln") {
+        // kiln's own ops (engine files only): as the passes made them, if this kiln knows them.
+        if (!ir::OpRegistry::instance().find(np.op_type(), "kiln")) reason = "not an op of this kiln";
+      } else if (!domain.empty()) reason = "domain '" + domain + "' is not supported";
       else if (!imp) reason = "no importer";
       else if (node_opset < imp->since_opset) reason = "supported from opset " + std::to_string(imp->since_opset);
       if (!reason.empty()) {
@@ -397,6 +427,11 @@ ir::Graph import_bytes(const std::string& bytes, const std::string& name, const 
       for (const std::string& out : node.outputs)
         if (!out.empty() && graph.find_value(out) && graph.find_value(out)->constant)
           throw node.error(ErrorKind::kInvalidModel, "output '" + out + "' overwrites an initializer");
+      if (kiln_ops && (np.domain() == "kiln")) {
+        node.domain = "kiln";
+        graph.nodes.push_back(std::move(node));
+        continue;
+      }
       const OpImporter* imp = registry.find(np.op_type());
       ImportContext ctx{np, graph, opsets[""], std::move(node)};
       if (imp->convert) imp->convert(ctx);
@@ -418,6 +453,16 @@ ir::Graph import_bytes(const std::string& bytes, const std::string& name, const 
     throw model_error(name, std::string("failed to import: ") + e.what());
   }
   return graph;
+}
+
+}  // namespace
+
+ir::Graph import_bytes(const std::string& bytes, const std::string& name, const std::string& base_dir) {
+  return import_model(bytes, name, DataSource{base_dir, nullptr}, false);
+}
+
+ir::Graph import_engine_graph(const std::string& graph, const std::string& weights, const std::string& name) {
+  return import_model(graph, name, DataSource{"", &weights}, true);
 }
 
 ir::Graph import_file(const std::string& path) {

@@ -74,6 +74,10 @@ ir::Graph import_file(const std::string& path);
 // Reads a serialized ModelProto; `name` is used in error messages and `base_dir` for
 // external data ("" refuses external data).
 ir::Graph import_bytes(const std::string& bytes, const std::string& name, const std::string& base_dir);
+// Reads the graph section of an engine file (onnx_export::export_engine_graph writes it): kiln's
+// own ops (domain "kiln") are taken as they are, and initializers whose external data location
+// is "kiln:weights" are read from `weights`. `name` is used in error messages.
+ir::Graph import_engine_graph(const std::string& graph, const std::string& weights, const std::string& name);
 
 // Converts one TensorProto (for tests and the conformance runner's .pb files).
 Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base_dir);

@@ -1,7 +1,8 @@
-// kiln bench: times an engine in the manner of trtexec. For each batch size: build (or load)
-// the engine, warm up, then time iterations with CUDA events around each run (the engine's
-// CUDA graph replay, optionally with the host<->device copies), synchronizing after each, as
-// the PyTorch peers in bench/ are timed. Reports latency statistics, throughput, GPU memory
+// kiln bench: times an engine in the manner of trtexec. For each batch size: build the engine
+// for it (or set a dynamic engine's input shapes: an engine file, or a build with a profile),
+// warm up, then time iterations with CUDA events around each run (the engine's CUDA graph
+// replay, optionally with the host<->device copies), synchronizing after each, as the PyTorch
+// peers in bench/ are timed. Reports latency statistics, throughput, GPU memory
 // and engine size; --profile adds time per layer; --json writes everything (docs/bench.md).
 #include <fmt/format.h>
 
@@ -163,32 +164,62 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
 }
 
 #if KILN_WITH_CUDA
-nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_before) {
-  nlohmann::json r;
+// Opens the engine a GPU bench runs: the engine file, or the model built with the options (at
+// `batch` for a static build; batch <= 0: as the options say).
+Engine open_gpu_engine(const BenchOptions& o, int64_t batch, double& build_s, size_t& engine_file_bytes) {
   std::vector<std::string> defaulted;
   EngineOptions eo = o.engine;
   if (batch > 0) eo.batch = batch;
   auto t0 = std::chrono::steady_clock::now();
   std::optional<Engine> engine;
-  size_t engine_file_bytes = 0;
   if (is_engine_file(o.model)) {
     engine.emplace(Engine::load(o.model));
     engine_file_bytes = std::filesystem::file_size(o.model);
   } else {
     engine.emplace(Engine::from_onnx(o.model, eo.build_options(o.model, defaulted)));
   }
-  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  Context context = engine->create_context(!o.no_graph);
+  build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::move(*engine);
+}
+
+// Sets the context's inputs to `batch` in the first dimension where the engine lets it vary
+// (batch <= 0: the profile's opt shapes). Throws naming the input when the batch lies outside the
+// profile (or the engine has fixed shapes).
+void set_batch(const Engine& engine, Context& context, int64_t batch) {
+  context.set_optimization_profile(context.optimization_profile());  // opt shapes
+  if (batch <= 0) return;
+  bool any = false;
+  for (const TensorDesc& d : engine.inputs()) {
+    std::vector<int64_t> shape = context.input_shape(d.name);
+    if (!d.shape.empty() && d.shape[0] < 0) {
+      shape[0] = batch;
+      any = true;
+      context.set_input_shape(d.name, shape);
+    } else if (!d.shape.empty() && d.shape[0] != batch && engine.inputs().size() == 1) {
+      throw Error(ErrorKind::kInvalidArgument, "batch " + std::to_string(batch) + ": the engine's input '" + d.name +
+                                                   "' has a fixed first dimension " + std::to_string(d.shape[0]))
+          .hint("build it with a profile over the batch (--min-shapes/--opt-shapes/--max-shapes)");
+    }
+  }
+  if (!any && engine.inputs().size() > 1)
+    throw Error(ErrorKind::kInvalidArgument, "batch " + std::to_string(batch) + ": no input of the engine has a dynamic first dimension");
+}
+
+// Times the engine at the context's current input shapes.
+nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Context& context, double build_s,
+                             size_t engine_file_bytes, size_t free_before) {
+  nlohmann::json r;
   size_t free_after = 0, total = 0;
-  KILN_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
-  const int64_t items = engine->inputs().empty() || engine->inputs()[0].shape.empty() ? 1 : engine->inputs()[0].shape[0];
+  const std::vector<TensorDesc>& ins = engine.inputs();
+  const int64_t items = ins.empty() || context.input_shape(ins[0].name).empty() ? 1 : context.input_shape(ins[0].name)[0];
 
   cudaStream_t stream = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::vector<std::pair<void*, void*>> h2d, d2h;  // (pinned host, device)
   std::vector<size_t> h2d_bytes, d2h_bytes;
   std::mt19937_64 rng(o.seed);
-  for (const TensorDesc& d : engine->inputs()) {
+  for (TensorDesc d : ins) {
+    d.shape = context.input_shape(d.name);
     Tensor t = random_tensor(d, rng);
     void* host = nullptr;
     KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(t.nbytes(), 1)));
@@ -197,8 +228,8 @@ nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_befo
     h2d.push_back({host, context.input_buffer(d.name)});
     h2d_bytes.push_back(t.nbytes());
   }
-  for (const TensorDesc& d : engine->outputs()) {
-    size_t bytes = static_cast<size_t>(shape_numel(d.shape)) * element_size(d.dtype);
+  for (const TensorDesc& d : engine.outputs()) {
+    size_t bytes = static_cast<size_t>(shape_numel(context.output_shape(d.name))) * element_size(d.dtype);
     void* host = nullptr;
     KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(bytes, 1)));
     d2h.push_back({host, context.output_buffer(d.name)});
@@ -222,7 +253,12 @@ nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_befo
     KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
     return ms;
   };
-  for (int i = 0; i < o.warmup; ++i) iteration();
+  // The first run at a new shape plans it (dynamic engines) and captures its CUDA graph.
+  auto first = std::chrono::steady_clock::now();
+  iteration();
+  const double first_run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - first).count();
+  for (int i = 1; i < o.warmup; ++i) iteration();
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
   std::vector<double> times;
   const int iters = o.iterations > 0 ? o.iterations : (items >= 64 ? 50 : 200);
   auto bench_start = std::chrono::steady_clock::now();
@@ -232,12 +268,19 @@ nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_befo
     if (o.duration_s > 0 ? (elapsed >= o.duration_s && times.size() >= 10) : static_cast<int>(times.size()) >= iters) break;
   }
   Stats s = statistics(times);
-  EngineInfo info = engine->info();
+  EngineInfo info = engine.info();
+  nlohmann::json shapes = nlohmann::json::object();
+  for (const TensorDesc& d : ins) shapes[d.name] = context.input_shape(d.name);
+  bool dynamic = false;
+  for (const TensorDesc& d : ins) dynamic |= std::find(d.shape.begin(), d.shape.end(), -1) != d.shape.end();
   r = {{"batch", items},
+       {"input_shapes", shapes},
+       {"dynamic_engine", dynamic},
        {"precision", info.precision},
        {"device", info.device},
-       {"layers", info.layers.size()},
+       {"layers", context.layers().size()},
        {"build_s", build_s},
+       {"first_run_ms", first_run_ms},
        {"iterations", times.size()},
        {"warmup", o.warmup},
        {"cuda_graph", !o.no_graph},
@@ -255,20 +298,21 @@ nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_befo
   if (engine_file_bytes) r["engine_file_bytes"] = engine_file_bytes;
   std::cout << fmt::format(
       "batch {:>4}  {}: median {:.4f} ms  mean {:.4f}  min {:.4f}  p90 {:.4f}  p95 {:.4f}  p99 {:.4f}  max {:.4f}  sd {:.4f}  "
-      "| {:.1f} items/s | build {:.1f} s | GPU memory {}\n",
+      "| {:.1f} items/s | {} {:.1f} s | GPU memory {}\n",
       items, info.precision, s.median, s.mean, s.min, s.p90, s.p95, s.p99, s.max, s.stddev,
-      1000.0 * static_cast<double>(items) / s.median, build_s,
+      1000.0 * static_cast<double>(items) / s.median, engine_file_bytes ? "load" : "build", build_s,
       format_bytes(static_cast<double>(free_before > free_after ? free_before - free_after : 0)));
   if (o.profile) {
     // Median per layer over several profiled runs.
     const int runs = 10;
     std::vector<std::vector<double>> per_layer;
-    std::vector<LayerTiming> first;
+    std::vector<LayerTiming> first_profile;
+    const std::vector<LayerInfo> layer_info = context.layers();
     for (int i = 0; i < runs; ++i) {
       std::vector<LayerTiming> t = context.profile(stream);
       if (per_layer.empty()) {
         per_layer.resize(t.size());
-        first = t;
+        first_profile = t;
       }
       for (size_t l = 0; l < t.size() && l < per_layer.size(); ++l) per_layer[l].push_back(t[l].ms);
     }
@@ -279,13 +323,13 @@ nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_befo
       Stats ls = statistics(per_layer[l]);
       total_ms += ls.median;
       order.push_back({ls.median, l});
-      layers.push_back({{"name", first[l].name}, {"op", first[l].op}, {"tactic", first[l].tactic}, {"median_ms", ls.median},
-                        {"flops", l < info.layers.size() ? info.layers[l].flops : 0.0}});
+      layers.push_back({{"name", first_profile[l].name}, {"op", first_profile[l].op}, {"tactic", first_profile[l].tactic},
+                        {"median_ms", ls.median}, {"flops", l < layer_info.size() ? layer_info[l].flops : 0.0}});
     }
     std::sort(order.rbegin(), order.rend());
     std::cout << fmt::format("  profile (median of {} runs, layer by layer without a CUDA graph): {:.4f} ms total\n", runs, total_ms);
     for (size_t i = 0; i < std::min<size_t>(order.size(), 25); ++i) {
-      const auto& l = first[order[i].second];
+      const auto& l = first_profile[order[i].second];
       std::cout << fmt::format("    {:>8.4f} ms {:>5.1f}%  {:<18} {:<40} {}\n", order[i].first, 100.0 * order[i].first / total_ms,
                                l.op, l.name.substr(0, 40), l.tactic);
     }
@@ -298,13 +342,39 @@ nlohmann::json bench_one(const BenchOptions& o, int64_t batch, size_t& free_befo
   KILN_CUDA_CHECK(cudaStreamDestroy(stream));
   return r;
 }
+
+// One static engine per batch size (an ONNX model without profiles: each built for its batch),
+// or one engine swept over the batches (an engine file, or a build with profiles).
+nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batches) {
+  size_t free_before = 0, total = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+  nlohmann::json results = nlohmann::json::array();
+  const bool one_engine = is_engine_file(o.model) || o.engine.has_profiles();
+  if (one_engine) {
+    double build_s = 0;
+    size_t file_bytes = 0;
+    Engine engine = open_gpu_engine(o, -1, build_s, file_bytes);
+    Context context = engine.create_context(!o.no_graph);
+    for (int64_t b : batches) {
+      set_batch(engine, context, b);
+      results.push_back(bench_context(o, engine, context, build_s, file_bytes, free_before));
+    }
+    return results;
+  }
+  for (int64_t b : batches) {
+    double build_s = 0;
+    size_t file_bytes = 0;
+    Engine engine = open_gpu_engine(o, b, build_s, file_bytes);
+    Context context = engine.create_context(!o.no_graph);
+    results.push_back(bench_context(o, engine, context, build_s, file_bytes, free_before));
+  }
+  return results;
+}
 #endif
 
 int bench(const BenchOptions& o) {
   std::vector<int64_t> batches = o.batches.empty() ? std::vector<int64_t>{o.engine.batch} : parse_batches(o.batches);
   const bool cpu = is_engine_file(o.model) ? engine_file_backend(o.model) == "cpu" : o.engine.device == "cpu";
-  if (is_engine_file(o.model) && (batches.size() > 1 || batches[0] > 0))
-    throw Error(ErrorKind::kInvalidArgument, "an engine file has fixed shapes: --batches applies to ONNX models");
   if (cpu && (o.with_transfers || o.no_graph || o.profile))
     throw Error(ErrorKind::kInvalidArgument, "--with-transfers, --no-graph and --profile are for GPU engines (--device cuda)");
   nlohmann::json results = nlohmann::json::array();
@@ -312,9 +382,7 @@ int bench(const BenchOptions& o) {
     for (int64_t b : batches) results.push_back(bench_cpu_one(o, b));
   } else {
 #if KILN_WITH_CUDA
-    size_t free_before = 0, total = 0;
-    KILN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
-    for (int64_t b : batches) results.push_back(bench_one(o, b, free_before));
+    results = bench_gpu(o, batches);
 #else
     throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend; kiln bench --device cuda needs it");
 #endif
@@ -340,7 +408,9 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand("bench", "Time a GPU engine: latency statistics, throughput, memory (like trtexec)");
   cmd->add_option("model", o->model, "ONNX model (built per batch size) or engine file")->required();
   o->engine.add_to(cmd, "cuda");
-  cmd->add_option("--batches", o->batches, "Batch sizes to sweep, e.g. 1,8,128 (ONNX models with a dynamic batch)");
+  cmd->add_option("--batches", o->batches,
+                  "Batch sizes to sweep, e.g. 1,8,128: an ONNX model is built once per batch (or once, with a "
+                  "profile: --min-shapes/--opt-shapes/--max-shapes), an engine file runs each batch within its profile");
   cmd->add_option("--warmup", o->warmup, "Untimed runs first")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--iterations", o->iterations, "Timed runs (default 200, or 50 for batches >= 64)")->check(CLI::PositiveNumber);
   cmd->add_option("--duration", o->duration_s, "Time runs for this many seconds instead (at least 10 runs)")->check(CLI::PositiveNumber);

@@ -50,6 +50,18 @@ void print_summary(const Engine& engine) {
     std::cout << fmt::format("  input  '{}': {} [{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
   for (const TensorDesc& d : engine.outputs())
     std::cout << fmt::format("  output '{}': {} [{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
+  for (size_t p = 0; p < info.profiles.size(); ++p) {
+    const ProfileInfo& pi = info.profiles[p];
+    bool dynamic = false;
+    for (const auto& [name, r] : pi.ranges) dynamic |= r.min != r.max;
+    if (!dynamic) continue;
+    std::cout << fmt::format("  profile {}:", p);
+    for (const auto& [name, r] : pi.ranges)
+      if (r.min != r.max)
+        std::cout << fmt::format(" {} min {} opt {} max {};", name, shape_to_string(r.min), shape_to_string(r.opt),
+                                 shape_to_string(r.max));
+    std::cout << fmt::format(" activations at max {}\n", format_bytes(static_cast<double>(pi.activation_bytes)));
+  }
 }
 
 int build(const BuildCommandOptions& o) {

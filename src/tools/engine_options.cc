@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "onnx/importer.h"
@@ -50,7 +51,12 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   if (shape_options) {
-    cmd->add_option("--shapes", shapes, "Input shapes, e.g. --shapes input:8x3x224x224 (GPU engines have fixed shapes)");
+    cmd->add_option("--shapes", shapes, "Fixed input shapes, e.g. --shapes input:8x3x224x224");
+    cmd->add_option("--min-shapes", min_shapes,
+                    "GPU optimization profile: the smallest input shapes, e.g. input:1x3x224x224 (repeat the three "
+                    "flags for more profiles)");
+    cmd->add_option("--opt-shapes", opt_shapes, "GPU optimization profile: the shapes to run fastest (default: the max)");
+    cmd->add_option("--max-shapes", max_shapes, "GPU optimization profile: the largest input shapes");
     cmd->add_option("--dim", dims, "Bind a dynamic dimension by name, e.g. --dim seq=128 (repeatable)");
     cmd->add_option("--batch", batch, "The first dimension of inputs whose first dimension is dynamic")->check(CLI::PositiveNumber);
   }
@@ -98,9 +104,13 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
       return;
     std::cerr << "kiln build: " << line << std::endl;
   };
+  if (has_profiles()) b.profiles = parse_profiles(min_shapes, opt_shapes, max_shapes);
   if (b.device == Device::kCpu) {
     if (precision() != Precision::kFp32 && precision() != Precision::kInt8)
       throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32 or INT8 (--int8) only");
+    if (has_profiles())
+      throw Error(ErrorKind::kInvalidArgument, "--min-shapes/--opt-shapes/--max-shapes are for GPU engines: the CPU engine "
+                                               "runs any input shape");
     if (int8) add_int8(model, b);
     return b;
   }
@@ -117,9 +127,12 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
       if (d.symbolic()) symbols.push_back(d.symbol);
   }
   check_bindings_used(bindings, g.inputs, symbols);
+  std::set<std::string> ranged;  // inputs a profile gives ranges: no fixed shape
+  for (const OptimizationProfile& p : b.profiles)
+    for (const auto& [name, range] : p) ranged.insert(name);
   for (const std::string& in : g.inputs) {
     const ir::Value& v = g.value(in);
-    if (!v.type.shape) continue;
+    if (!v.type.shape || (ranged.count(in) && !bindings.shapes.count(in))) continue;
     std::vector<int64_t> shape;
     std::vector<std::string> names;
     for (const ir::Dim& d : *v.type.shape) {

@@ -18,6 +18,8 @@ struct EngineOptions {
   std::vector<std::string> shapes;  // --shapes input:1x3x224x224
   std::vector<std::string> dims;    // --dim N=8
   int64_t batch = -1;               // --batch: the first dim of inputs whose first dim is dynamic
+  // Optimization profiles (GPU): the k-th of each makes profile k.
+  std::vector<std::string> min_shapes, opt_shapes, max_shapes;
   std::string timing_cache;
   bool allow_cpu_fallback = false;
   bool no_optimize = false;
@@ -42,7 +44,8 @@ struct EngineOptions {
   void add_to(CLI::App* cmd, const std::string& device_default, bool shape_options = true, bool image_options = true);
   Precision precision() const;
   // Build options for `model`: input shapes resolved from the model's declared inputs and the
-  // --shapes/--dim/--batch options (unbound dynamic dims become 1, and `defaulted` lists them).
+  // --shapes/--dim/--batch options (unbound dynamic dims become 1, and `defaulted` lists them);
+  // inputs that the profiles (--min-shapes/--opt-shapes/--max-shapes) give ranges get none.
   // With --int8, the scales come from --calib-cache (when the file exists) or from calibrating
   // on --calib (written to --calib-cache when given), with progress on stderr; neither: none
   // (a model with Q/DQ pairs has its own).
@@ -50,6 +53,7 @@ struct EngineOptions {
   // that must stay float are added to the build's float layers (quantization/accuracy_budget.h).
   BuildOptions build_options(const std::string& model, std::vector<std::string>& defaulted) const;
   void add_int8(const std::string& model, BuildOptions& b) const;
+  bool has_profiles() const { return !min_shapes.empty() || !opt_shapes.empty() || !max_shapes.empty(); }
 };
 
 // True when `path` is a kiln engine file (by its magic), false for anything else.

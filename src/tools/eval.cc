@@ -52,14 +52,26 @@ void check_input(const Engine& engine, const std::string& file) {
         .file(file);
 }
 
-// Runs `engine` on images [begin, end), padded to `batch` rows when the engine has a fixed batch;
-// returns the class scores of the real rows.
+// The fewest rows the engine runs: a fixed batch, or the smallest batch of its profiles.
+int64_t smallest_batch(const Engine& engine) {
+  const TensorDesc& in = engine.inputs().at(0);
+  if (in.shape[0] > 0) return in.shape[0];
+  int64_t least = 1;
+  for (size_t p = 0; p < engine.profiles().size(); ++p) {
+    const int64_t m = engine.profiles()[p].at(in.name).min[0];
+    least = p == 0 ? m : std::min(least, m);
+  }
+  return least;
+}
+
+// Runs `engine` on images [begin, end), padded with zeros to the fewest rows it runs; returns the
+// class scores (of the real rows first).
 Tensor run_batch(const Engine& engine, const io::LabeledImages& data, int64_t begin, int64_t end) {
   const TensorDesc& in = engine.inputs().at(0);
   Tensor x = io::fashion_mnist_input(data, begin, end);
-  const int64_t rows = end - begin;
-  if (in.shape[0] > 0 && rows < in.shape[0]) {  // fixed batch: pad with zeros
-    Tensor padded(DType::kFloat32, {in.shape[0], 1, x.dim(2), x.dim(3)});
+  const int64_t rows = end - begin, least = smallest_batch(engine);
+  if (rows < least) {
+    Tensor padded(DType::kFloat32, {least, 1, x.dim(2), x.dim(3)});
     std::copy(x.data<float>(), x.data<float>() + x.numel(), padded.data<float>());
     x = std::move(padded);
   }
@@ -91,7 +103,12 @@ int eval(const EvalOptions& o) {
   }
   check_input(*engine, o.model);
   const TensorDesc& in = engine->inputs().at(0);
-  const int64_t batch = in.shape[0] > 0 ? in.shape[0] : eo.batch;
+  int64_t batch = in.shape[0] > 0 ? in.shape[0] : eo.batch;
+  if (in.shape[0] < 0 && !engine->profiles().empty()) {  // a dynamic GPU engine: its largest batch, at most --batch
+    int64_t most = 0;
+    for (const OptimizationProfile& p : engine->profiles()) most = std::max(most, p.at(in.name).max[0]);
+    batch = std::min(batch, most);
+  }
   const EngineInfo info = engine->info();
   // The float32 reference: the ONNX model on the CPU engine (the engine itself when it is that).
   std::optional<Engine> ref;

@@ -129,6 +129,20 @@ int inspect_engine(const InspectOptions& o) {
                  {"workspace_bytes", info.workspace_bytes}};
   j["fp32_layers"] = info.fp32_layers;
   j["int8_kept_float"] = info.int8_kept_float;
+  // GPU engines: each optimization profile with its ranges, the memory its max shapes need, and
+  // every layer's output shape at min, opt and max.
+  j["profiles"] = nlohmann::json::array();
+  for (const ProfileInfo& p : info.profiles) {
+    nlohmann::json pj;
+    for (const auto& [name, r] : p.ranges) pj["inputs"][name] = {{"min", r.min}, {"opt", r.opt}, {"max", r.max}};
+    pj["memory"] = {{"activation_bytes", p.activation_bytes}, {"workspace_bytes", p.workspace_bytes}};
+    pj["layers"] = nlohmann::json::array();
+    for (size_t i = 0; i < p.layers.size(); ++i)
+      pj["layers"].push_back({{"name", p.layers[i].name}, {"tactic", p.layers[i].tactic},
+                              {"shape", {{"min", p.min_shapes[i]}, {"opt", p.layers[i].shape}, {"max", p.max_shapes[i]}}}});
+    j["profiles"].push_back(pj);
+  }
+  if (!info.profiles.empty()) j["memory"]["io_bytes"] = info.io_bytes;
   if (o.json) {
     std::cout << j.dump(1) << "\n";
     return 0;
@@ -142,7 +156,16 @@ int inspect_engine(const InspectOptions& o) {
   std::cout << "outputs:\n";
   for (const TensorDesc& d : engine.outputs())
     std::cout << fmt::format("  {:<30} {}[{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
-  std::cout << fmt::format("layers ({}):\n", info.layers.size());
+  for (size_t p = 0; p < info.profiles.size(); ++p) {
+    const ProfileInfo& pi = info.profiles[p];
+    std::cout << fmt::format("profile {}:\n", p);
+    for (const auto& [name, r] : pi.ranges)
+      std::cout << fmt::format("  {:<30} min [{}] opt [{}] max [{}]\n", name, shape_to_string(r.min), shape_to_string(r.opt),
+                               shape_to_string(r.max));
+    std::cout << fmt::format("  memory at max: activations {}, workspace {}\n",
+                             human(static_cast<double>(pi.activation_bytes), "B"), human(static_cast<double>(pi.workspace_bytes), "B"));
+  }
+  std::cout << fmt::format("layers ({}{}):\n", info.layers.size(), info.profiles.empty() ? "" : ", at profile 0's opt shapes");
   for (size_t i = 0; i < info.layers.size(); ++i) {
     const LayerInfo& l = info.layers[i];
     std::cout << fmt::format("  {:<4} {:<18} {:<34} {:<9} {:<22} {}\n", i, l.op, l.name.substr(0, 34), l.precision,

@@ -26,7 +26,7 @@ void ShapeBindings::add_dim_option(const std::string& text) {
   dims[text.substr(0, eq)] = parse_size(text.substr(eq + 1), "--dim " + text);
 }
 
-void ShapeBindings::add_shapes_option(const std::string& text) {
+void ShapeBindings::add_shapes_option(const std::string& text, const std::string& option) {
   size_t start = 0;
   while (start <= text.size()) {
     size_t comma = text.find(',', start);
@@ -36,20 +36,50 @@ void ShapeBindings::add_shapes_option(const std::string& text) {
     // The name may itself contain ':' (e.g. "input:0" from TensorFlow exports): split at the last one.
     size_t colon = item.rfind(':');
     if (colon == std::string::npos || colon == 0)
-      throw Error(ErrorKind::kInvalidArgument, "--shapes '" + item + "' is not of the form INPUT:DIMxDIMx...")
-          .hint("e.g. --shapes input:1x3x224x224");
+      throw Error(ErrorKind::kInvalidArgument, option + " '" + item + "' is not of the form INPUT:DIMxDIMx...")
+          .hint("e.g. " + option + " input:1x3x224x224");
     std::string dims_text = item.substr(colon + 1);
     std::vector<int64_t> shape;
     if (dims_text != "scalar") {
       size_t p = 0;
       while (p <= dims_text.size()) {
         size_t x = dims_text.find('x', p);
-        shape.push_back(parse_size(dims_text.substr(p, x == std::string::npos ? std::string::npos : x - p), "--shapes " + item));
+        shape.push_back(parse_size(dims_text.substr(p, x == std::string::npos ? std::string::npos : x - p), option + " " + item));
         p = x == std::string::npos ? dims_text.size() + 1 : x + 1;
       }
     }
     shapes[item.substr(0, colon)] = shape;
   }
+}
+
+std::vector<OptimizationProfile> parse_profiles(const std::vector<std::string>& min, const std::vector<std::string>& opt,
+                                                const std::vector<std::string>& max) {
+  if (min.size() != max.size() || (!opt.empty() && opt.size() != min.size()))
+    throw Error(ErrorKind::kInvalidArgument, "each optimization profile needs --min-shapes and --max-shapes (and --opt-shapes, "
+                                             "or none at all): got " + std::to_string(min.size()) + " --min-shapes, " +
+                                             std::to_string(opt.size()) + " --opt-shapes, " + std::to_string(max.size()) +
+                                             " --max-shapes")
+        .hint("e.g. --min-shapes input:1x3x224x224 --opt-shapes input:32x3x224x224 --max-shapes input:64x3x224x224");
+  std::vector<OptimizationProfile> out;
+  for (size_t p = 0; p < min.size(); ++p) {
+    ShapeBindings lo, mid, hi;
+    lo.add_shapes_option(min[p], "--min-shapes");
+    hi.add_shapes_option(max[p], "--max-shapes");
+    if (!opt.empty()) mid.add_shapes_option(opt[p], "--opt-shapes");
+    else mid.shapes = hi.shapes;
+    auto names = [](const ShapeBindings& b) {
+      std::vector<std::string> n;
+      for (const auto& [name, shape] : b.shapes) n.push_back(name);
+      return n;
+    };
+    if (names(lo) != names(hi) || names(mid) != names(hi))
+      throw Error(ErrorKind::kInvalidArgument, "optimization profile " + std::to_string(p) +
+                                                   ": --min-shapes, --opt-shapes and --max-shapes must name the same inputs");
+    OptimizationProfile profile;
+    for (const auto& [name, shape] : hi.shapes) profile[name] = ShapeRange{lo.shapes.at(name), mid.shapes.at(name), shape};
+    out.push_back(std::move(profile));
+  }
+  return out;
 }
 
 std::vector<int64_t> resolve_shape(const std::string& input, const std::vector<int64_t>& shape,

@@ -1,6 +1,8 @@
 // Binding a model's dynamic input dimensions to numbers, trtexec style:
 //   --dim N=8                       every dimension named N is 8
 //   --shapes input:1x3x224x224      the whole shape of one input
+// and ranges of them (GPU optimization profiles):
+//   --min-shapes input:1x3x224x224 --opt-shapes input:32x3x224x224 --max-shapes input:64x3x224x224
 // Dimensions left unbound get a default (1) and the command says so.
 #pragma once
 
@@ -8,6 +10,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "kiln/kiln.h"
 
 namespace kiln::tools {
 
@@ -18,8 +22,16 @@ struct ShapeBindings {
 
   // Parses the option strings; throws kiln::Error (kInvalidArgument) on a malformed one.
   void add_dim_option(const std::string& text);     // "N=8"
-  void add_shapes_option(const std::string& text);  // "a:1x3x224x224,b:1x10"
+  // "a:1x3x224x224,b:1x10"; `option` names the flag in error messages.
+  void add_shapes_option(const std::string& text, const std::string& option = "--shapes");
 };
+
+// Optimization profiles from trtexec-style flags: the k-th --min-shapes, --opt-shapes and
+// --max-shapes (each "a:1x3x224x224,b:1x10") make profile k. --opt-shapes may be left out
+// (opt = max). Throws kInvalidArgument when the counts differ or a profile's flags name
+// different inputs.
+std::vector<OptimizationProfile> parse_profiles(const std::vector<std::string>& min, const std::vector<std::string>& opt,
+                                                const std::vector<std::string>& max);
 
 // The concrete shape of one input. `shape` uses -1 for a dynamic dimension and `names` holds
 // their symbols ("" when unnamed). Dynamic dimensions nobody bound become `fallback`; their

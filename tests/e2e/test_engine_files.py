@@ -1,8 +1,9 @@
 """Engine files of the CPU engine: kiln build --device cpu writes them, run / eval / bench / inspect
 read them and give what the ONNX model gives; a file that is truncated, corrupted, foreign,
 from another kiln version or for a GPU this machine lacks is a clear error (exit 1, the file
-named), never a crash. The format is src/engine/engine_file.h's (magic, version, header JSON,
-model, FNV-1a checksum); pack() below writes it as kiln does, to forge the bad cases."""
+named), never a crash. The format is docs/engine-format.md's (magic, version, header JSON, the
+optimized graph as ONNX, its weights, FNV-1a checksum); pack() below writes it as kiln does, to
+forge the bad cases."""
 from __future__ import annotations
 
 import json
@@ -21,13 +22,16 @@ def kiln(kiln_bin, *args, timeout=300):
     return subprocess.run([kiln_bin, *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
-def unpack(data: bytes) -> tuple[dict, bytes]:
-    assert data[:8] == b"KILNENG1"
-    (header_len,) = struct.unpack_from("<Q", data, 12)
-    header = json.loads(data[20:20 + header_len])
-    (model_len,) = struct.unpack_from("<Q", data, 20 + header_len)
-    model = data[28 + header_len:28 + header_len + model_len]
-    return header, model
+def unpack(data: bytes) -> tuple[dict, bytes, bytes]:
+    assert data[:8] == b"KILNENG1" and struct.unpack_from("<I", data, 8) == (2,)
+    at = 12
+    sections = []
+    for _ in range(3):
+        (n,) = struct.unpack_from("<Q", data, at)
+        sections.append(data[at + 8:at + 8 + n])
+        at += 8 + n
+    assert at + 8 == len(data)
+    return json.loads(sections[0]), sections[1], sections[2]
 
 
 def fnv1a(data: bytes) -> int:
@@ -37,9 +41,10 @@ def fnv1a(data: bytes) -> int:
     return h
 
 
-def pack(header: dict, model: bytes, version: int = 1) -> bytes:
-    h = json.dumps(header).encode()
-    body = b"KILNENG1" + struct.pack("<I", version) + struct.pack("<Q", len(h)) + h + struct.pack("<Q", len(model)) + model
+def pack(header: dict, graph: bytes, weights: bytes, version: int = 2) -> bytes:
+    body = b"KILNENG1" + struct.pack("<I", version)
+    for section in (json.dumps(header).encode(), graph, weights):
+        body += struct.pack("<Q", len(section)) + section
     return body + struct.pack("<Q", fnv1a(body))
 
 
@@ -101,24 +106,54 @@ def bad(kiln_bin, path, *expected):
         assert e in r.stderr, (e, r.stderr)
 
 
+def test_engine_files_hold_the_optimized_graph(kiln_bin, engines):
+    """The graph section is the graph after kiln's passes (fused and INT8 ops in domain "kiln"),
+    its initializers in the weights section; INT8 weights are stored as int8, so the INT8 file is
+    a fraction of the float32 one."""
+    import onnx
+
+    sizes = {}
+    for kind in ("fp32", "int8"):
+        data = open(engines[kind], "rb").read()
+        sizes[kind] = len(data)
+        header, graph, weights = unpack(data)
+        model = onnx.ModelProto()
+        model.ParseFromString(graph)
+        ops = {(n.domain, n.op_type) for n in model.graph.node}
+        assert ("", "BatchNormalization") not in ops
+        assert (("kiln", "QConv") in ops) == (kind == "int8") and ("kiln", "FusedConv" if kind == "fp32" else "QConv") in ops
+        assert model.graph.initializer and all(
+            t.data_location == onnx.TensorProto.EXTERNAL and dict((e.key, e.value) for e in t.external_data)["location"]
+            == "kiln:weights" for t in model.graph.initializer)
+        ends = [int(dict((e.key, e.value) for e in t.external_data)["offset"]) +
+                int(dict((e.key, e.value) for e in t.external_data)["length"]) for t in model.graph.initializer]
+        assert max(ends) == len(weights)
+        assert header["inputs"][0]["name"] == "input" and header["outputs"][0]["name"] == "logits"
+    # The model has 0.18 M parameters in convolutions (int8 now) and a float classifier.
+    assert sizes["int8"] <= 0.30 * sizes["fp32"], sizes
+
+
 def test_bad_engine_files_are_clear_errors(kiln_bin, engines, tmp_path):
     data = open(engines["fp32"], "rb").read()
-    header, model = unpack(data)
-    assert header["backend"] == "cpu" and model == open(MODEL, "rb").read()
+    header, graph, weights = unpack(data)
+    assert header["backend"] == "cpu" and header["profiles"] == []
     repacked = tmp_path / "repacked.engine"
-    repacked.write_bytes(pack(header, model))
+    repacked.write_bytes(pack(header, graph, weights))
     r = kiln(kiln_bin, "run", repacked, "--random")
     assert r.returncode == 0, r.stderr  # the forger writes files kiln reads: the cases below fail for their own reason
 
     cases = {
         "truncated.engine": (data[: len(data) // 2], ["truncated"]),
         "corrupted.engine": (data[:5000] + bytes([data[5000] ^ 0x40]) + data[5001:], ["checksum"]),
-        "newer_format.engine": (pack(header, model, version=99), ["format"]),
-        "other_kiln.engine": (pack({**header, "kiln_version": "9.9.9"}, model), ["9.9.9", "rebuild"]),
-        "unknown_backend.engine": (pack({**header, "backend": "tpu"}, model), ["tpu"]),
-        "bad_precision.engine": (pack({**header, "options": {**header["options"], "precision": "fp4"}}, model), ["fp4"]),
-        "no_options.engine": (pack({k: v for k, v in header.items() if k != "options"}, model), ["options"]),
-        "bad_model.engine": (pack(header, model[:300]), []),
+        "older_format.engine": (pack(header, graph, weights, version=1), ["format 1", "older", "rebuild"]),
+        "newer_format.engine": (pack(header, graph, weights, version=99), ["format 99", "newer"]),
+        "other_kiln.engine": (pack({**header, "kiln_version": "9.9.9"}, graph, weights), ["9.9.9", "rebuild"]),
+        "unknown_backend.engine": (pack({**header, "backend": "tpu"}, graph, weights), ["tpu"]),
+        "bad_precision.engine": (pack({**header, "options": {**header["options"], "precision": "fp4"}}, graph, weights),
+                                 ["fp4"]),
+        "no_options.engine": (pack({k: v for k, v in header.items() if k != "options"}, graph, weights), ["options"]),
+        "bad_graph.engine": (pack(header, graph[:300], weights), ["ONNX"]),
+        "short_weights.engine": (pack(header, graph, weights[: len(weights) // 2]), ["weights section"]),
         "empty.engine": (b"KILNENG1", ["truncated"]),
     }
     for name, (content, expected) in cases.items():
@@ -128,8 +163,8 @@ def test_bad_engine_files_are_clear_errors(kiln_bin, engines, tmp_path):
     # A GPU engine on a machine without a GPU (CI), or one built for another GPU.
     gpu = {**header, "backend": "cuda", "device": {"gpu": "NVIDIA H100", "compute_capability": "9.0", "cudnn": 1,
                                                     "cublaslt": 1, "cuda_runtime": 1},
-           "options": {**header["options"], "input_shapes": {"input": [1, 1, 28, 28]}}}
+           "profiles": [{"input": {"min": [1, 1, 28, 28], "opt": [8, 1, 28, 28], "max": [8, 1, 28, 28]}}]}
     path = tmp_path / "gpu.engine"
-    path.write_bytes(pack(gpu, model))
+    path.write_bytes(pack(gpu, graph, weights))
     r = kiln(kiln_bin, "run", path, "--random")
     assert r.returncode == 1 and str(path) in r.stderr, r.stderr

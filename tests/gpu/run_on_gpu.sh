@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU session in one command, for the GPU machine (see ../shared/gpu/README.md): a kiln
 # built here (scripts/build_gpu.sh -> build-gpu/) runs there with cuDNN from torch's wheel.
-#   tests/gpu/run_on_gpu.sh STAGE...    stages: info conformance models python bench
+#   tests/gpu/run_on_gpu.sh STAGE...    stages: info conformance models dynamic python bench dynbench
 # (python: the package's GPU tests, with the module of scripts/build_gpu_python.sh; carry build-gpu/python)
 # Logs and JSON go to $OUT (default out/).
 set -uo pipefail
@@ -29,6 +29,9 @@ for stage in "$@"; do
       status=$((status | $?))
       grep -E "^FAIL" "$OUT/conformance_gpu.log" | head -60
       tail -2 "$OUT/conformance_gpu.log" | head -1 ;;
+    dynamic)
+      python3 -m pytest tests/gpu/test_gpu_dynamic.py -v --timeout 600 -p no:cacheprovider -s 2>&1 | tee "$OUT/gpu_dynamic.log" | tail -40
+      status=$((status | ${PIPESTATUS[0]})) ;;
     models)
       python3 -m pytest tests/gpu -q --timeout 600 -p no:cacheprovider --ignore tests/gpu/test_gpu_python.py --ignore tests/gpu/test_gpu_contexts.py \
         ${KILN_GPU_MODELS:+-k "$KILN_GPU_MODELS"} 2>&1 | tee "$OUT/gpu_models.log" | tail -40
@@ -36,6 +39,9 @@ for stage in "$@"; do
     python)
       PYTHONPATH=$PWD/build-gpu/python python3 -m pytest tests/gpu/test_gpu_python.py tests/gpu/test_gpu_contexts.py -v -p no:cacheprovider 2>&1 |
         tee "$OUT/gpu_python.log" | tail -30
+      status=$((status | ${PIPESTATUS[0]})) ;;
+    dynbench)
+      python3 bench/dynamic_bench.py --out "$OUT" 2>&1 | tee "$OUT/dynamic_bench.log" | tail -30
       status=$((status | ${PIPESTATUS[0]})) ;;
     bench)
       python3 bench/gpu_bench.py --out "$OUT" ${KILN_BENCH_MODELS:+--models "$KILN_BENCH_MODELS"} 2>&1 | tee "$OUT/bench.log" | tail -60

@@ -24,14 +24,16 @@ std::string bytes_of(const engine_file::Contents& c) {
 engine_file::Contents sample() {
   engine_file::Contents c;
   c.header = {{"kiln_version", "0.1.0"}, {"backend", "cuda"}, {"tactics", {{"k", "v"}}}};
-  c.model = std::string("\x08\x07\x12\x04test", 8);
+  c.graph = std::string("\x08\x07\x12\x04test", 8);
+  c.weights = std::string("\x00\x01\x02\x03weights", 11);
   return c;
 }
 
 TEST(EngineFile, RoundTrip) {
   engine_file::Contents back = engine_file::parse(bytes_of(sample()), "x.engine");
   EXPECT_EQ(back.header, sample().header);
-  EXPECT_EQ(back.model, sample().model);
+  EXPECT_EQ(back.graph, sample().graph);
+  EXPECT_EQ(back.weights, sample().weights);
 }
 
 TEST(EngineFile, EveryTruncationIsAnError) {
