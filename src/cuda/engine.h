@@ -159,7 +159,7 @@ class TimingCache;
 // other shape within a profile is built on first use (plan()), each layer starting from the
 // tactic it took in the timed plan nearest in size, so nothing is timed again unless that
 // tactic cannot run the new shape. Weights are uploaded once and shared by every plan.
-// Thread-safe: plan() may be called from several threads at once.
+// Thread-safe: plan() and context_plan() may be called from several threads at once.
 class CudaEngine {
  public:
   // The graph specialized to input shapes (dims bound, shapes inferred, shape arithmetic
@@ -175,8 +175,14 @@ class CudaEngine {
   const std::vector<IoSlot>& io() const { return io_; }
   // Index of an input (is_input) or output in io(); throws kInvalidArgument naming it.
   int io_index(const std::string& name, bool is_input) const;
-  // The plan for `shapes` (every input named; the caller has checked them against a profile).
+  // The engine's plan for `shapes` (every input named; the caller has checked them against a
+  // profile): what info() and the engine file describe. Contexts do not run it (below).
   std::shared_ptr<const ShapePlan> plan(const Shapes& shapes) const;
+  // A plan of one execution context's own at `shapes`, built with the tactics of plan(shapes),
+  // so it computes the same. Contexts never share layers: a layer may keep state of its own on
+  // the device (cuDNN's runtime-compiled engines do: contexts replaying CUDA graphs of one
+  // shared plan at once got each other's results), and the weights are shared anyway.
+  std::shared_ptr<const ShapePlan> context_plan(const Shapes& shapes) const;
   // The plan of a profile's opt shapes, built by build().
   std::shared_ptr<const ShapePlan> opt_plan(int profile) const;
   // The plan of a profile's max shapes (memory is planned for it), built by build().
@@ -274,6 +280,8 @@ class CudaContext {
     std::vector<LayerIO> io;  // per layer
     cudaGraphExec_t graph = nullptr;
     cudaStream_t graph_stream = nullptr;
+    cudaStream_t last_stream = nullptr;  // where it last ran (its layers must outlive that work)
+    bool ran = false;
     uint64_t last_used = 0;
   };
   Bound& bound();

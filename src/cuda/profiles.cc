@@ -180,6 +180,14 @@ std::shared_ptr<const ShapePlan> CudaEngine::plan(const Shapes& shapes) const {
   return plan;
 }
 
+std::shared_ptr<const ShapePlan> CudaEngine::context_plan(const Shapes& shapes) const {
+  std::shared_ptr<const ShapePlan> shared = plan(shapes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  BuildConfig quiet = config_;
+  quiet.log = nullptr;
+  return build_plan(shapes, &shared->node_tactics(), quiet);
+}
+
 std::shared_ptr<const ShapePlan> CudaEngine::opt_plan(int profile) const { return opt_plans_.at(static_cast<size_t>(profile)); }
 std::shared_ptr<const ShapePlan> CudaEngine::max_plan(int profile) const { return max_plans_.at(static_cast<size_t>(profile)); }
 

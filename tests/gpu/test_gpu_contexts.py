@@ -51,14 +51,55 @@ def test_contexts_on_threads_match_one_context(resnet18_64, precision):
     assert not errors, errors[:5]
 
 
+def test_contexts_at_different_shapes_on_threads(resnet18_64):
+    """One dynamic engine, four threads, each context running its own batch sizes (shapes planned
+    while other threads run): every result equals one context's at that shape."""
+    path, spec = resnet18_64
+    engine = kiln.Builder(precision="fp16", device="cuda",
+                          profiles=[{"input": ([1, 3, 64, 64], [8, 3, 64, 64], [16, 3, 64, 64])}]).build(path)
+    batches = [1, 3, 6, 8, 11, 16]
+    inputs = {b: spec.make_inputs(b, 300 + b)[0] for b in batches}
+    alone = engine.create_context()
+    want = {b: alone.run({"input": inputs[b]})["output"].copy() for b in batches}
+    threads, errors, rounds = 4, [], 12
+    contexts = [engine.create_context() for _ in range(threads)]
+    start = threading.Barrier(threads)
+
+    def work(t: int) -> None:
+        try:
+            start.wait()
+            for r in range(rounds):
+                b = batches[(t * 2 + r) % len(batches)]
+                got = contexts[t].run({"input": inputs[b]})["output"]
+                if not np.array_equal(got, want[b]):
+                    errors.append(f"thread {t} round {r} batch {b}: max diff {np.abs(got - want[b]).max()}")
+        except Exception as e:
+            errors.append(f"thread {t}: {type(e).__name__}: {e}")
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    assert not errors, errors[:5]
+
+
 def test_compute_sanitizer_memcheck_finds_nothing(kiln_bin, resnet18_64, tmp_path):
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     assert os.path.exists(sanitizer), "compute-sanitizer is not installed on this GPU machine"
     path, spec = resnet18_64
     calib = tmp_path / "calib.npy"
     np.save(calib, spec.make_inputs(16, 5)[0])
-    for flags in (["--fp16"], ["--int8", "--calib", str(calib), "--calib-batch", "8"]):
-        r = subprocess.run([sanitizer, "--tool", "memcheck", "--error-exitcode", "3", kiln_bin, "run", path, "--device", "cuda",
-                            "--batch", "2", "--random", *flags], capture_output=True, text=True, timeout=900)
+    # A dynamic engine run at a batch planned on first use (not one of the profile's min/opt/max).
+    dynamic = tmp_path / "dynamic.engine"
+    r = subprocess.run([kiln_bin, "build", path, "--fp16", "--min-shapes", "input:1x3x64x64", "--opt-shapes", "input:2x3x64x64",
+                        "--max-shapes", "input:4x3x64x64", "-o", dynamic], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = ([path, "--device", "cuda", "--fp16", "--batch", "2"],
+            [path, "--device", "cuda", "--int8", "--calib", calib, "--calib-batch", "8", "--batch", "2"],
+            [dynamic, "--batch", "3"])
+    for args in runs:
+        r = subprocess.run([sanitizer, "--tool", "memcheck", "--error-exitcode", "3", kiln_bin, "run", *map(str, args), "--random"],
+                           capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert "ERROR SUMMARY: 0 errors" in r.stdout + r.stderr, r.stdout[-2000:]

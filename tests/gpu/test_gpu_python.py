@@ -69,3 +69,46 @@ def test_int8_builder_calibrates_on_the_gpu_from_a_dataloader(resnet18_64):
     # Random-weight ResNet-18: INT8's own error against float32 is about 9% on the CPU engine
     # (tests/gpu/test_gpu_int8.py); the GPU's may not be far from it.
     assert rel_l2(got, want) < 0.25
+
+
+def test_dynamic_engine_from_python(resnet18_64, tmp_path):
+    """A Builder with a profile: run_torch at several batches (the context follows the tensors'
+    shapes; outputs are views at the current shape), set_input_shape's checks, and an engine file
+    that keeps the profile."""
+    import torch
+
+    path, spec = resnet18_64
+    builder = kiln.Builder(precision="fp16", device="cuda",
+                           profiles=[{"input": ([1, 3, 64, 64], [4, 3, 64, 64], [8, 3, 64, 64])}])
+    engine = builder.build(path)
+    assert engine.inputs[0].shape == [-1, 3, 64, 64] and engine.outputs[0].shape == [-1, 1000]
+    r = engine.profiles[0]["input"]
+    assert (r.min, r.opt, r.max) == ([1, 3, 64, 64], [4, 3, 64, 64], [8, 3, 64, 64])
+    cpu = kiln.Engine.from_onnx(path)
+    context = engine.create_context()
+    assert context.input_shape("input") == [4, 3, 64, 64]  # the opt shape until set
+    pointer = None
+    for batch in (2, 8, 1, 5):
+        x = spec.make_inputs(batch, 30 + batch)[0]
+        out = context.run_torch({"input": torch.from_numpy(x).cuda()})["output"]
+        torch.cuda.synchronize()
+        assert out.shape == (batch, 1000) and context.output_shape("output") == [batch, 1000]
+        pointer = pointer or out.data_ptr()
+        assert out.data_ptr() == pointer  # one buffer for every shape
+        assert rel_l2(out.cpu().numpy(), cpu.run({"input": x})["output"]) < 1e-2
+        assert rel_l2(engine.run({"input": x})["output"], cpu.run({"input": x})["output"]) < 1e-2
+    with pytest.raises(kiln.Error, match="above the profile's max 8"):
+        context.set_input_shape("input", [9, 3, 64, 64])
+    with pytest.raises(kiln.Error, match="rank"):
+        context.set_input_shape("input", [2, 3, 64])
+    with pytest.raises(kiln.Error, match="no input named"):
+        context.set_input_shape("image", [2, 3, 64, 64])
+    with pytest.raises(kiln.Error, match="dtype float64, the engine expects float32"):
+        context.run({"input": spec.make_inputs(2, 1)[0].astype(np.float64)})
+    assert context.input_shape("input") == [5, 3, 64, 64]  # unchanged by the refused calls
+    saved = str(tmp_path / "dynamic.engine")
+    engine.save(saved)
+    loaded = kiln.Engine.load(saved)
+    assert loaded.inputs[0].shape == [-1, 3, 64, 64] and loaded.profiles[0]["input"].max == [8, 3, 64, 64]
+    x = spec.make_inputs(3, 77)[0]
+    np.testing.assert_allclose(loaded.run({"input": x})["output"], engine.run({"input": x})["output"], rtol=1e-2, atol=1e-2)
