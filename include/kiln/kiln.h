@@ -61,7 +61,8 @@ enum class Precision { kFp32, kTf32, kFp16, kBest, kInt8 };
 const char* to_string(Precision precision);
 
 // The shapes an optimization profile accepts for one input: every dimension d between min[d]
-// and max[d]. Tactics are timed at opt (the shape to run fastest), and at min and max.
+// and max[d]. Tactics are timed at opt (the shape to run fastest), at min and max, and between
+// (BuildOptions::profile_timing_step).
 struct ShapeRange {
   std::vector<int64_t> min, opt, max;
 };
@@ -79,6 +80,10 @@ struct BuildOptions {
   // GPU engines: dynamic shapes. Each profile gives ranges for some inputs; the others are
   // fixed as above. No profiles: one profile of the fixed shapes. (CPU engines run any shape.)
   std::vector<OptimizationProfile> profiles;
+  // Tactics are timed at each profile's opt, min and max shapes, and at shapes between them
+  // about this factor apart in elements (<= 1: none between); other shapes take the tactics of
+  // the timed shape nearest to them. Smaller steps: longer builds, closer tactics.
+  double profile_timing_step = 4.0;
   // A timing cache file: read if it exists, written after the build.
   std::string timing_cache;
   // Run nodes without a GPU layer on the CPU (slow; otherwise such nodes fail the build).

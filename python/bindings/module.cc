@@ -243,6 +243,7 @@ PYBIND11_MODULE(_kiln, m) {
           [](BuildOptions& o, const std::string& p) { o.precision = parse_precision(p); })
       .def_readwrite("input_shapes", &BuildOptions::input_shapes)
       .def_readwrite("profiles", &BuildOptions::profiles, "list of {input name: ShapeRange} (GPU dynamic shapes)")
+      .def_readwrite("profile_timing_step", &BuildOptions::profile_timing_step)
       .def_readwrite("timing_cache", &BuildOptions::timing_cache)
       .def_readwrite("allow_cpu_fallback", &BuildOptions::allow_cpu_fallback)
       .def_readwrite("mark_outputs", &BuildOptions::mark_outputs)

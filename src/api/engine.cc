@@ -152,6 +152,7 @@ BuildOptions options_from_header(const nlohmann::json& o) {
   if (o.contains("float_layers")) options.float_layers = o.at("float_layers").get<std::vector<std::string>>();
   options.optimize = o.at("optimize").get<bool>();
   options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
+  if (o.contains("profile_timing_step")) options.profile_timing_step = o.at("profile_timing_step").get<double>();
   return options;
 }
 
@@ -288,6 +289,7 @@ std::shared_ptr<Engine::Impl> make_engine(ir::Graph graph, const std::string& na
       config.allow_cpu_fallback = options.allow_cpu_fallback;
       config.timing_cache_path = options.timing_cache;
       config.timing_entries = tactics;
+      config.timed_shape_step = options.profile_timing_step;
       config.log = options.log;
       for (const OptimizationProfile& p : profiles) config.profiles.push_back(cuda_profile(p));
       impl->gpu = cuda::CudaEngine::build(specializer(impl->graph, options.optimize, name), config);
@@ -353,6 +355,7 @@ void Engine::save(const std::string& engine_path) const {
                {{"precision", to_string(impl_->options.precision)},
                 {"optimize", impl_->options.optimize},
                 {"allow_cpu_fallback", impl_->options.allow_cpu_fallback},
+                {"profile_timing_step", impl_->options.profile_timing_step},
                 {"int8_scales", impl_->options.int8_scales},
                 {"float_layers", impl_->options.float_layers}}},
               {"model_name", std::filesystem::path(impl_->model_name).filename().string()},

@@ -29,10 +29,9 @@ CudaContext::CudaContext(const CudaEngine& engine, bool use_cuda_graph)
 }
 
 CudaContext::~CudaContext() {
-  for (auto& [key, b] : bound_) {
-    if (b.ran) cudaStreamSynchronize(b.last_stream);  // the layers below go with the context
+  cudaDeviceSynchronize();  // work in flight uses the layers and memory freed below
+  for (auto& [key, b] : bound_)
     if (b.graph) cudaGraphExecDestroy(b.graph);
-  }
   if (side_stream_) cudaStreamDestroy(side_stream_);
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
@@ -136,7 +135,7 @@ CudaContext::Bound& CudaContext::bound() {
     std::shared_ptr<const ShapePlan> plan = engine_.context_plan(shapes_);
     for (const auto* list : {&plan->inputs(), &plan->outputs()})
       for (const EngineIO& x : *list) {
-        const IoSlot& slot = engine_.io()[static_cast<size_t>(plan->buffers()[x.buffer].io)];
+        const IoSlot& slot = engine_.io()[static_cast<size_t>(engine_.io_index(x.name, list == &plan->inputs()))];
         if (plan->buffers()[x.buffer].spec.bytes() > slot.capacity)
           throw Error(ErrorKind::kInternal, "'" + x.name + "' at " + key + " needs more memory than at the profiles' max shapes");
       }
@@ -144,8 +143,9 @@ CudaContext::Bound& CudaContext::bound() {
     if (bound_.size() >= kMaxGraphs) {
       auto oldest = std::min_element(bound_.begin(), bound_.end(),
                                      [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
-      // Its layers (this context's own) go with it: the work they were given must be done.
-      if (oldest->second.ran) KILN_CUDA_CHECK(cudaStreamSynchronize(oldest->second.last_stream));
+      // Its layers (this context's own) go with it: the work they were given must be done (on
+      // whichever streams the caller used; this happens at the ninth distinct shape only).
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
       if (oldest->second.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(oldest->second.graph));
       bound_.erase(oldest);
     }
@@ -187,8 +187,6 @@ void CudaContext::enqueue(cudaStream_t stream) {
     return;
   }
   Bound& b = bound();
-  b.ran = true;
-  b.last_stream = stream;
   KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   if (!use_cuda_graph_) {
     enqueue_layers(b, stream);
@@ -286,8 +284,6 @@ std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tenso
 
 std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
   Bound& b = bound();
-  b.ran = true;
-  b.last_stream = stream;
   KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   const std::vector<PlannedLayer>& layers = b.plan->layers();
   const size_t n = layers.size();

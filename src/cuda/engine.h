@@ -48,6 +48,10 @@ struct BuildConfig {
   size_t max_workspace_bytes = size_t{1} << 30;
   // The optimization profiles; at least one.
   std::vector<Profile> profiles;
+  // Besides each profile's opt, min and max shapes, tactics are timed at shapes spaced by about
+  // this factor in elements between them (geometrically; <= 1: none), so that a shape planned
+  // on first use starts from tactics timed near it.
+  double timed_shape_step = 4.0;
   // Plans kept for shapes other than the profiles' min/opt/max (least recently used dropped).
   size_t max_cached_plans = 16;
   std::function<void(const std::string&)> log;  // progress lines; nullptr: quiet
@@ -155,10 +159,10 @@ struct IoSlot {
 class TimingCache;
 
 // A GPU engine: optimization profiles and the plans built for them. The plans of every
-// profile's opt, min and max shapes are built (their tactics timed) by build(); a plan for any
-// other shape within a profile is built on first use (plan()), each layer starting from the
-// tactic it took in the timed plan nearest in size, so nothing is timed again unless that
-// tactic cannot run the new shape. Weights are uploaded once and shared by every plan.
+// profile's opt, min and max shapes, and of shapes between them (timed_shapes()), are built
+// (their tactics timed) by build(); a plan for any other shape within a profile is built on
+// first use (plan()), each layer starting from the tactic it took in the timed plan nearest in
+// size, so nothing is timed again unless that tactic cannot run the new shape. Weights are uploaded once and shared by every plan.
 // Thread-safe: plan() and context_plan() may be called from several threads at once.
 class CudaEngine {
  public:
@@ -225,6 +229,11 @@ class CudaEngine {
 // A printable key of a binding: "input=8x3x224x224;mask=8x16".
 std::string shapes_key(const Shapes& shapes);
 
+// The shapes a profile's tactics are timed at: opt, min, max, then shapes on the geometric paths
+// min -> opt and opt -> max, about `step` apart in elements (every varying dimension moved by the
+// same fraction of its log range); duplicates dropped.
+std::vector<Shapes> timed_shapes(const Profile& profile, double step);
+
 // Per-layer times of a profiled run.
 struct LayerTime {
   std::string name, op, tactic;
@@ -280,8 +289,6 @@ class CudaContext {
     std::vector<LayerIO> io;  // per layer
     cudaGraphExec_t graph = nullptr;
     cudaStream_t graph_stream = nullptr;
-    cudaStream_t last_stream = nullptr;  // where it last ran (its layers must outlive that work)
-    bool ran = false;
     uint64_t last_used = 0;
   };
   Bound& bound();

@@ -44,6 +44,36 @@ double log_size(const Shapes& shapes) {
 
 }  // namespace
 
+std::vector<Shapes> timed_shapes(const Profile& profile, double step) {
+  std::vector<Shapes> out;
+  auto add = [&](const Shapes& s) {
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  };
+  add(profile.opt());
+  add(profile.min());
+  add(profile.max());
+  if (!(step > 1)) return out;
+  // Between a and b: n - 1 shapes at fractions k/n of the way (in log space), n chosen so that
+  // neighbours differ by about `step` in elements.
+  auto ladder = [&](const Shapes& a, const Shapes& b) {
+    const double span = std::abs(log_size(b) - log_size(a));
+    const int n = static_cast<int>(std::ceil(span / std::log(step) - 1e-9));
+    for (int k = 1; k < n; ++k) {
+      const double t = static_cast<double>(k) / n;
+      Shapes s = a;
+      for (auto& [name, shape] : s)
+        for (size_t d = 0; d < shape.size(); ++d) {
+          const double lo = static_cast<double>(a.at(name)[d]), hi = static_cast<double>(b.at(name)[d]);
+          shape[d] = std::llround(std::exp(std::log(lo) + t * (std::log(hi) - std::log(lo))));
+        }
+      add(s);
+    }
+  };
+  ladder(profile.min(), profile.opt());
+  ladder(profile.opt(), profile.max());
+  return out;
+}
+
 Shapes Profile::min() const { return pick(inputs, &ShapeRange::min); }
 Shapes Profile::opt() const { return pick(inputs, &ShapeRange::opt); }
 Shapes Profile::max() const { return pick(inputs, &ShapeRange::max); }
@@ -94,22 +124,22 @@ std::unique_ptr<CudaEngine> CudaEngine::build(Specializer specialize, const Buil
   for (const auto& [key, tactic] : config.timing_entries) e->cache_->set(key, tactic);
 
   // The timed plans: each profile's opt shape first (the one TensorRT's users expect tactics
-  // from), then its min and max, so small and large shapes get tactics timed for them too.
+  // from), then its min and max, then shapes between them, so that any shape in the profile
+  // starts from tactics timed near it.
   const size_t n = e->profiles_.size();
   for (size_t p = 0; p < n; ++p) {
     const Profile& profile = e->profiles_[p];
-    std::shared_ptr<const ShapePlan> max_plan;
-    for (const Shapes& shapes : {profile.opt(), profile.min(), profile.max()}) {
-      const std::string key = shapes_key(shapes);
-      if (!e->pinned_.count(key)) {
-        if (config.log)
-          config.log("profile " + std::to_string(p) + (n > 1 ? "/" + std::to_string(n) : "") + ": planning " + key);
-        e->pinned_[key] = e->build_plan(shapes, nullptr, e->config_);
-      }
-      if (shapes == profile.opt()) e->opt_plans_.push_back(e->pinned_.at(key));
-      if (shapes == profile.max()) max_plan = e->pinned_.at(key);
+    const std::vector<Shapes> timed = timed_shapes(profile, config.timed_shape_step);
+    for (size_t i = 0; i < timed.size(); ++i) {
+      const std::string key = shapes_key(timed[i]);
+      if (e->pinned_.count(key)) continue;
+      if (config.log)
+        config.log("profile " + std::to_string(p) + (n > 1 ? " of " + std::to_string(n) : "") + ": planning " + key +
+                   " (" + std::to_string(i + 1) + "/" + std::to_string(timed.size()) + ")");
+      e->pinned_[key] = e->build_plan(timed[i], nullptr, e->config_);
     }
-    e->max_plans_.push_back(max_plan);
+    e->opt_plans_.push_back(e->pinned_.at(shapes_key(profile.opt())));
+    e->max_plans_.push_back(e->pinned_.at(shapes_key(profile.max())));
   }
 
   // Inputs and outputs, sized for the largest shape of any profile.

@@ -57,6 +57,11 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
                     "flags for more profiles)");
     cmd->add_option("--opt-shapes", opt_shapes, "GPU optimization profile: the shapes to run fastest (default: the max)");
     cmd->add_option("--max-shapes", max_shapes, "GPU optimization profile: the largest input shapes");
+    cmd->add_option("--profile-timing-step", profile_timing_step,
+                    "Time tactics at each profile's min, opt and max shapes and at shapes this factor apart (in "
+                    "elements) between them; 1: only min, opt and max")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
     cmd->add_option("--dim", dims, "Bind a dynamic dimension by name, e.g. --dim seq=128 (repeatable)");
     cmd->add_option("--batch", batch, "The first dimension of inputs whose first dimension is dynamic")->check(CLI::PositiveNumber);
   }
@@ -105,6 +110,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     std::cerr << "kiln build: " << line << std::endl;
   };
   if (has_profiles()) b.profiles = parse_profiles(min_shapes, opt_shapes, max_shapes);
+  b.profile_timing_step = profile_timing_step;
   if (b.device == Device::kCpu) {
     if (precision() != Precision::kFp32 && precision() != Precision::kInt8)
       throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32 or INT8 (--int8) only");

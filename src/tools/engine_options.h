@@ -20,6 +20,7 @@ struct EngineOptions {
   int64_t batch = -1;               // --batch: the first dim of inputs whose first dim is dynamic
   // Optimization profiles (GPU): the k-th of each makes profile k.
   std::vector<std::string> min_shapes, opt_shapes, max_shapes;
+  double profile_timing_step = 4.0;
   std::string timing_cache;
   bool allow_cpu_fallback = false;
   bool no_optimize = false;

@@ -30,7 +30,7 @@ for stage in "$@"; do
       grep -E "^FAIL" "$OUT/conformance_gpu.log" | head -60
       tail -2 "$OUT/conformance_gpu.log" | head -1 ;;
     dynamic)
-      python3 -m pytest tests/gpu/test_gpu_dynamic.py -v --timeout 600 -p no:cacheprovider -s 2>&1 | tee "$OUT/gpu_dynamic.log" | tail -40
+      python3 -m pytest tests/gpu/test_gpu_dynamic.py -v -n 4 --timeout 600 -p no:cacheprovider -rA 2>&1 | tee "$OUT/gpu_dynamic.log" | tail -40
       status=$((status | ${PIPESTATUS[0]})) ;;
     models)
       python3 -m pytest tests/gpu -q --timeout 600 -p no:cacheprovider --ignore tests/gpu/test_gpu_python.py --ignore tests/gpu/test_gpu_contexts.py \

@@ -1,5 +1,5 @@
-// Host-side parts of the CUDA backend that need no GPU: the activation arena planner and the
-// timing cache file.
+// Host-side parts of the CUDA backend that need no GPU: the activation arena planner, the
+// timing cache file, and optimization profiles (which shapes are timed, which are refused).
 #include <gtest/gtest.h>
 
 #if KILN_WITH_CUDA
@@ -7,6 +7,7 @@
 #include <fstream>
 #include <random>
 
+#include "cuda/engine.h"
 #include "cuda/memory_plan.h"
 #include "cuda/timing_cache.h"
 
@@ -104,6 +105,46 @@ TEST(TimingCache, BuildsSharingAFileKeepEachOthersEntries) {
   TimingCache b_read("GPU B sm_80");
   b_read.load(path);
   EXPECT_EQ(b_read.size(), 1u);
+}
+
+Profile batch_profile(int64_t min, int64_t opt, int64_t max) {
+  Profile p;
+  p.inputs["input"] = ShapeRange{{min, 3, 224, 224}, {opt, 3, 224, 224}, {max, 3, 224, 224}};
+  return p;
+}
+
+std::vector<int64_t> batches(const std::vector<Shapes>& shapes) {
+  std::vector<int64_t> out;
+  for (const Shapes& s : shapes) out.push_back(s.at("input")[0]);
+  return out;
+}
+
+TEST(Profiles, TimedShapesAreOptMinMaxThenAGeometricLadderBetween) {
+  // 1 -> 128 is 4.85 in log elements: four steps of a factor of about 3.4; 128 -> 256 needs none.
+  EXPECT_EQ(batches(timed_shapes(batch_profile(1, 128, 256), 4.0)), (std::vector<int64_t>{128, 1, 256, 3, 11, 38}));
+  EXPECT_EQ(batches(timed_shapes(batch_profile(1, 128, 256), 1.0)), (std::vector<int64_t>{128, 1, 256}));
+  EXPECT_EQ(batches(timed_shapes(batch_profile(8, 8, 8), 4.0)), (std::vector<int64_t>{8}));  // a fixed shape
+  EXPECT_EQ(batches(timed_shapes(batch_profile(1, 1, 64), 4.0)), (std::vector<int64_t>{1, 64, 4, 16}));
+  // Several varying dimensions move together, each within its range; fixed ones stay.
+  Profile p;
+  p.inputs["input"] = ShapeRange{{1, 3, 32, 32}, {8, 3, 128, 128}, {8, 3, 128, 128}};
+  p.inputs["mask"] = ShapeRange{{1, 16}, {1, 16}, {1, 16}};
+  for (const Shapes& s : timed_shapes(p, 4.0)) {
+    EXPECT_EQ(p.mismatch(s), "") << shapes_key(s);
+    EXPECT_EQ(s.at("input")[1], 3);
+    EXPECT_EQ(s.at("mask"), (std::vector<int64_t>{1, 16}));
+  }
+  EXPECT_GT(timed_shapes(p, 4.0).size(), 3u);
+}
+
+TEST(Profiles, MismatchNamesTheInputAndTheDimension) {
+  const Profile p = batch_profile(1, 8, 16);
+  EXPECT_EQ(p.mismatch({{"input", {16, 3, 224, 224}}}), "");
+  EXPECT_NE(p.mismatch({{"input", {17, 3, 224, 224}}}).find("dimension 0 is 17, above the profile's max 16"), std::string::npos);
+  EXPECT_NE(p.mismatch({{"input", {2, 3, 200, 224}}}).find("dimension 2 is 200, below the profile's min 224"), std::string::npos);
+  EXPECT_NE(p.mismatch({{"input", {2, 3, 224}}}).find("rank 4, not 3"), std::string::npos);
+  EXPECT_NE(p.mismatch({{"input", {2, 3, 224, 224}}, {"other", {1}}}).find("no input named 'other'"), std::string::npos);
+  EXPECT_NE(p.mismatch({}).find("'input' has no shape"), std::string::npos);
 }
 
 }  // namespace
