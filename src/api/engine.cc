@@ -166,7 +166,7 @@ nlohmann::json profiles_to_json(const std::vector<OptimizationProfile>& profiles
   return out;
 }
 
-std::vector<OptimizationProfile> profiles_from_json(const nlohmann::json& j) {
+[[maybe_unused]] std::vector<OptimizationProfile> profiles_from_json(const nlohmann::json& j) {
   std::vector<OptimizationProfile> out;
   for (const nlohmann::json& p : j) {
     OptimizationProfile profile;

@@ -27,18 +27,22 @@ void check_shape(size_t profile, const TensorDesc& d, const char* which, const s
   }
 }
 
+bool has_input(const std::vector<TensorDesc>& declared, const std::string& name) {
+  return std::any_of(declared.begin(), declared.end(), [&](const TensorDesc& d) { return d.name == name; });
+}
+
 }  // namespace
 
 std::vector<OptimizationProfile> resolve_profiles(const std::vector<TensorDesc>& declared, const BuildOptions& options) {
   for (const auto& [name, shape] : options.input_shapes)
-    if (std::none_of(declared.begin(), declared.end(), [&](const TensorDesc& d) { return d.name == name; }))
+    if (!has_input(declared, name))
       throw Error(ErrorKind::kInvalidArgument, "the model has no input named '" + name + "' (given a fixed shape)");
   std::vector<OptimizationProfile> given = options.profiles;
   if (given.empty()) given.emplace_back();
   std::vector<OptimizationProfile> out;
   for (size_t p = 0; p < given.size(); ++p) {
     for (const auto& [name, range] : given[p])
-      if (std::none_of(declared.begin(), declared.end(), [&](const TensorDesc& d) { return d.name == name; }))
+      if (!has_input(declared, name))
         throw Error(ErrorKind::kInvalidArgument,
                     "optimization profile " + std::to_string(p) + " names input '" + name + "', which the model does not have");
     OptimizationProfile profile;
