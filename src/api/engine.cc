@@ -279,8 +279,8 @@ std::shared_ptr<Engine::Impl> make_engine(ir::Graph graph, const std::string& na
             .hint("leave out --min-shapes/--opt-shapes/--max-shapes, or build for --device cuda");
       impl->cpu = std::make_unique<cpu::CpuEngine>(std::move(graph));
     } else {
-#if KILN_WITH_CUDA
       if (profiles.empty()) profiles = api::resolve_profiles(impl->inputs, options);
+#if KILN_WITH_CUDA
       impl->profiles = profiles;
       impl->inputs = api::profile_inputs(impl->inputs, profiles);
       impl->graph = std::make_shared<const ir::Graph>(std::move(graph));

@@ -147,6 +147,9 @@ void arg_reduce(const ir::Node& node, const Tensor& x, Tensor& out) {
   const bool last = node.attrs.get_int("select_last_index", 0) != 0;
   int64_t axis = node.attrs.get_int("axis", 0);
   if (axis < 0) axis += x.rank();
+  if (axis < 0 || axis >= x.rank())
+    throw node.error(ErrorKind::kInvalidArgument, "axis " + std::to_string(node.attrs.get_int("axis", 0)) +
+                                                      " is out of range for an input of rank " + std::to_string(x.rank()));
   int64_t outer = 1, n = x.dim(static_cast<int>(axis)), inner = 1;
   for (int i = 0; i < x.rank(); ++i) {
     if (i < axis) outer *= x.dim(i);

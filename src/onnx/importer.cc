@@ -74,27 +74,34 @@ thread_local DataSource data_source;  // set by import_model for the import it r
 
 constexpr char kEngineWeights[] = "kiln:weights";
 
-// Reads an external data file region into `out` (already sized), with bounds checks.
-void read_external(const onnx::TensorProto& proto, const std::string& base_dir, Tensor& out) {
+// Reads a tensor's external data (a file region, or an engine file's weights section) into a
+// new tensor of `dtype` and `shape` (`need` bytes), checking the bounds before allocating.
+Tensor read_external(const onnx::TensorProto& proto, const std::string& base_dir, DType dtype,
+                     const std::vector<int64_t>& shape, int64_t need) {
   std::string location;
   int64_t offset = 0;
   int64_t length = -1;
   for (const auto& kv : proto.external_data()) {
-    if (kv.key() == "location") location = kv.value();
-    else if (kv.key() == "offset") offset = std::stoll(kv.value());
-    else if (kv.key() == "length") length = std::stoll(kv.value());
+    try {
+      if (kv.key() == "location") location = kv.value();
+      else if (kv.key() == "offset") offset = std::stoll(kv.value());
+      else if (kv.key() == "length") length = std::stoll(kv.value());
+    } catch (const std::exception&) {
+      throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data " + kv.key() + " '" + kv.value() +
+                                                "' is not a number");
+    }
   }
   if (location.empty())
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has external data without a location");
-  const int64_t need = static_cast<int64_t>(out.nbytes());
   if (data_source.weights && location == kEngineWeights) {
     const int64_t size = static_cast<int64_t>(data_source.weights->size());
     if (length != need || offset < 0 || offset > size || need > size - offset)
       throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': bytes " + std::to_string(offset) + " + " +
                                                 std::to_string(length) + " of the weights section (" + std::to_string(size) +
                                                 " bytes) do not hold its " + std::to_string(need) + " bytes");
+    Tensor out = Tensor::uninitialized(dtype, shape);
     std::memcpy(out.raw(), data_source.weights->data() + offset, static_cast<size_t>(need));
-    return;
+    return out;
   }
   if (base_dir.empty())
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' uses external data, which needs a model file path");
@@ -112,13 +119,15 @@ void read_external(const onnx::TensorProto& proto, const std::string& base_dir, 
   if (length >= 0 && length != need)
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data length " + std::to_string(length) +
                                               " does not match its shape (" + std::to_string(need) + " bytes)");
-  if (offset < 0 || offset + need > size)
+  if (offset < 0 || offset > size || need > size - offset)
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data file '" + path.string() +
                                               "' is too short (" + std::to_string(size) + " bytes, need " +
-                                              std::to_string(offset + need) + ")");
+                                              std::to_string(offset) + " + " + std::to_string(need) + ")");
+  Tensor out = Tensor::uninitialized(dtype, shape);
   f.seekg(offset);
   f.read(static_cast<char*>(out.raw()), need);
   if (!f) throw Error(ErrorKind::kIo, "tensor '" + proto.name() + "': failed reading external data '" + path.string() + "'");
+  return out;
 }
 
 template <class Field>
@@ -141,20 +150,33 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base
   for (int64_t d : shape)
     if (d < 0) throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has a negative dimension");
   DType dtype = static_cast<DType>(proto.data_type());
-  Tensor t(dtype, shape);
-  const int64_t n = t.numel();
-  if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
-    read_external(proto, base_dir.empty() ? data_source.base_dir : base_dir, t);
-    return t;
-  }
+  // The size the shape implies, checked against the data before anything is allocated (a
+  // malformed file may declare a huge shape over a few bytes).
+  int64_t n = 1, need = 0;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has shape " + shape_to_string(shape) +
+                                                ", too many elements");
+  if (__builtin_mul_overflow(n, static_cast<int64_t>(element_size(dtype)), &need))
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has shape " + shape_to_string(shape) + ", too many bytes");
+  if (proto.data_location() == onnx::TensorProto::EXTERNAL)
+    return read_external(proto, base_dir.empty() ? data_source.base_dir : base_dir, dtype, shape, need);
   if (proto.has_raw_data()) {
-    if (proto.raw_data().size() != t.nbytes())
+    if (static_cast<int64_t>(proto.raw_data().size()) != need)
       throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has " + std::to_string(proto.raw_data().size()) +
                                                 " bytes of raw data, its shape " + shape_to_string(shape) + " of " +
-                                                to_string(dtype) + " needs " + std::to_string(t.nbytes()));
-    if (n) std::memcpy(t.raw(), proto.raw_data().data(), t.nbytes());
+                                                to_string(dtype) + " needs " + std::to_string(need));
+    Tensor t = Tensor::uninitialized(dtype, shape);
+    if (n) std::memcpy(t.raw(), proto.raw_data().data(), static_cast<size_t>(need));
     return t;
   }
+  // Typed fields: each holds one value per element (checked below before any is copied).
+  const int64_t values = std::max({proto.float_data_size(), proto.double_data_size(), proto.int64_data_size(),
+                                   proto.uint64_data_size(), proto.int32_data_size()});
+  if (n > values)
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has " + std::to_string(values) + " values for " +
+                                              std::to_string(n) + " elements");
+  Tensor t(dtype, shape);
   switch (dtype) {
     case DType::kFloat32:
       check_count(proto, proto.float_data(), n);

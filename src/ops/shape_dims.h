@@ -48,7 +48,9 @@ struct DimProduct {
   int unknown = 0;
 
   void add(const Dim& d) {
-    if (d.known()) known *= d.value;
+    // A product past int64 (a malformed model's dims) says nothing: counted as unknown.
+    if (d.known() && !__builtin_mul_overflow(known, d.value, &known)) return;
+    if (d.known()) ++unknown, known = 1;
     else if (d.symbolic()) ++symbols[d.symbol];
     else ++unknown;
   }

@@ -91,8 +91,8 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
     if (!p) why = "-";  // not a product this rewrite takes: not reported
     else if (pinned_float.count(n.name)) why = "pinned to float";
     else if (!quantizable(act.kind)) why = "activation has no INT8 epilogue";
-    else if (p->k % 16 != 0 || p->n % 16 != 0)
-      why = std::to_string(p->k) + " input / " + std::to_string(p->n) + " output features (INT8 needs multiples of 16)";
+    else if (p->k % 16 != 0)
+      why = std::to_string(p->k) + " input features (INT8 needs multiples of 16)";
     else if (!scales.count(p->a)) why = "no calibrated scale for its input " + p->a;
     if (!why.empty()) {
       if (why != "-") kept_float.push_back(n.name + ": " + why);
@@ -121,18 +121,38 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
     conv.name = n.name;  // --layer-precision and the accuracy budget name the layer as before
     conv.attrs.set("kernel_shape", std::vector<int64_t>{1, 1});
     act.store(conv);
-    const std::string w = g.add_constant(n.name + "_as_conv_weight", Tensor::from_vector<float>({p->n, p->k, 1, 1}, p->weights));
+    // Output features padded to a multiple of 16 (the INT8 convolution's channel granularity)
+    // with zero weights and biases; the extra channels are sliced off after it.
+    const int64_t padded = (p->n + 15) / 16 * 16;
+    p->weights.resize(static_cast<size_t>(padded * p->k), 0.f);
+    const std::string w = g.add_constant(n.name + "_as_conv_weight", Tensor::from_vector<float>({padded, p->k, 1, 1}, p->weights));
     conv.inputs = {x4, w};
-    if (p->bias) conv.inputs.push_back(g.add_constant(n.name + "_as_conv_bias", Tensor::from_vector<float>({p->n}, *p->bias)));
-    const std::string y4 = g.unique_name(p->y + "_as_image");
+    if (p->bias) {
+      p->bias->resize(static_cast<size_t>(padded), 0.f);
+      conv.inputs.push_back(g.add_constant(n.name + "_as_conv_bias", Tensor::from_vector<float>({padded}, *p->bias)));
+    }
+    auto image_value = [&](const std::string& name, int64_t channels) {
+      ir::Value v;
+      v.name = name;
+      v.type.dtype = DType::kFloat32;
+      v.type.shape = ir::Dims{m, channels, 1, 1};
+      g.set_value(v);
+      if (auto s = scales.find(p->y); s != scales.end()) scales[name] = s->second;
+      return name;
+    };
+    std::string y4 = image_value(g.unique_name(p->y + "_as_image"), padded);
     conv.outputs = {y4};
-    ir::Value yv;
-    yv.name = y4;
-    yv.type.dtype = DType::kFloat32;
-    yv.type.shape = ir::Dims{m, p->n, 1, 1};
-    g.set_value(yv);
-    if (auto s = scales.find(p->y); s != scales.end()) scales[y4] = s->second;
     added.push_back(std::move(conv));
+    if (padded != p->n) {
+      ir::Node slice;
+      slice.op = "Slice";
+      slice.name = g.unique_name(n.name + "_unpad");
+      auto i64 = [&](const std::string& hint, int64_t v) { return g.add_constant(hint, Tensor::from_vector<int64_t>({1}, {v})); };
+      slice.inputs = {y4, i64(slice.name + "_starts", 0), i64(slice.name + "_ends", p->n), i64(slice.name + "_axes", 1)};
+      y4 = image_value(g.unique_name(p->y + "_unpadded"), p->n);
+      slice.outputs = {y4};
+      added.push_back(std::move(slice));
+    }
     reshape(g, y4, p->out_shape, p->y, added);
     kept.insert(kept.end(), added.begin(), added.end());
     ++rewritten;

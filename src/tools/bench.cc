@@ -408,6 +408,9 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand("bench", "Time a GPU engine: latency statistics, throughput, memory (like trtexec)");
   cmd->add_option("model", o->model, "ONNX model (built per batch size) or engine file")->required();
   o->engine.add_to(cmd, "cuda");
+  // kiln bench's --batch is --batches (one size or several), not the build option's single size.
+  cmd->remove_option(cmd->get_option("--batch"));
+  cmd->add_option("--batch", o->batches, "The same as --batches");
   cmd->add_option("--batches", o->batches,
                   "Batch sizes to sweep, e.g. 1,8,128: an ONNX model is built once per batch (or once, with a "
                   "profile: --min-shapes/--opt-shapes/--max-shapes), an engine file runs each batch within its profile");

@@ -354,6 +354,50 @@ TEST(QuantizeGraph, GemmAndMatMulRunAsInt8Convolutions) {
   EXPECT_TRUE(matmul_left);
 }
 
+// A classifier whose class count is no multiple of 16 (10 here) runs as a 16-channel INT8
+// convolution whose extra channels (zero weights) a Slice drops; 20 input features stay float.
+TEST(QuantizeGraph, OutputFeaturesArePaddedToSixteenAndSlicedBack) {
+  testing::GraphBuilder gb;
+  gb.input("X", {5, 32});
+  gb.random("W", {10, 32}, -0.3f, 0.3f);
+  gb.random("B", {10}, -0.1f, 0.1f);
+  gb.random("W2", {20, 8}, -0.3f, 0.3f);
+  gb.node("Gemm", {"X", "W", "B"}, "logits", {{"transB", int64_t{1}}});
+  gb.last().name = "classifier";
+  gb.node("Reshape", {"X", gb.ints("to20", {-1, 20})}, "x20");
+  gb.node("MatMul", {"x20", "W2"}, "side");
+  gb.last().name = "narrow";
+  gb.output("logits");
+  gb.output("side");
+  ir::Graph g = gb.build();
+  Tensor x = testing::random_tensor({5, 32}, 5);
+  const auto want = cpu::CpuEngine(g).run({{"X", x}});
+  std::map<std::string, float> scales{{"X", amax(x) / 127.f}, {"x20", amax(x) / 127.f}};
+
+  ir::Graph q = g;
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales);
+  EXPECT_EQ(r.matrix_products, 1);
+  ASSERT_EQ(r.kept_float.size(), 1u);
+  EXPECT_NE(r.kept_float[0].find("narrow: 20 input features"), std::string::npos) << r.kept_float[0];
+  const ir::Node* conv = nullptr;
+  bool sliced = false;
+  for (const ir::Node& n : q.nodes) {
+    if (n.op == "QConv") conv = &n;
+    sliced = sliced || n.op == "Slice";
+  }
+  ASSERT_NE(conv, nullptr);
+  EXPECT_EQ(conv->name, "classifier");
+  EXPECT_EQ(q.constant(conv->inputs[1])->dim(0), 16);  // int8 weights, 16 output channels
+  EXPECT_TRUE(sliced);
+  ir::infer_shapes(q);
+  EXPECT_EQ(q.value("logits").type.shape, ir::dims_of({5, 10}));
+  const Tensor got = cpu::CpuEngine(q).run({{"X", x}}).at("logits");
+  ASSERT_EQ(got.shape(), want.at("logits").shape());
+  const double err = relative_l2(got, want.at("logits"));
+  EXPECT_LT(err, 0.03);
+  EXPECT_GT(err, 0.0);
+}
+
 // Grouped and depthwise convolutions: quantized for a target that runs them (the CPU engine),
 // left in float, with the reason, for one that does not (the GPU).
 TEST(QuantizeGraph, DepthwiseConvolutionsForTargetsThatRunThem) {
