@@ -52,20 +52,16 @@ void CudaContext::reserve(size_t arena_bytes, size_t workspace_bytes) {
   for (auto& [key, b] : bound_)
     if (b.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(b.graph));
   bound_.clear();
-  if (arena_bytes > arena_capacity_) {
-    if (arena_) KILN_CUDA_CHECK(cudaFree(arena_));
-    arena_ = nullptr;
-    arena_capacity_ = 0;
-    KILN_CUDA_CHECK(cudaMalloc(&arena_, std::max<size_t>(arena_bytes, 1)));
-    arena_capacity_ = arena_bytes;
-  }
-  if (workspace_bytes > workspace_capacity_) {
-    if (workspace_) KILN_CUDA_CHECK(cudaFree(workspace_));
-    workspace_ = nullptr;
-    workspace_capacity_ = 0;
-    KILN_CUDA_CHECK(cudaMalloc(&workspace_, std::max<size_t>(workspace_bytes, 1)));
-    workspace_capacity_ = workspace_bytes;
-  }
+  auto grow = [](void*& memory, size_t& capacity, size_t bytes) {
+    if (bytes <= capacity) return;
+    if (memory) KILN_CUDA_CHECK(cudaFree(memory));
+    memory = nullptr;
+    capacity = 0;
+    KILN_CUDA_CHECK(cudaMalloc(&memory, std::max<size_t>(bytes, 1)));
+    capacity = bytes;
+  };
+  grow(arena_, arena_capacity_, arena_bytes);
+  grow(workspace_, workspace_capacity_, workspace_bytes);
 }
 
 void CudaContext::set_profile(int index) {

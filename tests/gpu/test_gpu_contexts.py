@@ -16,6 +16,34 @@ import pytest
 import kiln
 
 
+def on_threads(contexts, rounds, job):
+    """Runs job(context, thread, round) -> "" or what went wrong, on one thread per context, all
+    starting together; returns the problems (exceptions included, not lost in the threads)."""
+    errors = []
+    start = threading.Barrier(len(contexts))
+
+    def work(t: int) -> None:
+        try:
+            start.wait()
+            for r in range(rounds):
+                problem = job(contexts[t], t, r)
+                if problem:
+                    errors.append(f"thread {t} round {r}: {problem}")
+        except Exception as e:
+            errors.append(f"thread {t}: {type(e).__name__}: {e}")
+
+    pool = [threading.Thread(target=work, args=(t,)) for t in range(len(contexts))]
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    return errors
+
+
+def mismatch(got, want):
+    return "" if np.array_equal(got, want) else f"max diff {np.abs(got - want).max()}"
+
+
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_contexts_on_threads_match_one_context(resnet18_64, precision):
     path, spec = resnet18_64
@@ -28,26 +56,13 @@ def test_contexts_on_threads_match_one_context(resnet18_64, precision):
     want = [alone.run({"input": x})["output"].copy() for x in inputs]
     assert not np.array_equal(want[0], want[1])
 
-    threads, errors, rounds = 4, [], 15
-    contexts = [engine.create_context() for _ in range(threads)]
-    start = threading.Barrier(threads)
+    contexts = [engine.create_context() for _ in range(4)]
 
-    def work(t: int) -> None:
-        try:
-            start.wait()
-            for r in range(rounds):
-                i = (t + r) % len(inputs)  # threads run different inputs at the same moment
-                got = contexts[t].run({"input": inputs[i]})["output"]
-                if not np.array_equal(got, want[i]):
-                    errors.append(f"thread {t} round {r} input {i}: max diff {np.abs(got - want[i]).max()}")
-        except Exception as e:  # reported below, not lost in the thread
-            errors.append(f"thread {t}: {type(e).__name__}: {e}")
+    def job(context, t, r):
+        i = (t + r) % len(inputs)  # threads run different inputs at the same moment
+        return mismatch(context.run({"input": inputs[i]})["output"], want[i])
 
-    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-    for th in pool:
-        th.start()
-    for th in pool:
-        th.join()
+    errors = on_threads(contexts, 15, job)
     assert not errors, errors[:5]
 
 
@@ -61,26 +76,13 @@ def test_contexts_at_different_shapes_on_threads(resnet18_64):
     inputs = {b: spec.make_inputs(b, 300 + b)[0] for b in batches}
     alone = engine.create_context()
     want = {b: alone.run({"input": inputs[b]})["output"].copy() for b in batches}
-    threads, errors, rounds = 4, [], 12
-    contexts = [engine.create_context() for _ in range(threads)]
-    start = threading.Barrier(threads)
+    contexts = [engine.create_context() for _ in range(4)]
 
-    def work(t: int) -> None:
-        try:
-            start.wait()
-            for r in range(rounds):
-                b = batches[(t * 2 + r) % len(batches)]
-                got = contexts[t].run({"input": inputs[b]})["output"]
-                if not np.array_equal(got, want[b]):
-                    errors.append(f"thread {t} round {r} batch {b}: max diff {np.abs(got - want[b]).max()}")
-        except Exception as e:
-            errors.append(f"thread {t}: {type(e).__name__}: {e}")
+    def job(context, t, r):
+        b = batches[(t * 2 + r) % len(batches)]
+        return mismatch(context.run({"input": inputs[b]})["output"], want[b])
 
-    pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
-    for th in pool:
-        th.start()
-    for th in pool:
-        th.join()
+    errors = on_threads(contexts, 12, job)
     assert not errors, errors[:5]
 
 
