@@ -22,7 +22,7 @@ namespace kiln::cuda {
 using Shapes = std::map<std::string, std::vector<int64_t>>;
 
 // The shapes an optimization profile accepts for one input: each dimension d within
-// [min[d], max[d]]. Tactics are timed at opt (and at min and max, see CudaEngine).
+// [min[d], max[d]]. Tactics are timed at opt, min, max and between (timed_shapes()).
 struct ShapeRange {
   std::vector<int64_t> min, opt, max;
 };

@@ -1,7 +1,8 @@
 // The engine over optimization profiles: one plan per input shape, built from the graph
-// specialized to that shape. The profiles' opt, min and max shapes are planned (and their
-// tactics timed) when the engine is built; any other shape within a profile is planned on first
-// use, each layer starting from the tactic it took in the timed plan nearest in size.
+// specialized to that shape. The profiles' opt, min and max shapes and a geometric ladder between
+// them are planned (and their tactics timed) when the engine is built; any other shape within a
+// profile is planned on first use, each layer starting from the tactic it took in the timed plan
+// nearest in size.
 #include <cudnn.h>
 
 #include <algorithm>
