@@ -69,6 +69,28 @@ def test_bad_inputs_are_kiln_errors_that_say_what(tmp_path):
     assert issubclass(kiln.Error, RuntimeError)
 
 
+def test_profiles_from_python_are_checked(tmp_path):
+    """Optimization profiles reach the C++ API (ShapeRange, or (min, opt, max) tuples); the CPU
+    engine refuses them (it runs any shape), and its files and engines list none."""
+    r = kiln.ShapeRange([1, 1, 28, 28], [8, 1, 28, 28], [16, 1, 28, 28])
+    assert (r.min, r.opt, r.max) == ([1, 1, 28, 28], [8, 1, 28, 28], [16, 1, 28, 28]) and "max=[16x1x28x28]" in repr(r)
+    builder = kiln.Builder(device="cpu", profiles=[{"input": ([1, 1, 28, 28], [8, 1, 28, 28], [16, 1, 28, 28])}])
+    assert builder.options.profiles[0]["input"].opt == [8, 1, 28, 28]
+    with pytest.raises(kiln.Error, match="optimization profiles are for GPU engines"):
+        builder.build(FASHION)
+    engine = kiln.Engine.from_onnx(FASHION)
+    assert engine.profiles == []
+    saved = str(tmp_path / "cpu.engine")
+    engine.save(saved)
+    assert kiln.Engine.load(saved).profiles == [] and kiln.Engine.load(saved).inputs[0].shape == [-1, 1, 28, 28]
+    if not kiln.has_cuda:
+        return
+    # A GPU build's profile is checked before any GPU is used: a bad one fails the same way here.
+    bad = kiln.Builder(precision="fp16", device="cuda", profiles=[{"input": ([4, 1, 28, 28], [2, 1, 28, 28], [8, 1, 28, 28])}])
+    with pytest.raises(kiln.Error, match="min <= opt <= max"):
+        bad.build(FASHION)
+
+
 def test_int8_calibration_from_a_dataloader_on_fashion_mnist():
     import torch
 
