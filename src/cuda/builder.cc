@@ -150,7 +150,8 @@ class Builder final : public BuildServices {
     if (stream_) cudaStreamDestroy(stream_);
   }
 
-  std::unique_ptr<ShapePlan> build(const Shapes& shapes);
+  // `graph` is the graph given to the constructor, kept by the plan.
+  std::unique_ptr<ShapePlan> build(const Shapes& shapes, std::shared_ptr<const ir::Graph> graph);
 
   // --- BuildServices ----------------------------------------------------------------------
   const void* upload(const void* host, size_t bytes) override { return weights_.upload(host, bytes); }
@@ -504,9 +505,10 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
   for (size_t i = 0; i < node.outputs.size(); ++i) value_buffer_[node.outputs[i]] = outputs[i];
 }
 
-std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes) {
+std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<const ir::Graph> graph) {
   plan_.reset(new ShapePlan());
   plan_->shapes_ = shapes;
+  plan_->graph_ = std::move(graph);
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop_, device));
@@ -608,11 +610,11 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes) {
   return std::move(plan_);
 }
 
-std::unique_ptr<ShapePlan> build_plan(const ir::Graph& graph, const Shapes& shapes, const BuildConfig& config,
-                                 TimingCache& cache, WeightMemory& weights,
-                                 const std::map<std::string, std::string>* hints) {
-  Builder builder(graph, config, cache, weights, hints);
-  return builder.build(shapes);
+std::unique_ptr<ShapePlan> build_plan(std::shared_ptr<const ir::Graph> graph, const Shapes& shapes, const BuildConfig& config,
+                                      TimingCache& cache, WeightMemory& weights,
+                                      const std::map<std::string, std::string>* hints) {
+  Builder builder(*graph, config, cache, weights, hints);
+  return builder.build(shapes, std::move(graph));
 }
 
 }  // namespace kiln::cuda

@@ -135,10 +135,14 @@ class ShapePlan {
   const std::map<std::string, std::string>& node_tactics() const { return node_tactics_; }
   // Names of float layers that kept float32 in an fp16 build.
   std::vector<std::string> fp32_layers() const;
+  // The graph specialized to shapes() that the plan was built from (contexts build their own
+  // plans from it without specializing again).
+  const std::shared_ptr<const ir::Graph>& graph() const { return graph_; }
 
  private:
   friend class Builder;
   ShapePlan() = default;
+  std::shared_ptr<const ir::Graph> graph_;
   Shapes shapes_;
   std::vector<EngineIO> inputs_, outputs_;
   std::vector<Buffer> buffers_;
@@ -205,8 +209,9 @@ class CudaEngine {
 
  private:
   CudaEngine() = default;
+  // The plan at `shapes` from `graph` (null: the graph specialized to `shapes` now).
   std::shared_ptr<const ShapePlan> build_plan(const Shapes& shapes, const std::map<std::string, std::string>* hints,
-                                         const BuildConfig& config) const;
+                                         const BuildConfig& config, std::shared_ptr<const ir::Graph> graph = nullptr) const;
 
   Specializer specialize_;
   BuildConfig config_;
