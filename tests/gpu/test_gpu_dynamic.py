@@ -12,6 +12,8 @@ import subprocess
 import numpy as np
 import pytest
 
+from test_gpu_models import rel_l2
+
 FP16_TOLERANCE = 1e-2
 
 
@@ -30,10 +32,6 @@ def run_output(kiln_bin, model, x, tmp_path, tag, *extra):
     out = tmp_path / f"out_{tag}"
     ok(kiln(kiln_bin, "run", model, "--input", f"input={x_path}", "--top-k", "0", "-o", out, *extra))
     return np.load(out / "output.npy")
-
-
-def rel_l2(got, want):
-    return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want.astype(np.float64)))
 
 
 def profile_flags(lo, opt, hi, size=64):
