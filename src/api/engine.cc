@@ -221,13 +221,15 @@ ir::Graph optimized_graph(const std::string& model_bytes, const std::string& nam
     std::set<std::string> pinned(options.float_layers.begin(), options.float_layers.end());
     quantization::QuantizeTarget target;
     target.grouped_convolutions = options.device == Device::kCpu;
-    target.depthwise_convolutions = true;  // the GPU's INT8 depthwise kernel
+    target.depthwise_convolutions = true;    // the GPU's INT8 depthwise kernel
+    target.gpu_grouped_convolutions = true;  // and its grouped one
     quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, scales, pinned, &qdq.weights, target);
     int8_kept_float = r.kept_float;
     if (options.log) {
       options.log("int8: " + std::to_string(r.quantized) + " convolutions in INT8 (" + std::to_string(r.matrix_products) +
                   " of them matrix products as 1x1 convolutions, " + std::to_string(r.model_weights) +
-                  " with the model's int8 weights), " + std::to_string(r.int8_values) + " int8 tensors between them, " +
+                  " with the model's int8 weights), " + std::to_string(r.int8_values) + " int8 tensors between them (" +
+                  std::to_string(r.int8_pools) + " through MaxPools), " +
                   std::to_string(r.quantize_nodes) + " quantize layers");
       for (const std::string& k : r.kept_float) options.log("int8: kept in float: " + k);
     }

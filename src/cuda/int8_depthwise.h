@@ -29,4 +29,16 @@ void launch_int8_depthwise(const Int8ConvGeometry& g, DType y_type, DType z_type
 // QConv's depthwise weights [c, 1, r, s] rearranged tap-major, [r * s][c].
 std::vector<int8_t> depthwise_weights(const int8_t* w, int c, int r, int s);
 
+// Grouped convolutions of `width` input and output channels per group (4, 8, 16, 32 or 64; the
+// groups of ResNeXt and RegNet), channels a multiple of 16, no residual: one thread computes 16
+// output channels of a pixel with __dp4a products over its group's channels, and the same exact
+// epilogue. Bound by instructions rather than memory (16 x width products per tap and thread);
+// written to run such models in INT8 on the GPU at all, not yet tuned.
+bool int8_grouped_supported(const Int8ConvGeometry& g, int width, DType y_type, DType z_type, std::string* why = nullptr);
+// args.w: the weights as grouped_weights() lays them out.
+void launch_int8_grouped(const Int8ConvGeometry& g, int width, DType y_type, const Int8ConvArgs& args, const ir::Activation& act,
+                         cudaStream_t stream);
+// QConv's grouped weights [k, width, r, s] -> [k / 16][r * s][16][width].
+std::vector<int8_t> grouped_weights(const int8_t* w, int k, int width, int r, int s);
+
 }  // namespace kiln::cuda

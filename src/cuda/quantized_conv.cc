@@ -30,6 +30,7 @@
 #include "cuda/engine.h"
 #include "cuda/int8_conv.h"
 #include "cuda/int8_depthwise.h"
+#include "cuda/int8_stem.h"
 #include "ir/activation.h"
 #include "ops/conv_geometry.h"
 
@@ -45,6 +46,8 @@ struct QConvParams {
   DType y_storage = DType::kInt8, z_storage = DType::kInt8;
   Int8ConvGeometry geometry;  // for kiln's kernel
   bool depthwise = false;     // group = channels: kiln's depthwise kernel (cuDNN has no INT8 grouped engines)
+  bool stem = false;          // 1 to 4 input channels: kiln's stem kernel, int8 NCHW input (int8_stem.h)
+  int group_width = 0;        // > 0: other grouped convolutions, kiln's grouped kernel (int8_depthwise.h)
 };
 
 bool homogeneous(const ir::Activation& act) { return act.kind.empty() || act.kind == "Relu" || act.kind == "LeakyRelu"; }
@@ -58,15 +61,18 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
   const int64_t group = n.attrs.get_int("group", 1);
   if (group != 1) {
     const std::vector<int64_t>& ws = r.constants[1]->shape();
-    if (ws.size() != 4 || ws[1] != 1 || ws[0] != group || r.input_shape(0)[1] != group)
-      return "grouped INT8 convolutions other than depthwise ones are not supported on the GPU";
-    p.depthwise = true;
-  }  p.act = ir::Activation::from_node(n);
+    if (ws.size() != 4 || ws[0] % group != 0) return "a grouped convolution's weights must be [M, C / group, kh, kw]";
+    p.depthwise = ws[1] == 1 && ws[0] == group && r.input_shape(0)[1] == group;
+    if (!p.depthwise) p.group_width = static_cast<int>(ws[1]);
+  }
+  p.act = ir::Activation::from_node(n);
   if (!conv_graph_supports(p.act)) return "activation " + p.act.kind + " has no INT8 epilogue on the GPU";
   p.x = r.input_shape(0);
   p.w = r.constants[1]->shape();
   p.y = r.output_shapes[0];
-  if (p.x[1] % 16 != 0 || p.y[1] % 16 != 0) return "INT8 convolutions need multiples of 16 channels";
+  p.stem = group == 1 && p.x[1] < 16;
+  if ((!p.stem && p.x[1] % 16 != 0) || p.y[1] % 16 != 0)
+    return "INT8 convolutions need multiples of 16 channels (or 1 to 4 input channels)";
   std::vector<int64_t> wk(p.w.begin() + 2, p.w.end()), in(p.x.begin() + 2, p.x.end());
   ir::ConvGeometry g = ir::conv_geometry(n, 2, wk, in, false);
   for (int i = 0; i < 2; ++i) {
@@ -88,8 +94,13 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
   p.y_int8 = n.attrs.get_float("y_scale", 0.f) > 0.f;
   p.y_storage = p.y_int8 ? DType::kInt8 : r.float_storage();
   p.z_storage = p.z_int8 ? DType::kInt8 : r.float_storage();
-  if (std::string why; p.depthwise && !int8_depthwise_supported(geo, p.y_storage, p.has_z ? p.z_storage : DType::kUndefined, &why))
+  const DType z_storage = p.has_z ? p.z_storage : DType::kUndefined;
+  if (std::string why; p.depthwise && !int8_depthwise_supported(geo, p.y_storage, z_storage, &why))
     return "depthwise INT8 convolution: " + why;
+  if (std::string why; p.group_width && !int8_grouped_supported(geo, p.group_width, p.y_storage, z_storage, &why))
+    return "grouped INT8 convolution: " + why;
+  if (std::string why; p.stem && !int8_stem_supported(geo, p.y_storage, z_storage, &why))
+    return "INT8 convolution of " + std::to_string(geo.c) + " input channels: " + why;
   return "";
 }
 
@@ -107,6 +118,12 @@ class QConvLayer final : public Layer {
       // Depthwise weights [K, 1, R, S] -> tap-major [R * S][K].
       const std::vector<int8_t> taps = depthwise_weights(w, static_cast<int>(K), static_cast<int>(R), static_cast<int>(S));
       weights_ = services.upload(taps.data(), taps.size());
+    } else if (p.group_width) {
+      const std::vector<int8_t> grouped = grouped_weights(w, static_cast<int>(K), p.group_width, static_cast<int>(R), static_cast<int>(S));
+      weights_ = services.upload(grouped.data(), grouped.size());
+    } else if (p.stem) {
+      const std::vector<int8_t> padded = stem_weights(w, static_cast<int>(K), static_cast<int>(C), static_cast<int>(R), static_cast<int>(S));
+      weights_ = services.upload(padded.data(), padded.size());
     } else {
       // Weights: int8 [K, C, R, S] -> KRSC.
       std::vector<int8_t> krsc(static_cast<size_t>(K * C * R * S));
@@ -154,7 +171,13 @@ class QConvLayer final : public Layer {
     if (bias) kernel_args_.bias = static_cast<const float*>(services.upload(bias, static_cast<size_t>(K) * sizeof(float)));
     kernel_args_.z_scale = p.z_int8 ? z_scale : 1.f;
     kernel_args_.y_scale = p.y_int8 ? y_scale : 0.f;
-    if (p.depthwise) return;  // one kernel, nothing to choose
+    if (p.depthwise || p.stem || p.group_width) {
+      // One kernel, nothing to choose. Launched once now, outside any graph capture: the stem
+      // kernel's first launch raises its limits.
+      const LayerIO& io = services.scratch_io();
+      launch_own_kernel(io.inputs[0], p.has_z ? io.inputs[3] : nullptr, io.outputs[0], services.stream());
+      return;
+    }
 
     spec_.x = p.x;
     spec_.w = p.w;
@@ -175,12 +198,8 @@ class QConvLayer final : public Layer {
   }
 
   void enqueue(const LayerIO& io, cudaStream_t stream) const override {
-    if (p_.depthwise) {
-      Int8ConvArgs a = kernel_args_;
-      a.x = static_cast<const int8_t*>(io.inputs[0]);
-      a.z = p_.has_z ? io.inputs[3] : nullptr;
-      a.y = io.outputs[0];
-      launch_int8_depthwise(p_.geometry, p_.y_storage, z_type(), a, p_.act, stream);
+    if (p_.depthwise || p_.stem || p_.group_width) {
+      launch_own_kernel(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], stream);
       return;
     }
     if (kernel_) {
@@ -197,11 +216,23 @@ class QConvLayer final : public Layer {
   size_t workspace_bytes() const override { return graph_ ? graph_->workspace_bytes() : 0; }
   std::string tactic() const override {
     if (p_.depthwise) return "kernel:int8 depthwise";
+    if (p_.stem) return "kernel:int8 stem";
+    if (p_.group_width) return "kernel:int8 grouped";
     if (kernel_) return "kernel:int8 " + kernel_->str();
     return "cudnn:int8 graph " + (graph_ ? graph_->engine_name() : std::string("none"));
   }
 
  private:
+  // The layers that one kernel of kiln's runs: depthwise, grouped, the stem.
+  void launch_own_kernel(const void* x, const void* z, void* y, cudaStream_t stream) const {
+    Int8ConvArgs a = kernel_args_;
+    a.x = static_cast<const int8_t*>(x);
+    a.z = z;
+    a.y = y;
+    if (p_.depthwise) launch_int8_depthwise(p_.geometry, p_.y_storage, z_type(), a, p_.act, stream);
+    else if (p_.group_width) launch_int8_grouped(p_.geometry, p_.group_width, p_.y_storage, a, p_.act, stream);
+    else launch_int8_stem(p_.geometry, p_.y_storage, a, p_.act, stream);
+  }
   void launch_kernel(const void* x, const void* z, void* y, const Int8ConvTactic& tactic, cudaStream_t stream) const {
     Int8ConvArgs a = kernel_args_;
     a.x = static_cast<const int8_t*>(x);
@@ -345,7 +376,7 @@ KILN_REGISTER_CUDA_LAYERS(quantized_conv) {
     plan(r, p);
     LayerFormats f;
     f.inputs.resize(r.inputs.size());  // weights and bias: read at create time
-    f.inputs[0] = Format{DType::kInt8, Layout::kNHWC};
+    f.inputs[0] = Format{DType::kInt8, p.stem ? Layout::kLinear : Layout::kNHWC};  // the stem kernel reads NCHW
     if (p.has_z) f.inputs[3] = Format{p.z_storage, Layout::kNHWC};
     f.outputs = {Format{p.y_storage, Layout::kNHWC}};
     return f;
@@ -356,7 +387,7 @@ KILN_REGISTER_CUDA_LAYERS(quantized_conv) {
     if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
     return std::make_unique<QConvLayer>(r, p, s);
   };
-  e.dtypes = "int8 -> int8, float16 (NHWC; kiln's implicit GEMM or cuDNN's graph API; depthwise: kiln's kernel)";
+  e.dtypes = "int8 -> int8, float16 (NHWC; kiln's implicit GEMM or cuDNN's graph API; depthwise, grouped and 1-4 input channels: kiln's kernels)";
   registry.add(std::move(e));
 }
 

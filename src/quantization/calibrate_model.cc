@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 
@@ -15,6 +16,9 @@
 #include "onnx/importer.h"
 #include "io/npy.h"
 #include "kiln/kiln.h"
+#if KILN_WITH_CUDA
+#include "cuda/abs_histogram.h"  // the one piece of the GPU backend this module uses
+#endif
 
 namespace kiln::quantization {
 
@@ -108,6 +112,10 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
   build.device = o.device;
   build.precision = Precision::kFp32;  // the activations of the float model
   std::optional<Engine> engine;
+#if KILN_WITH_CUDA
+  std::optional<Context> context;
+  std::unique_ptr<cuda::GpuHistogramCollector> gpu_histograms;  // GPU engines: histograms on the device
+#endif
   std::vector<int64_t> engine_shape;
   int skipped = 0;
 
@@ -209,11 +217,28 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
       if (o.device == Device::kCuda) build.input_shapes[input.name] = batch.shape();  // GPU engines have fixed shapes
       engine.emplace(Engine::from_onnx(model_path, build));
       engine_shape = batch.shape();
+#if KILN_WITH_CUDA
+      if (o.device == Device::kCuda) {
+        context.emplace(engine->create_context());
+        std::vector<std::string> floats;
+        for (const TensorDesc& out : engine->outputs())
+          if (out.dtype == DType::kFloat32) floats.push_back(out.name);
+        gpu_histograms = std::make_unique<cuda::GpuHistogramCollector>(*context, input.name, floats);
+      }
+#endif
     } else if (o.device == Device::kCuda && batch.shape() != engine_shape) {
       ++skipped;  // a last, shorter batch: the GPU engine's shape is fixed
       continue;
     }
-    auto outputs = engine->run({{input.name, batch}});
+    std::map<std::string, Tensor> outputs;
+#if KILN_WITH_CUDA
+    // On the GPU, the activations never leave the device (cuda/abs_histogram.h); the input is
+    // on the host already.
+    if (gpu_histograms) gpu_histograms->add_batch(batch, histograms);
+    else outputs = engine->run({{input.name, batch}});
+#else
+    outputs = engine->run({{input.name, batch}});
+#endif
     outputs.emplace(input.name, batch);
     // One histogram per tensor, filled in parallel (each tensor's by one thread).
     std::vector<std::pair<AbsHistogram*, const Tensor*>> work;

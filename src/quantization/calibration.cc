@@ -30,14 +30,26 @@ void AbsHistogram::add(const float* x, int64_t n) {
   double batch_max = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double a = std::fabs(static_cast<double>(x[i]));
-    if (std::isinf(a)) throw Error(ErrorKind::kInvalidArgument, "calibration data produced an infinite activation");
     if (a > batch_max) batch_max = a;  // false for NaN
   }
+  if (!cover(batch_max, n)) return;
+  const double scale = per_bin();
+  for (int64_t i = 0; i < n; ++i) {
+    const double a = std::fabs(static_cast<double>(x[i]));
+    if (!(a == a)) continue;  // NaN
+    const int b = std::min(kBins - 1, static_cast<int>(a * scale));
+    bins_[b] += 1;
+    count_ += 1;
+  }
+}
+
+bool AbsHistogram::cover(double batch_max, int64_t n) {
+  if (std::isinf(batch_max)) throw Error(ErrorKind::kInvalidArgument, "calibration data produced an infinite activation");
   max_abs_ = std::max(max_abs_, batch_max);
   if (batch_max == 0 && range_ == 0) {  // all zeros so far: count them in bin 0 of any range
     bins_[0] += static_cast<double>(n);
     count_ += static_cast<double>(n);
-    return;
+    return false;
   }
   if (range_ == 0) {
     range_ = batch_max;
@@ -50,13 +62,13 @@ void AbsHistogram::add(const float* x, int64_t n) {
       range_ *= 2;
     }
   }
-  const double per_bin = kBins / range_;
-  for (int64_t i = 0; i < n; ++i) {
-    const double a = std::fabs(static_cast<double>(x[i]));
-    if (!(a == a)) continue;  // NaN
-    const int b = std::min(kBins - 1, static_cast<int>(a * per_bin));
-    bins_[b] += 1;
-    count_ += 1;
+  return true;
+}
+
+void AbsHistogram::add_counts(const uint64_t* counts) {
+  for (int b = 0; b < kBins; ++b) {
+    bins_[static_cast<size_t>(b)] += static_cast<double>(counts[b]);
+    count_ += static_cast<double>(counts[b]);
   }
 }
 

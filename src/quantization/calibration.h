@@ -30,6 +30,14 @@ class AbsHistogram {
   // no finite range covers it.
   void add(const float* x, int64_t n);
 
+  // add() in two steps, for values binned elsewhere (the GPU's calibration, cuda/abs_histogram.h):
+  // first the batch's largest |x| (NaN ignored): the range grows to cover it, and false means
+  // the batch was all zeros so far and is counted already; otherwise bin each |x| as
+  // min(kBins - 1, int(|x| * per_bin())) in double precision and add those counts.
+  bool cover(double batch_max, int64_t n);
+  double per_bin() const { return kBins / range_; }
+  void add_counts(const uint64_t* counts);
+
   const std::vector<double>& bins() const { return bins_; }
   double range() const { return range_; }     // the histogram covers [0, range]; 0 while empty
   double max_abs() const { return max_abs_; }  // the largest |x| seen

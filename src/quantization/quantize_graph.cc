@@ -35,11 +35,27 @@ std::string why_float(const ir::Graph& g, const ir::Node& n, const std::map<std:
   const int64_t out_c = w->dim(0), in_c = w->dim(1);
   const bool depthwise = group != 1 && in_c == 1 && out_c == group;
   if (group != 1 && !target.grouped_convolutions) {
-    if (!depthwise || !target.depthwise_convolutions) return "grouped convolution (no INT8 layer for it on this device)";
-    if (out_c % 16 != 0) return std::to_string(out_c) + " depthwise channels (INT8 needs multiples of 16)";
+    if (depthwise) {
+      if (!target.depthwise_convolutions) return "grouped convolution (depthwise; no INT8 layer for it on this device)";
+      if (out_c % 16 != 0) return std::to_string(out_c) + " depthwise channels (INT8 needs multiples of 16)";
+    } else {
+      if (!target.gpu_grouped_convolutions) return "grouped convolution (no INT8 layer for it on this device)";
+      const int64_t width = in_c;
+      if (out_c / group != width || (width != 4 && width != 8 && width != 16 && width != 32 && width != 64))
+        return "grouped convolution of " + std::to_string(width) + " input / " + std::to_string(out_c / group) +
+               " output channels per group (the GPU's INT8 kernel takes 4, 8, 16, 32 or 64 of each)";
+      if (out_c % 16 != 0) return std::to_string(out_c) + " grouped channels (INT8 needs multiples of 16)";
+      if (n.has_input(3)) return "a grouped convolution with a residual input (no INT8 kernel for it on this device)";
+    }
   }
-  if (group == 1 && (in_c % 16 != 0 || out_c % 16 != 0))
-    return std::to_string(in_c) + " input / " + std::to_string(out_c) + " output channels (INT8 needs multiples of 16)";
+  if (group == 1 && (in_c % 16 != 0 || out_c % 16 != 0)) {
+    const bool stem = target.few_input_channels && in_c <= 4 && out_c % 16 == 0;
+    if (!stem)
+      return std::to_string(in_c) + " input / " + std::to_string(out_c) + " output channels (INT8 needs multiples of 16, " +
+             "or 1 to 4 input channels)";
+    if (w->numel() / (out_c * in_c) > 64) return "a filter of more than 64 taps over " + std::to_string(in_c) + " input channels";
+    if (n.has_input(3)) return "a residual input to a convolution of " + std::to_string(in_c) + " input channels";
+  }
   if (!epilogue_has(n.attrs.get_string("activation", ""))) return "activation has no INT8 epilogue";
   if (n.has_input(3)) {
     const ir::Value* z = g.find_value(n.inputs[3]);
@@ -80,23 +96,58 @@ QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, flo
     else report.kept_float.push_back(n.name + ": " + why);
   }
 
-  // Values that stay int8: written by a chosen conv, scaled, read only by chosen convs as X or Z.
+  // Values that stay int8: written by a chosen conv, scaled, read only by chosen convs as X or Z,
+  // or by MaxPools whose outputs are read only so. A MaxPool commutes with quantization
+  // (rounding and saturation are monotonic), so it runs on the int8 tensor and its output keeps
+  // the input's scale: ResNet's stem conv -> MaxPool -> blocks stays int8 throughout.
+  auto read_as_int8 = [&](const std::string& v) {
+    if (g.is_graph_output(v)) return false;
+    for (int c : g.consumers(v)) {
+      const ir::Node& r = g.nodes[static_cast<size_t>(c)];
+      if (!chosen.count(static_cast<size_t>(c))) return false;
+      for (size_t k = 0; k < r.inputs.size(); ++k)
+        if (r.inputs[k] == v && k != 0 && k != 3) return false;
+    }
+    return true;
+  };
+  auto int8_max_pool = [&](int c, const std::string& v) {
+    const ir::Node& r = g.nodes[static_cast<size_t>(c)];
+    if (r.op != "MaxPool" || !r.domain.empty() || r.inputs.empty() || r.inputs[0] != v) return false;
+    for (size_t k = 1; k < r.outputs.size(); ++k)  // Indices, if asked for, must go unused
+      if (!r.outputs[k].empty() && (g.is_graph_output(r.outputs[k]) || !g.consumers(r.outputs[k]).empty())) return false;
+    return read_as_int8(r.outputs[0]);
+  };
   std::set<std::string> int8_values;
+  std::vector<std::pair<std::string, std::string>> int8_pools;  // (input, output) of MaxPools on int8
   for (size_t i : chosen) {
     const std::string& y = g.nodes[i].outputs[0];
     auto s = scales.find(y);
     if (s == scales.end() || !(s->second > 0) || g.is_graph_output(y)) continue;
-    bool all = true;
+    bool all = true, pooled = false;
     for (int c : g.consumers(y)) {
+      if (int8_max_pool(c, y)) {
+        pooled = true;
+        continue;
+      }
       const ir::Node& r = g.nodes[static_cast<size_t>(c)];
       bool ok = chosen.count(static_cast<size_t>(c)) != 0;
       for (size_t k = 0; ok && k < r.inputs.size(); ++k)
         if (r.inputs[k] == y && k != 0 && k != 3) ok = false;
       all = all && ok;
     }
-    if (all) int8_values.insert(y);
+    if (!all) continue;
+    int8_values.insert(y);
+    if (pooled)
+      for (int c : g.consumers(y))
+        if (int8_max_pool(c, y)) int8_pools.push_back({y, g.nodes[static_cast<size_t>(c)].outputs[0]});
+  }
+  for (const auto& [in, out] : int8_pools) {
+    scales[out] = scales.at(in);
+    int8_values.insert(out);
+    g.value(out).type.dtype = DType::kInt8;
   }
   report.int8_values = static_cast<int>(int8_values.size());
+  report.int8_pools = static_cast<int>(int8_pools.size());
 
   std::map<std::string, std::string> quantized_inputs;  // float value -> its QuantizeLinear output
   std::vector<ir::Node> added;

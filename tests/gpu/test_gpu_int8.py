@@ -24,7 +24,10 @@ from e2e_models import E2eModel, exported_model
 from test_gpu_models import rel_l2, run_kiln
 
 BLOCK_TOLERANCE = 1e-2
-INT8_VS_FP32 = 0.25  # random-weight networks: 9% (ResNet-18) and 18% (ResNet-50) measured on the CPU
+# INT8 against float32 on random-weight networks, as the CPU reference measured it: ResNet-18 9%,
+# ResNet-50 18%, RegNet-Y-400MF 40% (its squeeze-excite gates multiply every error; on the H100
+# the GPU's was 39%). The GPU is held to the CPU's error below.
+INT8_VS_FP32 = {"default": 0.25, "regnet_y_400mf": 0.5}
 GPU_ERROR_FACTOR = 1.25
 
 
@@ -67,7 +70,7 @@ def test_int8_block_matches_cpu(kiln_bin, tmp_path):
     assert err <= BLOCK_TOLERANCE
 
 
-@pytest.mark.parametrize("name,size", [("resnet18", 64), ("resnet50", 224)])
+@pytest.mark.parametrize("name,size", [("resnet18", 64), ("resnet50", 224), ("regnet_y_400mf", 64)])
 def test_int8_gpu_matches_cpu_reference(name, size, kiln_bin, model_cache, tmp_path):
     model = E2eModel(name, size)
     path = exported_model(model_cache, model, "torchscript")
@@ -88,7 +91,7 @@ def test_int8_gpu_matches_cpu_reference(name, size, kiln_bin, model_cache, tmp_p
         print(f"{name} {out}: GPU int8 vs CPU int8 {err:.4f}, GPU int8 vs fp32 {to_fp32:.4f}, "
               f"CPU int8 vs fp32 {rel_l2(cpu[out], fp32[out]):.4f}, top-1 agreement {agree:.3f}")
         assert np.isfinite(gpu[out]).all()
-        assert to_fp32 <= INT8_VS_FP32
+        assert to_fp32 <= INT8_VS_FP32.get(name, INT8_VS_FP32["default"])
         assert to_fp32 <= GPU_ERROR_FACTOR * rel_l2(cpu[out], fp32[out])
 
 
@@ -211,6 +214,105 @@ def test_int8_depthwise_matches_cpu_exactly(kiln_bin, tmp_path):
     assert (build.stdout + build.stderr).count("kernel:int8 depthwise") == 3, build.stdout + build.stderr
 
 
+def stem_model(path, kind):
+    """The stem kernel (cuda/int8_stem.cu): "resnet" is ResNet's stem (3 channels, 7x7 stride 2,
+    Relu, 64 outputs) then a MaxPool on int8 and a 3x3 block with the pool as residual; "gray" a
+    one-channel 3x3 stem to 16 outputs with LeakyRelu writing float16 (the image sizes leave
+    partial 8 x 16 output tiles)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(23)
+    if kind == "resnet":
+        shape, out = [3, 3, 37, 45], [3, 64, 10, 12]
+        weights = {"w1": rng.standard_normal((64, 3, 7, 7)) * 0.08, "b1": rng.standard_normal(64) * 0.1,
+                   "w2": rng.standard_normal((64, 64, 3, 3)) * 0.03, "b2": rng.standard_normal(64) * 0.1}
+        nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="stem", pads=[3, 3, 3, 3], strides=[2, 2]),
+                 helper.make_node("Relu", ["c1"], ["y1"], name="relu1"),
+                 helper.make_node("MaxPool", ["y1"], ["p1"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+                 helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+                 helper.make_node("Add", ["c2", "p1"], ["s2"], name="add2"),
+                 helper.make_node("Relu", ["s2"], ["y"], name="relu2")]
+    else:
+        shape, out = [2, 1, 28, 27], [2, 16, 28, 27]
+        weights = {"w1": rng.standard_normal((16, 1, 3, 3)) * 0.3, "b1": rng.standard_normal(16) * 0.1}
+        nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="stem", pads=[1, 1, 1, 1]),
+                 helper.make_node("LeakyRelu", ["c1"], ["y"], name="leaky1", alpha=0.1)]
+    graph = helper.make_graph(nodes, f"int8_stem_{kind}", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+                              [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return tuple(shape)
+
+
+@pytest.mark.parametrize("kind", ["resnet", "gray"])
+def test_int8_stem_matches_cpu_exactly(kind, kiln_bin, tmp_path):
+    """The stem kernel (and the int8 MaxPool after ResNet's stem) gives the CPU reference's
+    integers bit for bit: the float16 output differs from the CPU's float32 only by float16's
+    rounding."""
+    path = str(tmp_path / f"stem_{kind}.onnx")
+    shape = stem_model(path, kind)
+    cache, x = exact_input_cache(kiln_bin, path, shape, tmp_path, np.random.default_rng(24))
+    common = ["--int8", "--calib-cache", cache]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
+    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
+    fp16_rounding = np.abs(cpu) * 2.0**-11 + 2.0**-24
+    off = np.abs(gpu.astype(np.float64) - cpu) > fp16_rounding
+    print(f"stem {kind}: {int(off.sum())} of {off.size} outputs beyond float16 rounding of the CPU's")
+    assert np.abs(cpu).max() > 0.1
+    assert not off.any()
+    build = subprocess.run([kiln_bin, "build", path, "--int8", "--calib-cache", cache, "-v", "-o", str(tmp_path / "stem.engine")],
+                           capture_output=True, text=True, timeout=300)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    assert log.count("kernel:int8 stem") == 1, log
+    if kind == "resnet":
+        assert "1 through MaxPools" in log, log
+
+
+def grouped_chain_model(path):
+    """Grouped INT8 layers (cuda/int8_depthwise.cu's grouped kernel) of every width it takes but
+    64: groups of 4 with Relu, of 8 at stride 2, of 16 dilated, of 32 with LeakyRelu writing
+    the float16 output; 64 channels."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(27)
+    weights, nodes, x = {}, [], "x"
+    for i, (width, extra) in enumerate([(4, {"pads": [1, 1, 1, 1]}), (8, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+                                        (16, {"pads": [2, 2, 2, 2], "dilations": [2, 2]}), (32, {"pads": [1, 1, 1, 1]})]):
+        weights[f"w{i}"] = rng.standard_normal((64, width, 3, 3)) * (0.6 / np.sqrt(9 * width))
+        weights[f"b{i}"] = rng.standard_normal(64) * 0.1
+        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], name=f"grouped{width}", group=64 // width, **extra))
+        act = helper.make_node("LeakyRelu", [f"c{i}"], ["y"], alpha=0.1) if width == 32 else helper.make_node("Relu", [f"c{i}"], [f"r{i}"])
+        nodes.append(act)
+        x = f"r{i}"
+    graph = helper.make_graph(nodes, "int8_grouped_chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64, 15, 17])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64, 8, 9])],
+                              [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_int8_grouped_matches_cpu_exactly(kiln_bin, tmp_path):
+    """The grouped kernel gives the CPU reference's integers bit for bit (float16 output: within
+    float16's rounding of the CPU's float32), and the build says every layer runs it."""
+    path = str(tmp_path / "grouped.onnx")
+    grouped_chain_model(path)
+    cache, x = exact_input_cache(kiln_bin, path, (2, 64, 15, 17), tmp_path, np.random.default_rng(28))
+    common = ["--int8", "--calib-cache", cache]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
+    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
+    fp16_rounding = np.abs(cpu) * 2.0**-11 + 2.0**-24
+    off = np.abs(gpu.astype(np.float64) - cpu) > fp16_rounding
+    print(f"grouped: {int(off.sum())} of {off.size} outputs beyond float16 rounding of the CPU's")
+    assert np.abs(cpu).max() > 0.1
+    assert not off.any()
+    build = subprocess.run([kiln_bin, "build", path, "--int8", "--calib-cache", cache, "-v", "-o", str(tmp_path / "g.engine")],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    assert (build.stdout + build.stderr).count("kernel:int8 grouped") == 4, build.stdout + build.stderr
+
+
 def mlp_model(path, exact):
     """Matrix products, which the INT8 pass runs as 1x1 convolutions (gemm_as_conv.h).
     exact: one Gemm (bias, Relu) from the input, for the bit-for-bit check; otherwise
@@ -270,3 +372,35 @@ def test_int8_matrix_products_match_cpu(exact, kiln_bin, tmp_path, monkeypatch):
         assert not (np.abs(kernel.astype(np.float64) - cpu) > np.abs(cpu) * 2.0**-11 + 2.0**-24).any()
     else:
         assert rel_l2(kernel, cpu) <= BLOCK_TOLERANCE
+
+
+@pytest.mark.parametrize("algo", ["entropy", "percentile", "minmax"])
+def test_gpu_calibration_histograms_match_cpu(algo, kiln_bin, tmp_path):
+    """Calibration on the GPU counts its histograms on the device (cuda/abs_histogram.h). On a
+    model the GPU computes exactly (ReLU, a MaxPool, an Add: no rounding), its histograms are the
+    CPU's bin for bin, so the two caches hold the same scales. The batches grow by 4x, so each
+    histogram's range doubles (and merges bins) along the way; half of the ReLU's values are 0."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    path = str(tmp_path / "exact.onnx")
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("MaxPool", ["x"], ["p"], name="pool", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["r", "p"], ["y"], name="add")]
+    graph = helper.make_graph(nodes, "exact", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16, 20, 20])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16, 20, 20])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    rng = np.random.default_rng(31)
+    data = np.concatenate([rng.standard_normal((4, 16, 20, 20)) * 4.0**i for i in range(4)]).astype(np.float32)
+    calib = str(tmp_path / "calib.npy")
+    np.save(calib, data)
+    scales = {}
+    for device in ("cpu", "cuda"):
+        cache = str(tmp_path / f"{device}.calib")
+        r = subprocess.run([kiln_bin, "calibrate", path, "--calib", calib, "--batch", "4", "--calib-algo", algo,
+                            "--device", device, "-o", cache], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        scales[device] = {k: float(v) for k, v in (line.split(": ") for line in open(cache).read().splitlines()[4:])}
+    print(algo, scales["cuda"])
+    assert len(scales["cuda"]) >= 3  # x, the pool, the sum (the ReLU may be fused into the Add)
+    assert scales["cuda"] == scales["cpu"]

@@ -131,6 +131,7 @@ void check_case(const Case& cs, uint32_t seed) {
 
 TEST(QConv, MatchesTheIntegerDefinition3x3Stride2) { check_case({2, 16, 9, 11, 32, 3, 2, 1}, 1); }
 TEST(QConv, MatchesTheIntegerDefinition1x1) { check_case({3, 32, 5, 6, 16, 1, 1, 0}, 2); }
+TEST(QConv, ImageStemOfThreeChannels) { check_case({2, 3, 20, 21, 16, 7, 2, 3}, 12); }
 TEST(QConv, Int8ResidualAndInt8Output) {
   Case c{2, 16, 8, 8, 16, 3, 1, 1};
   c.z = c.z_int8 = true;
@@ -186,7 +187,6 @@ TEST(QuantizeGraph, ResidualChainKeepsInt8BetweenConvs) {
   gb.random("B1", {16}, -0.1f, 0.1f);
   gb.random("W2", {16, 16, 1, 1}, -0.3f, 0.3f);
   gb.random("B2", {16}, -0.1f, 0.1f);
-  gb.random("W3", {16, 3, 3, 3});  // 3 input channels: stays float
   gb.node("FusedConv", {"X", "W1", "B1"}, "y1",
           {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"activation", std::string("Relu")}});
   gb.last().domain = "kiln";
@@ -227,8 +227,8 @@ TEST(QuantizeGraph, ResidualChainKeepsInt8BetweenConvs) {
 
 TEST(QuantizeGraph, ReportsWhyAConvStaysFloat) {
   testing::GraphBuilder gb;
-  gb.input("X", {1, 3, 8, 8});
-  gb.random("W", {16, 3, 3, 3});
+  gb.input("X", {1, 6, 8, 8});
+  gb.random("W", {16, 6, 3, 3});
   gb.node("Conv", {"X", "W"}, "Y");
   gb.output("Y");
   ir::Graph g = gb.build();
@@ -236,6 +236,89 @@ TEST(QuantizeGraph, ReportsWhyAConvStaysFloat) {
   EXPECT_EQ(r.quantized, 0);
   ASSERT_EQ(r.kept_float.size(), 1u);
   EXPECT_NE(r.kept_float[0].find("multiples of 16"), std::string::npos) << r.kept_float[0];
+}
+
+// An image stem (3 input channels, 7x7 stride 2) is quantized with its input, and the MaxPool
+// after it runs on int8 with the stem's output scale: stem -> pool -> block passes int8
+// tensors only, the image's QuantizeLinear being the one quantize layer. The same graph for a
+// target without few-channel convolutions keeps the stem float, and says why.
+TEST(QuantizeGraph, ImageStemAndMaxPoolRunInt8) {
+  testing::GraphBuilder gb;
+  gb.input("X", {2, 3, 20, 20});
+  gb.random("W1", {16, 3, 7, 7}, -0.2f, 0.2f);
+  gb.random("B1", {16}, -0.1f, 0.1f);
+  gb.random("W2", {16, 16, 3, 3}, -0.2f, 0.2f);
+  gb.random("B2", {16}, -0.1f, 0.1f);
+  gb.node("FusedConv", {"X", "W1", "B1"}, "stem",
+          {{"pads", std::vector<int64_t>{3, 3, 3, 3}}, {"strides", std::vector<int64_t>{2, 2}}, {"activation", std::string("Relu")}});
+  gb.last().domain = "kiln";
+  gb.node("MaxPool", {"stem"}, "pool",
+          {{"kernel_shape", std::vector<int64_t>{3, 3}}, {"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"strides", std::vector<int64_t>{2, 2}}});
+  gb.node("FusedConv", {"pool", "W2", "B2", "pool"}, "block", {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"activation", std::string("Relu")}});
+  gb.last().domain = "kiln";
+  gb.node("GlobalAveragePool", {"block"}, "out");
+  gb.output("out");
+  ir::Graph g = gb.build();
+
+  Tensor x = testing::random_tensor({2, 3, 20, 20}, 11);
+  ir::Graph probe = g;
+  probe.outputs = {"out", "stem", "pool", "block"};
+  auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
+  std::map<std::string, float> scales;
+  scales["X"] = amax(x) / 127.f;
+  for (const char* v : {"stem", "block"}) scales[v] = amax(ranges.at(v)) / 127.f;
+  scales["pool"] = 0.5f * scales["stem"];  // a calibrated pool scale the pass must not use
+
+  ir::Graph q = g;
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales);
+  EXPECT_EQ(r.quantized, 2);
+  EXPECT_EQ(r.int8_pools, 1);
+  EXPECT_EQ(r.int8_values, 2);     // stem, pool
+  EXPECT_EQ(r.quantize_nodes, 1);  // X
+  EXPECT_EQ(q.value("stem").type.dtype, DType::kInt8);
+  EXPECT_EQ(q.value("pool").type.dtype, DType::kInt8);
+  for (const ir::Node& n : q.nodes)
+    if (n.op == "QConv" && n.outputs[0] == "block") {
+      EXPECT_EQ(n.attrs.get_float("x_scale", 0.f), scales["stem"]);  // the pool keeps the stem's scale
+      EXPECT_EQ(n.attrs.get_float("z_scale", 0.f), scales["stem"]);
+    }
+  ir::infer_shapes(q);
+
+  const Tensor want = cpu::CpuEngine(g).run({{"X", x}}).at("out");
+  const Tensor got = cpu::CpuEngine(q).run({{"X", x}}).at("out");
+  const double err = relative_l2(got, want);
+  EXPECT_LT(err, 0.03) << "INT8 moved the output too far";
+  EXPECT_GT(err, 0.0);
+
+  ir::Graph f = g;
+  quantization::QuantizeTarget no_stems;
+  no_stems.few_input_channels = false;
+  r = quantization::quantize_graph(f, scales, {}, nullptr, no_stems);
+  EXPECT_EQ(r.quantized, 1);
+  EXPECT_EQ(r.int8_pools, 0);
+  ASSERT_EQ(r.kept_float.size(), 1u);
+  EXPECT_NE(r.kept_float[0].find("3 input"), std::string::npos) << r.kept_float[0];
+  EXPECT_EQ(f.value("pool").type.dtype, DType::kFloat32);
+}
+
+// A stem with a residual input, or a filter of more than 64 taps, has no INT8 kernel on the GPU.
+TEST(QuantizeGraph, StemsOutsideTheKernelStayFloat) {
+  testing::GraphBuilder gb;
+  gb.input("X", {1, 3, 20, 20});
+  gb.input("R", {1, 16, 20, 20});
+  gb.random("W1", {16, 3, 9, 9});
+  gb.random("W2", {16, 3, 3, 3});
+  gb.node("Conv", {"X", "W1"}, "big", {{"pads", std::vector<int64_t>{4, 4, 4, 4}}});
+  gb.node("FusedConv", {"X", "W2", "", "R"}, "res", {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  gb.last().domain = "kiln";
+  gb.output("big");
+  gb.output("res");
+  ir::Graph g = gb.build();
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(g, {{"X", 0.01f}, {"R", 0.01f}});
+  EXPECT_EQ(r.quantized, 0);
+  ASSERT_EQ(r.kept_float.size(), 2u);
+  EXPECT_NE(r.kept_float[0].find("64 taps"), std::string::npos) << r.kept_float[0];
+  EXPECT_NE(r.kept_float[1].find("residual"), std::string::npos) << r.kept_float[1];
 }
 
 }  // namespace
@@ -449,6 +532,38 @@ TEST(QuantizeGraph, DepthwiseConvolutionsForTargetsThatRunThem) {
   const double err = relative_l2(cpu::CpuEngine(q).run({{"X", x}}).at("out"), cpu::CpuEngine(g).run({{"X", x}}).at("out"));
   EXPECT_LT(err, 0.03) << "INT8 moved the output too far";
   EXPECT_GT(err, 0.0) << "the output is exactly the float one: was it quantized?";
+}
+
+// The GPU's grouped kernel takes 4, 8, 16, 32 or 64 channels per group in and out, with
+// channels in multiples of 16 and no residual: 32 channels in groups of 8 are quantized, groups
+// of 6 (48 channels) and a grouped conv with a residual stay float, each saying why.
+TEST(QuantizeGraph, GroupedConvolutionsForTheGpuKernel) {
+  testing::GraphBuilder gb;
+  gb.input("X", {1, 32, 8, 8});
+  gb.input("R", {1, 48, 8, 8});
+  gb.random("W8", {32, 8, 3, 3}, -0.2f, 0.2f);
+  gb.random("W6", {48, 6, 3, 3}, -0.2f, 0.2f);
+  gb.random("Wr", {48, 6, 3, 3}, -0.2f, 0.2f);
+  gb.node("Conv", {"X", "W8"}, "g8", {{"group", int64_t{4}}, {"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  gb.last().name = "groups_of_8";
+  gb.node("Conv", {"R", "W6"}, "g6", {{"group", int64_t{8}}, {"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  gb.last().name = "groups_of_6";
+  gb.node("FusedConv", {"R", "Wr", "", "R"}, "gr", {{"group", int64_t{8}}, {"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  gb.last().domain = "kiln";
+  gb.last().name = "with_residual";
+  gb.output("g8");
+  gb.output("g6");
+  gb.output("gr");
+  ir::Graph g = gb.build();
+  quantization::QuantizeTarget gpu;
+  gpu.depthwise_convolutions = gpu.gpu_grouped_convolutions = true;
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(g, {{"X", 0.01f}, {"R", 0.01f}}, {}, nullptr, gpu);
+  EXPECT_EQ(r.quantized, 1);
+  ASSERT_EQ(r.kept_float.size(), 2u);
+  EXPECT_NE(r.kept_float[0].find("6 input / 6 output channels per group"), std::string::npos) << r.kept_float[0];
+  EXPECT_NE(r.kept_float[1].find("residual"), std::string::npos) << r.kept_float[1];
+  for (const ir::Node& n : g.nodes)
+    if (n.name == "groups_of_8") EXPECT_EQ(n.op, "QConv");
 }
 
 }  // namespace
