@@ -102,9 +102,10 @@ def test_int8_cpu_engine_resnet18(run_kiln, model_cache, tmp_path):
     assert result.returncode == 0, result.describe()
     m = re.search(r"(\d+) convolutions in INT8 \((\d+) of them matrix products as 1x1 convolutions, (\d+) with the model's "
                   r"int8 weights\)", result.stderr)
-    # The classifier (512 -> 1000, float weights in the QDQ model, its input's scale from a Q/DQ
+    # The 20 convolutions (the 3-channel stem among them) keep the model's int8 weights; the
+    # classifier (512 -> 1000, float weights in the QDQ model, its input's scale from a Q/DQ
     # pair) runs as an INT8 1x1 convolution of 1008 channels, sliced back to 1000.
-    assert m and (m.group(1), m.group(2), m.group(3)) == ("20", "1", "19"), result.stderr
+    assert m and (m.group(1), m.group(2), m.group(3)) == ("21", "1", "20"), result.stderr
     qdq_int8 = np.load(tmp_path / "qdq_int8" / "output.npy")
     print(f"QDQ model as INT8: vs float32 {rel_l2(qdq_int8, fp32):.4f}, vs ONNX Runtime on it {rel_l2(qdq_int8, ort_int8):.4f}, "
           f"vs the calibrated INT8 build {rel_l2(qdq_int8, int8):.4f}")
