@@ -57,7 +57,10 @@ enum class Device { kCpu, kCuda };
 // kInt8: convolutions in INT8 (int8 tensor-core products, int32 sums, a float epilogue that
 // requantizes) where BuildOptions::int8_scales gives their input's scale; every other layer as
 // kFp16 on the GPU and float32 on the CPU (whose INT8 kernels are the exact integer reference).
-enum class Precision { kFp32, kTf32, kFp16, kBest, kInt8 };
+// kFp8: kInt8 with FP8 E4M3 in place of int8 (Hopper's FP8 tensor cores through cuDNN; float32
+// sums), for group-1 convolutions and matrix products with channels in multiples of 16, from
+// the same calibrated scales; the CPU engine runs its float reference.
+enum class Precision { kFp32, kTf32, kFp16, kBest, kInt8, kFp8 };
 const char* to_string(Precision precision);
 
 // The shapes an optimization profile accepts for one input: every dimension d between min[d]

@@ -31,6 +31,8 @@ enum class DType : int32_t {
   kUInt32 = 12,
   kUInt64 = 13,
   kBFloat16 = 16,
+  kFloat8E4M3FN = 17,  // 8-bit float: 4 exponent bits (bias 7), 3 mantissa bits, no infinity,
+                       // largest finite 448, NaN 0x7f/0xff (ONNX's FLOAT8E4M3FN, CUDA's E4M3)
 };
 
 // "float32", "int64", ...; "dtype(N)" for a code kiln does not know.
@@ -129,5 +131,10 @@ float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);
 float bfloat16_to_float(uint16_t b);
 uint16_t float_to_bfloat16(float f);
+// FLOAT8E4M3FN conversion: rounding to nearest, ties to even. Out of range (infinities too):
+// +-448 with `saturate` (ONNX's default for Cast and QuantizeLinear, and what the GPU's
+// conversion with saturation gives), NaN without. NaN stays NaN.
+float float8e4m3fn_to_float(uint8_t b);
+uint8_t float_to_float8e4m3fn(float f, bool saturate = true);
 
 }  // namespace kiln

@@ -87,9 +87,9 @@ py::dict to_dict(const std::map<std::string, Tensor>& tensors) {
 }
 
 Precision parse_precision(const std::string& p) {
-  for (Precision x : {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBest, Precision::kInt8})
+  for (Precision x : {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBest, Precision::kInt8, Precision::kFp8})
     if (p == to_string(x)) return x;
-  throw Error(ErrorKind::kInvalidArgument, "unknown precision '" + p + "' (fp32, tf32, fp16, best or int8)");
+  throw Error(ErrorKind::kInvalidArgument, "unknown precision '" + p + "' (fp32, tf32, fp16, best, int8 or fp8)");
 }
 
 Device parse_device(const std::string& d) {

@@ -69,9 +69,9 @@ def simplify(onnx_path: str, output_path: str) -> tuple[int, int]:
 class Builder:
     """Build options plus calibration, in one place: the Python face of kiln::BuildOptions.
 
-    precision: fp32, tf32, fp16, best or int8; device: cpu or cuda. shapes: {input: shape} fixes
+    precision: fp32, tf32, fp16, best, int8 or fp8; device: cpu or cuda. shapes: {input: shape} fixes
     an input's shape; profiles: a list of {input: (min, opt, max)} (GPU engines then run any shape
-    within one profile). For int8, call calibrate() first or pass int8_scales.
+    within one profile). For int8 and fp8, call calibrate() first or pass int8_scales.
     """
 
     def __init__(self, precision: str = "fp32", device: str = "cpu", shapes: Mapping[str, Sequence[int]] | None = None,
@@ -101,7 +101,7 @@ class Builder:
         return scales
 
     def build(self, model: str) -> Engine:
-        if self.options.precision == "int8" and not self.options.int8_scales:
+        if self.options.precision in ("int8", "fp8") and not self.options.int8_scales:
             raise Error("an int8 build needs INT8 scales: call Builder.calibrate(model, batches) first, "
                         "or pass int8_scales")
         return Engine.from_onnx(model, self.options)

@@ -39,6 +39,7 @@ const char* to_string(Precision precision) {
     case Precision::kFp16: return "fp16";
     case Precision::kBest: return "best";
     case Precision::kInt8: return "int8";
+    case Precision::kFp8: return "fp8";
   }
   return "?";
 }
@@ -105,7 +106,8 @@ cuda::Precision cuda_precision(Precision p) {
     case Precision::kTf32: return cuda::Precision::kTf32;
     case Precision::kFp16:
     case Precision::kBest:
-    case Precision::kInt8: return cuda::Precision::kFp16;  // INT8 layers are kiln::QConv nodes
+    case Precision::kInt8:
+    case Precision::kFp8: return cuda::Precision::kFp16;  // INT8 and FP8 layers are kiln::QConv nodes
   }
   return cuda::Precision::kFp32;
 }
@@ -146,7 +148,7 @@ BuildOptions options_from_header(const nlohmann::json& o) {
   const std::string precision = o.at("precision").get<std::string>();
   options.precision = precision == "fp16" ? Precision::kFp16 : precision == "tf32" ? Precision::kTf32
                       : precision == "best" ? Precision::kBest : precision == "int8" ? Precision::kInt8
-                      : precision == "fp32" ? Precision::kFp32
+                      : precision == "fp8" ? Precision::kFp8 : precision == "fp32" ? Precision::kFp32
                       : throw Error(ErrorKind::kInvalidModel, "the engine file names an unknown precision '" + precision + "'");
   if (o.contains("int8_scales")) options.int8_scales = o.at("int8_scales").get<std::map<std::string, float>>();
   if (o.contains("float_layers")) options.float_layers = o.at("float_layers").get<std::vector<std::string>>();
@@ -210,7 +212,8 @@ ir::Graph optimized_graph(const std::string& model_bytes, const std::string& nam
   if (mark_all)
     for (const ir::Node& n : graph.nodes)
       for (const std::string& out : n.outputs) mark(out);
-  if (options.precision == Precision::kInt8) {
+  if (options.precision == Precision::kInt8 || options.precision == Precision::kFp8) {
+    const bool fp8 = options.precision == Precision::kFp8;
     // The model's own scales first (a QDQ model), calibrated ones for the other values.
     std::map<std::string, float> scales = qdq.activations;
     scales.insert(options.int8_scales.begin(), options.int8_scales.end());
@@ -220,18 +223,26 @@ ir::Graph optimized_graph(const std::string& model_bytes, const std::string& nam
                 "or a model with QuantizeLinear/DequantizeLinear pairs");
     std::set<std::string> pinned(options.float_layers.begin(), options.float_layers.end());
     quantization::QuantizeTarget target;
-    target.grouped_convolutions = options.device == Device::kCpu;
-    target.depthwise_convolutions = true;    // the GPU's INT8 depthwise kernel
-    target.gpu_grouped_convolutions = true;  // and its grouped one
+    if (fp8) {
+      // cuDNN's FP8 engines: group-1 convolutions of 16-channel multiples; both engines build
+      // the same graph.
+      target.format = quantization::QuantizeFormat::kFloat8E4M3;
+      target.few_input_channels = false;
+    } else {
+      target.grouped_convolutions = options.device == Device::kCpu;
+      target.depthwise_convolutions = true;    // the GPU's INT8 depthwise kernel
+      target.gpu_grouped_convolutions = true;  // and its grouped one
+    }
     quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, scales, pinned, &qdq.weights, target);
     int8_kept_float = r.kept_float;
     if (options.log) {
-      options.log("int8: " + std::to_string(r.quantized) + " convolutions in INT8 (" + std::to_string(r.matrix_products) +
+      const std::string tag = fp8 ? "fp8" : "int8", format = fp8 ? "FP8" : "INT8";
+      options.log(tag + ": " + std::to_string(r.quantized) + " convolutions in " + format + " (" + std::to_string(r.matrix_products) +
                   " of them matrix products as 1x1 convolutions, " + std::to_string(r.model_weights) +
-                  " with the model's int8 weights), " + std::to_string(r.int8_values) + " int8 tensors between them (" +
+                  " with the model's int8 weights), " + std::to_string(r.int8_values) + " " + tag + " tensors between them (" +
                   std::to_string(r.int8_pools) + " through MaxPools), " +
                   std::to_string(r.quantize_nodes) + " quantize layers");
-      for (const std::string& k : r.kept_float) options.log("int8: kept in float: " + k);
+      for (const std::string& k : r.kept_float) options.log(tag + ": kept in float: " + k);
     }
   }
   return graph;
@@ -483,7 +494,8 @@ std::vector<LayerInfo> plan_layers(const cuda::ShapePlan& plan) {
 EngineInfo Engine::info() const {
   EngineInfo info;
   info.backend = backend();
-  info.precision = impl_->cpu && impl_->options.precision != Precision::kInt8 ? "fp32" : to_string(impl_->options.precision);
+  const bool quantized = impl_->options.precision == Precision::kInt8 || impl_->options.precision == Precision::kFp8;
+  info.precision = impl_->cpu && !quantized ? "fp32" : to_string(impl_->options.precision);
   info.int8_kept_float = impl_->int8_kept_float;
   if (impl_->cpu) {
     info.device = "cpu";

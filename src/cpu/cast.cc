@@ -1,7 +1,8 @@
 // CPU kernels of Cast, CastLike, Clip and Dropout.
 //
 // Cast converts between every numeric type and bool: float to integer truncates toward zero
-// (as static_cast does), anything to bool is "!= 0", float16/bfloat16 go through float32.
+// (as static_cast does), anything to bool is "!= 0", float16/bfloat16/float8e4m3fn go through
+// float32 (to float8: rounding to nearest even, saturating unless saturate = 0).
 #include <cstring>
 #include <type_traits>
 #include <cmath>
@@ -60,9 +61,9 @@ void convert(const void* src, void* dst, int64_t n) {
   }
 }
 
-bool is_half(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; }
+bool is_half(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat8E4M3FN; }
 
-void cast_tensor(const Tensor& in, Tensor& out) {
+void cast_tensor(const Tensor& in, Tensor& out, bool saturate) {
   const int64_t n = in.numel();
   if (in.dtype() == out.dtype()) {
     if (in.nbytes()) std::memcpy(out.raw(), in.raw(), in.nbytes());
@@ -71,17 +72,26 @@ void cast_tensor(const Tensor& in, Tensor& out) {
   // 16-bit floats: through a float32 buffer.
   if (is_half(in.dtype())) {
     Tensor f(DType::kFloat32, in.shape());
-    const uint16_t* h = static_cast<const uint16_t*>(in.raw());
     float* p = f.data<float>();
-    for (int64_t i = 0; i < n; ++i)
-      p[i] = in.dtype() == DType::kFloat16 ? half_to_float(h[i]) : bfloat16_to_float(h[i]);
-    cast_tensor(f, out);
+    if (in.dtype() == DType::kFloat8E4M3FN) {
+      const uint8_t* b = static_cast<const uint8_t*>(in.raw());
+      for (int64_t i = 0; i < n; ++i) p[i] = float8e4m3fn_to_float(b[i]);
+    } else {
+      const uint16_t* h = static_cast<const uint16_t*>(in.raw());
+      for (int64_t i = 0; i < n; ++i) p[i] = in.dtype() == DType::kFloat16 ? half_to_float(h[i]) : bfloat16_to_float(h[i]);
+    }
+    cast_tensor(f, out, saturate);
     return;
   }
   if (is_half(out.dtype())) {
     Tensor f(DType::kFloat32, out.shape());
-    cast_tensor(in, f);
+    cast_tensor(in, f, saturate);
     const float* p = f.data<float>();
+    if (out.dtype() == DType::kFloat8E4M3FN) {
+      uint8_t* b = static_cast<uint8_t*>(out.raw());
+      for (int64_t i = 0; i < n; ++i) b[i] = float_to_float8e4m3fn(p[i], saturate);
+      return;
+    }
     uint16_t* h = static_cast<uint16_t*>(out.raw());
     for (int64_t i = 0; i < n; ++i)
       h[i] = out.dtype() == DType::kFloat16 ? float_to_half(p[i]) : float_to_bfloat16(p[i]);
@@ -122,9 +132,12 @@ KILN_REGISTER_CPU_KERNELS(cast) {
       if (!castable(to)) return "cannot cast to " + to_string(to);
       return "";
     };
-    e.dtypes = "float16, bfloat16, float32, float64, int8..int64, uint8..uint64, bool";
-    e.create = [](const KernelInit&) {
-      return make_kernel([](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { cast_tensor(*in[0], out[0]); });
+    e.dtypes = "float16, bfloat16, float8e4m3fn, float32, float64, int8..int64, uint8..uint64, bool";
+    e.create = [](const KernelInit& init) {
+      const bool saturate = init.node.attrs.get_int("saturate", 1) != 0;
+      return make_kernel([saturate](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        cast_tensor(*in[0], out[0], saturate);
+      });
     };
     registry.add(std::move(e));
   }

@@ -55,6 +55,37 @@ void dequantize(const ir::Node& node, const Tensor& x, const Tensor& scale, cons
   }
 }
 
+// float8e4m3fn: y = float8(x / scale + zero point), rounded to nearest even, saturating unless
+// saturate = 0; and back, (float(x) - float(zero point)) * scale.
+void quantize_float8(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
+  const ir::QuantizeAxis axis = ir::quantize_axis(node, x.shape(), scale.numel());
+  const bool saturate = node.attrs.get_int("saturate", 1) != 0;
+  const float* in = x.data<float>();
+  const float* s = scale.data<float>();
+  uint8_t* out = static_cast<uint8_t*>(y.raw());
+  const int64_t n = x.numel();
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = (i / axis.inner) % axis.channels;
+    const float z = zp && zp->numel() ? static_cast<float>(zp->value_as_double(zp->numel() == 1 ? 0 : c)) : 0.f;
+    out[i] = float_to_float8e4m3fn(in[i] / s[c] + z, saturate);
+  }
+}
+
+void dequantize_float8(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
+  const ir::QuantizeAxis axis = ir::quantize_axis(node, x.shape(), scale.numel());
+  const uint8_t* in = static_cast<const uint8_t*>(x.raw());
+  const float* s = scale.data<float>();
+  float* out = y.data<float>();
+  const int64_t n = x.numel();
+#pragma omp parallel for if (n > 65536) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = (i / axis.inner) % axis.channels;
+    const float z = zp && zp->numel() ? static_cast<float>(zp->value_as_double(zp->numel() == 1 ? 0 : c)) : 0.f;
+    out[i] = (float8e4m3fn_to_float(in[i]) - z) * s[c];
+  }
+}
+
 template <template <class> class Fn>
 bool dispatch_quantized(DType dtype, const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp,
                         Tensor& y) {
@@ -79,11 +110,12 @@ KILN_REGISTER_CPU_KERNELS(quantize) {
   {
     KernelEntry e;
     e.op = "QuantizeLinear";
-    e.dtypes = "float32 -> int8, uint8, int16, uint16";
+    e.dtypes = "float32 -> int8, uint8, int16, uint16, float8e4m3fn";
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
-        if (!dispatch_quantized<QuantizeFn>(out[0].dtype(), *node, *in[0], *in[1], zero_point_input(in), out[0]))
+        if (out[0].dtype() == DType::kFloat8E4M3FN) quantize_float8(*node, *in[0], *in[1], zero_point_input(in), out[0]);
+        else if (!dispatch_quantized<QuantizeFn>(out[0].dtype(), *node, *in[0], *in[1], zero_point_input(in), out[0]))
           throw node->error(ErrorKind::kUnsupported, "cannot quantize to " + to_string(out[0].dtype()));
       });
     };
@@ -92,11 +124,12 @@ KILN_REGISTER_CPU_KERNELS(quantize) {
   {
     KernelEntry e;
     e.op = "DequantizeLinear";
-    e.dtypes = "int8, uint8, int16, uint16, int32 -> float32";
+    e.dtypes = "int8, uint8, int16, uint16, int32, float8e4m3fn -> float32";
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
-        if (!dispatch_quantized<DequantizeFn>(in[0]->dtype(), *node, *in[0], *in[1], zero_point_input(in), out[0]))
+        if (in[0]->dtype() == DType::kFloat8E4M3FN) dequantize_float8(*node, *in[0], *in[1], zero_point_input(in), out[0]);
+        else if (!dispatch_quantized<DequantizeFn>(in[0]->dtype(), *node, *in[0], *in[1], zero_point_input(in), out[0]))
           throw node->error(ErrorKind::kUnsupported, "cannot dequantize " + to_string(in[0]->dtype()));
       });
     };

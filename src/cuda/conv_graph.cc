@@ -84,7 +84,8 @@ struct ConvGraph::Impl {
 ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-  const cudnnDataType_t in_type = s.int8 ? CUDNN_DATA_INT8 : s.io_type;
+  const bool fp8 = s.int8 && s.quant_type == CUDNN_DATA_FP8_E4M3;
+  const cudnnDataType_t in_type = s.int8 ? s.quant_type : s.io_type;
   const cudnnDataType_t y_type = s.int8 ? s.y_type : s.io_type;
   const cudnnDataType_t z_type = s.int8 ? s.z_type : s.io_type;
   const cudnnDataType_t bias_type = s.int8 ? f32 : s.io_type;
@@ -112,14 +113,18 @@ ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::
   else if (k == "GeluTanh") steps.push_back({CUDNN_POINTWISE_GELU_APPROX_TANH_FWD, 0});
   else if (!k.empty()) throw Error(ErrorKind::kUnsupported, "activation " + k + " has no cuDNN pointwise form");
   if (s.int8 && s.has_out_mult) steps.push_back({CUDNN_POINTWISE_MUL, kOutMult});
+  // E4M3 has no infinity: what cuDNN's conversion does past 448 is not documented, so the value
+  // is clamped first (the op's saturation).
+  if (fp8 && y_type == CUDNN_DATA_FP8_E4M3) steps.push_back({CUDNN_POINTWISE_RELU_FWD, 0, -448.0, 448.0, 0, true});
 
   const std::vector<int64_t> y_strides = strides_for(s.y, s.nhwc);
   auto output_of = [&](bool last) {
     return last ? tensor(kY, y_type, s.y, y_strides, false) : tensor(next_virtual++, f32, s.y, y_strides, true);
   };
 
-  // Convolution (INT8: int32 products into an int32 virtual tensor, as cuDNN's INT8 engines want).
-  const cudnnDataType_t compute = s.int8 ? CUDNN_DATA_INT32 : f32;
+  // Convolution (INT8: int32 products into an int32 virtual tensor, as cuDNN's INT8 engines want;
+  // FP8: float32).
+  const cudnnDataType_t compute = s.int8 && !fp8 ? CUDNN_DATA_INT32 : f32;
   auto conv = std::make_shared<Descriptor>(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   int64_t spatial = 2;
   cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
@@ -132,7 +137,7 @@ ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::
       .set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, s.pads.data());
   conv->finalize();
   DescriptorPtr current = steps.empty() ? output_of(true)
-                          : s.int8     ? tensor(next_virtual++, CUDNN_DATA_INT32, s.y, y_strides, true)
+                          : s.int8     ? tensor(next_virtual++, compute, s.y, y_strides, true)
                                        : output_of(false);
   auto conv_op = std::make_shared<Descriptor>(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
   float alpha = 1.f, beta = 0.f;

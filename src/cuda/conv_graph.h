@@ -1,6 +1,7 @@
 // Convolutions with a fused epilogue through cuDNN's graph (backend) API:
 //   Y = act(conv(X, W) + bias + Z)
-// or, for INT8 (int8 X and W, int32 products; per-channel float32 vectors):
+// or, for INT8 (int8 X and W, int32 products; per-channel float32 vectors; or FP8 E4M3 X and W,
+// float32 products):
 //   Y = act((conv(X, W) * scale + bias + Z) * z_mult) * out_mult      (Y int8 or float16)
 // as one operation graph (a convolution and pointwise ops on virtual float tensors), for
 // which cuDNN's heuristics list engine configurations; each one that finalizes is a tactic
@@ -27,7 +28,10 @@ struct ConvGraphSpec {
   ir::Activation act;
   // INT8: X and W int8 (io_type is ignored), bias float32, Y and Z of these types; the
   // per-channel vectors of the INT8 form above (scale always; z_mult, out_mult optional).
+  // The same with quant_type FP8_E4M3: X and W E4M3, float32 products, and an E4M3 Y
+  // saturated to +-448 before cuDNN converts it.
   bool int8 = false;
+  cudnnDataType_t quant_type = CUDNN_DATA_INT8;
   cudnnDataType_t y_type = CUDNN_DATA_INT8, z_type = CUDNN_DATA_INT8;
   bool has_z_mult = false, has_out_mult = false;
 };

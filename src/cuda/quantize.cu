@@ -7,6 +7,7 @@
 // (float16 or float32, linear or NHWC): an INT8 build quantizes float16 NHWC activations in
 // place of two transposes.
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdint>
@@ -65,6 +66,27 @@ __global__ void dequantize_kernel(const Q* __restrict__ x, float* __restrict__ y
   }
 }
 
+// float8e4m3fn, as the CPU kernel: float8(x / scale + zero point), rounded to nearest even,
+// saturated to +-448 unless saturate = 0 (then NaN, E4M3 having no infinity); and back.
+template <class F>
+__global__ void quantize_fp8_kernel(const F* __restrict__ x, __nv_fp8_storage_t* __restrict__ y, const float* __restrict__ scale,
+                                    const float* __restrict__ zero, int64_t n, int64_t channels, int64_t inner, bool saturate) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = channels == 1 ? 0 : (i / inner) % channels;
+    const float v = __fadd_rn(__fdiv_rn(static_cast<float>(x[i]), scale[c]), zero[c]);
+    y[i] = __nv_cvt_float_to_fp8(v, saturate ? __NV_SATFINITE : __NV_NOSAT, __NV_E4M3);
+  }
+}
+
+__global__ void dequantize_fp8_kernel(const __nv_fp8_storage_t* __restrict__ x, float* __restrict__ y, const float* __restrict__ scale,
+                                      const float* __restrict__ zero, int64_t n, int64_t channels, int64_t inner) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = channels == 1 ? 0 : (i / inner) % channels;
+    const float v = __half2float(__half(__nv_cvt_fp8_to_halfraw(x[i], __NV_E4M3)));
+    y[i] = (v - zero[c]) * scale[c];
+  }
+}
+
 template <class Fn>
 bool dispatch_quantized(DType dtype, Fn&& fn) {
   switch (dtype) {
@@ -119,6 +141,36 @@ std::unique_ptr<Layer> create(const LayerRequest& r, const LayerFormats& formats
   const int64_t n = shape_numel(r.output_shapes[0]);
   const DType qtype = quantize ? r.output_dtypes[0] : r.input_dtypes[0];
   EnqueueFn fn;
+  if (qtype == DType::kFloat8E4M3FN) {
+    std::vector<float> zf(static_cast<size_t>(axis.channels), 0.f);
+    for (int64_t c = 0; c < axis.channels; ++c)
+      if (zp && zp->numel() > 0) zf[static_cast<size_t>(c)] = static_cast<float>(zp->value_as_double(zp->numel() == 1 ? 0 : c));
+    const float* d_zf = static_cast<const float*>(services.upload(zf.data(), zf.size() * sizeof(float)));
+    const bool saturate = r.node.attrs.get_int("saturate", 1) != 0;
+    if (quantize)
+      fn = [=](const LayerIO& io, cudaStream_t stream) {
+        if (n <= 0) return;
+        auto* y = static_cast<__nv_fp8_storage_t*>(io.outputs[0]);
+        if (half)
+          quantize_fp8_kernel<__half><<<grid_for(n), 256, 0, stream>>>(static_cast<const __half*>(io.inputs[0]), y, d_scale, d_zf, n,
+                                                                       axis.channels, axis.inner, saturate);
+        else
+          quantize_fp8_kernel<float><<<grid_for(n), 256, 0, stream>>>(static_cast<const float*>(io.inputs[0]), y, d_scale, d_zf, n,
+                                                                      axis.channels, axis.inner, saturate);
+        KILN_CUDA_CHECK_LAUNCH();
+      };
+    else
+      fn = [=](const LayerIO& io, cudaStream_t stream) {
+        if (n <= 0) return;
+        dequantize_fp8_kernel<<<grid_for(n), 256, 0, stream>>>(static_cast<const __nv_fp8_storage_t*>(io.inputs[0]),
+                                                               static_cast<float*>(io.outputs[0]), d_scale, d_zf, n, axis.channels,
+                                                               axis.inner);
+        KILN_CUDA_CHECK_LAUNCH();
+      };
+    return make_layer(std::string("kernel:") + (quantize ? "quantize " : "dequantize ") + to_string(qtype) +
+                          (axis.channels > 1 ? " per-channel" : ""),
+                      std::move(fn));
+  }
   dispatch_quantized(qtype, [&](auto tag) {
     using Q = decltype(tag);
     if (quantize) {
@@ -176,8 +228,8 @@ KILN_REGISTER_CUDA_LAYERS(quantize) {
     e.check = check_request;
     e.formats = [quantize](const LayerRequest& r) { return formats(r, quantize); };
     e.create = [quantize](const LayerRequest& r, const LayerFormats& f, BuildServices& s) { return create(r, f, s, quantize); };
-    e.dtypes = quantize ? "float32 -> int8, uint8, int16, uint16 (constant scale)"
-                        : "int8, uint8, int16, uint16, int32 -> float32 (constant scale)";
+    e.dtypes = quantize ? "float32 -> int8, uint8, int16, uint16, float8e4m3fn (constant scale)"
+                        : "int8, uint8, int16, uint16, int32, float8e4m3fn -> float32 (constant scale)";
     registry.add(std::move(e));
   }
 }

@@ -48,6 +48,7 @@ struct QConvParams {
   bool depthwise = false;     // group = channels: kiln's depthwise kernel (cuDNN has no INT8 grouped engines)
   bool stem = false;          // 1 to 4 input channels: kiln's stem kernel, int8 NCHW input (int8_stem.h)
   int group_width = 0;        // > 0: other grouped convolutions, kiln's grouped kernel (int8_depthwise.h)
+  DType quantized = DType::kInt8;  // X's (and an 8-bit Y's and Z's) type: int8 or float8e4m3fn
 };
 
 bool homogeneous(const ir::Activation& act) { return act.kind.empty() || act.kind == "Relu" || act.kind == "LeakyRelu"; }
@@ -59,6 +60,14 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
   if (r.has_input(2) && !r.is_constant(2)) return "the bias must be a constant";
   const ir::Node& n = r.node;
   const int64_t group = n.attrs.get_int("group", 1);
+  p.quantized = r.input_dtypes[0];
+  if (p.quantized == DType::kFloat8E4M3FN) {
+    // FP8 runs on cuDNN's FP8 graph engines only: group 1, channels in multiples of 16.
+    if (group != 1) return "grouped FP8 convolutions are not supported on the GPU";
+    if (r.input_shape(0)[1] % 16 != 0 || r.output_shapes[0][1] % 16 != 0) return "FP8 convolutions need multiples of 16 channels";
+  } else if (p.quantized != DType::kInt8) {
+    return "the input of a quantized convolution must be int8 or float8e4m3fn";
+  }
   if (group != 1) {
     const std::vector<int64_t>& ws = r.constants[1]->shape();
     if (ws.size() != 4 || ws[0] % group != 0) return "a grouped convolution's weights must be [M, C / group, kh, kw]";
@@ -92,8 +101,8 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
   p.has_z = r.has_input(3);
   p.z_int8 = p.has_z && n.attrs.get_float("z_scale", 0.f) > 0.f;
   p.y_int8 = n.attrs.get_float("y_scale", 0.f) > 0.f;
-  p.y_storage = p.y_int8 ? DType::kInt8 : r.float_storage();
-  p.z_storage = p.z_int8 ? DType::kInt8 : r.float_storage();
+  p.y_storage = p.y_int8 ? p.quantized : r.float_storage();
+  p.z_storage = p.z_int8 ? p.quantized : r.float_storage();
   const DType z_storage = p.has_z ? p.z_storage : DType::kUndefined;
   if (std::string why; p.depthwise && !int8_depthwise_supported(geo, p.y_storage, z_storage, &why))
     return "depthwise INT8 convolution: " + why;
@@ -105,7 +114,10 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
 }
 
 cudnnDataType_t cudnn_type(DType d) {
-  return d == DType::kInt8 ? CUDNN_DATA_INT8 : d == DType::kFloat16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+  return d == DType::kInt8             ? CUDNN_DATA_INT8
+         : d == DType::kFloat8E4M3FN ? CUDNN_DATA_FP8_E4M3
+         : d == DType::kFloat16      ? CUDNN_DATA_HALF
+                                     : CUDNN_DATA_FLOAT;
 }
 
 class QConvLayer final : public Layer {
@@ -187,6 +199,7 @@ class QConvLayer final : public Layer {
     spec_.dilations = p.dilations;
     spec_.nhwc = true;
     spec_.int8 = true;
+    spec_.quant_type = cudnn_type(p.quantized);
     spec_.y_type = cudnn_type(p.y_storage);
     spec_.z_type = cudnn_type(p.z_storage);
     spec_.has_bias = true;
@@ -219,7 +232,8 @@ class QConvLayer final : public Layer {
     if (p_.stem) return "kernel:int8 stem";
     if (p_.group_width) return "kernel:int8 grouped";
     if (kernel_) return "kernel:int8 " + kernel_->str();
-    return "cudnn:int8 graph " + (graph_ ? graph_->engine_name() : std::string("none"));
+    return std::string(p_.quantized == DType::kInt8 ? "cudnn:int8 graph " : "cudnn:fp8 graph ") +
+           (graph_ ? graph_->engine_name() : std::string("none"));
   }
 
  private:
@@ -248,7 +262,7 @@ class QConvLayer final : public Layer {
       for (int64_t v : d) k << v << ',';
       k << ';';
     };
-    k << "qconv:";
+    k << (p_.quantized == DType::kInt8 ? "qconv:" : "qconv-fp8:");
     dims(p_.x), dims(p_.w), dims(p_.y), dims(p_.pads), dims(p_.strides), dims(p_.dilations);
     k << "act=" << p_.act.kind << ";z=" << (p_.has_z ? to_string(p_.z_storage) : "none") << ";y=" << to_string(p_.y_storage)
       << ";zm=" << spec_.has_z_mult << ";om=" << spec_.has_out_mult;
@@ -262,6 +276,7 @@ class QConvLayer final : public Layer {
     const char* only = std::getenv("KILN_INT8_CONV_TACTIC");
     std::string kernel_why;
     std::vector<Int8ConvTactic> kernels = int8_conv_tactics(p_.geometry, p_.y_storage, z_type(), p_.act, &kernel_why);
+    if (p_.quantized != DType::kInt8) kernels.clear(), kernel_why = "kiln's kernels are INT8";
     if (only && std::string(only) == "cudnn") kernels.clear();
     const bool kernel_ok = !kernels.empty();
     const bool cudnn_ok = !only || std::string(only) != "kernel";
@@ -376,7 +391,7 @@ KILN_REGISTER_CUDA_LAYERS(quantized_conv) {
     plan(r, p);
     LayerFormats f;
     f.inputs.resize(r.inputs.size());  // weights and bias: read at create time
-    f.inputs[0] = Format{DType::kInt8, p.stem ? Layout::kLinear : Layout::kNHWC};  // the stem kernel reads NCHW
+    f.inputs[0] = Format{p.quantized, p.stem ? Layout::kLinear : Layout::kNHWC};  // the stem kernel reads NCHW
     if (p.has_z) f.inputs[3] = Format{p.z_storage, Layout::kNHWC};
     f.outputs = {Format{p.y_storage, Layout::kNHWC}};
     return f;
@@ -387,7 +402,8 @@ KILN_REGISTER_CUDA_LAYERS(quantized_conv) {
     if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
     return std::make_unique<QConvLayer>(r, p, s);
   };
-  e.dtypes = "int8 -> int8, float16 (NHWC; kiln's implicit GEMM or cuDNN's graph API; depthwise, grouped and 1-4 input channels: kiln's kernels)";
+  e.dtypes = "int8 -> int8, float16 (NHWC; kiln's implicit GEMM or cuDNN's graph API; depthwise, grouped and 1-4 input channels: "
+             "kiln's kernels); float8e4m3fn -> float8e4m3fn, float16 (cuDNN's FP8 graph engines)";
   registry.add(std::move(e));
 }
 

@@ -1,6 +1,8 @@
 // Reformat layers (layout change NCHW <-> NHWC and/or a float dtype change) that the builder
 // puts between layers, the random fill for timing buffers, and the host-side conversion of
 // constants to a storage format.
+#include <cuda_fp8.h>
+
 #include <cstring>
 
 #include "cuda/check.h"
@@ -72,6 +74,15 @@ __global__ void fill_random_kernel(T* data, int64_t n, uint32_t seed) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed * 2246822519u;
     h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
     store_float(data, i, static_cast<float>(h) * (2.f / 4294967296.f) - 1.f);
+  }
+}
+
+// E4M3 values in [-8, 8] (FP8 layers' timing inputs; zeros can run faster than real data).
+__global__ void fill_random_fp8_kernel(__nv_fp8_storage_t* data, int64_t n, uint32_t seed) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed * 2246822519u;
+    h ^= h >> 15; h *= 2246822519u; h ^= h >> 13; h *= 3266489917u; h ^= h >> 16;
+    data[i] = __nv_cvt_float_to_fp8(static_cast<float>(h) * (16.f / 4294967296.f) - 8.f, __NV_SATFINITE, __NV_E4M3);
   }
 }
 
@@ -173,6 +184,8 @@ void fill_random(void* data, DType dtype, int64_t n, uint32_t seed, cudaStream_t
     fill_random_kernel<<<grid_for(n, 256, 4), 256, 0, stream>>>(static_cast<__half*>(data), n, seed);
   } else if (dtype == DType::kBFloat16) {
     fill_random_kernel<<<grid_for(n, 256, 4), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(data), n, seed);
+  } else if (dtype == DType::kFloat8E4M3FN) {
+    fill_random_fp8_kernel<<<grid_for(n, 256, 4), 256, 0, stream>>>(static_cast<__nv_fp8_storage_t*>(data), n, seed);
   } else {
     // Integers (indices) and bools: zeros are always valid.
     KILN_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(n) * element_size(dtype), stream));

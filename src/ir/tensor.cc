@@ -24,6 +24,7 @@ std::string to_string(DType dtype) {
     case DType::kUInt32: return "uint32";
     case DType::kUInt64: return "uint64";
     case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat8E4M3FN: return "float8e4m3fn";
   }
   return "dtype(" + std::to_string(static_cast<int32_t>(dtype)) + ")";
 }
@@ -31,7 +32,7 @@ std::string to_string(DType dtype) {
 size_t element_size(DType dtype) {
   switch (dtype) {
     case DType::kFloat32: case DType::kInt32: case DType::kUInt32: return 4;
-    case DType::kUInt8: case DType::kInt8: case DType::kBool: return 1;
+    case DType::kUInt8: case DType::kInt8: case DType::kBool: case DType::kFloat8E4M3FN: return 1;
     case DType::kUInt16: case DType::kInt16: case DType::kFloat16: case DType::kBFloat16: return 2;
     case DType::kInt64: case DType::kUInt64: case DType::kFloat64: return 8;
     case DType::kString: case DType::kUndefined: return 0;
@@ -166,6 +167,7 @@ double Tensor::value_as_double(int64_t i) const {
     case DType::kFloat64: return static_cast<const double*>(p)[i];
     case DType::kFloat16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
     case DType::kBFloat16: return bfloat16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kFloat8E4M3FN: return float8e4m3fn_to_float(static_cast<const uint8_t*>(p)[i]);
     case DType::kInt8: return static_cast<const int8_t*>(p)[i];
     case DType::kUInt8: return static_cast<const uint8_t*>(p)[i];
     case DType::kInt16: return static_cast<const int16_t*>(p)[i];
@@ -278,6 +280,43 @@ uint16_t float_to_bfloat16(float f) {
   if ((x & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((x >> 16) | 0x40);  // NaN
   uint32_t rounding = 0x7fff + ((x >> 16) & 1);
   return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+float float8e4m3fn_to_float(uint8_t b) {
+  const float sign = (b & 0x80) ? -1.f : 1.f;
+  const int e = (b >> 3) & 0xf, m = b & 7;
+  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (e == 0) return sign * std::ldexp(static_cast<float>(m), -9);  // subnormal: m / 8 * 2^-6
+  return sign * std::ldexp(static_cast<float>(8 + m), e - 10);       // (1 + m / 8) * 2^(e - 7)
+}
+
+uint8_t float_to_float8e4m3fn(float f, bool saturate) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80);
+  const uint32_t absx = x & 0x7fffffff;
+  const uint8_t overflow = saturate ? static_cast<uint8_t>(sign | 0x7e) : static_cast<uint8_t>(sign | 0x7f);
+  if (absx > 0x7f800000) return static_cast<uint8_t>(sign | 0x7f);  // NaN
+  if (absx == 0x7f800000) return overflow;
+  const int e = static_cast<int>(absx >> 23) - 127;
+  if (e > 8) return overflow;
+  const uint32_t mant = (absx & 0x7fffff) | (absx >= 0x800000 ? 0x800000u : 0u);  // float32 subnormals: ~0
+  auto round_shift = [](uint32_t v, int shift) {  // v >> shift, rounded to nearest, ties to even
+    if (shift >= 32) return 0u;
+    const uint32_t q = v >> shift, rem = v & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    return q + ((rem > mid || (rem == mid && (q & 1))) ? 1u : 0u);
+  };
+  uint32_t h;
+  if (e < -6) {
+    // Subnormal (or zero): |f| * 2^9 rounded, in units of the smallest subnormal 2^-9; a carry
+    // into 8 is the smallest normal's encoding.
+    h = absx < 0x800000 ? 0u : round_shift(mant, 14 - e);
+  } else {
+    // Normal: exponent e + 7, the top 3 mantissa bits rounded (a carry moves into the exponent).
+    h = (static_cast<uint32_t>(e + 7) << 3) + round_shift(mant & 0x7fffff, 20);
+  }
+  if (h > 0x7e) return overflow;  // 0x7f is NaN; larger exponents do not exist
+  return static_cast<uint8_t>(sign | h);
 }
 
 }  // namespace kiln

@@ -200,7 +200,7 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base
       break;
     }
     case DType::kInt32: case DType::kInt16: case DType::kUInt16: case DType::kInt8:
-    case DType::kUInt8: case DType::kBool: case DType::kFloat16: case DType::kBFloat16: {
+    case DType::kUInt8: case DType::kBool: case DType::kFloat16: case DType::kBFloat16: case DType::kFloat8E4M3FN: {
       check_count(proto, proto.int32_data(), n);
       for (int64_t i = 0; i < n; ++i) {
         int32_t v = proto.int32_data(static_cast<int>(i));
@@ -209,6 +209,7 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base
           case DType::kInt16: t.data<int16_t>()[i] = static_cast<int16_t>(v); break;
           case DType::kInt8: t.data<int8_t>()[i] = static_cast<int8_t>(v); break;
           case DType::kUInt8: t.data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+          case DType::kFloat8E4M3FN: static_cast<uint8_t*>(t.raw())[i] = static_cast<uint8_t>(v); break;  // bit pattern
           case DType::kBool: static_cast<uint8_t*>(t.raw())[i] = v ? 1 : 0; break;
           default: static_cast<uint16_t*>(t.raw())[i] = static_cast<uint16_t>(v); break;  // 16-bit bit patterns
         }

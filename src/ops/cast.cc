@@ -49,7 +49,7 @@ KILN_REGISTER_OPS(cast) {
     OpSchema s;
     s.op = "Cast";
     s.infer = infer_cast;
-    s.limits = "no string or float8 types";
+    s.limits = "no string types; of the float8 types, float8e4m3fn only";
     registry.add(std::move(s));
   }
   {
@@ -57,7 +57,7 @@ KILN_REGISTER_OPS(cast) {
     s.op = "CastLike";
     s.min_inputs = s.max_inputs = 2;
     s.infer = infer_cast;
-    s.limits = "no string or float8 types";
+    s.limits = "no string types; of the float8 types, float8e4m3fn only";
     registry.add(std::move(s));
   }
   {

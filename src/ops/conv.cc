@@ -134,12 +134,13 @@ int64_t conv_output_size(const Node& node, const ConvGeometry& g, int i, int64_t
 void infer_conv(InferContext& ctx, bool transpose, bool quantized) {
   const Node& node = ctx.node;
   const DType x_type = ctx.dtype(0);
-  // A quantized conv (kiln::QConv) reads int8 X and W and a float32 bias; its output type is
+  // A quantized conv (kiln::QConv) reads int8 (or float8e4m3fn) X and W and a float32 bias; its output type is
   // set by its own schema.
   const DType dt = quantized ? DType::kFloat32 : x_type;
   if (quantized) {
-    if (x_type != DType::kInt8) ctx.fail("input X has type " + to_string(x_type) + "; a quantized conv takes int8");
-    if (ctx.dtype(1) != DType::kInt8) ctx.fail("W has type " + to_string(ctx.dtype(1)) + "; a quantized conv takes int8");
+    if (x_type != DType::kInt8 && x_type != DType::kFloat8E4M3FN)
+      ctx.fail("input X has type " + to_string(x_type) + "; a quantized conv takes int8 or float8e4m3fn");
+    if (ctx.dtype(1) != x_type) ctx.fail("W has type " + to_string(ctx.dtype(1)) + "; a quantized conv takes X's type, " + to_string(x_type));
   } else {
     if (!is_float(dt)) ctx.unsupported("input X has type " + to_string(dt) + "; Conv takes floating point");
     if (ctx.dtype(1) != dt)

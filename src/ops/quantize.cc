@@ -41,7 +41,14 @@ void check_scale(InferContext& ctx) {
     ctx.unsupported("scale of type " + to_string(ctx.dtype(1)) + " is not supported (float32 only)");
   if (ctx.shape_known(1) && ctx.shape(1).size() > 1)
     ctx.fail("the scale must be a scalar or 1-D (per channel), has rank " + std::to_string(ctx.shape(1).size()));
-  if (ctx.has_input(2) && ctx.shape_known(2) && ctx.shape_known(1) && ctx.shape(2).size() != ctx.shape(1).size())
+  // A scalar and a one-element 1-D tensor are the same per-tensor parameter (ONNX's own float8
+  // test cases pair them).
+  auto one_element = [&](size_t i) {
+    const Dims& d = ctx.shape(i);
+    return d.empty() || (d.size() == 1 && d[0].known() && d[0].value == 1);
+  };
+  if (ctx.has_input(2) && ctx.shape_known(2) && ctx.shape_known(1) && ctx.shape(2).size() != ctx.shape(1).size() &&
+      !(one_element(1) && one_element(2)))
     ctx.fail("the zero point's shape differs from the scale's");
 }
 
@@ -58,16 +65,16 @@ void infer_quantize(InferContext& ctx) {
     to = static_cast<DType>(code);
   }
   int64_t lo, hi;
-  if (!quantized_range(to, lo, hi))
-    ctx.unsupported("quantizing to " + to_string(to) + " is not supported (int8, uint8, int16, uint16)");
+  if (!quantized_range(to, lo, hi) && to != DType::kFloat8E4M3FN)
+    ctx.unsupported("quantizing to " + to_string(to) + " is not supported (int8, uint8, int16, uint16, float8e4m3fn)");
   ctx.set_output(0, to, ctx.type(0).shape);
 }
 
 void infer_dequantize(InferContext& ctx) {
   check_scale(ctx);
   int64_t lo, hi;
-  if (!quantized_range(ctx.dtype(0), lo, hi) && ctx.dtype(0) != DType::kInt32)
-    ctx.unsupported("dequantizing " + to_string(ctx.dtype(0)) + " is not supported (int8, uint8, int16, uint16, int32)");
+  if (!quantized_range(ctx.dtype(0), lo, hi) && ctx.dtype(0) != DType::kInt32 && ctx.dtype(0) != DType::kFloat8E4M3FN)
+    ctx.unsupported("dequantizing " + to_string(ctx.dtype(0)) + " is not supported (int8, uint8, int16, uint16, int32, float8e4m3fn)");
   if (ctx.has_input(2) && ctx.dtype(2) != ctx.dtype(0))
     ctx.fail("the zero point has type " + to_string(ctx.dtype(2)) + ", the input " + to_string(ctx.dtype(0)));
   ctx.set_output(0, DType::kFloat32, ctx.type(0).shape);
@@ -85,7 +92,7 @@ KILN_REGISTER_OPS(quantize) {
     s.max_inputs = 3;
     s.infer = std::string(op) == "QuantizeLinear" ? infer_quantize : infer_dequantize;
     s.flops = elementwise_flops;
-    s.limits = "float32 data and scales; int8, uint8, int16, uint16 (and int32 for Dequantize); no block_size";
+    s.limits = "float32 data and scales; int8, uint8, int16, uint16, float8e4m3fn (and int32 for Dequantize); no block_size";
     registry.add(std::move(s));
   }
 }

@@ -22,6 +22,12 @@
 //   with 1 / y_scale rounded to float32 once: requantizing multiplies by the reciprocal, as
 //   TensorRT's does, because a division per element made the GPU kernel's epilogue several
 //   times slower (bench/NOTES.md, INT8 version 4).
+//
+//   FP8 (--fp8 on Hopper): X, W, an int8-form Z and Y may instead all be float8e4m3fn (E4M3
+//   values, the same per-tensor and per-channel scales with 448 in place of 127): acc is the
+//   float32 sum of the products of their values, and Y = float8(v * (1 / y_scale)), rounded
+//   to nearest even and saturated to +-448. Float sums are not exact: backends agree to
+//   rounding, not bit for bit.
 #include "ir/activation.h"
 #include "ops/conv_geometry.h"
 
@@ -47,15 +53,16 @@ void infer_qconv(InferContext& ctx) {
       ctx.fail("w_scales has " + std::to_string(w_scales.size()) + " entries but W has " + std::to_string(m.value) +
                " output channels");
   }
+  const DType q = ctx.dtype(0);  // int8 or float8e4m3fn (infer_conv checked)
   if (ctx.has_input(3)) {
     const DType z = ctx.dtype(3);
     const bool z_int8 = node.attrs.get_float("z_scale", 0.f) > 0.f;
-    if (z_int8 ? z != DType::kInt8 : z != DType::kFloat32)
-      ctx.fail("residual Z has type " + to_string(z) + (z_int8 ? "; with z_scale it must be int8" : "; without z_scale it must be float32"));
+    if (z_int8 ? z != q : z != DType::kFloat32)
+      ctx.fail("residual Z has type " + to_string(z) + (z_int8 ? "; with z_scale it must be X's type, " + to_string(q) : "; without z_scale it must be float32"));
     if (ctx.shape_known(3) && y.shape && ctx.shape(3).size() != y.shape->size())
       ctx.fail("residual Z has shape " + dims_to_string(ctx.shape(3)) + " but the output is " + dims_to_string(*y.shape));
   }
-  y.dtype = y_scale > 0.f ? DType::kInt8 : DType::kFloat32;
+  y.dtype = y_scale > 0.f ? q : DType::kFloat32;
 }
 
 }  // namespace

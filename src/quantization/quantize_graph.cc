@@ -51,8 +51,10 @@ std::string why_float(const ir::Graph& g, const ir::Node& n, const std::map<std:
   if (group == 1 && (in_c % 16 != 0 || out_c % 16 != 0)) {
     const bool stem = target.few_input_channels && in_c <= 4 && out_c % 16 == 0;
     if (!stem)
-      return std::to_string(in_c) + " input / " + std::to_string(out_c) + " output channels (INT8 needs multiples of 16, " +
-             "or 1 to 4 input channels)";
+      return std::to_string(in_c) + " input / " + std::to_string(out_c) + " output channels (" +
+             (target.format == QuantizeFormat::kFloat8E4M3 ? "FP8 needs multiples of 16)"
+              : target.few_input_channels                 ? "INT8 needs multiples of 16, or 1 to 4 input channels)"
+                                                          : "INT8 needs multiples of 16)");
     if (w->numel() / (out_c * in_c) > 64) return "a filter of more than 64 taps over " + std::to_string(in_c) + " input channels";
     if (n.has_input(3)) return "a residual input to a convolution of " + std::to_string(in_c) + " input channels";
   }
@@ -81,12 +83,27 @@ void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64
     q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(w[i] / scales[(i / inner) % channels]), -127.f, 127.f));
 }
 
+void quantize_per_channel_float8(const float* w, int64_t count, int64_t channels, int64_t inner, uint8_t* q, float* scales) {
+  std::fill(scales, scales + channels, 0.f);
+  for (int64_t i = 0; i < count; ++i) {
+    float& s = scales[(i / inner) % channels];
+    s = std::max(s, std::fabs(w[i]));
+  }
+  for (int64_t c = 0; c < channels; ++c) scales[c] = scales[c] > 0 ? scales[c] / 448.f : 1.f;
+  for (int64_t i = 0; i < count; ++i) q[i] = float_to_float8e4m3fn(w[i] / scales[(i / inner) % channels]);
+}
+
 QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, float>& calibrated,
                                    const std::set<std::string>& pinned,
                                    const std::map<std::string, QdqWeight>* model_weights, const QuantizeTarget& target) {
   QuantizeGraphReport report;
   std::map<std::string, float> scales = calibrated;  // and those of the values the rewrite adds
   report.matrix_products = rewrite_gemms_as_convs(g, scales, pinned, epilogue_has, report.kept_float);
+  const bool fp8 = target.format == QuantizeFormat::kFloat8E4M3;
+  const DType q_type = fp8 ? DType::kFloat8E4M3FN : DType::kInt8;
+  // Calibrated scales map the threshold to 127; E4M3's largest value is 448.
+  if (fp8)
+    for (auto& [name, scale] : scales) scale *= 127.f / 448.f;
   std::set<size_t> chosen;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const ir::Node& n = g.nodes[i];
@@ -111,6 +128,7 @@ QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, flo
     return true;
   };
   auto int8_max_pool = [&](int c, const std::string& v) {
+    if (fp8) return false;  // E4M3 bytes do not order as their values (sign and magnitude)
     const ir::Node& r = g.nodes[static_cast<size_t>(c)];
     if (r.op != "MaxPool" || !r.domain.empty() || r.inputs.empty() || r.inputs[0] != v) return false;
     for (size_t k = 1; k < r.outputs.size(); ++k)  // Indices, if asked for, must go unused
@@ -156,17 +174,17 @@ QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, flo
     if (done != quantized_inputs.end()) return done->second;
     Tensor s = scalar(DType::kFloat32);
     *s.data<float>() = scales.at(x);
-    Tensor zp = scalar(DType::kInt8);
-    *zp.data<int8_t>() = 0;
+    Tensor zp = scalar(q_type);
+    *static_cast<uint8_t*>(zp.raw()) = 0;  // 0 in int8 and in E4M3
     ir::Node q;
     q.op = "QuantizeLinear";
     q.name = g.unique_name(x + "_quantize");
     q.inputs = {x, g.add_constant(x + "_scale", std::move(s)), g.add_constant(x + "_zero_point", std::move(zp))};
-    q.outputs = {g.unique_name(x + "_int8")};
+    q.outputs = {g.unique_name(x + (fp8 ? "_fp8" : "_int8"))};
     ir::Value v;
     v.name = q.outputs[0];
     v.type = g.value(x).type;
-    v.type.dtype = DType::kInt8;
+    v.type.dtype = q_type;
     g.set_value(v);
     added.push_back(q);
     ++report.quantize_nodes;
@@ -177,10 +195,10 @@ QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, flo
     ir::Node& n = g.nodes[i];
     const Tensor& w = *g.constant(n.inputs[1]);
     const int64_t out_c = w.dim(0);
-    Tensor wq(DType::kInt8, w.shape());
+    Tensor wq(q_type, w.shape());
     std::vector<float> w_scales(static_cast<size_t>(out_c));
     const QdqWeight* given = nullptr;
-    if (model_weights) {
+    if (model_weights && !fp8) {
       auto it = model_weights->find(n.inputs[1]);
       if (it != model_weights->end() && it->second.values.shape() == w.shape() &&
           std::memcmp(it->second.values.raw(), w.raw(), w.nbytes()) == 0)
@@ -194,20 +212,23 @@ QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, flo
         wq.data<int8_t>()[e] = static_cast<int8_t>(
             std::clamp(std::nearbyint(w.data<float>()[e] / w_scales[static_cast<size_t>(e / inner)]), -128.f, 127.f));
       ++report.model_weights;
+    } else if (fp8) {
+      quantize_per_channel_float8(w.data<float>(), w.numel(), out_c, w.numel() / out_c, static_cast<uint8_t*>(wq.raw()),
+                                  w_scales.data());
     } else {
       quantize_per_channel(w.data<float>(), w.numel(), out_c, w.numel() / out_c, wq.data<int8_t>(), w_scales.data());
     }
 
     const std::string x = n.inputs[0];
     n.inputs[0] = int8_values.count(x) ? x : quantized_input(x);
-    n.inputs[1] = g.add_constant(n.name + "_weight_int8", std::move(wq));
+    n.inputs[1] = g.add_constant(n.name + (fp8 ? "_weight_fp8" : "_weight_int8"), std::move(wq));
     n.attrs.set("x_scale", scales.at(x));
     n.attrs.set("w_scales", w_scales);
     if (n.has_input(3) && int8_values.count(n.inputs[3])) n.attrs.set("z_scale", scales.at(n.inputs[3]));
     const std::string& y = n.outputs[0];
     if (int8_values.count(y)) {
       n.attrs.set("y_scale", scales.at(y));
-      g.value(y).type.dtype = DType::kInt8;
+      g.value(y).type.dtype = q_type;
     }
     if (n.op == "Conv") ir::Activation{}.store(n);
     n.op = "QConv";

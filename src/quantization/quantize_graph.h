@@ -38,8 +38,14 @@ struct QuantizeGraphReport {
   std::vector<std::string> kept_float;  // "node: why", for convs left in float
 };
 
+// The 8-bit format of the quantized convolutions: INT8, or FP8 E4M3 (Hopper's tensor cores
+// multiply it; weights per output channel at max |w| / 448, activations at the calibrated
+// threshold / 448; the same kiln::QConv with float8e4m3fn tensors).
+enum class QuantizeFormat { kInt8, kFloat8E4M3 };
+
 // What the target engine runs in INT8 beyond the common case.
 struct QuantizeTarget {
+  QuantizeFormat format = QuantizeFormat::kInt8;
   // Grouped and depthwise convolutions, with any channel counts: the CPU engine's integer
   // reference runs them.
   bool grouped_convolutions = false;
@@ -69,5 +75,7 @@ QuantizeGraphReport quantize_graph(ir::Graph& graph, const std::map<std::string,
 // values whose index / inner % channels == c). Writes q (same size) and one scale per channel
 // (max|row| / 127; 1 for an all-zero row).
 void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64_t inner, int8_t* q, float* scales);
+// The same for FP8: scale max|row| / 448, values rounded to E4M3 (nearest even).
+void quantize_per_channel_float8(const float* w, int64_t count, int64_t channels, int64_t inner, uint8_t* q, float* scales);
 
 }  // namespace kiln::quantization

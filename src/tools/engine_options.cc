@@ -32,6 +32,9 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_flag("--int8", int8,
                 "INT8 convolutions from calibrated scales (--calib or --calib-cache); other layers fp16 on the GPU, "
                 "float32 on the CPU");
+  cmd->add_flag("--fp8", fp8,
+                "FP8 (E4M3) convolutions on Hopper's FP8 tensor cores from the same calibrated scales as --int8; "
+                "other layers fp16 (the CPU engine runs the float reference)");
   cmd->add_option("--calib", calib_data, "INT8 calibration data: a .npy file (split into --calib-batch rows), a folder of .npy batches or of images, or fashion-mnist");
   cmd->add_option("--calib-algo", calib_algo, "entropy (KL divergence, as TensorRT), minmax or percentile")->capture_default_str();
   cmd->add_option("--calib-percentile", calib_percentile, "For --calib-algo percentile: the share of |x| kept, in %")
@@ -75,8 +78,9 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
 
 Precision EngineOptions::precision() const {
   int n = fp16 + tf32 + fp32 + best;
-  if (n + int8 > 1) throw Error(ErrorKind::kInvalidArgument, "give one of --fp16, --tf32, --fp32, --best, --int8");
+  if (n + int8 + fp8 > 1) throw Error(ErrorKind::kInvalidArgument, "give one of --fp16, --tf32, --fp32, --best, --int8, --fp8");
   if (int8) return Precision::kInt8;
+  if (fp8) return Precision::kFp8;
   if (fp16) return Precision::kFp16;
   if (tf32) return Precision::kTf32;
   if (best) return Precision::kBest;
@@ -91,9 +95,12 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   b.timing_cache = timing_cache;
   b.allow_cpu_fallback = allow_cpu_fallback;
   b.mark_outputs = mark_outputs;
-  if (!int8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty() || accuracy_budget >= 0))
+  if (!int8 && !fp8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty() || accuracy_budget >= 0))
     throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache, --layer-precision and --accuracy-budget are for INT8 builds")
-        .hint("add --int8");
+        .hint("add --int8 (or --fp8)");
+  if (fp8 && accuracy_budget >= 0)
+    throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget measures INT8 layers; it is not available with --fp8")
+        .hint("pin sensitive layers with --layer-precision NAME=fp16, or use --int8 --accuracy-budget");
   for (const std::string& lp : layer_precision) {
     const size_t eq = lp.rfind('=');
     const std::string p = eq == std::string::npos ? "" : lp.substr(eq + 1);
@@ -112,12 +119,12 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   if (has_profiles()) b.profiles = parse_profiles(min_shapes, opt_shapes, max_shapes);
   b.profile_timing_step = profile_timing_step;
   if (b.device == Device::kCpu) {
-    if (precision() != Precision::kFp32 && precision() != Precision::kInt8)
-      throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32 or INT8 (--int8) only");
+    if (precision() != Precision::kFp32 && precision() != Precision::kInt8 && precision() != Precision::kFp8)
+      throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32, INT8 (--int8) or its FP8 reference (--fp8) only");
     if (has_profiles())
       throw Error(ErrorKind::kInvalidArgument, "--min-shapes/--opt-shapes/--max-shapes are for GPU engines: the CPU engine "
                                                "runs any input shape");
-    if (int8) add_int8(model, b);
+    if (int8 || fp8) add_int8(model, b);
     return b;
   }
   ShapeBindings bindings;
@@ -147,7 +154,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     }
     b.input_shapes[in] = resolve_shape(in, shape, names, bindings, 1, defaulted);
   }
-  if (int8) add_int8(model, b);
+  if (int8 || fp8) add_int8(model, b);
   return b;
 }
 

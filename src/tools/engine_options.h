@@ -29,6 +29,7 @@ struct EngineOptions {
   // INT8: calibration data or a cache (see quantization/calibrate_model.h), and layers pinned
   // to float (--layer-precision NAME=fp16).
   bool int8 = false;
+  bool fp8 = false;  // --fp8: the INT8 pipeline with FP8 E4M3 convolutions (Hopper)
   std::string calib_data, calib_algo = "entropy", calib_cache;
   int calib_batches = 0, calib_batch = 8;
   double calib_percentile = 99.99;

@@ -154,6 +154,68 @@ TEST(QConv, FloatResidualFloatOutputNoActivation) {
   check_case(c, 4);
 }
 
+// FP8: random E4M3 X, W and residual, the float32 sums taken in the kernel's order (c, then
+// the taps): E4M3 products are exact in float32, so the reference gives the same sums and the
+// same E4M3 outputs, bit for bit.
+Tensor random_float8(std::vector<int64_t> shape, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(0, 255);
+  Tensor t(DType::kFloat8E4M3FN, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    int b = dist(rng);
+    if ((b & 0x7f) > 0x5f) b &= 0xcf;  // no NaN, and |values| at most 15 so sums stay moderate
+    static_cast<uint8_t*>(t.raw())[i] = static_cast<uint8_t>(b);
+  }
+  return t;
+}
+
+TEST(QConv, Float8MatchesItsDefinition) {
+  const int64_t n = 2, c = 16, h = 7, w = 9, m = 32, k = 3;
+  Tensor x = random_float8({n, c, h, w}, 41), wt = random_float8({m, c, k, k}, 42), z = random_float8({n, m, h, w}, 43);
+  Tensor b = testing::random_tensor({m}, 44);
+  std::vector<float> w_scales(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) w_scales[static_cast<size_t>(i)] = 0.01f + 0.001f * static_cast<float>(i);
+  const float x_scale = 0.05f, z_scale = 0.3f, y_scale = 0.2f;
+  ir::Node node;
+  node.op = "QConv";
+  node.domain = "kiln";
+  node.attrs.set("kernel_shape", std::vector<int64_t>{k, k});
+  node.attrs.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+  node.attrs.set("activation", std::string("Relu"));
+  node.attrs.set("x_scale", x_scale);
+  node.attrs.set("w_scales", w_scales);
+  node.attrs.set("z_scale", z_scale);
+  node.attrs.set("y_scale", y_scale);
+  Tensor got = testing::run_single_node(node, {{"X", x}, {"W", wt, true}, {"B", b, true}, {"Z", z}});
+  ASSERT_EQ(got.dtype(), DType::kFloat8E4M3FN);
+  auto f8 = [](const Tensor& t, int64_t i) { return float8e4m3fn_to_float(static_cast<const uint8_t*>(t.raw())[i]); };
+  int64_t differ = 0, saturated = 0, zeros = 0;
+  for (int64_t img = 0; img < n; ++img)
+    for (int64_t o = 0; o < m; ++o)
+      for (int64_t i = 0; i < h; ++i)
+        for (int64_t j = 0; j < w; ++j) {
+          float acc = 0.f;
+          for (int64_t ch = 0; ch < c; ++ch)
+            for (int64_t a = 0; a < k; ++a)
+              for (int64_t e = 0; e < k; ++e) {
+                const int64_t yi = i - 1 + a, xj = j - 1 + e;
+                if (yi < 0 || yi >= h || xj < 0 || xj >= w) continue;
+                acc += f8(x, ((img * c + ch) * h + yi) * w + xj) * f8(wt, ((o * c + ch) * k + a) * k + e);
+              }
+          const int64_t at = ((img * m + o) * h + i) * w + j;
+          float v = std::fma(acc, x_scale * w_scales[static_cast<size_t>(o)], b.data<float>()[o]) + f8(z, at) * z_scale;
+          v = v > 0.f ? v : 0.f;
+          const uint8_t want = float_to_float8e4m3fn(v * (1.f / y_scale));
+          const uint8_t have = static_cast<const uint8_t*>(got.raw())[at];
+          differ += want != have;
+          saturated += (have & 0x7f) == 0x7e;
+          zeros += have == 0;
+        }
+  EXPECT_EQ(differ, 0) << "of " << got.numel();
+  EXPECT_LT(saturated, got.numel() / 10);  // the outputs use the range, not only its ends
+  EXPECT_LT(zeros, got.numel() * 7 / 10);
+}
+
 TEST(QConv, SchemaRejectsFloatInputsAndBadScales) {
   testing::GraphBuilder gb;
   gb.input("X", {1, 16, 4, 4});  // float32: a quantized conv takes int8
@@ -532,6 +594,47 @@ TEST(QuantizeGraph, DepthwiseConvolutionsForTargetsThatRunThem) {
   const double err = relative_l2(cpu::CpuEngine(q).run({{"X", x}}).at("out"), cpu::CpuEngine(g).run({{"X", x}}).at("out"));
   EXPECT_LT(err, 0.03) << "INT8 moved the output too far";
   EXPECT_GT(err, 0.0) << "the output is exactly the float one: was it quantized?";
+}
+
+// --fp8: the same residual chain with E4M3 tensors: both convolutions quantized, the value
+// between them stays float8e4m3fn, the image stem and pools stay float, and the output moves
+// by about E4M3's rounding (3 mantissa bits) from float32's.
+TEST(QuantizeGraph, Float8FormatKeepsE4M3BetweenConvs) {
+  testing::GraphBuilder gb;
+  gb.input("X", {2, 16, 8, 8});
+  gb.random("W1", {16, 16, 3, 3}, -0.2f, 0.2f);
+  gb.random("B1", {16}, -0.1f, 0.1f);
+  gb.random("W2", {16, 16, 1, 1}, -0.3f, 0.3f);
+  gb.random("B2", {16}, -0.1f, 0.1f);
+  gb.node("FusedConv", {"X", "W1", "B1"}, "y1", {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"activation", std::string("Relu")}});
+  gb.last().domain = "kiln";
+  gb.node("FusedConv", {"y1", "W2", "B2", "y1"}, "y2", {{"activation", std::string("Relu")}});
+  gb.last().domain = "kiln";
+  gb.node("GlobalAveragePool", {"y2"}, "out");
+  gb.output("out");
+  ir::Graph g = gb.build();
+  Tensor x = testing::random_tensor({2, 16, 8, 8}, 17);
+  ir::Graph probe = g;
+  probe.outputs = {"out", "y1", "y2"};
+  auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
+  std::map<std::string, float> scales = {{"X", amax(x) / 127.f}, {"y1", amax(ranges.at("y1")) / 127.f},
+                                         {"y2", amax(ranges.at("y2")) / 127.f}};
+  ir::Graph q = g;
+  quantization::QuantizeTarget fp8;
+  fp8.format = quantization::QuantizeFormat::kFloat8E4M3;
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales, {}, nullptr, fp8);
+  EXPECT_EQ(r.quantized, 2);
+  EXPECT_EQ(q.value("y1").type.dtype, DType::kFloat8E4M3FN);
+  for (const ir::Node& n : q.nodes)
+    if (n.op == "QConv") {
+      EXPECT_EQ(q.value(n.inputs[1]).type.dtype, DType::kFloat8E4M3FN);
+      if (n.outputs[0] == "y2") EXPECT_FLOAT_EQ(n.attrs.get_float("x_scale", 0.f), scales["y1"] * 127.f / 448.f);
+    }
+  ir::infer_shapes(q);
+  const Tensor want = cpu::CpuEngine(g).run({{"X", x}}).at("out");
+  const double err = relative_l2(cpu::CpuEngine(q).run({{"X", x}}).at("out"), want);
+  EXPECT_LT(err, 0.06) << "FP8 moved the output too far";
+  EXPECT_GT(err, 0.0);
 }
 
 // The GPU's grouped kernel takes 4, 8, 16, 32 or 64 channels per group in and out, with
