@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""The INT8 issue's criteria, measured in one run on one GPU (issue 4, item 7).
+"""The INT8 issue's criteria, measured in one run on one GPU (issue 4, item 7), and FP8 beside them.
 
     python3 bench/int8_bench.py --out DIR [--model resnet50] [--batches 1,128] [--rounds 3]
                                 [--calib-images 512] [--fashion-mnist-dir DIR]
 
 1. Calibration: `kiln calibrate MODEL --calib calib.npy --batch 32 --device cuda` over
    --calib-images random inputs (the export's own input maker), wall time of the command.
-2. Engines from that cache: `kiln build --int8 --calib-cache ...` and `kiln build --fp16` per
-   batch, `kiln build --fp32` once (for the engine-file sizes), with their build times.
-3. Latency: `kiln bench ENGINE` of the INT8 and fp16 engines in alternating rounds (the order
-   flips every round); each configuration's figure is the mean of its rounds' medians.
+2. Engines from that cache: `kiln build --int8 --calib-cache ...`, `--fp8 --calib-cache ...`
+   and `kiln build --fp16` per batch, `kiln build --fp32` once (for the engine-file sizes), with
+   their build times (--no-fp8 leaves FP8 out).
+3. Latency: `kiln bench ENGINE` of the INT8, FP8 and fp16 engines in alternating rounds (the
+   order rotates every round); each configuration's figure is the mean of its rounds' medians.
    torch.compile(mode="reduce-overhead") fp16 channels-last in the same run (gpu_bench.py's timing).
 4. Accuracy on real data: `kiln eval models/fashion_mnist_resnet.onnx --dataset fashion-mnist
-   --device cuda` in fp32 and INT8 (calibrated on 512 train images), top-1 over the 10k test split.
+   --device cuda` in fp32, INT8 and FP8 (calibrated on 512 train images), top-1 over the 10k
+   test split.
 Writes DIR/int8_bench.json with every figure and the criteria, and prints a table; commit the
 JSON under bench/results/.
 """
@@ -65,6 +67,7 @@ def main() -> None:
     ap.add_argument("--fashion-mnist-dir", default=os.environ.get("KILN_FASHION_MNIST_DIR", ""),
                     help="Fashion-MNIST's idx files (default: $KILN_FASHION_MNIST_DIR, else Debian's)")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--no-fp8", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.fashion_mnist_dir:
@@ -96,16 +99,18 @@ def main() -> None:
     # 2. Engine files.
     engines: dict[str, str] = {}
     builds = {}
-    for prec in ("int8", "fp16"):
+    precisions = ("int8", "fp16") if args.no_fp8 else ("int8", "fp16", "fp8")
+    for prec in precisions:
         for b in batches:
             path = os.path.join(args.out, f"{args.model}_{prec}_b{b}.engine")
-            extra = ["--calib-cache", cache] if prec == "int8" else []
+            extra = ["--calib-cache", cache] if prec in ("int8", "fp8") else []
             builds[f"{prec}_b{b}_s"], _ = timed([kiln, "build", model, f"--{prec}", "--batch", str(b), "-o", path, *extra])
             engines[f"{prec}_b{b}"] = path
     fp32_engine = os.path.join(args.out, f"{args.model}_fp32_b{batches[0]}.engine")
     builds[f"fp32_b{batches[0]}_s"], _ = timed([kiln, "build", model, "--fp32", "--batch", str(batches[0]), "-o", fp32_engine])
-    sizes = {"fp32": os.path.getsize(fp32_engine), "int8": os.path.getsize(engines[f"int8_b{batches[0]}"]),
-             "fp16": os.path.getsize(engines[f"fp16_b{batches[0]}"])}
+    sizes = {"fp32": os.path.getsize(fp32_engine)}
+    for prec in precisions:
+        sizes[prec] = os.path.getsize(engines[f"{prec}_b{batches[0]}"])
     results["builds"] = builds
     results["engine_bytes"] = sizes
 
@@ -113,7 +118,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {k: [] for k in engines}
     for rnd in range(args.rounds):
         for b in batches:
-            order = ("int8", "fp16") if rnd % 2 == 0 else ("fp16", "int8")
+            order = precisions[rnd % len(precisions):] + precisions[:rnd % len(precisions)]
             for prec in order:
                 key = f"{prec}_b{b}"
                 runs[key].append(bench_engine(engines[key], b, args.out, f"{key}_r{rnd}"))
@@ -131,6 +136,9 @@ def main() -> None:
         "fp32": evaluate([], args.out, "fp32"),
         "int8": evaluate(["--int8", "--calib", "fashion-mnist", "--calib-batches", "8", "--calib-batch", "64"], args.out, "int8"),
     }
+    if not args.no_fp8:
+        results["fashion_mnist"]["fp8"] = evaluate(["--fp8", "--calib", "fashion-mnist", "--calib-batches", "8", "--calib-batch",
+                                                    "64"], args.out, "fp8")
 
     # The criteria of the issue.
     lo, hi = min(batches), max(batches)
@@ -145,6 +153,9 @@ def main() -> None:
     ]
     results["criteria"] = [{"name": n, "value": v, "target": f"{op} {t}", "met": (v >= t if op == ">=" else v <= t)}
                            for n, v, op, t in criteria]
+    if not args.no_fp8:  # FP8 is offered where it is faster than fp16: these say where
+        results["fp8"] = {f"fp16_over_fp8_b{b}": ms(f"fp16_b{b}") / ms(f"fp8_b{b}") for b in batches}
+        results["fp8"].update({f"int8_over_fp8_b{b}": ms(f"int8_b{b}") / ms(f"fp8_b{b}") for b in batches})
     with open(os.path.join(args.out, "int8_bench.json"), "w") as f:
         json.dump(results, f, indent=1)
 
@@ -155,8 +166,10 @@ def main() -> None:
               f"  mean {v['mean_of_medians_ms']:.4f}")
     for r in results.get("torch", []):
         print(f"torch.compile b{r['batch']}: {r['median_ms']:.4f} ms")
-    print(f"engine files: fp32 {sizes['fp32'] / 1e6:.1f} MB, fp16 {sizes['fp16'] / 1e6:.1f} MB, int8 {sizes['int8'] / 1e6:.1f} MB")
-    print(f"fashion-mnist top-1: fp32 {fm['fp32']['top1']:.4f}, int8 {fm['int8']['top1']:.4f}")
+    print("engine files: " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sizes.items()))
+    print("fashion-mnist top-1: " + ", ".join(f"{k} {v['top1']:.4f}" for k, v in fm.items()))
+    for k, v in results.get("fp8", {}).items():
+        print(f"{k:<40}{v:>10.4f}")
     for c in results["criteria"]:
         print(f"{c['name']:<40}{c['value']:>10.4f}  target {c['target']:<8} {'met' if c['met'] else 'NOT MET'}")
 

@@ -404,3 +404,42 @@ def test_gpu_calibration_histograms_match_cpu(algo, kiln_bin, tmp_path):
     print(algo, scales["cuda"])
     assert len(scales["cuda"]) >= 3  # x, the pool, the sum (the ReLU may be fused into the Add)
     assert scales["cuda"] == scales["cpu"]
+
+
+@pytest.mark.parametrize("name,size", [("block", 12), ("resnet50", 224)])
+def test_fp8_gpu_matches_cpu_reference(name, size, kiln_bin, model_cache, tmp_path):
+    """--fp8: cuDNN's FP8 (E4M3) engines against the CPU engine's float reference of the same
+    graph and scales. Float sums in another order round some E4M3 values to the neighbouring
+    step, so the two agree to E4M3's rounding (a block) or to FP8's own error against float32
+    (a whole random-weight ResNet), not bit for bit; the build says the layers run on FP8 graphs."""
+    if name == "block":
+        path = str(tmp_path / "block.onnx")
+        block_model(path)
+        rng = np.random.default_rng(5)
+        calib = str(tmp_path / "calib.npy")
+        np.save(calib, rng.standard_normal((32, 16, 12, 12)).astype(np.float32))
+        x, names, out = [rng.standard_normal((8, 16, 12, 12)).astype(np.float32)], ["x"], "y2"
+        common = ["--fp8", "--calib", calib, "--calib-batch", "8", "--calib-cache", str(tmp_path / "block.calib")]
+    else:
+        path = exported_model(model_cache, E2eModel(name, size), "torchscript")
+        make = export_model.input_maker(name, size=size)
+        calib = str(tmp_path / "calib.npy")
+        np.save(calib, make(16, seed=21)[0])
+        x, names, out = make(8, seed=22), ["input"], None
+        common = ["--fp8", "--calib", calib, "--calib-cache", str(tmp_path / f"{name}.calib")]
+    cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
+    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
+    fp32 = run_kiln(kiln_bin, path, x, names, str(tmp_path / "fp32"), "--device", "cpu")
+    out = out or next(iter(cpu))
+    err, gpu_fp8, cpu_fp8 = rel_l2(gpu[out], cpu[out]), rel_l2(gpu[out], fp32[out]), rel_l2(cpu[out], fp32[out])
+    print(f"{name} fp8: GPU vs CPU {err:.4f}; GPU vs fp32 {gpu_fp8:.4f}; CPU vs fp32 {cpu_fp8:.4f}")
+    assert np.isfinite(gpu[out]).all()
+    assert 0 < cpu_fp8 < (0.1 if name == "block" else 0.5)  # it was quantized, and sensibly
+    assert gpu_fp8 <= GPU_ERROR_FACTOR * cpu_fp8
+    if name == "block":
+        assert err <= 0.05
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
+                           capture_output=True, text=True, timeout=600)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    assert "cudnn:fp8 graph" in log, log
