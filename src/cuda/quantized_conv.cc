@@ -125,7 +125,7 @@ class QConvLayer final : public Layer {
   QConvLayer(const LayerRequest& r, const QConvParams& p, BuildServices& services) : p_(p) {
     const ir::Node& n = r.node;
     const int64_t K = p.w[0], C = p.w[1], R = p.w[2], S = p.w[3];
-    const int8_t* w = r.constants[1]->data<int8_t>();
+    const int8_t* w = static_cast<const int8_t*>(r.constants[1]->raw());  // int8 or E4M3 bytes
     if (p.depthwise) {
       // Depthwise weights [K, 1, R, S] -> tap-major [R * S][K].
       const std::vector<int8_t> taps = depthwise_weights(w, static_cast<int>(K), static_cast<int>(R), static_cast<int>(S));
