@@ -28,6 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dynamic_bench  # noqa: E402  (bench_engine)
 import gpu_bench  # noqa: E402  (export, run, torch_peers, kiln_bin)
 
 ROOT = gpu_bench.ROOT
@@ -37,14 +38,6 @@ def timed(cmd: list[str]) -> tuple[float, str]:
     t0 = time.time()
     r = gpu_bench.run(cmd)
     return time.time() - t0, r.stdout
-
-
-def bench_engine(engine: str, batch: int, out: str, tag: str) -> dict:
-    js = os.path.join(out, f"bench_{tag}.json")
-    r = gpu_bench.run([gpu_bench.kiln_bin(), "bench", engine, "--batches", str(batch), "--json", js])
-    print(r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "", flush=True)
-    with open(js) as f:
-        return json.load(f)["results"][0]
 
 
 def evaluate(args: list[str], out: str, tag: str) -> dict:
@@ -121,7 +114,7 @@ def main() -> None:
             order = precisions[rnd % len(precisions):] + precisions[:rnd % len(precisions)]
             for prec in order:
                 key = f"{prec}_b{b}"
-                runs[key].append(bench_engine(engines[key], b, args.out, f"{key}_r{rnd}"))
+                runs[key].append(dynamic_bench.bench_engine(engines[key], [b], args.out, f"{key}_r{rnd}")[0])
     latency = {}
     for key, rs in runs.items():
         medians = [r["latency_ms"]["median"] for r in rs]

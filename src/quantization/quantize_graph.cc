@@ -72,24 +72,24 @@ Tensor scalar(DType dtype) { return Tensor(dtype, {}); }
 
 }  // namespace
 
-void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64_t inner, int8_t* q, float* scales) {
+// scales[c] = max|row c| / largest (1 for an all-zero row).
+void per_channel_scales(const float* w, int64_t count, int64_t channels, int64_t inner, float largest, float* scales) {
   std::fill(scales, scales + channels, 0.f);
   for (int64_t i = 0; i < count; ++i) {
     float& s = scales[(i / inner) % channels];
     s = std::max(s, std::fabs(w[i]));
   }
-  for (int64_t c = 0; c < channels; ++c) scales[c] = scales[c] > 0 ? scales[c] / 127.f : 1.f;
+  for (int64_t c = 0; c < channels; ++c) scales[c] = scales[c] > 0 ? scales[c] / largest : 1.f;
+}
+
+void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64_t inner, int8_t* q, float* scales) {
+  per_channel_scales(w, count, channels, inner, 127.f, scales);
   for (int64_t i = 0; i < count; ++i)
     q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(w[i] / scales[(i / inner) % channels]), -127.f, 127.f));
 }
 
 void quantize_per_channel_float8(const float* w, int64_t count, int64_t channels, int64_t inner, uint8_t* q, float* scales) {
-  std::fill(scales, scales + channels, 0.f);
-  for (int64_t i = 0; i < count; ++i) {
-    float& s = scales[(i / inner) % channels];
-    s = std::max(s, std::fabs(w[i]));
-  }
-  for (int64_t c = 0; c < channels; ++c) scales[c] = scales[c] > 0 ? scales[c] / 448.f : 1.f;
+  per_channel_scales(w, count, channels, inner, 448.f, scales);
   for (int64_t i = 0; i < count; ++i) q[i] = float_to_float8e4m3fn(w[i] / scales[(i / inner) % channels]);
 }
 

@@ -1,10 +1,12 @@
-"""INT8 engines on the GPU (kiln::QConv on cuDNN's INT8 engines) against the CPU engine's exact
-integer reference, with the same calibration cache on both sides.
+"""INT8 engines on the GPU (kiln::QConv on kiln's INT8 kernels and cuDNN's INT8 engines) against
+the CPU engine's exact integer reference, with the same calibration cache on both sides; the GPU's
+calibration histograms against the CPU's; FP8 engines against the CPU's float reference.
 
 Both engines quantize the same convolutions with the same scales and sum int8 products exactly;
-they differ in the float epilogue's rounding (the GPU folds the scales into fewer multiplies
-and rounds with cuDNN's conversion) and in the float16 storage of the GPU's float layers (the
-stem conv, pooling, the classifier), which move some int8 values by one step. On one block
+kiln's kernels compute the epilogue as the CPU does (bit for bit: the *_exactly tests); cuDNN's
+engines differ in the float epilogue's rounding (the GPU folds the scales into fewer multiplies
+and rounds with cuDNN's conversion), and the GPU's float layers store float16, which moves some
+int8 values by one step. On one block
 (test_int8_block_matches_cpu) that is a relative L2 difference of float16's order. Through a
 whole random-weight ResNet, which amplifies any rounding (float16 weights alone move
 ResNet-50's output by 5%), those steps add up to a difference of the size of INT8's own
@@ -140,6 +142,29 @@ def exact_input_cache(kiln_bin, path, shape, tmp_path, rng):
     return cache, [(rng.integers(-100, 101, shape) / 16).astype(np.float32)]
 
 
+def check_exact_against_cpu(kiln_bin, path, shape, tmp_path, seed, out, tactic, layers):
+    """Builds the model at `path` (input "x" of `shape`, an exact input: exact_input_cache) in
+    INT8 for the CPU and the GPU and checks that the GPU's float16 output `out` is the CPU's
+    float32 one to within float16's rounding (the int8 tensors before it bit for bit), and that
+    the GPU build runs `layers` layers on kiln's `tactic`. Returns (cpu output, gpu output,
+    the cache, the input, the build log)."""
+    cache, x = exact_input_cache(kiln_bin, path, shape, tmp_path, np.random.default_rng(seed))
+    common = ["--int8", "--calib-cache", cache]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)[out]
+    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)[out]
+    fp16_rounding = np.abs(cpu) * 2.0**-11 + 2.0**-24
+    off = np.abs(gpu.astype(np.float64) - cpu) > fp16_rounding
+    print(f"{tactic}: {int(off.sum())} of {off.size} outputs beyond float16 rounding of the CPU's")
+    assert np.abs(cpu).max() > 0.1  # not a degenerate all-zero output
+    assert not off.any()
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "exact.engine")],
+                           capture_output=True, text=True, timeout=300)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    assert log.count(tactic) == layers, log
+    return cpu, gpu, cache, x, log
+
+
 def test_int8_kernel_matches_cpu_exactly(kiln_bin, tmp_path, monkeypatch):
     """kiln's INT8 kernel computes the CPU reference's epilogue (fma, division, ties to even):
     with an input that float16 holds exactly and quantizes to whole steps, every int8 tensor
@@ -191,27 +216,13 @@ def depthwise_chain_model(path):
 
 def test_int8_depthwise_matches_cpu_exactly(kiln_bin, tmp_path):
     """The depthwise kernel gives the CPU reference's integers bit for bit (as
-    test_int8_kernel_matches_cpu_exactly checks kiln's dense kernels): the float16 output
-    differs from the CPU's float32 only by float16's rounding."""
+    test_int8_kernel_matches_cpu_exactly checks kiln's dense kernels), and runs every layer."""
     path = str(tmp_path / "depthwise.onnx")
     depthwise_chain_model(path)
-    cache, x = exact_input_cache(kiln_bin, path, (3, 32, 15, 15), tmp_path, np.random.default_rng(18))
-    common = ["--int8", "--calib-cache", cache]
-    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y3"]
-    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y3"]
+    _, gpu, _, x, _ = check_exact_against_cpu(kiln_bin, path, (3, 32, 15, 15), tmp_path, 18, "y3", "kernel:int8 depthwise", 3)
     fp16 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp16"), "--device", "cuda", "--fp16")["y3"]
-    fp16_rounding = np.abs(cpu) * 2.0**-11 + 2.0**-24
-    off = np.abs(gpu.astype(np.float64) - cpu) > fp16_rounding
-    print(f"depthwise: {int(off.sum())} of {off.size} outputs beyond float16 rounding of the CPU's; "
-          f"INT8 vs fp16 engine {rel_l2(gpu, fp16):.2e}")
-    assert np.abs(cpu).max() > 0.1
-    assert not off.any()
+    print(f"depthwise: INT8 vs fp16 engine {rel_l2(gpu, fp16):.2e}")
     assert rel_l2(gpu, fp16) > 1e-3  # it did run in INT8: the float engine's output is not the integer one
-    # The build says which layers run the depthwise kernel.
-    build = subprocess.run([kiln_bin, "build", path, "--int8", "--calib-cache", cache, "-v", "-o", str(tmp_path / "dw.engine")],
-                           capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr
-    assert (build.stdout + build.stderr).count("kernel:int8 depthwise") == 3, build.stdout + build.stderr
 
 
 def stem_model(path, kind):
@@ -248,24 +259,10 @@ def stem_model(path, kind):
 @pytest.mark.parametrize("kind", ["resnet", "gray"])
 def test_int8_stem_matches_cpu_exactly(kind, kiln_bin, tmp_path):
     """The stem kernel (and the int8 MaxPool after ResNet's stem) gives the CPU reference's
-    integers bit for bit: the float16 output differs from the CPU's float32 only by float16's
-    rounding."""
+    integers bit for bit."""
     path = str(tmp_path / f"stem_{kind}.onnx")
     shape = stem_model(path, kind)
-    cache, x = exact_input_cache(kiln_bin, path, shape, tmp_path, np.random.default_rng(24))
-    common = ["--int8", "--calib-cache", cache]
-    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
-    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
-    fp16_rounding = np.abs(cpu) * 2.0**-11 + 2.0**-24
-    off = np.abs(gpu.astype(np.float64) - cpu) > fp16_rounding
-    print(f"stem {kind}: {int(off.sum())} of {off.size} outputs beyond float16 rounding of the CPU's")
-    assert np.abs(cpu).max() > 0.1
-    assert not off.any()
-    build = subprocess.run([kiln_bin, "build", path, "--int8", "--calib-cache", cache, "-v", "-o", str(tmp_path / "stem.engine")],
-                           capture_output=True, text=True, timeout=300)
-    log = build.stdout + build.stderr
-    assert build.returncode == 0, log
-    assert log.count("kernel:int8 stem") == 1, log
+    log = check_exact_against_cpu(kiln_bin, path, shape, tmp_path, 24, "y", "kernel:int8 stem", 1)[4]
     if kind == "resnet":
         assert "1 through MaxPools" in log, log
 
@@ -294,23 +291,10 @@ def grouped_chain_model(path):
 
 
 def test_int8_grouped_matches_cpu_exactly(kiln_bin, tmp_path):
-    """The grouped kernel gives the CPU reference's integers bit for bit (float16 output: within
-    float16's rounding of the CPU's float32), and the build says every layer runs it."""
+    """The grouped kernel gives the CPU reference's integers bit for bit, on every layer."""
     path = str(tmp_path / "grouped.onnx")
     grouped_chain_model(path)
-    cache, x = exact_input_cache(kiln_bin, path, (2, 64, 15, 17), tmp_path, np.random.default_rng(28))
-    common = ["--int8", "--calib-cache", cache]
-    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
-    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
-    fp16_rounding = np.abs(cpu) * 2.0**-11 + 2.0**-24
-    off = np.abs(gpu.astype(np.float64) - cpu) > fp16_rounding
-    print(f"grouped: {int(off.sum())} of {off.size} outputs beyond float16 rounding of the CPU's")
-    assert np.abs(cpu).max() > 0.1
-    assert not off.any()
-    build = subprocess.run([kiln_bin, "build", path, "--int8", "--calib-cache", cache, "-v", "-o", str(tmp_path / "g.engine")],
-                           capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr
-    assert (build.stdout + build.stderr).count("kernel:int8 grouped") == 4, build.stdout + build.stderr
+    check_exact_against_cpu(kiln_bin, path, (2, 64, 15, 17), tmp_path, 28, "y", "kernel:int8 grouped", 4)
 
 
 def mlp_model(path, exact):

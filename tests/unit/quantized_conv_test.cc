@@ -239,10 +239,15 @@ TEST(QConv, SchemaRejectsFloatInputsAndBadScales) {
   }
 }
 
-// The INT8 pass on conv -> conv(+residual) -> pool: the first conv's output stays int8 (both
-// readers are quantized convs), the second writes float for the pool; the network's output
-// moves by about the quantization step only.
-TEST(QuantizeGraph, ResidualChainKeepsInt8BetweenConvs) {
+// conv3x3+Relu -> conv1x1 + residual + Relu -> pool, with scales from the float network's own
+// ranges on its input x.
+struct ResidualChain {
+  ir::Graph graph;
+  Tensor x;
+  std::map<std::string, float> scales;
+};
+
+ResidualChain residual_chain() {
   testing::GraphBuilder gb;
   gb.input("X", {2, 16, 8, 8});
   gb.random("W1", {16, 16, 3, 3}, -0.2f, 0.2f);
@@ -256,20 +261,21 @@ TEST(QuantizeGraph, ResidualChainKeepsInt8BetweenConvs) {
   gb.last().domain = "kiln";
   gb.node("GlobalAveragePool", {"y2"}, "out");
   gb.output("out");
-  ir::Graph g = gb.build();
-
-  Tensor x = testing::random_tensor({2, 16, 8, 8}, 7);
-  // Scales from the float network's own ranges on this input.
-  ir::Graph probe = g;
+  ResidualChain c{gb.build(), testing::random_tensor({2, 16, 8, 8}, 7), {}};
+  ir::Graph probe = c.graph;
   probe.outputs = {"out", "y1", "y2"};
-  auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
-  std::map<std::string, float> scales;
-  scales["X"] = amax(x) / 127.f;
-  scales["y1"] = amax(ranges.at("y1")) / 127.f;
-  scales["y2"] = amax(ranges.at("y2")) / 127.f;
+  auto ranges = cpu::CpuEngine(probe).run({{"X", c.x}});
+  c.scales = {{"X", amax(c.x) / 127.f}, {"y1", amax(ranges.at("y1")) / 127.f}, {"y2", amax(ranges.at("y2")) / 127.f}};
+  return c;
+}
 
-  ir::Graph q = g;
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales);
+// The INT8 pass on the residual chain: the first conv's output stays int8 (both readers are
+// quantized convs), the second writes float for the pool; the network's output moves by about
+// the quantization step only.
+TEST(QuantizeGraph, ResidualChainKeepsInt8BetweenConvs) {
+  const ResidualChain c = residual_chain();
+  ir::Graph q = c.graph;
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, c.scales);
   EXPECT_EQ(r.quantized, 2);
   EXPECT_EQ(r.int8_values, 1);     // y1
   EXPECT_EQ(r.quantize_nodes, 1);  // X
@@ -280,8 +286,8 @@ TEST(QuantizeGraph, ResidualChainKeepsInt8BetweenConvs) {
   EXPECT_EQ(qconv, 2);
   ir::infer_shapes(q);  // the rewritten graph is well-typed
 
-  const Tensor want = cpu::CpuEngine(g).run({{"X", x}}).at("out");
-  const Tensor got = cpu::CpuEngine(q).run({{"X", x}}).at("out");
+  const Tensor want = cpu::CpuEngine(c.graph).run({{"X", c.x}}).at("out");
+  const Tensor got = cpu::CpuEngine(q).run({{"X", c.x}}).at("out");
   const double err = relative_l2(got, want);
   EXPECT_LT(err, 0.03) << "INT8 moved the output too far";
   EXPECT_GT(err, 0.0) << "the quantized graph computed exactly the float result: was it quantized?";
@@ -600,25 +606,10 @@ TEST(QuantizeGraph, DepthwiseConvolutionsForTargetsThatRunThem) {
 // between them stays float8e4m3fn, the image stem and pools stay float, and the output moves
 // by about E4M3's rounding (3 mantissa bits) from float32's.
 TEST(QuantizeGraph, Float8FormatKeepsE4M3BetweenConvs) {
-  testing::GraphBuilder gb;
-  gb.input("X", {2, 16, 8, 8});
-  gb.random("W1", {16, 16, 3, 3}, -0.2f, 0.2f);
-  gb.random("B1", {16}, -0.1f, 0.1f);
-  gb.random("W2", {16, 16, 1, 1}, -0.3f, 0.3f);
-  gb.random("B2", {16}, -0.1f, 0.1f);
-  gb.node("FusedConv", {"X", "W1", "B1"}, "y1", {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"activation", std::string("Relu")}});
-  gb.last().domain = "kiln";
-  gb.node("FusedConv", {"y1", "W2", "B2", "y1"}, "y2", {{"activation", std::string("Relu")}});
-  gb.last().domain = "kiln";
-  gb.node("GlobalAveragePool", {"y2"}, "out");
-  gb.output("out");
-  ir::Graph g = gb.build();
-  Tensor x = testing::random_tensor({2, 16, 8, 8}, 17);
-  ir::Graph probe = g;
-  probe.outputs = {"out", "y1", "y2"};
-  auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
-  std::map<std::string, float> scales = {{"X", amax(x) / 127.f}, {"y1", amax(ranges.at("y1")) / 127.f},
-                                         {"y2", amax(ranges.at("y2")) / 127.f}};
+  const ResidualChain c = residual_chain();
+  std::map<std::string, float> scales = c.scales;
+  const ir::Graph& g = c.graph;
+  const Tensor& x = c.x;
   ir::Graph q = g;
   quantization::QuantizeTarget fp8;
   fp8.format = quantization::QuantizeFormat::kFloat8E4M3;
