@@ -62,8 +62,8 @@ def test_bad_inputs_are_kiln_errors_that_say_what(tmp_path):
     truncated.write_bytes(open(FASHION, "rb").read()[:1000])
     with pytest.raises(kiln.Error, match="truncated.onnx"):
         kiln.Engine.from_onnx(str(truncated))
-    with pytest.raises(kiln.Error, match="precision 'fp8'"):
-        kiln.Builder(precision="fp8")
+    with pytest.raises(kiln.Error, match="precision 'fp4'"):
+        kiln.Builder(precision="fp4")
     with pytest.raises(kiln.Error, match="calibrate"):
         kiln.Builder(precision="int8").build(FASHION)
     assert issubclass(kiln.Error, RuntimeError)
