@@ -7,7 +7,9 @@
 1. Calibration: `kiln calibrate MODEL --calib calib.npy --batch 32 --device cuda` over
    --calib-images random inputs (the export's own input maker), wall time of the command.
 2. Engines from that cache: `kiln build --int8 --calib-cache ...`, `--fp8 --calib-cache ...`
-   and `kiln build --fp16` per batch, `kiln build --fp32` once (for the engine-file sizes), with
+   (FP8 where it times faster than fp16; its build log, with each layer's choice, is kept as
+   DIR/build_fp8_bN.log), `--fp8 --fp8-all` (every eligible layer FP8: "fp8all") and
+   `kiln build --fp16` per batch, `kiln build --fp32` once (for the engine-file sizes), with
    their build times (--no-fp8 leaves FP8 out).
 3. Latency: `kiln bench ENGINE` of the INT8, FP8 and fp16 engines in alternating rounds (the
    order rotates every round); each configuration's figure is the mean of its rounds' medians.
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -34,9 +37,12 @@ import gpu_bench  # noqa: E402  (export, run, torch_peers, kiln_bin)
 ROOT = gpu_bench.ROOT
 
 
-def timed(cmd: list[str]) -> tuple[float, str]:
+def timed(cmd: list[str], log: str | None = None) -> tuple[float, str]:
     t0 = time.time()
     r = gpu_bench.run(cmd)
+    if log:
+        with open(log, "w") as f:
+            f.write(r.stderr)
     return time.time() - t0, r.stdout
 
 
@@ -50,8 +56,46 @@ def evaluate(args: list[str], out: str, tag: str) -> dict:
     return r
 
 
+def summarize_log(log_path: str, gpu: str) -> dict:
+    """The latency stage of a run cut short before it wrote its JSON, from its printed log: each
+    `kiln bench ENGINE ... --json .../kiln_KEY_rN.json` command and the median it printed, and
+    the torch.compile lines; figures as main() computes them (mean of the rounds' medians)."""
+    import re
+
+    runs: dict[str, list[float]] = {}
+    torch_rows, key = [], None
+    for line in open(log_path):
+        m = re.match(r"\+ \S+ bench \S+ .*--json \S*/kiln_(\w+)_r(\d+)\.json", line)
+        if m:
+            key = m.group(1)
+            continue
+        m = re.match(r"batch\s+\d+\s+\w+: median ([\d.]+) ms", line)
+        if m and key:
+            runs.setdefault(key, []).append(float(m.group(1)))
+            key = None
+        elif line.startswith("{") and "torch_compile" in line:
+            torch_rows.append(json.loads(line))
+    latency = {k: {"median_ms_per_round": v, "mean_of_medians_ms": statistics.mean(v)} for k, v in runs.items()}
+    ms = lambda k: latency[k]["mean_of_medians_ms"]  # noqa: E731
+    ratios = {}
+    for b in sorted({int(k.split("_b")[1]) for k in latency}):
+        for prec in ("int8", "fp8", "fp8all"):
+            if f"{prec}_b{b}" in latency and f"fp16_b{b}" in latency:
+                ratios[f"fp16_over_{prec}_b{b}"] = ms(f"fp16_b{b}") / ms(f"{prec}_b{b}")
+    return {"meta": {"gpu": gpu, "source_log": os.path.basename(log_path),
+                     "note": "summarized from the log of a run cut short (by its time limit) after the latency and "
+                             "torch.compile stages: `python3 bench/int8_bench.py --summarize-log LOG --gpu NAME`"},
+            "latency": latency, "torch": torch_rows, "fp16_over": ratios}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--summarize-log", help="summarize the printed log of a run cut short (with --gpu), print JSON")
+    ap.add_argument("--gpu", default="")
+    if "--summarize-log" in sys.argv:
+        a, _ = ap.parse_known_args()
+        print(json.dumps(summarize_log(a.summarize_log, a.gpu), indent=1))
+        return
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--batches", default="1,128")
@@ -77,7 +121,18 @@ def main() -> None:
             "timing": "kiln bench: CUDA events around each CUDA-graph replay, synchronized after each; median of 200 "
                       "runs (50 for batch >= 64) after 20 warm-up runs; INT8 and fp16 in alternating rounds, the "
                       "figure is the mean of the rounds' medians; torch.compile timed like gpu_bench.py"}
+    try:
+        meta["nvidia_smi"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm,clocks.sm,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30).stdout.strip()
+    except OSError:
+        pass
     results: dict = {"meta": meta}
+    json_path = os.path.join(args.out, "int8_bench.json")
+
+    def save() -> None:  # after every stage, so a run cut short keeps what it measured
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
     model = os.path.join(args.out, f"{args.model}-224.onnx")
     gpu_bench.export(args.model, model)
 
@@ -88,16 +143,23 @@ def main() -> None:
     seconds, log = timed([kiln, "calibrate", model, "--calib", calib, "--batch", "32", "--device", "cuda", "-o", cache])
     print(log, flush=True)
     results["calibration"] = {"images": args.calib_images, "batch": 32, "wall_s": seconds, "device": "cuda"}
+    save()
 
     # 2. Engine files.
     engines: dict[str, str] = {}
     builds = {}
-    precisions = ("int8", "fp16") if args.no_fp8 else ("int8", "fp16", "fp8")
+    precisions = ("int8", "fp16") if args.no_fp8 else ("int8", "fp16", "fp8", "fp8all")
+    flags = {"fp8all": ["--fp8", "--fp8-all"]}
+    # One timing cache for every build: a layer timed once (fp16 layers of the FP8 builds, the
+    # FP8 layers of --fp8 and --fp8-all) is not timed again; build times below are with it.
+    timing_cache = os.path.join(args.out, "timing.cache")
     for prec in precisions:
         for b in batches:
             path = os.path.join(args.out, f"{args.model}_{prec}_b{b}.engine")
-            extra = ["--calib-cache", cache] if prec in ("int8", "fp8") else []
-            builds[f"{prec}_b{b}_s"], _ = timed([kiln, "build", model, f"--{prec}", "--batch", str(b), "-o", path, *extra])
+            extra = ["--calib-cache", cache] if prec != "fp16" else []
+            builds[f"{prec}_b{b}_s"], _ = timed([kiln, "build", model, *flags.get(prec, [f"--{prec}"]), "--batch", str(b),
+                                                 "-o", path, "-v", "--timing-cache", timing_cache, *extra],
+                                                os.path.join(args.out, f"build_{prec}_b{b}.log"))
             engines[f"{prec}_b{b}"] = path
     fp32_engine = os.path.join(args.out, f"{args.model}_fp32_b{batches[0]}.engine")
     builds[f"fp32_b{batches[0]}_s"], _ = timed([kiln, "build", model, "--fp32", "--batch", str(batches[0]), "-o", fp32_engine])
@@ -106,6 +168,7 @@ def main() -> None:
         sizes[prec] = os.path.getsize(engines[f"{prec}_b{batches[0]}"])
     results["builds"] = builds
     results["engine_bytes"] = sizes
+    save()
 
     # 3. Latency, alternating rounds.
     runs: dict[str, list[dict]] = {k: [] for k in engines}
@@ -121,8 +184,10 @@ def main() -> None:
         latency[key] = {"median_ms_per_round": medians, "mean_of_medians_ms": statistics.mean(medians),
                         "p99_ms_per_round": [r["latency_ms"].get("p99") for r in rs]}
     results["latency"] = latency
+    save()
     if not args.no_peers:
         results["torch"] = gpu_bench.torch_peers(args.model, batches, [])
+        save()
 
     # 4. Fashion-MNIST accuracy.
     results["fashion_mnist"] = {
@@ -149,8 +214,12 @@ def main() -> None:
     if not args.no_fp8:  # FP8 is offered where it is faster than fp16: these say where
         results["fp8"] = {f"fp16_over_fp8_b{b}": ms(f"fp16_b{b}") / ms(f"fp8_b{b}") for b in batches}
         results["fp8"].update({f"int8_over_fp8_b{b}": ms(f"int8_b{b}") / ms(f"fp8_b{b}") for b in batches})
-    with open(os.path.join(args.out, "int8_bench.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        results["fp8"].update({f"fp16_over_fp8all_b{b}": ms(f"fp16_b{b}") / ms(f"fp8all_b{b}") for b in batches})
+        results["fp8"]["layers_in_fp8"] = {}
+        for b in batches:  # what the build chose: layers kept in fp16 are in `kiln inspect`'s int8_kept_float
+            info = json.loads(gpu_bench.run([kiln, "inspect", engines[f"fp8_b{b}"], "--json"]).stdout)
+            results["fp8"]["layers_in_fp8"][f"b{b}"] = sum(1 for l in info.get("layers", []) if l.get("op") == "QConv")
+    save()
 
     print(f"\n{meta['gpu']}, {args.model}")
     print(f"{'engine':<12}{'batch':>6}  median ms per round")

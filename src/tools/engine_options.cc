@@ -34,7 +34,10 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
                 "float32 on the CPU");
   cmd->add_flag("--fp8", fp8,
                 "FP8 (E4M3) convolutions on Hopper's FP8 tensor cores from the same calibrated scales as --int8; "
-                "other layers fp16 (the CPU engine runs the float reference)");
+                "other layers fp16 (the CPU engine runs the float reference). On the GPU each layer stays FP8 only "
+                "where timing shows it faster than fp16");
+  cmd->add_flag("--fp8-all", fp8_all,
+                "With --fp8 on the GPU: every eligible layer in FP8, without timing it against fp16");
   cmd->add_option("--calib", calib_data, "INT8 calibration data: a .npy file (split into --calib-batch rows), a folder of .npy batches or of images, or fashion-mnist");
   cmd->add_option("--calib-algo", calib_algo, "entropy (KL divergence, as TensorRT), minmax or percentile")->capture_default_str();
   cmd->add_option("--calib-percentile", calib_percentile, "For --calib-algo percentile: the share of |x| kept, in %")
@@ -98,6 +101,8 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   if (!int8 && !fp8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty() || accuracy_budget >= 0))
     throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache, --layer-precision and --accuracy-budget are for INT8 builds")
         .hint("add --int8 (or --fp8)");
+  if (fp8_all && !fp8) throw Error(ErrorKind::kInvalidArgument, "--fp8-all goes with --fp8").hint("add --fp8");
+  b.fp8_where_faster = !fp8_all;
   if (fp8 && accuracy_budget >= 0)
     throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget measures INT8 layers; it is not available with --fp8")
         .hint("pin sensitive layers with --layer-precision NAME=fp16, or use --int8 --accuracy-budget");

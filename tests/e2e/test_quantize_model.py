@@ -259,3 +259,7 @@ def test_fp8_cpu_engine_resnet18(run_kiln, model_cache, tmp_path):
     assert np.array_equal(np.load(tmp_path / "file" / "output.npy"), fp8)
     result = run_kiln("inspect", engine)
     assert "precision fp8" in result.stdout and "float8e4m3fn" in result.stdout, result.stdout
+    # --fp8-all (every eligible layer FP8, untimed) is what the CPU engine does anyway; alone, it
+    # is an error that says what it needs.
+    result = run_kiln("run", path, "--input", f"input={tmp_path / 'x.npy'}", "--fp8-all")
+    assert result.returncode != 0 and "--fp8-all goes with --fp8" in result.stderr, result.describe()

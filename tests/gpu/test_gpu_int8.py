@@ -412,7 +412,8 @@ def test_fp8_gpu_matches_cpu_reference(name, size, kiln_bin, model_cache, tmp_pa
         x, names, out = make(8, seed=22), ["input"], None
         common = ["--fp8", "--calib", calib, "--calib-cache", str(tmp_path / f"{name}.calib")]
     cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
-    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
+    # --fp8-all: every eligible layer in FP8 (no fp16 where FP8 times slower), as the CPU has it.
+    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", "--fp8-all", *common)
     fp32 = run_kiln(kiln_bin, path, x, names, str(tmp_path / "fp32"), "--device", "cpu")
     out = out or next(iter(cpu))
     err, gpu_fp8, cpu_fp8 = rel_l2(gpu[out], cpu[out]), rel_l2(gpu[out], fp32[out]), rel_l2(cpu[out], fp32[out])
@@ -422,8 +423,63 @@ def test_fp8_gpu_matches_cpu_reference(name, size, kiln_bin, model_cache, tmp_pa
     assert gpu_fp8 <= GPU_ERROR_FACTOR * cpu_fp8
     if name == "block":
         assert err <= 0.05
-    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
+    build = subprocess.run([kiln_bin, "build", path, *common, "--fp8-all", "-v", "-o", str(tmp_path / "fp8.engine")],
                            capture_output=True, text=True, timeout=600)
     log = build.stdout + build.stderr
     assert build.returncode == 0, log
     assert "cudnn:fp8 graph" in log, log
+
+
+def test_fp8_where_faster(kiln_bin, model_cache, tmp_path):
+    """--fp8 on the GPU keeps a layer in FP8 only where it timed faster than fp16: the build
+    times each FP8 layer of the all-FP8 engine against the fp16 engine's, says which it keeps,
+    times the whole engines and keeps the fastest; the engine has exactly the FP8 layers it
+    chose, names the others with the timing that sent them to fp16, and computes what the
+    CPU's FP8 reference and fp32 compute, to FP8's error."""
+    import json
+    import re
+
+    name, size = "resnet50", 224
+    path = exported_model(model_cache, E2eModel(name, size), "torchscript")
+    make = export_model.input_maker(name, size=size)
+    calib = str(tmp_path / "calib.npy")
+    np.save(calib, make(16, seed=21)[0])
+    common = ["--fp8", "--calib", calib, "--calib-cache", str(tmp_path / f"{name}.calib")]
+    engine = str(tmp_path / "fp8.engine")
+    build = subprocess.run([kiln_bin, "build", path, *common, "--batch", "8", "-v", "-o", engine],
+                           capture_output=True, text=True, timeout=900)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    print("\n".join(line for line in log.splitlines() if "fp8:" in line))
+    choices = re.findall(r"\[(\d+)/(\d+)\] fp8: (\S+): FP8 ([\d.]+) ms \+ ([\d.]+) ms quantize/reformat vs fp16 ([\d.]+) ms -> (FP8|fp16)", log)
+    assert len(choices) == int(choices[0][1]) >= 50, log  # every convolution of ResNet-50 timed
+    for _, _, layer, fp8, added, fp16, choice in choices:  # each choice follows its figures (printed rounded)
+        if abs(float(fp8) + float(added) - float(fp16)) > 2e-4:
+            assert (choice == "FP8") == (float(fp8) + float(added) < float(fp16)), layer
+    wholes = dict(re.findall(r"fp8: whole engine, (.+?): ([\d.]+) ms", log))
+    kept = re.search(r"fp8: keeping the engine with (.+)", log).group(1).strip()
+    assert len(wholes) >= 2 and float(wholes[kept]) == min(float(v) for v in wholes.values()), (wholes, kept)
+
+    info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    fp8_layers = {l["name"] for l in info["layers"] if l["op"] == "QConv"}
+    # Round 1 times every FP8 layer; later rounds (the mixed engine timed again) may pin more.
+    expected = {"every eligible layer in FP8": {c[2] for c in choices}, "no FP8 layer": set()}
+    fp8_after = {layer for _, _, layer, *_, choice in choices if choice == "FP8"}
+    for rnd in range(1, 4):
+        expected[f"mixed (round {rnd})"] = set(fp8_after)
+        fp8_after -= set(re.findall(rf"fp8 round {rnd + 1}: (\S+): .* -> fp16", log))
+    assert fp8_layers == expected[kept]
+    if kept.startswith("mixed"):
+        reasons = [k for k in info["int8_kept_float"] if "fp16 is faster here" in k]
+        assert len(reasons) == len(choices) - len(fp8_layers), info["int8_kept_float"]
+
+    x = make(8, seed=22)
+    gpu = run_kiln(kiln_bin, engine, x, ["input"], str(tmp_path / "gpu"))
+    cpu = run_kiln(kiln_bin, path, x, ["input"], str(tmp_path / "cpu"), "--device", "cpu", *common)
+    fp32 = run_kiln(kiln_bin, path, x, ["input"], str(tmp_path / "fp32"), "--device", "cpu")
+    out = next(iter(cpu))
+    print(f"{kept}: {len(fp8_layers)} FP8 layers; GPU vs fp32 {rel_l2(gpu[out], fp32[out]):.4f}, "
+          f"CPU FP8 reference vs fp32 {rel_l2(cpu[out], fp32[out]):.4f}")
+    assert np.isfinite(gpu[out]).all()
+    assert rel_l2(gpu[out], fp32[out]) <= GPU_ERROR_FACTOR * rel_l2(cpu[out], fp32[out])

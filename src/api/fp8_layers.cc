@@ -1,0 +1,72 @@
+#include "api/fp8_layers.h"
+
+#include <algorithm>
+
+namespace kiln::api {
+
+std::map<std::string, double> median_layer_ms(const std::vector<std::vector<LayerTiming>>& runs) {
+  std::map<std::string, std::vector<double>> samples;
+  for (const auto& run : runs) {
+    std::map<std::string, double> summed;  // a name may repeat within a run (a split layer)
+    for (const LayerTiming& t : run) summed[t.name] += t.ms;
+    for (const auto& [name, ms] : summed) samples[name].push_back(ms);
+  }
+  std::map<std::string, double> out;
+  for (auto& [name, v] : samples) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    out[name] = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  }
+  return out;
+}
+
+namespace {
+
+double time_of(const std::map<std::string, double>& ms, const std::string& name) {
+  auto it = ms.find(name);
+  return it == ms.end() ? 0.0 : it->second;
+}
+
+// Reformats of the layer's input and output values, which the builder adds where formats differ.
+double reformats_of(const ir::Node& n, const std::map<std::string, double>& ms) {
+  double total = 0;
+  for (const std::string& v : n.inputs)
+    if (!v.empty()) total += time_of(ms, "reformat(" + v + ")");
+  for (const std::string& v : n.outputs)
+    if (!v.empty()) total += time_of(ms, "reformat(" + v + ")");
+  return total;
+}
+
+}  // namespace
+
+std::vector<Fp8LayerCost> compare_fp8_layers(const ir::Graph& g, const std::map<std::string, double>& fp8_ms,
+                                             const std::map<std::string, double>& fp16_ms) {
+  // The float name a QuantizeLinear output stands for, to find the fp16 engine's reformats.
+  std::map<std::string, const ir::Node*> quantize_of;
+  for (const ir::Node& n : g.nodes)
+    if (n.op == "QuantizeLinear" && n.domain.empty() && !n.outputs.empty()) quantize_of[n.outputs[0]] = &n;
+  std::vector<Fp8LayerCost> costs;
+  for (const ir::Node& n : g.nodes) {
+    if (n.op != "QConv" || n.domain != "kiln") continue;
+    auto half = fp16_ms.find(n.name);
+    auto own = fp8_ms.find(n.name);
+    if (half == fp16_ms.end() || own == fp8_ms.end()) continue;
+    Fp8LayerCost c;
+    c.layer = n.name;
+    c.fp8_ms = own->second;
+    c.added_ms = reformats_of(n, fp8_ms);
+    auto q = n.inputs.empty() ? quantize_of.end() : quantize_of.find(n.inputs[0]);
+    ir::Node as_float = n;  // the layer as the fp16 engine has it: float input, not the quantized one
+    if (q != quantize_of.end()) {
+      int readers = 0;
+      for (int r : g.consumers(q->first)) readers += g.nodes[static_cast<size_t>(r)].op == "QConv";
+      c.added_ms += (time_of(fp8_ms, q->second->name) + reformats_of(*q->second, fp8_ms)) / std::max(readers, 1);
+      as_float.inputs[0] = q->second->inputs[0];
+    }
+    c.fp16_ms = half->second + reformats_of(as_float, fp16_ms);
+    costs.push_back(c);
+  }
+  return costs;
+}
+
+}  // namespace kiln::api
