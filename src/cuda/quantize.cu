@@ -32,6 +32,17 @@ __global__ void quantize_kernel(const F* __restrict__ x, Q* __restrict__ y, cons
   }
 }
 
+// Eight consecutive float16 (one 16-byte load) or float32 (two) values, group g of x.
+template <class F>
+__device__ __forceinline__ void load8(const F* __restrict__ x, int64_t g, F (&v)[8]) {
+  if constexpr (sizeof(F) == 2) {
+    *reinterpret_cast<uint4*>(v) = reinterpret_cast<const uint4*>(x)[g];
+  } else {
+    reinterpret_cast<float4*>(v)[0] = reinterpret_cast<const float4*>(x)[2 * g];
+    reinterpret_cast<float4*>(v)[1] = reinterpret_cast<const float4*>(x)[2 * g + 1];
+  }
+}
+
 // Per-tensor quantization to an 8-bit type, eight elements per thread (16-byte loads of
 // float16, 8-byte stores): the INT8 engine quantizes whole activations with it.
 template <class F, class Q>
@@ -40,12 +51,7 @@ __global__ void quantize8_kernel(const F* __restrict__ x, Q* __restrict__ y, con
   const float inv = scale[0], zp = static_cast<float>(zero[0]);
   for (int64_t g = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
     F v[8];
-    if constexpr (sizeof(F) == 2) {
-      *reinterpret_cast<uint4*>(v) = reinterpret_cast<const uint4*>(x)[g];
-    } else {
-      reinterpret_cast<float4*>(v)[0] = reinterpret_cast<const float4*>(x)[2 * g];
-      reinterpret_cast<float4*>(v)[1] = reinterpret_cast<const float4*>(x)[2 * g + 1];
-    }
+    load8(x, g, v);
     Q q[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -87,12 +93,7 @@ __global__ void quantize8_fp8_kernel(const F* __restrict__ x, __nv_fp8_storage_t
   const float s = scale[0], zp = zero[0];
   for (int64_t g = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
     F v[8];
-    if constexpr (sizeof(F) == 2) {
-      *reinterpret_cast<uint4*>(v) = reinterpret_cast<const uint4*>(x)[g];
-    } else {
-      reinterpret_cast<float4*>(v)[0] = reinterpret_cast<const float4*>(x)[2 * g];
-      reinterpret_cast<float4*>(v)[1] = reinterpret_cast<const float4*>(x)[2 * g + 1];
-    }
+    load8(x, g, v);
     __nv_fp8_storage_t q[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i)
