@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Two kiln binaries on one GPU, in alternating rounds: is a change in speed the code or the machine?
+
+    python3 bench/ab_binaries.py --a OLD_KILN --b NEW_KILN --out DIR [--model resnet50]
+                                 [--configs int8:1,int8:128,fp16:1] [--rounds 3]
+
+Session 9 measured ResNet-50's INT8 engines slower than session 8 had (batch 1: 0.349 against
+0.275 ms) with unchanged INT8 code (bench/NOTES.md, "FP8 version 2"). Build the older commit
+too (`git worktree add /tmp/old COMMIT && (cd /tmp/old && bash scripts/build_gpu.sh)`; carry
+both build-gpu/dist folders) and run this on the GPU machine: each binary calibrates once
+(`kiln calibrate`, 64 random images), builds every configuration (precision:batch) with -v (the
+build logs, with each layer's tactic, are kept in DIR), and the engines are timed by
+`kiln bench` in alternating rounds, the order of A and B swapped every round. Writes
+DIR/ab_binaries.json (mean of the rounds' medians per binary and configuration, their ratio,
+and nvidia-smi's clocks and throttle reasons before and after) and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_bench  # noqa: E402  (export, run)
+
+
+def smi() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "-q", "-d", "PERFORMANCE,CLOCK,POWER"], capture_output=True, text=True,
+                              timeout=30).stdout
+    except OSError as e:
+        return f"nvidia-smi: {e}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--a", required=True, help="the first kiln binary (e.g. the older commit's)")
+    ap.add_argument("--b", required=True, help="the second kiln binary")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--configs", default="int8:1,int8:128,fp16:1")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    import numpy as np
+
+    import export_model
+
+    binaries = {"a": os.path.abspath(args.a), "b": os.path.abspath(args.b)}
+    configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.configs.split(",")]
+    results: dict = {"meta": {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "binaries": binaries,
+                              "versions": {k: gpu_bench.run([v, "--version"]).stdout.strip() for k, v in binaries.items()},
+                              "nvidia_smi_before": smi()}}
+    model = os.path.join(args.out, f"{args.model}-224.onnx")
+    gpu_bench.export(args.model, model)
+    calib = os.path.join(args.out, "calib64.npy")
+    np.save(calib, export_model.input_maker(args.model, size=224)(64, seed=5)[0])
+
+    engines: dict[tuple[str, str, int], str] = {}
+    for side, kiln in binaries.items():
+        cache = os.path.join(args.out, f"{side}.calib")
+        gpu_bench.run([kiln, "calibrate", model, "--calib", calib, "--batch", "32", "--device", "cuda", "-o", cache])
+        for prec, batch in configs:
+            path = os.path.join(args.out, f"{side}_{prec}_b{batch}.engine")
+            extra = ["--calib-cache", cache] if prec in ("int8", "fp8") else []
+            r = gpu_bench.run([kiln, "build", model, f"--{prec}", "--batch", str(batch), "-v", "-o", path, *extra])
+            with open(os.path.join(args.out, f"build_{side}_{prec}_b{batch}.log"), "w") as f:
+                f.write(r.stderr)
+            engines[(side, prec, batch)] = path
+
+    medians: dict[str, list[float]] = {}
+    for rnd in range(args.rounds):
+        order = ("a", "b") if rnd % 2 == 0 else ("b", "a")
+        for prec, batch in configs:
+            for side in order:
+                js = os.path.join(args.out, f"bench_{side}_{prec}_b{batch}_r{rnd}.json")
+                r = gpu_bench.run([binaries[side], "bench", engines[(side, prec, batch)], "--batches", str(batch),
+                                   "--json", js])
+                print(r.stdout, flush=True)
+                with open(js) as f:
+                    medians.setdefault(f"{side}_{prec}_b{batch}", []).append(json.load(f)["results"][0]["latency_ms"]["median"])
+    table = {}
+    for prec, batch in configs:
+        a, b = (statistics.mean(medians[f"{s}_{prec}_b{batch}"]) for s in ("a", "b"))
+        table[f"{prec}_b{batch}"] = {"a_ms": a, "b_ms": b, "b_over_a": b / a,
+                                     "a_medians": medians[f"a_{prec}_b{batch}"], "b_medians": medians[f"b_{prec}_b{batch}"]}
+    results["latency"] = table
+    results["meta"]["nvidia_smi_after"] = smi()
+    with open(os.path.join(args.out, "ab_binaries.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"{'config':<14}{'A ms':>10}{'B ms':>10}{'B/A':>8}")
+    for k, v in table.items():
+        print(f"{k:<14}{v['a_ms']:>10.4f}{v['b_ms']:>10.4f}{v['b_over_a']:>8.3f}")
+
+
+if __name__ == "__main__":
+    main()
