@@ -101,9 +101,9 @@ struct BuildOptions {
   std::vector<std::string> float_layers;
   // kFp8 GPU builds: FP8 only where it is faster (TensorRT's --fp8 with fp16 allowed). The build
   // times the all-FP8 engine and the fp16 one layer by layer at profile 0's opt shapes, keeps in
-  // fp16 the layers whose FP8 form (quantize and reformats included) is slower, times the whole
-  // engines and keeps the fastest; EngineInfo::int8_kept_float says which layers stayed fp16
-  // and why. false: every eligible layer in FP8, untimed (`kiln build --fp8 --fp8-all`).
+  // fp16 the layers whose FP8 form (quantize and reformats included) is slower, repeats on the
+  // mixed engine (up to 3 rounds), times the whole engines and keeps the fastest (about three
+  // builds' time); EngineInfo::int8_kept_float says which layers stayed fp16 and why. false: every eligible layer in FP8, untimed (`kiln build --fp8 --fp8-all`).
   bool fp8_where_faster = true;
   // Progress lines of the build (layer by layer, with the chosen tactic); nullptr: quiet.
   std::function<void(const std::string&)> log;
