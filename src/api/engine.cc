@@ -184,10 +184,10 @@ nlohmann::json profiles_to_json(const std::vector<OptimizationProfile>& profiles
   return out;
 }
 
-// The model as an engine runs it: imported, Q/DQ pairs absorbed, optimized (dynamic dimensions
-// kept symbolic), marked outputs added, and for INT8 quantized.
-ir::Graph optimized_graph(const std::string& model_bytes, const std::string& name, const std::string& base_dir,
-                          const BuildOptions& options, std::vector<std::string>& int8_kept_float) {
+// The model in float, as an engine runs it before quantization: imported, Q/DQ pairs absorbed
+// (their scales in `qdq`), optimized (dynamic dimensions kept symbolic), marked outputs added.
+ir::Graph float_graph(const std::string& model_bytes, const std::string& name, const std::string& base_dir,
+                      const BuildOptions& options, quantization::QdqScales& qdq) {
   ir::Graph graph = onnx_import::import_bytes(model_bytes, name, base_dir);
   // Named values are marked before the passes (so they survive them); "all" marks the outputs
   // of the optimized graph's nodes, so both engines compare the same fused layers.
@@ -205,7 +205,6 @@ ir::Graph optimized_graph(const std::string& model_bytes, const std::string& nam
     }
   }
   // Explicit quantization: the model's Q/DQ pairs become scales for the INT8 pass.
-  quantization::QdqScales qdq;
   if (options.precision == Precision::kInt8) qdq = quantization::absorb_qdq(graph);
   try {
     if (options.optimize) passes::optimize(graph);
@@ -216,39 +215,52 @@ ir::Graph optimized_graph(const std::string& model_bytes, const std::string& nam
   if (mark_all)
     for (const ir::Node& n : graph.nodes)
       for (const std::string& out : n.outputs) mark(out);
-  if (options.precision == Precision::kInt8 || options.precision == Precision::kFp8) {
-    const bool fp8 = options.precision == Precision::kFp8;
-    // The model's own scales first (a QDQ model), calibrated ones for the other values.
-    std::map<std::string, float> scales = qdq.activations;
-    scales.insert(options.int8_scales.begin(), options.int8_scales.end());
-    if (scales.empty())
-      throw Error(ErrorKind::kInvalidArgument, "an INT8 build needs calibrated activation scales").file(name)
-          .hint("give calibration data (kiln build --int8 --calib DATA) or a calibration cache (--calib-cache FILE), "
-                "or a model with QuantizeLinear/DequantizeLinear pairs");
-    std::set<std::string> pinned(options.float_layers.begin(), options.float_layers.end());
-    quantization::QuantizeTarget target;
-    if (fp8) {
-      // cuDNN's FP8 engines: group-1 convolutions of 16-channel multiples; both engines build
-      // the same graph.
-      target.format = quantization::QuantizeFormat::kFloat8E4M3;
-      target.few_input_channels = false;
-    } else {
-      target.grouped_convolutions = options.device == Device::kCpu;
-      target.depthwise_convolutions = true;    // the GPU's INT8 depthwise kernel
-      target.gpu_grouped_convolutions = true;  // and its grouped one
-    }
-    quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, scales, pinned, &qdq.weights, target);
-    int8_kept_float = r.kept_float;
-    if (options.log) {
-      const std::string tag = fp8 ? "fp8" : "int8", format = fp8 ? "FP8" : "INT8";
-      options.log(tag + ": " + std::to_string(r.quantized) + " convolutions in " + format + " (" + std::to_string(r.matrix_products) +
-                  " of them matrix products as 1x1 convolutions, " + std::to_string(r.model_weights) +
-                  " with the model's int8 weights), " + std::to_string(r.int8_values) + " " + tag + " tensors between them (" +
-                  std::to_string(r.int8_pools) + " through MaxPools), " +
-                  std::to_string(r.quantize_nodes) + " quantize layers");
-      for (const std::string& k : r.kept_float) options.log(tag + ": kept in float: " + k);
-    }
+  return graph;
+}
+
+// INT8 and FP8 builds: the float graph's convolutions quantized (the others: nothing to do).
+void quantize_for_precision(ir::Graph& graph, const std::string& name, const BuildOptions& options,
+                            const quantization::QdqScales& qdq, std::vector<std::string>& int8_kept_float) {
+  if (options.precision != Precision::kInt8 && options.precision != Precision::kFp8) return;
+  const bool fp8 = options.precision == Precision::kFp8;
+  // The model's own scales first (a QDQ model), calibrated ones for the other values.
+  std::map<std::string, float> scales = qdq.activations;
+  scales.insert(options.int8_scales.begin(), options.int8_scales.end());
+  if (scales.empty())
+    throw Error(ErrorKind::kInvalidArgument, "an INT8 build needs calibrated activation scales").file(name)
+        .hint("give calibration data (kiln build --int8 --calib DATA) or a calibration cache (--calib-cache FILE), "
+              "or a model with QuantizeLinear/DequantizeLinear pairs");
+  std::set<std::string> pinned(options.float_layers.begin(), options.float_layers.end());
+  quantization::QuantizeTarget target;
+  if (fp8) {
+    // cuDNN's FP8 engines: group-1 convolutions of 16-channel multiples; both engines build
+    // the same graph.
+    target.format = quantization::QuantizeFormat::kFloat8E4M3;
+    target.few_input_channels = false;
+  } else {
+    target.grouped_convolutions = options.device == Device::kCpu;
+    target.depthwise_convolutions = true;    // the GPU's INT8 depthwise kernel
+    target.gpu_grouped_convolutions = true;  // and its grouped one
   }
+  quantization::QuantizeGraphReport r = quantization::quantize_graph(graph, scales, pinned, &qdq.weights, target);
+  int8_kept_float = r.kept_float;
+  if (options.log) {
+    const std::string tag = fp8 ? "fp8" : "int8", format = fp8 ? "FP8" : "INT8";
+    options.log(tag + ": " + std::to_string(r.quantized) + " convolutions in " + format + " (" + std::to_string(r.matrix_products) +
+                " of them matrix products as 1x1 convolutions, " + std::to_string(r.model_weights) +
+                " with the model's int8 weights), " + std::to_string(r.int8_values) + " " + tag + " tensors between them (" +
+                std::to_string(r.int8_pools) + " through MaxPools), " +
+                std::to_string(r.quantize_nodes) + " quantize layers");
+    for (const std::string& k : r.kept_float) options.log(tag + ": kept in float: " + k);
+  }
+}
+
+// The model as an engine runs it: the float graph, quantized for INT8 and FP8.
+ir::Graph optimized_graph(const std::string& model_bytes, const std::string& name, const std::string& base_dir,
+                          const BuildOptions& options, std::vector<std::string>& int8_kept_float) {
+  quantization::QdqScales qdq;
+  ir::Graph graph = float_graph(model_bytes, name, base_dir, options, qdq);
+  quantize_for_precision(graph, name, options, qdq, int8_kept_float);
   return graph;
 }
 
@@ -339,6 +351,13 @@ std::shared_ptr<Engine::Impl> make_engine(ir::Graph graph, const std::string& na
 }
 
 #if KILN_WITH_CUDA
+// One profiled run of a GPU context as the public API reports it.
+std::vector<LayerTiming> profile_layers(cuda::CudaContext& context, cudaStream_t stream) {
+  std::vector<LayerTiming> out;
+  for (const cuda::LayerTime& t : context.profile(stream)) out.push_back(LayerTiming{t.name, t.op, t.tactic, t.ms});
+  return out;
+}
+
 // A stream and random inputs (profile 0's opt shapes) to time a GPU engine with.
 class EngineTimer {
  public:
@@ -378,11 +397,7 @@ class EngineTimer {
   // Median time of each layer over `runs` profiled runs.
   std::map<std::string, double> layer_ms(int runs) {
     std::vector<std::vector<LayerTiming>> all;
-    for (int r = 0; r < runs; ++r) {
-      std::vector<LayerTiming> run;
-      for (const cuda::LayerTime& t : context_.profile(stream_)) run.push_back(LayerTiming{t.name, t.op, t.tactic, t.ms});
-      all.push_back(std::move(run));
-    }
+    for (int r = 0; r < runs; ++r) all.push_back(profile_layers(context_, stream_));
     return api::median_layer_ms(all);
   }
 
@@ -403,15 +418,21 @@ std::shared_ptr<Engine::Impl> build_fp8_where_faster(const std::string& bytes, c
   auto log = [&](const std::string& line) {
     if (options.log) options.log(line);
   };
+  // Imported and optimized once; every candidate quantizes a copy (FP8 absorbs no Q/DQ pairs).
+  quantization::QdqScales no_qdq;
+  const ir::Graph float_model = float_graph(bytes, name, base_dir, options, no_qdq);
+  auto quantized = [&](const BuildOptions& o, std::vector<std::string>& kept) {
+    ir::Graph g = float_model;
+    quantize_for_precision(g, name, o, no_qdq, kept);
+    return g;
+  };
   std::vector<std::string> kept_all;
   log("fp8: building the engine with every eligible layer in FP8");
-  std::shared_ptr<Engine::Impl> all_fp8 =
-      make_engine(optimized_graph(bytes, name, base_dir, options, kept_all), name, options, {}, {}, kept_all);
+  std::shared_ptr<Engine::Impl> all_fp8 = make_engine(quantized(options, kept_all), name, options, {}, {}, kept_all);
   BuildOptions half = options;
   half.precision = Precision::kFp16;
   log("fp8: building the fp16 engine to time each FP8 layer against");
-  std::vector<std::string> none;
-  std::shared_ptr<Engine::Impl> fp16 = make_engine(optimized_graph(bytes, name, base_dir, half, none), name, half, {}, {}, {});
+  std::shared_ptr<Engine::Impl> fp16 = make_engine(float_model, name, half, {}, {}, {});
 
   log("fp8: timing both engines layer by layer");
   std::map<std::string, double> fp16_ms = EngineTimer(*fp16->gpu).layer_ms(9);
@@ -448,7 +469,7 @@ std::shared_ptr<Engine::Impl> build_fp8_where_faster(const std::string& bytes, c
     for (const auto& [layer, why] : slower) mixed.float_layers.push_back(layer);
     log(fmt::format("fp8: building the mixed engine of round {} ({} layers in FP8)", round, costs.size() - pinned));
     std::vector<std::string> kept_mixed;
-    current = make_engine(optimized_graph(bytes, name, base_dir, mixed, kept_mixed), name, mixed, {}, tactics, kept_mixed);
+    current = make_engine(quantized(mixed, kept_mixed), name, mixed, {}, tactics, kept_mixed);
     for (const auto& entry : current->gpu->timing_entries()) tactics.insert(entry);
     candidates.push_back({fmt::format("mixed (round {})", round), current});
   }
@@ -755,10 +776,7 @@ std::map<std::string, Tensor> Context::run(const std::map<std::string, Tensor>& 
   return impl_->context->run(inputs, impl_->stream);
 }
 std::vector<LayerTiming> Context::profile(void* cuda_stream) {
-  std::vector<LayerTiming> out;
-  for (const cuda::LayerTime& t : impl_->context->profile(static_cast<cudaStream_t>(cuda_stream)))
-    out.push_back(LayerTiming{t.name, t.op, t.tactic, t.ms});
-  return out;
+  return profile_layers(*impl_->context, static_cast<cudaStream_t>(cuda_stream));
 }
 #else
 namespace {
