@@ -2,7 +2,7 @@
 """Two kiln binaries on one GPU, in alternating rounds: is a change in speed the code or the machine?
 
     python3 bench/ab_binaries.py --a OLD_KILN --b NEW_KILN --out DIR [--model resnet50]
-                                 [--configs int8:1,int8:128,fp16:1] [--rounds 3]
+                                 [--configs int8:1,int8:128,fp16:1] [--rounds 3] [--b-flags=--int8-all]
 
 Session 9 measured ResNet-50's INT8 engines slower than session 8 had (batch 1: 0.349 against
 0.275 ms) with unchanged INT8 code (bench/NOTES.md, "FP8 version 2"). Build the older commit
@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--configs", default="int8:1,int8:128,fp16:1")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--b-flags", default="", help="extra build flags for B's quantized builds (e.g. --int8-all, which "
+                    "a binary from before INT8 where-faster builds by default)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import numpy as np
@@ -67,6 +69,8 @@ def main() -> None:
         for prec, batch in configs:
             path = os.path.join(args.out, f"{side}_{prec}_b{batch}.engine")
             extra = ["--calib-cache", cache] if prec in ("int8", "fp8") else []
+            if side == "b" and extra and args.b_flags:
+                extra += args.b_flags.split()
             r = gpu_bench.run([kiln, "build", model, f"--{prec}", "--batch", str(batch), "-v", "-o", path, *extra])
             with open(os.path.join(args.out, f"build_{side}_{prec}_b{batch}.log"), "w") as f:
                 f.write(r.stderr)

@@ -99,12 +99,14 @@ struct BuildOptions {
   // node names to keep in float (mixed precision).
   std::map<std::string, float> int8_scales;
   std::vector<std::string> float_layers;
-  // kFp8 GPU builds: FP8 only where it is faster (TensorRT's --fp8 with fp16 allowed). The build
-  // times the all-FP8 engine and the fp16 one layer by layer at profile 0's opt shapes, keeps in
-  // fp16 the layers whose FP8 form (quantize and reformats included) is slower, repeats on the
-  // mixed engine (up to 3 rounds), times the whole engines and keeps the fastest (about three
-  // builds' time); EngineInfo::int8_kept_float says which layers stayed fp16 and why. false: every eligible layer in FP8, untimed (`kiln build --fp8 --fp8-all`).
-  bool fp8_where_faster = true;
+  // kInt8 and kFp8 GPU builds: quantized layers only where they are faster (TensorRT's --int8
+  // and --fp8 with fp16 allowed). The build times the engine with every eligible layer quantized
+  // and the fp16 one layer by layer at profile 0's opt shapes, keeps in fp16 the layers whose
+  // quantized form (quantize and reformats included) is slower, repeats on the mixed engine (up
+  // to 3 rounds), times the whole engines and keeps the fastest (about three builds' time);
+  // EngineInfo::int8_kept_float says which layers stayed fp16 and why. false: every eligible
+  // layer quantized, untimed (`kiln build --int8 --int8-all`, `--fp8 --fp8-all`).
+  bool quantized_where_faster = true;
   // Progress lines of the build (layer by layer, with the chosen tactic); nullptr: quiet.
   std::function<void(const std::string&)> log;
 };

@@ -249,8 +249,9 @@ PYBIND11_MODULE(_kiln, m) {
       .def_readwrite("mark_outputs", &BuildOptions::mark_outputs)
       .def_readwrite("int8_scales", &BuildOptions::int8_scales)
       .def_readwrite("float_layers", &BuildOptions::float_layers)
-      .def_readwrite("fp8_where_faster", &BuildOptions::fp8_where_faster,
-                     "fp8 GPU builds: FP8 only in layers where it times faster than fp16 (else every eligible layer)")
+      .def_readwrite("quantized_where_faster", &BuildOptions::quantized_where_faster,
+                     "int8 and fp8 GPU builds: quantized only in layers where it times faster than fp16 (else every "
+                     "eligible layer)")
       .def_readwrite("log", &BuildOptions::log);
 
   py::class_<Engine>(m, "Engine")

@@ -71,16 +71,16 @@ class Builder:
 
     precision: fp32, tf32, fp16, best, int8 or fp8; device: cpu or cuda. shapes: {input: shape} fixes
     an input's shape; profiles: a list of {input: (min, opt, max)} (GPU engines then run any shape
-    within one profile). For int8 and fp8, call calibrate() first or pass int8_scales. fp8 on the GPU
-    keeps a layer in FP8 only where timing shows it faster than fp16; fp8_all=True puts every
-    eligible layer in FP8 (`kiln build --fp8-all`).
+    within one profile). For int8 and fp8, call calibrate() first or pass int8_scales. int8 and fp8 on
+    the GPU keep a layer quantized only where timing shows it faster than fp16; quantize_all=True
+    quantizes every eligible layer (`kiln build --int8-all`, `--fp8-all`).
     """
 
     def __init__(self, precision: str = "fp32", device: str = "cpu", shapes: Mapping[str, Sequence[int]] | None = None,
                  profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]] = (),
                  timing_cache: str | None = None, allow_cpu_fallback: bool = False,
                  int8_scales: Mapping[str, float] | None = None, float_layers: Sequence[str] = (),
-                 optimize: bool = True, verbose: bool = False, fp8_all: bool = False):
+                 optimize: bool = True, verbose: bool = False, quantize_all: bool = False):
         self.options = BuildOptions()
         self.options.precision = precision
         self.options.device = device
@@ -92,7 +92,7 @@ class Builder:
         self.options.allow_cpu_fallback = allow_cpu_fallback
         self.options.int8_scales = dict(int8_scales or {})
         self.options.float_layers = list(float_layers)
-        self.options.fp8_where_faster = not fp8_all
+        self.options.quantized_where_faster = not quantize_all
         if verbose:
             self.options.log = lambda line: print(line, flush=True)
 

@@ -15,7 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "api/fp8_layers.h"
+#include "api/where_faster.h"
 #include "api/profiles.h"
 #include "cpu/engine.h"
 #include "engine/engine_file.h"
@@ -407,67 +407,71 @@ class EngineTimer {
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
 
-// `kiln build --fp8` on the GPU: FP8 only where it is faster (api/fp8_layers.h). Builds the
-// engine with every eligible layer in FP8 and the fp16 one, times both layer by layer, builds
-// the mixed engine (fp16 where FP8 lost; tactics already timed) and compares its own FP8 layers
-// again (up to three rounds), times the whole engines in turns and returns the fastest, its
-// report naming the layers kept in fp16 and why. The per-layer sums are optimistic (ResNet-50
-// at batch 128: a mixed engine 0.56 ms slower than fp16, bench/NOTES.md), hence the last step.
-std::shared_ptr<Engine::Impl> build_fp8_where_faster(const std::string& bytes, const std::string& name,
-                                                     const std::string& base_dir, const BuildOptions& options) {
+// `kiln build --int8` and `--fp8` on the GPU: quantized layers only where they are faster
+// (api/where_faster.h). Builds the engine with every eligible layer quantized and the fp16 one,
+// times both layer by layer, builds the mixed engine (fp16 where the quantized form lost;
+// tactics already timed) and compares its own quantized layers again (up to three rounds),
+// times the whole engines in turns and returns the fastest, its report naming the layers kept in
+// fp16 and why. The per-layer sums are optimistic (ResNet-50 FP8 at batch 128: a mixed engine
+// 0.56 ms slower than fp16, bench/NOTES.md), hence the last step.
+std::shared_ptr<Engine::Impl> build_quantized_where_faster(const std::string& bytes, const std::string& name,
+                                                           const std::string& base_dir, const BuildOptions& options) {
+  const bool fp8 = options.precision == Precision::kFp8;
+  const std::string tag = fp8 ? "fp8" : "int8", format = fp8 ? "FP8" : "INT8";
   auto log = [&](const std::string& line) {
     if (options.log) options.log(line);
   };
-  // Imported and optimized once; every candidate quantizes a copy (FP8 absorbs no Q/DQ pairs).
-  quantization::QdqScales no_qdq;
-  const ir::Graph float_model = float_graph(bytes, name, base_dir, options, no_qdq);
+  // Imported and optimized once (a QDQ model's pairs absorbed into `qdq`); every candidate
+  // quantizes a copy.
+  quantization::QdqScales qdq;
+  const ir::Graph float_model = float_graph(bytes, name, base_dir, options, qdq);
   auto quantized = [&](const BuildOptions& o, std::vector<std::string>& kept) {
     ir::Graph g = float_model;
-    quantize_for_precision(g, name, o, no_qdq, kept);
+    quantize_for_precision(g, name, o, qdq, kept);
     return g;
   };
   std::vector<std::string> kept_all;
-  log("fp8: building the engine with every eligible layer in FP8");
-  std::shared_ptr<Engine::Impl> all_fp8 = make_engine(quantized(options, kept_all), name, options, {}, {}, kept_all);
+  log(tag + ": building the engine with every eligible layer in " + format);
+  std::shared_ptr<Engine::Impl> all_quantized = make_engine(quantized(options, kept_all), name, options, {}, {}, kept_all);
   BuildOptions half = options;
   half.precision = Precision::kFp16;
-  log("fp8: building the fp16 engine to time each FP8 layer against");
+  log(tag + ": building the fp16 engine to time each " + format + " layer against");
   std::shared_ptr<Engine::Impl> fp16 = make_engine(float_model, name, half, {}, {}, {});
 
-  log("fp8: timing both engines layer by layer");
+  log(tag + ": timing both engines layer by layer");
   std::map<std::string, double> fp16_ms = EngineTimer(*fp16->gpu).layer_ms(9);
   struct Candidate {
     std::string what;
     std::shared_ptr<Engine::Impl> engine;
     double ms = 0;
   };
-  std::vector<Candidate> candidates = {{"every eligible layer in FP8", all_fp8}, {"no FP8 layer", fp16}};
-  // Rounds: compare the FP8 layers of the current engine with fp16, pin the slower ones, build
-  // again. A layer pinned changes its neighbours' costs (an FP8 layer after it now needs its input
-  // quantized), so the next round looks at the mixed engine's own times.
+  std::vector<Candidate> candidates = {{"every eligible layer in " + format, all_quantized}, {"no " + format + " layer", fp16}};
+  // Rounds: compare the quantized layers of the current engine with fp16, pin the slower ones,
+  // build again. A layer pinned changes its neighbours' costs (a quantized layer after it now
+  // needs its input quantized), so the next round looks at the mixed engine's own times.
   std::map<std::string, std::string> slower;  // layer -> why it stays fp16
-  std::map<std::string, std::string> tactics = all_fp8->gpu->timing_entries();
+  std::map<std::string, std::string> tactics = all_quantized->gpu->timing_entries();
   for (const auto& entry : fp16->gpu->timing_entries()) tactics.insert(entry);
-  std::shared_ptr<Engine::Impl> current = all_fp8;
+  std::shared_ptr<Engine::Impl> current = all_quantized;
   for (int round = 1; round <= 3; ++round) {
-    const std::vector<api::Fp8LayerCost> costs =
-        api::compare_fp8_layers(*current->graph, EngineTimer(*current->gpu).layer_ms(9), fp16_ms);
+    const std::vector<api::QuantizedLayerCost> costs =
+        api::compare_quantized_layers(*current->graph, EngineTimer(*current->gpu).layer_ms(9), fp16_ms);
     size_t pinned = 0;
     for (size_t i = 0; i < costs.size(); ++i) {
-      const api::Fp8LayerCost& c = costs[i];
-      const std::string line = fmt::format("FP8 {:.4f} ms + {:.4f} ms quantize/reformat vs fp16 {:.4f} ms", c.fp8_ms,
-                                           c.added_ms, c.fp16_ms);
-      const std::string choice = c.keep_fp8() ? " -> FP8" : " -> fp16";
-      if (round == 1) log(fmt::format("[{}/{}] fp8: ", i + 1, costs.size()) + c.layer + ": " + line + choice);
-      if (c.keep_fp8()) continue;
-      if (round > 1) log(fmt::format("fp8 round {}: ", round) + c.layer + ": " + line + choice);
+      const api::QuantizedLayerCost& c = costs[i];
+      const std::string line = fmt::format("{} {:.4f} ms + {:.4f} ms quantize/reformat vs fp16 {:.4f} ms", format,
+                                           c.quantized_ms, c.added_ms, c.fp16_ms);
+      const std::string choice = c.keep_quantized() ? " -> " + format : " -> fp16";
+      if (round == 1) log(fmt::format("[{}/{}] {}: ", i + 1, costs.size(), tag) + c.layer + ": " + line + choice);
+      if (c.keep_quantized()) continue;
+      if (round > 1) log(fmt::format("{} round {}: ", tag, round) + c.layer + ": " + line + choice);
       slower[c.layer] = "fp16 is faster here (" + line + ")";
       ++pinned;
     }
     if (pinned == 0 || pinned == costs.size()) break;
     BuildOptions mixed = options;
     for (const auto& [layer, why] : slower) mixed.float_layers.push_back(layer);
-    log(fmt::format("fp8: building the mixed engine of round {} ({} layers in FP8)", round, costs.size() - pinned));
+    log(fmt::format("{}: building the mixed engine of round {} ({} layers in {})", tag, round, costs.size() - pinned, format));
     std::vector<std::string> kept_mixed;
     current = make_engine(quantized(mixed, kept_mixed), name, mixed, {}, tactics, kept_mixed);
     for (const auto& entry : current->gpu->timing_entries()) tactics.insert(entry);
@@ -483,26 +487,26 @@ std::shared_ptr<Engine::Impl> build_fp8_where_faster(const std::string& bytes, c
     for (size_t i = 0; i < candidates.size(); ++i) {
       std::sort(rounds[i].begin(), rounds[i].end());
       candidates[i].ms = rounds[i][rounds[i].size() / 2];
-      log(fmt::format("fp8: whole engine, {}: {:.4f} ms", candidates[i].what, candidates[i].ms));
+      log(fmt::format("{}: whole engine, {}: {:.4f} ms", tag, candidates[i].what, candidates[i].ms));
     }
   }
   const Candidate& best = *std::min_element(candidates.begin(), candidates.end(),
                                             [](const Candidate& a, const Candidate& b) { return a.ms < b.ms; });
-  log("fp8: keeping the engine with " + best.what);
+  log(tag + ": keeping the engine with " + best.what);
   std::shared_ptr<Engine::Impl> chosen = best.engine;
   std::string summary;
   for (const Candidate& c : candidates) summary += (summary.empty() ? "" : ", ") + c.what + fmt::format(" {:.4f} ms", c.ms);
   if (chosen == fp16) {
-    // An FP8 engine without FP8 layers: what the build measured, said as such.
+    // A quantized engine without quantized layers: what the build measured, said as such.
     chosen->options = options;
     chosen->options.log = nullptr;
     chosen->int8_kept_float = kept_all;
-    for (const ir::Node& n : all_fp8->graph->nodes) {
+    for (const ir::Node& n : all_quantized->graph->nodes) {
       if (n.op != "QConv" || n.domain != "kiln") continue;
       chosen->options.float_layers.push_back(n.name);
-      chosen->int8_kept_float.push_back(n.name + ": the engine without FP8 layers ran fastest (" + summary + ")");
+      chosen->int8_kept_float.push_back(n.name + ": the engine without " + format + " layers ran fastest (" + summary + ")");
     }
-  } else if (chosen != all_fp8) {
+  } else if (chosen != all_quantized) {
     for (std::string& k : chosen->int8_kept_float) {
       const std::string layer = k.substr(0, k.find(": "));
       if (auto it = slower.find(layer); it != slower.end()) k = layer + ": " + it->second;
@@ -519,8 +523,9 @@ Engine Engine::from_onnx(const std::string& onnx_path, const BuildOptions& optio
   std::string base_dir = std::filesystem::path(onnx_path).parent_path().string();
   if (base_dir.empty()) base_dir = ".";
 #if KILN_WITH_CUDA
-  if (options.precision == Precision::kFp8 && options.device == Device::kCuda && options.fp8_where_faster)
-    return Engine(build_fp8_where_faster(bytes, onnx_path, base_dir, options));
+  const bool quantized = options.precision == Precision::kInt8 || options.precision == Precision::kFp8;
+  if (quantized && options.device == Device::kCuda && options.quantized_where_faster)
+    return Engine(build_quantized_where_faster(bytes, onnx_path, base_dir, options));
 #endif
   std::vector<std::string> kept_float;
   ir::Graph graph = optimized_graph(bytes, onnx_path, base_dir, options, kept_float);

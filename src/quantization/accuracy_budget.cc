@@ -105,6 +105,7 @@ BudgetReport fit_accuracy_budget(const std::string& model, const std::map<std::s
   BuildOptions int8 = fp32;
   int8.precision = Precision::kInt8;
   int8.int8_scales = scales;
+  int8.quantized_where_faster = false;  // the sensitivity of every INT8 layer, not a timed mix
   auto measure = [&](const std::vector<std::string>& float_layers) {
     BuildOptions o = int8;
     o.float_layers = float_layers;

@@ -31,7 +31,9 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_flag("--best", best, "GPU: float16 where supported, TF32 elsewhere");
   cmd->add_flag("--int8", int8,
                 "INT8 convolutions from calibrated scales (--calib or --calib-cache); other layers fp16 on the GPU, "
-                "float32 on the CPU");
+                "float32 on the CPU. On the GPU each layer stays INT8 only where timing shows it faster than fp16");
+  cmd->add_flag("--int8-all", int8_all,
+                "With --int8 on the GPU: every eligible layer in INT8, without timing it against fp16");
   cmd->add_flag("--fp8", fp8,
                 "FP8 (E4M3) convolutions on Hopper's FP8 tensor cores from the same calibrated scales as --int8; "
                 "other layers fp16 (the CPU engine runs the float reference). On the GPU each layer stays FP8 only "
@@ -102,7 +104,8 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache, --layer-precision and --accuracy-budget are for INT8 builds")
         .hint("add --int8 (or --fp8)");
   if (fp8_all && !fp8) throw Error(ErrorKind::kInvalidArgument, "--fp8-all goes with --fp8").hint("add --fp8");
-  b.fp8_where_faster = !fp8_all;
+  if (int8_all && !int8) throw Error(ErrorKind::kInvalidArgument, "--int8-all goes with --int8").hint("add --int8");
+  b.quantized_where_faster = !fp8_all && !int8_all;
   if (fp8 && accuracy_budget >= 0)
     throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget measures INT8 layers; it is not available with --fp8")
         .hint("pin sensitive layers with --layer-precision NAME=fp16, or use --int8 --accuracy-budget");

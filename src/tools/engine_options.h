@@ -30,7 +30,8 @@ struct EngineOptions {
   // to float (--layer-precision NAME=fp16).
   bool int8 = false;
   bool fp8 = false;  // --fp8: the INT8 pipeline with FP8 E4M3 convolutions (Hopper)
-  bool fp8_all = false;  // --fp8-all: every eligible layer FP8, not only where faster
+  bool fp8_all = false;   // --fp8-all: every eligible layer FP8, not only where faster
+  bool int8_all = false;  // --int8-all: every eligible layer INT8, not only where faster
   std::string calib_data, calib_algo = "entropy", calib_cache;
   int calib_batches = 0, calib_batch = 8;
   double calib_percentile = 99.99;

@@ -66,9 +66,10 @@ def test_bad_inputs_are_kiln_errors_that_say_what(tmp_path):
         kiln.Builder(precision="fp4")
     with pytest.raises(kiln.Error, match="calibrate"):
         kiln.Builder(precision="int8").build(FASHION)
-    # fp8 on the GPU: FP8 where it times faster than fp16, unless fp8_all asks for every layer.
-    assert kiln.Builder(precision="fp8").options.fp8_where_faster
-    assert not kiln.Builder(precision="fp8", fp8_all=True).options.fp8_where_faster
+    # int8 and fp8 on the GPU: quantized where it times faster than fp16, unless quantize_all asks
+    # for every layer.
+    assert kiln.Builder(precision="int8").options.quantized_where_faster
+    assert not kiln.Builder(precision="fp8", quantize_all=True).options.quantized_where_faster
     assert issubclass(kiln.Error, RuntimeError)
 
 

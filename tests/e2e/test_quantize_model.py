@@ -263,3 +263,5 @@ def test_fp8_cpu_engine_resnet18(run_kiln, model_cache, tmp_path):
     # is an error that says what it needs.
     result = run_kiln("run", path, "--input", f"input={tmp_path / 'x.npy'}", "--fp8-all")
     assert result.returncode != 0 and "--fp8-all goes with --fp8" in result.stderr, result.describe()
+    result = run_kiln("run", path, "--input", f"input={tmp_path / 'x.npy'}", "--fp8", "--calib-cache", cache, "--int8-all")
+    assert result.returncode != 0 and "--int8-all goes with --int8" in result.stderr, result.describe()

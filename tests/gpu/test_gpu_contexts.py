@@ -47,7 +47,7 @@ def mismatch(got, want):
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_contexts_on_threads_match_one_context(resnet18_64, precision):
     path, spec = resnet18_64
-    builder = kiln.Builder(precision=precision, device="cuda", shapes={"input": [8, 3, 64, 64]})
+    builder = kiln.Builder(precision=precision, device="cuda", shapes={"input": [8, 3, 64, 64]}, quantize_all=True)
     if precision == "int8":
         builder.calibrate(path, [spec.make_inputs(8, 100 + i)[0] for i in range(4)], progress=False)
     engine = builder.build(path)
@@ -98,7 +98,7 @@ def test_compute_sanitizer_memcheck_finds_nothing(kiln_bin, resnet18_64, tmp_pat
                         "--max-shapes", "input:4x3x64x64", "-o", dynamic], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = ([path, "--device", "cuda", "--fp16", "--batch", "2"],
-            [path, "--device", "cuda", "--int8", "--calib", calib, "--calib-batch", "8", "--batch", "2"],
+            [path, "--device", "cuda", "--int8", "--int8-all", "--calib", calib, "--calib-batch", "8", "--batch", "2"],
             [dynamic, "--batch", "3"])
     for args in runs:
         r = subprocess.run([sanitizer, "--tool", "memcheck", "--error-exitcode", "3", kiln_bin, "run", *map(str, args), "--random"],

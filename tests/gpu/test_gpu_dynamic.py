@@ -166,7 +166,7 @@ def test_int8_engine_files_with_profiles(kiln_bin, resnet18_64, tmp_path):
     files = {}
     for precision in ("fp32", "int8"):
         files[precision] = tmp_path / f"{precision}.engine"
-        extra = ["--calib", calib, "--calib-batch", "8", "--calib-cache", cache] if precision == "int8" else []
+        extra = ["--int8-all", "--calib", calib, "--calib-batch", "8", "--calib-cache", cache] if precision == "int8" else []
         ok(kiln(kiln_bin, "build", path, f"--{precision}", *profile_flags(1, 4, 8), *extra, "-o", files[precision]))
     sizes = {k: os.path.getsize(v) for k, v in files.items()}
     print("engine files:", sizes)

@@ -62,7 +62,7 @@ def test_int8_block_matches_cpu(kiln_bin, tmp_path):
     calib = str(tmp_path / "calib.npy")
     np.save(calib, rng.standard_normal((32, 16, 12, 12)).astype(np.float32))
     x = [rng.standard_normal((8, 16, 12, 12)).astype(np.float32)]
-    common = ["--int8", "--calib", calib, "--calib-batch", "8", "--calib-cache", str(tmp_path / "block.calib")]
+    common = ["--int8", "--int8-all", "--calib", calib, "--calib-batch", "8", "--calib-cache", str(tmp_path / "block.calib")]
     cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y2"]
     gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", "-v", *common)["y2"]
     fp32 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp32"), "--device", "cpu")["y2"]
@@ -82,7 +82,7 @@ def test_int8_gpu_matches_cpu_reference(name, size, kiln_bin, model_cache, tmp_p
     cache = str(tmp_path / f"{name}.calib")
     batch = 32 if size < 224 else 8
     x = make(batch, seed=22)
-    common = ["--int8", "--calib", calib, "--calib-cache", cache]
+    common = ["--int8", "--int8-all", "--calib", calib, "--calib-cache", cache]
     cpu = run_kiln(kiln_bin, path, x, ["input"], str(tmp_path / "cpu"), "--device", "cpu", *common)
     gpu = run_kiln(kiln_bin, path, x, ["input"], str(tmp_path / "gpu"), "--device", "cuda", *common)
     fp32 = run_kiln(kiln_bin, path, x, ["input"], str(tmp_path / "fp32"), "--device", "cpu")
@@ -149,7 +149,7 @@ def check_exact_against_cpu(kiln_bin, path, shape, tmp_path, seed, out, tactic, 
     the GPU build runs `layers` layers on kiln's `tactic`. Returns (cpu output, gpu output,
     the cache, the input, the build log)."""
     cache, x = exact_input_cache(kiln_bin, path, shape, tmp_path, np.random.default_rng(seed))
-    common = ["--int8", "--calib-cache", cache]
+    common = ["--int8", "--int8-all", "--calib-cache", cache]
     cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)[out]
     gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)[out]
     fp16_rounding = np.abs(cpu) * 2.0**-11 + 2.0**-24
@@ -174,7 +174,7 @@ def test_int8_kernel_matches_cpu_exactly(kiln_bin, tmp_path, monkeypatch):
     path = str(tmp_path / "chain.onnx")
     kernel_chain_model(path)
     cache, x = exact_input_cache(kiln_bin, path, (3, 48, 15, 15), tmp_path, np.random.default_rng(8))
-    common = ["--int8", "--calib-cache", cache]
+    common = ["--int8", "--int8-all", "--calib-cache", cache]
     cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y4"]
     monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "kernel")
     kernel = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "kernel"), "--device", "cuda", *common)["y4"]
@@ -341,7 +341,7 @@ def test_int8_matrix_products_match_cpu(exact, kiln_bin, tmp_path, monkeypatch):
         x = [(rng.integers(-100, 101, (32, 64)) / 16).astype(np.float32)]
     else:  # inputs like the calibration data
         x = [rng.standard_normal((32, 64)).astype(np.float32)]
-    common = ["--int8", "--calib-cache", cache, "-v"]
+    common = ["--int8", "--int8-all", "--calib-cache", cache, "-v"]
     cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)[out]
     fp32 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp32"), "--device", "cpu")[out]
     monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "kernel")
@@ -430,56 +430,59 @@ def test_fp8_gpu_matches_cpu_reference(name, size, kiln_bin, model_cache, tmp_pa
     assert "cudnn:fp8 graph" in log, log
 
 
-def test_fp8_where_faster(kiln_bin, model_cache, tmp_path):
-    """--fp8 on the GPU keeps a layer in FP8 only where it timed faster than fp16: the build
-    times each FP8 layer of the all-FP8 engine against the fp16 engine's, says which it keeps,
-    times the whole engines and keeps the fastest; the engine has exactly the FP8 layers it
-    chose, names the others with the timing that sent them to fp16, and computes what the
-    CPU's FP8 reference and fp32 compute, to FP8's error."""
+@pytest.mark.parametrize("tag", ["int8", "fp8"])
+def test_quantized_where_faster(tag, kiln_bin, model_cache, tmp_path):
+    """--int8 and --fp8 on the GPU keep a layer quantized only where it timed faster than fp16:
+    the build times each quantized layer of the all-quantized engine against the fp16 engine's,
+    says which it keeps, times the whole engines and keeps the fastest; the engine has exactly
+    the quantized layers it chose, names the others with the timing that sent them to fp16, and
+    its output is as close to fp32 as the CPU's all-quantized reference is (or closer)."""
     import json
     import re
 
+    fmt = tag.upper()
     name, size = "resnet50", 224
     path = exported_model(model_cache, E2eModel(name, size), "torchscript")
     make = export_model.input_maker(name, size=size)
     calib = str(tmp_path / "calib.npy")
     np.save(calib, make(16, seed=21)[0])
-    common = ["--fp8", "--calib", calib, "--calib-cache", str(tmp_path / f"{name}.calib")]
-    engine = str(tmp_path / "fp8.engine")
+    common = [f"--{tag}", "--calib", calib, "--calib-cache", str(tmp_path / f"{name}.calib")]
+    engine = str(tmp_path / f"{tag}.engine")
     build = subprocess.run([kiln_bin, "build", path, *common, "--batch", "8", "-v", "-o", engine],
                            capture_output=True, text=True, timeout=900)
     log = build.stdout + build.stderr
     assert build.returncode == 0, log
-    print("\n".join(line for line in log.splitlines() if "fp8:" in line))
-    choices = re.findall(r"\[(\d+)/(\d+)\] fp8: (\S+): FP8 ([\d.]+) ms \+ ([\d.]+) ms quantize/reformat vs fp16 ([\d.]+) ms -> (FP8|fp16)", log)
+    print("\n".join(line for line in log.splitlines() if f"{tag}:" in line or f"{tag} round" in line))
+    choices = re.findall(rf"\[(\d+)/(\d+)\] {tag}: (\S+): {fmt} ([\d.]+) ms \+ ([\d.]+) ms quantize/reformat vs fp16 "
+                         rf"([\d.]+) ms -> ({fmt}|fp16)", log)
     assert len(choices) == int(choices[0][1]) >= 50, log  # every convolution of ResNet-50 timed
-    for _, _, layer, fp8, added, fp16, choice in choices:  # each choice follows its figures (printed rounded)
-        if abs(float(fp8) + float(added) - float(fp16)) > 2e-4:
-            assert (choice == "FP8") == (float(fp8) + float(added) < float(fp16)), layer
-    wholes = dict(re.findall(r"fp8: whole engine, (.+?): ([\d.]+) ms", log))
-    kept = re.search(r"fp8: keeping the engine with (.+)", log).group(1).strip()
+    for _, _, layer, quantized, added, fp16, choice in choices:  # each choice follows its figures (printed rounded)
+        if abs(float(quantized) + float(added) - float(fp16)) > 2e-4:
+            assert (choice == fmt) == (float(quantized) + float(added) < float(fp16)), layer
+    wholes = dict(re.findall(rf"{tag}: whole engine, (.+?): ([\d.]+) ms", log))
+    kept = re.search(rf"{tag}: keeping the engine with (.+)", log).group(1).strip()
     assert len(wholes) >= 2 and float(wholes[kept]) == min(float(v) for v in wholes.values()), (wholes, kept)
 
     info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
                                      check=True).stdout)
-    fp8_layers = {l["name"] for l in info["layers"] if l["op"] == "QConv"}
-    # Round 1 times every FP8 layer; later rounds (the mixed engine timed again) may pin more.
-    expected = {"every eligible layer in FP8": {c[2] for c in choices}, "no FP8 layer": set()}
-    fp8_after = {layer for _, _, layer, *_, choice in choices if choice == "FP8"}
+    quantized_layers = {l["name"] for l in info["layers"] if l["op"] == "QConv"}
+    # Round 1 times every quantized layer; later rounds (the mixed engine timed again) may pin more.
+    expected = {f"every eligible layer in {fmt}": {c[2] for c in choices}, f"no {fmt} layer": set()}
+    after = {layer for _, _, layer, *_, choice in choices if choice == fmt}
     for rnd in range(1, 4):
-        expected[f"mixed (round {rnd})"] = set(fp8_after)
-        fp8_after -= set(re.findall(rf"fp8 round {rnd + 1}: (\S+): .* -> fp16", log))
-    assert fp8_layers == expected[kept]
+        expected[f"mixed (round {rnd})"] = set(after)
+        after -= set(re.findall(rf"{tag} round {rnd + 1}: (\S+): .* -> fp16", log))
+    assert quantized_layers == expected[kept]
     if kept.startswith("mixed"):
         reasons = [k for k in info["int8_kept_float"] if "fp16 is faster here" in k]
-        assert len(reasons) == len(choices) - len(fp8_layers), info["int8_kept_float"]
+        assert len(reasons) == len(choices) - len(quantized_layers), info["int8_kept_float"]
 
     x = make(8, seed=22)
     gpu = run_kiln(kiln_bin, engine, x, ["input"], str(tmp_path / "gpu"))
     cpu = run_kiln(kiln_bin, path, x, ["input"], str(tmp_path / "cpu"), "--device", "cpu", *common)
     fp32 = run_kiln(kiln_bin, path, x, ["input"], str(tmp_path / "fp32"), "--device", "cpu")
     out = next(iter(cpu))
-    print(f"{kept}: {len(fp8_layers)} FP8 layers; GPU vs fp32 {rel_l2(gpu[out], fp32[out]):.4f}, "
-          f"CPU FP8 reference vs fp32 {rel_l2(cpu[out], fp32[out]):.4f}")
+    print(f"{kept}: {len(quantized_layers)} {fmt} layers; GPU vs fp32 {rel_l2(gpu[out], fp32[out]):.4f}, "
+          f"CPU {fmt} reference vs fp32 {rel_l2(cpu[out], fp32[out]):.4f}")
     assert np.isfinite(gpu[out]).all()
     assert rel_l2(gpu[out], fp32[out]) <= GPU_ERROR_FACTOR * rel_l2(cpu[out], fp32[out])

@@ -58,7 +58,7 @@ def test_int8_builder_calibrates_on_the_gpu_from_a_dataloader(resnet18_64):
     path, spec = resnet18_64
     data = torch.utils.data.TensorDataset(torch.from_numpy(spec.make_inputs(64, 5)[0]))
     loader = torch.utils.data.DataLoader(data, batch_size=16)
-    builder = kiln.Builder(precision="int8", device="cuda", shapes={"input": [16, 3, 64, 64]})
+    builder = kiln.Builder(precision="int8", device="cuda", shapes={"input": [16, 3, 64, 64]}, quantize_all=True)
     scales = builder.calibrate(path, loader, progress=False)
     assert len(scales) > 20
     engine = builder.build(path)

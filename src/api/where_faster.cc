@@ -1,4 +1,4 @@
-#include "api/fp8_layers.h"
+#include "api/where_faster.h"
 
 #include <algorithm>
 
@@ -39,28 +39,28 @@ double reformats_of(const ir::Node& n, const std::map<std::string, double>& ms) 
 
 }  // namespace
 
-std::vector<Fp8LayerCost> compare_fp8_layers(const ir::Graph& g, const std::map<std::string, double>& fp8_ms,
-                                             const std::map<std::string, double>& fp16_ms) {
+std::vector<QuantizedLayerCost> compare_quantized_layers(const ir::Graph& g, const std::map<std::string, double>& quantized_ms,
+                                                         const std::map<std::string, double>& fp16_ms) {
   // The float name a QuantizeLinear output stands for, to find the fp16 engine's reformats.
   std::map<std::string, const ir::Node*> quantize_of;
   for (const ir::Node& n : g.nodes)
     if (n.op == "QuantizeLinear" && n.domain.empty() && !n.outputs.empty()) quantize_of[n.outputs[0]] = &n;
-  std::vector<Fp8LayerCost> costs;
+  std::vector<QuantizedLayerCost> costs;
   for (const ir::Node& n : g.nodes) {
     if (n.op != "QConv" || n.domain != "kiln") continue;
     auto half = fp16_ms.find(n.name);
-    auto own = fp8_ms.find(n.name);
-    if (half == fp16_ms.end() || own == fp8_ms.end()) continue;
-    Fp8LayerCost c;
+    auto own = quantized_ms.find(n.name);
+    if (half == fp16_ms.end() || own == quantized_ms.end()) continue;
+    QuantizedLayerCost c;
     c.layer = n.name;
-    c.fp8_ms = own->second;
-    c.added_ms = reformats_of(n, fp8_ms);
+    c.quantized_ms = own->second;
+    c.added_ms = reformats_of(n, quantized_ms);
     auto q = n.inputs.empty() ? quantize_of.end() : quantize_of.find(n.inputs[0]);
     ir::Node as_float = n;  // the layer as the fp16 engine has it: float input, not the quantized one
     if (q != quantize_of.end()) {
       int readers = 0;
       for (int r : g.consumers(q->first)) readers += g.nodes[static_cast<size_t>(r)].op == "QConv";
-      c.added_ms += (time_of(fp8_ms, q->second->name) + reformats_of(*q->second, fp8_ms)) / std::max(readers, 1);
+      c.added_ms += (time_of(quantized_ms, q->second->name) + reformats_of(*q->second, quantized_ms)) / std::max(readers, 1);
       as_float.inputs[0] = q->second->inputs[0];
     }
     c.fp16_ms = half->second + reformats_of(as_float, fp16_ms);

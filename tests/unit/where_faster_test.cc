@@ -1,9 +1,9 @@
-// The per-layer FP8-or-fp16 choice of GPU --fp8 builds (src/api/fp8_layers.h), on made-up
-// layer times: what each FP8 layer is charged for (its quantize layer shared by its readers,
-// reformats of its values) and which layers stay FP8. No GPU needed.
+// The per-layer quantized-or-fp16 choice of GPU --int8 and --fp8 builds (src/api/where_faster.h),
+// on made-up layer times: what each quantized layer is charged for (its quantize layer shared by
+// its readers, reformats of its values) and which layers stay quantized. No GPU needed.
 #include <gtest/gtest.h>
 
-#include "api/fp8_layers.h"
+#include "api/where_faster.h"
 
 #include <stdexcept>
 
@@ -31,40 +31,40 @@ ir::Graph fp8_graph() {
   return g;
 }
 
-const api::Fp8LayerCost& cost_of(const std::vector<api::Fp8LayerCost>& costs, const std::string& layer) {
-  for (const api::Fp8LayerCost& c : costs)
+const api::QuantizedLayerCost& cost_of(const std::vector<api::QuantizedLayerCost>& costs, const std::string& layer) {
+  for (const api::QuantizedLayerCost& c : costs)
     if (c.layer == layer) return c;
   throw std::runtime_error("no cost for " + layer);
 }
 
-TEST(Fp8Layers, ChargesTheSharedQuantizeAndReformatsToTheReaders) {
+TEST(WhereFaster, ChargesTheSharedQuantizeAndReformatsToTheReaders) {
   const std::map<std::string, double> fp8 = {
       {"q", 0.04}, {"reformat(x)", 0.01}, {"c1", 0.10}, {"c2", 0.05}, {"c3", 0.02}, {"reformat(y3)", 0.03}};
   const std::map<std::string, double> fp16 = {{"reformat(x)", 0.01}, {"c1", 0.11}, {"c2", 0.20}, {"c3", 0.01}};
-  const auto costs = api::compare_fp8_layers(fp8_graph(), fp8, fp16);
+  const auto costs = api::compare_quantized_layers(fp8_graph(), fp8, fp16);
   ASSERT_EQ(costs.size(), 3u);
   // c1 and c2 share the quantize layer and the reformat of its float input: half each.
-  const api::Fp8LayerCost& c1 = cost_of(costs, "c1");
-  EXPECT_DOUBLE_EQ(c1.fp8_ms, 0.10);
+  const api::QuantizedLayerCost& c1 = cost_of(costs, "c1");
+  EXPECT_DOUBLE_EQ(c1.quantized_ms, 0.10);
   EXPECT_DOUBLE_EQ(c1.added_ms, 0.025);
   EXPECT_DOUBLE_EQ(c1.fp16_ms, 0.12);  // its fp16 form reads x, with x's reformat
-  EXPECT_FALSE(c1.keep_fp8());         // 0.125 > 0.12
-  EXPECT_TRUE(cost_of(costs, "c2").keep_fp8());
+  EXPECT_FALSE(c1.keep_quantized());         // 0.125 > 0.12
+  EXPECT_TRUE(cost_of(costs, "c2").keep_quantized());
   // c3 reads E4M3 directly (no quantize), and pays for the reformat of its output.
-  const api::Fp8LayerCost& c3 = cost_of(costs, "c3");
+  const api::QuantizedLayerCost& c3 = cost_of(costs, "c3");
   EXPECT_DOUBLE_EQ(c3.added_ms, 0.03);
   EXPECT_DOUBLE_EQ(c3.fp16_ms, 0.01);
-  EXPECT_FALSE(c3.keep_fp8());
+  EXPECT_FALSE(c3.keep_quantized());
 }
 
-TEST(Fp8Layers, LayersWithoutAnFp16TimeAreLeftOut) {
-  const auto costs = api::compare_fp8_layers(fp8_graph(), {{"c1", 0.1}, {"c2", 0.1}, {"c3", 0.1}}, {{"c2", 0.3}});
+TEST(WhereFaster, LayersWithoutAnFp16TimeAreLeftOut) {
+  const auto costs = api::compare_quantized_layers(fp8_graph(), {{"c1", 0.1}, {"c2", 0.1}, {"c3", 0.1}}, {{"c2", 0.3}});
   ASSERT_EQ(costs.size(), 1u);
   EXPECT_EQ(costs[0].layer, "c2");
-  EXPECT_TRUE(costs[0].keep_fp8());
+  EXPECT_TRUE(costs[0].keep_quantized());
 }
 
-TEST(Fp8Layers, MedianOverRunsSumsRepeatedNamesWithinARun) {
+TEST(WhereFaster, MedianOverRunsSumsRepeatedNamesWithinARun) {
   std::vector<std::vector<LayerTiming>> runs = {
       {{"a", "Conv", "t", 1.0f}, {"r", "Reformat", "t", 0.5f}, {"r", "Reformat", "t", 0.25f}},
       {{"a", "Conv", "t", 3.0f}, {"r", "Reformat", "t", 1.0f}},

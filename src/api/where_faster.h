@@ -1,0 +1,42 @@
+// INT8 and FP8 only where they are faster (`kiln build --int8` and `--fp8` on the GPU;
+// TensorRT's --int8/--fp8 with fp16 also allowed). A quantized convolution beats fp16 on some
+// layers and loses on others (ResNet-50 at batch 1: launch-bound layers where kiln's fp16
+// kernels are as fast; FP8 64-channel layers at 56x56), and it also pays for quantizing its
+// float input and for reformats. The build times the engine with every eligible layer quantized
+// and the fp16 engine layer by layer, keeps in fp16 each layer whose quantized form (with its
+// share of the quantize and reformat layers added for it) is slower, repeats on the mixed engine,
+// and then times the whole engines (all quantized, mixed, none) and keeps the fastest. This file
+// holds the comparison; src/api/engine.cc builds and times.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "kiln/kiln.h"
+
+namespace kiln::api {
+
+// One quantized convolution (INT8 or FP8) of the all-quantized engine against the same layer in
+// the fp16 engine.
+struct QuantizedLayerCost {
+  std::string layer;         // the node name (the same in both engines)
+  double quantized_ms = 0;   // its own time in the quantized engine
+  double added_ms = 0;       // its share of the QuantizeLinear layers feeding it and of reformats of its values
+  double fp16_ms = 0;        // the layer, plus reformats of its values, in the fp16 engine
+  bool keep_quantized() const { return quantized_ms + added_ms <= fp16_ms; }
+};
+
+// The median time of each layer (by name) over several profiled runs.
+std::map<std::string, double> median_layer_ms(const std::vector<std::vector<LayerTiming>>& runs);
+
+// Costs of every kiln::QConv of `quantized_graph` (the all-quantized engine's graph) from
+// per-layer times of that engine and of the fp16 engine (median_layer_ms; reformat layers are
+// named "reformat(<value>)"). A QuantizeLinear read by k quantized convolutions counts 1/k to
+// each. Layers the fp16 engine has no time for are left out (kept quantized).
+std::vector<QuantizedLayerCost> compare_quantized_layers(const ir::Graph& quantized_graph,
+                                                         const std::map<std::string, double>& quantized_ms,
+                                                         const std::map<std::string, double>& fp16_ms);
+
+}  // namespace kiln::api
