@@ -425,14 +425,16 @@ std::shared_ptr<Engine::Impl> build_quantized_where_faster(const std::string& by
   // quantizes a copy.
   quantization::QdqScales qdq;
   const ir::Graph float_model = float_graph(bytes, name, base_dir, options, qdq);
-  auto quantized = [&](const BuildOptions& o, std::vector<std::string>& kept) {
+  // The engine of `o`'s quantized copy, and what that copy kept in float.
+  auto build_quantized = [&](const BuildOptions& o, const std::map<std::string, std::string>& tactics,
+                             std::vector<std::string>& kept) {
     ir::Graph g = float_model;
-    quantize_for_precision(g, name, o, qdq, kept);
-    return g;
+    quantize_for_precision(g, name, o, qdq, kept);  // before make_engine copies `kept`
+    return make_engine(std::move(g), name, o, {}, tactics, kept);
   };
   std::vector<std::string> kept_all;
   log(tag + ": building the engine with every eligible layer in " + format);
-  std::shared_ptr<Engine::Impl> all_quantized = make_engine(quantized(options, kept_all), name, options, {}, {}, kept_all);
+  std::shared_ptr<Engine::Impl> all_quantized = build_quantized(options, {}, kept_all);
   BuildOptions half = options;
   half.precision = Precision::kFp16;
   log(tag + ": building the fp16 engine to time each " + format + " layer against");
@@ -473,7 +475,7 @@ std::shared_ptr<Engine::Impl> build_quantized_where_faster(const std::string& by
     for (const auto& [layer, why] : slower) mixed.float_layers.push_back(layer);
     log(fmt::format("{}: building the mixed engine of round {} ({} layers in {})", tag, round, costs.size() - pinned, format));
     std::vector<std::string> kept_mixed;
-    current = make_engine(quantized(mixed, kept_mixed), name, mixed, {}, tactics, kept_mixed);
+    current = build_quantized(mixed, tactics, kept_mixed);
     for (const auto& entry : current->gpu->timing_entries()) tactics.insert(entry);
     candidates.push_back({fmt::format("mixed (round {})", round), current});
   }

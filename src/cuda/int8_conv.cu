@@ -11,9 +11,11 @@
 // tile, stored to memory in 16-byte rows.
 #include "cuda/int8_conv.h"
 
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <type_traits>
@@ -74,6 +76,8 @@ struct KernelParams {
   int m;            // output pixels
   int k_total;      // r * s * c
   int k_tiles;      // implicit GEMM: stages of kBlockK bytes
+  int k_splits;     // implicit GEMM: blocks of a cluster that share one tile's K (1: no cluster)
+  int split_tiles;  // implicit GEMM: stages per split (the last split may have fewer)
   int m_tiles;      // blocks of kBlockM pixels
   bool contiguous;  // 1x1, stride 1: pixel m's input row is row m
 };
@@ -168,11 +172,18 @@ template <int kBlockN, class T> __host__ __device__ constexpr int tile_pitch() {
 
 // ---- kImplicitGemm ----------------------------------------------------------------------
 
+// Split K (k_splits > 1, tile_n 64): the k_splits blocks of a thread-block cluster compute
+// one output tile, each over its own run of K stages; the others leave their int32 sums in
+// their shared memory, and the cluster's first block adds them (distributed shared memory) and
+// runs the epilogue. Integer sums, so the result is the unsplit kernel's, bit for bit. At
+// batch 1 a layer has a few tiles (ResNet-50's layer4: 8 blocks for 132 multiprocessors, each
+// walking K = 4608 alone), so this is what fills the GPU.
 template <int kBlockN, class YT, class ZT, int kAct>
 __global__ void __launch_bounds__(kThreads) implicit_gemm_kernel(const KernelParams p) {
   constexpr int kTilesN = kBlockN / 16;  // per warp (two warps along N)
   constexpr int kStageBytes = (kBlockM + kBlockN) * kBlockK;
   constexpr int kZPitch = tile_pitch<kBlockN, ZT>(), kYPitch = tile_pitch<kBlockN, YT>();
+  constexpr int kAcc = 2 * kTilesN * 4;  // int32 sums per thread
   static_assert(kBlockM * kYPitch <= kStages * kStageBytes, "the output tile reuses the pipeline's buffers");
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* z_tile = smem + kStages * kStageBytes;
@@ -181,10 +192,14 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm_kernel(const KernelPar
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp & 3, warp_n = warp >> 2;
   const int n_blocks = g.k / kBlockN;
-  const int m_base = static_cast<int>(blockIdx.x / n_blocks) * kBlockM;
-  const int n_base = static_cast<int>(blockIdx.x % n_blocks) * kBlockN;
+  const int split = p.k_splits > 1 ? static_cast<int>(blockIdx.x) % p.k_splits : 0;  // the block's rank in its cluster
+  const int tile = static_cast<int>(blockIdx.x) / p.k_splits;
+  const int m_base = (tile / n_blocks) * kBlockM;
+  const int n_base = (tile % n_blocks) * kBlockN;
+  const int kt_begin = split * p.split_tiles;
+  const int kt_end = min(p.k_tiles, kt_begin + p.split_tiles);
 
-  load_residual<kBlockN, ZT>(z_tile, kZPitch, p, m_base, n_base);  // overlaps the main loop
+  if (split == 0) load_residual<kBlockN, ZT>(z_tile, kZPitch, p, m_base, n_base);  // overlaps the main loop
 
   // The two A rows this thread loads (rows tid/4 and tid/4 + 64, chunk tid%4 of each stage).
   const int a_chunk = tid & 3;
@@ -228,20 +243,42 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm_kernel(const KernelPar
   int acc[2][kTilesN][4] = {};
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < p.k_tiles) load_stage(s, s);
+    if (kt_begin + s < kt_end) load_stage(s, kt_begin + s);
     cp_async_commit();
   }
-  for (int kt = 0; kt < p.k_tiles; ++kt) {
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
     cp_async_wait<kStages - 2>();
     __syncthreads();
     const int next = kt + kStages - 1;
-    if (next < p.k_tiles) load_stage(next % kStages, next);
+    if (next < kt_end) load_stage((next - kt_begin) % kStages, next);
     cp_async_commit();
-    const uint8_t* a_tile = smem + (kt % kStages) * kStageBytes;
+    const uint8_t* a_tile = smem + ((kt - kt_begin) % kStages) * kStageBytes;
     warp_products<kTilesN, kBlockK / 16>(acc, a_tile, a_tile + kBlockM * kBlockK, warp_m, warp_n, lane);
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the pipeline's buffers; the residual tile is in
+
+  if constexpr (kAcc * kThreads * 4 <= kStages * kStageBytes) {
+    if (p.k_splits > 1) {
+      namespace cg = cooperative_groups;
+      cg::cluster_group cluster = cg::this_cluster();
+      int* sums = reinterpret_cast<int*>(smem);  // [kAcc][kThreads], over the pipeline's buffers
+      if (split != 0) {
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) sums[i * kThreads + tid] = (&acc[0][0][0])[i];
+      }
+      cluster.sync();  // every block's sums are written
+      if (split == 0) {
+        for (int r = 1; r < p.k_splits; ++r) {
+          const int* other = cluster.map_shared_rank(sums, r);
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) (&acc[0][0][0])[i] += other[i * kThreads + tid];
+        }
+      }
+      cluster.sync();  // the first block has read the others' shared memory: they may leave
+      if (split != 0) return;
+    }
+  }
 
   warp_epilogue<kTilesN, YT, ZT, kAct>(acc, p.a.mult + n_base, p.a.bias ? p.a.bias + n_base : nullptr, z_tile, kZPitch, smem,
                                        kYPitch, p, warp_m, warp_n, lane);
@@ -425,8 +462,24 @@ void launch_typed(const KernelParams& p, Int8ConvKernel which, cudaStream_t stre
     auto kernel = implicit_gemm_kernel<kBlockN, YT, ZT, kAct>;
     const int smem = implicit_gemm_smem<kBlockN, YT, ZT>();
     prepare(kernel, smem);
-    const int64_t blocks = static_cast<int64_t>(p.m_tiles) * (p.g.k / kBlockN);
-    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+    const int64_t blocks = static_cast<int64_t>(p.m_tiles) * (p.g.k / kBlockN) * p.k_splits;
+    if (p.k_splits == 1) {
+      kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+    } else {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(static_cast<unsigned>(blocks));
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = static_cast<size_t>(smem);
+      config.stream = stream;
+      cudaLaunchAttribute cluster;
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = static_cast<unsigned>(p.k_splits);
+      cluster.val.clusterDim.y = 1;
+      cluster.val.clusterDim.z = 1;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      KILN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+    }
   } else if constexpr (kAct < 2) {  // the stream kernel has no other activations
     if (p.g.c == 64) launch_stream<64, kBlockN, YT, ZT, kAct>(p, stream);
     else if (p.g.c == 128) launch_stream<128, kBlockN, YT, ZT, kAct>(p, stream);
@@ -471,7 +524,8 @@ int stream_smem_bound(int c, int tile_n) {
 }  // namespace
 
 std::string Int8ConvTactic::str() const {
-  return std::string(kernel == Int8ConvKernel::kImplicitGemm ? "implicit-gemm:" : "stream1x1:") + std::to_string(tile_n);
+  return std::string(kernel == Int8ConvKernel::kImplicitGemm ? "implicit-gemm:" : "stream1x1:") + std::to_string(tile_n) +
+         (k_splits > 1 ? "/k" + std::to_string(k_splits) : "");
 }
 
 bool Int8ConvTactic::parse(const std::string& text, Int8ConvTactic& tactic) {
@@ -482,7 +536,10 @@ bool Int8ConvTactic::parse(const std::string& text, Int8ConvTactic& tactic) {
   else if (name == "stream1x1") tactic.kernel = Int8ConvKernel::kStream1x1;
   else return false;
   tactic.tile_n = std::atoi(text.c_str() + colon + 1);
-  return tactic.tile_n == 64 || tactic.tile_n == 128;
+  const size_t split = text.find("/k", colon);
+  tactic.k_splits = split == std::string::npos ? 1 : std::atoi(text.c_str() + split + 2);
+  return (tactic.tile_n == 64 || tactic.tile_n == 128) && (tactic.k_splits == 1 || (tactic.tile_n == 64 &&
+         tactic.kernel == Int8ConvKernel::kImplicitGemm && (tactic.k_splits == 2 || tactic.k_splits == 4 || tactic.k_splits == 8)));
 }
 
 std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y_type, DType z_type, const ir::Activation& act,
@@ -500,9 +557,22 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
     return refuse("too large for 32-bit element indices");
   std::vector<Int8ConvTactic> tactics;
   const bool one_by_one = g.r == 1 && g.s == 1 && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 && g.dil_w == 1;
+  int sms = 0, device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t m_tiles = (g.batch * g.oh * g.ow + kBlockM - 1) / kBlockM;
+  const int64_t k_tiles = (int64_t{g.r} * g.s * g.c + kBlockK - 1) / kBlockK;
   for (int tile : {64, 128}) {
     if (g.k % tile != 0) continue;
     tactics.push_back({Int8ConvKernel::kImplicitGemm, tile});
+    // Split K where the tiles alone leave most multiprocessors idle and each split keeps at
+    // least two stages of K (tile 64 only: its sums fit the pipeline's buffers). Offered only
+    // when KILN_INT8_K_SPLITS asks: timed alone they won 14 layers of ResNet-50 at batch 1, but
+    // the engine that ran them was 10% slower than without (bench/NOTES.md, INT8 version 7).
+    const char* asked = std::getenv("KILN_INT8_K_SPLITS");
+    for (int splits : {2, 4, 8})
+      if (asked && std::atoi(asked) == splits && tile == 64 && m_tiles * (g.k / tile) * 2 <= sms && k_tiles >= 2 * splits)
+        tactics.push_back({Int8ConvKernel::kImplicitGemm, tile, splits});
     if (one_by_one && (g.c == 64 || g.c == 128 || g.c == 256) && (act.kind.empty() || act.kind == "Relu") &&
         stream_smem_bound(g.c, tile) <= 227 * 1024)
       tactics.push_back({Int8ConvKernel::kStream1x1, tile});
@@ -514,7 +584,7 @@ void launch_int8_conv(const Int8ConvGeometry& g, DType y_type, DType z_type, con
                       const ir::Activation& act, const Int8ConvTactic& tactic, cudaStream_t stream) {
   bool known = false;
   for (const Int8ConvTactic& t : int8_conv_tactics(g, y_type, z_type, act))
-    known = known || (t.kernel == tactic.kernel && t.tile_n == tactic.tile_n);
+    known = known || (t.kernel == tactic.kernel && t.tile_n == tactic.tile_n && t.k_splits == tactic.k_splits);
   if (!known) throw Error(ErrorKind::kInternal, "kiln INT8 convolution: tactic " + tactic.str() + " does not run this geometry");
   KernelParams p;
   p.g = g;
@@ -525,6 +595,8 @@ void launch_int8_conv(const Int8ConvGeometry& g, DType y_type, DType z_type, con
   p.k_total = g.r * g.s * g.c;
   p.k_tiles = (p.k_total + kBlockK - 1) / kBlockK;
   p.m_tiles = (p.m + kBlockM - 1) / kBlockM;
+  p.k_splits = tactic.k_splits;
+  p.split_tiles = (p.k_tiles + p.k_splits - 1) / p.k_splits;
   p.contiguous = g.r == 1 && g.s == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 && g.pad_w == 0 && g.oh == g.h && g.ow == g.w;
   if (p.m == 0) return;
   const int act_kind = act.kind.empty() ? 0 : act.kind == "Relu" ? 1 : 2;

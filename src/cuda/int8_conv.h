@@ -14,7 +14,9 @@
 // computes and stores the current one. (ncu then finds it bound by instructions, about a dozen
 // per output in the exact float epilogue: bench/NOTES.md, INT8 version 4.) Two kernels, each
 // timed against cuDNN's engines as more tactics of the QConv layer:
-//   - kImplicitGemm: any filter size, stride, padding, dilation (a 3-stage pipeline over K);
+//   - kImplicitGemm: any filter size, stride, padding, dilation (a 3-stage pipeline over K),
+//     optionally with K split over a cluster of 2-8 blocks (a layer of few tiles; offered
+//     only with KILN_INT8_K_SPLITS=N, as it lost in the engine: bench/NOTES.md);
 //   - kStream1x1: 1x1 convolutions (any stride) with 64, 128 or 256 input channels, no
 //     activation or Relu.
 #pragma once
@@ -53,8 +55,9 @@ enum class Int8ConvKernel : uint8_t { kImplicitGemm, kStream1x1 };
 struct Int8ConvTactic {
   Int8ConvKernel kernel = Int8ConvKernel::kImplicitGemm;
   int tile_n = 64;  // output channels per block: 64 or 128
+  int k_splits = 1;  // kImplicitGemm, tile 64: blocks of a cluster sharing a tile's K (1, 2, 4, 8)
 
-  std::string str() const;  // "implicit-gemm:64", "stream1x1:128"
+  std::string str() const;  // "implicit-gemm:64", "implicit-gemm:64/k4", "stream1x1:128"
   static bool parse(const std::string& text, Int8ConvTactic& tactic);
 };
 

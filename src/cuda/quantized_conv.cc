@@ -278,6 +278,14 @@ class QConvLayer final : public Layer {
     std::vector<Int8ConvTactic> kernels = int8_conv_tactics(p_.geometry, p_.y_storage, z_type(), p_.act, &kernel_why);
     if (p_.quantized != DType::kInt8) kernels.clear(), kernel_why = "kiln's kernels are INT8";
     if (only && std::string(only) == "cudnn") kernels.clear();
+    // Experiments and tests: kiln's kernels that split K this many ways (int8_conv_tactics offers
+    // them only then), and only those where the layer has them.
+    if (const char* splits = std::getenv("KILN_INT8_K_SPLITS")) {
+      std::vector<Int8ConvTactic> split;
+      for (const Int8ConvTactic& t : kernels)
+        if (t.k_splits == std::atoi(splits)) split.push_back(t);
+      if (!split.empty()) kernels = split;
+    }
     const bool kernel_ok = !kernels.empty();
     const bool cudnn_ok = !only || std::string(only) != "kernel";
     std::string last_error = "no candidate ran";
@@ -295,7 +303,7 @@ class QConvLayer final : public Layer {
       Int8ConvTactic tactic;
       if (cached->rfind("kernel:", 0) == 0 && kernel_ok && Int8ConvTactic::parse(cached->substr(7), tactic)) {
         for (const Int8ConvTactic& t : kernels) {
-          if (t.kernel != tactic.kernel || t.tile_n != tactic.tile_n) continue;
+          if (t.kernel != tactic.kernel || t.tile_n != tactic.tile_n || t.k_splits != tactic.k_splits) continue;
           // Launched once now, outside any graph capture (it raises the kernel's limits).
           const LayerIO& io = services.scratch_io();
           launch_kernel(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], tactic, services.stream());

@@ -189,6 +189,42 @@ def test_int8_kernel_matches_cpu_exactly(kiln_bin, tmp_path, monkeypatch):
     assert rel_l2(cudnn, cpu) <= BLOCK_TOLERANCE
 
 
+def split_k_model(path):
+    """Layers of few output tiles and long K, as ResNet-50's layer4 has at batch 1, where kiln's
+    implicit GEMM splits K over a cluster of blocks: 3x3 over 256 channels with Relu (int8 out),
+    3x3 over 128 with an int8 residual and Relu, 3x3 with LeakyRelu writing float16."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(27)
+    weights = {"w1": rng.standard_normal((128, 256, 3, 3)) * 0.02, "b1": rng.standard_normal(128) * 0.1,
+               "w2": rng.standard_normal((128, 128, 3, 3)) * 0.03, "b2": rng.standard_normal(128) * 0.1,
+               "w3": rng.standard_normal((64, 128, 3, 3)) * 0.03, "b3": rng.standard_normal(64) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["y1"], name="relu1"),
+             helper.make_node("Conv", ["y1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "y1"], ["s2"], name="add2"),
+             helper.make_node("Relu", ["s2"], ["y2"], name="relu2"),
+             helper.make_node("Conv", ["y2", "w3", "b3"], ["c3"], name="conv3", pads=[1, 1, 1, 1]),
+             helper.make_node("LeakyRelu", ["c3"], ["y3"], name="leaky3", alpha=0.1)]
+    graph = helper.make_graph(nodes, "int8_split_k", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 256, 7, 7])],
+                              [helper.make_tensor_value_info("y3", TensorProto.FLOAT, [2, 64, 7, 7])],
+                              [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.mark.parametrize("splits", [2, 4, 8])
+def test_int8_split_k_matches_cpu_exactly(splits, kiln_bin, tmp_path, monkeypatch):
+    """kiln's implicit GEMM with K split over a cluster of `splits` blocks (their int32 sums added
+    through distributed shared memory) gives the CPU reference's integers bit for bit, in every
+    epilogue form, and runs every layer of the model."""
+    path = str(tmp_path / "split_k.onnx")
+    split_k_model(path)
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "kernel")
+    monkeypatch.setenv("KILN_INT8_K_SPLITS", str(splits))
+    check_exact_against_cpu(kiln_bin, path, (2, 256, 7, 7), tmp_path, 29, "y3", f"kernel:int8 implicit-gemm:64/k{splits}", 3)
+
+
 def depthwise_chain_model(path):
     """Depthwise INT8 layers (cuda/int8_depthwise.cu) in the forms MobileNets and EfficientNets
     use and a few more: 3x3 with Relu, a dilated 3x3 with an int8 residual, a 5x5 stride 2 with
