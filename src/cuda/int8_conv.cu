@@ -175,9 +175,10 @@ template <int kBlockN, class T> __host__ __device__ constexpr int tile_pitch() {
 // Split K (k_splits > 1, tile_n 64): the k_splits blocks of a thread-block cluster compute
 // one output tile, each over its own run of K stages; the others leave their int32 sums in
 // their shared memory, and the cluster's first block adds them (distributed shared memory) and
-// runs the epilogue. Integer sums, so the result is the unsplit kernel's, bit for bit. At
-// batch 1 a layer has a few tiles (ResNet-50's layer4: 8 blocks for 132 multiprocessors, each
-// walking K = 4608 alone), so this is what fills the GPU.
+// runs the epilogue. Integer sums, so the result is the unsplit kernel's, bit for bit. Meant
+// for batch 1, where a layer has few tiles (ResNet-50's layer4: 8 blocks for 132
+// multiprocessors, each walking K = 4608 alone); it won those layers timed alone but made the
+// engine slower, so the build offers it only on request (int8_conv_tactics).
 template <int kBlockN, class YT, class ZT, int kAct>
 __global__ void __launch_bounds__(kThreads) implicit_gemm_kernel(const KernelParams p) {
   constexpr int kTilesN = kBlockN / 16;  // per warp (two warps along N)
