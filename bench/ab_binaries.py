@@ -56,7 +56,7 @@ def main() -> None:
     configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.configs.split(",")]
     results: dict = {"meta": {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "binaries": binaries,
                               "versions": {k: gpu_bench.run([v, "--version"]).stdout.strip() for k, v in binaries.items()},
-                              "nvidia_smi_before": smi()}}
+                              "machine": gpu_bench.machine(), "nvidia_smi_before": smi()}}
     model = os.path.join(args.out, f"{args.model}-224.onnx")
     gpu_bench.export(args.model, model)
     calib = os.path.join(args.out, "calib64.npy")

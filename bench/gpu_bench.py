@@ -64,6 +64,28 @@ def int8_extra(name: str, out: str, images: int) -> list[str]:
     return ["--calib", calib, "--calib-cache", os.path.join(out, f"{name}.calib")]
 
 
+def machine() -> dict:
+    """What the GPU machine runs kiln with, for benchmark JSON: the libraries cuDNN's runtime-
+    compiled engines depend on (their speed changed between machines: bench/NOTES.md, INT8
+    version 7), the driver, the GPU's clocks and power limit, and the throttle reasons."""
+    from importlib import metadata
+
+    info = {}
+    for package in ("nvidia-cudnn-cu13", "nvidia-cuda-nvrtc", "nvidia-cublas", "nvidia-cuda-runtime"):
+        try:
+            info[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            info[package] = None
+    query = ("name,driver_version,power.limit,clocks.max.sm,clocks.max.mem,clocks.sm,temperature.gpu,ecc.mode.current,"
+             "clocks_throttle_reasons.active")
+    try:
+        info["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True,
+                                            text=True, timeout=30).stdout.strip()
+    except OSError as e:
+        info["nvidia_smi"] = f"nvidia-smi: {e}"
+    return info
+
+
 def time_fn(fn, iters: int, warm: int = 20):
     """peers.py's timing: events around each call, synchronized after each; median and p99."""
     import torch
@@ -146,7 +168,7 @@ def main() -> None:
     meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
             "torch_fp32_note": "PyTorch eager fp32 lets cuDNN convolutions use TF32 (torch.backends.cudnn.allow_tf32 "
                                f"= {torch.backends.cudnn.allow_tf32}); kiln --tf32 is its like, kiln --fp32 is strict",
-            "date": time.strftime("%Y-%m-%d"), "kiln": run([kiln_bin(), "--version"]).stdout.strip(),
+            "date": time.strftime("%Y-%m-%d"), "kiln": run([kiln_bin(), "--version"]).stdout.strip(), "machine": machine(),
             "command": " ".join(sys.argv), "timing": "CUDA events around each run, synchronized after each; "
             "median of 200 runs (50 for batch >= 64) after 20 warm-up runs, for kiln and PyTorch alike"}
     results = {"meta": meta, "models": {}}

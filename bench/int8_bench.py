@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -122,12 +121,7 @@ def main() -> None:
             "timing": "kiln bench: CUDA events around each CUDA-graph replay, synchronized after each; median of 200 "
                       "runs (50 for batch >= 64) after 20 warm-up runs; INT8 and fp16 in alternating rounds, the "
                       "figure is the mean of the rounds' medians; torch.compile timed like gpu_bench.py"}
-    try:
-        meta["nvidia_smi"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,power.limit,clocks.max.sm,clocks.sm,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30).stdout.strip()
-    except OSError:
-        pass
+    meta["machine"] = gpu_bench.machine()
     results: dict = {"meta": meta}
     json_path = os.path.join(args.out, "int8_bench.json")
 
