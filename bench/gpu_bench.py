@@ -79,8 +79,8 @@ def machine() -> dict:
     query = ("name,driver_version,power.limit,clocks.max.sm,clocks.max.mem,clocks.sm,temperature.gpu,ecc.mode.current,"
              "clocks_throttle_reasons.active")
     try:
-        info["nvidia_smi"] = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True,
-                                            text=True, timeout=30).stdout.strip()
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv"], capture_output=True, text=True, timeout=30)
+        info["nvidia_smi"] = (r.stdout + r.stderr).strip()  # an unknown field on another driver: its message
     except OSError as e:
         info["nvidia_smi"] = f"nvidia-smi: {e}"
     return info
