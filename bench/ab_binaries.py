@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--configs", default="int8:1,int8:128,fp16:1")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--a-flags", default="", help="extra build flags for A's quantized builds")
+    ap.add_argument("--b-env", default="", help="KEY=VALUE,... set for B's builds only (e.g. KILN_GRAPH_TIMING=1)")
     ap.add_argument("--b-flags", default="", help="extra build flags for B's quantized builds (e.g. --int8-all, which "
                     "a binary from before INT8 where-faster builds by default)")
     args = ap.parse_args()
@@ -69,9 +71,18 @@ def main() -> None:
         for prec, batch in configs:
             path = os.path.join(args.out, f"{side}_{prec}_b{batch}.engine")
             extra = ["--calib-cache", cache] if prec in ("int8", "fp8") else []
-            if side == "b" and extra and args.b_flags:
-                extra += args.b_flags.split()
+            flags = args.b_flags if side == "b" else args.a_flags
+            if extra and flags:
+                extra += flags.split()
+            env = dict(kv.split("=", 1) for kv in args.b_env.split(",") if kv) if side == "b" else {}
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
             r = gpu_bench.run([kiln, "build", model, f"--{prec}", "--batch", str(batch), "-v", "-o", path, *extra])
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
             with open(os.path.join(args.out, f"build_{side}_{prec}_b{batch}.log"), "w") as f:
                 f.write(r.stderr)
             engines[(side, prec, batch)] = path

@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -158,6 +160,7 @@ class Builder final : public BuildServices {
   const LayerIO& scratch_io() override;
   void* scratch(size_t bytes) override { return workspace_scratch_.get(bytes); }
   float time_ms(const std::function<void(cudaStream_t)>& run) override;
+  float graph_time_ms(const std::function<void(cudaStream_t)>& run, int per_sample);
   std::optional<std::string> cached_tactic(const std::string& key) override {
     std::optional<std::string> t = cache_.find(key);
     if (!t && hints_ && current_request_) {
@@ -274,10 +277,55 @@ float Builder::time_ms(const std::function<void(cudaStream_t)>& run) {
   float once = 0;
   KILN_CUDA_CHECK(cudaEventElapsedTime(&once, events_[0], events_[1]));
   const int per_sample = std::clamp(static_cast<int>(0.2f / std::max(once, 1e-4f)), 1, 20);
+  static const bool in_graph = std::getenv("KILN_GRAPH_TIMING") != nullptr;
+  if (in_graph)
+    if (const float ms = graph_time_ms(run, per_sample); ms >= 0) return ms;
   std::vector<float> samples;
   for (int s = 0; s < 5; ++s) {
     KILN_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
     for (int i = 0; i < per_sample; ++i) run(stream_);
+    KILN_CUDA_CHECK(cudaEventRecord(events_[1], stream_));
+    KILN_CUDA_CHECK(cudaEventSynchronize(events_[1]));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
+    samples.push_back(ms / per_sample);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// Times `run` as an engine runs it (KILN_GRAPH_TIMING=1, an experiment): `per_sample` launches
+// captured in one CUDA graph and replayed, so that the host's cost of each launch (cuDNN's
+// execute takes microseconds) does not stand in for a kernel's own time at small shapes, where
+// launches from the stream and the engine's graph ranked tactics differently (bench/NOTES.md,
+// INT8 version 7). Returns -1 when the launches cannot be captured (then the stream timing runs).
+float Builder::graph_time_ms(const std::function<void(cudaStream_t)>& run, int per_sample) {
+  if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  bool ran = true;
+  try {
+    for (int i = 0; i < per_sample; ++i) run(stream_);
+  } catch (const Error&) {
+    ran = false;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  cudaGraphExec_t exec = nullptr;
+  const bool ready = ran && ended == cudaSuccess && graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  if (graph) cudaGraphDestroy(graph);
+  if (!ready) {
+    cudaGetLastError();
+    return -1;
+  }
+  std::unique_ptr<CUgraphExec_st, cudaError_t (*)(cudaGraphExec_t)> owned(exec, cudaGraphExecDestroy);
+  KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream_));  // warm-up: the graph's first upload
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<float> samples;
+  for (int s = 0; s < 5; ++s) {
+    KILN_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
+    KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
     KILN_CUDA_CHECK(cudaEventRecord(events_[1], stream_));
     KILN_CUDA_CHECK(cudaEventSynchronize(events_[1]));
     float ms = 0;
