@@ -1,7 +1,7 @@
 // INT8 and FP8 only where they are faster (`kiln build --int8` and `--fp8` on the GPU;
 // TensorRT's --int8/--fp8 with fp16 also allowed). A quantized convolution beats fp16 on some
-// layers and loses on others (ResNet-50 at batch 1: launch-bound layers where kiln's fp16
-// kernels are as fast; FP8 64-channel layers at 56x56), and it also pays for quantizing its
+// layers and loses on others (ResNet-50 at batch 1, where the fp16 engine ran faster on
+// today's H100s; FP8 64-channel layers at 56x56), and it also pays for quantizing its
 // float input and for reformats. The build times the engine with every eligible layer quantized
 // and the fp16 engine layer by layer, keeps in fp16 each layer whose quantized form (with its
 // share of the quantize and reformat layers added for it) is slower, repeats on the mixed engine,
