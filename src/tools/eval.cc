@@ -150,11 +150,23 @@ int eval(const EvalOptions& o) {
   if (has_reference) std::cout << fmt::format("  top-1 agreement with float32 {:.4f}", agree / n);
   else std::cout << "  (no float32 reference: give --reference MODEL.onnx)";
   std::cout << "\n";
+  // What a quantized engine quantized: on the GPU `--int8`/`--fp8` keep layers in fp16 where
+  // that timed faster, so the figures above are of this mix.
+  const bool quantized = info.precision == "int8" || info.precision == "fp8";
+  int64_t quantized_layers = 0;
+  for (const LayerInfo& l : info.layers) quantized_layers += l.op == "QConv";
+  if (quantized)
+    std::cout << fmt::format("  {} convolutions in {}, {} kept in float (kiln inspect says why)\n", quantized_layers,
+                             info.precision == "int8" ? "INT8" : "FP8", info.int8_kept_float.size());
   if (!o.json.empty()) {
     nlohmann::json j = {{"dataset", "fashion-mnist"}, {"split", "test"}, {"images", count}, {"model", o.model},
                         {"precision", info.precision}, {"device", info.device}, {"backend", info.backend},
                         {"top1", top1 / n}, {"top5", top5 / n}};
     if (has_reference) j["agreement_fp32"] = agree / n;
+    if (quantized) {
+      j["quantized_layers"] = quantized_layers;
+      j["kept_float"] = info.int8_kept_float;
+    }
     std::ofstream f(o.json);
     if (!(f << j.dump(1) << "\n")) throw Error(ErrorKind::kIo, "cannot write " + o.json);
   }
