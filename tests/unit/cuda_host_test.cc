@@ -1,5 +1,6 @@
 // Host-side parts of the CUDA backend that need no GPU: the activation arena planner, the
-// timing cache file, and optimization profiles (which shapes are timed, which are refused).
+// timing cache file, optimization profiles (which shapes are timed, which are refused), and the
+// names of kiln's INT8 kernel tactics (as timing caches and engine files hold them).
 #include <gtest/gtest.h>
 
 #if KILN_WITH_CUDA
@@ -8,6 +9,7 @@
 #include <random>
 
 #include "cuda/engine.h"
+#include "cuda/int8_conv.h"
 #include "cuda/memory_plan.h"
 #include "cuda/timing_cache.h"
 
@@ -117,6 +119,25 @@ std::vector<int64_t> batches(const std::vector<Shapes>& shapes) {
   std::vector<int64_t> out;
   for (const Shapes& s : shapes) out.push_back(s.at("input")[0]);
   return out;
+}
+
+TEST(Int8ConvTactic, NamesRoundTripAndSplitKIsOnlyForTheImplicitGemmOf64) {
+  for (const std::string name : {"implicit-gemm:64", "implicit-gemm:128", "stream1x1:64", "stream1x1:128",
+                                 "implicit-gemm:64/k2", "implicit-gemm:64/k4", "implicit-gemm:64/k8"}) {
+    Int8ConvTactic t;
+    ASSERT_TRUE(Int8ConvTactic::parse(name, t)) << name;
+    EXPECT_EQ(t.str(), name);
+  }
+  Int8ConvTactic t;
+  ASSERT_TRUE(Int8ConvTactic::parse("implicit-gemm:64/k4", t));
+  EXPECT_EQ(t.kernel, Int8ConvKernel::kImplicitGemm);
+  EXPECT_EQ(t.tile_n, 64);
+  EXPECT_EQ(t.k_splits, 4);
+  ASSERT_TRUE(Int8ConvTactic::parse("implicit-gemm:128", t));
+  EXPECT_EQ(t.k_splits, 1);  // an older cache's name: no split
+  for (const std::string bad : {"implicit-gemm:128/k4", "stream1x1:64/k2", "implicit-gemm:64/k3", "implicit-gemm:64/k16",
+                                "implicit-gemm:32", "winograd:64", "implicit-gemm"})
+    EXPECT_FALSE(Int8ConvTactic::parse(bad, t)) << bad;
 }
 
 TEST(Profiles, TimedShapesAreOptMinMaxThenAGeometricLadderBetween) {
