@@ -75,14 +75,7 @@ def main() -> None:
             if extra and flags:
                 extra += flags.split()
             env = dict(kv.split("=", 1) for kv in args.b_env.split(",") if kv) if side == "b" else {}
-            saved = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            r = gpu_bench.run([kiln, "build", model, f"--{prec}", "--batch", str(batch), "-v", "-o", path, *extra])
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k)
-                else:
-                    os.environ[k] = v
+            r = gpu_bench.run([kiln, "build", model, f"--{prec}", "--batch", str(batch), "-v", "-o", path, *extra], env=env)
             with open(os.path.join(args.out, f"build_{side}_{prec}_b{batch}.log"), "w") as f:
                 f.write(r.stderr)
             engines[(side, prec, batch)] = path

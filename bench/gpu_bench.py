@@ -30,9 +30,10 @@ def kiln_bin() -> str:
     return os.environ.get("KILN_BIN", os.path.join(ROOT, "build-gpu", "kiln"))
 
 
-def run(cmd: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+def run(cmd: list[str], timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs `cmd` (with `env` added to this process's environment), raising if it fails."""
     print("+", " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env} if env else None)
     if r.returncode != 0:
         print(r.stdout[-3000:], r.stderr[-3000:], flush=True)
         raise RuntimeError(f"{cmd[0]} {cmd[1]} failed ({r.returncode})")

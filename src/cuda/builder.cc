@@ -161,6 +161,7 @@ class Builder final : public BuildServices {
   void* scratch(size_t bytes) override { return workspace_scratch_.get(bytes); }
   float time_ms(const std::function<void(cudaStream_t)>& run) override;
   float graph_time_ms(const std::function<void(cudaStream_t)>& run, int per_sample);
+  float median_sample_ms(const std::function<void()>& launch, int per_sample);
   std::optional<std::string> cached_tactic(const std::string& key) override {
     std::optional<std::string> t = cache_.find(key);
     if (!t && hints_ && current_request_) {
@@ -280,10 +281,17 @@ float Builder::time_ms(const std::function<void(cudaStream_t)>& run) {
   static const bool in_graph = std::getenv("KILN_GRAPH_TIMING") != nullptr;
   if (in_graph)
     if (const float ms = graph_time_ms(run, per_sample); ms >= 0) return ms;
+  return median_sample_ms([&] {
+    for (int i = 0; i < per_sample; ++i) run(stream_);
+  }, per_sample);
+}
+
+// The median over 5 samples of `launch` (which enqueues `per_sample` runs) of the time per run.
+float Builder::median_sample_ms(const std::function<void()>& launch, int per_sample) {
   std::vector<float> samples;
   for (int s = 0; s < 5; ++s) {
     KILN_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
-    for (int i = 0; i < per_sample; ++i) run(stream_);
+    launch();
     KILN_CUDA_CHECK(cudaEventRecord(events_[1], stream_));
     KILN_CUDA_CHECK(cudaEventSynchronize(events_[1]));
     float ms = 0;
@@ -322,18 +330,7 @@ float Builder::graph_time_ms(const std::function<void(cudaStream_t)>& run, int p
   std::unique_ptr<CUgraphExec_st, cudaError_t (*)(cudaGraphExec_t)> owned(exec, cudaGraphExecDestroy);
   KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream_));  // warm-up: the graph's first upload
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  std::vector<float> samples;
-  for (int s = 0; s < 5; ++s) {
-    KILN_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
-    KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-    KILN_CUDA_CHECK(cudaEventRecord(events_[1], stream_));
-    KILN_CUDA_CHECK(cudaEventSynchronize(events_[1]));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
-    samples.push_back(ms / per_sample);
-  }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  return median_sample_ms([&] { KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream_)); }, per_sample);
 }
 
 int Builder::constant_buffer(const std::string& value, const Format& format) {

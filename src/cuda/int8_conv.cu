@@ -558,9 +558,16 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
     return refuse("too large for 32-bit element indices");
   std::vector<Int8ConvTactic> tactics;
   const bool one_by_one = g.r == 1 && g.s == 1 && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 && g.dil_w == 1;
-  int sms = 0, device = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // Split K (below) only when asked: this runs on every launch (launch_int8_conv's check), so
+  // the default path asks the device nothing.
+  const char* asked = std::getenv("KILN_INT8_K_SPLITS");
+  const int asked_splits = asked ? std::atoi(asked) : 0;
+  int sms = 0;
+  if (asked_splits > 1) {
+    int device = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&device));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  }
   const int64_t m_tiles = (g.batch * g.oh * g.ow + kBlockM - 1) / kBlockM;
   const int64_t k_tiles = (int64_t{g.r} * g.s * g.c + kBlockK - 1) / kBlockK;
   for (int tile : {64, 128}) {
@@ -570,9 +577,8 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
     // least two stages of K (tile 64 only: its sums fit the pipeline's buffers). Offered only
     // when KILN_INT8_K_SPLITS asks: timed alone they won 14 layers of ResNet-50 at batch 1, but
     // the engine that ran them was 10% slower than without (bench/NOTES.md, INT8 version 7).
-    const char* asked = std::getenv("KILN_INT8_K_SPLITS");
     for (int splits : {2, 4, 8})
-      if (asked && std::atoi(asked) == splits && tile == 64 && m_tiles * (g.k / tile) * 2 <= sms && k_tiles >= 2 * splits)
+      if (asked_splits == splits && tile == 64 && m_tiles * (g.k / tile) * 2 <= sms && k_tiles >= 2 * splits)
         tactics.push_back({Int8ConvKernel::kImplicitGemm, tile, splits});
     if (one_by_one && (g.c == 64 || g.c == 128 || g.c == 256) && (act.kind.empty() || act.kind == "Relu") &&
         stream_smem_bound(g.c, tile) <= 227 * 1024)
