@@ -418,6 +418,139 @@ __global__ void __launch_bounds__(kThreads, 2) stream1x1_kernel(const KernelPara
   cp_async_wait<0>();
 }
 
+// ---- kSmallM -------------------------------------------------------------------------------
+// Layers of few output pixels (batch 1 from ResNet-50's layer2 on: 784 to 49 pixels), where a
+// layer's time is latency: the implicit GEMM above walks K in 64-byte stages, one global-memory
+// round trip each, and ResNet-50's layer4 3x3 (K = 4608) takes 72 of them on 8 blocks (16 us
+// in the engine's graph, cuDNN's INT8 engine 14 us, its fp16 one 11.6: bench/NOTES.md, INT8
+// version 8). This kernel takes 64 pixels x 64 channels per block and 256 bytes of K per stage
+// (four times fewer round trips), four stages in flight, and optionally splits K over a
+// cluster of 2-8 blocks. With split K each block of the cluster adds the others' int32 sums of
+// its own share of the tile (one eighth, quarter or half of every thread's fragments, through
+// distributed shared memory) and runs the epilogue for that share, so the reduction is spread
+// over the cluster rather than left to one block. The epilogue writes its pairs straight to
+// memory: at these sizes a staged, coalesced store is not worth its synchronization.
+constexpr int kSmallBlockM = 64;
+constexpr int kSmallBlockN = 64;
+constexpr int kSmallBlockK = 256;  // bytes of K per stage
+constexpr int kSmallStages = 4;
+constexpr int kSmallStageBytes = (kSmallBlockM + kSmallBlockN) * kSmallBlockK;
+constexpr int kSmallSmem = kSmallStages * kSmallStageBytes;
+constexpr int kSmallMaxBlocks = 264;  // blocks of a launch the build offers the kernel for
+
+template <class YT, class ZT, int kAct>
+__global__ void __launch_bounds__(kThreads) small_m_kernel(const KernelParams p) {
+  constexpr int kTilesN = 2;                       // 8 warps: 2 along M x 4 along N, 32 x 16 each
+  constexpr int kChunks = kSmallBlockK / 16;       // 16-byte chunks per row per stage
+  constexpr int kAcc = 2 * kTilesN * 4;            // int32 sums per thread
+  constexpr int kPairs = kAcc / 2;                 // output pairs per thread (epilogue groups)
+  static_assert(kAcc * kThreads * 4 <= kSmallSmem, "the split sums reuse the pipeline's buffers");
+  static_assert(kSmallBlockM * kChunks == 4 * kThreads && kSmallBlockN * kChunks == 4 * kThreads, "four chunks per thread");
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const Int8ConvGeometry& g = p.g;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp & 1, warp_n = warp >> 1;
+  const int n_blocks = g.k / kSmallBlockN;
+  const int split = p.k_splits > 1 ? static_cast<int>(blockIdx.x) % p.k_splits : 0;  // the block's rank in its cluster
+  const int tile = static_cast<int>(blockIdx.x) / p.k_splits;
+  const int m_base = (tile / n_blocks) * kSmallBlockM;
+  const int n_base = (tile % n_blocks) * kSmallBlockN;
+  const int kt_begin = split * p.split_tiles;
+  const int kt_end = min(p.k_tiles, kt_begin + p.split_tiles);
+
+  // This thread loads row tid / 4 of both tiles (a pixel of A, an output channel of B), chunks
+  // tid % 4 + 4 j of each stage.
+  const int row = tid >> 2, chunk0 = tid & 3;
+  const int m = m_base + row;
+  const bool m_valid = m < p.m;
+  const int pixels = g.oh * g.ow;
+  const int image = m_valid ? m / pixels : 0;
+  const int rem = m_valid ? m - image * pixels : 0;
+  const int8_t* x_image = p.a.x + static_cast<int64_t>(image) * g.h * g.w * g.c;
+  const int ih0 = (rem / g.ow) * g.stride_h - g.pad_h, iw0 = (rem % g.ow) * g.stride_w - g.pad_w;
+  const int8_t* w_row = p.a.w + static_cast<int64_t>(n_base + row) * p.k_total;
+  auto load_stage = [&](int stage, int k_tile) {
+    uint8_t* a_tile = smem + stage * kSmallStageBytes;
+    uint8_t* b_tile = a_tile + kSmallBlockM * kSmallBlockK;
+#pragma unroll
+    for (int j = 0; j < kChunks / 4; ++j) {
+      const int chunk = chunk0 + 4 * j;
+      const int k = k_tile * kSmallBlockK + chunk * 16;
+      const bool k_valid = k < p.k_total;
+      const int tap = k / g.c, c = k - tap * g.c;
+      const int ih = ih0 + (tap / g.s) * g.dil_h, iw = iw0 + (tap % g.s) * g.dil_w;
+      const bool valid = k_valid && m_valid && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
+      cp_async16(a_tile + swizzled<kChunks>(row, chunk), valid ? x_image + (static_cast<int64_t>(ih) * g.w + iw) * g.c + c : p.a.x,
+                 valid);
+      cp_async16(b_tile + swizzled<kChunks>(row, chunk), k_valid ? w_row + k : p.a.w, k_valid);
+    }
+  };
+
+  int acc[2][kTilesN][4] = {};
+#pragma unroll
+  for (int s = 0; s < kSmallStages - 1; ++s) {
+    if (kt_begin + s < kt_end) load_stage(s, kt_begin + s);
+    cp_async_commit();
+  }
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    cp_async_wait<kSmallStages - 2>();
+    __syncthreads();
+    const int next = kt + kSmallStages - 1;
+    if (next < kt_end) load_stage((next - kt_begin) % kSmallStages, next);
+    cp_async_commit();
+    const uint8_t* a_tile = smem + ((kt - kt_begin) % kSmallStages) * kSmallStageBytes;
+    warp_products<kTilesN, kChunks>(acc, a_tile, a_tile + kSmallBlockM * kSmallBlockK, warp_m, warp_n, lane);
+  }
+  cp_async_wait<0>();
+
+  // Pair q of this thread is acc[mt][nt][2 * half + {0, 1}] with q = (mt * kTilesN + nt) * 2 +
+  // half, flat sums 2q and 2q + 1; block `split` finishes the pairs with q % k_splits == split.
+  int* flat = &acc[0][0][0];
+  if (p.k_splits > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __syncthreads();  // every warp is done with the pipeline's buffers
+    int* sums = reinterpret_cast<int*>(smem);  // [kAcc][kThreads]
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) sums[i * kThreads + tid] = flat[i];
+    cluster.sync();  // every block's sums are written
+    for (int r = 1; r < p.k_splits; ++r) {
+      const int* other = cluster.map_shared_rank(sums, (split + r) % p.k_splits);
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q)
+        if (q % p.k_splits == split) {
+          flat[2 * q] += other[(2 * q) * kThreads + tid];
+          flat[2 * q + 1] += other[(2 * q + 1) * kThreads + tid];
+        }
+    }
+    cluster.sync();  // the others have read this block's shared memory: it may leave
+  }
+
+  constexpr int kYBytes = static_cast<int>(sizeof(YT));
+  constexpr int kZBytes = std::is_void_v<ZT> ? 1 : sizeof(std::conditional_t<std::is_void_v<ZT>, int8_t, ZT>);
+  const int group = lane >> 2, quad = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kTilesN; ++nt) {
+      const int col = n_base + warp_n * (kTilesN * 8) + nt * 8 + quad * 2;
+      const float2 m2 = make_float2(p.a.mult[col], p.a.mult[col + 1]);
+      const float2 b2 = p.a.bias ? make_float2(p.a.bias[col], p.a.bias[col + 1]) : make_float2(0.f, 0.f);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int q = (mt * kTilesN + nt) * 2 + half;
+        const int out_m = m_base + warp_m * 32 + mt * 16 + group + half * 8;
+        if (q % p.k_splits != split || out_m >= p.m) continue;
+        const int64_t at = static_cast<int64_t>(out_m) * g.k + col;
+        const void* z_pair = std::is_void_v<ZT> ? nullptr : static_cast<const uint8_t*>(p.a.z) + at * kZBytes;
+        epilogue_pair<YT, ZT, kAct>(flat[2 * q], flat[2 * q + 1], m2, b2, z_pair, p.a.z_scale,
+                                    static_cast<uint8_t*>(p.a.y) + at * kYBytes, p.inv_y_scale, p.act);
+      }
+    }
+  }
+}
+
 // ---- launching -----------------------------------------------------------------------------
 
 struct KernelInfo {
@@ -457,30 +590,41 @@ void launch_stream(const KernelParams& p, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(per_column * n_blocks), kThreads, smem, stream>>>(p);
 }
 
+// Launches `blocks` blocks, in clusters of `splits` (the blocks that share a tile's K) when
+// splits > 1.
+template <class Kernel>
+void launch_blocks(Kernel kernel, int64_t blocks, int smem, int splits, const KernelParams& p, cudaStream_t stream) {
+  if (splits == 1) {
+    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+    return;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(splits);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  KILN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+}
+
 template <int kBlockN, class YT, class ZT, int kAct>
 void launch_typed(const KernelParams& p, Int8ConvKernel which, cudaStream_t stream) {
   if (which == Int8ConvKernel::kImplicitGemm) {
     auto kernel = implicit_gemm_kernel<kBlockN, YT, ZT, kAct>;
     const int smem = implicit_gemm_smem<kBlockN, YT, ZT>();
     prepare(kernel, smem);
-    const int64_t blocks = static_cast<int64_t>(p.m_tiles) * (p.g.k / kBlockN) * p.k_splits;
-    if (p.k_splits == 1) {
-      kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
-    } else {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(static_cast<unsigned>(blocks));
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = static_cast<size_t>(smem);
-      config.stream = stream;
-      cudaLaunchAttribute cluster;
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = static_cast<unsigned>(p.k_splits);
-      cluster.val.clusterDim.y = 1;
-      cluster.val.clusterDim.z = 1;
-      config.attrs = &cluster;
-      config.numAttrs = 1;
-      KILN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
-    }
+    launch_blocks(kernel, static_cast<int64_t>(p.m_tiles) * (p.g.k / kBlockN) * p.k_splits, smem, p.k_splits, p, stream);
+  } else if (which == Int8ConvKernel::kSmallM) {
+    if constexpr (kBlockN != kSmallBlockN) throw Error(ErrorKind::kInternal, "kiln INT8 convolution: the small-M kernel's tile is 64");
+    auto kernel = small_m_kernel<YT, ZT, kAct>;
+    prepare(kernel, kSmallSmem);
+    launch_blocks(kernel, static_cast<int64_t>(p.m_tiles) * (p.g.k / kSmallBlockN) * p.k_splits, kSmallSmem, p.k_splits, p, stream);
   } else if constexpr (kAct < 2) {  // the stream kernel has no other activations
     if (p.g.c == 64) launch_stream<64, kBlockN, YT, ZT, kAct>(p, stream);
     else if (p.g.c == 128) launch_stream<128, kBlockN, YT, ZT, kAct>(p, stream);
@@ -525,7 +669,8 @@ int stream_smem_bound(int c, int tile_n) {
 }  // namespace
 
 std::string Int8ConvTactic::str() const {
-  return std::string(kernel == Int8ConvKernel::kImplicitGemm ? "implicit-gemm:" : "stream1x1:") + std::to_string(tile_n) +
+  const char* name = kernel == Int8ConvKernel::kImplicitGemm ? "implicit-gemm:" : kernel == Int8ConvKernel::kSmallM ? "small-m:" : "stream1x1:";
+  return std::string(name) + std::to_string(tile_n) +
          (k_splits > 1 ? "/k" + std::to_string(k_splits) : "");
 }
 
@@ -535,12 +680,14 @@ bool Int8ConvTactic::parse(const std::string& text, Int8ConvTactic& tactic) {
   const std::string name = text.substr(0, colon);
   if (name == "implicit-gemm") tactic.kernel = Int8ConvKernel::kImplicitGemm;
   else if (name == "stream1x1") tactic.kernel = Int8ConvKernel::kStream1x1;
+  else if (name == "small-m") tactic.kernel = Int8ConvKernel::kSmallM;
   else return false;
   tactic.tile_n = std::atoi(text.c_str() + colon + 1);
   const size_t split = text.find("/k", colon);
   tactic.k_splits = split == std::string::npos ? 1 : std::atoi(text.c_str() + split + 2);
-  return (tactic.tile_n == 64 || tactic.tile_n == 128) && (tactic.k_splits == 1 || (tactic.tile_n == 64 &&
-         tactic.kernel == Int8ConvKernel::kImplicitGemm && (tactic.k_splits == 2 || tactic.k_splits == 4 || tactic.k_splits == 8)));
+  const bool splittable = tactic.tile_n == 64 && tactic.kernel != Int8ConvKernel::kStream1x1;
+  return (tactic.tile_n == 64 || (tactic.tile_n == 128 && tactic.kernel != Int8ConvKernel::kSmallM)) &&
+         (tactic.k_splits == 1 || (splittable && (tactic.k_splits == 2 || tactic.k_splits == 4 || tactic.k_splits == 8)));
 }
 
 std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y_type, DType z_type, const ir::Activation& act,
@@ -584,6 +731,16 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
         stream_smem_bound(g.c, tile) <= 227 * 1024)
       tactics.push_back({Int8ConvKernel::kStream1x1, tile});
   }
+  // The small-M kernel where a layer has few tiles of 64 x 64 (up to two per multiprocessor of
+  // an H100; a fixed bound, so that this asks the device nothing), with K split 2, 4 or 8 ways
+  // where the split tiles still fit and every split has a stage of K.
+  const int64_t small_tiles = (g.batch * g.oh * g.ow + kSmallBlockM - 1) / kSmallBlockM * (g.k / kSmallBlockN);
+  const int64_t small_k_tiles = (int64_t{g.r} * g.s * g.c + kSmallBlockK - 1) / kSmallBlockK;
+  if (small_tiles <= kSmallMaxBlocks) {
+    tactics.push_back({Int8ConvKernel::kSmallM, kSmallBlockN});
+    for (int splits : {2, 4, 8})
+      if (small_tiles * splits <= kSmallMaxBlocks && small_k_tiles >= splits) tactics.push_back({Int8ConvKernel::kSmallM, kSmallBlockN, splits});
+  }
   return tactics;
 }
 
@@ -600,8 +757,9 @@ void launch_int8_conv(const Int8ConvGeometry& g, DType y_type, DType z_type, con
   p.inv_y_scale = args.y_scale > 0.f ? 1.f / args.y_scale : 0.f;
   p.m = static_cast<int>(g.batch * g.oh * g.ow);
   p.k_total = g.r * g.s * g.c;
-  p.k_tiles = (p.k_total + kBlockK - 1) / kBlockK;
-  p.m_tiles = (p.m + kBlockM - 1) / kBlockM;
+  const bool small = tactic.kernel == Int8ConvKernel::kSmallM;
+  p.k_tiles = (p.k_total + (small ? kSmallBlockK : kBlockK) - 1) / (small ? kSmallBlockK : kBlockK);
+  p.m_tiles = (p.m + (small ? kSmallBlockM : kBlockM) - 1) / (small ? kSmallBlockM : kBlockM);
   p.k_splits = tactic.k_splits;
   p.split_tiles = (p.k_tiles + p.k_splits - 1) / p.k_splits;
   p.contiguous = g.r == 1 && g.s == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 && g.pad_w == 0 && g.oh == g.h && g.ow == g.w;

@@ -18,7 +18,9 @@
 //     optionally with K split over a cluster of 2-8 blocks (a layer of few tiles; offered
 //     only with KILN_INT8_K_SPLITS=N, as it lost in the engine: bench/NOTES.md);
 //   - kStream1x1: 1x1 convolutions (any stride) with 64, 128 or 256 input channels, no
-//     activation or Relu.
+//     activation or Relu;
+//   - kSmallM: any convolution of few output tiles (batch 1's later layers), 256 bytes of K per
+//     stage and optionally K split over a cluster of 2-8 blocks (offered by default).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,14 +52,14 @@ struct Int8ConvArgs {
   float y_scale = 0.f;          // > 0: int8 output quantized with it; 0: float16 output
 };
 
-enum class Int8ConvKernel : uint8_t { kImplicitGemm, kStream1x1 };
+enum class Int8ConvKernel : uint8_t { kImplicitGemm, kStream1x1, kSmallM };
 
 struct Int8ConvTactic {
   Int8ConvKernel kernel = Int8ConvKernel::kImplicitGemm;
-  int tile_n = 64;  // output channels per block: 64 or 128
-  int k_splits = 1;  // kImplicitGemm, tile 64: blocks of a cluster sharing a tile's K (1, 2, 4, 8)
+  int tile_n = 64;  // output channels per block: 64 or 128 (kSmallM: 64)
+  int k_splits = 1;  // tile 64, not kStream1x1: blocks of a cluster sharing a tile's K (1, 2, 4, 8)
 
-  std::string str() const;  // "implicit-gemm:64", "implicit-gemm:64/k4", "stream1x1:128"
+  std::string str() const;  // "implicit-gemm:64", "implicit-gemm:64/k4", "stream1x1:128", "small-m:64/k8"
   static bool parse(const std::string& text, Int8ConvTactic& tactic);
 };
 

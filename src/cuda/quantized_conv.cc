@@ -14,8 +14,8 @@
 // 3x3 and 1x1 convolutions at 1.7-2.1x the speed of the float16 graph engines, except the
 // 64-channel layers at 56x56. kiln's own INT8 kernel (cuda/int8_conv.h), which computes the
 // epilogue as the CPU reference does, is timed against them as more tactics.
-// KILN_INT8_CONV_TACTIC=kernel or =cudnn limits the choice to one of the two (for tests and
-// diagnosis).
+// KILN_INT8_CONV_TACTIC=kernel or =cudnn limits the choice to one of the two, =kernel:NAME to
+// kiln's kernel tactic NAME where the layer has it (for tests and diagnosis).
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -278,16 +278,25 @@ class QConvLayer final : public Layer {
     std::vector<Int8ConvTactic> kernels = int8_conv_tactics(p_.geometry, p_.y_storage, z_type(), p_.act, &kernel_why);
     if (p_.quantized != DType::kInt8) kernels.clear(), kernel_why = "kiln's kernels are INT8";
     if (only && std::string(only) == "cudnn") kernels.clear();
-    // Experiments and tests: kiln's kernels that split K this many ways (int8_conv_tactics offers
-    // them only then), and only those where the layer has them.
+    // Experiments and tests: the implicit GEMM split K this many ways (int8_conv_tactics offers
+    // it only then), and only that where the layer has it.
     if (const char* splits = std::getenv("KILN_INT8_K_SPLITS")) {
       std::vector<Int8ConvTactic> split;
       for (const Int8ConvTactic& t : kernels)
-        if (t.k_splits == std::atoi(splits)) split.push_back(t);
+        if (t.kernel == Int8ConvKernel::kImplicitGemm && t.k_splits == std::atoi(splits)) split.push_back(t);
       if (!split.empty()) kernels = split;
     }
+    // KILN_INT8_CONV_TACTIC=kernel:NAME (tests): kiln's kernel tactic NAME ("small-m:64/k4") where
+    // the layer has it, else kiln's other kernels (as =kernel).
+    const std::string only_kernel = only && std::string(only).rfind("kernel:", 0) == 0 ? std::string(only).substr(7) : "";
+    if (!only_kernel.empty()) {
+      std::vector<Int8ConvTactic> named;
+      for (const Int8ConvTactic& t : kernels)
+        if (t.str() == only_kernel) named.push_back(t);
+      if (!named.empty()) kernels = named;
+    }
     const bool kernel_ok = !kernels.empty();
-    const bool cudnn_ok = !only || std::string(only) != "kernel";
+    const bool cudnn_ok = !only || (std::string(only) != "kernel" && only_kernel.empty());
     std::string last_error = "no candidate ran";
     if (cudnn_ok) {
       try {
@@ -297,7 +306,8 @@ class QConvLayer final : public Layer {
         last_error = e.what();
       }
     } else if (!kernel_ok) {
-      throw Error(ErrorKind::kUnsupported, "KILN_INT8_CONV_TACTIC=kernel, but kiln's INT8 kernels do not run " + k + ": " + kernel_why);
+      throw Error(ErrorKind::kUnsupported,
+                  "KILN_INT8_CONV_TACTIC=" + std::string(only) + ", but kiln's INT8 kernels do not run " + k + ": " + kernel_why);
     }
     if (auto cached = services.cached_tactic(k)) {
       Int8ConvTactic tactic;

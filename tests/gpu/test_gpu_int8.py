@@ -225,6 +225,23 @@ def test_int8_split_k_matches_cpu_exactly(splits, kiln_bin, tmp_path, monkeypatc
     check_exact_against_cpu(kiln_bin, path, (2, 256, 7, 7), tmp_path, 29, "y3", f"kernel:int8 implicit-gemm:64/k{splits}", 3)
 
 
+@pytest.mark.parametrize("model,tactic,layers", [("chain", "small-m:64", 4), ("split_k", "small-m:64", 3),
+                                                  ("split_k", "small-m:64/k2", 3), ("split_k", "small-m:64/k4", 3),
+                                                  ("split_k", "small-m:64/k8", 1)])
+def test_int8_small_m_matches_cpu_exactly(model, tactic, layers, kiln_bin, tmp_path, monkeypatch):
+    """kiln's small-M kernel (256 bytes of K per stage; K split over a cluster, each block
+    finishing its share of the tile with the others' int32 sums) gives the CPU reference's
+    integers bit for bit: on the chain model (48 channels, so chunks of a stage straddle taps;
+    675 pixels, not a multiple of 64; stride 2; dilation; int8 residual; float16 output) and on
+    the split-K model (long K; only its first layer has the 9 stages that 8 splits need)."""
+    path = str(tmp_path / f"{model}.onnx")
+    (kernel_chain_model if model == "chain" else split_k_model)(path)
+    shape = (3, 48, 15, 15) if model == "chain" else (2, 256, 7, 7)
+    out = "y4" if model == "chain" else "y3"
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", f"kernel:{tactic}")
+    check_exact_against_cpu(kiln_bin, path, shape, tmp_path, 31, out, f"kernel:int8 {tactic}\n", layers)
+
+
 def depthwise_chain_model(path):
     """Depthwise INT8 layers (cuda/int8_depthwise.cu) in the forms MobileNets and EfficientNets
     use and a few more: 3x3 with Relu, a dilated 3x3 with an int8 residual, a 5x5 stride 2 with

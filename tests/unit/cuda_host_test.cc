@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #if KILN_WITH_CUDA
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -121,9 +122,10 @@ std::vector<int64_t> batches(const std::vector<Shapes>& shapes) {
   return out;
 }
 
-TEST(Int8ConvTactic, NamesRoundTripAndSplitKIsOnlyForTheImplicitGemmOf64) {
+TEST(Int8ConvTactic, NamesRoundTripAndSplitKIsOnlyForTilesOf64) {
   for (const std::string name : {"implicit-gemm:64", "implicit-gemm:128", "stream1x1:64", "stream1x1:128",
-                                 "implicit-gemm:64/k2", "implicit-gemm:64/k4", "implicit-gemm:64/k8"}) {
+                                 "implicit-gemm:64/k2", "implicit-gemm:64/k4", "implicit-gemm:64/k8", "small-m:64",
+                                 "small-m:64/k2", "small-m:64/k8"}) {
     Int8ConvTactic t;
     ASSERT_TRUE(Int8ConvTactic::parse(name, t)) << name;
     EXPECT_EQ(t.str(), name);
@@ -136,8 +138,32 @@ TEST(Int8ConvTactic, NamesRoundTripAndSplitKIsOnlyForTheImplicitGemmOf64) {
   ASSERT_TRUE(Int8ConvTactic::parse("implicit-gemm:128", t));
   EXPECT_EQ(t.k_splits, 1);  // an older cache's name: no split
   for (const std::string bad : {"implicit-gemm:128/k4", "stream1x1:64/k2", "implicit-gemm:64/k3", "implicit-gemm:64/k16",
-                                "implicit-gemm:32", "winograd:64", "implicit-gemm"})
+                                "implicit-gemm:32", "winograd:64", "implicit-gemm", "small-m:128", "small-m:64/k16"})
     EXPECT_FALSE(Int8ConvTactic::parse(bad, t)) << bad;
+}
+
+std::vector<std::string> tactic_names(const Int8ConvGeometry& g) {
+  std::vector<std::string> names;
+  for (const Int8ConvTactic& t : int8_conv_tactics(g, DType::kInt8, DType::kUndefined, ir::Activation{"Relu"})) names.push_back(t.str());
+  return names;
+}
+
+TEST(Int8ConvTactic, SmallMKernelIsOfferedForLayersOfFewTilesWithSplitsThatHaveKToSplit) {
+  // ResNet-50's layer4 3x3 at batch 1: 49 pixels, 512 channels (8 tiles of 64 x 64), K = 4608
+  // (18 stages of 256 bytes): unsplit and split 2, 4, 8 ways.
+  Int8ConvGeometry g;
+  g.batch = 1, g.c = 512, g.h = g.w = 7, g.k = 512, g.oh = g.ow = 7, g.r = g.s = 3, g.pad_h = g.pad_w = 1;
+  std::vector<std::string> names = tactic_names(g);
+  for (const std::string want : {"small-m:64", "small-m:64/k2", "small-m:64/k4", "small-m:64/k8", "implicit-gemm:64"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  // A 1x1 over 64 channels (one stage of K): the small-M kernel, not split.
+  g.c = 64, g.r = g.s = 1, g.pad_h = g.pad_w = 0;
+  names = tactic_names(g);
+  EXPECT_NE(std::find(names.begin(), names.end(), "small-m:64"), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), "small-m:64/k2"), names.end());
+  // Batch 128 has 98 x 8 tiles: the small-M kernel is not offered.
+  g.batch = 128, g.c = 512, g.r = g.s = 3, g.pad_h = g.pad_w = 1;
+  for (const std::string& name : tactic_names(g)) EXPECT_EQ(name.rfind("small-m", 0), std::string::npos) << name;
 }
 
 TEST(Profiles, TimedShapesAreOptMinMaxThenAGeometricLadderBetween) {
