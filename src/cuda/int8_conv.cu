@@ -421,9 +421,9 @@ __global__ void __launch_bounds__(kThreads, 2) stream1x1_kernel(const KernelPara
 // ---- kSmallM -------------------------------------------------------------------------------
 // Layers of few output pixels (batch 1 from ResNet-50's layer2 on: 784 to 49 pixels), where a
 // layer's time is latency: the implicit GEMM above walks K in 64-byte stages, one global-memory
-// round trip each, and ResNet-50's layer4 3x3 (K = 4608) takes 72 of them on 8 blocks (16 us
-// in the engine's graph, cuDNN's INT8 engine 14 us, its fp16 one 11.6: bench/NOTES.md, INT8
-// version 8). This kernel takes 64 pixels x 64 channels per block and 256 bytes of K per stage
+// round trip each: ResNet-50's layer4 3x3 (K = 4608) takes 72 of them, 16.4 us timed in a graph
+// even split 8 ways (cuDNN's INT8 engine 14.0 us, fp16 11.6: bench/NOTES.md, INT8 version 8).
+// This kernel takes 64 pixels x 64 channels per block and 256 bytes of K per stage
 // (four times fewer round trips), four stages in flight, and optionally splits K over a
 // cluster of 2-8 blocks. With split K each block of the cluster adds the others' int32 sums of
 // its own share of the tile (one eighth, quarter or half of every thread's fragments, through
@@ -621,10 +621,12 @@ void launch_typed(const KernelParams& p, Int8ConvKernel which, cudaStream_t stre
     prepare(kernel, smem);
     launch_blocks(kernel, static_cast<int64_t>(p.m_tiles) * (p.g.k / kBlockN) * p.k_splits, smem, p.k_splits, p, stream);
   } else if (which == Int8ConvKernel::kSmallM) {
-    if constexpr (kBlockN != kSmallBlockN) throw Error(ErrorKind::kInternal, "kiln INT8 convolution: the small-M kernel's tile is 64");
+    if constexpr (kBlockN != kSmallBlockN)
+      throw Error(ErrorKind::kInternal, "kiln INT8 convolution: the small-M kernel's tile is 64");
     auto kernel = small_m_kernel<YT, ZT, kAct>;
     prepare(kernel, kSmallSmem);
-    launch_blocks(kernel, static_cast<int64_t>(p.m_tiles) * (p.g.k / kSmallBlockN) * p.k_splits, kSmallSmem, p.k_splits, p, stream);
+    const int64_t blocks = static_cast<int64_t>(p.m_tiles) * (p.g.k / kSmallBlockN) * p.k_splits;
+    launch_blocks(kernel, blocks, kSmallSmem, p.k_splits, p, stream);
   } else if constexpr (kAct < 2) {  // the stream kernel has no other activations
     if (p.g.c == 64) launch_stream<64, kBlockN, YT, ZT, kAct>(p, stream);
     else if (p.g.c == 128) launch_stream<128, kBlockN, YT, ZT, kAct>(p, stream);
@@ -669,7 +671,9 @@ int stream_smem_bound(int c, int tile_n) {
 }  // namespace
 
 std::string Int8ConvTactic::str() const {
-  const char* name = kernel == Int8ConvKernel::kImplicitGemm ? "implicit-gemm:" : kernel == Int8ConvKernel::kSmallM ? "small-m:" : "stream1x1:";
+  const char* name = kernel == Int8ConvKernel::kImplicitGemm ? "implicit-gemm:"
+                     : kernel == Int8ConvKernel::kSmallM     ? "small-m:"
+                                                             : "stream1x1:";
   return std::string(name) + std::to_string(tile_n) +
          (k_splits > 1 ? "/k" + std::to_string(k_splits) : "");
 }
@@ -739,7 +743,8 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
   if (small_tiles <= kSmallMaxBlocks) {
     tactics.push_back({Int8ConvKernel::kSmallM, kSmallBlockN});
     for (int splits : {2, 4, 8})
-      if (small_tiles * splits <= kSmallMaxBlocks && small_k_tiles >= splits) tactics.push_back({Int8ConvKernel::kSmallM, kSmallBlockN, splits});
+      if (small_tiles * splits <= kSmallMaxBlocks && small_k_tiles >= splits)
+        tactics.push_back({Int8ConvKernel::kSmallM, kSmallBlockN, splits});
   }
   return tactics;
 }
