@@ -17,8 +17,8 @@
 #include <fstream>
 #include <memory>
 #include <set>
-#include <string>
 #include <sstream>
+#include <string>
 
 #include "cuda/check.h"
 #include "cuda/engine.h"
