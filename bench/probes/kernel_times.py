@@ -2,7 +2,7 @@
 """Each kernel's own time inside an engine's CUDA graph, for engines built several ways (a probe).
 
     python3 bench/probes/kernel_times.py --out DIR [--batch 1] [--engines fp16,int8all]
-                                         [--graph-timing] [--rounds 3]
+                                         [--stream-timing] [--rounds 3] [--no-ncu]
 
 At batch 1 the whole-engine latency and the per-layer profile disagree (bench/NOTES.md, INT8
 version 7): the profile times each layer with its own launch, the engine replays one CUDA graph.
@@ -12,8 +12,9 @@ and for the whole graph's (`--graph-profiling graph`), beside `kiln bench`'s rep
 the same engine. What the graph spends outside its kernels' own time is launch gaps and ramps.
 
 Engines: fp16, int8 (where faster), int8all (every eligible layer INT8), fp8all, each optionally
-with environment variables for its build (`int8all:KILN_INT8_K_SPLITS=4`); --graph-timing builds
-each a second time with KILN_GRAPH_TIMING=1 ("-gt" in the keys). Writes DIR/kernel_times.json
+with environment variables for its build (`int8all:KILN_INT8_K_SPLITS=4`); --stream-timing builds
+each a second time with its tactics timed on the stream, KILN_GRAPH_TIMING=0 ("-st" in the keys;
+graph timing is the builder's default since session 11). Writes DIR/kernel_times.json
 (every kernel row per engine, the sums, the latencies) and prints a per-engine summary.
 """
 from __future__ import annotations
@@ -77,7 +78,7 @@ def main() -> None:
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--engines", default="fp16,int8all")
-    ap.add_argument("--graph-timing", action="store_true", help="also build each with KILN_GRAPH_TIMING=1")
+    ap.add_argument("--stream-timing", action="store_true", help="also build each with KILN_GRAPH_TIMING=0")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--build-flags", default="", help="extra flags for every build")
     ap.add_argument("--no-ncu", action="store_true", help="latencies only (no Nsight Compute runs)")
@@ -108,12 +109,12 @@ def main() -> None:
     engines: dict[str, str] = {}
     for spec in args.engines.split(","):
         name, *env_vars = spec.split(":")  # e.g. int8all:KILN_INT8_K_SPLITS=4
-        for gt in ([False, True] if args.graph_timing else [False]):
-            key = "-".join([name, *(v.split("=")[1] for v in env_vars)]) + ("-gt" if gt else "")
+        for stream in ([False, True] if args.stream_timing else [False]):
+            key = "-".join([name, *(v.split("=")[1] for v in env_vars)]) + ("-st" if stream else "")
             path = os.path.join(args.out, f"{key}_b{args.batch}.engine")
             env = dict(v.split("=", 1) for v in env_vars)
-            if gt:
-                env["KILN_GRAPH_TIMING"] = "1"
+            if stream:
+                env["KILN_GRAPH_TIMING"] = "0"
             r = gpu_bench.run([kiln, "build", model, *flags[name], "--batch", str(args.batch), "-v", "-o", path,
                                *args.build_flags.split()], env=env)
             with open(os.path.join(args.out, f"build_{key}_b{args.batch}.log"), "w") as f:
