@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--configs", default="int8:1,int8:128,fp16:1")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--a-flags", default="", help="extra build flags for A's quantized builds")
-    ap.add_argument("--b-env", default="", help="KEY=VALUE,... set for B's builds only (e.g. KILN_GRAPH_TIMING=1)")
+    ap.add_argument("--b-env", default="", help="KEY=VALUE,... set for B's builds only (e.g. KILN_GRAPH_TIMING=0)")
     ap.add_argument("--b-flags", default="", help="extra build flags for B's quantized builds (e.g. --int8-all, which "
                     "a binary from before INT8 where-faster builds by default)")
     args = ap.parse_args()
