@@ -278,23 +278,21 @@ class QConvLayer final : public Layer {
     std::vector<Int8ConvTactic> kernels = int8_conv_tactics(p_.geometry, p_.y_storage, z_type(), p_.act, &kernel_why);
     if (p_.quantized != DType::kInt8) kernels.clear(), kernel_why = "kiln's kernels are INT8";
     if (only && std::string(only) == "cudnn") kernels.clear();
-    // Experiments and tests: the implicit GEMM split K this many ways (int8_conv_tactics offers
-    // it only then), and only that where the layer has it.
-    if (const char* splits = std::getenv("KILN_INT8_K_SPLITS")) {
-      std::vector<Int8ConvTactic> split;
+    // Experiments and tests narrow kiln's kernels to those `keep` accepts, where the layer has any.
+    auto narrow = [&](auto keep) {
+      std::vector<Int8ConvTactic> kept;
       for (const Int8ConvTactic& t : kernels)
-        if (t.kernel == Int8ConvKernel::kImplicitGemm && t.k_splits == std::atoi(splits)) split.push_back(t);
-      if (!split.empty()) kernels = split;
-    }
-    // KILN_INT8_CONV_TACTIC=kernel:NAME (tests): kiln's kernel tactic NAME ("small-m:64/k4") where
-    // the layer has it, else kiln's other kernels (as =kernel).
+        if (keep(t)) kept.push_back(t);
+      if (!kept.empty()) kernels = kept;
+    };
+    // KILN_INT8_K_SPLITS: the implicit GEMM split K this many ways (int8_conv_tactics offers it
+    // only then).
+    if (const char* splits = std::getenv("KILN_INT8_K_SPLITS"))
+      narrow([&](const Int8ConvTactic& t) { return t.kernel == Int8ConvKernel::kImplicitGemm && t.k_splits == std::atoi(splits); });
+    // KILN_INT8_CONV_TACTIC=kernel:NAME: kiln's kernel tactic NAME ("small-m:64/k4"); a layer
+    // without it gets kiln's other kernels (as =kernel).
     const std::string only_kernel = only && std::string(only).rfind("kernel:", 0) == 0 ? std::string(only).substr(7) : "";
-    if (!only_kernel.empty()) {
-      std::vector<Int8ConvTactic> named;
-      for (const Int8ConvTactic& t : kernels)
-        if (t.str() == only_kernel) named.push_back(t);
-      if (!named.empty()) kernels = named;
-    }
+    if (!only_kernel.empty()) narrow([&](const Int8ConvTactic& t) { return t.str() == only_kernel; });
     const bool kernel_ok = !kernels.empty();
     const bool cudnn_ok = !only || (std::string(only) != "kernel" && only_kernel.empty());
     std::string last_error = "no candidate ran";
