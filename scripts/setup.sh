@@ -41,6 +41,23 @@ TF_MODULES=(tensorflow tf2onnx onnxruntime numpy pytest)
 
 say() { printf '\n==> %s\n' "$*"; }
 
+# pip unpacks each wheel under $TMPDIR before it installs into .venv: torch with its CUDA
+# libraries and TensorFlow need about 10 GB between the two places. A full disk otherwise shows
+# up as pip's "[Errno 28] No space left on device" halfway through a download.
+require_free_gb() {  # require_free_gb GB PATH...: fail with a message naming the short path
+  local need=$1; shift
+  local path avail_kb
+  for path in "$@"; do
+    avail_kb=$(df -Pk "$path" | awk 'NR == 2 {print $4}')
+    if ((avail_kb < need * 1024 * 1024)); then
+      echo "setup.sh: $path has $((avail_kb / 1024)) MB free; installing the Python packages needs" \
+           "about $need GB there (free some space, or point TMPDIR elsewhere)" >&2
+      df -h "$path" >&2
+      exit 1
+    fi
+  done
+}
+
 # --- 1. Debian packages ---------------------------------------------------------------------
 missing=()
 for p in "${DEBIAN_PACKAGES[@]}"; do
@@ -70,8 +87,10 @@ if .venv/bin/python -c "import importlib.util, sys; sys.exit(any(importlib.util.
 else
   # torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the CPU only.
   say "installing Python packages into .venv: ${PYTHON_PACKAGES[*]}"
-  .venv/bin/python -m pip install --upgrade pip
-  .venv/bin/python -m pip install "${PYTHON_PACKAGES[@]}"
+  require_free_gb 8 . "${TMPDIR:-/tmp}"
+  # --no-cache-dir: a second copy of every wheel in ~/.cache/pip would cost another 3 GB.
+  .venv/bin/python -m pip install --no-cache-dir --upgrade pip
+  .venv/bin/python -m pip install --no-cache-dir "${PYTHON_PACKAGES[@]}"
 fi
 if [[ ! -x .venv-tf/bin/python ]]; then
   say "creating the TensorFlow environment .venv-tf"
@@ -82,8 +101,9 @@ if .venv-tf/bin/python -c "import importlib.util, sys; sys.exit(any(importlib.ut
   say "TensorFlow packages: all installed in .venv-tf"
 else
   say "installing into .venv-tf: ${TF_PACKAGES[*]}"
-  .venv-tf/bin/python -m pip install --upgrade pip
-  .venv-tf/bin/python -m pip install "${TF_PACKAGES[@]}"
+  require_free_gb 3 . "${TMPDIR:-/tmp}"
+  .venv-tf/bin/python -m pip install --no-cache-dir --upgrade pip
+  .venv-tf/bin/python -m pip install --no-cache-dir "${TF_PACKAGES[@]}"
 fi
 
 # --- 3. build -------------------------------------------------------------------------------
