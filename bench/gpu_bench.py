@@ -84,6 +84,10 @@ def machine() -> dict:
         info["nvidia_smi"] = (r.stdout + r.stderr).strip()  # an unknown field on another driver: its message
     except OSError as e:
         info["nvidia_smi"] = f"nvidia-smi: {e}"
+    # kiln's switches in the environment (KILN_PDL=1, KILN_GRAPH_TIMING=0, ...) change its builds
+    # and runs: a figure measured under one says so.
+    info["kiln_env"] = {k: v for k, v in sorted(os.environ.items())
+                        if k.startswith("KILN_") and k not in ("KILN_BIN", "KILN_FASHION_MNIST_DIR")}
     return info
 
 
