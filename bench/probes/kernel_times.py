@@ -12,7 +12,8 @@ and for the whole graph's (`--graph-profiling graph`), beside `kiln bench`'s rep
 the same engine. What the graph spends outside its kernels' own time is launch gaps and ramps.
 
 Engines: fp16, int8 (where faster), int8all (every eligible layer INT8), fp8all, each optionally
-with environment variables for its build (`int8all:KILN_INT8_K_SPLITS=4`); --stream-timing builds
+with environment variables for its build and its runs (`int8all:KILN_INT8_K_SPLITS=4`,
+`int8all:KILN_PDL=1`, which is read at launch); --stream-timing builds
 each a second time with its tactics timed on the stream, KILN_GRAPH_TIMING=0 ("-st" in the keys;
 graph timing is the builder's default since session 11). Writes DIR/kernel_times.json
 (every kernel row per engine, the sums, the latencies) and prints a per-engine summary.
@@ -42,13 +43,14 @@ def find_ncu() -> str:
     return found
 
 
-def ncu_rows(ncu: str, kiln: str, engine: str, batch: int, mode: str) -> list[dict]:
-    """Kernel (mode=node) or graph (mode=graph) durations of `kiln bench ENGINE`'s replays."""
+def ncu_rows(ncu: str, kiln: str, engine: str, batch: int, mode: str, env: dict[str, str]) -> list[dict]:
+    """Kernel (mode=node) or graph (mode=graph) durations of `kiln bench ENGINE`'s replays, with
+    `env` added to the environment."""
     cmd = [ncu, "--graph-profiling", mode, "--clock-control", "none", "--cache-control", "none",
            "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base",
            kiln, "bench", engine, "--batches", str(batch), "--warmup", "1", "--iterations", "2"]
     print("+", " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env={**os.environ, **env})
     if r.returncode != 0:
         print(r.stdout[-3000:], r.stderr[-3000:], flush=True)
         raise RuntimeError(f"ncu failed ({r.returncode})")
@@ -107,6 +109,7 @@ def main() -> None:
              "int8all": ["--int8", "--int8-all", "--calib-cache", cache],
              "fp8all": ["--fp8", "--fp8-all", "--calib-cache", cache]}
     engines: dict[str, str] = {}
+    run_env: dict[str, dict[str, str]] = {}  # per engine: its variables, for its runs as for its build
     for spec in args.engines.split(","):
         name, *env_vars = spec.split(":")  # e.g. int8all:KILN_INT8_K_SPLITS=4
         for stream in ([False, True] if args.stream_timing else [False]):
@@ -120,27 +123,28 @@ def main() -> None:
             with open(os.path.join(args.out, f"build_{key}_b{args.batch}.log"), "w") as f:
                 f.write(r.stderr)
             engines[key] = path
+            run_env[key] = {k: v for k, v in env.items() if k != "KILN_GRAPH_TIMING"}
 
     medians: dict[str, list[float]] = {k: [] for k in engines}
     for rnd in range(args.rounds):
         keys = list(engines)[rnd % len(engines):] + list(engines)[:rnd % len(engines)]
         for key in keys:
             js = os.path.join(args.out, f"bench_{key}_r{rnd}.json")
-            gpu_bench.run([kiln, "bench", engines[key], "--batches", str(args.batch), "--json", js])
+            gpu_bench.run([kiln, "bench", engines[key], "--batches", str(args.batch), "--json", js], env=run_env[key])
             with open(js) as f:
                 medians[key].append(json.load(f)["results"][0]["latency_ms"]["median"])
 
     per_engine = {}
     for key, path in engines.items():
-        nodes = last_replay(ncu_rows(ncu, kiln, path, args.batch, "node")) if ncu else []
-        graph = ncu_rows(ncu, kiln, path, args.batch, "graph") if ncu else []
+        nodes = last_replay(ncu_rows(ncu, kiln, path, args.batch, "node", run_env[key])) if ncu else []
+        graph = ncu_rows(ncu, kiln, path, args.batch, "graph", run_env[key]) if ncu else []
         kernel_us = sum(r["ns"] for r in nodes) / 1e3
         graph_us = graph[-1]["ns"] / 1e3 if graph else float("nan")
         latency_us = statistics.mean(medians[key]) * 1e3
         per_engine[key] = {"latency_us": latency_us, "latency_medians_ms": medians[key], "graph_us": graph_us,
                            "kernel_sum_us": kernel_us, "kernels": len(nodes),
                            "gap_per_kernel_us": (graph_us - kernel_us) / max(1, len(nodes)), "rows": nodes,
-                           "engine_bytes": os.path.getsize(path)}
+                           "engine_bytes": os.path.getsize(path), "env": run_env[key]}
         with open(os.path.join(args.out, "kernel_times.json"), "w") as f:
             json.dump({**results, "engines": per_engine}, f, indent=1)
     print(f"{'engine':<14}{'latency us':>12}{'graph us':>10}{'kernels us':>12}{'kernels':>9}{'gap/kernel':>12}")
