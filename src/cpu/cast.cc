@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "cpu/kernel.h"
+#include "cpu/saturating_cast.h"
 
 namespace kiln::cpu {
 
@@ -45,16 +46,8 @@ void convert(const void* src, void* dst, int64_t n) {
     const uint8_t* b = static_cast<const uint8_t*>(src);
     for (int64_t i = 0; i < n; ++i) d[i] = b[i] ? D(1) : D(0);
   } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
-    // Truncation toward zero; NaN and values outside D's range (undefined behaviour in C++,
-    // unspecified by ONNX) become 0 and the nearest bound.
 #pragma omp parallel for if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = static_cast<double>(s[i]);
-      if (std::isnan(v)) d[i] = D(0);
-      else if (v <= static_cast<double>(std::numeric_limits<D>::lowest())) d[i] = std::numeric_limits<D>::lowest();
-      else if (v >= static_cast<double>(std::numeric_limits<D>::max())) d[i] = std::numeric_limits<D>::max();
-      else d[i] = static_cast<D>(v);
-    }
+    for (int64_t i = 0; i < n; ++i) d[i] = saturating_integer<D>(static_cast<double>(s[i]));
   } else {
 #pragma omp parallel for if (n > 65536) schedule(static)
     for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);

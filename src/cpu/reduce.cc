@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "cpu/kernel.h"
+#include "cpu/saturating_cast.h"
 #include "ops/reduce.h"
 
 namespace kiln::cpu {
@@ -69,9 +70,23 @@ ReducePlan plan_reduce(const std::vector<int64_t>& shape, const std::vector<int6
   return p;
 }
 
+// Integer reductions accumulate in int64 and wrap (two's complement) where they overflow: a
+// signed overflow is undefined behaviour in C++.
+int64_t wrapping_add(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }
+int64_t wrapping_mul(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }
+
 template <class T>
 T reduce_set(const T* x, const ReducePlan& p, Red kind) {
   using Acc = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;
+  constexpr bool kFloat = std::is_floating_point_v<T>;
+  auto add = [](Acc a, Acc b) -> Acc {
+    if constexpr (kFloat) return a + b;
+    else return wrapping_add(a, b);
+  };
+  auto mul = [](Acc a, Acc b) -> Acc {
+    if constexpr (kFloat) return a * b;
+    else return wrapping_mul(a, b);
+  };
   const int64_t n = p.count();
   const int64_t* off = p.offsets.data();
   auto at = [&](int64_t i) { return p.contiguous ? x[i] : x[off[i]]; };
@@ -88,7 +103,7 @@ T reduce_set(const T* x, const ReducePlan& p, Red kind) {
     }
     case Red::kProd: {
       Acc a = 1;
-      for (int64_t i = 0; i < n; ++i) a *= at(i);
+      for (int64_t i = 0; i < n; ++i) a = mul(a, static_cast<Acc>(at(i)));
       return static_cast<T>(a);
     }
     case Red::kLogSumExp: {
@@ -106,18 +121,24 @@ T reduce_set(const T* x, const ReducePlan& p, Red kind) {
   }
   Acc a = 0;
   if (kind == Red::kL1) {
-    for (int64_t i = 0; i < n; ++i) a += at(i) < 0 ? -at(i) : at(i);
+    for (int64_t i = 0; i < n; ++i) {
+      const Acc v = static_cast<Acc>(at(i));
+      a = add(a, v < 0 ? mul(v, Acc(-1)) : v);  // |lowest| wraps to itself, not undefined
+    }
   } else if (kind == Red::kL2 || kind == Red::kSumSquare) {
-    for (int64_t i = 0; i < n; ++i) a += static_cast<Acc>(at(i)) * at(i);
+    for (int64_t i = 0; i < n; ++i) a = add(a, mul(static_cast<Acc>(at(i)), static_cast<Acc>(at(i))));
   } else {
-    for (int64_t i = 0; i < n; ++i) a += at(i);
+    for (int64_t i = 0; i < n; ++i) a = add(a, static_cast<Acc>(at(i)));
   }
   if (kind == Red::kMean) {
     if constexpr (std::is_floating_point_v<T>) return n ? a / static_cast<T>(n) : std::numeric_limits<T>::quiet_NaN();
     else return n ? static_cast<T>(a / n) : T(0);
   }
-  if (kind == Red::kL2) return static_cast<T>(std::sqrt(static_cast<double>(a)));
-  if (kind == Red::kLogSum) return static_cast<T>(std::log(static_cast<double>(a)));
+  if (kind == Red::kL2 || kind == Red::kLogSum) {
+    const double r = kind == Red::kL2 ? std::sqrt(static_cast<double>(a)) : std::log(static_cast<double>(a));
+    if constexpr (kFloat) return static_cast<T>(r);
+    else return saturating_integer<T>(r);  // fuzz_onnx_import: ReduceL2 of uint8 at 859.9
+  }
   return static_cast<T>(a);
 }
 

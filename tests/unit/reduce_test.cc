@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "elementwise_util.h"
 #include "onnx/importer.h"
@@ -90,6 +91,31 @@ TEST(Reduce, IntegerSum) {
   Tensor x = Tensor::from_vector<int64_t>({2, 3}, {1, 2, 3, 4, 5, 6});
   Tensor axes = Tensor::from_vector<int64_t>({1}, {0});
   EXPECT_EQ(run_node(make_node("ReduceSum"), {{x}, {axes, true}})[0].to_int_vector(), (std::vector<int64_t>{5, 7, 9}));
+}
+
+// Integer results that do not fit: real-valued ones (L2, LogSum) saturate at the type's range,
+// sums and products wrap, as defined behaviour (fuzz_onnx_import found ReduceL2 of uint8 at
+// 859.9 converted to uint8 with undefined behaviour).
+TEST(Reduce, IntegerResultsOutOfRangeSaturateOrWrap) {
+  auto reduce_all = [](const char* op, const Tensor& x) {
+    ir::Node n = make_node(op);
+    n.attrs.set("keepdims", int64_t{0});
+    return run_node(n, {{x}})[0];
+  };
+  Tensor small = Tensor::from_vector<uint8_t>({2}, {30, 30});
+  EXPECT_EQ(reduce_all("ReduceL2", small).data<uint8_t>()[0], 42);  // sqrt(1800) = 42.4, truncated
+  Tensor big = Tensor::from_vector<uint8_t>({12}, std::vector<uint8_t>(12, 255));
+  EXPECT_EQ(reduce_all("ReduceL2", big).data<uint8_t>()[0], 255);  // sqrt(780300) = 883.3
+  Tensor zeros = Tensor::from_vector<int32_t>({3}, {0, 0, 0});
+  EXPECT_EQ(reduce_all("ReduceLogSum", zeros).data<int32_t>()[0], INT32_MIN);  // log(0) = -inf
+  Tensor negative = Tensor::from_vector<int32_t>({2}, {-5, 1});
+  EXPECT_EQ(reduce_all("ReduceLogSum", negative).data<int32_t>()[0], 0);  // log(-4) is NaN
+  Tensor edge = Tensor::from_vector<int64_t>({2}, {INT64_MAX, 1});
+  EXPECT_EQ(reduce_all("ReduceSum", edge).data<int64_t>()[0], INT64_MIN);
+  EXPECT_EQ(reduce_all("ReduceProd", Tensor::from_vector<int64_t>({2}, {INT64_MAX, 2})).data<int64_t>()[0], -2);
+  EXPECT_EQ(reduce_all("ReduceL1", Tensor::from_vector<int64_t>({1}, {INT64_MIN})).data<int64_t>()[0], INT64_MIN);
+  EXPECT_EQ(reduce_all("ReduceL1", Tensor::from_vector<int8_t>({3}, {-100, -100, 50})).data<int8_t>()[0],
+            static_cast<int8_t>(250));  // 250 wraps to -6 in int8
 }
 
 TEST(Reduce, ArgMaxArgMinWithTiesAndLastIndex) {
