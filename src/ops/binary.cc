@@ -69,6 +69,7 @@ void propagate_symbolic(InferContext& ctx) {
   std::optional<Dims> a = small_int_elements(ctx, 0);
   std::optional<Dims> b = small_int_elements(ctx, 1);
   if (!a || !b) return;
+  if (a->empty() || b->empty()) return;  // broadcasts to an empty value (fuzz_onnx_import: [0] + [1])
   if (a->size() != b->size() && a->size() != 1 && b->size() != 1) return;
   size_t n = std::max(a->size(), b->size());
   Dims out;

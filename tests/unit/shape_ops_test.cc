@@ -243,6 +243,16 @@ TEST(ShapeOps, SliceHandlesNegativeStepsAndClamping) {
   EXPECT_EQ(e.shape(), (std::vector<int64_t>{3, 0}));
 }
 
+// Shape arithmetic on an empty integer value broadcast against one element: an empty result,
+// with no symbolic value (fuzz_onnx_import read element 0 of the empty one).
+TEST(ShapeOps, SymbolicArithmeticOfAnEmptyValueIsEmpty) {
+  Builder b;
+  std::string empty = b.constant(Tensor::from_vector<int64_t>({0}, {}));
+  std::string sum = b.one("Add", {empty, b.ints({3})});
+  std::map<std::string, Tensor> out = run(std::move(b.g), {sum}, {});
+  EXPECT_EQ(out.at(sum).shape(), (std::vector<int64_t>{0}));
+}
+
 TEST(ShapeOps, GatherTakesNegativeIndicesAndRefusesOutOfRange) {
   Tensor x = iota_float({3, 4});
   Tensor y = run_one("Gather", x, {Tensor::from_vector<int64_t>({2}, {-1, 1})}, attrs({{"axis", int64_t{1}}}));
