@@ -383,6 +383,8 @@ ir::Graph import_model(const std::string& bytes, const std::string& name, const 
     }
     for (const auto& out : gp.output()) {
       if (out.name().empty()) throw model_error(name, "a graph output has no name");
+      if (std::find(graph.outputs.begin(), graph.outputs.end(), out.name()) != graph.outputs.end())
+        throw model_error(name, "graph output '" + out.name() + "' is listed twice");
       graph.outputs.push_back(out.name());
       if (graph.has_value(out.name())) continue;
       ir::Value v;
@@ -430,7 +432,9 @@ ir::Graph import_model(const std::string& bytes, const std::string& name, const 
       throw Error(ErrorKind::kUnsupported, msg).file(name).hint("see docs/operators.md for what kiln supports");
     }
 
-    // Convert.
+    // Convert. Each value has one producer (ONNX graphs are in SSA form): a node output that is
+    // a graph input or another node's output is refused here, before anything runs on it.
+    std::map<std::string, std::string> produced_by;  // value -> the node that writes it
     std::set<std::string> node_names;
     for (int i = 0; i < gp.node_size(); ++i) {
       const auto& np = gp.node(i);
@@ -447,9 +451,15 @@ ir::Graph import_model(const std::string& bytes, const std::string& name, const 
           throw node.error(ErrorKind::kUnsupported, "attribute references (functions) are not supported");
         node.attrs.set(a.name(), attribute_from_proto(a, base_dir, node));
       }
-      for (const std::string& out : node.outputs)
-        if (!out.empty() && graph.find_value(out) && graph.find_value(out)->constant)
+      for (const std::string& out : node.outputs) {
+        if (out.empty()) continue;
+        if (graph.find_value(out) && graph.find_value(out)->constant)
           throw node.error(ErrorKind::kInvalidModel, "output '" + out + "' overwrites an initializer");
+        if (std::find(graph.inputs.begin(), graph.inputs.end(), out) != graph.inputs.end())
+          throw node.error(ErrorKind::kInvalidModel, "output '" + out + "' overwrites a graph input");
+        if (auto [it, fresh] = produced_by.emplace(out, node.name); !fresh)
+          throw node.error(ErrorKind::kInvalidModel, "output '" + out + "' is also produced by node '" + it->second + "'");
+      }
       if (kiln_ops && (np.domain() == "kiln")) {
         node.domain = "kiln";
         graph.nodes.push_back(std::move(node));

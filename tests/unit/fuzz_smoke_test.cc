@@ -367,6 +367,51 @@ uint32_t env_or(const char* name, uint32_t fallback) {
   return v && *v ? static_cast<uint32_t>(std::strtoul(v, nullptr, 10)) : fallback;
 }
 
+// Models that break ONNX's one-producer rule (what fuzz_onnx_import built: two Dropouts writing
+// each other's input, one of them over a graph input) are refused at import, naming the value.
+TEST(FuzzSmoke, ValuesWithTwoProducersAreRefusedAtImport) {
+  auto import_error = [](const onnx::ModelProto& m) -> std::string {
+    try {
+      onnx_import::import_bytes(m.SerializeAsString(), "twice.onnx", ".");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidModel) << e.what();
+      return e.what();
+    }
+    return "imported";
+  };
+  auto base = [] {
+    onnx::ModelProto m = new_model(17);
+    add_input(*m.mutable_graph(), "x", onnx::TensorProto::FLOAT, {"2"});
+    return m;
+  };
+  {
+    onnx::ModelProto m = base();
+    add_node(*m.mutable_graph(), "Relu", {"x"}, {"x"});
+    m.mutable_graph()->add_output()->set_name("x");
+    EXPECT_NE(import_error(m).find("output 'x' overwrites a graph input"), std::string::npos) << import_error(m);
+  }
+  {
+    onnx::ModelProto m = base();
+    add_node(*m.mutable_graph(), "Relu", {"x"}, {"y"});
+    add_node(*m.mutable_graph(), "Neg", {"x"}, {"y"});
+    m.mutable_graph()->add_output()->set_name("y");
+    EXPECT_NE(import_error(m).find("output 'y' is also produced by node 'Relu_1'"), std::string::npos) << import_error(m);
+  }
+  {
+    onnx::ModelProto m = base();
+    add_node(*m.mutable_graph(), "Relu", {"x"}, {"y"});
+    m.mutable_graph()->add_output()->set_name("y");
+    m.mutable_graph()->add_output()->set_name("y");
+    EXPECT_NE(import_error(m).find("graph output 'y' is listed twice"), std::string::npos) << import_error(m);
+  }
+  {  // and the well-formed one imports
+    onnx::ModelProto m = base();
+    add_node(*m.mutable_graph(), "Relu", {"x"}, {"y"});
+    m.mutable_graph()->add_output()->set_name("y");
+    EXPECT_EQ(import_error(m), "imported");
+  }
+}
+
 TEST(FuzzSmoke, MutatedModelsFailOnlyWithKilnErrors) {
   CrashReporter reporter;
   std::vector<std::string> seeds, names = {"seed cnn", "seed shape chain", "seed elementwise"};
