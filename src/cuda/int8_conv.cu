@@ -46,6 +46,13 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// Programmatic dependent launch (KILN_PDL=1, an experiment): a kernel launched with it may start
+// while the previous kernel in its stream or graph still runs, and must wait before it reads what
+// that kernel writes or writes what it may still read. Both are no-ops in a kernel launched
+// without it.
+__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void let_next_kernel_start() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -363,6 +370,10 @@ __global__ void __launch_bounds__(kThreads, 2) stream1x1_kernel(const KernelPara
   // Row strides of the residual and output in bytes, and this block's column offset in them.
   const int64_t zy_row = static_cast<int64_t>(g.k);
   const int8_t* x = p.a.x;
+  // The weights and vectors above are the model's; the pixels and residuals below may be the
+  // previous kernel's output (with KILN_PDL=1 this block may have started before it ended).
+  wait_for_previous_kernel();
+  let_next_kernel_start();  // its blocks wait in turn; ours are all resident (one wave)
 
   auto load_tile = [&](int buffer, int tile) {
     const int m_base = tile * kBlockM;
@@ -451,7 +462,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const KernelParams p)
   const Int8ConvGeometry& g = p.g;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp & 1, warp_n = warp >> 1;
-  const int n_blocks = g.k / kSmallBlockN;
+  const int n_blocks = (g.k + kSmallBlockN - 1) / kSmallBlockN;
   const int split = p.k_splits > 1 ? static_cast<int>(blockIdx.x) % p.k_splits : 0;  // the block's rank in its cluster
   const int tile = static_cast<int>(blockIdx.x) / p.k_splits;
   const int m_base = (tile / n_blocks) * kSmallBlockM;
@@ -470,39 +481,82 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const KernelParams p)
   const int8_t* x_image = p.a.x + static_cast<int64_t>(image) * g.h * g.w * g.c;
   const int ih0 = (rem / g.ow) * g.stride_h - g.pad_h, iw0 = (rem % g.ow) * g.stride_w - g.pad_w;
   const int8_t* w_row = p.a.w + static_cast<int64_t>(n_base + row) * p.k_total;
-  auto load_stage = [&](int stage, int k_tile) {
+  const bool n_valid = n_base + row < g.k;  // the last tile of a layer of k % 64 != 0 (an FC's 1008)
+  auto load_a = [&](int stage, int k_tile) {
     uint8_t* a_tile = smem + stage * kSmallStageBytes;
-    uint8_t* b_tile = a_tile + kSmallBlockM * kSmallBlockK;
 #pragma unroll
     for (int j = 0; j < kChunks / 4; ++j) {
       const int chunk = chunk0 + 4 * j;
       const int k = k_tile * kSmallBlockK + chunk * 16;
-      const bool k_valid = k < p.k_total;
       const int tap = k / g.c, c = k - tap * g.c;
       const int ih = ih0 + (tap / g.s) * g.dil_h, iw = iw0 + (tap % g.s) * g.dil_w;
-      const bool valid = k_valid && m_valid && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
+      const bool valid = k < p.k_total && m_valid && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
       cp_async16(a_tile + swizzled<kChunks>(row, chunk), valid ? x_image + (static_cast<int64_t>(ih) * g.w + iw) * g.c + c : p.a.x,
                  valid);
-      cp_async16(b_tile + swizzled<kChunks>(row, chunk), k_valid ? w_row + k : p.a.w, k_valid);
     }
   };
+  auto load_b = [&](int stage, int k_tile) {
+    uint8_t* b_tile = smem + stage * kSmallStageBytes + kSmallBlockM * kSmallBlockK;
+#pragma unroll
+    for (int j = 0; j < kChunks / 4; ++j) {
+      const int chunk = chunk0 + 4 * j;
+      const int k = k_tile * kSmallBlockK + chunk * 16;
+      const bool valid = k < p.k_total && n_valid;
+      cp_async16(b_tile + swizzled<kChunks>(row, chunk), valid ? w_row + k : p.a.w, valid);
+    }
+  };
+
+  // The epilogue's per-channel vectors and the first stages' weights do not depend on the
+  // previous kernel: they load before waiting for it (with PDL, while it finishes).
+  const int group = lane >> 2, quad = lane & 3;
+  float2 mult2[kTilesN], bias2[kTilesN];
+#pragma unroll
+  for (int nt = 0; nt < kTilesN; ++nt) {
+    const int col = n_base + warp_n * (kTilesN * 8) + nt * 8 + quad * 2;
+    const bool col_valid = col < g.k;
+    mult2[nt] = col_valid ? make_float2(p.a.mult[col], p.a.mult[col + 1]) : make_float2(0.f, 0.f);
+    bias2[nt] = col_valid && p.a.bias ? make_float2(p.a.bias[col], p.a.bias[col + 1]) : make_float2(0.f, 0.f);
+  }
+#pragma unroll
+  for (int s = 0; s < kSmallStages - 1; ++s)
+    if (kt_begin + s < kt_end) load_b(s, kt_begin + s);
+  wait_for_previous_kernel();
+  // The residual pairs this block finishes, read now so that their latency hides behind K.
+  using ZPair = std::conditional_t<std::is_same_v<ZT, __half>, uint32_t, uint16_t>;
+  ZPair z_pairs[2][kTilesN][2] = {};
+  if constexpr (!std::is_void_v<ZT>) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kTilesN; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int q = (mt * kTilesN + nt) * 2 + half;
+          const int out_m = m_base + warp_m * 32 + mt * 16 + group + half * 8;
+          const int col = n_base + warp_n * (kTilesN * 8) + nt * 8 + quad * 2;
+          if (q % p.k_splits == split && out_m < p.m && col < g.k)
+            z_pairs[mt][nt][half] = *reinterpret_cast<const ZPair*>(static_cast<const uint8_t*>(p.a.z) +
+                                                                   (static_cast<int64_t>(out_m) * g.k + col) * sizeof(ZT));
+        }
+  }
 
   int acc[2][kTilesN][4] = {};
 #pragma unroll
   for (int s = 0; s < kSmallStages - 1; ++s) {
-    if (kt_begin + s < kt_end) load_stage(s, kt_begin + s);
+    if (kt_begin + s < kt_end) load_a(s, kt_begin + s);
     cp_async_commit();
   }
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     cp_async_wait<kSmallStages - 2>();
     __syncthreads();
     const int next = kt + kSmallStages - 1;
-    if (next < kt_end) load_stage((next - kt_begin) % kSmallStages, next);
+    if (next < kt_end) load_a((next - kt_begin) % kSmallStages, next), load_b((next - kt_begin) % kSmallStages, next);
     cp_async_commit();
     const uint8_t* a_tile = smem + ((kt - kt_begin) % kSmallStages) * kSmallStageBytes;
     warp_products<kTilesN, kChunks>(acc, a_tile, a_tile + kSmallBlockM * kSmallBlockK, warp_m, warp_n, lane);
   }
   cp_async_wait<0>();
+  let_next_kernel_start();  // its blocks may take the free multiprocessors and load their weights
 
   // Pair q of this thread is acc[mt][nt][2 * half + {0, 1}] with q = (mt * kTilesN + nt) * 2 +
   // half, flat sums 2q and 2q + 1; block `split` finishes the pairs with q % k_splits == split.
@@ -528,23 +582,18 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const KernelParams p)
   }
 
   constexpr int kYBytes = static_cast<int>(sizeof(YT));
-  constexpr int kZBytes = std::is_void_v<ZT> ? 1 : sizeof(std::conditional_t<std::is_void_v<ZT>, int8_t, ZT>);
-  const int group = lane >> 2, quad = lane & 3;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
     for (int nt = 0; nt < kTilesN; ++nt) {
       const int col = n_base + warp_n * (kTilesN * 8) + nt * 8 + quad * 2;
-      const float2 m2 = make_float2(p.a.mult[col], p.a.mult[col + 1]);
-      const float2 b2 = p.a.bias ? make_float2(p.a.bias[col], p.a.bias[col + 1]) : make_float2(0.f, 0.f);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int q = (mt * kTilesN + nt) * 2 + half;
         const int out_m = m_base + warp_m * 32 + mt * 16 + group + half * 8;
-        if (q % p.k_splits != split || out_m >= p.m) continue;
+        if (q % p.k_splits != split || out_m >= p.m || col >= g.k) continue;
         const int64_t at = static_cast<int64_t>(out_m) * g.k + col;
-        const void* z_pair = std::is_void_v<ZT> ? nullptr : static_cast<const uint8_t*>(p.a.z) + at * kZBytes;
-        epilogue_pair<YT, ZT, kAct>(flat[2 * q], flat[2 * q + 1], m2, b2, z_pair, p.a.z_scale,
+        epilogue_pair<YT, ZT, kAct>(flat[2 * q], flat[2 * q + 1], mult2[nt], bias2[nt], &z_pairs[mt][nt][half], p.a.z_scale,
                                     static_cast<uint8_t*>(p.a.y) + at * kYBytes, p.inv_y_scale, p.act);
       }
     }
@@ -580,21 +629,21 @@ const KernelInfo& prepare(Kernel kernel, int smem) {
   return info;
 }
 
-template <int kC, int kBlockN, class YT, class ZT, int kAct>
-void launch_stream(const KernelParams& p, cudaStream_t stream) {
-  auto kernel = stream1x1_kernel<kC, kBlockN, YT, ZT, kAct>;
-  constexpr int smem = stream_layout<kC, kBlockN, YT, ZT>().total;
-  const KernelInfo& info = prepare(kernel, smem);
-  const int n_blocks = p.g.k / kBlockN;
-  const int per_column = std::clamp(info.blocks_per_sm * info.sms / n_blocks, 1, p.m_tiles);
-  kernel<<<static_cast<unsigned>(per_column * n_blocks), kThreads, smem, stream>>>(p);
+// KILN_PDL=1 (an experiment): kiln's small-M and stream kernels are launched with programmatic
+// dependent launch, so that they start while the kernel before them finishes.
+bool programmatic_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_PDL");
+    return v && std::string(v) == "1";
+  }();
+  return on;
 }
 
 // Launches `blocks` blocks, in clusters of `splits` (the blocks that share a tile's K) when
-// splits > 1.
+// splits > 1, and with programmatic dependent launch when `pdl`.
 template <class Kernel>
-void launch_blocks(Kernel kernel, int64_t blocks, int smem, int splits, const KernelParams& p, cudaStream_t stream) {
-  if (splits == 1) {
+void launch_blocks(Kernel kernel, int64_t blocks, int smem, int splits, bool pdl, const KernelParams& p, cudaStream_t stream) {
+  if (splits == 1 && !pdl) {
     kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
     return;
   }
@@ -603,14 +652,33 @@ void launch_blocks(Kernel kernel, int64_t blocks, int smem, int splits, const Ke
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = static_cast<size_t>(smem);
   config.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(splits);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attrs[2];
+  unsigned count = 0;
+  if (splits > 1) {
+    attrs[count].id = cudaLaunchAttributeClusterDimension;
+    attrs[count].val.clusterDim.x = static_cast<unsigned>(splits);
+    attrs[count].val.clusterDim.y = 1;
+    attrs[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  if (pdl) {
+    attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  config.attrs = attrs;
+  config.numAttrs = count;
   KILN_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+}
+
+template <int kC, int kBlockN, class YT, class ZT, int kAct>
+void launch_stream(const KernelParams& p, cudaStream_t stream) {
+  auto kernel = stream1x1_kernel<kC, kBlockN, YT, ZT, kAct>;
+  constexpr int smem = stream_layout<kC, kBlockN, YT, ZT>().total;
+  const KernelInfo& info = prepare(kernel, smem);
+  const int n_blocks = p.g.k / kBlockN;
+  const int per_column = std::clamp(info.blocks_per_sm * info.sms / n_blocks, 1, p.m_tiles);
+  launch_blocks(kernel, int64_t{per_column} * n_blocks, smem, 1, programmatic_launch(), p, stream);
 }
 
 template <int kBlockN, class YT, class ZT, int kAct>
@@ -619,14 +687,14 @@ void launch_typed(const KernelParams& p, Int8ConvKernel which, cudaStream_t stre
     auto kernel = implicit_gemm_kernel<kBlockN, YT, ZT, kAct>;
     const int smem = implicit_gemm_smem<kBlockN, YT, ZT>();
     prepare(kernel, smem);
-    launch_blocks(kernel, static_cast<int64_t>(p.m_tiles) * (p.g.k / kBlockN) * p.k_splits, smem, p.k_splits, p, stream);
+    launch_blocks(kernel, static_cast<int64_t>(p.m_tiles) * (p.g.k / kBlockN) * p.k_splits, smem, p.k_splits, false, p, stream);
   } else if (which == Int8ConvKernel::kSmallM) {
     if constexpr (kBlockN != kSmallBlockN)
       throw Error(ErrorKind::kInternal, "kiln INT8 convolution: the small-M kernel's tile is 64");
     auto kernel = small_m_kernel<YT, ZT, kAct>;
     prepare(kernel, kSmallSmem);
-    const int64_t blocks = static_cast<int64_t>(p.m_tiles) * (p.g.k / kSmallBlockN) * p.k_splits;
-    launch_blocks(kernel, blocks, kSmallSmem, p.k_splits, p, stream);
+    const int64_t blocks = static_cast<int64_t>(p.m_tiles) * ((p.g.k + kSmallBlockN - 1) / kSmallBlockN) * p.k_splits;
+    launch_blocks(kernel, blocks, kSmallSmem, p.k_splits, programmatic_launch(), p, stream);
   } else if constexpr (kAct < 2) {  // the stream kernel has no other activations
     if (p.g.c == 64) launch_stream<64, kBlockN, YT, ZT, kAct>(p, stream);
     else if (p.g.c == 128) launch_stream<128, kBlockN, YT, ZT, kAct>(p, stream);
@@ -701,7 +769,7 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
     return std::vector<Int8ConvTactic>{};
   };
   if (g.c % 16 != 0) return refuse("input channels must be a multiple of 16");
-  if (g.k % 64 != 0) return refuse("output channels must be a multiple of 64");
+  if (g.k % 16 != 0) return refuse("output channels must be a multiple of 16");
   if (y_type != DType::kInt8 && y_type != DType::kFloat16) return refuse("the output must be int8 or float16");
   if (z_type != DType::kUndefined && z_type != DType::kInt8 && z_type != DType::kFloat16)
     return refuse("the residual must be int8 or float16");
@@ -735,10 +803,12 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
         stream_smem_bound(g.c, tile) <= 227 * 1024)
       tactics.push_back({Int8ConvKernel::kStream1x1, tile});
   }
-  // The small-M kernel where a layer has few tiles of 64 x 64 (up to two per multiprocessor of
-  // an H100; a fixed bound, so that this asks the device nothing), with K split 2, 4 or 8 ways
-  // where the split tiles still fit and every split has a stage of K.
-  const int64_t small_tiles = (g.batch * g.oh * g.ow + kSmallBlockM - 1) / kSmallBlockM * (g.k / kSmallBlockN);
+  // The small-M kernel where a layer has few tiles of 64 x 64 (up to two per multiprocessor of an
+  // H100; a fixed bound, so that this asks the device nothing; any multiple of 16 output
+  // channels, the last tile partial), with K split 2, 4 or 8 ways where the split tiles still fit
+  // and every split has a stage of K.
+  const int64_t small_tiles =
+      (g.batch * g.oh * g.ow + kSmallBlockM - 1) / kSmallBlockM * ((g.k + kSmallBlockN - 1) / kSmallBlockN);
   const int64_t small_k_tiles = (int64_t{g.r} * g.s * g.c + kSmallBlockK - 1) / kSmallBlockK;
   if (small_tiles <= kSmallMaxBlocks) {
     tactics.push_back({Int8ConvKernel::kSmallM, kSmallBlockN});
@@ -746,6 +816,7 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
       if (small_tiles * splits <= kSmallMaxBlocks && small_k_tiles >= splits)
         tactics.push_back({Int8ConvKernel::kSmallM, kSmallBlockN, splits});
   }
+  if (tactics.empty()) return refuse("output channels must be a multiple of 64, or the layer have few output tiles");
   return tactics;
 }
 

@@ -225,21 +225,51 @@ def test_int8_split_k_matches_cpu_exactly(splits, kiln_bin, tmp_path, monkeypatc
     check_exact_against_cpu(kiln_bin, path, (2, 256, 7, 7), tmp_path, 29, "y3", f"kernel:int8 implicit-gemm:64/k{splits}", 3)
 
 
+def fc_model(path):
+    """A classifier's last layer at batch 1: 2048 -> 1000 features (run as 1008 channels, so
+    the small-M kernel's last tile of 64 is partial)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(41)
+    weights = {"w": rng.standard_normal((1000, 2048)) * 0.02, "b": rng.standard_normal(1000) * 0.1}
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc", transB=1)]
+    graph = helper.make_graph(nodes, "int8_fc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2048])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1000])],
+                              [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+@pytest.mark.parametrize("pdl", [False, True], ids=["launch", "pdl"])
 @pytest.mark.parametrize("model,tactic,layers", [("chain", "small-m:64", 4), ("split_k", "small-m:64", 3),
                                                   ("split_k", "small-m:64/k2", 3), ("split_k", "small-m:64/k4", 3),
-                                                  ("split_k", "small-m:64/k8", 1)])
-def test_int8_small_m_matches_cpu_exactly(model, tactic, layers, kiln_bin, tmp_path, monkeypatch):
+                                                  ("split_k", "small-m:64/k8", 1), ("fc", "small-m:64/k8", 1)])
+def test_int8_small_m_matches_cpu_exactly(model, tactic, layers, pdl, kiln_bin, tmp_path, monkeypatch):
     """kiln's small-M kernel (256 bytes of K per stage; K split over a cluster, each block
     finishing its share of the tile with the others' int32 sums) gives the CPU reference's
     integers bit for bit: on the chain model (48 channels, so chunks of a stage straddle taps;
-    675 pixels, not a multiple of 64; stride 2; dilation; int8 residual; float16 output) and on
-    the split-K model (long K; only its first layer has the 9 stages that 8 splits need)."""
+    675 pixels, not a multiple of 64; stride 2; dilation; int8 residual; float16 output), on
+    the split-K model (long K; only its first layer has the 9 stages that 8 splits need) and on
+    an FC of 1000 features (a partial last tile); launched plainly and with programmatic
+    dependent launch (KILN_PDL=1: each layer starts before the one before it ends)."""
     path = str(tmp_path / f"{model}.onnx")
-    (kernel_chain_model if model == "chain" else split_k_model)(path)
-    shape = (3, 48, 15, 15) if model == "chain" else (2, 256, 7, 7)
-    out = "y4" if model == "chain" else "y3"
+    {"chain": kernel_chain_model, "split_k": split_k_model, "fc": fc_model}[model](path)
+    shape = {"chain": (3, 48, 15, 15), "split_k": (2, 256, 7, 7), "fc": (1, 2048)}[model]
+    out = {"chain": "y4", "split_k": "y3", "fc": "y"}[model]
     monkeypatch.setenv("KILN_INT8_CONV_TACTIC", f"kernel:{tactic}")
+    if pdl:
+        monkeypatch.setenv("KILN_PDL", "1")
     check_exact_against_cpu(kiln_bin, path, shape, tmp_path, 31, out, f"kernel:int8 {tactic}\n", layers)
+
+
+def test_int8_stream_kernel_with_pdl_matches_cpu_exactly(kiln_bin, tmp_path, monkeypatch):
+    """The stream kernel launched with programmatic dependent launch (KILN_PDL=1) waits for the
+    layer before it: the chain model's two 1x1 layers on it, bit for bit against the CPU."""
+    path = str(tmp_path / "chain.onnx")
+    kernel_chain_model(path)
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "kernel:stream1x1:64")
+    monkeypatch.setenv("KILN_PDL", "1")
+    check_exact_against_cpu(kiln_bin, path, (3, 48, 15, 15), tmp_path, 37, "y4", "kernel:int8 stream1x1:64\n", 2)
 
 
 def depthwise_chain_model(path):

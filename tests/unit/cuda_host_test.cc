@@ -161,6 +161,15 @@ TEST(Int8ConvTactic, SmallMKernelIsOfferedForLayersOfFewTilesWithSplitsThatHaveK
   names = tactic_names(g);
   EXPECT_NE(std::find(names.begin(), names.end(), "small-m:64"), names.end());
   EXPECT_EQ(std::find(names.begin(), names.end(), "small-m:64/k2"), names.end());
+  // A classifier's FC at batch 1 (2048 -> 1000 features, run as 1008 channels): only the small-M
+  // kernel, its last tile partial, split up to 8 ways (K = 2048: 8 stages).
+  Int8ConvGeometry fc;
+  fc.batch = 1, fc.c = 2048, fc.h = fc.w = 1, fc.k = 1008, fc.oh = fc.ow = 1;
+  EXPECT_EQ(tactic_names(fc), (std::vector<std::string>{"small-m:64", "small-m:64/k2", "small-m:64/k4", "small-m:64/k8"}));
+  fc.batch = 512;  // 8 x 16 tiles: 2 splits at most
+  EXPECT_EQ(tactic_names(fc), (std::vector<std::string>{"small-m:64", "small-m:64/k2"}));
+  fc.batch = 4096;  // too many tiles for the small-M kernel, and 1008 is not a multiple of 64
+  EXPECT_TRUE(tactic_names(fc).empty());
   // Batch 128 has 98 x 8 tiles: the small-M kernel is not offered.
   g.batch = 128, g.c = 512, g.r = g.s = 3, g.pad_h = g.pad_w = 1;
   for (const std::string& name : tactic_names(g)) EXPECT_EQ(name.rfind("small-m", 0), std::string::npos) << name;
