@@ -22,6 +22,7 @@
 
 #include "cuda/check.h"
 #include "cuda/engine.h"
+#include "cuda/graph_timing.h"
 #include "cuda/memory_plan.h"
 #include "cuda/timing_cache.h"
 #include "ir/op_schema.h"
@@ -161,8 +162,6 @@ class Builder final : public BuildServices {
   const LayerIO& scratch_io() override;
   void* scratch(size_t bytes) override { return workspace_scratch_.get(bytes); }
   float time_ms(const std::function<void(cudaStream_t)>& run) override;
-  float graph_time_ms(const std::function<void(cudaStream_t)>& run, int per_sample);
-  float median_sample_ms(const std::function<void()>& launch, int per_sample);
   std::optional<std::string> cached_tactic(const std::string& key) override {
     std::optional<std::string> t = cache_.find(key);
     if (!t && hints_ && current_request_) {
@@ -279,65 +278,14 @@ float Builder::time_ms(const std::function<void(cudaStream_t)>& run) {
   float once = 0;
   KILN_CUDA_CHECK(cudaEventElapsedTime(&once, events_[0], events_[1]));
   const int per_sample = std::clamp(static_cast<int>(0.2f / std::max(once, 1e-4f)), 1, 20);
-  // Timed in a CUDA graph unless KILN_GRAPH_TIMING=0 (the stream timing, for comparison).
-  static const bool in_graph = [] {
-    const char* v = std::getenv("KILN_GRAPH_TIMING");
-    return !v || std::string(v) != "0";
-  }();
-  if (in_graph)
-    if (const float ms = graph_time_ms(run, per_sample); ms >= 0) return ms;
-  return median_sample_ms([&] {
-    for (int i = 0; i < per_sample; ++i) run(stream_);
-  }, per_sample);
-}
-
-// The median over 5 samples of `launch` (which enqueues `per_sample` runs) of the time per run.
-float Builder::median_sample_ms(const std::function<void()>& launch, int per_sample) {
-  std::vector<float> samples;
-  for (int s = 0; s < 5; ++s) {
-    KILN_CUDA_CHECK(cudaEventRecord(events_[0], stream_));
-    launch();
-    KILN_CUDA_CHECK(cudaEventRecord(events_[1], stream_));
-    KILN_CUDA_CHECK(cudaEventSynchronize(events_[1]));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[0], events_[1]));
-    samples.push_back(ms / per_sample);
-  }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
-}
-
-// Times `run` as an engine runs it (the default; KILN_GRAPH_TIMING=0 times launches on the
-// stream): `per_sample` launches captured in one CUDA graph and replayed, so that the host's cost
-// of each launch (cuDNN's execute takes microseconds) does not stand in for a kernel's own time
-// at small shapes, where launches from the stream and the engine's graph ranked tactics
-// differently (bench/NOTES.md, INT8 versions 7 and 8: at batch 1 the graph-timed fp16 engine is
-// 9% faster, at batch 128 both timings pick engines within 1%). Returns -1 when the launches
-// cannot be captured (then the stream timing runs).
-float Builder::graph_time_ms(const std::function<void(cudaStream_t)>& run, int per_sample) {
-  if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  bool ran = true;
-  try {
-    for (int i = 0; i < per_sample; ++i) run(stream_);
-  } catch (...) {  // the capture must end; the stream timing then runs `run` again and reports it
-    ran = false;
-  }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-  cudaGraphExec_t exec = nullptr;
-  const bool ready = ran && ended == cudaSuccess && graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-  if (graph) cudaGraphDestroy(graph);
-  if (!ready) {
-    cudaGetLastError();
-    return -1;
-  }
-  std::unique_ptr<CUgraphExec_st, cudaError_t (*)(cudaGraphExec_t)> owned(exec, cudaGraphExecDestroy);
-  KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream_));  // warm-up: the graph's first upload
-  KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return median_sample_ms([&] { KILN_CUDA_CHECK(cudaGraphLaunch(exec, stream_)); }, per_sample);
+  // As the engine runs it, in a CUDA graph (cuda/graph_timing.h), unless that is off or fails.
+  if (graph_timing_enabled())
+    if (const float ms = graph_replay_ms(stream_, run, per_sample); ms >= 0) return ms;
+  return median_sample_ms(
+      stream_, [&] {
+        for (int i = 0; i < per_sample; ++i) run(stream_);
+      },
+      per_sample);
 }
 
 int Builder::constant_buffer(const std::string& value, const Format& format) {
