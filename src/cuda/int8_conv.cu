@@ -522,7 +522,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const KernelParams p)
     if (kt_begin + s < kt_end) load_b(s, kt_begin + s);
   wait_for_previous_kernel();
   // The residual pairs this block finishes, read now so that their latency hides behind K.
-  using ZPair = std::conditional_t<std::is_same_v<ZT, __half>, uint32_t, uint16_t>;
+  using ZPair = std::conditional_t<std::is_same_v<ZT, __half>, __half2, char2>;  // what epilogue_pair reads
   ZPair z_pairs[2][kTilesN][2] = {};
   if constexpr (!std::is_void_v<ZT>) {
 #pragma unroll
