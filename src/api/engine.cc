@@ -426,7 +426,8 @@ class EngineTimer {
 // (api/where_faster.h). Builds the engine with every eligible layer quantized and the fp16 one,
 // times both layer by layer, builds the mixed engine (fp16 where the quantized form lost;
 // tactics already timed) and compares its own quantized layers again (up to three rounds),
-// times the whole engines in turns and returns the fastest, its report naming the layers kept in
+// builds engines quantized only from the input to a point (api::leading_region_lengths), times
+// the whole engines in turns and returns the fastest, its report naming the layers kept in
 // fp16 and why. The per-layer sums are optimistic (ResNet-50 FP8 at batch 128: a mixed engine
 // 0.56 ms slower than fp16, bench/NOTES.md), hence the last step.
 std::shared_ptr<Engine::Impl> build_quantized_where_faster(const std::string& bytes, const std::string& name,
@@ -460,13 +461,16 @@ std::shared_ptr<Engine::Impl> build_quantized_where_faster(const std::string& by
   struct Candidate {
     std::string what;
     std::shared_ptr<Engine::Impl> engine;
+    std::map<std::string, std::string> why_fp16;  // its layers in fp16 that could be quantized -> why
     double ms = 0;
   };
-  std::vector<Candidate> candidates = {{"every eligible layer in " + format, all_quantized}, {"no " + format + " layer", fp16}};
+  std::vector<Candidate> candidates = {{"every eligible layer in " + format, all_quantized, {}},
+                                       {"no " + format + " layer", fp16, {}}};
   // Rounds: compare the quantized layers of the current engine with fp16, pin the slower ones,
   // build again. A layer pinned changes its neighbours' costs (a quantized layer after it now
   // needs its input quantized), so the next round looks at the mixed engine's own times.
   std::map<std::string, std::string> slower;  // layer -> why it stays fp16
+  std::set<std::string> slower_in_round_1;     // against fp16 with every neighbour quantized
   std::map<std::string, std::string> tactics = all_quantized->gpu->timing_entries();
   for (const auto& entry : fp16->gpu->timing_entries()) tactics.insert(entry);
   std::shared_ptr<Engine::Impl> current = all_quantized;
@@ -483,6 +487,7 @@ std::shared_ptr<Engine::Impl> build_quantized_where_faster(const std::string& by
       if (c.keep_quantized()) continue;
       if (round > 1) log(fmt::format("{} round {}: ", tag, round) + c.layer + ": " + line + choice);
       slower[c.layer] = "fp16 is faster here (" + line + ")";
+      if (round == 1) slower_in_round_1.insert(c.layer);
       ++pinned;
     }
     if (pinned == 0 || pinned == costs.size()) break;
@@ -492,7 +497,27 @@ std::shared_ptr<Engine::Impl> build_quantized_where_faster(const std::string& by
     std::vector<std::string> kept_mixed;
     current = build_quantized(mixed, tactics, kept_mixed);
     for (const auto& entry : current->gpu->timing_entries()) tactics.insert(entry);
-    candidates.push_back({fmt::format("mixed (round {})", round), current});
+    candidates.push_back({fmt::format("mixed (round {})", round), current, slower});
+  }
+  // One quantized region from the input on (api::leading_region_lengths): the rounds above leave
+  // islands, each with a quantize layer of its own.
+  const std::vector<std::string> order = api::quantized_layers_in_order(*all_quantized->graph);
+  for (size_t length : api::leading_region_lengths(order, slower_in_round_1)) {
+    BuildOptions leading = options;
+    leading.float_layers.insert(leading.float_layers.end(), order.begin() + static_cast<std::ptrdiff_t>(length), order.end());
+    log(fmt::format("{}: building the engine with its first {} layers in {} ({} to {})", tag, length, format, order.front(),
+                    order[length - 1]));
+    std::vector<std::string> kept_leading;
+    std::shared_ptr<Engine::Impl> engine = build_quantized(leading, tactics, kept_leading);
+    for (const auto& entry : engine->gpu->timing_entries()) tactics.insert(entry);
+    std::map<std::string, std::string> why;
+    for (size_t i = length; i < order.size(); ++i) {
+      auto it = slower.find(order[i]);
+      why[order[i]] = it != slower.end() && slower_in_round_1.count(order[i])
+                          ? it->second
+                          : "after the leading " + format + " region, whose engine ran fastest";
+    }
+    candidates.push_back({fmt::format("the first {} layers in {}", length, format), engine, std::move(why)});
   }
   // Whole engines, timed in turns so that clocks and neighbours treat them alike, after a
   // warm-up that brings the clocks up (the GPU idled while the host built); the engines differ by
@@ -529,7 +554,7 @@ std::shared_ptr<Engine::Impl> build_quantized_where_faster(const std::string& by
   } else if (chosen != all_quantized) {
     for (std::string& k : chosen->int8_kept_float) {
       const std::string layer = k.substr(0, k.find(": "));
-      if (auto it = slower.find(layer); it != slower.end()) k = layer + ": " + it->second;
+      if (auto it = best.why_fp16.find(layer); it != best.why_fp16.end()) k = layer + ": " + it->second;
     }
   }
   return chosen;

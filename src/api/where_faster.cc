@@ -69,4 +69,21 @@ std::vector<QuantizedLayerCost> compare_quantized_layers(const ir::Graph& g, con
   return costs;
 }
 
+std::vector<std::string> quantized_layers_in_order(const ir::Graph& g) {
+  std::vector<std::string> out;
+  for (const ir::Node& n : g.nodes)
+    if (n.op == "QConv" && n.domain == "kiln") out.push_back(n.name);
+  return out;
+}
+
+std::vector<size_t> leading_region_lengths(const std::vector<std::string>& order, const std::set<std::string>& slower) {
+  size_t before_first_slower = 0;
+  while (before_first_slower < order.size() && !slower.count(order[before_first_slower])) ++before_first_slower;
+  std::vector<size_t> lengths;
+  for (size_t length : {size_t{1}, before_first_slower})
+    if (length >= 1 && length < order.size() && std::find(lengths.begin(), lengths.end(), length) == lengths.end())
+      lengths.push_back(length);
+  return lengths;
+}
+
 }  // namespace kiln::api

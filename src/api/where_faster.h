@@ -5,11 +5,13 @@
 // float input and for reformats. The build times the engine with every eligible layer quantized
 // and the fp16 engine layer by layer, keeps in fp16 each layer whose quantized form (with its
 // share of the quantize and reformat layers added for it) is slower, repeats on the mixed engine,
-// and then times the whole engines (all quantized, mixed, none) and keeps the fastest. This file
+// builds engines with one quantized region from the input on (leading_region_lengths), and then
+// times the whole engines (all quantized, mixed, leading regions, none) and keeps the fastest. This file
 // holds the comparison; src/api/engine.cc builds and times.
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,5 +40,17 @@ std::map<std::string, double> median_layer_ms(const std::vector<std::vector<Laye
 std::vector<QuantizedLayerCost> compare_quantized_layers(const ir::Graph& quantized_graph,
                                                          const std::map<std::string, double>& quantized_ms,
                                                          const std::map<std::string, double>& fp16_ms);
+
+// The quantized convolutions (kiln::QConv) of `quantized_graph` in the graph's order.
+std::vector<std::string> quantized_layers_in_order(const ir::Graph& quantized_graph);
+
+// Lengths of the quantized regions at the start of the network that a where-faster build also
+// times as whole engines: 1 (the first layer alone, a ResNet's stem) and the number of layers of
+// `order` before the first one in `slower`; each only where it leaves layers on both sides, and
+// none twice. Why: at batch 1 the quantized kernels win on the first layers (large images, few
+// channels) and each quantized island pays for a quantize layer at its entry, while a region
+// that starts at the input pays only the input's (its last layer writes fp16). Pinning layers
+// one by one leaves islands.
+std::vector<size_t> leading_region_lengths(const std::vector<std::string>& order, const std::set<std::string>& slower);
 
 }  // namespace kiln::api

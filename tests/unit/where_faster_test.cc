@@ -75,5 +75,24 @@ TEST(WhereFaster, MedianOverRunsSumsRepeatedNamesWithinARun) {
   EXPECT_DOUBLE_EQ(ms.at("r"), 0.625);  // of 0.5, 0.5, 0.75, 1
 }
 
+TEST(WhereFaster, QuantizedLayersInGraphOrder) {
+  EXPECT_EQ(api::quantized_layers_in_order(fp8_graph()), (std::vector<std::string>{"c1", "c2", "c3"}));
+}
+
+TEST(WhereFaster, LeadingRegionsEndBeforeTheFirstSlowerLayer) {
+  const std::vector<std::string> order = {"stem", "a", "b", "c", "d"};
+  // The stem alone, and the two layers before b, the first slower one.
+  EXPECT_EQ(api::leading_region_lengths(order, {"b", "d"}), (std::vector<size_t>{1, 2}));
+  EXPECT_EQ(api::leading_region_lengths(order, {"d"}), (std::vector<size_t>{1, 4}));
+  // The stem slower: the stem alone is still timed (its quantize may cost what it saves).
+  EXPECT_EQ(api::leading_region_lengths(order, {"stem", "a"}), (std::vector<size_t>{1}));
+  // Only the stem before the first slower layer: one candidate, not two.
+  EXPECT_EQ(api::leading_region_lengths(order, {"a"}), (std::vector<size_t>{1}));
+  // No slower layer: the whole network is the all-quantized engine, already a candidate.
+  EXPECT_EQ(api::leading_region_lengths(order, {}), (std::vector<size_t>{1}));
+  // A single layer leaves nothing on the other side.
+  EXPECT_TRUE(api::leading_region_lengths({"stem"}, {}).empty());
+}
+
 }  // namespace
 }  // namespace kiln
