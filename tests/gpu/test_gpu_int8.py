@@ -555,9 +555,21 @@ def test_quantized_where_faster(tag, kiln_bin, model_cache, tmp_path):
     for rnd in range(1, 4):
         expected[f"mixed (round {rnd})"] = set(after)
         after -= set(re.findall(rf"{tag} round {rnd + 1}: (\S+): .* -> fp16", log))
+    # One quantized region from the input on: the first layer alone, and every layer before the
+    # first that round 1 sent to fp16 (graph order, as round 1 printed them).
+    order = [c[2] for c in choices]
+    first_slower = next((i for i, c in enumerate(choices) if c[6] == "fp16"), len(order))
+    leading = {length for length in (1, first_slower) if 1 <= length < len(order)}
+    assert set(map(int, re.findall(rf"{tag}: building the engine with its first (\d+) layers", log))) == leading, log
+    for length in leading:
+        expected[f"the first {length} layers in {fmt}"] = set(order[:length])
     assert quantized_layers == expected[kept]
     if kept.startswith("mixed"):
         reasons = [k for k in info["int8_kept_float"] if "fp16 is faster here" in k]
+        assert len(reasons) == len(choices) - len(quantized_layers), info["int8_kept_float"]
+    if kept.startswith("the first"):
+        reasons = [k for k in info["int8_kept_float"]
+                   if "fp16 is faster here" in k or f"after the leading {fmt} region" in k]
         assert len(reasons) == len(choices) - len(quantized_layers), info["int8_kept_float"]
 
     x = make(8, seed=22)
