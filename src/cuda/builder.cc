@@ -16,6 +16,7 @@
 #include <deque>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -26,6 +27,7 @@
 #include "cuda/memory_plan.h"
 #include "cuda/timing_cache.h"
 #include "ir/op_schema.h"
+#include "ops/slice_params.h"
 
 namespace kiln::cuda {
 
@@ -194,6 +196,7 @@ class Builder final : public BuildServices {
   int constant_buffer(const std::string& value, const Format& format);
   void add_layer(PlannedLayer layer);
   void lower_view(const ir::Node& node);
+  bool slice_is_view(const ir::Node& node) const;
   void lower_shape(const ir::Node& node);
   // Gives the outputs of a node that could not be lowered placeholder buffers, so the build
   // goes on and reports every unsupported node at once.
@@ -370,6 +373,33 @@ void Builder::lower_view(const ir::Node& node) {
   value_buffer_[node.outputs[0]] = add_buffer(std::move(b));
 }
 
+// A Slice that reads the first elements of its input (ir::slice_reads_leading_elements), stored
+// row-major or in a layout that is the same bytes, moves nothing: it is lowered as a view. At
+// batch 1 a classifier's INT8 layer computes 1008 channels and a Slice keeps 1000; as a copy it
+// was a memcpy node of its own in the CUDA graph. Anything else (steps, offsets, a non-constant
+// parameter, a model error) is left to the Slice layer, which copies or reports it.
+bool Builder::slice_is_view(const ir::Node& node) const {
+  if (node.op != "Slice" || !node.domain.empty() || node.inputs.size() < 3 || node.outputs.size() != 1) return false;
+  auto in = value_buffer_.find(node.inputs[0]);
+  if (in == value_buffer_.end()) return false;
+  const TensorSpec& spec = buffers_[in->second].spec;
+  if (spec.format.layout != Layout::kLinear && !layouts_share_memory(spec.shape)) return false;
+  try {
+    std::vector<std::optional<std::vector<int64_t>>> ints(5);
+    for (size_t i = 1; i < 5; ++i) {
+      if (!node.has_input(i)) continue;
+      const Tensor* t = graph_.constant(node.inputs[i]);
+      if (!t) return false;
+      ints[i] = t->to_int_vector();
+    }
+    if (!ints[1] || !ints[2]) return false;
+    return ir::slice_reads_leading_elements(
+        spec.shape, ir::slice_params(node, ir::dims_of(spec.shape), *ints[1], *ints[2], ints[3], ints[4]));
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 void Builder::placeholder_outputs(const ir::Node& node) {
   for (const std::string& out : node.outputs) {
     if (out.empty()) continue;
@@ -544,7 +574,7 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<
   auto started = std::chrono::steady_clock::now();
   for (size_t i = 0; i < total; ++i) {
     const ir::Node& node = graph_.nodes[i];
-    if (is_view_op(graph_, node)) {
+    if (is_view_op(graph_, node) || slice_is_view(node)) {
       lower_view(node);
     } else if (is_shape_op(node) && value_buffer_.count(node.inputs[0])) {
       lower_shape(node);
@@ -570,8 +600,11 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<
     if (!v.type.shape || !ir::all_known(*v.type.shape))
       throw Error(ErrorKind::kUnsupported, "output '" + name + "' has no known shape at build time");
     int id = buffer_in_format(name, Format{v.type.dtype, Layout::kLinear});
-    if (buffers_[root(id)].kind != BufferKind::kArena || taken.count(root(id))) {
-      // A constant output, or one that shares memory with an input or another output: copy.
+    if (buffers_[root(id)].kind != BufferKind::kArena || taken.count(root(id)) ||
+        buffers_[root(id)].spec.bytes() != buffers_[id].spec.bytes()) {
+      // A constant output, one that shares memory with an input or another output, or a view of
+      // part of a larger buffer (a Slice's first elements; the output slot is sized for the
+      // output alone): copy.
       Buffer b;
       b.name = name + "@output";
       b.spec = buffers_[id].spec;

@@ -117,6 +117,24 @@ std::vector<SliceAxis> slice_params(const Node& node, const Dims& in, const std:
   return out;
 }
 
+bool slice_reads_leading_elements(const std::vector<int64_t>& in, const std::vector<SliceAxis>& params) {
+  std::vector<int64_t> out = in;
+  for (const SliceAxis& p : params) {
+    if (!p.length.known() || p.length.value == 0) return false;
+    if (p.length.value > 1 && p.step != 1) return false;  // a step over one element reads it alone
+    if (p.start != 0) return false;
+    out[static_cast<size_t>(p.axis)] = p.length.value;
+  }
+  // Axes before the first one that keeps several elements read index 0 only; that axis may be
+  // cut short; every axis after it must be whole, or each of its rows would skip elements.
+  if (std::find(out.begin(), out.end(), 0) != out.end()) return false;  // empty
+  size_t first_several = 0;
+  while (first_several < out.size() && out[first_several] == 1) ++first_several;
+  for (size_t a = first_several + 1; a < out.size(); ++a)
+    if (out[a] != in[a]) return false;
+  return true;
+}
+
 KILN_REGISTER_OPS(slice) {
   registry.add({"Slice", "", 3, 5, 1, 1, infer_slice, nullptr, ""});
 }

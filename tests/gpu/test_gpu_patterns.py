@@ -105,3 +105,46 @@ def test_pattern(pattern, channels, precision, kiln_bin, tmp_path):
     err = rel_l2(got, want)
     limit = 1e-4 if precision == "fp32" else 1e-2
     assert err <= limit, f"{pattern} C={channels} {precision}: relative L2 error {err:.3g}"
+
+
+def leading_slice_model(batch: int, path: str):
+    """x [batch, 20] -> Relu -> r; Slice(r)[:, :13] -> s (an output, and read by Sigmoid -> t)."""
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Slice", ["r", "starts", "ends", "axes"], ["s"]),
+             helper.make_node("Sigmoid", ["s"], ["t"])]
+    graph = helper.make_graph(nodes, "leading_slice", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 20])],
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, [batch, 13]),
+                               helper.make_tensor_value_info("t", TensorProto.FLOAT, [batch, 13])],
+                              [ints("starts", [0]), ints("ends", [13]), ints("axes", [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_leading_slice_is_a_view(batch, precision, kiln_bin, tmp_path):
+    """A Slice that keeps its input's first elements ([1, 20] -> [1, 13]) moves no bytes on the GPU:
+    no Slice layer, and the output that is that view gets a copy of its own (its slot is sized for
+    13 values, not 20). At batch 3 the 13 of each row are not the first 39: a Slice layer copies.
+    Both against the CPU engine."""
+    import json
+
+    path = str(tmp_path / "m.onnx")
+    leading_slice_model(batch, path)
+    engine = str(tmp_path / "m.engine")
+    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "-o", engine],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    ops = [layer["op"] for layer in info["layers"]]
+    assert ("Slice" in ops) == (batch > 1), ops
+    x = np.random.default_rng(batch).standard_normal((batch, 20)).astype(np.float32)
+    want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu")
+    got = run_kiln(kiln_bin, engine, [x], ["x"], str(tmp_path / "gpu"))
+    limit = 1e-6 if precision == "fp32" else 1e-3
+    for name in ("s", "t"):
+        assert got[name].shape == (batch, 13)
+        assert rel_l2(got[name], want[name]) <= limit, name

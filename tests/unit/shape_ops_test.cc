@@ -8,6 +8,7 @@
 
 #include "cpu/engine.h"
 #include "ir/op_schema.h"
+#include "ops/slice_params.h"
 
 namespace kiln {
 namespace {
@@ -251,6 +252,48 @@ TEST(ShapeOps, SymbolicArithmeticOfAnEmptyValueIsEmpty) {
   std::string sum = b.one("Add", {empty, b.ints({3})});
   std::map<std::string, Tensor> out = run(std::move(b.g), {sum}, {});
   EXPECT_EQ(out.at(sum).shape(), (std::vector<int64_t>{0}));
+}
+
+// The GPU builder makes a Slice that reads its input's first elements a view (no copy); the CPU
+// kernel is the oracle: on an iota input such a slice returns 0, 1, 2, ...
+TEST(ShapeOps, SliceReadsLeadingElementsExactlyWhenTheCpuKernelReturnsAPrefix) {
+  const std::vector<std::vector<int64_t>> shapes = {{1, 6}, {2, 3}, {3, 4}, {1, 4, 1}, {2, 1, 3}, {1, 1, 5}, {1, 3, 2, 2}, {2, 0, 3}};
+  std::mt19937 rng(5);
+  int views = 0, copies = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const std::vector<int64_t>& shape = shapes[static_cast<size_t>(trial) % shapes.size()];
+    const int64_t rank = static_cast<int64_t>(shape.size());
+    std::vector<int64_t> starts, ends, axes, steps;
+    for (int64_t a = 0; a < rank; ++a) {
+      if (rng() % 2) continue;  // this axis not sliced
+      const int64_t dim = shape[static_cast<size_t>(a)];
+      axes.push_back(a);
+      starts.push_back(rng() % 3 ? 0 : static_cast<int64_t>(rng() % static_cast<unsigned>(dim + 1)));
+      ends.push_back(rng() % 3 ? static_cast<int64_t>(rng() % static_cast<unsigned>(dim + 2)) : INT64_MAX);
+      steps.push_back(rng() % 4 ? 1 : 2);
+    }
+    if (axes.empty()) continue;
+    const int64_t n = static_cast<int64_t>(axes.size());
+    Tensor y = run_one("Slice", iota_float(shape),
+                       {Tensor::from_vector<int64_t>({n}, starts), Tensor::from_vector<int64_t>({n}, ends),
+                        Tensor::from_vector<int64_t>({n}, axes), Tensor::from_vector<int64_t>({n}, steps)});
+    bool prefix = y.numel() > 0;
+    for (int64_t i = 0; i < y.numel(); ++i) prefix = prefix && y.data<float>()[i] == static_cast<float>(i);
+    ir::Node node;
+    node.name = "slice";
+    const bool leading = ir::slice_reads_leading_elements(
+        shape, ir::slice_params(node, ir::dims_of(shape), starts, ends, axes, steps));
+    auto list = [](const std::vector<int64_t>& v) {
+      std::string out;
+      for (int64_t x : v) out += std::to_string(x) + " ";
+      return out;
+    };
+    EXPECT_EQ(leading, prefix) << "shape " << list(shape) << "starts " << list(starts) << "ends " << list(ends) << "axes "
+                               << list(axes) << "steps " << list(steps);
+    (leading ? views : copies)++;
+  }
+  EXPECT_GT(views, 50);  // both answers well represented
+  EXPECT_GT(copies, 50);
 }
 
 TEST(ShapeOps, GatherTakesNegativeIndicesAndRefusesOutOfRange) {
