@@ -250,20 +250,19 @@ def test_int8_small_m_matches_cpu_exactly(model, tactic, layers, pdl, kiln_bin, 
     integers bit for bit: on the chain model (48 channels, so chunks of a stage straddle taps;
     675 pixels, not a multiple of 64; stride 2; dilation; int8 residual; float16 output), on
     the split-K model (long K; only its first layer has the 9 stages that 8 splits need) and on
-    an FC of 1000 features (a partial last tile); launched plainly and with programmatic
-    dependent launch (KILN_PDL=1: each layer starts before the one before it ends)."""
+    an FC of 1000 features (a partial last tile); launched plainly (KILN_PDL=0) and with
+    programmatic dependent launch (the default: each layer starts before the one before it ends)."""
     path = str(tmp_path / f"{model}.onnx")
     {"chain": kernel_chain_model, "split_k": split_k_model, "fc": fc_model}[model](path)
     shape = {"chain": (3, 48, 15, 15), "split_k": (2, 256, 7, 7), "fc": (1, 2048)}[model]
     out = {"chain": "y4", "split_k": "y3", "fc": "y"}[model]
     monkeypatch.setenv("KILN_INT8_CONV_TACTIC", f"kernel:{tactic}")
-    if pdl:
-        monkeypatch.setenv("KILN_PDL", "1")
+    monkeypatch.setenv("KILN_PDL", "1" if pdl else "0")
     check_exact_against_cpu(kiln_bin, path, shape, tmp_path, 31, out, f"kernel:int8 {tactic}\n", layers)
 
 
 def test_int8_stream_kernel_with_pdl_matches_cpu_exactly(kiln_bin, tmp_path, monkeypatch):
-    """The stream kernel launched with programmatic dependent launch (KILN_PDL=1) waits for the
+    """The stream kernel launched with programmatic dependent launch (the default) waits for the
     layer before it: the chain model's two 1x1 layers on it, bit for bit against the CPU."""
     path = str(tmp_path / "chain.onnx")
     kernel_chain_model(path)
