@@ -6,8 +6,8 @@
 // and the fp16 engine layer by layer, keeps in fp16 each layer whose quantized form (with its
 // share of the quantize and reformat layers added for it) is slower, repeats on the mixed engine,
 // builds engines with one quantized region from the input on (leading_region_lengths), and then
-// times the whole engines (all quantized, mixed, leading regions, none) and keeps the fastest. This file
-// holds the comparison; src/api/engine.cc builds and times.
+// times the whole engines (all quantized, mixed, leading regions, none) and keeps the fastest.
+// This file holds the comparison; src/api/engine.cc builds and times.
 #pragma once
 
 #include <map>

@@ -21,8 +21,8 @@ std::vector<SliceAxis> slice_params(const Node& node, const Dims& in, const std:
 // Whether a slice of a row-major tensor of dims `in` (all known) with `params` (slice_params)
 // reads exactly the first elements of its input, in order: starts at 0, steps of 1 where more
 // than one element is kept, every axis before the first that keeps several elements kept to one
-// element, every axis after it whole (a classifier's padded [1, 1008] cut to [1, 1000]). Such a slice moves no bytes: its output can be a view of
-// its input's memory. False for an empty slice.
+// element, every axis after it whole (a classifier's padded [1, 1008] cut to [1, 1000]). Such a
+// slice moves no bytes: its output can be a view of its input's memory. False for an empty slice.
 bool slice_reads_leading_elements(const std::vector<int64_t>& in, const std::vector<SliceAxis>& params);
 
 }  // namespace kiln::ir
