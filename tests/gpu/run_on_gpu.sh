@@ -33,7 +33,7 @@ for stage in "$@"; do
       python3 -m pytest tests/gpu/test_gpu_dynamic.py -v -n 4 --timeout 600 -p no:cacheprovider -rA 2>&1 | tee "$OUT/gpu_dynamic.log" | tail -40
       status=$((status | ${PIPESTATUS[0]})) ;;
     models)
-      python3 -m pytest tests/gpu -q --timeout 600 -p no:cacheprovider --ignore tests/gpu/test_gpu_python.py --ignore tests/gpu/test_gpu_contexts.py \
+      python3 -m pytest tests/gpu -v -rf --timeout 600 -p no:cacheprovider --ignore tests/gpu/test_gpu_python.py --ignore tests/gpu/test_gpu_contexts.py \
         ${KILN_GPU_MODELS:+-k "$KILN_GPU_MODELS"} 2>&1 | tee "$OUT/gpu_models.log" | tail -40
       status=$((status | ${PIPESTATUS[0]})) ;;
     python)
