@@ -30,6 +30,10 @@ std::vector<int64_t> reduce_axes(const Node& node, const std::optional<std::vect
   std::sort(out.begin(), out.end());
   if (std::adjacent_find(out.begin(), out.end()) != out.end())
     throw node.error(ErrorKind::kInvalidModel, "an axis is repeated in axes");
+  // A scalar's axis 0 (accepted, as exporters write it) is its one element: no dimension to
+  // index, the same reduction as a scalar's with no axes (fuzz_onnx_import: ReduceL1 of a uint8
+  // scalar with axes [0] indexed a rank-0 axis list).
+  if (rank == 0) out.clear();
   return out;
 }
 

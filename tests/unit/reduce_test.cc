@@ -118,6 +118,25 @@ TEST(Reduce, IntegerResultsOutOfRangeSaturateOrWrap) {
             static_cast<int8_t>(250));  // 250 wraps to -6 in int8
 }
 
+// A scalar reduced over axis 0 (or no axes) is its one element reduced: ReduceL1 |x|, ReduceSum x,
+// ReduceSumSquare x*x; axis 1 is out of range (fuzz_onnx_import: axes [0] on a rank-0 input
+// indexed past an empty axis list).
+TEST(Reduce, AScalarOverAxisZeroIsItsOneElement) {
+  Tensor scalar = Tensor::from_vector<int32_t>({}, {-7});
+  Tensor axis0 = Tensor::from_vector<int64_t>({1}, {0});
+  for (const char* op : {"ReduceL1", "ReduceSum", "ReduceSumSquare"}) {
+    ir::Node n = make_node(op);
+    n.attrs.set("keepdims", int64_t{0});
+    const Tensor y = run_node(n, {{scalar}, {axis0, true}})[0];
+    EXPECT_EQ(y.shape(), std::vector<int64_t>{}) << op;
+    const int64_t want = std::string(op) == "ReduceL1" ? 7 : std::string(op) == "ReduceSum" ? -7 : 49;
+    EXPECT_EQ(y.to_int_vector(), (std::vector<int64_t>{want})) << op;
+    EXPECT_EQ(run_node(n, {{scalar}})[0].to_int_vector(), (std::vector<int64_t>{want})) << op;
+  }
+  Tensor axis1 = Tensor::from_vector<int64_t>({1}, {1});
+  EXPECT_THROW(run_node(make_node("ReduceSum"), {{scalar}, {axis1, true}}), Error);
+}
+
 TEST(Reduce, ArgMaxArgMinWithTiesAndLastIndex) {
   Tensor x = Tensor::from_vector<float>({2, 4}, {1, 3, 3, 0, 2, 2, 2, 5});
   ir::Node n = make_node("ArgMax");
