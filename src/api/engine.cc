@@ -360,6 +360,12 @@ std::vector<LayerTiming> profile_layers(cuda::CudaContext& context, cudaStream_t
 }
 
 // A stream and random inputs (profile 0's opt shapes) to time a GPU engine with.
+// The middle one of timing samples (the upper of the two middle ones for an even count).
+double middle_sample(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
 class EngineTimer {
  public:
   explicit EngineTimer(const cuda::CudaEngine& engine) : context_(engine) {
@@ -399,8 +405,7 @@ class EngineTimer {
       KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
       samples.push_back(ms);
     }
-    std::sort(samples.begin(), samples.end());
-    return samples[samples.size() / 2];
+    return middle_sample(std::move(samples));
   }
   // Each layer's time: as a CUDA graph runs it (the median of a replayed graph of 10 launches of
   // the layer alone) unless KILN_GRAPH_TIMING=0, else the median over `runs` profiled runs.
@@ -530,8 +535,7 @@ std::shared_ptr<Engine::Impl> build_quantized_where_faster(const std::string& by
     for (int round = 0; round < 11; ++round)
       for (size_t i = 0; i < candidates.size(); ++i) rounds[i].push_back(timers[i]->latency_ms(20));
     for (size_t i = 0; i < candidates.size(); ++i) {
-      std::sort(rounds[i].begin(), rounds[i].end());
-      candidates[i].ms = rounds[i][rounds[i].size() / 2];
+      candidates[i].ms = middle_sample(std::move(rounds[i]));
       log(fmt::format("{}: whole engine, {}: {:.4f} ms", tag, candidates[i].what, candidates[i].ms));
     }
   }

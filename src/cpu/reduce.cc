@@ -131,7 +131,7 @@ T reduce_set(const T* x, const ReducePlan& p, Red kind) {
     for (int64_t i = 0; i < n; ++i) a = add(a, static_cast<Acc>(at(i)));
   }
   if (kind == Red::kMean) {
-    if constexpr (std::is_floating_point_v<T>) return n ? a / static_cast<T>(n) : std::numeric_limits<T>::quiet_NaN();
+    if constexpr (kFloat) return n ? a / static_cast<T>(n) : std::numeric_limits<T>::quiet_NaN();
     else return n ? static_cast<T>(a / n) : T(0);
   }
   if (kind == Red::kL2 || kind == Red::kLogSum) {
