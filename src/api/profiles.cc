@@ -10,6 +10,10 @@ Error profile_error(size_t profile, const std::string& input, const std::string&
   return Error(ErrorKind::kInvalidArgument, "optimization profile " + std::to_string(profile) + ", input '" + input + "': " + what);
 }
 
+// A dimension of 0 is allowed only where the model itself declares 0 (ONNX allows empty
+// tensors, and onnx's own node tests feed some); elsewhere a profile's dimensions are at least 1.
+bool dimension_too_small(int64_t given, int64_t declared) { return given < 1 && !(given == 0 && declared == 0); }
+
 // Checks one shape (min, opt or max) against the declared one.
 void check_shape(size_t profile, const TensorDesc& d, const char* which, const std::vector<int64_t>& shape) {
   if (shape.size() != d.shape.size())
@@ -17,7 +21,7 @@ void check_shape(size_t profile, const TensorDesc& d, const char* which, const s
                                              std::to_string(shape.size()) + ", the input has rank " +
                                              std::to_string(d.shape.size()) + " (" + shape_to_string(d.shape) + ")");
   for (size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] < 1)
+    if (dimension_too_small(shape[i], d.shape[i]))
       throw profile_error(profile, d.name, std::string(which) + " shape " + shape_to_string(shape) + ": dimension " +
                                                std::to_string(i) + " must be at least 1");
     if (d.shape[i] >= 0 && shape[i] != d.shape[i])
@@ -72,7 +76,7 @@ std::vector<OptimizationProfile> resolve_profiles(const std::vector<TensorDesc>&
                                                          " (" + shape_to_string(d.shape) + "), the shape given is " +
                                                          shape_to_string(shape));
           for (size_t i = 0; i < shape.size(); ++i)
-            if (shape[i] < 1 || (d.shape[i] >= 0 && shape[i] != d.shape[i]))
+            if (dimension_too_small(shape[i], d.shape[i]) || (d.shape[i] >= 0 && shape[i] != d.shape[i]))
               throw Error(ErrorKind::kInvalidArgument, "input '" + d.name + "' is declared " + shape_to_string(d.shape) +
                                                            "; dimension " + std::to_string(i) + " cannot be " +
                                                            std::to_string(shape[i]));

@@ -77,5 +77,28 @@ TEST(ResolveProfiles, MalformedProfilesSayWhatAndWhere) {
   EXPECT_NE(error_of(unknown).find("no input named 'label'"), std::string::npos);
 }
 
+TEST(ResolveProfiles, AnEmptyDimensionIsAllowedWhereTheModelDeclaresIt) {
+  // onnx's node tests feed empty inputs such as CastLike's 'like' (declared 0): refused on the
+  // GPU until session 13 (73 conformance cases).
+  std::vector<TensorDesc> model = {TensorDesc{"like", DType::kFloat16, {0}, {""}},
+                                   TensorDesc{"data", DType::kFloat32, {2, 0, -1}, {"", "", "n"}}};
+  BuildOptions options;
+  options.input_shapes["like"] = {0};
+  options.input_shapes["data"] = {2, 0, 4};
+  const auto profiles = api::resolve_profiles(model, options);
+  EXPECT_EQ(profiles[0].at("like").opt, (std::vector<int64_t>{0}));
+  EXPECT_EQ(profiles[0].at("data").max, (std::vector<int64_t>{2, 0, 4}));
+  BuildOptions ranged;
+  ranged.profiles.push_back({{"data", {{2, 0, 1}, {2, 0, 4}, {2, 0, 8}}}});
+  EXPECT_EQ(api::resolve_profiles(model, ranged)[0].at("data").min, (std::vector<int64_t>{2, 0, 1}));
+  // A 0 where the model's dimension is dynamic is still refused, fixed or as a range.
+  BuildOptions dynamic_zero;
+  dynamic_zero.input_shapes["data"] = {2, 0, 0};
+  EXPECT_THROW(api::resolve_profiles(model, dynamic_zero), Error);
+  BuildOptions range_zero;
+  range_zero.profiles.push_back({{"data", {{2, 0, 0}, {2, 0, 4}, {2, 0, 8}}}});
+  EXPECT_THROW(api::resolve_profiles(model, range_zero), Error);
+}
+
 }  // namespace
 }  // namespace kiln
