@@ -27,7 +27,7 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_option("--device", device, "cpu or cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_flag("--fp16", fp16, "GPU: float16 storage (float32 accumulation); layers that must stay float32 do");
   cmd->add_flag("--tf32", tf32, "GPU: float32 storage, TF32 tensor-core products");
-  cmd->add_flag("--fp32", fp32, "GPU: strict float32 (the default)");
+  cmd->add_flag("--fp32", fp32, "GPU: strict float32, the default (no tensor cores, no Winograd)");
   cmd->add_flag("--best", best, "GPU: float16 where supported, TF32 elsewhere");
   cmd->add_flag("--int8", int8,
                 "INT8 convolutions from calibrated scales (--calib or --calib-cache); other layers fp16 on the GPU, "
