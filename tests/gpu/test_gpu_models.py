@@ -4,14 +4,15 @@ fp32 (strict): relative L2 error at most 1e-4.
 
 fp16: relative L2 error at most 1e-2 and, for classifiers, the same top-1 class as the CPU
 engine on at least 99% of random inputs (near-ties of the CPU's own scores, within the larger
-of kiln's and PyTorch's measured float16 errors, excepted: see top1_agreement). Where PyTorch's own float16 (cuDNN, channels-last, on
-the same GPU) misses the 1e-2 mark on a model, kiln's error may be up to 1.5x PyTorch's
-float16 error instead. That clause exists because the
+of kiln's and PyTorch's measured float16 errors, excepted: see top1_agreement). Where PyTorch's
+own float16 (cuDNN, channels-last, on the same GPU) misses the 1e-2 mark on a model, kiln's
+error may be up to 1.5x PyTorch's float16 error instead. That clause exists because the
 models have random weights: with BatchNorm statistics calibrated (so activations keep a
 trained network's scale; scripts/export_model.py), deep random networks amplify any
 perturbation (rounding ResNet-50's weights to float16 alone, in float32 arithmetic, moves
 its output by 5%), which trained networks do not. Each test prints both engines' figures.
-Each test feeds random inputs (seeded per model, the same in every run) through `kiln run --output-dir`.
+Each test feeds random inputs (seeded per model, the same in every run) through
+`kiln run --output-dir`.
 """
 from __future__ import annotations
 
