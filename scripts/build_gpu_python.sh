@@ -25,7 +25,12 @@ g++ -O2 -fPIC -fvisibility=hidden -std=gnu++20 -DFMT_HEADER_ONLY -DKILN_VERSION=
   -Iinclude -Isrc -isystem "$INC/python$PYVER" -isystem "$INC" -isystem "$PYBIND11_INCLUDE" \
   -isystem /usr/local/cuda/include -isystem build-gpu/proto -isystem /usr/include/x86_64-linux-gnu/openblas-pthread \
   -c python/bindings/module.cc -o build-gpu/python-obj/module.o
-mapfile -t OBJECTS < <(find build-gpu/CMakeFiles/kiln_core.dir build-gpu/CMakeFiles/kiln_cuda.dir -name '*.o' | sort)
+# Only objects whose source still exists: build-gpu keeps those of files since removed or renamed.
+OBJECTS=()
+while read -r object; do
+  source=${object#build-gpu/CMakeFiles/kiln_*.dir/}
+  [[ -f ${source%.o} ]] && OBJECTS+=("$object")
+done < <(find build-gpu/CMakeFiles/kiln_core.dir build-gpu/CMakeFiles/kiln_cuda.dir -name '*.o' | sort)
 g++ -shared -o "$OUT/_kiln.$TAG.so" build-gpu/python-obj/module.o "${OBJECTS[@]}" build-gpu/libkiln_onnx_proto.a \
   /usr/lib/x86_64-linux-gnu/libprotobuf.so /usr/lib/x86_64-linux-gnu/libopenblas.so -fopenmp -lz \
   -L/usr/local/cuda/lib64 -lcudart_static -lcublasLt -lcudnn -ldl -lrt -lpthread -Wl,-s
