@@ -104,15 +104,17 @@ def main() -> int:
         for seed in range(a.seeds):
             inputs = export_model.input_maker(name, size=64)(a.batch, seed=seed)
             ref = torch_output(spec.module, inputs, "cpu", torch.float64)
-            row = {"seed": seed,
-                   "kiln_cpu": rel_l2(kiln_output(path, inputs, spec.input_names, os.path.join(work, "cpu"), "--device", "cpu"), ref),
-                   "torch_cpu_fp32": rel_l2(torch_output(spec.module, inputs, "cpu", torch.float32), ref),
-                   "torch_gpu_fp32": rel_l2(torch_output(spec.module, inputs, "cuda", torch.float32), ref)}
-            for b, engine in enumerate(engines):
-                row[f"kiln_gpu_fp32_build{b}"] = rel_l2(kiln_output(engine, inputs, spec.input_names, os.path.join(work, f"gpu{b}")), ref)
             cpu = kiln_output(path, inputs, spec.input_names, os.path.join(work, "cpu"), "--device", "cpu")
-            row["kiln_gpu_build0_vs_kiln_cpu"] = rel_l2(kiln_output(engines[0], inputs, spec.input_names, os.path.join(work, "gpu0")), cpu)
-            row["torch_gpu_fp32_vs_kiln_cpu"] = rel_l2(torch_output(spec.module, inputs, "cuda", torch.float32), cpu)
+            torch_gpu = torch_output(spec.module, inputs, "cuda", torch.float32)
+            gpu = [kiln_output(engine, inputs, spec.input_names, os.path.join(work, f"gpu{b}"))
+                   for b, engine in enumerate(engines)]
+            row = {"seed": seed, "kiln_cpu": rel_l2(cpu, ref),
+                   "torch_cpu_fp32": rel_l2(torch_output(spec.module, inputs, "cpu", torch.float32), ref),
+                   "torch_gpu_fp32": rel_l2(torch_gpu, ref)}
+            for b, out in enumerate(gpu):
+                row[f"kiln_gpu_fp32_build{b}"] = rel_l2(out, ref)
+            row["kiln_gpu_build0_vs_kiln_cpu"] = rel_l2(gpu[0], cpu)
+            row["torch_gpu_fp32_vs_kiln_cpu"] = rel_l2(torch_gpu, cpu)
             rows.append(row)
             print(name, json.dumps(row), flush=True)
         result["models"][name] = {"rows": rows, "conv_tactics_per_build": tactics}

@@ -359,13 +359,13 @@ std::vector<LayerTiming> profile_layers(cuda::CudaContext& context, cudaStream_t
   return out;
 }
 
-// A stream and random inputs (profile 0's opt shapes) to time a GPU engine with.
 // The middle one of timing samples (the upper of the two middle ones for an even count).
 double middle_sample(std::vector<double> samples) {
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
 }
 
+// A stream and random inputs (profile 0's opt shapes) to time a GPU engine with.
 class EngineTimer {
  public:
   explicit EngineTimer(const cuda::CudaEngine& engine) : context_(engine) {

@@ -375,17 +375,12 @@ class ConvLayer final : public Layer {
   // 3x3 layer against 0 to 4e-7 for implicit GEMM and FFT, measured on an H200), and a deep
   // network amplifies it: ResNet-50 with them landed at 1e-4 from the CPU engine, twice
   // PyTorch fp32's distance (bench/NOTES.md, session 14). --tf32 and fp16 may use them.
-  bool allowed_algorithm(cudnnConvolutionFwdAlgo_t algo) const {
-    return !p_.strict_fp32() ||
-           (algo != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD && algo != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED);
-  }
-  bool allowed_algorithm(cudnnConvolutionBwdDataAlgo_t algo) const {
-    return !p_.strict_fp32() ||
-           (algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD && algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED);
-  }
+  // `algo`: a forward algorithm, or a backward-data one for a transposed convolution.
   bool allowed_algorithm(int algo) const {
-    return p_.transpose ? allowed_algorithm(static_cast<cudnnConvolutionBwdDataAlgo_t>(algo))
-                        : allowed_algorithm(static_cast<cudnnConvolutionFwdAlgo_t>(algo));
+    if (!p_.strict_fp32()) return true;
+    if (p_.transpose)
+      return algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD && algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+    return algo != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD && algo != CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
   }
 
   static std::string encode(const Candidate& c) {
