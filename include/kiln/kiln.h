@@ -107,6 +107,12 @@ struct BuildOptions {
   // EngineInfo::int8_kept_float says which layers stayed fp16 and why. false: every eligible
   // layer quantized, untimed (`kiln build --int8 --int8-all`, `--fp8 --fp8-all`).
   bool quantized_where_faster = true;
+  // The most memory a run may allocate, in bytes; 0: the machine's physical memory (CPU
+  // engines) or the GPU's memory (GPU engines). CPU: the tensors of one Engine::run. GPU: the
+  // weights plus one context's activations, workspace and input and output buffers. A buffer
+  // that would pass it is refused, before anything is allocated, with its size, tensor and node.
+  // A limit of where the engine runs, not of the engine: it is not stored in the engine file.
+  size_t max_memory = 0;
   // Progress lines of the build (layer by layer, with the chosen tactic); nullptr: quiet.
   std::function<void(const std::string&)> log;
 };
@@ -155,8 +161,8 @@ class Engine {
   static Engine from_onnx(const std::string& onnx_path, const BuildOptions& options = {});
   // Reads an engine file written by save(). The file is checked (format, kiln version,
   // checksum, GPU and library versions; for CPU engines, that this CPU has AVX2/FMA/F16C); a
-  // mismatch is a kiln::Error that says which.
-  static Engine load(const std::string& engine_path);
+  // mismatch is a kiln::Error that says which. max_memory: as BuildOptions::max_memory.
+  static Engine load(const std::string& engine_path, size_t max_memory = 0);
   // Writes the engine file (GPU and CPU engines; docs/engine-format.md): the optimized graph
   // and its weights (INT8 weights as int8), the profiles and the chosen tactics, so loading
   // runs no graph passes and times nothing.

@@ -56,8 +56,18 @@ template <> constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
 template <> constexpr DType dtype_of<uint64_t>() { return DType::kUInt64; }
 template <> constexpr DType dtype_of<bool>() { return DType::kBool; }
 
-// Number of elements of a shape; throws kInvalidArgument on a negative dimension or overflow.
+// The largest tensor kiln holds. A file or a shape computation that asks for more is corrupt
+// or hostile. Every shape kiln accepts (from a model or engine file, from shape inference, from
+// a caller) is checked against it, so products and strides of a shape's dimensions fit in int64.
+constexpr int64_t kMaxTensorBytes = int64_t{64} << 30;  // 64 GiB
+
+// Number of elements of a shape. Throws kInvalidArgument on a negative dimension, or when the
+// product of the non-zero dimensions is above kMaxTensorBytes: a shape with a 0 has no
+// elements, but its other dimensions still multiply in strides and loop bounds.
 int64_t shape_numel(const std::vector<int64_t>& shape);
+// Bytes of a tensor of `shape` and `dtype`: shape_numel times element_size, at most
+// kMaxTensorBytes (else kInvalidArgument).
+size_t shape_bytes(const std::vector<int64_t>& shape, DType dtype);
 // "1x3x224x224" ("scalar" for rank 0).
 std::string shape_to_string(const std::vector<int64_t>& shape);
 

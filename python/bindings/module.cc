@@ -247,6 +247,8 @@ PYBIND11_MODULE(_kiln, m) {
       .def_readwrite("timing_cache", &BuildOptions::timing_cache)
       .def_readwrite("allow_cpu_fallback", &BuildOptions::allow_cpu_fallback)
       .def_readwrite("mark_outputs", &BuildOptions::mark_outputs)
+      .def_readwrite("max_memory", &BuildOptions::max_memory,
+                     "bytes a run may allocate (0: the machine's memory, or the GPU's); more is refused up front")
       .def_readwrite("int8_scales", &BuildOptions::int8_scales)
       .def_readwrite("float_layers", &BuildOptions::float_layers)
       .def_readwrite("quantized_where_faster", &BuildOptions::quantized_where_faster,
@@ -264,11 +266,11 @@ PYBIND11_MODULE(_kiln, m) {
           py::arg("path"), py::arg("options") = BuildOptions{})
       .def_static(
           "load",
-          [](const std::string& path) {
+          [](const std::string& path, size_t max_memory) {
             py::gil_scoped_release release;
-            return Engine::load(path);
+            return Engine::load(path, max_memory);
           },
-          py::arg("path"))
+          py::arg("path"), py::arg("max_memory") = 0)
       .def("save", &Engine::save, py::arg("path"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("inputs", &Engine::inputs)
       .def_property_readonly("outputs", &Engine::outputs)

@@ -307,7 +307,7 @@ std::shared_ptr<Engine::Impl> make_engine(ir::Graph graph, const std::string& na
       if (!options.profiles.empty())
         throw Error(ErrorKind::kInvalidArgument, "optimization profiles are for GPU engines: the CPU engine runs any input shape")
             .hint("leave out --min-shapes/--opt-shapes/--max-shapes, or build for --device cuda");
-      impl->cpu = std::make_unique<cpu::CpuEngine>(std::move(graph));
+      impl->cpu = std::make_unique<cpu::CpuEngine>(std::move(graph), options.max_memory);
     } else {
       if (profiles.empty()) profiles = api::resolve_profiles(impl->inputs, options);
 #if KILN_WITH_CUDA
@@ -320,6 +320,7 @@ std::shared_ptr<Engine::Impl> make_engine(ir::Graph graph, const std::string& na
       config.timing_cache_path = options.timing_cache;
       config.timing_entries = tactics;
       config.timed_shape_step = options.profile_timing_step;
+      config.max_memory = options.max_memory;
       config.log = options.log;
       for (const OptimizationProfile& p : profiles) config.profiles.push_back(cuda_profile(p));
       impl->gpu = cuda::CudaEngine::build(specializer(impl->graph, options.optimize, name), config);
@@ -617,7 +618,7 @@ void Engine::save(const std::string& engine_path) const {
   engine_file::write(engine_path, c);
 }
 
-Engine Engine::load(const std::string& engine_path) {
+Engine Engine::load(const std::string& engine_path, size_t max_memory) {
   engine_file::Contents c = engine_file::read(engine_path);
   const nlohmann::json& h = c.header;
   auto field = [&](const char* key) -> const nlohmann::json& {
@@ -667,6 +668,7 @@ Engine Engine::load(const std::string& engine_path) {
     } else {
       throw Error(ErrorKind::kInvalidModel, "unknown engine backend '" + backend + "'").file(engine_path);
     }
+    options.max_memory = max_memory;
     ir::Graph graph = onnx_import::import_engine_graph(c.graph, c.weights, engine_path);
     // The graph's inputs are the ones the profiles name, with their declared ranks.
     for (const OptimizationProfile& p : profiles) {

@@ -1,12 +1,16 @@
 #include "cpu/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <set>
 
 #include "ir/op_schema.h"
+#include "ir/sizes.h"
 
 namespace kiln::cpu {
 
@@ -16,23 +20,45 @@ namespace {
 struct PoolBuffer {
   static constexpr size_t kAlignment = 64;
   size_t capacity;
-  void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t(kAlignment)); }
+  std::shared_ptr<std::atomic<size_t>> held;  // the pool's count of live bytes
+  void operator()(unsigned char* p) const {
+    ::operator delete[](p, std::align_val_t(kAlignment));
+    *held -= capacity;
+  }
 };
 }  // namespace
 
+size_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page_size) : SIZE_MAX;
+}
+
+BufferPool::BufferPool(size_t limit_bytes)
+    : held_(std::make_shared<std::atomic<size_t>>(0)), limit_(limit_bytes ? limit_bytes : physical_memory_bytes()) {}
+
 std::shared_ptr<unsigned char[]> BufferPool::take(size_t bytes) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = free_.lower_bound(bytes);
-    if (it != free_.end() && it->first <= 2 * bytes + 4096) {
-      std::shared_ptr<unsigned char[]> buffer = std::move(it->second);
-      free_.erase(it);
-      return buffer;
-    }
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto it = free_.lower_bound(bytes);
+  if (it != free_.end() && it->first <= 2 * bytes + 4096) {
+    std::shared_ptr<unsigned char[]> buffer = std::move(it->second);
+    free_.erase(it);
+    return buffer;
   }
-  size_t capacity = std::max<size_t>(PoolBuffer::kAlignment, (bytes + 63) / 64 * 64);
+  const size_t capacity = std::max<size_t>(PoolBuffer::kAlignment, (bytes + 63) / 64 * 64);
+  if (capacity > limit_ || *held_ > limit_ - capacity) {
+    free_.clear();  // free buffers count too: let them go before refusing
+    if (capacity > limit_ || *held_ > limit_ - capacity)
+      throw Error(ErrorKind::kInvalidArgument, "needs " + format_bytes(static_cast<double>(bytes)) + " more with " +
+                                                   format_bytes(static_cast<double>(held_->load())) +
+                                                   " already in use: that passes the memory limit of " +
+                                                   format_bytes(static_cast<double>(limit_)))
+          .hint("give the run more memory (--max-memory, BuildOptions::max_memory; the default is the machine's memory) "
+                "or smaller inputs");
+  }
+  lock.unlock();
   auto* p = static_cast<unsigned char*>(::operator new[](capacity, std::align_val_t(PoolBuffer::kAlignment)));
-  return std::shared_ptr<unsigned char[]>(p, PoolBuffer{capacity});
+  *held_ += capacity;
+  return std::shared_ptr<unsigned char[]>(p, PoolBuffer{capacity, held_});
 }
 
 void BufferPool::give(Tensor& t) {
@@ -46,7 +72,7 @@ void BufferPool::give(Tensor& t) {
   free_.emplace(buffer->capacity, storage);
 }
 
-CpuEngine::CpuEngine(ir::Graph graph) : graph_(std::move(graph)) {
+CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit) : graph_(std::move(graph)), pool_(memory_limit) {
   const char* poison = std::getenv("KILN_POISON_OUTPUTS");
   poison_outputs_ = poison && std::string(poison) == "1";
   auto slot_of = [&](const std::string& name) {
@@ -157,6 +183,7 @@ void CpuEngine::check_inputs(const std::map<std::string, Tensor>& inputs) const 
 
 std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>& inputs) const {
   check_inputs(inputs);
+  std::lock_guard<std::mutex> lock(run_mutex_);
   std::vector<Tensor> slots = constant_slots_;
   for (const auto& [name, t] : inputs) slots[static_cast<size_t>(slots_.at(name))] = t;
 
@@ -198,7 +225,16 @@ std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>
       // Kernels write every element of their outputs, so no zero-fill (it cost ~5% of a
       // ResNet-50 run); KILN_POISON_OUTPUTS=1 fills them with 0xFF bytes (NaN) to prove it.
       std::vector<int64_t> shape = ir::known_values(*t.shape);
-      Tensor out = Tensor::over_storage(t.dtype, shape, pool_.take(static_cast<size_t>(shape_numel(shape)) * element_size(t.dtype)));
+      std::shared_ptr<unsigned char[]> storage;
+      try {
+        storage = pool_.take(shape_bytes(shape, t.dtype));
+      } catch (Error& e) {
+        throw Error(e.kind(), "output '" + node.outputs[o] + "' (" + to_string(t.dtype) + " " + shape_to_string(shape) +
+                                  ") " + e.message())
+            .node(node.name, node.op)
+            .hint(e.hint_text());
+      }
+      Tensor out = Tensor::over_storage(t.dtype, shape, std::move(storage));
       if (poison_outputs_ && out.nbytes()) std::memset(out.raw(), 0xFF, out.nbytes());
       outputs.push_back(std::move(out));
     }

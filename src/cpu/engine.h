@@ -2,6 +2,7 @@
 // It is the reference for the GPU engine and the engine of machines without a GPU.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,29 +15,49 @@
 namespace kiln::cpu {
 
 // Recycles the storage of intermediate tensors between steps and between runs: fresh
-// allocations of large buffers cost page faults on every run (11% of a ResNet-50 run).
+// allocations of large buffers cost page faults on every run (11% of a ResNet-50 run). It also
+// bounds the memory of runs: a new buffer that would take what the pool's buffers hold (free or
+// in use, graph outputs included until their caller drops them) past the limit is refused
+// before it is allocated.
 class BufferPool {
  public:
+  explicit BufferPool(size_t limit_bytes);
   // Storage of at least `bytes`, from the pool when a buffer of up to twice that size is free.
+  // Throws kInvalidArgument (saying the size, what is held and the limit) rather than allocate
+  // past the limit.
   std::shared_ptr<unsigned char[]> take(size_t bytes);
   // Returns a tensor's storage to the pool if nothing else holds it.
   void give(Tensor& t);
+  size_t limit() const { return limit_; }
+  // Bytes of the live buffers made here (free or in use).
+  size_t held() const { return *held_; }
 
  private:
   std::mutex mutex_;
   std::multimap<size_t, std::shared_ptr<unsigned char[]>> free_;  // capacity -> buffer
+  // Bytes of every live buffer made here; shared with the buffers' deleters, which may outlive
+  // the pool (graph outputs).
+  std::shared_ptr<std::atomic<size_t>> held_;
+  size_t limit_;
 };
+
+// The machine's physical memory in bytes: the CPU engine's default memory limit.
+size_t physical_memory_bytes();
 
 class CpuEngine {
  public:
   // Creates a kernel for every node; throws one kUnsupported error naming every node that
-  // has no CPU kernel (and why) if there are any.
-  explicit CpuEngine(ir::Graph graph);
+  // has no CPU kernel (and why) if there are any. A run allocates at most `memory_limit` bytes
+  // for its tensors (0: physical_memory_bytes()).
+  explicit CpuEngine(ir::Graph graph, size_t memory_limit = 0);
 
   const ir::Graph& graph() const { return graph_; }
+  // Bytes its tensors hold now (intermediates kept for reuse, outputs still held by callers).
+  size_t memory_held() const { return pool_.held(); }
 
   // Runs the graph. Inputs are checked against the declared dtypes and shapes (known dims
-  // must match, a symbolic dim must take one value across all inputs).
+  // must match, a symbolic dim must take one value across all inputs). Callers on several
+  // threads run one at a time: kernels keep scratch buffers between runs.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const;
 
  private:
@@ -56,7 +77,8 @@ class CpuEngine {
   std::vector<Tensor> constant_slots_;     // slot -> constant tensor (undefined otherwise)
   int num_slots_ = 0;
   bool poison_outputs_ = false;
-  mutable BufferPool pool_;  // KILN_POISON_OUTPUTS=1: fill fresh outputs with 0xFF bytes
+  mutable BufferPool pool_;
+  mutable std::mutex run_mutex_;  // KILN_POISON_OUTPUTS=1: fill fresh outputs with 0xFF bytes
 };
 
 }  // namespace kiln::cpu

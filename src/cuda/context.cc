@@ -9,11 +9,13 @@
 #include "cuda/check.h"
 #include "cuda/graph_timing.h"
 #include "cuda/engine.h"
+#include "ir/sizes.h"
 
 namespace kiln::cuda {
 
 CudaContext::CudaContext(const CudaEngine& engine, bool use_cuda_graph)
     : engine_(engine), use_cuda_graph_(use_cuda_graph) {
+  check_memory();
   KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
   KILN_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
   for (const IoSlot& slot : engine.io()) {
@@ -27,6 +29,27 @@ CudaContext::CudaContext(const CudaEngine& engine, bool use_cuda_graph)
   // Memory for the largest plan the build made (every profile's max shape among them).
   reserve(engine.arena_bytes(), engine.workspace_bytes());
   set_profile(0);
+}
+
+void CudaContext::check_memory() const {
+  size_t io = 0;
+  for (const IoSlot& slot : engine_.io()) io += std::max<size_t>(slot.capacity, 1);
+  const size_t need = io + engine_.arena_bytes() + engine_.workspace_bytes();
+  size_t free = 0, total = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  const size_t limit = engine_.config().max_memory ? engine_.config().max_memory : total;
+  const std::string parts = " (activations " + format_bytes(static_cast<double>(engine_.arena_bytes())) + ", workspace " +
+                            format_bytes(static_cast<double>(engine_.workspace_bytes())) + ", inputs and outputs " +
+                            format_bytes(static_cast<double>(io)) + ")";
+  if (engine_.weight_bytes() > limit || need > limit - engine_.weight_bytes())
+    throw Error(ErrorKind::kInvalidArgument, "an execution context needs " + format_bytes(static_cast<double>(need)) + parts +
+                                                 " beside the weights' " + format_bytes(static_cast<double>(engine_.weight_bytes())) +
+                                                 ": that passes the memory limit of " + format_bytes(static_cast<double>(limit)))
+        .hint("raise --max-memory (BuildOptions::max_memory), or build for smaller max shapes");
+  if (need > free)
+    throw Error(ErrorKind::kDevice, "an execution context needs " + format_bytes(static_cast<double>(need)) + parts +
+                                        ", the GPU has " + format_bytes(static_cast<double>(free)) + " free")
+        .hint("free GPU memory (other contexts, other processes), or build for smaller max shapes");
 }
 
 CudaContext::~CudaContext() {

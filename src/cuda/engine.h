@@ -54,6 +54,9 @@ struct BuildConfig {
   double timed_shape_step = 4.0;
   // Plans kept for shapes other than the profiles' min/opt/max (least recently used dropped).
   size_t max_cached_plans = 16;
+  // The most device memory the weights and one context may take (0: the GPU's memory); a
+  // context that would pass it, or the device's free memory, is refused before it allocates.
+  size_t max_memory = 0;
   std::function<void(const std::string&)> log;  // progress lines; nullptr: quiet
 };
 
@@ -200,6 +203,7 @@ class CudaEngine {
   // The largest activation arena / workspace of the plans built so far.
   size_t arena_bytes() const;
   size_t workspace_bytes() const;
+  const BuildConfig& config() const { return config_; }
   size_t plan_count() const;
   Precision precision() const { return precision_; }
   const std::string& device_name() const { return device_name_; }
@@ -304,6 +308,9 @@ class CudaContext {
   };
   Bound& bound();
   void bind(Bound& b);
+  // Throws, before anything is allocated, when this context would pass the memory limit or the
+  // device's free memory.
+  void check_memory() const;
   void reserve(size_t arena_bytes, size_t workspace_bytes);
   void enqueue_layers(const Bound& b, cudaStream_t stream);
   void* address(const ShapePlan& plan, int buffer) const;

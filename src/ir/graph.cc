@@ -31,6 +31,21 @@ std::vector<int64_t> known_values(const Dims& dims) {
 
 Dims dims_of(const std::vector<int64_t>& shape) { return Dims(shape.begin(), shape.end()); }
 
+void check_shape_size(const Dims& dims, DType dtype, const std::string& what) {
+  std::vector<int64_t> known;
+  known.reserve(dims.size());
+  for (const Dim& d : dims) known.push_back(d.known() ? d.value : 1);
+  try {
+    if (element_size(dtype) > 0) shape_bytes(known, dtype);
+    else shape_numel(known);
+  } catch (const Error&) {
+    throw Error(ErrorKind::kInvalidModel, what + " has shape " + dims_to_string(dims) +
+                                              (element_size(dtype) > 0 ? " of " + to_string(dtype) : std::string()) +
+                                              ", larger than kiln allows for one tensor (" +
+                                              std::to_string(kMaxTensorBytes >> 30) + " GiB)");
+  }
+}
+
 std::string TensorType::str() const {
   return to_string(dtype) + "[" + (shape ? dims_to_string(*shape) : std::string("?")) + "]";
 }

@@ -44,6 +44,11 @@ std::string dims_to_string(const Dims& dims);  // "Nx3x224x224"
 bool all_known(const Dims& dims);
 std::vector<int64_t> known_values(const Dims& dims);  // throws if one is not known
 Dims dims_of(const std::vector<int64_t>& shape);
+// Throws kInvalidModel ("<what> has shape ...") when the known dimensions would make a tensor
+// of `dtype` larger than kMaxTensorBytes (see shape_numel). Every shape that enters the IR (a
+// declared one, an inferred one) passes here, so kernels and planners may multiply its
+// dimensions without overflow checks.
+void check_shape_size(const Dims& dims, DType dtype, const std::string& what);
 
 // A value's type: dtype and shape; shape is nullopt when even the rank is unknown.
 struct TensorType {

@@ -26,6 +26,14 @@ std::optional<Dims> InferContext::int_elements(size_t i) const {
 
 void InferContext::set_output(size_t i, DType dtype, std::optional<Dims> shape) {
   if (i >= output_types.size()) return;  // an optional output the model does not use
+  if (shape) {
+    try {
+      check_shape_size(*shape, dtype, "output " + std::to_string(i) +
+                                          (i < node.outputs.size() ? " ('" + node.outputs[i] + "')" : std::string()));
+    } catch (const Error& e) {
+      fail(e.message());
+    }
+  }
   output_types[i].dtype = dtype;
   output_types[i].shape = std::move(shape);
 }

@@ -1,9 +1,12 @@
 #include "kiln/tensor.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <new>
+
+#include "ir/sizes.h"
 
 namespace kiln {
 
@@ -59,15 +62,55 @@ bool is_integer(DType d) {
   }
 }
 
-int64_t shape_numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
+namespace {
+// The product of a shape's non-zero dimensions times `unit` bytes, or -1 when it is above
+// kMaxTensorBytes (checked before each multiplication, so nothing overflows).
+int64_t extent_bytes(const std::vector<int64_t>& shape, int64_t unit) {
+  int64_t extent = unit;
   for (int64_t d : shape) {
     if (d < 0) throw Error(ErrorKind::kInvalidArgument, "negative dimension in shape " + shape_to_string(shape));
-    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d)
-      throw Error(ErrorKind::kInvalidArgument, "shape " + shape_to_string(shape) + " has too many elements");
-    n *= d;
+    if (d == 0) continue;
+    if (d > kMaxTensorBytes / extent) return -1;
+    extent *= d;
   }
+  return extent;
+}
+
+[[noreturn]] void throw_too_large(const std::vector<int64_t>& shape, DType dtype) {
+  throw Error(ErrorKind::kInvalidArgument,
+              "shape " + shape_to_string(shape) + (dtype == DType::kUndefined ? "" : " of " + to_string(dtype)) +
+                  " is larger than kiln allows for one tensor (" + std::to_string(kMaxTensorBytes >> 30) + " GiB)");
+}
+}  // namespace
+
+int64_t shape_numel(const std::vector<int64_t>& shape) {
+  if (extent_bytes(shape, 1) < 0) throw_too_large(shape, DType::kUndefined);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
   return n;
+}
+
+size_t shape_bytes(const std::vector<int64_t>& shape, DType dtype) {
+  const size_t esize = element_size(dtype);
+  if (esize == 0) throw Error(ErrorKind::kUnsupported, "tensors of type " + to_string(dtype) + " are not supported");
+  if (extent_bytes(shape, static_cast<int64_t>(esize)) < 0) throw_too_large(shape, dtype);
+  return static_cast<size_t>(shape_numel(shape)) * esize;
+}
+
+void throw_size_overflow(const char* what) {
+  throw Error(ErrorKind::kInvalidModel, std::string(what) + " overflows 64-bit arithmetic");
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f %s", bytes, units[u]);
+  return text;
 }
 
 std::string shape_to_string(const std::vector<int64_t>& shape) {
@@ -82,13 +125,8 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
 
 namespace {
 constexpr size_t kAlignment = 64;
-// Refuse single tensors above 64 GiB: such a size in a model file is corruption, not data.
-constexpr size_t kMaxTensorBytes = size_t{64} << 30;
 
 std::shared_ptr<unsigned char[]> allocate(size_t bytes, bool zero = true) {
-  if (bytes > kMaxTensorBytes)
-    throw Error(ErrorKind::kInvalidArgument,
-                "tensor of " + std::to_string(bytes) + " bytes is larger than kiln allows (64 GiB)");
   size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   if (rounded == 0) rounded = kAlignment;
   auto* p = static_cast<unsigned char*>(::operator new[](rounded, std::align_val_t(kAlignment)));
@@ -107,9 +145,8 @@ Tensor Tensor::uninitialized(DType dtype, std::vector<int64_t> shape) {
 }
 
 Tensor Tensor::over_storage(DType dtype, std::vector<int64_t> shape, std::shared_ptr<unsigned char[]> storage) {
-  if (element_size(dtype) == 0)
-    throw Error(ErrorKind::kUnsupported, "tensors of type " + to_string(dtype) + " are not supported");
   Tensor t;
+  shape_bytes(shape, dtype);  // throws for a dtype kiln cannot store or a shape too large
   t.dtype_ = dtype;
   t.numel_ = shape_numel(shape);
   t.shape_ = std::move(shape);
@@ -118,12 +155,9 @@ Tensor Tensor::over_storage(DType dtype, std::vector<int64_t> shape, std::shared
 }
 
 void Tensor::allocate_storage(DType dtype, std::vector<int64_t> shape, bool zero) {
-  size_t esize = element_size(dtype);
-  if (esize == 0) throw Error(ErrorKind::kUnsupported, "tensors of type " + to_string(dtype) + " are not supported");
-  int64_t numel = shape_numel(shape);
-  if (numel > 0 && static_cast<size_t>(numel) > kMaxTensorBytes / esize)
-    throw Error(ErrorKind::kInvalidArgument, "tensor of shape " + shape_to_string(shape) + " is too large");
-  storage_ = allocate(static_cast<size_t>(numel) * esize, zero);
+  const size_t bytes = shape_bytes(shape, dtype);
+  const int64_t numel = shape_numel(shape);
+  storage_ = allocate(bytes, zero);
   dtype_ = dtype;
   shape_ = std::move(shape);
   numel_ = numel;

@@ -3,7 +3,12 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -65,14 +70,92 @@ Error model_error(const std::string& file, const std::string& message) {
   return e;
 }
 
+// One external data file, opened once: a regular file whose real path (links resolved) lies
+// inside the model's folder, as the onnx package requires since CVE-2024-27318.
+class ExternalFile {
+ public:
+  ExternalFile(const std::string& folder, const std::string& location, const std::string& tensor) {
+    auto refuse = [&](ErrorKind kind, const std::string& why) {
+      return Error(kind, "tensor '" + tensor + "': external data location '" + location + "' " + why);
+    };
+    const fs::path rel(location);
+    if (rel.is_absolute() || std::any_of(rel.begin(), rel.end(), [](const fs::path& part) { return part == ".."; }))
+      throw refuse(ErrorKind::kInvalidModel, "must be a relative path inside the model's folder");
+    std::error_code ec;
+    const fs::path folder_real = fs::canonical(folder, ec);
+    if (ec) throw refuse(ErrorKind::kIo, "cannot be resolved: the model's folder '" + folder + "': " + ec.message());
+    path_ = (fs::path(folder) / rel).string();
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0)
+      throw refuse(ErrorKind::kIo, "cannot be opened ('" + path_ + "': " + std::strerror(errno) + ")")
+          .hint("keep the data file next to the .onnx file");
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      throw refuse(ErrorKind::kInvalidModel, "is not a regular file");
+    }
+    size_ = static_cast<int64_t>(st.st_size);
+    // The file actually opened, wherever links led: checked after opening, so that a link
+    // changed in between cannot lead outside.
+    fs::path real = fs::read_symlink("/proc/self/fd/" + std::to_string(fd_), ec);
+    if (ec) real = fs::canonical(path_, ec);
+    const fs::path inside = real.lexically_relative(folder_real);
+    if (ec || inside.empty() || *inside.begin() == "..") {
+      ::close(fd_);
+      throw refuse(ErrorKind::kInvalidModel, "resolves to '" + real.string() + "', outside the model's folder '" +
+                                                 folder_real.string() + "'")
+          .hint("external data must lie in the model's folder; a symbolic link may not lead out of it");
+    }
+  }
+  ~ExternalFile() { ::close(fd_); }
+  ExternalFile(const ExternalFile&) = delete;
+  ExternalFile& operator=(const ExternalFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  int64_t size() const { return size_; }
+  // Reads bytes [offset, offset + bytes), which the caller has checked against size().
+  bool read(void* dst, int64_t offset, int64_t bytes) const {
+    char* out = static_cast<char*>(dst);
+    while (bytes > 0) {
+      const ssize_t got = ::pread(fd_, out, static_cast<size_t>(std::min<int64_t>(bytes, int64_t{1} << 30)), offset);
+      if (got <= 0) {
+        if (got < 0 && errno == EINTR) continue;
+        return false;
+      }
+      out += got;
+      offset += got;
+      bytes -= got;
+    }
+    return true;
+  }
+
+ private:
+  int fd_ = -1;
+  int64_t size_ = 0;
+  std::string path_;
+};
+
 // Where external data lives: files beside the model, or an engine file's weights section.
 struct DataSource {
   std::string base_dir;                  // "" refuses external data files
   const std::string* weights = nullptr;  // an engine file's weights (location "kiln:weights")
+  // The files opened so far, by location: each is opened once per import.
+  std::map<std::string, std::shared_ptr<const ExternalFile>>* files = nullptr;
 };
 thread_local DataSource data_source;  // set by import_model for the import it runs
 
 constexpr char kEngineWeights[] = "kiln:weights";
+
+std::shared_ptr<const ExternalFile> open_external(const std::string& folder, const std::string& location,
+                                                  const std::string& tensor) {
+  const bool shared = data_source.files && folder == data_source.base_dir;
+  if (shared)
+    if (auto it = data_source.files->find(location); it != data_source.files->end()) return it->second;
+  auto file = std::make_shared<const ExternalFile>(folder, location, tensor);
+  if (shared) (*data_source.files)[location] = file;
+  return file;
+}
 
 // Reads a tensor's external data (a file region, or an engine file's weights section) into a
 // new tensor of `dtype` and `shape` (`need` bytes), checking the bounds before allocating.
@@ -105,28 +188,18 @@ Tensor read_external(const onnx::TensorProto& proto, const std::string& base_dir
   }
   if (base_dir.empty())
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' uses external data, which needs a model file path");
-  fs::path rel(location);
-  if (rel.is_absolute() || location.find("..") != std::string::npos)
-    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data location '" + location +
-                                              "' must be a relative path inside the model's folder");
-  fs::path path = fs::path(base_dir) / rel;
-  std::ifstream f(path, std::ios::binary);
-  if (!f)
-    throw Error(ErrorKind::kIo, "tensor '" + proto.name() + "': external data file '" + path.string() + "' cannot be opened")
-        .hint("keep the data file next to the .onnx file");
-  f.seekg(0, std::ios::end);
-  int64_t size = static_cast<int64_t>(f.tellg());
   if (length >= 0 && length != need)
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data length " + std::to_string(length) +
                                               " does not match its shape (" + std::to_string(need) + " bytes)");
+  const std::shared_ptr<const ExternalFile> file = open_external(base_dir, location, proto.name());
+  const int64_t size = file->size();
   if (offset < 0 || offset > size || need > size - offset)
-    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data file '" + path.string() +
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': external data file '" + file->path() +
                                               "' is too short (" + std::to_string(size) + " bytes, need " +
                                               std::to_string(offset) + " + " + std::to_string(need) + ")");
   Tensor out = Tensor::uninitialized(dtype, shape);
-  f.seekg(offset);
-  f.read(static_cast<char*>(out.raw()), need);
-  if (!f) throw Error(ErrorKind::kIo, "tensor '" + proto.name() + "': failed reading external data '" + path.string() + "'");
+  if (!file->read(out.raw(), offset, need))
+    throw Error(ErrorKind::kIo, "tensor '" + proto.name() + "': failed reading external data '" + file->path() + "'");
   return out;
 }
 
@@ -152,13 +225,13 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base
   DType dtype = static_cast<DType>(proto.data_type());
   // The size the shape implies, checked against the data before anything is allocated (a
   // malformed file may declare a huge shape over a few bytes).
-  int64_t n = 1, need = 0;
-  for (int64_t d : shape)
-    if (__builtin_mul_overflow(n, d, &n))
-      throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has shape " + shape_to_string(shape) +
-                                                ", too many elements");
-  if (__builtin_mul_overflow(n, static_cast<int64_t>(element_size(dtype)), &need))
-    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has shape " + shape_to_string(shape) + ", too many bytes");
+  int64_t n = 0, need = 0;
+  try {
+    need = static_cast<int64_t>(shape_bytes(shape, dtype));
+    n = shape_numel(shape);
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': " + e.message());
+  }
   if (proto.data_location() == onnx::TensorProto::EXTERNAL)
     return read_external(proto, base_dir.empty() ? data_source.base_dir : base_dir, dtype, shape, need);
   if (proto.has_raw_data()) {
@@ -263,6 +336,7 @@ ir::TensorType type_from_proto(const onnx::TypeProto& type, const std::string& v
         dims.push_back(ir::Dim::unknown());
       }
     }
+    ir::check_shape_size(dims, t.dtype, "value '" + value_name + "'");
     t.shape = std::move(dims);
   }
   return t;
@@ -313,6 +387,8 @@ ir::Graph import_model(const std::string& bytes, const std::string& name, const 
     ~Scope() { data_source = saved; }
     DataSource saved;
   } scope(source);
+  std::map<std::string, std::shared_ptr<const ExternalFile>> files;
+  if (!data_source.files) data_source.files = &files;
   const std::string& base_dir = source.base_dir;
   onnx::ModelProto model;
   {

@@ -52,8 +52,18 @@ void infer_range(InferContext& ctx) {
     if (d->value_as_double(0) == 0) ctx.fail("delta is 0");
     int64_t n;
     if (is_integer(dtype)) {
-      int64_t a = s->value_as_int(0), b = l->value_as_int(0), c = d->value_as_int(0);
-      n = c > 0 ? (b - a + c - 1) / c : (a - b + (-c) - 1) / (-c);
+      const int64_t a = s->value_as_int(0), b = l->value_as_int(0), c = d->value_as_int(0);
+      // ceil((b - a) / c) without overflow: the values come from the model or the caller, and
+      // b - a of two int64 values needs 65 bits. In magnitudes, where the signs agree.
+      n = 0;
+      if (b != a && (b > a) == (c > 0)) {
+        const uint64_t span = b > a ? static_cast<uint64_t>(b) - static_cast<uint64_t>(a)
+                                    : static_cast<uint64_t>(a) - static_cast<uint64_t>(b);
+        const uint64_t step = c > 0 ? static_cast<uint64_t>(c) : 0 - static_cast<uint64_t>(c);
+        const uint64_t count = span / step + (span % step != 0);
+        if (count > static_cast<uint64_t>(kMaxTensorBytes)) ctx.fail("the range has " + std::to_string(count) + " elements");
+        n = static_cast<int64_t>(count);
+      }
     } else {
       double len = std::ceil((l->value_as_double(0) - s->value_as_double(0)) / d->value_as_double(0));
       if (!std::isfinite(len) || len > 1e15) ctx.fail("the range's length is not a finite size");

@@ -1,4 +1,5 @@
 // Schema of Pad (pads, constant_value and axes as inputs, as since opset 18).
+#include "ir/sizes.h"
 #include "ops/shape_dims.h"
 
 namespace kiln::ir {
@@ -57,13 +58,19 @@ void infer_pad(InferContext& ctx) {
       out.push_back(Dim::unknown());
       continue;
     }
-    if (d.value + b + e < 0) ctx.fail("pads remove more than axis " + std::to_string(i) + " holds");
+    int64_t size = 0;
+    try {
+      size = checked_add(checked_add(d.value, b, "the padded axis"), e, "the padded axis");
+    } catch (const Error& error) {
+      ctx.fail("axis " + std::to_string(i) + ": " + error.message());
+    }
+    if (size < 0) ctx.fail("pads remove more than axis " + std::to_string(i) + " holds");
     if (mode == "reflect" && (b > d.value - 1 || e > d.value - 1) && (b > 0 || e > 0))
       ctx.fail("reflect pads of " + std::to_string(std::max(b, e)) + " need an axis of size > that; axis " + std::to_string(i) +
                " has size " + std::to_string(d.value));
     if ((mode == "edge" || mode == "wrap") && d.value == 0)
       ctx.fail(mode + " padding of an empty axis");
-    out.push_back(Dim(d.value + b + e));
+    out.push_back(Dim(size));
   }
   ctx.set_output(0, dtype, out);
 }

@@ -114,7 +114,7 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
   const bool engine_file = is_engine_file(o.model);
   const BuildOptions build = engine_file ? BuildOptions{} : eo.build_options(o.model, defaulted);
   auto t0 = std::chrono::steady_clock::now();
-  Engine engine = engine_file ? Engine::load(o.model) : Engine::from_onnx(o.model, build);
+  Engine engine = engine_file ? Engine::load(o.model, o.engine.max_memory_bytes()) : Engine::from_onnx(o.model, build);
   const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::mt19937_64 rng(o.seed);
   std::map<std::string, Tensor> inputs;
@@ -173,7 +173,7 @@ Engine open_gpu_engine(const BenchOptions& o, int64_t batch, double& build_s, si
   auto t0 = std::chrono::steady_clock::now();
   std::optional<Engine> engine;
   if (is_engine_file(o.model)) {
-    engine.emplace(Engine::load(o.model));
+    engine.emplace(Engine::load(o.model, o.engine.max_memory_bytes()));
     engine_file_bytes = std::filesystem::file_size(o.model);
   } else {
     engine.emplace(Engine::from_onnx(o.model, eo.build_options(o.model, defaulted)));

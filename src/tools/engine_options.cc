@@ -77,6 +77,9 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_flag("--allow-cpu-fallback", allow_cpu_fallback, "Run nodes without a GPU layer on the CPU instead of failing");
   cmd->add_flag("--no-optimize", no_optimize, "Skip kiln's graph passes");
   cmd->add_flag("-v,--verbose", verbose, "Print every layer as it is built, with its tactic");
+  cmd->add_option("--max-memory", max_memory,
+                  "The most memory a run may take (e.g. 8G, 512M; default: the machine's memory on the CPU, the GPU's "
+                  "on the GPU); a tensor that would pass it is refused before it is allocated");
   cmd->add_option("--mark-outputs", mark_outputs, "Also output these values (names, or 'all'), to compare layer by layer")
       ->delimiter(',');
 }
@@ -100,6 +103,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   b.timing_cache = timing_cache;
   b.allow_cpu_fallback = allow_cpu_fallback;
   b.mark_outputs = mark_outputs;
+  b.max_memory = max_memory_bytes();
   if (!int8 && !fp8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty() || accuracy_budget >= 0))
     throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache, --layer-precision and --accuracy-budget are for INT8 builds")
         .hint("add --int8 (or --fp8)");
@@ -224,6 +228,29 @@ void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
   }
 }
 
+size_t parse_byte_size(const std::string& text, const std::string& flag) {
+  size_t pos = 0;
+  double value = -1;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+  }
+  std::string unit = text.substr(std::min(pos, text.size()));
+  unit.erase(0, unit.find_first_not_of(' '));
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
+  if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
+  const std::string units = "KMGT";
+  const size_t power = unit.empty() ? 0 : units.find(unit) + 1;
+  double bytes = value;
+  for (size_t i = 0; i < power; ++i) bytes *= 1024;
+  if (!(value >= 0) || unit.size() > 1 || (unit.size() == 1 && power == 0) || !(bytes < 0x1p63))
+    throw Error(ErrorKind::kInvalidArgument, flag + " " + text + ": expected a size such as 8G, 512M or 1000000 (bytes)");
+  return static_cast<size_t>(bytes);
+}
+
+size_t EngineOptions::max_memory_bytes() const { return max_memory.empty() ? 0 : parse_byte_size(max_memory, "--max-memory"); }
+
 bool is_engine_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   char magic[8] = {};
@@ -236,16 +263,6 @@ std::string engine_file_backend(const std::string& path) {
   if (!c.header.contains("backend") || !c.header.at("backend").is_string())
     throw Error(ErrorKind::kInvalidModel, "the engine file's header names no backend").file(path);
   return c.header.at("backend").get<std::string>();
-}
-
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 3) {
-    bytes /= 1024;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", bytes, units[u]);
 }
 
 }  // namespace kiln::tools

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/sizes.h"
 #include "kiln/kiln.h"
 #include "tools/image_flags.h"
 
@@ -26,6 +27,7 @@ struct EngineOptions {
   bool no_optimize = false;
   bool verbose = false;
   std::vector<std::string> mark_outputs;
+  std::string max_memory;  // --max-memory: "8G", "512MiB", "1000000" (bytes); "": the default
   // INT8: calibration data or a cache (see quantization/calibrate_model.h), and layers pinned
   // to float (--layer-precision NAME=fp16).
   bool int8 = false;
@@ -57,15 +59,19 @@ struct EngineOptions {
   // that must stay float are added to the build's float layers (quantization/accuracy_budget.h).
   BuildOptions build_options(const std::string& model, std::vector<std::string>& defaulted) const;
   void add_int8(const std::string& model, BuildOptions& b) const;
+  // --max-memory in bytes (0 when not given); throws kInvalidArgument for an unreadable size.
+  size_t max_memory_bytes() const;
   bool has_profiles() const { return !min_shapes.empty() || !opt_shapes.empty() || !max_shapes.empty(); }
 };
+
+// "512M", "8 GiB", "1.5G", "1000000": bytes (K, M, G, T: powers of 1024; a trailing "B" or
+// "iB" is allowed). Throws kInvalidArgument naming `flag` for anything else.
+size_t parse_byte_size(const std::string& text, const std::string& flag);
 
 // True when `path` is a kiln engine file (by its magic), false for anything else.
 bool is_engine_file(const std::string& path);
 // "cpu" or "cuda": the backend an engine file was built for (reads and checks the file).
 std::string engine_file_backend(const std::string& path);
 
-// "12.3 MiB"
-std::string format_bytes(double bytes);
 
 }  // namespace kiln::tools
