@@ -4,8 +4,9 @@
     python3 bench/ab_binaries.py --a OLD_KILN --b NEW_KILN --out DIR [--model resnet50]
                                  [--configs int8:1,int8:128,fp16:1] [--rounds 3] [--b-flags=--int8-all]
 
-Session 9 measured ResNet-50's INT8 engines slower than session 8 had (batch 1: 0.349 against
-0.275 ms) with unchanged INT8 code (bench/NOTES.md, "FP8 version 2"). Build the older commit
+ResNet-50's INT8 engines once measured slower on a later day than on an earlier one (batch 1:
+0.349 against 0.275 ms on an H100) with unchanged INT8 code, and this script showed it was the
+machine (docs/design/int8.md, "The same binary on another machine"). Build the older commit
 too (`git worktree add /tmp/old COMMIT && (cd /tmp/old && bash scripts/build_gpu.sh)`; carry
 both build-gpu/dist folders) and run this on the GPU machine: each binary calibrates once
 (`kiln calibrate`, 64 random images), builds every configuration (precision:batch) with -v (the

@@ -67,8 +67,9 @@ def int8_extra(name: str, out: str, images: int) -> list[str]:
 
 def machine() -> dict:
     """What the GPU machine runs kiln with, for benchmark JSON: the libraries cuDNN's runtime-
-    compiled engines depend on (their speed changed between machines: bench/NOTES.md, INT8
-    version 7), the driver, the GPU's clocks and power limit, and the throttle reasons."""
+    compiled engines depend on (their speed changed between machines: docs/design/int8.md, "The
+    same binary on another machine"), the driver, the GPU's clocks and power limit, and the
+    throttle reasons."""
     from importlib import metadata
 
     info = {}

@@ -4,8 +4,9 @@
     python3 bench/probes/kernel_times.py --out DIR [--batch 1] [--engines fp16,int8all]
                                          [--stream-timing] [--rounds 3] [--no-ncu]
 
-At batch 1 the whole-engine latency and the per-layer profile disagree (bench/NOTES.md, INT8
-version 7): the profile times each layer with its own launch, the engine replays one CUDA graph.
+At batch 1 the whole-engine latency and the per-layer profile disagree (docs/design/int8.md,
+"Why per-layer timing misleads at batch 1"): the profile times each layer with its own launch,
+the engine replays one CUDA graph.
 This probe asks Nsight Compute for each graph node's duration (`ncu --graph-profiling node`,
 gpu__time_duration, clocks and caches left alone so that weights stay in L2 as between replays)
 and for the whole graph's (`--graph-profiling graph`), beside `kiln bench`'s replay latency of
@@ -15,7 +16,7 @@ Engines: fp16, int8 (where faster), int8all (every eligible layer INT8), fp8all,
 with environment variables for its build and its runs (`int8all:KILN_INT8_K_SPLITS=4`,
 `int8all:KILN_PDL=1`, which is read at launch); --stream-timing builds
 each a second time with its tactics timed on the stream, KILN_GRAPH_TIMING=0 ("-st" in the keys;
-graph timing is the builder's default since session 11). Writes DIR/kernel_times.json
+graph timing is the builder's default). Writes DIR/kernel_times.json
 (every kernel row per engine, the sums, the latencies) and prints a per-engine summary.
 """
 from __future__ import annotations

@@ -394,7 +394,8 @@ class EngineTimer {
   }
   // Median latency of `runs` replays, each timed alone and waited for, ms: what `kiln bench`
   // reports. Back-to-back replays (a mean over a stream of them) hide each graph's launch and
-  // ranked a batch-1 engine differently from kiln bench (bench/NOTES.md, INT8 version 8).
+  // ranked a batch-1 engine differently from kiln bench (docs/design/tactic-timing.md, "Layers
+  // and whole engines, as the engine runs them").
   double latency_ms(int runs) {
     std::vector<double> samples;
     for (int i = 0; i < runs; ++i) {
@@ -435,7 +436,7 @@ class EngineTimer {
 // builds engines quantized only from the input to a point (api::leading_region_lengths), times
 // the whole engines in turns and returns the fastest, its report naming the layers kept in
 // fp16 and why. The per-layer sums are optimistic (ResNet-50 FP8 at batch 128: a mixed engine
-// 0.56 ms slower than fp16, bench/NOTES.md), hence the last step.
+// 0.56 ms slower than fp16, docs/design/fp8.md, "FP8 only where faster"), hence the last step.
 std::shared_ptr<Engine::Impl> build_quantized_where_faster(const std::string& bytes, const std::string& name,
                                                            const std::string& base_dir, const BuildOptions& options) {
   const bool fp8 = options.precision == Precision::kFp8;

@@ -374,7 +374,8 @@ class ConvLayer final : public Layer {
   // algorithms lose about ten times that in their transforms (relative error 1.5e-6 to 5e-6 per
   // 3x3 layer against 0 to 4e-7 for implicit GEMM and FFT, measured on an H200), and a deep
   // network amplifies it: ResNet-50 with them landed at 1e-4 from the CPU engine, twice
-  // PyTorch fp32's distance (bench/NOTES.md, session 14). --tf32 and fp16 may use them.
+  // PyTorch fp32's distance (docs/design/tactic-timing.md, "Strict fp32 refuses Winograd").
+  // --tf32 and fp16 may use them.
   // `algo`: a forward algorithm, or a backward-data one for a transposed convolution.
   bool allowed_algorithm(int algo) const {
     if (!p_.strict_fp32()) return true;

@@ -291,7 +291,8 @@ class CudaContext {
   // Each layer's time as a CUDA graph runs it: a graph of `launches` launches of the layer alone,
   // replayed (cuda/graph_timing.h); a layer that cannot be captured gets its time between events.
   // What the quantized build compares layers by: between events, a layer's time includes its
-  // launch from the host, which the engine's graph does not pay (bench/NOTES.md, INT8 version 7).
+  // launch from the host, which the engine's graph does not pay (docs/design/int8.md, "Why
+  // per-layer timing misleads at batch 1").
   std::vector<LayerTime> profile_in_graph(cudaStream_t stream, int launches);
 
   // CUDA graphs kept per context (one per input shape; least recently used first out).

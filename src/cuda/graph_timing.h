@@ -3,7 +3,8 @@
 // At small shapes a kernel runs a few microseconds, about what the host needs to launch it
 // (cuDNN's execute more), so launches timed on a stream measure the host as much as the kernel,
 // and the engine (one CUDA graph) does not pay that. Timed from the stream, tactics and layers
-// ranked differently from how the engine ran them (bench/NOTES.md, INT8 versions 7 and 8).
+// ranked differently from how the engine ran them (docs/design/tactic-timing.md, "Tactics timed
+// in a CUDA graph").
 #pragma once
 
 #include <cuda_runtime.h>

@@ -434,7 +434,8 @@ __global__ void __launch_bounds__(kThreads, 2) stream1x1_kernel(const KernelPara
 // Layers of few output pixels (batch 1 from ResNet-50's layer2 on: 784 to 49 pixels), where a
 // layer's time is latency: the implicit GEMM above walks K in 64-byte stages, one global-memory
 // round trip each: ResNet-50's layer4 3x3 (K = 4608) takes 72 of them, 16.4 us timed in a graph
-// even split 8 ways (cuDNN's INT8 engine 14.0 us, fp16 11.6: bench/NOTES.md, INT8 version 8).
+// even split 8 ways (cuDNN's INT8 engine 14.0 us, fp16 11.6: docs/design/int8.md, "Split K over
+// a cluster").
 // This kernel takes 64 pixels x 64 channels per block and 256 bytes of K per stage
 // (four times fewer round trips), four stages in flight, and optionally splits K over a
 // cluster of 2-8 blocks. With split K each block of the cluster adds the others' int32 sums of
@@ -632,7 +633,8 @@ const KernelInfo& prepare(Kernel kernel, int smem) {
 
 // kiln's small-M and stream kernels are launched with programmatic dependent launch, so that they
 // load their weights and epilogue operands while the kernel before them finishes: at batch 1 it
-// took ResNet-50's INT8 engine from 0.306 to 0.266 ms on an H100 (bench/NOTES.md, session 13).
+// took ResNet-50's INT8 engine from 0.306 to 0.266 ms on an H100 (docs/design/int8.md,
+// "Programmatic dependent launch").
 // KILN_PDL=0 launches them plainly (to compare, or to rule it out).
 bool programmatic_launch() {
   static const bool on = [] {
@@ -798,7 +800,8 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
     // Split K where the tiles alone leave most multiprocessors idle and each split keeps at
     // least two stages of K (tile 64 only: its sums fit the pipeline's buffers). Offered only
     // when KILN_INT8_K_SPLITS asks: timed alone they won 14 layers of ResNet-50 at batch 1, but
-    // the engine that ran them was 10% slower than without (bench/NOTES.md, INT8 version 7).
+    // the engine that ran them was 10% slower than without (docs/design/int8.md, "Split K over a
+    // cluster").
     for (int splits : {2, 4, 8})
       if (asked_splits == splits && tile == 64 && m_tiles * (g.k / tile) * 2 <= sms && k_tiles >= 2 * splits)
         tactics.push_back({Int8ConvKernel::kImplicitGemm, tile, splits});

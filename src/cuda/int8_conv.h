@@ -7,16 +7,18 @@
 //
 // Why our own: cuDNN's INT8 engines gain nothing over float16 on ResNet-50's 64-channel
 // layers at 56x56, and a residual "+ Z" doubles the time of its 1x1 convolutions
-// (bench/NOTES.md, INT8 version 3): cuDNN moves 1.1-1.35 TB/s there on a GPU that moves 4. Those
-// 1x1 convolutions do little arithmetic per byte (a 64->256 one with a residual moves 2 bytes
-// of output traffic per 64 multiply-adds), so the kernel for them streams: a persistent block
-// keeps its weights in shared memory and loads the next tile of pixels (and residuals) while it
-// computes and stores the current one. (ncu then finds it bound by instructions, about a dozen
-// per output in the exact float epilogue: bench/NOTES.md, INT8 version 4.) Two kernels, each
-// timed against cuDNN's engines as more tactics of the QConv layer:
+// (docs/design/int8.md, "Which INT8 path: cuDNN's engines measured first"): cuDNN moves
+// 1.1-1.35 TB/s there on a GPU that moves 4. Those 1x1 convolutions do little arithmetic per
+// byte (a 64->256 one with a residual moves 2 bytes of output traffic per 64 multiply-adds), so
+// the kernel for them streams: a persistent block keeps its weights in shared memory and loads
+// the next tile of pixels (and residuals) while it computes and stores the current one. (ncu
+// then finds it bound by instructions, about a dozen per output in the exact float epilogue:
+// docs/design/int8.md, "kiln's INT8 kernels".) Three kernels, each timed against cuDNN's engines
+// as more tactics of the QConv layer:
 //   - kImplicitGemm: any filter size, stride, padding, dilation (a 3-stage pipeline over K),
 //     optionally with K split over a cluster of 2-8 blocks (a layer of few tiles; offered
-//     only with KILN_INT8_K_SPLITS=N, as it lost in the engine: bench/NOTES.md);
+//     only with KILN_INT8_K_SPLITS=N, as it lost in the engine: docs/design/int8.md, "Split K
+//     over a cluster");
 //   - kStream1x1: 1x1 convolutions (any stride) with 64, 128 or 256 input channels, no
 //     activation or Relu;
 //   - kSmallM: any convolution of few output tiles (batch 1's later layers), 256 bytes of K per

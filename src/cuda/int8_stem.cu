@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 3) stem_kernel(const StemParams p) {
   // The patch is loaded through registers one tile ahead: the next tile's bytes are in flight
   // while this tile's products, epilogue and stores run (a first version that loaded, waited
   // and computed took 0.24 ms for ResNet-50's stem at batch 128 on an H100, bound by the loads'
-  // latency; bench/NOTES.md).
+  // latency; docs/design/int8.md, "The image stem and the int8 MaxPool").
   const int64_t plane = static_cast<int64_t>(g.h) * g.w;
   const int patch_words = p.patch_h * p.patch_w;
   uint8_t next[kWordsPerThread][4];

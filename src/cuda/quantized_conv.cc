@@ -388,7 +388,7 @@ class QConvLayer final : public Layer {
   std::optional<Int8ConvTactic> kernel_;  // set when kiln's kernel runs the layer
   // Each candidate is a runtime-compiled engine (about 0.2 s to finalize): ResNet-50's INT8
   // build took 91 s timing 8 per layer, and the winner was always among cuDNN's first picks
-  // (bench/NOTES.md, version 3).
+  // (docs/design/int8.md, "Which INT8 path: cuDNN's engines measured first").
   static constexpr int kCandidates = 3;
 };
 

@@ -21,7 +21,7 @@
 //     Y          = y_scale > 0 ? saturate_int8(round_half_to_even(v * (1 / y_scale))) : v
 //   with 1 / y_scale rounded to float32 once: requantizing multiplies by the reciprocal, as
 //   TensorRT's does, because a division per element made the GPU kernel's epilogue several
-//   times slower (bench/NOTES.md, INT8 version 4).
+//   times slower (docs/design/int8.md, "Requantizing by the reciprocal").
 //
 //   FP8 (--fp8 on Hopper): X, W, an int8-form Z and Y may instead all be float8e4m3fn (E4M3
 //   values, the same per-tensor and per-channel scales with 448 in place of 127): acc is the

@@ -248,7 +248,7 @@ def test_fp8_cpu_engine_resnet18(run_kiln, model_cache, tmp_path):
     # E4M3 keeps 3 mantissa bits (a rounding error of up to 1/16 of each value), where INT8 at a
     # calibrated scale errs by half a step of 1/127 of the range: on this random network (which
     # amplifies every error) FP8 measured 0.25 against INT8's 0.10. On real data the two agree
-    # (Fashion-MNIST: README).
+    # (Fashion-MNIST: docs/design/int8.md, "Accuracy on Fashion-MNIST").
     assert 0 < err < 0.35
 
     engine = tmp_path / "resnet18_fp8.engine"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU session in one command, for the GPU machine (see ../shared/gpu/README.md): a kiln
+# The GPU test suites in one command, for the GPU machine (docs/testing.md): a kiln
 # built here (scripts/build_gpu.sh -> build-gpu/) runs there with cuDNN from torch's wheel.
 #   tests/gpu/run_on_gpu.sh STAGE...    stages: info conformance models dynamic python bench dynbench
 # (python: the package's GPU tests, with the module of scripts/build_gpu_python.sh; carry build-gpu/python)

@@ -89,9 +89,10 @@ def test_gpu_matches_cpu(model, precision, kiln_bin, model_cache, tmp_path):
         assert err <= limit, f"output {name}: relative L2 error {err:.3g} > {limit:.3g} (PyTorch fp16: {peer_err:.3g})"
         if classifier and want[name].ndim == 2 and want[name].shape[1] >= 2:
             # One tie band for both engines, from the larger of their errors: with each its own,
-            # the more accurate engine got the narrower band (mobilenet_v2, session 14: kiln's
+            # the more accurate engine got the narrower band (mobilenet_v2 on an H200: kiln's
             # error 0.024 against PyTorch's 0.032, exact agreement 94.0% against 93.5%, yet
-            # 98.5% against 99.5% with ties).
+            # 98.5% against 99.5% with ties; docs/design/gpu-engine.md, "fp16 accuracy, and the
+            # test models").
             band = max(err, peer_err)
             agree, exact = top1_agreement(got[name], want[name], band)
             peer_agree, peer_exact = top1_agreement(peer, want[name], band)

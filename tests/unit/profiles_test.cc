@@ -78,8 +78,8 @@ TEST(ResolveProfiles, MalformedProfilesSayWhatAndWhere) {
 }
 
 TEST(ResolveProfiles, AnEmptyDimensionIsAllowedWhereTheModelDeclaresIt) {
-  // onnx's node tests feed empty inputs such as CastLike's 'like' (declared 0): refused on the
-  // GPU until session 13 (73 conformance cases).
+  // onnx's node tests feed empty inputs such as CastLike's 'like' (declared 0): refusing them
+  // failed 73 GPU conformance cases (docs/design/dynamic-shapes.md, "Design").
   std::vector<TensorDesc> model = {TensorDesc{"like", DType::kFloat16, {0}, {""}},
                                    TensorDesc{"data", DType::kFloat32, {2, 0, -1}, {"", "", "n"}}};
   BuildOptions options;
