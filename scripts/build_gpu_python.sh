@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds the Python package's extension module for the GPU machine's Python (3.12 there, 3.11
-# here: a module built for one does not import in the other), from build-gpu's objects, so the
-# package's GPU paths (Builder on cuda, Context.run_torch over DLPack) can be tested there.
+# here: a module built for one does not import in the other), so the
+# package's GPU paths (Builder on cuda, Context.run_torch over DLPack) can be tested there. It
+# uses the developer build's objects (build/, or KILN_BUILD_DIR), as scripts/build_gpu.sh does.
 # The GPU machine's Python headers are not on this machine: copy them once from there
 # (tar /usr/include/python3.12 and /usr/include/x86_64-linux-gnu/python3.12) into
 # $KILN_GPU_PYTHON_INCLUDE as python3.12/ and x86_64-linux-gnu/python3.12/.
 #
-#   bash scripts/build_gpu.sh && KILN_GPU_PYTHON_INCLUDE=/tmp/py312 bash scripts/build_gpu_python.sh
+#   KILN_GPU_PYTHON_INCLUDE=/tmp/py312 bash scripts/build_gpu_python.sh
 #
 # Writes build-gpu/python/kiln/ (the package's .py files and _kiln.cpython-312-x86_64-linux-gnu.so);
 # carry build-gpu/python and set PYTHONPATH=build-gpu/python there. The module links the shared
@@ -16,22 +17,23 @@ cd "$(dirname "$0")/.."
 INC=${KILN_GPU_PYTHON_INCLUDE:?set KILN_GPU_PYTHON_INCLUDE to the GPU machine\'s Python headers (see above)}
 PYVER=${KILN_GPU_PYTHON_VERSION:-3.12}
 TAG=cpython-${PYVER/./}-x86_64-linux-gnu
-[[ -f build-gpu/build.ninja ]] || { echo "build-gpu/ is missing: run scripts/build_gpu.sh first" >&2; exit 1; }
+BUILD_DIR=${KILN_BUILD_DIR:-build}
+[[ -f "$BUILD_DIR/build.ninja" ]] || { echo "$BUILD_DIR/ is missing: run scripts/setup.sh first" >&2; exit 1; }
 PYBIND11_INCLUDE=$(.venv/bin/python -c "import pybind11; print(pybind11.get_include())")
 OUT=build-gpu/python/kiln
 mkdir -p "$OUT" build-gpu/python-obj
 cp python/kiln/*.py "$OUT"/
 g++ -O2 -fPIC -fvisibility=hidden -std=gnu++20 -DFMT_HEADER_ONLY -DKILN_VERSION=\"0.1.0\" -DKILN_WITH_CUDA=1 \
   -Iinclude -Isrc -isystem "$INC/python$PYVER" -isystem "$INC" -isystem "$PYBIND11_INCLUDE" \
-  -isystem /usr/local/cuda/include -isystem build-gpu/proto -isystem /usr/include/x86_64-linux-gnu/openblas-pthread \
+  -isystem /usr/local/cuda/include -isystem "$BUILD_DIR/proto" -isystem /usr/include/x86_64-linux-gnu/openblas-pthread \
   -c python/bindings/module.cc -o build-gpu/python-obj/module.o
-# Only objects whose source still exists: build-gpu keeps those of files since removed or renamed.
+# Only objects whose source still exists: a build keeps those of files since removed or renamed.
 OBJECTS=()
 while read -r object; do
-  source=${object#build-gpu/CMakeFiles/kiln_*.dir/}
+  source=${object#"$BUILD_DIR"/CMakeFiles/kiln_*.dir/}
   [[ -f ${source%.o} ]] && OBJECTS+=("$object")
-done < <(find build-gpu/CMakeFiles/kiln_core.dir build-gpu/CMakeFiles/kiln_cuda.dir -name '*.o' | sort)
-g++ -shared -o "$OUT/_kiln.$TAG.so" build-gpu/python-obj/module.o "${OBJECTS[@]}" build-gpu/libkiln_onnx_proto.a \
+done < <(find "$BUILD_DIR/CMakeFiles/kiln_core.dir" "$BUILD_DIR/CMakeFiles/kiln_cuda.dir" -name '*.o' | sort)
+g++ -shared -o "$OUT/_kiln.$TAG.so" build-gpu/python-obj/module.o "${OBJECTS[@]}" "$BUILD_DIR/libkiln_onnx_proto.a" \
   /usr/lib/x86_64-linux-gnu/libprotobuf.so /usr/lib/x86_64-linux-gnu/libopenblas.so -fopenmp -lz \
   -L/usr/local/cuda/lib64 -lcudart_static -lcublasLt -lcudnn -ldl -lrt -lpthread -Wl,-s
 du -sh "$OUT/_kiln.$TAG.so"

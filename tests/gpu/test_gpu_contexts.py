@@ -1,8 +1,9 @@
 """Several execution contexts of one GPU engine, used from several threads at once (the header's
 thread-safety contract: an Engine is shared, each Context belongs to one thread): every thread's
 results equal what one context computes alone, run after run. Python threads run truly in
-parallel here: the package releases the GIL while kiln runs. And compute-sanitizer's memcheck
-over a GPU run of the command line finds no invalid access in kiln's layers."""
+parallel here: the package releases the GIL while kiln runs. And compute-sanitizer (memcheck,
+racecheck, synccheck) over GPU runs of the command line finds no invalid access, shared-memory
+race or invalid synchronization in kiln's layers, nor memcheck any in its builder."""
 from __future__ import annotations
 
 import os
@@ -86,22 +87,47 @@ def test_contexts_at_different_shapes_on_threads(resnet18_64):
     assert not errors, errors[:5]
 
 
-def test_compute_sanitizer_memcheck_finds_nothing(kiln_bin, resnet18_64, tmp_path):
+@pytest.fixture(scope="module")
+def sanitized_engines(kiln_bin, resnet18_64, tmp_path_factory):
+    """Engine files of ResNet-18 at 64x64 (built outside the sanitizer, whose slowdown would make
+    tactic timing take hours) and the runs to check: (kiln run arguments, label)."""
+    path, spec = resnet18_64
+    folder = tmp_path_factory.mktemp("sanitized")
+    calib = folder / "calib.npy"
+    np.save(calib, spec.make_inputs(16, 5)[0])
+    builds = {"fp32": ["--batch", "2"], "fp16": ["--fp16", "--batch", "2"],
+              "int8": ["--int8", "--int8-all", "--calib", calib, "--calib-batch", "8", "--batch", "2"],
+              # Dynamic, run at a batch planned on first use (not one of the profile's min/opt/max).
+              "dynamic": ["--fp16", "--min-shapes", "input:1x3x64x64", "--opt-shapes", "input:2x3x64x64",
+                          "--max-shapes", "input:4x3x64x64"]}
+    runs = []
+    for label, args in builds.items():
+        engine = folder / f"{label}.engine"
+        r = subprocess.run([kiln_bin, "build", path, *map(str, args), "-o", engine], capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(([engine] + (["--batch", "3"] if label == "dynamic" else []), label))
+    return path, calib, runs
+
+
+def sanitize(tool, kiln_bin, args):
     sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     assert os.path.exists(sanitizer), "compute-sanitizer is not installed on this GPU machine"
-    path, spec = resnet18_64
-    calib = tmp_path / "calib.npy"
-    np.save(calib, spec.make_inputs(16, 5)[0])
-    # A dynamic engine run at a batch planned on first use (not one of the profile's min/opt/max).
-    dynamic = tmp_path / "dynamic.engine"
-    r = subprocess.run([kiln_bin, "build", path, "--fp16", "--min-shapes", "input:1x3x64x64", "--opt-shapes", "input:2x3x64x64",
-                        "--max-shapes", "input:4x3x64x64", "-o", dynamic], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    runs = ([path, "--device", "cuda", "--fp16", "--batch", "2"],
-            [path, "--device", "cuda", "--int8", "--int8-all", "--calib", calib, "--calib-batch", "8", "--batch", "2"],
-            [dynamic, "--batch", "3"])
-    for args in runs:
-        r = subprocess.run([sanitizer, "--tool", "memcheck", "--error-exitcode", "3", kiln_bin, "run", *map(str, args), "--random"],
-                           capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        assert "ERROR SUMMARY: 0 errors" in r.stdout + r.stderr, r.stdout[-2000:]
+    r = subprocess.run([sanitizer, "--tool", tool, "--error-exitcode", "3", kiln_bin, "run", *map(str, args), "--random"],
+                       capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "ERROR SUMMARY: 0 errors" in r.stdout + r.stderr, r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_compute_sanitizer_finds_nothing_in_engine_runs(tool, kiln_bin, sanitized_engines):
+    for args, label in sanitized_engines[2]:
+        sanitize(tool, kiln_bin, args)
+
+
+def test_compute_sanitizer_memcheck_finds_nothing_in_builds(kiln_bin, sanitized_engines):
+    """The builder too: tactic timing, reformats, the INT8 calibration histograms."""
+    path, calib, _ = sanitized_engines
+    for args in ([path, "--device", "cuda", "--fp16", "--batch", "2"],
+                 [path, "--device", "cuda", "--int8", "--int8-all", "--calib", calib, "--calib-batch", "8", "--batch", "2"]):
+        sanitize("memcheck", kiln_bin, args)

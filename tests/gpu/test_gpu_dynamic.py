@@ -95,6 +95,17 @@ def test_shapes_outside_the_profile_are_clear_errors(kiln_bin, resnet18_64, dyna
             assert w in r.stderr, (tag, w, r.stderr)
 
 
+def test_context_past_the_memory_limit_is_refused_before_allocating(kiln_bin, dynamic_fp16, tmp_path):
+    """The engine's max-shape context (activations, workspace, inputs and outputs) with its
+    weights is checked against --max-memory before any of it is allocated."""
+    r = kiln(kiln_bin, "run", dynamic_fp16, "--batch", "2", "--random", "--max-memory", "1M")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    for w in ("execution context needs", "activations", "workspace", "memory limit of 1.0 MiB", "--max-memory"):
+        assert w in r.stderr, (w, r.stderr)
+    r = kiln(kiln_bin, "run", dynamic_fp16, "--batch", "2", "--random", "--max-memory", "8G")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def test_malformed_profiles_are_refused(kiln_bin, resnet18_64, tmp_path):
     path, spec = resnet18_64
     cases = {
