@@ -4,8 +4,8 @@
 # as kiln_portable, with OpenBLAS inside (the GPU machine has none), stripped and xz-compressed
 # into kiln.xz (what a device call carries). cuDNN and cuBLASLt come from the GPU machine itself
 # (scripts/gpu_gate.py run and tests/gpu/run_on_gpu.sh unpack the binary and set the library
-# path). BUILD_INFO.json beside it records the commit and source hash it was built from and its
-# sha256, which the GPU gate checks and writes into every result.
+# path). BUILD_INFO.json beside it records the commit and the sources' common hash it was built
+# from and its sha256, which the GPU gate checks and writes into every result.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${KILN_BUILD_DIR:-build}
@@ -20,10 +20,10 @@ PYTHON=${KILN_PYTHON:-$(command -v python3)}
 import json, sys
 sys.path.insert(0, "scripts")
 import gpu_gate
-info = {"commit": gpu_gate.git_commit(), "source_hash": gpu_gate.source_hash(),
+info = {"commit": gpu_gate.git_commit(), "common_hash": gpu_gate.source_hashes()["common"],
         "binary_sha256": gpu_gate.sha256_file("build-gpu/dist/kiln")}
 json.dump(info, open("build-gpu/dist/BUILD_INFO.json", "w"), indent=1)
-print(f"built from {info['commit']} (sources {info['source_hash'][:12]}), sha256 {info['binary_sha256'][:12]}")
+print(f"built from {info['commit']} (sources {info['common_hash'][:12]}), sha256 {info['binary_sha256'][:12]}")
 PY
 xz -f -T0 -3 build-gpu/dist/kiln
 du -sh build-gpu/dist/kiln.xz

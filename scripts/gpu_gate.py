@@ -6,8 +6,10 @@ CI has no GPU, so what kiln claims of its GPU engine rests on runs of tests/gpu 
 machine. This script makes those runs evidence:
 
   scripts/gpu_gate.py source-hash
-      The hash of every file a GPU run depends on (SOURCE_PATHS below, as the working tree has
-      them): what a run is recorded against, and what the check compares.
+      The hashes a GPU run is recorded against: "common", of every file a run depends on
+      (SOURCE_PATHS below, as the working tree has them) but the suites' own test files, and one
+      per suite, of that suite's test files. A change to one suite's tests asks for that suite
+      to run again, a change to kiln for all of them.
   scripts/gpu_gate.py run --out DIR [--suites models,patterns,...]       (on the GPU machine)
       Unpacks build-gpu/dist/kiln.xz, checks its sha256 against build-gpu/dist/BUILD_INFO.json
       (written by scripts/build_gpu.sh), runs each suite serially with JUnit XML, GPU
@@ -15,15 +17,16 @@ machine. This script makes those runs evidence:
       binary was built from, the binary's sha256, the GPU, its driver, and per-suite counts. A
       machine call has a time limit, so a full run may be split across calls (--suites).
   scripts/gpu_gate.py record DIR [DIR...]
-      Files the runs of one binary under bench/results/gpu-tests/gate/<date>-<commit>-<gpu>/ and
-      rewrites the index (index.json, README.md there). A record is full when every suite ran
-      and nothing failed.
+      Files each suite's run (JUnit XML, log, counts, hashes) under
+      bench/results/gpu-tests/gate/<date>-<commit>-<gpu>/ and rewrites the index (index.json,
+      README.md there).
   scripts/gpu_gate.py unverified --reason TEXT
       Records that the current sources were not run on a GPU, and why (the check then passes
       and lists them as unverified, instead of failing).
   scripts/gpu_gate.py check
-      Passes when a full record has the current source hash, or an unverified entry names it
-      (then it prints what is unverified); fails otherwise, naming the last full run.
+      Passes when every suite has a recorded run without failures at the current hashes, or an
+      unverified entry names the current sources (then it prints what is unverified); fails
+      otherwise, naming each suite's state.
 """
 from __future__ import annotations
 
@@ -45,9 +48,9 @@ GATE_DIR = os.path.join(ROOT, "bench", "results", "gpu-tests", "gate")
 INDEX = os.path.join(GATE_DIR, "index.json")
 
 # What a GPU run depends on: the engine's sources and build, the GPU tests and what they import.
+# (The binary itself is identified by its sha256; the scripts that pack it are not sources.)
 SOURCE_PATHS = ["CMakeLists.txt", "include", "src", "python", "tests/gpu", "tests/e2e/e2e_models.py",
-                "tests/e2e/models.txt", "scripts/export_model.py", "scripts/build_gpu.sh",
-                "scripts/build_gpu_python.sh"]
+                "tests/e2e/models.txt", "scripts/export_model.py"]
 
 # Suite -> pytest files (run serially, one pytest process each). "conformance" is kiln's own.
 SUITES = {
@@ -81,13 +84,19 @@ def source_files() -> list[str]:
     return sorted(f for f in files if os.path.isfile(os.path.join(ROOT, f)))
 
 
-def source_hash() -> str:
-    """sha256 over (path, content sha256) of every source file, as the working tree has them."""
+def hash_files(files: list[str]) -> str:
+    """sha256 over (path, content sha256) of each file, as the working tree has it."""
     h = hashlib.sha256()
-    for f in source_files():
+    for f in sorted(files):
         with open(os.path.join(ROOT, f), "rb") as fh:
             h.update(f.encode() + b"\0" + hashlib.sha256(fh.read()).hexdigest().encode() + b"\n")
     return h.hexdigest()
+
+
+def source_hashes() -> dict:
+    suite_files = {f for files in SUITES.values() for f in files}
+    return {"common": hash_files([f for f in source_files() if f not in suite_files]),
+            "suites": {suite: hash_files(files) for suite, files in SUITES.items()}}
 
 
 def sha256_file(path: str) -> str:
@@ -206,8 +215,10 @@ def cmd_run(args) -> int:
     version = subprocess.run([kiln, "--version"], capture_output=True, text=True, env=env).stdout.strip()
     suites = args.suites.split(",") if args.suites else list(SUITES)
     run = {"schema": "kiln.gpu-gate/1", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           **identity, "kiln_version": version, "commit": build["commit"], "source_hash": build["source_hash"],
+           **identity, "kiln_version": version, "commit": build["commit"], "common_hash": build["common_hash"],
            "binary_sha256": build["binary_sha256"], "suites": {}}
+    # The suites' own test files as this machine has them (the copy of the tree that runs).
+    suite_hashes = {suite: hash_files(files) for suite, files in SUITES.items()}
     status = 0
     for suite in suites:
         if suite not in SUITES:
@@ -224,6 +235,7 @@ def cmd_run(args) -> int:
                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             counts = junit_counts(junit)
         counts["seconds"] = round(time.monotonic() - t0, 1)
+        counts["suite_hash"] = suite_hashes[suite]
         run["suites"][suite] = counts
         bad = counts["failed"] + counts["errors"]
         status |= bad > 0
@@ -241,109 +253,106 @@ def load_index() -> dict:
     if os.path.exists(INDEX):
         with open(INDEX) as f:
             return json.load(f)
-    return {"schema": "kiln.gpu-gate-index/1", "records": [], "unverified": []}
+    return {"schema": "kiln.gpu-gate-index/1", "runs": [], "unverified": []}
 
 
-def is_full(record: dict) -> bool:
-    return set(record["suites"]) >= set(SUITES) and all(
-        s["failed"] == 0 and s["errors"] == 0 for s in record["suites"].values())
+def passed(run: dict) -> bool:
+    return run["failed"] == 0 and run["errors"] == 0
 
 
 def write_index(index: dict) -> None:
     os.makedirs(GATE_DIR, exist_ok=True)
-    index["records"].sort(key=lambda r: r["date"])
+    index["runs"].sort(key=lambda r: (r["date"], r["suite"]))
     with open(INDEX, "w") as f:
         json.dump(index, f, indent=1)
         f.write("\n")
     lines = ["# GPU gate runs", "",
-             "Written by `python3 scripts/gpu_gate.py record` from runs of `scripts/gpu_gate.py run` on the GPU",
-             "machine (tests/gpu, serially, with JUnit XML; GPU conformance against its floor of "
-             f"{CONFORMANCE_FLOOR} passing cases of onnx {CONFORMANCE_ONNX}'s node tests). `scripts/gpu_gate.py check` (a CTest) fails",
-             "when the sources differ from every full record below and no unverified entry names them.", "",
-             "| date | commit | GPU | driver | binary sha256 | source hash | " + " | ".join(SUITES) + " | full |",
-             "| --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in SUITES) + " | --- |"]
-    for r in reversed(index["records"]):
-        cells = []
-        for suite in SUITES:
-            s = r["suites"].get(suite)
-            cells.append("not run" if s is None else f"{s['passed']} passed, {s['failed'] + s['errors']} failed")
-        lines.append(f"| {r['date'][:10]} | {r['commit'][:12]} | {r['gpu']} | {r['driver']} | {r['binary_sha256'][:12]} | "
-                     f"{r['source_hash'][:12]} | " + " | ".join(cells) + f" | {'yes' if is_full(r) else 'no'} |")
+             "Written by `python3 scripts/gpu_gate.py record` from runs of `scripts/gpu_gate.py run` on the GPU machine",
+             "(each suite of tests/gpu serially, with JUnit XML; GPU conformance with a floor of "
+             f"{CONFORMANCE_FLOOR} passing cases of onnx {CONFORMANCE_ONNX}'s node tests).",
+             "`scripts/gpu_gate.py check` (the CTest gpu_gate_check) passes when every suite has a run without",
+             "failures at the current hashes: `common` (kiln's sources and what every suite imports) and the suite's",
+             "own test files. Newest first.", "",
+             "| date | suite | passed | failed | skipped | seconds | GPU | driver | commit | binary sha256 | common | suite files | folder |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in reversed(index["runs"]):
+        lines.append(f"| {r['date'][:10]} | {r['suite']} | {r['passed']} | {r['failed'] + r['errors']} | {r['skipped']} | "
+                     f"{r['seconds']} | {r['gpu']} | {r['driver']} | {r['commit'][:12]} | {r['binary_sha256'][:12]} | "
+                     f"{r['common_hash'][:12]} | {r['suite_hash'][:12]} | [{r['dir']}]({r['dir']}/) |")
     if index["unverified"]:
-        lines += ["", "## Sources not run on a GPU", "", "| date | source hash | reason |", "| --- | --- | --- |"]
-        lines += [f"| {u['date'][:10]} | {u['source_hash'][:12]} | {u['reason']} |" for u in reversed(index["unverified"])]
+        lines += ["", "## Sources not run on a GPU", "", "| date | common hash | reason |", "| --- | --- | --- |"]
+        lines += [f"| {u['date'][:10]} | {u['common_hash'][:12]} | {u['reason']} |" for u in reversed(index["unverified"])]
     with open(os.path.join(GATE_DIR, "README.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
 def cmd_record(args) -> int:
     index = load_index()
-    runs = []
     for d in args.dirs:
         with open(os.path.join(d, "run.json")) as f:
-            runs.append((d, json.load(f)))
-    binaries = {r["binary_sha256"] for _, r in runs}
-    if len(binaries) != 1:
-        sys.exit("gpu_gate: the runs are of different binaries; record each binary's runs separately")
-    first = runs[0][1]
-    record = next((r for r in index["records"] if r["binary_sha256"] == first["binary_sha256"] and r["gpu"] == first["gpu"]),
-                  None)
-    if record is None:
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", first["gpu"]).strip("-").lower()
-        record = {k: first[k] for k in ("date", "gpu", "driver", "kiln_version", "commit", "source_hash", "binary_sha256")}
-        record["dir"] = f"{first['date'][:10]}-{first['commit'][:10]}-{slug}"
-        record["suites"] = {}
-        index["records"].append(record)
-    dest = os.path.join(GATE_DIR, record["dir"])
-    os.makedirs(dest, exist_ok=True)
-    for d, run in runs:
+            run = json.load(f)
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", run["gpu"]).strip("-").lower()
+        folder = f"{run['date'][:10]}-{run['commit'][:10]}-{slug}"
+        dest = os.path.join(GATE_DIR, folder)
+        os.makedirs(dest, exist_ok=True)
         for suite, counts in run["suites"].items():
-            record["suites"][suite] = counts
+            entry = {"suite": suite, "date": run["date"], "dir": folder,
+                     **{k: run[k] for k in ("gpu", "driver", "kiln_version", "commit", "common_hash", "binary_sha256")},
+                     **{k: counts[k] for k in ("passed", "failed", "errors", "skipped", "seconds", "suite_hash")},
+                     "failures": counts["failures"][:50]}
+            for extra in ("onnx",):
+                if extra in counts:
+                    entry[extra] = counts[extra]
+            index["runs"] = [r for r in index["runs"] if not (r["suite"] == suite and r["date"] == run["date"] and
+                                                               r["binary_sha256"] == run["binary_sha256"])]
+            index["runs"].append(entry)
+            print(f"recorded {suite} ({folder}): {counts['passed']} passed, {counts['failed'] + counts['errors']} failed")
         for name in os.listdir(d):
-            if name.startswith("junit-") or name.endswith(".log"):
-                shutil.copy(os.path.join(d, name), os.path.join(dest, name))
-    with open(os.path.join(dest, "run.json"), "w") as f:
-        json.dump(record, f, indent=1)
+            if name.startswith("junit-") or name.endswith(".log") or name == "run.json":
+                target = name if name != "run.json" else f"run-{run['date'][11:19].replace(':', '')}.json"
+                shutil.copy(os.path.join(d, name), os.path.join(dest, target))
     write_index(index)
-    counts = ", ".join(f"{k}: {v['passed']} passed, {v['failed'] + v['errors']} failed" for k, v in record["suites"].items())
-    print(f"recorded {record['dir']}: {'full' if is_full(record) else 'not full'} ({counts})")
     return 0
 
 
 def cmd_unverified(args) -> int:
     index = load_index()
-    h = source_hash()
-    index["unverified"] = [u for u in index["unverified"] if u["source_hash"] != h]
-    index["unverified"].append({"date": datetime.date.today().isoformat(), "source_hash": h, "commit_base": git_commit(),
+    common = source_hashes()["common"]
+    index["unverified"] = [u for u in index["unverified"] if u["common_hash"] != common]
+    index["unverified"].append({"date": datetime.date.today().isoformat(), "common_hash": common, "commit_base": git_commit(),
                                 "reason": args.reason})
     write_index(index)
-    print(f"sources {h[:12]} recorded as not run on a GPU: {args.reason}")
+    print(f"sources {common[:12]} recorded as not run on a GPU: {args.reason}")
     return 0
 
 
 def cmd_check(args) -> int:
     index = load_index()
-    h = source_hash()
-    full = [r for r in index["records"] if is_full(r)]
-    if any(r["source_hash"] == h for r in full):
-        r = next(r for r in reversed(full) if r["source_hash"] == h)
-        print(f"gpu gate: the sources ({h[:12]}) passed the whole GPU suite on {r['gpu']} on {r['date'][:10]} "
-              f"(binary {r['binary_sha256'][:12]}, {r['dir']})")
+    hashes = source_hashes()
+    common = hashes["common"]
+    missing = []
+    for suite, suite_hash in hashes["suites"].items():
+        ok = [r for r in index["runs"] if r["suite"] == suite and r["common_hash"] == common and
+              r["suite_hash"] == suite_hash and passed(r)]
+        if ok:
+            r = ok[-1]
+            print(f"gpu gate: {suite}: {r['passed']} passed on {r['gpu']} on {r['date'][:10]} ({r['dir']})")
+            continue
+        last = [r for r in index["runs"] if r["suite"] == suite and passed(r)]
+        missing.append(f"{suite}: no run without failures at these sources" +
+                       (f" (last: {last[-1]['date'][:10]}, commit {last[-1]['commit'][:12]})" if last else " (none on record)"))
+    if not missing:
+        print(f"gpu gate: every suite passed on a GPU at these sources (common {common[:12]})")
         return 0
-    last = full[-1] if full else None
-    where = (f"the last full GPU run was of sources {last['source_hash'][:12]} (commit {last['commit'][:12]}, "
-             f"{last['gpu']}, {last['date'][:10]})" if last else "there is no full GPU run on record")
-    mentioned = [u for u in index["unverified"] if u["source_hash"] == h]
+    mentioned = [u for u in index["unverified"] if u["common_hash"] == common]
     if mentioned:
-        print(f"gpu gate: UNVERIFIED on a GPU: sources {h[:12]}; {where}. Reason given: {mentioned[-1]['reason']}")
-        partial = [r for r in index["records"] if r["source_hash"] == h]
-        for r in partial:
-            print(f"  partial run of these sources on {r['gpu']}: " +
-                  ", ".join(f"{k} {v['passed']} passed/{v['failed'] + v['errors']} failed" for k, v in r["suites"].items()))
+        print(f"gpu gate: UNVERIFIED on a GPU (common {common[:12]}): {mentioned[-1]['reason']}")
+        for m in missing:
+            print(f"  {m}")
         return 0
-    print(f"gpu gate: FAILED: the sources ({h[:12]}) have no full GPU run on record: {where}.\n"
-          "Run the suite on the GPU machine (scripts/build_gpu.sh, then scripts/gpu_gate.py run there, then "
-          "scripts/gpu_gate.py record), or say why it cannot run: scripts/gpu_gate.py unverified --reason '...'.",
+    print(f"gpu gate: FAILED: the sources (common {common[:12]}) differ from what ran on a GPU:\n  " + "\n  ".join(missing) +
+          "\nRun the suites on the GPU machine (scripts/build_gpu.sh; scripts/gpu_gate.py run there; then "
+          "scripts/gpu_gate.py record), or say why they cannot run: scripts/gpu_gate.py unverified --reason '...'.",
           file=sys.stderr)
     return 1
 
@@ -362,7 +371,7 @@ def main() -> int:
     sub.add_parser("check")
     args = p.parse_args()
     if args.command == "source-hash":
-        print(source_hash())
+        print(json.dumps(source_hashes(), indent=1))
         return 0
     return {"run": cmd_run, "record": cmd_record, "unverified": cmd_unverified, "check": cmd_check}[args.command](args)
 
