@@ -3,7 +3,7 @@
 //   kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--no-fuse] [--no-optimize]
 //                  [--dump-output file.bin] [--input file.bin]
 //
-// Imports the model, runs passes::optimize (unless --no-optimize), builds cpu::CpuEngine,
+// Imports the model, runs compiler::optimize (unless --no-optimize), builds cpu::CpuEngine,
 // feeds every input random float32 data (seed 0; symbolic dims take --batch) or the raw
 // float32 contents of --input, times --runs runs after --warmup and prints one JSON object.
 // --dump-output writes the first output's raw float32 values, so a script can compare them
@@ -23,7 +23,8 @@
 
 #include "cpu/engine.h"
 #include "onnx/importer.h"
-#include "passes/pipeline.h"
+#include "compiler/pipeline.h"
+#include "passes/passes.h"
 
 namespace {
 
@@ -66,9 +67,9 @@ int main(int argc, char** argv) {
   try {
     kiln::ir::Graph graph = kiln::onnx_import::import_file(model);
     if (optimize) {
-      kiln::passes::PassOptions options;
+      kiln::compiler::PassOptions options;
       options.fuse = fuse;
-      kiln::passes::optimize(graph, options);
+      kiln::compiler::optimize(graph, options);
     }
     std::map<std::string, int> op_counts;
     for (const auto& n : graph.nodes) op_counts[(n.domain.empty() ? "" : n.domain + "::") + n.op]++;

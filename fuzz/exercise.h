@@ -17,7 +17,8 @@
 #include "io/npy.h"
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
-#include "passes/pipeline.h"
+#include "compiler/pipeline.h"
+#include "passes/passes.h"
 
 namespace kiln::fuzz {
 
@@ -49,7 +50,7 @@ inline Tensor fuzz_input(DType dtype, const std::vector<int64_t>& shape, std::mt
 // once with dynamic dimensions set to 2. Returns true if it ran.
 inline bool exercise_model(const std::string& bytes) {
   ir::Graph g = onnx_import::import_bytes(bytes, "fuzz.onnx", "");
-  passes::optimize(g);
+  compiler::optimize(g);
   cpu::CpuEngine engine(g);
   // Bind dynamic input dims and check that every value is small before running.
   ir::Graph bound = g;

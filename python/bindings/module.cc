@@ -15,8 +15,8 @@
 #include <iostream>
 
 #include "kiln/kiln.h"
-#include "quantization/calibrate_model.h"
-#include "quantization/calibration_cache.h"
+#include "calibration/calibrate_model.h"
+#include "calibration/calibration_cache.h"
 
 namespace py = pybind11;
 
@@ -359,9 +359,9 @@ PYBIND11_MODULE(_kiln, m) {
       "calibrate",
       [](const std::string& model, py::function next_batch, const std::string& algorithm, double percentile,
          int max_batches, const std::string& device, bool progress) {
-        quantization::CalibrationOptions o;
+        calibration::CalibrationOptions o;
         o.data = "the Python batches";
-        o.algorithm = quantization::parse_calibration_algorithm(algorithm);
+        o.algorithm = calibration::parse_calibration_algorithm(algorithm);
         o.percentile = percentile;
         o.max_batches = max_batches;
         o.device = parse_device(device);
@@ -377,10 +377,10 @@ PYBIND11_MODULE(_kiln, m) {
           o.progress = [](size_t done, size_t, size_t tensors) {
             std::cerr << "\rkiln: calibration batch " << done << ", " << tensors << " tensors" << std::flush;
           };
-        quantization::CalibrationResult r;
+        calibration::CalibrationResult r;
         {
           py::gil_scoped_release release;
-          r = quantization::calibrate_model(model, o);
+          r = calibration::calibrate_model(model, o);
         }
         if (progress) std::cerr << "\n";
         return r.cache.scales;

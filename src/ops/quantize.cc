@@ -1,6 +1,9 @@
 // Schemas of QuantizeLinear and DequantizeLinear (see quantize.h).
 #include "ops/quantize.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "ir/op_schema.h"
 
 namespace kiln::ir {
@@ -95,6 +98,29 @@ KILN_REGISTER_OPS(quantize) {
     s.limits = "float32 data and scales; int8, uint8, int16, uint16, float8e4m3fn (and int32 for Dequantize); no block_size";
     registry.add(std::move(s));
   }
+}
+
+namespace {
+// scales[c] = max|row c| / largest (1 for an all-zero row).
+void per_channel_scales(const float* w, int64_t count, int64_t channels, int64_t inner, float largest, float* scales) {
+  std::fill(scales, scales + channels, 0.f);
+  for (int64_t i = 0; i < count; ++i) {
+    float& s = scales[(i / inner) % channels];
+    s = std::max(s, std::fabs(w[i]));
+  }
+  for (int64_t c = 0; c < channels; ++c) scales[c] = scales[c] > 0 ? scales[c] / largest : 1.f;
+}
+}  // namespace
+
+void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64_t inner, int8_t* q, float* scales) {
+  per_channel_scales(w, count, channels, inner, 127.f, scales);
+  for (int64_t i = 0; i < count; ++i)
+    q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(w[i] / scales[(i / inner) % channels]), -127.f, 127.f));
+}
+
+void quantize_per_channel_float8(const float* w, int64_t count, int64_t channels, int64_t inner, uint8_t* q, float* scales) {
+  per_channel_scales(w, count, channels, inner, 448.f, scales);
+  for (int64_t i = 0; i < count; ++i) q[i] = float_to_float8e4m3fn(w[i] / scales[(i / inner) % channels]);
 }
 
 }  // namespace kiln::ir

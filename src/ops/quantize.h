@@ -24,4 +24,11 @@ QuantizeAxis quantize_axis(const Node& node, const std::vector<int64_t>& x, int6
 // The integer range of a quantized dtype (int8, uint8, int16, uint16).
 bool quantized_range(DType dtype, int64_t& lo, int64_t& hi);
 
+// Symmetric per-channel int8 weights: `channels` rows of `inner` values each (row c is the
+// values whose index / inner % channels == c). Writes q (same size) and one scale per channel
+// (max|row| / 127; 1 for an all-zero row).
+void quantize_per_channel(const float* w, int64_t count, int64_t channels, int64_t inner, int8_t* q, float* scales);
+// The same for FP8: scale max|row| / 448, values rounded to E4M3 (nearest even).
+void quantize_per_channel_float8(const float* w, int64_t count, int64_t channels, int64_t inner, uint8_t* q, float* scales);
+
 }  // namespace kiln::ir

@@ -1,5 +1,5 @@
 // kiln::QConv: an INT8 convolution with a fused, requantizing epilogue (domain "kiln"). The
-// INT8 pass (src/quantization/quantize_graph.cc) creates it from calibrated Conv/FusedConv
+// INT8 pass (src/compiler/quantize_graph.cc) creates it from calibrated Conv/FusedConv
 // nodes; every backend implements exactly this definition, and the CPU engine's kernel
 // (src/cpu/quantized_conv.cc) is the exact integer reference the GPU is tested against.
 //

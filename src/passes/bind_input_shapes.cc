@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "ir/op_schema.h"
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 
 namespace kiln::passes {
 

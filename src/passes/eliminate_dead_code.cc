@@ -2,7 +2,7 @@
 // nothing mentions.
 #include <unordered_set>
 
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 
 namespace kiln::passes {
 

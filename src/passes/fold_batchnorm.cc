@@ -7,7 +7,7 @@
 // the backends fuse or run as cheap elementwise ops.
 #include <cmath>
 
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 #include "passes/rewrite.h"
 
 namespace kiln::passes {

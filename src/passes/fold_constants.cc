@@ -4,7 +4,7 @@
 #include <set>
 
 #include "ir/op_schema.h"
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 #include "passes/rewrite.h"
 
 namespace kiln::passes {

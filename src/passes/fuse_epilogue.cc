@@ -13,7 +13,7 @@
 
 #include "ir/activation.h"
 #include "ir/op_schema.h"
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 #include "passes/rewrite.h"
 
 namespace kiln::passes {

@@ -12,7 +12,7 @@
 #include <set>
 
 #include "ir/op_schema.h"
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 
 namespace kiln::passes {
 

@@ -1,7 +1,7 @@
 // Identity and inference-mode Dropout copy their input: their consumers can read the input
 // directly. When the copy is a graph output, the output's name is kept (callers bind it) by
 // renaming the producer's output instead.
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 #include "passes/rewrite.h"
 
 namespace kiln::passes {

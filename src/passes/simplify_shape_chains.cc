@@ -9,7 +9,7 @@
 //            (broadcasting 1 against that dim yields the dim).
 // ConstantOfShape, Tile and Range need the runtime value itself; fully known shapes for
 // them are constant-folded instead.
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 #include "passes/rewrite.h"
 
 namespace kiln::passes {

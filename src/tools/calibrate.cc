@@ -11,7 +11,7 @@
 #include "calibration_flags.h"
 #include "commands.h"
 #include "kiln/kiln.h"
-#include "quantization/calibrate_model.h"
+#include "calibration/calibrate_model.h"
 
 namespace kiln::tools {
 
@@ -25,9 +25,9 @@ struct CalibrateOptions {
 };
 
 int calibrate(const CalibrateOptions& o) {
-  const quantization::CalibrationResult r = quantization::calibrate_model(o.model, o.calibration.options("kiln calibrate", o.model));
+  const calibration::CalibrationResult r = calibration::calibrate_model(o.model, o.calibration.options("kiln calibrate", o.model));
   const std::string path = o.cache.empty() ? o.model + ".calib" : o.cache;
-  quantization::write_calibration_cache(path, r.cache, o.tensorrt);
+  calibration::write_calibration_cache(path, r.cache, o.tensorrt);
   std::printf("calibrated %zu tensors (%s, %d batches)%s -> %s\n", r.cache.scales.size(), o.calibration.algorithm.c_str(),
               r.cache.batches, r.all_zero ? (", " + std::to_string(r.all_zero) + " all-zero tensors left out").c_str() : "",
               path.c_str());

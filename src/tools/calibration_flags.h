@@ -1,6 +1,6 @@
 // The calibration options that `kiln calibrate` and `kiln quantize` share: their flags
 // (with `kiln run`'s image preprocessing flags, for folders of images), and the
-// quantization::CalibrationOptions they make (with a progress line on stderr).
+// calibration::CalibrationOptions they make (with a progress line on stderr).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,7 +9,7 @@
 #include <functional>
 #include <string>
 
-#include "quantization/calibrate_model.h"
+#include "calibration/calibrate_model.h"
 #include "tools/image_flags.h"
 
 namespace kiln::tools {
@@ -53,16 +53,16 @@ struct CalibrationFlags {
 
   // `tool` names the command in the progress line; for a folder of images, the image flags are
   // resolved against `model`'s input.
-  quantization::CalibrationOptions options(const std::string& tool, const std::string& model) const {
-    quantization::CalibrationOptions c;
-    c.algorithm = quantization::parse_calibration_algorithm(algorithm);
+  calibration::CalibrationOptions options(const std::string& tool, const std::string& model) const {
+    calibration::CalibrationOptions c;
+    c.algorithm = calibration::parse_calibration_algorithm(algorithm);
     c.data = data;
     c.batch = batch;
     c.max_batches = batches;
     c.percentile = percentile;
     c.device = device == "cuda" ? Device::kCuda : Device::kCpu;
     c.progress = calibration_progress(tool);
-    if (quantization::is_image_folder(data)) c.image = image.options(quantization::calibration_input(model), data);
+    if (calibration::is_image_folder(data)) c.image = image.options(calibration::calibration_input(model), data);
     return c;
   }
 };

@@ -13,9 +13,9 @@
 #include <sstream>
 
 #include "onnx/importer.h"
-#include "quantization/accuracy_budget.h"
+#include "calibration/accuracy_budget.h"
 #include "engine/engine_file.h"
-#include "quantization/calibrate_model.h"
+#include "calibration/calibrate_model.h"
 #include "tools/calibration_flags.h"
 #include "tools/shapes.h"
 
@@ -171,7 +171,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
 }
 
 void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
-  namespace q = quantization;
+  namespace q = calibration;
   // Held-out batches for the accuracy budget come off the end of the calibration data.
   std::vector<Tensor> heldout;
   int usable = 0;

@@ -28,7 +28,7 @@ struct EngineOptions {
   bool verbose = false;
   std::vector<std::string> mark_outputs;
   std::string max_memory;  // --max-memory: "8G", "512MiB", "1000000" (bytes); "": the default
-  // INT8: calibration data or a cache (see quantization/calibrate_model.h), and layers pinned
+  // INT8: calibration data or a cache (see calibration/calibrate_model.h), and layers pinned
   // to float (--layer-precision NAME=fp16).
   bool int8 = false;
   bool fp8 = false;  // --fp8: the INT8 pipeline with FP8 E4M3 convolutions (Hopper)
@@ -56,7 +56,7 @@ struct EngineOptions {
   // on --calib (written to --calib-cache when given), with progress on stderr; neither: none
   // (a model with Q/DQ pairs has its own).
   // With --accuracy-budget, the last --budget-batches of --calib are held out and the layers
-  // that must stay float are added to the build's float layers (quantization/accuracy_budget.h).
+  // that must stay float are added to the build's float layers (calibration/accuracy_budget.h).
   BuildOptions build_options(const std::string& model, std::vector<std::string>& defaulted) const;
   void add_int8(const std::string& model, BuildOptions& b) const;
   // --max-memory in bytes (0 when not given); throws kInvalidArgument for an unreadable size.

@@ -10,7 +10,8 @@
 #include "cpu/evaluate.h"
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
-#include "passes/pipeline.h"
+#include "compiler/pipeline.h"
+#include "passes/passes.h"
 #include "engine/engine_file.h"
 #include "kiln/kiln.h"
 #include "tools/commands.h"
@@ -184,7 +185,7 @@ int inspect(const InspectOptions& o) {
   ir::Graph g = onnx_import::import_file(o.model);
   // Optimize while the dims are still symbolic (the graph a dynamic engine runs), then bind
   // them only to make the shapes and FLOPs shown concrete.
-  if (o.optimize) passes::optimize(g);
+  if (o.optimize) compiler::optimize(g);
   std::vector<std::string> defaulted;
   std::map<std::string, std::string> declared = bind_dims(g, o, defaulted);
   fill_shapes_by_folding(g);

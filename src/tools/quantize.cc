@@ -1,7 +1,7 @@
 // kiln quantize model.onnx --calib DATA -o model.qdq.onnx: calibrates the model (or reads a
 // calibration cache) and writes it as a QDQ ONNX model: int8 weights per output channel and
 // Quantize/DequantizeLinear pairs on the activations of every Conv, Gemm and MatMul (see
-// quantization/qdq_writer.h). ONNX Runtime, TensorRT and kiln read such models.
+// calibration/qdq_writer.h). ONNX Runtime, TensorRT and kiln read such models.
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -9,8 +9,8 @@
 #include "calibration_flags.h"
 #include "commands.h"
 #include "kiln/kiln.h"
-#include "quantization/calibrate_model.h"
-#include "quantization/qdq_writer.h"
+#include "calibration/calibrate_model.h"
+#include "calibration/qdq_writer.h"
 
 namespace kiln::tools {
 
@@ -31,19 +31,19 @@ std::string read_bytes(const std::string& path) {
 
 int quantize(const QuantizeOptions& o) {
   const std::string bytes = read_bytes(o.model);
-  quantization::CalibrationCache cache;
+  calibration::CalibrationCache cache;
   std::ifstream existing(o.cache);
   if (!o.cache.empty() && existing.good()) {
-    cache = quantization::read_calibration_cache(o.cache, quantization::model_fingerprint(bytes));
+    cache = calibration::read_calibration_cache(o.cache, calibration::model_fingerprint(bytes));
     std::printf("scales of %zu tensors from %s\n", cache.scales.size(), o.cache.c_str());
   } else {
     if (o.calibration.data.empty())
       throw Error(ErrorKind::kInvalidArgument, "kiln quantize needs --calib DATA, or --calib-cache FILE of an earlier run");
-    cache = quantization::calibrate_model(o.model, o.calibration.options("kiln quantize", o.model)).cache;
-    if (!o.cache.empty()) quantization::write_calibration_cache(o.cache, cache);
+    cache = calibration::calibrate_model(o.model, o.calibration.options("kiln quantize", o.model)).cache;
+    if (!o.cache.empty()) calibration::write_calibration_cache(o.cache, cache);
   }
-  quantization::QdqReport report;
-  const std::string qdq = quantization::write_qdq_model(bytes, o.model, cache, report);
+  calibration::QdqReport report;
+  const std::string qdq = calibration::write_qdq_model(bytes, o.model, cache, report);
   const std::string out = o.output.empty() ? o.model.substr(0, o.model.rfind(".onnx")) + ".qdq.onnx" : o.output;
   std::ofstream f(out, std::ios::binary | std::ios::trunc);
   if (!(f << qdq)) throw Error(ErrorKind::kIo, "cannot write " + out);

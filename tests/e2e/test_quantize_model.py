@@ -194,7 +194,7 @@ def test_calibrate_on_an_image_folder(run_kiln, tmp_path):
 
 def test_int8_matrix_products(run_kiln, tmp_path):
     """Gemm and MatMul layers with constant weights run as INT8 1x1 convolutions on the CPU
-    engine (quantization/gemm_as_conv.h): a small MLP against ONNX Runtime in float32."""
+    engine (compiler/gemm_as_conv.h): a small MLP against ONNX Runtime in float32."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(5)

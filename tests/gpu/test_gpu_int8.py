@@ -442,7 +442,7 @@ def test_int8_matrix_products_match_cpu(exact, kiln_bin, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("algo", ["entropy", "percentile", "minmax"])
 def test_gpu_calibration_histograms_match_cpu(algo, kiln_bin, tmp_path):
-    """Calibration on the GPU counts its histograms on the device (cuda/abs_histogram.h). On a
+    """Calibration on the GPU counts its histograms on the device (calibration/abs_histogram.h). On a
     model the GPU computes exactly (ReLU, a MaxPool, an Add: no rounding), its histograms are the
     CPU's bin for bin, so the two caches hold the same scales. The batches grow by 4x, so each
     histogram's range doubles (and merges bins) along the way; half of the ReLU's values are 0."""

@@ -9,10 +9,10 @@
 #include <random>
 
 #include "kiln/error.h"
-#include "quantization/calibration.h"
-#include "quantization/calibration_cache.h"
+#include "calibration/calibration.h"
+#include "calibration/calibration_cache.h"
 
-namespace kiln::quantization {
+namespace kiln::calibration {
 namespace {
 
 std::vector<float> gaussian(size_t n, unsigned seed) {
@@ -232,4 +232,4 @@ TEST(CalibrationCache, AStaleCacheIsRefused) {
 }
 
 }  // namespace
-}  // namespace kiln::quantization
+}  // namespace kiln::calibration

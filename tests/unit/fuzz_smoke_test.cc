@@ -17,7 +17,7 @@
 #include "../../fuzz/exercise.h"
 #include "onnx.pb.h"
 #include "io/idx.h"
-#include "quantization/calibration_cache.h"
+#include "calibration/calibration_cache.h"
 
 namespace kiln {
 namespace {
@@ -490,12 +490,12 @@ TEST(FuzzSmoke, MutatedNpyFilesFailOnlyWithKilnErrors) {
 }
 
 TEST(FuzzSmoke, MutatedCalibrationCachesFailOnlyWithKilnErrors) {
-  quantization::CalibrationCache cache;
-  cache.model_fingerprint = quantization::model_fingerprint("m");
+  calibration::CalibrationCache cache;
+  cache.model_fingerprint = calibration::model_fingerprint("m");
   cache.algorithm = "entropy";
   cache.batches = 4;
   cache.scales = {{"input", 0.02f}, {"/conv1/Relu_output_0", 0.5f}, {"a: b", 1e-6f}};
-  std::vector<std::string> seeds = {quantization::to_kiln_text(cache), quantization::to_tensorrt_text(cache)};
+  std::vector<std::string> seeds = {calibration::to_kiln_text(cache), calibration::to_tensorrt_text(cache)};
   std::mt19937 rng(7);
   CrashReporter reporter;
   Findings f;
@@ -503,7 +503,7 @@ TEST(FuzzSmoke, MutatedCalibrationCachesFailOnlyWithKilnErrors) {
   for (int i = 0; i < 4000; ++i) {
     std::string bytes = mutate_bytes(seeds[static_cast<size_t>(i) % seeds.size()], rng);
     describe_input("calibration cache iteration " + std::to_string(i));
-    ok += f.survive([&] { return !quantization::parse_calibration_cache(bytes, "fuzz").scales.empty(); }, "cache", i);
+    ok += f.survive([&] { return !calibration::parse_calibration_cache(bytes, "fuzz").scales.empty(); }, "cache", i);
   }
   EXPECT_TRUE(f.bugs.empty()) << f.report();
   EXPECT_GT(ok, 0);

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "graph_builder.h"
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 
 namespace kiln::testing {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "cpu/evaluate.h"
 #include "graph_builder.h"
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 
 namespace kiln::testing {
 namespace {

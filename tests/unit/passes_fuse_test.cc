@@ -6,7 +6,7 @@
 
 #include "graph_builder.h"
 #include "ir/activation.h"
-#include "passes/pipeline.h"
+#include "passes/passes.h"
 
 namespace kiln::testing {
 namespace {

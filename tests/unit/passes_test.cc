@@ -6,7 +6,8 @@
 #include "ir/activation.h"
 #include "onnx/exporter.h"
 #include "onnx/importer.h"
-#include "passes/pipeline.h"
+#include "compiler/pipeline.h"
+#include "passes/passes.h"
 
 namespace kiln::testing {
 namespace {
@@ -49,7 +50,7 @@ ir::Graph small_resnet() {
 TEST(Optimize, FoldsFusesAndSimplifiesASmallResNet) {
   ir::Graph before = small_resnet();
   ir::Graph after = before;
-  passes::optimize(after);
+  compiler::optimize(after);
 
   for (const char* gone : {"BatchNormalization", "Identity", "Dropout", "Shape", "Gather", "Concat", "Transpose",
                            "Relu", "Add", "Conv", "Gemm"})
@@ -72,10 +73,10 @@ TEST(Optimize, FoldsFusesAndSimplifiesASmallResNet) {
 TEST(Optimize, OptionsSwitchFoldingAndFusionOff) {
   ir::Graph before = small_resnet();
   ir::Graph g = before;
-  passes::PassOptions off;
+  compiler::PassOptions off;
   off.fold_constants = false;
   off.fuse = false;
-  passes::optimize(g, off);
+  compiler::optimize(g, off);
   EXPECT_EQ(count_ops(g, "BatchNormalization"), 2);
   EXPECT_EQ(count_ops(g, "Transpose"), 1);  // a constant Transpose, not folded
   EXPECT_EQ(count_ops(g, "Conv"), 2);
@@ -91,9 +92,9 @@ TEST(Optimize, OptionsSwitchFoldingAndFusionOff) {
 TEST(Optimize, FoldedGraphWritesAsOnnxAndReadsBack) {
   ir::Graph before = small_resnet();
   ir::Graph g = before;
-  passes::PassOptions fold_only;
+  compiler::PassOptions fold_only;
   fold_only.fuse_epilogue = false;
-  passes::optimize(g, fold_only);
+  compiler::optimize(g, fold_only);
   EXPECT_EQ(count_ops(g, "BatchNormalization"), 0);
   EXPECT_EQ(count_ops(g, "FusedConv"), 0);
   EXPECT_EQ(count_ops(g, "Shape"), 0);
@@ -105,7 +106,7 @@ TEST(Optimize, FoldedGraphWritesAsOnnxAndReadsBack) {
   expect_same_outputs(before, back, 3);
 
   // Fused graphs hold kiln's own ops: writing one names the node instead of writing bad ONNX.
-  passes::optimize(g);
+  compiler::optimize(g);
   ASSERT_GT(count_ops(g, "FusedConv"), 0);
   try {
     onnx_export::export_model(g);
@@ -118,9 +119,9 @@ TEST(Optimize, FoldedGraphWritesAsOnnxAndReadsBack) {
 
 TEST(Optimize, IsIdempotent) {
   ir::Graph g = small_resnet();
-  passes::optimize(g);
+  compiler::optimize(g);
   ir::Graph again = g;
-  passes::optimize(again);
+  compiler::optimize(again);
   ASSERT_EQ(again.nodes.size(), g.nodes.size());
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     EXPECT_EQ(again.nodes[i].op, g.nodes[i].op);

@@ -3,7 +3,7 @@
 // the input and what is wrong. No GPU needed.
 #include <gtest/gtest.h>
 
-#include "api/profiles.h"
+#include "compiler/profiles.h"
 
 namespace kiln {
 namespace {
@@ -16,7 +16,7 @@ std::vector<TensorDesc> declared() {
 
 std::string error_of(const BuildOptions& options) {
   try {
-    api::resolve_profiles(declared(), options);
+    compiler::resolve_profiles(declared(), options);
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
     return e.what();
@@ -27,12 +27,12 @@ std::string error_of(const BuildOptions& options) {
 TEST(ResolveProfiles, FixedShapesMakeOneProfileOfEveryInput) {
   BuildOptions options;
   options.input_shapes["image"] = {8, 3, 64, 64};
-  const auto profiles = api::resolve_profiles(declared(), options);
+  const auto profiles = compiler::resolve_profiles(declared(), options);
   ASSERT_EQ(profiles.size(), 1u);
   EXPECT_EQ(profiles[0].at("image").min, (std::vector<int64_t>{8, 3, 64, 64}));
   EXPECT_EQ(profiles[0].at("image").max, profiles[0].at("image").min);
   EXPECT_EQ(profiles[0].at("mask").opt, (std::vector<int64_t>{1, 16}));  // dynamic dims default to 1
-  const auto inputs = api::profile_inputs(declared(), profiles);
+  const auto inputs = compiler::profile_inputs(declared(), profiles);
   EXPECT_EQ(inputs[0].shape, (std::vector<int64_t>{8, 3, 64, 64}));
   EXPECT_EQ(inputs[0].dim_names[0], "");
 }
@@ -42,10 +42,10 @@ TEST(ResolveProfiles, RangesAndFixedInputsTogether) {
   options.input_shapes["mask"] = {4, 16};
   options.profiles.push_back({{"image", {{1, 3, 32, 32}, {4, 3, 64, 64}, {8, 3, 128, 128}}}});
   options.profiles.push_back({{"image", {{4, 3, 64, 64}, {4, 3, 64, 64}, {4, 3, 64, 64}}}});
-  const auto profiles = api::resolve_profiles(declared(), options);
+  const auto profiles = compiler::resolve_profiles(declared(), options);
   ASSERT_EQ(profiles.size(), 2u);
   EXPECT_EQ(profiles[1].at("mask").max, (std::vector<int64_t>{4, 16}));
-  const auto inputs = api::profile_inputs(declared(), profiles);
+  const auto inputs = compiler::profile_inputs(declared(), profiles);
   EXPECT_EQ(inputs[0].shape, (std::vector<int64_t>{-1, 3, -1, -1}));  // varies in profile 0
   EXPECT_EQ(inputs[0].dim_names[0], "batch");
   EXPECT_EQ(inputs[1].shape, (std::vector<int64_t>{4, 16}));
@@ -85,19 +85,19 @@ TEST(ResolveProfiles, AnEmptyDimensionIsAllowedWhereTheModelDeclaresIt) {
   BuildOptions options;
   options.input_shapes["like"] = {0};
   options.input_shapes["data"] = {2, 0, 4};
-  const auto profiles = api::resolve_profiles(model, options);
+  const auto profiles = compiler::resolve_profiles(model, options);
   EXPECT_EQ(profiles[0].at("like").opt, (std::vector<int64_t>{0}));
   EXPECT_EQ(profiles[0].at("data").max, (std::vector<int64_t>{2, 0, 4}));
   BuildOptions ranged;
   ranged.profiles.push_back({{"data", {{2, 0, 1}, {2, 0, 4}, {2, 0, 8}}}});
-  EXPECT_EQ(api::resolve_profiles(model, ranged)[0].at("data").min, (std::vector<int64_t>{2, 0, 1}));
+  EXPECT_EQ(compiler::resolve_profiles(model, ranged)[0].at("data").min, (std::vector<int64_t>{2, 0, 1}));
   // A 0 where the model's dimension is dynamic is still refused, fixed or as a range.
   BuildOptions dynamic_zero;
   dynamic_zero.input_shapes["data"] = {2, 0, 0};
-  EXPECT_THROW(api::resolve_profiles(model, dynamic_zero), Error);
+  EXPECT_THROW(compiler::resolve_profiles(model, dynamic_zero), Error);
   BuildOptions range_zero;
   range_zero.profiles.push_back({{"data", {{2, 0, 0}, {2, 0, 4}, {2, 0, 8}}}});
-  EXPECT_THROW(api::resolve_profiles(model, range_zero), Error);
+  EXPECT_THROW(compiler::resolve_profiles(model, range_zero), Error);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // kiln::QConv, the INT8 convolution: the CPU kernel (the integer reference the GPU is tested
 // against) against the op's definition computed naively, and the INT8 pass
-// (quantization/quantize_graph.h) on a small residual network.
+// (compiler/quantize_graph.h) on a small residual network.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "cpu/engine.h"
 #include "graph_builder.h"
 #include "ir/op_schema.h"
-#include "quantization/quantize_graph.h"
+#include "compiler/quantize_graph.h"
 
 namespace kiln {
 namespace {
@@ -275,7 +275,7 @@ ResidualChain residual_chain() {
 TEST(QuantizeGraph, ResidualChainKeepsInt8BetweenConvs) {
   const ResidualChain c = residual_chain();
   ir::Graph q = c.graph;
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, c.scales);
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(q, c.scales);
   EXPECT_EQ(r.quantized, 2);
   EXPECT_EQ(r.int8_values, 1);     // y1
   EXPECT_EQ(r.quantize_nodes, 1);  // X
@@ -300,7 +300,7 @@ TEST(QuantizeGraph, ReportsWhyAConvStaysFloat) {
   gb.node("Conv", {"X", "W"}, "Y");
   gb.output("Y");
   ir::Graph g = gb.build();
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(g, {{"X", 0.01f}});
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(g, {{"X", 0.01f}});
   EXPECT_EQ(r.quantized, 0);
   ASSERT_EQ(r.kept_float.size(), 1u);
   EXPECT_NE(r.kept_float[0].find("multiples of 16"), std::string::npos) << r.kept_float[0];
@@ -338,7 +338,7 @@ TEST(QuantizeGraph, ImageStemAndMaxPoolRunInt8) {
   scales["pool"] = 0.5f * scales["stem"];  // a calibrated pool scale the pass must not use
 
   ir::Graph q = g;
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales);
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(q, scales);
   EXPECT_EQ(r.quantized, 2);
   EXPECT_EQ(r.int8_pools, 1);
   EXPECT_EQ(r.int8_values, 2);     // stem, pool
@@ -359,9 +359,9 @@ TEST(QuantizeGraph, ImageStemAndMaxPoolRunInt8) {
   EXPECT_GT(err, 0.0);
 
   ir::Graph f = g;
-  quantization::QuantizeTarget no_stems;
+  compiler::QuantizeTarget no_stems;
   no_stems.few_input_channels = false;
-  r = quantization::quantize_graph(f, scales, {}, nullptr, no_stems);
+  r = compiler::quantize_graph(f, scales, {}, nullptr, no_stems);
   EXPECT_EQ(r.quantized, 1);
   EXPECT_EQ(r.int8_pools, 0);
   ASSERT_EQ(r.kept_float.size(), 1u);
@@ -382,7 +382,7 @@ TEST(QuantizeGraph, StemsOutsideTheKernelStayFloat) {
   gb.output("big");
   gb.output("res");
   ir::Graph g = gb.build();
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(g, {{"X", 0.01f}, {"R", 0.01f}});
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(g, {{"X", 0.01f}, {"R", 0.01f}});
   EXPECT_EQ(r.quantized, 0);
   ASSERT_EQ(r.kept_float.size(), 2u);
   EXPECT_NE(r.kept_float[0].find("64 taps"), std::string::npos) << r.kept_float[0];
@@ -418,7 +418,7 @@ TEST(AbsorbQdq, ReadsSymmetricPairsAndWeightsKeepsOthers) {
   gb.output("Yd");
   ir::Graph g = gb.build();
 
-  quantization::QdqScales q = quantization::absorb_qdq(g);
+  compiler::QdqScales q = compiler::absorb_qdq(g);
   ASSERT_EQ(q.activations.size(), 1u);
   EXPECT_FLOAT_EQ(q.activations.at("X"), 0.05f);
   ASSERT_EQ(q.weights.count("W"), 1u);
@@ -439,7 +439,7 @@ TEST(AbsorbQdq, ReadsSymmetricPairsAndWeightsKeepsOthers) {
   EXPECT_EQ(convs, 1);
 
   // The INT8 pass then keeps the model's integers.
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(g, q.activations, {}, &q.weights);
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(g, q.activations, {}, &q.weights);
   EXPECT_EQ(r.quantized, 1);
   EXPECT_EQ(r.model_weights, 1);
   for (const ir::Node& n : g.nodes) {
@@ -452,7 +452,7 @@ TEST(AbsorbQdq, ReadsSymmetricPairsAndWeightsKeepsOthers) {
 }
 
 
-// Matrix products through the INT8 convolution (quantization/gemm_as_conv.h): a Gemm with a
+// Matrix products through the INT8 convolution (compiler/gemm_as_conv.h): a Gemm with a
 // bias and Relu, then a MatMul over a 3-D activation, both become QConv between reshapes, keep
 // their layer names, and the network's output moves by about the quantization step only.
 TEST(QuantizeGraph, GemmAndMatMulRunAsInt8Convolutions) {
@@ -479,7 +479,7 @@ TEST(QuantizeGraph, GemmAndMatMulRunAsInt8Convolutions) {
   for (const char* v : {"x2", "h", "h3", "out"}) scales[v] = amax(ranges.at(v)) / 127.f;
 
   ir::Graph q = g;
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales);
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(q, scales);
   EXPECT_EQ(r.quantized, 2);
   EXPECT_EQ(r.matrix_products, 2);
   std::set<std::string> qconvs;
@@ -498,7 +498,7 @@ TEST(QuantizeGraph, GemmAndMatMulRunAsInt8Convolutions) {
 
   // Pinned to float by name, a product stays as it was.
   ir::Graph pinned = g;
-  quantization::QuantizeGraphReport rp = quantization::quantize_graph(pinned, scales, {"fc2"});
+  compiler::QuantizeGraphReport rp = compiler::quantize_graph(pinned, scales, {"fc2"});
   EXPECT_EQ(rp.matrix_products, 1);
   bool matmul_left = false;
   for (const ir::Node& n : pinned.nodes) matmul_left = matmul_left || (n.op == "MatMul" && n.name == "fc2");
@@ -526,7 +526,7 @@ TEST(QuantizeGraph, OutputFeaturesArePaddedToSixteenAndSlicedBack) {
   std::map<std::string, float> scales{{"X", amax(x) / 127.f}, {"x20", amax(x) / 127.f}};
 
   ir::Graph q = g;
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales);
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(q, scales);
   EXPECT_EQ(r.matrix_products, 1);
   ASSERT_EQ(r.kept_float.size(), 1u);
   EXPECT_NE(r.kept_float[0].find("narrow: 20 input features"), std::string::npos) << r.kept_float[0];
@@ -574,24 +574,24 @@ TEST(QuantizeGraph, DepthwiseConvolutionsForTargetsThatRunThem) {
   // 24 channels: with group 1 that is not a multiple of 16, so the pointwise conv stays float
   // on every target; the depthwise one is quantized where the target has grouped INT8.
   ir::Graph gpu = g;
-  quantization::QuantizeGraphReport rg = quantization::quantize_graph(gpu, scales);
+  compiler::QuantizeGraphReport rg = compiler::quantize_graph(gpu, scales);
   EXPECT_EQ(rg.quantized, 0);
   ASSERT_EQ(rg.kept_float.size(), 2u);
   EXPECT_NE(rg.kept_float[0].find("grouped convolution"), std::string::npos) << rg.kept_float[0];
 
   // The GPU's depthwise kernel needs channels in multiples of 16: 24 stay float, and say so.
-  quantization::QuantizeTarget gpu_target;
+  compiler::QuantizeTarget gpu_target;
   gpu_target.depthwise_convolutions = true;
   ir::Graph on_gpu = g;
-  quantization::QuantizeGraphReport rd = quantization::quantize_graph(on_gpu, scales, {}, nullptr, gpu_target);
+  compiler::QuantizeGraphReport rd = compiler::quantize_graph(on_gpu, scales, {}, nullptr, gpu_target);
   EXPECT_EQ(rd.quantized, 0);
   ASSERT_EQ(rd.kept_float.size(), 2u);
   EXPECT_NE(rd.kept_float[0].find("24 depthwise channels"), std::string::npos) << rd.kept_float[0];
 
-  quantization::QuantizeTarget cpu_target;
+  compiler::QuantizeTarget cpu_target;
   cpu_target.grouped_convolutions = true;
   ir::Graph q = g;
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales, {}, nullptr, cpu_target);
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(q, scales, {}, nullptr, cpu_target);
   EXPECT_EQ(r.quantized, 1);
   EXPECT_EQ(r.kept_float.size(), 1u);
   bool depthwise_int8 = false;
@@ -611,9 +611,9 @@ TEST(QuantizeGraph, Float8FormatKeepsE4M3BetweenConvs) {
   const ir::Graph& g = c.graph;
   const Tensor& x = c.x;
   ir::Graph q = g;
-  quantization::QuantizeTarget fp8;
-  fp8.format = quantization::QuantizeFormat::kFloat8E4M3;
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(q, scales, {}, nullptr, fp8);
+  compiler::QuantizeTarget fp8;
+  fp8.format = compiler::QuantizeFormat::kFloat8E4M3;
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(q, scales, {}, nullptr, fp8);
   EXPECT_EQ(r.quantized, 2);
   EXPECT_EQ(q.value("y1").type.dtype, DType::kFloat8E4M3FN);
   for (const ir::Node& n : q.nodes)
@@ -649,9 +649,9 @@ TEST(QuantizeGraph, GroupedConvolutionsForTheGpuKernel) {
   gb.output("g6");
   gb.output("gr");
   ir::Graph g = gb.build();
-  quantization::QuantizeTarget gpu;
+  compiler::QuantizeTarget gpu;
   gpu.depthwise_convolutions = gpu.gpu_grouped_convolutions = true;
-  quantization::QuantizeGraphReport r = quantization::quantize_graph(g, {{"X", 0.01f}, {"R", 0.01f}}, {}, nullptr, gpu);
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(g, {{"X", 0.01f}, {"R", 0.01f}}, {}, nullptr, gpu);
   EXPECT_EQ(r.quantized, 1);
   ASSERT_EQ(r.kept_float.size(), 2u);
   EXPECT_NE(r.kept_float[0].find("6 input / 6 output channels per group"), std::string::npos) << r.kept_float[0];

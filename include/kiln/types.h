@@ -1,0 +1,137 @@
+// kiln's plain data types: what a build is asked for (BuildOptions, profiles, precisions) and
+// what an engine says of itself (EngineInfo, LayerInfo). Declared apart from kiln.h's Engine and
+// Context so that every stage of kiln, the backends included, speaks them without depending on
+// the public API's classes (docs/architecture.md, "Stages").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+// An input or output of a model. A dimension of -1 is dynamic; dim_names[i] then holds its
+// symbolic name ("batch"), if the model gave one.
+struct TensorDesc {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  std::vector<int64_t> shape;
+  std::vector<std::string> dim_names;
+};
+
+enum class Device { kCpu, kCuda };
+
+// kFp32: strict float32 arithmetic. kTf32: float32 storage, TF32 tensor-core products.
+// kFp16: float16 storage where a layer supports it (float32 accumulation); layers that must
+// stay float32 do, and Engine::info() lists them. kBest: kFp16, with TF32 for float32 layers.
+// kInt8: convolutions in INT8 (int8 tensor-core products, int32 sums, a float epilogue that
+// requantizes) where BuildOptions::int8_scales gives their input's scale; every other layer as
+// kFp16 on the GPU and float32 on the CPU (whose INT8 kernels are the exact integer reference).
+// kFp8: kInt8 with FP8 E4M3 in place of int8 (Hopper's FP8 tensor cores through cuDNN; float32
+// sums), for group-1 convolutions and matrix products with channels in multiples of 16, from
+// the same calibrated scales; the CPU engine runs its float reference.
+enum class Precision { kFp32, kTf32, kFp16, kBest, kInt8, kFp8 };
+const char* to_string(Precision precision);
+
+// The shapes an optimization profile accepts for one input: every dimension d between min[d]
+// and max[d]. Tactics are timed at opt (the shape to run fastest), at min and max, and between
+// (BuildOptions::profile_timing_step).
+struct ShapeRange {
+  std::vector<int64_t> min, opt, max;
+};
+// An optimization profile, TensorRT's notion: a range per input name. A GPU engine runs any
+// input shapes that lie within one of its profiles.
+using OptimizationProfile = std::map<std::string, ShapeRange>;
+
+struct BuildOptions {
+  bool optimize = true;  // run kiln's graph passes (constant folding, BatchNorm folding, fusion)
+  Device device = Device::kCpu;
+  Precision precision = Precision::kFp32;  // GPU engines
+  // GPU engines: fixed input shapes, by input name. An input in neither input_shapes nor a
+  // profile takes its declared shape with dynamic dimensions set to 1.
+  std::map<std::string, std::vector<int64_t>> input_shapes;
+  // GPU engines: dynamic shapes. Each profile gives ranges for some inputs; the others are
+  // fixed as above. No profiles: one profile of the fixed shapes. (CPU engines run any shape.)
+  std::vector<OptimizationProfile> profiles;
+  // Tactics are timed at each profile's opt, min and max shapes, and at shapes between them
+  // about this factor apart in elements (<= 1: none between); other shapes take the tactics of
+  // the timed shape nearest to them. Smaller steps: longer builds, closer tactics.
+  double profile_timing_step = 4.0;
+  // A timing cache file: read if it exists, written after the build.
+  std::string timing_cache;
+  // Run nodes without a GPU layer on the CPU (slow; otherwise such nodes fail the build).
+  bool allow_cpu_fallback = false;
+  // Extra graph outputs, for debugging (like Polygraphy's --onnx-outputs): value names, or
+  // "all" for every node output. Marked values are kept as they are (not fused away).
+  std::vector<std::string> mark_outputs;
+  // kInt8: the calibrated scale of each activation (value name -> scale; real = int8 * scale),
+  // as `kiln calibrate` writes them (quantization/calibration_cache.h reads its files), and
+  // node names to keep in float (mixed precision).
+  std::map<std::string, float> int8_scales;
+  std::vector<std::string> float_layers;
+  // kInt8 and kFp8 GPU builds: quantized layers only where they are faster (TensorRT's --int8
+  // and --fp8 with fp16 allowed). The build times the engine with every eligible layer quantized
+  // and the fp16 one layer by layer at profile 0's opt shapes, keeps in fp16 the layers whose
+  // quantized form (quantize and reformats included) is slower, repeats on the mixed engine (up
+  // to 3 rounds), times the whole engines and keeps the fastest (about three builds' time);
+  // EngineInfo::int8_kept_float says which layers stayed fp16 and why. false: every eligible
+  // layer quantized, untimed (`kiln build --int8 --int8-all`, `--fp8 --fp8-all`).
+  bool quantized_where_faster = true;
+  // The most memory a run may allocate, in bytes; 0: the machine's physical memory (CPU
+  // engines) or the GPU's memory (GPU engines). CPU: the tensors of one Engine::run. GPU: the
+  // weights plus one context's activations, workspace and input and output buffers. A buffer
+  // that would pass it is refused, before anything is allocated, with its size, tensor and node.
+  // A limit of where the engine runs, not of the engine: it is not stored in the engine file.
+  size_t max_memory = 0;
+  // Progress lines of the build (layer by layer, with the chosen tactic); nullptr: quiet.
+  std::function<void(const std::string&)> log;
+};
+
+struct LayerInfo {
+  std::string name;
+  std::string op;
+  std::string tactic;     // e.g. "cudnn:fused algo=1", "cublasLt:algo#0", "cpu"
+  std::string precision;  // storage of its output: "float16", "float32", ...
+  bool cpu_fallback = false;
+  double flops = 0;
+  std::vector<int64_t> shape;  // of its (first) output; -1 where dynamic (CPU engines)
+};
+
+// A GPU engine's optimization profile as built: every input's range, and the plans of its
+// opt and max shapes.
+struct ProfileInfo {
+  OptimizationProfile ranges;        // every input (fixed ones with min = opt = max)
+  std::vector<LayerInfo> layers;     // at the opt shapes (output shapes at opt)
+  std::vector<std::vector<int64_t>> min_shapes, max_shapes;  // per layer: its output at min / max
+  size_t activation_bytes = 0;       // the arena at the max shapes
+  size_t workspace_bytes = 0;        // library workspace at the max shapes
+};
+
+struct EngineInfo {
+  std::string backend;     // "cpu" or "cuda"
+  std::string device;      // GPU name, or "cpu"
+  std::string precision;   // "fp32", "tf32", "fp16", "best", "int8"
+  std::vector<LayerInfo> layers;  // GPU: at profile 0's opt shapes
+  size_t weight_bytes = 0;       // GPU: weights on the device (shared by every shape and context)
+  size_t activation_bytes = 0;   // GPU: the activation arena of one context (the largest plan's)
+  size_t workspace_bytes = 0;    // GPU: library workspace of one context
+  size_t io_bytes = 0;           // GPU: input and output buffers of one context (at the max shapes)
+  std::vector<ProfileInfo> profiles;  // GPU engines
+  size_t planned_shapes = 0;     // GPU: input shapes planned so far (min/opt/max of each profile, then those run)
+  std::vector<std::string> fp32_layers;  // fp16 builds: float layers that kept float32
+  std::vector<std::string> int8_kept_float;  // int8 builds: convolutions left in float, "name: why"
+  bool has_cpu_fallback = false;
+};
+
+// Per-layer time of one profiled run.
+struct LayerTiming {
+  std::string name, op, tactic;
+  float ms = 0;
+};
+
+}  // namespace kiln

@@ -1,0 +1,164 @@
+// Gemm / MatMul layers as 1x1 convolutions for the INT8 pass (see gemm_as_conv.h).
+#include "compiler/gemm_as_conv.h"
+
+#include <optional>
+#include <vector>
+
+#include "ir/activation.h"
+
+namespace kiln::compiler {
+
+namespace {
+
+// A matrix product the rewrite handles: y = act(a @ W^T + bias), W as [N, K] rows.
+struct Product {
+  std::string a, y;
+  int64_t k = 0, n = 0;
+  std::vector<float> weights;  // [N, K]
+  std::optional<std::vector<float>> bias;
+  std::vector<int64_t> out_shape;  // the output's shape for the final Reshape (-1 for a dim to infer)
+};
+
+bool is(const ir::Node& n, const char* op, const char* domain) { return n.op == op && n.domain == domain; }
+
+const Tensor* float_constant(const ir::Graph& g, const std::string& name, int rank) {
+  const Tensor* t = name.empty() ? nullptr : g.constant(name);
+  return t && t->dtype() == DType::kFloat32 && (rank < 0 || t->rank() == rank) ? t : nullptr;
+}
+
+// The product of node n, if it is one the rewrite can take.
+std::optional<Product> match(const ir::Graph& g, const ir::Node& n) {
+  const bool gemm = is(n, "Gemm", "") || is(n, "FusedGemm", "kiln");
+  const bool matmul = is(n, "MatMul", "") || is(n, "FusedMatMul", "kiln");
+  if ((!gemm && !matmul) || n.inputs.size() < 2 || n.outputs.size() != 1) return std::nullopt;
+  const ir::Value* a = g.find_value(n.inputs[0]);
+  const ir::Value* y = g.find_value(n.outputs[0]);
+  const Tensor* b = float_constant(g, n.inputs[1], 2);
+  if (!a || !y || !b || a->type.dtype != DType::kFloat32 || !a->type.shape || !y->type.shape) return std::nullopt;
+  Product p;
+  p.a = n.inputs[0];
+  p.y = n.outputs[0];
+  bool b_is_nk = false;
+  if (gemm) {
+    if (a->type.rank() != 2 || n.attrs.get_int("transA", 0) != 0 || n.attrs.get_float("alpha", 1.f) != 1.f) return std::nullopt;
+    b_is_nk = n.attrs.get_int("transB", 0) != 0;
+    p.out_shape = {-1, b_is_nk ? b->dim(0) : b->dim(1)};
+  } else {
+    if (a->type.rank() < 2 || !ir::all_known(*y->type.shape)) return std::nullopt;
+    p.out_shape = ir::known_values(*y->type.shape);
+  }
+  p.k = b_is_nk ? b->dim(1) : b->dim(0);
+  p.n = b_is_nk ? b->dim(0) : b->dim(1);
+  const ir::Dim a_k = a->type.shape->back();
+  if (!a_k.known() || a_k.value != p.k) return std::nullopt;
+  p.weights.resize(static_cast<size_t>(p.n * p.k));
+  for (int64_t r = 0; r < p.n; ++r)
+    for (int64_t c = 0; c < p.k; ++c)
+      p.weights[static_cast<size_t>(r * p.k + c)] = b_is_nk ? b->data<float>()[r * p.k + c] : b->data<float>()[c * p.n + r];
+  if (n.has_input(2)) {
+    const Tensor* c = float_constant(g, n.inputs[2], -1);
+    if (!c || c->numel() != p.n || (c->rank() == 2 && c->dim(0) != 1) || c->rank() > 2) return std::nullopt;
+    const float beta = gemm ? n.attrs.get_float("beta", 1.f) : 1.f;
+    p.bias.emplace(static_cast<size_t>(p.n));
+    for (int64_t i = 0; i < p.n; ++i) (*p.bias)[static_cast<size_t>(i)] = beta * c->data<float>()[i];
+  }
+  return p;
+}
+
+std::string reshape(ir::Graph& g, const std::string& x, const std::vector<int64_t>& shape, const std::string& out,
+                    std::vector<ir::Node>& nodes) {
+  ir::Node r;
+  r.op = "Reshape";
+  r.name = g.unique_name(out + "_reshape");
+  r.inputs = {x, g.add_constant(out + "_shape", Tensor::from_vector<int64_t>({static_cast<int64_t>(shape.size())}, shape))};
+  r.outputs = {out};
+  nodes.push_back(std::move(r));
+  return out;
+}
+
+}  // namespace
+
+int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, const std::set<std::string>& pinned_float,
+                           bool (*quantizable)(const std::string& activation), std::vector<std::string>& kept_float) {
+  int rewritten = 0;
+  std::vector<ir::Node> kept;
+  kept.reserve(g.nodes.size());
+  const std::vector<ir::Node> nodes = g.nodes;
+  for (const ir::Node& n : nodes) {
+    std::optional<Product> p = match(g, n);
+    const ir::Activation act = ir::Activation::from_node(n);
+    std::string why;
+    if (!p) why = "-";  // not a product this rewrite takes: not reported
+    else if (pinned_float.count(n.name)) why = "pinned to float";
+    else if (!quantizable(act.kind)) why = "activation has no INT8 epilogue";
+    else if (p->k % 16 != 0)
+      why = std::to_string(p->k) + " input features (INT8 needs multiples of 16)";
+    else if (!scales.count(p->a)) why = "no calibrated scale for its input " + p->a;
+    if (!why.empty()) {
+      if (why != "-") kept_float.push_back(n.name + ": " + why);
+      kept.push_back(n);
+      continue;
+    }
+    // M one-pixel images of K channels.
+    const ir::Value& a = g.value(p->a);
+    ir::Dim m = 1;
+    for (size_t d = 0; d + 1 < a.type.shape->size(); ++d) {
+      const ir::Dim& dim = (*a.type.shape)[d];
+      m = m.known() && dim.known() ? ir::Dim(m.value * dim.value) : ir::Dim::unknown();
+    }
+    std::vector<ir::Node> added;
+    const std::string x4 = reshape(g, p->a, {-1, p->k, 1, 1}, g.unique_name(p->a + "_as_image"), added);
+    ir::Value xv;
+    xv.name = x4;
+    xv.type.dtype = DType::kFloat32;
+    xv.type.shape = ir::Dims{m, p->k, 1, 1};
+    g.set_value(xv);
+    scales[x4] = scales.at(p->a);
+
+    ir::Node conv;
+    conv.op = "FusedConv";
+    conv.domain = "kiln";
+    conv.name = n.name;  // --layer-precision and the accuracy budget name the layer as before
+    conv.attrs.set("kernel_shape", std::vector<int64_t>{1, 1});
+    act.store(conv);
+    // Output features padded to a multiple of 16 (the INT8 convolution's channel granularity)
+    // with zero weights and biases; the extra channels are sliced off after it.
+    const int64_t padded = (p->n + 15) / 16 * 16;
+    p->weights.resize(static_cast<size_t>(padded * p->k), 0.f);
+    const std::string w = g.add_constant(n.name + "_as_conv_weight", Tensor::from_vector<float>({padded, p->k, 1, 1}, p->weights));
+    conv.inputs = {x4, w};
+    if (p->bias) {
+      p->bias->resize(static_cast<size_t>(padded), 0.f);
+      conv.inputs.push_back(g.add_constant(n.name + "_as_conv_bias", Tensor::from_vector<float>({padded}, *p->bias)));
+    }
+    auto image_value = [&](const std::string& name, int64_t channels) {
+      ir::Value v;
+      v.name = name;
+      v.type.dtype = DType::kFloat32;
+      v.type.shape = ir::Dims{m, channels, 1, 1};
+      g.set_value(v);
+      if (auto s = scales.find(p->y); s != scales.end()) scales[name] = s->second;
+      return name;
+    };
+    std::string y4 = image_value(g.unique_name(p->y + "_as_image"), padded);
+    conv.outputs = {y4};
+    added.push_back(std::move(conv));
+    if (padded != p->n) {
+      ir::Node slice;
+      slice.op = "Slice";
+      slice.name = g.unique_name(n.name + "_unpad");
+      auto i64 = [&](const std::string& hint, int64_t v) { return g.add_constant(hint, Tensor::from_vector<int64_t>({1}, {v})); };
+      slice.inputs = {y4, i64(slice.name + "_starts", 0), i64(slice.name + "_ends", p->n), i64(slice.name + "_axes", 1)};
+      y4 = image_value(g.unique_name(p->y + "_unpadded"), p->n);
+      slice.outputs = {y4};
+      added.push_back(std::move(slice));
+    }
+    reshape(g, y4, p->out_shape, p->y, added);
+    kept.insert(kept.end(), added.begin(), added.end());
+    ++rewritten;
+  }
+  g.nodes = std::move(kept);
+  return rewritten;
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,188 @@
+#include "compiler/pipeline.h"
+
+#include <set>
+
+#include "compiler/backends.h"
+#include "compiler/profiles.h"
+#include "compiler/quantize_graph.h"
+#include "compiler/where_faster.h"
+#include "cpu/evaluate.h"
+#include "ir/op_schema.h"
+#include "onnx/importer.h"
+#include "passes/passes.h"
+
+namespace kiln::compiler {
+
+void optimize(ir::Graph& graph, const PassOptions& options) {
+  passes::NodeEvaluator evaluate = [](const ir::Node& node, const std::vector<const Tensor*>& inputs) {
+    return cpu::evaluate_node(node, inputs);
+  };
+  // Cleanup and folding feed each other (a folded Shape makes a Reshape's shape constant,
+  // whose chain then dies), so they run to a fixed point; BatchNorm folding needs constant
+  // weights, so it runs in the same loop; epilogue fusion runs last, on the settled graph.
+  for (int round = 0; round < 16; ++round) {
+    int changes = 0;
+    changes += passes::remove_identity_and_dropout(graph);
+    if (options.fold_constants) changes += passes::fold_constants(graph, evaluate);
+    // Once folding has done what it can, learn what symbolic arithmetic missed.
+    if (options.fold_constants && round == 0) changes += passes::probe_symbolic_values(graph, evaluate);
+    changes += passes::simplify_shape_chains(graph);
+    changes += passes::eliminate_dead_code(graph);
+    ir::infer_shapes(graph);
+    if (options.fuse) {
+      int bn = passes::fold_batchnorm(graph);
+      if (bn) ir::infer_shapes(graph);
+      changes += bn;
+    }
+    if (changes == 0) break;
+  }
+  if (options.fuse && options.fuse_epilogue) {
+    for (int round = 0; round < 4; ++round) {
+      int fused = passes::fuse_epilogue(graph);
+      if (fused == 0) break;
+      passes::eliminate_dead_code(graph);
+      ir::infer_shapes(graph);
+    }
+  }
+  ir::infer_shapes(graph);
+}
+
+ir::Graph float_graph(const std::string& model_bytes, const std::string& name, const std::string& base_dir,
+                      const BuildOptions& options, QdqScales& qdq) {
+  ir::Graph graph = onnx_import::import_bytes(model_bytes, name, base_dir);
+  // Named values are marked before the passes (so they survive them); "all" marks the outputs
+  // of the optimized graph's nodes, so both engines compare the same fused layers.
+  auto mark = [&](const std::string& v) {
+    if (!v.empty() && !graph.is_graph_output(v) && !graph.constant(v)) graph.outputs.push_back(v);
+  };
+  bool mark_all = false;
+  for (const std::string& m : options.mark_outputs) {
+    if (m == "all") {
+      mark_all = true;
+    } else if (graph.has_value(m) && !graph.constant(m)) {
+      mark(m);
+    } else {
+      throw Error(ErrorKind::kInvalidArgument, "--mark-outputs: the model has no computed value named '" + m + "'").file(name);
+    }
+  }
+  // Explicit quantization: the model's Q/DQ pairs become scales for the INT8 pass.
+  if (options.precision == Precision::kInt8) qdq = absorb_qdq(graph);
+  try {
+    if (options.optimize) optimize(graph);
+  } catch (Error& e) {
+    if (e.file_path().empty()) e.file(name);
+    throw;
+  }
+  if (mark_all)
+    for (const ir::Node& n : graph.nodes)
+      for (const std::string& out : n.outputs) mark(out);
+  return graph;
+}
+
+void quantize_for_precision(ir::Graph& graph, const std::string& name, const BuildOptions& options,
+                            const QdqScales& qdq, std::vector<std::string>& kept_float) {
+  if (options.precision != Precision::kInt8 && options.precision != Precision::kFp8) return;
+  const bool fp8 = options.precision == Precision::kFp8;
+  // The model's own scales first (a QDQ model), calibrated ones for the other values.
+  std::map<std::string, float> scales = qdq.activations;
+  scales.insert(options.int8_scales.begin(), options.int8_scales.end());
+  if (scales.empty())
+    throw Error(ErrorKind::kInvalidArgument, "an INT8 build needs calibrated activation scales").file(name)
+        .hint("give calibration data (kiln build --int8 --calib DATA) or a calibration cache (--calib-cache FILE), "
+              "or a model with QuantizeLinear/DequantizeLinear pairs");
+  std::set<std::string> pinned(options.float_layers.begin(), options.float_layers.end());
+  QuantizeTarget target;
+  if (fp8) {
+    // cuDNN's FP8 engines: group-1 convolutions of 16-channel multiples; both engines build
+    // the same graph.
+    target.format = QuantizeFormat::kFloat8E4M3;
+    target.few_input_channels = false;
+  } else {
+    target.grouped_convolutions = options.device == Device::kCpu;
+    target.depthwise_convolutions = true;    // the GPU's INT8 depthwise kernel
+    target.gpu_grouped_convolutions = true;  // and its grouped one
+  }
+  QuantizeGraphReport r = quantize_graph(graph, scales, pinned, &qdq.weights, target);
+  kept_float = r.kept_float;
+  if (options.log) {
+    const std::string tag = fp8 ? "fp8" : "int8", format = fp8 ? "FP8" : "INT8";
+    options.log(tag + ": " + std::to_string(r.quantized) + " convolutions in " + format + " (" + std::to_string(r.matrix_products) +
+                " of them matrix products as 1x1 convolutions, " + std::to_string(r.model_weights) +
+                " with the model's int8 weights), " + std::to_string(r.int8_values) + " " + tag + " tensors between them (" +
+                std::to_string(r.int8_pools) + " through MaxPools), " +
+                std::to_string(r.quantize_nodes) + " quantize layers");
+    for (const std::string& k : r.kept_float) options.log(tag + ": kept in float: " + k);
+  }
+}
+
+std::function<ir::Graph(const Shapes&)> specializer(std::shared_ptr<const ir::Graph> graph, bool optimize_graph,
+                                                   std::string name) {
+  return [graph = std::move(graph), optimize_graph, name = std::move(name)](const Shapes& shapes) {
+    ir::Graph g = *graph;
+    try {
+      passes::bind_input_shapes(g, shapes);
+      if (optimize_graph) optimize(g);
+    } catch (Error& e) {
+      if (e.file_path().empty()) e.file(name);
+      throw;
+    }
+    return g;
+  };
+}
+
+TensorDesc describe(const ir::Graph& g, const std::string& name) {
+  TensorDesc d;
+  d.name = name;
+  const ir::Value& v = g.value(name);
+  d.dtype = v.type.dtype;
+  if (v.type.shape) {
+    for (const ir::Dim& dim : *v.type.shape) {
+      d.shape.push_back(dim.known() ? dim.value : -1);
+      d.dim_names.push_back(dim.known() ? "" : dim.symbol);
+    }
+  }
+  return d;
+}
+
+CompiledEngine assemble(ir::Graph graph, const std::string& name, const BuildOptions& options,
+                        std::vector<OptimizationProfile> profiles, const std::map<std::string, std::string>& tactics,
+                        std::vector<std::string> kept_float) {
+  CompiledEngine c;
+  c.name = name;
+  c.options = options;
+  c.options.log = nullptr;
+  c.kept_float = std::move(kept_float);
+  for (const std::string& in : graph.inputs) c.inputs.push_back(describe(graph, in));
+  for (const std::string& out : graph.outputs) c.outputs.push_back(describe(graph, out));
+  try {
+    if (options.device == Device::kCpu) {
+      if (!options.profiles.empty())
+        throw Error(ErrorKind::kInvalidArgument, "optimization profiles are for GPU engines: the CPU engine runs any input shape")
+            .hint("leave out --min-shapes/--opt-shapes/--max-shapes, or build for --device cuda");
+    } else {
+      if (profiles.empty()) profiles = resolve_profiles(c.inputs, options);
+      c.inputs = profile_inputs(c.inputs, profiles);
+      c.profiles = profiles;
+    }
+    c.engine = build_backend_engine(std::move(graph), name, options, profiles, tactics);
+    c.outputs = c.engine->outputs(std::move(c.outputs));
+  } catch (Error& e) {
+    if (e.file_path().empty()) e.file(name);
+    throw;
+  }
+  return c;
+}
+
+CompiledEngine compile(const std::string& model_bytes, const std::string& name, const std::string& base_dir,
+                       const BuildOptions& options) {
+  const bool quantized = options.precision == Precision::kInt8 || options.precision == Precision::kFp8;
+  if (quantized && options.device == Device::kCuda && options.quantized_where_faster)
+    return build_quantized_where_faster(model_bytes, name, base_dir, options);
+  QdqScales qdq;
+  ir::Graph graph = float_graph(model_bytes, name, base_dir, options, qdq);
+  std::vector<std::string> kept_float;
+  quantize_for_precision(graph, name, options, qdq, kept_float);
+  return assemble(std::move(graph), name, options, {}, {}, std::move(kept_float));
+}
+
+}  // namespace kiln::compiler

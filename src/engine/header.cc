@@ -1,0 +1,104 @@
+#include "engine/header.h"
+
+namespace kiln::engine_file {
+
+namespace {
+
+BuildOptions options_from_json(const nlohmann::json& o) {
+  BuildOptions options;
+  const std::string precision = o.at("precision").get<std::string>();
+  options.precision = precision == "fp16" ? Precision::kFp16 : precision == "tf32" ? Precision::kTf32
+                      : precision == "best" ? Precision::kBest : precision == "int8" ? Precision::kInt8
+                      : precision == "fp8" ? Precision::kFp8 : precision == "fp32" ? Precision::kFp32
+                      : throw Error(ErrorKind::kInvalidModel, "the engine file names an unknown precision '" + precision + "'");
+  if (o.contains("int8_scales")) options.int8_scales = o.at("int8_scales").get<std::map<std::string, float>>();
+  if (o.contains("float_layers")) options.float_layers = o.at("float_layers").get<std::vector<std::string>>();
+  options.optimize = o.at("optimize").get<bool>();
+  options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
+  if (o.contains("profile_timing_step")) options.profile_timing_step = o.at("profile_timing_step").get<double>();
+  return options;
+}
+
+nlohmann::json profiles_to_json(const std::vector<OptimizationProfile>& profiles) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const OptimizationProfile& p : profiles) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [name, r] : p) j[name] = {{"min", r.min}, {"opt", r.opt}, {"max", r.max}};
+    out.push_back(j);
+  }
+  return out;
+}
+
+std::vector<OptimizationProfile> profiles_from_json(const nlohmann::json& j) {
+  std::vector<OptimizationProfile> out;
+  for (const nlohmann::json& p : j) {
+    OptimizationProfile profile;
+    for (const auto& [name, r] : p.items())
+      profile[name] = ShapeRange{r.at("min").get<std::vector<int64_t>>(), r.at("opt").get<std::vector<int64_t>>(),
+                                 r.at("max").get<std::vector<int64_t>>()};
+    out.push_back(std::move(profile));
+  }
+  return out;
+}
+
+nlohmann::json descs_to_json(const std::vector<TensorDesc>& list) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const TensorDesc& d : list) out.push_back({{"name", d.name}, {"dtype", to_string(d.dtype)}, {"shape", d.shape}});
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const Header& h) {
+  return {{"kiln_version", h.kiln_version},
+          {"backend", h.backend},
+          {"device", h.device},
+          {"options",
+           {{"precision", to_string(h.options.precision)},
+            {"optimize", h.options.optimize},
+            {"allow_cpu_fallback", h.options.allow_cpu_fallback},
+            {"profile_timing_step", h.options.profile_timing_step},
+            {"int8_scales", h.options.int8_scales},
+            {"float_layers", h.options.float_layers}}},
+          {"model_name", h.model_name},
+          {"inputs", descs_to_json(h.inputs)},
+          {"outputs", descs_to_json(h.outputs)},
+          {"profiles", profiles_to_json(h.profiles)},
+          {"int8_kept_float", h.kept_float},
+          {"tactics", h.tactics}};
+}
+
+Header header_from_json(const nlohmann::json& j, const std::string& path) {
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    if (!j.contains(key))
+      throw Error(ErrorKind::kInvalidModel, std::string("the engine file's header has no '") + key + "'").file(path);
+    return j.at(key);
+  };
+  Header h;
+  try {
+    h.kiln_version = field("kiln_version").get<std::string>();
+    if (h.kiln_version != KILN_VERSION)
+      throw Error(ErrorKind::kInvalidModel, "the engine was built by kiln " + h.kiln_version + ", this is kiln " + KILN_VERSION)
+          .file(path)
+          .hint("rebuild it with this kiln (kiln build)");
+    h.backend = field("backend").get<std::string>();
+    if (h.backend != "cpu" && h.backend != "cuda")
+      throw Error(ErrorKind::kInvalidModel, "unknown engine backend '" + h.backend + "'").file(path);
+    h.options = options_from_json(field("options"));
+    if (h.backend == "cuda") {
+      h.device = field("device");
+      h.tactics = field("tactics").get<std::map<std::string, std::string>>();
+      h.profiles = profiles_from_json(field("profiles"));
+    }
+    if (j.contains("model_name")) h.model_name = j.at("model_name").get<std::string>();
+    if (j.contains("int8_kept_float")) h.kept_float = j.at("int8_kept_float").get<std::vector<std::string>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kInvalidModel, std::string("the engine file's header is malformed: ") + e.what()).file(path);
+  } catch (Error& e) {
+    if (e.file_path().empty()) e.file(path);
+    throw;
+  }
+  return h;
+}
+
+}  // namespace kiln::engine_file

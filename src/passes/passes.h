@@ -1,0 +1,63 @@
+// Graph passes: each takes a Graph and rewrites it in place; each lives in its own file and
+// can be run and tested alone. compiler::optimize (src/compiler/pipeline.h) runs them in the
+// order the CPU and GPU backends want.
+//
+// Every pass expects a graph whose shapes have been inferred (ir::infer_shapes) and leaves
+// the values it creates typed; compiler::optimize re-infers shapes between rounds.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <optional>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace kiln::passes {
+
+// Computes a node's outputs from constant inputs (one per node input, nullptr for an omitted
+// optional input). Returns nullopt when it cannot (no kernel for the op or the dtype); throws
+// a kiln::Error naming the node when the computation itself fails. Passes stay backend-free
+// by taking it as a parameter; compiler::optimize gives them the CPU engine's (cpu/evaluate.h).
+using NodeEvaluator =
+    std::function<std::optional<std::vector<Tensor>>(const ir::Node&, const std::vector<const Tensor*>&)>;
+
+// Folding refuses to materialize outputs larger than this (they would bloat the weights).
+constexpr int64_t kMaxFoldedBytes = int64_t{64} << 20;
+
+// Each returns the number of rewrites it made (0: the graph is unchanged).
+int eliminate_dead_code(ir::Graph& graph);
+
+// Nodes whose inputs are all constants (deterministic ops only) become initializers, and so
+// do node outputs whose symbolic value (from shape arithmetic) is fully known.
+int fold_constants(ir::Graph& graph, const NodeEvaluator& evaluate, int64_t max_bytes = kMaxFoldedBytes);
+
+// Drops Identity and inference-mode Dropout nodes, rewiring their consumers.
+int remove_identity_and_dropout(ir::Graph& graph);
+
+// Folds BatchNormalization into a preceding Conv / ConvTranspose / Gemm / MatMul with
+// constant weights; a remaining BatchNormalization with constant parameters becomes Mul+Add.
+int fold_batchnorm(ir::Graph& graph);
+
+// Conv [+ bias Add] [+ residual Add] [+ activation] -> kiln::FusedConv,
+// Gemm [+ activation] -> kiln::FusedGemm, MatMul [+ bias Add] [+ activation] -> kiln::FusedMatMul.
+// Does nothing for a fused op whose schema is not registered.
+int fuse_epilogue(ir::Graph& graph);
+
+// Gives Reshape / Expand nodes whose shape input is computed (Shape -> Gather -> Concat ...)
+// but whose symbolic value is known a constant shape input instead, so the chain dies.
+int simplify_shape_chains(ir::Graph& graph);
+
+// Learns the elements of small computed integer tensors (shape arithmetic that symbolic
+// inference cannot follow) by folding the shape subgraphs at two bindings of the symbolic
+// input dims, and stores them as symbolic values.
+int probe_symbolic_values(ir::Graph& graph, const NodeEvaluator& evaluate);
+
+// Gives every input its shape from `shapes` (by input name; dims must agree with the declared
+// ones), or its declared shape with dynamic dims set to 1, and re-infers all shapes.
+// Throws kInvalidArgument naming the input on a contradiction or an unknown name.
+int bind_input_shapes(ir::Graph& graph, const std::map<std::string, std::vector<int64_t>>& shapes);
+
+}  // namespace kiln::passes
