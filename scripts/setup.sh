@@ -28,16 +28,14 @@ DEBIAN_PACKAGES=(
   python3 python3-venv python3-dev
   chromium
 )
-# pybind11 and scikit-build-core build the Python package (kiln._kiln; `pip install .`);
-# matplotlib draws `kiln report`'s charts; nbconvert and ipykernel execute notebooks/demo.ipynb.
-PYTHON_PACKAGES=(torch torchvision onnx onnxruntime numpy pytest onnxscript transformers
-  pybind11 scikit-build-core matplotlib nbconvert ipykernel)
-# The import name of each package above, to check what is there already.
-PYTHON_MODULES=(torch torchvision onnx onnxruntime numpy pytest onnxscript transformers
-  pybind11 scikit_build_core matplotlib nbconvert ipykernel)
-# The TensorFlow environment of `kiln export --from savedmodel` and its test.
-TF_PACKAGES=(tensorflow-cpu tf2onnx onnxruntime numpy pytest)
-TF_MODULES=(tensorflow tf2onnx onnxruntime numpy pytest)
+# The Python environments, every package pinned (requirements/*.lock, so that CI and every
+# developer run the same versions; the conformance floors count the cases of the pinned onnx):
+# .venv: torch, torchvision, onnx, onnxruntime, numpy, pytest, onnxscript, transformers; pybind11
+# and scikit-build-core build the Python package (kiln._kiln; `pip install .`); matplotlib draws
+# `kiln report`'s charts; nbconvert and ipykernel execute notebooks/demo.ipynb.
+# .venv-tf: tensorflow-cpu and tf2onnx for `kiln export --from savedmodel` and its test, kept
+# apart so their pins never move torch's.
+PIP_VERSION=26.3
 
 say() { printf '\n==> %s\n' "$*"; }
 
@@ -76,35 +74,27 @@ else
   say "Debian packages: all installed"
 fi
 
-# --- 2. Python environment ------------------------------------------------------------------
-if [[ ! -x .venv/bin/python ]]; then
-  say "creating the virtual environment .venv"
-  python3 -m venv .venv
-fi
-if .venv/bin/python -c "import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))" \
-     "${PYTHON_MODULES[@]}"; then
-  say "Python packages: all installed in .venv"
-else
-  # torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the CPU only.
-  say "installing Python packages into .venv: ${PYTHON_PACKAGES[*]}"
-  require_free_gb 8 . "${TMPDIR:-/tmp}"
-  # --no-cache-dir: a second copy of every wheel in ~/.cache/pip would cost another 3 GB.
-  .venv/bin/python -m pip install --no-cache-dir --upgrade pip
-  .venv/bin/python -m pip install --no-cache-dir "${PYTHON_PACKAGES[@]}"
-fi
-if [[ ! -x .venv-tf/bin/python ]]; then
-  say "creating the TensorFlow environment .venv-tf"
-  python3 -m venv .venv-tf
-fi
-if .venv-tf/bin/python -c "import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))" \
-     "${TF_MODULES[@]}"; then
-  say "TensorFlow packages: all installed in .venv-tf"
-else
-  say "installing into .venv-tf: ${TF_PACKAGES[*]}"
-  require_free_gb 3 . "${TMPDIR:-/tmp}"
-  .venv-tf/bin/python -m pip install --no-cache-dir --upgrade pip
-  .venv-tf/bin/python -m pip install --no-cache-dir "${TF_PACKAGES[@]}"
-fi
+# --- 2. Python environments -----------------------------------------------------------------
+install_lock() {  # install_lock VENV LOCK GB: the environment VENV as LOCK pins it
+  local venv=$1 lock=$2 gb=$3
+  if [[ ! -x $venv/bin/python ]]; then
+    say "creating the virtual environment $venv"
+    python3 -m venv "$venv"
+  fi
+  if "$venv/bin/python" scripts/check_lock.py "$lock" > /dev/null; then
+    say "Python packages of $venv: as $lock pins them"
+  else
+    say "installing $lock into $venv"
+    "$venv/bin/python" scripts/check_lock.py "$lock" | head -20 || true
+    require_free_gb "$gb" . "${TMPDIR:-/tmp}"
+    # --no-cache-dir: a second copy of every wheel in ~/.cache/pip would cost another 3 GB.
+    "$venv/bin/python" -m pip install --no-cache-dir "pip==$PIP_VERSION"
+    "$venv/bin/python" -m pip install --no-cache-dir -r "$lock"
+  fi
+}
+# torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the CPU only.
+install_lock .venv requirements/dev.lock 8
+install_lock .venv-tf requirements/tf.lock 3
 
 # --- 3. build -------------------------------------------------------------------------------
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then

@@ -3,7 +3,8 @@
 # ops kiln supports FAILs, or if fewer cases pass than MIN_PASSED (so that support cannot
 # silently turn into "unsupported").
 #   conformance_all.sh KILN DIR MIN_PASSED [--filter REGEX]
-#   conformance_all.sh KILN --generate PYTHON OUTDIR MIN_PASSED   (cases of the installed onnx)
+#   conformance_all.sh KILN --generate PYTHON OUTDIR MIN_PASSED --onnx-version V
+#       (the cases of the installed onnx, which must be version V: the floor counts its cases)
 set -euo pipefail
 kiln=$1; shift
 if [[ $1 == --generate ]]; then
@@ -15,6 +16,14 @@ else
   dir=$1; shift
 fi
 min_passed=$1; shift
+if [[ ${1:-} == --onnx-version ]]; then
+  installed=$("$python" -c 'import onnx; print(onnx.__version__)')
+  if [[ $installed != "$2" ]]; then
+    echo "conformance: the floor of $min_passed counts the cases of onnx $2 (requirements/dev.lock); $python has onnx $installed" >&2
+    exit 1
+  fi
+  shift 2
+fi
 summary=$("$kiln" conformance "$dir" "$@" | tee /dev/stderr | grep -E '^[0-9]+ cases: ' | tail -1)
 echo "$summary"
 passed=$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$summary")
