@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "kiln/error.h"
@@ -185,6 +187,35 @@ TEST(CalibrationCache, ReadsATensorRtCacheLine) {
   ASSERT_EQ(c.scales.count("input"), 1u);
   EXPECT_EQ(c.scales.at("input"), want);
   EXPECT_NEAR(want, 0.0078125 * (1 + 68116.0 / 8388608.0), 1e-9);
+}
+
+// A cache in TensorRT's format as its files come (tests/cli/data/classifier_tensorrt.cache,
+// written by hand to that format: TensorRT cannot be installed where kiln is tested): another
+// version in the header, names with spaces, brackets, '::' and '/', entries for TensorRT's own
+// layers that the model lacks, and no newline after the last line.
+TEST(CalibrationCache, ReadsATensorRtCacheFileWithItsQuirks) {
+  std::ifstream f(std::string(KILN_SOURCE_DIR) + "/tests/cli/data/classifier_tensorrt.cache", std::ios::binary);
+  ASSERT_TRUE(f);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_NE(text.back(), '\n');
+  const CalibrationCache c = parse_calibration_cache(text, "classifier_tensorrt.cache");
+  EXPECT_EQ(c.algorithm, "EntropyCalibration2");
+  EXPECT_TRUE(c.model_fingerprint.empty());
+  auto bits_of = [](float v) {
+    uint32_t b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+  };
+  const std::map<std::string, uint32_t> want = {{"x", 0x3c95f941},
+                                                {"(Unnamed Layer* 0) [Constant]_output", 0x3c010a14},
+                                                {"onnx::Gemm_5", 0x3d0e5d21},
+                                                {"/Gemm_output_0", 0x3c90a98b},
+                                                {"y", 0x3c90a98b}};
+  ASSERT_EQ(c.scales.size(), want.size());
+  for (const auto& [name, bits] : want) {
+    ASSERT_EQ(c.scales.count(name), 1u) << name;
+    EXPECT_EQ(bits_of(c.scales.at(name)), bits) << name;
+  }
 }
 
 void expect_error(const std::string& text, const std::string& fragment) {
