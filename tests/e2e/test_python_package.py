@@ -50,6 +50,36 @@ def test_engine_matches_onnxruntime_on_numpy_and_torch_inputs():
         engine.create_context()  # contexts belong to GPU engines
 
 
+def test_threads_sharing_one_cpu_engine_match_serial_runs_bit_for_bit():
+    """Python threads run kiln at once (the package releases the GIL); one CPU engine shared at
+    mixed batch sizes gives each thread exactly what a serial run gives."""
+    import threading
+
+    engine = kiln.Engine.from_onnx(FASHION)
+    rng = np.random.default_rng(11)
+    inputs = [rng.standard_normal((batch, 1, 28, 28)).astype(np.float32) for batch in (1, 3, 8, 2, 5, 1)]
+    expected = [engine.run({"input": x})["logits"].copy() for x in inputs]
+    mismatches, errors = [], []
+
+    def worker(t: int) -> None:
+        try:
+            for r in range(12):
+                i = (t * 5 + r) % len(inputs)
+                got = engine.run({"input": inputs[i]})["logits"]
+                if not np.array_equal(got, expected[i]):
+                    mismatches.append((t, r, i))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[:3]
+    assert not mismatches, f"{len(mismatches)} of 72 concurrent runs differ from serial runs: {mismatches[:5]}"
+
+
 def test_bad_inputs_are_kiln_errors_that_say_what(tmp_path):
     engine = kiln.Engine.from_onnx(FASHION)
     with pytest.raises(kiln.Error, match="float32.*float64|float64"):
