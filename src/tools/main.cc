@@ -25,7 +25,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version end here too, with exit code 0; every usage error is a kiln error.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "kiln: error: " << e.what() << "\n";
+    const CLI::App* command = app.get_subcommands().empty() ? nullptr : app.get_subcommands().front();
+    std::cerr << "run 'kiln " << (command ? command->get_name() + " " : std::string()) << "--help' for the usage\n";
+    return 1;
   }
   try {
     return action ? action() : 0;
