@@ -1,6 +1,6 @@
-// `kiln export`, `kiln compare`, `kiln report`: the parts of the pipeline written in Python
-// (python/kiln: export from PyTorch or TensorFlow, the comparison with PyTorch, the charts and
-// HTML report). The command line hands them to the Python that has the kiln package:
+// `kiln export`, `kiln compare`, `kiln report`, `kiln check`: the parts of the pipeline written in
+// Python (python/kiln: export from PyTorch or TensorFlow, the comparison with PyTorch, the charts
+// and HTML report, the comparison with ONNX Runtime). The command line hands them to the Python that has the kiln package:
 //   1. $KILN_PYTHON, if set;
 //   2. python3 next to this executable (pip installs both into one environment's bin/);
 //   3. the Python this build was configured with (-DKILN_PYTHON, the developer's .venv);
@@ -98,6 +98,9 @@ void add_python_commands(CLI::App& app, std::function<int()>& action) {
                      "Benchmark a model with PyTorch (eager fp32/fp16, torch.compile) and kiln (fp32/fp16/int8) "
                      "and write one results JSON");
   add_python_command(app, action, "report", "report", "Charts (PNG, SVG) and an HTML page from a results JSON");
+  add_python_command(app, action, "check", "check",
+                     "Run a model in kiln and in ONNX Runtime on the same inputs, compare every output, and name the "
+                     "first layer that diverges");
 }
 
 }  // namespace kiln::tools

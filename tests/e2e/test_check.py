@@ -1,0 +1,52 @@
+"""`kiln check`: kiln against ONNX Runtime on the same inputs, output by output, and on a failure
+the first layer that diverges."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from test_errors import assert_clean_error
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FASHION = os.path.join(REPO, "models", "fashion_mnist_resnet.onnx")
+
+
+def test_float_engine_passes_against_onnxruntime(run_kiln, tmp_path):
+    report = tmp_path / "report.json"
+    r = run_kiln("check", FASHION, "--batch", "4", "--random", "2", "--json", report)
+    assert r.returncode == 0, r.describe()
+    assert "PASSED" in r.stdout
+    data = json.loads(report.read_text())
+    assert data["ok"] and len(data["sets"]) == 2 and data["atol"] == 1e-4
+    logits = data["sets"][0]["outputs"]["logits"]
+    assert logits["shape"] == [4, 10] and logits["mismatched"] == 0 and logits["cosine"] > 0.999999
+    assert logits["top1_agreement"] == 1.0
+
+
+def test_given_inputs_and_the_cpu_reference(run_kiln, tmp_path):
+    x = np.random.default_rng(3).standard_normal((2, 1, 28, 28)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = run_kiln("check", FASHION, "--inputs", f"input={tmp_path / 'x.npy'}", "--reference", "cpu")
+    assert r.returncode == 0, r.describe()
+    assert "against kiln's CPU engine" in r.stdout and "logits [2, 10]" in r.stdout
+
+
+def test_a_divergence_fails_and_names_the_first_layer(run_kiln, tmp_path):
+    """INT8 against float32 with a float32 tolerance: the first quantized layer is where it starts."""
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((16, 1, 28, 28)).astype(np.float32))
+    report = tmp_path / "report.json"
+    r = run_kiln("check", FASHION, "--batch", "4", "--int8", "--calib", tmp_path / "calib.npy", "--atol", "1e-3",
+                 "--rtol", "1e-3", "--json", report)
+    assert r.returncode == 1, r.describe()
+    assert "FAIL  logits" in r.stdout and "first divergence" in r.stdout and "FAILED" in r.stdout
+    first = json.loads(report.read_text())["sets"][0]["first_divergence"]
+    # The stem (Conv, BatchNorm, ReLU: one INT8 layer in kiln) computes the first value that differs.
+    assert first["value"].startswith("/stem/") and first["compared_before"] == 0, first
+    assert first["mismatched"] > 0 and first["cosine"] > 0.99
+
+
+def test_usage_errors(run_kiln, tmp_path):
+    assert_clean_error(run_kiln("check", FASHION, "--no-such-option"), "kiln check", "--no-such-option")
+    assert_clean_error(run_kiln("check", FASHION, "--inputs", "nope=x.npy"), "no input 'nope'")
