@@ -1,0 +1,209 @@
+// CPU kernel of ONNX's Attention (ops/attention_params.h has the semantics): float32 arithmetic
+// for float32 and float16 tensors, one query row at a time. It is the reference the
+// GPU's fused attention is checked against, so it is written for clarity: the logits of a row,
+// the bias every mask adds, a softmax, the weighted sum of values.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cpu/kernel.h"
+#include "ops/attention_params.h"
+
+namespace kiln::cpu {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// A [batch, heads, seq, size] view of a 3-D [batch, seq, heads * size] or 4-D tensor.
+struct HeadView {
+  const float* data = nullptr;
+  bool three_d = false;
+  int64_t heads = 0, seq = 0, size = 0;
+  const float* at(int64_t b, int64_t h, int64_t s) const {
+    return three_d ? data + ((b * seq + s) * heads + h) * size : data + ((b * heads + h) * seq + s) * size;
+  }
+};
+
+// The additive bias of attn_mask at (b, h, i, j), broadcast right-aligned to [batch, heads, q,
+// keys]; keys past the mask's last dimension are masked. Boolean masks: true attends.
+struct MaskView {
+  std::vector<float> values;  // as an additive bias
+  std::vector<int64_t> shape;  // right-aligned to rank 4, 1s in front
+  float at(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (values.empty()) return 0.f;
+    if (j >= shape[3]) return kNegInf;
+    const int64_t c[4] = {shape[0] == 1 ? 0 : b, shape[1] == 1 ? 0 : h, shape[2] == 1 ? 0 : i, j};
+    return values[static_cast<size_t>(((c[0] * shape[1] + c[1]) * shape[2] + c[2]) * shape[3] + c[3])];
+  }
+};
+
+void store(Tensor& out, int64_t index, float v) {
+  switch (out.dtype()) {
+    case DType::kFloat32: out.data<float>()[index] = v; break;
+    default: static_cast<uint16_t*>(out.raw())[index] = float_to_half(v); break;
+  }
+}
+
+// Writes a [batch, heads, seq, size] view into a 4-D output.
+void store_heads(Tensor& out, const HeadView& v, int64_t batch) {
+  int64_t o = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < v.heads; ++h)
+      for (int64_t s = 0; s < v.seq; ++s) {
+        const float* row = v.at(b, h, s);
+        for (int64_t d = 0; d < v.size; ++d) store(out, o++, row[d]);
+      }
+}
+
+class AttentionKernel : public Kernel {
+ public:
+  explicit AttentionKernel(const ir::Node& node) : node_(node) {}
+
+  void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
+    auto input = [&](size_t i) -> const Tensor* { return i < in.size() ? in[i] : nullptr; };
+    const Tensor *past_key = input(4), *nonpad = input(6);
+    std::string why;
+    const ir::AttentionShape s = ir::attention_shape(node_, in[0]->shape(), in[1]->shape(), in[2]->shape(),
+                                                     past_key ? past_key->shape() : std::vector<int64_t>{}, why);
+    if (!why.empty()) throw node_.error(ErrorKind::kInvalidArgument, why);
+    if (nonpad && (nonpad->rank() != 1 || nonpad->dim(0) != s.batch))
+      throw node_.error(ErrorKind::kInvalidArgument, "nonpad_kv_seqlen must have one length per batch");
+    const int64_t T = s.total_kv();
+
+    // Float32 copies; keys and values are the past ones followed by the new ones.
+    const Tensor q32 = in[0]->to_float32(), k32 = in[1]->to_float32(), v32 = in[2]->to_float32();
+    std::vector<float> keys(static_cast<size_t>(s.batch * s.kv_heads * T * s.head_size));
+    std::vector<float> values(static_cast<size_t>(s.batch * s.kv_heads * T * s.v_head_size));
+    const HeadView new_k{k32.data<float>(), s.three_d, s.kv_heads, s.kv_seq, s.head_size};
+    const HeadView new_v{v32.data<float>(), s.three_d, s.kv_heads, s.kv_seq, s.v_head_size};
+    concat_cache(keys, past_key, new_k, s, s.head_size);
+    concat_cache(values, input(5), new_v, s, s.v_head_size);
+    const HeadView K{keys.data(), false, s.kv_heads, T, s.head_size};
+    const HeadView V{values.data(), false, s.kv_heads, T, s.v_head_size};
+    const HeadView Q{q32.data<float>(), s.three_d, s.q_heads, s.q_seq, s.head_size};
+
+    MaskView mask;
+    if (const Tensor* m = input(3)) {
+      if (m->rank() < 1 || m->rank() > 4)
+        throw node_.error(ErrorKind::kInvalidArgument, "attn_mask must have rank 1 to 4, not " + std::to_string(m->rank()));
+      mask.shape.assign(static_cast<size_t>(4 - m->rank()), 1);
+      mask.shape.insert(mask.shape.end(), m->shape().begin(), m->shape().end());
+      const int64_t full[4] = {s.batch, s.q_heads, s.q_seq, T};
+      for (int d = 0; d < 3; ++d)
+        if (mask.shape[d] != 1 && mask.shape[d] != full[d])
+          throw node_.error(ErrorKind::kInvalidArgument, "attn_mask of shape " + shape_to_string(m->shape()) +
+                                                             " does not broadcast to [batch, heads, q, keys] = " +
+                                                             shape_to_string({full[0], full[1], full[2], full[3]}));
+      if (mask.shape[3] > T)
+        throw node_.error(ErrorKind::kInvalidArgument, "attn_mask covers " + std::to_string(mask.shape[3]) +
+                                                           " keys, there are " + std::to_string(T));
+      const Tensor mf = m->to_float32();
+      mask.values.assign(mf.data<float>(), mf.data<float>() + mf.numel());
+      if (m->dtype() == DType::kBool)
+        for (float& v : mask.values) v = v != 0.f ? 0.f : kNegInf;
+    }
+    const int64_t* lengths = nonpad ? nonpad->data<int64_t>() : nullptr;
+
+    const float factor = ir::attention_qk_factor(node_, s.head_size);
+    const float softcap = node_.attrs.get_float("softcap", 0.f);
+    const int64_t mode = node_.attrs.get_int("qk_matmul_output_mode", 0);
+    const int64_t group = s.q_heads / s.kv_heads;
+    Tensor* y = &out[0];
+    Tensor* qk_out = out.size() > 3 && out[3].defined() ? &out[3] : nullptr;
+    std::vector<float> q_row(static_cast<size_t>(s.head_size)), logits(static_cast<size_t>(T)),
+        bias(static_cast<size_t>(T)), probs(static_cast<size_t>(T)), raw(static_cast<size_t>(T)),
+        y_row(static_cast<size_t>(s.v_head_size));
+    std::vector<float> scaled_keys(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) scaled_keys[i] = keys[i] * factor;
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.q_heads; ++h) {
+        const int64_t kv = h / group;
+        for (int64_t i = 0; i < s.q_seq; ++i) {
+          const float* qi = Q.at(b, h, i);
+          for (int64_t d = 0; d < s.head_size; ++d) q_row[d] = qi[d] * factor;
+          bool any_allowed = false;
+          float max_logit = kNegInf;
+          for (int64_t j = 0; j < T; ++j) {
+            const float* kj = scaled_keys.data() + (K.at(b, kv, j) - keys.data());
+            double dot = 0;
+            for (int64_t d = 0; d < s.head_size; ++d) dot += double(q_row[d]) * double(kj[d]);
+            raw[j] = static_cast<float>(dot);
+            const float x = softcap > 0.f ? softcap * std::tanh(raw[j] / softcap) : raw[j];
+            logits[j] = x;
+            bias[j] = mask.at(b, h, i, j) + (ir::attention_key_allowed(node_, s, lengths, b, i, j) ? 0.f : kNegInf);
+            any_allowed |= bias[j] != kNegInf;
+            max_logit = std::max(max_logit, x + bias[j]);
+          }
+          // Softmax of logits + bias; a row no key may be attended from is all zeros.
+          double sum = 0;
+          for (int64_t j = 0; j < T; ++j) {
+            const float z = logits[j] + bias[j];
+            probs[j] = !any_allowed || max_logit == kNegInf || z == kNegInf ? 0.f : std::exp(z - max_logit);
+            sum += probs[j];
+          }
+          for (int64_t j = 0; j < T; ++j) probs[j] = sum > 0 ? static_cast<float>(probs[j] / sum) : 0.f;
+          std::fill(y_row.begin(), y_row.end(), 0.f);
+          for (int64_t j = 0; j < T; ++j) {
+            if (probs[j] == 0.f) continue;
+            const float* vj = V.at(b, kv, j);
+            for (int64_t d = 0; d < s.v_head_size; ++d) y_row[d] += probs[j] * vj[d];
+          }
+          const int64_t y_base = s.three_d ? (b * s.q_seq + i) * s.q_heads * s.v_head_size + h * s.v_head_size
+                                           : ((b * s.q_heads + h) * s.q_seq + i) * s.v_head_size;
+          for (int64_t d = 0; d < s.v_head_size; ++d) store(*y, y_base + d, y_row[d]);
+          if (qk_out) {
+            const int64_t base = ((b * s.q_heads + h) * s.q_seq + i) * T;
+            for (int64_t j = 0; j < T; ++j)
+              store(*qk_out, base + j, mode == 3 ? probs[j] : mode == 2 ? logits[j] + bias[j] : mode == 1 ? logits[j] : raw[j]);
+          }
+        }
+      }
+    if (out.size() > 1 && out[1].defined()) store_heads(out[1], K, s.batch);
+    if (out.size() > 2 && out[2].defined()) store_heads(out[2], V, s.batch);
+  }
+
+ private:
+  // dst [batch, kv_heads, past + new, size] = past (4-D, may be absent) followed by `added`.
+  static void concat_cache(std::vector<float>& dst, const Tensor* past, const HeadView& added, const ir::AttentionShape& s,
+                           int64_t size) {
+    const Tensor p32 = past ? past->to_float32() : Tensor();
+    const int64_t T = s.total_kv();
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.kv_heads; ++h) {
+        float* row = dst.data() + (b * s.kv_heads + h) * T * size;
+        if (past)
+          std::memcpy(row, p32.data<float>() + (b * s.kv_heads + h) * s.past_seq * size,
+                      static_cast<size_t>(s.past_seq * size) * sizeof(float));
+        for (int64_t t = 0; t < s.kv_seq; ++t)
+          std::memcpy(row + (s.past_seq + t) * size, added.at(b, h, t), static_cast<size_t>(size) * sizeof(float));
+      }
+  }
+
+  const ir::Node& node_;
+};
+
+}  // namespace
+
+KILN_REGISTER_CPU_KERNELS(attention) {
+  KernelEntry e;
+  e.op = "Attention";
+  e.check = [](const KernelInit& init) -> std::string {
+    const DType t = init.dtype(0);
+    // bfloat16 is left out: onnx's reference rounds every step (the scaled Q and K, the logits, the
+    // softmax, the probabilities) to bfloat16, a whole bfloat16 unit away from float32 arithmetic.
+    if (t != DType::kFloat32 && t != DType::kFloat16)
+      return "input type " + to_string(t) + " is not supported (supported: float32, float16)";
+    if (init.has_input(4) && init.input_types[4]->shape && init.input_types[4]->shape->size() != 4)
+      return "past_key must be 4-D";
+    return "";
+  };
+  e.dtypes = "float32, float16 (computed in float32)";
+  e.create = [](const KernelInit& init) { return std::make_unique<AttentionKernel>(init.node); };
+  registry.add(std::move(e));
+}
+
+}  // namespace kiln::cpu
