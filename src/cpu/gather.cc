@@ -1,4 +1,4 @@
-// CPU kernels of Gather, GatherElements, GatherND (raw bytes, any dtype) and ScatterElements
+// CPU kernels of Gather, GatherElements, GatherND (raw bytes, any dtype), ScatterElements and ScatterND
 // (any dtype without reduction; float32/float64/int32/int64 with add/mul/max/min).
 // Indices are checked: an out-of-range index is the caller's error, not a crash.
 #include <algorithm>
@@ -145,6 +145,39 @@ void scatter_elements(const ir::Node& node, const Tensor& data, const Tensor& id
   });
 }
 
+// Each index tuple (the last dim of indices, k values, negative ones counted from the end) picks
+// a slice of data's dims from k on; its update is written, or reduced into it, in index order.
+void scatter_nd(const ir::Node& node, const Tensor& data, const Tensor& idx, const Tensor& upd, Tensor& out) {
+  const auto& s = data.shape();
+  const size_t k = static_cast<size_t>(idx.shape().back());
+  const std::string r = node.attrs.get_string("reduction", "none");
+  const size_t es = element_size(data.dtype());
+  const std::vector<int64_t> ds = contiguous_strides(s);
+  int64_t slice = 1;
+  for (size_t d = k; d < s.size(); ++d) slice *= s[d];
+  const int64_t tuples = shape_numel(std::vector<int64_t>(idx.shape().begin(), idx.shape().end() - 1));
+  if (data.nbytes()) std::memcpy(out.raw(), data.raw(), data.nbytes());
+  const int64_t* iv = idx.data<int64_t>();
+  auto* y = static_cast<unsigned char*>(out.raw());
+  const auto* u = static_cast<const unsigned char*>(upd.raw());
+  for (int64_t t = 0; t < tuples; ++t) {
+    int64_t off = 0;
+    for (size_t j = 0; j < k; ++j) off += checked_index(iv[static_cast<size_t>(t) * k + j], s[j]) * ds[j];
+    if (r == "none") {
+      if (slice) std::memcpy(y + static_cast<size_t>(off) * es, u + static_cast<size_t>(t * slice) * es, static_cast<size_t>(slice) * es);
+      continue;
+    }
+    for (int64_t e = 0; e < slice; ++e) {
+      switch (data.dtype()) {
+        case DType::kFloat32: scatter_reduce(out.data<float>(), off + e, upd.data<float>()[t * slice + e], r); break;
+        case DType::kFloat64: scatter_reduce(out.data<double>(), off + e, upd.data<double>()[t * slice + e], r); break;
+        case DType::kInt32: scatter_reduce(out.data<int32_t>(), off + e, upd.data<int32_t>()[t * slice + e], r); break;
+        default: scatter_reduce(out.data<int64_t>(), off + e, upd.data<int64_t>()[t * slice + e], r); break;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 KILN_REGISTER_CPU_KERNELS(gather) {
@@ -162,22 +195,25 @@ KILN_REGISTER_CPU_KERNELS(gather) {
     };
     registry.add(std::move(e));
   }
-  KernelEntry e;
-  e.op = "ScatterElements";
-  e.dtypes = "all (reduction none); float32, float64, int32, int64 (add, mul, max, min)";
-  e.check = [](const KernelInit& init) -> std::string {
-    if (init.node.attrs.get_string("reduction", "none") == "none") return "";
-    DType d = init.dtype(0);
-    if (d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64) return "";
-    return "reduction on " + to_string(d) + " is not supported";
-  };
-  e.create = [](const KernelInit& init) {
-    const ir::Node* node = &init.node;
-    return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
-      scatter_elements(*node, *in[0], *in[1], *in[2], out[0]);
-    });
-  };
-  registry.add(std::move(e));
+  for (const char* op : {"ScatterElements", "ScatterND"}) {
+    KernelEntry e;
+    e.op = op;
+    e.dtypes = "all (reduction none); float32, float64, int32, int64 (add, mul, max, min)";
+    e.check = [](const KernelInit& init) -> std::string {
+      if (init.node.attrs.get_string("reduction", "none") == "none") return "";
+      DType d = init.dtype(0);
+      if (d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64) return "";
+      return "reduction on " + to_string(d) + " is not supported";
+    };
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        if (node->op == "ScatterND") scatter_nd(*node, *in[0], *in[1], *in[2], out[0]);
+        else scatter_elements(*node, *in[0], *in[1], *in[2], out[0]);
+      });
+    };
+    registry.add(std::move(e));
+  }
 }
 
 }  // namespace kiln::cpu

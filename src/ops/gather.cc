@@ -1,4 +1,4 @@
-// Schemas of Gather, GatherElements, GatherND and ScatterElements. Gather with constant
+// Schemas of Gather, GatherElements, GatherND, ScatterElements and ScatterND. Gather with constant
 // indices on a 1-D shape value picks its symbolic elements (Shape -> Gather(0) gives N).
 #include "ops/shape_dims.h"
 
@@ -95,6 +95,31 @@ void infer_scatter_elements(InferContext& ctx) {
   ctx.set_output(0, ctx.dtype(0), ctx.type(0).shape);
 }
 
+// ScatterND: data [r dims], indices [..., k] (k <= r), updates [indices' dims but the last] +
+// data's dims from k on; the output is the data with each indexed slice written (or reduced).
+void infer_scatter_nd(InferContext& ctx) {
+  if (ctx.dtype(1) != DType::kInt64) ctx.fail("indices must be int64");
+  if (ctx.dtype(2) != ctx.dtype(0)) ctx.fail("updates must have the data's type");
+  const std::string r = ctx.node.attrs.get_string("reduction", "none");
+  if (r != "none" && r != "add" && r != "mul" && r != "max" && r != "min") ctx.fail("unknown reduction '" + r + "'");
+  if (ctx.shape_known(0) && ctx.shape_known(1) && ctx.shape_known(2)) {
+    const Dims &data = ctx.shape(0), &idx = ctx.shape(1), &upd = ctx.shape(2);
+    if (idx.empty()) ctx.fail("indices must have rank 1 or more");
+    if (idx.back().known()) {
+      const int64_t k = idx.back().value;
+      if (k < 1 || k > static_cast<int64_t>(data.size()))
+        ctx.fail("indices' last dim (" + std::to_string(k) + ") must be 1 to the data's rank (" + std::to_string(data.size()) + ")");
+      Dims want(idx.begin(), idx.end() - 1);
+      want.insert(want.end(), data.begin() + k, data.end());
+      if (want.size() != upd.size()) ctx.fail("updates must have shape " + dims_to_string(want) + ", not " + dims_to_string(upd));
+      for (size_t i = 0; i < want.size(); ++i)
+        if (want[i].known() && upd[i].known() && want[i].value != upd[i].value)
+          ctx.fail("updates must have shape " + dims_to_string(want) + ", not " + dims_to_string(upd));
+    }
+  }
+  ctx.set_output(0, ctx.dtype(0), ctx.type(0).shape);
+}
+
 }  // namespace
 
 KILN_REGISTER_OPS(gather) {
@@ -102,6 +127,7 @@ KILN_REGISTER_OPS(gather) {
   registry.add({"GatherElements", "", 2, 2, 1, 1, infer_gather_elements, nullptr, ""});
   registry.add({"GatherND", "", 2, 2, 1, 1, infer_gather_nd, nullptr, ""});
   registry.add({"ScatterElements", "", 3, 3, 1, 1, infer_scatter_elements, nullptr, ""});
+  registry.add({"ScatterND", "", 3, 3, 1, 1, infer_scatter_nd, nullptr, ""});
 }
 
 }  // namespace kiln::ir
