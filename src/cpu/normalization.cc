@@ -1,4 +1,4 @@
-// CPU kernels of Softmax, LogSoftmax, LpNormalization, LayerNormalization and
+// CPU kernels of Softmax, LogSoftmax, LpNormalization, LayerNormalization, RMSNormalization and
 // InstanceNormalization (float32). The input is seen as [outer, axis, inner]; the common
 // last-axis case (inner == 1) runs over contiguous rows.
 #include <algorithm>
@@ -146,6 +146,30 @@ void layer_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std:
                  bias.empty() ? nullptr : bias.data(), 0, mean, inv);
 }
 
+// Each row over the normalized axes: x / sqrt(mean(x^2) + epsilon) * scale (scale broadcast to
+// the normalized shape), the mean accumulated in double.
+void rms_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+  const Tensor& x = *in[0];
+  int64_t axis = node.attrs.get_int("axis", -1);
+  if (axis < 0) axis += x.rank();
+  std::vector<int64_t> normalized(x.shape().begin() + axis, x.shape().end());
+  const int64_t cols = shape_numel(normalized);
+  const int64_t rows = cols ? x.numel() / cols : 0;
+  const std::vector<float> scale = expand_to(*in[1], normalized);
+  const float eps = node.attrs.get_float("epsilon", 1e-5f);
+  const float* xp = x.data<float>();
+  float* yp = out[0].data<float>();
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = xp + r * cols;
+    float* yr = yp + r * cols;
+    double squares = 0;
+    for (int64_t i = 0; i < cols; ++i) squares += double(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(squares / double(cols) + eps));
+    for (int64_t i = 0; i < cols; ++i) yr[i] = xr[i] * inv * scale[static_cast<size_t>(i)];
+  }
+}
+
 void instance_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
   const Tensor& x = *in[0];
   const int64_t channels = x.dim(1);
@@ -190,6 +214,17 @@ KILN_REGISTER_CPU_KERNELS(normalization) {
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { layer_norm(*node, in, out); });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "RMSNormalization";
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { rms_norm(*node, in, out); });
     };
     registry.add(std::move(e));
   }

@@ -50,6 +50,7 @@ KILN_REGISTER_IMPORTERS(normalization) {
   registry.add({"Softmax", kMinOpset, import_softmax});
   registry.add({"LogSoftmax", kMinOpset, import_softmax});
   registry.add({"LayerNormalization", 17, nullptr});
+  registry.add({"RMSNormalization", 23, nullptr});
   registry.add({"InstanceNormalization", kMinOpset, nullptr});
   registry.add({"LpNormalization", kMinOpset, nullptr});
 }

@@ -1,4 +1,4 @@
-// Schemas of Softmax, LogSoftmax, LayerNormalization, InstanceNormalization and
+// Schemas of Softmax, LogSoftmax, LayerNormalization, RMSNormalization, InstanceNormalization and
 // LpNormalization. Softmax here has opset 13's per-axis meaning; the importer rewrites the
 // older "flatten to 2-D at axis" form.
 #include "ir/op_schema.h"
@@ -54,6 +54,19 @@ void infer_layer_norm(InferContext& ctx) {
   ctx.set_output(2, stash, stats);
 }
 
+// RMSNormalization (opset 23): X / sqrt(mean(X^2 over the axes from `axis` on) + epsilon) * scale.
+void infer_rms_norm(InferContext& ctx) {
+  const TensorType& x = ctx.type(0);
+  if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
+  if (ctx.dtype(1) != x.dtype) ctx.fail("scale must have X's type");
+  if (x.shape) {
+    const Dims& dims = *x.shape;
+    const int64_t axis = normalize_axis(ctx, ctx.node.attrs.get_int("axis", -1), static_cast<int64_t>(dims.size()));
+    check_param(ctx, 1, Dims(dims.begin() + axis, dims.end()), "scale");
+  }
+  ctx.set_output(0, x.dtype, x.shape);
+}
+
 void infer_instance_norm(InferContext& ctx) {
   const TensorType& x = ctx.type(0);
   if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
@@ -91,6 +104,14 @@ KILN_REGISTER_OPS(normalization) {
     s.max_outputs = 3;
     s.infer = infer_layer_norm;
     s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 8); };
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s;
+    s.op = "RMSNormalization";
+    s.min_inputs = s.max_inputs = 2;
+    s.infer = infer_rms_norm;
+    s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 4); };
     registry.add(std::move(s));
   }
   {
