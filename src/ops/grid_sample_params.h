@@ -1,0 +1,68 @@
+// GridSample's arithmetic (ONNX opset 16 for 2-D, opset 20 for N-D), shared by every backend:
+// a grid value in [-1, 1] becomes a coordinate in the input, out-of-range coordinates are clamped
+// or reflected, and the output is the input at the coordinate, nearest or interpolated (linear
+// or cubic, separable over the spatial dimensions; neighbours outside the input read 0, the
+// border, or the reflection, by padding_mode).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace kiln::ir {
+
+enum class GridSampleMode { kNearest, kLinear, kCubic };
+enum class GridSamplePadding { kZeros, kBorder, kReflection };
+
+// A normalized coordinate n in [-1, 1] as a position along a dimension of `length`.
+inline double grid_denormalize(double n, int64_t length, bool align_corners) {
+  return align_corners ? (n + 1) / 2.0 * double(length - 1) : ((n + 1) * double(length) - 1) / 2.0;
+}
+
+// The lowest and highest position inside a dimension of `length`.
+inline void grid_borders(int64_t length, bool align_corners, double& lo, double& hi) {
+  lo = align_corners ? 0.0 : -0.5;
+  hi = align_corners ? double(length - 1) : double(length) - 0.5;
+}
+
+// x reflected at lo and hi until it lies between them.
+inline double grid_reflect(double x, double lo, double hi) {
+  const double range = hi - lo;
+  if (range <= 0) return lo;
+  if (x < lo) {
+    const double dx = lo - x;
+    const int64_t n = static_cast<int64_t>(dx / range);
+    const double r = dx - double(n) * range;
+    return n % 2 == 0 ? lo + r : hi - r;
+  }
+  if (x > hi) {
+    const double dx = x - hi;
+    const int64_t n = static_cast<int64_t>(dx / range);
+    const double r = dx - double(n) * range;
+    return n % 2 == 0 ? hi - r : lo + r;
+  }
+  return x;
+}
+
+// The index of a neighbour along a dimension of `length`, or -1 where padding reads a zero.
+inline int64_t grid_pixel_index(int64_t i, int64_t length, GridSamplePadding padding, double lo, double hi) {
+  switch (padding) {
+    case GridSamplePadding::kZeros: return i >= 0 && i < length ? i : -1;
+    case GridSamplePadding::kBorder: return std::clamp<int64_t>(i, 0, length - 1);
+    case GridSamplePadding::kReflection: return static_cast<int64_t>(grid_reflect(double(i), lo, hi));
+  }
+  return -1;
+}
+
+// Keys' cubic convolution weights (alpha -0.75) of the 4 neighbours at distance t from the
+// first inner one.
+inline void grid_cubic_weights(double t, double w[4]) {
+  constexpr double a = -0.75;
+  const double x = std::fabs(t);
+  w[0] = ((a * (x + 1) - 5 * a) * (x + 1) + 8 * a) * (x + 1) - 4 * a;
+  w[1] = ((a + 2) * x - (a + 3)) * x * x + 1;
+  w[2] = ((a + 2) * (1 - x) - (a + 3)) * (1 - x) * (1 - x) + 1;
+  w[3] = ((a * (2 - x) - 5 * a) * (2 - x) + 8 * a) * (2 - x) - 4 * a;
+}
+
+}  // namespace kiln::ir
