@@ -409,12 +409,12 @@ ir::Graph import_model(const std::string& bytes, const std::string& name, const 
   }
   int opset = opsets.count("") ? opsets[""] : 0;
   if (opset == 0 && model.ir_version() < 3) opset = 1;
-  if (opset < kMinOpset || opset > kMaxOpset)
+  if (opset < kOldestOpset || opset > kMaxOpset)
     throw Error(ErrorKind::kUnsupported, "the model uses ONNX opset " + std::to_string(opset) + "; kiln reads opsets " +
-                                             std::to_string(kMinOpset) + " to " + std::to_string(kMaxOpset))
+                                             std::to_string(kOldestOpset) + " to " + std::to_string(kMaxOpset))
         .file(name)
-        .hint(opset < kMinOpset ? "convert it with onnx.version_converter.convert_version(model, 17), or re-export with opset_version=17"
-                                : "re-export with an older opset_version");
+        .hint(opset < kOldestOpset ? "convert it with onnx.version_converter.convert_version(model, 17), or re-export with opset_version=17"
+                                   : "re-export with an older opset_version");
 
   const onnx::GraphProto& gp = model.graph();
   ir::Graph graph;

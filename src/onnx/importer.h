@@ -21,6 +21,10 @@ class TensorProto;
 namespace kiln::onnx_import {
 
 // The opsets of the default ONNX domain that kiln imports.
+// Models of opsets kOldestOpset to kMaxOpset import; each op family's importer says from which
+// opset it reads the op (most from kMinOpset, those whose meaning has not changed since from
+// earlier), and an older node is refused naming the op.
+constexpr int kOldestOpset = 7;  // numpy-style broadcasting, which kiln's ops assume, since opset 7
 constexpr int kMinOpset = 11;
 constexpr int kMaxOpset = 28;
 

@@ -124,6 +124,28 @@ def test_loop_is_unsupported(command, run_kiln, tmp_path):
     assert_clean_error(run_kiln(command[0], path, *command[1:]), "Loop", "the_loop_node")
 
 
+def opset_model(opset: int, op: str) -> onnx.ModelProto:
+    """y = op(a, b) on booleans (Where: a ? b : b), at an old opset."""
+    inputs = ["a", "b", "b"] if op == "Where" else ["a", "b"]
+    graph = helper.make_graph(
+        [helper.make_node(op, inputs, ["y"], name="the_node")], "old",
+        [helper.make_tensor_value_info("a", TensorProto.BOOL, [2, 3]), helper.make_tensor_value_info("b", TensorProto.BOOL, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.BOOL, [2, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_old_opsets_import_op_by_op(run_kiln, tmp_path):
+    """Opsets 7 to 10 import where each node's op means at that opset what kiln implements (And
+    since opset 7); an op read only from a later opset is refused naming it, and opsets before 7
+    (other broadcasting rules) are refused as a whole."""
+    ok = run_kiln("run", save(opset_model(7, "And"), tmp_path / "and7.onnx"), "--random")
+    assert ok.returncode == 0, ok.describe()
+    assert_clean_error(run_kiln("run", save(opset_model(8, "Where"), tmp_path / "where8.onnx"), "--random"),
+                       "Where", "supported from opset 9")
+    assert_clean_error(run_kiln("run", save(opset_model(6, "And"), tmp_path / "and6.onnx"), "--random"),
+                       "opset 6", "kiln reads opsets 7 to 28")
+
+
 # --- a good model with bad inputs to `kiln run` --------------------------------------------
 
 @pytest.fixture
