@@ -1,13 +1,9 @@
-// Importers of Cast, CastLike, Clip and Dropout.
+// Importer of Dropout (Cast, CastLike and Clip are taken as they are: as_is.cc).
 #include "onnx/importer.h"
 
 namespace kiln::onnx_import {
 
 KILN_REGISTER_IMPORTERS(cast) {
-  registry.add({"Cast", kMinOpset, nullptr});
-  registry.add({"CastLike", 15, nullptr});
-  // Clip has taken min and max as inputs since opset 11, the oldest kiln reads.
-  registry.add({"Clip", kMinOpset, nullptr});
   registry.add({"Dropout", kMinOpset, [](ImportContext& ctx) {
                   // Opset 11 keeps the ratio as an attribute; at inference the ratio changes
                   // nothing, so it is dropped rather than turned into an input.

@@ -1,5 +1,4 @@
-// Importers of Constant (turned into an initializer, so no node remains), ConstantOfShape,
-// EyeLike and Range (taken as they are).
+// Importer of Constant: turned into an initializer, so no node remains.
 #include "onnx/importer.h"
 
 namespace kiln::onnx_import {
@@ -41,9 +40,6 @@ void import_constant(ImportContext& ctx) {
 
 KILN_REGISTER_IMPORTERS(constant) {
   registry.add({"Constant", kMinOpset, import_constant});
-  registry.add({"ConstantOfShape", kMinOpset, nullptr});
-  registry.add({"EyeLike", kMinOpset, nullptr});
-  registry.add({"Range", kMinOpset, nullptr});
 }
 
 }  // namespace kiln::onnx_import

@@ -1,4 +1,4 @@
-// Importers of Softmax, LogSoftmax and the normalization ops.
+// Importers of Softmax and LogSoftmax (the normalization ops are taken as they are: as_is.cc).
 //
 // Before opset 13, Softmax(axis) flattened the input to 2-D at `axis` (default 1) and
 // normalized each row over all dims from `axis` on. The IR has opset 13's per-axis meaning,
@@ -49,10 +49,6 @@ void import_softmax(ImportContext& ctx) {
 KILN_REGISTER_IMPORTERS(normalization) {
   registry.add({"Softmax", kMinOpset, import_softmax});
   registry.add({"LogSoftmax", kMinOpset, import_softmax});
-  registry.add({"LayerNormalization", 17, nullptr});
-  registry.add({"RMSNormalization", 23, nullptr});
-  registry.add({"InstanceNormalization", kMinOpset, nullptr});
-  registry.add({"LpNormalization", kMinOpset, nullptr});
 }
 
 }  // namespace kiln::onnx_import

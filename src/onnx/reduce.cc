@@ -1,5 +1,5 @@
-// Importers of reductions. Before opset 18 (ReduceSum: 13) `axes` was an attribute; the IR
-// takes it as input 1, as newer opsets do.
+// Importers of reductions (ArgMax and ArgMin are taken as they are: as_is.cc). Before opset 18
+// (ReduceSum: 13) `axes` was an attribute; the IR takes it as input 1, as newer opsets do.
 #include <string>
 
 #include "onnx/importer.h"
@@ -16,8 +16,6 @@ KILN_REGISTER_IMPORTERS(reduce) {
                     ctx.emit_as_is();
                   }});
   }
-  registry.add({"ArgMax", kMinOpset, nullptr});
-  registry.add({"ArgMin", kMinOpset, nullptr});
 }
 
 }  // namespace kiln::onnx_import
