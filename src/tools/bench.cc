@@ -41,7 +41,30 @@ struct BenchOptions {
   bool profile = false;
   std::string json;
   uint64_t seed = 0;
+  // trtexec's: warm up for this many milliseconds (besides --warmup runs); report each sample as
+  // the mean of this many consecutive runs; write per-run times, the layers, the profile.
+  double warmup_ms = 0;
+  int avg_runs = 1;
+  bool use_cuda_graph = false, no_data_transfers = false;  // kiln's defaults, accepted as trtexec spells them
+  std::string export_times, export_layer_info, export_profile;
 };
+
+// trtexec's --avgRuns: each sample the mean of `n` consecutive runs.
+std::vector<double> averaged(const std::vector<double>& times, int n) {
+  if (n <= 1) return times;
+  std::vector<double> out;
+  for (size_t i = 0; i + static_cast<size_t>(n) <= times.size(); i += static_cast<size_t>(n))
+    out.push_back(std::accumulate(times.begin() + static_cast<std::ptrdiff_t>(i), times.begin() + static_cast<std::ptrdiff_t>(i) + n, 0.0) / n);
+  return out.empty() ? times : out;
+}
+
+// Untimed runs: `count` of them, then more until `ms` milliseconds have passed.
+template <class Run>
+void warm_up(const BenchOptions& o, int count, Run run) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < count; ++i) run();
+  while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() < o.warmup_ms) run();
+}
 
 struct Stats {
   double min = 0, mean = 0, median = 0, p90 = 0, p95 = 0, p99 = 0, max = 0, stddev = 0;
@@ -68,6 +91,14 @@ Stats statistics(std::vector<double> v) {
 nlohmann::json stats_json(const Stats& s) {
   return {{"min", s.min}, {"mean", s.mean}, {"median", s.median}, {"p90", s.p90}, {"p95", s.p95},
           {"p99", s.p99}, {"max", s.max}, {"stddev", s.stddev}};
+}
+
+nlohmann::json layers_json(const std::vector<LayerInfo>& layers) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const LayerInfo& l : layers)
+    out.push_back({{"name", l.name}, {"op", l.op}, {"tactic", l.tactic}, {"precision", l.precision}, {"shape", l.shape},
+                   {"flops", l.flops}, {"cpu_fallback", l.cpu_fallback}});
+  return out;
 }
 
 std::vector<int64_t> parse_batches(const std::string& text) {
@@ -135,16 +166,16 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
     engine.run(inputs);
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   };
-  for (int i = 0; i < o.warmup; ++i) iteration();
+  warm_up(o, o.warmup, iteration);
   std::vector<double> times;
-  const int iters = o.iterations > 0 ? o.iterations : (items >= 64 ? 10 : 50);
+  const int iters = (o.iterations > 0 ? o.iterations : (items >= 64 ? 10 : 50)) * std::max(o.avg_runs, 1);
   auto bench_start = std::chrono::steady_clock::now();
   while (true) {
     times.push_back(iteration());
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
     if (o.duration_s > 0 ? (elapsed >= o.duration_s && times.size() >= 10) : static_cast<int>(times.size()) >= iters) break;
   }
-  const Stats s = statistics(times);
+  const Stats s = statistics(averaged(times, o.avg_runs));
   const EngineInfo info = engine.info();
   std::cout << fmt::format("batch {:>4}  cpu {}: median {:.4f} ms  mean {:.4f}  min {:.4f}  p90 {:.4f}  p99 {:.4f}  max {:.4f}  "
                            "| {:.1f} items/s | build {:.1f} s\n",
@@ -160,7 +191,9 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
           {"latency_ms", stats_json(s)},
           {"throughput_per_s", 1000.0 * static_cast<double>(items) / s.median},
           {"throughput_mean_per_s", 1000.0 * static_cast<double>(items) / s.mean},
-          {"int8_kept_float", info.int8_kept_float}};
+          {"int8_kept_float", info.int8_kept_float},
+          {"times_ms", times},
+          {"layer_info", layers_json(info.layers)}};
 }
 
 #if KILN_WITH_CUDA
@@ -257,17 +290,17 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
   auto first = std::chrono::steady_clock::now();
   iteration();
   const double first_run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - first).count();
-  for (int i = 1; i < o.warmup; ++i) iteration();
+  warm_up(o, o.warmup - 1, iteration);
   KILN_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
   std::vector<double> times;
-  const int iters = o.iterations > 0 ? o.iterations : (items >= 64 ? 50 : 200);
+  const int iters = (o.iterations > 0 ? o.iterations : (items >= 64 ? 50 : 200)) * std::max(o.avg_runs, 1);
   auto bench_start = std::chrono::steady_clock::now();
   while (true) {
     times.push_back(iteration());
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
     if (o.duration_s > 0 ? (elapsed >= o.duration_s && times.size() >= 10) : static_cast<int>(times.size()) >= iters) break;
   }
-  Stats s = statistics(times);
+  Stats s = statistics(averaged(times, o.avg_runs));
   EngineInfo info = engine.info();
   nlohmann::json shapes = nlohmann::json::object();
   for (const TensorDesc& d : ins) shapes[d.name] = context.input_shape(d.name);
@@ -294,7 +327,9 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
        {"gpu_memory_used_bytes", free_before > free_after ? free_before - free_after : 0},
        {"fp32_layers", info.fp32_layers},
        {"int8_kept_float", info.int8_kept_float},
-       {"cpu_fallback", info.has_cpu_fallback}};
+       {"cpu_fallback", info.has_cpu_fallback},
+       {"times_ms", times},
+       {"layer_info", layers_json(context.layers())}};
   if (engine_file_bytes) r["engine_file_bytes"] = engine_file_bytes;
   std::cout << fmt::format(
       "batch {:>4}  {}: median {:.4f} ms  mean {:.4f}  min {:.4f}  p90 {:.4f}  p95 {:.4f}  p99 {:.4f}  max {:.4f}  sd {:.4f}  "
@@ -375,8 +410,9 @@ nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batc
 int bench(const BenchOptions& o) {
   std::vector<int64_t> batches = o.batches.empty() ? std::vector<int64_t>{o.engine.batch} : parse_batches(o.batches);
   const bool cpu = is_engine_file(o.model) ? engine_file_backend(o.model) == "cpu" : o.engine.device == "cpu";
-  if (cpu && (o.with_transfers || o.no_graph || o.profile))
-    throw Error(ErrorKind::kInvalidArgument, "--with-transfers, --no-graph and --profile are for GPU engines (--device cuda)");
+  if (cpu && (o.with_transfers || o.no_graph || o.profile || !o.export_profile.empty()))
+    throw Error(ErrorKind::kInvalidArgument,
+                "--with-transfers, --no-graph, --profile and --exportProfile are for GPU engines (--device cuda)");
   nlohmann::json results = nlohmann::json::array();
   if (cpu) {
     for (int64_t b : batches) results.push_back(bench_cpu_one(o, b));
@@ -386,6 +422,22 @@ int bench(const BenchOptions& o) {
 #else
     throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend; kiln bench --device cuda needs it");
 #endif
+  }
+  // trtexec's export files, per batch: the per-run times, the layers, the per-layer profile.
+  auto export_json = [&](const std::string& path, const char* key) {
+    if (path.empty()) return;
+    nlohmann::json per_batch = nlohmann::json::array();
+    for (const nlohmann::json& r : results)
+      per_batch.push_back({{"batch", r.at("batch")}, {key, r.contains(key) ? r.at(key) : nlohmann::json()}});
+    std::ofstream f(path);
+    if (!f || !(f << per_batch.dump(1) << "\n")) throw Error(ErrorKind::kIo, "cannot write '" + path + "'");
+  };
+  export_json(o.export_times, "times_ms");
+  export_json(o.export_layer_info, "layer_info");
+  export_json(o.export_profile, "profile");
+  for (nlohmann::json& r : results) {
+    r.erase("times_ms");
+    r.erase("layer_info");
   }
   nlohmann::json out = {{"schema", "kiln-bench 1"},
                         {"model", o.model},
@@ -406,7 +458,7 @@ int bench(const BenchOptions& o) {
 void add_bench_command(CLI::App& app, std::function<int()>& action) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand("bench", "Time a GPU engine: latency statistics, throughput, memory (like trtexec)");
-  cmd->add_option("model", o->model, "ONNX model (built per batch size) or engine file")->required();
+  add_model_option(cmd, o->model, true);
   o->engine.add_to(cmd, "cuda");
   // kiln bench's --batch is --batches (one size or several), not the build option's single size.
   cmd->remove_option(cmd->get_option("--batch"));
@@ -422,7 +474,24 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--profile", o->profile, "Also time every layer (median of 10 runs)");
   cmd->add_option("--json", o->json, "Write the results as JSON (schema: docs/bench.md)");
   cmd->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
-  cmd->callback([o, &action] { action = [o] { return bench(*o); }; });
+  // trtexec's spellings and options.
+  cmd->add_flag("--useCudaGraph", o->use_cuda_graph, "Replay a CUDA graph (kiln's default)")->excludes("--no-graph");
+  cmd->add_flag("--noDataTransfers", o->no_data_transfers, "Time the engine without copies in and out (kiln's default)")
+      ->excludes("--with-transfers");
+  cmd->add_option("--warmUp", o->warmup_ms, "Also warm up for this many milliseconds (trtexec's --warmUp)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--avgRuns", o->avg_runs, "Report each sample as the mean of this many consecutive runs")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--exportTimes", o->export_times, "Write every run's time (ms), per batch, as JSON");
+  cmd->add_option("--exportLayerInfo", o->export_layer_info, "Write the engine's layers (op, tactic, precision, shape), per batch, as JSON");
+  cmd->add_option("--exportProfile", o->export_profile, "Write the per-layer profile, per batch, as JSON (implies --profile; GPU)");
+  cmd->callback([o, cmd, &action] {
+    action = [o, cmd] {
+      check_model_option(cmd, o->model);
+      if (!o->export_profile.empty()) o->profile = true;
+      return bench(*o);
+    };
+  });
 }
 
 }  // namespace kiln::tools

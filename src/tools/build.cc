@@ -88,10 +88,15 @@ int build(const BuildCommandOptions& o) {
 void add_build_command(CLI::App& app, std::function<int()>& action) {
   auto o = std::make_shared<BuildCommandOptions>();
   CLI::App* cmd = app.add_subcommand("build", "Build an engine (GPU, or CPU with --device cpu) from an ONNX model and write the engine file");
-  cmd->add_option("model", o->model, "ONNX model file")->required();
-  cmd->add_option("-o,--output", o->output, "Engine file to write (default: the model's name with .engine)");
+  add_model_option(cmd, o->model, false);
+  cmd->add_option("-o,--output,--saveEngine", o->output, "Engine file to write (default: the model's name with .engine)");
   o->engine.add_to(cmd, "cuda");
-  cmd->callback([o, &action] { action = [o] { return build(*o); }; });
+  cmd->callback([o, cmd, &action] {
+    action = [o, cmd] {
+      check_model_option(cmd, o->model);
+      return build(*o);
+    };
+  });
 }
 
 }  // namespace kiln::tools

@@ -60,11 +60,11 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
       ->check(CLI::PositiveNumber);
   if (shape_options) {
     cmd->add_option("--shapes", shapes, "Fixed input shapes, e.g. --shapes input:8x3x224x224");
-    cmd->add_option("--min-shapes", min_shapes,
+    cmd->add_option("--min-shapes,--minShapes", min_shapes,
                     "GPU optimization profile: the smallest input shapes, e.g. input:1x3x224x224 (repeat the three "
                     "flags for more profiles)");
-    cmd->add_option("--opt-shapes", opt_shapes, "GPU optimization profile: the shapes to run fastest (default: the max)");
-    cmd->add_option("--max-shapes", max_shapes, "GPU optimization profile: the largest input shapes");
+    cmd->add_option("--opt-shapes,--optShapes", opt_shapes, "GPU optimization profile: the shapes to run fastest (default: the max)");
+    cmd->add_option("--max-shapes,--maxShapes", max_shapes, "GPU optimization profile: the largest input shapes");
     cmd->add_option("--profile-timing-step", profile_timing_step,
                     "Time tactics at each profile's min, opt and max shapes and at shapes this factor apart (in "
                     "elements) between them; 1: only min, opt and max")
@@ -73,7 +73,7 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
     cmd->add_option("--dim", dims, "Bind a dynamic dimension by name, e.g. --dim seq=128 (repeatable)");
     cmd->add_option("--batch", batch, "The first dimension of inputs whose first dimension is dynamic")->check(CLI::PositiveNumber);
   }
-  cmd->add_option("--timing-cache", timing_cache, "Timing cache file: read if present, updated after the build");
+  cmd->add_option("--timing-cache,--timingCacheFile", timing_cache, "Timing cache file: read if present, updated after the build");
   cmd->add_flag("--allow-cpu-fallback", allow_cpu_fallback, "Run nodes without a GPU layer on the CPU instead of failing");
   cmd->add_flag("--no-optimize", no_optimize, "Skip kiln's graph passes");
   cmd->add_flag("-v,--verbose", verbose, "Print every layer as it is built, with its tactic");
@@ -247,6 +247,22 @@ size_t parse_byte_size(const std::string& text, const std::string& flag) {
   if (!(value >= 0) || unit.size() > 1 || (unit.size() == 1 && power == 0) || !(bytes < 0x1p63))
     throw Error(ErrorKind::kInvalidArgument, flag + " " + text + ": expected a size such as 8G, 512M or 1000000 (bytes)");
   return static_cast<size_t>(bytes);
+}
+
+void add_model_option(CLI::App* cmd, std::string& model, bool engine_files) {
+  cmd->add_option("model", model, engine_files ? "ONNX model file or kiln engine file" : "ONNX model file");
+  cmd->add_option("--onnx", model, "The ONNX model (trtexec's spelling of MODEL)");
+  if (engine_files) cmd->add_option("--loadEngine", model, "A kiln engine file (trtexec's spelling of MODEL)");
+}
+
+void check_model_option(CLI::App* cmd, const std::string& model) {
+  size_t given = cmd->get_option("model")->count() + cmd->get_option("--onnx")->count();
+  for (const CLI::Option* o : cmd->get_options())
+    if (o->get_name() == "--loadEngine") given += o->count();
+  if (given == 0 || model.empty())
+    throw Error(ErrorKind::kInvalidArgument, "no model given").hint("kiln " + cmd->get_name() + " MODEL (or --onnx=MODEL)");
+  if (given > 1)
+    throw Error(ErrorKind::kInvalidArgument, "the model is given more than once (MODEL, --onnx, --loadEngine): give one");
 }
 
 size_t EngineOptions::max_memory_bytes() const { return max_memory.empty() ? 0 : parse_byte_size(max_memory, "--max-memory"); }

@@ -68,6 +68,11 @@ struct EngineOptions {
 // "iB" is allowed). Throws kInvalidArgument naming `flag` for anything else.
 size_t parse_byte_size(const std::string& text, const std::string& flag);
 
+// The model of a command: the positional MODEL, or trtexec's --onnx=FILE / --loadEngine=FILE
+// (added by add_model_option). Throws kInvalidArgument when none or more than one is given.
+void add_model_option(CLI::App* cmd, std::string& model, bool engine_files);
+void check_model_option(CLI::App* cmd, const std::string& model);
+
 // True when `path` is a kiln engine file (by its magic), false for anything else.
 bool is_engine_file(const std::string& path);
 // "cpu" or "cuda": the backend an engine file was built for (reads and checks the file).

@@ -366,7 +366,7 @@ int run(const RunOptions& o) {
 void add_run_command(CLI::App& app, std::function<int()>& action) {
   auto o = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand("run", "Run a model (CPU or GPU engine, or an engine file) and summarize its outputs");
-  cmd->add_option("model", o->model, "ONNX model file or kiln engine file")->required();
+  add_model_option(cmd, o->model, true);
   cmd->add_option("--input,-i", o->inputs,
                   "Input data: NAME=FILE or FILE (next unnamed input); FILE is .npy, .pb (ONNX TensorProto) or an image (repeatable)");
   cmd->add_flag("--random", o->random, "Fill inputs without a file with random data (floats ~ N(0,1), integers in 0..9)");
@@ -381,7 +381,12 @@ void add_run_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--labels", o->labels, "Class names, one per line, for the top-k lists");
   o->image.add_to(cmd);
   o->engine.add_to(cmd, "cpu", /*shape_options=*/false, /*image_options=*/false);
-  cmd->callback([o, &action] { action = [o] { return run(*o); }; });
+  cmd->callback([o, cmd, &action] {
+    action = [o, cmd] {
+      check_model_option(cmd, o->model);
+      return run(*o);
+    };
+  });
 }
 
 }  // namespace kiln::tools
