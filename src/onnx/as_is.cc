@@ -1,8 +1,8 @@
 // Importers of the ops taken as they are: each op and the opset from which its ONNX meaning is
-// the one kiln implements (an older node is refused naming the op; kMinOpset is where kiln's
-// reading of most ops starts). Ops whose older forms need converting to the newest have
-// importers of their own files (batchnorm.cc, cast.cc, constant.cc, normalization.cc,
-// reduce.cc, split.cc, squeeze.cc, grid_sample.cc).
+// the one kiln implements (an older node is refused naming the op; models of opset 7 on import).
+// Ops whose older forms need converting to the newest have importers of their own files
+// (batchnorm.cc, cast.cc, constant.cc, normalization.cc, pad.cc, reduce.cc, split.cc,
+// squeeze.cc, grid_sample.cc).
 #include "onnx/importer.h"
 
 namespace kiln::onnx_import {
@@ -20,44 +20,48 @@ constexpr AsIs kAsIs[] = {
     {"Add", 7}, {"Sub", 7}, {"Mul", 7}, {"Div", 7}, {"Pow", 7}, {"PRelu", 7}, {"Equal", 7}, {"Less", 7},
     {"Greater", 7}, {"And", 7}, {"Or", 7}, {"Xor", 7}, {"Max", 8}, {"Min", 8}, {"Sum", 8}, {"Mean", 8},
     {"Where", 9}, {"Mod", 10}, {"BitShift", 11}, {"LessOrEqual", 12}, {"GreaterOrEqual", 12},
-    // Elementwise unary ops.
-    {"Relu", kMinOpset}, {"Sigmoid", kMinOpset}, {"Tanh", kMinOpset}, {"Exp", kMinOpset}, {"Log", kMinOpset},
-    {"Sqrt", kMinOpset}, {"Reciprocal", kMinOpset}, {"Erf", kMinOpset}, {"Abs", kMinOpset}, {"Neg", kMinOpset},
-    {"Floor", kMinOpset}, {"Ceil", kMinOpset}, {"Round", kMinOpset}, {"Sin", kMinOpset}, {"Cos", kMinOpset},
-    {"Elu", kMinOpset}, {"LeakyRelu", kMinOpset}, {"Selu", kMinOpset}, {"Softplus", kMinOpset},
-    {"Softsign", kMinOpset}, {"HardSigmoid", kMinOpset}, {"Sign", kMinOpset}, {"Celu", kMinOpset},
-    {"Mish", kMinOpset}, {"ThresholdedRelu", kMinOpset}, {"Identity", kMinOpset}, {"Not", kMinOpset},
-    {"Tan", kMinOpset}, {"Asin", kMinOpset}, {"Acos", kMinOpset}, {"Atan", kMinOpset}, {"Sinh", kMinOpset},
-    {"Cosh", kMinOpset}, {"Asinh", kMinOpset}, {"Acosh", kMinOpset}, {"Atanh", kMinOpset}, {"IsNaN", kMinOpset},
-    {"IsInf", kMinOpset}, {"HardSwish", 14}, {"Gelu", 20},
-    // Cast; Clip takes min and max as inputs since opset 11.
-    {"Cast", kMinOpset}, {"CastLike", 15}, {"Clip", kMinOpset},
-    // Conv and ConvTranspose: their opset 11 forms are the IR's; Gemm's C is optional since 11;
-    // MatMul is unchanged since 9 apart from types.
-    {"Conv", kMinOpset}, {"ConvTranspose", kMinOpset}, {"Gemm", kMinOpset}, {"MatMul", kMinOpset},
-    // Pooling: opsets 11 to 28 only add attributes whose defaults keep the older meaning
-    // (AveragePool dilations in 19, LpPool ceil_mode and dilations in 18).
-    {"MaxPool", kMinOpset}, {"AveragePool", kMinOpset}, {"LpPool", kMinOpset}, {"GlobalAveragePool", kMinOpset},
-    {"GlobalMaxPool", kMinOpset}, {"GlobalLpPool", kMinOpset},
+    // Elementwise unary ops, from the opset each took its present form (the legacy
+    // consumed_inputs attribute left in 6; the trigonometric ops, Erf, Sign and IsNaN arrived in
+    // 7 and 9, IsInf and ThresholdedRelu in 10).
+    {"Relu", 7}, {"Sigmoid", 7}, {"Tanh", 7}, {"Exp", 7}, {"Log", 7},
+    {"Sqrt", 7}, {"Reciprocal", 7}, {"Erf", 9}, {"Abs", 7}, {"Neg", 7},
+    {"Floor", 7}, {"Ceil", 7}, {"Round", kMinOpset}, {"Sin", 7}, {"Cos", 7},
+    {"Elu", 7}, {"LeakyRelu", 7}, {"Selu", 7}, {"Softplus", 7},
+    {"Softsign", 7}, {"HardSigmoid", 7}, {"Sign", 9}, {"Celu", 12},
+    {"Mish", 18}, {"ThresholdedRelu", 10}, {"Identity", 7}, {"Not", 7},
+    {"Tan", 7}, {"Asin", 7}, {"Acos", 7}, {"Atan", 7}, {"Sinh", 9},
+    {"Cosh", 9}, {"Asinh", 9}, {"Acosh", 9}, {"Atanh", 9}, {"IsNaN", 9},
+    {"IsInf", 10}, {"HardSwish", 14}, {"Gelu", 20},
+    // Cast (the `to` attribute has been an int since opset 6).
+    {"Cast", 7}, {"CastLike", 15},
+    // Conv has meant the same since opset 1 (ConvTranspose's output shape rules settled in 11);
+    // Gemm's C, required before opset 11, and MatMul are unchanged but for types.
+    {"Conv", 7}, {"ConvTranspose", kMinOpset}, {"Gemm", 7}, {"MatMul", 7},
+    // Pooling: later opsets only add attributes whose defaults keep the older meaning
+    // (MaxPool's indices output in 8, ceil_mode in 10; AveragePool's count_include_pad in 7,
+    // dilations in 19; LpPool's ceil_mode and dilations in 18).
+    {"MaxPool", 8}, {"AveragePool", 7}, {"LpPool", 7}, {"GlobalAveragePool", 7},
+    {"GlobalMaxPool", 7}, {"GlobalLpPool", 7},
     // Normalizations whose attributes have meant the same since they arrived.
-    {"LayerNormalization", 17}, {"RMSNormalization", 23}, {"InstanceNormalization", kMinOpset},
-    {"LpNormalization", kMinOpset},
+    {"LayerNormalization", 17}, {"RMSNormalization", 23}, {"InstanceNormalization", 7},
+    {"LpNormalization", 7},
     // QuantizeLinear and DequantizeLinear: opset 10's forms are per tensor; 13 added `axis`, 21
     // `block_size` and `output_dtype`, with defaults that keep the older meaning.
-    {"QuantizeLinear", kMinOpset}, {"DequantizeLinear", kMinOpset},
-    // Data movement. Pad, Slice and Resize take their parameters as inputs since opset 10/11, as
-    // the IR does (Upsample, removed in opset 10, has no importer); Reshape's allowzero (14) and
-    // the scatters' reduction (16) default to the older meaning; Shape's start and end (15) are
-    // attributes.
-    {"Concat", kMinOpset}, {"Expand", kMinOpset}, {"Tile", kMinOpset}, {"Gather", kMinOpset},
+    {"QuantizeLinear", 10}, {"DequantizeLinear", 10},
+    // Data movement: later opsets added negative axes, DepthToSpace's mode (11) and Reshape's
+    // allowzero (14), with defaults that keep the older meaning. Resize's opset 11 form is the
+    // IR's (Upsample, removed in opset 10, has no importer); Pad, Slice and Clip, whose
+    // parameters were attributes, have importers that convert (pad.cc).
+    {"Concat", 7}, {"Expand", 8}, {"Tile", 7}, {"Gather", 7},
     {"GatherElements", kMinOpset}, {"GatherND", kMinOpset}, {"ScatterElements", kMinOpset},
-    {"ScatterND", kMinOpset}, {"Pad", kMinOpset}, {"Slice", kMinOpset}, {"Resize", kMinOpset},
-    {"Transpose", kMinOpset}, {"DepthToSpace", kMinOpset}, {"SpaceToDepth", kMinOpset}, {"Reshape", kMinOpset},
-    {"Flatten", kMinOpset}, {"Shape", kMinOpset}, {"Size", kMinOpset},
-    // Generators and small ops (TopK's K has been an input since opset 10).
-    {"ConstantOfShape", kMinOpset}, {"EyeLike", kMinOpset}, {"Range", kMinOpset}, {"TopK", kMinOpset},
-    {"Trilu", 14}, {"CumSum", kMinOpset}, {"OneHot", kMinOpset}, {"NonZero", kMinOpset},
-    {"ArgMax", kMinOpset}, {"ArgMin", kMinOpset},
+    {"ScatterND", kMinOpset}, {"Resize", kMinOpset},
+    {"Transpose", 7}, {"DepthToSpace", 7}, {"SpaceToDepth", 7}, {"Reshape", 7},
+    {"Flatten", 7}, {"Shape", 7}, {"Size", 7},
+    // Generators and small ops (TopK's K has been an input since opset 10; ArgMax's
+    // select_last_index, 12, defaults to the older meaning).
+    {"ConstantOfShape", 9}, {"EyeLike", 9}, {"Range", kMinOpset}, {"TopK", 10},
+    {"Trilu", 14}, {"CumSum", kMinOpset}, {"OneHot", 9}, {"NonZero", 9},
+    {"ArgMax", 7}, {"ArgMin", 7},
     // Attention (ops/attention_params.h has the semantics).
     {"Attention", 23},
 };

@@ -4,7 +4,7 @@
 namespace kiln::onnx_import {
 
 KILN_REGISTER_IMPORTERS(cast) {
-  registry.add({"Dropout", kMinOpset, [](ImportContext& ctx) {
+  registry.add({"Dropout", kOldestOpset, [](ImportContext& ctx) {
                   // Opset 11 keeps the ratio as an attribute; at inference the ratio changes
                   // nothing, so it is dropped rather than turned into an input.
                   ctx.node.attrs.erase("ratio");

@@ -39,7 +39,7 @@ void import_constant(ImportContext& ctx) {
 }  // namespace
 
 KILN_REGISTER_IMPORTERS(constant) {
-  registry.add({"Constant", kMinOpset, import_constant});
+  registry.add({"Constant", kOldestOpset, import_constant});
 }
 
 }  // namespace kiln::onnx_import

@@ -47,8 +47,8 @@ void import_softmax(ImportContext& ctx) {
 }  // namespace
 
 KILN_REGISTER_IMPORTERS(normalization) {
-  registry.add({"Softmax", kMinOpset, import_softmax});
-  registry.add({"LogSoftmax", kMinOpset, import_softmax});
+  registry.add({"Softmax", kOldestOpset, import_softmax});
+  registry.add({"LogSoftmax", kOldestOpset, import_softmax});
 }
 
 }  // namespace kiln::onnx_import

@@ -10,7 +10,7 @@ KILN_REGISTER_IMPORTERS(reduce) {
   for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                          "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"}) {
     const int axes_input_since = std::string(op) == "ReduceSum" ? 13 : 18;
-    registry.add({op, kMinOpset, [axes_input_since](ImportContext& ctx) {
+    registry.add({op, kOldestOpset, [axes_input_since](ImportContext& ctx) {
                     if (ctx.opset < axes_input_since) ctx.move_ints_attribute_to_input("axes", 1);
                     else if (ctx.node.attrs.has("axes")) ctx.fail("axes is an input since opset " + std::to_string(axes_input_since) + ", not an attribute");
                     ctx.emit_as_is();

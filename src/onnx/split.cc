@@ -5,7 +5,7 @@
 namespace kiln::onnx_import {
 
 KILN_REGISTER_IMPORTERS(split) {
-  registry.add({"Split", kMinOpset, [](ImportContext& ctx) {
+  registry.add({"Split", kOldestOpset, [](ImportContext& ctx) {
                   if (ctx.opset < 13) ctx.move_ints_attribute_to_input("split", 1);
                   ctx.emit_as_is();
                 }});

@@ -6,7 +6,7 @@ namespace kiln::onnx_import {
 
 KILN_REGISTER_IMPORTERS(squeeze) {
   for (const char* op : {"Squeeze", "Unsqueeze"})
-    registry.add({op, kMinOpset, [](ImportContext& ctx) {
+    registry.add({op, kOldestOpset, [](ImportContext& ctx) {
                     if (ctx.opset < 13) ctx.move_ints_attribute_to_input("axes", 1);
                     if (ctx.node.op == "Unsqueeze" && !ctx.node.has_input(1))
                       ctx.fail("Unsqueeze needs axes");
