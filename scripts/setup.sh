@@ -7,7 +7,8 @@
 # Steps, each skipped when already done, so running it again is cheap:
 #   1. Debian packages (apt-get; needs root, or sudo)
 #   2. a Python virtual environment .venv with torch, onnx, onnxruntime, ... from PyPI, and
-#      .venv-tf with TensorFlow and tf2onnx (kept apart so their pins never move torch's)
+#      .venv-tf with TensorFlow and tf2onnx, .venv-serve with KServe and Triton's clients (kept
+#      apart so their pins never move torch's)
 #   3. cmake + ninja build into build/ (KILN_BUILD_DIR overrides), with the Python package's
 #      extension module laid out in build/python
 set -euo pipefail
@@ -35,6 +36,8 @@ DEBIAN_PACKAGES=(
 # `kiln report`'s charts; nbconvert and ipykernel execute notebooks/demo.ipynb.
 # .venv-tf: tensorflow-cpu and tf2onnx for `kiln export --from savedmodel` and its test, kept
 # apart so their pins never move torch's.
+# .venv-serve: KServe's model server for `kiln serve`, and Triton's clients and perf_analyzer to
+# talk to it (their protobuf and grpcio pins differ from onnx's and TensorFlow's).
 PIP_VERSION=26.3
 
 say() { printf '\n==> %s\n' "$*"; }
@@ -95,6 +98,7 @@ install_lock() {  # install_lock VENV LOCK GB: the environment VENV as LOCK pins
 # torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the CPU only.
 install_lock .venv requirements/dev.lock 8
 install_lock .venv-tf requirements/tf.lock 3
+install_lock .venv-serve requirements/serve.lock 2
 
 # --- 3. build -------------------------------------------------------------------------------
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then

@@ -341,6 +341,14 @@ PYBIND11_MODULE(_kiln, m) {
       }, py::arg("cuda_stream") = 0);
 
   m.def(
+      "model_inputs",
+      [](const std::string& path) {
+        py::gil_scoped_release release;
+        return model_inputs(path);
+      },
+      py::arg("onnx_path"), "The model's inputs as its file declares them (-1 where a dim is dynamic), without a build");
+
+  m.def(
       "simplify_onnx",
       [](const std::string& in, const std::string& out) {
         SimplifyResult r;

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._kiln import BuildOptions, Context, Engine, Error, ShapeRange, TensorDesc, __version__, has_cuda  # noqa: F401
+from ._kiln import BuildOptions, Context, Engine, Error, ShapeRange, TensorDesc, __version__, has_cuda, model_inputs  # noqa: F401
 from . import _kiln
 
 __all__ = ["Builder", "BuildOptions", "Context", "Engine", "Error", "ShapeRange", "TensorDesc", "calibrate", "simplify", "has_cuda",
-           "__version__"]
+           "model_inputs", "__version__"]
 
 
 def _as_numpy(batch: Any):

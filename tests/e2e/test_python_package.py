@@ -50,6 +50,13 @@ def test_engine_matches_onnxruntime_on_numpy_and_torch_inputs():
         engine.create_context()  # contexts belong to GPU engines
 
 
+def test_model_inputs_reads_the_declared_inputs_without_a_build(tmp_path):
+    (declared,) = kiln.model_inputs(FASHION)
+    assert declared.name == "input" and declared.shape == [-1, 1, 28, 28] and declared.dtype == "float32"
+    with pytest.raises(kiln.Error, match="missing.onnx"):
+        kiln.model_inputs(str(tmp_path / "missing.onnx"))
+
+
 def test_threads_sharing_one_cpu_engine_match_serial_runs_bit_for_bit():
     """Python threads run kiln at once (the package releases the GIL); one CPU engine shared at
     mixed batch sizes gives each thread exactly what a serial run gives."""

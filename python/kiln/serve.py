@@ -1,0 +1,467 @@
+"""`kiln serve`: models behind the Open Inference Protocol (KServe v2: HTTP/REST and gRPC), through
+KServe's model server, so any KServe v2 or Triton client works unchanged.
+
+    kiln serve model.onnx                                  # one model, named after the file
+    kiln serve model.engine --name resnet50 --max-batch 32 --max-queue-delay-us 2000
+    kiln serve models/                                     # a repository: models/<name>/<version>/model.onnx|model.engine
+    kiln serve model.onnx --device cuda --fp16 --max-batch 64 --instances 2
+
+A repository follows Triton's layout; each model's newest version (the largest number) is
+served, and an optional models/<name>/config.json gives its precision, max_batch and
+max_queue_delay_us. A GPU engine built from an ONNX model is cached beside it
+(model.<precision>.b<max batch>.engine) and loaded from there next time.
+
+Dynamic batching: requests whose inputs share every dimension but the first are queued and
+run together, up to --max-batch rows, the first of them waiting at most --max-queue-delay-us;
+each request gets its own rows of the outputs back. A model whose inputs or outputs have a fixed
+first dimension runs each request alone. --instances engines' worth of runs go at once (GPU: one
+execution context each; the CPU engine runs one at a time).
+
+The server is ready once every model is loaded and has run once (a warm-up). Bad requests
+(an unknown model, wrong input names, types or shapes, a body past --max-request-mb) are
+protocol errors (HTTP 400, gRPC INVALID_ARGUMENT) and the server keeps serving; SIGTERM lets
+queued requests finish. Metrics: KServe's request latencies and kiln_batch_size,
+kiln_queue_seconds, kiln_compute_seconds, kiln_requests_total, kiln_errors_total at /metrics.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# The v2 protocol's datatypes and numpy's.
+_V2_TO_NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "INT8": np.int8, "UINT16": np.uint16, "INT16": np.int16,
+                "UINT32": np.uint32, "INT32": np.int32, "UINT64": np.uint64, "INT64": np.int64, "FP16": np.float16,
+                "FP32": np.float32, "FP64": np.float64}
+_KILN_TO_V2 = {"bool": "BOOL", "uint8": "UINT8", "int8": "INT8", "uint16": "UINT16", "int16": "INT16", "uint32": "UINT32",
+               "int32": "INT32", "uint64": "UINT64", "int64": "INT64", "float16": "FP16", "float32": "FP32",
+               "float64": "FP64"}
+
+log = logging.getLogger("kiln.serve")
+
+
+@dataclass
+class ModelConfig:
+    """How one model is served (the command line's flags, or a repository model's config.json)."""
+    device: str = "cpu"
+    precision: str = "fp32"
+    max_batch: int = 8
+    max_queue_delay_us: int = 1000
+    instances: int = 1
+    engine_flags: list = field(default_factory=list)
+
+
+def _metrics():
+    """kiln's Prometheus metrics, made once per process (KServe serves the default registry)."""
+    from prometheus_client import Counter, Histogram
+
+    global _METRICS
+    if "_METRICS" not in globals():
+        labels = ["model"]
+        _METRICS = {
+            "batch": Histogram("kiln_batch_size", "Rows per engine run", labels, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)),
+            "queue": Histogram("kiln_queue_seconds", "Time a request waited to be batched", labels),
+            "compute": Histogram("kiln_compute_seconds", "Time of one engine run", labels),
+            "requests": Counter("kiln_requests_total", "Inference requests", labels),
+            "errors": Counter("kiln_errors_total", "Requests refused or failed", labels),
+        }
+    return _METRICS
+
+
+@dataclass
+class _Pending:
+    inputs: dict
+    rows: int
+    future: asyncio.Future
+    queued: float
+
+
+class Batcher:
+    """Queues requests and runs them together (see the module's docstring)."""
+
+    def __init__(self, run, max_batch: int, max_delay_s: float, workers: int, model_name: str):
+        self._run = run
+        self._max_batch = max(1, max_batch)
+        self._max_delay = max_delay_s
+        self._slots = asyncio.Semaphore(max(1, workers))
+        self._executor = ThreadPoolExecutor(max(1, workers), thread_name_prefix="kiln-run")
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._carry: list[_Pending] = []
+        self._name = model_name
+        self._task = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def submit(self, inputs: dict, rows: int) -> dict:
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Pending(inputs, rows, future, time.monotonic()))
+        return await future
+
+    @staticmethod
+    def _key(p: _Pending):
+        return tuple((name, a.dtype.str, a.shape[1:]) for name, a in sorted(p.inputs.items()))
+
+    async def _next(self, timeout: float | None):
+        if self._carry:
+            return self._carry.pop(0)
+        if timeout is None:
+            return await self._queue.get()
+        return await asyncio.wait_for(self._queue.get(), timeout)
+
+    async def _loop(self) -> None:
+        while True:
+            first = await self._next(None)
+            batch, rows, key = [first], first.rows, self._key(first)
+            deadline = first.queued + self._max_delay
+            while rows < self._max_batch:
+                left = deadline - time.monotonic()
+                try:
+                    item = await self._next(max(left, 0) if left > 0 else 0.0)
+                except asyncio.TimeoutError:
+                    break
+                if self._key(item) != key or rows + item.rows > self._max_batch:
+                    self._carry.append(item)
+                    break
+                batch.append(item)
+                rows += item.rows
+            await self._slots.acquire()
+            asyncio.get_running_loop().create_task(self._dispatch(batch, rows))
+
+    async def _dispatch(self, batch: list[_Pending], rows: int) -> None:
+        m = _metrics()
+        try:
+            now = time.monotonic()
+            for p in batch:
+                m["queue"].labels(self._name).observe(now - p.queued)
+            m["batch"].labels(self._name).observe(rows)
+            inputs = {name: (batch[0].inputs[name] if len(batch) == 1 else
+                             np.concatenate([p.inputs[name] for p in batch], axis=0)) for name in batch[0].inputs}
+            start = time.monotonic()
+            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, inputs)
+            m["compute"].labels(self._name).observe(time.monotonic() - start)
+            offset = 0
+            for p in batch:
+                if len(batch) == 1:
+                    part = outputs
+                else:
+                    part = {name: o[offset:offset + p.rows] for name, o in outputs.items()}
+                offset += p.rows
+                if not p.future.done():
+                    p.future.set_result(part)
+        except Exception as e:  # noqa: BLE001 (every request of the batch gets the engine's error)
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(e)
+        finally:
+            self._slots.release()
+
+
+def _kiln_model_class():
+    """The KServe model class, defined once KServe is imported (kiln serve's Python needs it)."""
+    import kserve
+    from kserve.errors import InferenceError, InvalidInput
+    from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+
+    import kiln
+
+    class KilnModel(kserve.Model):
+        def __init__(self, name: str, path: str, config: ModelConfig, max_request_bytes: int):
+            super().__init__(name)
+            self.path = path
+            self.config = config
+            self.max_request_bytes = max_request_bytes
+            self.engine = None
+            self.batcher = None
+            self.inputs = []
+            self.outputs = []
+
+        # --- loading --------------------------------------------------------------------
+        def _engine_path(self) -> str | None:
+            """A GPU engine built from an ONNX model is cached beside it."""
+            if self.path.endswith(".engine") or self.config.device != "cuda":
+                return None
+            stem = os.path.splitext(self.path)[0]
+            return f"{stem}.{self.config.precision}.b{self.config.max_batch}.engine"
+
+        def _build(self):
+            if self.path.endswith(".engine"):
+                return kiln.Engine.load(self.path)
+            cached = self._engine_path()
+            if cached and os.path.exists(cached) and os.path.getmtime(cached) >= os.path.getmtime(self.path):
+                return kiln.Engine.load(cached)
+            options = kiln.BuildOptions()
+            options.device = self.config.device
+            options.precision = self.config.precision
+            if self.config.device == "cuda":
+                # One profile from a single row to --max-batch rows for inputs of a dynamic first dim.
+                profile = {}
+                for d in kiln.model_inputs(self.path):
+                    if d.shape and d.shape[0] < 0 and all(s > 0 for s in d.shape[1:]):
+                        rest = list(d.shape[1:])
+                        profile[d.name] = kiln.ShapeRange([1] + rest, [self.config.max_batch] + rest,
+                                                          [self.config.max_batch] + rest)
+                if profile:
+                    options.profiles = [profile]
+            engine = kiln.Engine.from_onnx(self.path, options)
+            if cached:
+                engine.save(cached)
+            return engine
+
+        def load(self) -> bool:
+            self.engine = self._build()
+            self.inputs = [(d.name, d.dtype, list(d.shape)) for d in self.engine.inputs]
+            self.outputs = [(d.name, d.dtype, list(d.shape)) for d in self.engine.outputs]
+            batchable = all(s and s[0] < 0 for _, _, s in self.inputs) and all(s and s[0] < 0 for _, _, s in self.outputs)
+            max_batch = self.config.max_batch if batchable else 1
+            runs = [self.engine.run]
+            if self.config.device == "cuda" and self.config.instances > 1:
+                runs = [self.engine.create_context().run for _ in range(self.config.instances)]
+            pool = list(runs)
+            import threading
+
+            lock = threading.Lock()
+
+            def run(inputs):
+                with lock:
+                    fn = pool.pop()
+                try:
+                    return fn(inputs)
+                finally:
+                    with lock:
+                        pool.append(fn)
+
+            self._run = run
+            self._max_batch = max_batch
+            for metric in _metrics().values():  # each of the model's series at zero from the start
+                metric.labels(self.name)
+            # The warm-up: one run at a single row (or the declared shape).
+            run(self._example_inputs())
+            self.ready = True
+            log.info("model %s ready: %s, %s, max batch %d, inputs %s", self.name, self.path, self.config.precision,
+                     max_batch, self.inputs)
+            return self.ready
+
+        def _example_inputs(self) -> dict:
+            out = {}
+            for name, dtype, shape in self.inputs:
+                concrete = [1 if s < 0 else s for s in shape]
+                out[name] = np.zeros(concrete, dtype=np.dtype(dtype))
+            return out
+
+        def get_input_types(self):
+            return [{"name": n, "datatype": _KILN_TO_V2.get(t, t.upper()), "shape": s} for n, t, s in self.inputs]
+
+        def get_output_types(self):
+            return [{"name": n, "datatype": _KILN_TO_V2.get(t, t.upper()), "shape": s} for n, t, s in self.outputs]
+
+        # --- requests -------------------------------------------------------------------
+        def _check(self, payload: InferRequest) -> tuple[dict, int]:
+            """The request's inputs as numpy arrays, and its rows; InvalidInput says what is wrong."""
+            given = {i.name: i for i in payload.inputs}
+            want = [n for n, _, _ in self.inputs]
+            if sorted(given) != sorted(want):
+                raise InvalidInput(f"model '{self.name}' takes inputs {want}; the request gives {sorted(given)}")
+            arrays, total = {}, 0
+            for name, dtype, shape in self.inputs:
+                inp = given[name]
+                if inp.datatype != _KILN_TO_V2.get(dtype):
+                    raise InvalidInput(f"input '{name}' must be {_KILN_TO_V2.get(dtype)}, not {inp.datatype}")
+                if len(inp.shape) != len(shape) or any(s >= 0 and g != s for g, s in zip(inp.shape, shape)):
+                    raise InvalidInput(f"input '{name}' must have shape {shape} (-1: any size), not {list(inp.shape)}")
+                try:
+                    a = inp.as_numpy()
+                except Exception as e:  # noqa: BLE001 (a body whose data does not fit its shape)
+                    raise InvalidInput(f"input '{name}': {e}") from e
+                a = np.asarray(a, dtype=_V2_TO_NUMPY[inp.datatype]).reshape(inp.shape)
+                total += a.nbytes
+                arrays[name] = a
+            if total > self.max_request_bytes:
+                raise InvalidInput(f"the request's inputs are {total} bytes, more than the server takes "
+                                   f"({self.max_request_bytes}; kiln serve --max-request-mb)")
+            rows = {a.shape[0] for a in arrays.values() if a.ndim} or {1}
+            if len(rows) != 1:
+                raise InvalidInput(f"the inputs' first dimensions differ: {sorted(rows)}")
+            rows = rows.pop()
+            if self._max_batch > 1 and rows > self._max_batch:
+                raise InvalidInput(f"the request has {rows} rows; model '{self.name}' takes at most {self._max_batch} "
+                                   "(kiln serve --max-batch)")
+            return arrays, rows
+
+        async def predict(self, payload, headers=None, response_headers=None):
+            m = _metrics()
+            m["requests"].labels(self.name).inc()
+            if not isinstance(payload, InferRequest):
+                m["errors"].labels(self.name).inc()
+                raise InvalidInput("kiln serve speaks the Open Inference Protocol (v2): send a v2 infer request")
+            try:
+                arrays, rows = self._check(payload)
+            except InvalidInput:
+                m["errors"].labels(self.name).inc()
+                raise
+            if self.batcher is None:
+                self.batcher = Batcher(self._run, self._max_batch, self.config.max_queue_delay_us * 1e-6,
+                                       self.config.instances, self.name)
+                self.batcher.start()
+            try:
+                outputs = await self.batcher.submit(arrays, rows)
+            except Exception as e:  # noqa: BLE001 (kiln.Error from the engine)
+                m["errors"].labels(self.name).inc()
+                raise InferenceError(f"model '{self.name}': {e}") from e
+            requested = {o.name for o in payload.request_outputs} if payload.request_outputs else None
+            infer_outputs = []
+            for name, _, _ in self.outputs:
+                if requested is not None and name not in requested:
+                    continue
+                a = np.ascontiguousarray(outputs[name])
+                out = InferOutput(name=name, shape=list(a.shape), datatype=_KILN_TO_V2[str(a.dtype)])
+                out.set_data_from_numpy(a, binary_data=payload.use_binary_outputs or payload.from_grpc)
+                infer_outputs.append(out)
+            return InferResponse(response_id=payload.id or "", model_name=self.name, infer_outputs=infer_outputs,
+                                 from_grpc=payload.from_grpc, use_binary_outputs=payload.use_binary_outputs)
+
+    return KilnModel
+
+
+_CONFIG_FIELDS = {"device": ("cpu", "cuda"), "precision": ("fp32", "fp16", "tf32", "best", "int8", "fp8"),
+                  "max_batch": 1, "max_queue_delay_us": 0, "instances": 1}
+
+
+def _read_config(path: str, config: ModelConfig) -> None:
+    """A repository model's config.json over the command line's defaults; a field kiln does not know,
+    or a value out of its range, ends kiln serve with the file and the field named."""
+    def fail(why: str):
+        raise SystemExit(f"kiln: error: kiln serve: {path}: {why}")
+
+    try:
+        with open(path) as f:
+            given = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"not a readable JSON file: {e}")
+    if not isinstance(given, dict):
+        fail("must hold a JSON object")
+    for key, value in given.items():
+        if key not in _CONFIG_FIELDS:
+            fail(f"unknown field '{key}' (kiln serve reads {sorted(_CONFIG_FIELDS)})")
+        allowed = _CONFIG_FIELDS[key]
+        if isinstance(allowed, tuple):
+            if value not in allowed:
+                fail(f"'{key}' must be one of {list(allowed)}, not {value!r}")
+        elif not isinstance(value, int) or isinstance(value, bool) or value < allowed:
+            fail(f"'{key}' must be an integer of at least {allowed}, not {value!r}")
+        setattr(config, key, value)
+
+
+class _JsonUnlessBinary:
+    """ASGI middleware: the v2 protocol reads an infer request's whole body as JSON unless an
+    Inference-Header-Content-Length header says where its JSON ends; Triton's HTTP client sends
+    JSON requests without a Content-Type, which KServe would take for binary. This names them JSON."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].endswith("/infer"):
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+            if not any(k.lower() == b"inference-header-content-length" for k, _ in headers):
+                scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
+        await self.app(scope, receive, send)
+
+
+def repository_models(folder: str, defaults: ModelConfig) -> list[tuple[str, str, ModelConfig]]:
+    """(name, path, config) of every model of a Triton-style repository: <folder>/<name>/<version>/
+    model.engine or model.onnx, the newest version of each."""
+    found = []
+    for name in sorted(os.listdir(folder)):
+        base = os.path.join(folder, name)
+        if not os.path.isdir(base):
+            continue
+        versions = sorted((int(v) for v in os.listdir(base) if v.isdigit() and os.path.isdir(os.path.join(base, v))),
+                          reverse=True)
+        for v in versions:
+            path = next((os.path.join(base, str(v), f) for f in ("model.engine", "model.onnx")
+                         if os.path.exists(os.path.join(base, str(v), f))), None)
+            if path:
+                break
+        else:
+            raise SystemExit(f"kiln: error: kiln serve: model '{name}' in {folder} has no <version>/model.onnx or model.engine")
+        # A repository serves what it holds: a model file that is a link out of the folder is refused.
+        root = os.path.realpath(folder)
+        if os.path.commonpath([root, os.path.realpath(path)]) != root:
+            raise SystemExit(f"kiln: error: kiln serve: {path} leads out of the repository {folder}")
+        config = ModelConfig(**{**defaults.__dict__})
+        config_path = os.path.join(base, "config.json")
+        if os.path.exists(config_path):
+            _read_config(config_path, config)
+        found.append((name, path, config))
+    if not found:
+        raise SystemExit(f"kiln: error: kiln serve: {folder} holds no model (<name>/<version>/model.onnx)")
+    return found
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # as the rest of the command line: kiln: error: ..., exit 1
+        sys.stderr.write(f"kiln: error: kiln serve: {message} (kiln serve --help)\n")
+        sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _Parser(prog="kiln serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="an ONNX model, an engine file, or a repository folder")
+    p.add_argument("--name", help="the model's name (one model; default: the file's name)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    precision = p.add_mutually_exclusive_group()
+    for flag in ("fp16", "tf32", "best", "int8", "fp8"):
+        precision.add_argument(f"--{flag}", dest="precision", action="store_const", const=flag)
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--max-batch", type=int, default=8, help="rows per engine run at most (dynamic batching)")
+    p.add_argument("--max-queue-delay-us", type=int, default=1000, help="how long a request may wait for others")
+    p.add_argument("--instances", type=int, default=1, help="engine runs at once (GPU: contexts)")
+    p.add_argument("--max-request-mb", type=float, default=256, help="the largest request's inputs")
+    args = p.parse_args(argv)
+    if args.max_batch < 1 or args.instances < 1 or args.max_queue_delay_us < 0:
+        p.error("--max-batch and --instances must be at least 1, --max-queue-delay-us at least 0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s kiln serve %(levelname)s %(message)s")
+    defaults = ModelConfig(device=args.device, precision=args.precision or "fp32", max_batch=args.max_batch,
+                           max_queue_delay_us=args.max_queue_delay_us, instances=args.instances)
+    if os.path.isdir(args.model):
+        entries = repository_models(args.model, defaults)
+    elif os.path.isfile(args.model):
+        name = args.name or os.path.splitext(os.path.basename(args.model))[0]
+        entries = [(name, args.model, defaults)]
+    else:
+        p.error(f"{args.model} does not exist")
+    sys.argv = sys.argv[:1]  # KServe's own argument parser reads sys.argv when imported
+    import kserve
+
+    KilnModel = _kiln_model_class()
+    models = []
+    for name, path, config in entries:
+        m = KilnModel(name, path, config, int(args.max_request_mb * (1 << 20)))
+        try:
+            m.load()
+        except Exception as e:  # noqa: BLE001 (kiln.Error and the like: one line, exit 1, nothing served)
+            sys.stderr.write(f"kiln: error: kiln serve: model '{name}' ({path}) cannot be served: {e}\n")
+            return 1
+        models.append(m)
+    from kserve.model_server import app
+
+    app.add_middleware(_JsonUnlessBinary)
+    # One server process: the models' engines, queues and batches live in it (KServe's --workers
+    # would load every model once per process and batch each process's requests apart).
+    server = kserve.ModelServer(http_port=args.http_port, grpc_port=args.grpc_port, workers=1, enable_grpc=True)
+    server.start(models)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""`kiln serve` through real clients: Triton's tritonclient over HTTP (JSON and binary tensors) and
+gRPC, against the same model run in this process; many clients at once (dynamic batching gives
+each its own rows); bad requests answered as protocol errors while the server keeps serving; a
+Triton-style repository; bad repositories and models refused with one line; SIGTERM ends it.
+
+Runs in the serving environment (.venv-serve: KServe, tritonclient) with the build's kiln package
+on PYTHONPATH; the server is `kiln serve` started as a user starts it.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+import kiln
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(REPO, "tests", "cli", "data")
+CLASSIFIER = os.path.join(DATA, "dynamic_classifier.onnx")  # x: float32[N, 4] -> y: float32[N, 3]
+IDENTITY = os.path.join(DATA, "image_identity.onnx")  # image: float32[1, 3, 8, 8] -> pixels, the same
+MAX_BATCH = 16
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`kiln serve ARGS` on free ports, ready (every model loaded and warmed up) or failed."""
+
+    def __init__(self, kiln_bin: str, args: list[str], log_path: str):
+        self.http_port, self.grpc_port = _free_port(), _free_port()
+        env = dict(os.environ, KILN_PYTHON=sys.executable)
+        self.log = open(log_path, "w+")
+        self.proc = subprocess.Popen([kiln_bin, "serve", *args, "--http-port", str(self.http_port),
+                                      "--grpc-port", str(self.grpc_port)], stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=env)
+        self.url = f"localhost:{self.http_port}"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"kiln serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                with urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise AssertionError(f"kiln serve not ready in 180 s:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
+
+    def metric(self, name: str, model: str) -> float:
+        with urllib.request.urlopen(f"http://{self.url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        m = re.search(rf'^{name}{{model="{model}"}} ([0-9.e+-]+)$', text, re.M)
+        assert m, f"{name} for {model} not in /metrics"
+        return float(m.group(1))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(kiln_bin, tmp_path_factory):
+    s = Server(kiln_bin, [CLASSIFIER, "--max-batch", str(MAX_BATCH), "--max-queue-delay-us", "200000"],
+               str(tmp_path_factory.mktemp("serve") / "server.log"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    engine = kiln.Engine.from_onnx(CLASSIFIER)
+    return lambda x: engine.run({"x": x})["y"]
+
+
+def _http_infer(url: str, model: str, x: np.ndarray, binary: bool):
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(url)
+    inp = http.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    out = http.InferRequestedOutput("y", binary_data=binary)
+    return client.infer(model, [inp], outputs=[out]).as_numpy("y")
+
+
+def _grpc_infer(port: int, model: str, x: np.ndarray):
+    import tritonclient.grpc as grpc
+
+    client = grpc.InferenceServerClient(f"localhost:{port}")
+    inp = grpc.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return client.infer(model, [inp]).as_numpy("y")
+
+
+def test_http_and_grpc_answers_are_the_engines(server, reference):
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(server.url)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("dynamic_classifier")
+    meta = client.get_model_metadata("dynamic_classifier")
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+    assert meta["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}]
+    rng = np.random.default_rng(7)
+    for rows in (1, 3, MAX_BATCH):
+        x = rng.standard_normal((rows, 4)).astype(np.float32)
+        want = reference(x)
+        np.testing.assert_allclose(_http_infer(server.url, "dynamic_classifier", x, binary=False), want, rtol=1e-6)
+        np.testing.assert_allclose(_http_infer(server.url, "dynamic_classifier", x, binary=True), want, rtol=1e-6)
+        np.testing.assert_allclose(_grpc_infer(server.grpc_port, "dynamic_classifier", x), want, rtol=1e-6)
+
+
+def test_clients_at_once_are_batched_and_each_gets_its_rows(server, reference):
+    runs_before = server.metric("kiln_batch_size_count", "dynamic_classifier")
+    rows_before = server.metric("kiln_batch_size_sum", "dynamic_classifier")
+    rng = np.random.default_rng(11)
+    requests = [rng.standard_normal((int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(64)]
+
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+
+    start = threading.Barrier(len(requests))
+
+    def send(i: int):
+        x = requests[i]
+        kind = grpc if i % 2 else http
+        client = kind.InferenceServerClient(f"localhost:{server.grpc_port}" if i % 2 else server.url)
+        inp = kind.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        start.wait()  # every client ready: the requests leave together
+        return client.infer("dynamic_classifier", [inp]).as_numpy("y")
+
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(send, range(len(requests))))
+    for x, y in zip(requests, answers):
+        np.testing.assert_allclose(y, reference(x), rtol=1e-6)
+    runs = server.metric("kiln_batch_size_count", "dynamic_classifier") - runs_before
+    rows = server.metric("kiln_batch_size_sum", "dynamic_classifier") - rows_before
+    assert rows == sum(len(x) for x in requests)
+    # Requests sent at once, each waiting up to 200 ms for others: far fewer engine runs than requests.
+    assert runs < len(requests) / 2, f"{len(requests)} requests ran as {runs} engine runs"
+
+
+def _post(url: str, body: bytes | str, path: str = "/v2/models/dynamic_classifier/infer"):
+    data = body.encode() if isinstance(body, str) else body
+    req = urllib.request.Request(f"http://{url}{path}", data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+BAD_REQUESTS = [
+    ({"inputs": [{"name": "z", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}, "takes inputs ['x']"),
+    ({"inputs": [{"name": "x", "datatype": "INT64", "shape": [1, 4], "data": [1, 2, 3, 4]}]}, "must be FP32"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 5], "data": [1, 2, 3, 4, 5]}]}, "must have shape"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [4], "data": [1, 2, 3, 4]}]}, "must have shape"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3]}]}, "input 'x'"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": ["a", "b", "c", "d"]}]}, "input 'x'"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [10**11, 4], "data": [1]}]}, "input 'x'"),
+    ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [MAX_BATCH + 1, 4], "data": [0.5] * 4 * (MAX_BATCH + 1)}]},
+     f"takes at most {MAX_BATCH}"),
+]
+
+
+@pytest.mark.parametrize("body,why", BAD_REQUESTS, ids=[w for _, w in BAD_REQUESTS])
+def test_bad_requests_are_protocol_errors_and_the_server_keeps_serving(server, reference, body, why):
+    status, answer = _post(server.url, json.dumps(body))
+    assert status == 400, (status, answer)
+    assert why in answer, answer
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_allclose(_http_infer(server.url, "dynamic_classifier", x, binary=False), reference(x), rtol=1e-6)
+
+
+def test_malformed_bodies_and_unknown_models(server):
+    assert _post(server.url, '{"inputs":')[0] == 422  # not JSON
+    assert _post(server.url, "[]")[0] == 422  # not an infer request
+    status, answer = _post(server.url, '{"inputs": []}', "/v2/models/no_such_model/infer")
+    assert status == 404 and "no_such_model" in answer
+
+
+def test_grpc_bad_request_is_invalid_argument(server):
+    import tritonclient.grpc as grpc
+    from tritonclient.utils import InferenceServerException
+
+    client = grpc.InferenceServerClient(f"localhost:{server.grpc_port}")
+    inp = grpc.InferInput("x", [1, 5], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 5), np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("dynamic_classifier", [inp])
+    assert "INVALID_ARGUMENT" in str(e.value.status()) and "must have shape" in e.value.message()
+
+
+def _repository(root, extra_config: dict | None = None):
+    os.makedirs(root / "classifier" / "1")
+    os.makedirs(root / "classifier" / "3")
+    shutil.copy(CLASSIFIER, root / "classifier" / "1" / "model.onnx")
+    shutil.copy(CLASSIFIER, root / "classifier" / "3" / "model.onnx")
+    (root / "classifier" / "config.json").write_text(json.dumps({"max_batch": 4, **(extra_config or {})}))
+    os.makedirs(root / "identity" / "1")
+    shutil.copy(IDENTITY, root / "identity" / "1" / "model.onnx")
+    return root
+
+
+def test_a_repository_serves_each_models_newest_version(kiln_bin, tmp_path, reference):
+    repo = _repository(tmp_path / "models")
+    s = Server(kiln_bin, [str(repo)], str(tmp_path / "server.log"))
+    try:
+        assert "models/classifier/3/model.onnx" in s.output()
+        x = np.arange(16, dtype=np.float32).reshape(4, 4)
+        np.testing.assert_allclose(_http_infer(s.url, "classifier", x, binary=True), reference(x), rtol=1e-6)
+        status, answer = _post(s.url, json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [5, 4],
+                                                              "data": [0.0] * 20}]}), "/v2/models/classifier/infer")
+        assert status == 400 and "takes at most 4" in answer  # config.json's max_batch
+        import tritonclient.http as http
+
+        image = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)
+        inp = http.InferInput("image", [1, 3, 8, 8], "FP32")
+        inp.set_data_from_numpy(image)
+        got = http.InferenceServerClient(s.url).infer("identity", [inp]).as_numpy("pixels")
+        np.testing.assert_array_equal(got, image)
+    finally:
+        assert s.stop() == 0, s.output()
+
+
+def _refused(kiln_bin: str, args: list[str]) -> str:
+    r = subprocess.run([kiln_bin, "serve", *args, "--http-port", str(_free_port()), "--grpc-port", str(_free_port())],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, KILN_PYTHON=sys.executable))
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.stderr
+
+
+def test_bad_models_and_repositories_are_refused_with_one_line(kiln_bin, tmp_path):
+    assert "does not exist" in _refused(kiln_bin, [str(tmp_path / "missing.onnx")])
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\x08\x07not a model")
+    assert "model 'garbage'" in _refused(kiln_bin, [str(garbage)])
+    assert "--max-batch" in _refused(kiln_bin, [CLASSIFIER, "--max-batch", "0"])
+
+    repo = _repository(tmp_path / "unknown_field", {"dynamic_batching": True})
+    assert "unknown field 'dynamic_batching'" in _refused(kiln_bin, [str(repo)])
+    repo = _repository(tmp_path / "bad_value", {"max_batch": "8"})
+    assert "'max_batch' must be an integer" in _refused(kiln_bin, [str(repo)])
+    repo = _repository(tmp_path / "bad_json")
+    (repo / "classifier" / "config.json").write_text("{max_batch: 4")
+    assert "not a readable JSON file" in _refused(kiln_bin, [str(repo)])
+    repo = _repository(tmp_path / "no_version")
+    os.makedirs(repo / "empty")
+    assert "model 'empty'" in _refused(kiln_bin, [str(repo)])
+    repo = _repository(tmp_path / "link_out")
+    os.makedirs(repo / "outside" / "1")
+    os.symlink(CLASSIFIER, repo / "outside" / "1" / "model.onnx")
+    assert "leads out of the repository" in _refused(kiln_bin, [str(repo)])
+    empty = tmp_path / "no_models"
+    empty.mkdir()
+    assert "holds no model" in _refused(kiln_bin, [str(empty)])
+
+
+def test_sigterm_ends_the_server(kiln_bin, tmp_path):
+    s = Server(kiln_bin, [CLASSIFIER], str(tmp_path / "server.log"))
+    start = time.monotonic()
+    assert s.stop() == 0, s.output()
+    assert time.monotonic() - start < 30
