@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <iostream>
+#include <map>
 
 #include "kiln/kiln.h"
 #include "calibration/calibrate_model.h"
@@ -200,13 +201,53 @@ PYBIND11_MODULE(_kiln, m) {
   m.attr("has_cuda") = false;
 #endif
 
-  // kiln::Error -> kiln.Error (a RuntimeError) with the message kiln prints.
+  // kiln::Error -> kiln.Error (a RuntimeError) with the message kiln prints, or the subclass of
+  // its kind, carrying what kiln::Error carries: kind, message, file, node, op_type,
+  // input_index and hint (empty strings and -1 where kiln did not say).
   static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  struct KindClass {
+    ErrorKind kind;
+    const char* name;
+    const char* id;
+    PyObject* extra_base;
+  };
+  static const KindClass kind_classes[] = {
+      {ErrorKind::kInvalidModel, "InvalidModelError", "invalid_model", nullptr},
+      {ErrorKind::kUnsupported, "UnsupportedError", "unsupported", nullptr},
+      {ErrorKind::kInvalidArgument, "InvalidArgumentError", "invalid_argument", PyExc_ValueError},
+      {ErrorKind::kIo, "IoError", "io", nullptr},
+      {ErrorKind::kDevice, "DeviceError", "device", nullptr},
+      {ErrorKind::kInternal, "InternalError", "internal", nullptr},
+  };
+  // Class attributes: what an Error raised by the package's Python code says.
+  for (const char* field : {"kind", "message", "file", "node", "op_type", "hint"}) error.attr(field) = "";
+  error.attr("input_index") = -1;
+  // Never destroyed: the classes live as long as the interpreter, which outlives static destructors' order.
+  static auto& error_classes = *new std::map<ErrorKind, py::object>();
+  for (const KindClass& k : kind_classes) {
+    py::tuple bases = k.extra_base ? py::tuple(py::make_tuple(error, py::handle(k.extra_base)))
+                                   : py::tuple(py::make_tuple(error));
+    const std::string qualified = std::string("kiln._kiln.") + k.name;
+    PyObject* cls = PyErr_NewException(qualified.c_str(), bases.ptr(), nullptr);
+    if (!cls) throw py::error_already_set();
+    error_classes[k.kind] = py::reinterpret_steal<py::object>(cls);
+    error_classes[k.kind].attr("kind") = k.id;
+    m.attr(k.name) = error_classes[k.kind];
+  }
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {
-      py::set_error(error, e.what());
+      auto it = error_classes.find(e.kind());
+      py::object cls = it != error_classes.end() ? it->second : py::object(error);
+      py::object instance = cls(e.what());
+      instance.attr("message") = e.message();
+      instance.attr("file") = e.file_path();
+      instance.attr("node") = e.node_name();
+      instance.attr("op_type") = e.op_type();
+      instance.attr("input_index") = e.input_index();
+      instance.attr("hint") = e.hint_text();
+      PyErr_SetObject(cls.ptr(), instance.ptr());
     }
   });
 

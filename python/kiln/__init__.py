@@ -13,18 +13,26 @@ On a GPU (the CUDA backend), a Context runs with torch CUDA tensors without copi
     logits = context.run_torch({"input": x_cuda})["logits"]   # a torch view of the engine's buffer
 
 Engine, Context and BuildOptions mirror the C++ API (include/kiln/kiln.h); every failure is a
-kiln.Error with kiln's message (the file, node or input at fault, and why).
+kiln.Error with kiln's message (the file, node or input at fault, and why), of the subclass of its
+kind (kiln.UnsupportedError, kiln.InvalidArgumentError, ...) with the fields kiln::Error carries:
+kind, message, file, node, op_type, input_index, hint. kiln.InferenceSession runs a model the
+way ONNX Runtime's InferenceSession does.
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ._kiln import BuildOptions, Context, Engine, Error, ShapeRange, TensorDesc, __version__, has_cuda, model_inputs  # noqa: F401
+from ._kiln import (BuildOptions, Context, DeviceError, Engine, Error, InternalError, InvalidArgumentError,  # noqa: F401
+                    InvalidModelError, IoError, ShapeRange, TensorDesc, UnsupportedError, __version__, has_cuda,
+                    model_inputs)
 from . import _kiln
 
-__all__ = ["Builder", "BuildOptions", "Context", "Engine", "Error", "ShapeRange", "TensorDesc", "calibrate", "simplify", "has_cuda",
-           "model_inputs", "__version__"]
+__all__ = ["Builder", "BuildOptions", "Context", "Engine", "Error", "InvalidModelError", "UnsupportedError",
+           "InvalidArgumentError", "IoError", "DeviceError", "InternalError", "InferenceSession", "ShapeRange",
+           "TensorDesc", "calibrate", "simplify", "has_cuda", "model_inputs", "__version__"]
 
 
 def _as_numpy(batch: Any):
@@ -139,3 +147,124 @@ def _run_torch(self: Context, inputs: Mapping[str, Any], stream: Any = None) -> 
 
 Engine.create_context = _create_context
 Context.run_torch = _run_torch
+
+
+_engine_from_onnx = Engine.from_onnx  # the extension's, taking a path
+
+
+def _model_bytes(model: Any) -> bytes | None:
+    """A model given as bytes or as an onnx.ModelProto, serialized; None for a path."""
+    if isinstance(model, (str, os.PathLike)):
+        return None
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return bytes(model)
+    if hasattr(model, "SerializeToString") and hasattr(model, "graph"):
+        for tensor in model.graph.initializer:
+            if tensor.data_location == 1:  # onnx.TensorProto.EXTERNAL: its data is in another file
+                raise InvalidArgumentError(f"the ModelProto's initializer '{tensor.name}' keeps its data in an external "
+                                           "file: pass the model's path instead, so kiln finds the data beside it")
+        return model.SerializeToString()
+    raise InvalidArgumentError(f"a model is a path, bytes or an onnx.ModelProto, not {type(model).__name__}")
+
+
+def _from_onnx(model: Any, options: BuildOptions | None = None) -> Engine:
+    """An engine from an ONNX model: a path, the model's bytes, or an onnx.ModelProto (whose data
+    is in the proto: a model with external data is built from its path)."""
+    options = options or BuildOptions()
+    data = _model_bytes(model)
+    if data is None:
+        return _engine_from_onnx(os.fspath(model), options)
+    with tempfile.TemporaryDirectory(prefix="kiln-model-") as folder:
+        path = os.path.join(folder, "model.onnx")
+        with open(path, "wb") as f:
+            f.write(data)
+        return _engine_from_onnx(path, options)
+
+
+def _serialize(self: Engine) -> bytes:
+    """The engine file's bytes (what save() writes)."""
+    with tempfile.TemporaryDirectory(prefix="kiln-engine-") as folder:
+        path = os.path.join(folder, "model.engine")
+        self.save(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _deserialize(data: bytes, max_memory: int = 0) -> Engine:
+    """An engine from the bytes serialize() gave, checked as Engine.load checks a file."""
+    with tempfile.TemporaryDirectory(prefix="kiln-engine-") as folder:
+        path = os.path.join(folder, "model.engine")
+        with open(path, "wb") as f:
+            f.write(bytes(data))
+        return Engine.load(path, max_memory)
+
+
+Engine.from_onnx = staticmethod(_from_onnx)
+Engine.serialize = _serialize
+Engine.deserialize = staticmethod(_deserialize)
+
+
+class NodeArg:
+    """An input or output as ONNX Runtime describes it: name, shape (a dim's name, or None, where
+    it is dynamic) and type ('tensor(float)')."""
+
+    _ONNX_TYPES = {"float32": "float", "float16": "float16", "bfloat16": "bfloat16", "float64": "double",
+                   "int8": "int8", "uint8": "uint8", "int16": "int16", "uint16": "uint16", "int32": "int32",
+                   "uint32": "uint32", "int64": "int64", "uint64": "uint64", "bool": "bool"}
+
+    def __init__(self, desc: TensorDesc):
+        self.name = desc.name
+        names = list(desc.dim_names) + [""] * len(desc.shape)
+        self.shape = [d if d >= 0 else (names[i] or None) for i, d in enumerate(desc.shape)]
+        self.type = f"tensor({self._ONNX_TYPES.get(desc.dtype, desc.dtype)})"
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name='{self.name}', type='{self.type}', shape={self.shape})"
+
+
+class InferenceSession:
+    """A kiln engine with ONNX Runtime's InferenceSession interface, so code written for ONNX
+    Runtime runs on kiln by changing the import:
+
+        session = kiln.InferenceSession("model.onnx")            # a path, bytes or an onnx.ModelProto
+        logits, = session.run(None, {"input": x})                 # or run(["logits"], {...})
+
+    providers: ONNX Runtime's names; "CUDAExecutionProvider" or "TensorrtExecutionProvider" first
+    builds a GPU engine (this build must have CUDA), anything else the CPU engine. An engine file
+    (.engine) is loaded as it is. builder_options: kiln.Builder's keywords (precision, shapes,
+    profiles, ...) for the build."""
+
+    _GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+    def __init__(self, model: Any, sess_options: Any = None, providers: Sequence[Any] | None = None,
+                 **builder_options: Any):
+        del sess_options  # ONNX Runtime's session options have no kiln meaning
+        first = providers[0] if providers else "CPUExecutionProvider"
+        first = first[0] if isinstance(first, tuple) else first  # ("CUDAExecutionProvider", {options})
+        builder_options.setdefault("device", "cuda" if first in self._GPU_PROVIDERS else "cpu")
+        if isinstance(model, (str, os.PathLike)) and os.fspath(model).endswith(".engine"):
+            self.engine = Engine.load(os.fspath(model))
+        else:
+            self.engine = Engine.from_onnx(model, Builder(**builder_options).options)
+        self._inputs = [NodeArg(d) for d in self.engine.inputs]
+        self._outputs = [NodeArg(d) for d in self.engine.outputs]
+
+    def get_inputs(self) -> list[NodeArg]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        return list(self._outputs)
+
+    def get_providers(self) -> list[str]:
+        return ["CUDAExecutionProvider" if self.engine.backend == "cuda" else "CPUExecutionProvider"]
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any], run_options: Any = None) -> list:
+        """The outputs named (all, in the model's order, for None) as numpy arrays."""
+        del run_options
+        outputs = self.engine.run(dict(input_feed))
+        names = list(output_names) if output_names else [o.name for o in self._outputs]
+        unknown = [n for n in names if n not in outputs]
+        if unknown:
+            raise InvalidArgumentError(f"the model has no output {unknown[0]!r} (its outputs: "
+                                       f"{[o.name for o in self._outputs]})")
+        return [outputs[n] for n in names]

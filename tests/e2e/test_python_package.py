@@ -209,3 +209,79 @@ def test_compare_on_the_cpu_writes_the_documented_schema(kiln_bin, tmp_path):
     acc = {(e["runtime"], e["variant"]): e for e in r["accuracy"]["entries"]}
     assert acc[("kiln", "fp32")]["max_abs_diff"] < 1e-3 and acc[("kiln", "fp32")]["top1_agreement"] == 1.0
     assert acc[("kiln", "int8")]["cosine"] > 0.9
+
+
+def test_errors_are_subclasses_by_kind_with_kilns_fields(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    with pytest.raises(kiln.IoError) as e:
+        kiln.Engine.from_onnx(str(tmp_path / "missing.onnx"))
+    assert e.value.kind == "io" and e.value.file.endswith("missing.onnx") and isinstance(e.value, kiln.Error)
+
+    engine = kiln.Engine.from_onnx(FASHION)
+    with pytest.raises(kiln.InvalidArgumentError) as e:
+        engine.run({"input": np.zeros((1, 1, 28, 27), np.float32)})
+    assert isinstance(e.value, ValueError) and "input" in e.value.message and e.value.kind == "invalid_argument"
+
+    node = helper.make_node("Frobnicate", ["x"], ["y"], name="the_odd_one", domain="example.org")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.org", 1)])
+    onnx.save(model, str(tmp_path / "odd.onnx"))
+    with pytest.raises(kiln.UnsupportedError, match="the_odd_one") as e:
+        kiln.Engine.from_onnx(str(tmp_path / "odd.onnx"))
+    assert e.value.kind == "unsupported" and e.value.hint
+
+    node = helper.make_node("Add", ["x", "z"], ["y"], name="the_add")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                            helper.make_tensor_value_info("z", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "add.onnx"))
+    with pytest.raises(kiln.InvalidModelError) as e:
+        kiln.Engine.from_onnx(str(tmp_path / "add.onnx"))
+    assert (e.value.node, e.value.op_type, e.value.file) == ("the_add", "Add", str(tmp_path / "add.onnx"))
+
+    with pytest.raises(kiln.InvalidModelError) as e:
+        kiln.Engine.deserialize(b"not an engine")
+    assert e.value.kind == "invalid_model"
+
+
+def test_engines_from_bytes_and_model_protos_and_serialized(tmp_path):
+    import onnx
+
+    x = np.random.default_rng(5).standard_normal((3, 1, 28, 28)).astype(np.float32)
+    want = kiln.Engine.from_onnx(FASHION).run({"input": x})["logits"]
+    with open(FASHION, "rb") as f:
+        data = f.read()
+    for model in (data, onnx.load(FASHION)):
+        np.testing.assert_array_equal(kiln.Engine.from_onnx(model).run({"input": x})["logits"], want)
+
+    engine = kiln.Engine.from_onnx(FASHION)
+    again = kiln.Engine.deserialize(engine.serialize())
+    np.testing.assert_array_equal(again.run({"input": x})["logits"], want)
+
+    external = onnx.load(FASHION)
+    onnx.save(external, str(tmp_path / "ext.onnx"), save_as_external_data=True, size_threshold=0)
+    with pytest.raises(kiln.InvalidArgumentError, match="external"):
+        kiln.Engine.from_onnx(onnx.load(str(tmp_path / "ext.onnx"), load_external_data=False))
+    with pytest.raises(kiln.InvalidArgumentError, match="not int"):
+        kiln.Engine.from_onnx(42)
+
+
+def test_inference_session_answers_as_onnxruntimes_does():
+    ort_session = ort.InferenceSession(FASHION, providers=["CPUExecutionProvider"])
+    session = kiln.InferenceSession(FASHION, providers=["CPUExecutionProvider"])
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    for ours, theirs in ((session.get_inputs(), ort_session.get_inputs()), (session.get_outputs(), ort_session.get_outputs())):
+        assert [(a.name, a.type, len(a.shape)) for a in ours] == [(b.name, b.type, len(b.shape)) for b in theirs]
+        for a, b in zip(ours, theirs):
+            assert [d for d in a.shape if isinstance(d, int)] == [d for d in b.shape if isinstance(d, int)]
+    x = np.random.default_rng(9).standard_normal((4, 1, 28, 28)).astype(np.float32)
+    (want,) = ort_session.run(None, {"input": x})
+    (got,) = session.run(None, {"input": x})
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    (named,) = session.run(["logits"], {"input": x})
+    np.testing.assert_array_equal(named, got)
+    with pytest.raises(kiln.InvalidArgumentError, match="no output 'probs'"):
+        session.run(["probs"], {"input": x})
