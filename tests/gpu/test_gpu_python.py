@@ -112,3 +112,21 @@ def test_dynamic_engine_from_python(resnet18_64, tmp_path):
     assert loaded.inputs[0].shape == [-1, 3, 64, 64] and loaded.profiles[0]["input"].max == [8, 3, 64, 64]
     x = spec.make_inputs(3, 77)[0]
     np.testing.assert_allclose(loaded.run({"input": x})["output"], engine.run({"input": x})["output"], rtol=1e-2, atol=1e-2)
+
+
+def test_torch_compile_backend_builds_an_fp16_engine_on_cuda_inputs():
+    import torch
+    import torchvision
+
+    import kiln.torch_backend as kiln_torch
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval().cuda()
+    x = torch.randn(8, 3, 64, 64, device="cuda")
+    before = kiln_torch.stats["engines"]
+    with torch.no_grad():
+        got = torch.compile(model, backend="kiln")(x)
+        want = model(x)
+    assert kiln_torch.stats["engines"] == before + 1
+    assert got.is_cuda and got.dtype == torch.float32 and got.shape == (8, 1000)
+    assert rel_l2(got.cpu().numpy(), want.cpu().numpy()) < 1e-2
