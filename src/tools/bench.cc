@@ -18,6 +18,7 @@
 
 #include "tools/commands.h"
 #include "tools/engine_options.h"
+#include "tools/json_output.h"
 
 #if KILN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -408,6 +409,7 @@ nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batc
 #endif
 
 int bench(const BenchOptions& o) {
+  const JsonOutput json(o.json);
   std::vector<int64_t> batches = o.batches.empty() ? std::vector<int64_t>{o.engine.batch} : parse_batches(o.batches);
   const bool cpu = is_engine_file(o.model) ? engine_file_backend(o.model) == "cpu" : o.engine.device == "cpu";
   if (cpu && (o.with_transfers || o.no_graph || o.profile || !o.export_profile.empty()))
@@ -445,11 +447,7 @@ int bench(const BenchOptions& o) {
                         {"timing", cpu ? "wall clock around each Engine::run (which returns the outputs); throughput = batch / median latency"
                                        : "CUDA events around each run, synchronized after each; throughput = batch / median latency"},
                         {"results", results}};
-  if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    if (!f) throw Error(ErrorKind::kIo, "cannot create '" + o.json + "'");
-    f << out.dump(1) << "\n";
-  }
+  json.write(out);
   return 0;
 }
 
@@ -472,7 +470,7 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--with-transfers", o->with_transfers, "Include copying inputs in and outputs out (pinned host memory)");
   cmd->add_flag("--no-graph", o->no_graph, "Launch layer by layer instead of replaying a CUDA graph");
   cmd->add_flag("--profile", o->profile, "Also time every layer (median of 10 runs)");
-  cmd->add_option("--json", o->json, "Write the results as JSON (schema: docs/bench.md)");
+  cmd->add_option("--json", o->json, "Write the results as JSON to FILE, or - for standard output (schema: docs/bench.md)");
   cmd->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
   // trtexec's spellings and options.
   cmd->add_flag("--useCudaGraph", o->use_cuda_graph, "Replay a CUDA graph (kiln's default)")->excludes("--no-graph");

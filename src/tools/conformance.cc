@@ -22,6 +22,7 @@
 #include "kiln/kiln.h"
 #include "onnx/importer.h"
 #include "tools/commands.h"
+#include "tools/json_output.h"
 
 namespace kiln::tools {
 
@@ -351,6 +352,7 @@ std::string one_line(std::string s, size_t max) {
 }
 
 int conformance(const ConformanceOptions& o) {
+  const JsonOutput json(o.json);
   std::vector<Case> cases = find_cases(o.dir);
   if (!o.filter.empty()) {
     std::regex re;
@@ -387,11 +389,8 @@ int conformance(const ConformanceOptions& o) {
   nlohmann::json summary = {{"dir", o.dir}, {"device", o.device}, {"filter", o.filter}, {"total", total}, {"pass", counts[0]},
                             {"fail", counts[1]}, {"unsupported", counts[2]}, {"rtol", kRtol}, {"atol", kAtol},
                             {"cases", results}};
-  if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    if (!f) throw Error(ErrorKind::kIo, "cannot create '" + o.json + "'");
-    f << summary.dump(1) << "\n";
-    if (!f) throw Error(ErrorKind::kIo, "cannot write '" + o.json + "'");
+  if (json.wanted()) {
+    json.write(summary);
   } else {
     std::cout << summary.dump() << "\n";
   }
@@ -405,7 +404,7 @@ void add_conformance_command(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand("conformance", "Run ONNX backend test cases and compare with their expected outputs");
   cmd->add_option("dir", o->dir, "Directory searched recursively for test cases (e.g. /usr/share/libonnx-testdata/data/node)")
       ->required();
-  cmd->add_option("--json", o->json, "Write the JSON summary here (default: printed last on stdout)");
+  cmd->add_option("--json", o->json, "Write the JSON summary to FILE, or - for standard output alone (default: printed last on stdout)");
   cmd->add_option("--filter", o->filter, "Only cases whose name matches this regular expression (ECMAScript, searched)");
   cmd->add_flag("-v,--verbose", o->verbose, "Print full failure reasons");
   cmd->add_option("--timeout", o->timeout_s, "Seconds one case may take before it counts as failed")

@@ -107,6 +107,15 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   if (!int8 && !fp8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty() || accuracy_budget >= 0))
     throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache, --layer-precision and --accuracy-budget are for INT8 builds")
         .hint("add --int8 (or --fp8)");
+  // trtexec's --calib names a cache; kiln's names data. A file that is not .npy is taken for a cache.
+  std::error_code ec;
+  if (!calib_data.empty() && std::filesystem::is_regular_file(calib_data, ec) &&
+      std::filesystem::path(calib_data).extension() != ".npy")
+    throw Error(ErrorKind::kInvalidArgument,
+                "--calib " + calib_data + ": --calib takes calibration data (a .npy file, a folder of .npy batches or "
+                "images, or fashion-mnist), and this file is none of them")
+        .hint("a calibration cache (kiln's or TensorRT's, as trtexec's --calib takes) goes to --calib-cache " +
+              calib_data);
   if (fp8_all && !fp8) throw Error(ErrorKind::kInvalidArgument, "--fp8-all goes with --fp8").hint("add --fp8");
   if (int8_all && !int8) throw Error(ErrorKind::kInvalidArgument, "--int8-all goes with --int8").hint("add --int8");
   b.quantized_where_faster = !fp8_all && !int8_all;

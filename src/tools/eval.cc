@@ -13,10 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "commands.h"
-#include "engine_options.h"
 #include "io/idx.h"
 #include "kiln/kiln.h"
+#include "tools/commands.h"
+#include "tools/engine_options.h"
+#include "tools/json_output.h"
 
 namespace kiln::tools {
 
@@ -84,6 +85,7 @@ Tensor run_batch(const Engine& engine, const io::LabeledImages& data, int64_t be
 }
 
 int eval(const EvalOptions& o) {
+  const JsonOutput json(o.json);
   if (o.dataset != "fashion-mnist")
     throw Error(ErrorKind::kInvalidArgument, "unknown dataset '" + o.dataset + "'").hint("kiln eval knows: fashion-mnist");
   const io::LabeledImages test = io::load_fashion_mnist("test");
@@ -158,7 +160,7 @@ int eval(const EvalOptions& o) {
   if (quantized)
     std::cout << fmt::format("  {} convolutions in {}, {} kept in float (kiln inspect says why)\n", quantized_layers,
                              info.precision == "int8" ? "INT8" : "FP8", info.int8_kept_float.size());
-  if (!o.json.empty()) {
+  if (json.wanted()) {
     nlohmann::json j = {{"dataset", "fashion-mnist"}, {"split", "test"}, {"images", count}, {"model", o.model},
                         {"precision", info.precision}, {"device", info.device}, {"backend", info.backend},
                         {"top1", top1 / n}, {"top5", top5 / n}};
@@ -167,8 +169,7 @@ int eval(const EvalOptions& o) {
       j["quantized_layers"] = quantized_layers;
       j["kept_float"] = info.int8_kept_float;
     }
-    std::ofstream f(o.json);
-    if (!(f << j.dump(1) << "\n")) throw Error(ErrorKind::kIo, "cannot write " + o.json);
+    json.write(j);
   }
   return 0;
 }
@@ -182,7 +183,7 @@ void add_eval_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--dataset", o->dataset, "fashion-mnist (Debian's dataset-fashion-mnist, the 10k test split)")->required();
   cmd->add_option("--limit", o->limit, "Only the first N test images")->check(CLI::PositiveNumber);
   cmd->add_option("--reference", o->reference, "The float32 ONNX model to compare an engine file with");
-  cmd->add_option("--json", o->json, "Write the figures as JSON");
+  cmd->add_option("--json", o->json, "Write the figures as JSON to FILE, or - for standard output");
   o->engine.add_to(cmd, "cpu");
   cmd->callback([o, &action] { action = [o] { return eval(*o); }; });
 }

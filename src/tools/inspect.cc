@@ -16,6 +16,7 @@
 #include "kiln/kiln.h"
 #include "tools/commands.h"
 #include "tools/engine_options.h"
+#include "tools/json_output.h"
 #include "tools/shapes.h"
 
 namespace kiln::tools {
@@ -24,7 +25,7 @@ namespace {
 struct InspectOptions {
   std::string model;
   bool optimize = false;
-  bool json = false;
+  std::string json;  // --json [FILE]: empty for text
   std::vector<std::string> dims;    // --dim N=8
   std::vector<std::string> shapes;  // --shapes input:1x3x224x224
 };
@@ -102,6 +103,7 @@ void fill_shapes_by_folding(ir::Graph& g) {
 // An engine file: what was built (layers after fusion with their precision, tactic and output
 // shape; inputs and outputs; memory) and for what (the header: kiln version, device, options).
 int inspect_engine(const InspectOptions& o) {
+  const JsonOutput json(o.json);
   const engine_file::Contents file = engine_file::read(o.model);
   const Engine engine = Engine::load(o.model);
   const EngineInfo info = engine.info();
@@ -144,8 +146,8 @@ int inspect_engine(const InspectOptions& o) {
     j["profiles"].push_back(pj);
   }
   if (!info.profiles.empty()) j["memory"]["io_bytes"] = info.io_bytes;
-  if (o.json) {
-    std::cout << j.dump(1) << "\n";
+  if (json.wanted()) {
+    json.write(j);
     return 0;
   }
   std::cout << fmt::format("engine: {} (kiln {}, {} engine, precision {}, format {})\n", o.model,
@@ -182,6 +184,7 @@ int inspect_engine(const InspectOptions& o) {
 
 int inspect(const InspectOptions& o) {
   if (is_engine_file(o.model)) return inspect_engine(o);
+  const JsonOutput json(o.json);
   ir::Graph g = onnx_import::import_file(o.model);
   // Optimize while the dims are still symbolic (the graph a dynamic engine runs), then bind
   // them only to make the shapes and FLOPs shown concrete.
@@ -199,7 +202,7 @@ int inspect(const InspectOptions& o) {
     for (const std::string& out : n.outputs) l["outputs"].push_back({{"name", out}, {"type", out.empty() ? "" : type_string(g, out)}});
     layers.push_back(l);
   }
-  if (o.json) {
+  if (json.wanted()) {
     nlohmann::json j;
     j["model"] = o.model;
     j["opset"] = g.opset;
@@ -211,7 +214,7 @@ int inspect(const InspectOptions& o) {
     j["parameters"] = g.parameter_count();
     j["parameter_bytes"] = g.parameter_bytes();
     j["flops"] = total_flops;
-    std::cout << j.dump(1) << "\n";
+    json.write(j);
     return 0;
   }
   std::cout << fmt::format("model: {} (opset {}{})\n", o.model, g.opset, o.optimize ? ", after kiln's passes" : "");
@@ -248,7 +251,9 @@ void add_inspect_command(CLI::App& app, std::function<int()>& action) {
                                                  "(engines: precision, tactic and memory), parameters and FLOPs");
   cmd->add_option("model", opts->model, "ONNX model file, or engine file")->required();
   cmd->add_flag("--optimize", opts->optimize, "Show the graph after kiln's passes (folding and fusion)");
-  cmd->add_flag("--json", opts->json, "Print JSON instead of text");
+  cmd->add_option("--json", opts->json, "JSON instead of text, to FILE, or to standard output when given alone or as -")
+      ->expected(0, 1)
+      ->default_str("-");
   cmd->add_option("--dim", opts->dims, "Bind a dynamic dimension, e.g. --dim N=8 (repeatable; unbound ones are 1)");
   cmd->add_option("--shapes", opts->shapes, "Bind input shapes, e.g. --shapes input:1x3x224x224,mask:1x128");
   cmd->callback([opts, &action] { action = [opts] { return inspect(*opts); }; });
