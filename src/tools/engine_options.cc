@@ -76,7 +76,8 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_option("--timing-cache,--timingCacheFile", timing_cache, "Timing cache file: read if present, updated after the build");
   cmd->add_flag("--allow-cpu-fallback", allow_cpu_fallback, "Run nodes without a GPU layer on the CPU instead of failing");
   cmd->add_flag("--no-optimize", no_optimize, "Skip kiln's graph passes");
-  cmd->add_flag("-v,--verbose", verbose, "Print every layer as it is built, with its tactic");
+  CLI::Option* verbose_flag = cmd->add_flag("-v,--verbose", verbose, "Print every layer as it is built, with its tactic");
+  cmd->add_flag("-q,--quiet", quiet, "No build progress (errors and results only)")->excludes(verbose_flag);
   cmd->add_option("--max-memory", max_memory,
                   "The most memory a run may take (e.g. 8G, 512M; default: the machine's memory on the CPU, the GPU's "
                   "on the GPU); a tensor that would pass it is refused before it is allocated");
@@ -131,7 +132,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   }
   // Progress: every layer with --verbose, else about every tenth of the layers.
   const bool all = verbose;
-  b.log = [all](const std::string& line) {
+  if (!quiet) b.log = [all](const std::string& line) {
     long i = 0, n = 0;
     if (!all && std::sscanf(line.c_str(), "[%ld/%ld]", &i, &n) == 2 && n > 0 && i != n && (i * 10 / n) == ((i - 1) * 10 / n))
       return;
@@ -207,7 +208,7 @@ void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
     c.percentile = calib_percentile;
     c.device = b.device;  // GPU builds calibrate on the GPU
     if (q::is_image_folder(calib_data)) c.image = image.options(q::calibration_input(model), calib_data);
-    c.progress = calibration_progress("kiln");
+    if (!quiet) c.progress = calibration_progress("kiln");
     q::CalibrationResult r = q::calibrate_model(model, c);
     if (!calib_cache.empty()) {
       q::write_calibration_cache(calib_cache, r.cache);

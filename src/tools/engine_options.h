@@ -26,6 +26,7 @@ struct EngineOptions {
   bool allow_cpu_fallback = false;
   bool no_optimize = false;
   bool verbose = false;
+  bool quiet = false;
   std::vector<std::string> mark_outputs;
   std::string max_memory;  // --max-memory: "8G", "512MiB", "1000000" (bytes); "": the default
   // INT8: calibration data or a cache (see calibration/calibrate_model.h), and layers pinned
