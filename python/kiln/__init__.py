@@ -111,10 +111,10 @@ class Builder:
         self.options.int8_scales = scales
         return scales
 
-    def build(self, model: str) -> Engine:
-        if self.options.precision in ("int8", "fp8") and not self.options.int8_scales:
-            raise Error("an int8 build needs INT8 scales: call Builder.calibrate(model, batches) first, "
-                        "or pass int8_scales")
+    def build(self, model: Any) -> Engine:
+        """The engine of `model` (a path, bytes or an onnx.ModelProto). An int8 or fp8 build takes
+        the scales of calibrate() or int8_scales, or a QDQ model's own (kiln quantize's, or any
+        QuantizeLinear/DequantizeLinear model) without calibration."""
         return Engine.from_onnx(model, self.options)
 
 

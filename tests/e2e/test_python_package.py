@@ -285,3 +285,18 @@ def test_inference_session_answers_as_onnxruntimes_does():
     np.testing.assert_array_equal(named, got)
     with pytest.raises(kiln.InvalidArgumentError, match="no output 'probs'"):
         session.run(["probs"], {"input": x})
+
+
+def test_builder_takes_a_qdq_model_without_calibration(kiln_bin, tmp_path):
+    qdq = tmp_path / "fashion_qdq.onnx"
+    r = subprocess.run([kiln_bin, "quantize", FASHION, "--calib", "fashion-mnist", "--calib-batches", "4",
+                        "-o", str(qdq)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    engine = kiln.Builder(precision="int8").build(str(qdq))
+    assert engine.info()["precision"] == "int8"
+    x = np.random.default_rng(3).standard_normal((16, 1, 28, 28)).astype(np.float32)
+    want = kiln.Engine.from_onnx(FASHION).run({"input": x})["logits"]
+    got = engine.run({"input": x})["logits"]
+    assert (got.argmax(1) == want.argmax(1)).mean() >= 0.75
+    with pytest.raises(kiln.InvalidArgumentError, match="needs calibrated activation scales"):
+        kiln.Builder(precision="int8").build(FASHION)  # a float model: calibrate() first
