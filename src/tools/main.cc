@@ -3,14 +3,31 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include "kiln/error.h"
 #include "tools/commands.h"
 
+namespace {
+
+// `kiln --version`: the version (the file VERSION) and the backends built in, with the GPU
+// architectures the CUDA kernels are compiled for (KILN_CUDA_ARCHITECTURES in CMakeLists.txt).
+std::string version_text() {
+  std::string text = std::string("kiln ") + KILN_VERSION + "\nbackends: cpu";
+#if KILN_WITH_CUDA
+  text += ", cuda (compiled for " KILN_CUDA_ARCHITECTURES_TEXT ")";
+#else
+  text += " (built without the CUDA backend)";
+#endif
+  return text;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"kiln: compile ONNX models into fast inference engines and run them"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("kiln ") + KILN_VERSION);
+  app.set_version_flag("--version", version_text());
   std::function<int()> action;
   kiln::tools::add_inspect_command(app, action);
   kiln::tools::add_build_command(app, action);
