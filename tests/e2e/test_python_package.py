@@ -300,3 +300,71 @@ def test_builder_takes_a_qdq_model_without_calibration(kiln_bin, tmp_path):
     assert (got.argmax(1) == want.argmax(1)).mean() >= 0.75
     with pytest.raises(kiln.InvalidArgumentError, match="needs calibrated activation scales"):
         kiln.Builder(precision="int8").build(FASHION)  # a float model: calibrate() first
+
+
+def _stub_signatures(tree) -> dict[str, dict[str, list[str] | None]]:
+    """{class name or "": {member: parameter names (None: not a function)}} of a .pyi module."""
+    import ast
+
+    def members(body) -> dict[str, list[str] | None]:
+        out: dict[str, list[str] | None] = {}
+        for node in body:
+            if isinstance(node, ast.FunctionDef):
+                # Positional-only parameters are the binding's unnamed ones, which pybind11 calls argN.
+                positional = [a.arg for a in node.args.posonlyargs if a.arg != "self"]
+                named = [a.arg for a in node.args.args + node.args.kwonlyargs if a.arg != "self"]
+                out[node.name] = [f"arg{i}" for i in range(len(positional))] + named
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                out[node.target.id] = None
+            elif isinstance(node, ast.ClassDef):
+                out[node.name] = None
+        return out
+
+    found = {"": members(tree.body)}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            found[node.name] = members(node.body)
+    return found
+
+
+def _runtime_parameters(function) -> list[str] | None:
+    """Parameter names from pybind11's signature line ("name(a: int, b: str = ...) -> ..."), self left out."""
+    import re
+
+    doc = (getattr(function, "__doc__", None) or "").strip()
+    m = re.match(r"\w+\((.*?)\)\s*->", doc.splitlines()[0] if doc else "")
+    if not m:
+        return None
+    names = [p.split(":")[0].strip() for p in re.split(r",\s*(?![^\[]*\])", m.group(1)) if p.strip()]
+    return [n for n in names if n not in ("self", "*", "/")]
+
+
+def test_type_stubs_describe_the_extension_module():
+    """python/kiln/_kiln.pyi (shipped with py.typed) names exactly what kiln._kiln has, with the
+    same parameter names: a binding added, renamed or given new arguments without its stub fails."""
+    import ast
+    import inspect
+
+    from kiln import _kiln
+
+    package = os.path.dirname(kiln.__file__)
+    assert os.path.exists(os.path.join(package, "py.typed"))
+    with open(os.path.join(package, "_kiln.pyi")) as f:
+        stubs = _stub_signatures(ast.parse(f.read()))
+
+    runtime = {n for n in dir(_kiln) if not n.startswith("_")} | {"__version__"}
+    assert set(stubs[""]) == runtime, ("stub only:", set(stubs[""]) - runtime, "module only:", runtime - set(stubs[""]))
+    for name in runtime:
+        obj = getattr(_kiln, name)
+        if inspect.isclass(obj) and not issubclass(obj, BaseException):
+            have = {m for m in vars(obj) if not m.startswith("_")}
+            if (obj.__init__.__doc__ or "").startswith("__init__("):  # a constructor of the binding's
+                have.add("__init__")
+            stubbed = {m for m in stubs[name] if not m.startswith("_") or m == "__init__"}
+            assert stubbed == have, (name, "stub only:", stubbed - have, "module only:", have - stubbed)
+            for member in have:
+                params = _runtime_parameters(getattr(obj, member))
+                if params is not None and stubs[name][member] is not None:
+                    assert stubs[name][member] == params, (f"{name}.{member}", stubs[name][member], params)
+        elif callable(obj) and not inspect.isclass(obj):
+            assert stubs[""][name] == _runtime_parameters(obj), (name, stubs[""][name], _runtime_parameters(obj))

@@ -1,0 +1,91 @@
+# Types of kiln's C++ extension module (python/bindings/module.cc), for type checkers and
+# editors. tests/e2e/test_python_package.py checks that every name here exists in the module and
+# every public name of the module is here. Context.run_torch is added by the kiln package
+# (python/kiln/__init__.py) on import.
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+has_cuda: bool
+
+class Error(RuntimeError):
+    """Every failure of kiln: the message names the file, node, input or option at fault, and why."""
+
+class TensorDesc:
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> list[int]:
+        """Dimensions; -1 where dynamic."""
+    @property
+    def dim_names(self) -> list[str]: ...
+
+class ShapeRange:
+    """min, opt and max shapes of one input in an optimization profile."""
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+    def __init__(self, min: Sequence[int], opt: Sequence[int], max: Sequence[int]) -> None: ...
+
+class BuildOptions:
+    optimize: bool
+    device: str  # "cpu" or "cuda"
+    precision: str  # "fp32", "tf32", "fp16", "best", "int8" or "fp8"
+    input_shapes: dict[str, list[int]]
+    profiles: list[dict[str, ShapeRange]]
+    profile_timing_step: float
+    timing_cache: str
+    allow_cpu_fallback: bool
+    mark_outputs: list[str]
+    max_memory: int
+    int8_scales: dict[str, float]
+    float_layers: list[str]
+    quantized_where_faster: bool
+    log: Callable[[str], None] | None
+    def __init__(self) -> None: ...
+
+class Engine:
+    @staticmethod
+    def from_onnx(path: str, options: BuildOptions = ...) -> Engine: ...
+    @staticmethod
+    def load(path: str, max_memory: int = 0) -> Engine: ...
+    def save(self, path: str) -> None: ...
+    @property
+    def inputs(self) -> list[TensorDesc]: ...
+    @property
+    def outputs(self) -> list[TensorDesc]: ...
+    @property
+    def profiles(self) -> list[dict[str, ShapeRange]]: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def layer_count(self) -> int: ...
+    def info(self) -> dict[str, Any]: ...
+    def create_context(self, use_cuda_graph: bool = True) -> Context: ...
+    def run(self, inputs: Mapping[str, Any], /) -> dict[str, npt.NDArray[Any]]:
+        """Numpy arrays (or CPU torch tensors) in, of the engine's dtypes; numpy arrays out."""
+
+class Context:
+    optimization_profile: int
+    def run(self, inputs: Mapping[str, Any], /) -> dict[str, npt.NDArray[Any]]: ...
+    def run_torch(self, inputs: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
+        """torch CUDA tensors in; torch views of the context's output buffers out (no copy)."""
+    def enqueue(self, cuda_stream: int = 0) -> None: ...
+    def set_input_shape(self, name: str, shape: Sequence[int]) -> None: ...
+    def input_shape(self, name: str) -> list[int]: ...
+    def output_shape(self, name: str) -> list[int]: ...
+    def input_pointer(self, name: str, /) -> int: ...
+    def output_pointer(self, name: str, /) -> int: ...
+    def input_dlpack(self, engine: Engine, name: str) -> Any: ...
+    def output_dlpack(self, engine: Engine, name: str) -> Any: ...
+    def profile(self, cuda_stream: int = 0) -> list[dict[str, Any]]: ...
+
+def simplify_onnx(onnx_path: str, output_path: str) -> tuple[int, int]: ...
+def calibrate(model: str, next_batch: Callable[[], np.ndarray | None], algorithm: str = "entropy",
+              percentile: float = 99.99, max_batches: int = 0, device: str = "cpu",
+              progress: bool = True) -> dict[str, float]: ...
