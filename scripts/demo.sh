@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# kiln's pipeline end to end on the CPU: export a torchvision ResNet-18 (random weights, dynamic
-# batch) to ONNX, build it with kiln (import + optimize) and run it on a Fashion-MNIST image,
-# printing the top-5 classes; then check kiln's output against ONNX Runtime.
+# kiln on a real task: the trained Fashion-MNIST classifier of models/ on real test images, fp32
+# and INT8 side by side (classes by name, accuracy on the test split, speed, a chart in
+# out/demo/); on the GPU where kiln has its CUDA backend and the machine a GPU, else on the CPU.
 #
-#   bash scripts/setup.sh && bash scripts/demo.sh
+#   bash scripts/setup.sh && bash scripts/demo.sh       # --images 10000: accuracy on the whole test split
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec .venv/bin/python scripts/demo.py --kiln "${KILN_BUILD_DIR:-build}/kiln" "$@"
+BUILD_DIR=${KILN_BUILD_DIR:-build}
+if [[ ! -d "$BUILD_DIR/python/kiln" ]] || ! compgen -G "$BUILD_DIR/python/kiln/_kiln*.so" > /dev/null; then
+  echo "demo.sh: $BUILD_DIR/python has no kiln Python module: build kiln first (bash scripts/setup.sh)" >&2
+  exit 1
+fi
+PYTHONPATH="$BUILD_DIR/python${PYTHONPATH:+:$PYTHONPATH}" exec .venv/bin/python scripts/demo.py "$@"

@@ -2,42 +2,55 @@
 # Installs what kiln needs on Debian 12 and builds it. No GPU is needed; where the CUDA toolkit
 # is installed (/usr/local/cuda) the CUDA backend is compiled too (it runs only on a GPU machine).
 #
-#   bash scripts/setup.sh
+#   bash scripts/setup.sh                 # what the demo needs (scripts/demo.sh)
+#   bash scripts/setup.sh --for-tests     # and what the tests need (scripts/test.sh runs this)
 #
 # Steps, each skipped when already done, so running it again is cheap:
 #   1. Debian packages (apt-get; needs root, or sudo)
-#   2. a Python virtual environment .venv with torch, onnx, onnxruntime, ... from PyPI, and
-#      .venv-tf with TensorFlow and tf2onnx, .venv-serve with KServe and Triton's clients (kept
-#      apart so their pins never move torch's)
+#   2. a Python virtual environment .venv as requirements/demo.lock pins it (numpy, matplotlib,
+#      pybind11); with --for-tests as requirements/dev.lock pins it (torch, onnx, onnxruntime,
+#      pytest, ... as well), .venv-tf with TensorFlow and tf2onnx, and .venv-serve with KServe and
+#      Triton's clients (kept apart so their pins never move torch's)
 #   3. cmake + ninja build into build/ (KILN_BUILD_DIR overrides), with the Python package's
-#      extension module laid out in build/python
+#      extension module laid out in build/python; the tests are built with --for-tests
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 BUILD_DIR=${KILN_BUILD_DIR:-build}
+FOR_TESTS=0
+for arg in "$@"; do
+  case $arg in
+    --for-tests) FOR_TESTS=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (the one option is --for-tests)" >&2; exit 1 ;;
+  esac
+done
 
-# Build tools and libraries kiln links (see CMakeLists.txt); libonnx-testdata holds the ONNX
-# backend test cases of `kiln conformance`; clang and libclang-rt-14-dev build the fuzz targets;
+# Build tools and libraries kiln links (see CMakeLists.txt; libonnx-dev gives onnx.proto);
 # libstb-dev decodes images for `kiln run --input photo.jpg`; dataset-fashion-mnist gives the
-# demo real images without a download; chromium renders the HTML report in its test.
+# demo real images without a download.
 DEBIAN_PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libprotobuf-dev protobuf-compiler libonnx-dev libonnx-testdata
-  zlib1g-dev libopenblas-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgtest-dev libstb-dev
-  clang libclang-rt-14-dev
+  libprotobuf-dev protobuf-compiler libonnx-dev
+  zlib1g-dev libopenblas-dev libfmt-dev libcli11-dev nlohmann-json3-dev libstb-dev
   dataset-fashion-mnist
   python3 python3-venv python3-dev
-  chromium
 )
+# For the tests: GoogleTest; libonnx-testdata holds the ONNX backend test cases of `kiln
+# conformance`; clang and libclang-rt-14-dev build the fuzz targets; chromium renders the HTML
+# report in its test.
+if ((FOR_TESTS)); then
+  DEBIAN_PACKAGES+=(libgtest-dev libonnx-testdata clang libclang-rt-14-dev chromium)
+fi
 # The Python environments, every package pinned (requirements/*.lock, so that CI and every
 # developer run the same versions; the conformance floors count the cases of the pinned onnx):
-# .venv: torch, torchvision, onnx, onnxruntime, numpy, pytest, onnxscript, transformers; pybind11
-# and scikit-build-core build the Python package (kiln._kiln; `pip install .`); matplotlib draws
-# `kiln report`'s charts; nbconvert and ipykernel execute notebooks/demo.ipynb.
-# .venv-tf: tensorflow-cpu and tf2onnx for `kiln export --from savedmodel` and its test, kept
-# apart so their pins never move torch's.
-# .venv-serve: KServe's model server for `kiln serve`, and Triton's clients and perf_analyzer to
-# talk to it (their protobuf and grpcio pins differ from onnx's and TensorFlow's).
+# .venv for the demo (demo.lock): numpy, matplotlib for its chart and `kiln report`, pybind11 to
+# build the Python package (kiln._kiln). For the tests (dev.lock, which includes demo.lock):
+# torch, torchvision, onnx, onnxruntime, pytest, onnxscript, transformers; scikit-build-core
+# builds the wheel (`pip wheel .`); nbconvert and ipykernel execute notebooks/demo.ipynb.
+# .venv-tf (tests): tensorflow-cpu and tf2onnx for `kiln export --from savedmodel` and its test,
+# kept apart so their pins never move torch's.
+# .venv-serve (tests): KServe's model server for `kiln serve`, and Triton's clients and
+# perf_analyzer to talk to it (their protobuf and grpcio pins differ from onnx's and TensorFlow's).
 PIP_VERSION=26.3
 
 say() { printf '\n==> %s\n' "$*"; }
@@ -95,15 +108,24 @@ install_lock() {  # install_lock VENV LOCK GB: the environment VENV as LOCK pins
     "$venv/bin/python" -m pip install --no-cache-dir -r "$lock"
   fi
 }
-# torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the CPU only.
-install_lock .venv requirements/dev.lock 8
-install_lock .venv-tf requirements/tf.lock 3
-install_lock .venv-serve requirements/serve.lock 2
+if ((FOR_TESTS)); then
+  # torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the CPU only.
+  install_lock .venv requirements/dev.lock 8
+  install_lock .venv-tf requirements/tf.lock 3
+  install_lock .venv-serve requirements/serve.lock 2
+else
+  install_lock .venv requirements/demo.lock 1
+fi
 
 # --- 3. build -------------------------------------------------------------------------------
+# The tests are built with --for-tests; a build configured for the tests keeps them.
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   say "configuring $BUILD_DIR (Release; the CUDA backend too if the CUDA toolkit is installed)"
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_PYTHON="$PWD/.venv/bin/python"
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_PYTHON="$PWD/.venv/bin/python" \
+    -DKILN_BUILD_TESTS=$( ((FOR_TESTS)) && echo ON || echo OFF)
+elif ((FOR_TESTS)) && ! grep -q "^KILN_BUILD_TESTS:BOOL=ON" "$BUILD_DIR/CMakeCache.txt"; then
+  say "configuring $BUILD_DIR with the tests"
+  cmake -S . -B "$BUILD_DIR" -DKILN_BUILD_TESTS=ON
 fi
 say "building $BUILD_DIR"
 ninja -C "$BUILD_DIR" -j"$(nproc)"

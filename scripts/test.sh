@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs kiln's whole test suite: GoogleTest unit tests, command-line tests and the pytest
-# end-to-end tests, all through CTest. Installs and builds first where needed (scripts/setup.sh).
+# end-to-end tests, all through CTest. Installs and builds first where needed (scripts/setup.sh --for-tests).
 #
 #   bash scripts/test.sh              # everything
 #   bash scripts/test.sh -L unit      # extra arguments go to ctest: -L e2e, -R resnet, ...
@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${KILN_BUILD_DIR:-build}
 
-bash scripts/setup.sh
+bash scripts/setup.sh --for-tests
 
 # With no filter given, first: a bounded libFuzzer run of the ONNX importer (through passes and the
 # CPU engine) and of the .npy reader, in a clang build with AddressSanitizer and UBSan.
