@@ -5,7 +5,7 @@ dataset-fashion-mnist.
 
 1. build an fp32 engine, and an INT8 engine calibrated on 1,024 training images;
 2. classify one test image of each class, by name, with both engines;
-3. accuracy of both on the test split (the first --images of its 10,000 images);
+3. accuracy of both on the test split (its 10,000 images; --images N: the first N);
 4. time both at batch 1 and batch 256;
 5. draw it all in one chart, and write the figures as JSON.
 
@@ -114,14 +114,15 @@ def draw(path: str, samples, sample_images, results: dict, device_name: str) -> 
                      color="black" if ok else "#C00000")
     names = ["fp32", "INT8"]
     panels = [
-        ("top-1 accuracy, %d test images" % results["images"], [results[p]["top1"] * 100 for p in ("fp32", "int8")], "%"),
+        (f"top-1 accuracy, {results['images']:,} test images", [results[p]["top1"] * 100 for p in ("fp32", "int8")], "%"),
         ("latency at batch 1 (median)", [results[p]["batch1_ms"] for p in ("fp32", "int8")], "ms"),
         ("throughput at batch %d" % BATCH, [results[p]["images_per_s"] for p in ("fp32", "int8")], "images/s"),
     ]
     for j, (title, values, unit) in enumerate(panels):
         ax = fig.add_subplot(grid[1, 3 * j + (0 if j == 0 else 1):3 * j + 3])
         bars = ax.bar(names, values, color=[GREY, GREEN], width=0.6)
-        ax.bar_label(bars, labels=[f"{v:.2f} {unit}" if unit == "%" else f"{v:.3g} {unit}" for v in values], fontsize=8)
+        formats = {"%": "{:.2f} %", "ms": "{:.3g} ms", "images/s": "{:,.0f} images/s"}
+        ax.bar_label(bars, labels=[formats[unit].format(v) for v in values], fontsize=8)
         ax.set_title(title, fontsize=9)
         ax.spines[["top", "right"]].set_visible(False)
         ax.tick_params(labelsize=8)
@@ -138,8 +139,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto: the GPU when kiln has its CUDA backend and the machine a GPU, else the CPU")
-    p.add_argument("--images", type=int, default=0,
-                   help="test images to measure accuracy on (default: all 10,000 on a GPU, 2,000 on the CPU)")
+    p.add_argument("--images", type=int, default=10000, help="test images to measure accuracy on (the first N)")
     p.add_argument("--calib-images", type=int, default=1024, help="training images to calibrate INT8 on")
     p.add_argument("--out", default="out/demo")
     a = p.parse_args()
@@ -176,7 +176,7 @@ def main() -> int:
     print(f"    fp32: {fp32.layer_count} layers after fusion, on {device_name}, built in {fp32_s:.1f} s")
     print(f"    INT8: calibrated on {len(calib):,} training images, {int8_layers} layers in INT8, built in {int8_s:.1f} s")
 
-    count = a.images or (10000 if device == "cuda" else 2000)
+    count = min(max(a.images, 1), 10000)
     test_images = read_idx("t10k-images-idx3-ubyte.gz", count)
     labels = read_idx("t10k-labels-idx1-ubyte.gz", count).astype(np.int64)
     x = normalize(test_images)
@@ -197,7 +197,7 @@ def main() -> int:
         said8 = f"{s['int8']} ({s['int8_confidence']:.0%})"
         print(f"    {i:>5}  {s['label']:<12} {said32:<24} {said8:<24}{mark}")
 
-    section(f"3. accuracy on the test split: {count:,} of its 10,000 images")
+    section(f"3. accuracy on the test split: {'all' if count == 10000 else f'{count:,} of'} its 10,000 images")
     t = time.perf_counter()
     pred32 = classify(fp32, x).argmax(axis=1)
     t32 = time.perf_counter() - t

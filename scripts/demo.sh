@@ -3,7 +3,7 @@
 # and INT8 side by side (classes by name, accuracy on the test split, speed, a chart in
 # out/demo/); on the GPU where kiln has its CUDA backend and the machine a GPU, else on the CPU.
 #
-#   bash scripts/setup.sh && bash scripts/demo.sh       # --images 10000: accuracy on the whole test split
+#   bash scripts/setup.sh && bash scripts/demo.sh       # --images 1000: accuracy on fewer test images
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${KILN_BUILD_DIR:-build}
