@@ -287,6 +287,11 @@ void check_device(const nlohmann::json& built, const std::string& engine_path) {
           .file(engine_path)
           .hint("rebuild the engine on this machine: kiln build model.onnx -o model.engine");
   }
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  check_gpu_architecture(prop);
 }
 
 }  // namespace kiln::cuda

@@ -336,6 +336,10 @@ class CudaContext {
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
 };
 
+// Throws kiln::Error naming both when kiln's kernels are not compiled for this GPU's
+// architecture (KILN_CUDA_ARCHITECTURES); every build and load asks first.
+void check_gpu_architecture(const cudaDeviceProp& prop);
+
 // Layers that the builder adds itself.
 std::unique_ptr<Layer> make_reformat_layer(const TensorSpec& from, const TensorSpec& to);
 // A layer that runs the CPU engine's kernel for `node`: device -> pinned host -> kernel (in a

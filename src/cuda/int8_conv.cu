@@ -46,12 +46,29 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
+// Thread-block clusters (split K) and programmatic dependent launch are Hopper's (sm_90). Built
+// for an older architecture too (KILN_CUDA_ARCHITECTURES), the code that uses them compiles out
+// there, and the host never launches a kernel with them on such a GPU (hopper_features()).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define KILN_HOPPER_DEVICE_CODE 1
+#else
+#define KILN_HOPPER_DEVICE_CODE 0
+#endif
+
 // Programmatic dependent launch (kiln's default; KILN_PDL=0 turns it off): a kernel launched
 // with it may start while the previous kernel in its stream or graph still runs, and must wait
 // before it reads what that kernel writes or writes what it may still read. Both are no-ops in
 // a kernel launched without it.
-__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void let_next_kernel_start() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if KILN_HOPPER_DEVICE_CODE
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_next_kernel_start() {
+#if KILN_HOPPER_DEVICE_CODE
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -268,6 +285,7 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm_kernel(const KernelPar
 
   if constexpr (kAcc * kThreads * 4 <= kStages * kStageBytes) {
     if (p.k_splits > 1) {
+#if KILN_HOPPER_DEVICE_CODE
       namespace cg = cooperative_groups;
       cg::cluster_group cluster = cg::this_cluster();
       int* sums = reinterpret_cast<int*>(smem);  // [kAcc][kThreads], over the pipeline's buffers
@@ -285,6 +303,9 @@ __global__ void __launch_bounds__(kThreads) implicit_gemm_kernel(const KernelPar
       }
       cluster.sync();  // the first block has read the others' shared memory: they may leave
       if (split != 0) return;
+#else
+      __trap();  // split K runs in clusters, offered on Hopper only
+#endif
     }
   }
 
@@ -564,6 +585,7 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const KernelParams p)
   // half, flat sums 2q and 2q + 1; block `split` finishes the pairs with q % k_splits == split.
   int* flat = &acc[0][0][0];
   if (p.k_splits > 1) {
+#if KILN_HOPPER_DEVICE_CODE
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     __syncthreads();  // every warp is done with the pipeline's buffers
@@ -581,6 +603,9 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const KernelParams p)
         }
     }
     cluster.sync();  // the others have read this block's shared memory: it may leave
+#else
+    __trap();  // split K runs in clusters, offered on Hopper only
+#endif
   }
 
   constexpr int kYBytes = static_cast<int>(sizeof(YT));
@@ -635,13 +660,13 @@ const KernelInfo& prepare(Kernel kernel, int smem) {
 // load their weights and epilogue operands while the kernel before them finishes: at batch 1 it
 // took ResNet-50's INT8 engine from 0.306 to 0.266 ms on an H100 (docs/design/int8.md,
 // "Programmatic dependent launch").
-// KILN_PDL=0 launches them plainly (to compare, or to rule it out).
+// KILN_PDL=0 launches them plainly (to compare, or to rule it out). Hopper only.
 bool programmatic_launch() {
   static const bool on = [] {
     const char* v = std::getenv("KILN_PDL");
     return !(v && std::string(v) == "0");
   }();
-  return on;
+  return on && hopper_features();
 }
 
 // Launches `blocks` blocks, in clusters of `splits` (the blocks that share a tile's K) when
@@ -742,6 +767,21 @@ int stream_smem_bound(int c, int tile_n) {
 }
 
 }  // namespace
+
+bool hopper_features() {
+  static std::mutex mutex;
+  static std::map<int, bool> known;
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(device);
+  if (it == known.end()) {
+    int major = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    it = known.emplace(device, major >= 9).first;
+  }
+  return it->second;
+}
 
 std::string Int8ConvTactic::str() const {
   const char* name = kernel == Int8ConvKernel::kImplicitGemm ? "implicit-gemm:"

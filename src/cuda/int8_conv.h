@@ -70,6 +70,11 @@ struct Int8ConvTactic {
 std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y_type, DType z_type, const ir::Activation& act,
                                               std::string* why = nullptr);
 
+// Whether the current GPU has thread-block clusters and programmatic dependent launch (Hopper:
+// compute capability 9.0 and up), which split K and kiln's PDL launches need; asked once per
+// device. Built for an older GPU too, their device code compiles out there.
+bool hopper_features();
+
 // Launches one of those tactics. The first launch of each kernel raises its shared-memory
 // limit, so make it outside CUDA graph capture (the layer's build does, by timing it).
 void launch_int8_conv(const Int8ConvGeometry& g, DType y_type, DType z_type, const Int8ConvArgs& args,

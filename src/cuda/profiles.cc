@@ -116,6 +116,7 @@ std::unique_ptr<CudaEngine> CudaEngine::build(Specializer specialize, const Buil
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   cudaDeviceProp prop{};
   KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  check_gpu_architecture(prop);
   e->device_name_ = prop.name;
   e->cache_ = std::make_unique<TimingCache>(device_signature(prop));
   if (!config.timing_cache_path.empty()) {

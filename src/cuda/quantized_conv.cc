@@ -277,6 +277,11 @@ class QConvLayer final : public Layer {
     std::string kernel_why;
     std::vector<Int8ConvTactic> kernels = int8_conv_tactics(p_.geometry, p_.y_storage, z_type(), p_.act, &kernel_why);
     if (p_.quantized != DType::kInt8) kernels.clear(), kernel_why = "kiln's kernels are INT8";
+    // Split K runs in thread-block clusters, which GPUs before Hopper do not have.
+    if (!kernels.empty() && !hopper_features()) {
+      std::erase_if(kernels, [](const Int8ConvTactic& t) { return t.k_splits > 1; });
+      if (kernels.empty()) kernel_why = "split K needs thread-block clusters (Hopper)";
+    }
     if (only && std::string(only) == "cudnn") kernels.clear();
     // Experiments and tests narrow kiln's kernels to those `keep` accepts, where the layer has any.
     auto narrow = [&](auto keep) {

@@ -194,6 +194,20 @@ void fill_random(void* data, DType dtype, int64_t n, uint32_t seed, cudaStream_t
   KILN_CUDA_CHECK_LAUNCH();
 }
 
+void check_gpu_architecture(const cudaDeviceProp& prop) {
+  // A GPU whose architecture kiln's kernels are not compiled for (and that cannot compile their
+  // PTX) has no image of them: every launch would fail with "no kernel image is available".
+  cudaFuncAttributes attributes{};
+  const cudaError_t e = cudaFuncGetAttributes(&attributes, fill_random_kernel<float>);
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  if (e != cudaErrorNoKernelImageForDevice && e != cudaErrorInvalidDeviceFunction) KILN_CUDA_CHECK(e);
+  const std::string sm = std::to_string(prop.major) + std::to_string(prop.minor);
+  throw Error(ErrorKind::kDevice, std::string("this kiln's CUDA kernels are compiled for " KILN_CUDA_ARCHITECTURES_TEXT
+                                              "; the GPU ") + prop.name + " is sm_" + sm)
+      .hint("build kiln for it: cmake -DKILN_CUDA_ARCHITECTURES=\"" + sm + "\" (or several: \"80;86;89;90\")");
+}
+
 Tensor convert_constant(const Tensor& t, const Format& format) {
   Tensor src = t;
   if (format.dtype != t.dtype()) {

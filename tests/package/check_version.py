@@ -3,7 +3,10 @@
 --version`, kiln.__version__ of the build's Python package), what pyproject.toml gives the wheel
 (scikit-build-core's regex provider reading VERSION), and has a heading in CHANGELOG.md.
 
-    check_version.py REPO KILN_BINARY [BUILD_PYTHON_DIR]
+    check_version.py REPO KILN_BINARY BACKENDS [BUILD_PYTHON_DIR]
+
+BACKENDS is the second line `kiln --version` must print ("backends: cpu, cuda (compiled for
+sm_90)"), as CMake configured the build.
 """
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ import tomllib
 
 
 def main() -> int:
-    repo, kiln_bin = sys.argv[1], sys.argv[2]
-    python_dir = sys.argv[3] if len(sys.argv) > 3 else None
+    repo, kiln_bin, backends = sys.argv[1], sys.argv[2], sys.argv[3]
+    python_dir = sys.argv[4] if len(sys.argv) > 4 else None
     failures = []
 
     with open(os.path.join(repo, "VERSION")) as f:
@@ -43,8 +46,8 @@ def main() -> int:
     first = p.stdout.splitlines()[0] if p.stdout else ""
     if p.returncode != 0 or first != f"kiln {version}":
         failures.append(f"`kiln --version` printed {p.stdout!r} (exit {p.returncode}), not 'kiln {version}' first")
-    elif not re.search(r"^backends: cpu", p.stdout, re.MULTILINE):
-        failures.append(f"`kiln --version` does not list the backends: {p.stdout!r}")
+    elif p.stdout.splitlines()[1:] != [backends]:
+        failures.append(f"`kiln --version` printed {p.stdout!r}; its second line should be {backends!r}")
 
     if python_dir:
         code = "import sys; sys.path.insert(0, sys.argv[1]); import kiln; print(kiln.__version__)"
