@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs kiln's whole test suite: GoogleTest unit tests, command-line tests and the pytest
-# end-to-end tests, all through CTest. Installs and builds first where needed (scripts/setup.sh --for-tests).
+# end-to-end tests, all through CTest. Installs and builds first where needed
+# (scripts/setup.sh --for-tests).
 #
 #   bash scripts/test.sh              # everything
 #   bash scripts/test.sh -L unit      # extra arguments go to ctest: -L e2e, -R resnet, ...

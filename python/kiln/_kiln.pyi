@@ -1,7 +1,9 @@
 # Types of kiln's C++ extension module (python/bindings/module.cc), for type checkers and
 # editors. tests/e2e/test_python_package.py checks that every name here exists in the module and
-# every public name of the module is here. Context.run_torch is added by the kiln package
-# (python/kiln/__init__.py) on import.
+# every public name of the module is here, with the same parameters. The kiln package
+# (python/kiln/__init__.py) adds to the classes on import: Engine.from_onnx taking bytes or an
+# onnx.ModelProto too, Engine.serialize and deserialize, Context.run_torch.
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,7 +14,22 @@ __version__: str
 has_cuda: bool
 
 class Error(RuntimeError):
-    """Every failure of kiln: the message names the file, node, input or option at fault, and why."""
+    """Every failure of kiln: the message names the file, node, input or option at fault, and why.
+    The fields are what kiln::Error carries (empty strings and -1 where kiln did not say)."""
+    kind: str
+    message: str
+    file: str
+    node: str
+    op_type: str
+    input_index: int
+    hint: str
+
+class InvalidModelError(Error): ...
+class UnsupportedError(Error): ...
+class InvalidArgumentError(Error, ValueError): ...
+class IoError(Error): ...
+class DeviceError(Error): ...
+class InternalError(Error): ...
 
 class TensorDesc:
     @property
@@ -51,10 +68,15 @@ class BuildOptions:
 
 class Engine:
     @staticmethod
-    def from_onnx(path: str, options: BuildOptions = ...) -> Engine: ...
+    def from_onnx(model: str | os.PathLike[str] | bytes | Any, options: BuildOptions | None = None) -> Engine:
+        """An engine from an ONNX model: a path, the model's bytes, or an onnx.ModelProto."""
     @staticmethod
     def load(path: str, max_memory: int = 0) -> Engine: ...
     def save(self, path: str) -> None: ...
+    def serialize(self) -> bytes:
+        """The engine file's bytes (what save() writes)."""
+    @staticmethod
+    def deserialize(data: bytes, max_memory: int = 0) -> Engine: ...
     @property
     def inputs(self) -> list[TensorDesc]: ...
     @property
@@ -85,6 +107,8 @@ class Context:
     def output_dlpack(self, engine: Engine, name: str) -> Any: ...
     def profile(self, cuda_stream: int = 0) -> list[dict[str, Any]]: ...
 
+def model_inputs(onnx_path: str) -> list[TensorDesc]:
+    """The model's inputs as its file declares them (-1 where a dim is dynamic), without a build."""
 def simplify_onnx(onnx_path: str, output_path: str) -> tuple[int, int]: ...
 def calibrate(model: str, next_batch: Callable[[], np.ndarray | None], algorithm: str = "entropy",
               percentile: float = 99.99, max_batches: int = 0, device: str = "cpu",

@@ -328,9 +328,13 @@ def _stub_signatures(tree) -> dict[str, dict[str, list[str] | None]]:
 
 
 def _runtime_parameters(function) -> list[str] | None:
-    """Parameter names from pybind11's signature line ("name(a: int, b: str = ...) -> ..."), self left out."""
+    """Parameter names, self left out: a Python function's, or those of pybind11's signature line
+    ("name(a: int, b: str = ...) -> ...")."""
+    import inspect
     import re
 
+    if inspect.isfunction(function):
+        return [name for name in inspect.signature(function).parameters if name != "self"]
     doc = (getattr(function, "__doc__", None) or "").strip()
     m = re.match(r"\w+\((.*?)\)\s*->", doc.splitlines()[0] if doc else "")
     if not m:
