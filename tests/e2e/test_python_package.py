@@ -1,8 +1,9 @@
 """The Python package `kiln` (python/kiln, extension kiln._kiln) used as a user would: engines
 from ONNX run on numpy arrays and torch tensors against ONNX Runtime, errors as kiln.Error, INT8
 calibration from a torch DataLoader on real Fashion-MNIST images, kiln.simplify and
-`kiln export --simplify`, and `kiln compare` on the CPU writing a results file of the documented
-schema. CTest runs this with PYTHONPATH=<build>/python, where the build lays the package out.
+`kiln export --simplify`, `kiln compare` on the CPU writing a results file of the documented
+schema, and the type stubs (_kiln.pyi) against the extension module. CTest runs this with
+PYTHONPATH=<build>/python, where the build lays the package out.
 """
 from __future__ import annotations
 
