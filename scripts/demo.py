@@ -172,9 +172,9 @@ def main() -> int:
     if device == "cpu":
         device_name = f"the CPU ({os.cpu_count()} cores)"
     int8_info = int8.info()
-    int8_layers = sum(1 for layer in int8_info["layers"] if layer["precision"] == "int8")
+    int8_convolutions = sum(1 for layer in int8_info["layers"] if layer["op"] == "QConv")  # kiln::QConv
     print(f"    fp32: {fp32.layer_count} layers after fusion, on {device_name}, built in {fp32_s:.1f} s")
-    print(f"    INT8: calibrated on {len(calib):,} training images, {int8_layers} layers in INT8, built in {int8_s:.1f} s")
+    print(f"    INT8: calibrated on {len(calib):,} training images, {int8_convolutions} convolutions in INT8, built in {int8_s:.1f} s")
 
     count = min(max(a.images, 1), 10000)
     test_images = read_idx("t10k-images-idx3-ubyte.gz", count)
@@ -209,7 +209,7 @@ def main() -> int:
                "machine": machine(), "device": device, "images": count, "calibration_images": len(calib), "samples": samples,
                "fp32": {"top1": float((pred32 == labels).mean()), "seconds": t32},
                "int8": {"top1": float((pred8 == labels).mean()), "seconds": t8,
-                        "agreement_fp32": float((pred8 == pred32).mean()), "int8_layers": int8_layers}}
+                        "agreement_fp32": float((pred8 == pred32).mean()), "int8_convolutions": int8_convolutions}}
     print(f"    fp32  top-1 {results['fp32']['top1']:.4f}   ({t32:.1f} s)")
     print(f"    INT8  top-1 {results['int8']['top1']:.4f}   ({t8:.1f} s); the same class as fp32 for "
           f"{results['int8']['agreement_fp32']:.2%} of the images")

@@ -29,7 +29,7 @@ def test_demo_classifies_real_images_and_draws_its_chart(tmp_path):
         assert s["fp32"] in CLASSES and s["int8"] in CLASSES and f"{s['label']:<12}" in p.stdout
     assert 0.88 <= r["fp32"]["top1"] <= 0.96, r["fp32"]
     assert abs(r["int8"]["top1"] - r["fp32"]["top1"]) <= 0.01 and r["int8"]["agreement_fp32"] >= 0.97, r["int8"]
-    assert r["int8"]["int8_layers"] > 0
+    assert r["int8"]["int8_convolutions"] > 0
     for precision in ("fp32", "int8"):
         assert r[precision]["batch1_ms"] > 0 and r[precision]["images_per_s"] > 0
     with open(tmp_path / "demo.png", "rb") as f:
