@@ -95,6 +95,8 @@ void gather_nd(const ir::Node& node, const Tensor& data, const Tensor& idx, Tens
   for (size_t d = 0; d < b; ++d) batch *= s[d];
   int64_t tuples = idx.numel() / static_cast<int64_t>(k ? k : 1);
   if (k == 0) tuples = shape_numel(std::vector<int64_t>(idx.shape().begin(), idx.shape().end() - 1));
+  // No index tuples (an empty batch dim makes batch 0 too): nothing to gather or divide by.
+  if (tuples == 0) return;
   int64_t per_batch = tuples / batch;
   int64_t batch_stride = b ? ds[b - 1] : 0;
   const int64_t* iv = idx.data<int64_t>();
