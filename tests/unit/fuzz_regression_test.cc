@@ -5,6 +5,9 @@
 // UBSan too (fuzz_regression_tests, CTest label "fuzz").
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "cpu/engine.h"
 #include "graph_builder.h"
 
@@ -24,6 +27,25 @@ TEST(FuzzRegression, GatherNdWithAnEmptyBatchGathersNothing) {
   cpu::CpuEngine engine(b.build());
   Tensor y = engine.run({{"x", Tensor(DType::kFloat32, {0, 1})}}).at("y");
   EXPECT_EQ(y.shape(), std::vector<int64_t>{0});
+}
+
+// fuzz_graph: OneHot of Sqrt(-1.5) converted the NaN index to int64 (undefined; UBSan). An
+// index outside the depth, NaN and huge floats included, sets no element.
+TEST(FuzzRegression, OneHotOfNanOrHugeFloatIndicesIsAllOff) {
+  GraphBuilder b;
+  b.input("x", {5});
+  b.constant("depth", Tensor::scalar<int64_t>(3));
+  b.constant("values", Tensor::from_vector<float>({2}, {0.f, 1.f}));
+  b.node("OneHot", {"x", "depth", "values"}, "y");
+  b.output("y");
+  cpu::CpuEngine engine(b.build());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = Tensor::from_vector<float>({5}, {nan, 1e30f, -1e30f, -3.5f, 2.9f});
+  Tensor y = engine.run({{"x", x}}).at("y");
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{5, 3}));
+  // -3.5 truncates to -3, which counts from the end: 0; 2.9 truncates to 2.
+  const std::vector<float> want = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y.data<float>()[i], want[i]) << "element " << i;
 }
 
 }  // namespace
