@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <string>
 
 #include "cpu/engine.h"
 #include "graph_builder.h"
@@ -46,6 +48,26 @@ TEST(FuzzRegression, OneHotOfNanOrHugeFloatIndicesIsAllOff) {
   // -3.5 truncates to -3, which counts from the end: 0; 2.9 truncates to 2.
   const std::vector<float> want = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1};
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y.data<float>()[i], want[i]) << "element " << i;
+}
+
+// Found while writing IntegerArithmeticWrapsAround: Add and Mul of small int64 constants propagate their elements as
+// dims (shape arithmetic), and INT64_MAX + 2 overflowed there (UBSan), while 2^62 * 4 wrapped
+// to a known dim of 0. A sum or product past int64 is no dim.
+TEST(FuzzRegression, SymbolicArithmeticPastInt64IsNoDim) {
+  for (const char* op : {"Add", "Mul"}) {
+    GraphBuilder b;
+    b.ints("a", {std::numeric_limits<int64_t>::max(), int64_t{1} << 62, 5});
+    b.ints("b", {2, 4, 2});
+    b.node(op, {"a", "b"}, "y");
+    b.output("y");
+    ir::Graph g = b.build();
+    const std::optional<ir::Dims>& v = g.value("y").symbolic_value;
+    const bool add = std::string(op) == "Add";
+    ASSERT_TRUE(v.has_value()) << op;
+    EXPECT_FALSE((*v)[0].known()) << op << " gives " << (*v)[0].str();
+    EXPECT_EQ((*v)[1].known(), add) << op << " gives " << (*v)[1].str();  // 2^62 * 4 is 2^64
+    EXPECT_EQ((*v)[2], ir::Dim(add ? 7 : 10)) << op;
+  }
 }
 
 }  // namespace
