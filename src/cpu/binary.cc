@@ -10,6 +10,7 @@
 
 #include "cpu/broadcast.h"
 #include "cpu/kernel.h"
+#include "cpu/wrapping.h"
 
 namespace kiln::cpu {
 
@@ -149,9 +150,9 @@ T modulo(T a, T b, bool c_style) {
 template <class T>
 RunFn arithmetic_kernel(const ir::Node& node) {
   const std::string op = node.op;
-  if (op == "Add") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return static_cast<T>(a + b); }); };
-  if (op == "Sub") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return static_cast<T>(a - b); }); };
-  if (op == "Mul") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return static_cast<T>(a * b); }); };
+  if (op == "Add") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return wrapping_add(a, b); }); };
+  if (op == "Sub") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return wrapping_sub(a, b); }); };
+  if (op == "Mul") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return wrapping_mul(a, b); }); };
   if (op == "Div")
     return [](auto& in, auto& out) {
       check_no_zero_divisor<T>(*in[1], "Div");
@@ -166,7 +167,7 @@ RunFn arithmetic_kernel(const ir::Node& node) {
   }
   if (op == "PRelu")
     return [](auto& in, auto& out) {
-      binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T x, T slope) { return x < T(0) ? static_cast<T>(x * slope) : x; });
+      binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T x, T slope) { return x < T(0) ? wrapping_mul(x, slope) : x; });
     };
   if (op == "Max" || op == "Min" || op == "Sum" || op == "Mean") {
     // Folds the inputs pairwise into the output, which has the broadcast shape of all of them.
@@ -175,7 +176,7 @@ RunFn arithmetic_kernel(const ir::Node& node) {
       auto fold = [&](const Tensor& acc, const Tensor& x) {
         if (op == "Max") binary_loop<T, T, T>(acc, x, y, [](T a, T b) { return a >= b || a != a ? a : b; });
         else if (op == "Min") binary_loop<T, T, T>(acc, x, y, [](T a, T b) { return a <= b || a != a ? a : b; });
-        else binary_loop<T, T, T>(acc, x, y, [](T a, T b) { return static_cast<T>(a + b); });
+        else binary_loop<T, T, T>(acc, x, y, [](T a, T b) { return wrapping_add(a, b); });
       };
       if (in.size() == 1) {
         if (y.nbytes()) std::memcpy(y.raw(), in[0]->raw(), y.nbytes());

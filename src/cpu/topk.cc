@@ -7,6 +7,7 @@
 
 #include "cpu/data_movement.h"
 #include "cpu/kernel.h"
+#include "cpu/wrapping.h"
 
 namespace kiln::cpu {
 
@@ -60,9 +61,9 @@ void cumsum(const Tensor& x, size_t axis, bool exclusive, bool reverse, Tensor& 
         int64_t at = (o * n + j) * inner + i;
         if (exclusive) {
           yv[at] = acc;
-          acc += xv[at];
+          acc = wrapping_add(acc, xv[at]);
         } else {
-          acc += xv[at];
+          acc = wrapping_add(acc, xv[at]);
           yv[at] = acc;
         }
       }

@@ -9,6 +9,8 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cpu/engine.h"
 #include "graph_builder.h"
@@ -17,6 +19,21 @@ namespace kiln {
 namespace {
 
 using testing::GraphBuilder;
+
+// One node of `op` on constant inputs, run by the CPU engine.
+Tensor run_node(const std::string& op, const std::vector<Tensor>& inputs,
+                std::vector<std::pair<std::string, ir::AttrValue>> attrs = {}) {
+  GraphBuilder b;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < inputs.size(); ++i) names.push_back(b.constant("in" + std::to_string(i), inputs[i]));
+  b.node(op, names, "y", std::move(attrs));
+  b.output("y");
+  cpu::CpuEngine engine(b.build());
+  return engine.run({}).at("y");
+}
+
+template <class T>
+T first(const Tensor& t) { return t.data<T>()[0]; }
 
 // fuzz_graph: GatherND with batch_dims 1 over a [0, 1] input divided the tuple count by the
 // batch count, 0 (SIGFPE).
@@ -68,6 +85,26 @@ TEST(FuzzRegression, SymbolicArithmeticPastInt64IsNoDim) {
     EXPECT_EQ((*v)[1].known(), add) << op << " gives " << (*v)[1].str();  // 2^62 * 4 is 2^64
     EXPECT_EQ((*v)[2], ir::Dim(add ? 7 : 10)) << op;
   }
+}
+
+// fuzz_graph: Mul of two uint16 constants 65533 (folded at build time) multiplied them as int,
+// which overflows (UBSan). Integer Add, Sub, Mul, PRelu, Sum, Neg, Abs and CumSum wrap around
+// in two's complement, as NumPy and ONNX Runtime compute them.
+TEST(FuzzRegression, IntegerArithmeticWrapsAround) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  auto u16 = [](uint16_t v) { return Tensor::from_vector<uint16_t>({1}, {v}); };
+  auto i64 = [](std::vector<int64_t> v) { return Tensor::from_vector<int64_t>({static_cast<int64_t>(v.size())}, v); };
+  auto i32 = [](int32_t v) { return Tensor::from_vector<int32_t>({1}, {v}); };
+  EXPECT_EQ(first<uint16_t>(run_node("Mul", {u16(65533), u16(65533)})), 9);  // (-3)^2 mod 2^16
+  EXPECT_EQ(first<int64_t>(run_node("Add", {i64({kMax}), i64({1})})), kMin);
+  EXPECT_EQ(first<int64_t>(run_node("Sub", {i64({kMin}), i64({1})})), kMax);
+  EXPECT_EQ(first<int32_t>(run_node("Mul", {i32(std::numeric_limits<int32_t>::max()), i32(2)})), -2);
+  EXPECT_EQ(first<int64_t>(run_node("PRelu", {i64({kMin}), i64({2})})), 0);
+  EXPECT_EQ(first<int64_t>(run_node("Sum", {i64({kMax}), i64({kMax}), i64({2})})), 0);
+  EXPECT_EQ(first<int64_t>(run_node("Neg", {i64({kMin})})), kMin);
+  EXPECT_EQ(first<int32_t>(run_node("Abs", {i32(std::numeric_limits<int32_t>::min())})), std::numeric_limits<int32_t>::min());
+  Tensor c = run_node("CumSum", {i64({kMax, 1}), Tensor::scalar<int64_t>(0)});
+  EXPECT_EQ(c.data<int64_t>()[1], kMin);
 }
 
 }  // namespace
