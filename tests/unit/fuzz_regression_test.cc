@@ -107,5 +107,29 @@ TEST(FuzzRegression, IntegerArithmeticWrapsAround) {
   EXPECT_EQ(c.data<int64_t>()[1], kMin);
 }
 
+// What building `b` (import's shape inference) refuses with, or "" if it does not.
+std::string refusal(GraphBuilder& b) {
+  try {
+    b.build();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidModel) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+// fuzz_graph: Tile's output dim, input dim times repeats, overflowed int64 (UBSan); [4] tiled
+// 2^62 times wrapped to a dim of 0. It is refused, naming the node and the axis.
+TEST(FuzzRegression, TileRepeatsPastInt64AreRefused) {
+  GraphBuilder b;
+  b.input("x", {4});
+  b.ints("r", {int64_t{1} << 62});
+  b.node("Tile", {"x", "r"}, "y");
+  b.output("y");
+  const std::string why = refusal(b);
+  EXPECT_NE(why.find("'y_node' (Tile)"), std::string::npos) << why;
+  EXPECT_NE(why.find("axis 0: the tiled axis overflows"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace kiln
