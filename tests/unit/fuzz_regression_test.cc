@@ -131,5 +131,18 @@ TEST(FuzzRegression, TileRepeatsPastInt64AreRefused) {
   EXPECT_NE(why.find("axis 0: the tiled axis overflows"), std::string::npos) << why;
 }
 
+// fuzz_graph: Split's sizes were summed in int64 (UBSan) to compare with the axis. A sum past
+// int64 is refused as such.
+TEST(FuzzRegression, SplitSizesPastInt64AreRefused) {
+  GraphBuilder b;
+  b.input("x", {2});
+  b.ints("s", {std::numeric_limits<int64_t>::max(), 3});
+  b.node("Split", {"x", "s"}, "y0", {{"axis", int64_t{0}}});
+  b.last().outputs.push_back("y1");
+  b.output("y0");
+  const std::string why = refusal(b);
+  EXPECT_NE(why.find("the sum of the split sizes overflows"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace kiln
