@@ -270,6 +270,42 @@ inline const std::map<std::string, OpSpec>& op_specs() {
   return specs;
 }
 
+// Ops that often follow an op in exported models, so that the passes find the patterns they
+// rewrite: a convolution or matrix product with its bias, batch norm and activation
+// (fuse_epilogue, fold_batchnorm), and shape arithmetic ending in a Reshape, Expand, Tile or
+// ConstantOfShape (simplify_shape_chains, probe_symbolic_values, fold_constants). One time in
+// three the next node is one of these, reading the last node's output: as its main input, or
+// as its shape parameter when `as_parameter`.
+struct FollowUp {
+  const char* op;
+  bool as_parameter = false;
+};
+
+inline const std::map<std::string, std::vector<FollowUp>>& follow_ups() {
+  static const std::map<std::string, std::vector<FollowUp>> table = [] {
+    std::map<std::string, std::vector<FollowUp>> t;
+    const std::vector<FollowUp> activations = {{"Relu"}, {"Clip"}, {"Sigmoid"}, {"LeakyRelu"}, {"HardSigmoid"}, {"HardSwish"},
+                                               {"Tanh"}, {"Elu"}, {"Gelu"}, {"Selu"}, {"Mish"}};
+    std::vector<FollowUp> epilogue = activations;
+    epilogue.insert(epilogue.end(), {{"Add"}, {"Add"}, {"Add"}, {"Mul"}, {"BatchNormalization"}, {"BatchNormalization"}});
+    for (const char* op : {"Conv", "ConvTranspose", "Gemm", "MatMul"}) t[op] = epilogue;
+    std::vector<FollowUp> after_add = activations;
+    after_add.push_back({"Add"});
+    for (const char* op : {"Add", "Mul", "BatchNormalization"}) t[op] = after_add;
+    const std::vector<FollowUp> shape_math = {{"Gather"}, {"Slice"}, {"Concat"}, {"Cast"}, {"Mul"}, {"Div"}, {"Add"},
+                                              {"Unsqueeze"}, {"Squeeze"}, {"ReduceProd"}};
+    const std::vector<FollowUp> shape_uses = {{"Reshape", true}, {"Expand", true}, {"Tile", true}, {"ConstantOfShape", true},
+                                              {"Range", true}};
+    t["Shape"] = shape_math;
+    for (const char* op : {"Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Div", "ReduceProd"}) {
+      t[op] = shape_math;
+      t[op].insert(t[op].end(), shape_uses.begin(), shape_uses.end());
+    }
+    return t;
+  }();
+  return table;
+}
+
 // Counts of what the generator made, for the fuzzer's statistics.
 struct GeneratorStats {
   uint64_t nodes_kept = 0;
@@ -294,7 +330,20 @@ class GraphGenerator {
     for (int i = 0; i < inputs; ++i) add_graph_input(random_dtype(Kind::kAny), random_rank(0, 4));
     const std::vector<std::string> ops = candidate_ops();
     const int nodes = static_cast<int>(range(1, 8));
-    for (int i = 0; i < nodes && !stop_; ++i) add_node(ops[static_cast<size_t>(range(0, static_cast<int64_t>(ops.size()) - 1))]);
+    for (int i = 0; i < nodes && !stop_; ++i) {
+      std::string op = ops[static_cast<size_t>(range(0, static_cast<int64_t>(ops.size()) - 1))];
+      auto next = follow_ups().find(last_op_);
+      if (next != follow_ups().end() && !last_outputs_.empty() && one_in(3)) {
+        const FollowUp& f = pick(next->second);
+        if (std::find(ops.begin(), ops.end(), f.op) != ops.end()) {
+          op = f.op;
+          (f.as_parameter ? prefer_parameter_ : prefer_anchor_) = last_outputs_.front();
+        }
+      }
+      add_node(op);
+      prefer_anchor_.clear();
+      prefer_parameter_.clear();
+    }
     add_graph_outputs();
     return model_;
   }
@@ -504,6 +553,13 @@ class GraphGenerator {
   // An int64 1-D initializer of `values` (each may turn extreme); a scalar when `scalar`.
   // Once in a while an int64 value computed by the graph instead, known only when it runs.
   std::string ints(Draft& d, std::vector<int64_t> values, bool scalar = false) {
+    if (!prefer_parameter_.empty()) {
+      const ir::TensorType& t = type_of(prefer_parameter_);
+      std::string name;
+      if (t.dtype == DType::kInt64 && t.rank() == (scalar ? 0 : 1)) name = prefer_parameter_;
+      prefer_parameter_.clear();
+      if (!name.empty()) return name;
+    }
     if (one_in(12)) {
       std::vector<std::string> computed;
       for (const std::string& name : pool_) {
@@ -545,6 +601,13 @@ class GraphGenerator {
   // A data value of `kind` and rank in [lo, hi]: an earlier one (recent ones more often) or
   // a new one.
   std::string data(Draft* d, Kind kind, int lo, int hi) {
+    if (!prefer_anchor_.empty()) {
+      const ir::TensorType& t = type_of(prefer_anchor_);
+      std::string name;
+      if (accepts(kind, t.dtype) && t.rank() >= lo && t.rank() <= hi) name = prefer_anchor_;
+      prefer_anchor_.clear();
+      if (!name.empty()) return name;
+    }
     std::vector<std::string> fits;
     for (const std::string& name : pool_) {
       const ir::TensorType& t = type_of(name);
@@ -564,6 +627,12 @@ class GraphGenerator {
 
   // A shape that broadcasts to `dims`: a suffix with some dims set to 1.
   std::vector<int64_t> broadcastable(const std::vector<int64_t>& dims) {
+    if (dims.size() >= 2 && one_in(4)) {
+      // Per channel, as a convolution's bias is written: [C, 1, ...].
+      std::vector<int64_t> out(dims.size() - 1, 1);
+      out[0] = dims[1];
+      return out;
+    }
     size_t skip = one_in(3) ? static_cast<size_t>(range(0, static_cast<int64_t>(dims.size()))) : 0;
     std::vector<int64_t> out(dims.begin() + static_cast<std::ptrdiff_t>(skip), dims.end());
     for (int64_t& x : out)
@@ -1077,6 +1146,7 @@ class GraphGenerator {
       return;
     }
     if (stats_) ++stats_->nodes_kept;
+    last_op_ = d.proto.op_type();
     last_outputs_.clear();
     for (const std::string& v : made) {
       if (!shadow_.has_value(v) || shadow_.value(v).type.dtype == DType::kUndefined) continue;
@@ -1179,6 +1249,8 @@ class GraphGenerator {
   ir::Graph shadow_;                 // what import would make of the model so far
   std::vector<std::string> pool_;    // typed values new nodes may read
   std::vector<std::string> node_outputs_, last_outputs_;
+  std::string last_op_;                            // of the last node kept
+  std::string prefer_anchor_, prefer_parameter_;   // a follow-up's input (follow_ups())
   int opset_ = 13;
   int input_count_ = 0;
   int node_count_ = 0;
