@@ -144,5 +144,17 @@ TEST(FuzzRegression, SplitSizesPastInt64AreRefused) {
   EXPECT_NE(why.find("the sum of the split sizes overflows"), std::string::npos) << why;
 }
 
+// fuzz_graph: Resize by sizes with keep_aspect_ratio_policy not_smaller scales every axis by the
+// largest ratio; INT64_MAX / 2 times 2 was converted from double to int64 out of range (UBSan).
+TEST(FuzzRegression, ResizeSizesPastInt64AreRefused) {
+  GraphBuilder b;
+  b.input("x", {1, 1, 2, 2});
+  b.ints("sizes", {1, 1, std::numeric_limits<int64_t>::max(), 2});
+  b.node("Resize", {"x", "", "", "sizes"}, "y", {{"keep_aspect_ratio_policy", std::string("not_smaller")}});
+  b.output("y");
+  const std::string why = refusal(b);
+  EXPECT_NE(why.find("keep_aspect_ratio_policy not_smaller make axis 0 too large"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace kiln
