@@ -921,9 +921,12 @@ class GraphGenerator {
         const int64_t m = g * range(1, 2);
         std::vector<int64_t> shape = transpose ? std::vector<int64_t>{c, m / g} : std::vector<int64_t>{m, std::max<int64_t>(c / g, 1)};
         std::vector<int64_t> ks = d.node.attrs.get_ints("kernel_shape");
-        for (int64_t i = 0; i + 2 < r; ++i)
-          shape.push_back(static_cast<size_t>(i) < ks.size() && ks[static_cast<size_t>(i)] > 0 && ks[static_cast<size_t>(i)] <= 5
-                              ? ks[static_cast<size_t>(i)] : range(1, 3));
+        for (int64_t i = 0; i + 2 < r; ++i) {
+          const size_t u = static_cast<size_t>(i);
+          // kernel_shape's when it is drawn and sane, else at most the input's size mostly.
+          const int64_t fit = std::clamp<int64_t>(dim_at(d, i + 2), 1, 3);
+          shape.push_back(u < ks.size() && ks[u] > 0 && ks[u] <= 5 ? ks[u] : range(1, one_in(4) ? 3 : fit));
+        }
         return floats(d, shape, dt);
       }
       case Role::kConvBias: {
@@ -1022,13 +1025,21 @@ class GraphGenerator {
   }
 
   // ---- Nodes ---------------------------------------------------------------------------
+  // The ops a node may have, each listed as often as its weight: the ops that dominate real
+  // models and have the most involved kernels and rewrites come up more often than the rest.
   std::vector<std::string> candidate_ops() const {
+    static const std::map<std::string, int> weights = {
+        {"Conv", 6}, {"ConvTranspose", 3}, {"MatMul", 5}, {"Gemm", 5}, {"BatchNormalization", 3}, {"MaxPool", 2},
+        {"AveragePool", 2}, {"Reshape", 3}, {"Transpose", 2}, {"Concat", 2}, {"Slice", 2}, {"Gather", 2},
+        {"Shape", 3}, {"Resize", 2}, {"Softmax", 2}, {"LayerNormalization", 2}, {"Add", 2}, {"Mul", 2}};
     std::vector<std::string> ops = {"Constant"};
     const auto& importers = onnx_import::ImporterRegistry::instance();
     for (const ir::OpSchema* s : ir::OpRegistry::instance().all()) {
       if (!s->domain.empty()) continue;
       const onnx_import::OpImporter* imp = importers.find(s->op);
-      if (imp && imp->since_opset <= opset_) ops.push_back(s->op);
+      if (!imp || imp->since_opset > opset_) continue;
+      auto w = weights.find(s->op);
+      ops.insert(ops.end(), w == weights.end() ? 1 : w->second, s->op);
     }
     return ops;
   }
@@ -1221,7 +1232,8 @@ class GraphGenerator {
     std::vector<std::string> outs = last_outputs_;
     if (outs.empty() && !node_outputs_.empty()) outs.push_back(node_outputs_.back());
     if (outs.empty()) outs.push_back(graph().input(0).name());
-    for (int extra = static_cast<int>(range(0, 2)); extra > 0 && !node_outputs_.empty(); --extra) {
+    // Earlier values as outputs too, sometimes (a value read elsewhere blocks the fusions).
+    for (int extra = one_in(3) ? static_cast<int>(range(1, 2)) : 0; extra > 0 && !node_outputs_.empty(); --extra) {
       const std::string& v = pick(node_outputs_);
       if (std::find(outs.begin(), outs.end(), v) == outs.end()) outs.push_back(v);
     }
