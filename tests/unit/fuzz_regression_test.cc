@@ -156,5 +156,18 @@ TEST(FuzzRegression, ResizeSizesPastInt64AreRefused) {
   EXPECT_NE(why.find("keep_aspect_ratio_policy not_smaller make axis 0 too large"), std::string::npos) << why;
 }
 
+// fuzz_graph: MaxPool's dilated kernel, (kernel - 1) * dilation + 1, overflowed int64 (UBSan) for
+// a dilation near INT64_MAX; in a plain build it wrapped to -3 and made an output of 8 from 4.
+// Windows, steps and pads past the largest tensor dim are refused where they are read.
+TEST(FuzzRegression, PoolWindowsPastTheLargestDimAreRefused) {
+  GraphBuilder b;
+  b.input("x", {1, 1, 4});
+  b.node("MaxPool", {"x"}, "y",
+         {{"kernel_shape", std::vector<int64_t>{3}}, {"dilations", std::vector<int64_t>{std::numeric_limits<int64_t>::max() - 1}}});
+  b.output("y");
+  const std::string why = refusal(b);
+  EXPECT_NE(why.find("exceed the largest tensor dim"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace kiln
