@@ -169,5 +169,36 @@ TEST(FuzzRegression, PoolWindowsPastTheLargestDimAreRefused) {
   EXPECT_NE(why.find("exceed the largest tensor dim"), std::string::npos) << why;
 }
 
+// Found by review after the pooling finding, the same arithmetic: Conv's padded input (pads near
+// INT64_MAX), dilated kernel and SAME padding, and ConvTranspose's stride * input overflowed
+// int64 (UBSan). Attribute values past the largest tensor dim, and a ConvTranspose output past
+// it, are refused where conv_geometry reads them.
+TEST(FuzzRegression, ConvGeometryPastTheLargestDimIsRefused) {
+  const int64_t big = int64_t{1} << 62;
+  struct Case {
+    const char* op;
+    std::vector<std::pair<std::string, ir::AttrValue>> attrs;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"Conv", {{"pads", std::vector<int64_t>{big, 0}}}, "'pads' = [4611686018427387904, 0] has a value above the largest tensor dim"},
+      {"Conv", {{"dilations", std::vector<int64_t>{big}}}, "'dilations' = [4611686018427387904] has a value above"},
+      {"Conv", {{"dilations", std::vector<int64_t>{(int64_t{1} << 35) + 1}}, {"kernel_shape", std::vector<int64_t>{3}}},
+       "kernel [3] with dilations [34359738369] is larger than the largest tensor dim"},
+      {"Conv", {{"strides", std::vector<int64_t>{big}}, {"auto_pad", std::string("SAME_UPPER")}}, "'strides' = [4611686018427387904]"},
+      {"ConvTranspose", {{"strides", std::vector<int64_t>{int64_t{1} << 35}}},
+       "stride 34359738368 makes the output larger than the largest tensor dim"},
+  };
+  for (const Case& c : cases) {
+    GraphBuilder b;
+    b.input("x", {1, 1, 4});
+    b.constant("w", Tensor(DType::kFloat32, {1, 1, 3}));
+    b.node(c.op, {"x", "w"}, "y", c.attrs);
+    b.output("y");
+    const std::string why = refusal(b);
+    EXPECT_NE(why.find(c.says), std::string::npos) << c.op << ": " << why;
+  }
+}
+
 }  // namespace
 }  // namespace kiln
