@@ -200,5 +200,22 @@ TEST(FuzzRegression, ConvGeometryPastTheLargestDimIsRefused) {
   }
 }
 
+// fuzz_graph: a 1x1 Conv with stride 1 and pads [0, 1] took the CPU kernel's direct path (X
+// itself as the matrix product's operand), which checked only the begin pads: the output, one
+// wider than X, was packed from past X's end (ASan: heap-buffer-overflow).
+TEST(FuzzRegression, PointwiseConvWithEndPadsReadsOnlyItsInput) {
+  GraphBuilder b;
+  b.input("x", {1, 2, 4});
+  b.constant("w", Tensor::from_vector<float>({1, 2, 1}, {1.f, 2.f}));
+  b.node("Conv", {"x", "w"}, "y", {{"pads", std::vector<int64_t>{0, 1}}});
+  b.output("y");
+  cpu::CpuEngine engine(b.build());
+  Tensor x = Tensor::from_vector<float>({1, 2, 4}, {1, 2, 3, 4, 10, 20, 30, 40});
+  Tensor y = engine.run({{"x", x}}).at("y");
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{1, 1, 5}));
+  const std::vector<float> want = {21, 42, 63, 84, 0};  // x0 + 2 x1; the end pad gives 0
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y.data<float>()[i], want[i]) << "element " << i;
+}
+
 }  // namespace
 }  // namespace kiln
