@@ -67,7 +67,10 @@ void binary_loop(const Tensor& ta, const Tensor& tb, Tensor& ty, F f) {
   U* y = static_cast<U*>(ty.raw());
   const int64_t total = ty.numel();
   if (total == 0) return;
-  if (ta.shape() == tb.shape()) {  // the residual-add case: one flat loop
+  // The residual-add case: one flat loop. Only when y has the inputs' shape too: the variadic
+  // ops fold two inputs into the broadcast of all of them (fuzz_graph: Min of [1, 1, 1],
+  // [1, 1, 1] and [3, 3, 4] read the first two past their end).
+  if (ta.shape() == tb.shape() && ta.numel() == total) {
 #pragma omp parallel for if (total > kParallelElements) schedule(static)
     for (int64_t i = 0; i < total; ++i) y[i] = f(a[i], b[i]);
     return;

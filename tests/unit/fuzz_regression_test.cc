@@ -217,5 +217,22 @@ TEST(FuzzRegression, PointwiseConvWithEndPadsReadsOnlyItsInput) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y.data<float>()[i], want[i]) << "element " << i;
 }
 
+// fuzz_graph: variadic Min folds its inputs pairwise into an output of the broadcast shape of all
+// of them; two inputs of one shape smaller than that took the equal-shapes loop, which ran over
+// the output's elements and read both past their end (ASan: heap-buffer-overflow).
+TEST(FuzzRegression, VariadicOpsBroadcastEqualShapedInputsToTheOutput) {
+  GraphBuilder b;
+  b.input("x", {2, 3});
+  b.constant("a", Tensor::from_vector<float>({1, 1}, {5.f}));
+  b.constant("c", Tensor::from_vector<float>({1, 1}, {4.f}));
+  b.node("Min", {"a", "c", "x"}, "y");
+  b.output("y");
+  cpu::CpuEngine engine(b.build());
+  Tensor y = engine.run({{"x", Tensor::from_vector<float>({2, 3}, {1, 9, 3, 9, 5, 2})}}).at("y");
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{2, 3}));
+  const std::vector<float> want = {1, 4, 3, 4, 4, 2};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y.data<float>()[i], want[i]) << "element " << i;
+}
+
 }  // namespace
 }  // namespace kiln
