@@ -234,5 +234,17 @@ TEST(FuzzRegression, VariadicOpsBroadcastEqualShapedInputsToTheOutput) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(y.data<float>()[i], want[i]) << "element " << i;
 }
 
+// fuzz_graph: DepthToSpace and SpaceToDepth multiplied dims by the block size in int64. The case
+// it found had a 2^62 dim that import now refuses, but SpaceToDepth's channels times blocksize^2
+// is reachable: 2^36 bool channels (64 GiB, the largest tensor) times 2^40 overflowed (UBSan).
+TEST(FuzzRegression, SpaceToDepthChannelsPastInt64AreRefused) {
+  GraphBuilder b;
+  b.input("x", {1, int64_t{1} << 36, 1, 1}, DType::kBool);
+  b.node("SpaceToDepth", {"x"}, "y", {{"blocksize", int64_t{1} << 20}});
+  b.output("y");
+  const std::string why = refusal(b);
+  EXPECT_NE(why.find("a dim times the block overflows"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace kiln
