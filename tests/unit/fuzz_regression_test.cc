@@ -246,5 +246,23 @@ TEST(FuzzRegression, SpaceToDepthChannelsPastInt64AreRefused) {
   EXPECT_NE(why.find("a dim times the block overflows"), std::string::npos) << why;
 }
 
+// fuzz_graph: Resize with tf_crop_and_resize and a roi starting at -inf made every source
+// coordinate NaN (-inf + inf), which the nearest tap converted to int64 (UBSan). A NaN
+// coordinate is outside the crop: the output is the extrapolation value.
+TEST(FuzzRegression, ResizeOfNanCoordinatesIsOutsideTheCrop) {
+  const float inf = std::numeric_limits<float>::infinity();
+  GraphBuilder b;
+  b.input("x", {2, 1});
+  b.constant("roi", Tensor::from_vector<float>({4}, {-inf, 1, 1, 1}));
+  b.constant("scales", Tensor::from_vector<float>({2}, {3, 1}));
+  b.node("Resize", {"x", "roi", "scales"}, "y",
+         {{"coordinate_transformation_mode", std::string("tf_crop_and_resize")}, {"extrapolation_value", 0.5f}});
+  b.output("y");
+  cpu::CpuEngine engine(b.build());
+  Tensor y = engine.run({{"x", Tensor::from_vector<float>({2, 1}, {1, 2})}}).at("y");
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{6, 1}));
+  for (int64_t i = 0; i < y.numel(); ++i) EXPECT_EQ(y.data<float>()[i], 0.5f) << "element " << i;
+}
+
 }  // namespace
 }  // namespace kiln
