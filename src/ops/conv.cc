@@ -90,9 +90,9 @@ ConvGeometry conv_geometry(const Node& node, int spatial, const std::vector<int6
         throw node.error(ErrorKind::kInvalidModel, "output_shape " + join(node.attrs.get_ints("output_shape")) +
                                                        " does not have one value per spatial dim");
       for (int64_t x : g.output_shape)
-        if (x > kMaxTensorBytes)
+        if (x < 1 || x > kMaxTensorBytes)
           throw node.error(ErrorKind::kInvalidModel,
-                           "output_shape " + join(g.output_shape) + " is larger than the largest tensor dim");
+                           "output_shape " + join(g.output_shape) + " has a size below 1 or above the largest tensor dim");
     }
   } else {
     g.output_padding.assign(n, 0);

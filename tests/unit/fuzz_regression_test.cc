@@ -188,6 +188,9 @@ TEST(FuzzRegression, ConvGeometryPastTheLargestDimIsRefused) {
       {"Conv", {{"strides", std::vector<int64_t>{big}}, {"auto_pad", std::string("SAME_UPPER")}}, "'strides' = [4611686018427387904]"},
       {"ConvTranspose", {{"strides", std::vector<int64_t>{int64_t{1} << 35}}},
        "stride 34359738368 makes the output larger than the largest tensor dim"},
+      // fuzz_graph, after the fix above: an output_shape of INT64_MIN overflowed SAME padding.
+      {"ConvTranspose", {{"output_shape", std::vector<int64_t>{std::numeric_limits<int64_t>::min()}}, {"auto_pad", std::string("SAME_UPPER")}},
+       "has a size below 1 or above the largest tensor dim"},
   };
   for (const Case& c : cases) {
     GraphBuilder b;
