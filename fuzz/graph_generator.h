@@ -1,8 +1,9 @@
 // Decodes fuzzer bytes into a well-formed ONNX model, for the graph-level fuzzer
 // (fuzz_graph.cc) and its bounded run in every build (tests/unit/fuzz_smoke_test.cc).
 //
-// What a model holds: opset 13 to 21; 1-3 graph inputs of random dtypes and shapes (small
-// dims mostly; 0, symbolic, unknown and huge ones sometimes); 1-8 nodes whose op types come
+// What a model holds: opset 13 to 21 mostly (the newer ones kiln reads one time in four); 1-3
+// graph inputs of random dtypes and shapes (small dims mostly; 0, symbolic, unknown and huge
+// ones sometimes); 1-8 nodes whose op types come
 // from kiln's op registry (those the ONNX importer reads, plus Constant); each node's inputs
 // wired to earlier values of a plausible type, or to new initializers built for the op
 // (shapes, axes, pads, repeats, indices, K, scales, weights ...); attributes drawn from the
@@ -87,6 +88,10 @@ enum class Role {
   kRangeArg,       // Range start/limit/delta: scalars of one dtype
   kRatio,          // Dropout ratio: float scalar
   kTrainingMode,   // Dropout training_mode: bool scalar
+  kSameShape,      // the anchor's dtype and shape (Attention's K and V)
+  kGrid,           // GridSample's grid: [N, H..., r] of the anchor's float type, values near [-1, 1]
+  kScatterIndices, // ScatterND indices: int64 [..., k], each tuple in range of the anchor's dims
+  kScatterUpdates, // ScatterND updates: the indices' dims but the last, then the anchor's from k on
 };
 
 // Which dtypes a kData input accepts.
@@ -261,6 +266,19 @@ inline const std::map<std::string, OpSpec>& op_specs() {
     s["CumSum"] = {{num_x, {Role::kAxisScalar}}, {{"exclusive", AttrKind::kFlag}, {"reverse", AttrKind::kFlag}}};
     s["OneHot"] = {{{Role::kData, Kind::kNumeric}, {Role::kDepth}, {Role::kOneHotValues}}, {axis}};
     s["NonZero"] = {{{Role::kData}}, {}};
+    s["ScatterND"] = {{ranked, {Role::kScatterIndices}, {Role::kScatterUpdates}},
+                      {{"reduction", AttrKind::kChoice, {"none", "add", "mul", "max", "min"}}}};
+    s["GridSample"] = {{image, {Role::kGrid}},
+                       {{"mode", AttrKind::kChoice, {"linear", "nearest", "cubic", "bilinear", "bicubic"}},
+                        {"padding_mode", AttrKind::kChoice, {"zeros", "border", "reflection"}},
+                        {"align_corners", AttrKind::kFlag}}};
+    s["RMSNormalization"] = {{{Role::kData, Kind::kFloat, false, 1}, {Role::kNormParam}}, {axis, epsilon, {"stash_type", AttrKind::kDType}}};
+    s["Attention"] = {{{Role::kData, Kind::kFloat, false, 3, 4}, {Role::kSameShape}, {Role::kSameShape}},
+                      {{"is_causal", AttrKind::kFlag}, {"q_num_heads", AttrKind::kIntInRange, {}, 1, 2},
+                       {"kv_num_heads", AttrKind::kIntInRange, {}, 1, 2}, {"scale", AttrKind::kFloat},
+                       {"softcap", AttrKind::kFloat}, {"qk_matmul_output_mode", AttrKind::kIntInRange, {}, 0, 3},
+                       {"left_window_size", AttrKind::kIntInRange, {}, -1, 2},
+                       {"right_window_size", AttrKind::kIntInRange, {}, -1, 2}}};
     s["Transpose"] = {{{Role::kData}}, {{"perm", AttrKind::kPerm}}};
     const InputSpec nchw{Role::kData, Kind::kAny, false, 4, 4};
     s["DepthToSpace"] = {{nchw}, {{"blocksize", AttrKind::kBlocksize, {}, 0, 0, true}, {"mode", AttrKind::kChoice, {"DCR", "CRD"}}}};
@@ -320,9 +338,11 @@ class GraphGenerator {
   explicit GraphGenerator(Source& source, GeneratorStats* stats = nullptr) : src_(source), stats_(stats) {}
 
   onnx::ModelProto generate() {
-    opset_ = static_cast<int>(range(13, 21));
+    // Opsets 13-21 mostly; the newer ones kiln reads (Attention and RMSNormalization are 23+)
+    // one time in four.
+    opset_ = static_cast<int>(one_in(4) ? range(22, onnx_import::kMaxOpset) : range(13, 21));
     shadow_.opset = opset_;
-    model_.set_ir_version(opset_ <= 18 ? 8 : 10);
+    model_.set_ir_version(opset_ <= 18 ? 8 : opset_ <= 21 ? 10 : 11);
     model_.set_producer_name("kiln-fuzz-graph");
     model_.add_opset_import()->set_version(opset_);
     graph().set_name("fuzz");
@@ -360,7 +380,7 @@ class GraphGenerator {
     std::vector<int64_t> slice_axes;
     std::optional<std::vector<int64_t>> pad_axes;
     bool resize_scales = true;
-    std::string indices;  // ScatterElements' indices, which updates match
+    std::string indices;  // ScatterElements' / ScatterND's indices, which updates match
     int64_t num_outputs = 1;
   };
 
@@ -1003,6 +1023,37 @@ class GraphGenerator {
       }
       case Role::kRatio: return add_initializer(&d, Tensor::scalar<float>(0.5f));
       case Role::kTrainingMode: return add_initializer(&d, Tensor::scalar<bool>(one_in(8)));
+      case Role::kSameShape: return new_value(&d, dt, x);
+      case Role::kGrid: {
+        std::vector<int64_t> shape = {dim_at(d, 0)};
+        for (int64_t i = 2; i < r; ++i) shape.push_back(small_dim());
+        shape.push_back(std::max<int64_t>(r - 2, 0));
+        Tensor t(DType::kFloat32, capped(shape));
+        for (int64_t i = 0; i < t.numel(); ++i)
+          t.data<float>()[i] = one_in(8) ? float_value() : static_cast<float>(range(-6, 6)) * 0.25f;
+        return add_initializer(&d, t);
+      }
+      case Role::kScatterIndices: {
+        const int64_t k = range(1, std::max<int64_t>(r, 1));
+        std::vector<int64_t> shape;
+        for (int rank = random_rank(0, 2); rank > 0; --rank) shape.push_back(range(1, 3));
+        shape.push_back(k);
+        Tensor t(DType::kInt64, capped(shape));
+        for (int64_t i = 0; i < t.numel(); ++i) {
+          const int64_t len = dim_at(d, i % k);
+          t.data<int64_t>()[i] = maybe_extreme(len > 0 ? range(-len, len - 1) : 0);
+        }
+        d.indices = add_initializer(&d, t);
+        return d.indices;
+      }
+      case Role::kScatterUpdates: {
+        const ir::Value* idx = shadow_.find_value(d.indices);
+        std::vector<int64_t> shape = idx ? run_dims(idx->type) : std::vector<int64_t>{1};
+        const int64_t k = shape.empty() ? 0 : shape.back();
+        if (!shape.empty()) shape.pop_back();
+        for (int64_t i = k; i < r; ++i) shape.push_back(x[static_cast<size_t>(i)]);
+        return new_value(&d, dt, shape);
+      }
     }
     return std::string();
   }
