@@ -267,5 +267,19 @@ TEST(FuzzRegression, ResizeOfNanCoordinatesIsOutsideTheCrop) {
   for (int64_t i = 0; i < y.numel(); ++i) EXPECT_EQ(y.data<float>()[i], 0.5f) << "element " << i;
 }
 
+// fuzz_graph: Resize to an empty output [0, 2^31] built interpolation taps for each of the 2^31
+// positions of the second axis, 120 GB (ASan: allocator out of memory; a std::bad_alloc in a
+// plain build). An empty output needs nothing computed.
+TEST(FuzzRegression, ResizeToAnEmptyOutputAllocatesNothing) {
+  GraphBuilder b;
+  b.input("x", {0, 2});
+  b.constant("scales", Tensor::from_vector<float>({2}, {1.f, static_cast<float>(int64_t{1} << 30)}));
+  b.node("Resize", {"x", "", "scales"}, "y");
+  b.output("y");
+  cpu::CpuEngine engine(b.build());
+  Tensor y = engine.run({{"x", Tensor(DType::kFloat32, {0, 2})}}).at("y");
+  EXPECT_EQ(y.shape(), (std::vector<int64_t>{0, int64_t{1} << 31}));
+}
+
 }  // namespace
 }  // namespace kiln
