@@ -281,5 +281,29 @@ TEST(FuzzRegression, ResizeToAnEmptyOutputAllocatesNothing) {
   EXPECT_EQ(y.shape(), (std::vector<int64_t>{0, int64_t{1} << 31}));
 }
 
+// fuzz_graph: GridSample converted grid positions to int64 where they had no value: NaN, inf and
+// 1e38 grid values in the CPU kernel, and the reflection count of a huge position (UBSan); in a
+// plain build a huge position under reflection left the reflection's range and indexed past X.
+// A NaN position reads as outside, huge ones as far outside, reflected or clamped by the padding.
+TEST(FuzzRegression, GridSampleOfNanOrHugePositionsReadsOnlyX) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (const char* padding : {"zeros", "border", "reflection"}) {
+    GraphBuilder b;
+    b.input("x", {1, 1, 1, 4});
+    // Points (x, y): NaN, +inf, 1e30 and -1e38 along the row of 4.
+    b.constant("grid", Tensor::from_vector<float>({1, 1, 4, 2}, {nan, 0, inf, 0, 1e30f, 0, -1e38f, 0}));
+    b.node("GridSample", {"x", "grid"}, "y", {{"padding_mode", std::string(padding)}});
+    b.output("y");
+    cpu::CpuEngine engine(b.build());
+    Tensor y = engine.run({{"x", Tensor::from_vector<float>({1, 1, 1, 4}, {1, 2, 3, 4})}}).at("y");
+    ASSERT_EQ(y.shape(), (std::vector<int64_t>{1, 1, 1, 4}));
+    for (int64_t i = 0; i < 4; ++i) {
+      const float v = y.data<float>()[i];
+      if (std::string(padding) == "zeros") EXPECT_EQ(v, 0.f) << padding << " point " << i;
+      else EXPECT_TRUE(v >= 1.f && v <= 4.f) << padding << " point " << i << " gives " << v;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln
