@@ -1,8 +1,8 @@
-// What the fuzzers found (fuzz/), one test each: the smallest model that showed it, run as
-// it then was. Their inputs are also kept as seeds in fuzz/seeds/ (<name>.onnx for
-// fuzz_onnx_import, <name>.graph for fuzz_graph). Several of these failures are undefined
-// behaviour that only a sanitizer build sees: the fuzz build runs this file under ASan and
-// UBSan too (fuzz_regression_tests, CTest label "fuzz").
+// What the fuzzers found (fuzz/, docs/design/fuzzing.md), one test each with a small model that
+// shows it. Their inputs are kept as seeds in fuzz/seeds/ too (<name>.onnx for
+// fuzz_onnx_import, <name>.graph for fuzz_graph). Many of these failures are undefined
+// behaviour that only a sanitizer build sees: the fuzz build also runs this file under ASan
+// and UBSan (fuzz_regression_tests, CTest label "fuzz").
 #include <gtest/gtest.h>
 
 #include <cmath>
