@@ -6,6 +6,7 @@
 
 #include "cpu/data_movement.h"
 #include "cpu/kernel.h"
+#include "cpu/wrapping.h"
 
 namespace kiln::cpu {
 
@@ -110,10 +111,11 @@ void gather_nd(const ir::Node& node, const Tensor& data, const Tensor& idx, Tens
   }
 }
 
+// Integer add and mul wrap around (cpu/wrapping.h; fuzz_graph: int64 add past INT64_MIN).
 template <class T>
 void scatter_reduce(T* y, int64_t off, T u, const std::string& r) {
-  if (r == "add") y[off] += u;
-  else if (r == "mul") y[off] *= u;
+  if (r == "add") y[off] = wrapping_add(y[off], u);
+  else if (r == "mul") y[off] = wrapping_mul(y[off], u);
   else if (r == "max") y[off] = std::max(y[off], u);
   else y[off] = std::min(y[off], u);
 }

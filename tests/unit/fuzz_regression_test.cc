@@ -88,8 +88,8 @@ TEST(FuzzRegression, SymbolicArithmeticPastInt64IsNoDim) {
 }
 
 // fuzz_graph: Mul of two uint16 constants 65533 (folded at build time) multiplied them as int,
-// which overflows (UBSan). Integer Add, Sub, Mul, PRelu, Sum, Neg, Abs and CumSum wrap around
-// in two's complement, as NumPy and ONNX Runtime compute them.
+// which overflows (UBSan). Integer Add, Sub, Mul, PRelu, Sum, Neg, Abs, CumSum and the scatters'
+// add and mul reductions wrap around in two's complement, as NumPy and ONNX Runtime compute them.
 TEST(FuzzRegression, IntegerArithmeticWrapsAround) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
   auto u16 = [](uint16_t v) { return Tensor::from_vector<uint16_t>({1}, {v}); };
@@ -105,6 +105,13 @@ TEST(FuzzRegression, IntegerArithmeticWrapsAround) {
   EXPECT_EQ(first<int32_t>(run_node("Abs", {i32(std::numeric_limits<int32_t>::min())})), std::numeric_limits<int32_t>::min());
   Tensor c = run_node("CumSum", {i64({kMax, 1}), Tensor::scalar<int64_t>(0)});
   EXPECT_EQ(c.data<int64_t>()[1], kMin);
+  // The scatters' add and mul reductions.
+  Tensor zero = Tensor::from_vector<int64_t>({1}, {0});
+  EXPECT_EQ(first<int64_t>(run_node("ScatterElements", {i64({kMin}), zero, i64({-3})}, {{"reduction", std::string("add")}})),
+            kMax - 2);
+  EXPECT_EQ(first<int64_t>(run_node("ScatterND", {i64({kMax}), Tensor::from_vector<int64_t>({1, 1}, {0}), i64({2})},
+                                    {{"reduction", std::string("mul")}})),
+            -2);
 }
 
 // What building `b` (import's shape inference) refuses with, or "" if it does not.
