@@ -12,8 +12,9 @@ BUILD_DIR=${KILN_BUILD_DIR:-build}
 
 bash scripts/setup.sh --for-tests
 
-# With no filter given, first: a bounded libFuzzer run of the ONNX importer (through passes and the
-# CPU engine) and of the .npy reader, in a clang build with AddressSanitizer and UBSan.
+# With no filter given, first: bounded, seeded libFuzzer runs of the ONNX importer (through passes
+# and the CPU engine), of generated graphs (fuzz_graph), of engine files and of the .npy reader,
+# and the fuzzers' regression tests, in a clang build with AddressSanitizer and UBSan.
 if (($# == 0)); then
   FUZZ_DIR=${KILN_FUZZ_BUILD_DIR:-build-fuzz}
   echo
@@ -22,7 +23,7 @@ if (($# == 0)); then
   cmake -S . -B "$FUZZ_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_FUZZ=ON -DKILN_WITH_CUDA=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ > "$FUZZ_DIR/configure.log" 2>&1 ||
     { cat "$FUZZ_DIR/configure.log"; exit 1; }
-  ninja -C "$FUZZ_DIR" fuzz_onnx_import fuzz_npy fuzz_engine_file
+  ninja -C "$FUZZ_DIR" fuzz_onnx_import fuzz_npy fuzz_engine_file fuzz_graph fuzz_regression_tests
   ctest --test-dir "$FUZZ_DIR" -L fuzz --output-on-failure
 fi
 

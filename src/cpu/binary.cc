@@ -10,6 +10,7 @@
 
 #include "cpu/broadcast.h"
 #include "cpu/kernel.h"
+#include "cpu/wrapping.h"
 
 namespace kiln::cpu {
 
@@ -66,7 +67,10 @@ void binary_loop(const Tensor& ta, const Tensor& tb, Tensor& ty, F f) {
   U* y = static_cast<U*>(ty.raw());
   const int64_t total = ty.numel();
   if (total == 0) return;
-  if (ta.shape() == tb.shape()) {  // the residual-add case: one flat loop
+  // The residual-add case: one flat loop. Only when y has the inputs' shape too: the variadic
+  // ops fold two inputs into the broadcast of all of them (fuzz_graph: Min of [1, 1, 1],
+  // [1, 1, 1] and [3, 3, 4] read the first two past their end).
+  if (ta.shape() == tb.shape() && ta.numel() == total) {
 #pragma omp parallel for if (total > kParallelElements) schedule(static)
     for (int64_t i = 0; i < total; ++i) y[i] = f(a[i], b[i]);
     return;
@@ -149,9 +153,9 @@ T modulo(T a, T b, bool c_style) {
 template <class T>
 RunFn arithmetic_kernel(const ir::Node& node) {
   const std::string op = node.op;
-  if (op == "Add") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return static_cast<T>(a + b); }); };
-  if (op == "Sub") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return static_cast<T>(a - b); }); };
-  if (op == "Mul") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return static_cast<T>(a * b); }); };
+  if (op == "Add") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return wrapping_add(a, b); }); };
+  if (op == "Sub") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return wrapping_sub(a, b); }); };
+  if (op == "Mul") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return wrapping_mul(a, b); }); };
   if (op == "Div")
     return [](auto& in, auto& out) {
       check_no_zero_divisor<T>(*in[1], "Div");
@@ -166,7 +170,7 @@ RunFn arithmetic_kernel(const ir::Node& node) {
   }
   if (op == "PRelu")
     return [](auto& in, auto& out) {
-      binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T x, T slope) { return x < T(0) ? static_cast<T>(x * slope) : x; });
+      binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T x, T slope) { return x < T(0) ? wrapping_mul(x, slope) : x; });
     };
   if (op == "Max" || op == "Min" || op == "Sum" || op == "Mean") {
     // Folds the inputs pairwise into the output, which has the broadcast shape of all of them.
@@ -175,7 +179,7 @@ RunFn arithmetic_kernel(const ir::Node& node) {
       auto fold = [&](const Tensor& acc, const Tensor& x) {
         if (op == "Max") binary_loop<T, T, T>(acc, x, y, [](T a, T b) { return a >= b || a != a ? a : b; });
         else if (op == "Min") binary_loop<T, T, T>(acc, x, y, [](T a, T b) { return a <= b || a != a ? a : b; });
-        else binary_loop<T, T, T>(acc, x, y, [](T a, T b) { return static_cast<T>(a + b); });
+        else binary_loop<T, T, T>(acc, x, y, [](T a, T b) { return wrapping_add(a, b); });
       };
       if (in.size() == 1) {
         if (y.nbytes()) std::memcpy(y.raw(), in[0]->raw(), y.nbytes());

@@ -66,8 +66,11 @@ class ConvKernel final : public Kernel {
       return;
     }
     const int64_t K = Cg * g.kernel_size(), Nin = g.in_size(), N = g.out_size();
+    // X itself is the B matrix only when the output is X's grid: a 1x1 kernel, stride 1 and no
+    // pads at either end (fuzz_graph: end pads [0, 1] made the output wider than X, and the
+    // packing read past it).
     const bool direct = g.kernel_size() == 1 && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && g.p[0] == 0 &&
-                        g.p[1] == 0 && g.p[2] == 0;
+                        g.p[1] == 0 && g.p[2] == 0 && N == Nin;
     if (!const_weights_) pack_weights(w, M, K, G);
     if (N <= kNarrowN)  // the transposed product for narrow outputs reads A in 32-row panels
       for (int64_t gi = 0; gi < G; ++gi)

@@ -6,6 +6,7 @@
 
 #include "cpu/data_movement.h"
 #include "cpu/kernel.h"
+#include "cpu/wrapping.h"
 
 namespace kiln::cpu {
 
@@ -95,6 +96,8 @@ void gather_nd(const ir::Node& node, const Tensor& data, const Tensor& idx, Tens
   for (size_t d = 0; d < b; ++d) batch *= s[d];
   int64_t tuples = idx.numel() / static_cast<int64_t>(k ? k : 1);
   if (k == 0) tuples = shape_numel(std::vector<int64_t>(idx.shape().begin(), idx.shape().end() - 1));
+  // No index tuples (an empty batch dim makes batch 0 too): nothing to gather or divide by.
+  if (tuples == 0) return;
   int64_t per_batch = tuples / batch;
   int64_t batch_stride = b ? ds[b - 1] : 0;
   const int64_t* iv = idx.data<int64_t>();
@@ -108,10 +111,11 @@ void gather_nd(const ir::Node& node, const Tensor& data, const Tensor& idx, Tens
   }
 }
 
+// Integer add and mul wrap around (cpu/wrapping.h; fuzz_graph: int64 add past INT64_MIN).
 template <class T>
 void scatter_reduce(T* y, int64_t off, T u, const std::string& r) {
-  if (r == "add") y[off] += u;
-  else if (r == "mul") y[off] *= u;
+  if (r == "add") y[off] = wrapping_add(y[off], u);
+  else if (r == "mul") y[off] = wrapping_mul(y[off], u);
   else if (r == "max") y[off] = std::max(y[off], u);
   else y[off] = std::min(y[off], u);
 }

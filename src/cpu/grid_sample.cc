@@ -43,11 +43,16 @@ void grid_sample(const ir::Node& node, const Tensor& x, const Tensor& grid, Tens
       for (int64_t d = 0; d < R; ++d) {
         // The grid lists the innermost dimension first (x, then y, ...).
         double v = ir::grid_denormalize(g[R - 1 - d], dims[d], align);
+        // A NaN grid value has no position: it reads as outside the input (fuzz_graph).
+        if (std::isnan(v)) v = lo[d] - 4;
         if (mode == GridSampleMode::kNearest) v = std::nearbyint(v);  // half to even, as numpy's rint
         if (v < lo[d] || v > hi[d]) {
           if (padding == GridSamplePadding::kBorder) v = std::clamp(v, 0.0, double(dims[d] - 1));
           else if (padding == GridSamplePadding::kReflection) v = ir::grid_reflect(v, lo[d], hi[d]);
         }
+        // With zeros padding every neighbour of a position 4 or more outside reads 0: clamping
+        // there changes nothing and keeps a huge one (1e38, inf) in int64's range.
+        v = std::clamp(v, lo[d] - 4, hi[d] + 4);
         int64_t* ix = index.data() + d * taps;
         double* w = weight.data() + d * taps;
         if (mode == GridSampleMode::kNearest) {

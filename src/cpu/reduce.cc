@@ -11,6 +11,7 @@
 
 #include "cpu/kernel.h"
 #include "cpu/saturating_cast.h"
+#include "cpu/wrapping.h"
 #include "ops/reduce.h"
 
 namespace kiln::cpu {
@@ -70,11 +71,8 @@ ReducePlan plan_reduce(const std::vector<int64_t>& shape, const std::vector<int6
   return p;
 }
 
-// Integer reductions accumulate in int64 and wrap (two's complement) where they overflow: a
-// signed overflow is undefined behaviour in C++.
-int64_t wrapping_add(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }
-int64_t wrapping_mul(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }
-
+// Integer reductions accumulate in int64 and wrap (two's complement, cpu/wrapping.h) where they
+// overflow.
 template <class T>
 T reduce_set(const T* x, const ReducePlan& p, Red kind) {
   using Acc = std::conditional_t<std::is_floating_point_v<T>, T, int64_t>;

@@ -7,6 +7,7 @@
 
 #include "cpu/data_movement.h"
 #include "cpu/kernel.h"
+#include "cpu/wrapping.h"
 
 namespace kiln::cpu {
 
@@ -60,9 +61,9 @@ void cumsum(const Tensor& x, size_t axis, bool exclusive, bool reverse, Tensor& 
         int64_t at = (o * n + j) * inner + i;
         if (exclusive) {
           yv[at] = acc;
-          acc += xv[at];
+          acc = wrapping_add(acc, xv[at]);
         } else {
-          acc += xv[at];
+          acc = wrapping_add(acc, xv[at]);
           yv[at] = acc;
         }
       }
@@ -167,9 +168,12 @@ KILN_REGISTER_CPU_KERNELS(topk) {
         for (int64_t i = 0; i < y.numel(); ++i) std::memcpy(yp + static_cast<size_t>(i) * es, vals, es);
         for (int64_t o = 0; o < outer; ++o)
           for (int64_t i = 0; i < inner; ++i) {
-            int64_t v = static_cast<int64_t>(idx.value_as_double(o * inner + i));
+            // Out of range (NaN included): all "off". Checked on the double first, as a NaN or
+            // huge float index has no int64 value (fuzz_graph: OneHot of Sqrt(-1.5)).
+            const double f = idx.value_as_double(o * inner + i);
+            if (!(f > -static_cast<double>(depth) - 1 && f < static_cast<double>(depth))) continue;
+            int64_t v = static_cast<int64_t>(f);
             if (v < 0) v += depth;  // negative indices count from the end
-            if (v < 0 || v >= depth) continue;  // out of range: all "off"
             std::memcpy(yp + static_cast<size_t>((o * depth + v) * inner + i) * es, vals + es, es);
           }
       });

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cpu/kernel.h"
+#include "cpu/wrapping.h"
 
 namespace kiln::cpu {
 
@@ -86,8 +87,8 @@ void map_signed(const ir::Node& n, const Tensor& in, Tensor& out) {
   T* y = out.data<T>();
   int64_t count = in.numel();
   for (int64_t i = 0; i < count; ++i) {
-    if (n.op == "Abs") y[i] = x[i] < 0 ? static_cast<T>(-x[i]) : x[i];
-    else if (n.op == "Neg") y[i] = static_cast<T>(-x[i]);
+    if (n.op == "Abs") y[i] = x[i] < 0 ? wrapping_neg(x[i]) : x[i];  // |lowest| wraps to lowest
+    else if (n.op == "Neg") y[i] = wrapping_neg(x[i]);
     else y[i] = static_cast<T>(x[i] > 0 ? 1 : (x[i] < 0 ? -1 : 0));  // Sign
   }
 }

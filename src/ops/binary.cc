@@ -45,12 +45,14 @@ std::optional<Dims> small_int_elements(const InferContext& ctx, size_t i) {
 }
 
 // One element of Add/Sub/Mul/Div on dims: exact when both are known; x*1, x+0, x-0, x/1 keep
-// a symbol; anything else becomes unknown.
+// a symbol; anything else becomes unknown, a sum or product past int64 included (the op wraps
+// when it runs: no dim; fuzz_graph's Add of INT64_MAX and 1).
 Dim symbolic_binary(const std::string& op, const Dim& a, const Dim& b) {
   if (a.known() && b.known()) {
-    if (op == "Add") return Dim(a.value + b.value);
+    int64_t r;
+    if (op == "Add") return __builtin_add_overflow(a.value, b.value, &r) ? Dim::unknown() : Dim(r);
     if (op == "Sub") return a.value - b.value >= 0 ? Dim(a.value - b.value) : Dim::unknown();
-    if (op == "Mul") return Dim(a.value * b.value);
+    if (op == "Mul") return __builtin_mul_overflow(a.value, b.value, &r) ? Dim::unknown() : Dim(r);
     if (op == "Div") return b.value != 0 ? Dim(a.value / b.value) : Dim::unknown();
   }
   auto is = [](const Dim& d, int64_t v) { return d.known() && d.value == v; };

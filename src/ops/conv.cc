@@ -15,7 +15,9 @@ std::string join(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
-// An ints attribute of `count` entries (or `fallback` repeated when absent), each >= `min`.
+// An ints attribute of `count` entries (or `fallback` repeated when absent), each >= `min` and
+// at most the largest dim a tensor can have (kMaxTensorBytes): then the output sizes here and
+// the kernels' window arithmetic, sums and products of these with a dim, stay inside int64.
 std::vector<int64_t> ints_attr(const Node& node, const char* name, size_t count, int64_t fallback,
                                int64_t min) {
   if (!node.attrs.has(name)) return std::vector<int64_t>(count, fallback);
@@ -24,11 +26,23 @@ std::vector<int64_t> ints_attr(const Node& node, const char* name, size_t count,
     throw node.error(ErrorKind::kInvalidModel, std::string("attribute '") + name + "' has " +
                                                    std::to_string(v.size()) + " values, expected " +
                                                    std::to_string(count) + " for this input rank");
-  for (int64_t x : v)
+  for (int64_t x : v) {
     if (x < min)
       throw node.error(ErrorKind::kInvalidModel, std::string("attribute '") + name + "' = " + join(v) +
                                                      " has a value below " + std::to_string(min));
+    if (x > kMaxTensorBytes)
+      throw node.error(ErrorKind::kInvalidModel, std::string("attribute '") + name + "' = " + join(v) +
+                                                     " has a value above the largest tensor dim");
+  }
   return v;
+}
+
+// stride * size of ConvTranspose's output, refused when it passes the largest tensor dim.
+int64_t strided(const Node& node, int64_t stride, int64_t size) {
+  if (size > 0 && stride > kMaxTensorBytes / size)
+    throw node.error(ErrorKind::kInvalidModel,
+                     "stride " + std::to_string(stride) + " makes the output larger than the largest tensor dim");
+  return stride * size;
 }
 
 }  // namespace
@@ -62,6 +76,10 @@ ConvGeometry conv_geometry(const Node& node, int spatial, const std::vector<int6
       g.kernel[i] = ks[i];
     }
   }
+  for (size_t i = 0; i < n; ++i)
+    if (g.kernel[i] > 0 && g.kernel[i] - 1 > kMaxTensorBytes / g.dilations[i])
+      throw node.error(ErrorKind::kInvalidModel, "kernel " + join(g.kernel) + " with dilations " + join(g.dilations) +
+                                                     " is larger than the largest tensor dim");
   if (transpose) {
     g.output_padding = ints_attr(node, "output_padding", n, 0, 0);
     if (node.attrs.has("output_shape")) {
@@ -71,6 +89,10 @@ ConvGeometry conv_geometry(const Node& node, int spatial, const std::vector<int6
       if (g.output_shape.size() != n)
         throw node.error(ErrorKind::kInvalidModel, "output_shape " + join(node.attrs.get_ints("output_shape")) +
                                                        " does not have one value per spatial dim");
+      for (int64_t x : g.output_shape)
+        if (x < 1 || x > kMaxTensorBytes)
+          throw node.error(ErrorKind::kInvalidModel,
+                           "output_shape " + join(g.output_shape) + " has a size below 1 or above the largest tensor dim");
     }
   } else {
     g.output_padding.assign(n, 0);
@@ -95,10 +117,10 @@ ConvGeometry conv_geometry(const Node& node, int spatial, const std::vector<int6
       total = std::max<int64_t>(0, (out - 1) * s + k - in);
       g.pad_begin[i] = upper ? total / 2 : total - total / 2;
     } else {
-      int64_t out = g.output_shape.empty() ? in * s : g.output_shape[i];
+      int64_t out = g.output_shape.empty() ? strided(node, s, in) : g.output_shape[i];
       // Negative when output_shape asks for more than the natural output: the extra end
       // positions then receive no input (only the bias), as in ONNX's reference.
-      total = s * (in - 1) + g.output_padding[i] + k - out;
+      total = strided(node, s, in - 1) + g.output_padding[i] + k - out;
       // ONNX's rule, with floor division: SAME_UPPER puts the smaller half first, anything
       // else the larger.
       int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);
@@ -123,7 +145,7 @@ int64_t conv_output_size(const Node& node, const ConvGeometry& g, int i, int64_t
                                                      std::to_string(in_size + g.pad_begin[u] + g.pad_end[u]) + ")");
     out = span / g.strides[u] + 1;
   } else {
-    out = g.strides[u] * (in_size - 1) + g.output_padding[u] + k - g.pad_begin[u] - g.pad_end[u];
+    out = strided(node, g.strides[u], in_size - 1) + g.output_padding[u] + k - g.pad_begin[u] - g.pad_end[u];
   }
   if (out <= 0)
     throw node.error(ErrorKind::kInvalidModel, "spatial dim " + std::to_string(i) + " of the output would be " +

@@ -1,5 +1,6 @@
 // Schemas of Expand and Tile. Both read their shape/repeats through int_elements, so a
 // symbolic batch flows through (Expand to [N, 1, 1] of a [1, 3, 4] tensor gives [N, 3, 4]).
+#include "ir/sizes.h"
 #include "ops/shape_dims.h"
 
 namespace kiln::ir {
@@ -48,10 +49,21 @@ void infer_tile(InferContext& ctx) {
   Dims out;
   for (size_t i = 0; i < in.size(); ++i) {
     const Dim& r = (*repeats)[i];
-    if (r.known() && r.value == 1) out.push_back(in[i]);
-    else if (r.known() && in[i].known()) out.push_back(Dim(in[i].value * r.value));
-    else if (in[i].known() && in[i].value == 1) out.push_back(r);
-    else out.push_back(Dim::unknown());
+    if (r.known() && r.value == 1) {
+      out.push_back(in[i]);
+    } else if (r.known() && in[i].known()) {
+      int64_t size = 0;
+      try {
+        size = checked_mul(in[i].value, r.value, "the tiled axis");
+      } catch (const Error& error) {
+        ctx.fail("axis " + std::to_string(i) + ": " + error.message());
+      }
+      out.push_back(Dim(size));
+    } else if (in[i].known() && in[i].value == 1) {
+      out.push_back(r);
+    } else {
+      out.push_back(Dim::unknown());
+    }
   }
   ctx.set_output(0, dtype, out);
 }

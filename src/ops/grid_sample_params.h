@@ -25,21 +25,23 @@ inline void grid_borders(int64_t length, bool align_corners, double& lo, double&
   hi = align_corners ? double(length - 1) : double(length) - 0.5;
 }
 
-// x reflected at lo and hi until it lies between them.
+// x reflected at lo and hi until it lies between them. The reflection count stays a double: a
+// huge or infinite x (fuzz_graph: grid values of 1e38 and inf) has no int64 count, and where
+// rounding leaves the result outside it is clamped in; NaN gives lo.
 inline double grid_reflect(double x, double lo, double hi) {
   const double range = hi - lo;
-  if (range <= 0) return lo;
+  if (range <= 0 || !std::isfinite(x)) return lo;
   if (x < lo) {
     const double dx = lo - x;
-    const int64_t n = static_cast<int64_t>(dx / range);
-    const double r = dx - double(n) * range;
-    return n % 2 == 0 ? lo + r : hi - r;
+    const double n = std::floor(dx / range);
+    const double r = dx - n * range;
+    return std::clamp(std::fmod(n, 2.0) == 0 ? lo + r : hi - r, lo, hi);
   }
   if (x > hi) {
     const double dx = x - hi;
-    const int64_t n = static_cast<int64_t>(dx / range);
-    const double r = dx - double(n) * range;
-    return n % 2 == 0 ? hi - r : lo + r;
+    const double n = std::floor(dx / range);
+    const double r = dx - n * range;
+    return std::clamp(std::fmod(n, 2.0) == 0 ? hi - r : lo + r, lo, hi);
   }
   return x;
 }

@@ -25,6 +25,13 @@ PoolGeometry pool_geometry(const Node& node, size_t spatial) {
       throw node.error(ErrorKind::kInvalidModel, "kernel_shape, strides and dilations must be positive");
     if (pads[i] < 0 || pads[i + spatial] < 0)
       throw node.error(ErrorKind::kInvalidModel, "pads must not be negative");
+    // No window, step or pad may pass the largest dim a tensor can have (kMaxTensorBytes): then
+    // the output sizes here and the window arithmetic of the kernels, sums and products of
+    // these with a dim, stay far inside int64.
+    if (g.strides[i] > kMaxTensorBytes || pads[i] > kMaxTensorBytes || pads[i + spatial] > kMaxTensorBytes ||
+        g.kernel[i] - 1 > kMaxTensorBytes / g.dilations[i])
+      throw node.error(ErrorKind::kInvalidModel, "kernel_shape, strides, dilations or pads of spatial dim " + std::to_string(i) +
+                                                     " exceed the largest tensor dim");
   }
   g.pad_begin.assign(pads.begin(), pads.begin() + static_cast<std::ptrdiff_t>(spatial));
   g.pad_end.assign(pads.begin() + static_cast<std::ptrdiff_t>(spatial), pads.end());

@@ -75,8 +75,13 @@ ResizePlan resize_plan(const Node& node, const Dims& in, const Tensor* roi, cons
     s = policy == "not_larger" ? std::min(s, r) : std::max(s, r);
   }
   for (int64_t a : axes) {
+    // As for scales: a size past 1e12 (or not a number, from an empty axis) is refused before
+    // it is converted to int64, where it would not fit.
+    const double n = std::round(s * static_cast<double>(in[static_cast<size_t>(a)].value));
+    if (!(n >= 0 && n <= 1e12))
+      fail("sizes with keep_aspect_ratio_policy " + policy + " make axis " + std::to_string(a) + " too large");
     p.scale[static_cast<size_t>(a)] = s;
-    p.out[static_cast<size_t>(a)] = Dim(static_cast<int64_t>(std::round(s * static_cast<double>(in[static_cast<size_t>(a)].value))));
+    p.out[static_cast<size_t>(a)] = Dim(static_cast<int64_t>(n));
   }
   return p;
 }

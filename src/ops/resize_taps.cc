@@ -59,10 +59,14 @@ std::vector<ResizeTaps> resize_axis_taps(const ResizeOptions& o, int64_t in_len,
   for (int64_t j = 0; j < out_len; ++j) {
     ResizeTaps& t = taps[static_cast<size_t>(j)];
     double x = source_coord(o, j, in_len, scale, roi_s, roi_e);
-    if (o.ctm == "tf_crop_and_resize" && (x < 0 || x > static_cast<double>(in_len - 1))) {
+    if (o.ctm == "tf_crop_and_resize" && !(x >= 0 && x <= static_cast<double>(in_len - 1))) {  // NaN too
       t.outside = 1;
       continue;
     }
+    // A coordinate has no int64 index when it is NaN (fuzz_graph: a roi of -inf) or past int64.
+    // A few samples past the input every tap already clamps to the edge, so clamping x there
+    // changes no result.
+    x = std::isnan(x) ? 0.0 : std::clamp(x, -4.0, static_cast<double>(in_len) + 4.0);
     if (o.mode == "nearest") {
       t.n = 1;
       t.idx[0] = clamp(nearest_index(o, x));

@@ -1,5 +1,6 @@
 // Schema of Split: sizes from the `split` input, else equal parts (opset 18's num_outputs
 // allows a smaller last part).
+#include "ir/sizes.h"
 #include "ops/shape_dims.h"
 
 namespace kiln::ir {
@@ -26,7 +27,11 @@ void infer_split(InferContext& ctx) {
       for (size_t o = 0; o < n_out; ++o) {
         if ((*split)[o] < 0) ctx.fail("split sizes must be >= 0");
         sizes[o] = Dim((*split)[o]);
-        sum += (*split)[o];
+        try {
+          sum = checked_add(sum, (*split)[o], "the sum of the split sizes");
+        } catch (const Error& error) {
+          ctx.fail(error.message());
+        }
       }
       if (d.known() && sum != d.value)
         ctx.fail("split sizes add up to " + std::to_string(sum) + " but axis " + std::to_string(axis) + " has size " +

@@ -1,4 +1,5 @@
 // Schemas of Transpose, DepthToSpace and SpaceToDepth (permutations of the elements).
+#include "ir/sizes.h"
 #include "ops/shape_dims.h"
 
 namespace kiln::ir {
@@ -29,7 +30,15 @@ void infer_transpose(InferContext& ctx) {
   ctx.set_output(0, dtype, out);
 }
 
-Dim mul(const Dim& d, int64_t k) { return d.known() ? Dim(d.value * k) : (k == 1 ? d : Dim::unknown()); }
+// A dim times the block (size): past int64 it is refused (fuzz_graph: 2^62 * 2).
+Dim mul(InferContext& ctx, const Dim& d, int64_t k) {
+  if (!d.known()) return k == 1 ? d : Dim::unknown();
+  try {
+    return Dim(checked_mul(d.value, k, "a dim times the block"));
+  } catch (const Error& error) {
+    ctx.fail(error.message());
+  }
+}
 Dim div(InferContext& ctx, const Dim& d, int64_t k, const char* what) {
   if (!d.known()) return k == 1 ? d : Dim::unknown();
   if (d.value % k != 0)
@@ -46,9 +55,9 @@ void infer_depth_space(InferContext& ctx) {
   if (ctx.node.op == "DepthToSpace") {
     std::string mode = ctx.node.attrs.get_string("mode", "DCR");
     if (mode != "DCR" && mode != "CRD") ctx.fail("mode must be DCR or CRD, is '" + mode + "'");
-    ctx.set_output(0, dtype, Dims{in[0], div(ctx, in[1], b * b, "channel count"), mul(in[2], b), mul(in[3], b)});
+    ctx.set_output(0, dtype, Dims{in[0], div(ctx, in[1], b * b, "channel count"), mul(ctx, in[2], b), mul(ctx, in[3], b)});
   } else {
-    ctx.set_output(0, dtype, Dims{in[0], mul(in[1], b * b), div(ctx, in[2], b, "height"), div(ctx, in[3], b, "width")});
+    ctx.set_output(0, dtype, Dims{in[0], mul(ctx, in[1], b * b), div(ctx, in[2], b, "height"), div(ctx, in[3], b, "width")});
   }
 }
 

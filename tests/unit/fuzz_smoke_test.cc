@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "../../fuzz/exercise.h"
+#include "../../fuzz/graph_generator.h"
 #include "onnx.pb.h"
 #include "io/idx.h"
 #include "calibration/calibration_cache.h"
@@ -440,6 +441,33 @@ TEST(FuzzSmoke, MutatedModelsFailOnlyWithKilnErrors) {
   EXPECT_GT(ran, 0);
   EXPECT_GT(f.errors, kIterations / 4);
   std::cout << "fuzz smoke: " << kIterations << " models, " << f.errors << " rejected with kiln::Error, " << ran << " ran\n";
+}
+
+// The graph fuzzer's generator (fuzz/graph_generator.h) with its choices drawn from a seeded
+// generator instead of libFuzzer's bytes: well-formed random models through import, passes and
+// the CPU engine. Most must run, or the generator has stopped making models kiln accepts.
+struct RandomChoices {
+  std::mt19937_64 rng;
+  template <class T>
+  T ConsumeIntegralInRange(T lo, T hi) { return std::uniform_int_distribution<T>(lo, hi)(rng); }
+};
+
+TEST(FuzzSmoke, GeneratedGraphsFailOnlyWithKilnErrors) {
+  CrashReporter reporter;
+  RandomChoices choices{std::mt19937_64(env_or("KILN_FUZZ_SMOKE_SEED", 20240601))};
+  const int kModels = static_cast<int>(env_or("KILN_FUZZ_SMOKE_ITERATIONS", 3000));
+  Findings f;
+  int ran = 0;
+  for (int i = 0; i < kModels; ++i) {
+    describe_input("generated graph " + std::to_string(i));
+    ran += f.survive([&] {
+      onnx::ModelProto model = fuzz::GraphGenerator<RandomChoices>(choices).generate();
+      return fuzz::exercise_model(model.SerializeAsString());
+    }, "generated graph", i);
+  }
+  EXPECT_TRUE(f.bugs.empty()) << f.bugs.size() << " kind(s) of failure that are bugs in kiln:\n" << f.report();
+  EXPECT_GT(ran, kModels / 5);
+  std::cout << "generated graphs: " << kModels << " models, " << f.errors << " rejected with kiln::Error, " << ran << " ran\n";
 }
 
 // CPU engine files of small models, mutated bytewise, loaded with the checksum as mutated (the
