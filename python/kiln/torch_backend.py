@@ -162,9 +162,17 @@ def backend(precision: str | None = None, device: str | None = None) -> Callable
 
 kiln_backend = backend()  # torch.compile(model, backend="kiln") after registration
 
-try:
+
+def _declared_by_entry_point() -> bool:
+    """Whether an installed kiln-engine declares "kiln" in torch_dynamo_backends: torch then
+    registers kiln_backend itself when the name is first used, and a second registration here
+    would be refused as a duplicate name."""
+    from importlib.metadata import entry_points
+
+    return any(ep.name == "kiln" for ep in entry_points(group="torch_dynamo_backends"))
+
+
+if not _declared_by_entry_point():
     from torch._dynamo import register_backend
 
     register_backend(kiln_backend, name="kiln")
-except Exception:  # noqa: BLE001 (already registered through the entry point)
-    pass

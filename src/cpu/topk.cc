@@ -112,7 +112,7 @@ KILN_REGISTER_CPU_KERNELS(topk) {
         size_t es = element_size(in[0]->dtype());
         const auto* x = static_cast<const unsigned char*>(in[0]->raw());
         auto* y = static_cast<unsigned char*>(out[0].raw());
-        int64_t mats = rows * cols ? in[0]->numel() / (rows * cols) : 0;
+        int64_t mats = rows != 0 && cols != 0 ? in[0]->numel() / (rows * cols) : 0;
         for (int64_t m = 0; m < mats; ++m)
           for (int64_t r = 0; r < rows; ++r)
             for (int64_t c = 0; c < cols; ++c) {

@@ -22,6 +22,18 @@ def test_the_backend_is_registered_by_name():
     assert "kiln" in torch._dynamo.list_backends()
 
 
+def test_the_packages_entry_point_names_the_backend():
+    # pip's install declares the backend to torch by this entry point (pyproject.toml).
+    import importlib
+    import pathlib
+    import tomllib
+
+    pyproject = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())
+    target = pyproject["project"]["entry-points"]["torch_dynamo_backends"]["kiln"]
+    module, attribute = target.split(":")
+    assert getattr(importlib.import_module(module), attribute) is kiln_torch.kiln_backend
+
+
 def test_a_cnn_runs_as_one_engine_and_matches_eager():
     import torchvision
 
