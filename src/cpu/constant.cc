@@ -1,5 +1,6 @@
 // CPU kernels of ConstantOfShape (any dtype: the value's bytes repeated), EyeLike (any dtype)
 // and Range (float32, float64, int16, int32, int64).
+#include <algorithm>
 #include <cstring>
 
 #include "cpu/kernel.h"
@@ -59,10 +60,11 @@ KILN_REGISTER_CPU_KERNELS(constant) {
         size_t es = element_size(y.dtype());
         int64_t rows = y.dim(0), cols = y.dim(1);
         std::memset(y.raw(), 0, y.nbytes());
-        for (int64_t r = 0; r < rows; ++r) {
-          int64_t c = r + k;
-          if (c >= 0 && c < cols) fill_one(static_cast<unsigned char*>(y.raw()) + static_cast<size_t>(r * cols + c) * es, y.dtype());
-        }
+        // The diagonal c = r + k crosses the matrix only for -rows < k < cols; k is any int64
+        // from the file, where r + k could overflow.
+        if (k <= -rows || k >= cols) return;
+        for (int64_t r = std::max<int64_t>(0, -k); r < rows && r + k < cols; ++r)
+          fill_one(static_cast<unsigned char*>(y.raw()) + static_cast<size_t>(r * cols + r + k) * es, y.dtype());
       });
     };
     registry.add(std::move(e));

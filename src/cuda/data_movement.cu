@@ -575,7 +575,7 @@ __global__ void eye_kernel(U* __restrict__ dst, U one, int64_t rows, int64_t col
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const int64_t r = i / cols, c = i - r * cols;
-    dst[i] = c == r + k ? one : U{};
+    dst[i] = c - r == k ? one : U{};  // not c == r + k: k is any int64 from the file
   }
 }
 

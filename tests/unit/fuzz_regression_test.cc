@@ -114,6 +114,21 @@ TEST(FuzzRegression, IntegerArithmeticWrapsAround) {
             -2);
 }
 
+// fuzz_graph: EyeLike with k = INT64_MAX - 1 computed the diagonal's column r + k, which
+// overflows. A k outside the matrix gives zeros; one inside it the shifted diagonal.
+TEST(FuzzRegression, EyeLikeOfAnyKStaysInItsMatrix) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  Tensor shape = Tensor::from_vector<float>({2, 3}, {0, 0, 0, 0, 0, 0});
+  for (int64_t k : {kMax - 1, kMax, kMin, int64_t{3}, int64_t{-2}}) {
+    Tensor y = run_node("EyeLike", {shape}, {{"k", k}});
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(y.data<float>()[i], 0.f) << "k=" << k << " element " << i;
+  }
+  Tensor shifted = run_node("EyeLike", {shape}, {{"k", int64_t{1}}});
+  EXPECT_EQ(std::vector<float>(shifted.data<float>(), shifted.data<float>() + 6), (std::vector<float>{0, 1, 0, 0, 0, 1}));
+  Tensor below = run_node("EyeLike", {shape}, {{"k", int64_t{-1}}});
+  EXPECT_EQ(std::vector<float>(below.data<float>(), below.data<float>() + 6), (std::vector<float>{0, 0, 0, 1, 0, 0}));
+}
+
 // What building `b` (import's shape inference) refuses with, or "" if it does not.
 std::string refusal(GraphBuilder& b) {
   try {
