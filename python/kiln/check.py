@@ -37,6 +37,15 @@ _VALUE_FLAGS = {"--device", "--shapes", "--dim", "--batch", "--calib", "--calib-
                 "--timing-cache", "--max-memory"}
 
 
+_SWITCHES = {"--fp16", "--fp32", "--tf32", "--best", "--int8", "--int8-all", "--fp8", "--fp8-all", "--allow-cpu-fallback",
+             "--no-optimize", "-v", "--verbose"}
+
+
+def unknown_engine_flag(flags: list[str]) -> str | None:
+    """The first of `flags` that is not a kiln run engine flag, or None."""
+    return next((f for f in flags if f.startswith("-") and f.split("=")[0] not in _VALUE_FLAGS | _SWITCHES), None)
+
+
 def log(message: str) -> None:
     print(f"kiln check: {message}", flush=True)
 
@@ -104,6 +113,14 @@ def make_inputs(model, args) -> list[dict[str, np.ndarray]]:
     return sets
 
 
+class KilnRunFailed(Exception):
+    """`kiln run` exited with an error: its exit status, its standard error, the command."""
+
+    def __init__(self, returncode: int, stderr: str, args: list):
+        super().__init__(stderr.strip() or f"exit status {returncode}")
+        self.returncode, self.stderr, self.args_run = returncode, stderr, [str(a) for a in args]
+
+
 def run_kiln(kiln: str, model_path: str, feed: dict, flags: list[str], out_dir: str, mark_all: bool) -> dict[str, np.ndarray]:
     """`kiln run` on the inputs; every .npy it writes, by file name (file_key of the tensor)."""
     os.makedirs(out_dir, exist_ok=True)
@@ -117,8 +134,7 @@ def run_kiln(kiln: str, model_path: str, feed: dict, flags: list[str], out_dir: 
         args += ["--mark-outputs", "all"]
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
-        sys.stderr.write(r.stderr)
-        sys.exit(f"kiln: error: kiln check: kiln run failed (exit {r.returncode}): {' '.join(args)}")
+        raise KilnRunFailed(r.returncode, r.stderr, args)
     return {f[:-4]: np.load(os.path.join(out_dir, f)) for f in os.listdir(out_dir) if f.endswith(".npy")}
 
 
@@ -209,6 +225,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _check(argv)
+    except KilnRunFailed as e:
+        sys.stderr.write(e.stderr)
+        sys.exit(f"kiln: error: kiln check: kiln run failed (exit {e.returncode}): {' '.join(e.args_run)}")
+
+
+def _check(argv: list[str] | None) -> int:
     p = _Parser(prog="kiln check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="the ONNX model")
     p.add_argument("--inputs", action="append", default=[], metavar="NAME=FILE.npy", help="input data (repeatable)")
@@ -223,12 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="FILE", help="write the report as JSON (- for standard output)")
     p.add_argument("--kiln-bin", help="the kiln executable (default: $KILN_BIN, kiln on the PATH)")
     args, engine_flags = p.parse_known_args(argv)
-    for flag in engine_flags:
-        if flag.startswith("-") and flag.split("=")[0] not in _VALUE_FLAGS | {"--fp16", "--fp32", "--tf32", "--best",
-                                                                              "--int8", "--int8-all", "--fp8", "--fp8-all",
-                                                                              "--allow-cpu-fallback", "--no-optimize",
-                                                                              "-v", "--verbose"}:
-            p.error(f"unknown option {flag} (kiln check's own options and kiln run's engine flags are accepted)")
+    if unknown := unknown_engine_flag(engine_flags):
+        p.error(f"unknown option {unknown} (kiln check's own options and kiln run's engine flags are accepted)")
     if args.batch:
         engine_flags += ["--batch", str(args.batch)]
     for d in args.dim:

@@ -1,6 +1,6 @@
-// `kiln export`, `kiln compare`, `kiln report`, `kiln check`, `kiln serve`: the parts of the pipeline written in
+// `kiln export`, `kiln compare`, `kiln report`, `kiln check`, `kiln debug`, `kiln serve`: the parts of the pipeline written in
 // Python (python/kiln: export from PyTorch or TensorFlow, the comparison with PyTorch, the charts
-// and HTML report, the comparison with ONNX Runtime, the inference server). The command line hands them to the Python that has the kiln package:
+// and HTML report, the comparison with ONNX Runtime, the model reducer, the inference server). The command line hands them to the Python that has the kiln package:
 //   1. $KILN_PYTHON, if set;
 //   2. python3 next to this executable (pip installs both into one environment's bin/);
 //   3. the Python this build was configured with (-DKILN_PYTHON, the developer's .venv);
@@ -101,6 +101,8 @@ void add_python_commands(CLI::App& app, std::function<int()>& action) {
   add_python_command(app, action, "check", "check",
                      "Run a model in kiln and in ONNX Runtime on the same inputs, compare every output, and name the "
                      "first layer that diverges");
+  add_python_command(app, action, "debug", "debug",
+                     "Shrink a failing model to a small subgraph that still fails (kiln debug reduce), written as ONNX");
   add_python_command(app, action, "serve", "serve",
                      "Serve models over the Open Inference Protocol (KServe v2 HTTP and gRPC; Triton's clients work) "
                      "with dynamic batching and metrics");
