@@ -86,8 +86,7 @@ def run_fuzzer(build: pathlib.Path, name: str, seconds: int, findings_dir: pathl
             findings_dir.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, kept)
             report = [m.strip() for m in SUMMARY.findall(out)]
-            findings.append({"input": str(kept.relative_to(ROOT)) if kept.is_relative_to(ROOT) else str(kept),
-                             "report": report[:3]})
+            findings.append({"input": f"{findings_dir.name}/{kept.name}", "report": report[:3]})  # beside the JSON
             print(f"[{name}] finding: {report[:1]}", file=sys.stderr, flush=True)
         elif not stats:
             sys.exit(f"fuzz_campaign: {name} ended without its final stats:\n{out[-2000:]}")
