@@ -30,6 +30,8 @@ import tempfile
 
 import numpy as np
 
+from kiln._usage import UsageParser
+
 # kiln run flags that take a value (the rest of the passed-on flags are switches).
 _VALUE_FLAGS = {"--device", "--shapes", "--dim", "--batch", "--calib", "--calib-cache", "--calib-algo",
                 "--calib-percentile", "--calib-batches", "--calib-batch", "--layer-precision", "--accuracy-budget",
@@ -218,12 +220,6 @@ def bisect(kiln: str, model, model_path: str, feed: dict, flags: list[str], refe
     return None
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # as the rest of the command line: kiln: error: ..., exit 1
-        sys.stderr.write(f"kiln: error: kiln check: {message} (kiln check --help)\n")
-        sys.exit(1)
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         return _check(argv)
@@ -233,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check(argv: list[str] | None) -> int:
-    p = _Parser(prog="kiln check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = UsageParser(prog="kiln check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="the ONNX model")
     p.add_argument("--inputs", action="append", default=[], metavar="NAME=FILE.npy", help="input data (repeatable)")
     p.add_argument("--random", type=int, default=1, metavar="N", help="sets of random inputs when --inputs is not given")

@@ -36,16 +36,11 @@ import tempfile
 import numpy as np
 
 from kiln import check
+from kiln._usage import UsageParser
 
 
 def log(message: str) -> None:
     print(f"kiln debug reduce: {message}", flush=True)
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # as the rest of the command line: kiln: error: ..., exit 1
-        sys.stderr.write(f"kiln: error: {self.prog}: {message} ({self.prog} --help)\n")
-        sys.exit(1)
 
 
 def _names_used(node) -> list[str]:
@@ -223,7 +218,7 @@ def command_check(command: list[str], fail_regex):
 
 
 def reduce_main(argv: list[str]) -> int:
-    p = _Parser(prog="kiln debug reduce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = UsageParser(prog="kiln debug reduce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="the ONNX model that fails")
     p.add_argument("-o", "--output", required=True, help="the reduced model to write (.onnx)")
     p.add_argument("--inputs", action="append", default=[], metavar="NAME=FILE.npy", help="input data (repeatable)")

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kiln._usage import UsageParser
+
 # The v2 protocol's datatypes and numpy's.
 _V2_TO_NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "INT8": np.int8, "UINT16": np.uint16, "INT16": np.int16,
                 "UINT32": np.uint32, "INT32": np.int32, "UINT64": np.uint64, "INT64": np.int64, "FP16": np.float16,
@@ -407,14 +409,8 @@ def repository_models(folder: str, defaults: ModelConfig) -> list[tuple[str, str
     return found
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # as the rest of the command line: kiln: error: ..., exit 1
-        sys.stderr.write(f"kiln: error: kiln serve: {message} (kiln serve --help)\n")
-        sys.exit(1)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog="kiln serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = UsageParser(prog="kiln serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="an ONNX model, an engine file, or a repository folder")
     p.add_argument("--name", help="the model's name (one model; default: the file's name)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
