@@ -2,7 +2,7 @@
 // the one kiln implements (an older node is refused naming the op; models of opset 7 on import).
 // Ops whose older forms need converting to the newest have importers of their own files
 // (batchnorm.cc, cast.cc, constant.cc, normalization.cc, pad.cc, reduce.cc, split.cc,
-// squeeze.cc, grid_sample.cc).
+// squeeze.cc, grid_sample.cc, roi_align.cc).
 #include "onnx/importer.h"
 
 namespace kiln::onnx_import {
@@ -64,6 +64,8 @@ constexpr AsIs kAsIs[] = {
     {"ArgMax", 7}, {"ArgMin", 7},
     // Attention (ops/attention_params.h has the semantics).
     {"Attention", 23},
+    // Detection: NonMaxSuppression's opset 11 only clarified opset 10's text.
+    {"NonMaxSuppression", 10},
 };
 
 }  // namespace
