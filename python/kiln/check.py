@@ -177,7 +177,7 @@ def compare(got: np.ndarray, want: np.ndarray, atol: float, rtol: float) -> dict
         max_abs=float(diff[finite].max()) if finite.any() else 0.0,
         max_rel=float(rel[finite].max()) if finite.any() else 0.0,
         cosine=float(np.dot(g[finite], w[finite]) / norm) if norm > 0 else (1.0 if not g[finite].any() else 0.0))
-    if w.ndim == 2 and w.shape[1] > 1 and np.issubdtype(want.dtype, np.floating):
+    if w.ndim == 2 and w.shape[0] > 0 and w.shape[1] > 1 and np.issubdtype(want.dtype, np.floating):
         result["top1_agreement"] = float(np.mean(np.argmax(g, axis=1) == np.argmax(w, axis=1)))
     return result
 

@@ -107,6 +107,7 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit) : graph_(std::move(gr
       problems.push_back("node '" + node.name + "' (" + node.op + "): " + why);
       continue;
     }
+    step.makes_outputs = entry->makes_outputs;
     try {
       step.kernel = entry->create(init);
     } catch (Error& e) {
@@ -211,7 +212,7 @@ std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>
     outputs.clear();
     for (size_t o = 0; o < node.outputs.size(); ++o) {
       const ir::TensorType& t = ctx.output_types[o];
-      if (node.outputs[o].empty()) {
+      if (node.outputs[o].empty() || step.makes_outputs) {
         outputs.emplace_back();
         continue;
       }
@@ -245,8 +246,12 @@ std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>
       if (e.node_name().empty()) e.node(node.name, node.op);
       throw;
     }
-    for (size_t o = 0; o < step.outputs.size(); ++o)
-      if (step.outputs[o] >= 0) slots[static_cast<size_t>(step.outputs[o])] = std::move(outputs[o]);
+    for (size_t o = 0; o < step.outputs.size(); ++o) {
+      if (step.outputs[o] < 0) continue;
+      if (!outputs[o].defined())
+        throw node.error(ErrorKind::kInternal, "the kernel made no output '" + node.outputs[o] + "'");
+      slots[static_cast<size_t>(step.outputs[o])] = std::move(outputs[o]);
+    }
     for (int r : step.release) {
       pool_.give(slots[static_cast<size_t>(r)]);
       slots[static_cast<size_t>(r)] = Tensor();

@@ -67,6 +67,7 @@ class CpuEngine {
     std::vector<int> inputs;   // slot per input, -1 for omitted
     std::vector<int> outputs;  // slot per output, -1 for omitted
     std::vector<int> release;  // slots whose last reader is this step
+    bool makes_outputs = false;  // KernelEntry::makes_outputs
   };
 
   void check_inputs(const std::map<std::string, Tensor>& inputs) const;

@@ -57,7 +57,7 @@ struct Taps {
 Taps taps(const Window3& w, int a, int64_t o) {
   Taps t;
   t.start = o * w.s[a] - w.pb[a];
-  auto ceil_div = [](int64_t n, int64_t d) { return (n + d - 1) / d; };
+  auto ceil_div = [](int64_t n, int64_t d) { return n / d + (n % d > 0); };  // d > 0; no n + d to overflow
   t.k0 = t.start < 0 ? ceil_div(-t.start, w.d[a]) : 0;
   t.k1 = std::min(w.k[a], ceil_div(w.in[a] - t.start, w.d[a]));
   t.padded = std::min(w.k[a], ceil_div(w.in[a] + w.pe[a] - t.start, w.d[a]));

@@ -44,6 +44,10 @@ class CpuFallbackLayer final : public Layer {
     for (const ir::TensorType& t : out_types_) init.output_types.push_back(&t);
     const cpu::KernelEntry* entry = cpu::KernelRegistry::instance().find(node_.op, node_.domain);
     if (!entry) throw node_.error(ErrorKind::kUnsupported, "no GPU layer and no CPU kernel for " + node_.op);
+    if (entry->makes_outputs)  // If: the sizes the GPU engine plans ahead are known only once it has run
+      throw node_.error(ErrorKind::kUnsupported,
+                        "no GPU layer, and its outputs' shapes are known only when it has run, which the GPU engine's "
+                        "memory plan cannot take (the CPU engine runs it: --device cpu)");
     std::string why = entry->check(init);
     if (!why.empty()) throw node_.error(ErrorKind::kUnsupported, "no GPU layer, and the CPU kernel refuses it: " + why);
     kernel_ = entry->create(init);

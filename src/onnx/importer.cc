@@ -525,6 +525,9 @@ ir::Graph import_model(const std::string& bytes, const std::string& name, const 
         if (a.name().empty()) throw node.error(ErrorKind::kInvalidModel, "an attribute has no name");
         if (!a.ref_attr_name().empty())
           throw node.error(ErrorKind::kUnsupported, "attribute references (functions) are not supported");
+        // Subgraphs (If's branches) are read from the NodeProto by the op's importer; an op
+        // without one (Loop, Scan) is refused as unsupported before this.
+        if (a.type() == onnx::AttributeProto::GRAPH || a.type() == onnx::AttributeProto::GRAPHS) continue;
         node.attrs.set(a.name(), attribute_from_proto(a, base_dir, node));
       }
       for (const std::string& out : node.outputs) {

@@ -28,8 +28,8 @@ PoolGeometry pool_geometry(const Node& node, size_t spatial) {
     // No window, step or pad may pass the largest dim a tensor can have (kMaxTensorBytes): then
     // the output sizes here and the window arithmetic of the kernels, sums and products of
     // these with a dim, stay far inside int64.
-    if (g.strides[i] > kMaxTensorBytes || pads[i] > kMaxTensorBytes || pads[i + spatial] > kMaxTensorBytes ||
-        g.kernel[i] - 1 > kMaxTensorBytes / g.dilations[i])
+    if (g.strides[i] > kMaxTensorBytes || g.dilations[i] > kMaxTensorBytes || pads[i] > kMaxTensorBytes ||
+        pads[i + spatial] > kMaxTensorBytes || g.kernel[i] - 1 > kMaxTensorBytes / g.dilations[i])
       throw node.error(ErrorKind::kInvalidModel, "kernel_shape, strides, dilations or pads of spatial dim " + std::to_string(i) +
                                                      " exceed the largest tensor dim");
   }

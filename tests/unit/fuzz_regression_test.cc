@@ -189,6 +189,16 @@ TEST(FuzzRegression, PoolWindowsPastTheLargestDimAreRefused) {
   b.output("y");
   const std::string why = refusal(b);
   EXPECT_NE(why.find("exceed the largest tensor dim"), std::string::npos) << why;
+  // fuzz_graph, later: a kernel of 1 made any dilation pass the window's check, and the CPU
+  // kernel's ceil division of LpPool overflowed with a dilation of INT64_MAX. Dilations are
+  // bounded as strides and pads are.
+  GraphBuilder lp;
+  lp.input("x", {1, 1, 4});
+  lp.node("LpPool", {"x"}, "y",
+          {{"kernel_shape", std::vector<int64_t>{1}}, {"dilations", std::vector<int64_t>{std::numeric_limits<int64_t>::max()}}});
+  lp.output("y");
+  const std::string lp_why = refusal(lp);
+  EXPECT_NE(lp_why.find("exceed the largest tensor dim"), std::string::npos) << lp_why;
 }
 
 // Found by review after the pooling finding, the same arithmetic: Conv's padded input (pads near
