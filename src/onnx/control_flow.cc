@@ -1,11 +1,12 @@
-// Importer of If. Each branch becomes a self-contained ONNX model (its bytes in the attributes
-// then_model and else_model): the values a branch reads from the enclosing graphs become its
-// inputs, and the If node's inputs after the condition, in the same order. Passes and backends
-// then see an ordinary node whose every dependency is an input, and engine files carry the
-// branches as they are. The branches' declared output types give the outputs' dtypes
-// (output_dtypes) and ranks (output_ranks, -1 where the branches differ or do not say); their
-// shapes are known only when the chosen branch has run. A backend builds each branch into an
-// engine of its own (the CPU engine: src/cpu/control_flow.cc).
+// Importers of If and Loop. Each subgraph (If's branches, Loop's body) becomes a self-contained
+// ONNX model (its bytes in an attribute: then_model and else_model, body_model): the values it
+// reads from the enclosing graphs become inputs of its own, after those the op gives it, and
+// inputs of the node, after the op's own, in the same order. Passes and backends then see an
+// ordinary node whose every dependency is an input, and engine files carry the subgraphs as
+// they are. The subgraphs' declared output types give the outputs' dtypes (output_dtypes) and
+// ranks (output_ranks, -1 where unknown); the shapes are known only when the node has run. A
+// backend builds each subgraph into an engine of its own (the CPU engine:
+// src/cpu/control_flow.cc).
 #include <onnx.pb.h>
 
 #include <set>
@@ -41,14 +42,16 @@ void enclosing_reads(const onnx::GraphProto& graph, int depth, std::vector<std::
   }
 }
 
-const onnx::GraphProto* branch(const ImportContext& ctx, const std::string& name) {
+const onnx::GraphProto* graph_attribute(const ImportContext& ctx, const std::string& name) {
   for (const auto& a : ctx.proto.attribute())
     if (a.name() == name && a.has_g()) return &a.g();
   return nullptr;
 }
 
-std::string branch_model(const ImportContext& ctx, const onnx::GraphProto& graph, const std::vector<std::string>& reads,
-                         const std::string& which) {
+// The subgraph as a model: its own inputs (Loop's body: iteration, condition, carried values),
+// then the values it reads from the enclosing graphs, typed when a backend builds it.
+std::string subgraph_model(const ImportContext& ctx, const onnx::GraphProto& graph, const std::vector<std::string>& reads,
+                           const std::string& which) {
   onnx::ModelProto model;
   model.set_ir_version(8);
   onnx::OperatorSetIdProto* opset = model.add_opset_import();
@@ -57,9 +60,34 @@ std::string branch_model(const ImportContext& ctx, const onnx::GraphProto& graph
   onnx::GraphProto* g = model.mutable_graph();
   *g = graph;
   g->set_name(ctx.node.name + "/" + which);
-  g->clear_input();
-  for (const std::string& name : reads) g->add_input()->set_name(name);  // typed when a backend builds it
+  for (const std::string& name : reads) g->add_input()->set_name(name);
   return model.SerializeAsString();
+}
+
+// The dtype and rank of output i of `graph` (either of two graphs that must agree, for If):
+// what they declare.
+std::pair<int64_t, int64_t> declared_output(const ImportContext& ctx, size_t i, const onnx::TypeProto& a,
+                                            const onnx::TypeProto* b, bool may_be_undeclared = false) {
+  auto tensor = [&](const onnx::TypeProto& t) {
+    if (t.value_case() != onnx::TypeProto::VALUE_NOT_SET && !t.has_tensor_type())
+      ctx.unsupported("output " + std::to_string(i) + " of a subgraph is not a tensor (sequences and optionals are not supported)");
+    return t.has_tensor_type() ? t.tensor_type().elem_type() : 0;
+  };
+  const int32_t code_a = tensor(a), code_b = b ? tensor(*b) : 0;
+  if (code_a == 0 && code_b == 0) {
+    if (may_be_undeclared) return {-1, -1};
+    ctx.unsupported("no subgraph declares the type of output " + std::to_string(i));
+  }
+  if (code_a != 0 && code_b != 0 && code_a != code_b)
+    ctx.fail("its subgraphs disagree on the type of output " + std::to_string(i));
+  const int32_t code = code_a != 0 ? code_a : code_b;
+  if (!is_known_dtype(code)) ctx.unsupported("output " + std::to_string(i) + " has a type kiln does not support");
+  const bool rank_a = a.has_tensor_type() && a.tensor_type().has_shape();
+  const bool rank_b = b && b->has_tensor_type() && b->tensor_type().has_shape();
+  int64_t rank = -1;
+  if (rank_a && (!b || (rank_b && a.tensor_type().shape().dim_size() == b->tensor_type().shape().dim_size())))
+    rank = a.tensor_type().shape().dim_size();
+  return {code, rank};
 }
 
 }  // namespace
@@ -68,8 +96,8 @@ KILN_REGISTER_IMPORTERS(control_flow) {
   registry.add({"If", kMinOpset, [](ImportContext& ctx) {
                   // An If of an engine file: already in kiln's form.
                   if (ctx.node.attrs.has("then_model")) return ctx.emit_as_is();
-                  const onnx::GraphProto* then_branch = branch(ctx, "then_branch");
-                  const onnx::GraphProto* else_branch = branch(ctx, "else_branch");
+                  const onnx::GraphProto* then_branch = graph_attribute(ctx, "then_branch");
+                  const onnx::GraphProto* else_branch = graph_attribute(ctx, "else_branch");
                   if (!then_branch || !else_branch) ctx.fail("If needs the graph attributes then_branch and else_branch");
                   const size_t outputs = ctx.node.outputs.size();
                   if (static_cast<size_t>(then_branch->output_size()) != outputs ||
@@ -81,30 +109,56 @@ KILN_REGISTER_IMPORTERS(control_flow) {
                   enclosing_reads(*else_branch, 1, reads, listed, ctx);
                   std::vector<int64_t> dtypes, ranks;
                   for (size_t i = 0; i < outputs; ++i) {
-                    const auto& a = then_branch->output(static_cast<int>(i)).type();
-                    const auto& b = else_branch->output(static_cast<int>(i)).type();
-                    // The type either branch declares (ONNX leaves a branch's output types optional).
-                    const int32_t code_a = a.has_tensor_type() ? a.tensor_type().elem_type() : 0;
-                    const int32_t code_b = b.has_tensor_type() ? b.tensor_type().elem_type() : 0;
-                    if ((a.value_case() != onnx::TypeProto::VALUE_NOT_SET && !a.has_tensor_type()) ||
-                        (b.value_case() != onnx::TypeProto::VALUE_NOT_SET && !b.has_tensor_type()))
-                      ctx.unsupported("output " + std::to_string(i) + " of a branch is not a tensor (sequences and optionals are not supported)");
-                    if (code_a == 0 && code_b == 0)
-                      ctx.unsupported("neither branch declares the type of output " + std::to_string(i));
-                    if (code_a != 0 && code_b != 0 && code_a != code_b)
-                      ctx.fail("its branches' output " + std::to_string(i) + " have different types");
-                    const int32_t code = code_a != 0 ? code_a : code_b;
-                    if (!is_known_dtype(code)) ctx.unsupported("output " + std::to_string(i) + " has a type kiln does not support");
-                    dtypes.push_back(code);
-                    const bool same_rank = a.tensor_type().has_shape() && b.tensor_type().has_shape() &&
-                                           a.tensor_type().shape().dim_size() == b.tensor_type().shape().dim_size();
-                    ranks.push_back(same_rank ? a.tensor_type().shape().dim_size() : -1);
+                    const auto [dtype, rank] = declared_output(ctx, i, then_branch->output(static_cast<int>(i)).type(),
+                                                               &else_branch->output(static_cast<int>(i)).type());
+                    dtypes.push_back(dtype);
+                    ranks.push_back(rank);
                   }
                   ir::Node node = ctx.node;
                   node.inputs.resize(1);
                   node.inputs.insert(node.inputs.end(), reads.begin(), reads.end());
-                  node.attrs.set("then_model", branch_model(ctx, *then_branch, reads, "then_branch"));
-                  node.attrs.set("else_model", branch_model(ctx, *else_branch, reads, "else_branch"));
+                  node.attrs.set("then_model", subgraph_model(ctx, *then_branch, reads, "then_branch"));
+                  node.attrs.set("else_model", subgraph_model(ctx, *else_branch, reads, "else_branch"));
+                  node.attrs.set("output_dtypes", dtypes);
+                  node.attrs.set("output_ranks", ranks);
+                  ctx.emit(std::move(node));
+                }});
+  // Loop: inputs M (trip count), cond, the N carried values; the body takes (iteration, cond,
+  // carried...) and gives (cond, carried..., scan outputs...); the node gives the carried values'
+  // last values and each scan output stacked over the iterations.
+  registry.add({"Loop", kMinOpset, [](ImportContext& ctx) {
+                  if (ctx.node.attrs.has("body_model")) return ctx.emit_as_is();  // an engine file's
+                  const onnx::GraphProto* body = graph_attribute(ctx, "body");
+                  if (!body) ctx.fail("Loop needs the graph attribute body");
+                  if (ctx.node.inputs.size() < 2) ctx.fail("Loop takes M and cond (either may be \"\") before its carried values");
+                  const size_t carried = ctx.node.inputs.size() - 2;
+                  if (static_cast<size_t>(body->input_size()) != carried + 2)
+                    ctx.fail("its body must take " + std::to_string(carried + 2) + " inputs (iteration, condition and " +
+                             std::to_string(carried) + " carried), not " + std::to_string(body->input_size()));
+                  if (static_cast<size_t>(body->output_size()) < carried + 1)
+                    ctx.fail("its body must give the condition and " + std::to_string(carried) + " carried values");
+                  const size_t scans = static_cast<size_t>(body->output_size()) - 1 - carried;
+                  if (ctx.node.outputs.size() != carried + scans)
+                    ctx.fail("it must have " + std::to_string(carried + scans) + " outputs (carried and scan outputs), as its body gives");
+                  std::vector<std::string> reads;
+                  std::set<std::string> listed;
+                  enclosing_reads(*body, 1, reads, listed, ctx);
+                  std::vector<int64_t> dtypes, ranks;
+                  for (size_t i = 0; i < carried + scans; ++i) {
+                    const onnx::TypeProto& out = body->output(static_cast<int>(i) + 1).type();
+                    // A carried value's type is also its body input's.
+                    const onnx::TypeProto* in = i < carried ? &body->input(static_cast<int>(i) + 2).type() : nullptr;
+                    // A carried value's dtype, where the body does not say, is its initial value's (-1).
+                    auto [dtype, rank] = declared_output(ctx, i, out, in, i < carried);
+                    if (i >= carried && rank >= 0) ++rank;  // stacked over the iterations
+                    if (i < carried) rank = -1;           // a carried value may change shape between iterations
+                    dtypes.push_back(dtype);
+                    ranks.push_back(rank);
+                  }
+                  ir::Node node = ctx.node;
+                  node.inputs.insert(node.inputs.end(), reads.begin(), reads.end());
+                  node.attrs.set("body_model", subgraph_model(ctx, *body, reads, "body"));
+                  node.attrs.set("carried", static_cast<int64_t>(carried));
                   node.attrs.set("output_dtypes", dtypes);
                   node.attrs.set("output_ranks", ranks);
                   ctx.emit(std::move(node));
