@@ -85,7 +85,7 @@ def run_fuzzer(build: pathlib.Path, name: str, seconds: int, findings_dir: pathl
             kept = findings_dir / f"{name}-{path.name}"
             findings_dir.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, kept)
-            report = [m.strip() for m in SUMMARY.findall(out)]
+            report = [m.strip().replace(f"{ROOT}/", "") for m in SUMMARY.findall(out)]  # paths from the repository
             findings.append({"input": f"{findings_dir.name}/{kept.name}", "report": report[:3]})  # beside the JSON
             print(f"[{name}] finding: {report[:1]}", file=sys.stderr, flush=True)
         elif not stats:
