@@ -526,7 +526,7 @@ ir::Graph import_model(const std::string& bytes, const std::string& name, const 
         if (!a.ref_attr_name().empty())
           throw node.error(ErrorKind::kUnsupported, "attribute references (functions) are not supported");
         // Subgraphs (If's branches) are read from the NodeProto by the op's importer; an op
-        // without one (Loop, Scan) is refused as unsupported before this.
+        // without one (Scan) is refused as unsupported before this.
         if (a.type() == onnx::AttributeProto::GRAPH || a.type() == onnx::AttributeProto::GRAPHS) continue;
         node.attrs.set(a.name(), attribute_from_proto(a, base_dir, node));
       }

@@ -46,25 +46,24 @@ def unsupported_op_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
-def loop_model() -> onnx.ModelProto:
-    """A valid ONNX Loop (control flow, which kiln does not compile): sums x three times."""
+def scan_model() -> onnx.ModelProto:
+    """A valid ONNX Scan (control flow kiln does not compile): the running sum of x's rows."""
     body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("Add", ["acc_in", "x"], ["acc_out"])],
+        [helper.make_node("Add", ["sum_in", "row"], ["sum_out"]),
+         helper.make_node("Identity", ["sum_out"], ["row_out"])],
         "body",
-        [helper.make_tensor_value_info("iter", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [1, 4])])
+        [helper.make_tensor_value_info("sum_in", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("row", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("sum_out", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("row_out", TensorProto.FLOAT, [4])])
     graph = helper.make_graph(
-        [helper.make_node("Loop", ["trip", "cond", "zero"], ["y"], name="the_loop_node", body=body)],
-        "loop",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-        [numpy_helper.from_array(np.array(3, dtype=np.int64), "trip"),
-         numpy_helper.from_array(np.array(True), "cond"),
-         numpy_helper.from_array(np.zeros((1, 4), dtype=np.float32), "zero")])
+        [helper.make_node("Scan", ["zero", "x"], ["total", "running"], name="the_scan_node", body=body,
+                          num_scan_inputs=1)],
+        "scan",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("running", TensorProto.FLOAT, [3, 4])],
+        [numpy_helper.from_array(np.zeros(4, dtype=np.float32), "zero")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     onnx.checker.check_model(model)
     return model
@@ -119,9 +118,9 @@ def test_unsupported_op(command, run_kiln, tmp_path):
 
 
 @pytest.mark.parametrize("command", MODEL_COMMANDS, ids=lambda c: c[0])
-def test_loop_is_unsupported(command, run_kiln, tmp_path):
-    path = save(loop_model(), tmp_path / "loop.onnx")
-    assert_clean_error(run_kiln(command[0], path, *command[1:]), "Loop", "the_loop_node")
+def test_scan_is_unsupported(command, run_kiln, tmp_path):
+    path = save(scan_model(), tmp_path / "scan.onnx")
+    assert_clean_error(run_kiln(command[0], path, *command[1:]), "Scan", "the_scan_node")
 
 
 def opset_model(opset: int, op: str) -> onnx.ModelProto:
