@@ -24,6 +24,7 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
     int changes = 0;
     changes += passes::remove_identity_and_dropout(graph);
     if (options.fold_constants) changes += passes::fold_constants(graph, evaluate);
+    if (options.fold_constants) changes += passes::inline_constant_if(graph);
     // Once folding has done what it can, learn what symbolic arithmetic missed.
     if (options.fold_constants && round == 0) changes += passes::probe_symbolic_values(graph, evaluate);
     changes += passes::simplify_shape_chains(graph);

@@ -2,8 +2,6 @@
 // self-contained ONNX model, is imported and built into a CPU engine of its own when the kernel
 // is made, its inputs typed from the node's inputs here; a run runs it on the node's inputs and
 // hands on its outputs, whose shapes only that run decides (KernelEntry::makes_outputs).
-#include <onnx.pb.h>
-
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -42,36 +40,17 @@ ir::TensorType input_type(const ir::Node& node, const KernelInit& init, size_t i
   return t;
 }
 
-// Imports the model in attribute `attr` with `types` as its inputs' types (dims not known get
-// names of their own, so the engine takes any size there) and builds its engine.
 Subgraph build_subgraph(const ir::Node& node, const std::string& attr, const std::vector<ir::TensorType>& types) {
-  onnx::ModelProto model;
-  const std::string bytes = node.attrs.get_string(attr, "");
-  if (bytes.empty() || !model.ParseFromString(bytes)) throw node.error(ErrorKind::kInvalidModel, attr + " is not an ONNX model");
-  onnx::GraphProto* graph = model.mutable_graph();
-  if (static_cast<size_t>(graph->input_size()) != types.size())
-    throw node.error(ErrorKind::kInvalidModel, attr + " takes " + std::to_string(graph->input_size()) + " inputs; the node gives it " +
-                                                   std::to_string(types.size()));
-  for (int i = 0; i < graph->input_size(); ++i) {
-    const ir::TensorType& type = types[static_cast<size_t>(i)];
-    onnx::ValueInfoProto* input = graph->mutable_input(i);
-    onnx::TypeProto::Tensor* tensor = input->mutable_type()->mutable_tensor_type();
-    tensor->set_elem_type(static_cast<int32_t>(type.dtype));
-    onnx::TensorShapeProto* shape = tensor->mutable_shape();
-    shape->clear_dim();
-    for (size_t k = 0; k < type.shape->size(); ++k) {
-      const ir::Dim& d = (*type.shape)[k];
-      if (d.known()) shape->add_dim()->set_dim_value(d.value);
-      else shape->add_dim()->set_dim_param(input->name() + ":" + std::to_string(k));
-    }
-  }
-  ir::Graph imported = onnx_import::import_bytes(model.SerializeAsString(), graph->name(), "");
   Subgraph sub;
-  sub.inputs = imported.inputs;
-  sub.outputs = imported.outputs;
-  // import_bytes lists a graph input once however often it is named; the order is the model's.
-  if (sub.inputs.size() != types.size()) throw node.error(ErrorKind::kInvalidModel, attr + " names an input twice");
-  sub.engine = std::make_unique<CpuEngine>(std::move(imported));
+  try {
+    ir::Graph imported = onnx_import::import_subgraph(node.attrs.get_string(attr, ""), types, attr);
+    sub.inputs = imported.inputs;
+    sub.outputs = imported.outputs;
+    sub.engine = std::make_unique<CpuEngine>(std::move(imported));
+  } catch (Error& e) {
+    if (e.node_name().empty()) e.node(node.name, node.op);
+    throw;
+  }
   return sub;
 }
 

@@ -92,6 +92,35 @@ std::pair<int64_t, int64_t> declared_output(const ImportContext& ctx, size_t i, 
 
 }  // namespace
 
+ir::Graph import_subgraph(const std::string& model_bytes, const std::vector<ir::TensorType>& input_types,
+                          const std::string& name) {
+  onnx::ModelProto model;
+  if (model_bytes.empty() || !model.ParseFromString(model_bytes))
+    throw Error(ErrorKind::kInvalidModel, name + " is not an ONNX model");
+  onnx::GraphProto* graph = model.mutable_graph();
+  if (static_cast<size_t>(graph->input_size()) != input_types.size())
+    throw Error(ErrorKind::kInvalidModel, name + " takes " + std::to_string(graph->input_size()) + " inputs; it is given " +
+                                              std::to_string(input_types.size()));
+  for (int i = 0; i < graph->input_size(); ++i) {
+    const ir::TensorType& type = input_types[static_cast<size_t>(i)];
+    onnx::ValueInfoProto* input = graph->mutable_input(i);
+    if (!type.shape) throw Error(ErrorKind::kUnsupported, "the rank of " + name + "'s input '" + input->name() + "' is not known");
+    onnx::TypeProto::Tensor* tensor = input->mutable_type()->mutable_tensor_type();
+    tensor->set_elem_type(static_cast<int32_t>(type.dtype));
+    onnx::TensorShapeProto* shape = tensor->mutable_shape();
+    shape->clear_dim();
+    for (size_t k = 0; k < type.shape->size(); ++k) {
+      const ir::Dim& d = (*type.shape)[k];
+      if (d.known()) shape->add_dim()->set_dim_value(d.value);
+      else shape->add_dim()->set_dim_param(input->name() + ":" + std::to_string(k));
+    }
+  }
+  ir::Graph imported = import_bytes(model.SerializeAsString(), name, "");
+  // import_bytes lists a graph input once however often it is named; the order is the model's.
+  if (imported.inputs.size() != input_types.size()) throw Error(ErrorKind::kInvalidModel, name + " names an input twice");
+  return imported;
+}
+
 KILN_REGISTER_IMPORTERS(control_flow) {
   registry.add({"If", kMinOpset, [](ImportContext& ctx) {
                   // An If of an engine file: already in kiln's form.

@@ -83,6 +83,12 @@ ir::Graph import_bytes(const std::string& bytes, const std::string& name, const 
 // is "kiln:weights" are read from `weights`. `name` is used in error messages.
 ir::Graph import_engine_graph(const std::string& graph, const std::string& weights, const std::string& name);
 
+// Reads a control-flow node's subgraph (the model in an If's then_model or else_model, a Loop's
+// body_model: src/onnx/control_flow.cc) with `input_types` as its inputs' types; dims not known
+// get names of their own, so the graph takes any size there. `name` is used in error messages.
+ir::Graph import_subgraph(const std::string& model_bytes, const std::vector<ir::TensorType>& input_types,
+                          const std::string& name);
+
 // Converts one TensorProto (for tests and the conformance runner's .pb files).
 Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base_dir);
 // Reads a serialized TensorProto file (the backend test data format).

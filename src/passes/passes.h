@@ -34,6 +34,9 @@ int eliminate_dead_code(ir::Graph& graph);
 // do node outputs whose symbolic value (from shape arithmetic) is fully known.
 int fold_constants(ir::Graph& graph, const NodeEvaluator& evaluate, int64_t max_bytes = kMaxFoldedBytes);
 
+// Replaces each If whose condition is a constant by the nodes of the branch it always runs.
+int inline_constant_if(ir::Graph& graph);
+
 // Drops Identity and inference-mode Dropout nodes, rewiring their consumers.
 int remove_identity_and_dropout(ir::Graph& graph);
 

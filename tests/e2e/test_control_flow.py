@@ -71,6 +71,31 @@ def test_both_branches_match_onnxruntime(run_kiln, tmp_path, nested):
         assert r.returncode == 0 and "PASSED" in r.stdout and shape in r.stdout, r.describe()
 
 
+def test_an_if_on_a_static_shape_is_inlined(run_kiln, tmp_path):
+    """The condition of an If on x's first dim (3 > 1, known when building) folds to a constant:
+    the branch it picks replaces the If (in it, an If on the data stays one)."""
+    model = if_model(nested=True)
+    graph = model.graph
+    del graph.node[:2]  # ReduceSum, Greater: the condition comes from x's shape instead
+    graph.node.insert(0, helper.make_node("Shape", ["x"], ["x_shape"]))
+    graph.node.insert(1, helper.make_node("Gather", ["x_shape", "zero_i"], ["rows"], axis=0))
+    graph.node.insert(2, helper.make_node("Greater", ["rows", "one_i"], ["c"]))
+    graph.initializer.extend([numpy_helper.from_array(np.array(0, np.int64), "zero_i"),
+                              numpy_helper.from_array(np.array(1, np.int64), "one_i")])
+    graph.input[0].type.tensor_type.shape.dim[0].dim_value = 3
+    for cond in (True, False):  # rows > 1, or (with the comparison reversed) not
+        graph.node[2].op_type = "Greater" if cond else "Less"
+        path = tmp_path / f"static_{cond}.onnx"
+        onnx.save(model, path)
+        layers = run_kiln("inspect", path, "--optimize")
+        assert layers.returncode == 0, layers.describe()
+        ifs = [line for line in layers.stdout.splitlines() if " If " in line]
+        assert len(ifs) == (0 if cond else 1) and "the_if/" in layers.stdout, layers.stdout  # the branch's nodes
+        for offset, first in ((2.0, 1.0), (-2.0, -1.0)):
+            r = run_kiln("check", path, "--inputs", _inputs(tmp_path, offset, first))
+            assert r.returncode == 0 and "PASSED" in r.stdout, r.describe()
+
+
 def test_an_engine_file_keeps_the_branches(run_kiln, tmp_path):
     path = tmp_path / "if.onnx"
     onnx.save(if_model(), path)
