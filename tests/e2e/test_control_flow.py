@@ -53,22 +53,53 @@ def if_model(nested: bool = False) -> onnx.ModelProto:
     return model
 
 
-def _inputs(tmp_path, offset: float, first: float = 1.0) -> str:
+def _x(offset: float, first: float = 1.0) -> np.ndarray:
     x = np.random.default_rng(int(offset * 10) + 100).standard_normal((3, 4)).astype(np.float32) + offset
     x[0, 0] = first
-    path = tmp_path / f"x_{offset}_{first}.npy"
-    np.save(path, x)
-    return f"x={path}"
+    return x
+
+
+def _file_name(output: str) -> str:
+    """kiln run names each file after its output, characters other than [A-Za-z0-9_.-] as "_"."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", output) + ".npy"
+
+
+def run_both(run_kiln, tmp_path, path, feed: dict, engine=None) -> tuple[dict, dict]:
+    """`kiln run` (of `engine` if given, else of the model) and ONNX Runtime on `feed`: their
+    outputs by name. The comparison stays in this process, so the sanitized build's kiln (which
+    has no Python package) runs these tests too."""
+    import onnxruntime as ort
+
+    out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+    args = ["run", engine or path, "-o", out]
+    for name, value in feed.items():
+        np.save(tmp_path / f"{name}.npy", value)
+        args += ["--input", f"{name}={tmp_path / f'{name}.npy'}"]
+    r = run_kiln(*args)
+    assert r.returncode == 0, r.describe()
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    want = dict(zip(names, session.run(None, feed)))
+    got = {n: np.load(out / _file_name(n)) for n in names}
+    return got, want
+
+
+def assert_same(got: dict, want: dict, tolerance: float = 1e-5) -> None:
+    for name in want:
+        assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype, \
+            (name, got[name].shape, want[name].shape, got[name].dtype, want[name].dtype)
+        np.testing.assert_allclose(got[name], want[name], rtol=tolerance, atol=tolerance, err_msg=name)
 
 
 @pytest.mark.parametrize("nested", [False, True], ids=["if", "nested_if"])
 def test_both_branches_match_onnxruntime(run_kiln, tmp_path, nested):
     path = tmp_path / "if.onnx"
     onnx.save(if_model(nested), path)
-    cases = [(2.0, 1.0, "y [3, 4]"), (-2.0, 1.0, "y [3, 4]" if nested else "y [1, 4]"), (-2.0, -1.0, "y [1, 4]")]
-    for offset, first, shape in cases:
-        r = run_kiln("check", path, "--inputs", _inputs(tmp_path, offset, first))
-        assert r.returncode == 0 and "PASSED" in r.stdout and shape in r.stdout, r.describe()
+    cases = [(2.0, 1.0, 3), (-2.0, 1.0, 3 if nested else 1), (-2.0, -1.0, 1)]
+    for offset, first, rows in cases:
+        got, want = run_both(run_kiln, tmp_path, path, {"x": _x(offset, first)})
+        assert_same(got, want)
+        assert got["y"].shape == (rows, 4)
 
 
 def test_an_if_on_a_static_shape_is_inlined(run_kiln, tmp_path):
@@ -92,8 +123,7 @@ def test_an_if_on_a_static_shape_is_inlined(run_kiln, tmp_path):
         ifs = [line for line in layers.stdout.splitlines() if " If " in line]
         assert len(ifs) == (0 if cond else 1) and "the_if/" in layers.stdout, layers.stdout  # the branch's nodes
         for offset, first in ((2.0, 1.0), (-2.0, -1.0)):
-            r = run_kiln("check", path, "--inputs", _inputs(tmp_path, offset, first))
-            assert r.returncode == 0 and "PASSED" in r.stdout, r.describe()
+            assert_same(*run_both(run_kiln, tmp_path, path, {"x": _x(offset, first)}))
 
 
 def test_an_engine_file_keeps_the_branches(run_kiln, tmp_path):
@@ -102,9 +132,9 @@ def test_an_engine_file_keeps_the_branches(run_kiln, tmp_path):
     engine = tmp_path / "if.engine"
     assert run_kiln("build", path, "--device", "cpu", "-o", engine).returncode == 0
     for offset, rows in ((2.0, 3), (-2.0, 1)):
-        r = run_kiln("run", engine, "--input", _inputs(tmp_path, offset), "-o", tmp_path / f"out{offset}")
-        assert r.returncode == 0, r.describe()
-        assert np.load(tmp_path / f"out{offset}" / "y_shape.npy").tolist() == [rows, 4]
+        got, want = run_both(run_kiln, tmp_path, path, {"x": _x(offset)}, engine=engine)
+        assert_same(got, want)
+        assert got["y_shape"].tolist() == [rows, 4]
 
 
 def test_malformed_ifs_are_refused_with_a_reason(run_kiln, tmp_path):
@@ -188,22 +218,19 @@ def loop_model(with_trip_count: bool, with_cond: bool) -> onnx.ModelProto:
 def test_loop_matches_onnxruntime(run_kiln, tmp_path, trip_count, cond):
     path = tmp_path / "loop.onnx"
     onnx.save(loop_model(trip_count, cond), path)
-    np.save(tmp_path / "x.npy", np.array([[1.0, 2.0, 0.5, 1.5]], np.float32))
-    np.save(tmp_path / "go.npy", np.array(True))
     # M = 0 (no iteration: empty scans), 3, and 50 (the condition stops it first where it counts).
     for m in ((0, 3, 50) if trip_count else (None,)):
-        args = ["--inputs", f"x={tmp_path / 'x.npy'}"]
+        feed = {"x": np.array([[1.0, 2.0, 0.5, 1.5]], np.float32)}
         if m is not None:
-            np.save(tmp_path / "m.npy", np.array(m, np.int64))
-            args += ["--inputs", f"M={tmp_path / 'm.npy'}"]
+            feed["M"] = np.array(m, np.int64)
         if cond:
-            args += ["--inputs", f"go={tmp_path / 'go.npy'}"]
-        r = run_kiln("check", path, *args)
-        assert r.returncode == 0 and "PASSED" in r.stdout, r.describe()
+            feed["go"] = np.array(True)
+        got, want = run_both(run_kiln, tmp_path, path, feed)
+        assert_same(got, want)
         # The sum grows by 6.25 an iteration: the body's condition ends the loop after 7, with or
         # without a cond input (as ONNX Runtime runs it).
         rows = {0: 0, 3: 3, 50: 7, None: 7}[m]
-        assert f"scans [{rows}, 1, 4]" in r.stdout and f"hist [{rows}, 4]" in r.stdout, r.stdout
+        assert got["scans"].shape == (rows, 1, 4) and got["hist"].shape == (rows, 4)
 
 
 # --- torchvision's detection models: their box selection (batched NMS) runs in an If --------------
@@ -243,18 +270,10 @@ def _matched(boxes_a, scores_a, labels_a, boxes_b, scores_b, labels_b) -> float:
 
 @pytest.mark.parametrize("name", list(THRESHOLDS))
 def test_detection_models_match_onnxruntime(run_kiln, model_cache, tmp_path, name):
-    import onnxruntime as ort
-
     path = _export_detection(name, model_cache)
     image = np.random.default_rng(0).random((3, 128, 128)).astype(np.float32)
-    np.save(tmp_path / "image.npy", image)
-    r = run_kiln("run", path, "--input", f"images={tmp_path / 'image.npy'}", "-o", tmp_path / "out")
-    assert r.returncode == 0, r.describe()
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    want = dict(zip(names, session.run(None, {"images": image})))
-    # kiln run names each file after its output, characters other than [A-Za-z0-9_.-] as "_".
-    got = {n: np.load(tmp_path / "out" / (re.sub(r"[^A-Za-z0-9_.-]", "_", n) + ".npy")) for n in names}
+    got, want = run_both(run_kiln, tmp_path, path, {"images": image})
+    names = list(want)
     # The outputs by what they hold (the models list them in different orders): boxes [n, 4],
     # scores [n] float, labels [n] int64.
     masks = next((n for n in names if want[n].ndim == 4), None)  # Mask R-CNN's [n, 1, H, W], pasted in a Loop
