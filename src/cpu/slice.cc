@@ -25,7 +25,9 @@ KILN_REGISTER_CPU_KERNELS(slice) {
       for (const ir::SliceAxis& p : params) {
         size_t a = static_cast<size_t>(p.axis);
         if (p.length.value > 0) offset += p.start * strides[a];
-        strides[a] *= p.step;
+        // An axis of one element never steps: its step (any int64 from the file) is not used,
+        // and multiplying by it could overflow. Longer axes step inside the input.
+        if (p.length.value > 1) strides[a] *= p.step;
       }
       strided_copy(in[0]->raw(), offset, strides, out[0].raw(), out[0].shape(), element_size(in[0]->dtype()));
     });

@@ -396,7 +396,7 @@ Walk slice_walk(const LayerRequest& r) {
   for (const ir::SliceAxis& p : params) {
     const size_t a = static_cast<size_t>(p.axis);
     if (p.length.value > 0) w.offset += p.start * w.strides[a];
-    w.strides[a] *= p.step;
+    if (p.length.value > 1) w.strides[a] *= p.step;  // as the CPU kernel: one element never steps
   }
   return w;
 }

@@ -129,6 +129,18 @@ TEST(FuzzRegression, EyeLikeOfAnyKStaysInItsMatrix) {
   EXPECT_EQ(std::vector<float>(below.data<float>(), below.data<float>() + 6), (std::vector<float>{0, 0, 0, 1, 0, 0}));
 }
 
+// fuzz_graph: Slice with a step of INT64_MAX over an axis it takes one element of multiplied
+// the axis's stride by the step, which overflowed (the kernel never steps there).
+TEST(FuzzRegression, SliceOfOneElementIgnoresAHugeStep) {
+  std::vector<float> values(30);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  auto i64 = [](int64_t v) { return Tensor::from_vector<int64_t>({1}, {v}); };
+  Tensor y = run_node("Slice", {Tensor::from_vector<float>({2, 15}, values), i64(1), i64(2), i64(0),
+                                i64(std::numeric_limits<int64_t>::max())});
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{1, 15}));
+  for (int64_t c = 0; c < 15; ++c) EXPECT_EQ(y.data<float>()[c], static_cast<float>(15 + c));
+}
+
 // What building `b` (import's shape inference) refuses with, or "" if it does not.
 std::string refusal(GraphBuilder& b) {
   try {
