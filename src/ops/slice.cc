@@ -1,6 +1,7 @@
 // Schema of Slice (starts/ends/axes/steps as inputs, as since opset 10). Slicing a shape
 // value keeps the selected symbolic elements.
 #include <algorithm>
+#include <limits>
 
 #include "ops/slice_params.h"
 
@@ -102,14 +103,22 @@ std::vector<SliceAxis> slice_params(const Node& node, const Dims& in, const std:
     int64_t dim = d.value;
     if (s < 0) s += dim;
     if (e < 0) e += dim;
+    // Elements in a span of `span` positions taken every `step`: a ceil division with no
+    // span + step to overflow (a step is any int64 from the file, INT64_MIN included).
+    auto count = [](int64_t span, int64_t step) {
+      if (span <= 0) return int64_t{0};
+      if (step == std::numeric_limits<int64_t>::min()) return int64_t{1};
+      const int64_t stride = step < 0 ? -step : step;
+      return span / stride + (span % stride != 0);
+    };
     if (p.step > 0) {
       s = std::clamp<int64_t>(s, 0, dim);
       e = std::clamp<int64_t>(e, 0, dim);
-      p.length = Dim(e > s ? (e - s + p.step - 1) / p.step : 0);
+      p.length = Dim(count(e - s, p.step));
     } else {
       s = std::clamp<int64_t>(s, 0, dim - 1);
       e = std::clamp<int64_t>(e, -1, dim - 1);
-      p.length = Dim(s > e ? (s - e + (-p.step) - 1) / (-p.step) : 0);
+      p.length = Dim(count(s - e, p.step));
     }
     p.start = s;
     out.push_back(p);

@@ -130,7 +130,8 @@ TEST(FuzzRegression, EyeLikeOfAnyKStaysInItsMatrix) {
 }
 
 // fuzz_graph: Slice with a step of INT64_MAX over an axis it takes one element of multiplied
-// the axis's stride by the step, which overflowed (the kernel never steps there).
+// the axis's stride by the step, which overflowed (the kernel never steps there); the length's
+// ceil division added the step to the span, and negated INT64_MIN.
 TEST(FuzzRegression, SliceOfOneElementIgnoresAHugeStep) {
   std::vector<float> values(30);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
@@ -139,6 +140,11 @@ TEST(FuzzRegression, SliceOfOneElementIgnoresAHugeStep) {
                                 i64(std::numeric_limits<int64_t>::max())});
   ASSERT_EQ(y.shape(), (std::vector<int64_t>{1, 15}));
   for (int64_t c = 0; c < 15; ++c) EXPECT_EQ(y.data<float>()[c], static_cast<float>(15 + c));
+  // Backwards by INT64_MIN, whose negation overflows: still the one row.
+  Tensor back = run_node("Slice", {Tensor::from_vector<float>({2, 15}, values), i64(1), i64(0), i64(0),
+                                   i64(std::numeric_limits<int64_t>::min())});
+  ASSERT_EQ(back.shape(), (std::vector<int64_t>{1, 15}));
+  EXPECT_EQ(back.data<float>()[0], 15.0f);
 }
 
 // What building `b` (import's shape inference) refuses with, or "" if it does not.
