@@ -15,6 +15,7 @@ SimplifyResult simplify_onnx(const std::string& onnx_path, const std::string& ou
   result.nodes_before = graph.nodes.size();
   compiler::PassOptions fold_only;
   fold_only.fuse_epilogue = false;  // kiln's fused ops have no ONNX form
+  fold_only.fuse_attention = false;  // Attention needs opset 23, which the model may predate
   compiler::optimize(graph, fold_only);
   result.nodes_after = graph.nodes.size();
   const std::string bytes = onnx_export::export_model(graph);

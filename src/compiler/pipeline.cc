@@ -37,6 +37,13 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
     }
     if (changes == 0) break;
   }
+  // Attention before epilogue fusion, which would take its products' MatMuls.
+  if (options.fuse && options.fuse_attention) {
+    std::vector<std::string> notes;
+    if (passes::fuse_attention(graph, notes)) ir::infer_shapes(graph);
+    if (options.log)
+      for (const std::string& note : notes) options.log(note);
+  }
   if (options.fuse && options.fuse_epilogue) {
     for (int round = 0; round < 4; ++round) {
       int fused = passes::fuse_epilogue(graph);
@@ -69,7 +76,9 @@ ir::Graph float_graph(const std::string& model_bytes, const std::string& name, c
   // Explicit quantization: the model's Q/DQ pairs become scales for the INT8 pass.
   if (options.precision == Precision::kInt8) qdq = absorb_qdq(graph);
   try {
-    if (options.optimize) optimize(graph);
+    PassOptions pass_options;
+    pass_options.log = options.log;
+    if (options.optimize) optimize(graph, pass_options);
   } catch (Error& e) {
     if (e.file_path().empty()) e.file(name);
     throw;

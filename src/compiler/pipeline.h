@@ -30,6 +30,10 @@ struct PassOptions {
   // With fuse: also the epilogue fusion into kiln's own ops (FusedConv, ...). False keeps the
   // graph in ONNX ops (BatchNorm still folded), as `kiln export --simplify` writes it.
   bool fuse_epilogue = true;
+  // With fuse: scaled dot-product attention into ONNX's Attention (one layer on every backend).
+  bool fuse_attention = true;
+  // Where the passes say what they did not do and why (attention patterns not fused); may be null.
+  std::function<void(const std::string&)> log;
 };
 
 // Runs the passes to a fixed point and re-infers shapes. Constant folding computes with the

@@ -138,14 +138,19 @@ class AttentionKernel : public Kernel {
             any_allowed |= bias[j] != kNegInf;
             max_logit = std::max(max_logit, x + bias[j]);
           }
-          // Softmax of logits + bias; a row no key may be attended from is all zeros.
+          // Softmax of logits + bias; a row no key may be attended from is all zeros. NaN and
+          // infinite logits give NaN, as a softmax computes them (std::max above skips NaN).
           double sum = 0;
+          bool nan = false;
           for (int64_t j = 0; j < T; ++j) {
             const float z = logits[j] + bias[j];
-            probs[j] = !any_allowed || max_logit == kNegInf || z == kNegInf ? 0.f : std::exp(z - max_logit);
+            nan |= std::isnan(z);
+            probs[j] = !any_allowed || z == kNegInf ? 0.f : std::exp(z - max_logit);
             sum += probs[j];
           }
-          for (int64_t j = 0; j < T; ++j) probs[j] = sum > 0 ? static_cast<float>(probs[j] / sum) : 0.f;
+          const float quiet_nan = std::numeric_limits<float>::quiet_NaN();
+          for (int64_t j = 0; j < T; ++j)
+            probs[j] = nan ? quiet_nan : !any_allowed ? 0.f : static_cast<float>(probs[j] / sum);
           std::fill(y_row.begin(), y_row.end(), 0.f);
           for (int64_t j = 0; j < T; ++j) {
             if (probs[j] == 0.f) continue;

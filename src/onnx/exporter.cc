@@ -1,4 +1,5 @@
 #include "onnx/exporter.h"
+#include "onnx/importer.h"
 
 #include <onnx.pb.h>
 
@@ -84,7 +85,14 @@ std::string write_model(const ir::Graph& graph, const std::string& producer, std
   model.set_producer_version(KILN_VERSION);
   auto* opset = model.add_opset_import();
   opset->set_domain("");
-  opset->set_version(std::max(graph.opset, kMinWrittenOpset));
+  // A node the passes made of an op newer than the model (attention fusion's Attention, opset
+  // 23) raises the opset to the one that op is read from.
+  int written = std::max(graph.opset, kMinWrittenOpset);
+  for (const ir::Node& node : graph.nodes)
+    if (node.domain.empty())
+      if (const onnx_import::OpImporter* importer = onnx_import::ImporterRegistry::instance().find(node.op))
+        written = std::max(written, importer->since_opset);
+  opset->set_version(written);
   if (weights) {
     auto* kiln_opset = model.add_opset_import();
     kiln_opset->set_domain("kiln");

@@ -49,6 +49,11 @@ int fold_batchnorm(ir::Graph& graph);
 // Does nothing for a fused op whose schema is not registered.
 int fuse_epilogue(ir::Graph& graph);
 
+// Scaled dot-product attention (MatMul, scalar scale, additive mask, Softmax, MatMul) ->
+// one ONNX Attention node. For each Softmax between two MatMuls that does not match, a line in
+// `notes` says which element of the pattern failed.
+int fuse_attention(ir::Graph& graph, std::vector<std::string>& notes);
+
 // Gives Reshape / Expand nodes whose shape input is computed (Shape -> Gather -> Concat ...)
 // but whose symbolic value is known a constant shape input instead, so the chain dies.
 int simplify_shape_chains(ir::Graph& graph);

@@ -25,6 +25,7 @@ namespace {
 struct InspectOptions {
   std::string model;
   bool optimize = false;
+  bool verbose = false;  // with --optimize: what the passes did not fuse, and why
   std::string json;  // --json [FILE]: empty for text
   std::vector<std::string> dims;    // --dim N=8
   std::vector<std::string> shapes;  // --shapes input:1x3x224x224
@@ -188,7 +189,12 @@ int inspect(const InspectOptions& o) {
   ir::Graph g = onnx_import::import_file(o.model);
   // Optimize while the dims are still symbolic (the graph a dynamic engine runs), then bind
   // them only to make the shapes and FLOPs shown concrete.
-  if (o.optimize) compiler::optimize(g);
+  std::vector<std::string> notes;
+  if (o.optimize) {
+    compiler::PassOptions pass_options;
+    pass_options.log = [&notes](const std::string& note) { notes.push_back(note); };
+    compiler::optimize(g, pass_options);
+  }
   std::vector<std::string> defaulted;
   std::map<std::string, std::string> declared = bind_dims(g, o, defaulted);
   fill_shapes_by_folding(g);
@@ -214,6 +220,7 @@ int inspect(const InspectOptions& o) {
     j["parameters"] = g.parameter_count();
     j["parameter_bytes"] = g.parameter_bytes();
     j["flops"] = total_flops;
+    if (o.optimize) j["pass_notes"] = notes;
     json.write(j);
     return 0;
   }
@@ -241,6 +248,8 @@ int inspect(const InspectOptions& o) {
     for (const std::string& d : defaulted) list += (list.empty() ? "" : ", ") + d;
     std::cout << fmt::format("note: dynamic dimensions bound to 1 for shapes and FLOPs: {} (choose with --dim NAME=VALUE or --shapes INPUT:DxDxD)\n", list);
   }
+  if (o.verbose)
+    for (const std::string& note : notes) std::cout << "note: " << note << "\n";
   return 0;
 }
 }  // namespace
@@ -251,6 +260,7 @@ void add_inspect_command(CLI::App& app, std::function<int()>& action) {
                                                  "(engines: precision, tactic and memory), parameters and FLOPs");
   cmd->add_option("model", opts->model, "ONNX model file, or engine file")->required();
   cmd->add_flag("--optimize", opts->optimize, "Show the graph after kiln's passes (folding and fusion)");
+  cmd->add_flag("-v,--verbose", opts->verbose, "With --optimize: say which patterns the passes did not fuse, and why");
   cmd->add_option("--json", opts->json, "JSON instead of text, to FILE, or to standard output when given alone or as -")
       ->expected(0, 1)
       ->default_str("-");

@@ -148,3 +148,97 @@ def test_leading_slice_is_a_view(batch, precision, kiln_bin, tmp_path):
     for name in ("s", "t"):
         assert got[name].shape == (batch, 13)
         assert rel_l2(got[name], want[name]) <= limit, name
+
+
+# --- attention: ONNX's Attention op and the pattern attention fusion turns into it ----------------
+
+ATTENTION_FORMS = {
+    # name: (three_d, q_heads, kv_heads, queries, keys, mask, attrs)
+    "4d": (False, 4, 4, 37, 37, None, {}),
+    "4d_padding_mask": (False, 4, 4, 37, 45, "padding", {}),
+    "4d_causal": (False, 4, 4, 37, 37, None, {"is_causal": 1}),
+    "4d_bool_mask": (False, 2, 2, 16, 33, "bool", {}),
+    "4d_one_kv_head": (False, 4, 1, 20, 29, "full", {"scale": 0.3}),
+    "3d_grouped": (True, 4, 2, 25, 31, None, {}),
+    "3d_causal_window": (True, 2, 2, 40, 40, "padding", {"is_causal": 1, "left_window_size": 7}),
+}
+
+
+def attention_op_model(form: str, path: str, batch: int = 3, head: int = 16):
+    three_d, hq, hkv, s, t, mask, attrs = ATTENTION_FORMS[form]
+    if three_d:
+        shapes = {"Q": [batch, s, hq * head], "K": [batch, t, hkv * head], "V": [batch, t, hkv * head]}
+        attrs = {"q_num_heads": hq, "kv_num_heads": hkv, **attrs}
+    else:
+        shapes = {"Q": [batch, hq, s, head], "K": [batch, hkv, t, head], "V": [batch, hkv, t, head]}
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in shapes.items()]
+    names = ["Q", "K", "V"]
+    if mask:
+        dims = {"padding": [batch, 1, 1, t], "bool": [s, t], "full": [batch, hq, s, t]}[mask]
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL if mask == "bool" else TensorProto.FLOAT, dims))
+        names.append("mask")
+    node = helper.make_node("Attention", names, ["Y"], **attrs)
+    graph = helper.make_graph([node], "attention", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    onnx.save(model, path)
+    rng = np.random.default_rng(len(form))
+    feeds = [rng.standard_normal(shapes[n]).astype(np.float32) for n in ("Q", "K", "V")]
+    if mask == "bool":
+        m = rng.random(dims) < 0.7
+        m[:, 0] = True  # every query sees a key
+        feeds.append(m)
+    elif mask:
+        m = np.where(rng.random(dims) < 0.8, 0.0, np.finfo(np.float32).min).astype(np.float32)
+        m[..., 0] = 0.0
+        feeds.append(m)
+    return feeds, names
+
+
+def attention_pattern_model(path: str, batch: int = 2, heads: int = 3, seq: int = 23, head: int = 16):
+    """The unfused form exporters write: Q.K^T (K transposed by a Transpose), a Div by sqrt(d),
+    an additive padding mask, Softmax, the product with V."""
+    dims = {"Q": [batch, heads, seq, head], "K": [batch, heads, seq, head], "V": [batch, heads, seq, head],
+            "mask": [batch, 1, 1, seq]}
+    nodes = [helper.make_node("Transpose", ["K"], ["Kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["Q", "Kt"], ["s"]),
+             helper.make_node("Div", ["s", "root"], ["sd"]),
+             helper.make_node("Add", ["sd", "mask"], ["sm"]),
+             helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "V"], ["Y"])]
+    graph = helper.make_graph(nodes, "attention_pattern",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, d) for n, d in dims.items()],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(np.sqrt(head), np.float32), "root")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    rng = np.random.default_rng(11)
+    feeds = [rng.standard_normal(dims[n]).astype(np.float32) for n in ("Q", "K", "V")]
+    feeds.append(np.where(rng.random(dims["mask"]) < 0.8, 0.0, -1e9).astype(np.float32))
+    return feeds, ["Q", "K", "V", "mask"]
+
+
+def engine_ops(kiln_bin, path, precision, tmp_path):
+    import json
+
+    engine = str(tmp_path / "m.engine")
+    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "-o", engine],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    return engine, [layer["op"] for layer in info["layers"]]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("form", list(ATTENTION_FORMS) + ["fused_pattern"])
+def test_attention_layer_matches_cpu(form, precision, kiln_bin, tmp_path):
+    """Each form runs as one Attention layer on the GPU (no CPU fallback, no unfused products) and
+    matches the CPU engine: 1e-4 relative L2 in fp32, 1e-2 in fp16."""
+    path = str(tmp_path / "m.onnx")
+    feeds, names = attention_pattern_model(path) if form == "fused_pattern" else attention_op_model(form, path)
+    engine, ops = engine_ops(kiln_bin, path, precision, tmp_path)
+    assert ops.count("Attention") == 1 and "Softmax" not in ops and "MatMul" not in ops, ops
+    want = run_kiln(kiln_bin, path, feeds, names, str(tmp_path / "cpu"), "--device", "cpu")["Y"]
+    got = run_kiln(kiln_bin, engine, feeds, names, str(tmp_path / "gpu"))["Y"]
+    assert got.shape == want.shape
+    err = rel_l2(got, want)
+    assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{form} {precision}: relative L2 error {err:.3g}"

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Transformers on kiln's GPU engine and PyTorch, in one run on one GPU.
+
+    python3 bench/transformer_bench.py --out DIR [--models bert_base,vit_b_16] [--kiln A[,B]]
+                                       [--peers] [--rounds 2]
+
+Models (random weights, seeded; exported with torch.onnx's TorchScript exporter, opset 17, a
+dynamic batch):
+  bert_base  HF transformers BertModel with BERT-base's config (12 layers, hidden 768, 12 heads),
+             sequence 128, inputs input_ids and attention_mask (a quarter of each row padding);
+             batches 1 and 32
+  vit_b_16   torchvision's ViT-B/16 at 224x224; batches 1 and 128
+Each kiln binary given (--kiln: one, or two to compare an older build with a newer one; they
+are timed in alternating rounds, the order swapped every round) runs `kiln bench --fp16`.
+--peers adds PyTorch eager fp16 and torch.compile(mode="reduce-overhead") fp16 on the same
+inputs, timed as bench/gpu_bench.py times them. Writes DIR/transformer_bench.json and prints a
+table; commit the JSON under bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_bench  # noqa: E402  (run, time_fn, machine)
+
+SEQ = 128
+BATCHES = {"bert_base": [1, 32], "vit_b_16": [1, 128]}
+
+
+def bert_module():
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(attn_implementation="eager")).eval()
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    return Wrapper(bert)
+
+
+def inputs_for(name: str, batch: int):
+    import torch
+
+    g = torch.Generator().manual_seed(batch)
+    if name == "bert_base":
+        ids = torch.randint(0, 30522, (batch, SEQ), generator=g)
+        mask = torch.ones(batch, SEQ, dtype=torch.int64)
+        mask[:, SEQ * 3 // 4:] = 0
+        return [ids, mask]
+    return [torch.randn(batch, 3, 224, 224, generator=g)]
+
+
+def module_for(name: str):
+    import torch
+    import torchvision
+
+    if name == "bert_base":
+        return bert_module()
+    torch.manual_seed(0)
+    return getattr(torchvision.models, name)().eval()
+
+
+def export(name: str, path: str) -> None:
+    import torch
+
+    if os.path.exists(path):
+        return
+    module = module_for(name)
+    args = tuple(inputs_for(name, 2))
+    names = ["input_ids", "attention_mask"] if name == "bert_base" else ["input"]
+    torch.onnx.export(module, args, path, dynamo=False, opset_version=17, input_names=names, output_names=["output"],
+                      dynamic_axes={n: {0: "batch"} for n in names + ["output"]})
+
+
+def kiln_bench(kiln: str, model: str, batches: list[int], out: str, tag: str) -> dict[int, float]:
+    js = os.path.join(out, f"kiln_{tag}_{os.path.basename(model)}.json")
+    r = gpu_bench.run([kiln, "bench", model, "--fp16", "--batches", ",".join(map(str, batches)), "--json", js])
+    print(r.stdout[-2000:], flush=True)
+    with open(js) as f:
+        return {row["batch"]: row["latency_ms"]["median"] for row in json.load(f)["results"]}
+
+
+def peers(name: str, batches: list[int]) -> list[dict]:
+    import torch
+
+    rows = []
+    m = module_for(name).half().cuda() if name == "vit_b_16" else module_for(name).cuda()
+    if name == "bert_base":
+        m = m.half()
+    with torch.inference_mode():
+        for variant in ("torch_eager_fp16", "torch_compile_reduce-overhead_fp16"):
+            fn = m
+            if variant.startswith("torch_compile"):
+                torch._dynamo.reset()
+                fn = torch.compile(m, mode="reduce-overhead")
+            for bs in batches:
+                xs = [x.cuda() for x in inputs_for(name, bs)]
+                if name == "vit_b_16":
+                    xs = [xs[0].half()]
+                t0 = time.time()
+                fn(*xs)
+                torch.cuda.synchronize()
+                first_s = time.time() - t0
+                med, p99 = gpu_bench.time_fn(lambda: fn(*xs), 200 if bs <= 32 else 50)
+                rows.append({"cfg": variant, "batch": bs, "median_ms": med, "p99_ms": p99, "first_call_s": first_s})
+                print(json.dumps({"model": name, **rows[-1]}), flush=True)
+    del m
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", default="bert_base,vit_b_16")
+    ap.add_argument("--kiln", default=gpu_bench.kiln_bin(), help="kiln binaries, comma-separated (A,B compares them)")
+    ap.add_argument("--peers", action="store_true", help="also PyTorch eager fp16 and torch.compile reduce-overhead")
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    binaries = a.kiln.split(",")
+    result = {"schema": "kiln.transformer-bench/1", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "machine": gpu_bench.machine(), "kiln": binaries, "models": {}}
+    for name in a.models.split(","):
+        path = os.path.join(a.out, f"{name}.onnx")
+        export(name, path)
+        batches = BATCHES[name]
+        times: dict[str, dict[int, list[float]]] = {b: {bs: [] for bs in batches} for b in binaries}
+        for rnd in range(a.rounds):
+            order = binaries if rnd % 2 == 0 else binaries[::-1]
+            for b in order:
+                tag = f"{binaries.index(b)}_{rnd}"
+                for bs, ms in kiln_bench(b, path, batches, a.out, tag).items():
+                    times[b][bs].append(ms)
+        entry = {"batches": batches, "kiln": {}}
+        for i, b in enumerate(binaries):
+            entry["kiln"][f"binary{i}"] = {str(bs): {"median_ms_per_round": v, "mean_ms": statistics.mean(v)}
+                                           for bs, v in times[b].items()}
+        if a.peers:
+            entry["peers"] = peers(name, batches)
+        result["models"][name] = entry
+        with open(os.path.join(a.out, "transformer_bench.json"), "w") as f:
+            json.dump(result, f, indent=1)
+    print(f"{'model':<10} {'batch':>5} " + " ".join(f"{'kiln' + str(i):>10}" for i in range(len(binaries))) +
+          (f" {'eager':>10} {'compile':>10}" if a.peers else ""))
+    for name, entry in result["models"].items():
+        for bs in entry["batches"]:
+            cells = [f"{entry['kiln'][f'binary{i}'][str(bs)]['mean_ms']:10.3f}" for i in range(len(binaries))]
+            if a.peers:
+                for cfg in ("torch_eager_fp16", "torch_compile_reduce-overhead_fp16"):
+                    cells.append(next(f"{r['median_ms']:10.3f}" for r in entry["peers"] if r["cfg"] == cfg and r["batch"] == bs))
+            print(f"{name:<10} {bs:>5} " + " ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
