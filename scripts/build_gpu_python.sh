@@ -33,7 +33,10 @@ while read -r object; do
   source=${object#"$BUILD_DIR"/CMakeFiles/kiln_*.dir/}
   [[ -f ${source%.o} ]] && OBJECTS+=("$object")
 done < <(find "$BUILD_DIR/CMakeFiles/kiln_core.dir" "$BUILD_DIR/CMakeFiles/kiln_cuda.dir" -name '*.o' | sort)
+# The cuDNN frontend's headers (the fused attention tactic) need NVRTC linked (CMakeLists.txt).
+NVRTC=()
+[[ " ${OBJECTS[*]} " == *attention_sdpa.cc.o* ]] && NVRTC=(-lnvrtc)
 g++ -shared -o "$OUT/_kiln.$TAG.so" build-gpu/python-obj/module.o "${OBJECTS[@]}" "$BUILD_DIR/libkiln_onnx_proto.a" \
   /usr/lib/x86_64-linux-gnu/libprotobuf.so /usr/lib/x86_64-linux-gnu/libopenblas.so -fopenmp -lz \
-  -L/usr/local/cuda/lib64 -lcudart_static -lcublasLt -lcudnn -ldl -lrt -lpthread -Wl,-s
+  -L/usr/local/cuda/lib64 -lcudart_static -lcublasLt -lcudnn "${NVRTC[@]}" -ldl -lrt -lpthread -Wl,-s
 du -sh "$OUT/_kiln.$TAG.so"

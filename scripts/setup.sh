@@ -108,6 +108,17 @@ install_lock() {  # install_lock VENV LOCK GB: the environment VENV as LOCK pins
     "$venv/bin/python" -m pip install --no-cache-dir -r "$lock"
   fi
 }
+# Header-only build dependencies from PyPI, without their Python dependencies (the cuDNN
+# frontend's wheel would bring a CUTLASS DSL kiln does not use).
+install_headers() {  # install_headers VENV LOCK
+  local venv=$1 lock=$2
+  if "$venv/bin/python" scripts/check_lock.py "$lock" > /dev/null; then
+    say "build headers of $venv: as $lock pins them"
+  else
+    say "installing $lock into $venv (no dependencies)"
+    "$venv/bin/python" -m pip install --no-cache-dir --no-deps -r "$lock"
+  fi
+}
 if ((FOR_TESTS)); then
   # torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the CPU only.
   install_lock .venv requirements/dev.lock 8
@@ -116,6 +127,7 @@ if ((FOR_TESTS)); then
 else
   install_lock .venv requirements/demo.lock 1
 fi
+install_headers .venv requirements/build-headers.lock
 
 # --- 3. build -------------------------------------------------------------------------------
 # The tests are built with --for-tests; a build configured for the tests keeps them.

@@ -21,11 +21,13 @@
 // Not on the GPU (check() says so; the model keeps its CPU fallback): a past KV cache,
 // nonpad_kv_seqlen, the soft cap, and the present_key/present_value/logits outputs.
 #include <cublasLt.h>
+#include <cudnn.h>
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include "cuda/attention_sdpa.h"
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
 #include "ir/sizes.h"
@@ -152,6 +154,24 @@ void launch_attention_softmax(T* logits, const M* mask, const SoftmaxArgs& a, cu
   else if (a.keys <= 1024) attention_softmax_kernel<T, M, 32><<<blocks, kSoftmaxBlock, 0, stream>>>(logits, mask, a);
   else attention_softmax_kernel<T, M, 0><<<blocks, kSoftmaxBlock, 0, stream>>>(logits, mask, a);
   KILN_CUDA_CHECK_LAUNCH();
+}
+
+// The mask as cuDNN's additive float16 bias [bias_batch, bias_heads, queries, keys]: the float
+// mask's values (below float16's range: -inf), -inf where a boolean mask hides a key or past the
+// mask's keys.
+template <class M>
+__global__ void sdpa_bias_kernel(const M* __restrict__ mask, __half* __restrict__ bias, MaskView view, int64_t heads,
+                                 int64_t queries, int64_t keys, int64_t count) {
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < count; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = e % keys, i = (e / keys) % queries, h = (e / keys / queries) % heads, b = e / keys / queries / heads;
+    float v = -INFINITY;
+    if (j < view.keys) {
+      const M m = mask[b * view.stride[0] + h * view.stride[1] + i * view.stride[2] + j * view.stride[3]];
+      if (view.boolean) v = m ? 0.f : -INFINITY;
+      else v = static_cast<float>(m);
+    }
+    bias[e] = __float2half_rn(v);
+  }
 }
 
 cudaDataType_t cuda_type(DType d) {
@@ -313,10 +333,30 @@ class AttentionLayer final : public Layer {
       args_.mask.present = true;
       args_.mask.boolean = f.inputs[3].dtype == DType::kBool;
     }
+    choose_tactic(s, q, k, v, y, services);
   }
 
   void enqueue(const LayerIO& io, cudaStream_t stream) const override {
-    char* logits = static_cast<char*>(io.workspace);
+    if (sdpa_) {
+      KILN_CUDNN_CHECK(cudnnSetStream(io.cudnn, stream));
+      run_sdpa(io, io.cudnn, io.workspace, stream);
+    } else {
+      run_products(io, io.cublaslt, io.workspace, stream);
+    }
+  }
+
+  size_t workspace_bytes() const override {
+    return sdpa_ ? bias_bytes_ + sdpa_->workspace_bytes() : logits_bytes_ + kProductWorkspace;
+  }
+  std::string tactic() const override {
+    if (sdpa_) return "cudnn:fused-attention";
+    return "cublasLt+kernel:attention-softmax" + (calls_.size() > 1 ? "x" + std::to_string(calls_.size()) : std::string());
+  }
+
+ private:
+  // The products around the softmax kernel.
+  void run_products(const LayerIO& io, cublasLtHandle_t handle, void* workspace, cudaStream_t stream) const {
+    char* logits = static_cast<char*>(workspace);
     void* product_ws = logits + logits_bytes_;
     const char* q = static_cast<const char*>(io.inputs[0]);
     const char* k = static_cast<const char*>(io.inputs[1]);
@@ -324,7 +364,7 @@ class AttentionLayer final : public Layer {
     char* y = static_cast<char*>(io.outputs[0]);
     const int64_t es = static_cast<int64_t>(element_);
     for (const CallOffsets& c : calls_)
-      scores_->run(io.cublaslt, scale_, k + c.k * es, q + c.q * es, logits + c.logits * es, product_ws, stream);
+      scores_->run(handle, scale_, k + c.k * es, q + c.q * es, logits + c.logits * es, product_ws, stream);
     const void* mask = args_.mask.present ? io.inputs[3] : nullptr;
     auto softmax = [&](auto* typed_logits) {
       if (args_.mask.boolean) launch_attention_softmax(typed_logits, static_cast<const bool*>(mask), args_, stream);
@@ -333,15 +373,95 @@ class AttentionLayer final : public Layer {
     if (dtype_ == DType::kFloat16) softmax(reinterpret_cast<__half*>(logits));
     else softmax(reinterpret_cast<float*>(logits));
     for (const CallOffsets& c : calls_)
-      values_->run(io.cublaslt, 1.f, v + c.v * es, logits + c.logits * es, y + c.y * es, product_ws, stream);
+      values_->run(handle, 1.f, v + c.v * es, logits + c.logits * es, y + c.y * es, product_ws, stream);
   }
 
-  size_t workspace_bytes() const override { return logits_bytes_ + kProductWorkspace; }
-  std::string tactic() const override {
-    return "cublasLt+kernel:attention-softmax" + (calls_.size() > 1 ? "x" + std::to_string(calls_.size()) : std::string());
+  // cuDNN's fused attention, after the mask is written as its float16 bias.
+  void run_sdpa(const LayerIO& io, cudnnContext* handle, void* workspace, cudaStream_t stream) const {
+    __half* bias = static_cast<__half*>(workspace);
+    if (args_.mask.present) {
+      const int64_t count = bias_elements_;
+      if (args_.mask.boolean)
+        sdpa_bias_kernel<<<grid_for(count), 256, 0, stream>>>(static_cast<const bool*>(io.inputs[3]), bias, args_.mask,
+                                                             bias_dims_.bias_heads, args_.queries, args_.keys, count);
+      else
+        sdpa_bias_kernel<<<grid_for(count), 256, 0, stream>>>(static_cast<const float*>(io.inputs[3]), bias, args_.mask,
+                                                             bias_dims_.bias_heads, args_.queries, args_.keys, count);
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+    sdpa_->run(handle, io.inputs[0], io.inputs[1], io.inputs[2], bias, io.outputs[0],
+               static_cast<char*>(workspace) + bias_bytes_);
   }
 
- private:
+  // Float16 engines: cuDNN's fused attention where it takes this shape and times faster than
+  // the products (the timing cache remembers which).
+  void choose_tactic(const ir::AttentionShape& s, const HeadStrides& q, const HeadStrides& k,
+                     const HeadStrides& v, const HeadStrides& y, BuildServices& services) {
+    if (dtype_ != DType::kFloat16 || args_.left_window >= 0 || args_.right_window >= 0) return;
+    SdpaDims d;
+    d.batch = s.batch;
+    d.q_heads = s.q_heads;
+    d.kv_heads = s.kv_heads;
+    d.queries = s.q_seq;
+    d.keys = s.kv_seq;
+    d.head_size = s.head_size;
+    d.v_head_size = s.v_head_size;
+    for (auto [dst, src] : {std::pair{d.q_strides, q}, std::pair{d.k_strides, k}, std::pair{d.v_strides, v},
+                            std::pair{d.o_strides, y}}) {
+      dst[0] = src.batch;
+      dst[1] = src.head;
+      dst[2] = src.row;
+      dst[3] = 1;
+    }
+    d.causal = args_.causal;
+    d.scale = scale_;
+    if (args_.mask.present) {
+      d.bias = true;
+      d.bias_batch = args_.mask.stride[0] ? s.batch : 1;
+      d.bias_heads = args_.mask.stride[1] ? s.q_heads : 1;
+      bias_elements_ = checked_mul(checked_mul(d.bias_batch * d.bias_heads, s.q_seq, "attention bias"), s.kv_seq,
+                                   "attention bias");
+      bias_bytes_ = align_up(static_cast<size_t>(bias_elements_) * sizeof(__half));
+    }
+    bias_dims_ = d;
+    const std::string key = "attention|b" + std::to_string(s.batch) + "h" + std::to_string(s.q_heads) + "," +
+                            std::to_string(s.kv_heads) + "s" + std::to_string(s.q_seq) + "t" + std::to_string(s.kv_seq) +
+                            "d" + std::to_string(s.head_size) + "," + std::to_string(s.v_head_size) + "|" +
+                            (s.three_d ? "3d" : "4d") + "|mask" + std::to_string(int(args_.mask.present)) + "|causal" +
+                            std::to_string(int(args_.causal));
+    const std::optional<std::string> cached = services.cached_tactic(key);
+    if (cached && *cached != "cudnn") return;
+    std::string why;
+    std::unique_ptr<SdpaPlan> plan = SdpaPlan::create(d, services.cudnn(), why);
+    if (!plan) {
+      services.record_tactic(key, "cublasLt");
+      return;
+    }
+    if (!cached) {
+      const LayerIO& io = services.scratch_io();
+      void* ws = services.scratch(std::max(logits_bytes_ + kProductWorkspace, bias_bytes_ + plan->workspace_bytes()));
+      float products_ms = 1e30f, fused_ms = 1e30f;
+      try {
+        products_ms = services.time_ms([&](cudaStream_t st) { run_products(io, services.cublaslt(), ws, st); });
+      } catch (const Error&) {
+        cudaGetLastError();
+      }
+      sdpa_ = std::move(plan);
+      try {
+        fused_ms = services.time_ms([&](cudaStream_t st) {
+          KILN_CUDNN_CHECK(cudnnSetStream(services.cudnn(), st));
+          run_sdpa(io, services.cudnn(), ws, st);
+        });
+      } catch (const Error&) {
+        cudaGetLastError();
+      }
+      if (!(fused_ms < products_ms)) sdpa_.reset();
+      services.record_tactic(key, sdpa_ ? "cudnn" : "cublasLt");
+      return;
+    }
+    sdpa_ = std::move(plan);
+  }
+
   DType dtype_ = DType::kFloat32;
   size_t element_ = 4;
   float scale_ = 1.f;
@@ -349,6 +469,10 @@ class AttentionLayer final : public Layer {
   std::vector<CallOffsets> calls_;
   std::unique_ptr<BatchedProduct> scores_, values_;
   SoftmaxArgs args_;
+  std::unique_ptr<SdpaPlan> sdpa_;  // set: the fused tactic was chosen
+  SdpaDims bias_dims_;
+  int64_t bias_elements_ = 0;
+  size_t bias_bytes_ = 0;
 };
 
 std::string attention_check(const LayerRequest& r) {

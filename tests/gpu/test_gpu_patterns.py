@@ -161,11 +161,17 @@ ATTENTION_FORMS = {
     "4d_one_kv_head": (False, 4, 1, 20, 29, "full", {"scale": 0.3}),
     "3d_grouped": (True, 4, 2, 25, 31, None, {}),
     "3d_causal_window": (True, 2, 2, 40, 40, "padding", {"is_causal": 1, "left_window_size": 7}),
+    # BERT's and GPT's sizes (head 64), where fp16 engines time cuDNN's fused attention against
+    # the products: a padding mask, a causal 200 (not a multiple of 64), grouped heads in 3-D.
+    "4d_bert_padding": (False, 12, 12, 128, 128, "padding", {}),
+    "4d_causal_200": (False, 8, 8, 200, 200, None, {"is_causal": 1}),
+    "3d_grouped_bool_mask": (True, 8, 2, 96, 96, "bool", {}),
 }
 
 
-def attention_op_model(form: str, path: str, batch: int = 3, head: int = 16):
+def attention_op_model(form: str, path: str, batch: int = 3):
     three_d, hq, hkv, s, t, mask, attrs = ATTENTION_FORMS[form]
+    head = 64 if s >= 96 else 16
     if three_d:
         shapes = {"Q": [batch, s, hq * head], "K": [batch, t, hkv * head], "V": [batch, t, hkv * head]}
         attrs = {"q_num_heads": hq, "kv_num_heads": hkv, **attrs}
@@ -225,6 +231,7 @@ def engine_ops(kiln_bin, path, precision, tmp_path):
     assert r.returncode == 0, r.stderr
     info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
                                      check=True).stdout)
+    print([(layer["op"], layer["tactic"]) for layer in info["layers"] if layer["op"] == "Attention"])
     return engine, [layer["op"] for layer in info["layers"]]
 
 
@@ -232,10 +239,12 @@ def engine_ops(kiln_bin, path, precision, tmp_path):
 @pytest.mark.parametrize("form", list(ATTENTION_FORMS) + ["fused_pattern"])
 def test_attention_layer_matches_cpu(form, precision, kiln_bin, tmp_path):
     """Each form runs as one Attention layer on the GPU (no CPU fallback, no unfused products) and
-    matches the CPU engine: 1e-4 relative L2 in fp32, 1e-2 in fp16."""
+    matches the CPU engine: 1e-4 relative L2 in fp32, 1e-2 in fp16, whichever tactic fp16 timed
+    faster (cuDNN's fused attention or the products around kiln's softmax)."""
     path = str(tmp_path / "m.onnx")
     feeds, names = attention_pattern_model(path) if form == "fused_pattern" else attention_op_model(form, path)
     engine, ops = engine_ops(kiln_bin, path, precision, tmp_path)
+    print(form, precision, ops)
     assert ops.count("Attention") == 1 and "Softmax" not in ops and "MatMul" not in ops, ops
     want = run_kiln(kiln_bin, path, feeds, names, str(tmp_path / "cpu"), "--device", "cpu")["Y"]
     got = run_kiln(kiln_bin, engine, feeds, names, str(tmp_path / "gpu"))["Y"]
