@@ -14,7 +14,8 @@ Each kiln binary given (--kiln: one, or two to compare an older build with a new
 are timed in alternating rounds, the order swapped every round) runs `kiln bench --fp16`.
 --peers adds PyTorch eager fp16 and torch.compile(mode="reduce-overhead") fp16 on the same
 inputs, timed as bench/gpu_bench.py times them. Writes DIR/transformer_bench.json and prints a
-table; commit the JSON under bench/results/.
+table; commit the JSON under bench/results/. Exports, engines' JSON and profiles stay in
+--work (default DIR/work).
 """
 from __future__ import annotations
 
@@ -84,12 +85,25 @@ def export(name: str, path: str) -> None:
                       dynamic_axes={n: {0: "batch"} for n in names + ["output"]})
 
 
-def kiln_bench(kiln: str, model: str, batches: list[int], out: str, tag: str) -> dict[int, float]:
-    js = os.path.join(out, f"kiln_{tag}_{os.path.basename(model)}.json")
+def kiln_bench(kiln: str, model: str, batches: list[int], work: str, tag: str) -> dict[int, float]:
+    js = os.path.join(work, f"kiln_{tag}_{os.path.basename(model)}.json")
     r = gpu_bench.run([kiln, "bench", model, "--fp16", "--batches", ",".join(map(str, batches)), "--json", js])
     print(r.stdout[-2000:], flush=True)
     with open(js) as f:
         return {row["batch"]: row["latency_ms"]["median"] for row in json.load(f)["results"]}
+
+
+def profile_by_op(kiln: str, model: str, batch: int, work: str) -> dict:
+    """`kiln bench --profile` at one batch: each op type's share of the layers' time."""
+    js = os.path.join(work, f"profile_{os.path.basename(model)}_{batch}.json")
+    gpu_bench.run([kiln, "bench", model, "--fp16", "--batch", str(batch), "--profile", "--json", js])
+    with open(js) as f:
+        prof = json.load(f)["results"][0]["profile"]
+    by_op: dict[str, float] = {}
+    for layer in prof["layers"]:
+        by_op[layer.get("op", "?")] = by_op.get(layer.get("op", "?"), 0.0) + layer["median_ms"]
+    return {"batch": batch, "total_ms": prof["total_ms"],
+            "ms_by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]))}
 
 
 def peers(name: str, batches: list[int]) -> list[dict]:
@@ -128,13 +142,17 @@ def main() -> None:
     ap.add_argument("--kiln", default=gpu_bench.kiln_bin(), help="kiln binaries, comma-separated (A,B compares them)")
     ap.add_argument("--peers", action="store_true", help="also PyTorch eager fp16 and torch.compile reduce-overhead")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="also each op type's time at the large batch (last binary)")
+    ap.add_argument("--work", default=None, help="folder for exports and per-run files (default: DIR/work)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    work = a.work or os.path.join(a.out, "work")
+    os.makedirs(work, exist_ok=True)
     binaries = a.kiln.split(",")
     result = {"schema": "kiln.transformer-bench/1", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "machine": gpu_bench.machine(), "kiln": binaries, "models": {}}
     for name in a.models.split(","):
-        path = os.path.join(a.out, f"{name}.onnx")
+        path = os.path.join(work, f"{name}.onnx")
         export(name, path)
         batches = BATCHES[name]
         times: dict[str, dict[int, list[float]]] = {b: {bs: [] for bs in batches} for b in binaries}
@@ -142,12 +160,15 @@ def main() -> None:
             order = binaries if rnd % 2 == 0 else binaries[::-1]
             for b in order:
                 tag = f"{binaries.index(b)}_{rnd}"
-                for bs, ms in kiln_bench(b, path, batches, a.out, tag).items():
+                for bs, ms in kiln_bench(b, path, batches, work, tag).items():
                     times[b][bs].append(ms)
         entry = {"batches": batches, "kiln": {}}
         for i, b in enumerate(binaries):
             entry["kiln"][f"binary{i}"] = {str(bs): {"median_ms_per_round": v, "mean_ms": statistics.mean(v)}
                                            for bs, v in times[b].items()}
+        if a.profile:
+            entry["profile"] = profile_by_op(binaries[-1], path, batches[-1], work)
+            print(json.dumps({"model": name, **entry["profile"]}), flush=True)
         if a.peers:
             entry["peers"] = peers(name, batches)
         result["models"][name] = entry
