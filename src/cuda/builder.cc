@@ -247,7 +247,7 @@ const LayerIO& Builder::scratch_io() {
   for (size_t i = 0; i < r.inputs.size(); ++i)
     reserve(r.has_input(i) && !r.is_constant(i) ? r.inputs[i]->bytes() : 0);
   for (size_t i = 0; i < r.output_shapes.size(); ++i)
-    reserve(TensorSpec{r.output_shapes[i], f.outputs[i]}.bytes());
+    reserve(f.outputs[i].defined() ? TensorSpec{r.output_shapes[i], f.outputs[i]}.bytes() : 0);
   char* base = static_cast<char*>(io_scratch_.get(total));
   scratch_io_ = LayerIO{};
   scratch_io_.cudnn = cudnn_;
@@ -264,7 +264,8 @@ const LayerIO& Builder::scratch_io() {
     fill_random(p, s.format.dtype, s.elements(), seed_++, stream_);
     scratch_io_.inputs.push_back(p);
   }
-  for (size_t i = 0; i < r.output_shapes.size(); ++i) scratch_io_.outputs.push_back(base + offsets[r.inputs.size() + i]);
+  for (size_t i = 0; i < r.output_shapes.size(); ++i)
+    scratch_io_.outputs.push_back(f.outputs[i].defined() ? base + offsets[r.inputs.size() + i] : nullptr);
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   scratch_ready_ = true;
   return scratch_io_;
@@ -459,6 +460,11 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
     }
   }
   for (const std::string& out : node.outputs) {
+    if (out.empty()) {  // an omitted optional output (Attention's present_key before its logits)
+      request.output_shapes.emplace_back();
+      request.output_dtypes.push_back(DType::kUndefined);
+      continue;
+    }
     const ir::Value& v = graph_.value(out);
     if (!v.type.shape || !ir::all_known(*v.type.shape))
       throw node.error(ErrorKind::kUnsupported, "the shape of output '" + out + "' (" + v.type.str() +
@@ -503,6 +509,10 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
   }
   std::vector<int> outputs;
   for (size_t i = 0; i < node.outputs.size(); ++i) {
+    if (node.outputs[i].empty()) {
+      outputs.push_back(-1);
+      continue;
+    }
     Buffer b;
     b.name = node.outputs[i];
     b.spec = TensorSpec{request.output_shapes[i], formats.outputs[i]};
@@ -532,7 +542,8 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
     layer.flops = 0;
   }
   add_layer(std::move(layer));
-  for (size_t i = 0; i < node.outputs.size(); ++i) value_buffer_[node.outputs[i]] = outputs[i];
+  for (size_t i = 0; i < node.outputs.size(); ++i)
+    if (!node.outputs[i].empty()) value_buffer_[node.outputs[i]] = outputs[i];
 }
 
 std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<const ir::Graph> graph) {

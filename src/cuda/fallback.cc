@@ -63,6 +63,10 @@ class CpuFallbackLayer final : public Layer {
       }
     }
     for (size_t i = 0; i < r.output_shapes.size(); ++i) {
+      if (r.output_dtypes[i] == DType::kUndefined) {  // an omitted optional output
+        host_outputs_.push_back(Tensor());
+        continue;
+      }
       size_t bytes = static_cast<size_t>(shape_numel(r.output_shapes[i])) * element_size(r.output_dtypes[i]);
       host_outputs_.push_back(Tensor::over_storage(r.output_dtypes[i], r.output_shapes[i], pinned(bytes)));
     }
@@ -74,7 +78,7 @@ class CpuFallbackLayer final : public Layer {
                                       cudaMemcpyDeviceToHost, stream));
     KILN_CUDA_CHECK(cudaLaunchHostFunc(stream, &CpuFallbackLayer::run_on_host, const_cast<CpuFallbackLayer*>(this)));
     for (size_t i = 0; i < host_outputs_.size(); ++i)
-      if (io.outputs[i])
+      if (io.outputs[i] && host_outputs_[i].defined())
         KILN_CUDA_CHECK(cudaMemcpyAsync(io.outputs[i], host_outputs_[i].storage().get(), host_outputs_[i].nbytes(),
                                         cudaMemcpyHostToDevice, stream));
   }
@@ -92,7 +96,8 @@ class CpuFallbackLayer final : public Layer {
       // A host callback cannot throw into the stream: report, and poison the outputs so the
       // failure cannot pass for a result.
       std::fprintf(stderr, "kiln: CPU fallback of node '%s' failed: %s\n", layer->node_.name.c_str(), e.what());
-      for (Tensor& t : layer->host_outputs_) std::memset(t.raw(), 0xFF, t.nbytes());
+      for (Tensor& t : layer->host_outputs_)
+        if (t.defined()) std::memset(t.raw(), 0xFF, t.nbytes());
     }
   }
 
