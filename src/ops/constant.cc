@@ -67,7 +67,7 @@ void infer_range(InferContext& ctx) {
     } else {
       double len = std::ceil((l->value_as_double(0) - s->value_as_double(0)) / d->value_as_double(0));
       if (!std::isfinite(len) || len > 1e15) ctx.fail("the range's length is not a finite size");
-      n = static_cast<int64_t>(len);
+      n = len > 0 ? static_cast<int64_t>(len) : 0;  // a range running away from its limit is empty
     }
     n = std::max<int64_t>(n, 0);
     ctx.set_output(0, dtype, Dims{Dim(n)});

@@ -147,6 +147,16 @@ TEST(FuzzRegression, SliceOfOneElementIgnoresAHugeStep) {
   EXPECT_EQ(back.data<float>()[0], 15.0f);
 }
 
+// fuzz_graph: a float Range whose limit lies behind its start by far more than int64 holds
+// ((limit - start) / delta = -1e30) converted the negative length to int64 (UBSan). Such a
+// range is empty, as one running the wrong way by a little is.
+TEST(FuzzRegression, FloatRangeRunningAwayFromItsLimitIsEmpty) {
+  auto f32 = [](float v) { return Tensor::from_vector<float>({}, {v}); };
+  EXPECT_EQ(run_node("Range", {f32(0.f), f32(-1e30f), f32(1.f)}).numel(), 0);
+  EXPECT_EQ(run_node("Range", {f32(0.f), f32(-2.f), f32(1.f)}).numel(), 0);
+  EXPECT_EQ(run_node("Range", {f32(0.f), f32(3.f), f32(1.f)}).numel(), 3);
+}
+
 // What building `b` (import's shape inference) refuses with, or "" if it does not.
 std::string refusal(GraphBuilder& b) {
   try {
