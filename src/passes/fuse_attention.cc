@@ -10,8 +10,10 @@
 //   -> Y = Attention(Q, K, V, mask, scale = the product of the c's)
 //
 // 4-D products [batch, heads, seq, size] map to Attention's 4-D form (key/value heads of one
-// broadcast over the query heads are its kv_num_heads = 1); 3-D products [batch, seq, size] to
-// its 3-D form with one head. The intermediate values S, S' and P must have no other reader
+// broadcast over the query heads are its kv_num_heads = 1), or to its 3-D form when Q, K and V
+// are heads split from [batch, seq, heads * size] projections and Y is merged back so (the
+// Reshapes and Transposes around attention then go); 3-D products [batch, seq, size] to its
+// 3-D form with one head. The intermediate values S, S' and P must have no other reader
 // (they would be computed twice). A Softmax that sits between two MatMuls but does not match
 // gets a note saying which element failed, so no attention is missed silently.
 //
@@ -176,17 +178,23 @@ class AttentionFuser {
       if (!why.empty()) return why;
     }
 
-    // K itself: undo the transpose of its last two axes.
-    std::vector<ir::Node> inserted;
-    std::string k = untransposed_keys(k_source, k_perm, rank, sm.name, inserted);
-
     ir::Node att;
     att.name = g_.unique_name(sm.name + "_attention");
     att.op = "Attention";
+    att.attrs.set("scale", static_cast<float>(scale));
+    std::vector<ir::Node> inserted;
+    if (rank == 4 && merged_heads(q, k_source, k_perm, v, pv_index, qs, ks, att)) {
+      // The heads' Reshapes and Transposes die with the chain: Attention's 3-D form reads
+      // [batch, seq, heads * size] as the projections wrote them and writes Y that way.
+      if (!mask.empty()) att.inputs.push_back(mask);
+      g_.nodes[pv_index] = std::move(att);
+      return "";
+    }
+    // K itself: undo the transpose of its last two axes.
+    std::string k = untransposed_keys(k_source, k_perm, rank, sm.name, inserted);
     att.inputs = {q, k, v};
     if (!mask.empty()) att.inputs.push_back(mask);
     att.outputs = {pv.outputs[0]};
-    att.attrs.set("scale", static_cast<float>(scale));
     if (rank == 3) {
       att.attrs.set("q_num_heads", int64_t{1});
       att.attrs.set("kv_num_heads", int64_t{1});
@@ -212,6 +220,72 @@ class AttentionFuser {
     g_.nodes[pv_index] = std::move(att);
     g_.nodes.insert(g_.nodes.begin() + static_cast<std::ptrdiff_t>(pv_index), inserted.begin(), inserted.end());
     return "";
+  }
+
+  // X [B, S, H * D] when `split` [B, S, H, D] is Reshape(X), else "".
+  std::string split_source(const std::string& split) const {
+    const ir::Node* r = producer_node(g_, split);
+    if (!is_onnx(r, "Reshape") || r->inputs.empty()) return "";
+    const ir::TensorType *x = type_of(g_, r->inputs[0]), *t = type_of(g_, split);
+    if (!x || !t || !x->shape || !t->shape || x->rank() != 3 || t->rank() != 4) return "";
+    const ir::Dims &xd = *x->shape, &td = *t->shape;
+    if (!dim_equal(xd[0], td[0]) || !dim_equal(xd[1], td[1]) || !xd[2].known() || !td[2].known() || !td[3].known() ||
+        xd[2].value != td[2].value * td[3].value)
+      return "";
+    return r->inputs[0];
+  }
+
+  // X [B, S, H * D] when `heads` [B, H, S, D] is Transpose(Reshape(X, [B, S, H, D]), (0, 2, 1, 3)).
+  std::string heads_source(const std::string& heads) const {
+    const ir::Node* t = producer_node(g_, heads);
+    if (!is_onnx(t, "Transpose") || t->inputs.size() != 1 ||
+        t->attrs.get_ints("perm", {}) != std::vector<int64_t>{0, 2, 1, 3})
+      return "";
+    return split_source(t->inputs[0]);
+  }
+
+  // Attention's 3-D form for a 4-D chain whose Q, K and V are heads split from [B, S, H * D]
+  // projections (Reshape, Transpose) and whose Y is merged back the same way (Transpose,
+  // Reshape), as BERT- and GPT-style exports write them: `att` gets the 3-D inputs, head counts
+  // and the merged output, and the Reshape that wrote that output loses it. False (nothing
+  // changed) when any of the four is written otherwise.
+  bool merged_heads(const std::string& q, const std::string& k_source, const std::vector<int64_t>& k_perm,
+                    const std::string& v, size_t pv_index, const ir::Dims& qs, const ir::Dims& ks, ir::Node& att) {
+    if (!qs[1].known() || !ks[1].known()) return false;
+    const std::string q3 = heads_source(q), v3 = heads_source(v);
+    std::string k3;
+    if (k_perm == std::vector<int64_t>{0, 2, 3, 1}) k3 = split_source(k_source);       // [B,T,H,D] -> [B,H,D,T]
+    else if (k_perm == std::vector<int64_t>{0, 1, 3, 2}) k3 = heads_source(k_source);  // K^T of K's heads
+    if (q3.empty() || k3.empty() || v3.empty()) return false;
+    // Y [B, H, S, Dv] -> Transpose (0, 2, 1, 3) -> Reshape [B, S, H * Dv].
+    const std::string y4 = g_.nodes[pv_index].outputs[0];
+    const int t = sole_consumer(g_, y4);
+    if (t < 0) return false;
+    const ir::Node& tn = g_.nodes[static_cast<size_t>(t)];
+    if (!is_onnx(&tn, "Transpose") || tn.attrs.get_ints("perm", {}) != std::vector<int64_t>{0, 2, 1, 3}) return false;
+    const int r = sole_consumer(g_, tn.outputs[0]);
+    if (r < 0 || !is_onnx(&g_.nodes[static_cast<size_t>(r)], "Reshape")) return false;
+    ir::Node& rn = g_.nodes[static_cast<size_t>(r)];
+    if (!merged_shape_ok(tn.outputs[0], rn.outputs[0])) return false;
+    att.inputs = {q3, k3, v3};
+    att.attrs.set("q_num_heads", qs[1].value);
+    att.attrs.set("kv_num_heads", ks[1].value);
+    att.outputs = {rn.outputs[0]};
+    rn.outputs[0] = g_.unique_name(rn.outputs[0] + "_unmerged");  // dies with the Transpose before it
+    ir::Value dead;
+    dead.name = rn.outputs[0];
+    dead.type = *type_of(g_, att.outputs[0]);
+    g_.set_value(std::move(dead));
+    return true;
+  }
+
+  // Whether `merged` is `split` [B, S, H, Dv] with its last two axes merged.
+  bool merged_shape_ok(const std::string& split, const std::string& merged) const {
+    const ir::TensorType *t = type_of(g_, split), *m = type_of(g_, merged);
+    if (!t || !m || !t->shape || !m->shape || t->rank() != 4 || m->rank() != 3) return false;
+    const ir::Dims &td = *t->shape, &md = *m->shape;
+    return dim_equal(md[0], td[0]) && dim_equal(md[1], td[1]) && md[2].known() && td[2].known() && td[3].known() &&
+           md[2].value == td[2].value * td[3].value;
   }
 
   bool readers_other_than(const std::string& value, size_t reader) const {

@@ -75,6 +75,41 @@ TEST(FuseAttention, KeysTransposedFromTheirOwnLayoutGetOneTranspose) {
   expect_same_outputs(before, after);
 }
 
+TEST(FuseAttention, HeadsSplitFromProjectionsUseTheThreeDimensionalForm) {
+  // BERT's TorchScript export: Q, K, V [N, 5, 3 * 8] split into 3 heads by Reshape and Transpose
+  // (K straight to K^T by perm (0, 2, 3, 1)), Y merged back by Transpose and Reshape.
+  GraphBuilder b;
+  for (const char* x : {"q3", "k3", "v3"}) b.input(x, {Dim::named("N"), 5, 24});
+  b.input("mask", {Dim::named("N"), 1, 1, 5});
+  const std::string split = b.ints("split", {0, 0, 3, 8}), merge = b.ints("merge", {0, 0, 24});
+  for (const char* x : {"q", "k", "v"}) b.node("Reshape", {std::string(x) + "3", split}, std::string(x) + "s");
+  b.node("Transpose", {"qs"}, "q", {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  b.node("Transpose", {"ks"}, "kt", {{"perm", std::vector<int64_t>{0, 2, 3, 1}}});
+  b.node("Transpose", {"vs"}, "v", {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  b.node("MatMul", {"q", "kt"}, "scores");
+  b.node("Mul", {"scores", b.scalar("scale", 0.125f)}, "scaled");
+  b.node("Add", {"scaled", "mask"}, "masked");
+  b.node("Softmax", {"masked"}, "p", {{"axis", int64_t{-1}}});
+  b.node("MatMul", {"p", "v"}, "y4");
+  b.node("Transpose", {"y4"}, "yt", {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  b.node("Reshape", {"yt", merge}, "y");
+  b.output("y");
+  ir::Graph before = b.build();
+  ir::Graph after = before;
+  std::vector<std::string> notes;
+  EXPECT_EQ(passes::fuse_attention(after, notes), 1);
+  const ir::Node* a = only_attention(after);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->inputs, (std::vector<std::string>{"q3", "k3", "v3", "mask"}));
+  EXPECT_EQ(a->attrs.get_int("q_num_heads", 0), 3);
+  EXPECT_EQ(a->attrs.get_int("kv_num_heads", 0), 3);
+  EXPECT_EQ(a->outputs[0], "y");
+  EXPECT_EQ(count_ops(after, "Transpose"), 0);
+  EXPECT_EQ(count_ops(after, "Reshape"), 0);
+  ir::infer_shapes(after);
+  expect_same_outputs(before, after);
+}
+
 TEST(FuseAttention, ProbabilitiesReadElsewhereStayAndSayWhy) {
   GraphBuilder b = attention_chain({0, 1, 3, 2}, {Dim::named("N"), 2, 7, 8});
   b.output("p");
