@@ -11,6 +11,7 @@ import subprocess
 from dataclasses import dataclass
 import sys
 
+import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,6 +77,23 @@ def run_kiln(kiln_bin):
         return KilnResult(cmd, p.returncode, p.stdout, p.stderr)
 
     return run
+
+
+@pytest.fixture
+def check_against_onnxruntime(run_kiln, tmp_path):
+    """`kiln check MODEL` with the given inputs (saved as .npy under tmp_path), no bisection:
+    kiln's CPU engine, with its passes, against ONNX Runtime; asserts PASSED and returns the result."""
+
+    def check(path, feed: dict) -> KilnResult:
+        args = []
+        for name, value in feed.items():
+            np.save(tmp_path / f"{name}.npy", value)
+            args += ["--inputs", f"{name}={tmp_path / f'{name}.npy'}"]
+        r = run_kiln("check", path, *args, "--no-bisect")
+        assert r.returncode == 0 and "PASSED" in r.stdout, r.describe()
+        return r
+
+    return check
 
 
 @pytest.fixture(scope="session")

@@ -51,16 +51,6 @@ def _assert_fused(run_kiln, path, attentions: int) -> None:
                     f"kiln inspect --optimize -v:\n{_verbose(run_kiln, path)}")
 
 
-def _check(run_kiln, tmp_path, path, feed: dict) -> None:
-    """kiln's CPU engine (with its passes) against ONNX Runtime at 1e-4 on `feed`."""
-    args = []
-    for name, value in feed.items():
-        np.save(tmp_path / f"{name}.npy", value)
-        args += ["--inputs", f"{name}={tmp_path / f'{name}.npy'}"]
-    r = run_kiln("check", path, *args, "--no-bisect")
-    assert r.returncode == 0 and "PASSED" in r.stdout, r.describe()
-
-
 # --- forms built with onnx.helper ---------------------------------------------------------------
 
 
@@ -170,10 +160,10 @@ FORMS = {
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
-def test_form_fuses_and_matches_onnxruntime(form, run_kiln, tmp_path):
+def test_form_fuses_and_matches_onnxruntime(form, run_kiln, tmp_path, check_against_onnxruntime):
     path, feed = sdpa_model(tmp_path / f"{form}.onnx", seed=sorted(FORMS).index(form), **FORMS[form])
     _assert_fused(run_kiln, path, 1)
-    _check(run_kiln, tmp_path, path, feed)
+    check_against_onnxruntime(path, feed)
 
 
 # --- near misses: a Softmax between two MatMuls that must stay as it is --------------------------
@@ -187,14 +177,14 @@ NEAR_MISSES = {
 
 
 @pytest.mark.parametrize("case", sorted(NEAR_MISSES))
-def test_near_miss_is_not_fused_and_says_why(case, run_kiln, tmp_path):
+def test_near_miss_is_not_fused_and_says_why(case, run_kiln, tmp_path, check_against_onnxruntime):
     kwargs, why = NEAR_MISSES[case]
     path, feed = sdpa_model(tmp_path / f"{case}.onnx", mask="padding", **kwargs)
     ops = [layer["op"] for layer in _inspect(run_kiln, path)["layers"]]
     assert "Attention" not in ops and ops.count("Softmax") == 1, ops
     text = _verbose(run_kiln, path)
     assert "note: attention at Softmax 'softmax' not fused: " + why in text, text
-    _check(run_kiln, tmp_path, path, feed)
+    check_against_onnxruntime(path, feed)
 
 
 # --- the documented difference: a row whose mask hides every key --------------------------------
@@ -321,7 +311,7 @@ def _torch_case(case):
 @pytest.mark.parametrize("case,dynamo", [("gpt_sdpa_causal", False), ("gpt_sdpa_causal", True),
                                          ("explicit_padding", False), ("mha_need_weights", False),
                                          ("mha_no_weights", False)])
-def test_torch_export_fuses_and_matches_onnxruntime(case, dynamo, run_kiln, tmp_path):
+def test_torch_export_fuses_and_matches_onnxruntime(case, dynamo, run_kiln, tmp_path, check_against_onnxruntime):
     import torch
 
     module, feed, attentions = _torch_case(case)
@@ -335,4 +325,4 @@ def test_torch_export_fuses_and_matches_onnxruntime(case, dynamo, run_kiln, tmp_
     exported = [n.op_type for n in onnx.load(path).graph.node]
     assert exported.count("Softmax") == attentions and "Attention" not in exported, exported
     _assert_fused(run_kiln, path, attentions)
-    _check(run_kiln, tmp_path, path, feed)
+    check_against_onnxruntime(path, feed)

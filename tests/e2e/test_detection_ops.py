@@ -19,20 +19,10 @@ def _save(tmp_path, name, nodes, inputs, outputs, initializers, opset):
     return path
 
 
-def _check(run_kiln, tmp_path, path, feed):
-    args = []
-    for name, value in feed.items():
-        np.save(tmp_path / f"{name}.npy", value)
-        args += ["--inputs", f"{name}={tmp_path / f'{name}.npy'}"]
-    r = run_kiln("check", path, *args, "--no-bisect")
-    assert r.returncode == 0 and "PASSED" in r.stdout, r.describe()
-    return r
-
-
 @pytest.mark.parametrize("opset,mode,ratio,transform", [
     (16, "avg", 0, "half_pixel"), (16, "max", 2, "half_pixel"), (16, "avg", 3, "output_half_pixel"),
     (16, "max", 0, "output_half_pixel"), (10, "avg", 0, None), (10, "max", 1, None)])
-def test_roi_align_matches_onnxruntime(run_kiln, tmp_path, opset, mode, ratio, transform):
+def test_roi_align_matches_onnxruntime(tmp_path, check_against_onnxruntime, opset, mode, ratio, transform):
     rng = np.random.default_rng(opset * 7 + ratio)
     x = rng.standard_normal((2, 3, 12, 10)).astype(np.float32)
     corners = rng.uniform(-3, 14, size=(9, 2, 2)).astype(np.float32)  # some regions leave the image
@@ -46,7 +36,7 @@ def test_roi_align_matches_onnxruntime(run_kiln, tmp_path, opset, mode, ratio, t
                   helper.make_tensor_value_info("rois", TensorProto.FLOAT, [9, 4]),
                   helper.make_tensor_value_info("batch", TensorProto.INT64, [9])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["r", "c", "h", "w"])], [], opset)
-    r = _check(run_kiln, tmp_path, path, {"x": x, "rois": rois, "batch": batch})
+    r = check_against_onnxruntime(path, {"x": x, "rois": rois, "batch": batch})
     assert "y [9, 3, 3, 4]" in r.stdout
 
 
@@ -61,7 +51,7 @@ def test_roi_align_refuses_a_batch_index_outside_x(run_kiln, tmp_path):
 
 
 @pytest.mark.parametrize("center,score_threshold,seed", [(0, None, 1), (0, 0.3, 2), (1, 0.0, 3), (1, None, 4)])
-def test_non_max_suppression_matches_onnxruntime(run_kiln, tmp_path, center, score_threshold, seed):
+def test_non_max_suppression_matches_onnxruntime(tmp_path, check_against_onnxruntime, center, score_threshold, seed):
     rng = np.random.default_rng(seed)
     a, b = rng.uniform(0, 20, size=(2, 3, 40, 2)).astype(np.float32)
     if center:  # x_center, y_center, width, height
@@ -86,5 +76,5 @@ def test_non_max_suppression_matches_onnxruntime(run_kiln, tmp_path, center, sco
                  [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["batches", "spatial", 4]),
                   helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batches", 5, "spatial"])],
                  [helper.make_tensor_value_info("selected", TensorProto.INT64, ["selected", 3])], initializers, 11)
-    r = _check(run_kiln, tmp_path, path, {"boxes": boxes, "scores": scores})
+    r = check_against_onnxruntime(path, {"boxes": boxes, "scores": scores})
     assert "selected [" in r.stdout and "selected [0, 3]" not in r.stdout, r.stdout

@@ -122,6 +122,21 @@ def leading_slice_model(batch: int, path: str):
     onnx.save(model, path)
 
 
+def engine_ops(kiln_bin, path, precision, tmp_path):
+    """Builds `path` into a GPU engine file; its path and its layers' ops (the Attention layers'
+    tactics are printed)."""
+    import json
+
+    engine = str(tmp_path / "m.engine")
+    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "-o", engine],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    print([(layer["op"], layer["tactic"]) for layer in info["layers"] if layer["op"] == "Attention"])
+    return engine, [layer["op"] for layer in info["layers"]]
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_leading_slice_is_a_view(batch, precision, kiln_bin, tmp_path):
@@ -129,17 +144,9 @@ def test_leading_slice_is_a_view(batch, precision, kiln_bin, tmp_path):
     no Slice layer, and the output that is that view gets a copy of its own (its slot is sized for
     13 values, not 20). At batch 3 the 13 of each row are not the first 39: a Slice layer copies.
     Both against the CPU engine."""
-    import json
-
     path = str(tmp_path / "m.onnx")
     leading_slice_model(batch, path)
-    engine = str(tmp_path / "m.engine")
-    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "-o", engine],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
-                                     check=True).stdout)
-    ops = [layer["op"] for layer in info["layers"]]
+    engine, ops = engine_ops(kiln_bin, path, precision, tmp_path)
     assert ("Slice" in ops) == (batch > 1), ops
     x = np.random.default_rng(batch).standard_normal((batch, 20)).astype(np.float32)
     want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu")
@@ -220,19 +227,6 @@ def attention_pattern_model(path: str, batch: int = 2, heads: int = 3, seq: int 
     feeds = [rng.standard_normal(dims[n]).astype(np.float32) for n in ("Q", "K", "V")]
     feeds.append(np.where(rng.random(dims["mask"]) < 0.8, 0.0, -1e9).astype(np.float32))
     return feeds, ["Q", "K", "V", "mask"]
-
-
-def engine_ops(kiln_bin, path, precision, tmp_path):
-    import json
-
-    engine = str(tmp_path / "m.engine")
-    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "-o", engine],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
-                                     check=True).stdout)
-    print([(layer["op"], layer["tactic"]) for layer in info["layers"] if layer["op"] == "Attention"])
-    return engine, [layer["op"] for layer in info["layers"]]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
