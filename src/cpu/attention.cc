@@ -191,6 +191,64 @@ class AttentionKernel : public Kernel {
   const ir::Node& node_;
 };
 
+float load(const Tensor& t, int64_t index) {
+  return t.dtype() == DType::kFloat32 ? t.data<float>()[index]
+                                      : half_to_float(static_cast<const uint16_t*>(t.raw())[index]);
+}
+
+// kiln::StridedAttention: the views gathered into 4-D Q, K and V, Attention's 4-D form on
+// them, Y scattered through y_view into Z.
+class StridedAttentionKernel : public Kernel {
+ public:
+  explicit StridedAttentionKernel(const ir::Node& node) : node_(node) {
+    plain_.name = node.name;
+    plain_.op = "Attention";
+    for (const char* a : {"scale", "is_causal", "left_window_size", "right_window_size", "softcap"})
+      if (node.attrs.has(a)) plain_.attrs.set(a, node.attrs.all().at(a));
+  }
+
+  void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
+    std::string why;
+    const ir::StridedAttentionGeometry g =
+        ir::strided_attention_geometry(node_, in[0]->numel(), in[1]->numel(), in[2]->numel(), why);
+    if (!why.empty()) throw node_.error(ErrorKind::kInvalidArgument, why);
+    const ir::AttentionShape& s = g.shape;
+    const Tensor q = gather(*in[0], g.q, s.q_heads, s.q_seq, s.head_size, s.batch);
+    const Tensor k = gather(*in[1], g.k, s.kv_heads, s.kv_seq, s.head_size, s.batch);
+    const Tensor v = gather(*in[2], g.v, s.kv_heads, s.kv_seq, s.v_head_size, s.batch);
+    std::vector<const Tensor*> inputs = {&q, &k, &v};
+    if (in.size() > 3 && in[3]) inputs.push_back(in[3]);
+    std::vector<Tensor> y(1);
+    y[0] = Tensor(out[0].dtype(), {s.batch, s.q_heads, s.q_seq, s.v_head_size});
+    AttentionKernel(plain_).run(inputs, y);
+    int64_t e = 0;
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.q_heads; ++h)
+        for (int64_t i = 0; i < s.q_seq; ++i) {
+          const int64_t base = g.y.at(b, h, i);
+          for (int64_t d = 0; d < s.v_head_size; ++d) store(out[0], base + d, load(y[0], e++));
+        }
+  }
+
+ private:
+  // The view [batch, heads, seq, size] of `src` as a float32 4-D tensor.
+  static Tensor gather(const Tensor& src, const ir::HeadLayout& l, int64_t heads, int64_t seq, int64_t size,
+                       int64_t batch) {
+    Tensor t(DType::kFloat32, {batch, heads, seq, size});
+    float* dst = t.data<float>();
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < seq; ++i) {
+          const int64_t base = l.at(b, h, i);
+          for (int64_t d = 0; d < size; ++d) *dst++ = load(src, base + d);
+        }
+    return t;
+  }
+
+  const ir::Node& node_;
+  ir::Node plain_;  // the Attention node the views feed
+};
+
 }  // namespace
 
 KILN_REGISTER_CPU_KERNELS(attention) {
@@ -208,7 +266,18 @@ KILN_REGISTER_CPU_KERNELS(attention) {
   };
   e.dtypes = "float32, float16 (computed in float32)";
   e.create = [](const KernelInit& init) { return std::make_unique<AttentionKernel>(init.node); };
+  KernelEntry strided = e;
+  strided.op = "StridedAttention";
+  strided.domain = "kiln";
+  strided.check = [](const KernelInit& init) -> std::string {
+    const DType t = init.dtype(0);
+    if (t != DType::kFloat32 && t != DType::kFloat16)
+      return "input type " + to_string(t) + " is not supported (supported: float32, float16)";
+    return "";
+  };
+  strided.create = [](const KernelInit& init) { return std::make_unique<StridedAttentionKernel>(init.node); };
   registry.add(std::move(e));
+  registry.add(std::move(strided));
 }
 
 }  // namespace kiln::cpu

@@ -182,15 +182,49 @@ cudaDataType_t cuda_type(DType d) {
   }
 }
 
-// Strides of one operand's heads in elements: between batch elements, between heads, between
-// rows (sequence positions).
-struct HeadStrides {
-  int64_t batch = 0, head = 0, row = 0;
+// Where an operand's heads lie in Q's, K's, V's or Y's 4-D or 3-D form (offset 0).
+ir::HeadLayout form_layout(bool three_d, int64_t heads, int64_t seq, int64_t size) {
+  if (three_d) return {0, seq * heads * size, size, heads * size};
+  return {0, heads * seq * size, seq * size, size};
+}
+
+int64_t element_count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n = checked_mul(n, d, "attention input");
+  return n;
+}
+
+// The shapes and the operands' layouts: from the form of an Attention node's inputs, or from
+// the views a kiln::StridedAttention node gives.
+struct AttentionGeometry {
+  ir::AttentionShape shape;
+  ir::HeadLayout q, k, v, y;
 };
 
-HeadStrides head_strides(bool three_d, int64_t heads, int64_t seq, int64_t size) {
-  if (three_d) return {seq * heads * size, size, heads * size};
-  return {heads * seq * size, seq * size, size};
+AttentionGeometry attention_geometry(const LayerRequest& r) {
+  std::string why;
+  AttentionGeometry g;
+  if (r.node.domain == "kiln") {
+    const ir::StridedAttentionGeometry s = ir::strided_attention_geometry(
+        r.node, element_count(r.input_shape(0)), element_count(r.input_shape(1)), element_count(r.input_shape(2)), why);
+    g = {s.shape, s.q, s.k, s.v, s.y};
+  } else {
+    g.shape = ir::attention_shape(r.node, r.input_shape(0), r.input_shape(1), r.input_shape(2), {}, why);
+    const ir::AttentionShape& a = g.shape;
+    g.q = form_layout(a.three_d, a.q_heads, a.q_seq, a.head_size);
+    g.k = form_layout(a.three_d, a.kv_heads, a.kv_seq, a.head_size);
+    g.v = form_layout(a.three_d, a.kv_heads, a.kv_seq, a.v_head_size);
+    g.y = form_layout(a.three_d, a.q_heads, a.q_seq, a.v_head_size);
+  }
+  if (!why.empty()) throw r.node.error(ErrorKind::kInvalidArgument, why);
+  // Axes of size 1: strides cuBLASLt (leading dimensions of at least the rows) and cuDNN
+  // (nonzero) take.
+  const ir::AttentionShape& a = g.shape;
+  ir::settle_unit_axes(g.q, a.batch, a.q_heads, a.q_seq, a.head_size);
+  ir::settle_unit_axes(g.k, a.batch, a.kv_heads, a.kv_seq, a.head_size);
+  ir::settle_unit_axes(g.v, a.batch, a.kv_heads, a.kv_seq, a.v_head_size);
+  ir::settle_unit_axes(g.y, a.batch, a.q_heads, a.q_seq, a.v_head_size);
+  return g;
 }
 
 // One cuBLASLt product with its layouts, batched with the given strides.
@@ -253,47 +287,57 @@ struct CallOffsets {
 class AttentionLayer final : public Layer {
  public:
   AttentionLayer(const LayerRequest& r, const LayerFormats& f, BuildServices& services) {
-    std::string why;
-    const ir::AttentionShape s =
-        ir::attention_shape(r.node, r.input_shape(0), r.input_shape(1), r.input_shape(2), {}, why);
-    if (!why.empty()) throw r.node.error(ErrorKind::kInvalidArgument, why);
+    const AttentionGeometry geometry = attention_geometry(r);
+    const ir::AttentionShape& s = geometry.shape;
+    const ir::HeadLayout &q = geometry.q, &k = geometry.k, &v = geometry.v, &y = geometry.y;
     dtype_ = f.inputs[0].dtype;
     element_ = element_size(dtype_);
     scale_ = ir::attention_qk_factor(r.node, s.head_size);
     scale_ *= scale_;
     const int64_t group = s.q_heads / s.kv_heads;
-    const HeadStrides q = head_strides(s.three_d, s.q_heads, s.q_seq, s.head_size);
-    const HeadStrides k = head_strides(s.three_d, s.kv_heads, s.kv_seq, s.head_size);
-    const HeadStrides v = head_strides(s.three_d, s.kv_heads, s.kv_seq, s.v_head_size);
-    const HeadStrides y = head_strides(s.three_d, s.q_heads, s.q_seq, s.v_head_size);
     const int64_t matrix = checked_mul(s.q_seq, s.kv_seq, "attention logits");
     const int64_t heads_total = checked_mul(s.batch, s.q_heads, "attention heads");
     const int64_t logit_count = checked_mul(heads_total, matrix, "attention logits");
     logits_bytes_ = align_up(static_cast<size_t>(checked_mul(logit_count, static_cast<int64_t>(element_), "attention logits")));
 
-    // Calls: one over every head (4-D, no grouping), else one per batch element (no grouping)
-    // or per batch element and key/value head (grouped: the group shares K and V).
-    int64_t per_call = 0, q_stride = q.head, kv_stride = 0, y_stride = y.head;
-    if (group == 1 && q.batch == s.q_heads * q.head && k.batch == s.kv_heads * k.head && v.batch == s.kv_heads * v.head &&
-        y.batch == s.q_heads * y.head) {
-      per_call = heads_total;
-      kv_stride = k.head;
-      calls_.push_back({});
-    } else if (group == 1) {
-      per_call = s.q_heads;
-      kv_stride = k.head;
-      for (int64_t b = 0; b < s.batch; ++b)
-        calls_.push_back({b * q.batch, b * k.batch, b * v.batch, b * y.batch, b * s.q_heads * matrix});
-    } else {
-      per_call = group;
-      for (int64_t b = 0; b < s.batch; ++b)
+    // Calls: one over every head when one stride steps through all of them (4-D without
+    // grouping); else the fewer of one call per batch element (over its heads; with grouping,
+    // per batch element and key/value head, the group sharing K and V) and one call per query
+    // head (over the batch). Logits are [batch, heads, queries, keys] either way.
+    int64_t per_call = 0, q_stride = 0, k_stride = 0, v_stride = 0, y_stride = 0, logit_stride = 0;
+    const bool one_stride = group == 1 && q.batch == s.q_heads * q.head && k.batch == s.kv_heads * k.head &&
+                            v.batch == s.kv_heads * v.head && y.batch == s.q_heads * y.head;
+    const int64_t calls_by_batch = group == 1 ? s.batch : s.batch * s.kv_heads;
+    if (one_stride || s.batch == 1) {
+      per_call = one_stride ? heads_total : s.q_heads;
+      q_stride = q.head, k_stride = k.head, v_stride = v.head, y_stride = y.head, logit_stride = matrix;
+      if (group == 1) {
+        calls_.push_back({q.offset, k.offset, v.offset, y.offset, 0});
+      } else {
+        per_call = group;
+        k_stride = v_stride = 0;
         for (int64_t kh = 0; kh < s.kv_heads; ++kh)
-          calls_.push_back({b * q.batch + kh * group * q.head, b * k.batch + kh * k.head, b * v.batch + kh * v.head,
-                            b * y.batch + kh * group * y.head, (b * s.q_heads + kh * group) * matrix});
+          calls_.push_back({q.offset + kh * group * q.head, k.offset + kh * k.head, v.offset + kh * v.head,
+                            y.offset + kh * group * y.head, kh * group * matrix});
+      }
+    } else if (calls_by_batch <= s.q_heads) {
+      per_call = group == 1 ? s.q_heads : group;
+      q_stride = q.head, y_stride = y.head, logit_stride = matrix;
+      k_stride = group == 1 ? k.head : 0;
+      v_stride = group == 1 ? v.head : 0;
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t kh = 0; kh < (group == 1 ? 1 : s.kv_heads); ++kh)
+          calls_.push_back({q.at(b, kh * group, 0), k.at(b, kh, 0), v.at(b, kh, 0), y.at(b, kh * group, 0),
+                            (b * s.q_heads + kh * group) * matrix});
+    } else {
+      per_call = s.batch;
+      q_stride = q.batch, k_stride = k.batch, v_stride = v.batch, y_stride = y.batch;
+      logit_stride = s.q_heads * matrix;
+      for (int64_t h = 0; h < s.q_heads; ++h)
+        calls_.push_back({q.at(0, h, 0), k.at(0, h / group, 0), v.at(0, h / group, 0), y.at(0, h, 0), h * matrix});
     }
     if (per_call > INT32_MAX) throw r.node.error(ErrorKind::kUnsupported, "more than 2^31 attention heads in one product");
     const int32_t batch = static_cast<int32_t>(per_call);
-    const int64_t v_kv_stride = kv_stride == 0 ? 0 : v.head;
     cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
     if (dtype_ == DType::kFloat32)
       compute = r.precision == Precision::kFp32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -302,10 +346,12 @@ class AttentionLayer final : public Layer {
     // sees row-major data: A = K (column-major [head, keys], ld k.row, transposed),
     // B = Q (column-major [head, queries], ld q.row).
     scores_ = std::make_unique<BatchedProduct>(compute, type, type, true, s.kv_seq, s.q_seq, s.head_size, k.row,
-                                               q.row, s.kv_seq, batch, kv_stride, q_stride, matrix, services.cublaslt());
+                                               q.row, s.kv_seq, batch, k_stride, q_stride, logit_stride,
+                                               services.cublaslt());
     // Y^T [v_head, queries] (ld y.row) = V^T [v_head, keys] (ld v.row) * P^T [keys, queries] (ld keys).
     values_ = std::make_unique<BatchedProduct>(compute, type, type, false, s.v_head_size, s.q_seq, s.kv_seq, v.row,
-                                               s.kv_seq, y.row, batch, v_kv_stride, matrix, y_stride, services.cublaslt());
+                                               s.kv_seq, y.row, batch, v_stride, logit_stride, y_stride,
+                                               services.cublaslt());
 
     args_.rows = heads_total * s.q_seq;
     args_.q_heads = s.q_heads;
@@ -333,6 +379,7 @@ class AttentionLayer final : public Layer {
       args_.mask.present = true;
       args_.mask.boolean = f.inputs[3].dtype == DType::kBool;
     }
+    sdpa_offsets_ = {q.offset, k.offset, v.offset, y.offset, 0};
     choose_tactic(s, q, k, v, y, services);
   }
 
@@ -389,14 +436,17 @@ class AttentionLayer final : public Layer {
                                                              bias_dims_.bias_heads, args_.queries, args_.keys, count);
       KILN_CUDA_CHECK_LAUNCH();
     }
-    sdpa_->run(handle, io.inputs[0], io.inputs[1], io.inputs[2], bias, io.outputs[0],
-               static_cast<char*>(workspace) + bias_bytes_);
+    const int64_t es = static_cast<int64_t>(element_);
+    sdpa_->run(handle, static_cast<const char*>(io.inputs[0]) + sdpa_offsets_.q * es,
+               static_cast<const char*>(io.inputs[1]) + sdpa_offsets_.k * es,
+               static_cast<const char*>(io.inputs[2]) + sdpa_offsets_.v * es, bias,
+               static_cast<char*>(io.outputs[0]) + sdpa_offsets_.y * es, static_cast<char*>(workspace) + bias_bytes_);
   }
 
   // Float16 engines: cuDNN's fused attention where it takes this shape and times faster than
   // the products (the timing cache remembers which).
-  void choose_tactic(const ir::AttentionShape& s, const HeadStrides& q, const HeadStrides& k,
-                     const HeadStrides& v, const HeadStrides& y, BuildServices& services) {
+  void choose_tactic(const ir::AttentionShape& s, const ir::HeadLayout& q, const ir::HeadLayout& k,
+                     const ir::HeadLayout& v, const ir::HeadLayout& y, BuildServices& services) {
     if (dtype_ != DType::kFloat16 || args_.left_window >= 0 || args_.right_window >= 0) return;
     SdpaDims d;
     d.batch = s.batch;
@@ -427,8 +477,8 @@ class AttentionLayer final : public Layer {
     const std::string key = "attention|b" + std::to_string(s.batch) + "h" + std::to_string(s.q_heads) + "," +
                             std::to_string(s.kv_heads) + "s" + std::to_string(s.q_seq) + "t" + std::to_string(s.kv_seq) +
                             "d" + std::to_string(s.head_size) + "," + std::to_string(s.v_head_size) + "|" +
-                            (s.three_d ? "3d" : "4d") + "|mask" + std::to_string(int(args_.mask.present)) + "|causal" +
-                            std::to_string(int(args_.causal));
+                            "|layout" + layout_key(q) + layout_key(k) + layout_key(v) + layout_key(y) + "|mask" +
+                            std::to_string(int(args_.mask.present)) + "|causal" + std::to_string(int(args_.causal));
     const std::optional<std::string> cached = services.cached_tactic(key);
     if (cached && *cached != "cudnn") return;
     std::string why;
@@ -462,8 +512,13 @@ class AttentionLayer final : public Layer {
     sdpa_ = std::move(plan);
   }
 
+  static std::string layout_key(const ir::HeadLayout& l) {
+    return "(" + std::to_string(l.batch) + "," + std::to_string(l.head) + "," + std::to_string(l.row) + ")";
+  }
+
   DType dtype_ = DType::kFloat32;
   size_t element_ = 4;
+  CallOffsets sdpa_offsets_;  // the first element of Q, K, V and Y
   float scale_ = 1.f;
   size_t logits_bytes_ = 0;
   std::vector<CallOffsets> calls_;
@@ -491,6 +546,21 @@ std::string attention_check(const LayerRequest& r) {
   return why;
 }
 
+std::string strided_attention_check(const LayerRequest& r) {
+  if (!r.has_input(0) || !r.has_input(1) || !r.has_input(2)) return "Q, K and V are required";
+  if (r.input_dtypes[0] != DType::kFloat32) return "Q is " + to_string(r.input_dtypes[0]) + " (float32 is supported)";
+  if (r.node.attrs.get_float("softcap", 0.f) != 0.f) return "the soft cap is not supported on the GPU";
+  if (r.has_input(3) && r.input_dtypes[3] != DType::kBool && r.input_dtypes[3] != DType::kFloat32)
+    return "attn_mask must be bool or float32";
+  if (r.has_input(3) && (r.input_shape(3).empty() || r.input_shape(3).size() > 4)) return "attn_mask must have rank 1 to 4";
+  try {
+    attention_geometry(r);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 LayerFormats attention_formats(const LayerRequest& r) {
   LayerFormats f;
   f.inputs.resize(r.inputs.size());
@@ -515,7 +585,13 @@ KILN_REGISTER_CUDA_LAYERS(attention) {
     return std::make_unique<AttentionLayer>(r, f, s);
   };
   e.dtypes = "float32, float16 (cuBLASLt products, float32 softmax; output Y only, no KV cache or soft cap)";
+  LayerEntry strided = e;
+  strided.op = "StridedAttention";
+  strided.domain = "kiln";
+  strided.check = strided_attention_check;
+  strided.dtypes = "float32, float16 (as Attention; no soft cap)";
   registry.add(std::move(e));
+  registry.add(std::move(strided));
 }
 
 }  // namespace kiln::cuda

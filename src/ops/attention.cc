@@ -1,4 +1,5 @@
-// Schema of ONNX's Attention (opset 23 on; attention_params.h has the semantics).
+// Schemas of ONNX's Attention (opset 23 on) and kiln::StridedAttention (attention_params.h has
+// the semantics of both).
 #include "ops/attention_params.h"
 #include "ops/shape_dims.h"
 
@@ -70,11 +71,49 @@ int64_t attention_flops(const FlopsContext& ctx) {
   return 2 * keys * (FlopsContext::numel(ctx.input_types[0]) + FlopsContext::numel(ctx.output_types[0]));
 }
 
+void infer_strided_attention(InferContext& ctx) {
+  const DType dtype = ctx.dtype(0);
+  if (!is_float(dtype)) ctx.unsupported("Q must be a floating-point tensor, not " + to_string(dtype));
+  if (ctx.dtype(1) != dtype || ctx.dtype(2) != dtype) ctx.fail("Q, K and V must have the same type");
+  if (ctx.has_input(3) && ctx.dtype(3) != DType::kBool && ctx.dtype(3) != dtype)
+    ctx.fail("attn_mask must be bool or Q's type, not " + to_string(ctx.dtype(3)));
+  // The views are checked against the sources' sizes; without those, against no bound at all.
+  int64_t elements[3];
+  for (size_t i = 0; i < 3; ++i) {
+    const int64_t n = ctx.shape_known(i) && all_known(ctx.shape(i)) ? FlopsContext::numel(&ctx.type(i)) : -1;
+    elements[i] = n < 0 ? std::numeric_limits<int64_t>::max() : n;
+  }
+  std::string why;
+  const StridedAttentionGeometry g = strided_attention_geometry(ctx.node, elements[0], elements[1], elements[2], why);
+  if (!why.empty()) ctx.fail(why);
+  ctx.set_output(0, dtype, dims_of(g.z_shape));
+}
+
+int64_t strided_attention_flops(const FlopsContext& ctx) {
+  const std::vector<int64_t> q = ctx.node.attrs.get_ints("q_shape", {}), k = ctx.node.attrs.get_ints("k_shape", {}),
+                             v = ctx.node.attrs.get_ints("v_shape", {});
+  if (q.size() != 4 || k.size() != 4 || v.size() != 4) return 0;
+  for (const std::vector<int64_t>* s : {&q, &k, &v})
+    for (int64_t d : *s)
+      if (d < 0 || d > (int64_t{1} << 40)) return 0;  // the schema rejects these
+  const __int128 rows = static_cast<__int128>(q[0]) * q[1] * q[2];
+  const __int128 flops = 2 * static_cast<__int128>(k[2]) * rows * (q[3] + v[3]);
+  return flops > std::numeric_limits<int64_t>::max() ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(flops);
+}
+
 }  // namespace
 
 KILN_REGISTER_OPS(attention) {
   registry.add({"Attention", "", 3, 7, 1, 4, infer_attention, attention_flops,
                 "float inputs; softmax_precision is taken as float32 (the CPU engine computes in float32)"});
+  OpSchema s;
+  s.op = "StridedAttention";
+  s.domain = "kiln";
+  s.min_inputs = 3;
+  s.max_inputs = 4;
+  s.infer = infer_strided_attention;
+  s.flops = strided_attention_flops;
+  registry.add(std::move(s));
 }
 
 }  // namespace kiln::ir

@@ -19,9 +19,12 @@
 //   probabilities.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -110,6 +113,127 @@ inline bool attention_key_allowed(const Node& node, const AttentionShape& s, con
   if (right >= 0 && -diff > right) return false;
   if (nonpad_kv_seqlen && j >= nonpad_kv_seqlen[b]) return false;
   return true;
+}
+
+// kiln::StridedAttention(Q source, K source, V source, attn_mask?) -> Z: Attention's 4-D form on
+// Q, K and V read as strided views of their sources, Y written through a strided view of Z
+// (passes/fold_attention_views.cc makes it from an Attention and the Reshapes, Transposes,
+// Gathers, Slices and Splits around it, so that no layer copies the heads into place).
+//   Attributes: Attention's scale, is_causal, left_window_size, right_window_size, softcap;
+//     q_shape [B, Hq, S, D], k_shape [B, Hkv, T, D], v_shape [B, Hkv, T, Dv];
+//     q_view, k_view, v_view: [offset, batch stride, head stride, row stride] in elements of the
+//       source (elements along the head size are adjacent);
+//     y_shape: Z's shape, exactly B * Hq * S * Dv elements; y_view: where Y [b, h, s, d] lies
+//       in Z, each element of Z written once.
+struct HeadLayout {
+  int64_t offset = 0, batch = 0, head = 0, row = 0;
+  int64_t at(int64_t b, int64_t h, int64_t s) const { return offset + b * batch + h * head + s * row; }
+};
+
+// An axis of size 1 is never stepped along, so its stride is free: it gets the one a layout
+// packed right above the next inner axis would have (a row stride of at least the head size,
+// no zero strides), as cuBLASLt's leading dimensions and cuDNN's strides want.
+inline void settle_unit_axes(HeadLayout& l, int64_t batch, int64_t heads, int64_t seq, int64_t size) {
+  if (seq == 1) l.row = size;
+  if (heads == 1) l.head = l.row * seq;
+  if (batch == 1) l.batch = l.head * heads;
+}
+
+struct StridedAttentionGeometry {
+  AttentionShape shape;
+  HeadLayout q, k, v, y;
+  std::vector<int64_t> z_shape;
+};
+
+namespace strided_attention_detail {
+
+inline bool read_four(const Node& node, const char* name, int64_t out[4], std::string& why) {
+  const std::vector<int64_t> v = node.attrs.get_ints(name, {});
+  if (v.size() != 4) {
+    why = std::string(name) + " must hold 4 integers";
+    return false;
+  }
+  std::copy(v.begin(), v.end(), out);
+  return true;
+}
+
+// Whether the view [sizes] with `strides` (head size adjacent) starting at `offset` stays inside
+// `elements`; the largest index is computed in 128 bits, so hostile values cannot wrap.
+inline bool inside(const HeadLayout& l, const int64_t sizes[4], int64_t elements) {
+  if (l.offset < 0 || l.batch < 0 || l.head < 0 || l.row < 0) return false;
+  __int128 last = l.offset;
+  const int64_t strides[4] = {l.batch, l.head, l.row, 1};
+  for (int i = 0; i < 4; ++i) last += static_cast<__int128>(sizes[i] - 1) * strides[i];
+  return last < elements;
+}
+
+}  // namespace strided_attention_detail
+
+// The geometry of a StridedAttention node whose sources hold the given numbers of elements;
+// `why` is set (and the result meaningless) when the attributes contradict each other or a view
+// leaves its tensor or writes an element of Z twice.
+inline StridedAttentionGeometry strided_attention_geometry(const Node& node, int64_t q_elements, int64_t k_elements,
+                                                           int64_t v_elements, std::string& why) {
+  namespace d = strided_attention_detail;
+  StridedAttentionGeometry g;
+  why.clear();
+  int64_t qs[4], ks[4], vs[4], views[4][4];
+  if (!d::read_four(node, "q_shape", qs, why) || !d::read_four(node, "k_shape", ks, why) ||
+      !d::read_four(node, "v_shape", vs, why))
+    return g;
+  const char* view_names[4] = {"q_view", "k_view", "v_view", "y_view"};
+  for (int i = 0; i < 4; ++i)
+    if (!d::read_four(node, view_names[i], views[i], why)) return g;
+  for (const int64_t* s : {qs, ks, vs})
+    for (int i = 0; i < 4; ++i)
+      if (s[i] < 1 || s[i] > (int64_t{1} << 40)) {
+        why = "q_shape, k_shape and v_shape must hold sizes from 1 to 2^40";
+        return g;
+      }
+  g.shape = attention_shape(node, {qs[0], qs[1], qs[2], qs[3]}, {ks[0], ks[1], ks[2], ks[3]}, {vs[0], vs[1], vs[2], vs[3]},
+                            {}, why);
+  if (!why.empty()) return g;
+  HeadLayout* layouts[4] = {&g.q, &g.k, &g.v, &g.y};
+  for (int i = 0; i < 4; ++i) *layouts[i] = {views[i][0], views[i][1], views[i][2], views[i][3]};
+  const int64_t ys[4] = {qs[0], qs[1], qs[2], vs[3]};
+  const std::pair<const int64_t*, int64_t> reads[3] = {{qs, q_elements}, {ks, k_elements}, {vs, v_elements}};
+  for (int i = 0; i < 3; ++i)
+    if (!d::inside(*layouts[i], reads[i].first, reads[i].second)) {
+      why = std::string(view_names[i]) + " reaches outside its source";
+      return g;
+    }
+  g.z_shape = node.attrs.get_ints("y_shape", {});
+  __int128 z_elements = 1, y_elements = 1;
+  for (int64_t dim : g.z_shape) {
+    if (dim < 0) {
+      why = "y_shape has a negative size";
+      return g;
+    }
+    z_elements *= dim;
+    if (z_elements > (__int128{1} << 62)) break;
+  }
+  for (int64_t dim : ys) y_elements *= dim;
+  if (g.z_shape.empty() || z_elements != y_elements) {
+    why = "y_shape must hold exactly the " + std::to_string(static_cast<int64_t>(y_elements)) + " elements of Y";
+    return g;
+  }
+  // Each element of Z written once: ordered by stride, every axis steps over the whole extent
+  // of the axes below it, and the last element lies inside Z.
+  std::vector<std::pair<int64_t, int64_t>> axes = {{1, ys[3]}};  // (stride, size)
+  const int64_t y_strides[3] = {g.y.batch, g.y.head, g.y.row};
+  for (int i = 0; i < 3; ++i)
+    if (ys[i] > 1) axes.push_back({y_strides[i], ys[i]});
+  std::sort(axes.begin(), axes.end());
+  __int128 extent = 0;
+  for (const auto& [stride, size] : axes) {
+    if (stride < extent || stride < 1) {
+      why = "y_view writes some element of Z twice";
+      return g;
+    }
+    extent = static_cast<__int128>(stride) * size;
+  }
+  if (!d::inside(g.y, ys, static_cast<int64_t>(z_elements))) why = "y_view reaches outside Z";
+  return g;
 }
 
 }  // namespace kiln::ir

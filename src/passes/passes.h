@@ -54,6 +54,11 @@ int fuse_epilogue(ir::Graph& graph);
 // `notes` says which element of the pattern failed.
 int fuse_attention(ir::Graph& graph, std::vector<std::string>& notes);
 
+// With every shape known: an Attention whose Q, K or V come through layers that only move
+// elements (Reshape, Transpose, Gather of one index, Slice, Split, ...) or whose Y goes through
+// Transposes and Reshapes -> kiln::StridedAttention reading and writing those tensors in place.
+int fold_attention_views(ir::Graph& graph);
+
 // Gives Reshape / Expand nodes whose shape input is computed (Shape -> Gather -> Concat ...)
 // but whose symbolic value is known a constant shape input instead, so the chain dies.
 int simplify_shape_chains(ir::Graph& graph);

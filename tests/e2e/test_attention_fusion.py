@@ -42,11 +42,13 @@ def _verbose(run_kiln, path) -> str:
 
 
 def _assert_fused(run_kiln, path, attentions: int) -> None:
-    """`attentions` Attention layers after kiln's passes, no Softmax left, no attention note."""
+    """`attentions` attention layers (Attention, or StridedAttention where the heads are views)
+    after kiln's passes, no Softmax left, no attention note."""
     info = _inspect(run_kiln, path)
     ops = [layer["op"] for layer in info["layers"]]
     notes = [n for n in info["pass_notes"] if n.startswith("attention at Softmax")]
-    if ops.count("Attention") != attentions or "Softmax" in ops or notes:
+    fused = ops.count("Attention") + ops.count("StridedAttention")
+    if fused != attentions or "Softmax" in ops or notes:
         pytest.fail(f"expected {attentions} Attention layer(s) and no Softmax, got ops {ops}\n"
                     f"kiln inspect --optimize -v:\n{_verbose(run_kiln, path)}")
 
@@ -291,6 +293,21 @@ def _torch_case(case):
                 x = layer(x, mask)
             return x
 
+    class Interleaved(nn.Module):
+        """One projection packed per head ([B, T, H, 3, d], as GPT-NeoX packs it), unbound into Q,
+        K and V, a padding-free softmax attention, heads merged back."""
+
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.o = nn.Linear(E, 3 * E), nn.Linear(E, E)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            d = E // HEADS
+            q, k, v = (a.transpose(1, 2) for a in self.qkv(x).view(b, t, HEADS, 3, d).unbind(3))
+            p = torch.softmax((q * d ** -0.5) @ k.transpose(-2, -1), dim=-1)
+            return x + self.o((p @ v).transpose(1, 2).reshape(b, t, E))
+
     class Mha(nn.Module):
         def __init__(self, need_weights):
             super().__init__()
@@ -305,13 +322,40 @@ def _torch_case(case):
         return Explicit(), {"x": x, "attention_mask": attention_mask}, 2
     if case == "gpt_sdpa_causal":
         return Gpt(), {"x": x}, 2
+    if case == "interleaved_heads":
+        return Interleaved(), {"x": x}, 1
     return Mha(case == "mha_need_weights"), {"x": x}, 1
 
 
 @pytest.mark.parametrize("case,dynamo", [("gpt_sdpa_causal", False), ("gpt_sdpa_causal", True),
                                          ("explicit_padding", False), ("mha_need_weights", False),
-                                         ("mha_no_weights", False)])
+                                         ("mha_no_weights", False), ("interleaved_heads", False)])
 def test_torch_export_fuses_and_matches_onnxruntime(case, dynamo, run_kiln, tmp_path, check_against_onnxruntime):
+    path, feed, attentions = _export(case, dynamo, tmp_path)
+    exported = [n.op_type for n in onnx.load(path).graph.node]
+    assert exported.count("Softmax") == attentions and "Attention" not in exported, exported
+    _assert_fused(run_kiln, path, attentions)
+    check_against_onnxruntime(path, feed)
+
+
+@pytest.mark.parametrize("case,copies_left", [("gpt_sdpa_causal", []), ("interleaved_heads", []),
+                                               ("mha_no_weights", ["Transpose", "Transpose"])])
+def test_heads_packed_in_one_projection_are_read_in_place(case, copies_left, run_kiln, tmp_path,
+                                                          check_against_onnxruntime):
+    """Q, K and V split from one projection (Split, Gathers of one index, Reshapes through merged
+    axes, Transposes) are read where the projection wrote them: kiln::StridedAttention, and none of
+    the layers that copied the heads stay. nn.MultiheadAttention keeps the two transposes of its
+    [B, S, E] input and output, which are not around attention."""
+    path, feed, attentions = _export(case, False, tmp_path)
+    ops = [layer["op"] for layer in _inspect(run_kiln, path)["layers"]]
+    assert ops.count("StridedAttention") == attentions, ops
+    moves = [op for op in ops if op in ("Transpose", "Gather", "Split", "Slice", "Squeeze", "Unsqueeze")]
+    assert moves == copies_left, ops
+    check_against_onnxruntime(path, feed)
+
+
+def _export(case, dynamo, tmp_path):
+    """The case exported by torch.onnx at static shapes: (path, feed, attention count)."""
     import torch
 
     module, feed, attentions = _torch_case(case)
@@ -322,7 +366,45 @@ def test_torch_export_fuses_and_matches_onnxruntime(case, dynamo, run_kiln, tmp_
         # dynamo at opset 18: from 23 on it writes SDPA as an Attention node itself.
         torch.onnx.export(module, tuple(torch.from_numpy(v) for v in feed.values()), path, dynamo=dynamo,
                           opset_version=18 if dynamo else 17, input_names=list(feed), output_names=["y"])
-    exported = [n.op_type for n in onnx.load(path).graph.node]
-    assert exported.count("Softmax") == attentions and "Attention" not in exported, exported
-    _assert_fused(run_kiln, path, attentions)
-    check_against_onnxruntime(path, feed)
+    return path, feed, attentions
+
+
+def test_engine_file_with_hostile_attention_views_is_a_clear_error(run_kiln, tmp_path):
+    """kiln::StridedAttention exists only in engine files, whose views a forger can set: a view
+    reaching past its tensor, strides that write an element of the output twice, or sizes that
+    overflow are each refused with the reason (exit 1, the file named), never read out of bounds."""
+    from test_engine_files import pack, unpack
+
+    path, feed, _ = _export("mha_no_weights", False, tmp_path)
+    engine = tmp_path / "mha.engine"
+    r = run_kiln("build", path, "--device", "cpu", "-o", engine)
+    assert r.returncode == 0, r.describe()
+    header, graph, weights = unpack(engine.read_bytes())
+
+    def forged(name, attr, values):
+        model = onnx.ModelProto()
+        model.ParseFromString(graph)
+        node = next(n for n in model.graph.node if n.op_type == "StridedAttention")
+        a = next(a for a in node.attribute if a.name == attr)
+        del a.ints[:]
+        a.ints.extend(values)
+        out = tmp_path / f"{name}.engine"
+        out.write_bytes(pack(header, model.SerializeToString(), weights))
+        return out
+
+    model = onnx.ModelProto()
+    model.ParseFromString(graph)
+    node = next(n for n in model.graph.node if n.op_type == "StridedAttention")
+    views = {a.name: list(a.ints) for a in node.attribute}
+    cases = {
+        "offset_past_end": ("q_view", [10 ** 9] + views["q_view"][1:], "q_view reaches outside its source"),
+        "negative_stride": ("k_view", views["k_view"][:1] + [-1] + views["k_view"][2:], "k_view reaches outside"),
+        "huge_strides": ("v_view", [0, 2 ** 62, 2 ** 62, 2 ** 62], "v_view reaches outside"),
+        "overlapping_output": ("y_view", [0, 0, 0, 0], "writes some element of Z twice"),
+        "huge_sizes": ("q_shape", [2 ** 41, 1, 1, 1], "sizes from 1 to 2^40"),
+        "short_shape": ("k_shape", [1, 2], "k_shape must hold 4 integers"),
+    }
+    for name, (attr, values, reason) in cases.items():
+        bad = forged(name, attr, values)
+        r = run_kiln("run", bad, "--random")
+        assert r.returncode == 1 and str(bad) in r.stderr and reason in r.stderr, (name, r.describe())

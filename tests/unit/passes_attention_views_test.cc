@@ -1,0 +1,163 @@
+// Tests of fold_attention_views: an Attention whose Q, K and V come through layers that only
+// move elements, or whose Y goes through Transposes and Reshapes, becomes one
+// kiln::StridedAttention reading and writing those tensors in place, with the strides the
+// layers described, and computes what they computed; chains that are not views stay.
+#include <gtest/gtest.h>
+
+#include "graph_builder.h"
+#include "passes/passes.h"
+
+namespace kiln::testing {
+namespace {
+
+constexpr int64_t S = 5, N = 2, H = 3, D = 4, E = H * D;
+
+// nn.MultiheadAttention as torch.onnx writes it (torchvision's ViT): one projection
+// [S, N, 3E] split into Q, K and V by Reshape, Unsqueeze, Transpose, Squeeze and Gathers, heads
+// through a merged batch-and-heads axis [S, N * H, D], Y merged back to [S * N, E].
+GraphBuilder packed_projection_attention() {
+  GraphBuilder b;
+  b.input("qkv", {S, N, 3 * E});
+  b.node("Reshape", {"qkv", b.ints("split3", {S, N, 3, E})}, "split");
+  b.node("Unsqueeze", {"split", b.ints("axis0", {0})}, "unsq");
+  b.node("Transpose", {"unsq"}, "moved", {{"perm", std::vector<int64_t>{3, 1, 2, 0, 4}}});
+  b.node("Squeeze", {"moved", b.ints("axis3", {-2})}, "parts");
+  const char* names[3] = {"q", "k", "v"};
+  for (int64_t i = 0; i < 3; ++i) {
+    const std::string n = names[i];
+    b.node("Gather", {"parts", b.constant(n + "_index", Tensor::scalar<int64_t>(i))}, n + "_sbe", {{"axis", int64_t{0}}});
+    b.node("Reshape", {n + "_sbe", b.ints(n + "_heads_shape", {S, N * H, D})}, n + "_merged");
+    b.node("Transpose", {n + "_merged"}, n + "_t", {{"perm", std::vector<int64_t>{1, 0, 2}}});
+    b.node("Reshape", {n + "_t", b.ints(n + "_4d", {N, H, S, D})}, n);
+  }
+  b.node("Attention", {"q", "k", "v"}, "y4");
+  b.node("Transpose", {"y4"}, "y_sbhd", {{"perm", std::vector<int64_t>{2, 0, 1, 3}}});
+  b.node("Reshape", {"y_sbhd", b.ints("rows", {S * N, E})}, "y");
+  b.output("y");
+  return b;
+}
+
+const ir::Node* only_node(const ir::Graph& g, const std::string& op) {
+  const ir::Node* found = nullptr;
+  for (const ir::Node& n : g.nodes)
+    if (n.op == op) {
+      EXPECT_EQ(found, nullptr) << "more than one " << op;
+      found = &n;
+    }
+  return found;
+}
+
+TEST(FoldAttentionViews, PackedProjectionIsReadInPlace) {
+  ir::Graph before = packed_projection_attention().build();
+  ir::Graph after = before;
+  EXPECT_EQ(passes::fold_attention_views(after), 1);
+  ir::infer_shapes(after);
+  ASSERT_EQ(after.nodes.size(), 1u) << "every Reshape, Transpose and Gather folds";
+  const ir::Node* a = only_node(after, "StridedAttention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->domain, "kiln");
+  EXPECT_EQ(a->inputs, (std::vector<std::string>{"qkv", "qkv", "qkv"}));
+  EXPECT_EQ(a->outputs[0], "y");
+  // Q [b, h, s, d] = qkv[s, b, 0 * E + h * D + d]; K and V one and two E further.
+  EXPECT_EQ(a->attrs.get_ints("q_view"), (std::vector<int64_t>{0, 3 * E, D, N * 3 * E}));
+  EXPECT_EQ(a->attrs.get_ints("k_view"), (std::vector<int64_t>{E, 3 * E, D, N * 3 * E}));
+  EXPECT_EQ(a->attrs.get_ints("v_view"), (std::vector<int64_t>{2 * E, 3 * E, D, N * 3 * E}));
+  // Y [b, h, s, d] = y[s * N + b, h * D + d].
+  EXPECT_EQ(a->attrs.get_ints("y_view"), (std::vector<int64_t>{0, E, D, N * E}));
+  EXPECT_EQ(a->attrs.get_ints("y_shape"), (std::vector<int64_t>{S * N, E}));
+  expect_same_outputs(before, after);
+}
+
+TEST(FoldAttentionViews, SplitAndSliceOfThePackedLastAxis) {
+  // GPT-2's packing: [N, S, 3E] split along the last axis (K by a Slice), heads by Reshape and
+  // Transpose; the 3-D form is left to fuse_attention, so this uses the 4-D form.
+  GraphBuilder b;
+  b.input("qkv", {N, S, 3 * E});
+  b.node("Split", {"qkv", b.ints("sizes", {E, E, E})}, "q3", {{"axis", int64_t{2}}});
+  b.last().outputs = {"q3", "unused", "v3"};
+  b.node("Slice", {"qkv", b.ints("starts", {E}), b.ints("ends", {2 * E}), b.ints("axes", {2})}, "k3");
+  const char* names[3] = {"q", "k", "v"};
+  for (const std::string n : names) {
+    b.node("Reshape", {n + "3", b.ints(n + "_split", {N, S, H, D})}, n + "_bshd");
+    b.node("Transpose", {n + "_bshd"}, n, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  }
+  b.input("mask", {N, 1, 1, S});
+  b.node("Attention", {"q", "k", "v", "mask"}, "y", {{"is_causal", int64_t{1}}});
+  b.output("y");
+  ir::Graph before = b.build();
+  ir::Graph after = before;
+  EXPECT_EQ(passes::fold_attention_views(after), 1);
+  ir::infer_shapes(after);
+  const ir::Node* a = only_node(after, "StridedAttention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->inputs, (std::vector<std::string>{"qkv", "qkv", "qkv", "mask"}));
+  EXPECT_EQ(a->attrs.get_int("is_causal", 0), 1);
+  EXPECT_EQ(a->attrs.get_ints("k_view"), (std::vector<int64_t>{E, S * 3 * E, D, 3 * E}));
+  EXPECT_EQ(only_node(after, "Split"), nullptr);
+  expect_same_outputs(before, after);
+}
+
+TEST(FoldAttentionViews, PlainFormAndSymbolicShapesStay) {
+  GraphBuilder b;
+  b.input("q", {N, H, S, D});
+  b.input("k", {N, H, S, D});
+  b.input("v", {N, H, S, D});
+  b.node("Attention", {"q", "k", "v"}, "y");
+  b.output("y");
+  ir::Graph g = b.build();
+  EXPECT_EQ(passes::fold_attention_views(g), 0) << "nothing to fold: Attention reads its inputs as they are";
+
+  GraphBuilder d;
+  d.input("qkv", {ir::Dim::named("N"), S, 3 * E});
+  d.node("Split", {"qkv", d.ints("sizes", {E, E, E})}, "q3", {{"axis", int64_t{2}}});
+  d.last().outputs = {"q3", "k3", "v3"};
+  d.node("Attention", {"q3", "k3", "v3"}, "y", {{"q_num_heads", H}, {"kv_num_heads", H}});
+  d.output("y");
+  ir::Graph symbolic = d.build();
+  EXPECT_EQ(passes::fold_attention_views(symbolic), 0) << "strides need every dimension known";
+}
+
+TEST(FoldAttentionViews, OutputChainStopsAtAValueReadElsewhere) {
+  // Y's Transpose is also a graph output: the node writes that output, and the Reshape after it
+  // stays to read it.
+  ir::Graph before = packed_projection_attention().build();
+  before.outputs.push_back("y_sbhd");
+  ir::Graph after = before;
+  EXPECT_EQ(passes::fold_attention_views(after), 1);
+  ir::infer_shapes(after);
+  const ir::Node* a = only_node(after, "StridedAttention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->outputs[0], "y_sbhd");
+  EXPECT_EQ(a->attrs.get_ints("y_view"), (std::vector<int64_t>{0, E, D, N * E}));
+  EXPECT_NE(only_node(after, "Reshape"), nullptr);
+  expect_same_outputs(before, after);
+}
+
+TEST(FoldAttentionViews, ReshapeThatIsNoViewStopsTheChain) {
+  // Q's heads come through a Transpose and then a Reshape to rows of 8, which cuts the transposed
+  // axes where no stride describes it ([S, N, E] -> [N, S, E] -> [N * S * E / 8, 8] -> heads):
+  // the fold starts after the Transpose, which stays, and the result still matches.
+  GraphBuilder b;
+  b.input("x", {S, N, E});
+  b.node("Transpose", {"x"}, "xt", {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  b.node("Reshape", {"xt", b.ints("odd_shape", {N * S * E / 8, 8})}, "odd");
+  b.node("Reshape", {"odd", b.ints("back", {N, S, H, D})}, "bshd");
+  b.node("Transpose", {"bshd"}, "q", {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  b.input("k", {N, H, S, D});
+  b.input("v", {N, H, S, D});
+  b.node("Attention", {"q", "k", "v"}, "y");
+  b.output("y");
+  ir::Graph before = b.build();
+  ir::Graph after = before;
+  EXPECT_EQ(passes::fold_attention_views(after), 1);
+  ir::infer_shapes(after);
+  const ir::Node* a = only_node(after, "StridedAttention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->inputs[0], "xt");
+  EXPECT_NE(only_node(after, "Transpose"), nullptr);
+  EXPECT_EQ(a->attrs.get_ints("q_view"), (std::vector<int64_t>{0, S * E, D, E}));
+  expect_same_outputs(before, after);
+}
+
+}  // namespace
+}  // namespace kiln::testing
