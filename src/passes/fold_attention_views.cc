@@ -10,6 +10,13 @@
 // [S, B, 3E] reshaped, transposed, split into Q, K and V by Gathers and reshaped into heads
 // through a merged batch-and-heads axis [S, B * H, D]; each of those layers copies.
 //
+// The same exports put the heads' layout change on the other side of the projections: Q, K and
+// V are projected from the input transposed to [S, B, E] (a Transpose before the projection),
+// and Y's rows leave the output projection in [S * B] order to be transposed back afterwards.
+// A projection (MatMul or Gemm by a matrix, a bias along the last axis) acts on each row alone,
+// so a layout change of the leading axes commutes with it: the pass moves those Transposes
+// across the projections next to an attention, where they join the views (and copy nothing).
+//
 // A view is an offset and, per axis, a list of modes (size, stride), outer first: an axis
 // that merged axes not adjacent in memory (batch and heads above) keeps one mode for each,
 // so a reshape that splits them again later is still a view. Reshapes split and merge modes;
@@ -18,6 +25,7 @@
 #include <deque>
 #include <numeric>
 
+#include "ir/op_schema.h"
 #include "ops/attention_params.h"
 #include "passes/passes.h"
 #include "passes/rewrite.h"
@@ -253,6 +261,198 @@ bool head_layout(View v, bool three_d, int64_t heads, ir::HeadLayout& out) {
   return true;
 }
 
+
+// --- moving layout changes of the leading axes across projections ---------------------------
+
+bool keeps_last_axis(const std::vector<int64_t>& perm) {
+  return !perm.empty() && perm.back() == static_cast<int64_t>(perm.size()) - 1;
+}
+
+ir::Value typed_value(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+  ir::Value v;
+  v.name = name;
+  v.type.dtype = dtype;
+  v.type.shape = ir::dims_of(shape);
+  return v;
+}
+
+// A bias Add after a projection: the operand that is not `from` is one constant along the last
+// axis (rank 0 or 1).
+bool is_bias_add(const ir::Graph& g, const ir::Node& n, const std::string& from) {
+  if (!n.domain.empty() || n.op != "Add" || n.inputs.size() != 2) return false;
+  const std::string& other = n.inputs[0] == from ? n.inputs[1] : n.inputs[0];
+  const Tensor* c = g.constant(other);
+  return (n.inputs[0] == from) != (n.inputs[1] == from) && c && c->rank() <= 1;
+}
+
+// A projection reading rows: MatMul(X, W) with a 2-D W, or Gemm(X, W, C) without transA and
+// a C of one row at most.
+bool is_row_projection(const ir::Graph& g, const ir::Node& n, const std::string& x) {
+  if (!n.domain.empty() || n.inputs.size() < 2 || n.inputs[0] != x || n.inputs[1] == x) return false;
+  const ir::TensorType* w = type_of(g, n.inputs[1]);
+  if (!w || !w->shape || w->rank() != 2) return false;
+  if (n.op == "MatMul") return true;
+  if (n.op != "Gemm" || n.attrs.get_int("transA", 0) != 0) return false;
+  if (n.inputs.size() < 3 || n.inputs[2].empty()) return true;
+  const ir::TensorType* c = type_of(g, n.inputs[2]);
+  return c && c->shape && (c->rank() <= 1 || (c->rank() == 2 && (*c->shape)[0] == ir::Dim(1)));
+}
+
+// `value` = [Add bias](MatMul(Transpose(X, perm), W)) with perm keeping the last axis, each
+// read once -> Transpose([Add bias](MatMul(X, W)), perm): the projection reads X as it is, and
+// its output's transpose can join the views after it.
+bool lift_transpose_above_projection(ir::Graph& g, const std::string& value) {
+  const int last = g.producer(value);
+  if (last < 0) return false;
+  const ir::Node* add = &g.nodes[static_cast<size_t>(last)];
+  const ir::Node* mm = add;
+  if (add->op == "Add") {
+    for (const std::string& in : add->inputs) {
+      const ir::Node* p = producer_node(g, in);
+      if (p && p->op == "MatMul" && is_bias_add(g, *add, in) && only_feeds_one_input(g, in)) mm = p;
+    }
+    if (mm == add) return false;
+  } else {
+    add = nullptr;
+  }
+  if (mm->op != "MatMul" || mm->inputs.size() != 2) return false;
+  const ir::Node* tr = producer_node(g, mm->inputs[0]);
+  if (!tr || tr->op != "Transpose" || !tr->domain.empty() || !only_feeds_one_input(g, mm->inputs[0]) ||
+      !is_row_projection(g, *mm, mm->inputs[0]))
+    return false;
+  const auto x_shape = known_shape(g, tr->inputs[0]);
+  const auto out_shape = known_shape(g, value);
+  if (!x_shape || !out_shape || x_shape->size() != out_shape->size()) return false;
+  const std::vector<int64_t> perm = transpose_perm(*tr, x_shape->size());
+  if (!keeps_last_axis(perm)) return false;
+  std::vector<int64_t> unpermuted = *x_shape;
+  unpermuted.back() = out_shape->back();
+  const DType dtype = type_of(g, value)->dtype;
+  const std::string old_product = mm->outputs[0];
+  const size_t mm_index = static_cast<size_t>(g.producer(old_product));
+  const std::string x = tr->inputs[0];
+  const std::string product = g.unique_name(value + "_rows");
+  g.set_value(typed_value(product, dtype, unpermuted));
+  g.nodes[mm_index].inputs[0] = x;
+  g.nodes[mm_index].outputs[0] = product;
+  std::string projected = product;
+  if (add) {
+    ir::Node& a = g.nodes[static_cast<size_t>(last)];
+    for (std::string& in : a.inputs)
+      if (in == old_product) in = product;
+    projected = g.unique_name(value + "_biased");
+    g.set_value(typed_value(projected, dtype, unpermuted));
+    a.outputs[0] = projected;
+  }
+  ir::Node moved;
+  moved.name = g.unique_name(value + "_layout");
+  moved.op = "Transpose";
+  moved.attrs.set("perm", perm);
+  moved.inputs = {projected};
+  moved.outputs = {value};
+  g.nodes.push_back(std::move(moved));
+  g.topological_sort();
+  return true;
+}
+
+// `z` [R, K] read only by a row projection P (output [R, N]) whose output is only reshaped to
+// [A..., N] and transposed by a perm keeping the last axis: P then reads z laid out as the
+// transposed rows (Reshape, Transpose, Reshape: views attention can write through), and its
+// output is reshaped to the transposed shape in place of the Transpose.
+bool sink_transpose_below_projection(ir::Graph& g, const std::string& z) {
+  const int p_index = sole_consumer(g, z);
+  if (p_index < 0) return false;
+  const ir::Node& p = g.nodes[static_cast<size_t>(p_index)];
+  if (!is_row_projection(g, p, z) || p.outputs.size() != 1) return false;
+  const int r_index = sole_consumer(g, p.outputs[0]);
+  if (r_index < 0) return false;
+  const ir::Node& r = g.nodes[static_cast<size_t>(r_index)];
+  if (r.op != "Reshape" || !r.domain.empty() || r.inputs[0] != p.outputs[0]) return false;
+  const int t_index = sole_consumer(g, r.outputs[0]);
+  if (t_index < 0) return false;
+  const ir::Node& t = g.nodes[static_cast<size_t>(t_index)];
+  if (t.op != "Transpose" || !t.domain.empty()) return false;
+  const auto z_shape = known_shape(g, z), p_shape = known_shape(g, p.outputs[0]), split = known_shape(g, r.outputs[0]),
+             final_shape = known_shape(g, t.outputs[0]);
+  if (!z_shape || !p_shape || !split || !final_shape || z_shape->size() != 2 || p_shape->size() != 2) return false;
+  const std::vector<int64_t> perm = transpose_perm(t, split->size());
+  if (!keeps_last_axis(perm) || split->back() != p_shape->back()) return false;
+  const int64_t rows = (*z_shape)[0], width = (*z_shape)[1];
+  std::vector<int64_t> z_split = *split;
+  z_split.back() = width;
+  std::vector<int64_t> z_moved(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) z_moved[i] = z_split[static_cast<size_t>(perm[i])];
+  const DType z_type = type_of(g, z)->dtype, out_type = type_of(g, t.outputs[0])->dtype;
+  const std::string out = t.outputs[0];
+  const std::string t_name = t.name;
+  auto reshape_node = [&](const std::string& from, const std::vector<int64_t>& shape, const std::string& to) {
+    ir::Node n;
+    n.name = to == out ? t_name : g.unique_name(to + "_node");
+    n.op = "Reshape";
+    n.inputs = {from, g.add_constant(to + "_shape", Tensor::from_vector<int64_t>({static_cast<int64_t>(shape.size())}, shape))};
+    n.outputs = {to};
+    return n;
+  };
+  const std::string zs = g.unique_name(z + "_split"), zt = g.unique_name(z + "_moved"), zr = g.unique_name(z + "_rows");
+  const std::string projected = g.unique_name(out + "_rows");
+  g.set_value(typed_value(zs, z_type, z_split));
+  g.set_value(typed_value(zt, z_type, z_moved));
+  g.set_value(typed_value(zr, z_type, {rows, width}));
+  g.set_value(typed_value(projected, out_type, {rows, p_shape->back()}));
+  std::vector<ir::Node> added;
+  added.push_back(reshape_node(z, z_split, zs));
+  ir::Node moved;
+  moved.name = g.unique_name(z + "_layout");
+  moved.op = "Transpose";
+  moved.attrs.set("perm", perm);
+  moved.inputs = {zs};
+  moved.outputs = {zt};
+  added.push_back(std::move(moved));
+  added.push_back(reshape_node(zt, {rows, width}, zr));
+  added.push_back(reshape_node(projected, *final_shape, out));
+  ir::Node& proj = g.nodes[static_cast<size_t>(p_index)];
+  proj.inputs[0] = zr;
+  proj.outputs[0] = projected;
+  std::vector<bool> remove(g.nodes.size(), false);
+  remove[static_cast<size_t>(r_index)] = remove[static_cast<size_t>(t_index)] = true;
+  erase_nodes(g, remove);
+  for (ir::Node& n : added) g.nodes.push_back(std::move(n));
+  g.topological_sort();
+  return true;
+}
+
+// The furthest tensor `value` comes from through layers that only move elements.
+std::string chain_root(const ir::Graph& g, std::string value) {
+  for (int steps = 0; steps < 64; ++steps) {
+    const ir::Node* p = producer_node(g, value);
+    if (!p || !moves_elements(*p) || p->inputs.empty() || p->inputs[0].empty()) break;
+    value = p->inputs[0];
+  }
+  return value;
+}
+
+// The layout changes on the far side of the projections around the attention writing `y`
+// brought next to it. Returns the number of layers moved.
+int move_layouts_next_to(ir::Graph& g, const std::string& y) {
+  int moved = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const int a = g.producer(y);
+    if (a < 0 || g.nodes[static_cast<size_t>(a)].inputs.size() <= i) return moved;
+    moved += lift_transpose_above_projection(g, chain_root(g, g.nodes[static_cast<size_t>(a)].inputs[i]));
+  }
+  std::string end = y;
+  for (int steps = 0; steps < 64; ++steps) {
+    const int c = sole_consumer(g, end);
+    if (c < 0) break;
+    const ir::Node& n = g.nodes[static_cast<size_t>(c)];
+    if (n.inputs[0] != end || n.outputs.size() != 1 || !(reshapes_only(n) || (n.domain.empty() && n.op == "Transpose")))
+      break;
+    end = n.outputs[0];
+  }
+  moved += sink_transpose_below_projection(g, end);
+  return moved;
+}
+
 class ViewFolder {
  public:
   explicit ViewFolder(ir::Graph& g) : g_(g) {}
@@ -389,11 +589,17 @@ class ViewFolder {
 }  // namespace
 
 int fold_attention_views(ir::Graph& graph) {
+  // Attentions by the value they write: moving layouts reorders the nodes.
+  std::vector<std::string> attentions;
+  for (const ir::Node& n : graph.nodes)
+    if (n.domain.empty() && n.op == "Attention" && !n.outputs.empty() && !n.outputs[0].empty())
+      attentions.push_back(n.outputs[0]);
   ViewFolder folder(graph);
   int folded = 0;
-  for (size_t i = 0; i < graph.nodes.size(); ++i) {
-    const ir::Node& n = graph.nodes[i];
-    if (n.domain.empty() && n.op == "Attention" && folder.fold(i)) ++folded;
+  for (const std::string& y : attentions) {
+    if (move_layouts_next_to(graph, y)) ir::infer_shapes(graph);
+    const int at = graph.producer(y);
+    if (at >= 0 && folder.fold(static_cast<size_t>(at))) ++folded;
   }
   if (folded) {
     eliminate_dead_code(graph);

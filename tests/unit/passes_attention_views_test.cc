@@ -15,10 +15,8 @@ constexpr int64_t S = 5, N = 2, H = 3, D = 4, E = H * D;
 // nn.MultiheadAttention as torch.onnx writes it (torchvision's ViT): one projection
 // [S, N, 3E] split into Q, K and V by Reshape, Unsqueeze, Transpose, Squeeze and Gathers, heads
 // through a merged batch-and-heads axis [S, N * H, D], Y merged back to [S * N, E].
-GraphBuilder packed_projection_attention() {
-  GraphBuilder b;
-  b.input("qkv", {S, N, 3 * E});
-  b.node("Reshape", {"qkv", b.ints("split3", {S, N, 3, E})}, "split");
+void add_packed_attention(GraphBuilder& b, const std::string& qkv, const std::string& y) {
+  b.node("Reshape", {qkv, b.ints("split3", {S, N, 3, E})}, "split");
   b.node("Unsqueeze", {"split", b.ints("axis0", {0})}, "unsq");
   b.node("Transpose", {"unsq"}, "moved", {{"perm", std::vector<int64_t>{3, 1, 2, 0, 4}}});
   b.node("Squeeze", {"moved", b.ints("axis3", {-2})}, "parts");
@@ -32,7 +30,13 @@ GraphBuilder packed_projection_attention() {
   }
   b.node("Attention", {"q", "k", "v"}, "y4");
   b.node("Transpose", {"y4"}, "y_sbhd", {{"perm", std::vector<int64_t>{2, 0, 1, 3}}});
-  b.node("Reshape", {"y_sbhd", b.ints("rows", {S * N, E})}, "y");
+  b.node("Reshape", {"y_sbhd", b.ints("rows", {S * N, E})}, y);
+}
+
+GraphBuilder packed_projection_attention() {
+  GraphBuilder b;
+  b.input("qkv", {S, N, 3 * E});
+  add_packed_attention(b, "qkv", "y");
   b.output("y");
   return b;
 }
@@ -65,6 +69,37 @@ TEST(FoldAttentionViews, PackedProjectionIsReadInPlace) {
   // Y [b, h, s, d] = y[s * N + b, h * D + d].
   EXPECT_EQ(a->attrs.get_ints("y_view"), (std::vector<int64_t>{0, E, D, N * E}));
   EXPECT_EQ(a->attrs.get_ints("y_shape"), (std::vector<int64_t>{S * N, E}));
+  expect_same_outputs(before, after);
+}
+
+TEST(FoldAttentionViews, TransposesAcrossTheProjectionsJoinTheViews) {
+  // The whole of nn.MultiheadAttention: the input [N, S, E] transposed to [S, N, E] before the
+  // packed projection (MatMul, bias Add), Y's rows [S * N, E] through the output projection
+  // (Gemm), reshaped to [S, N, E] and transposed back. Both Transposes move across the
+  // projections into the views: no layer but the two projections and the attention stays.
+  GraphBuilder b;
+  b.input("x", {N, S, E});
+  b.node("Transpose", {"x"}, "x_sne", {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  b.node("MatMul", {"x_sne", b.random("w_in", {E, 3 * E})}, "qkv_nobias");
+  b.node("Add", {"qkv_nobias", b.random("b_in", {3 * E})}, "qkv");
+  add_packed_attention(b, "qkv", "y");
+  b.node("Gemm", {"y", b.random("w_out", {E, E}), b.random("b_out", {E})}, "rows_out", {{"transB", int64_t{1}}});
+  b.node("Reshape", {"rows_out", b.ints("sne", {S, N, E})}, "sne_out");
+  b.node("Transpose", {"sne_out"}, "out", {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  b.output("out");
+  ir::Graph before = b.build();
+  ir::Graph after = before;
+  EXPECT_EQ(passes::fold_attention_views(after), 1);
+  ir::infer_shapes(after);
+  std::vector<std::string> ops;
+  for (const ir::Node& n : after.nodes)
+    if (n.op != "Reshape") ops.push_back(n.op);
+  EXPECT_EQ(ops, (std::vector<std::string>{"MatMul", "Add", "StridedAttention", "Gemm"}));
+  const ir::Node* a = only_node(after, "StridedAttention");
+  ASSERT_NE(a, nullptr);
+  // Q [b, h, s, d] = projected[b, s, h * D + d] ([N, S, 3E] now); Y written as rows [N * S, E].
+  EXPECT_EQ(a->attrs.get_ints("q_view"), (std::vector<int64_t>{0, S * 3 * E, D, 3 * E}));
+  EXPECT_EQ(a->attrs.get_ints("y_view"), (std::vector<int64_t>{0, S * E, D, E}));
   expect_same_outputs(before, after);
 }
 
