@@ -1,5 +1,6 @@
 // CPU kernels of Gemm and kiln::FusedGemm (float32):
-//   Y = act(alpha * op(A) @ op(B) + beta * C), C broadcast to M x N.
+//   Y = act(alpha * op(A) @ op(B) + beta * C + Z), C broadcast to M x N, Z a residual [M, N]
+//   (FusedGemm only).
 // Y is first filled with beta * C, then the GEMM accumulates into it (BLAS beta = 1).
 #include <omp.h>
 
@@ -25,6 +26,7 @@ class GemmKernel final : public Kernel {
     const Tensor& a = *in[0];
     const Tensor& b = *in[1];
     const Tensor* c = in.size() > 2 ? in[2] : nullptr;
+    const float* residual = in.size() > 3 && in[3] ? in[3]->data<float>() : nullptr;
     Tensor& yt = out[0];
     const int64_t M = yt.dim(0), N = yt.dim(1);
     const int64_t K = trans_a_ ? a.dim(0) : a.dim(1);
@@ -44,9 +46,10 @@ class GemmKernel final : public Kernel {
     }
     parallel_sgemm(trans_a_, trans_b_, M, N, K, alpha_, a.data<float>(), a.dim(1), b.data<float>(), b.dim(1),
                    gemm_beta, y, N);
-    if (!epilogue_.is_identity()) {
+    if (!epilogue_.is_identity() || residual) {
 #pragma omp parallel for schedule(static) if (M * N > 65536) num_threads(max_threads())
-      for (int64_t i = 0; i < M; ++i) epilogue_.apply(y + i * N, N, 1, N, nullptr, nullptr, nullptr, 0);
+      for (int64_t i = 0; i < M; ++i)
+        epilogue_.apply(y + i * N, N, 1, N, nullptr, nullptr, residual ? residual + i * N : nullptr, N);
     }
   }
 

@@ -1,5 +1,5 @@
 // CPU kernels of MatMul and kiln::FusedMatMul (float32, numpy semantics):
-//   Y = act(A @ B + bias), bias [N] per column (FusedMatMul only).
+//   Y = act(A @ B + bias + Z), bias [N] per column, Z a residual of Y's shape (FusedMatMul only).
 // When B has no batch of its own, A's batch and rows fold into one tall GEMM; otherwise one
 // GEMM per output batch entry, with broadcast batch dims read at stride 0.
 #include <omp.h>
@@ -28,6 +28,7 @@ class MatMulKernel final : public Kernel {
     const float* a = in[0]->data<float>();
     const float* b = in[1]->data<float>();
     const float* bias = fused_ && in.size() > 2 && in[2] ? in[2]->data<float>() : nullptr;
+    const float* residual = fused_ && in.size() > 3 && in[3] ? in[3]->data<float>() : nullptr;
     float* y = out[0].data<float>();
     if (out[0].numel() == 0) return;
 
@@ -46,7 +47,7 @@ class MatMulKernel final : public Kernel {
     if (b_batch == 1) {
       // Every A matrix meets the same B: one (batch * M) x N GEMM. A's batch is the output's.
       parallel_sgemm(false, false, batch * M, N, K, 1.f, a, K, b, N, 0.f, y, N);
-      finish(y, batch * M, N, bias);
+      finish(y, batch * M, N, bias, residual);
       return;
     }
     // Element strides of each batch dim in A and B (0 where broadcast).
@@ -74,7 +75,7 @@ class MatMulKernel final : public Kernel {
         int64_t ao, bo;
         offsets(i, ao, bo);
         sgemm(false, false, M, N, K, 1.f, a + ao, K, b + bo, N, 0.f, y + i * M * N, N);
-        epilogue_.apply(y + i * M * N, N, M, N, nullptr, bias, nullptr, 0);
+        epilogue_.apply(y + i * M * N, N, M, N, nullptr, bias, residual ? residual + i * M * N : nullptr, N);
       }
       return;
     }
@@ -82,15 +83,16 @@ class MatMulKernel final : public Kernel {
       int64_t ao, bo;
       offsets(i, ao, bo);
       parallel_sgemm(false, false, M, N, K, 1.f, a + ao, K, b + bo, N, 0.f, y + i * M * N, N);
-      finish(y + i * M * N, M, N, bias);
+      finish(y + i * M * N, M, N, bias, residual ? residual + i * M * N : nullptr);
     }
   }
 
  private:
-  void finish(float* y, int64_t rows, int64_t n, const float* bias) const {
-    if (epilogue_.is_identity() && !bias) return;
+  void finish(float* y, int64_t rows, int64_t n, const float* bias, const float* residual) const {
+    if (epilogue_.is_identity() && !bias && !residual) return;
 #pragma omp parallel for schedule(static) if (rows * n > 65536) num_threads(max_threads())
-    for (int64_t r = 0; r < rows; ++r) epilogue_.apply(y + r * n, n, 1, n, nullptr, bias, nullptr, 0);
+    for (int64_t r = 0; r < rows; ++r)
+      epilogue_.apply(y + r * n, n, 1, n, nullptr, bias, residual ? residual + r * n : nullptr, n);
   }
 
   bool fused_;

@@ -1,5 +1,6 @@
 // MatMul, Gemm, kiln::FusedMatMul and kiln::FusedGemm on cuBLASLt.
 //
+// A fused op's residual Z is cuBLASLt's C (beta 1): D = act(alpha A B + Z + bias) in one pass.
 // Row-major Y[M,N] = A[M,K] B[K,N] is computed as the column-major product Y^T = B^T A^T,
 // so no operand is ever transposed in memory. Bias and ReLU / tanh-GELU run in cuBLASLt's
 // epilogue; other activations in one kernel after it (epilogue.h). Batched products use
@@ -299,6 +300,15 @@ Plan plan_matmul(const LayerRequest& r) {
         return plan;
       }
     }
+    if (n.op == "FusedGemm" && r.has_input(3)) {
+      if (p.c_runtime || p.c_matrix.defined()) {
+        plan.why = "a residual beside a C that is not one row of biases";
+        return plan;
+      }
+      p.c_runtime = true;
+      p.c_input = 3;
+      p.beta = 1.f;
+    }
     return plan;
   }
   // MatMul / FusedMatMul: numpy semantics.
@@ -306,6 +316,11 @@ Plan plan_matmul(const LayerRequest& r) {
     if (!r.is_constant(2)) { plan.why = "the bias must be a constant"; return plan; }
     const float* bv = r.constants[2]->data<float>();
     p.bias.assign(bv, bv + r.constants[2]->numel());
+  }
+  if (n.op == "FusedMatMul" && r.has_input(3)) {
+    p.c_runtime = true;  // the residual, laid out as Y
+    p.c_input = 3;
+    p.beta = 1.f;
   }
   const bool a_vec = a.size() == 1, b_vec = b.size() == 1;
   if (a_vec) a.insert(a.begin(), 1);
@@ -355,6 +370,10 @@ Plan plan_matmul(const LayerRequest& r) {
     return plan;
   }
   // General broadcasting: one call per output matrix.
+  if (p.c_runtime) {
+    plan.why = "a residual on a product whose batch broadcasts";
+    return plan;
+  }
   for (int64_t i = 0; i < batch; ++i) {
     int64_t rem = i, ao = 0, bo = 0;
     for (int d = static_cast<int>(out_batch.size()) - 1; d >= 0; --d) {
@@ -376,7 +395,7 @@ LayerFormats matmul_formats(const LayerRequest& r) {
   const Format storage{plan.params.dtype, Layout::kLinear};
   f.inputs[0] = storage;
   if (!r.is_constant(1)) f.inputs[1] = storage;
-  if (plan.params.c_runtime) f.inputs[2] = storage;
+  if (plan.params.c_runtime) f.inputs[static_cast<size_t>(plan.params.c_input)] = storage;
   f.outputs = {storage};
   return f;
 }

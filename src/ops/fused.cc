@@ -9,15 +9,17 @@
 //     residual with exactly Y's shape, added before the activation.
 //     Y = act(Conv(X, W) + B + Z)
 //
-//   kiln::FusedGemm(A, B, C?) -> Y
+//   kiln::FusedGemm(A, B, C?, Z?) -> Y
 //     Attributes: Gemm's (alpha, beta, transA, transB) plus the activation attributes.
-//     C is Gemm's optional addend, unidirectionally broadcastable to M x N.
-//     Y = act(alpha * op(A) @ op(B) + beta * C)
+//     C is Gemm's optional addend, unidirectionally broadcastable to M x N; Z an optional
+//     residual with exactly Y's shape.
+//     Y = act(alpha * op(A) @ op(B) + beta * C + Z)
 //
-//   kiln::FusedMatMul(A, B, bias?) -> Y
+//   kiln::FusedMatMul(A, B, bias?, Z?) -> Y
 //     Attributes: the activation attributes. A and B follow MatMul's numpy semantics; bias is
-//     an optional 1-D [N] (N = B's last dim; B must then have rank >= 2) added to every row.
-//     Y = act(MatMul(A, B) + bias)
+//     an optional 1-D [N] (N = B's last dim; B must then have rank >= 2) added to every row;
+//     Z an optional residual with exactly Y's shape (a transformer block's skip connection).
+//     Y = act(MatMul(A, B) + bias + Z)
 #include "ir/activation.h"
 #include "ops/conv_geometry.h"
 #include "ops/linear.h"
@@ -31,14 +33,14 @@ void check_activation(const InferContext& ctx) {
   if (!Activation::is_known(kind)) ctx.unsupported("unknown epilogue activation '" + kind + "'");
 }
 
-void infer_fused_conv(InferContext& ctx) {
-  check_activation(ctx);
-  infer_conv(ctx, /*transpose=*/false);
-  if (!ctx.has_input(3)) return;
+// The optional residual Z (input `index`): Y's type and exactly Y's shape.
+void check_residual(const InferContext& ctx, size_t index) {
+  if (!ctx.has_input(index)) return;
   const TensorType& y = ctx.output_types[0];
-  if (ctx.dtype(3) != y.dtype) ctx.fail("residual Z has type " + to_string(ctx.dtype(3)) + " but Y has " + to_string(y.dtype));
-  if (!ctx.shape_known(3) || !y.shape) return;
-  const Dims& z = ctx.shape(3);
+  if (ctx.dtype(index) != y.dtype)
+    ctx.fail("residual Z has type " + to_string(ctx.dtype(index)) + " but Y has " + to_string(y.dtype));
+  if (!ctx.shape_known(index) || !y.shape) return;
+  const Dims& z = ctx.shape(index);
   bool ok = z.size() == y.shape->size();
   for (size_t i = 0; ok && i < z.size(); ++i) {
     const Dim& a = z[i];
@@ -48,14 +50,22 @@ void infer_fused_conv(InferContext& ctx) {
   if (!ok) ctx.fail("residual Z has shape " + dims_to_string(z) + " but the output is " + dims_to_string(*y.shape));
 }
 
+void infer_fused_conv(InferContext& ctx) {
+  check_activation(ctx);
+  infer_conv(ctx, /*transpose=*/false);
+  check_residual(ctx, 3);
+}
+
 void infer_fused_gemm(InferContext& ctx) {
   check_activation(ctx);
   infer_gemm(ctx);
+  check_residual(ctx, 3);
 }
 
 void infer_fused_matmul(InferContext& ctx) {
   check_activation(ctx);
   infer_matmul(ctx);
+  check_residual(ctx, 3);
   if (!ctx.has_input(2)) return;
   if (ctx.dtype(2) != ctx.dtype(0)) ctx.fail("bias has type " + to_string(ctx.dtype(2)) + " but A has " + to_string(ctx.dtype(0)));
   if (!ctx.shape_known(1) || !ctx.shape_known(2)) return;
@@ -85,7 +95,7 @@ KILN_REGISTER_OPS(fused) {
     s.op = "FusedGemm";
     s.domain = "kiln";
     s.min_inputs = 2;
-    s.max_inputs = 3;
+    s.max_inputs = 4;
     s.infer = infer_fused_gemm;
     s.flops = gemm_flops;
     registry.add(std::move(s));
@@ -95,7 +105,7 @@ KILN_REGISTER_OPS(fused) {
     s.op = "FusedMatMul";
     s.domain = "kiln";
     s.min_inputs = 2;
-    s.max_inputs = 3;
+    s.max_inputs = 4;
     s.infer = infer_fused_matmul;
     s.flops = matmul_flops;
     registry.add(std::move(s));

@@ -3,8 +3,13 @@
 // instead of as separate passes over memory:
 //   Conv [+ Add of a per-channel constant] [+ Add of a same-shape tensor] [+ activation]
 //     -> kiln::FusedConv(X, W, B, Z)
-//   Gemm [+ Add of a constant bias when Gemm has none] [+ activation] -> kiln::FusedGemm
-//   MatMul [+ Add of a constant bias [N]] [+ activation] -> kiln::FusedMatMul(A, B, bias)
+//   Gemm [+ Add of a constant bias when Gemm has none] [+ Add of a same-shape tensor]
+//     [+ activation] -> kiln::FusedGemm(A, B, C, Z)
+//   MatMul [+ Add of a constant bias [N]] [+ Add of a same-shape tensor] [+ activation]
+//     -> kiln::FusedMatMul(A, B, bias, Z)
+// A residual Add that reads a product through a Reshape (the product's rows regrouped, as after
+// an attention's output projection) is first moved before the Reshape, the residual reshaped
+// to the product's shape instead (Reshapes cost nothing on the GPU: they are views).
 // The activations are those of ir::Activation, including the SiLU (x * Sigmoid(x)) and
 // erf-Gelu (x * 0.5 * (1 + Erf(x / sqrt 2))) patterns exporters write out as several nodes.
 // A node is absorbed only when nothing else reads the values it consumes from the chain.
@@ -300,8 +305,19 @@ bool fuse_gemm(ir::Graph& g, size_t i) {
       cur = out0(node_at(g, add));
     }
   }
+  // A residual, when C is at most a row of biases (it becomes the epilogue's bias).
+  const Tensor* c_const = c.empty() ? nullptr : float_constant(g, c);
+  const bool c_is_bias = c.empty() || (c_const && n.known() && c_const->numel() == n.value &&
+                                       (c_const->rank() == 1 || (c_const->rank() == 2 && c_const->dim(0) == 1)));
+  std::string residual;
+  add = sole_add(g, cur, other);
+  if (add >= 0 && c_is_bias && same_type(type_of(g, other), out_type)) {
+    residual = other;
+    absorbed.push_back(add);
+    cur = out0(node_at(g, add));
+  }
   fused.op = "FusedGemm";
-  fused.inputs = {gemm.inputs[0], gemm.inputs[1], c};
+  fused.inputs = {gemm.inputs[0], gemm.inputs[1], c, residual};
   return finish_fusion(g, i, std::move(absorbed), cur, std::move(fused));
 }
 
@@ -329,10 +345,67 @@ bool fuse_matmul(ir::Graph& g, size_t i) {
       }
     }
   }
+  std::string residual;
+  add = sole_add(g, cur, other);
+  if (add >= 0 && same_type(type_of(g, other), out_type)) {
+    residual = other;
+    absorbed.push_back(add);
+    cur = out0(node_at(g, add));
+  }
   ir::Node fused;
   fused.op = "FusedMatMul";
-  fused.inputs = {mm.inputs[0], mm.inputs[1], bias};
+  fused.inputs = {mm.inputs[0], mm.inputs[1], bias, residual};
   return finish_fusion(g, i, std::move(absorbed), cur, std::move(fused));
+}
+
+// Add(Reshape(P), X) with P a product read only by that Reshape and X of the Reshape's shape
+// -> Reshape(Add(P, Reshape(X))): addition is elementwise, so it commutes with the regrouping,
+// and the Add can join P's epilogue.
+int move_residuals_before_reshapes(ir::Graph& g) {
+  int moved = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& add = g.nodes[i];
+    if (!is_onnx(&add, "Add") || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
+    for (int side = 0; side < 2; ++side) {
+      const std::string r = add.inputs[static_cast<size_t>(side)], x = add.inputs[static_cast<size_t>(1 - side)];
+      const int ri = g.producer(r);
+      const ir::Node* reshape = node_at(g, ri);
+      if (!is_onnx(reshape, "Reshape") || reshape->inputs.empty() || !only_feeds_one_input(g, r)) continue;
+      const std::string p = reshape->inputs[0];
+      const ir::Node* product = node_at(g, g.producer(p));
+      if (!(is_onnx(product, "Gemm") || is_onnx(product, "MatMul")) || !only_feeds_one_input(g, p)) continue;
+      const ir::TensorType *p_type = type_of(g, p), *r_type = type_of(g, r);
+      if (!same_type(type_of(g, x), r_type) || !p_type || !p_type->shape || !ir::all_known(*p_type->shape) ||
+          x == r)
+        continue;
+      const std::vector<int64_t> p_shape = ir::known_values(*p_type->shape);
+      const std::string out = add.outputs[0], base = add.name;
+      ir::Node x_rows;
+      x_rows.name = g.unique_name(base + "_residual_rows");
+      x_rows.op = "Reshape";
+      x_rows.inputs = {x, g.add_constant(base + "_rows_shape",
+                                         Tensor::from_vector<int64_t>({static_cast<int64_t>(p_shape.size())}, p_shape))};
+      x_rows.outputs = {g.unique_name(x + "_rows")};
+      ir::Value xv;
+      xv.name = x_rows.outputs[0];
+      xv.type = *p_type;
+      g.set_value(std::move(xv));
+      ir::Value sum;
+      sum.name = g.unique_name(out + "_rows");
+      sum.type = *p_type;
+      g.set_value(sum);
+      g.nodes[i].inputs = {p, x_rows.outputs[0]};
+      g.nodes[i].outputs = {sum.name};
+      ir::Node& moved_reshape = g.nodes[static_cast<size_t>(ri)];
+      moved_reshape.inputs[0] = sum.name;
+      moved_reshape.outputs[0] = out;
+      g.nodes.push_back(std::move(x_rows));
+      ++moved;
+      break;
+    }
+  }
+  if (moved) g.topological_sort();
+  return moved;
 }
 
 }  // namespace
@@ -343,6 +416,7 @@ int fuse_epilogue(ir::Graph& graph) {
   bool gemm_ok = ops.find("FusedGemm", "kiln") != nullptr;
   bool matmul_ok = ops.find("FusedMatMul", "kiln") != nullptr;
   int fused = 0;
+  if ((gemm_ok || matmul_ok) && move_residuals_before_reshapes(graph)) ir::infer_shapes(graph);
   for (size_t i = 0; i < graph.nodes.size();) {
     const ir::Node& n = graph.nodes[i];
     bool done = false;

@@ -339,3 +339,39 @@ def test_attention_reads_packed_projections_in_place(form, precision, kiln_bin, 
     assert got.shape == want.shape
     err = rel_l2(got, want)
     assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{form} {precision}: relative L2 error {err:.3g}"
+
+
+def residual_block_model(path: str, batch: int = 3, seq: int = 37, width: int = 96):
+    """A transformer block's two skip connections: x + Linear(x) as MatMul, bias Add, residual
+    Add; then h + Linear(h) through rows (Reshape, Gemm transB, Reshape back, residual Add)."""
+    rng = np.random.default_rng(5)
+    f = lambda name, shape: numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)  # noqa: E731
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["mm"]),
+             helper.make_node("Add", ["mm", "b1"], ["biased"]),
+             helper.make_node("Add", ["biased", "x"], ["h"]),
+             helper.make_node("Reshape", ["h", "rows"], ["h_rows"]),
+             helper.make_node("Gemm", ["h_rows", "w2", "b2"], ["g"], transB=1),
+             helper.make_node("Reshape", ["g", "bse"], ["g3"]),
+             helper.make_node("Add", ["g3", "h"], ["y"])]
+    graph = helper.make_graph(nodes, "residuals", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [f("w1", [width, width]), f("b1", [width]), f("w2", [width, width]), f("b2", [width]),
+                               ints("rows", [batch * seq, width]), ints("bse", [batch, seq, width])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return [rng.standard_normal([batch, seq, width]).astype(np.float32)]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_residual_adds_run_in_the_products_epilogue(precision, kiln_bin, tmp_path):
+    """Both skip connections run inside cuBLASLt's epilogue (the residual as its C): no Add layer
+    is left, and the output matches the unoptimized CPU engine."""
+    path = str(tmp_path / "m.onnx")
+    feeds = residual_block_model(path)
+    engine, ops = engine_ops(kiln_bin, path, precision, tmp_path)
+    print(precision, ops)
+    assert "Add" not in ops and ops.count("FusedMatMul") == 1 and ops.count("FusedGemm") == 1, ops
+    want = run_kiln(kiln_bin, path, feeds, ["x"], str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
+    got = run_kiln(kiln_bin, engine, feeds, ["x"], str(tmp_path / "gpu"))["y"]
+    err = rel_l2(got, want)
+    assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{precision}: relative L2 error {err:.3g}"

@@ -183,7 +183,7 @@ TEST(FuseEpilogue, LeavesChainsWhoseIntermediatesAreRead) {
   GraphBuilder b;
   b.input("x", {1, 2, 3, 3});
   // conv1 is also a graph output; conv2's Sigmoid is read elsewhere (no SiLU); a MatMul with
-  // a non-constant addend is not a bias.
+  // a non-constant addend that broadcasts is neither a bias nor a residual.
   b.node("Conv", {"x", b.random("w1", {2, 2, 1, 1})}, "conv1");
   b.node("Relu", {"conv1"}, "r1");
   b.node("Conv", {"r1", b.random("w2", {2, 2, 1, 1})}, "conv2");
@@ -191,7 +191,7 @@ TEST(FuseEpilogue, LeavesChainsWhoseIntermediatesAreRead) {
   b.node("Mul", {"conv2", "sig"}, "silu");
   b.node("Add", {"silu", "sig"}, "y");
   b.input("a", {3, 4});
-  b.input("c", {3, 5});
+  b.input("c", {1, 5});
   b.node("MatMul", {"a", b.random("w3", {4, 5})}, "mm");
   b.node("Add", {"mm", "c"}, "z");
   b.output("conv1");
@@ -201,6 +201,38 @@ TEST(FuseEpilogue, LeavesChainsWhoseIntermediatesAreRead) {
   EXPECT_EQ(passes::fuse_epilogue(g), 0);
   EXPECT_EQ(count_ops(g, "Conv"), 2);
   EXPECT_EQ(count_ops(g, "MatMul"), 1);
+}
+
+TEST(FuseEpilogue, ResidualAddsJoinTheProductsEpilogue) {
+  // A transformer block's two skip connections: MatMul + bias + x (FusedMatMul's Z), and a
+  // Gemm over rows whose output is reshaped back to [N, S, E] before the residual Add (the Add
+  // moves before the Reshape, x reshaped to rows instead: FusedGemm's Z).
+  GraphBuilder b;
+  b.input("x", {2, 5, 8});
+  b.node("MatMul", {"x", b.random("w1", {8, 8})}, "mm");
+  b.node("Add", {"mm", b.random("b1", {8})}, "biased");
+  b.node("Add", {"biased", "x"}, "h");
+  b.node("Reshape", {"h", b.ints("rows", {10, 8})}, "h_rows");
+  b.node("Gemm", {"h_rows", b.random("w2", {8, 8}), b.random("b2", {8})}, "g", {{"transB", int64_t{1}}});
+  b.node("Reshape", {"g", b.ints("nse", {2, 5, 8})}, "g3");
+  b.node("Add", {"h", "g3"}, "y");
+  b.output("y");
+  ir::Graph before = b.build();
+  ir::Graph after = before;
+  EXPECT_EQ(passes::fuse_epilogue(after), 2);
+  ir::infer_shapes(after);
+  EXPECT_EQ(count_ops(after, "Add"), 0);
+  for (const ir::Node& n : after.nodes) {
+    if (n.op == "FusedMatMul") EXPECT_EQ(n.inputs, (std::vector<std::string>{"x", "w1", "b1", "x"}));
+    if (n.op == "FusedGemm") {
+      ASSERT_EQ(n.inputs.size(), 4u);
+      EXPECT_EQ(after.producer(n.inputs[3]) >= 0 ? after.nodes[static_cast<size_t>(after.producer(n.inputs[3]))].op : "",
+                "Reshape");
+    }
+  }
+  EXPECT_EQ(count_ops(after, "FusedMatMul"), 1);
+  EXPECT_EQ(count_ops(after, "FusedGemm"), 1);
+  expect_same_outputs(before, after);
 }
 
 }  // namespace
