@@ -9,11 +9,16 @@ dynamic batch):
   bert_base  HF transformers BertModel with BERT-base's config (12 layers, hidden 768, 12 heads),
              sequence 128, inputs input_ids and attention_mask (a quarter of each row padding);
              batches 1 and 32
-  vit_b_16   torchvision's ViT-B/16 at 224x224; batches 1 and 128
+  bert_large BertModel with BERT-large's config (24 layers, hidden 1024, 16 heads), sequence
+             384, inputs as bert_base; batches 1 and 8
+  vit_b_16   torchvision's ViT-B/16 at 224x224 (its zero-initialized classifier given seeded
+             random weights); batches 1 and 128
 Each kiln binary given (--kiln: one, or two to compare an older build with a newer one; they
 are timed in alternating rounds, the order swapped every round) runs `kiln bench --fp16`.
 --peers adds PyTorch eager fp16 and torch.compile(mode="reduce-overhead") fp16 on the same
-inputs, timed as bench/gpu_bench.py times them. Writes DIR/transformer_bench.json and prints a
+inputs, timed as bench/gpu_bench.py times them. --fidelity adds each binary's fp16 output at the
+small batch against PyTorch's float32 output (cosine, relative L2 error), beside PyTorch's own
+fp16 eager output against the same float32 one. Writes DIR/transformer_bench.json and prints a
 table; commit the JSON under bench/results/. Exports, engines' JSON and profiles stay in
 --work (default DIR/work).
 """
@@ -29,16 +34,18 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_bench  # noqa: E402  (run, time_fn, machine)
 
-SEQ = 128
-BATCHES = {"bert_base": [1, 32], "vit_b_16": [1, 128]}
+SEQ = {"bert_base": 128, "bert_large": 384}
+BATCHES = {"bert_base": [1, 32], "bert_large": [1, 8], "vit_b_16": [1, 128]}
+BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
 
 
-def bert_module():
+def bert_module(name: str):
     import torch
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
-    bert = BertModel(BertConfig(attn_implementation="eager")).eval()
+    config = BertConfig(attn_implementation="eager", **(BERT_LARGE if name == "bert_large" else {}))
+    bert = BertModel(config).eval()
 
     class Wrapper(torch.nn.Module):
         def __init__(self, inner):
@@ -55,10 +62,11 @@ def inputs_for(name: str, batch: int):
     import torch
 
     g = torch.Generator().manual_seed(batch)
-    if name == "bert_base":
-        ids = torch.randint(0, 30522, (batch, SEQ), generator=g)
-        mask = torch.ones(batch, SEQ, dtype=torch.int64)
-        mask[:, SEQ * 3 // 4:] = 0
+    if name in SEQ:
+        seq = SEQ[name]
+        ids = torch.randint(0, 30522, (batch, seq), generator=g)
+        mask = torch.ones(batch, seq, dtype=torch.int64)
+        mask[:, seq * 3 // 4:] = 0
         return [ids, mask]
     return [torch.randn(batch, 3, 224, 224, generator=g)]
 
@@ -67,10 +75,14 @@ def module_for(name: str):
     import torch
     import torchvision
 
-    if name == "bert_base":
-        return bert_module()
+    if name in SEQ:
+        return bert_module(name)
     torch.manual_seed(0)
-    return getattr(torchvision.models, name)().eval()
+    m = getattr(torchvision.models, name)().eval()
+    # torchvision starts the classifier at zero, which would make every output 0 (and the
+    # fidelity figures empty): a seeded random classifier instead.
+    torch.nn.init.normal_(m.heads.head.weight, std=0.02)
+    return m
 
 
 def export(name: str, path: str) -> None:
@@ -80,7 +92,7 @@ def export(name: str, path: str) -> None:
         return
     module = module_for(name)
     args = tuple(inputs_for(name, 2))
-    names = ["input_ids", "attention_mask"] if name == "bert_base" else ["input"]
+    names = ["input_ids", "attention_mask"] if name in SEQ else ["input"]
     torch.onnx.export(module, args, path, dynamo=False, opset_version=17, input_names=names, output_names=["output"],
                       dynamic_axes={n: {0: "batch"} for n in names + ["output"]})
 
@@ -110,9 +122,7 @@ def peers(name: str, batches: list[int]) -> list[dict]:
     import torch
 
     rows = []
-    m = module_for(name).half().cuda() if name == "vit_b_16" else module_for(name).cuda()
-    if name == "bert_base":
-        m = m.half()
+    m = module_for(name).half().cuda()
     with torch.inference_mode():
         for variant in ("torch_eager_fp16", "torch_compile_reduce-overhead_fp16"):
             fn = m
@@ -135,6 +145,39 @@ def peers(name: str, batches: list[int]) -> list[dict]:
     return rows
 
 
+def fidelity(binaries: list[str], name: str, model: str, batch: int, work: str) -> dict:
+    """Each binary's fp16 output (`kiln run --device cuda --fp16`) and PyTorch's fp16 eager output
+    against PyTorch's float32 output, on the same inputs: cosine similarity, relative L2 error."""
+    import numpy as np
+    import torch
+
+    xs = inputs_for(name, batch)
+    names = ["input_ids", "attention_mask"] if name in SEQ else ["input"]
+    args = []
+    for n, x in zip(names, xs):
+        np.save(os.path.join(work, f"fidelity_{n}.npy"), x.numpy())
+        args += ["--input", f"{n}={os.path.join(work, f'fidelity_{n}.npy')}"]
+    m = module_for(name).cuda()
+    with torch.inference_mode():
+        ref = m(*[x.cuda() for x in xs]).float().cpu().numpy().astype(np.float64)
+        m = m.half()
+        cast = [x.cuda().half() if x.is_floating_point() else x.cuda() for x in xs]
+        outs = {"torch_eager_fp16": m(*cast).float().cpu().numpy()}
+    del m
+    torch.cuda.empty_cache()
+    for i, b in enumerate(binaries):
+        out_dir = os.path.join(work, f"fidelity_out_{i}")
+        gpu_bench.run([b, "run", model, "--device", "cuda", "--fp16", "--top-k", "0", "-o", out_dir, *args])
+        outs[f"binary{i}"] = np.load(os.path.join(out_dir, "output.npy"))
+    row = {"batch": batch, "reference": "torch float32"}
+    for key, out in outs.items():
+        out = out.astype(np.float64).reshape(ref.shape)
+        row[key] = {"cosine": float((out * ref).sum() / (np.linalg.norm(out) * np.linalg.norm(ref))),
+                    "relative_l2": float(np.linalg.norm(out - ref) / np.linalg.norm(ref))}
+    print(json.dumps({"model": name, "fidelity": row}), flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -143,6 +186,7 @@ def main() -> None:
     ap.add_argument("--peers", action="store_true", help="also PyTorch eager fp16 and torch.compile reduce-overhead")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="also each op type's time at the large batch (last binary)")
+    ap.add_argument("--fidelity", action="store_true", help="also fp16 outputs against PyTorch float32 (small batch)")
     ap.add_argument("--work", default=None, help="folder for exports and per-run files (default: DIR/work)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -169,6 +213,8 @@ def main() -> None:
         if a.profile:
             entry["profile"] = profile_by_op(binaries[-1], path, batches[-1], work)
             print(json.dumps({"model": name, **entry["profile"]}), flush=True)
+        if a.fidelity:
+            entry["fidelity"] = fidelity(binaries, name, path, batches[0], work)
         if a.peers:
             entry["peers"] = peers(name, batches)
         result["models"][name] = entry

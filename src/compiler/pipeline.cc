@@ -45,6 +45,7 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
     if (options.log)
       for (const std::string& note : notes) options.log(note);
   }
+  if (options.fuse && passes::transpose_before_merge(graph)) ir::infer_shapes(graph);
   if (options.fuse && options.fuse_epilogue) {
     for (int round = 0; round < 4; ++round) {
       int fused = passes::fuse_epilogue(graph);

@@ -59,6 +59,11 @@ int fuse_attention(ir::Graph& graph, std::vector<std::string>& notes);
 // Transposes and Reshapes -> kiln::StridedAttention reading and writing those tensors in place.
 int fold_attention_views(ir::Graph& graph);
 
+// Transpose(Reshape(X)) with the Reshape only merging adjacent axes of X -> Reshape(Transpose(X))
+// (the Transpose then reads X in its own axes: a channels-last convolution output is read as
+// it is stored, with no Reformat).
+int transpose_before_merge(ir::Graph& graph);
+
 // Gives Reshape / Expand nodes whose shape input is computed (Shape -> Gather -> Concat ...)
 // but whose symbolic value is known a constant shape input instead, so the chain dies.
 int simplify_shape_chains(ir::Graph& graph);

@@ -375,3 +375,31 @@ def test_residual_adds_run_in_the_products_epilogue(precision, kiln_bin, tmp_pat
     got = run_kiln(kiln_bin, engine, feeds, ["x"], str(tmp_path / "gpu"))["y"]
     err = rel_l2(got, want)
     assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{precision}: relative L2 error {err:.3g}"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_patch_embedding_transpose_reads_the_convolution_as_stored(precision, kiln_bin, tmp_path):
+    """A vision transformer's patch embedding: Conv, flatten(2), transpose(1, 2). kiln transposes
+    the Conv's 4-D output instead (transpose_before_merge), which reads a channels-last output as
+    it is stored: no Reformat between the Conv and the Transpose. Matches the unoptimized CPU
+    engine."""
+    rng = np.random.default_rng(2)
+    w = numpy_helper.from_array((rng.standard_normal([64, 3, 8, 8]) * 0.1).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[8, 8], strides=[8, 8]),
+             helper.make_node("Reshape", ["c", "flat"], ["f"]),
+             helper.make_node("Transpose", ["f"], ["y"], perm=[0, 2, 1])]
+    graph = helper.make_graph(nodes, "patches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3, 64, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [w, numpy_helper.from_array(np.array([4, 64, 64], np.int64), "flat")])
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    engine, ops = engine_ops(kiln_bin, path, precision, tmp_path)
+    print(precision, ops)
+    conv, transpose = ops.index("Conv"), ops.index("Transpose")
+    assert transpose == conv + 1, ops
+    x = rng.standard_normal([4, 3, 64, 64]).astype(np.float32)
+    want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
+    got = run_kiln(kiln_bin, engine, [x], ["x"], str(tmp_path / "gpu"))["y"]
+    assert got.shape == want.shape == (4, 64, 64)
+    err = rel_l2(got, want)
+    assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{precision}: relative L2 error {err:.3g}"
