@@ -41,6 +41,14 @@ GraphBuilder packed_projection_attention() {
   return b;
 }
 
+// The graph after fold_attention_views, which must fold exactly one attention.
+ir::Graph folded(const ir::Graph& before) {
+  ir::Graph after = before;
+  EXPECT_EQ(passes::fold_attention_views(after), 1);
+  ir::infer_shapes(after);
+  return after;
+}
+
 const ir::Node* only_node(const ir::Graph& g, const std::string& op) {
   const ir::Node* found = nullptr;
   for (const ir::Node& n : g.nodes)
@@ -53,9 +61,7 @@ const ir::Node* only_node(const ir::Graph& g, const std::string& op) {
 
 TEST(FoldAttentionViews, PackedProjectionIsReadInPlace) {
   ir::Graph before = packed_projection_attention().build();
-  ir::Graph after = before;
-  EXPECT_EQ(passes::fold_attention_views(after), 1);
-  ir::infer_shapes(after);
+  ir::Graph after = folded(before);
   ASSERT_EQ(after.nodes.size(), 1u) << "every Reshape, Transpose and Gather folds";
   const ir::Node* a = only_node(after, "StridedAttention");
   ASSERT_NE(a, nullptr);
@@ -88,9 +94,7 @@ TEST(FoldAttentionViews, TransposesAcrossTheProjectionsJoinTheViews) {
   b.node("Transpose", {"sne_out"}, "out", {{"perm", std::vector<int64_t>{1, 0, 2}}});
   b.output("out");
   ir::Graph before = b.build();
-  ir::Graph after = before;
-  EXPECT_EQ(passes::fold_attention_views(after), 1);
-  ir::infer_shapes(after);
+  ir::Graph after = folded(before);
   std::vector<std::string> ops;
   for (const ir::Node& n : after.nodes)
     if (n.op != "Reshape") ops.push_back(n.op);
@@ -120,9 +124,7 @@ TEST(FoldAttentionViews, SplitAndSliceOfThePackedLastAxis) {
   b.node("Attention", {"q", "k", "v", "mask"}, "y", {{"is_causal", int64_t{1}}});
   b.output("y");
   ir::Graph before = b.build();
-  ir::Graph after = before;
-  EXPECT_EQ(passes::fold_attention_views(after), 1);
-  ir::infer_shapes(after);
+  ir::Graph after = folded(before);
   const ir::Node* a = only_node(after, "StridedAttention");
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->inputs, (std::vector<std::string>{"qkv", "qkv", "qkv", "mask"}));
@@ -157,9 +159,7 @@ TEST(FoldAttentionViews, OutputChainStopsAtAValueReadElsewhere) {
   // stays to read it.
   ir::Graph before = packed_projection_attention().build();
   before.outputs.push_back("y_sbhd");
-  ir::Graph after = before;
-  EXPECT_EQ(passes::fold_attention_views(after), 1);
-  ir::infer_shapes(after);
+  ir::Graph after = folded(before);
   const ir::Node* a = only_node(after, "StridedAttention");
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->outputs[0], "y_sbhd");
@@ -183,9 +183,7 @@ TEST(FoldAttentionViews, ReshapeThatIsNoViewStopsTheChain) {
   b.node("Attention", {"q", "k", "v"}, "y");
   b.output("y");
   ir::Graph before = b.build();
-  ir::Graph after = before;
-  EXPECT_EQ(passes::fold_attention_views(after), 1);
-  ir::infer_shapes(after);
+  ir::Graph after = folded(before);
   const ir::Node* a = only_node(after, "StridedAttention");
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->inputs[0], "xt");
