@@ -97,12 +97,15 @@ def export(name: str, path: str) -> None:
                       dynamic_axes={n: {0: "batch"} for n in names + ["output"]})
 
 
-def kiln_bench(kiln: str, model: str, batches: list[int], work: str, tag: str) -> dict[int, float]:
+def kiln_bench(kiln: str, model: str, batches: list[int], work: str, tag: str) -> dict[int, tuple[float, float]]:
+    """`kiln bench --fp16`: per batch, the median latency (ms) and the engine's build time (s,
+    cold: kiln bench builds without a timing cache)."""
     js = os.path.join(work, f"kiln_{tag}_{os.path.basename(model)}.json")
     r = gpu_bench.run([kiln, "bench", model, "--fp16", "--batches", ",".join(map(str, batches)), "--json", js])
     print(r.stdout[-2000:], flush=True)
     with open(js) as f:
-        return {row["batch"]: row["latency_ms"]["median"] for row in json.load(f)["results"]}
+        return {row["batch"]: (row["latency_ms"]["median"], row.get("build_s", float("nan")))
+                for row in json.load(f)["results"]}
 
 
 def profile_by_op(kiln: str, model: str, batch: int, work: str) -> dict:
@@ -200,15 +203,18 @@ def main() -> None:
         export(name, path)
         batches = BATCHES[name]
         times: dict[str, dict[int, list[float]]] = {b: {bs: [] for bs in batches} for b in binaries}
+        builds: dict[str, dict[int, list[float]]] = {b: {bs: [] for bs in batches} for b in binaries}
         for rnd in range(a.rounds):
             order = binaries if rnd % 2 == 0 else binaries[::-1]
             for b in order:
                 tag = f"{binaries.index(b)}_{rnd}"
-                for bs, ms in kiln_bench(b, path, batches, work, tag).items():
+                for bs, (ms, build_s) in kiln_bench(b, path, batches, work, tag).items():
                     times[b][bs].append(ms)
+                    builds[b][bs].append(build_s)
         entry = {"batches": batches, "kiln": {}}
         for i, b in enumerate(binaries):
-            entry["kiln"][f"binary{i}"] = {str(bs): {"median_ms_per_round": v, "mean_ms": statistics.mean(v)}
+            entry["kiln"][f"binary{i}"] = {str(bs): {"median_ms_per_round": v, "mean_ms": statistics.mean(v),
+                                                     "build_s_per_round": builds[b][bs]}
                                            for bs, v in times[b].items()}
         if a.profile:
             entry["profile"] = profile_by_op(binaries[-1], path, batches[-1], work)
