@@ -31,6 +31,28 @@ void check_shape(size_t profile, const TensorDesc& d, const char* which, const s
   }
 }
 
+// "batch x 128": the declared dims, symbolic ones by name.
+std::string describe_dims(const TensorDesc& d) {
+  std::string out;
+  for (size_t i = 0; i < d.shape.size(); ++i) {
+    if (i) out += " x ";
+    if (d.shape[i] >= 0) out += std::to_string(d.shape[i]);
+    else out += i < d.dim_names.size() && !d.dim_names[i].empty() ? d.dim_names[i] : "?";
+  }
+  return out.empty() ? "a scalar" : out;
+}
+
+// "ids:1x16,mask:1x16": every input with its dynamic dims at 1, for hints.
+std::string example_list(const std::vector<TensorDesc>& declared) {
+  std::string out;
+  for (const TensorDesc& d : declared) {
+    if (!out.empty()) out += ",";
+    out += d.name + ":";
+    for (size_t i = 0; i < d.shape.size(); ++i) out += (i ? "x" : "") + std::to_string(d.shape[i] >= 0 ? d.shape[i] : 1);
+  }
+  return out;
+}
+
 bool has_input(const std::vector<TensorDesc>& declared, const std::string& name) {
   return std::any_of(declared.begin(), declared.end(), [&](const TensorDesc& d) { return d.name == name; });
 }
@@ -81,6 +103,14 @@ std::vector<OptimizationProfile> resolve_profiles(const std::vector<TensorDesc>&
                                                            "; dimension " + std::to_string(i) + " cannot be " +
                                                            std::to_string(shape[i]));
         } else {
+          // A profile the user gave covers every dynamic input: binding a left-out one to 1s
+          // would build (and later run) shapes nobody asked for.
+          const bool dynamic = std::any_of(d.shape.begin(), d.shape.end(), [](int64_t v) { return v < 0; });
+          if (dynamic && !options.profiles.empty())
+            throw profile_error(p, d.name, "no shape range given for this dynamic input (" + describe_dims(d) +
+                                               "); a profile gives every dynamic input a range")
+                .hint("name all inputs in each of --min-shapes, --opt-shapes and --max-shapes, e.g. --min-shapes " +
+                      example_list(declared) + " (or give this input a fixed shape with --shapes)");
           for (int64_t v : d.shape) shape.push_back(v >= 0 ? v : 1);
         }
         range = ShapeRange{shape, shape, shape};

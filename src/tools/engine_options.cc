@@ -61,8 +61,8 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   if (shape_options) {
     cmd->add_option("--shapes", shapes, "Fixed input shapes, e.g. --shapes input:8x3x224x224");
     cmd->add_option("--min-shapes,--minShapes", min_shapes,
-                    "GPU optimization profile: the smallest input shapes, e.g. input:1x3x224x224 (repeat the three "
-                    "flags for more profiles)");
+                    "GPU optimization profile: the smallest shape of every dynamic input, e.g. ids:1x16,mask:1x16 or "
+                    "ids:1x16 mask:1x16 (repeat the three flags for more profiles)");
     cmd->add_option("--opt-shapes,--optShapes", opt_shapes, "GPU optimization profile: the shapes to run fastest (default: the max)");
     cmd->add_option("--max-shapes,--maxShapes", max_shapes, "GPU optimization profile: the largest input shapes");
     cmd->add_option("--profile-timing-step", profile_timing_step,
@@ -163,8 +163,13 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   }
   check_bindings_used(bindings, g.inputs, symbols);
   std::set<std::string> ranged;  // inputs a profile gives ranges: no fixed shape
-  for (const OptimizationProfile& p : b.profiles)
-    for (const auto& [name, range] : p) ranged.insert(name);
+  for (size_t p = 0; p < b.profiles.size(); ++p)
+    for (const auto& [name, range] : b.profiles[p]) {
+      if (std::find(g.inputs.begin(), g.inputs.end(), name) == g.inputs.end())
+        throw Error(ErrorKind::kInvalidArgument,
+                    "optimization profile " + std::to_string(p) + " names input '" + name + "', which the model does not have");
+      ranged.insert(name);
+    }
   for (const std::string& in : g.inputs) {
     const ir::Value& v = g.value(in);
     if (!v.type.shape || (ranged.count(in) && !bindings.shapes.count(in))) continue;
@@ -174,7 +179,23 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
       shape.push_back(d.known() ? d.value : -1);
       names.push_back(d.known() ? "" : d.symbol);
     }
+    const size_t defaulted_before = defaulted.size();
     b.input_shapes[in] = resolve_shape(in, shape, names, bindings, 1, defaulted);
+    // Profiles given: a dynamic input none of them names is a mistake (often the inputs split
+    // across repeated flags, which makes one profile per flag), not a shape of 1s.
+    if (has_profiles() && defaulted.size() > defaulted_before) {
+      std::string dims, example;
+      for (size_t i = 0; i < shape.size(); ++i) {
+        dims += (i ? " x " : "") + (shape[i] >= 0 ? std::to_string(shape[i]) : names[i].empty() ? "?" : names[i]);
+        example += (i ? "x" : "") + std::to_string(shape[i] >= 0 ? shape[i] : 1);
+      }
+      throw Error(ErrorKind::kInvalidArgument, "optimization profile 0, input '" + in +
+                                                   "': no shape range given for this dynamic input (" + dims +
+                                                   "); a profile gives every dynamic input a range")
+          .hint("name all inputs in one --min-shapes (and --opt-shapes, --max-shapes) per profile, e.g. --min-shapes " +
+                (min_shapes.empty() || min_shapes[0].empty() ? std::string() : min_shapes[0][0] + ",") + in + ":" + example +
+                " (or give this input a fixed shape with --shapes)");
+    }
   }
   if (int8 || fp8) add_int8(model, b);
   return b;

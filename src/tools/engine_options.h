@@ -19,8 +19,9 @@ struct EngineOptions {
   std::vector<std::string> shapes;  // --shapes input:1x3x224x224
   std::vector<std::string> dims;    // --dim N=8
   int64_t batch = -1;               // --batch: the first dim of inputs whose first dim is dynamic
-  // Optimization profiles (GPU): the k-th of each makes profile k.
-  std::vector<std::string> min_shapes, opt_shapes, max_shapes;
+  // Optimization profiles (GPU): the k-th occurrence of each flag makes profile k; one occurrence
+  // names every input, as one comma-separated word or several words.
+  std::vector<std::vector<std::string>> min_shapes, opt_shapes, max_shapes;
   double profile_timing_step = 4.0;
   std::string timing_cache;
   bool allow_cpu_fallback = false;

@@ -52,8 +52,7 @@ void ShapeBindings::add_shapes_option(const std::string& text, const std::string
   }
 }
 
-std::vector<OptimizationProfile> parse_profiles(const std::vector<std::string>& min, const std::vector<std::string>& opt,
-                                                const std::vector<std::string>& max) {
+std::vector<OptimizationProfile> parse_profiles(const ProfileFlags& min, const ProfileFlags& opt, const ProfileFlags& max) {
   if (min.size() != max.size() || (!opt.empty() && opt.size() != min.size()))
     throw Error(ErrorKind::kInvalidArgument, "each optimization profile needs --min-shapes and --max-shapes (and --opt-shapes, "
                                              "or none at all): got " + std::to_string(min.size()) + " --min-shapes, " +
@@ -62,11 +61,21 @@ std::vector<OptimizationProfile> parse_profiles(const std::vector<std::string>& 
         .hint("e.g. --min-shapes input:1x3x224x224 --opt-shapes input:32x3x224x224 --max-shapes input:64x3x224x224");
   std::vector<OptimizationProfile> out;
   for (size_t p = 0; p < min.size(); ++p) {
-    ShapeBindings lo, mid, hi;
-    lo.add_shapes_option(min[p], "--min-shapes");
-    hi.add_shapes_option(max[p], "--max-shapes");
-    if (!opt.empty()) mid.add_shapes_option(opt[p], "--opt-shapes");
-    else mid.shapes = hi.shapes;
+    // One profile's flag: every word's shapes, each input once.
+    auto read = [p](const std::vector<std::string>& words, const std::string& option) {
+      ShapeBindings all;
+      for (const std::string& word : words) {
+        ShapeBindings one;
+        one.add_shapes_option(word, option);
+        for (auto& [name, shape] : one.shapes)
+          if (!all.shapes.emplace(name, std::move(shape)).second)
+            throw Error(ErrorKind::kInvalidArgument, "optimization profile " + std::to_string(p) + ": " + option +
+                                                         " gives input '" + name + "' twice");
+      }
+      return all;
+    };
+    ShapeBindings lo = read(min[p], "--min-shapes"), hi = read(max[p], "--max-shapes");
+    ShapeBindings mid = opt.empty() ? hi : read(opt[p], "--opt-shapes");
     auto names = [](const ShapeBindings& b) {
       std::vector<std::string> n;
       for (const auto& [name, shape] : b.shapes) n.push_back(name);

@@ -26,12 +26,13 @@ struct ShapeBindings {
   void add_shapes_option(const std::string& text, const std::string& option = "--shapes");
 };
 
-// Optimization profiles from trtexec-style flags: the k-th --min-shapes, --opt-shapes and
-// --max-shapes (each "a:1x3x224x224,b:1x10") make profile k. --opt-shapes may be left out
-// (opt = max). Throws kInvalidArgument when the counts differ or a profile's flags name
-// different inputs.
-std::vector<OptimizationProfile> parse_profiles(const std::vector<std::string>& min, const std::vector<std::string>& opt,
-                                                const std::vector<std::string>& max);
+// Optimization profiles from trtexec-style flags: the k-th occurrence of --min-shapes,
+// --opt-shapes and --max-shapes makes profile k; each occurrence holds one or more words of
+// comma-separated shapes ("a:1x3x224x224,b:1x10" or "a:1x3x224x224" "b:1x10"). --opt-shapes may
+// be left out (opt = max). Throws kInvalidArgument when the counts differ, a profile names an
+// input twice, or a profile's flags name different inputs.
+using ProfileFlags = std::vector<std::vector<std::string>>;
+std::vector<OptimizationProfile> parse_profiles(const ProfileFlags& min, const ProfileFlags& opt, const ProfileFlags& max);
 
 // The concrete shape of one input. `shape` uses -1 for a dynamic dimension and `names` holds
 // their symbols ("" when unnamed). Dynamic dimensions nobody bound become `fallback`; their

@@ -52,9 +52,11 @@ TEST(ResolveProfiles, RangesAndFixedInputsTogether) {
 }
 
 TEST(ResolveProfiles, MalformedProfilesSayWhatAndWhere) {
-  auto with = [](OptimizationProfile p) {
+  const ShapeRange mask{{1, 16}, {1, 16}, {1, 16}};
+  auto with = [&mask](OptimizationProfile p) {
     BuildOptions o;
-    o.profiles = {{{"image", {{1, 3, 8, 8}, {1, 3, 8, 8}, {1, 3, 8, 8}}}}, std::move(p)};
+    if (!p.count("mask")) p["mask"] = mask;
+    o.profiles = {{{"image", {{1, 3, 8, 8}, {1, 3, 8, 8}, {1, 3, 8, 8}}}, {"mask", mask}}, std::move(p)};
     return o;
   };
   EXPECT_NE(error_of(with({{"imag", {{1, 3, 8, 8}, {1, 3, 8, 8}, {1, 3, 8, 8}}}})).find(
@@ -75,6 +77,25 @@ TEST(ResolveProfiles, MalformedProfilesSayWhatAndWhere) {
   BuildOptions unknown;
   unknown.input_shapes["label"] = {1};
   EXPECT_NE(error_of(unknown).find("no input named 'label'"), std::string::npos);
+}
+
+TEST(ResolveProfiles, AProfileGivesEveryDynamicInputARange) {
+  // `--min-shapes ids:1x16 --min-shapes mask:1x16` is two profiles of one input each: the left-out
+  // input is an error naming it, not a range of 1s the engine then builds and runs.
+  BuildOptions options;
+  options.profiles.push_back({{"image", {{1, 3, 8, 8}, {2, 3, 8, 8}, {4, 3, 8, 8}}}});
+  const std::string error = error_of(options);
+  EXPECT_NE(error.find("optimization profile 0, input 'mask': no shape range given for this dynamic input (batch x 16)"),
+            std::string::npos)
+      << error;
+  // A fixed shape covers it.
+  options.input_shapes["mask"] = {2, 16};
+  EXPECT_EQ(compiler::resolve_profiles(declared(), options)[0].at("mask").max, (std::vector<int64_t>{2, 16}));
+  // So does a model that fixes every dimension of the input.
+  std::vector<TensorDesc> model = declared();
+  model[1].shape = {4, 16};
+  options.input_shapes.clear();
+  EXPECT_EQ(compiler::resolve_profiles(model, options)[0].at("mask").min, (std::vector<int64_t>{4, 16}));
 }
 
 TEST(ResolveProfiles, AnEmptyDimensionIsAllowedWhereTheModelDeclaresIt) {

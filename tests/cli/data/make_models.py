@@ -27,6 +27,14 @@ save(helper.make_graph(
     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])],
     [w]), "dynamic_classifier.onnx")
 
+# Two inputs of a dynamic batch and sequence, as a transformer takes them: ids, mask [N, S] -> Add.
+save(helper.make_graph(
+    [helper.make_node("Add", ["ids", "mask"], ["y"])],
+    "two_dynamic_inputs",
+    [helper.make_tensor_value_info("ids", TensorProto.FLOAT, ["batch", "sequence"]),
+     helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "sequence"])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "sequence"])]), "two_dynamic_inputs.onnx")
+
 # An image model: [1, 3, 8, 8] -> Identity, to check the image preprocessing end to end.
 save(helper.make_graph(
     [helper.make_node("Identity", ["image"], ["pixels"])],
