@@ -7,8 +7,16 @@
     kiln export --from savedmodel DIR -o model.onnx         # a TensorFlow SavedModel, through tf2onnx
 
 MODEL is a torchvision classification model name (random weights: nothing is downloaded), one of
-kiln's small test models (see --list), or "module:function" returning a torch.nn.Module that
-takes one float32 NCHW image batch.
+kiln's small test models, a transformer by name (bert_base, bert_large, roberta_base,
+distilbert_base, gpt2: HuggingFace transformers' architecture from its configuration, random
+weights), any transformers architecture as hf:TYPE[:KEY=VALUE,...] (e.g.
+hf:bert:num_hidden_layers=4,hidden_size=256; see --list), or "module:function" returning a
+torch.nn.Module that takes one float32 NCHW image batch. Text models take input_ids and
+attention_mask of --seq-len tokens (the batch is dynamic; --dynamic-sequence makes the sequence
+dynamic too) and output the last hidden state.
+
+    kiln export bert_base --seq-len 128 -o bert_base.onnx
+    kiln export hf:roberta:num_hidden_layers=2 --dynamic-sequence -o roberta.onnx
 
 The exported file is run with ONNX Runtime (CPU) and compared with PyTorch (or TensorFlow); the
 relative L2 error of each output is printed, and the exit code is 1 past 1e-4. With --simplify
@@ -40,6 +48,20 @@ EXPORTERS = ("torchscript", "dynamo")
 SMALL_MODELS = {
     "vit_b_16_2layers": "ViT-B/16 width (768, 12 heads, MLP 3072) with 2 layers, for 64x64 images",
     "bert_base_2layers": "BERT-base encoder (hidden 768, 12 heads) with 2 layers; inputs input_ids, attention_mask (seq 16)",
+}
+
+
+# Transformer architectures by name: (transformers model type, configuration overrides, what it is).
+# The configurations are transformers' defaults for the type (BERT's is BERT-base) plus the
+# overrides: nothing is downloaded, the weights are random.
+TRANSFORMERS = {
+    "bert_base": ("bert", {}, "BERT-base (12 layers, hidden 768, 12 heads), text"),
+    "bert_large": ("bert", {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                            "intermediate_size": 4096}, "BERT-large (24 layers, hidden 1024, 16 heads), text"),
+    "roberta_base": ("roberta", {"max_position_embeddings": 514, "type_vocab_size": 1},
+                     "RoBERTa-base (12 layers, hidden 768, 12 heads), text"),
+    "distilbert_base": ("distilbert", {}, "DistilBERT-base (6 layers, hidden 768, 12 heads), text"),
+    "gpt2": ("gpt2", {}, "GPT-2 small (12 layers, hidden 768, 12 heads, causal attention), text"),
 }
 
 
@@ -101,6 +123,81 @@ def _bert_base_2layers():
     return Wrapper(bert)
 
 
+def _parse_hf_name(name: str) -> tuple[str, dict]:
+    """"hf:bert:num_hidden_layers=4,hidden_size=256" -> ("bert", {"num_hidden_layers": 4, ...});
+    a preset name of TRANSFORMERS -> its type and overrides."""
+    if name in TRANSFORMERS:
+        model_type, overrides, _ = TRANSFORMERS[name]
+        return model_type, dict(overrides)
+    parts = name.split(":", 2)
+    if len(parts) < 2 or parts[0] != "hf" or not parts[1]:
+        raise SystemExit(f"export_model: {name!r} is not of the form hf:TYPE[:KEY=VALUE,...]")
+    overrides = {}
+    for item in (parts[2].split(",") if len(parts) == 3 and parts[2] else []):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"export_model: {name!r}: {item!r} is not KEY=VALUE")
+        for convert in (int, float):
+            try:
+                overrides[key] = convert(value)
+                break
+            except ValueError:
+                pass
+        else:
+            overrides[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return parts[1], overrides
+
+
+def is_transformer(name: str) -> bool:
+    return name in TRANSFORMERS or name.startswith("hf:")
+
+
+def _hf_config(name: str):
+    from transformers import AutoConfig
+
+    model_type, overrides = _parse_hf_name(name)
+    try:
+        config = AutoConfig.for_model(model_type, **overrides)
+    except ValueError as e:
+        raise SystemExit(f"export_model: {name!r}: transformers has no model type {model_type!r} ({e})")
+    # Eager attention: the exported graph is plain MatMul/Softmax, the same under both exporters
+    # and across transformers versions, rather than a fused scaled_dot_product_attention.
+    config._attn_implementation = "eager"
+    return config
+
+
+def _hf_is_text(config) -> bool:
+    return getattr(config, "vocab_size", None) is not None
+
+
+def _hf_module(config):
+    import torch
+    from transformers import AutoModel
+
+    model = AutoModel.from_config(config, attn_implementation="eager")
+    text = _hf_is_text(config)
+    # No key/value cache outputs: the graph computes the hidden states only.
+    extra = {"use_cache": False} if hasattr(config, "use_cache") else {}
+
+    class TextWrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **extra).last_hidden_state
+
+    class ImageWrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, pixel_values):
+            return self.inner(pixel_values=pixel_values, return_dict=True).last_hidden_state
+
+    return (TextWrapper if text else ImageWrapper)(model)
+
+
 def _text_inputs(vocab_size: int, seq_len: int):
     def make(batch: int, seed: int = 0) -> list[np.ndarray]:
         rng = np.random.default_rng(seed + batch)
@@ -123,19 +220,42 @@ def input_maker(name: str, size: int = 64, channels: int = 3, seq_len: int = 16)
     so a test with a cached export does not have to build the model."""
     if name == "bert_base_2layers":
         return _text_inputs(BERT_VOCAB_SIZE, seq_len)
+    if is_transformer(name):
+        config = _hf_config(name)
+        if _hf_is_text(config):
+            return _text_inputs(config.vocab_size, seq_len)
+        return _image_inputs(config.num_channels, config.image_size)
     return _image_inputs(channels, 64 if name == "vit_b_16_2layers" else size)
 
 
 # Changes whenever load_model builds different weights, so caches of exports are not reused:
-# 2 = BatchNorm statistics calibrated (see _calibrate_batchnorm).
-WEIGHTS_VERSION = 2
+# 2 = BatchNorm statistics calibrated (see _calibrate_batchnorm); 3 = no all-zero Linear weights.
+WEIGHTS_VERSION = 3
 
 
-def load_model(name: str, size: int = 64, channels: int = 3, seq_len: int = 16, seed: int = 0) -> ModelSpec:
-    """Builds MODEL with random weights (seeded), in eval mode, ready to export."""
+def load_model(name: str, size: int = 64, channels: int = 3, seq_len: int = 16, seed: int = 0,
+               dynamic_sequence: bool = False) -> ModelSpec:
+    """Builds MODEL with random weights (seeded), in eval mode, ready to export. Text models take
+    seq_len tokens; dynamic_sequence makes their sequence axis dynamic in the export."""
     import torch
 
     torch.manual_seed(seed)
+    if is_transformer(name):
+        config = _hf_config(name)
+        module = _hf_module(config)
+        make = input_maker(name, seq_len=seq_len)
+        if _hf_is_text(config):
+            names = ["input_ids", "attention_mask"]
+            limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+            if limit and seq_len > limit - (2 if config.model_type == "roberta" else 0):
+                raise SystemExit(f"export_model: {name}: --seq-len {seq_len} is past the model's "
+                                 f"{limit} positions")
+            axes = {0: "batch", 1: "sequence"} if dynamic_sequence else {0: "batch"}
+        else:
+            names = ["pixel_values"]
+            axes = {0: "batch"}
+        return ModelSpec(name, module.eval(), names, ["last_hidden_state"], make,
+                         {n: dict(axes) for n in names + ["last_hidden_state"]})
     if name == "bert_base_2layers":
         module = _bert_base_2layers()
         make = input_maker(name, seq_len=seq_len)
@@ -156,6 +276,11 @@ def load_model(name: str, size: int = 64, channels: int = 3, seq_len: int = 16, 
             raise SystemExit(f"export_model: unknown model '{name}': not a torchvision classification "
                              f"model, not one of {sorted(SMALL_MODELS)}, and not module:function")
         module = torchvision.models.get_model(name, weights=None)
+        # torchvision zero-initialises some classifier heads (ViT's): every output would be 0 and
+        # any comparison of outputs would pass trivially. Random weights are random everywhere.
+        for m in module.modules():
+            if isinstance(m, torch.nn.Linear) and not m.weight.any():
+                torch.nn.init.normal_(m.weight, std=0.05)
     axes = {"input": {0: "batch"}, "output": {0: "batch"}}
     make = input_maker(name, size, channels)
     _calibrate_batchnorm(module, make)
@@ -210,8 +335,9 @@ def _export_to(spec: ModelSpec, tmp: str, exporter: str, opset: int | None) -> N
                           input_names=spec.input_names, output_names=spec.output_names,
                           dynamic_axes=spec.dynamic_axes)
     else:
-        batch = torch.export.Dim("batch", min=1, max=1024)
-        dynamic_shapes = {n: {0: batch} for n in _forward_arg_names(spec)}
+        dims = {"batch": torch.export.Dim("batch", min=1, max=1024), "sequence": torch.export.Dim("sequence", min=2, max=4096)}
+        dynamic_shapes = {param: {axis: dims[d] for axis, d in spec.dynamic_axes.get(name, {0: "batch"}).items()}
+                          for param, name in zip(_forward_arg_names(spec), spec.input_names)}
         kwargs = {} if opset is None else {"opset_version": opset}
         program = torch.onnx.export(spec.module, args, dynamo=True, dynamic_shapes=dynamic_shapes,
                                     input_names=spec.input_names, output_names=spec.output_names,
@@ -268,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=224, help="image height and width of the check input (default 224)")
     p.add_argument("--channels", type=int, default=3)
     p.add_argument("--batch", type=int, default=2, help="batch size of the check input (the export is dynamic)")
+    p.add_argument("--seq-len", type=int, default=128, help="text models: tokens per input (default 128)")
+    p.add_argument("--dynamic-sequence", action="store_true", help="text models: export the sequence axis dynamic too")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--list", action="store_true", help="list the known model names and exit")
     p.add_argument("--simplify", action="store_true",
@@ -286,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
 
         for n in SMALL_MODELS:
             print(f"{n:<22} {SMALL_MODELS[n]}")
+        for n, (_, _, what) in TRANSFORMERS.items():
+            print(f"{n:<22} {what}")
+        print(f"{'hf:TYPE[:KEY=VALUE,...]':<22} any transformers architecture from its default configuration")
         print("torchvision:", " ".join(torchvision.models.list_models(module=torchvision.models)))
         return 0
     if not a.model:
@@ -293,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     opset = a.opset if a.opset is not None else (17 if a.exporter == "torchscript" else None)
     out = a.output or f"{a.model.replace(':', '_')}-{a.exporter}.onnx"
 
-    spec = load_model(a.model, size=a.size, channels=a.channels, seed=a.seed)
+    spec = load_model(a.model, size=a.size, channels=a.channels, seq_len=a.seq_len, seed=a.seed,
+                      dynamic_sequence=a.dynamic_sequence)
     t0 = time.perf_counter()
     export(spec, out, a.exporter, opset)
     print(f"exported {a.model} with the {a.exporter} exporter to {out} "

@@ -88,7 +88,26 @@ class AttentionFuser {
       const ir::Node& n = g_.nodes[static_cast<size_t>(r)];
       if (is_onnx(&n, "MatMul") && n.inputs.size() == 2 && n.inputs[0] == probs) pv = r;
     }
-    if (pv < 0) return false;
+    if (pv < 0) {
+      // Not a candidate; but probabilities that reach a MatMul's left side through a few
+      // one-reader nodes (a Cast to another type, a Mul) are an attention kiln does not fuse:
+      // say so and say where.
+      std::string path, value = probs;
+      for (int hop = 0; hop < 3; ++hop) {
+        const std::vector<int> next = g_.consumers(value);
+        if (next.size() != 1 || g_.is_graph_output(value)) break;
+        const ir::Node& n = g_.nodes[static_cast<size_t>(next[0])];
+        if (is_onnx(&n, "MatMul") && n.inputs.size() == 2 && n.inputs[0] == value) {
+          notes_.push_back("attention at Softmax '" + sm.name + "' not fused: its probabilities reach MatMul '" + n.name +
+                           "' through " + path + ", not directly");
+          break;
+        }
+        if (n.outputs.size() != 1) break;
+        path += (path.empty() ? "" : ", ") + n.op + " '" + n.name + "'";
+        value = n.outputs[0];
+      }
+      return false;
+    }
     std::string why = fuse(softmax_index, static_cast<size_t>(pv));
     if (why.empty()) return true;
     notes_.push_back("attention at Softmax '" + sm.name + "' not fused: " + why);

@@ -1,5 +1,7 @@
-// Identity and inference-mode Dropout copy their input: their consumers can read the input
-// directly. When the copy is a graph output, the output's name is kept (callers bind it) by
+// Identity, inference-mode Dropout and a Cast (or CastLike) to the type its input already has
+// copy their input: their consumers can read the input directly. (Exporters write such Casts
+// after a Softmax computed in float32 for a float32 model; left in, they hide the attention
+// pattern.) When the copy is a graph output, the output's name is kept (callers bind it) by
 // renaming the producer's output instead.
 #include "passes/passes.h"
 #include "passes/rewrite.h"
@@ -21,6 +23,17 @@ bool is_inference_dropout(const ir::Graph& g, const ir::Node& n) {
   return true;
 }
 
+// True for a Cast or CastLike whose input already has the target type.
+bool is_identity_cast(const ir::Graph& g, const ir::Node& n) {
+  const ir::Value* x = g.find_value(n.inputs[0]);
+  if (!x || x->type.dtype == DType::kUndefined) return false;
+  if (n.op == "CastLike") {
+    const ir::Value* like = n.inputs.size() > 1 ? g.find_value(n.inputs[1]) : nullptr;
+    return like && like->type.dtype == x->type.dtype;
+  }
+  return n.attrs.get_int("to", -1) == static_cast<int64_t>(x->type.dtype);
+}
+
 }  // namespace
 
 int remove_identity_and_dropout(ir::Graph& graph) {
@@ -33,6 +46,8 @@ int remove_identity_and_dropout(ir::Graph& graph) {
       // Identity of a non-tensor (sequence) input does not exist in kiln's IR.
     } else if (node.op == "Dropout") {
       if (!is_inference_dropout(graph, node)) continue;
+    } else if (node.op == "Cast" || node.op == "CastLike") {
+      if (!is_identity_cast(graph, node)) continue;
     } else {
       continue;
     }

@@ -57,7 +57,7 @@ def _assert_fused(run_kiln, path, attentions: int) -> None:
 
 
 def sdpa_model(path, *, rank=4, keys="transpose", scale="div", mask=None, kv_heads=H, head=D, v_head=D, axis=-1,
-               opset=17, seed=0, extra_outputs=()):
+               opset=17, seed=0, extra_outputs=(), cast=None):
     """One attention, written out: returns (model path, feed).
 
     keys: "transpose" (K [.., T, d], Transpose of its last two axes), "bert" (K [B, T, H, d],
@@ -67,7 +67,9 @@ def sdpa_model(path, *, rank=4, keys="transpose", scale="div", mask=None, kv_hea
     mask: None, "padding" ([B, 1, 1, T] input, float32 min on padded keys), "causal_inf" /
     "causal_1e9" (constant [S, T], -inf / -1e9 above the diagonal), "full" ([B, H, S, T] input,
     added on the Add's left), "bst" (3-D: [B, S, T] input with some -inf).
-    axis: the Softmax's axis attribute (None: the default, the last)."""
+    axis: the Softmax's axis attribute (None: the default, the last).
+    cast: None, "float" (a Cast to float32 after the Softmax, as transformers writes softmax(...,
+    dtype=float32).to(query.dtype)) or "float16_and_back" (Casts to float16 and back: not fused)."""
     rng = np.random.default_rng(seed)
     lead, kv_lead = ([B, H], [B, kv_heads]) if rank == 4 else ([B], [B])
     swap = list(range(rank - 2)) + [rank - 1, rank - 2]
@@ -133,7 +135,12 @@ def sdpa_model(path, *, rank=4, keys="transpose", scale="div", mask=None, kv_hea
         scores = "logits"
     softmax_attrs = {} if axis is None else {"axis": axis}
     nodes.append(helper.make_node("Softmax", [scores], ["probs"], name="softmax", **softmax_attrs))
-    nodes.append(helper.make_node("MatMul", ["probs", "v"], ["y"]))
+    probs = "probs"
+    for i, to in enumerate({None: [], "float": [TensorProto.FLOAT],
+                            "float16_and_back": [TensorProto.FLOAT16, TensorProto.FLOAT]}[cast]):
+        nodes.append(helper.make_node("Cast", [probs], [f"probs_cast{i}"], name=f"cast{i}", to=to))
+        probs = f"probs_cast{i}"
+    nodes.append(helper.make_node("MatMul", [probs, "v"], ["y"], name="pv"))
     outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [f"{name}_{i}" for i in range(rank)])
                for name in ("y", *extra_outputs)]
     return _save(path, nodes, inputs, outputs, inits, opset), feed
@@ -158,6 +165,7 @@ FORMS = {
     "div_scores_opset23": dict(opset=23),
     "padding_mask_opset23": dict(mask="padding", opset=23, scale="q_k"),
     "bmm_mask_opset23": dict(rank=3, mask="bst", opset=23),
+    "probabilities_cast_to_float": dict(mask="padding", cast="float"),
 }
 
 
@@ -175,6 +183,8 @@ NEAR_MISSES = {
     "scores_also_an_output": (dict(extra_outputs=("scores_scaled",)),
                               "the scores 'scores_scaled' are also read elsewhere"),
     "softmax_along_axis_2": (dict(axis=2), "the softmax runs along axis 2, not the last"),
+    "probabilities_through_float16": (dict(cast="float16_and_back"),
+                                      "its probabilities reach MatMul 'pv' through Cast 'cast0', Cast 'cast1', not directly"),
 }
 
 
@@ -225,6 +235,36 @@ def test_fully_masked_row_gives_zeros_where_softmax_gives_nan(run_kiln, tmp_path
     assert (outs["fused"][hidden] == 0).all(), outs["fused"][1, :, 2]
     for label in ("fused", "unfused"):
         np.testing.assert_allclose(outs[label][~hidden], ref[~hidden], rtol=1e-4, atol=1e-4, err_msg=label)
+
+
+# --- transformers architectures by name (kiln export's hf:TYPE) ---------------------------------
+
+# Tiny configurations of each architecture kiln export names: the graphs are what transformers
+# writes for the full-size models (masks, heads, scales, casts), at a size the CPU runs at once.
+TINY = "num_hidden_layers=2,hidden_size=32,num_attention_heads=4,intermediate_size=64,vocab_size=97"
+HF_ARCHITECTURES = {
+    "hf:bert:" + TINY: 2,
+    "hf:roberta:" + TINY + ",max_position_embeddings=40,type_vocab_size=1": 2,
+    "hf:distilbert:n_layers=2,dim=32,n_heads=4,hidden_dim=64,vocab_size=97": 2,
+    "hf:gpt2:n_layer=2,n_embd=32,n_head=4,vocab_size=97": 2,
+    "hf:vit:num_hidden_layers=2,hidden_size=32,num_attention_heads=4,intermediate_size=64,image_size=32,patch_size=8": 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HF_ARCHITECTURES))
+def test_transformers_architectures_fuse_and_match_onnxruntime(name, run_kiln, tmp_path, check_against_onnxruntime):
+    """Each attention of a transformers model (eager attention, TorchScript export at opset 17, as
+    `kiln export` writes it) is one layer after kiln's passes, and the CPU engine matches ONNX
+    Runtime on inputs with padding."""
+    import export_model
+
+    spec = export_model.load_model(name, seq_len=12)
+    path = str(tmp_path / "model.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        export_model.export(spec, path)
+    _assert_fused(run_kiln, path, HF_ARCHITECTURES[name])
+    check_against_onnxruntime(path, dict(zip(spec.input_names, spec.make_inputs(3, 7))))
 
 
 # --- real exporters ---------------------------------------------------------------------------

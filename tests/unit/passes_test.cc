@@ -129,5 +129,27 @@ TEST(Optimize, IsIdempotent) {
   }
 }
 
+TEST(RemoveIdentityAndDropout, CastsToTheTypeTheyHaveAreCopies) {
+  // softmax(x, dtype=float32).to(float32), as transformers exports it for a float32 model: the
+  // Cast goes, a Cast that changes the type stays, and a Cast that is a graph output keeps its name.
+  GraphBuilder b;
+  b.input("x", {2, 5});
+  b.node("Softmax", {"x"}, "p");
+  b.node("Cast", {"p"}, "p_same", {{"to", int64_t{static_cast<int64_t>(DType::kFloat32)}}});
+  b.node("Cast", {"p_same"}, "p_half", {{"to", int64_t{static_cast<int64_t>(DType::kFloat16)}}});
+  b.node("CastLike", {"p_half", "p_half"}, "p_half_again");
+  b.node("Cast", {"p_half_again"}, "y", {{"to", int64_t{static_cast<int64_t>(DType::kFloat16)}}});
+  b.output("y");
+  ir::Graph before = b.build();
+  ir::Graph g = before;
+  EXPECT_EQ(passes::remove_identity_and_dropout(g), 3);
+  ASSERT_EQ(g.nodes.size(), 2u);
+  EXPECT_EQ(g.nodes[0].op, "Softmax");
+  EXPECT_EQ(g.nodes[1].op, "Cast");
+  EXPECT_EQ(g.nodes[1].inputs[0], g.nodes[0].outputs[0]);
+  EXPECT_EQ(g.nodes[1].outputs[0], "y");
+  EXPECT_EQ(g.value("y").type.dtype, DType::kFloat16);
+}
+
 }  // namespace
 }  // namespace kiln::testing
