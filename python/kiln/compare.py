@@ -7,12 +7,17 @@
 PyTorch: eager fp32, eager fp16 (GPU), torch.compile(mode="reduce-overhead") (fp16 on a GPU,
 fp32 on the CPU). kiln: fp32, fp16 (GPU), int8 engines through the `kiln` command line
 (`kiln bench` times them, `kiln run` gives their outputs, `kiln build` their engine files).
-The model is a torchvision name or module:function (see `kiln export`), with random weights
-unless the function loads some; --onnx gives an exported file to use instead of exporting.
+The model is a torchvision name, a transformer by name (bert_base, bert_large, roberta_base,
+distilbert_base, gpt2, hf:TYPE[:KEY=VALUE,...]; text models take --seq-len tokens) or
+module:function (see `kiln export`), with random weights unless the function loads some; --onnx
+gives an exported file to use instead of exporting.
+
+    kiln compare bert_base --seq-len 128 --batches 1,32 --kiln fp16 -o out/bert_base.json
 
 Timing: PyTorch on a GPU with CUDA events around each call, synchronized after each (as `kiln
-bench` times kiln); on the CPU the wall clock around each call. Accuracy: each variant's outputs
-on one batch of random inputs against PyTorch eager fp32's. The file's schema is
+bench` times kiln); on the CPU the wall clock around each call. Accuracy: each variant's first output
+on one batch of random inputs against PyTorch eager fp32's: cosine similarity, relative L2 error,
+largest difference, and for [batch, classes] outputs the top-1 agreement. The file's schema is
 docs/results-schema.md ("kiln.compare/1").
 """
 from __future__ import annotations
@@ -81,11 +86,36 @@ def time_torch(fn, device: str, runs: int, warmup: int) -> list[float]:
 
 
 def accuracy_entry(runtime: str, variant: str, out: np.ndarray, ref: np.ndarray) -> dict:
+    if np.shape(out) != np.shape(ref):
+        raise RuntimeError(f"{runtime} {variant}: output shape {list(np.shape(out))}, the reference's {list(ref.shape)}")
     a = np.asarray(out, dtype=np.float64).reshape(ref.shape[0], -1)
     r = np.asarray(ref, dtype=np.float64).reshape(ref.shape[0], -1)
     cos = float(np.dot(a.ravel(), r.ravel()) / (np.linalg.norm(a) * np.linalg.norm(r) + 1e-300))
-    return {"runtime": runtime, "variant": variant, "top1_agreement": float(np.mean(a.argmax(1) == r.argmax(1))),
-            "max_abs_diff": float(np.max(np.abs(a - r))), "cosine": cos, "top1": None}
+    rel = float(np.linalg.norm(a - r) / (np.linalg.norm(r) + 1e-300))
+    # Top-1 agreement means something for class scores only ([batch, classes]), not for features.
+    top1 = float(np.mean(a.argmax(1) == r.argmax(1))) if ref.ndim == 2 else None
+    return {"runtime": runtime, "variant": variant, "top1_agreement": top1, "max_abs_diff": float(np.max(np.abs(a - r))),
+            "cosine": cos, "relative_l2": rel, "top1": None}
+
+
+def first_output(out):
+    """A module's first output: the tensor itself, or the first of a tuple or list."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def to_torch(arrays: list[np.ndarray], device: str, half: bool) -> list:
+    """numpy inputs as tensors on the device; with half, float inputs in float16 (images channels-last)."""
+    import torch
+
+    out = []
+    for a in arrays:
+        t = torch.from_numpy(a).to(device)
+        if half and t.is_floating_point():
+            t = t.half()
+            if t.dim() == 4:
+                t = t.to(memory_format=torch.channels_last)
+        out.append(t)
+    return out
 
 
 class Comparison:
@@ -104,18 +134,18 @@ class Comparison:
                                  "error": error})
 
     # --- PyTorch -----------------------------------------------------------------------------
-    def run_torch(self, spec, x_acc: np.ndarray) -> np.ndarray:
+    def run_torch(self, spec, x_acc: list[np.ndarray]) -> np.ndarray:
         import torch
 
         a, dev = self.a, self.a.device
         module = spec.module.to(dev)
         with torch.inference_mode():
-            ref = module(torch.from_numpy(x_acc).to(dev)).float().cpu().numpy()
+            ref = first_output(module(*to_torch(x_acc, dev, False))).float().cpu().numpy()
         self.sizes.append({"runtime": "pytorch", "variant": "eager-fp32",
                            "engine_bytes": sum(p.numel() * p.element_size() for p in module.parameters())})
         for variant in a.torch:
             if variant == "eager-fp16" and dev == "cpu":
-                self.add_error("pytorch", variant, "fp16", a.batches, "float16 convolutions in PyTorch are for GPUs")
+                self.add_error("pytorch", variant, "fp16", a.batches, "float16 in PyTorch is for GPUs here")
                 continue
             half = variant == "eager-fp16" or (variant == "compile" and dev == "cuda")
             try:
@@ -128,19 +158,16 @@ class Comparison:
                 acc_out = None
                 for i, b in enumerate(a.batches):
                     log(f"pytorch {variant}: batch {b} ({i + 1}/{len(a.batches)})")
-                    x = torch.from_numpy(spec.make_inputs(b, 1)[0]).to(dev)
-                    if half:
-                        x = x.half().to(memory_format=torch.channels_last)
+                    x = to_torch(spec.make_inputs(b, 1), dev, half)
                     with torch.inference_mode():
-                        times = time_torch(lambda: m(x), dev, a.runs, a.warmup)
+                        times = time_torch(lambda: m(*x), dev, a.runs, a.warmup)
                     self.results.append({"runtime": "pytorch", "variant": variant,
                                          "precision": "fp16" if half else "fp32", "batch": b,
                                          "latency_ms": latency_stats(times), "throughput": b * 1000 / statistics.median(times),
                                          "runs": len(times)})
                 if variant != "eager-fp32":
-                    xa = torch.from_numpy(x_acc).to(dev)
                     with torch.inference_mode():
-                        acc_out = m(xa.half().to(memory_format=torch.channels_last) if half else xa).float().cpu().numpy()
+                        acc_out = first_output(m(*to_torch(x_acc, dev, half))).float().cpu().numpy()
                     self.accuracy.append(accuracy_entry("pytorch", variant, acc_out, ref))
                 if half:
                     self.sizes.append({"runtime": "pytorch", "variant": variant,
@@ -168,14 +195,17 @@ class Comparison:
             flags += ["--calib", self.calib, "--calib-batch", "8", "--calib-cache", os.path.join(self.work, "model.calib")]
         return flags
 
-    def run_kiln(self, onnx: str, x_acc: np.ndarray, ref: np.ndarray, spec) -> None:
+    def run_kiln(self, onnx: str, x_acc: list[np.ndarray], ref: np.ndarray, spec) -> None:
         a = self.a
         self.kiln = find_kiln(a.kiln_bin)
         self.calib = a.calib or os.path.join(self.work, "calib.npy")
         if not a.calib:
             np.save(self.calib, spec.make_inputs(a.calib_images, 5)[0])
-        x_path = os.path.join(self.work, "accuracy_input.npy")
-        np.save(x_path, x_acc)
+        input_flags = []
+        for name, x in zip(spec.input_names, x_acc):
+            x_path = os.path.join(self.work, f"accuracy_{name}.npy")
+            np.save(x_path, x)
+            input_flags += ["--input", f"{name}={x_path}"]
         for variant in a.kiln:
             if variant == "fp16" and a.device == "cpu":
                 self.add_error("kiln", variant, variant, a.batches, "the CPU engine computes in float32 (fp16 is for GPUs)")
@@ -194,9 +224,9 @@ class Comparison:
                                          "throughput": r["throughput_per_s"], "runs": r["iterations"]})
                 log(f"kiln {variant}: outputs on the accuracy batch")
                 out_dir = os.path.join(self.work, f"outputs_{variant}")
-                run_flags = ["--batch", str(len(x_acc))] if a.device == "cuda" else []
-                self.kiln_cmd("run", onnx, *self.precision_flags(variant), *run_flags,
-                              "--input", f"{spec.input_names[0]}={x_path}", "--output-dir", out_dir)
+                run_flags = ["--batch", str(len(x_acc[0]))] if a.device == "cuda" else []
+                self.kiln_cmd("run", onnx, *self.precision_flags(variant), *run_flags, *input_flags,
+                              "--output-dir", out_dir)
                 out = np.load(os.path.join(out_dir, f"{spec.output_names[0]}.npy"))
                 self.accuracy.append(accuracy_entry("kiln", variant, out, ref))
                 size = {"runtime": "kiln", "variant": variant, "engine_bytes": None}
@@ -234,13 +264,15 @@ def device_name(device: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="kiln compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", help="torchvision model name or module:function (see kiln export)")
+    p.add_argument("model", help="torchvision model name, transformer name (bert_base, hf:TYPE, ...) or "
+                                 "module:function (see kiln export --list)")
     p.add_argument("-o", "--output", required=True, help="results JSON to write")
     p.add_argument("--onnx", help="an ONNX export of the model to use (default: export it)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when PyTorch sees a GPU")
     p.add_argument("--batches", default="1,8", help="batch sizes, e.g. 1,8,128")
     p.add_argument("--size", type=int, default=224, help="image height and width")
     p.add_argument("--channels", type=int, default=3)
+    p.add_argument("--seq-len", type=int, default=128, help="text models: tokens per input")
     p.add_argument("--torch", default=",".join(TORCH_VARIANTS), help=f"PyTorch variants ({', '.join(TORCH_VARIANTS)})")
     p.add_argument("--kiln", default=",".join(KILN_VARIANTS), help=f"kiln variants ({', '.join(KILN_VARIANTS)})")
     p.add_argument("--runs", type=int, default=50, help="timed runs per configuration")
@@ -279,24 +311,26 @@ def main(argv: list[str] | None = None) -> int:
         import export  # type: ignore
 
     c = Comparison(a)
-    spec = export.load_model(a.model, size=a.size, channels=a.channels)
-    onnx = a.onnx or os.path.join(c.work, f"{a.model.replace(':', '_')}.onnx")
+    spec = export.load_model(a.model, size=a.size, channels=a.channels, seq_len=a.seq_len)
+    safe_name = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in a.model)
+    onnx = a.onnx or os.path.join(c.work, f"{safe_name}.onnx")
     if not a.onnx:
         log(f"exporting {a.model} to {onnx}")
         export.export(spec, onnx, "torchscript", 17)
-    x_acc = spec.make_inputs(a.accuracy_batch, 123)[0]
+    x_acc = spec.make_inputs(a.accuracy_batch, 123)
     ref = c.run_torch(spec, x_acc)
     c.run_kiln(onnx, x_acc, ref, spec)
 
     import onnx as onnx_lib
 
-    graph_input = onnx_lib.load(onnx, load_external_data=False).graph.input[0]
-    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in graph_input.type.tensor_type.shape.dim]
+    graph_inputs = onnx_lib.load(onnx, load_external_data=False).graph.input
+    shape_of = lambda i: [d.dim_value if d.HasField("dim_value") else -1 for d in i.type.tensor_type.shape.dim]  # noqa: E731
     results = {
         "schema": SCHEMA,
         "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": "kiln compare " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "model": {"name": a.model, "onnx": onnx, "input": graph_input.name, "input_shape": dims,
+        "model": {"name": a.model, "onnx": onnx, "input": graph_inputs[0].name, "input_shape": shape_of(graph_inputs[0]),
+                  "inputs": [{"name": i.name, "shape": shape_of(i)} for i in graph_inputs],
                   "parameters": int(sum(p.numel() for p in spec.module.parameters())),
                   "onnx_bytes": os.path.getsize(onnx)},
         "device": {"kind": a.device, "name": device_name(a.device), "torch": torch.__version__,
@@ -310,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
         "results": c.results,
         "sizes": c.sizes,
         "accuracy": {"reference": "pytorch eager-fp32",
-                     "inputs": f"{a.accuracy_batch} rows of random normal inputs (seed 123)",
+                     "inputs": f"{a.accuracy_batch} rows of the model's random inputs (seed 123: images normal, "
+                               "token ids uniform, attention masks padded at the end)",
                      "entries": c.accuracy},
     }
     os.makedirs(os.path.dirname(os.path.abspath(a.output)), exist_ok=True)

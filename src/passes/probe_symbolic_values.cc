@@ -90,19 +90,31 @@ int probe_symbolic_values(ir::Graph& graph, const NodeEvaluator& evaluate) {
     if (is_candidate(v) && graph.producer(name) >= 0) candidates.insert(name);
   if (symbols.empty() || candidates.empty()) return 0;
 
-  // Odd numbers far from the sizes models use, different per symbol and per probe.
+  // Odd numbers far from the sizes models use, different per symbol and per probe. Each symbol
+  // moves by a different amount between the probes, so no symbol's values are another's plus a
+  // constant. A model that cannot take sizes past 1000 (a transformer with 512 positions) is
+  // probed again at about a hundred, then at tens.
   std::vector<int64_t> first, second;
-  for (size_t k = 0; k < symbols.size(); ++k) {
-    first.push_back(1031 + 2 * static_cast<int64_t>(k));
-    second.push_back(1543 + 2 * static_cast<int64_t>(k));
-  }
   std::map<std::string, std::vector<int64_t>> a, b;
-  try {
-    a = probe(graph, symbols, first, candidates, evaluate);
-    b = probe(graph, symbols, second, candidates, evaluate);
-  } catch (const Error&) {
-    return 0;  // the model cannot take those sizes (e.g. it checks the batch): learn nothing
+  bool probed = false;
+  const std::pair<int64_t, int64_t> bases[] = {{1031, 1543}, {97, 131}, {11, 19}};
+  for (const auto& [base_first, base_second] : bases) {
+    first.clear();
+    second.clear();
+    for (size_t k = 0; k < symbols.size(); ++k) {
+      first.push_back(base_first + 4 * static_cast<int64_t>(k));
+      second.push_back(base_second + 10 * static_cast<int64_t>(k));
+    }
+    try {
+      a = probe(graph, symbols, first, candidates, evaluate);
+      b = probe(graph, symbols, second, candidates, evaluate);
+      probed = true;
+      break;
+    } catch (const Error&) {
+      // the model cannot take those sizes (e.g. it checks the batch, or has fewer positions)
+    }
   }
+  if (!probed) return 0;
 
   int learned = 0;
   for (const std::string& name : candidates) {

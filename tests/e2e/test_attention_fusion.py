@@ -267,6 +267,23 @@ def test_transformers_architectures_fuse_and_match_onnxruntime(name, run_kiln, t
     check_against_onnxruntime(path, dict(zip(spec.input_names, spec.make_inputs(3, 7))))
 
 
+def test_dynamic_sequence_fuses_once_for_every_length(run_kiln, tmp_path, check_against_onnxruntime):
+    """BERT exported with a dynamic batch and sequence: the mask's shape is shape arithmetic on
+    both (learned by probing, at sizes within the model's 40 positions), so the graph kiln keeps
+    for every shape has its attentions fused, and it matches ONNX Runtime at several lengths."""
+    import export_model
+
+    name = "hf:bert:" + TINY + ",max_position_embeddings=40"
+    spec = export_model.load_model(name, seq_len=12, dynamic_sequence=True)
+    path = str(tmp_path / "model.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        export_model.export(spec, path)
+    _assert_fused(run_kiln, path, 2)
+    for batch, seq in ((1, 5), (3, 12), (2, 40)):
+        check_against_onnxruntime(path, dict(zip(spec.input_names, export_model.input_maker(name, seq_len=seq)(batch))))
+
+
 # --- real exporters ---------------------------------------------------------------------------
 
 E, HEADS, SEQ = 32, 4, 13  # model width, heads (head size 8), sequence

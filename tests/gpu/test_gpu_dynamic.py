@@ -1,8 +1,10 @@
 """Dynamic shapes on the GPU: engines built with optimization profiles (--min-shapes, --opt-shapes,
 --max-shapes) run every shape within a profile and compute what the CPU engine computes there,
-static engines' shapes included; a shape outside every profile, a wrong rank or dtype is a clear
-error (a wrong dtype: tests/gpu/test_gpu_python.py; kiln run converts .npy data); the engine file keeps the profiles and the built graph (an INT8 file is under 30% of the
-float32 one); kiln inspect reports the profiles; kiln bench sweeps one engine over batches."""
+static engines' shapes included, and a transformer takes a dynamic batch and sequence in one
+profile; a shape outside every profile, a wrong rank or dtype is a clear error (a wrong dtype:
+tests/gpu/test_gpu_python.py; kiln run converts .npy data); the engine file keeps the profiles and
+the built graph (an INT8 file is under 30% of the float32 one); kiln inspect reports the profiles;
+kiln bench sweeps one engine over batches."""
 from __future__ import annotations
 
 import json
@@ -191,3 +193,44 @@ def test_int8_engine_files_with_profiles(kiln_bin, resnet18_64, tmp_path):
         print(f"int8 batch {batch}: GPU int8 vs fp32 {err:.4f}, CPU int8 vs fp32 {cpu_err:.4f}")
         assert np.isfinite(got).all() and 0 < cpu_err
         assert err <= 0.25 and err <= 1.25 * cpu_err
+
+
+TINY_BERT = "hf:bert:num_hidden_layers=2,hidden_size=64,num_attention_heads=4,intermediate_size=128,vocab_size=500"
+
+
+def test_transformer_with_dynamic_batch_and_sequence(kiln_bin, tmp_path):
+    """A BERT encoder exported with a dynamic batch and sequence (two int64 inputs): one fp16 engine
+    whose profile (one flag each, naming both inputs) spans batch 1..8 and sequence 8..64 runs every
+    shape in it, padded rows included, as the CPU engine does; a sequence past the profile is a
+    clear error."""
+    import export_model
+
+    spec = export_model.load_model(TINY_BERT, seq_len=16, dynamic_sequence=True)
+    model = tmp_path / "bert.onnx"
+    export_model.export(spec, str(model))
+    engine = tmp_path / "bert.engine"
+    ok(kiln(kiln_bin, "build", model, "--fp16", "-o", engine,
+            "--min-shapes", "input_ids:1x8", "attention_mask:1x8", "--opt-shapes", "input_ids:4x32", "attention_mask:4x32",
+            "--max-shapes", "input_ids:8x64", "attention_mask:8x64"))
+
+    def run(target, batch, seq, tag, *extra):
+        flags = []
+        for name, value in zip(spec.input_names, export_model.input_maker(TINY_BERT, seq_len=seq)(batch, seq)):
+            np.save(tmp_path / f"{name}_{tag}.npy", value)
+            flags += ["--input", f"{name}={tmp_path / f'{name}_{tag}.npy'}"]
+        r = kiln(kiln_bin, "run", target, *flags, "-o", tmp_path / f"out_{tag}", *extra)
+        return r, tmp_path / f"out_{tag}" / "last_hidden_state.npy"
+
+    for batch, seq in ((1, 8), (4, 32), (8, 64), (3, 13), (2, 50), (7, 9), (1, 64)):
+        r, cpu = run(model, batch, seq, f"cpu{batch}x{seq}", "--device", "cpu")
+        ok(r)
+        r, gpu = run(engine, batch, seq, f"gpu{batch}x{seq}")
+        ok(r)
+        want, got = np.load(cpu), np.load(gpu)
+        assert got.shape == want.shape == (batch, seq, 64)
+        err = rel_l2(got, want)
+        print(f"batch {batch}, sequence {seq}: relative L2 error {err:.3g}")
+        assert err <= FP16_TOLERANCE, (batch, seq, err)
+    r, _ = run(engine, 2, 65, "past")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "above the profile's max 64" in r.stderr, r.stderr

@@ -72,6 +72,37 @@ TEST(ProbeSymbolicValues, TorchExpandMinusOnePattern) {
   expect_same_outputs(before, after, 3);
 }
 
+TEST(ProbeSymbolicValues, ProbesAgainWithSmallerSizesWhenTheModelHasALimit) {
+  // A transformer's positions: the first 300 rows of a table, sliced to the sequence S and added
+  // to the input, so no S past 300 runs. The probe at sizes past 1000 fails; the one below 256
+  // still learns the expand(-1, ...) target.
+  GraphBuilder b;
+  b.input("x", {Dim::named("S"), 6});
+  b.node("Shape", {"x"}, "shape");
+  b.node("Gather", {"shape", b.constant("zero", Tensor::scalar<int64_t>(0))}, "length");
+  b.node("Unsqueeze", {"length", b.ints("axes", {0})}, "length_1d");
+  b.node("Slice", {b.random("positions", {300, 6}), b.ints("starts", {0}), "length_1d", b.ints("slice_axes", {0})},
+         "position_rows");
+  b.node("Concat", {"length_1d", b.ints("minus_one", {-1})}, "s", {{"axis", int64_t{0}}});
+  b.node("ConstantOfShape", {b.ints("two", {2})}, "ones", {{"value", Tensor::from_vector<int64_t>({1}, {1})}});
+  b.node("Mul", {"ones", b.constant("m1", Tensor::scalar<int64_t>(-1))}, "neg");
+  b.node("Equal", {"s", "neg"}, "is_minus_one");
+  b.node("Where", {"is_minus_one", "ones", "s"}, "target");
+  b.node("Expand", {b.random("token", {1, 6}), "target"}, "expanded");
+  b.node("Add", {"x", "position_rows"}, "placed");
+  b.node("Add", {"placed", "expanded"}, "y");
+  b.output("y");
+  ir::Graph before = b.build();
+
+  ir::Graph after = before;
+  EXPECT_GE(passes::probe_symbolic_values(after, cpu_evaluator()), 1);
+  ir::infer_shapes(after);
+  ASSERT_TRUE(after.value("target").symbolic_value.has_value());
+  EXPECT_EQ(ir::dims_to_string(*after.value("target").symbolic_value), "Sx1");
+  EXPECT_EQ(after.value("expanded").type.str(), "float32[Sx6]");
+  expect_same_outputs(before, after, 5);
+}
+
 TEST(ProbeSymbolicValues, LearnsNothingWithoutSymbols) {
   GraphBuilder b;
   b.input("x", {2, 6});
