@@ -47,9 +47,14 @@ def shapes(batch: int, seq: int) -> list[str]:
     return [f"{n}:{batch}x{seq}" for n in NAMES]
 
 
-def median_ms(js: str) -> float:
+def median_ms(js: str, batch: int, seq: int) -> float:
+    """The median latency of a kiln bench JSON, after checking it ran the shapes asked for."""
     with open(js) as f:
-        return json.load(f)["results"][0]["latency_ms"]["median"]
+        result = json.load(f)["results"][0]
+    ran = result["input_shapes"]
+    if any(ran[n] != [batch, seq] for n in NAMES):
+        raise SystemExit(f"{js}: kiln bench ran {ran}, not {batch}x{seq}")
+    return result["latency_ms"]["median"]
 
 
 def main() -> None:
@@ -82,7 +87,7 @@ def main() -> None:
                 js = os.path.join(work, f"{kind}_{s}_{rnd}.json")
                 target = model if kind == "static" else engine
                 gpu_bench.run([a.kiln, "bench", target, "--fp16", "--shapes", *shapes(a.batch, s), "--json", js])
-                times[kind][s].append(median_ms(js))
+                times[kind][s].append(median_ms(js, a.batch, s))
                 print(f"round {rnd} {kind:7} seq {s:4}: {times[kind][s][-1]:.3f} ms", flush=True)
 
     result = {"schema": "kiln.sequence-profile-bench/1", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -15,10 +15,12 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "tools/commands.h"
 #include "tools/engine_options.h"
 #include "tools/json_output.h"
+#include "tools/shapes.h"
 
 #if KILN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -216,11 +218,38 @@ Engine open_gpu_engine(const BenchOptions& o, int64_t batch, double& build_s, si
   return std::move(*engine);
 }
 
-// Sets the context's inputs to `batch` in the first dimension where the engine lets it vary
-// (batch <= 0: the profile's opt shapes). Throws naming the input when the batch lies outside the
-// profile (or the engine has fixed shapes).
-void set_batch(const Engine& engine, Context& context, int64_t batch) {
+// Sets the context's inputs to the profile's opt shapes, then to what --shapes and --dim give
+// (an engine file runs any shape in its profile), then to `batch` in the first dimension where
+// the engine lets it vary (batch <= 0: no change). Throws naming the input when a shape lies
+// outside the profile (or the engine has fixed shapes), or names an input the engine lacks.
+void set_input_shapes(const Engine& engine, Context& context, int64_t batch, const EngineOptions& options) {
   context.set_optimization_profile(context.optimization_profile());  // opt shapes
+  ShapeBindings given;
+  for (const std::string& d : options.dims) given.add_dim_option(d);
+  for (const std::string& s : options.shapes) given.add_shapes_option(s);
+  for (const auto& [name, shape] : given.shapes) {
+    (void)shape;
+    if (std::none_of(engine.inputs().begin(), engine.inputs().end(), [&](const TensorDesc& d) { return d.name == name; }))
+      throw Error(ErrorKind::kInvalidArgument, "--shapes names input '" + name + "', which the engine does not have");
+  }
+  std::set<std::string> used_dims;
+  for (const TensorDesc& d : engine.inputs()) {
+    std::vector<int64_t> shape = context.input_shape(d.name);
+    if (auto it = given.shapes.find(d.name); it != given.shapes.end()) {
+      shape = it->second;
+    } else {
+      for (size_t i = 0; i < shape.size() && i < d.dim_names.size(); ++i)
+        if (auto dim = given.dims.find(d.dim_names[i]); !d.dim_names[i].empty() && dim != given.dims.end()) {
+          shape[i] = dim->second;
+          used_dims.insert(dim->first);
+        }
+    }
+    if (shape != context.input_shape(d.name)) context.set_input_shape(d.name, shape);
+  }
+  for (const auto& [name, value] : given.dims)
+    if (!used_dims.count(name))
+      throw Error(ErrorKind::kInvalidArgument, "--dim " + name + "=" + std::to_string(value) +
+                                                   ": no dynamic dimension of the engine's inputs is named '" + name + "'");
   if (batch <= 0) return;
   bool any = false;
   for (const TensorDesc& d : engine.inputs()) {
@@ -392,7 +421,7 @@ nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batc
     Engine engine = open_gpu_engine(o, -1, build_s, file_bytes);
     Context context = engine.create_context(!o.no_graph);
     for (int64_t b : batches) {
-      set_batch(engine, context, b);
+      set_input_shapes(engine, context, b, o.engine);
       results.push_back(bench_context(o, engine, context, build_s, file_bytes, free_before));
     }
     return results;

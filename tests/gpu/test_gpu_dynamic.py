@@ -231,6 +231,15 @@ def test_transformer_with_dynamic_batch_and_sequence(kiln_bin, tmp_path):
         err = rel_l2(got, want)
         print(f"batch {batch}, sequence {seq}: relative L2 error {err:.3g}")
         assert err <= FP16_TOLERANCE, (batch, seq, err)
+    # kiln bench runs the engine file at the shapes --shapes or --dim give, within its profile.
+    for flags, want in ((["--shapes", "input_ids:2x50,attention_mask:2x50"], [2, 50]),
+                        (["--dim", "sequence=24", "--batch", "3"], [3, 24])):
+        js = tmp_path / "bench.json"
+        ok(kiln(kiln_bin, "bench", engine, *flags, "--iterations", "5", "--warmup", "1", "--json", js))
+        ran = json.loads(js.read_text())["results"][0]["input_shapes"]
+        assert ran == {"input_ids": want, "attention_mask": want}, (flags, ran)
+    r = kiln(kiln_bin, "bench", engine, "--shapes", "input_ids:2x80,attention_mask:2x80", "--iterations", "5")
+    assert r.returncode == 1 and "above the profile's max 64" in r.stderr, r.stderr
     r, _ = run(engine, 2, 65, "past")
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "above the profile's max 64" in r.stderr, r.stderr
