@@ -41,6 +41,7 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
   if (options.fuse && options.fuse_attention) {
     std::vector<std::string> notes;
     if (passes::fuse_attention(graph, notes)) ir::infer_shapes(graph);
+    if (passes::pack_attention_projections(graph)) ir::infer_shapes(graph);
     if (passes::fold_attention_views(graph)) ir::infer_shapes(graph);
     if (options.log)
       for (const std::string& note : notes) options.log(note);

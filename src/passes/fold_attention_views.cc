@@ -145,11 +145,6 @@ bool slice(View& v, size_t axis, int64_t start, int64_t count, int64_t step) {
   return true;
 }
 
-const ir::Node* producer_node(const ir::Graph& g, const std::string& value) {
-  const int p = value.empty() ? -1 : g.producer(value);
-  return p < 0 ? nullptr : &g.nodes[static_cast<size_t>(p)];
-}
-
 std::optional<std::vector<int64_t>> known_shape(const ir::Graph& g, const std::string& value) {
   const ir::TensorType* t = type_of(g, value);
   if (!t || !t->shape || !ir::all_known(*t->shape)) return std::nullopt;
@@ -160,10 +155,6 @@ std::optional<std::vector<int64_t>> constant_ints(const ir::Graph& g, const std:
   const Tensor* t = name.empty() ? nullptr : g.constant(name);
   if (!t || !is_integer(t->dtype())) return std::nullopt;
   return t->to_int_vector();
-}
-
-bool reshapes_only(const ir::Node& n) {
-  return n.domain.empty() && (n.op == "Reshape" || n.op == "Squeeze" || n.op == "Unsqueeze" || n.op == "Flatten");
 }
 
 std::vector<int64_t> transpose_perm(const ir::Node& n, size_t rank) {
@@ -232,10 +223,6 @@ bool apply(const ir::Graph& g, const Step& s, View& v) {
     return slice(v, axis, start, (*out_shape)[axis], 1);
   }
   return false;
-}
-
-bool moves_elements(const ir::Node& n) {
-  return reshapes_only(n) || (n.domain.empty() && (n.op == "Transpose" || n.op == "Gather" || n.op == "Slice" || n.op == "Split"));
 }
 
 // Q, K or V [B, H, S, D] (from Attention's 3-D form [B, S, H * D]: split and transposed) as
@@ -419,16 +406,6 @@ bool sink_transpose_below_projection(ir::Graph& g, const std::string& z) {
   for (ir::Node& n : added) g.nodes.push_back(std::move(n));
   g.topological_sort();
   return true;
-}
-
-// The furthest tensor `value` comes from through layers that only move elements.
-std::string chain_root(const ir::Graph& g, std::string value) {
-  for (int steps = 0; steps < 64; ++steps) {
-    const ir::Node* p = producer_node(g, value);
-    if (!p || !moves_elements(*p) || p->inputs.empty() || p->inputs[0].empty()) break;
-    value = p->inputs[0];
-  }
-  return value;
 }
 
 // The layout changes on the far side of the projections around the attention writing `y`

@@ -29,11 +29,6 @@ namespace kiln::passes {
 
 namespace {
 
-const ir::Node* producer_node(const ir::Graph& g, const std::string& value) {
-  const int p = value.empty() ? -1 : g.producer(value);
-  return p < 0 ? nullptr : &g.nodes[static_cast<size_t>(p)];
-}
-
 bool is_onnx(const ir::Node* n, const char* op) { return n && n->domain.empty() && n->op == op; }
 
 // The element of a float constant holding one element (of any rank), or nullopt.

@@ -54,6 +54,11 @@ int fuse_epilogue(ir::Graph& graph);
 // `notes` says which element of the pattern failed.
 int fuse_attention(ir::Graph& graph, std::vector<std::string>& notes);
 
+// Q, K and V (or K and V) projected from one tensor by constant matrices [+ bias] -> one MatMul
+// by the matrices side by side [+ one bias] and a Split, where fold_attention_views then reads
+// the heads from the packed product in place (tried on a copy first).
+int pack_attention_projections(ir::Graph& graph);
+
 // With every shape known: an Attention whose Q, K or V come through layers that only move
 // elements (Reshape, Transpose, Gather of one index, Slice, Split, ...) or whose Y goes through
 // Transposes and Reshapes -> kiln::StridedAttention reading and writing those tensors in place.

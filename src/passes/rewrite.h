@@ -63,4 +63,30 @@ inline void make_constant(ir::Graph& g, const std::string& name, Tensor t) {
   g.set_value(std::move(v));
 }
 
+// The node writing `value`, or nullptr for a graph input, a constant or an empty name.
+inline const ir::Node* producer_node(const ir::Graph& g, const std::string& value) {
+  const int p = value.empty() ? -1 : g.producer(value);
+  return p < 0 ? nullptr : &g.nodes[static_cast<size_t>(p)];
+}
+
+// Layers that change a tensor's shape but not its elements' order.
+inline bool reshapes_only(const ir::Node& n) {
+  return n.domain.empty() && (n.op == "Reshape" || n.op == "Squeeze" || n.op == "Unsqueeze" || n.op == "Flatten");
+}
+
+// Layers whose output is a strided view of their input 0 (passes/fold_attention_views.cc).
+inline bool moves_elements(const ir::Node& n) {
+  return reshapes_only(n) || (n.domain.empty() && (n.op == "Transpose" || n.op == "Gather" || n.op == "Slice" || n.op == "Split"));
+}
+
+// The furthest tensor `value` comes from through layers that only move elements.
+inline std::string chain_root(const ir::Graph& g, std::string value) {
+  for (int steps = 0; steps < 64; ++steps) {
+    const ir::Node* p = producer_node(g, value);
+    if (!p || !moves_elements(*p) || p->inputs.empty() || p->inputs[0].empty()) break;
+    value = p->inputs[0];
+  }
+  return value;
+}
+
 }  // namespace kiln::passes

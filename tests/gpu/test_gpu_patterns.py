@@ -403,3 +403,49 @@ def test_patch_embedding_transpose_reads_the_convolution_as_stored(precision, ki
     assert got.shape == want.shape == (4, 64, 64)
     err = rel_l2(got, want)
     assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{precision}: relative L2 error {err:.3g}"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_query_key_value_projections_run_as_one_product(precision, kiln_bin, tmp_path):
+    """BERT's self-attention: Q, K and V each projected from x by MatMul and a bias Add, heads
+    split by Reshape and Transpose, a padding mask. The three projections run as one FusedMatMul
+    of 3E columns whose heads the StridedAttention layer reads in place (no Split, no copies), and
+    the output matches the unoptimized CPU engine."""
+    batch, seq, heads, head = 2, 13, 3, 16
+    width = heads * head
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(np.array([batch, seq, heads, head], np.int64), "split_heads"),
+             numpy_helper.from_array(np.array([batch, seq, width], np.int64), "merge_heads"),
+             numpy_helper.from_array(np.array(np.sqrt(head), np.float32), "root")]
+    nodes = []
+    for n in ("q", "k", "v"):
+        inits += [numpy_helper.from_array((rng.standard_normal([width, width]) * 0.1).astype(np.float32), f"w_{n}"),
+                  numpy_helper.from_array((rng.standard_normal([width]) * 0.1).astype(np.float32), f"b_{n}")]
+        nodes += [helper.make_node("MatMul", ["x", f"w_{n}"], [f"{n}_mm"]),
+                  helper.make_node("Add", [f"{n}_mm", f"b_{n}"], [f"{n}_proj"]),
+                  helper.make_node("Reshape", [f"{n}_proj", "split_heads"], [f"{n}_bshd"]),
+                  helper.make_node("Transpose", [f"{n}_bshd"], [n], perm=[0, 2, 3, 1] if n == "k" else [0, 2, 1, 3])]
+    nodes += [helper.make_node("MatMul", ["q", "k"], ["s"]),
+              helper.make_node("Div", ["s", "root"], ["sd"]),
+              helper.make_node("Add", ["sd", "mask"], ["sm"]),
+              helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["y4"]),
+              helper.make_node("Transpose", ["y4"], ["y_bshd"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["y_bshd", "merge_heads"], ["y"])]
+    graph = helper.make_graph(nodes, "bert_self_attention",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, width]),
+                               helper.make_tensor_value_info("mask", TensorProto.FLOAT, [batch, 1, 1, seq])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    engine, ops = engine_ops(kiln_bin, path, precision, tmp_path)
+    print(precision, ops)
+    assert [op for op in ops if op != "Reformat"] == ["FusedMatMul", "StridedAttention"], ops
+    x = rng.standard_normal([batch, seq, width]).astype(np.float32)
+    mask = np.zeros([batch, 1, 1, seq], np.float32)
+    mask[1, ..., -4:] = np.finfo(np.float32).min
+    want = run_kiln(kiln_bin, path, [x, mask], ["x", "mask"], str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
+    got = run_kiln(kiln_bin, engine, [x, mask], ["x", "mask"], str(tmp_path / "gpu"))["y"]
+    assert got.shape == want.shape == (batch, seq, width)
+    err = rel_l2(got, want)
+    assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{precision}: relative L2 error {err:.3g}"
