@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                   "onnx_bytes": os.path.getsize(onnx)},
         "device": {"kind": a.device, "name": device_name(a.device), "torch": torch.__version__,
                    "kiln": subprocess.run([find_kiln(a.kiln_bin), "--version"], capture_output=True,
-                                          text=True).stdout.strip().removeprefix("kiln ")},
+                                          text=True).stdout.strip().splitlines()[0].removeprefix("kiln ")},
         "timing": (f"{a.runs} timed runs after {a.warmup} warm-up runs per configuration; "
                    + ("CUDA events around each call, synchronized after each (PyTorch and kiln alike)"
                       if a.device == "cuda" else "wall clock around each call (PyTorch and kiln alike)"))

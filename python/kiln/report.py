@@ -313,10 +313,11 @@ def write_report(results: dict, out_dir: str, title: str | None = None) -> dict:
     if acc.get("entries"):
         tables += ["<h2>Accuracy</h2>",
                    html.escape(f"Against {acc.get('reference', '?')}, on {acc.get('inputs', '?')}."),
-                   _table(["runtime", "variant", "top-1 agreement", "max abs diff", "cosine", "top-1"],
+                   _table(["runtime", "variant", "top-1 agreement", "max abs diff", "cosine", "relative L2", "top-1"],
                           [[html.escape(e["runtime"]), html.escape(e["variant"]), _num(e.get("top1_agreement"), "{:.4f}"),
                             _num(e.get("max_abs_diff"), "{:.3g}"), _num(e.get("cosine"), "{:.6f}"),
-                            _num(e.get("top1"), "{:.4f}")] for e in acc["entries"]])]
+                            _num(e.get("relative_l2"), "{:.3g}"), _num(e.get("top1"), "{:.4f}")]
+                           for e in acc["entries"]])]
     meta = (f"Model {html.escape(str(model.get('name')))} ({html.escape(str(model.get('onnx', '')))}, input "
             f"{html.escape(str(model.get('input_shape')))}); device {html.escape(str(device.get('name')))} "
             f"({html.escape(str(device.get('kind')))}), PyTorch {html.escape(str(device.get('torch')))}, kiln "

@@ -251,6 +251,17 @@ bool head_layout(View v, bool three_d, int64_t heads, ir::HeadLayout& out) {
 
 // --- moving layout changes of the leading axes across projections ---------------------------
 
+// Transpose(from, perm) -> to: a layout change the pass moved.
+ir::Node layout_transpose(ir::Graph& g, const std::string& from, const std::vector<int64_t>& perm, const std::string& to) {
+  ir::Node n;
+  n.name = g.unique_name(to + "_layout");
+  n.op = "Transpose";
+  n.attrs.set("perm", perm);
+  n.inputs = {from};
+  n.outputs = {to};
+  return n;
+}
+
 bool keeps_last_axis(const std::vector<int64_t>& perm) {
   return !perm.empty() && perm.back() == static_cast<int64_t>(perm.size()) - 1;
 }
@@ -331,13 +342,7 @@ bool lift_transpose_above_projection(ir::Graph& g, const std::string& value) {
     g.set_value(typed_value(projected, dtype, unpermuted));
     a.outputs[0] = projected;
   }
-  ir::Node moved;
-  moved.name = g.unique_name(value + "_layout");
-  moved.op = "Transpose";
-  moved.attrs.set("perm", perm);
-  moved.inputs = {projected};
-  moved.outputs = {value};
-  g.nodes.push_back(std::move(moved));
+  g.nodes.push_back(layout_transpose(g, projected, perm, value));
   g.topological_sort();
   return true;
 }
@@ -388,13 +393,7 @@ bool sink_transpose_below_projection(ir::Graph& g, const std::string& z) {
   g.set_value(typed_value(projected, out_type, {rows, p_shape->back()}));
   std::vector<ir::Node> added;
   added.push_back(reshape_node(z, z_split, zs));
-  ir::Node moved;
-  moved.name = g.unique_name(z + "_layout");
-  moved.op = "Transpose";
-  moved.attrs.set("perm", perm);
-  moved.inputs = {zs};
-  moved.outputs = {zt};
-  added.push_back(std::move(moved));
+  added.push_back(layout_transpose(g, zs, perm, zt));
   added.push_back(reshape_node(zt, {rows, width}, zr));
   added.push_back(reshape_node(projected, *final_shape, out));
   ir::Node& proj = g.nodes[static_cast<size_t>(p_index)];

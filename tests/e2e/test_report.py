@@ -37,7 +37,7 @@ def sample_results() -> dict:
                    "activation_bytes": 50 << 20}],
         "accuracy": {"reference": "pytorch eager-fp32", "inputs": "random",
                      "entries": [{"runtime": "kiln", "variant": "fp16", "top1_agreement": 0.99, "max_abs_diff": 0.01,
-                                  "cosine": 0.9999, "top1": None},
+                                  "cosine": 0.9999, "relative_l2": 0.00123, "top1": None},
                                  {"runtime": "pytorch", "variant": "compile", "top1_agreement": 1.0,
                                   "max_abs_diff": 1e-5, "cosine": 1.0, "top1": None}]},
     }
@@ -58,6 +58,7 @@ def test_report_writes_every_chart_and_the_tables(tmp_path):
     assert not re.search(r"""(src|href)=["'](https?:|//|[^"'#]*\.(png|svg|js|css))""", page)
     assert "<link" not in page and "<img" not in page
     assert "no calibration data &lt;for this model&gt;" in page  # errors listed, escaped
+    assert "<th>relative L2</th>" in page and "0.00123" in page
     assert "2.00x" in page and "4.00x" in page  # kiln fp32 and fp16 over eager fp32: 4.0 / 2.0, 4.0 / 1.0
     assert "#76B900" in page
 
