@@ -46,7 +46,11 @@ class Server:
     def __init__(self, kiln_bin: str, args: list[str], log_path: str):
         self.http_port, self.grpc_port = _free_port(), _free_port()
         env = dict(os.environ, KILN_PYTHON=sys.executable)
-        self.log = open(log_path, "w+")
+        # The server appends to its own descriptor; output() reads through another one. (Reading
+        # through the server's would move the offset they share, and the server's next line would
+        # overwrite the log's start.)
+        self.log_path = log_path
+        self.log = open(log_path, "a")
         self.proc = subprocess.Popen([kiln_bin, "serve", *args, "--http-port", str(self.http_port),
                                       "--grpc-port", str(self.grpc_port)], stdout=self.log, stderr=subprocess.STDOUT,
                                      env=env)
@@ -66,9 +70,8 @@ class Server:
         raise AssertionError(f"kiln serve not ready in 180 s:\n{self.output()}")
 
     def output(self) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()
+        with open(self.log_path) as f:
+            return f.read()
 
     def metric(self, name: str, model: str) -> float:
         with urllib.request.urlopen(f"http://{self.url}/metrics", timeout=10) as r:
