@@ -402,8 +402,9 @@ PYBIND11_MODULE(_kiln, m) {
       py::arg("onnx_path"), py::arg("output_path"),
       "Writes the model after kiln's folding passes as ONNX; returns (nodes before, nodes after)");
 
-  // Calibration from Python batches: `next_batch()` returns the next batch (a numpy array) or
-  // None when there are no more. Returns {tensor name: scale}.
+  // Calibration from Python batches: `next_batch()` returns the next batch (a dict of numpy
+  // arrays by input name, or one array for a model of one input) or None when there are no
+  // more. Returns {tensor name: scale}.
   m.def(
       "calibrate",
       [](const std::string& model, py::function next_batch, const std::string& algorithm, double percentile,
@@ -414,12 +415,22 @@ PYBIND11_MODULE(_kiln, m) {
         o.percentile = percentile;
         o.max_batches = max_batches;
         o.device = parse_device(device);
+        const std::vector<TensorDesc> inputs = model_inputs(model);
         size_t count = 0;
-        o.next_batch = [&](Tensor& batch) {
+        o.next_batch = [&](calibration::Feeds& batch) {
           py::gil_scoped_acquire gil;
           py::object b = next_batch();
           if (b.is_none()) return false;
-          batch = to_tensor(b, "calibration batch " + std::to_string(++count));
+          const std::string what = "calibration batch " + std::to_string(++count);
+          if (py::isinstance<py::dict>(b)) {
+            for (const auto& [name, t] : to_tensors(b.cast<py::dict>())) batch.emplace(name, t);
+          } else {
+            if (inputs.size() != 1)
+              throw Error(ErrorKind::kInvalidArgument, what + " is one array, but " + model + " has " + std::to_string(inputs.size()) +
+                                                           " inputs")
+                  .hint("give each batch as a dict {input name: array}");
+            batch.emplace(inputs[0].name, to_tensor(b, what));
+          }
           return true;
         };
         if (progress)

@@ -36,27 +36,30 @@ __all__ = ["Builder", "BuildOptions", "Context", "Engine", "Error", "InvalidMode
 
 
 def _as_numpy(batch: Any):
-    """A calibration batch as a numpy array: DataLoader items (x, y) give x; torch tensors leave the GPU."""
+    """A calibration batch as a numpy array, or a dict of them by input name: DataLoader items
+    (x, y) give x; torch tensors leave the GPU."""
     import numpy as np
+
+    def array(x):
+        if hasattr(x, "detach"):  # a torch tensor
+            x = x.detach().cpu().numpy()
+        return np.asarray(x)
 
     if isinstance(batch, (tuple, list)) and batch and not isinstance(batch[0], (int, float)):
         batch = batch[0]
     if isinstance(batch, Mapping):
-        if len(batch) != 1:
-            raise Error(f"a calibration batch given as a dict needs exactly one entry, got {sorted(batch)}")
-        batch = next(iter(batch.values()))
-    if hasattr(batch, "detach"):  # a torch tensor
-        batch = batch.detach().cpu().numpy()
-    return np.asarray(batch)
+        return {str(name): array(value) for name, value in batch.items()}
+    return array(batch)
 
 
 def calibrate(model: str, batches: Iterable, algorithm: str = "entropy", percentile: float = 99.99,
               max_batches: int = 0, device: str = "cpu", progress: bool = True) -> dict[str, float]:
-    """INT8 scales ({tensor name: scale}) of a one-input model from any iterable of batches.
+    """INT8 scales ({tensor name: scale}) of a model from any iterable of batches.
 
-    A batch is a numpy array, a torch tensor, an (inputs, labels) pair as a DataLoader yields,
-    or a one-entry dict. The model runs in float32 on `device`; `algorithm` is entropy (as
-    TensorRT), minmax or percentile.
+    A batch is a dict {input name: array or torch tensor} with every input of the model (a
+    transformer's input_ids, attention_mask, ...), or, for a model of one input, a numpy array,
+    a torch tensor or an (inputs, labels) pair as a DataLoader yields. The model runs in float32
+    on `device`; `algorithm` is entropy (as TensorRT), minmax or percentile.
     """
     iterator = iter(batches)
 

@@ -69,8 +69,8 @@ int multiprocessors() {
 
 }  // namespace
 
-GpuHistogramCollector::GpuHistogramCollector(Context& context, std::string input, std::vector<std::string> outputs)
-    : context_(context), input_(std::move(input)), outputs_(std::move(outputs)) {
+GpuHistogramCollector::GpuHistogramCollector(Context& context, std::vector<std::string> outputs)
+    : context_(context), outputs_(std::move(outputs)) {
   cudaStream_t s = nullptr;
   KILN_CALIBRATION_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   stream_ = s;
@@ -87,11 +87,13 @@ GpuHistogramCollector::~GpuHistogramCollector() {
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
-void GpuHistogramCollector::add_batch(const Tensor& batch, std::map<std::string, AbsHistogram>& histograms) {
+void GpuHistogramCollector::add_batch(const std::map<std::string, Tensor>& batch, std::map<std::string, AbsHistogram>& histograms) {
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
   static const int sms = multiprocessors();
-  context_.set_input_shape(input_, batch.shape());
-  KILN_CALIBRATION_CHECK(cudaMemcpyAsync(context_.input_buffer(input_), batch.raw(), batch.nbytes(), cudaMemcpyHostToDevice, s));
+  for (const auto& [name, t] : batch) {
+    context_.set_input_shape(name, t.shape());
+    KILN_CALIBRATION_CHECK(cudaMemcpyAsync(context_.input_buffer(name), t.raw(), t.nbytes(), cudaMemcpyHostToDevice, s));
+  }
   context_.enqueue(s);
   const size_t count = outputs_.size();
   std::vector<int64_t> sizes(count);

@@ -20,20 +20,19 @@ namespace kiln::calibration {
 
 class GpuHistogramCollector {
  public:
-  // `context` runs a float32 engine; `input` is its one input, `outputs` the float32 outputs
-  // whose histograms are collected.
-  GpuHistogramCollector(Context& context, std::string input, std::vector<std::string> outputs);
+  // `context` runs a float32 engine; `outputs` are the float32 outputs whose histograms are
+  // collected.
+  GpuHistogramCollector(Context& context, std::vector<std::string> outputs);
   ~GpuHistogramCollector();
   GpuHistogramCollector(const GpuHistogramCollector&) = delete;
   GpuHistogramCollector& operator=(const GpuHistogramCollector&) = delete;
 
-  // Runs one batch (float32, the context's input shape) and adds every output's |x| to
-  // histograms[output name].
-  void add_batch(const Tensor& batch, std::map<std::string, AbsHistogram>& histograms);
+  // Runs one batch (a tensor for every input, by name, at the context's input shapes) and adds
+  // every output's |x| to histograms[output name].
+  void add_batch(const std::map<std::string, Tensor>& batch, std::map<std::string, AbsHistogram>& histograms);
 
  private:
   Context& context_;
-  std::string input_;
   std::vector<std::string> outputs_;
   void* stream_ = nullptr;            // cudaStream_t
   float* max_abs_ = nullptr;          // [outputs] on the device

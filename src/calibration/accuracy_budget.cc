@@ -4,11 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
+#include <iterator>
 
-#include "io/idx.h"
-#include "io/npy.h"
-#include "calibration/calibrate_model.h"
+#include "calibration/calibration_data.h"
 
 namespace kiln::calibration {
 
@@ -20,14 +18,13 @@ struct Score {
 };
 
 // The outputs of `options`' engine on every held-out batch, concatenated (first output).
-std::vector<float> outputs_of(const std::string& model, const BuildOptions& options, const std::vector<Tensor>& batches,
+std::vector<float> outputs_of(const std::string& model, const BuildOptions& options, const std::vector<Feeds>& batches,
                               int64_t& classes) {
   Engine engine = Engine::from_onnx(model, options);
-  const std::string input = engine.inputs().at(0).name;
   const std::string output = engine.outputs().at(0).name;
   std::vector<float> all;
-  for (const Tensor& b : batches) {
-    Tensor y = engine.run({{input, b}}).at(output);
+  for (const Feeds& b : batches) {
+    Tensor y = engine.run(b).at(output);
     if (y.dtype() != DType::kFloat32 || y.rank() < 1)
       throw Error(ErrorKind::kUnsupported, "--accuracy-budget compares float32 class scores; output '" + output + "' is " +
                                                to_string(y.dtype()));
@@ -60,39 +57,24 @@ Score score(const std::vector<float>& got, const std::vector<float>& want, int64
 
 }  // namespace
 
-std::vector<Tensor> heldout_batches(const std::string& data, int batch, int heldout, int& calibration_batches) {
-  namespace fs = std::filesystem;
-  std::vector<Tensor> batches;
-  std::error_code ec;
-  if (data == "fashion-mnist") {  // the end of the train split
-    const io::LabeledImages train = io::load_fashion_mnist("train");
-    const int64_t n = train.images.dim(0), total = n / batch;
-    calibration_batches = static_cast<int>(total - heldout);
-    for (int64_t b = total - heldout; b < total; ++b) batches.push_back(io::fashion_mnist_input(train, b * batch, (b + 1) * batch));
-    return batches;
-  }
-  if (fs::is_directory(data, ec)) {
-    std::vector<std::string> files;
-    for (const auto& e : fs::directory_iterator(data))
-      if (e.is_regular_file() && e.path().extension() == ".npy") files.push_back(e.path().string());
-    std::sort(files.begin(), files.end());
-    for (const std::string& f : files) batches.push_back(io::read_npy(f));
-  } else {
-    Tensor all = io::read_npy(data);
-    if (all.rank() < 1) throw Error(ErrorKind::kInvalidArgument, data + " holds a scalar, not a batch");
-    for (int64_t r = 0; r < all.dim(0); r += batch) batches.push_back(slice_rows(all, r, std::min(all.dim(0), r + batch)));
-  }
+std::vector<Feeds> heldout_batches(const std::string& model_path, const CalibrationSource& source, int heldout,
+                                   int& calibration_batches) {
+  CalibrationSource all = source;
+  all.max_batches = 0;
+  CalibrationData data(model_inputs(model_path), all);
+  std::vector<Feeds> batches;
+  for (Feeds b; data.next(b);) batches.push_back(std::move(b));
   if (static_cast<int>(batches.size()) <= heldout)
     throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget holds out " + std::to_string(heldout) + " of the " +
-                                                 std::to_string(batches.size()) + " calibration batches of " + data +
+                                                 std::to_string(batches.size()) + " calibration batches of " + source.data +
                                                  ", which leaves none to calibrate on")
         .hint("give more calibration data, or fewer --budget-batches");
   calibration_batches = static_cast<int>(batches.size()) - heldout;
-  return std::vector<Tensor>(batches.end() - heldout, batches.end());
+  return std::vector<Feeds>(std::make_move_iterator(batches.end() - heldout), std::make_move_iterator(batches.end()));
 }
 
 BudgetReport fit_accuracy_budget(const std::string& model, const std::map<std::string, float>& scales,
-                                 const std::vector<Tensor>& heldout, double budget_points,
+                                 const std::vector<Feeds>& heldout, double budget_points,
                                  const std::function<void(const std::string&)>& log) {
   BudgetReport report;
   report.budget_points = budget_points;

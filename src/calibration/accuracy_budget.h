@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kiln/kiln.h"
+#include "calibration/calibration_data.h"
 
 namespace kiln::calibration {
 
@@ -35,15 +36,16 @@ struct BudgetReport {
   bool met = false;
 };
 
-// `scales`: the calibrated scales; `heldout`: batches for the model's single input, not used
-// for calibration. Classifier outputs ([N, classes], or [..., classes]) are compared row by row.
+// `scales`: the calibrated scales; `heldout`: batches (every input's tensor), not used for
+// calibration. Classifier outputs ([N, classes], or [..., classes]) are compared row by row.
 BudgetReport fit_accuracy_budget(const std::string& model_path, const std::map<std::string, float>& scales,
-                                 const std::vector<Tensor>& heldout, double budget_points,
+                                 const std::vector<Feeds>& heldout, double budget_points,
                                  const std::function<void(const std::string&)>& log = nullptr);
 
-// Splits calibration data (a .npy file, rows in batches of `batch`, or a folder of .npy
-// batches) into its last `heldout` batches (returned) and the number of batches before them
-// (`calibration_batches`, for CalibrationOptions::max_batches).
-std::vector<Tensor> heldout_batches(const std::string& data, int batch, int heldout, int& calibration_batches);
+// Splits calibration data (any source of calibration_data.h but the caller's) into its last
+// `heldout` batches (returned) and the number of batches before them (`calibration_batches`,
+// for CalibrationOptions::max_batches).
+std::vector<Feeds> heldout_batches(const std::string& model_path, const CalibrationSource& source, int heldout,
+                                   int& calibration_batches);
 
 }  // namespace kiln::calibration

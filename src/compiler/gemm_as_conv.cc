@@ -16,7 +16,10 @@ struct Product {
   int64_t k = 0, n = 0;
   std::vector<float> weights;  // [N, K]
   std::optional<std::vector<float>> bias;
-  std::vector<int64_t> out_shape;  // the output's shape for the final Reshape (-1 for a dim to infer)
+  std::string residual;  // Z, "" when absent: exactly the output's shape
+  // The output's shape for the final Reshape (-1 for the one dim to infer); empty when several
+  // dims are dynamic (batch and sequence): then A's leading dims and N, taken at run time.
+  std::vector<int64_t> out_shape;
 };
 
 bool is(const ir::Node& n, const char* op, const char* domain) { return n.op == op && n.domain == domain; }
@@ -44,8 +47,13 @@ std::optional<Product> match(const ir::Graph& g, const ir::Node& n) {
     b_is_nk = n.attrs.get_int("transB", 0) != 0;
     p.out_shape = {-1, b_is_nk ? b->dim(0) : b->dim(1)};
   } else {
-    if (a->type.rank() < 2 || !ir::all_known(*y->type.shape)) return std::nullopt;
-    p.out_shape = ir::known_values(*y->type.shape);
+    if (a->type.rank() < 2 || y->type.rank() != a->type.rank()) return std::nullopt;
+    int unknown = 0;
+    for (const ir::Dim& d : *y->type.shape) {
+      unknown += !d.known();
+      p.out_shape.push_back(d.known() ? d.value : -1);
+    }
+    if (unknown > 1) p.out_shape.clear();
   }
   p.k = b_is_nk ? b->dim(1) : b->dim(0);
   p.n = b_is_nk ? b->dim(0) : b->dim(1);
@@ -61,6 +69,11 @@ std::optional<Product> match(const ir::Graph& g, const ir::Node& n) {
     const float beta = gemm ? n.attrs.get_float("beta", 1.f) : 1.f;
     p.bias.emplace(static_cast<size_t>(p.n));
     for (int64_t i = 0; i < p.n; ++i) (*p.bias)[static_cast<size_t>(i)] = beta * c->data<float>()[i];
+  }
+  if (n.has_input(3)) {
+    const ir::Value* z = g.find_value(n.inputs[3]);
+    if (!z || z->type.dtype != DType::kFloat32 || !z->type.shape || z->type.shape != y->type.shape) return std::nullopt;
+    p.residual = n.inputs[3];
   }
   return p;
 }
@@ -93,6 +106,8 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
     else if (!quantizable(act.kind)) why = "activation has no INT8 epilogue";
     else if (p->k % 16 != 0)
       why = std::to_string(p->k) + " input features (INT8 needs multiples of 16)";
+    else if (!p->residual.empty() && p->n % 16 != 0)
+      why = "a residual over " + std::to_string(p->n) + " output features (INT8 pads them to a multiple of 16)";
     else if (!scales.count(p->a)) why = "no calibrated scale for its input " + p->a;
     if (!why.empty()) {
       if (why != "-") kept_float.push_back(n.name + ": " + why);
@@ -126,10 +141,10 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
     const int64_t padded = (p->n + 15) / 16 * 16;
     p->weights.resize(static_cast<size_t>(padded * p->k), 0.f);
     const std::string w = g.add_constant(n.name + "_as_conv_weight", Tensor::from_vector<float>({padded, p->k, 1, 1}, p->weights));
-    conv.inputs = {x4, w};
+    conv.inputs = {x4, w, ""};
     if (p->bias) {
       p->bias->resize(static_cast<size_t>(padded), 0.f);
-      conv.inputs.push_back(g.add_constant(n.name + "_as_conv_bias", Tensor::from_vector<float>({padded}, *p->bias)));
+      conv.inputs[2] = g.add_constant(n.name + "_as_conv_bias", Tensor::from_vector<float>({padded}, *p->bias));
     }
     auto image_value = [&](const std::string& name, int64_t channels) {
       ir::Value v;
@@ -140,6 +155,17 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
       if (auto s = scales.find(p->y); s != scales.end()) scales[name] = s->second;
       return name;
     };
+    if (!p->residual.empty()) {  // the skip connection, as images of the output's channels
+      const std::string z4 = reshape(g, p->residual, {-1, p->n, 1, 1}, g.unique_name(p->residual + "_as_image"), added);
+      ir::Value zv;
+      zv.name = z4;
+      zv.type.dtype = DType::kFloat32;
+      zv.type.shape = ir::Dims{m, p->n, 1, 1};
+      g.set_value(zv);
+      if (auto s = scales.find(p->residual); s != scales.end()) scales[z4] = s->second;
+      conv.inputs.push_back(z4);
+    }
+    if (conv.inputs.back().empty()) conv.inputs.pop_back();
     std::string y4 = image_value(g.unique_name(p->y + "_as_image"), padded);
     conv.outputs = {y4};
     added.push_back(std::move(conv));
@@ -153,7 +179,31 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
       slice.outputs = {y4};
       added.push_back(std::move(slice));
     }
-    reshape(g, y4, p->out_shape, p->y, added);
+    if (!p->out_shape.empty()) {
+      reshape(g, y4, p->out_shape, p->y, added);
+    } else {
+      // Shape(A)[:-1] ++ [N]: A's leading dims are the output's.
+      ir::Node lead;
+      lead.op = "Shape";
+      lead.name = g.unique_name(n.name + "_leading_dims");
+      lead.inputs = {p->a};
+      lead.outputs = {g.unique_name(p->a + "_leading_dims")};
+      lead.attrs.set("end", int64_t{-1});
+      ir::Node cat;
+      cat.op = "Concat";
+      cat.name = g.unique_name(n.name + "_output_shape");
+      cat.inputs = {lead.outputs[0], g.add_constant(cat.name + "_features", Tensor::from_vector<int64_t>({1}, {p->n}))};
+      cat.outputs = {g.unique_name(p->y + "_shape")};
+      cat.attrs.set("axis", int64_t{0});
+      ir::Node r;
+      r.op = "Reshape";
+      r.name = g.unique_name(p->y + "_reshape");
+      r.inputs = {y4, cat.outputs[0]};
+      r.outputs = {p->y};
+      added.push_back(std::move(lead));
+      added.push_back(std::move(cat));
+      added.push_back(std::move(r));
+    }
     kept.insert(kept.end(), added.begin(), added.end());
     ++rewritten;
   }

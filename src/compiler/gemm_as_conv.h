@@ -6,9 +6,12 @@
 //   Gemm / kiln::FusedGemm (A [M, K], constant B, optional constant bias C, activation)
 //   MatMul / kiln::FusedMatMul (A [..., K], constant B [K, N], optional bias, activation)
 //     -> Reshape(A, [-1, K, 1, 1]) -> kiln::FusedConv(1x1) -> Reshape(back to the output's shape)
+// A residual Z in the epilogue (kiln::FusedGemm / FusedMatMul input 3, a transformer block's
+// skip connection) becomes the convolution's residual, reshaped the same way.
 // K must be a multiple of 16; N need not: the convolution's output channels are padded to the
 // next multiple of 16 (zero weights and biases) and a Slice drops the padding after it (a
-// classifier's 1000 classes run as 1008 channels).
+// classifier's 1000 classes run as 1008 channels); a product with a residual and such N stays
+// float.
 // Only layers the INT8 pass will quantize are rewritten (see quantize_graph.h).
 #pragma once
 

@@ -35,7 +35,8 @@ struct CalibrationFlags {
 
   void add_to(CLI::App* cmd, bool data_required) {
     auto* calib = cmd->add_option("--calib", data,
-                                  "Calibration data: a .npy file (split into batches of --batch), a folder of .npy batches or of images, or fashion-mnist");
+                                  "Calibration data: a .npy file (split into batches of --batch), a folder of .npy batches or of images, or fashion-mnist; "
+                                  "for a model of several inputs, a folder of <input name>.npy files (split into batches) or of subfolders holding them (one batch each)");
     if (data_required) calib->required();
     cmd->add_option("--calib-algo", algorithm, "entropy (KL divergence, as TensorRT), minmax or percentile")
         ->capture_default_str();
@@ -62,7 +63,7 @@ struct CalibrationFlags {
     c.percentile = percentile;
     c.device = device == "cuda" ? Device::kCuda : Device::kCpu;
     c.progress = calibration_progress(tool);
-    if (calibration::is_image_folder(data)) c.image = image.options(calibration::calibration_input(model), data);
+    if (calibration::is_image_folder(data)) c.image = image.options(calibration::image_input(model), data);
     return c;
   }
 };

@@ -204,12 +204,16 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
 void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
   namespace q = calibration;
   // Held-out batches for the accuracy budget come off the end of the calibration data.
-  std::vector<Tensor> heldout;
+  q::CalibrationOptions c;
+  c.data = calib_data;
+  c.batch = calib_batch;
+  if (q::is_image_folder(calib_data)) c.image = image.options(q::image_input(model), calib_data);
+  std::vector<q::Feeds> heldout;
   int usable = 0;
   if (accuracy_budget >= 0) {
     if (calib_data.empty())
       throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget needs --calib DATA: it holds out the last batches to measure on");
-    heldout = q::heldout_batches(calib_data, calib_batch, budget_batches, usable);
+    heldout = q::heldout_batches(model, c, budget_batches, usable);
   }
   std::error_code ec;
   if (!calib_cache.empty() && std::filesystem::exists(calib_cache, ec)) {
@@ -220,15 +224,11 @@ void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
     std::cerr << "kiln: INT8 scales of " << cache.scales.size() << " tensors from " << calib_cache << "\n";
     b.int8_scales = cache.scales;
   } else if (!calib_data.empty()) {
-    q::CalibrationOptions c;
     c.algorithm = q::parse_calibration_algorithm(calib_algo);
-    c.data = calib_data;
-    c.batch = calib_batch;
     c.max_batches = calib_batches;
     if (accuracy_budget >= 0) c.max_batches = calib_batches > 0 ? std::min(calib_batches, usable) : usable;
     c.percentile = calib_percentile;
     c.device = b.device;  // GPU builds calibrate on the GPU
-    if (q::is_image_folder(calib_data)) c.image = image.options(q::calibration_input(model), calib_data);
     if (!quiet) c.progress = calibration_progress("kiln");
     q::CalibrationResult r = q::calibrate_model(model, c);
     if (!calib_cache.empty()) {

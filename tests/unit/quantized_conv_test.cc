@@ -505,6 +505,50 @@ TEST(QuantizeGraph, GemmAndMatMulRunAsInt8Convolutions) {
   EXPECT_TRUE(matmul_left);
 }
 
+// A transformer block's product with its skip connection in the epilogue
+// (kiln::FusedMatMul(A, W, bias, Z)) keeps Z as the convolution's residual; with output
+// features that need padding it stays float (the residual has no padded channels).
+TEST(QuantizeGraph, AProductsResidualStaysInItsEpilogue) {
+  testing::GraphBuilder gb;
+  gb.input("X", {2, 3, 32});
+  gb.input("R", {2, 3, 48});
+  gb.input("R10", {2, 3, 10});
+  gb.random("W", {32, 48}, -0.3f, 0.3f);
+  gb.random("B", {48}, -0.1f, 0.1f);
+  gb.random("W10", {32, 10}, -0.3f, 0.3f);
+  gb.node("FusedMatMul", {"X", "W", "B", "R"}, "out");
+  gb.last().domain = "kiln";
+  gb.last().name = "projection";
+  gb.node("FusedMatMul", {"X", "W10", "", "R10"}, "narrow_out");
+  gb.last().domain = "kiln";
+  gb.last().name = "narrow";
+  gb.output("out");
+  gb.output("narrow_out");
+  ir::Graph g = gb.build();
+  const Tensor x = testing::random_tensor({2, 3, 32}, 21);
+  const Tensor r = testing::random_tensor({2, 3, 48}, 22);
+  const Tensor r10 = testing::random_tensor({2, 3, 10}, 23);
+  const std::map<std::string, Tensor> feeds{{"X", x}, {"R", r}, {"R10", r10}};
+  const Tensor want = cpu::CpuEngine(g).run(feeds).at("out");
+  std::map<std::string, float> scales{{"X", amax(x) / 127.f}, {"out", amax(want) / 127.f}};
+
+  ir::Graph q = g;
+  compiler::QuantizeGraphReport rep = compiler::quantize_graph(q, scales);
+  EXPECT_EQ(rep.matrix_products, 1);
+  ASSERT_EQ(rep.kept_float.size(), 1u);
+  EXPECT_NE(rep.kept_float[0].find("narrow: a residual"), std::string::npos) << rep.kept_float[0];
+  const ir::Node* conv = nullptr;
+  for (const ir::Node& n : q.nodes)
+    if (n.op == "QConv") conv = &n;
+  ASSERT_NE(conv, nullptr);
+  EXPECT_TRUE(conv->has_input(3)) << "the residual was dropped";
+  const auto got = cpu::CpuEngine(q).run(feeds);
+  const double err = relative_l2(got.at("out"), want);
+  EXPECT_LT(err, 0.03) << "INT8 moved the output too far";
+  EXPECT_GT(err, 0.0);
+  EXPECT_EQ(relative_l2(got.at("narrow_out"), cpu::CpuEngine(g).run(feeds).at("narrow_out")), 0.0);
+}
+
 // A classifier whose class count is no multiple of 16 (10 here) runs as a 16-channel INT8
 // convolution whose extra channels (zero weights) a Slice drops; 20 input features stay float.
 TEST(QuantizeGraph, OutputFeaturesArePaddedToSixteenAndSlicedBack) {
