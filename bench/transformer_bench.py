@@ -2,7 +2,7 @@
 """Transformers on kiln's GPU engine and PyTorch, in one run on one GPU.
 
     python3 bench/transformer_bench.py --out DIR [--models bert_base,vit_b_16] [--kiln A[,B]]
-                                       [--peers] [--rounds 2]
+                                       [--precisions fp16,int8,fp8] [--peers] [--rounds 2]
 
 Models (random weights, seeded; exported with torch.onnx's TorchScript exporter, opset 17, a
 dynamic batch):
@@ -14,11 +14,14 @@ dynamic batch):
   vit_b_16   torchvision's ViT-B/16 at 224x224 (its zero-initialized classifier given seeded
              random weights); batches 1 and 128
 Each kiln binary given (--kiln: one, or two to compare an older build with a newer one; they
-are timed in alternating rounds, the order swapped every round) runs `kiln bench --fp16`.
+are timed in alternating rounds, the order swapped every round) runs `kiln bench --fp16`, and
+with --precisions also `--int8` / `--fp8` (products quantized where faster, the rest fp16) on
+scales the first binary calibrates once per model on the GPU (`kiln calibrate --device cuda`,
+entropy) from 64 rows of inputs made like the timed ones but from another seed.
 --peers adds PyTorch eager fp16 and torch.compile(mode="reduce-overhead") fp16 on the same
-inputs, timed as bench/gpu_bench.py times them. --fidelity adds each binary's fp16 output at the
-small batch against PyTorch's float32 output (cosine, relative L2 error), beside PyTorch's own
-fp16 eager output against the same float32 one. Writes DIR/transformer_bench.json and prints a
+inputs, timed as bench/gpu_bench.py times them. --fidelity adds each binary's output at the
+small batch in every precision against PyTorch's float32 output (cosine, relative L2 error),
+beside PyTorch's own fp16 eager output against the same float32 one. Writes DIR/transformer_bench.json and prints a
 table; commit the JSON under bench/results/. Exports, engines' JSON and profiles stay in
 --work (default DIR/work).
 """
@@ -58,10 +61,10 @@ def bert_module(name: str):
     return Wrapper(bert)
 
 
-def inputs_for(name: str, batch: int):
+def inputs_for(name: str, batch: int, seed: int | None = None):
     import torch
 
-    g = torch.Generator().manual_seed(batch)
+    g = torch.Generator().manual_seed(batch if seed is None else seed)
     if name in SEQ:
         seq = SEQ[name]
         ids = torch.randint(0, 30522, (batch, seq), generator=g)
@@ -92,26 +95,46 @@ def export(name: str, path: str) -> None:
         return
     module = module_for(name)
     args = tuple(inputs_for(name, 2))
-    names = ["input_ids", "attention_mask"] if name in SEQ else ["input"]
+    names = input_names(name)
     torch.onnx.export(module, args, path, dynamo=False, opset_version=17, input_names=names, output_names=["output"],
                       dynamic_axes={n: {0: "batch"} for n in names + ["output"]})
 
 
-def kiln_bench(kiln: str, model: str, batches: list[int], work: str, tag: str) -> dict[int, tuple[float, float]]:
-    """`kiln bench --fp16`: per batch, the median latency (ms) and the engine's build time (s,
-    cold: kiln bench builds without a timing cache)."""
+def precision_flags(precision: str, cache: str | None) -> list[str]:
+    return ["--fp16"] if precision == "fp16" else [f"--{precision}", "--calib-cache", cache]
+
+
+def calibrate(kiln: str, name: str, model: str, work: str) -> tuple[str, float]:
+    """Scales for --int8 / --fp8: 64 rows of inputs (another seed than the timed ones), batches
+    of 16, histograms on the GPU. Returns (cache, seconds)."""
+    import numpy as np
+
+    data = os.path.join(work, f"calib_{name}")
+    os.makedirs(data, exist_ok=True)
+    for n, x in zip(input_names(name), inputs_for(name, 64, seed=1000)):
+        np.save(os.path.join(data, f"{n}.npy"), x.numpy())
+    cache = os.path.join(work, f"{name}.calib")
+    t0 = time.time()
+    r = gpu_bench.run([kiln, "calibrate", model, "--calib", data, "--batch", "16", "--device", "cuda", "-o", cache])
+    print(r.stdout[-500:], flush=True)
+    return cache, time.time() - t0
+
+
+def kiln_bench(kiln: str, model: str, batches: list[int], work: str, tag: str, flags: list[str]) -> dict[int, tuple[float, float]]:
+    """`kiln bench` with `flags` (the precision): per batch, the median latency (ms) and the
+    engine's build time (s, cold: kiln bench builds without a timing cache)."""
     js = os.path.join(work, f"kiln_{tag}_{os.path.basename(model)}.json")
-    r = gpu_bench.run([kiln, "bench", model, "--fp16", "--batches", ",".join(map(str, batches)), "--json", js])
+    r = gpu_bench.run([kiln, "bench", model, *flags, "--batches", ",".join(map(str, batches)), "--json", js])
     print(r.stdout[-2000:], flush=True)
     with open(js) as f:
         return {row["batch"]: (row["latency_ms"]["median"], row.get("build_s", float("nan")))
                 for row in json.load(f)["results"]}
 
 
-def profile_by_op(kiln: str, model: str, batch: int, work: str) -> dict:
+def profile_by_op(kiln: str, model: str, batch: int, work: str, flags: list[str], tag: str) -> dict:
     """`kiln bench --profile` at one batch: each op type's share of the layers' time."""
-    js = os.path.join(work, f"profile_{os.path.basename(model)}_{batch}.json")
-    gpu_bench.run([kiln, "bench", model, "--fp16", "--batch", str(batch), "--profile", "--json", js])
+    js = os.path.join(work, f"profile_{tag}_{os.path.basename(model)}_{batch}.json")
+    gpu_bench.run([kiln, "bench", model, *flags, "--batch", str(batch), "--profile", "--json", js])
     with open(js) as f:
         prof = json.load(f)["results"][0]["profile"]
     by_op: dict[str, float] = {}
@@ -148,14 +171,19 @@ def peers(name: str, batches: list[int]) -> list[dict]:
     return rows
 
 
-def fidelity(binaries: list[str], name: str, model: str, batch: int, work: str) -> dict:
-    """Each binary's fp16 output (`kiln run --device cuda --fp16`) and PyTorch's fp16 eager output
-    against PyTorch's float32 output, on the same inputs: cosine similarity, relative L2 error."""
+def input_names(name: str) -> list[str]:
+    return ["input_ids", "attention_mask"] if name in SEQ else ["input"]
+
+
+def fidelity(binaries: list[str], name: str, model: str, batch: int, work: str, precisions: dict[str, str | None]) -> dict:
+    """Each binary's output in each precision (`kiln run --device cuda` with the precision's flags)
+    and PyTorch's fp16 eager output against PyTorch's float32 output, on the same inputs: cosine
+    similarity, relative L2 error."""
     import numpy as np
     import torch
 
     xs = inputs_for(name, batch)
-    names = ["input_ids", "attention_mask"] if name in SEQ else ["input"]
+    names = input_names(name)
     args = []
     for n, x in zip(names, xs):
         np.save(os.path.join(work, f"fidelity_{n}.npy"), x.numpy())
@@ -169,9 +197,12 @@ def fidelity(binaries: list[str], name: str, model: str, batch: int, work: str) 
     del m
     torch.cuda.empty_cache()
     for i, b in enumerate(binaries):
-        out_dir = os.path.join(work, f"fidelity_out_{i}")
-        gpu_bench.run([b, "run", model, "--device", "cuda", "--fp16", "--top-k", "0", "-o", out_dir, *args])
-        outs[f"binary{i}"] = np.load(os.path.join(out_dir, "output.npy"))
+        for precision, cache in precisions.items():
+            key = f"binary{i}" + ("" if precision == "fp16" else f"_{precision}")
+            out_dir = os.path.join(work, f"fidelity_out_{key}")
+            gpu_bench.run([b, "run", model, "--device", "cuda", *precision_flags(precision, cache), "--top-k", "0", "-o", out_dir,
+                           *args])
+            outs[key] = np.load(os.path.join(out_dir, "output.npy"))
     row = {"batch": batch, "reference": "torch float32"}
     for key, out in outs.items():
         out = out.astype(np.float64).reshape(ref.shape)
@@ -188,7 +219,8 @@ def main() -> None:
     ap.add_argument("--kiln", default=gpu_bench.kiln_bin(), help="kiln binaries, comma-separated (A,B compares them)")
     ap.add_argument("--peers", action="store_true", help="also PyTorch eager fp16 and torch.compile reduce-overhead")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--profile", action="store_true", help="also each op type's time at the large batch (last binary)")
+    ap.add_argument("--precisions", default="fp16", help="kiln precisions, comma-separated, of fp16, int8, fp8")
+    ap.add_argument("--profile", action="store_true", help="also each op type's time at the large batch (last binary, each precision)")
     ap.add_argument("--fidelity", action="store_true", help="also fp16 outputs against PyTorch float32 (small batch)")
     ap.add_argument("--work", default=None, help="folder for exports and per-run files (default: DIR/work)")
     a = ap.parse_args()
@@ -198,39 +230,53 @@ def main() -> None:
     binaries = a.kiln.split(",")
     result = {"schema": "kiln.transformer-bench/1", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "machine": gpu_bench.machine(), "kiln": binaries, "models": {}}
+    precisions = a.precisions.split(",")
+    for p in precisions:
+        if p not in ("fp16", "int8", "fp8"):
+            sys.exit(f"transformer_bench: unknown precision '{p}' (fp16, int8, fp8)")
     for name in a.models.split(","):
         path = os.path.join(work, f"{name}.onnx")
         export(name, path)
         batches = BATCHES[name]
-        times: dict[str, dict[int, list[float]]] = {b: {bs: [] for bs in batches} for b in binaries}
-        builds: dict[str, dict[int, list[float]]] = {b: {bs: [] for bs in batches} for b in binaries}
-        for rnd in range(a.rounds):
-            order = binaries if rnd % 2 == 0 else binaries[::-1]
-            for b in order:
-                tag = f"{binaries.index(b)}_{rnd}"
-                for bs, (ms, build_s) in kiln_bench(b, path, batches, work, tag).items():
-                    times[b][bs].append(ms)
-                    builds[b][bs].append(build_s)
+        caches: dict[str, str | None] = {p: None for p in precisions}
         entry = {"batches": batches, "kiln": {}}
-        for i, b in enumerate(binaries):
-            entry["kiln"][f"binary{i}"] = {str(bs): {"median_ms_per_round": v, "mean_ms": statistics.mean(v),
-                                                     "build_s_per_round": builds[b][bs]}
-                                           for bs, v in times[b].items()}
+        if any(p != "fp16" for p in precisions):
+            cache, seconds = calibrate(binaries[0], name, path, work)
+            caches = {p: (None if p == "fp16" else cache) for p in precisions}
+            entry["calibration"] = {"rows": 64, "batch": 16, "device": "cuda", "algorithm": "entropy", "seconds": seconds}
+        runs = [(b, p) for b in binaries for p in precisions]
+        times = {run: {bs: [] for bs in batches} for run in runs}
+        builds = {run: {bs: [] for bs in batches} for run in runs}
+        for rnd in range(a.rounds):
+            order = runs if rnd % 2 == 0 else runs[::-1]
+            for b, p in order:
+                tag = f"{binaries.index(b)}_{p}_{rnd}"
+                for bs, (ms, build_s) in kiln_bench(b, path, batches, work, tag, precision_flags(p, caches[p])).items():
+                    times[(b, p)][bs].append(ms)
+                    builds[(b, p)][bs].append(build_s)
+        for (b, p), per_batch in times.items():
+            key = f"binary{binaries.index(b)}" + ("" if p == "fp16" else f"_{p}")
+            entry["kiln"][key] = {str(bs): {"median_ms_per_round": v, "mean_ms": statistics.mean(v),
+                                            "build_s_per_round": builds[(b, p)][bs]}
+                                  for bs, v in per_batch.items()}
         if a.profile:
-            entry["profile"] = profile_by_op(binaries[-1], path, batches[-1], work)
-            print(json.dumps({"model": name, **entry["profile"]}), flush=True)
+            for p in precisions:
+                key = "profile" + ("" if p == "fp16" else f"_{p}")
+                entry[key] = profile_by_op(binaries[-1], path, batches[-1], work, precision_flags(p, caches[p]), p)
+                print(json.dumps({"model": name, "precision": p, **entry[key]}), flush=True)
         if a.fidelity:
-            entry["fidelity"] = fidelity(binaries, name, path, batches[0], work)
+            entry["fidelity"] = fidelity(binaries, name, path, batches[0], work, caches)
         if a.peers:
             entry["peers"] = peers(name, batches)
         result["models"][name] = entry
         with open(os.path.join(a.out, "transformer_bench.json"), "w") as f:
             json.dump(result, f, indent=1)
-    print(f"{'model':<10} {'batch':>5} " + " ".join(f"{'kiln' + str(i):>10}" for i in range(len(binaries))) +
+    columns = [k for k in next(iter(result["models"].values()))["kiln"]] if result["models"] else []
+    print(f"{'model':<10} {'batch':>5} " + " ".join(f"{c:>12}" for c in columns) +
           (f" {'eager':>10} {'compile':>10}" if a.peers else ""))
     for name, entry in result["models"].items():
         for bs in entry["batches"]:
-            cells = [f"{entry['kiln'][f'binary{i}'][str(bs)]['mean_ms']:10.3f}" for i in range(len(binaries))]
+            cells = [f"{entry['kiln'][c][str(bs)]['mean_ms']:12.3f}" for c in columns]
             if a.peers:
                 for cfg in ("torch_eager_fp16", "torch_compile_reduce-overhead_fp16"):
                     cells.append(next(f"{r['median_ms']:10.3f}" for r in entry["peers"] if r["cfg"] == cfg and r["batch"] == bs))

@@ -67,7 +67,8 @@ struct BuildOptions {
   // Run nodes without a GPU layer on the CPU (slow; otherwise such nodes fail the build).
   bool allow_cpu_fallback = false;
   // Extra graph outputs, for debugging (like Polygraphy's --onnx-outputs): value names, or
-  // "all" for every node output. Marked values are kept as they are (not fused away).
+  // "all" for every floating-point node output. Marked values are kept as they are (not fused
+  // away).
   std::vector<std::string> mark_outputs;
   // kInt8: the calibrated scale of each activation (value name -> scale; real = int8 * scale),
   // as `kiln calibrate` writes them (quantization/calibration_cache.h reads its files), and

@@ -5,7 +5,7 @@
     kiln report out/results.json -o out/report
 
 PyTorch: eager fp32, eager fp16 (GPU), torch.compile(mode="reduce-overhead") (fp16 on a GPU,
-fp32 on the CPU). kiln: fp32, fp16 (GPU), int8 engines through the `kiln` command line
+fp32 on the CPU). kiln: fp32, fp16 (GPU), int8 and fp8 engines through the `kiln` command line
 (`kiln bench` times them, `kiln run` gives their outputs, `kiln build` their engine files).
 The model is a torchvision name, a transformer by name (bert_base, bert_large, roberta_base,
 distilbert_base, gpt2, hf:TYPE[:KEY=VALUE,...]; text models take --seq-len tokens) or
@@ -37,7 +37,8 @@ import numpy as np
 
 SCHEMA = "kiln.compare/1"
 TORCH_VARIANTS = ("eager-fp32", "eager-fp16", "compile")
-KILN_VARIANTS = ("fp32", "fp16", "int8")
+KILN_VARIANTS = ("fp32", "fp16", "int8", "fp8")
+DEFAULT_KILN_VARIANTS = ("fp32", "fp16", "int8")
 
 
 def log(message: str) -> None:
@@ -191,16 +192,23 @@ class Comparison:
         flags = ["--device", self.a.device, f"--{variant}"]
         if self.a.device == "cuda":  # every build of the comparison shares its layer timings
             flags += ["--timing-cache", os.path.join(self.work, "timing.cache")]
-        if variant == "int8":
+        if variant in ("int8", "fp8"):  # one calibration for both
             flags += ["--calib", self.calib, "--calib-batch", "8", "--calib-cache", os.path.join(self.work, "model.calib")]
         return flags
 
     def run_kiln(self, onnx: str, x_acc: list[np.ndarray], ref: np.ndarray, spec) -> None:
         a = self.a
         self.kiln = find_kiln(a.kiln_bin)
-        self.calib = a.calib or os.path.join(self.work, "calib.npy")
-        if not a.calib:
+        if a.calib:
+            self.calib = a.calib
+        elif len(spec.input_names) == 1:
+            self.calib = os.path.join(self.work, "calib.npy")
             np.save(self.calib, spec.make_inputs(a.calib_images, 5)[0])
+        else:  # a folder of <input>.npy, every input's rows split into the same batches
+            self.calib = os.path.join(self.work, "calib")
+            os.makedirs(self.calib, exist_ok=True)
+            for name, rows in zip(spec.input_names, spec.make_inputs(a.calib_images, 5)):
+                np.save(os.path.join(self.calib, f"{name}.npy"), rows)
         input_flags = []
         for name, x in zip(spec.input_names, x_acc):
             x_path = os.path.join(self.work, f"accuracy_{name}.npy")
@@ -274,10 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--channels", type=int, default=3)
     p.add_argument("--seq-len", type=int, default=128, help="text models: tokens per input")
     p.add_argument("--torch", default=",".join(TORCH_VARIANTS), help=f"PyTorch variants ({', '.join(TORCH_VARIANTS)})")
-    p.add_argument("--kiln", default=",".join(KILN_VARIANTS), help=f"kiln variants ({', '.join(KILN_VARIANTS)})")
+    p.add_argument("--kiln", default=",".join(DEFAULT_KILN_VARIANTS), help=f"kiln variants ({', '.join(KILN_VARIANTS)})")
     p.add_argument("--runs", type=int, default=50, help="timed runs per configuration")
     p.add_argument("--warmup", type=int, default=10, help="untimed runs first")
-    p.add_argument("--calib", help="INT8 calibration data for kiln (a .npy batch file or a folder; default: random inputs)")
+    p.add_argument("--calib", help="INT8/FP8 calibration data for kiln (as kiln calibrate's --calib; default: random inputs)")
     p.add_argument("--calib-images", type=int, default=32, help="random calibration inputs when --calib is not given")
     p.add_argument("--accuracy-batch", type=int, default=8, help="rows of the batch the outputs are compared on")
     p.add_argument("--kiln-bin", help="the kiln executable (default: $KILN_BIN, kiln on the PATH)")

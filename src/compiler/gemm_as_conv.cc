@@ -97,6 +97,9 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
   std::vector<ir::Node> kept;
   kept.reserve(g.nodes.size());
   const std::vector<ir::Node> nodes = g.nodes;
+  // One image view of each activation, however many products read it, so that the INT8 pass
+  // quantizes it once (a transformer's Q, K and V products share theirs).
+  std::map<std::string, std::string> as_image;
   for (const ir::Node& n : nodes) {
     std::optional<Product> p = match(g, n);
     const ir::Activation act = ir::Activation::from_node(n);
@@ -122,13 +125,16 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
       m = m.known() && dim.known() ? ir::Dim(m.value * dim.value) : ir::Dim::unknown();
     }
     std::vector<ir::Node> added;
-    const std::string x4 = reshape(g, p->a, {-1, p->k, 1, 1}, g.unique_name(p->a + "_as_image"), added);
-    ir::Value xv;
-    xv.name = x4;
-    xv.type.dtype = DType::kFloat32;
-    xv.type.shape = ir::Dims{m, p->k, 1, 1};
-    g.set_value(xv);
-    scales[x4] = scales.at(p->a);
+    std::string& x4 = as_image[p->a];
+    if (x4.empty()) {
+      x4 = reshape(g, p->a, {-1, p->k, 1, 1}, g.unique_name(p->a + "_as_image"), added);
+      ir::Value xv;
+      xv.name = x4;
+      xv.type.dtype = DType::kFloat32;
+      xv.type.shape = ir::Dims{m, p->k, 1, 1};
+      g.set_value(xv);
+      scales[x4] = scales.at(p->a);
+    }
 
     ir::Node conv;
     conv.op = "FusedConv";

@@ -61,8 +61,9 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
 ir::Graph float_graph(const std::string& model_bytes, const std::string& name, const std::string& base_dir,
                       const BuildOptions& options, QdqScales& qdq) {
   ir::Graph graph = onnx_import::import_bytes(model_bytes, name, base_dir);
-  // Named values are marked before the passes (so they survive them); "all" marks the outputs
-  // of the optimized graph's nodes, so both engines compare the same fused layers.
+  // Named values are marked before the passes (so they survive them); "all" marks the
+  // floating-point outputs of the optimized graph's nodes, so both engines compare the same
+  // fused layers.
   auto mark = [&](const std::string& v) {
     if (!v.empty() && !graph.is_graph_output(v) && !graph.constant(v)) graph.outputs.push_back(v);
   };
@@ -86,9 +87,12 @@ ir::Graph float_graph(const std::string& model_bytes, const std::string& name, c
     if (e.file_path().empty()) e.file(name);
     throw;
   }
+  // Floating-point values only: integer ones are shape arithmetic and indices, which a GPU
+  // build folds away at its shapes (marked, they would have to be computed from data).
   if (mark_all)
     for (const ir::Node& n : graph.nodes)
-      for (const std::string& out : n.outputs) mark(out);
+      for (const std::string& out : n.outputs)
+        if (const ir::Value* v = out.empty() ? nullptr : graph.find_value(out); v && is_float(v->type.dtype)) mark(out);
   return graph;
 }
 

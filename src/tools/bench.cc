@@ -222,7 +222,9 @@ Engine open_gpu_engine(const BenchOptions& o, int64_t batch, double& build_s, si
 // (an engine file runs any shape in its profile), then to `batch` in the first dimension where
 // the engine lets it vary (batch <= 0: no change). Throws naming the input when a shape lies
 // outside the profile (or the engine has fixed shapes), or names an input the engine lacks.
-void set_input_shapes(const Engine& engine, Context& context, int64_t batch, const EngineOptions& options) {
+// `engine_file`: the engine was loaded, not built here; a --dim naming none of its dynamic
+// dimensions is then a mistake (a build here uses --dim for the inputs it fixes).
+void set_input_shapes(const Engine& engine, Context& context, int64_t batch, const EngineOptions& options, bool engine_file) {
   context.set_optimization_profile(context.optimization_profile());  // opt shapes
   ShapeBindings given;
   for (const std::string& d : options.dims) given.add_dim_option(d);
@@ -247,7 +249,7 @@ void set_input_shapes(const Engine& engine, Context& context, int64_t batch, con
     if (shape != context.input_shape(d.name)) context.set_input_shape(d.name, shape);
   }
   for (const auto& [name, value] : given.dims)
-    if (!used_dims.count(name))
+    if (engine_file && !used_dims.count(name))
       throw Error(ErrorKind::kInvalidArgument, "--dim " + name + "=" + std::to_string(value) +
                                                    ": no dynamic dimension of the engine's inputs is named '" + name + "'");
   if (batch <= 0) return;
@@ -421,7 +423,7 @@ nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batc
     Engine engine = open_gpu_engine(o, -1, build_s, file_bytes);
     Context context = engine.create_context(!o.no_graph);
     for (int64_t b : batches) {
-      set_input_shapes(engine, context, b, o.engine);
+      set_input_shapes(engine, context, b, o.engine, is_engine_file(o.model));
       results.push_back(bench_context(o, engine, context, build_s, file_bytes, free_before));
     }
     return results;

@@ -181,20 +181,11 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     }
     const size_t defaulted_before = defaulted.size();
     b.input_shapes[in] = resolve_shape(in, shape, names, bindings, 1, defaulted);
-    // Profiles given: a dynamic input none of them names is a mistake (often the inputs split
-    // across repeated flags, which makes one profile per flag), not a shape of 1s.
+    // Profiles given: a dynamic input none of them names is left unbound, so that building
+    // refuses it by name (compiler/profiles.h) instead of binding it to 1s.
     if (has_profiles() && defaulted.size() > defaulted_before) {
-      std::string dims, example;
-      for (size_t i = 0; i < shape.size(); ++i) {
-        dims += (i ? " x " : "") + (shape[i] >= 0 ? std::to_string(shape[i]) : names[i].empty() ? "?" : names[i]);
-        example += (i ? "x" : "") + std::to_string(shape[i] >= 0 ? shape[i] : 1);
-      }
-      throw Error(ErrorKind::kInvalidArgument, "optimization profile 0, input '" + in +
-                                                   "': no shape range given for this dynamic input (" + dims +
-                                                   "); a profile gives every dynamic input a range")
-          .hint("name all inputs in one --min-shapes (and --opt-shapes, --max-shapes) per profile, e.g. --min-shapes " +
-                (min_shapes.empty() || min_shapes[0].empty() ? std::string() : min_shapes[0][0] + ",") + in + ":" + example +
-                " (or give this input a fixed shape with --shapes)");
+      b.input_shapes.erase(in);
+      defaulted.resize(defaulted_before);
     }
   }
   if (int8 || fp8) add_int8(model, b);

@@ -214,21 +214,22 @@ def test_compare_on_the_cpu_writes_the_documented_schema(kiln_bin, tmp_path):
 
 def test_compare_takes_a_transformer_by_name(kiln_bin, tmp_path):
     """A transformers architecture by name (hf:TYPE with a small configuration): two int64 inputs
-    of --seq-len tokens, hidden states out; kiln fp32 matches PyTorch, and top-1 agreement is null
-    for an output that is not class scores."""
+    of --seq-len tokens, hidden states out; kiln fp32 matches PyTorch, top-1 agreement is null
+    for an output that is not class scores, and INT8 calibrates on both inputs."""
     out = tmp_path / "results.json"
     name = "hf:bert:num_hidden_layers=2,hidden_size=32,num_attention_heads=4,intermediate_size=64,vocab_size=97"
     p = subprocess.run([kiln_bin, "compare", name, "--device", "cpu", "--seq-len", "12", "--batches", "1,3",
-                        "--torch", "eager-fp32", "--kiln", "fp32", "--runs", "3", "--warmup", "1",
+                        "--torch", "eager-fp32", "--kiln", "fp32,int8", "--runs", "3", "--warmup", "1",
                         "--work", str(tmp_path / "work"), "-o", str(out)], capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["model"]["inputs"] == [{"name": "input_ids", "shape": [-1, 12]}, {"name": "attention_mask", "shape": [-1, 12]}]
     measured = {(e["runtime"], e["variant"], e["batch"]) for e in r["results"] if "latency_ms" in e}
-    assert measured == {(rt, v, b) for rt, v in (("pytorch", "eager-fp32"), ("kiln", "fp32")) for b in (1, 3)}
-    (kiln_fp32,) = [e for e in r["accuracy"]["entries"] if e["runtime"] == "kiln"]
-    assert kiln_fp32["top1_agreement"] is None
-    assert kiln_fp32["relative_l2"] < 1e-5 and kiln_fp32["cosine"] > 0.99999
+    assert measured == {(rt, v, b) for rt, v in (("pytorch", "eager-fp32"), ("kiln", "fp32"), ("kiln", "int8")) for b in (1, 3)}
+    acc = {e["variant"]: e for e in r["accuracy"]["entries"] if e["runtime"] == "kiln"}
+    assert acc["fp32"]["top1_agreement"] is None
+    assert acc["fp32"]["relative_l2"] < 1e-5 and acc["fp32"]["cosine"] > 0.99999
+    assert 0 < acc["int8"]["relative_l2"] < 0.05 and acc["int8"]["cosine"] > 0.999
 
 
 def test_errors_are_subclasses_by_kind_with_kilns_fields(tmp_path):

@@ -14,7 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from test_gpu_models import rel_l2
+from test_gpu_models import rel_l2, run_kiln
 
 FP16_TOLERANCE = 1e-2
 
@@ -213,20 +213,14 @@ def test_transformer_with_dynamic_batch_and_sequence(kiln_bin, tmp_path):
             "--min-shapes", "input_ids:1x8", "attention_mask:1x8", "--opt-shapes", "input_ids:4x32", "attention_mask:4x32",
             "--max-shapes", "input_ids:8x64", "attention_mask:8x64"))
 
-    def run(target, batch, seq, tag, *extra):
-        flags = []
-        for name, value in zip(spec.input_names, export_model.input_maker(TINY_BERT, seq_len=seq)(batch, seq)):
-            np.save(tmp_path / f"{name}_{tag}.npy", value)
-            flags += ["--input", f"{name}={tmp_path / f'{name}_{tag}.npy'}"]
-        r = kiln(kiln_bin, "run", target, *flags, "-o", tmp_path / f"out_{tag}", *extra)
-        return r, tmp_path / f"out_{tag}" / "last_hidden_state.npy"
+    def inputs(batch, seq):
+        return export_model.input_maker(TINY_BERT, seq_len=seq)(batch, seq)
 
     for batch, seq in ((1, 8), (4, 32), (8, 64), (3, 13), (2, 50), (7, 9), (1, 64)):
-        r, cpu = run(model, batch, seq, f"cpu{batch}x{seq}", "--device", "cpu")
-        ok(r)
-        r, gpu = run(engine, batch, seq, f"gpu{batch}x{seq}")
-        ok(r)
-        want, got = np.load(cpu), np.load(gpu)
+        x = inputs(batch, seq)
+        want = run_kiln(kiln_bin, model, x, spec.input_names, str(tmp_path / f"cpu{batch}x{seq}"), "--device", "cpu")
+        got = run_kiln(kiln_bin, engine, x, spec.input_names, str(tmp_path / f"gpu{batch}x{seq}"))
+        want, got = want["last_hidden_state"], got["last_hidden_state"]
         assert got.shape == want.shape == (batch, seq, 64)
         err = rel_l2(got, want)
         print(f"batch {batch}, sequence {seq}: relative L2 error {err:.3g}")
@@ -240,6 +234,10 @@ def test_transformer_with_dynamic_batch_and_sequence(kiln_bin, tmp_path):
         assert ran == {"input_ids": want, "attention_mask": want}, (flags, ran)
     r = kiln(kiln_bin, "bench", engine, "--shapes", "input_ids:2x80,attention_mask:2x80", "--iterations", "5")
     assert r.returncode == 1 and "above the profile's max 64" in r.stderr, r.stderr
-    r, _ = run(engine, 2, 65, "past")
+    flags = []
+    for name, value in zip(spec.input_names, inputs(2, 65)):
+        np.save(tmp_path / f"{name}_past.npy", value)
+        flags += ["--input", f"{name}={tmp_path / f'{name}_past.npy'}"]
+    r = kiln(kiln_bin, "run", engine, *flags, "-o", tmp_path / "out_past")
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "above the profile's max 64" in r.stderr, r.stderr

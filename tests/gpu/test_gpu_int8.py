@@ -16,6 +16,7 @@ error (at most 1.25x).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -580,3 +581,57 @@ def test_quantized_where_faster(tag, kiln_bin, model_cache, tmp_path):
           f"CPU {fmt} reference vs fp32 {rel_l2(cpu[out], fp32[out]):.4f}")
     assert np.isfinite(gpu[out]).all()
     assert rel_l2(gpu[out], fp32[out]) <= GPU_ERROR_FACTOR * rel_l2(cpu[out], fp32[out])
+
+
+# A tiny transformers BERT: two inputs (int64 ids and mask), products with residual epilogues.
+TINY_BERT = "hf:bert:num_hidden_layers=2,hidden_size=32,num_attention_heads=4,intermediate_size=64,vocab_size=97"
+
+
+@pytest.mark.parametrize("tag", ["int8", "fp8"])
+def test_transformer_of_several_inputs_quantizes_and_matches_cpu(tag, kiln_bin, tmp_path):
+    """A model of several inputs calibrates on the GPU from a folder of <input>.npy files to the
+    CPU's scales (minmax: the largest |x|; the GPU's float sums differ in the last bits), and its
+    every product runs quantized (the Q/K/V product, the attention output and the feed-forward
+    products, residuals in the epilogue) to the CPU reference's output."""
+    path = str(tmp_path / "bert.onnx")
+    spec = export_model.load_model(TINY_BERT, seq_len=12)
+    export_model.export(spec, path)
+    names = list(spec.input_names)
+    make = export_model.input_maker(TINY_BERT, seq_len=12)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for name, rows in zip(names, make(32, seed=41)):
+        np.save(calib / f"{name}.npy", rows)
+    scales = {}
+    for device in ("cpu", "cuda"):
+        cache = str(tmp_path / f"{device}.calib")
+        r = subprocess.run([kiln_bin, "calibrate", path, "--calib", str(calib), "--batch", "8", "--calib-algo", "minmax",
+                            "--device", device, "-o", cache], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        scales[device] = {k: float(v) for k, v in (line.split(": ") for line in open(cache).read().splitlines()[4:])}
+    assert scales["cuda"].keys() == scales["cpu"].keys()
+    for k, v in scales["cpu"].items():
+        assert abs(scales["cuda"][k] - v) <= 1e-3 * abs(v), (k, scales["cuda"][k], v)
+
+    x = make(8, seed=42)
+    common = [f"--{tag}", f"--{tag}-all", "--calib-cache", str(tmp_path / "cpu.calib")]
+    cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
+    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
+    fp32 = run_kiln(kiln_bin, path, x, names, str(tmp_path / "fp32"), "--device", "cpu")
+    fp16 = run_kiln(kiln_bin, path, x, names, str(tmp_path / "fp16"), "--device", "cuda", "--fp16")
+    out = next(iter(cpu))
+    err, gpu_err, cpu_err = rel_l2(gpu[out], cpu[out]), rel_l2(gpu[out], fp32[out]), rel_l2(cpu[out], fp32[out])
+    fp16_err = rel_l2(fp16[out], fp32[out])
+    print(f"tiny BERT {tag}: GPU vs CPU {err:.4f}; GPU vs fp32 {gpu_err:.4f}; CPU vs fp32 {cpu_err:.4f}; "
+          f"GPU fp16 vs fp32 {fp16_err:.4f}")
+    assert 0 < cpu_err < 0.1  # quantized, and sensibly
+    # The GPU's other layers run in float16 (LayerNorm's output is quantized from it), which on
+    # this small model is an error of the size of the quantization's own: the two add up.
+    assert gpu_err <= GPU_ERROR_FACTOR * cpu_err + 2 * fp16_err
+    assert err <= 0.05
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / f"{tag}.engine")],
+                           capture_output=True, text=True, timeout=600)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    quantized = int(re.search(rf"{tag}: (\d+) convolutions in {tag.upper()}", log).group(1))
+    assert quantized >= 8, log  # four products in each of the two blocks

@@ -507,7 +507,8 @@ TEST(QuantizeGraph, GemmAndMatMulRunAsInt8Convolutions) {
 
 // A transformer block's product with its skip connection in the epilogue
 // (kiln::FusedMatMul(A, W, bias, Z)) keeps Z as the convolution's residual; with output
-// features that need padding it stays float (the residual has no padded channels).
+// features that need padding it stays float (the residual has no padded channels). Products
+// of the same activation share its quantized form.
 TEST(QuantizeGraph, AProductsResidualStaysInItsEpilogue) {
   testing::GraphBuilder gb;
   gb.input("X", {2, 3, 32});
@@ -522,8 +523,12 @@ TEST(QuantizeGraph, AProductsResidualStaysInItsEpilogue) {
   gb.node("FusedMatMul", {"X", "W10", "", "R10"}, "narrow_out");
   gb.last().domain = "kiln";
   gb.last().name = "narrow";
+  gb.random("W16", {32, 16}, -0.3f, 0.3f);
+  gb.node("MatMul", {"X", "W16"}, "sibling_out");
+  gb.last().name = "sibling";
   gb.output("out");
   gb.output("narrow_out");
+  gb.output("sibling_out");
   ir::Graph g = gb.build();
   const Tensor x = testing::random_tensor({2, 3, 32}, 21);
   const Tensor r = testing::random_tensor({2, 3, 48}, 22);
@@ -534,12 +539,13 @@ TEST(QuantizeGraph, AProductsResidualStaysInItsEpilogue) {
 
   ir::Graph q = g;
   compiler::QuantizeGraphReport rep = compiler::quantize_graph(q, scales);
-  EXPECT_EQ(rep.matrix_products, 1);
+  EXPECT_EQ(rep.matrix_products, 2);
+  EXPECT_EQ(rep.quantize_nodes, 1) << "two products of X quantize it once";
   ASSERT_EQ(rep.kept_float.size(), 1u);
   EXPECT_NE(rep.kept_float[0].find("narrow: a residual"), std::string::npos) << rep.kept_float[0];
   const ir::Node* conv = nullptr;
   for (const ir::Node& n : q.nodes)
-    if (n.op == "QConv") conv = &n;
+    if (n.op == "QConv" && n.name == "projection") conv = &n;
   ASSERT_NE(conv, nullptr);
   EXPECT_TRUE(conv->has_input(3)) << "the residual was dropped";
   const auto got = cpu::CpuEngine(q).run(feeds);
