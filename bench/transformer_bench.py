@@ -2,7 +2,7 @@
 """Transformers on kiln's GPU engine and PyTorch, in one run on one GPU.
 
     python3 bench/transformer_bench.py --out DIR [--models bert_base,vit_b_16] [--kiln A[,B]]
-                                       [--precisions fp16,int8,fp8] [--peers] [--rounds 2]
+                                       [--precisions fp16,int8,fp8] [--layer-choices] [--peers] [--rounds 2]
 
 Models (random weights, seeded; exported with torch.onnx's TorchScript exporter, opset 17, a
 dynamic batch):
@@ -17,7 +17,10 @@ Each kiln binary given (--kiln: one, or two to compare an older build with a new
 are timed in alternating rounds, the order swapped every round) runs `kiln bench --fp16`, and
 with --precisions also `--int8` / `--fp8` (products quantized where faster, the rest fp16) on
 scales the first binary calibrates once per model on the GPU (`kiln calibrate --device cuda`,
-entropy) from 64 rows of inputs made like the timed ones but from another seed.
+entropy) from 64 rows of inputs made like the timed ones but from another seed. --layer-choices
+adds, for each of int8 and fp8 given, the build's own layer-by-layer timing at the large batch
+(`kiln build -v`: each quantized product against its fp16 form, the quantize and reformat layers
+charged to it, the choice, and the whole engines timed), parsed into the JSON; the log is kept.
 --peers adds PyTorch eager fp16 and torch.compile(mode="reduce-overhead") fp16 on the same
 inputs, timed as bench/gpu_bench.py times them. --fidelity adds each binary's output at the
 small batch in every precision against PyTorch's float32 output (cosine, relative L2 error),
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -118,6 +122,31 @@ def calibrate(kiln: str, name: str, model: str, work: str) -> tuple[str, float]:
     r = gpu_bench.run([kiln, "calibrate", model, "--calib", data, "--batch", "16", "--device", "cuda", "-o", cache])
     print(r.stdout[-500:], flush=True)
     return cache, time.time() - t0
+
+
+LAYER_LINE = re.compile(r"\] (int8|fp8): (\S+): (?:INT8|FP8) ([0-9.]+) ms \+ ([0-9.]+) ms quantize/reformat "
+                        r"vs fp16 ([0-9.]+) ms -> (\S+)")
+ENGINE_LINE = re.compile(r"(int8|fp8): whole engine, (.+): ([0-9.]+) ms")
+
+
+def parse_layer_choices(log: str) -> dict:
+    """The layer-by-layer choice of a `kiln build --int8|--fp8 -v` log: every product's time in the
+    quantized engine and in the fp16 one, and the whole engines' times."""
+    layers = [{"layer": m[2], "quantized_ms": float(m[3]), "quantize_reformat_ms": float(m[4]), "fp16_ms": float(m[5]),
+               "choice": m[6]} for m in LAYER_LINE.finditer(log)]
+    engines = {m[2]: float(m[3]) for m in ENGINE_LINE.finditer(log)}
+    return {"layers": layers, "whole_engine_ms": engines}
+
+
+def layer_choices(kiln: str, name: str, model: str, batch: int, precision: str, cache: str, out: str) -> dict:
+    """`kiln build` of the quantized engine at `batch`, verbose; its log kept in `out`."""
+    engine = os.path.join(out, "work", f"choices_{precision}.engine")
+    r = gpu_bench.run([kiln, "build", model, f"--{precision}", "--calib-cache", cache, "--batch", str(batch), "-v", "-o", engine])
+    log = r.stdout + r.stderr
+    with open(os.path.join(out, f"layer_choices_{name}_b{batch}_{precision}.log"), "w") as f:
+        f.write(log)
+    return {"batch": batch, "command": f"kiln build MODEL --{precision} --calib-cache CACHE --batch {batch} -v",
+            **parse_layer_choices(log)}
 
 
 def kiln_bench(kiln: str, model: str, batches: list[int], work: str, tag: str, flags: list[str]) -> dict[int, tuple[float, float]]:
@@ -220,6 +249,8 @@ def main() -> None:
     ap.add_argument("--peers", action="store_true", help="also PyTorch eager fp16 and torch.compile reduce-overhead")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--precisions", default="fp16", help="kiln precisions, comma-separated, of fp16, int8, fp8")
+    ap.add_argument("--layer-choices", action="store_true",
+                    help="also the quantized builds' layer-by-layer timing against fp16 at the large batch (last binary)")
     ap.add_argument("--profile", action="store_true", help="also each op type's time at the large batch (last binary, each precision)")
     ap.add_argument("--fidelity", action="store_true", help="also fp16 outputs against PyTorch float32 (small batch)")
     ap.add_argument("--work", default=None, help="folder for exports and per-run files (default: DIR/work)")
@@ -259,6 +290,10 @@ def main() -> None:
             entry["kiln"][key] = {str(bs): {"median_ms_per_round": v, "mean_ms": statistics.mean(v),
                                             "build_s_per_round": builds[(b, p)][bs]}
                                   for bs, v in per_batch.items()}
+        if a.layer_choices:
+            for p in precisions:
+                if p != "fp16":
+                    entry[f"layer_choices_{p}"] = layer_choices(binaries[-1], name, path, batches[-1], p, caches[p], a.out)
         if a.profile:
             for p in precisions:
                 key = "profile" + ("" if p == "fp16" else f"_{p}")
