@@ -260,10 +260,10 @@ bool CalibrationData::next(Feeds& feeds) {
                                                    to_string(input.dtype));
   }
   if (feeds.size() != inputs_.size())
-    for (const auto& [name, t] : feeds)
-      if (std::none_of(inputs_.begin(), inputs_.end(), [&](const TensorDesc& d) { return d.name == name; }))
+    for (const auto& feed : feeds)
+      if (std::none_of(inputs_.begin(), inputs_.end(), [&](const TensorDesc& d) { return d.name == feed.first; }))
         throw Error(ErrorKind::kInvalidArgument, "calibration batch " + std::to_string(index + 1) + " of " + where(index) +
-                                                     " names '" + name + "', which is not an input of the model");
+                                                     " names '" + feed.first + "', which is not an input of the model");
   return true;
 }
 
