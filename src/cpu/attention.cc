@@ -175,6 +175,7 @@ class AttentionKernel : public Kernel {
   // dst [batch, kv_heads, past + new, size] = past (4-D, may be absent) followed by `added`.
   static void concat_cache(std::vector<float>& dst, const Tensor* past, const HeadView& added, const ir::AttentionShape& s,
                            int64_t size) {
+    if (dst.empty()) return;  // an empty cache: no row to copy (memcpy of 0 bytes to null is undefined)
     const Tensor p32 = past ? past->to_float32() : Tensor();
     const int64_t T = s.total_kv();
     for (int64_t b = 0; b < s.batch; ++b)

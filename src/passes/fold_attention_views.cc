@@ -22,6 +22,7 @@
 // so a reshape that splits them again later is still a view. Reshapes split and merge modes;
 // a chain that needs to split a mode where its size does not divide stops the fold there
 // (a shorter chain, from a later tensor, may still fold).
+#include <algorithm>
 #include <deque>
 #include <numeric>
 
@@ -145,10 +146,14 @@ bool slice(View& v, size_t axis, int64_t start, int64_t count, int64_t step) {
   return true;
 }
 
+// The shape of `value` when every dimension is known and at least 1 (views of an empty tensor
+// are not folded: a mode of size 0 has no stride to step by).
 std::optional<std::vector<int64_t>> known_shape(const ir::Graph& g, const std::string& value) {
   const ir::TensorType* t = type_of(g, value);
   if (!t || !t->shape || !ir::all_known(*t->shape)) return std::nullopt;
-  return ir::known_values(*t->shape);
+  std::vector<int64_t> shape = ir::known_values(*t->shape);
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 1; })) return std::nullopt;
+  return shape;
 }
 
 std::optional<std::vector<int64_t>> constant_ints(const ir::Graph& g, const std::string& name) {

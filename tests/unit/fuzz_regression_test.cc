@@ -14,6 +14,7 @@
 
 #include "cpu/engine.h"
 #include "graph_builder.h"
+#include "passes/passes.h"
 
 namespace kiln {
 namespace {
@@ -362,6 +363,27 @@ TEST(FuzzRegression, GridSampleOfNanOrHugePositionsReadsOnlyX) {
       if (std::string(padding) == "zeros") EXPECT_EQ(v, 0.f) << padding << " point " << i;
       else EXPECT_TRUE(v >= 1.f && v <= 4.f) << padding << " point " << i << " gives " << v;
     }
+  }
+}
+
+// fuzz_graph: fold_attention_views described an empty tensor ([2, 0, 8]) as one mode of size 0
+// and divided by it when the Reshape to heads split that mode (SIGFPE). Views of empty tensors
+// are not folded; the attention runs as it is, on empty Q, K and V. With heads of size 0 the CPU
+// kernel copied 0 bytes to a null cache row (undefined; UBSan).
+TEST(FuzzRegression, AttentionOverEmptyHeadsIsNotFolded) {
+  for (const auto& [in, heads] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{2, 0, 8}, {2, 0, 2, 4}}, {{2, 3, 0}, {2, 3, 2, 0}}}) {
+    GraphBuilder b;
+    b.input("x", ir::dims_of(in));
+    b.node("Reshape", {"x", b.ints("heads", heads)}, "split", {{"allowzero", int64_t{1}}});
+    b.node("Transpose", {"split"}, "q", {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+    b.node("Attention", {"q", "q", "q"}, "y");
+    b.output("y");
+    ir::Graph g = b.build();
+    EXPECT_EQ(passes::fold_attention_views(g), 0);
+    cpu::CpuEngine engine(b.build());
+    Tensor y = engine.run({{"x", Tensor(DType::kFloat32, in)}}).at("y");
+    EXPECT_EQ(y.shape(), (std::vector<int64_t>{heads[0], heads[2], heads[1], heads[3]}));
   }
 }
 
