@@ -124,17 +124,20 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
       const ir::Dim& dim = (*a.type.shape)[d];
       m = m.known() && dim.known() ? ir::Dim(m.value * dim.value) : ir::Dim::unknown();
     }
+    // A value of M images of `channels` channels, with the scale of `like` when it has one.
+    auto image_value = [&](const std::string& name, int64_t channels, const std::string& like) {
+      ir::Value v;
+      v.name = name;
+      v.type.dtype = DType::kFloat32;
+      v.type.shape = ir::Dims{m, channels, 1, 1};
+      g.set_value(v);
+      if (auto s = scales.find(like); s != scales.end()) scales[name] = s->second;
+      return name;
+    };
     std::vector<ir::Node> added;
     std::string& x4 = as_image[p->a];
-    if (x4.empty()) {
-      x4 = reshape(g, p->a, {-1, p->k, 1, 1}, g.unique_name(p->a + "_as_image"), added);
-      ir::Value xv;
-      xv.name = x4;
-      xv.type.dtype = DType::kFloat32;
-      xv.type.shape = ir::Dims{m, p->k, 1, 1};
-      g.set_value(xv);
-      scales[x4] = scales.at(p->a);
-    }
+    if (x4.empty())
+      x4 = image_value(reshape(g, p->a, {-1, p->k, 1, 1}, g.unique_name(p->a + "_as_image"), added), p->k, p->a);
 
     ir::Node conv;
     conv.op = "FusedConv";
@@ -152,27 +155,11 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
       p->bias->resize(static_cast<size_t>(padded), 0.f);
       conv.inputs[2] = g.add_constant(n.name + "_as_conv_bias", Tensor::from_vector<float>({padded}, *p->bias));
     }
-    auto image_value = [&](const std::string& name, int64_t channels) {
-      ir::Value v;
-      v.name = name;
-      v.type.dtype = DType::kFloat32;
-      v.type.shape = ir::Dims{m, channels, 1, 1};
-      g.set_value(v);
-      if (auto s = scales.find(p->y); s != scales.end()) scales[name] = s->second;
-      return name;
-    };
-    if (!p->residual.empty()) {  // the skip connection, as images of the output's channels
-      const std::string z4 = reshape(g, p->residual, {-1, p->n, 1, 1}, g.unique_name(p->residual + "_as_image"), added);
-      ir::Value zv;
-      zv.name = z4;
-      zv.type.dtype = DType::kFloat32;
-      zv.type.shape = ir::Dims{m, p->n, 1, 1};
-      g.set_value(zv);
-      if (auto s = scales.find(p->residual); s != scales.end()) scales[z4] = s->second;
-      conv.inputs.push_back(z4);
-    }
+    if (!p->residual.empty())  // the skip connection, as images of the output's channels
+      conv.inputs.push_back(image_value(
+          reshape(g, p->residual, {-1, p->n, 1, 1}, g.unique_name(p->residual + "_as_image"), added), p->n, p->residual));
     if (conv.inputs.back().empty()) conv.inputs.pop_back();
-    std::string y4 = image_value(g.unique_name(p->y + "_as_image"), padded);
+    std::string y4 = image_value(g.unique_name(p->y + "_as_image"), padded, p->y);
     conv.outputs = {y4};
     added.push_back(std::move(conv));
     if (padded != p->n) {
@@ -181,7 +168,7 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
       slice.name = g.unique_name(n.name + "_unpad");
       auto i64 = [&](const std::string& hint, int64_t v) { return g.add_constant(hint, Tensor::from_vector<int64_t>({1}, {v})); };
       slice.inputs = {y4, i64(slice.name + "_starts", 0), i64(slice.name + "_ends", p->n), i64(slice.name + "_axes", 1)};
-      y4 = image_value(g.unique_name(p->y + "_unpadded"), p->n);
+      y4 = image_value(g.unique_name(p->y + "_unpadded"), p->n, p->y);
       slice.outputs = {y4};
       added.push_back(std::move(slice));
     }

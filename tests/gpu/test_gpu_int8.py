@@ -441,6 +441,11 @@ def test_int8_matrix_products_match_cpu(exact, kiln_bin, tmp_path, monkeypatch):
         assert rel_l2(kernel, cpu) <= BLOCK_TOLERANCE
 
 
+def cache_scales(path) -> dict[str, float]:
+    """{tensor: scale} of a kiln calibration cache (its first four lines are the header)."""
+    return {k: float(v) for k, v in (line.split(": ") for line in open(path).read().splitlines()[4:])}
+
+
 @pytest.mark.parametrize("algo", ["entropy", "percentile", "minmax"])
 def test_gpu_calibration_histograms_match_cpu(algo, kiln_bin, tmp_path):
     """Calibration on the GPU counts its histograms on the device (calibration/abs_histogram.h). On a
@@ -467,7 +472,7 @@ def test_gpu_calibration_histograms_match_cpu(algo, kiln_bin, tmp_path):
         r = subprocess.run([kiln_bin, "calibrate", path, "--calib", calib, "--batch", "4", "--calib-algo", algo,
                             "--device", device, "-o", cache], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
-        scales[device] = {k: float(v) for k, v in (line.split(": ") for line in open(cache).read().splitlines()[4:])}
+        scales[device] = cache_scales(cache)
     print(algo, scales["cuda"])
     assert len(scales["cuda"]) >= 3  # x, the pool, the sum (the ReLU may be fused into the Add)
     assert scales["cuda"] == scales["cpu"]
@@ -608,7 +613,7 @@ def test_transformer_of_several_inputs_quantizes_and_matches_cpu(tag, kiln_bin, 
         r = subprocess.run([kiln_bin, "calibrate", path, "--calib", str(calib), "--batch", "8", "--calib-algo", "minmax",
                             "--device", device, "-o", cache], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
-        scales[device] = {k: float(v) for k, v in (line.split(": ") for line in open(cache).read().splitlines()[4:])}
+        scales[device] = cache_scales(cache)
     assert scales["cuda"].keys() == scales["cpu"].keys()
     for k, v in scales["cpu"].items():
         assert abs(scales["cuda"][k] - v) <= 1e-3 * abs(v), (k, scales["cuda"][k], v)
