@@ -78,6 +78,18 @@ std::optional<Product> match(const ir::Graph& g, const ir::Node& n) {
   return p;
 }
 
+// Why product `p` of node `n` stays float ("" when it is rewritten).
+std::string why_float(const ir::Node& n, const Product& p, const std::map<std::string, float>& scales,
+                      const std::set<std::string>& pinned_float, bool (*quantizable)(const std::string& activation)) {
+  if (pinned_float.count(n.name)) return "pinned to float";
+  if (!quantizable(ir::Activation::from_node(n).kind)) return "activation has no INT8 epilogue";
+  if (p.k % 16 != 0) return std::to_string(p.k) + " input features (INT8 needs multiples of 16)";
+  if (!p.residual.empty() && p.n % 16 != 0)
+    return "a residual over " + std::to_string(p.n) + " output features (INT8 pads them to a multiple of 16)";
+  if (!scales.count(p.a)) return "no calibrated scale for its input " + p.a;
+  return "";
+}
+
 std::string reshape(ir::Graph& g, const std::string& x, const std::vector<int64_t>& shape, const std::string& out,
                     std::vector<ir::Node>& nodes) {
   ir::Node r;
@@ -97,21 +109,34 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
   std::vector<ir::Node> kept;
   kept.reserve(g.nodes.size());
   const std::vector<ir::Node> nodes = g.nodes;
+  // The products rewritten, by node index.
+  std::set<int> rewritten_nodes;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (std::optional<Product> p = match(g, nodes[i]); p && why_float(nodes[i], *p, scales, pinned_float, quantizable).empty())
+      rewritten_nodes.insert(static_cast<int>(i));
+  // A product's output read only by rewritten products (as A or as the residual Z) goes to them
+  // as the image it is, without the Reshapes back and forth: the INT8 pass then sees one
+  // convolution feeding others, and the first writes the value quantized (a transformer's
+  // feed-forward products: the GELU's output in int8 / E4M3 straight from the first product's
+  // epilogue, not a float tensor and a quantize layer).
+  auto read_only_by_products = [&](const std::string& v) {
+    if (g.is_graph_output(v) || g.consumers(v).empty()) return false;
+    for (int c : g.consumers(v)) {
+      if (!rewritten_nodes.count(c)) return false;
+      const ir::Node& r = nodes[static_cast<size_t>(c)];
+      for (size_t k = 0; k < r.inputs.size(); ++k)
+        if (r.inputs[k] == v && k != 0 && k != 3) return false;
+    }
+    return true;
+  };
   // One image view of each activation, however many products read it, so that the INT8 pass
   // quantizes it once (a transformer's Q, K and V products share theirs).
   std::map<std::string, std::string> as_image;
-  for (const ir::Node& n : nodes) {
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const ir::Node& n = nodes[i];
     std::optional<Product> p = match(g, n);
     const ir::Activation act = ir::Activation::from_node(n);
-    std::string why;
-    if (!p) why = "-";  // not a product this rewrite takes: not reported
-    else if (pinned_float.count(n.name)) why = "pinned to float";
-    else if (!quantizable(act.kind)) why = "activation has no INT8 epilogue";
-    else if (p->k % 16 != 0)
-      why = std::to_string(p->k) + " input features (INT8 needs multiples of 16)";
-    else if (!p->residual.empty() && p->n % 16 != 0)
-      why = "a residual over " + std::to_string(p->n) + " output features (INT8 pads them to a multiple of 16)";
-    else if (!scales.count(p->a)) why = "no calibrated scale for its input " + p->a;
+    std::string why = !p ? "-" : rewritten_nodes.count(static_cast<int>(i)) ? "" : why_float(n, *p, scales, pinned_float, quantizable);
     if (!why.empty()) {
       if (why != "-") kept_float.push_back(n.name + ": " + why);
       kept.push_back(n);
@@ -155,9 +180,13 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
       p->bias->resize(static_cast<size_t>(padded), 0.f);
       conv.inputs[2] = g.add_constant(n.name + "_as_conv_bias", Tensor::from_vector<float>({padded}, *p->bias));
     }
-    if (!p->residual.empty())  // the skip connection, as images of the output's channels
-      conv.inputs.push_back(image_value(
-          reshape(g, p->residual, {-1, p->n, 1, 1}, g.unique_name(p->residual + "_as_image"), added), p->n, p->residual));
+    if (!p->residual.empty()) {  // the skip connection, as images of the output's channels
+      std::string& z4 = as_image[p->residual];
+      if (z4.empty())
+        z4 = image_value(reshape(g, p->residual, {-1, p->n, 1, 1}, g.unique_name(p->residual + "_as_image"), added), p->n,
+                         p->residual);
+      conv.inputs.push_back(z4);
+    }
     if (conv.inputs.back().empty()) conv.inputs.pop_back();
     std::string y4 = image_value(g.unique_name(p->y + "_as_image"), padded, p->y);
     conv.outputs = {y4};
@@ -172,7 +201,9 @@ int rewrite_gemms_as_convs(ir::Graph& g, std::map<std::string, float>& scales, c
       slice.outputs = {y4};
       added.push_back(std::move(slice));
     }
-    if (!p->out_shape.empty()) {
+    if (padded == p->n && read_only_by_products(p->y)) {
+      as_image[p->y] = y4;
+    } else if (!p->out_shape.empty()) {
       reshape(g, y4, p->out_shape, p->y, added);
     } else {
       // Shape(A)[:-1] ++ [N]: A's leading dims are the output's.

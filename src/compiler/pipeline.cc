@@ -58,6 +58,42 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
   ir::infer_shapes(graph);
 }
 
+TensorDesc describe(const ir::Graph& g, const std::string& name) {
+  TensorDesc d;
+  d.name = name;
+  const ir::Value& v = g.value(name);
+  d.dtype = v.type.dtype;
+  if (v.type.shape) {
+    for (const ir::Dim& dim : *v.type.shape) {
+      d.shape.push_back(dim.known() ? dim.value : -1);
+      d.dim_names.push_back(dim.known() ? "" : dim.symbol);
+    }
+  }
+  return d;
+}
+
+namespace {
+
+// A quantized GPU build of one static shape (`kiln build --batch N`, `kiln bench`, `kiln run`)
+// quantizes the graph at that shape, so that the passes which need known shapes (Q, K and V
+// packed into one product, attention's head views folded) have run first, as the GPU
+// specializer runs them for an fp16 engine. Without this the quantized graph keeps three
+// products and the copies around attention. Dynamic profiles quantize the symbolic graph.
+void bind_static_profile(ir::Graph& graph, const BuildOptions& options) {
+  std::vector<TensorDesc> declared;
+  for (const std::string& in : graph.inputs) declared.push_back(describe(graph, in));
+  const std::vector<OptimizationProfile> profiles = resolve_profiles(declared, options);
+  if (profiles.size() != 1) return;
+  Shapes shapes;
+  for (const auto& [input, range] : profiles[0]) {
+    if (range.min != range.max) return;
+    shapes[input] = range.min;
+  }
+  passes::bind_input_shapes(graph, shapes);
+}
+
+}  // namespace
+
 ir::Graph float_graph(const std::string& model_bytes, const std::string& name, const std::string& base_dir,
                       const BuildOptions& options, QdqScales& qdq) {
   ir::Graph graph = onnx_import::import_bytes(model_bytes, name, base_dir);
@@ -80,6 +116,8 @@ ir::Graph float_graph(const std::string& model_bytes, const std::string& name, c
   // Explicit quantization: the model's Q/DQ pairs become scales for the INT8 pass.
   if (options.precision == Precision::kInt8) qdq = absorb_qdq(graph);
   try {
+    const bool quantized = options.precision == Precision::kInt8 || options.precision == Precision::kFp8;
+    if (quantized && options.device == Device::kCuda && options.optimize) bind_static_profile(graph, options);
     PassOptions pass_options;
     pass_options.log = options.log;
     if (options.optimize) optimize(graph, pass_options);
@@ -145,20 +183,6 @@ std::function<ir::Graph(const Shapes&)> specializer(std::shared_ptr<const ir::Gr
     }
     return g;
   };
-}
-
-TensorDesc describe(const ir::Graph& g, const std::string& name) {
-  TensorDesc d;
-  d.name = name;
-  const ir::Value& v = g.value(name);
-  d.dtype = v.type.dtype;
-  if (v.type.shape) {
-    for (const ir::Dim& dim : *v.type.shape) {
-      d.shape.push_back(dim.known() ? dim.value : -1);
-      d.dim_names.push_back(dim.known() ? "" : dim.symbol);
-    }
-  }
-  return d;
 }
 
 CompiledEngine assemble(ir::Graph graph, const std::string& name, const BuildOptions& options,

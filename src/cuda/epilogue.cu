@@ -1,5 +1,7 @@
 #include "cuda/epilogue.h"
 
+#include <cuda_fp8.h>
+
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
 
@@ -49,6 +51,26 @@ __global__ void epilogue_nhwc_half8_kernel(__half* __restrict__ y, const float* 
   }
 }
 
+// float8e4m3fn y = saturate(act(d + bias) * inv_y_scale), eight float16 values per thread
+// (channels a multiple of 8, so a group never straddles a row).
+__global__ void epilogue_to_fp8_kernel(const __half* __restrict__ y16, __nv_fp8_storage_t* __restrict__ y,
+                                      const float* __restrict__ bias, int64_t groups, int64_t channels,
+                                      DeviceActivation act, float inv_y_scale) {
+  for (int64_t g = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 raw = reinterpret_cast<const uint4*>(y16)[g];
+    const __half* h = reinterpret_cast<const __half*>(&raw);
+    const int64_t c0 = (g * 8) % channels;
+    __nv_fp8_storage_t q[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float v = __half2float(h[i]);
+      if (bias) v += bias[c0 + i];
+      q[i] = __nv_cvt_float_to_fp8(activate(act, v) * inv_y_scale, __NV_SATFINITE, __NV_E4M3);
+    }
+    reinterpret_cast<uint2*>(y)[g] = *reinterpret_cast<const uint2*>(q);
+  }
+}
+
 }  // namespace
 
 void launch_epilogue(void* y, const float* bias, const void* z, int64_t n, int64_t channels, int64_t inner,
@@ -73,6 +95,17 @@ void launch_channel_epilogue(void* y, const float* bias, const void* z, const Te
   if (spec.format.layout != Layout::kNHWC)
     for (int i = 2; i < spec.rank(); ++i) inner *= spec.shape[i];
   launch_epilogue(y, bias, z, spec.elements(), spec.shape[1], inner, spec.format.dtype, act, stream);
+}
+
+void launch_epilogue_to_fp8(const void* y16, void* y8, const float* bias, int64_t n, int64_t channels, DeviceActivation act,
+                            float inv_y_scale, cudaStream_t stream) {
+  if (n == 0) return;
+  if (n % 8 != 0 || channels % 8 != 0)
+    throw Error(ErrorKind::kInternal, "the FP8 epilogue takes rows of multiples of 8 channels");
+  epilogue_to_fp8_kernel<<<grid_for(n / 8, 256, 2), 256, 0, stream>>>(static_cast<const __half*>(y16),
+                                                                      static_cast<__nv_fp8_storage_t*>(y8), bias, n / 8,
+                                                                      channels, act, inv_y_scale);
+  KILN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace kiln::cuda

@@ -43,6 +43,12 @@ __device__ __forceinline__ float activate(const DeviceActivation& a, float x) {
 void launch_epilogue(void* y, const float* bias, const void* z, int64_t n, int64_t channels, int64_t inner,
                      DType dtype, DeviceActivation act, cudaStream_t stream);
 
+// The same for float16 NHWC y [.., channels] written as float8e4m3fn y8 (another buffer):
+// saturate(act(y + bias[channel]) * inv_y_scale), rounded to nearest even; n and channels
+// multiples of 8.
+void launch_epilogue_to_fp8(const void* y, void* y8, const float* bias, int64_t n, int64_t channels, DeviceActivation act,
+                            float inv_y_scale, cudaStream_t stream);
+
 // The same for a conv-like output whose channel is logical dim 1 (any layout).
 void launch_channel_epilogue(void* y, const float* bias, const void* z, const TensorSpec& spec, DeviceActivation act,
                              cudaStream_t stream);

@@ -14,8 +14,9 @@
 // 3x3 and 1x1 convolutions at 1.7-2.1x the speed of the float16 graph engines, except the
 // 64-channel layers at 56x56. kiln's own INT8 kernel (cuda/int8_conv.h), which computes the
 // epilogue as the CPU reference does, is timed against them as more tactics.
-// KILN_INT8_CONV_TACTIC=kernel or =cudnn limits the choice to one of the two, =kernel:NAME to
-// kiln's kernel tactic NAME where the layer has it (for tests and diagnosis).
+// FP8 1x1 convolutions (matrix products) also time cuBLASLt's FP8 GEMMs (cuda/fp8_gemm.h).
+// KILN_INT8_CONV_TACTIC=kernel, =cudnn or =cublaslt limits the choice to one of them,
+// =kernel:NAME to kiln's kernel tactic NAME where the layer has it (for tests and diagnosis).
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -28,6 +29,7 @@
 #include "cuda/check.h"
 #include "cuda/conv_graph.h"
 #include "cuda/engine.h"
+#include "cuda/fp8_gemm.h"
 #include "cuda/int8_conv.h"
 #include "cuda/int8_depthwise.h"
 #include "cuda/int8_stem.h"
@@ -207,6 +209,21 @@ class QConvLayer final : public Layer {
     spec_.has_z_mult = !z_mult.empty();
     spec_.has_out_mult = !out_mult.empty();
     spec_.act = p.act;
+    // A 1x1 FP8 convolution of stride 1 is a matrix product over the pixels (tokens).
+    const bool pointwise = R == 1 && S == 1 && p.strides == std::vector<int64_t>{1, 1} && p.pads == std::vector<int64_t>{0, 0};
+    if (p.quantized == DType::kFloat8E4M3FN && pointwise && !p.z_int8 && (!p.has_z || p.z_storage == DType::kFloat16) &&
+        (p.y_storage == DType::kFloat16 || p.y_int8)) {
+      product_.m = p.y[0] * p.y[2] * p.y[3];
+      product_.n = K;
+      product_.k = C;
+      product_.x_scale = x_scale;
+      product_.w_scales = w_scales;
+      if (bias) product_.bias.assign(bias, bias + K);
+      product_.has_z = p.has_z;
+      product_.act = p.act;
+      product_.y_scale = p.y_int8 ? y_scale : 0.f;
+      offer_product_ = fp8_gemm_unsupported(product_).empty();
+    }
     choose_engine(services);
   }
 
@@ -219,6 +236,10 @@ class QConvLayer final : public Layer {
       launch_kernel(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], *kernel_, stream);
       return;
     }
+    if (product_gemm_) {
+      product_gemm_->run(io.cublaslt, io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], io.workspace, stream);
+      return;
+    }
     KILN_CUDNN_CHECK(cudnnSetStream(io.cudnn, stream));
     ConvGraphArgs a = args_;
     a.x = io.inputs[0];
@@ -226,12 +247,15 @@ class QConvLayer final : public Layer {
     a.y = io.outputs[0];
     graph_->execute(io.cudnn, a, io.workspace);
   }
-  size_t workspace_bytes() const override { return graph_ ? graph_->workspace_bytes() : 0; }
+  size_t workspace_bytes() const override {
+    return product_gemm_ ? product_gemm_->workspace_bytes() : graph_ ? graph_->workspace_bytes() : 0;
+  }
   std::string tactic() const override {
     if (p_.depthwise) return "kernel:int8 depthwise";
     if (p_.stem) return "kernel:int8 stem";
     if (p_.group_width) return "kernel:int8 grouped";
     if (kernel_) return "kernel:int8 " + kernel_->str();
+    if (product_gemm_) return product_gemm_->name();
     return std::string(p_.quantized == DType::kInt8 ? "cudnn:int8 graph " : "cudnn:fp8 graph ") +
            (graph_ ? graph_->engine_name() : std::string("none"));
   }
@@ -269,8 +293,8 @@ class QConvLayer final : public Layer {
     return k.str();
   }
 
-  // Times kiln's kernels and the engines cuDNN's heuristics offer (or takes the timing cache's
-  // choice: "kernel:TACTIC" or "graph:INDEX").
+  // Times kiln's kernels, the engines cuDNN's heuristics offer and cuBLASLt's FP8 products (or
+  // takes the timing cache's choice: "kernel:TACTIC", "graph:INDEX" or "cublaslt:INDEX").
   void choose_engine(BuildServices& services) {
     const std::string k = key();
     const char* only = std::getenv("KILN_INT8_CONV_TACTIC");
@@ -299,16 +323,31 @@ class QConvLayer final : public Layer {
     const std::string only_kernel = only && std::string(only).rfind("kernel:", 0) == 0 ? std::string(only).substr(7) : "";
     if (!only_kernel.empty()) narrow([&](const Int8ConvTactic& t) { return t.str() == only_kernel; });
     const bool kernel_ok = !kernels.empty();
-    const bool cudnn_ok = !only || (std::string(only) != "kernel" && only_kernel.empty());
+    const std::string only_name = only ? only : "";
+    if (only_name == "cublaslt" || only_name == "kernel" || !only_kernel.empty()) {
+      if (only_name != "cublaslt") offer_product_ = false;
+      if (only_name == "cublaslt") kernels.clear();
+    }
     std::string last_error = "no candidate ran";
+    if (offer_product_ && (!only || only_name == "cublaslt")) {
+      try {
+        product_gemm_ = std::make_unique<Fp8Gemm>(product_, weights_, services);
+      } catch (const Error& e) {
+        last_error = e.what();
+      }
+    }
+    if (only_name == "cublaslt" && !product_gemm_)
+      throw Error(ErrorKind::kUnsupported, "KILN_INT8_CONV_TACTIC=cublaslt, but cuBLASLt does not run " + k + ": " +
+                                               (offer_product_ ? last_error : "not an FP8 matrix product it takes"));
+    const bool cudnn_ok = !only || (only_name != "kernel" && only_name != "cublaslt" && only_kernel.empty());
     if (cudnn_ok) {
       try {
         graph_ = std::make_unique<ConvGraph>(services.cudnn(), spec_);
       } catch (const Error& e) {
-        if (!kernel_ok) throw;
+        if (!kernel_ok && !product_gemm_) throw;
         last_error = e.what();
       }
-    } else if (!kernel_ok) {
+    } else if (!kernel_ok && !product_gemm_) {
       throw Error(ErrorKind::kUnsupported,
                   "KILN_INT8_CONV_TACTIC=" + std::string(only) + ", but kiln's INT8 kernels do not run " + k + ": " + kernel_why);
     }
@@ -322,11 +361,19 @@ class QConvLayer final : public Layer {
           launch_kernel(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], tactic, services.stream());
           kernel_ = tactic;
           graph_.reset();
+          product_gemm_.reset();
           return;
         }
       }
       if (cached->rfind("graph:", 0) == 0 && graph_ && graph_->select(services.cudnn(), std::atoi(cached->c_str() + 6))) {
         graph_->drop_other_plans();
+        product_gemm_.reset();
+        return;
+      }
+      if (const int index = cached->rfind("cublaslt:", 0) == 0 ? std::atoi(cached->c_str() + 9) : -1;
+          product_gemm_ && index >= 0 && index < product_gemm_->candidate_count()) {
+        product_gemm_->select(index);
+        graph_.reset();
         return;
       }
     }
@@ -371,11 +418,32 @@ class QConvLayer final : public Layer {
       }
       if (best_graph >= 0 && best_graph_ms < best) best = best_graph_ms, best_tactic = "graph:" + std::to_string(best_graph);
     }
+    if (product_gemm_) {
+      void* ws = services.scratch(product_gemm_->workspace_bytes());
+      for (int i = 0; i < product_gemm_->candidate_count(); ++i) {
+        product_gemm_->select(i);
+        try {
+          const float ms = services.time_ms([&](cudaStream_t s) {
+            product_gemm_->run(services.cublaslt(), io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], ws, s);
+          });
+          if (log) std::fprintf(stderr, "  tactic %s: %s %.4f ms\n", k.c_str(), product_gemm_->name().c_str(), ms);
+          if (ms < best) best = ms, best_tactic = "cublaslt:" + std::to_string(i);
+        } catch (const Error& e) {
+          last_error = e.what();
+          cudaGetLastError();
+        }
+      }
+    }
     if (best_tactic.empty()) throw Error(ErrorKind::kUnsupported, "nothing ran this INT8 convolution (" + k + "): " + last_error);
     if (Int8ConvTactic tactic; best_tactic.rfind("kernel:", 0) == 0 && Int8ConvTactic::parse(best_tactic.substr(7), tactic)) {
       kernel_ = tactic;
       graph_.reset();
+      product_gemm_.reset();
+    } else if (best_tactic.rfind("cublaslt:", 0) == 0) {
+      product_gemm_->select(std::atoi(best_tactic.c_str() + 9));
+      graph_.reset();
     } else {
+      product_gemm_.reset();
       if (!graph_->select(services.cudnn(), best_graph))
         throw Error(ErrorKind::kDevice, "cuDNN engine " + std::to_string(best_graph) + " failed to finalize again (" + k + ")");
       graph_->drop_other_plans();
@@ -391,6 +459,9 @@ class QConvLayer final : public Layer {
   std::unique_ptr<ConvGraph> graph_;  // null when kiln's kernel runs the layer
   Int8ConvArgs kernel_args_;
   std::optional<Int8ConvTactic> kernel_;  // set when kiln's kernel runs the layer
+  Fp8GemmSpec product_;                   // the layer as a matrix product (FP8 1x1 convolutions)
+  bool offer_product_ = false;            // cuBLASLt's FP8 product is a candidate
+  std::unique_ptr<Fp8Gemm> product_gemm_; // set when cuBLASLt runs the layer
   // Each candidate is a runtime-compiled engine (about 0.2 s to finalize): ResNet-50's INT8
   // build took 91 s timing 8 per layer, and the winner was always among cuDNN's first picks
   // (docs/design/int8.md, "Which INT8 path: cuDNN's engines measured first").

@@ -40,7 +40,9 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
                 "where timing shows it faster than fp16");
   cmd->add_flag("--fp8-all", fp8_all,
                 "With --fp8 on the GPU: every eligible layer in FP8, without timing it against fp16");
-  cmd->add_option("--calib", calib_data, "INT8 calibration data: a .npy file (split into --calib-batch rows), a folder of .npy batches or of images, or fashion-mnist");
+  cmd->add_option("--calib", calib_data, "INT8 / FP8 calibration data: a .npy file (split into --calib-batch rows), a folder of .npy batches or of images, "
+                  "fashion-mnist, or for a model of several inputs a folder of <input name>.npy files (rows split into batches) "
+                  "or of subfolders holding one batch each");
   cmd->add_option("--calib-algo", calib_algo, "entropy (KL divergence, as TensorRT), minmax or percentile")->capture_default_str();
   cmd->add_option("--calib-percentile", calib_percentile, "For --calib-algo percentile: the share of |x| kept, in %")
       ->capture_default_str();

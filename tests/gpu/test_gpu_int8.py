@@ -640,3 +640,88 @@ def test_transformer_of_several_inputs_quantizes_and_matches_cpu(tag, kiln_bin, 
     assert build.returncode == 0, log
     quantized = int(re.search(rf"{tag}: (\d+) convolutions in {tag.upper()}", log).group(1))
     assert quantized >= 8, log  # four products in each of the two blocks
+
+
+def fp8_products_model(path, act):
+    """Transformer-style products over [2, 23, 64] tokens (46 rows: not a multiple of any tile):
+    x @ W1 + b1 -> `act` -> @ W2 + b2 + x (a residual in the epilogue) -> y; W1's output feeds
+    only W2, so the FP8 engine writes it in float8e4m3fn for W2."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(53)
+    weights = {"w1": rng.standard_normal((64, 128)) * 0.12, "b1": rng.standard_normal(128) * 0.1,
+               "w2": rng.standard_normal((128, 64)) * 0.09, "b2": rng.standard_normal(64) * 0.1}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["p1"], name="fc1"),
+             helper.make_node("Add", ["p1", "b1"], ["h1"], name="bias1")]
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", ["h1"], ["a1"], name="act1"))
+    else:
+        nodes.append(helper.make_node("Gelu", ["h1"], ["a1"], name="act1", approximate=act))
+    nodes += [helper.make_node("MatMul", ["a1", "w2"], ["p2"], name="fc2"),
+              helper.make_node("Add", ["p2", "b2"], ["h2"], name="bias2"),
+              helper.make_node("Add", ["h2", "x"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "fp8_products", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 23, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 23, 64])],
+                              [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path)
+
+
+@pytest.mark.parametrize("act", ["Relu", "tanh", "none"])
+def test_fp8_products_on_cublaslt_match_cpu(act, kiln_bin, tmp_path, monkeypatch):
+    """cuBLASLt's FP8 GEMMs (per-channel weight scales as outer-vector scales) run a
+    transformer's products: bias and ReLU / tanh-GELU in cuBLASLt's epilogue, erf GELU in a
+    finishing pass that also writes the float8e4m3fn input of the next product, the residual
+    as cuBLASLt's C. Against the CPU engine's FP8 reference of the same scales (E4M3 steps
+    apart where float sums round differently), and every product on cuBLASLt."""
+    path = str(tmp_path / "products.onnx")
+    fp8_products_model(path, act)
+    rng = np.random.default_rng(59)
+    calib = str(tmp_path / "calib.npy")
+    np.save(calib, rng.standard_normal((16, 23, 64)).astype(np.float32))
+    x = [rng.standard_normal((2, 23, 64)).astype(np.float32)]
+    common = ["--fp8", "--fp8-all", "--calib", calib, "--calib-batch", "2", "--calib-cache", str(tmp_path / "products.calib")]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
+    fp32 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp32"), "--device", "cpu")["y"]
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cublaslt")
+    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
+    err, cpu_err = rel_l2(gpu, cpu), rel_l2(cpu, fp32)
+    print(f"{act}: cuBLASLt FP8 vs CPU FP8 {err:.4f}; CPU FP8 vs fp32 {cpu_err:.4f}")
+    assert np.isfinite(gpu).all()
+    assert 0 < cpu_err < 0.1
+    assert err <= 0.05
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
+                           capture_output=True, text=True, timeout=300)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    assert log.count("cublasLt:fp8") == 2, log
+
+
+def test_fp8_transformer_products_on_cublaslt(kiln_bin, tmp_path, monkeypatch):
+    """The tiny BERT with every product on cuBLASLt's FP8 GEMMs (erf GELU finished after the
+    product) against the CPU's FP8 reference of the same scales."""
+    path = str(tmp_path / "bert.onnx")
+    spec = export_model.load_model(TINY_BERT, seq_len=12)
+    export_model.export(spec, path)
+    names = list(spec.input_names)
+    make = export_model.input_maker(TINY_BERT, seq_len=12)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for name, rows in zip(names, make(32, seed=43)):
+        np.save(calib / f"{name}.npy", rows)
+    x = make(8, seed=44)
+    common = ["--fp8", "--fp8-all", "--calib", str(calib), "--calib-cache", str(tmp_path / "bert.calib")]
+    cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cublaslt")
+    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
+    out = next(iter(cpu))
+    err = rel_l2(gpu[out], cpu[out])
+    print(f"tiny BERT on cuBLASLt FP8: GPU vs CPU {err:.4f}")
+    assert np.isfinite(gpu[out]).all()
+    assert err <= 0.05
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
+                           capture_output=True, text=True, timeout=600)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    quantized = int(re.search(r"fp8: (\d+) convolutions in FP8", log).group(1))
+    assert quantized >= 8 and log.count("cublasLt:fp8") == quantized, log

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "compiler/pipeline.h"
+#include "onnx/exporter.h"
 #include "graph_builder.h"
 #include "passes/passes.h"
 
@@ -68,6 +69,45 @@ TEST(PackAttentionProjections, QKAndVBecomeOneProductReadInPlace) {
     ASSERT_NE(w, nullptr);
     EXPECT_EQ(w->shape(), (std::vector<int64_t>{E, 3 * E}));
     expect_same_outputs(before, after, 3);
+  }
+}
+
+// A quantized GPU build of one static shape quantizes the graph at that shape: Q, K and V are
+// one product (one quantized convolution of 3E channels) whose heads the attention reads in
+// place, as in the fp16 engine. With a profile of batches 1 to 4 the symbolic graph is quantized
+// as it is: three products.
+TEST(PackAttentionProjections, AStaticQuantizedBuildPacksBeforeQuantizing) {
+  GraphBuilder b;
+  constexpr int64_t heads = 2, depth = 8, width = heads * depth;
+  b.input("x", {ir::Dim::named("batch"), S, width});
+  for (const std::string n : {"q", "k", "v"}) {
+    b.node("MatMul", {"x", b.random(n + "_w", {width, width})}, n + "_product");
+    b.node("Add", {n + "_product", b.random(n + "_b", {width})}, n + "_projected");
+    b.node("Reshape", {n + "_projected", b.ints(n + "_split", {0, S, heads, depth})}, n + "_heads");
+    b.node("Transpose", {n + "_heads"}, n, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  }
+  b.node("Attention", {"q", "k", "v"}, "y4");
+  b.node("Transpose", {"y4"}, "y_bshd", {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  b.node("Reshape", {"y_bshd", b.ints("merge", {0, S, width})}, "y");
+  b.output("y");
+  const std::string bytes = onnx_export::export_model(b.build());
+  for (bool fixed : {true, false}) {
+    BuildOptions options;
+    options.device = Device::kCuda;
+    options.precision = Precision::kInt8;
+    options.int8_scales = {{"x", 0.02f}};
+    if (fixed) options.input_shapes["x"] = {B, S, width};
+    else options.profiles = {{{"x", ShapeRange{{1, S, width}, {B, S, width}, {4, S, width}}}}};
+    compiler::QdqScales qdq;
+    ir::Graph g = compiler::float_graph(bytes, "attention.onnx", ".", options, qdq);
+    std::vector<std::string> kept_float;
+    compiler::quantize_for_precision(g, "attention.onnx", options, qdq, kept_float);
+    std::vector<int64_t> channels;
+    for (const ir::Node& n : g.nodes)
+      if (n.op == "QConv") channels.push_back(g.constant(n.inputs[1])->dim(0));
+    const std::vector<int64_t> want = fixed ? std::vector<int64_t>{3 * width} : std::vector<int64_t>{width, width, width};
+    EXPECT_EQ(channels, want) << fixed;
+    EXPECT_EQ(count_ops(g, "StridedAttention"), fixed ? 1 : 0) << fixed;
   }
 }
 

@@ -555,6 +555,65 @@ TEST(QuantizeGraph, AProductsResidualStaysInItsEpilogue) {
   EXPECT_EQ(relative_l2(got.at("narrow_out"), cpu::CpuEngine(g).run(feeds).at("narrow_out")), 0.0);
 }
 
+// A transformer's feed-forward products: the first product's output (after its GELU) is read
+// only by the second, so it goes to it as the convolution's output image, written quantized by
+// the first (y_scale) with no Reshapes or quantize layer between them; X, read as the first's
+// input and the second's residual, is quantized once. Pinning the second to float brings the
+// float value and its Reshape back. In INT8 and in FP8.
+TEST(QuantizeGraph, AProductFeedingProductsWritesTheirQuantizedInput) {
+  testing::GraphBuilder gb;
+  gb.input("X", {2, 3, 32});
+  gb.random("W1", {32, 48}, -0.3f, 0.3f);
+  gb.random("B1", {48}, -0.1f, 0.1f);
+  gb.random("W2", {48, 32}, -0.3f, 0.3f);
+  gb.random("B2", {32}, -0.1f, 0.1f);
+  gb.node("FusedMatMul", {"X", "W1", "B1"}, "h", {{"activation", std::string("Gelu")}});
+  gb.last().domain = "kiln";
+  gb.last().name = "ffn1";
+  gb.node("FusedMatMul", {"h", "W2", "B2", "X"}, "out");
+  gb.last().domain = "kiln";
+  gb.last().name = "ffn2";
+  gb.output("out");
+  ir::Graph g = gb.build();
+  const Tensor x = testing::random_tensor({2, 3, 32}, 31);
+  ir::Graph probe = g;
+  probe.outputs = {"out", "h"};
+  const auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
+  const std::map<std::string, float> scales{{"X", amax(x) / 127.f}, {"h", amax(ranges.at("h")) / 127.f}};
+  for (const compiler::QuantizeFormat format : {compiler::QuantizeFormat::kInt8, compiler::QuantizeFormat::kFloat8E4M3}) {
+    compiler::QuantizeTarget target;
+    target.format = format;
+    ir::Graph q = g;
+    compiler::QuantizeGraphReport r = compiler::quantize_graph(q, scales, {}, nullptr, target);
+    EXPECT_EQ(r.quantized, 2);
+    EXPECT_EQ(r.int8_values, 1);
+    EXPECT_EQ(r.quantize_nodes, 1) << "only X is quantized by a layer of its own";
+    const ir::Node *ffn1 = nullptr, *ffn2 = nullptr;
+    int reshapes = 0;
+    for (const ir::Node& n : q.nodes) {
+      if (n.name == "ffn1") ffn1 = &n;
+      if (n.name == "ffn2") ffn2 = &n;
+      reshapes += n.op == "Reshape";
+    }
+    ASSERT_TRUE(ffn1 && ffn2);
+    EXPECT_GT(ffn1->attrs.get_float("y_scale", 0.f), 0.f);
+    EXPECT_EQ(ffn2->inputs[0], ffn1->outputs[0]);
+    EXPECT_EQ(reshapes, 2) << "X's view and the output's Reshape back, nothing between the products";
+    const double err = relative_l2(cpu::CpuEngine(q).run({{"X", x}}).at("out"), ranges.at("out"));
+    EXPECT_LT(err, 0.05) << "quantized products moved the output too far";
+    EXPECT_GT(err, 0.0);
+  }
+  ir::Graph pinned = g;
+  compiler::QuantizeGraphReport rp = compiler::quantize_graph(pinned, scales, {"ffn2"});
+  EXPECT_EQ(rp.quantized, 1);
+  EXPECT_EQ(rp.int8_values, 0);
+  EXPECT_LT(relative_l2(cpu::CpuEngine(pinned).run({{"X", x}}).at("out"), ranges.at("out")), 0.05);
+  bool h_written = false;
+  for (const ir::Node& n : pinned.nodes)
+    for (const std::string& o : n.outputs) h_written = h_written || o == "h";
+  EXPECT_TRUE(h_written) << "the float product reads h, so it is written";
+}
+
 // A classifier whose class count is no multiple of 16 (10 here) runs as a 16-channel INT8
 // convolution whose extra channels (zero weights) a Slice drops; 20 input features stay float.
 TEST(QuantizeGraph, OutputFeaturesArePaddedToSixteenAndSlicedBack) {
