@@ -24,7 +24,8 @@ charged to it, the choice, and the whole engines timed), parsed into the JSON; t
 --peers adds PyTorch eager fp16 and torch.compile(mode="reduce-overhead") fp16 on the same
 inputs, timed as bench/gpu_bench.py times them. --fidelity adds each binary's output at the
 small batch in every precision against PyTorch's float32 output (cosine, relative L2 error),
-beside PyTorch's own fp16 eager output against the same float32 one. Writes DIR/transformer_bench.json and prints a
+beside PyTorch's own fp16 eager output against the same float32 one; with --layer-choices also
+at the large batch, the quantized outputs from the engines --layer-choices built. Writes DIR/transformer_bench.json and prints a
 table; commit the JSON under bench/results/. Exports, engines' JSON and profiles stay in
 --work (default DIR/work).
 """
@@ -204,10 +205,11 @@ def input_names(name: str) -> list[str]:
     return ["input_ids", "attention_mask"] if name in SEQ else ["input"]
 
 
-def fidelity(binaries: list[str], name: str, model: str, batch: int, work: str, precisions: dict[str, str | None]) -> dict:
-    """Each binary's output in each precision (`kiln run --device cuda` with the precision's flags)
-    and PyTorch's fp16 eager output against PyTorch's float32 output, on the same inputs: cosine
-    similarity, relative L2 error."""
+def fidelity(binaries: list[str], name: str, model: str, batch: int, work: str, precisions: dict[str, str | None],
+             engines: dict[str, str] | None = None) -> dict:
+    """Each binary's output in each precision (`kiln run --device cuda` with the precision's flags,
+    or the engine file `engines` names for that precision) and PyTorch's fp16 eager output against
+    PyTorch's float32 output, on the same inputs: cosine similarity, relative L2 error."""
     import numpy as np
     import torch
 
@@ -228,9 +230,12 @@ def fidelity(binaries: list[str], name: str, model: str, batch: int, work: str, 
     for i, b in enumerate(binaries):
         for precision, cache in precisions.items():
             key = f"binary{i}" + ("" if precision == "fp16" else f"_{precision}")
-            out_dir = os.path.join(work, f"fidelity_out_{key}")
-            gpu_bench.run([b, "run", model, "--device", "cuda", *precision_flags(precision, cache), "--top-k", "0", "-o", out_dir,
-                           *args])
+            out_dir = os.path.join(work, f"fidelity_out_{key}_b{batch}")
+            if engines and precision in engines:
+                gpu_bench.run([b, "run", engines[precision], "--top-k", "0", "-o", out_dir, *args])
+            else:
+                gpu_bench.run([b, "run", model, "--device", "cuda", *precision_flags(precision, cache), "--top-k", "0", "-o",
+                               out_dir, *args])
             outs[key] = np.load(os.path.join(out_dir, "output.npy"))
     row = {"batch": batch, "reference": "torch float32"}
     for key, out in outs.items():
@@ -301,6 +306,11 @@ def main() -> None:
                 print(json.dumps({"model": name, "precision": p, **entry[key]}), flush=True)
         if a.fidelity:
             entry["fidelity"] = fidelity(binaries, name, path, batches[0], work, caches)
+            if a.layer_choices and len(precisions) > 1:
+                # The quantized engines --layer-choices built at the large batch (the timed
+                # build's choices), and fp16 at that batch, against float32 there.
+                engines = {p: os.path.join(a.out, "work", f"choices_{p}.engine") for p in precisions if p != "fp16"}
+                entry["fidelity_large_batch"] = fidelity(binaries[-1:], name, path, batches[-1], work, caches, engines)
         if a.peers:
             entry["peers"] = peers(name, batches)
         result["models"][name] = entry
