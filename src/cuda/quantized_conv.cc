@@ -495,7 +495,8 @@ KILN_REGISTER_CUDA_LAYERS(quantized_conv) {
     return std::make_unique<QConvLayer>(r, p, s);
   };
   e.dtypes = "int8 -> int8, float16 (NHWC; kiln's implicit GEMM or cuDNN's graph API; depthwise, grouped and 1-4 input channels: "
-             "kiln's kernels); float8e4m3fn -> float8e4m3fn, float16 (cuDNN's FP8 graph engines)";
+             "kiln's kernels); float8e4m3fn -> float8e4m3fn, float16 (cuDNN's FP8 graph engines; 1x1: also cuBLASLt's FP8 "
+             "GEMMs)";
   registry.add(std::move(e));
 }
 

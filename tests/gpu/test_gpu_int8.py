@@ -592,12 +592,9 @@ def test_quantized_where_faster(tag, kiln_bin, model_cache, tmp_path):
 TINY_BERT = "hf:bert:num_hidden_layers=2,hidden_size=32,num_attention_heads=4,intermediate_size=64,vocab_size=97"
 
 
-@pytest.mark.parametrize("tag", ["int8", "fp8"])
-def test_transformer_of_several_inputs_quantizes_and_matches_cpu(tag, kiln_bin, tmp_path):
-    """A model of several inputs calibrates on the GPU from a folder of <input>.npy files to the
-    CPU's scales (minmax: the largest |x|; the GPU's float sums differ in the last bits), and its
-    every product runs quantized (the Q/K/V product, the attention output and the feed-forward
-    products, residuals in the epilogue) to the CPU reference's output."""
+def tiny_bert(tmp_path, calib_seed):
+    """TINY_BERT exported to tmp_path, and 32 rows of calibration inputs from `calib_seed` in a
+    folder of <input name>.npy files. Returns (model path, input names, input maker, folder)."""
     path = str(tmp_path / "bert.onnx")
     spec = export_model.load_model(TINY_BERT, seq_len=12)
     export_model.export(spec, path)
@@ -605,8 +602,18 @@ def test_transformer_of_several_inputs_quantizes_and_matches_cpu(tag, kiln_bin, 
     make = export_model.input_maker(TINY_BERT, seq_len=12)
     calib = tmp_path / "calib"
     calib.mkdir()
-    for name, rows in zip(names, make(32, seed=41)):
+    for name, rows in zip(names, make(32, seed=calib_seed)):
         np.save(calib / f"{name}.npy", rows)
+    return path, names, make, calib
+
+
+@pytest.mark.parametrize("tag", ["int8", "fp8"])
+def test_transformer_of_several_inputs_quantizes_and_matches_cpu(tag, kiln_bin, tmp_path):
+    """A model of several inputs calibrates on the GPU from a folder of <input>.npy files to the
+    CPU's scales (minmax: the largest |x|; the GPU's float sums differ in the last bits), and its
+    every product runs quantized (the Q/K/V product, the attention output and the feed-forward
+    products, residuals in the epilogue) to the CPU reference's output."""
+    path, names, make, calib = tiny_bert(tmp_path, calib_seed=41)
     scales = {}
     for device in ("cpu", "cuda"):
         cache = str(tmp_path / f"{device}.calib")
@@ -700,15 +707,7 @@ def test_fp8_products_on_cublaslt_match_cpu(act, kiln_bin, tmp_path, monkeypatch
 def test_fp8_transformer_products_on_cublaslt(kiln_bin, tmp_path, monkeypatch):
     """The tiny BERT with every product on cuBLASLt's FP8 GEMMs (erf GELU finished after the
     product) against the CPU's FP8 reference of the same scales."""
-    path = str(tmp_path / "bert.onnx")
-    spec = export_model.load_model(TINY_BERT, seq_len=12)
-    export_model.export(spec, path)
-    names = list(spec.input_names)
-    make = export_model.input_maker(TINY_BERT, seq_len=12)
-    calib = tmp_path / "calib"
-    calib.mkdir()
-    for name, rows in zip(names, make(32, seed=43)):
-        np.save(calib / f"{name}.npy", rows)
+    path, names, make, calib = tiny_bert(tmp_path, calib_seed=43)
     x = make(8, seed=44)
     common = ["--fp8", "--fp8-all", "--calib", str(calib), "--calib-cache", str(tmp_path / "bert.calib")]
     cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
