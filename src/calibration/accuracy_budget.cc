@@ -12,11 +12,6 @@ namespace kiln::calibration {
 
 namespace {
 
-struct Score {
-  double agreement = 0;  // %
-  double error = 0;      // relative L2
-};
-
 // The outputs of `options`' engine on every held-out batch, concatenated (first output).
 std::vector<float> outputs_of(const std::string& model, const BuildOptions& options, const std::vector<Feeds>& batches,
                               int64_t& classes) {
@@ -26,23 +21,27 @@ std::vector<float> outputs_of(const std::string& model, const BuildOptions& opti
   for (const Feeds& b : batches) {
     Tensor y = engine.run(b).at(output);
     if (y.dtype() != DType::kFloat32 || y.rank() < 1)
-      throw Error(ErrorKind::kUnsupported, "--accuracy-budget compares float32 class scores; output '" + output + "' is " +
-                                               to_string(y.dtype()));
+      throw Error(ErrorKind::kUnsupported, "--accuracy-budget compares float32 outputs; output '" + output + "' is " +
+                                               kiln::to_string(y.dtype()));
     classes = y.shape().back();
     all.insert(all.end(), y.data<float>(), y.data<float>() + y.numel());
   }
   return all;
 }
 
-Score score(const std::vector<float>& got, const std::vector<float>& want, int64_t classes) {
-  Score s;
-  double err = 0, norm = 0;
+OutputScore score(const std::vector<float>& got, const std::vector<float>& want, int64_t classes) {
+  OutputScore s;
+  double err = 0, norm = 0, got_norm = 0, dot = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     const double d = double{got[i]} - want[i];
     err += d * d;
     norm += double{want[i]} * want[i];
+    got_norm += double{got[i]} * got[i];
+    dot += double{got[i]} * want[i];
   }
   s.error = std::sqrt(err / std::max(norm, 1e-30));
+  // Two zero outputs are the same output; one zero output has nothing in common with the other.
+  s.cosine = norm == 0 && got_norm == 0 ? 1.0 : dot / std::max(std::sqrt(norm * got_norm), 1e-300);
   const size_t rows = want.size() / static_cast<size_t>(classes);
   size_t same = 0;
   for (size_t r = 0; r < rows; ++r) {
@@ -56,6 +55,41 @@ Score score(const std::vector<float>& got, const std::vector<float>& want, int64
 
 
 }  // namespace
+
+AccuracyMetric parse_accuracy_metric(const std::string& name) {
+  if (name == "top1") return AccuracyMetric::kTop1;
+  if (name == "cosine") return AccuracyMetric::kCosine;
+  if (name == "relative-l2") return AccuracyMetric::kRelativeL2;
+  throw Error(ErrorKind::kInvalidArgument, "--accuracy-metric " + name + ": not a measure kiln knows")
+      .hint("top1 (a classifier's top-1 agreement), cosine or relative-l2 (any output)");
+}
+
+std::string to_string(AccuracyMetric metric) {
+  switch (metric) {
+    case AccuracyMetric::kTop1: return "top1";
+    case AccuracyMetric::kCosine: return "cosine";
+    case AccuracyMetric::kRelativeL2: return "relative-l2";
+  }
+  return "?";
+}
+
+double OutputScore::value(AccuracyMetric metric) const {
+  switch (metric) {
+    case AccuracyMetric::kTop1: return agreement;
+    case AccuracyMetric::kCosine: return cosine;
+    case AccuracyMetric::kRelativeL2: return error;
+  }
+  return 0;
+}
+
+bool OutputScore::within(AccuracyMetric metric, double budget) const {
+  switch (metric) {
+    case AccuracyMetric::kTop1: return 100.0 - agreement <= budget;
+    case AccuracyMetric::kCosine: return 1.0 - cosine <= budget;
+    case AccuracyMetric::kRelativeL2: return error <= budget;
+  }
+  return false;
+}
 
 std::vector<Feeds> heldout_batches(const std::string& model_path, const CalibrationSource& source, int heldout,
                                    int& calibration_batches) {
@@ -74,58 +108,61 @@ std::vector<Feeds> heldout_batches(const std::string& model_path, const Calibrat
 }
 
 BudgetReport fit_accuracy_budget(const std::string& model, const std::map<std::string, float>& scales,
-                                 const std::vector<Feeds>& heldout, double budget_points,
+                                 const std::vector<Feeds>& heldout, Precision precision, AccuracyMetric metric, double budget,
                                  const std::function<void(const std::string&)>& log) {
+  if (precision != Precision::kInt8 && precision != Precision::kFp8)
+    throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget is for INT8 and FP8 builds");
   BudgetReport report;
-  report.budget_points = budget_points;
+  report.budget = budget;
+  report.metric = metric;
+  const std::string format = precision == Precision::kFp8 ? "FP8" : "INT8";
   auto say = [&](const std::string& line) {
     if (log) log(line);
   };
   BuildOptions fp32;
   int64_t classes = 1;
   const std::vector<float> reference = outputs_of(model, fp32, heldout, classes);
-  BuildOptions int8 = fp32;
-  int8.precision = Precision::kInt8;
-  int8.int8_scales = scales;
-  int8.quantized_where_faster = false;  // the sensitivity of every INT8 layer, not a timed mix
+  BuildOptions quantized = fp32;
+  quantized.precision = precision;
+  quantized.int8_scales = scales;
+  quantized.quantized_where_faster = false;  // the sensitivity of every quantized layer, not a timed mix
   auto measure = [&](const std::vector<std::string>& float_layers) {
-    BuildOptions o = int8;
+    BuildOptions o = quantized;
     o.float_layers = float_layers;
     int64_t c = 1;
     return score(outputs_of(model, o, heldout, c), reference, classes);
   };
-  const Score all = measure({});
-  report.agreement_int8 = report.agreement_final = all.agreement;
-  report.error_int8 = report.error_final = all.error;
-  say("accuracy budget: all INT8 agrees with float32 on " + std::to_string(all.agreement) + "% (error " +
-      std::to_string(all.error) + ")");
-  if (100.0 - all.agreement <= budget_points) {
+  auto figures = [](const OutputScore& s) {
+    return "agreement " + std::to_string(s.agreement) + "%, cosine " + std::to_string(s.cosine) + ", error " +
+           std::to_string(s.error);
+  };
+  report.quantized = report.final = measure({});
+  say("accuracy budget: all " + format + ": " + figures(report.quantized));
+  if (report.quantized.within(metric, budget)) {
     report.met = true;
     return report;
   }
-  // Sensitivity of each INT8 layer.
+  // Sensitivity of each quantized layer.
   std::vector<std::string> layers;
   {
-    BuildOptions o = int8;
+    BuildOptions o = quantized;
     for (const LayerInfo& l : Engine::from_onnx(model, o).info().layers)
       if (l.op == "QConv") layers.push_back(l.name);
   }
   for (size_t i = 0; i < layers.size(); ++i) {
-    const Score s = measure({layers[i]});
-    report.ranking.push_back({layers[i], s.error, s.agreement});
+    const OutputScore s = measure({layers[i]});
+    report.ranking.push_back({layers[i], s});
     say("accuracy budget: sensitivity " + std::to_string(i + 1) + "/" + std::to_string(layers.size()) + " " + layers[i] +
         ": error " + std::to_string(s.error) + " in float");
   }
   std::stable_sort(report.ranking.begin(), report.ranking.end(),
-                   [](const LayerSensitivity& a, const LayerSensitivity& b) { return a.error < b.error; });
+                   [](const LayerSensitivity& a, const LayerSensitivity& b) { return a.score.error < b.score.error; });
   for (const LayerSensitivity& l : report.ranking) {
     report.float_layers.push_back(l.layer);
-    const Score s = measure(report.float_layers);
-    report.agreement_final = s.agreement;
-    report.error_final = s.error;
-    say("accuracy budget: " + l.layer + " kept in float: agreement " + std::to_string(s.agreement) + "%, error " +
-        std::to_string(s.error));
-    if (100.0 - s.agreement <= budget_points) {
+    const OutputScore s = measure(report.float_layers);
+    report.final = s;
+    say("accuracy budget: " + l.layer + " kept in float: " + figures(s));
+    if (s.within(metric, budget)) {
       report.met = true;
       break;
     }

@@ -1,14 +1,19 @@
-// Accuracy-budgeted mixed precision for INT8 builds: keep the fewest convolutions in float that
-// bring the INT8 model's top-1 agreement with float32, on held-out calibration data, within a
-// budget (in percentage points).
+// Accuracy-budgeted mixed precision for INT8 and FP8 builds: keep the fewest convolutions (and
+// matrix products) in float that bring the quantized model's output, on held-out calibration
+// data, within a budget of float32's by one of three measures (AccuracyMetric):
+//   top-1: the top-1 agreement with float32 drops by at most the budget, in percentage points
+//          (a classifier's [N, classes] output, compared row by row);
+//   cosine: the cosine similarity of the whole output with float32's is at least 1 - budget
+//          (any output: a transformer's hidden states, a detector's maps);
+//   relative L2: the output's relative L2 error against float32 is at most the budget.
 //
 // 1. float32 outputs of the held-out batches (CPU engine): the reference.
-// 2. The all-INT8 model; within budget: done.
-// 3. Sensitivity: each INT8 convolution alone kept in float; the relative L2 error of the
+// 2. The all-quantized model; within budget: done.
+// 3. Sensitivity: each quantized layer alone kept in float; the relative L2 error of the
 //    output against float32 ranks them (most sensitive: the lowest error without it).
 // 4. Layers are kept in float in that order, one more at a time, until the budget is met.
-// The analysis runs on the CPU engine, whose INT8 kernels are the reference the GPU matches,
-// so the choice holds for GPU engines too.
+// The analysis runs on the CPU engine, whose INT8 kernels and FP8 arithmetic are the reference
+// the GPU matches, so the choice holds for GPU engines too.
 #pragma once
 
 #include <functional>
@@ -21,25 +26,42 @@
 
 namespace kiln::calibration {
 
+enum class AccuracyMetric { kTop1, kCosine, kRelativeL2 };
+// "top1", "cosine", "relative-l2"; throws kInvalidArgument naming the flag for anything else.
+AccuracyMetric parse_accuracy_metric(const std::string& name);
+std::string to_string(AccuracyMetric metric);
+
+// The output against float32's, by every measure.
+struct OutputScore {
+  double agreement = 0;  // top-1 agreement, %
+  double error = 0;      // relative L2 error
+  double cosine = 0;     // cosine similarity
+  // The measure `metric` takes from this score (agreement in %, cosine, error).
+  double value(AccuracyMetric metric) const;
+  // Whether the score is within `budget` by `metric`.
+  bool within(AccuracyMetric metric, double budget) const;
+};
+
 struct LayerSensitivity {
   std::string layer;
-  double error = 0;      // relative L2 error of the output vs float32 with this layer in float
-  double agreement = 0;  // top-1 agreement with float32, %, with this layer in float
+  OutputScore score;  // with this layer alone in float
 };
 
 struct BudgetReport {
-  double budget_points = 0;
-  double agreement_int8 = 0, error_int8 = 0;    // all INT8
-  double agreement_final = 0, error_final = 0;  // with float_layers kept in float
+  double budget = 0;
+  AccuracyMetric metric = AccuracyMetric::kTop1;
+  OutputScore quantized;  // every eligible layer quantized
+  OutputScore final;      // with float_layers kept in float
   std::vector<LayerSensitivity> ranking;        // most sensitive first (empty when not needed)
   std::vector<std::string> float_layers;        // the layers kept in float, in order
   bool met = false;
 };
 
 // `scales`: the calibrated scales; `heldout`: batches (every input's tensor), not used for
-// calibration. Classifier outputs ([N, classes], or [..., classes]) are compared row by row.
+// calibration; `precision`: kInt8 or kFp8. The model's first output is measured (top-1 takes
+// its last dimension for the classes).
 BudgetReport fit_accuracy_budget(const std::string& model_path, const std::map<std::string, float>& scales,
-                                 const std::vector<Feeds>& heldout, double budget_points,
+                                 const std::vector<Feeds>& heldout, Precision precision, AccuracyMetric metric, double budget,
                                  const std::function<void(const std::string&)>& log = nullptr);
 
 // Splits calibration data (any source of calibration_data.h but the caller's) into its last

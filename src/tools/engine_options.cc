@@ -54,9 +54,14 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
                   "Calibration cache: read when it exists (a cache of another model is refused), else written after calibrating");
   cmd->add_option("--layer-precision", layer_precision, "Pin a layer's precision in an INT8 build: NAME=fp16 (repeatable)");
   cmd->add_option("--accuracy-budget", accuracy_budget,
-                  "INT8: keep the fewest convolutions in float so that top-1 agreement with float32 on held-out "
-                  "calibration batches drops by at most this many points")
+                  "INT8 / FP8: keep the fewest quantized layers in float so that the output on held-out calibration "
+                  "batches stays within this budget of float32's, by --accuracy-metric")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--accuracy-metric", accuracy_metric,
+                  "What --accuracy-budget measures: top1 (points of top-1 agreement lost; classifiers), cosine "
+                  "(1 - cosine similarity of the output) or relative-l2 (the output's relative L2 error)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"top1", "cosine", "relative-l2"}));
   cmd->add_option("--budget-batches", budget_batches, "Calibration batches held out for --accuracy-budget (from the end)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -122,9 +127,9 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   if (fp8_all && !fp8) throw Error(ErrorKind::kInvalidArgument, "--fp8-all goes with --fp8").hint("add --fp8");
   if (int8_all && !int8) throw Error(ErrorKind::kInvalidArgument, "--int8-all goes with --int8").hint("add --int8");
   b.quantized_where_faster = !fp8_all && !int8_all;
-  if (fp8 && accuracy_budget >= 0)
-    throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget measures INT8 layers; it is not available with --fp8")
-        .hint("pin sensitive layers with --layer-precision NAME=fp16, or use --int8 --accuracy-budget");
+  if (accuracy_metric != "top1" && accuracy_budget < 0)
+    throw Error(ErrorKind::kInvalidArgument, "--accuracy-metric " + accuracy_metric + " measures for --accuracy-budget, which is not given")
+        .hint("add --accuracy-budget, e.g. --accuracy-budget 0.001 --accuracy-metric cosine");
   for (const std::string& lp : layer_precision) {
     const size_t eq = lp.rfind('=');
     const std::string p = eq == std::string::npos ? "" : lp.substr(eq + 1);
@@ -232,20 +237,35 @@ void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
   }
   // else: none (a model with Q/DQ pairs has its own; otherwise the build says what is missing)
   if (accuracy_budget >= 0) {
-    q::BudgetReport r = q::fit_accuracy_budget(model, b.int8_scales, heldout, accuracy_budget, [&](const std::string& line) {
-      if (verbose) std::cerr << "kiln: " << line << "\n";
-    });
-    std::cerr << fmt::format("kiln: accuracy budget {} points: all-INT8 top-1 agreement with float32 {:.2f}% (error {:.4f})",
-                             accuracy_budget, r.agreement_int8, r.error_int8);
+    const q::AccuracyMetric metric = q::parse_accuracy_metric(accuracy_metric);
+    q::BudgetReport r = q::fit_accuracy_budget(model, b.int8_scales, heldout, b.precision, metric, accuracy_budget,
+                                               [&](const std::string& line) {
+                                                 if (verbose) std::cerr << "kiln: " << line << "\n";
+                                               });
+    const std::string format = b.precision == Precision::kFp8 ? "FP8" : "INT8";
+    // Each score as the metric reads it, with the relative L2 error beside it.
+    auto figure = [&](const q::OutputScore& s) {
+      switch (metric) {
+        case q::AccuracyMetric::kTop1: return fmt::format("{:.2f}% (error {:.4f})", s.agreement, s.error);
+        case q::AccuracyMetric::kCosine: return fmt::format("{:.8f} (error {:.4f})", s.cosine, s.error);
+        case q::AccuracyMetric::kRelativeL2: return fmt::format("{:.4f} (cosine {:.8f})", s.error, s.cosine);
+      }
+      return std::string();
+    };
+    const char* what = metric == q::AccuracyMetric::kTop1     ? "points: all-{} top-1 agreement with float32"
+                       : metric == q::AccuracyMetric::kCosine ? "(cosine): all-{} cosine similarity with float32"
+                                                              : "(relative L2): all-{} relative L2 error against float32";
+    std::cerr << fmt::format("kiln: accuracy budget {} ", accuracy_budget) << fmt::format(fmt::runtime(what), format) << " "
+              << figure(r.quantized);
     if (r.float_layers.empty()) {
       std::cerr << ", within budget\n";
     } else {
-      std::cerr << fmt::format("; {} layer(s) kept in float -> {:.2f}% (error {:.4f}){}\n", r.float_layers.size(),
-                               r.agreement_final, r.error_final, r.met ? "" : ": budget NOT met with every layer in float");
+      std::cerr << fmt::format("; {} layer(s) kept in float -> {}{}\n", r.float_layers.size(), figure(r.final),
+                               r.met ? "" : ": budget NOT met with every layer in float");
       for (size_t i = 0; i < r.float_layers.size(); ++i) {
         const auto& l = *std::find_if(r.ranking.begin(), r.ranking.end(),
                                       [&](const q::LayerSensitivity& s) { return s.layer == r.float_layers[i]; });
-        std::cerr << fmt::format("kiln:   {} (alone in float: agreement {:.2f}%, error {:.4f})\n", l.layer, l.agreement, l.error);
+        std::cerr << fmt::format("kiln:   {} (alone in float: {})\n", l.layer, figure(l.score));
       }
     }
     b.float_layers.insert(b.float_layers.end(), r.float_layers.begin(), r.float_layers.end());

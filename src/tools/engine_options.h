@@ -40,7 +40,8 @@ struct EngineOptions {
   int calib_batches = 0, calib_batch = 8;
   double calib_percentile = 99.99;
   std::vector<std::string> layer_precision;
-  double accuracy_budget = -1;  // top-1 agreement points; < 0: off
+  double accuracy_budget = -1;  // in accuracy_metric's units; < 0: off
+  std::string accuracy_metric = "top1";  // top1, cosine or relative-l2 (calibration/accuracy_budget.h)
   int budget_batches = 1;
   // The preprocessing of a --calib folder of images: `kiln run`'s image flags (build and bench
   // add them with add_to; run passes its own, which also serve --input photo.jpg).

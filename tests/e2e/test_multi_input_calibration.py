@@ -93,6 +93,59 @@ def test_int8_bert_stays_close_to_float32(bert):
         assert 0 < err < 0.05, (name, err)
 
 
+@pytest.mark.parametrize("precision,metric", [("fp8", "cosine"), ("fp8", "relative-l2"), ("int8", "relative-l2")])
+def test_accuracy_budget_on_a_transformers_output(precision, metric, bert, run_kiln, tmp_path):
+    """--accuracy-budget with --accuracy-metric cosine or relative-l2 measures a model whose output
+    is not class scores (BERT's hidden states): with a budget tighter than the all-quantized
+    output meets, it keeps the fewest products in float that bring the held-out output within it,
+    in INT8 and in FP8; a budget the all-quantized output meets keeps none."""
+    path, names, rows = bert
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for name in names:
+        np.save(calib / f"{name}.npy", rows[name])
+    inputs = []
+    for name in names:
+        np.save(tmp_path / f"x_{name}.npy", rows[name][:2])
+        inputs += ["--input", f"{name}={tmp_path / f'x_{name}.npy'}"]
+
+    def budget_run(budget):
+        result = run_kiln("run", path, f"--{precision}", "--calib", calib, "--calib-batch", "4", "--accuracy-budget",
+                          str(budget), "--accuracy-metric", metric, *inputs, "--top-k", "0", "-o", tmp_path / "out")
+        assert result.returncode == 0, result.describe()
+        return result.stderr
+
+    what = "cosine similarity with float32" if metric == "cosine" else "relative L2 error against float32"
+    first = budget_run(1.0)
+    m = re.search(rf"all-{precision.upper()} {what} ([\d.]+) \((?:error|cosine) ([\d.]+)\), within budget", first)
+    assert m, first
+    quantized = float(m.group(1))
+    loss = 1 - quantized if metric == "cosine" else quantized
+    assert loss > 0, first  # the output was quantized
+
+    log = budget_run(loss / 2)
+    m = re.search(r"; (\d+) layer\(s\) kept in float -> ([\d.]+) ", log)
+    assert m and "NOT met" not in log, log
+    kept, final = int(m.group(1)), float(m.group(2))
+    assert 1 <= kept < 8, log  # some products, not all eight
+    assert (1 - final if metric == "cosine" else final) <= loss / 2
+    assert log.count("alone in float") == kept
+    assert re.search(r"kept in float: \S+: pinned to float", log)
+
+
+def test_accuracy_metric_without_a_budget_is_refused(bert, run_kiln, tmp_path):
+    path, names, rows = bert
+    np.save(tmp_path / "calib.npy", rows[names[0]])
+    result = run_kiln("build", path, "--device", "cpu", "--int8", "--calib", tmp_path / "calib.npy", "--accuracy-metric", "cosine",
+                      "-o", tmp_path / "never.engine")
+    assert result.returncode != 0
+    assert "--accuracy-metric cosine measures for --accuracy-budget, which is not given" in result.stderr
+    assert not (tmp_path / "never.engine").exists()
+    result = run_kiln("build", path, "--device", "cpu", "--int8", "--accuracy-budget", "1", "--accuracy-metric", "top5",
+                      "-o", tmp_path / "never.engine")
+    assert result.returncode != 0 and "top5" in result.stdout + result.stderr
+
+
 def test_data_that_cannot_feed_the_inputs_is_refused(bert, run_kiln, tmp_path):
     import kiln
 
