@@ -30,6 +30,7 @@
 #include "cuda/attention_sdpa.h"
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
+#include "cuda/gemm.h"
 #include "ir/sizes.h"
 #include "ops/attention_params.h"
 
@@ -246,15 +247,8 @@ class BatchedProduct {
       KILN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                                          sizeof(stride)));
     }
-    cublasLtMatmulPreference_t pref = nullptr;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = kProductWorkspace;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     cublasLtMatmulHeuristicResult_t result{};
-    int count = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, desc_, a_, b_, d_, d_, pref, 1, &result, &count);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || count == 0)
+    if (cublaslt_candidates(handle, desc_, a_, b_, d_, kProductWorkspace, 1, &result) == 0)
       throw Error(ErrorKind::kUnsupported, "cuBLASLt has no algorithm for an attention product");
     algo_ = result.algo;
   }

@@ -6,6 +6,7 @@
 
 #include "cuda/check.h"
 #include "cuda/epilogue.h"
+#include "cuda/gemm.h"
 
 namespace kiln::cuda {
 
@@ -74,7 +75,6 @@ Fp8Gemm::Fp8Gemm(const Fp8GemmSpec& spec, const void* weights, BuildServices& se
   if (!spec_.act.kind.empty()) variants.push_back({false, true});
   if (has_bias) variants.push_back({false, false});
   if (variants.empty()) variants.push_back({true, true});  // nothing to fuse
-  std::string last;
   for (const Variant& v : variants) {
     if (desc_) cublasLtMatmulDescDestroy(desc_), desc_ = nullptr;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -100,19 +100,8 @@ Fp8Gemm::Fp8Gemm(const Fp8GemmSpec& spec, const void* weights, BuildServices& se
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_, sizeof(bias_)));
     }
-    cublasLtMatmulPreference_t pref = nullptr;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = kLibraryWorkspace;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
-    int count = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(services.cublaslt(), desc_, a_, b_, d_, d_, pref, kMaxCandidates,
-                                                             results, &count);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || count == 0) {
-      last = st == CUBLAS_STATUS_SUCCESS ? "no algorithm" : "status " + std::to_string(static_cast<int>(st));
-      continue;
-    }
+    const int count = cublaslt_candidates(services.cublaslt(), desc_, a_, b_, d_, kLibraryWorkspace, kMaxCandidates, results);
     for (int i = 0; i < count; ++i)
       if (results[i].state == CUBLAS_STATUS_SUCCESS) algos_.push_back(results[i].algo);
     if (algos_.empty()) continue;
@@ -125,7 +114,7 @@ Fp8Gemm::Fp8Gemm(const Fp8GemmSpec& spec, const void* weights, BuildServices& se
     for (auto l : {a_, b_, d_})
       if (l) cublasLtMatrixLayoutDestroy(l);
     a_ = b_ = d_ = nullptr;
-    throw Error(ErrorKind::kUnsupported, "cuBLASLt has no FP8 algorithm with per-channel scales for this product (" + last + ")");
+    throw Error(ErrorKind::kUnsupported, "cuBLASLt has no FP8 algorithm with per-channel scales for this product");
   }
   finish_ = !library_act_ || !library_bias_ || spec_.y_scale > 0.f;
 }

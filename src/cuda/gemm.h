@@ -2,6 +2,8 @@
 // channels-last data is one): row-major Y[M,N] = act(A[M,K] B + bias + C) with B constant.
 #pragma once
 
+#include <cublasLt.h>
+
 #include <memory>
 #include <vector>
 
@@ -19,6 +21,14 @@ struct GemmSpec {
   int addend_input = -1;       // layer input holding C [M, N] (a residual), or -1
   ir::Activation act;
 };
+
+// cuBLASLt's heuristic candidates for the product `desc` over layouts a, b and d (C laid out as
+// D), within `workspace_bytes`: up to `max` of them into `results`, best first. Returns how
+// many (0 when cuBLASLt has none). (An array, not a vector: nvcc 13.0 fails on a vector of
+// these structs in .cu files.)
+int cublaslt_candidates(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                        cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, size_t workspace_bytes, int max,
+                        cublasLtMatmulHeuristicResult_t* results);
 
 // The layer reads A from io.inputs[0] and C from io.inputs[addend_input]; writes io.outputs[0].
 // The cuBLASLt algorithm is timed at creation (through services.scratch_io()).

@@ -174,17 +174,10 @@ class MatmulLayer final : public Layer {
   }
 
   void choose_algo(BuildServices& services) {
-    cublasLtMatmulPreference_t pref = nullptr;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = kMatmulWorkspace;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
-    int count = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(services.cublaslt(), desc_, layout_a_, layout_b_, layout_d_,
-                                                       layout_d_, pref, kMaxCandidates, results, &count);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || count == 0)
-      throw Error(ErrorKind::kUnsupported, "cuBLASLt has no algorithm for this product (" + p_.key() + ")");
+    const int count = cublaslt_candidates(services.cublaslt(), desc_, layout_a_, layout_b_, layout_d_, kMatmulWorkspace,
+                                          kMaxCandidates, results);
+    if (count == 0) throw Error(ErrorKind::kUnsupported, "cuBLASLt has no algorithm for this product (" + p_.key() + ")");
     const std::string key = p_.key();
     if (auto cached = services.cached_tactic(key)) {
       int index = std::atoi(cached->c_str());
@@ -401,6 +394,22 @@ LayerFormats matmul_formats(const LayerRequest& r) {
 }
 
 }  // namespace
+
+int cublaslt_candidates(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                        cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, size_t workspace_bytes, int max,
+                        cublasLtMatmulHeuristicResult_t* results) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  size_t ws = workspace_bytes;
+  const cublasStatus_t set =
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  int count = 0;
+  const cublasStatus_t st =
+      set == CUBLAS_STATUS_SUCCESS ? cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, max, results, &count) : set;
+  cublasLtMatmulPreferenceDestroy(pref);
+  KILN_CUBLAS_CHECK(set);
+  return st == CUBLAS_STATUS_SUCCESS ? count : 0;
+}
 
 std::unique_ptr<Layer> make_gemm_layer(const GemmSpec& spec, const Tensor& b, BuildServices& services) {
   MatmulParams p;

@@ -324,12 +324,10 @@ class QConvLayer final : public Layer {
     if (!only_kernel.empty()) narrow([&](const Int8ConvTactic& t) { return t.str() == only_kernel; });
     const bool kernel_ok = !kernels.empty();
     const std::string only_name = only ? only : "";
-    if (only_name == "cublaslt" || only_name == "kernel" || !only_kernel.empty()) {
-      if (only_name != "cublaslt") offer_product_ = false;
-      if (only_name == "cublaslt") kernels.clear();
-    }
+    const bool product_offered = offer_product_ && (!only || only_name == "cublaslt");
+    if (only_name == "cublaslt") kernels.clear();
     std::string last_error = "no candidate ran";
-    if (offer_product_ && (!only || only_name == "cublaslt")) {
+    if (product_offered) {
       try {
         product_gemm_ = std::make_unique<Fp8Gemm>(product_, weights_, services);
       } catch (const Error& e) {
@@ -338,7 +336,7 @@ class QConvLayer final : public Layer {
     }
     if (only_name == "cublaslt" && !product_gemm_)
       throw Error(ErrorKind::kUnsupported, "KILN_INT8_CONV_TACTIC=cublaslt, but cuBLASLt does not run " + k + ": " +
-                                               (offer_product_ ? last_error : "not an FP8 matrix product it takes"));
+                                               (product_offered ? last_error : "not an FP8 matrix product it takes"));
     const bool cudnn_ok = !only || (only_name != "kernel" && only_name != "cublaslt" && only_kernel.empty());
     if (cudnn_ok) {
       try {
