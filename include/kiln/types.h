@@ -48,6 +48,36 @@ struct ShapeRange {
 // input shapes that lie within one of its profiles.
 using OptimizationProfile = std::map<std::string, ShapeRange>;
 
+// How a GPU build chooses and launches its tactics. The defaults are what engines for others
+// should be built with; the other values narrow the choice, for experiments and tests. They are
+// recorded in the engine file (options.tactics) and in the timing cache's device line, so a
+// cache written under other values is not used by a build under the defaults. kiln's developers
+// set them through the environment variables of docs/env.md (src/api/developer_environment.cc).
+struct TacticOptions {
+  // Hopper: kiln's INT8 kernels launch with programmatic dependent launch (they load weights
+  // and epilogue operands while the layer before them finishes).
+  bool programmatic_launch = true;
+  // Tactics and layers are timed as CUDA graph replays, as the engine runs them (false: plain
+  // launches on the stream).
+  bool graph_timing = true;
+  // INT8/FP8 convolutions: "" every family; "cudnn" cuDNN's engines only; "cublaslt" cuBLASLt's
+  // FP8 products only; "kernel" kiln's INT8 kernels only; "kernel:NAME" that kernel tactic
+  // where a layer has it (else kiln's other kernels).
+  std::string quantized_conv;
+  // > 1: kiln's implicit-GEMM INT8 convolution offered (and kept) split K this many ways only.
+  int int8_k_splits = 0;
+  // Float convolutions: the families offered besides cuDNN's legacy API.
+  bool cudnn_graphs = true;      // cuDNN's graph API
+  bool conv_as_gemm = true;      // 1x1 convolutions as cuBLASLt products
+  bool depthwise_kernel = true;  // kiln's depthwise kernels
+  // Every candidate's time (and error) in the build log, not just the choice.
+  bool log_candidates = false;
+
+  bool operator==(const TacticOptions&) const = default;
+  // "" for the defaults, else the fields that differ ("graph_timing=0 quantized_conv=cudnn").
+  std::string describe() const;
+};
+
 struct BuildOptions {
   bool optimize = true;  // run kiln's graph passes (constant folding, BatchNorm folding, fusion)
   Device device = Device::kCpu;
@@ -89,6 +119,11 @@ struct BuildOptions {
   // that would pass it is refused, before anything is allocated, with its size, tensor and node.
   // A limit of where the engine runs, not of the engine: it is not stored in the engine file.
   size_t max_memory = 0;
+  // GPU builds: how tactics are chosen and launched (recorded in the engine file).
+  TacticOptions tactics;
+  // CPU engines: fresh output buffers are filled with 0xFF bytes (NaN) before each kernel runs,
+  // which proves that every kernel writes its whole output (the conformance tests' check).
+  bool poison_outputs = false;
   // Progress lines of the build (layer by layer, with the chosen tactic); nullptr: quiet.
   std::function<void(const std::string&)> log;
 };

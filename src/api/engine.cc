@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "api/developer_environment.h"
 #include "compiler/backends.h"
 #include "compiler/pipeline.h"
 #include "engine/engine_file.h"
@@ -41,8 +42,10 @@ Engine Engine::from_onnx(const std::string& onnx_path, const BuildOptions& optio
   const std::string bytes = read_file(onnx_path);
   std::string base_dir = std::filesystem::path(onnx_path).parent_path().string();
   if (base_dir.empty()) base_dir = ".";
+  BuildOptions chosen = options;
+  api::apply_developer_environment(chosen);
   auto impl = std::make_shared<Impl>();
-  impl->compiled = compiler::compile(bytes, onnx_path, base_dir, options);
+  impl->compiled = compiler::compile(bytes, onnx_path, base_dir, chosen);
   return Engine(std::move(impl));
 }
 
@@ -72,6 +75,11 @@ Engine Engine::load(const std::string& engine_path, size_t max_memory) {
     BuildOptions options = h.options;
     options.device = h.backend == "cuda" ? Device::kCuda : Device::kCpu;
     options.max_memory = max_memory;
+    // The build's tactic options are the file's; of the developer variables only the CPU
+    // engine's output poisoning applies to a loaded engine.
+    BuildOptions developer;
+    api::apply_developer_environment(developer);
+    options.poison_outputs = developer.poison_outputs;
     compiler::check_device(options.device, h.device, engine_path);
     if (options.device == Device::kCuda && h.profiles.empty())
       throw Error(ErrorKind::kInvalidModel, "the GPU engine file has no optimization profile").file(engine_path);

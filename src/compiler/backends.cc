@@ -20,7 +20,7 @@ std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, const std
                                                       const BuildOptions& options,
                                                       const std::vector<OptimizationProfile>& profiles,
                                                       const std::map<std::string, std::string>& tactics) {
-  if (options.device == Device::kCpu) return cpu::build_backend_engine(std::move(graph), options.max_memory);
+  if (options.device == Device::kCpu) return cpu::build_backend_engine(std::move(graph), options.max_memory, options.poison_outputs);
 #if KILN_WITH_CUDA
   auto shared = std::make_shared<const ir::Graph>(std::move(graph));
   return cuda::build_backend_engine(shared, specializer(shared, options.optimize, name), options, profiles, tactics);

@@ -82,7 +82,7 @@ std::optional<Product> match(const ir::Graph& g, const ir::Node& n) {
 std::string why_float(const ir::Node& n, const Product& p, const std::map<std::string, float>& scales,
                       const std::set<std::string>& pinned_float, bool (*quantizable)(const std::string& activation)) {
   if (pinned_float.count(n.name)) return "pinned to float";
-  if (!quantizable(ir::Activation::from_node(n).kind)) return "activation has no INT8 epilogue";
+  if (!quantizable(ir::Activation::from_node(n).name())) return "activation has no INT8 epilogue";
   if (p.k % 16 != 0) return std::to_string(p.k) + " input features (INT8 needs multiples of 16)";
   if (!p.residual.empty() && p.n % 16 != 0)
     return "a residual over " + std::to_string(p.n) + " output features (INT8 pads them to a multiple of 16)";

@@ -11,7 +11,8 @@ namespace {
 
 class CpuBackendEngine final : public backend::Engine {
  public:
-  CpuBackendEngine(ir::Graph graph, size_t memory_limit) : engine_(std::move(graph), memory_limit) {}
+  CpuBackendEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs)
+      : engine_(std::move(graph), memory_limit, poison_outputs) {}
 
   const ir::Graph& graph() const override { return engine_.graph(); }
   size_t layer_count() const override { return engine_.graph().nodes.size(); }
@@ -50,8 +51,8 @@ class CpuBackendEngine final : public backend::Engine {
 
 }  // namespace
 
-std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, size_t memory_limit) {
-  return std::make_unique<CpuBackendEngine>(std::move(graph), memory_limit);
+std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, size_t memory_limit, bool poison_outputs) {
+  return std::make_unique<CpuBackendEngine>(std::move(graph), memory_limit, poison_outputs);
 }
 
 nlohmann::json device_identity() {

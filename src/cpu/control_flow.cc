@@ -40,13 +40,14 @@ ir::TensorType input_type(const ir::Node& node, const KernelInit& init, size_t i
   return t;
 }
 
-Subgraph build_subgraph(const ir::Node& node, const std::string& attr, const std::vector<ir::TensorType>& types) {
+Subgraph build_subgraph(const KernelInit& init, const std::string& attr, const std::vector<ir::TensorType>& types) {
+  const ir::Node& node = init.node;
   Subgraph sub;
   try {
     ir::Graph imported = onnx_import::import_subgraph(node.attrs.get_string(attr, ""), types, attr);
     sub.inputs = imported.inputs;
     sub.outputs = imported.outputs;
-    sub.engine = std::make_unique<CpuEngine>(std::move(imported));
+    sub.engine = std::make_unique<CpuEngine>(std::move(imported), 0, init.poison_outputs);
   } catch (Error& e) {
     if (e.node_name().empty()) e.node(node.name, node.op);
     throw;
@@ -71,8 +72,8 @@ class IfKernel : public Kernel {
   explicit IfKernel(const KernelInit& init) : node_(init.node), declared_(declared_outputs(init)) {
     std::vector<ir::TensorType> types;
     for (size_t i = 1; i < init.input_types.size(); ++i) types.push_back(input_type(node_, init, i, false));
-    branches_[1] = build_subgraph(node_, "then_model", types);
-    branches_[0] = build_subgraph(node_, "else_model", types);
+    branches_[1] = build_subgraph(init, "then_model", types);
+    branches_[0] = build_subgraph(init, "else_model", types);
     for (const Subgraph* b : {&branches_[0], &branches_[1]})
       if (b->outputs.size() != declared_.size())
         throw node_.error(ErrorKind::kInvalidModel, "a branch gives " + std::to_string(b->outputs.size()) + " outputs; the node has " +
@@ -111,7 +112,7 @@ class LoopKernel : public Kernel {
     // The carried values may change shape from one iteration to the next: any dims.
     std::vector<ir::TensorType> types = {ir::TensorType{DType::kInt64, ir::Dims{}}, ir::TensorType{DType::kBool, ir::Dims{}}};
     for (size_t i = 2; i < init.input_types.size(); ++i) types.push_back(input_type(node_, init, i, i < 2 + carried_));
-    body_ = build_subgraph(node_, "body_model", types);
+    body_ = build_subgraph(init, "body_model", types);
     if (body_.outputs.size() != 1 + declared_.size())
       throw node_.error(ErrorKind::kInvalidModel, "its body gives " + std::to_string(body_.outputs.size()) + " outputs; it needs " +
                                                       std::to_string(1 + declared_.size()) + " (the condition and one per node output)");

@@ -72,9 +72,8 @@ void BufferPool::give(Tensor& t) {
   free_.emplace(buffer->capacity, storage);
 }
 
-CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit) : graph_(std::move(graph)), pool_(memory_limit) {
-  const char* poison = std::getenv("KILN_POISON_OUTPUTS");
-  poison_outputs_ = poison && std::string(poison) == "1";
+CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs)
+    : graph_(std::move(graph)), poison_outputs_(poison_outputs), pool_(memory_limit) {
   auto slot_of = [&](const std::string& name) {
     auto it = slots_.find(name);
     if (it != slots_.end()) return it->second;
@@ -87,7 +86,7 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit) : graph_(std::move(gr
   for (const ir::Node& node : graph_.nodes) {
     Step step;
     step.node = &node;
-    KernelInit init{node, {}, {}, {}};
+    KernelInit init{node, {}, {}, {}, poison_outputs_};
     for (const std::string& in : node.inputs) {
       const ir::Value* v = in.empty() ? nullptr : graph_.find_value(in);
       init.input_types.push_back(v ? &v->type : nullptr);
@@ -224,7 +223,7 @@ std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>
                              "' from the actual inputs (a shape, size, pads or split input has the wrong "
                              "type or invalid values)");
       // Kernels write every element of their outputs, so no zero-fill (it cost ~5% of a
-      // ResNet-50 run); KILN_POISON_OUTPUTS=1 fills them with 0xFF bytes (NaN) to prove it.
+      // ResNet-50 run); BuildOptions::poison_outputs fills them with 0xFF bytes (NaN) to prove it.
       std::vector<int64_t> shape = ir::known_values(*t.shape);
       std::shared_ptr<unsigned char[]> storage;
       try {

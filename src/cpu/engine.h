@@ -48,8 +48,8 @@ class CpuEngine {
  public:
   // Creates a kernel for every node; throws one kUnsupported error naming every node that
   // has no CPU kernel (and why) if there are any. A run allocates at most `memory_limit` bytes
-  // for its tensors (0: physical_memory_bytes()).
-  explicit CpuEngine(ir::Graph graph, size_t memory_limit = 0);
+  // for its tensors (0: physical_memory_bytes()). `poison_outputs`: BuildOptions::poison_outputs.
+  explicit CpuEngine(ir::Graph graph, size_t memory_limit = 0, bool poison_outputs = false);
 
   const ir::Graph& graph() const { return graph_; }
   // Bytes its tensors hold now (intermediates kept for reuse, outputs still held by callers).

@@ -89,10 +89,10 @@ void parallel_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 }
 
 Epilogue::Epilogue(ir::Activation act) : act_(std::move(act)) {
-  if (act_.kind.empty()) kind_ = Kind::kNone;
-  else if (act_.kind == "Relu") kind_ = Kind::kRelu;
-  else if (act_.kind == "Clip") kind_ = Kind::kClip;
-  else if (act_.kind == "LeakyRelu") kind_ = Kind::kLeakyRelu;
+  if (act_.none()) kind_ = Kind::kNone;
+  else if (act_.kind == ir::ActivationKind::kRelu) kind_ = Kind::kRelu;
+  else if (act_.kind == ir::ActivationKind::kClip) kind_ = Kind::kClip;
+  else if (act_.kind == ir::ActivationKind::kLeakyRelu) kind_ = Kind::kLeakyRelu;
   else kind_ = Kind::kOther;
 }
 

@@ -21,6 +21,7 @@ struct KernelInit {
   std::vector<const ir::TensorType*> input_types;  // nullptr for omitted inputs
   std::vector<const Tensor*> constants;            // constant inputs (weights), else nullptr
   std::vector<const ir::TensorType*> output_types;
+  bool poison_outputs = false;  // the engine's (CpuEngine): engines of subgraphs do the same
 
   DType dtype(size_t i) const { return i < input_types.size() && input_types[i] ? input_types[i]->dtype : DType::kUndefined; }
   bool has_input(size_t i) const { return i < input_types.size() && input_types[i]; }

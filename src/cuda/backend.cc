@@ -97,7 +97,7 @@ class CudaBackendContext final : public backend::Context {
 // captured: what the where-faster build times engines with.
 class CudaTimer final : public backend::Timer {
  public:
-  explicit CudaTimer(const CudaEngine& engine) : context_(engine) {
+  explicit CudaTimer(const CudaEngine& engine) : context_(engine), graph_timing_(engine.config().tactics.graph_timing) {
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KILN_CUDA_CHECK(cudaEventCreate(&start_));
     KILN_CUDA_CHECK(cudaEventCreate(&stop_));
@@ -139,10 +139,10 @@ class CudaTimer final : public backend::Timer {
   }
 
   // As a CUDA graph runs each layer (a replayed graph of 10 launches of the layer alone) unless
-  // KILN_GRAPH_TIMING=0, else `runs` profiled runs.
+  // the build's tactic options time on the stream, else `runs` profiled runs.
   std::vector<std::vector<LayerTiming>> layer_samples(int runs) override {
     std::vector<std::vector<LayerTiming>> all;
-    if (graph_timing_enabled()) {
+    if (graph_timing_) {
       all.push_back(to_layer_timings(context_.profile_in_graph(stream_, 10)));
     } else {
       for (int r = 0; r < runs; ++r) all.push_back(to_layer_timings(context_.profile(stream_)));
@@ -152,6 +152,7 @@ class CudaTimer final : public backend::Timer {
 
  private:
   CudaContext context_;
+  bool graph_timing_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
@@ -257,6 +258,7 @@ std::unique_ptr<backend::Engine> build_backend_engine(std::shared_ptr<const ir::
   config.timed_shape_step = options.profile_timing_step;
   config.max_memory = options.max_memory;
   config.log = options.log;
+  config.tactics = options.tactics;
   for (const OptimizationProfile& p : profiles) config.profiles.push_back(lowered_profile(p));
   std::unique_ptr<CudaEngine> engine = CudaEngine::build(std::move(specialize), config);
   return std::make_unique<CudaBackendEngine>(std::move(graph), std::move(engine), profiles);

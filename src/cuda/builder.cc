@@ -202,7 +202,8 @@ class Builder final : public BuildServices {
   // goes on and reports every unsupported node at once.
   void placeholder_outputs(const ir::Node& node);
   void lower_node(const ir::Node& node, std::vector<std::string>& unsupported);
-  void log(const std::string& line) { if (config_.log) config_.log(line); }
+  void log(const std::string& line) override { if (config_.log) config_.log(line); }
+  const TacticOptions& tactics() override { return config_.tactics; }
   void note_tactic(const std::string& key, const std::string& tactic) {
     plan_->timing_entries_[key] = tactic;
     if (current_request_) plan_->node_tactics_[current_request_->node.name] = tactic;
@@ -283,7 +284,7 @@ float Builder::time_ms(const std::function<void(cudaStream_t)>& run) {
   KILN_CUDA_CHECK(cudaEventElapsedTime(&once, events_[0], events_[1]));
   const int per_sample = std::clamp(static_cast<int>(0.2f / std::max(once, 1e-4f)), 1, 20);
   // As the engine runs it, in a CUDA graph (cuda/graph_timing.h), unless that is off or fails.
-  if (graph_timing_enabled())
+  if (config_.tactics.graph_timing)
     if (const float ms = graph_replay_ms(stream_, run, per_sample); ms >= 0) return ms;
   return median_sample_ms(
       stream_, [&] {

@@ -44,7 +44,7 @@ struct RefGeometry {
 template <class T>
 __global__ void reference_conv_kernel(const T* __restrict__ x, const T* __restrict__ wt, const float* __restrict__ bias,
                                       const T* __restrict__ z, float* __restrict__ ref, RefGeometry g,
-                                      DeviceActivation act) {
+                                      ir::Activation act) {
   const int per_image = g.k * g.oh * g.ow;
   const int total = per_image * g.images;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
@@ -71,7 +71,7 @@ __global__ void reference_conv_kernel(const T* __restrict__ x, const T* __restri
     const int64_t yi = int64_t(n) * per_image +
                        (g.nhwc ? (int64_t(oh) * g.ow + ow) * g.k + k : (int64_t(k) * g.oh + oh) * g.ow + ow);
     if (z) acc += load_float(z, yi);
-    ref[yi] = activate(act, acc);
+    ref[yi] = act.apply(acc);
   }
 }
 
@@ -92,7 +92,7 @@ __global__ void compare_kernel(const T* __restrict__ y, const float* __restrict_
 class TacticChecker {
  public:
   TacticChecker(const RefGeometry& g, DType dtype, const void* x, const void* w, const float* bias, const void* z,
-                DeviceActivation act, double tolerance, cudaStream_t stream)
+                ir::Activation act, double tolerance, cudaStream_t stream)
       : n_(g.k * g.oh * g.ow * g.images), dtype_(dtype), tolerance_(tolerance), stream_(stream) {
     KILN_CUDA_CHECK(cudaMalloc(&ref_, ((sizeof(float) * static_cast<size_t>(n_) + 15) / 16) * 16 + 2 * sizeof(double)));
     sums_ = reinterpret_cast<double*>(reinterpret_cast<char*>(ref_) + ((sizeof(float) * n_ + 15) / 16) * 16);
@@ -201,7 +201,7 @@ struct ConvParams {
     for (int v : strides) s << v << ",";
     s << "|d";
     for (int v : dilations) s << v << ",";
-    s << "|" << format.str() << "|" << to_string(precision) << "|b" << has_bias << "z" << has_z << "|" << act.kind;
+    s << "|" << format.str() << "|" << to_string(precision) << "|b" << has_bias << "z" << has_z << "|" << act.name();
     return s.str();
   }
 };
@@ -238,7 +238,8 @@ class ConvLayer final : public Layer {
         conv_desc_(p_),
         bias_desc_(bias_shape(p_), p_.format.dtype, Layout::kLinear),
         y_spec_{p_.y, p_.format},
-        epilogue_act_(device_activation(p_.act)) {
+        epilogue_act_(p_.act),
+        tactics_(services.tactics()) {
     if (p_.transpose) {
       // backward-data's "filter" is the forward filter: [C_in, K/g, R, S] in NCHW order.
       Tensor w = convert_constant(weights.reshaped(p_.w), Format{p_.format.dtype, Layout::kLinear});
@@ -310,7 +311,7 @@ class ConvLayer final : public Layer {
     shape[1] = p.y[1];
     return shape;
   }
-  bool epilogue_needed() const { return p_.has_bias || p_.has_z || !p_.act.kind.empty(); }
+  bool epilogue_needed() const { return p_.has_bias || p_.has_z || !p_.act.none(); }
 
   void run(cudnnHandle_t handle, const void* x, const void* z, void* y, void* ws, cudaStream_t stream, bool fused,
            int algo, size_t ws_bytes) const {
@@ -320,7 +321,7 @@ class ConvLayer final : public Layer {
       KILN_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, &one, w_desc_.desc, weights_, x_desc_.desc, x, conv_desc_.desc,
                                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws, ws_bytes,
                                                     &zero, y_desc_.desc, y));
-      if (p_.has_bias) launch_channel_epilogue(y, bias32_, nullptr, y_spec_, DeviceActivation{}, stream);
+      if (p_.has_bias) launch_channel_epilogue(y, bias32_, nullptr, y_spec_, ir::Activation{}, stream);
       return;
     }
     if (fused) {
@@ -328,7 +329,7 @@ class ConvLayer final : public Layer {
       KILN_CUDNN_CHECK(cudnnConvolutionBiasActivationForward(
           handle, &one, x_desc_.desc, x, w_desc_.desc, weights_, conv_desc_.desc,
           static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws, ws_bytes, &alpha2, y_desc_.desc, z ? z : y,
-          bias_desc_.desc, bias_storage_, p_.act.kind.empty() ? identity_ : relu_, y_desc_.desc, y));
+          bias_desc_.desc, bias_storage_, p_.act.none() ? identity_ : relu_, y_desc_.desc, y));
       return;
     }
     KILN_CUDNN_CHECK(cudnnConvolutionForward(handle, &one, x_desc_.desc, x, w_desc_.desc, weights_, conv_desc_.desc,
@@ -358,13 +359,13 @@ class ConvLayer final : public Layer {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     KILN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, x_desc_.desc, w_desc_.desc, conv_desc_.desc,
                                                             y_desc_.desc, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf));
-    const bool fusable = p_.act.kind.empty() || p_.act.kind == "Relu";
+    const bool fusable = p_.act.none() || p_.act.kind == ir::ActivationKind::kRelu;
     for (int i = 0; i < count; ++i) {
       if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > limit || !allowed_algorithm(perf[i].algo)) continue;
       const int algo = static_cast<int>(perf[i].algo);
       out.push_back({false, algo, perf[i].memory});
       // cuDNN's fused call takes identity only with IMPLICIT_PRECOMP_GEMM.
-      if (fusable && (p_.act.kind == "Relu" || perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM))
+      if (fusable && (p_.act.kind == ir::ActivationKind::kRelu || perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM))
         out.push_back({true, algo, perf[i].memory});
     }
     return out;
@@ -390,7 +391,7 @@ class ConvLayer final : public Layer {
 
   // The graph API form of this convolution, when it has one (2-D, float16 channels-last).
   bool graph_eligible() const {
-    if (std::getenv("KILN_NO_CUDNN_GRAPH")) return false;  // debugging knob: legacy cuDNN and cuBLASLt only
+    if (!tactics_.cudnn_graphs) return false;
     return !p_.transpose && p_.spatial == 2 && p_.format.dtype == DType::kFloat16 && p_.format.layout == Layout::kNHWC &&
            conv_graph_supports(p_.act);
   }
@@ -414,7 +415,7 @@ class ConvLayer final : public Layer {
   // product: Y[N*H*W, K] = X[N*H*W, C] W[K, C]^T, with bias, residual and activation in
   // cuBLASLt's epilogue.
   bool gemm_eligible() const {
-    if (std::getenv("KILN_NO_CONV_GEMM")) return false;  // debugging knob
+    if (!tactics_.conv_as_gemm) return false;
     if (p_.transpose || p_.spatial != 2 || p_.group != 1 || p_.format.layout != Layout::kNHWC) return false;
     if (p_.w[2] != 1 || p_.w[3] != 1) return false;
     for (size_t i = 0; i < p_.pads.size(); ++i)
@@ -443,7 +444,7 @@ class ConvLayer final : public Layer {
                              p_.strides[0], p_.strides[1], p_.dilations[0], p_.dilations[1]};
   }
   bool depthwise_eligible() const {
-    if (std::getenv("KILN_NO_DEPTHWISE_KERNEL")) return false;  // debugging knob: cuDNN only
+    if (!tactics_.depthwise_kernel) return false;
     return !p_.transpose && p_.spatial == 2 && p_.format.dtype == DType::kFloat16 &&
            p_.format.layout == Layout::kNHWC && p_.group == p_.x[1] && p_.y[1] == p_.x[1] && p_.w[1] == 1 &&
            depthwise_supported(depthwise_geometry());
@@ -486,7 +487,7 @@ class ConvLayer final : public Layer {
 
   void choose_tactic(BuildServices& services) {
     const std::string key = p_.key();
-    const bool log = std::getenv("KILN_TACTIC_LOG") != nullptr;  // every candidate's time, for tuning
+    const bool log = tactics_.log_candidates;  // every candidate's time, for tuning
     if (auto cached = services.cached_tactic(key)) {
       try {
         if (cached->rfind("graph:", 0) == 0) {
@@ -531,7 +532,7 @@ class ConvLayer final : public Layer {
     // output (all bits set: NaN) and compares with the direct convolution. The poison matters:
     // an engine that leaves part of the output unwritten would otherwise pass on what an
     // earlier candidate wrote there (suspected of a cuDNN graph engine for depthwise convs).
-    // With KILN_TACTIC_LOG every candidate is checked, so that the log shows each one's error.
+    // With TacticOptions::log_candidates every candidate is checked, so that the log shows each one's error.
     auto consider = [&](const std::string& what, const std::function<void(cudaStream_t)>& launch) {
       const float ms = services.time_ms(launch);
       const bool fastest = ms < best;
@@ -542,9 +543,11 @@ class ConvLayer final : public Layer {
         launch(services.stream());
         err = checker->error(io.outputs[0], ok);
       }
-      if (log)
-        std::fprintf(stderr, "  tactic %s: %s %.4f ms, relative error %.3g%s\n", key.c_str(), what.c_str(), ms, err,
-                     ok ? "" : " (rejected)");
+      if (log) {
+        char line[160];
+        std::snprintf(line, sizeof line, " %.4f ms, relative error %.3g%s", ms, err, ok ? "" : " (rejected)");
+        services.log("  tactic " + key + ": " + what + line);
+      }
       if (!fastest) return false;
       if (!ok) {
         last_error = what + " gave wrong results (relative error " + std::to_string(err) + ")";
@@ -609,7 +612,7 @@ class ConvLayer final : public Layer {
         if (consider("gemm " + gemm->tactic(), [&](cudaStream_t s) { gemm->enqueue(gio, s); })) winner = Winner::kGemm;
       } catch (const Error& e) {
         last_error = e.what();
-        if (log) std::fprintf(stderr, "  tactic %s: gemm failed: %s\n", key.c_str(), e.what());
+        if (log) services.log("  tactic " + key + ": gemm failed: " + e.what());
         cudaGetLastError();
       }
     }
@@ -655,7 +658,11 @@ class ConvLayer final : public Layer {
         services.record_tactic(key, "depthwise:" + std::to_string(depthwise_outputs));
         break;
     }
-    if (log) std::fprintf(stderr, "  tactic %s: chose %s (%.4f ms)\n", key.c_str(), tactic().c_str(), best);
+    if (log) {
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.4f ms", best);
+      services.log("  tactic " + key + ": chose " + tactic() + " (" + ms + ")");
+    }
   }
 
   ConvParams p_;
@@ -664,7 +671,8 @@ class ConvLayer final : public Layer {
   ConvolutionDescriptor conv_desc_;
   TensorDescriptor bias_desc_;
   TensorSpec y_spec_;
-  DeviceActivation epilogue_act_;
+  ir::Activation epilogue_act_;
+  TacticOptions tactics_;  // the build's (BuildServices::tactics)
   cudnnActivationDescriptor_t relu_ = nullptr, identity_ = nullptr;
   const void* weights_ = nullptr;
   const float* bias32_ = nullptr;

@@ -60,8 +60,14 @@ DescriptorPtr tensor(int64_t uid, cudnnDataType_t type, const std::vector<int64_
 }  // namespace
 
 bool conv_graph_supports(const ir::Activation& act) {
-  for (const char* k : {"", "Relu", "Clip", "Sigmoid", "SiLU", "Tanh", "Gelu", "GeluTanh", "LeakyRelu"})
-    if (act.kind == k) return true;
+  using K = ir::ActivationKind;
+  switch (act.kind) {
+    case K::kNone: case K::kRelu: case K::kClip: case K::kSigmoid: case K::kSiLU: case K::kTanh: case K::kGelu:
+    case K::kGeluTanh: case K::kLeakyRelu:
+      return true;
+    case K::kHardSwish: case K::kHardSigmoid:
+      return false;
+  }
   return false;
 }
 
@@ -102,16 +108,18 @@ ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::
   if (s.has_bias) steps.push_back({CUDNN_POINTWISE_ADD, kBias});
   if (s.has_z) steps.push_back({CUDNN_POINTWISE_ADD, kZ});
   if (s.int8 && s.has_z_mult) steps.push_back({CUDNN_POINTWISE_MUL, kZMult});
-  const std::string& k = s.act.kind;
-  if (k == "Relu") steps.push_back({CUDNN_POINTWISE_RELU_FWD, 0});
-  else if (k == "Clip") steps.push_back({CUDNN_POINTWISE_RELU_FWD, 0, s.act.alpha, s.act.beta, 0, true});
-  else if (k == "LeakyRelu") steps.push_back({CUDNN_POINTWISE_RELU_FWD, 0, 0, 0, s.act.alpha, false});
-  else if (k == "Sigmoid") steps.push_back({CUDNN_POINTWISE_SIGMOID_FWD, 0});
-  else if (k == "SiLU") steps.push_back({CUDNN_POINTWISE_SWISH_FWD, 0});
-  else if (k == "Tanh") steps.push_back({CUDNN_POINTWISE_TANH_FWD, 0});
-  else if (k == "Gelu") steps.push_back({CUDNN_POINTWISE_GELU_FWD, 0});
-  else if (k == "GeluTanh") steps.push_back({CUDNN_POINTWISE_GELU_APPROX_TANH_FWD, 0});
-  else if (!k.empty()) throw Error(ErrorKind::kUnsupported, "activation " + k + " has no cuDNN pointwise form");
+  using K = ir::ActivationKind;
+  const K k = s.act.kind;
+  if (k == K::kRelu) steps.push_back({CUDNN_POINTWISE_RELU_FWD, 0});
+  else if (k == K::kClip) steps.push_back({CUDNN_POINTWISE_RELU_FWD, 0, s.act.alpha, s.act.beta, 0, true});
+  else if (k == K::kLeakyRelu) steps.push_back({CUDNN_POINTWISE_RELU_FWD, 0, 0, 0, s.act.alpha, false});
+  else if (k == K::kSigmoid) steps.push_back({CUDNN_POINTWISE_SIGMOID_FWD, 0});
+  else if (k == K::kSiLU) steps.push_back({CUDNN_POINTWISE_SWISH_FWD, 0});
+  else if (k == K::kTanh) steps.push_back({CUDNN_POINTWISE_TANH_FWD, 0});
+  else if (k == K::kGelu) steps.push_back({CUDNN_POINTWISE_GELU_FWD, 0});
+  else if (k == K::kGeluTanh) steps.push_back({CUDNN_POINTWISE_GELU_APPROX_TANH_FWD, 0});
+  else if (k != K::kNone)
+    throw Error(ErrorKind::kUnsupported, std::string("activation ") + s.act.name() + " has no cuDNN pointwise form");
   if (s.int8 && s.has_out_mult) steps.push_back({CUDNN_POINTWISE_MUL, kOutMult});
   // E4M3 has no infinity: what cuDNN's conversion does past 448 is not documented, so the value
   // is clamped first (the op's saturation).

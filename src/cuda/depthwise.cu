@@ -40,7 +40,7 @@ template <int TW, int KS, int STRIDE>
 __device__ __forceinline__ void compute_row(const __half* __restrict__ x, const float* __restrict__ w,
                                             const float* __restrict__ bias, const __half* __restrict__ z,
                                             __half* __restrict__ y, const DepthwiseGeometry& g,
-                                            const DeviceActivation& act, int n, int oh, int ow0, int c) {
+                                            const ir::Activation& act, int n, int oh, int ow0, int c) {
   float acc[TW][8];
   float b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (bias) load8(bias + c, b);
@@ -107,7 +107,7 @@ __device__ __forceinline__ void compute_row(const __half* __restrict__ x, const 
       for (int k = 0; k < 8; ++k) acc[j][k] += zv[k];
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) acc[j][k] = activate(act, acc[j][k]);
+    for (int k = 0; k < 8; ++k) acc[j][k] = act.apply(acc[j][k]);
     store8(y + at, acc[j]);
   }
 }
@@ -120,7 +120,7 @@ template <int TW, int KS, int STRIDE>
 __global__ void __launch_bounds__(256)
     depthwise_nhwc_kernel(const __half* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
                           const __half* __restrict__ z, __half* __restrict__ y, DepthwiseGeometry g,
-                          DeviceActivation act) {
+                          ir::Activation act) {
   // x: 8-channel groups of TW-pixel blocks of one output row (groups fastest, so a warp's
   // loads and stores are contiguous); y (with a loop where N*OH exceeds the grid): the row.
   const int groups = g.c >> 3;
@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(256)
 
 template <int TW, int KS, int STRIDE>
 void launch(const __half* x, const float* w, const float* bias, const __half* z, __half* y, const DepthwiseGeometry& g,
-            DeviceActivation act, cudaStream_t stream) {
+            ir::Activation act, cudaStream_t stream) {
   const int row_items = ((g.ow + TW - 1) / TW) * (g.c / 8);
   const int threads = std::min(256, std::max(64, (row_items + 31) / 32 * 32));
   const dim3 grid(static_cast<unsigned>((row_items + threads - 1) / threads),
@@ -149,7 +149,7 @@ void launch(const __half* x, const float* w, const float* bias, const __half* z,
 
 template <int TW>
 void launch_tw(const __half* x, const float* w, const float* bias, const __half* z, __half* y, const DepthwiseGeometry& g,
-               DeviceActivation act, cudaStream_t stream) {
+               ir::Activation act, cudaStream_t stream) {
   const bool plain = g.dil_w == 1 && g.stride_w == g.stride_h;
   if (plain && g.s == 3 && g.stride_w == 1) return launch<TW, 3, 1>(x, w, bias, z, y, g, act, stream);
   if (plain && g.s == 3 && g.stride_w == 2) return launch<TW, 3, 2>(x, w, bias, z, y, g, act, stream);
@@ -166,7 +166,7 @@ bool depthwise_supported(const DepthwiseGeometry& g) {
 }
 
 void launch_depthwise_nhwc(const __half* x, const float* w, const float* bias, const __half* z, __half* y,
-                           const DepthwiseGeometry& g, DeviceActivation act, int outputs_per_thread,
+                           const DepthwiseGeometry& g, ir::Activation act, int outputs_per_thread,
                            cudaStream_t stream) {
   switch (outputs_per_thread) {
     case 1: return launch_tw<1>(x, w, bias, z, y, g, act, stream);

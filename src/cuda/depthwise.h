@@ -28,7 +28,7 @@ bool depthwise_supported(const DepthwiseGeometry& g);
 // 32-byte load); bias: float32 [c] (may be null); z: same shape as y (may be null).
 // outputs_per_thread: 1, 2 or 4.
 void launch_depthwise_nhwc(const __half* x, const float* w, const float* bias, const __half* z, __half* y,
-                           const DepthwiseGeometry& g, DeviceActivation act, int outputs_per_thread,
+                           const DepthwiseGeometry& g, ir::Activation act, int outputs_per_thread,
                            cudaStream_t stream);
 
 }  // namespace kiln::cuda

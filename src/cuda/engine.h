@@ -58,6 +58,7 @@ struct BuildConfig {
   // context that would pass it, or the device's free memory, is refused before it allocates.
   size_t max_memory = 0;
   std::function<void(const std::string&)> log;  // progress lines; nullptr: quiet
+  TacticOptions tactics;  // how tactics are chosen and launched (kiln/types.h)
 };
 
 // Where a buffer's memory comes from.

@@ -7,33 +7,25 @@
 
 namespace kiln::cuda {
 
-DeviceActivation device_activation(const ir::Activation& a) {
-  static const char* kinds[] = {"", "Relu", "Clip", "Sigmoid", "SiLU", "HardSwish", "HardSigmoid",
-                                "LeakyRelu", "Tanh", "Gelu", "GeluTanh"};
-  for (int i = 0; i < 11; ++i)
-    if (a.kind == kinds[i]) return DeviceActivation{i, a.alpha, a.beta};
-  throw Error(ErrorKind::kUnsupported, "unknown epilogue activation '" + a.kind + "'");
-}
-
 namespace {
 
 
 // channel of element i: (i / inner) % channels (inner = 1 for NHWC, H*W for NCHW).
 template <class T>
 __global__ void epilogue_kernel(T* __restrict__ y, const float* __restrict__ bias, const T* __restrict__ z,
-                                int64_t n, int64_t channels, int64_t inner, DeviceActivation act) {
+                                int64_t n, int64_t channels, int64_t inner, ir::Activation act) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     float v = load_float(y, i);
     if (bias) v += bias[(i / inner) % channels];
     if (z) v += load_float(z, i);
-    store_float(y, i, activate(act, v));
+    store_float(y, i, act.apply(v));
   }
 }
 
 // NHWC float16 with channels % 8 == 0: 8 halves (16 bytes) per thread.
 __global__ void epilogue_nhwc_half8_kernel(__half* __restrict__ y, const float* __restrict__ bias,
                                            const __half* __restrict__ z, int64_t n8, int64_t channels,
-                                           DeviceActivation act) {
+                                           ir::Activation act) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n8; i += int64_t{gridDim.x} * blockDim.x) {
     uint4 raw = reinterpret_cast<const uint4*>(y)[i];
     uint4 zraw = z ? reinterpret_cast<const uint4*>(z)[i] : uint4{0, 0, 0, 0};
@@ -45,7 +37,7 @@ __global__ void epilogue_nhwc_half8_kernel(__half* __restrict__ y, const float* 
       float v = __half2float(h[k]);
       if (bias) v += bias[c0 + k];
       if (z) v += __half2float(zh[k]);
-      h[k] = __float2half_rn(activate(act, v));
+      h[k] = __float2half_rn(act.apply(v));
     }
     reinterpret_cast<uint4*>(y)[i] = raw;
   }
@@ -55,7 +47,7 @@ __global__ void epilogue_nhwc_half8_kernel(__half* __restrict__ y, const float* 
 // (channels a multiple of 8, so a group never straddles a row).
 __global__ void epilogue_to_fp8_kernel(const __half* __restrict__ y16, __nv_fp8_storage_t* __restrict__ y,
                                       const float* __restrict__ bias, int64_t groups, int64_t channels,
-                                      DeviceActivation act, float inv_y_scale) {
+                                      ir::Activation act, float inv_y_scale) {
   for (int64_t g = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
     const uint4 raw = reinterpret_cast<const uint4*>(y16)[g];
     const __half* h = reinterpret_cast<const __half*>(&raw);
@@ -65,7 +57,7 @@ __global__ void epilogue_to_fp8_kernel(const __half* __restrict__ y16, __nv_fp8_
     for (int i = 0; i < 8; ++i) {
       float v = __half2float(h[i]);
       if (bias) v += bias[c0 + i];
-      q[i] = __nv_cvt_float_to_fp8(activate(act, v) * inv_y_scale, __NV_SATFINITE, __NV_E4M3);
+      q[i] = __nv_cvt_float_to_fp8(act.apply(v) * inv_y_scale, __NV_SATFINITE, __NV_E4M3);
     }
     reinterpret_cast<uint2*>(y)[g] = *reinterpret_cast<const uint2*>(q);
   }
@@ -74,7 +66,7 @@ __global__ void epilogue_to_fp8_kernel(const __half* __restrict__ y16, __nv_fp8_
 }  // namespace
 
 void launch_epilogue(void* y, const float* bias, const void* z, int64_t n, int64_t channels, int64_t inner,
-                     DType dtype, DeviceActivation act, cudaStream_t stream) {
+                     DType dtype, ir::Activation act, cudaStream_t stream) {
   if (n == 0) return;
   if (dtype == DType::kFloat16 && inner == 1 && channels % 8 == 0) {
     epilogue_nhwc_half8_kernel<<<grid_for(n / 8, 256, 2), 256, 0, stream>>>(
@@ -89,7 +81,7 @@ void launch_epilogue(void* y, const float* bias, const void* z, int64_t n, int64
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-void launch_channel_epilogue(void* y, const float* bias, const void* z, const TensorSpec& spec, DeviceActivation act,
+void launch_channel_epilogue(void* y, const float* bias, const void* z, const TensorSpec& spec, ir::Activation act,
                              cudaStream_t stream) {
   int64_t inner = 1;
   if (spec.format.layout != Layout::kNHWC)
@@ -97,7 +89,7 @@ void launch_channel_epilogue(void* y, const float* bias, const void* z, const Te
   launch_epilogue(y, bias, z, spec.elements(), spec.shape[1], inner, spec.format.dtype, act, stream);
 }
 
-void launch_epilogue_to_fp8(const void* y16, void* y8, const float* bias, int64_t n, int64_t channels, DeviceActivation act,
+void launch_epilogue_to_fp8(const void* y16, void* y8, const float* bias, int64_t n, int64_t channels, ir::Activation act,
                             float inv_y_scale, cudaStream_t stream) {
   if (n == 0) return;
   if (n % 8 != 0 || channels % 8 != 0)

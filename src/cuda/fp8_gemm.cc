@@ -18,12 +18,12 @@ constexpr int kMaxCandidates = 8;
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 bool library_activation(const ir::Activation& act) {
-  return act.kind.empty() || act.kind == "Relu" || act.kind == "GeluTanh";
+  return act.none() || act.kind == ir::ActivationKind::kRelu || act.kind == ir::ActivationKind::kGeluTanh;
 }
 
-cublasLtEpilogue_t epilogue_for(bool bias, const std::string& act) {
-  if (act == "Relu") return bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
-  if (act == "GeluTanh") return bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+cublasLtEpilogue_t epilogue_for(bool bias, ir::ActivationKind act) {
+  if (act == ir::ActivationKind::kRelu) return bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+  if (act == ir::ActivationKind::kGeluTanh) return bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
   return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
@@ -35,7 +35,7 @@ std::string fp8_gemm_unsupported(const Fp8GemmSpec& s) {
   if (static_cast<int64_t>(s.w_scales.size()) != s.n) return "one weight scale per output channel";
   if (!s.bias.empty() && static_cast<int64_t>(s.bias.size()) != s.n) return "one bias per output channel";
   try {
-    device_activation(s.act);
+    s.act;
   } catch (const Error& e) {
     return e.what();
   }
@@ -72,7 +72,7 @@ Fp8Gemm::Fp8Gemm(const Fp8GemmSpec& spec, const void* weights, BuildServices& se
   };
   std::vector<Variant> variants;
   if (library_act) variants.push_back({true, true});
-  if (!spec_.act.kind.empty()) variants.push_back({false, true});
+  if (!spec_.act.none()) variants.push_back({false, true});
   if (has_bias) variants.push_back({false, false});
   if (variants.empty()) variants.push_back({true, true});  // nothing to fuse
   for (const Variant& v : variants) {
@@ -93,7 +93,7 @@ Fp8Gemm::Fp8Gemm(const Fp8GemmSpec& spec, const void* weights, BuildServices& se
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales_, sizeof(a_scales_)));
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales_, sizeof(b_scales_)));
     const bool bias_here = has_bias && v.bias;
-    const cublasLtEpilogue_t epilogue = epilogue_for(bias_here, v.act ? spec_.act.kind : "");
+    const cublasLtEpilogue_t epilogue = epilogue_for(bias_here, v.act ? spec_.act.kind : ir::ActivationKind::kNone);
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (bias_here) {
       const int32_t bias_type = CUDA_R_16F;
@@ -105,7 +105,7 @@ Fp8Gemm::Fp8Gemm(const Fp8GemmSpec& spec, const void* weights, BuildServices& se
     for (int i = 0; i < count; ++i)
       if (results[i].state == CUBLAS_STATUS_SUCCESS) algos_.push_back(results[i].algo);
     if (algos_.empty()) continue;
-    library_act_ = v.act || spec_.act.kind.empty();
+    library_act_ = v.act || spec_.act.none();
     library_bias_ = bias_here || !has_bias;
     break;
   }
@@ -139,7 +139,7 @@ void Fp8Gemm::run(cublasLtHandle_t handle, const void* x, const void* z, void* y
   KILN_CUBLAS_CHECK(cublasLtMatmul(handle, desc_, &alpha, weights_, a_, x, b_, &beta, c, d_, d, d_,
                                    &algos_[static_cast<size_t>(selected_)], workspace, kLibraryWorkspace, stream));
   if (!finish_) return;
-  const DeviceActivation act = library_act_ ? DeviceActivation{} : device_activation(spec_.act);
+  const ir::Activation act = library_act_ ? ir::Activation{} : spec_.act;
   const float* bias = library_bias_ ? nullptr : finish_bias_;
   const int64_t elements = spec_.m * spec_.n;
   if (spec_.y_scale > 0.f) {

@@ -1,7 +1,6 @@
 #include "cuda/graph_timing.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,14 +8,6 @@
 #include "cuda/check.h"
 
 namespace kiln::cuda {
-
-bool graph_timing_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_GRAPH_TIMING");
-    return !v || std::string(v) != "0";
-  }();
-  return on;
-}
 
 float median_sample_ms(cudaStream_t stream, const std::function<void()>& launch, int per_sample) {
   cudaEvent_t start = nullptr, stop = nullptr;

@@ -13,10 +13,6 @@
 
 namespace kiln::cuda {
 
-// Whether the builder times tactics, and the quantized build its layers, in a CUDA graph: yes
-// unless KILN_GRAPH_TIMING=0 (launches on the stream, for comparison).
-bool graph_timing_enabled();
-
 // The median over five samples of `launch` (which enqueues `per_sample` runs on `stream`), per
 // run, in ms.
 float median_sample_ms(cudaStream_t stream, const std::function<void()>& launch, int per_sample);

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "cuda/check.h"
@@ -55,7 +56,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile(
 #define KILN_HOPPER_DEVICE_CODE 0
 #endif
 
-// Programmatic dependent launch (kiln's default; KILN_PDL=0 turns it off): a kernel launched
+// Programmatic dependent launch (kiln's default; TacticOptions::programmatic_launch): a kernel launched
 // with it may start while the previous kernel in its stream or graph still runs, and must wait
 // before it reads what that kernel writes or writes what it may still read. Both are no-ops in
 // a kernel launched without it.
@@ -95,7 +96,7 @@ template <int kChunks> __device__ __forceinline__ int swizzled(int row, int chun
 struct KernelParams {
   Int8ConvGeometry g;
   Int8ConvArgs a;
-  DeviceActivation act;
+  ir::Activation act;
   float inv_y_scale;  // 1 / y_scale (int8 output)
   int m;            // output pixels
   int k_total;      // r * s * c
@@ -104,6 +105,7 @@ struct KernelParams {
   int split_tiles;  // implicit GEMM: stages per split (the last split may have fewer)
   int m_tiles;      // blocks of kBlockM pixels
   bool contiguous;  // 1x1, stride 1: pixel m's input row is row m
+  bool programmatic_launch;  // launched with programmatic dependent launch (asked for, and Hopper)
 };
 
 // One warp's products over an A tile (kBlockM rows) and a B tile (weights, tile_n rows), both
@@ -634,13 +636,16 @@ struct KernelInfo {
   int sms = 0;
 };
 
-// Raises the kernel's shared-memory limit and reads its occupancy, once per kernel.
+// Raises the kernel's shared-memory limit and reads its occupancy, once per kernel, size and
+// device (attributes and occupancy belong to the device the kernel runs on).
 template <class Kernel>
 const KernelInfo& prepare(Kernel kernel, int smem) {
   static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, KernelInfo> known;
+  static std::map<std::tuple<int, const void*, int>, KernelInfo> known;
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
   std::lock_guard<std::mutex> lock(mutex);
-  KernelInfo& info = known[{reinterpret_cast<const void*>(kernel), smem}];
+  KernelInfo& info = known[{device, reinterpret_cast<const void*>(kernel), smem}];
   if (info.sms == 0) {
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     // All of L1 as shared memory, as cuDNN's convolution kernels take it: a kernel that asks
@@ -648,25 +653,10 @@ const KernelInfo& prepare(Kernel kernel, int smem) {
     // neighbours, which isolated timing does not see (ResNet-50 at batch 1 ran 20% slower).
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kernel, kThreads, smem));
-    int device = 0;
-    KILN_CUDA_CHECK(cudaGetDevice(&device));
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
     if (info.blocks_per_sm < 1) throw Error(ErrorKind::kDevice, "kiln INT8 convolution: the kernel does not fit on this GPU");
   }
   return info;
-}
-
-// kiln's small-M and stream kernels are launched with programmatic dependent launch, so that they
-// load their weights and epilogue operands while the kernel before them finishes: at batch 1 it
-// took ResNet-50's INT8 engine from 0.306 to 0.266 ms on an H100 (docs/design/int8.md,
-// "Programmatic dependent launch").
-// KILN_PDL=0 launches them plainly (to compare, or to rule it out). Hopper only.
-bool programmatic_launch() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_PDL");
-    return !(v && std::string(v) == "0");
-  }();
-  return on && hopper_features();
 }
 
 // Launches `blocks` blocks, in clusters of `splits` (the blocks that share a tile's K) when
@@ -708,7 +698,7 @@ void launch_stream(const KernelParams& p, cudaStream_t stream) {
   const KernelInfo& info = prepare(kernel, smem);
   const int n_blocks = p.g.k / kBlockN;
   const int per_column = std::clamp(info.blocks_per_sm * info.sms / n_blocks, 1, p.m_tiles);
-  launch_blocks(kernel, int64_t{per_column} * n_blocks, smem, 1, programmatic_launch(), p, stream);
+  launch_blocks(kernel, int64_t{per_column} * n_blocks, smem, 1, p.programmatic_launch, p, stream);
 }
 
 template <int kBlockN, class YT, class ZT, int kAct>
@@ -724,7 +714,7 @@ void launch_typed(const KernelParams& p, Int8ConvKernel which, cudaStream_t stre
     auto kernel = small_m_kernel<YT, ZT, kAct>;
     prepare(kernel, kSmallSmem);
     const int64_t blocks = static_cast<int64_t>(p.m_tiles) * ((p.g.k + kSmallBlockN - 1) / kSmallBlockN) * p.k_splits;
-    launch_blocks(kernel, blocks, kSmallSmem, p.k_splits, programmatic_launch(), p, stream);
+    launch_blocks(kernel, blocks, kSmallSmem, p.k_splits, p.programmatic_launch, p, stream);
   } else if constexpr (kAct < 2) {  // the stream kernel has no other activations
     if (p.g.c == 64) launch_stream<64, kBlockN, YT, ZT, kAct>(p, stream);
     else if (p.g.c == 128) launch_stream<128, kBlockN, YT, ZT, kAct>(p, stream);
@@ -808,7 +798,7 @@ bool Int8ConvTactic::parse(const std::string& text, Int8ConvTactic& tactic) {
 }
 
 std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y_type, DType z_type, const ir::Activation& act,
-                                              std::string* why) {
+                                              int asked_splits, std::string* why) {
   auto refuse = [&](const std::string& reason) {
     if (why) *why = reason;
     return std::vector<Int8ConvTactic>{};
@@ -824,8 +814,6 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
   const bool one_by_one = g.r == 1 && g.s == 1 && g.pad_h == 0 && g.pad_w == 0 && g.dil_h == 1 && g.dil_w == 1;
   // Split K (below) only when asked: this runs on every launch (launch_int8_conv's check), so
   // the default path asks the device nothing.
-  const char* asked = std::getenv("KILN_INT8_K_SPLITS");
-  const int asked_splits = asked ? std::atoi(asked) : 0;
   int sms = 0;
   if (asked_splits > 1) {
     int device = 0;
@@ -839,13 +827,13 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
     tactics.push_back({Int8ConvKernel::kImplicitGemm, tile});
     // Split K where the tiles alone leave most multiprocessors idle and each split keeps at
     // least two stages of K (tile 64 only: its sums fit the pipeline's buffers). Offered only
-    // when KILN_INT8_K_SPLITS asks: timed alone they won 14 layers of ResNet-50 at batch 1, but
+    // when TacticOptions::int8_k_splits asks: timed alone they won 14 layers of ResNet-50 at batch 1, but
     // the engine that ran them was 10% slower than without (docs/design/int8.md, "Split K over a
     // cluster").
     for (int splits : {2, 4, 8})
       if (asked_splits == splits && tile == 64 && m_tiles * (g.k / tile) * 2 <= sms && k_tiles >= 2 * splits)
         tactics.push_back({Int8ConvKernel::kImplicitGemm, tile, splits});
-    if (one_by_one && (g.c == 64 || g.c == 128 || g.c == 256) && (act.kind.empty() || act.kind == "Relu") &&
+    if (one_by_one && (g.c == 64 || g.c == 128 || g.c == 256) && (act.none() || act.kind == ir::ActivationKind::kRelu) &&
         stream_smem_bound(g.c, tile) <= 227 * 1024)
       tactics.push_back({Int8ConvKernel::kStream1x1, tile});
   }
@@ -869,13 +857,14 @@ std::vector<Int8ConvTactic> int8_conv_tactics(const Int8ConvGeometry& g, DType y
 void launch_int8_conv(const Int8ConvGeometry& g, DType y_type, DType z_type, const Int8ConvArgs& args,
                       const ir::Activation& act, const Int8ConvTactic& tactic, cudaStream_t stream) {
   bool known = false;
-  for (const Int8ConvTactic& t : int8_conv_tactics(g, y_type, z_type, act))
+  for (const Int8ConvTactic& t : int8_conv_tactics(g, y_type, z_type, act, tactic.k_splits))
     known = known || (t.kernel == tactic.kernel && t.tile_n == tactic.tile_n && t.k_splits == tactic.k_splits);
   if (!known) throw Error(ErrorKind::kInternal, "kiln INT8 convolution: tactic " + tactic.str() + " does not run this geometry");
   KernelParams p;
   p.g = g;
   p.a = args;
-  p.act = device_activation(act);
+  p.act = act;
+  p.programmatic_launch = args.programmatic_launch && hopper_features();
   p.inv_y_scale = args.y_scale > 0.f ? 1.f / args.y_scale : 0.f;
   p.m = static_cast<int>(g.batch * g.oh * g.ow);
   p.k_total = g.r * g.s * g.c;
@@ -886,7 +875,7 @@ void launch_int8_conv(const Int8ConvGeometry& g, DType y_type, DType z_type, con
   p.split_tiles = (p.k_tiles + p.k_splits - 1) / p.k_splits;
   p.contiguous = g.r == 1 && g.s == 1 && g.stride_h == 1 && g.stride_w == 1 && g.pad_h == 0 && g.pad_w == 0 && g.oh == g.h && g.ow == g.w;
   if (p.m == 0) return;
-  const int act_kind = act.kind.empty() ? 0 : act.kind == "Relu" ? 1 : 2;
+  const int act_kind = act.none() ? 0 : act.kind == ir::ActivationKind::kRelu ? 1 : 2;
   if (tactic.tile_n == 128) launch_y<128>(p, tactic.kernel, act_kind, y_type, z_type, stream);
   else launch_y<64>(p, tactic.kernel, act_kind, y_type, z_type, stream);
 }

@@ -18,7 +18,7 @@ constexpr int kThreads = 256;
 struct DepthwiseParams {
   Int8ConvGeometry g;
   Int8ConvArgs a;
-  DeviceActivation act;
+  ir::Activation act;
   float inv_y_scale;
   int64_t threads;  // output pixels * channel groups
 };
@@ -175,11 +175,11 @@ void launch_int8_grouped(const Int8ConvGeometry& g, int width, DType y_type, con
   DepthwiseParams p;
   p.g = g;
   p.a = args;
-  p.act = device_activation(act);
+  p.act = act;
   p.inv_y_scale = args.y_scale > 0.f ? 1.f / args.y_scale : 0.f;
   p.threads = g.batch * g.oh * g.ow * (g.k / kChannels);
   if (p.threads == 0) return;
-  const int act_kind = act.kind.empty() ? 0 : act.kind == "Relu" ? 1 : 2;
+  const int act_kind = act.none() ? 0 : act.kind == ir::ActivationKind::kRelu ? 1 : 2;
   if (y_type == DType::kInt8) launch_grouped_width<int8_t>(p, width, act_kind, stream);
   else launch_grouped_width<__half>(p, width, act_kind, stream);
 }
@@ -216,11 +216,11 @@ void launch_int8_depthwise(const Int8ConvGeometry& g, DType y_type, DType z_type
   DepthwiseParams p;
   p.g = g;
   p.a = args;
-  p.act = device_activation(act);
+  p.act = act;
   p.inv_y_scale = args.y_scale > 0.f ? 1.f / args.y_scale : 0.f;
   p.threads = g.batch * g.oh * g.ow * (g.c / kChannels);
   if (p.threads == 0) return;
-  const int act_kind = act.kind.empty() ? 0 : act.kind == "Relu" ? 1 : 2;
+  const int act_kind = act.none() ? 0 : act.kind == ir::ActivationKind::kRelu ? 1 : 2;
   if (y_type == DType::kInt8) launch_z<int8_t>(p, act_kind, z_type, stream);
   else launch_z<__half>(p, act_kind, z_type, stream);
 }

@@ -21,18 +21,18 @@ __device__ __forceinline__ uint32_t quantize_int8(float v, float inv_y_scale) {
 }
 
 // Activations by template where the common ones cost nothing: 0 none, 1 Relu, 2 any other
-// (DeviceActivation's switch).
-template <int kAct> __device__ __forceinline__ float activation(const DeviceActivation& act, float v) {
+// (ir::Activation's switch).
+template <int kAct> __device__ __forceinline__ float activation(const ir::Activation& act, float v) {
   if constexpr (kAct == 0) return v;
   else if constexpr (kAct == 1) return fmaxf(v, 0.f);
-  else return activate(act, v);
+  else return act.apply(v);
 }
 
 // The epilogue of two neighbouring output channels of one pixel: reads the residual pair from
 // the residual tile and writes the output pair to the output tile (both in shared memory).
 template <class YT, class ZT, int kAct>
 __device__ __forceinline__ void epilogue_pair(int acc0, int acc1, const float2 mult, const float2 bias, const void* z_pair,
-                                              float z_scale, void* y_pair, float inv_y_scale, const DeviceActivation& act) {
+                                              float z_scale, void* y_pair, float inv_y_scale, const ir::Activation& act) {
   float v0 = __fmaf_rn(__int2float_rn(acc0), mult.x, bias.x);
   float v1 = __fmaf_rn(__int2float_rn(acc1), mult.y, bias.y);
   if constexpr (std::is_same_v<ZT, int8_t>) {

@@ -34,7 +34,7 @@ constexpr int kRowPad = 16;  // bytes after each weight row and output-tile row 
 struct StemParams {
   Int8ConvGeometry g;
   Int8ConvArgs a;
-  DeviceActivation act;
+  ir::Activation act;
   float inv_y_scale;
   int k_steps;            // 32-byte reduction steps: taps rounded up to 8, / 8
   int patch_h, patch_w;   // the input patch under an output tile
@@ -204,26 +204,29 @@ int round16(int v) { return (v + 15) / 16 * 16; }
 template <int kBlockN, class YT, int kAct>
 void launch_typed(StemParams p, cudaStream_t stream) {
   auto kernel = stem_kernel<kBlockN, YT, kAct>;
+  // Blocks per multiprocessor and multiprocessors, by device and shared-memory size (attributes
+  // and occupancy belong to the device the kernel runs on).
   static std::mutex mutex;
-  static std::map<int, int> blocks_per_sm;  // by shared-memory size
-  static int sms = 0;
-  int per_sm = 0;
+  static std::map<std::pair<int, int>, std::pair<int, int>> occupancy;
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  int per_sm = 0, sms = 0;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    auto it = blocks_per_sm.find(p.smem);
-    if (it == blocks_per_sm.end()) {
+    auto it = occupancy.find({device, p.smem});
+    if (it == occupancy.end()) {
       // Raised once per size, outside graph capture (the layer's build launches it first).
       KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.smem));
       // All of L1 as shared memory, as kiln's other INT8 kernels and cuDNN's take it (int8_conv.cu).
       KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-      int n = 0, device = 0;
+      int n = 0, count = 0;
       KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, p.smem));
-      KILN_CUDA_CHECK(cudaGetDevice(&device));
-      KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      KILN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
       if (n < 1) throw Error(ErrorKind::kDevice, "kiln INT8 stem convolution: the kernel does not fit on this GPU");
-      it = blocks_per_sm.emplace(p.smem, n).first;
+      it = occupancy.emplace(std::make_pair(device, p.smem), std::make_pair(n, count)).first;
     }
-    per_sm = it->second;
+    per_sm = it->second.first;
+    sms = it->second.second;
   }
   const int n_blocks = p.g.k / kBlockN;
   const int64_t columns = std::clamp<int64_t>(int64_t{per_sm} * sms / n_blocks, 1, p.tiles);
@@ -288,10 +291,10 @@ void launch_int8_stem(const Int8ConvGeometry& g, DType y_type, const Int8ConvArg
   if (!int8_stem_supported(g, y_type, DType::kUndefined, &why)) throw Error(ErrorKind::kInternal, "kiln INT8 stem convolution: " + why);
   StemParams p = make_params(g, y_type);
   p.a = args;
-  p.act = device_activation(act);
+  p.act = act;
   p.inv_y_scale = args.y_scale > 0.f ? 1.f / args.y_scale : 0.f;
   if (p.tiles == 0) return;
-  const int act_kind = act.kind.empty() ? 0 : act.kind == "Relu" ? 1 : 2;
+  const int act_kind = act.none() ? 0 : act.kind == ir::ActivationKind::kRelu ? 1 : 2;
   if (y_type == DType::kInt8) launch_n<int8_t>(p, act_kind, stream);
   else launch_n<__half>(p, act_kind, stream);
 }

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "kiln/types.h"
 
 struct cudnnContext;
 struct cublasLtContext;
@@ -143,6 +144,10 @@ class BuildServices {
   virtual cublasLtContext* cublaslt() = 0;
   virtual const cudaDeviceProp& device() = 0;
   virtual cudaStream_t stream() = 0;
+  // How the build chooses and launches tactics (BuildOptions::tactics).
+  virtual const TacticOptions& tactics() = 0;
+  // A line of the build's log (nothing when the build is quiet).
+  virtual void log(const std::string& line) = 0;
 };
 
 struct LayerEntry {

@@ -61,7 +61,7 @@ struct MatmulParams {
     std::ostringstream s;
     s << "gemm|m" << shape.m << "n" << shape.n << "k" << shape.k << "|t" << shape.trans_a << shape.trans_b << "|b"
       << shape.batch << "," << shape.stride_a << "," << shape.stride_b << "|" << to_string(dtype) << "|"
-      << to_string(precision) << "|bias" << !bias.empty() << "|c" << (c_matrix.defined() || c_runtime) << "|" << act.kind;
+      << to_string(precision) << "|bias" << !bias.empty() << "|c" << (c_matrix.defined() || c_runtime) << "|" << act.name();
     return s.str();
   }
 };
@@ -109,11 +109,11 @@ class MatmulLayer final : public Layer {
     // Epilogue: bias and ReLU / tanh-GELU in cuBLASLt; anything else after it.
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     const bool has_bias = !p_.bias.empty();
-    if (p_.act.kind == "Relu") epilogue = has_bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
-    else if (p_.act.kind == "GeluTanh") epilogue = has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+    if (p_.act.kind == ir::ActivationKind::kRelu) epilogue = has_bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    else if (p_.act.kind == ir::ActivationKind::kGeluTanh) epilogue = has_bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
     else if (has_bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const bool library_act = p_.act.kind.empty() || p_.act.kind == "Relu" || p_.act.kind == "GeluTanh";
-    if (!library_act) after_ = device_activation(p_.act);
+    const bool library_act = p_.act.none() || p_.act.kind == ir::ActivationKind::kRelu || p_.act.kind == ir::ActivationKind::kGeluTanh;
+    if (!library_act) after_ = p_.act;
     if (has_bias) {
       Tensor bias = convert_constant(Tensor::from_vector<float>({s.n}, p_.bias), Format{p_.dtype, Layout::kLinear});
       bias_ = services.upload(bias.raw(), bias.nbytes());
@@ -138,7 +138,7 @@ class MatmulLayer final : public Layer {
   }
   size_t workspace_bytes() const override { return kMatmulWorkspace; }
   std::string tactic() const override {
-    return "cublasLt:algo#" + std::to_string(algo_index_) + (after_.kind ? "+epilogue" : "");
+    return "cublasLt:algo#" + std::to_string(algo_index_) + (after_.none() ? "" : "+epilogue");
   }
 
  private:
@@ -167,7 +167,7 @@ class MatmulLayer final : public Layer {
                                          layout_d_, &algo, ws, kMatmulWorkspace, stream));
       }
     }
-    if (after_.kind) {
+    if (!after_.none()) {
       const int64_t total = s.call_offsets.empty() ? out_elems : s.m * s.n * static_cast<int64_t>(s.call_offsets.size());
       launch_epilogue(y, nullptr, nullptr, total, s.n, 1, p_.dtype, after_, stream);
     }
@@ -217,7 +217,7 @@ class MatmulLayer final : public Layer {
   const void* b_weights_ = nullptr;
   const void* c_weights_ = nullptr;
   const void* bias_ = nullptr;
-  DeviceActivation after_{};
+  ir::Activation after_{};
 };
 
 // --- lowering ----------------------------------------------------------------------------------

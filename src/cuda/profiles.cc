@@ -118,7 +118,10 @@ std::unique_ptr<CudaEngine> CudaEngine::build(Specializer specialize, const Buil
   KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   check_gpu_architecture(prop);
   e->device_name_ = prop.name;
-  e->cache_ = std::make_unique<TimingCache>(device_signature(prop));
+  // Tactics chosen under other tactic options are not the default build's: a cache written
+  // under them carries them in its device line, so neither build reads the other's.
+  const std::string tactics = config.tactics.describe();
+  e->cache_ = std::make_unique<TimingCache>(device_signature(prop) + (tactics.empty() ? "" : " tactics " + tactics));
   if (!config.timing_cache_path.empty()) {
     std::string note = e->cache_->load(config.timing_cache_path);
     if (!note.empty() && config.log) config.log(note);

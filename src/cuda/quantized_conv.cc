@@ -15,8 +15,8 @@
 // 64-channel layers at 56x56. kiln's own INT8 kernel (cuda/int8_conv.h), which computes the
 // epilogue as the CPU reference does, is timed against them as more tactics.
 // FP8 1x1 convolutions (matrix products) also time cuBLASLt's FP8 GEMMs (cuda/fp8_gemm.h).
-// KILN_INT8_CONV_TACTIC=kernel, =cudnn or =cublaslt limits the choice to one of them,
-// =kernel:NAME to kiln's kernel tactic NAME where the layer has it (for tests and diagnosis).
+// TacticOptions::quantized_conv = kernel, cudnn or cublaslt limits the choice to one of them,
+// kernel:NAME to kiln's kernel tactic NAME where the layer has it (for tests and diagnosis).
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -53,7 +53,7 @@ struct QConvParams {
   DType quantized = DType::kInt8;  // X's (and an 8-bit Y's and Z's) type: int8 or float8e4m3fn
 };
 
-bool homogeneous(const ir::Activation& act) { return act.kind.empty() || act.kind == "Relu" || act.kind == "LeakyRelu"; }
+bool homogeneous(const ir::Activation& act) { return act.none() || act.kind == ir::ActivationKind::kRelu || act.kind == ir::ActivationKind::kLeakyRelu; }
 
 // "" when this node can run here, else why not.
 std::string plan(const LayerRequest& r, QConvParams& p) {
@@ -77,7 +77,7 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
     if (!p.depthwise) p.group_width = static_cast<int>(ws[1]);
   }
   p.act = ir::Activation::from_node(n);
-  if (!conv_graph_supports(p.act)) return "activation " + p.act.kind + " has no INT8 epilogue on the GPU";
+  if (!conv_graph_supports(p.act)) return std::string("activation ") + p.act.name() + " has no INT8 epilogue on the GPU";
   p.x = r.input_shape(0);
   p.w = r.constants[1]->shape();
   p.y = r.output_shapes[0];
@@ -185,6 +185,7 @@ class QConvLayer final : public Layer {
     if (bias) kernel_args_.bias = static_cast<const float*>(services.upload(bias, static_cast<size_t>(K) * sizeof(float)));
     kernel_args_.z_scale = p.z_int8 ? z_scale : 1.f;
     kernel_args_.y_scale = p.y_int8 ? y_scale : 0.f;
+    kernel_args_.programmatic_launch = services.tactics().programmatic_launch;
     if (p.depthwise || p.stem || p.group_width) {
       // One kernel, nothing to choose. Launched once now, outside any graph capture: the stem
       // kernel's first launch raises its limits.
@@ -288,7 +289,7 @@ class QConvLayer final : public Layer {
     };
     k << (p_.quantized == DType::kInt8 ? "qconv:" : "qconv-fp8:");
     dims(p_.x), dims(p_.w), dims(p_.y), dims(p_.pads), dims(p_.strides), dims(p_.dilations);
-    k << "act=" << p_.act.kind << ";z=" << (p_.has_z ? to_string(p_.z_storage) : "none") << ";y=" << to_string(p_.y_storage)
+    k << "act=" << p_.act.name() << ";z=" << (p_.has_z ? to_string(p_.z_storage) : "none") << ";y=" << to_string(p_.y_storage)
       << ";zm=" << spec_.has_z_mult << ";om=" << spec_.has_out_mult;
     return k.str();
   }
@@ -297,16 +298,18 @@ class QConvLayer final : public Layer {
   // takes the timing cache's choice: "kernel:TACTIC", "graph:INDEX" or "cublaslt:INDEX").
   void choose_engine(BuildServices& services) {
     const std::string k = key();
-    const char* only = std::getenv("KILN_INT8_CONV_TACTIC");
+    const TacticOptions& options = services.tactics();
+    const std::string& only = options.quantized_conv;  // "": every family
     std::string kernel_why;
-    std::vector<Int8ConvTactic> kernels = int8_conv_tactics(p_.geometry, p_.y_storage, z_type(), p_.act, &kernel_why);
+    std::vector<Int8ConvTactic> kernels =
+        int8_conv_tactics(p_.geometry, p_.y_storage, z_type(), p_.act, options.int8_k_splits, &kernel_why);
     if (p_.quantized != DType::kInt8) kernels.clear(), kernel_why = "kiln's kernels are INT8";
     // Split K runs in thread-block clusters, which GPUs before Hopper do not have.
     if (!kernels.empty() && !hopper_features()) {
       std::erase_if(kernels, [](const Int8ConvTactic& t) { return t.k_splits > 1; });
       if (kernels.empty()) kernel_why = "split K needs thread-block clusters (Hopper)";
     }
-    if (only && std::string(only) == "cudnn") kernels.clear();
+    if (only == "cudnn") kernels.clear();
     // Experiments and tests narrow kiln's kernels to those `keep` accepts, where the layer has any.
     auto narrow = [&](auto keep) {
       std::vector<Int8ConvTactic> kept;
@@ -314,18 +317,17 @@ class QConvLayer final : public Layer {
         if (keep(t)) kept.push_back(t);
       if (!kept.empty()) kernels = kept;
     };
-    // KILN_INT8_K_SPLITS: the implicit GEMM split K this many ways (int8_conv_tactics offers it
-    // only then).
-    if (const char* splits = std::getenv("KILN_INT8_K_SPLITS"))
-      narrow([&](const Int8ConvTactic& t) { return t.kernel == Int8ConvKernel::kImplicitGemm && t.k_splits == std::atoi(splits); });
-    // KILN_INT8_CONV_TACTIC=kernel:NAME: kiln's kernel tactic NAME ("small-m:64/k4"); a layer
-    // without it gets kiln's other kernels (as =kernel).
-    const std::string only_kernel = only && std::string(only).rfind("kernel:", 0) == 0 ? std::string(only).substr(7) : "";
+    // int8_k_splits: the implicit GEMM split K this many ways (int8_conv_tactics offers it only
+    // then).
+    if (options.int8_k_splits > 0)
+      narrow([&](const Int8ConvTactic& t) { return t.kernel == Int8ConvKernel::kImplicitGemm && t.k_splits == options.int8_k_splits; });
+    // kernel:NAME: kiln's kernel tactic NAME ("small-m:64/k4"); a layer without it gets kiln's
+    // other kernels (as "kernel").
+    const std::string only_kernel = only.rfind("kernel:", 0) == 0 ? only.substr(7) : "";
     if (!only_kernel.empty()) narrow([&](const Int8ConvTactic& t) { return t.str() == only_kernel; });
     const bool kernel_ok = !kernels.empty();
-    const std::string only_name = only ? only : "";
-    const bool product_offered = offer_product_ && (!only || only_name == "cublaslt");
-    if (only_name == "cublaslt") kernels.clear();
+    const bool product_offered = offer_product_ && (only.empty() || only == "cublaslt");
+    if (only == "cublaslt") kernels.clear();
     std::string last_error = "no candidate ran";
     if (product_offered) {
       try {
@@ -334,10 +336,10 @@ class QConvLayer final : public Layer {
         last_error = e.what();
       }
     }
-    if (only_name == "cublaslt" && !product_gemm_)
-      throw Error(ErrorKind::kUnsupported, "KILN_INT8_CONV_TACTIC=cublaslt, but cuBLASLt does not run " + k + ": " +
+    if (only == "cublaslt" && !product_gemm_)
+      throw Error(ErrorKind::kUnsupported, "the tactic options ask for cuBLASLt only, but cuBLASLt does not run " + k + ": " +
                                                (product_offered ? last_error : "not an FP8 matrix product it takes"));
-    const bool cudnn_ok = !only || (only_name != "kernel" && only_name != "cublaslt" && only_kernel.empty());
+    const bool cudnn_ok = only.empty() || only == "cudnn";
     if (cudnn_ok) {
       try {
         graph_ = std::make_unique<ConvGraph>(services.cudnn(), spec_);
@@ -347,7 +349,7 @@ class QConvLayer final : public Layer {
       }
     } else if (!kernel_ok && !product_gemm_) {
       throw Error(ErrorKind::kUnsupported,
-                  "KILN_INT8_CONV_TACTIC=" + std::string(only) + ", but kiln's INT8 kernels do not run " + k + ": " + kernel_why);
+                  "the tactic options ask for " + only + ", but kiln's INT8 kernels do not run " + k + ": " + kernel_why);
     }
     if (auto cached = services.cached_tactic(k)) {
       Int8ConvTactic tactic;
@@ -375,7 +377,12 @@ class QConvLayer final : public Layer {
         return;
       }
     }
-    const bool log = std::getenv("KILN_TACTIC_LOG") != nullptr;
+    const bool log = options.log_candidates;
+    auto log_time = [&](const std::string& what, float ms) {
+      char t[32];
+      std::snprintf(t, sizeof t, " %.4f ms", ms);
+      services.log("  tactic " + k + ": " + what + t);
+    };
     const LayerIO& io = services.scratch_io();
     float best = 1e30f;
     std::string best_tactic;
@@ -384,7 +391,7 @@ class QConvLayer final : public Layer {
         const float ms = services.time_ms([&](cudaStream_t s) {
           launch_kernel(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], tactic, s);
         });
-        if (log) std::fprintf(stderr, "  tactic %s: kernel %s %.4f ms\n", k.c_str(), tactic.str().c_str(), ms);
+        if (log) log_time("kernel " + tactic.str(), ms);
         if (ms < best) best = ms, best_tactic = "kernel:" + tactic.str();
       } catch (const Error& e) {
         last_error = e.what();
@@ -407,7 +414,7 @@ class QConvLayer final : public Layer {
             KILN_CUDNN_CHECK(cudnnSetStream(services.cudnn(), s));
             graph_->execute(services.cudnn(), a, ws);
           });
-          if (log) std::fprintf(stderr, "  tactic %s: graph #%d %s %.4f ms\n", k.c_str(), i, graph_->engine_name().c_str(), ms);
+          if (log) log_time("graph #" + std::to_string(i) + " " + graph_->engine_name(), ms);
           if (ms < best_graph_ms) best_graph_ms = ms, best_graph = i;
         } catch (const Error& e) {
           last_error = e.what();
@@ -424,7 +431,7 @@ class QConvLayer final : public Layer {
           const float ms = services.time_ms([&](cudaStream_t s) {
             product_gemm_->run(services.cublaslt(), io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], ws, s);
           });
-          if (log) std::fprintf(stderr, "  tactic %s: %s %.4f ms\n", k.c_str(), product_gemm_->name().c_str(), ms);
+          if (log) log_time(product_gemm_->name(), ms);
           if (ms < best) best = ms, best_tactic = "cublaslt:" + std::to_string(i);
         } catch (const Error& e) {
           last_error = e.what();
@@ -447,7 +454,7 @@ class QConvLayer final : public Layer {
       graph_->drop_other_plans();
     }
     services.record_tactic(k, best_tactic);
-    if (log) std::fprintf(stderr, "  tactic %s: chose %s (%.4f ms)\n", k.c_str(), tactic().c_str(), best);
+    if (log) log_time("chose " + tactic() + " at", best);
   }
 
   QConvParams p_;

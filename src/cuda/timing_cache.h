@@ -3,7 +3,8 @@
 //
 // File format (text, one entry per line):
 //   kiln-timing-cache 1
-//   device <signature: GPU name, compute capability, cuDNN and cuBLASLt versions>
+//   device <signature: GPU name, compute capability, cuDNN and cuBLASLt versions, and the
+//          build's tactic options where they are not the defaults (TacticOptions::describe)>
 //   <key>\t<tactic>
 // A file written for another device signature is ignored (the build says so).
 #pragma once

@@ -16,7 +16,29 @@ BuildOptions options_from_json(const nlohmann::json& o) {
   options.optimize = o.at("optimize").get<bool>();
   options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
   if (o.contains("profile_timing_step")) options.profile_timing_step = o.at("profile_timing_step").get<double>();
+  if (o.contains("tactic_options")) {
+    const nlohmann::json& t = o.at("tactic_options");
+    TacticOptions& tactics = options.tactics;
+    tactics.programmatic_launch = t.at("programmatic_launch").get<bool>();
+    tactics.graph_timing = t.at("graph_timing").get<bool>();
+    tactics.quantized_conv = t.at("quantized_conv").get<std::string>();
+    tactics.int8_k_splits = t.at("int8_k_splits").get<int>();
+    tactics.cudnn_graphs = t.at("cudnn_graphs").get<bool>();
+    tactics.conv_as_gemm = t.at("conv_as_gemm").get<bool>();
+    tactics.depthwise_kernel = t.at("depthwise_kernel").get<bool>();
+    tactics.log_candidates = t.at("log_candidates").get<bool>();
+    if (tactics.int8_k_splits < 0 || tactics.int8_k_splits > 8)
+      throw Error(ErrorKind::kInvalidModel, "the engine file's tactic options ask for int8_k_splits " +
+                                                std::to_string(tactics.int8_k_splits) + " (0 to 8)");
+  }
   return options;
+}
+
+nlohmann::json tactic_options_to_json(const TacticOptions& t) {
+  return {{"programmatic_launch", t.programmatic_launch}, {"graph_timing", t.graph_timing},
+          {"quantized_conv", t.quantized_conv},         {"int8_k_splits", t.int8_k_splits},
+          {"cudnn_graphs", t.cudnn_graphs},             {"conv_as_gemm", t.conv_as_gemm},
+          {"depthwise_kernel", t.depthwise_kernel},     {"log_candidates", t.log_candidates}};
 }
 
 nlohmann::json profiles_to_json(const std::vector<OptimizationProfile>& profiles) {
@@ -59,7 +81,8 @@ nlohmann::json to_json(const Header& h) {
             {"allow_cpu_fallback", h.options.allow_cpu_fallback},
             {"profile_timing_step", h.options.profile_timing_step},
             {"int8_scales", h.options.int8_scales},
-            {"float_layers", h.options.float_layers}}},
+            {"float_layers", h.options.float_layers},
+            {"tactic_options", tactic_options_to_json(h.options.tactics)}}},
           {"model_name", h.model_name},
           {"inputs", descs_to_json(h.inputs)},
           {"outputs", descs_to_json(h.outputs)},

@@ -1,62 +1,71 @@
-// The activation that a fused op (kiln::FusedConv, kiln::FusedGemm, kiln::FusedMatMul)
-// applies in its epilogue, stored on the node as attributes:
+// The activation that a fused op (kiln::FusedConv, kiln::FusedGemm, kiln::FusedMatMul,
+// kiln::QConv) applies in its epilogue, stored on the node as attributes:
 //   activation        string: "" (none), "Relu", "Clip", "Sigmoid", "SiLU", "HardSwish",
 //                     "HardSigmoid", "LeakyRelu", "Tanh", "Gelu", "GeluTanh"
 //   activation_alpha  float: Clip's min, LeakyRelu's and HardSigmoid's alpha
 //   activation_beta   float: Clip's max, HardSigmoid's beta
-// Every backend reads it through this struct so the meaning is defined once.
+// Every backend reads it through this struct, and every backend's kernels (the CPU's and the
+// GPU's, which take it by value) compute it with apply(): the meaning is defined once.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "ir/graph.h"
 
+#ifdef __CUDACC__
+#define KILN_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define KILN_HOST_DEVICE inline
+#endif
+
 namespace kiln::ir {
 
+enum class ActivationKind : uint8_t {
+  kNone, kRelu, kClip, kSigmoid, kSiLU, kHardSwish, kHardSigmoid, kLeakyRelu, kTanh, kGelu, kGeluTanh
+};
+
 struct Activation {
-  std::string kind;  // "" = identity
+  ActivationKind kind = ActivationKind::kNone;
   float alpha = 0.f;
   float beta = 0.f;
 
-  static Activation from_node(const Node& node) {
-    Activation a;
-    a.kind = node.attrs.get_string("activation", "");
-    a.alpha = node.attrs.get_float("activation_alpha", 0.f);
-    a.beta = node.attrs.get_float("activation_beta", 0.f);
-    return a;
+  // The attribute's spelling of each kind ("" for kNone), and back (false: no such activation).
+  static const char* name_of(ActivationKind kind);
+  static bool parse(const std::string& name, ActivationKind& kind);
+  static bool is_known(const std::string& name) {
+    ActivationKind unused;
+    return parse(name, unused);
   }
-  void store(Node& node) const {
-    node.attrs.set("activation", kind);
-    node.attrs.set("activation_alpha", alpha);
-    node.attrs.set("activation_beta", beta);
-  }
-  static bool is_known(const std::string& kind) {
-    for (const char* k : {"", "Relu", "Clip", "Sigmoid", "SiLU", "HardSwish", "HardSigmoid",
-                          "LeakyRelu", "Tanh", "Gelu", "GeluTanh"})
-      if (kind == k) return true;
-    return false;
-  }
+  // The activation of this spelling; throws kUnsupported for one this kiln does not know.
+  static Activation named(const std::string& name, float alpha = 0.f, float beta = 0.f);
+  const char* name() const { return name_of(kind); }
+  bool none() const { return kind == ActivationKind::kNone; }
 
-  // The reference definition (the CPU engine uses it directly).
-  float apply(float x) const {
-    switch (kind.empty() ? '\0' : kind[0]) {
-      case '\0': return x;
-      case 'R': return x > 0.f ? x : 0.f;                                   // Relu
-      case 'C': return std::min(std::max(x, alpha), beta);                   // Clip
-      case 'S':
-        if (kind == "Sigmoid") return 1.f / (1.f + std::exp(-x));
-        return x / (1.f + std::exp(-x));                                     // SiLU
-      case 'H':
-        if (kind == "HardSwish") return x * std::clamp(x / 6.f + 0.5f, 0.f, 1.f);
-        return std::clamp(alpha * x + beta, 0.f, 1.f);                       // HardSigmoid
-      case 'L': return x >= 0.f ? x : alpha * x;                            // LeakyRelu
-      case 'T': return std::tanh(x);                                         // Tanh
-      case 'G':
-        if (kind == "GeluTanh")
-          return 0.5f * x * (1.f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-        return 0.5f * x * (1.f + std::erf(x * 0.7071067811865476f));       // Gelu
+  // Throws kUnsupported naming the node for an activation this kiln does not know (the schema
+  // refuses those first).
+  static Activation from_node(const Node& node);
+  void store(Node& node) const;
+
+  // v limited to [lo, hi]; NaN stays NaN (as ONNX's Clip).
+  static KILN_HOST_DEVICE float clamp(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+  // The definition, for the host and the device alike.
+  KILN_HOST_DEVICE float apply(float x) const {
+    switch (kind) {
+      case ActivationKind::kNone: return x;
+      case ActivationKind::kRelu: return x > 0.f ? x : 0.f;
+      case ActivationKind::kClip: return clamp(x, alpha, beta);
+      case ActivationKind::kSigmoid: return 1.f / (1.f + expf(-x));
+      case ActivationKind::kSiLU: return x / (1.f + expf(-x));
+      case ActivationKind::kHardSwish: return x * clamp(x / 6.f + 0.5f, 0.f, 1.f);
+      case ActivationKind::kHardSigmoid: return clamp(alpha * x + beta, 0.f, 1.f);
+      case ActivationKind::kLeakyRelu: return x >= 0.f ? x : alpha * x;
+      case ActivationKind::kTanh: return tanhf(x);
+      case ActivationKind::kGelu: return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
+      case ActivationKind::kGeluTanh:
+        return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
     }
     return x;
   }

@@ -81,7 +81,7 @@ std::optional<ActivationMatch> match_erf_gelu(const ir::Graph& g, const std::str
     const int other_i = readers[static_cast<size_t>(1 - k)];
     const std::string one_plus = out0(add);
     ActivationMatch m;
-    m.act.kind = "Gelu";
+    m.act.kind = ir::ActivationKind::kGelu;
     m.nodes = {readers[static_cast<size_t>(k)], erf_i, add_i, other_i};
     std::string other_rest = other_input(*other, x);
     if (other_rest == one_plus) {
@@ -131,7 +131,7 @@ std::optional<ActivationMatch> match_activation(const ir::Graph& g, const std::s
         if (is_onnx(sig, "Sigmoid") && is_onnx(mul, "Mul") && sole_consumer(g, out0(sig)) == mul_i &&
             other_input(*mul, x) == out0(sig)) {
           ActivationMatch m;
-          m.act.kind = "SiLU";
+          m.act.kind = ir::ActivationKind::kSiLU;
           m.nodes = {sig_i, mul_i};
           m.output = out0(mul);
           return m;
@@ -148,22 +148,22 @@ std::optional<ActivationMatch> match_activation(const ir::Graph& g, const std::s
   m.output = n->outputs[0];
   const std::string& op = n->op;
   if (op == "Relu" || op == "Sigmoid" || op == "Tanh" || op == "HardSwish") {
-    m.act.kind = op;
+    ir::Activation::parse(op, m.act.kind);
   } else if (op == "LeakyRelu") {
-    m.act.kind = op;
+    m.act.kind = ir::ActivationKind::kLeakyRelu;
     m.act.alpha = n->attrs.get_float("alpha", 0.01f);
   } else if (op == "HardSigmoid") {
-    m.act.kind = op;
+    m.act.kind = ir::ActivationKind::kHardSigmoid;
     m.act.alpha = n->attrs.get_float("alpha", 0.2f);
     m.act.beta = n->attrs.get_float("beta", 0.5f);
   } else if (op == "Gelu") {
     std::string approx = n->attrs.get_string("approximate", "none");
-    if (approx == "none") m.act.kind = "Gelu";
-    else if (approx == "tanh") m.act.kind = "GeluTanh";
+    if (approx == "none") m.act.kind = ir::ActivationKind::kGelu;
+    else if (approx == "tanh") m.act.kind = ir::ActivationKind::kGeluTanh;
     else return std::nullopt;
   } else if (op == "Clip") {
     // Missing bounds are unbounded; a computed bound cannot be baked into the kernel.
-    m.act.kind = "Clip";
+    m.act.kind = ir::ActivationKind::kClip;
     m.act.alpha = std::numeric_limits<float>::lowest();
     m.act.beta = std::numeric_limits<float>::max();
     if (n->has_input(1)) {

@@ -185,7 +185,7 @@ TEST(Conv, FusedConvAddsBiasResidualAndActivation) {
       Tensor want = reference_conv(x, w, &b, c.g);
       Tensor z = random_tensor(want.shape(), seed++);
       ir::Node node = conv_node("FusedConv", c.g);
-      ir::Activation a{act, std::string(act) == "Clip" ? -0.25f : 0.1f, 0.5f};
+      ir::Activation a = ir::Activation::named(act, std::string(act) == "Clip" ? -0.25f : 0.1f, 0.5f);
       a.store(node);
       float* wv = want.data<float>();
       for (int64_t i = 0; i < want.numel(); ++i) wv[i] = a.apply(wv[i] + z.data<float>()[i]);
@@ -201,7 +201,7 @@ TEST(Conv, FusedConvWithoutBiasTakesResidual) {
   Tensor z = random_tensor(want.shape(), 9);
   for (int64_t i = 0; i < want.numel(); ++i) want.data<float>()[i] = std::max(0.f, want.data<float>()[i] + z.data<float>()[i]);
   ir::Node node = conv_node("FusedConv", g);
-  ir::Activation{"Relu"}.store(node);
+  ir::Activation{ir::ActivationKind::kRelu}.store(node);
   EXPECT_TRUE(all_close(run_single_node(node, {{"X", x}, {"W", w, true}, {"", {}}, {"Z", z}}), want));
 }
 

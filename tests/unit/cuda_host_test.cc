@@ -144,7 +144,7 @@ TEST(Int8ConvTactic, NamesRoundTripAndSplitKIsOnlyForTilesOf64) {
 
 std::vector<std::string> tactic_names(const Int8ConvGeometry& g) {
   std::vector<std::string> names;
-  for (const Int8ConvTactic& t : int8_conv_tactics(g, DType::kInt8, DType::kUndefined, ir::Activation{"Relu"})) names.push_back(t.str());
+  for (const Int8ConvTactic& t : int8_conv_tactics(g, DType::kInt8, DType::kUndefined, ir::Activation{ir::ActivationKind::kRelu})) names.push_back(t.str());
   return names;
 }
 

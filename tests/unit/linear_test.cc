@@ -82,7 +82,7 @@ TEST(Gemm, MatchesReference) {
     ir::Node fused = node;
     fused.op = "FusedGemm";
     fused.domain = "kiln";
-    ir::Activation act{"Relu"};
+    ir::Activation act = ir::Activation::named("Relu");
     act.store(fused);
     for (int64_t i = 0; i < want.numel(); ++i) want.data<float>()[i] = act.apply(want.data<float>()[i]);
     EXPECT_TRUE(all_close(run_single_node(fused, in), want));
@@ -174,7 +174,7 @@ TEST(MatMul, FusedMatMulAddsBiasAndActivation) {
     Tensor a = random_tensor(as, seed++), b = random_tensor(bs, seed++);
     Tensor bias = random_tensor({bs.back()}, seed++);
     ir::Node node = make_node("FusedMatMul", "kiln");
-    ir::Activation act{"Gelu"};
+    ir::Activation act = ir::Activation::named("Gelu");
     act.store(node);
     Tensor got = run_single_node(node, {{"A", a}, {"B", b, true}, {"bias", bias, true}});
     Tensor want = reference_matmul(a, b, got.shape());

@@ -57,7 +57,7 @@ TEST(Optimize, FoldsFusesAndSimplifiesASmallResNet) {
     EXPECT_EQ(count_ops(after, gone), 0) << gone;
   ASSERT_EQ(after.nodes.size(), 4u);
   EXPECT_EQ(after.nodes[0].op, "FusedConv");
-  EXPECT_EQ(ir::Activation::from_node(after.nodes[0]).kind, "Relu");
+  EXPECT_EQ(std::string(ir::Activation::from_node(after.nodes[0]).name()), "Relu");
   EXPECT_EQ(after.nodes[1].op, "FusedConv");
   ASSERT_EQ(after.nodes[1].inputs.size(), 4u);
   EXPECT_EQ(after.nodes[1].inputs[3], "input");  // the residual, after Identity removal

@@ -138,7 +138,7 @@ TEST(Sgemm, EpilogueAddsBiasResidualAndActivation) {
             std::vector<float> b = random_vector(static_cast<size_t>(c.k * c.n), seed++);
             std::vector<float> bias = random_vector(static_cast<size_t>(c.m), seed++);
             std::vector<float> z = random_vector(static_cast<size_t>(c.m * c.n), seed++);
-            ir::Activation act{kind, std::string(kind) == "Clip" ? -0.3f : 0.1f, 0.4f};
+            ir::Activation act = ir::Activation::named(kind, std::string(kind) == "Clip" ? -0.3f : 0.1f, 0.4f);
             Epilogue epilogue(act);
             SgemmEpilogue ep;
             ep.row_bias = with_bias ? bias.data() : nullptr;
@@ -167,7 +167,7 @@ TEST(Sgemm, ReluMapsNanToZeroAndClipKeepsIt) {
     sb.data = b.data();
     sb.ld = 2;
     for (const char* kind : {"Relu", "Clip"}) {
-      Epilogue e(ir::Activation{kind, -1.f, 1.f});
+      Epilogue e(ir::Activation::named(kind, -1.f, 1.f));
       SgemmEpilogue ep;
       ep.act = &e;
       std::vector<float> c(4, 7.f);
@@ -243,7 +243,7 @@ TEST(Sgemm, Im2colPackingMatchesExplicitColumns) {
 TEST(Sgemm, EmptyDepthLeavesTheEpilogue) {
   std::vector<float> bias{1.f, -2.f};
   PackedA pa(nullptr, 2, 0, 0);
-  Epilogue relu(ir::Activation{"Relu"});
+  Epilogue relu(ir::Activation{ir::ActivationKind::kRelu});
   SgemmEpilogue ep;
   ep.row_bias = bias.data();
   ep.act = &relu;
