@@ -1,4 +1,4 @@
-// The one interface every backend implements (src/cpu/backend.h, src/cuda/backend.h): a built
+// The one interface every backend implements (src/cpu/backend.h, src/cuda/runtime/backend.h): a built
 // engine, its execution contexts, and what a build times. The public API (src/api) and the
 // compiler (src/compiler) see backends only through it; compiler/backends.cc is the one place
 // that picks a backend for a device, and the one place that knows whether kiln was built with

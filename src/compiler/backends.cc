@@ -4,7 +4,7 @@
 #include "cpu/backend.h"
 
 #if KILN_WITH_CUDA
-#include "cuda/backend.h"
+#include "cuda/runtime/backend.h"
 #endif
 
 namespace kiln::compiler {

@@ -55,11 +55,11 @@ struct QuantizeTarget {
   bool depthwise_convolutions = false;
   // Other grouped convolutions with 4, 8, 16, 32 or 64 channels per group in and out (ResNeXt,
   // RegNet), channels a multiple of 16 and no residual: the GPU's INT8 grouped kernel
-  // (cuda/int8_depthwise.h) runs them.
+  // (cuda/kernels/int8_depthwise.h) runs them.
   bool gpu_grouped_convolutions = false;
   // Convolutions (group 1) of 1 to 4 input channels and at most 64 filter taps, the stems of
   // image models: their float input (the image) is quantized like any other. The CPU's integer
-  // reference and the GPU's stem kernel (cuda/int8_stem.h) run them.
+  // reference and the GPU's stem kernel (cuda/kernels/int8_stem.h) run them.
   bool few_input_channels = true;
 };
 

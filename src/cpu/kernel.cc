@@ -17,27 +17,6 @@ class LambdaKernel : public Kernel {
 
 std::unique_ptr<Kernel> make_kernel(RunFn fn) { return std::make_unique<LambdaKernel>(std::move(fn)); }
 
-KernelRegistry& KernelRegistry::instance() {
-  static KernelRegistry registry;
-  return registry;
-}
-
-void KernelRegistry::add(KernelEntry entry) {
-  std::string key = entry.domain + "::" + entry.op;
-  entries_[key] = std::move(entry);
-}
-
-const KernelEntry* KernelRegistry::find(const std::string& op, const std::string& domain) const {
-  auto it = entries_.find(domain + "::" + op);
-  return it == entries_.end() ? nullptr : &it->second;
-}
-
-std::vector<const KernelEntry*> KernelRegistry::all() const {
-  std::vector<const KernelEntry*> out;
-  for (const auto& [k, v] : entries_) out.push_back(&v);
-  return out;
-}
-
 std::function<std::string(const KernelInit&)> accept_dtypes(std::vector<DType> dtypes) {
   return [dtypes](const KernelInit& init) -> std::string {
     DType d = init.dtype(0);

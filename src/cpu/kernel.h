@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ir/registry.h"
 
 namespace kiln::cpu {
 
@@ -49,25 +50,10 @@ struct KernelEntry {
   bool makes_outputs = false;
 };
 
-class KernelRegistry {
- public:
-  static KernelRegistry& instance();
-  void add(KernelEntry entry);
-  const KernelEntry* find(const std::string& op, const std::string& domain = "") const;
-  std::vector<const KernelEntry*> all() const;
+using KernelRegistry = ir::Registry<KernelEntry>;
 
- private:
-  std::map<std::string, KernelEntry> entries_;
-};
-
-struct KernelRegistrar {
-  explicit KernelRegistrar(void (*fn)(KernelRegistry&)) { fn(KernelRegistry::instance()); }
-};
-
-#define KILN_REGISTER_CPU_KERNELS(family)                                                   \
-  static void kiln_register_cpu_##family(::kiln::cpu::KernelRegistry& registry);            \
-  static ::kiln::cpu::KernelRegistrar kiln_cpu_registrar_##family(&kiln_register_cpu_##family); \
-  static void kiln_register_cpu_##family(::kiln::cpu::KernelRegistry& registry)
+// Registers a family of kernels: KILN_REGISTER_CPU_KERNELS(conv) { registry.add({...}); }
+#define KILN_REGISTER_CPU_KERNELS(family) KILN_REGISTRY_FAMILY(::kiln::cpu::KernelRegistry, kiln_register_cpu_, family)
 
 // A check that accepts the listed dtypes for input 0 (the common case).
 std::function<std::string(const KernelInit&)> accept_dtypes(std::vector<DType> dtypes);

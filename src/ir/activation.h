@@ -13,12 +13,7 @@
 #include <string>
 
 #include "ir/graph.h"
-
-#ifdef __CUDACC__
-#define KILN_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define KILN_HOST_DEVICE inline
-#endif
+#include "ir/host_device.h"
 
 namespace kiln::ir {
 

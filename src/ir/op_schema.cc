@@ -60,27 +60,6 @@ int64_t FlopsContext::numel(const TensorType* t) {
   return n;
 }
 
-OpRegistry& OpRegistry::instance() {
-  static OpRegistry registry;
-  return registry;
-}
-
-void OpRegistry::add(OpSchema schema) {
-  std::string key = schema.domain + "::" + schema.op;
-  schemas_[key] = std::move(schema);
-}
-
-const OpSchema* OpRegistry::find(const std::string& op, const std::string& domain) const {
-  auto it = schemas_.find(domain + "::" + op);
-  return it == schemas_.end() ? nullptr : &it->second;
-}
-
-std::vector<const OpSchema*> OpRegistry::all() const {
-  std::vector<const OpSchema*> out;
-  for (const auto& [key, s] : schemas_) out.push_back(&s);
-  return out;
-}
-
 std::optional<Dims> broadcast_dims(const Dims& a, const Dims& b) {
   size_t rank = std::max(a.size(), b.size());
   Dims out(rank);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ir/registry.h"
 
 namespace kiln::ir {
 
@@ -66,28 +67,12 @@ struct OpSchema {
   std::string limits;
 };
 
-class OpRegistry {
- public:
-  static OpRegistry& instance();
-  void add(OpSchema schema);
-  const OpSchema* find(const std::string& op, const std::string& domain = "") const;
-  std::vector<const OpSchema*> all() const;
-
- private:
-  std::map<std::string, OpSchema> schemas_;  // key: domain + "::" + op
-};
-
-struct OpRegistrar {
-  explicit OpRegistrar(void (*fn)(OpRegistry&)) { fn(OpRegistry::instance()); }
-};
+using OpRegistry = Registry<OpSchema>;
 
 #define KILN_CONCAT_INNER(a, b) a##b
 #define KILN_CONCAT(a, b) KILN_CONCAT_INNER(a, b)
 // Registers a family of ops: KILN_REGISTER_OPS(conv) { registry.add({...}); }
-#define KILN_REGISTER_OPS(family)                                                 \
-  static void kiln_register_ops_##family(::kiln::ir::OpRegistry& registry);       \
-  static ::kiln::ir::OpRegistrar kiln_ops_registrar_##family(&kiln_register_ops_##family); \
-  static void kiln_register_ops_##family(::kiln::ir::OpRegistry& registry)
+#define KILN_REGISTER_OPS(family) KILN_REGISTRY_FAMILY(::kiln::ir::OpRegistry, kiln_register_ops_, family)
 
 // Runs a node's schema on the given input types/values; returns the output types (and fills
 // output symbolic values). Throws with the node named on failure.

@@ -3,6 +3,7 @@
 // Ops whose older forms need converting to the newest have importers of their own files
 // (batchnorm.cc, cast.cc, constant.cc, normalization.cc, pad.cc, reduce.cc, split.cc,
 // squeeze.cc, grid_sample.cc, roi_align.cc).
+#include "ir/unary_ops.h"
 #include "onnx/importer.h"
 
 namespace kiln::onnx_import {
@@ -20,18 +21,7 @@ constexpr AsIs kAsIs[] = {
     {"Add", 7}, {"Sub", 7}, {"Mul", 7}, {"Div", 7}, {"Pow", 7}, {"PRelu", 7}, {"Equal", 7}, {"Less", 7},
     {"Greater", 7}, {"And", 7}, {"Or", 7}, {"Xor", 7}, {"Max", 8}, {"Min", 8}, {"Sum", 8}, {"Mean", 8},
     {"Where", 9}, {"Mod", 10}, {"BitShift", 11}, {"LessOrEqual", 12}, {"GreaterOrEqual", 12},
-    // Elementwise unary ops, from the opset each took its present form (the legacy
-    // consumed_inputs attribute left in 6; the trigonometric ops, Erf, Sign and IsNaN arrived in
-    // 7 and 9, IsInf and ThresholdedRelu in 10).
-    {"Relu", 7}, {"Sigmoid", 7}, {"Tanh", 7}, {"Exp", 7}, {"Log", 7},
-    {"Sqrt", 7}, {"Reciprocal", 7}, {"Erf", 9}, {"Abs", 7}, {"Neg", 7},
-    {"Floor", 7}, {"Ceil", 7}, {"Round", kMinOpset}, {"Sin", 7}, {"Cos", 7},
-    {"Elu", 7}, {"LeakyRelu", 7}, {"Selu", 7}, {"Softplus", 7},
-    {"Softsign", 7}, {"HardSigmoid", 7}, {"Sign", 9}, {"Celu", 12},
-    {"Mish", 18}, {"ThresholdedRelu", 10}, {"Identity", 7}, {"Not", 7},
-    {"Tan", 7}, {"Asin", 7}, {"Acos", 7}, {"Atan", 7}, {"Sinh", 9},
-    {"Cosh", 9}, {"Asinh", 9}, {"Acosh", 9}, {"Atanh", 9}, {"IsNaN", 9},
-    {"IsInf", 10}, {"HardSwish", 14}, {"Gelu", 20},
+    // (The elementwise unary ops come from their table, src/ir/unary_ops.h.)
     // Cast (the `to` attribute has been an int since opset 6).
     {"Cast", 7}, {"CastLike", 15},
     // Conv has meant the same since opset 1 (ConvTranspose's output shape rules settled in 11);
@@ -72,6 +62,7 @@ constexpr AsIs kAsIs[] = {
 
 KILN_REGISTER_IMPORTERS(as_is) {
   for (const AsIs& a : kAsIs) registry.add({a.op, a.since_opset, nullptr});
+  for (const ir::UnaryOpInfo& u : ir::kUnaryOps) registry.add({u.name, u.since_opset, nullptr});
 }
 
 }  // namespace kiln::onnx_import

@@ -23,27 +23,6 @@ namespace kiln::onnx_import {
 
 namespace fs = std::filesystem;
 
-ImporterRegistry& ImporterRegistry::instance() {
-  static ImporterRegistry registry;
-  return registry;
-}
-
-void ImporterRegistry::add(OpImporter importer) {
-  std::string key = importer.op;
-  importers_[key] = std::move(importer);
-}
-
-const OpImporter* ImporterRegistry::find(const std::string& op) const {
-  auto it = importers_.find(op);
-  return it == importers_.end() ? nullptr : &it->second;
-}
-
-std::vector<const OpImporter*> ImporterRegistry::all() const {
-  std::vector<const OpImporter*> out;
-  for (const auto& [k, v] : importers_) out.push_back(&v);
-  return out;
-}
-
 void ImportContext::fail(const std::string& message) const {
   throw node.error(ErrorKind::kInvalidModel, message);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ir/registry.h"
 
 namespace onnx {
 class NodeProto;
@@ -52,26 +53,11 @@ struct OpImporter {
   std::function<void(ImportContext&)> convert;  // null: emit as is
 };
 
-class ImporterRegistry {
- public:
-  static ImporterRegistry& instance();
-  void add(OpImporter importer);
-  const OpImporter* find(const std::string& op) const;
-  std::vector<const OpImporter*> all() const;
+using ImporterRegistry = ir::Registry<OpImporter>;
 
- private:
-  std::map<std::string, OpImporter> importers_;
-};
-
-struct ImporterRegistrar {
-  explicit ImporterRegistrar(void (*fn)(ImporterRegistry&)) { fn(ImporterRegistry::instance()); }
-};
-
-#define KILN_REGISTER_IMPORTERS(family)                                                   \
-  static void kiln_register_importers_##family(::kiln::onnx_import::ImporterRegistry& registry); \
-  static ::kiln::onnx_import::ImporterRegistrar kiln_importers_registrar_##family(             \
-      &kiln_register_importers_##family);                                                 \
-  static void kiln_register_importers_##family(::kiln::onnx_import::ImporterRegistry& registry)
+// Registers a family of importers: KILN_REGISTER_IMPORTERS(squeeze) { registry.add({...}); }
+#define KILN_REGISTER_IMPORTERS(family) \
+  KILN_REGISTRY_FAMILY(::kiln::onnx_import::ImporterRegistry, kiln_register_importers_, family)
 
 // Reads an ONNX model file (external data is looked up beside it).
 ir::Graph import_file(const std::string& path);

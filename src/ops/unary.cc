@@ -1,17 +1,11 @@
-// Schemas of elementwise unary ops: the output has the input's type and shape.
+// Schemas of the elementwise unary ops (src/ir/unary_ops.h): the output has the input's type and
+// shape (IsNaN and IsInf: bool).
 #include "ir/op_schema.h"
+#include "ir/unary_ops.h"
 
 namespace kiln::ir {
 
 namespace {
-const char* const kFloatUnary[] = {"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal",
-                                   "Erf", "Abs", "Neg", "Floor", "Ceil", "Round", "Sin", "Cos",
-                                   "Elu", "LeakyRelu", "Selu", "Softplus", "Softsign",
-                                   "HardSigmoid", "HardSwish", "Gelu", "Sign", "Celu", "Mish",
-                                   "ThresholdedRelu", "Identity", "Not", "Tan", "Asin", "Acos",
-                                   "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "IsNaN",
-                                   "IsInf"};
-
 void same_as_input(InferContext& ctx) {
   DType out = ctx.dtype(0);
   if (ctx.node.op == "IsNaN" || ctx.node.op == "IsInf") out = DType::kBool;
@@ -22,11 +16,11 @@ void same_as_input(InferContext& ctx) {
 }  // namespace
 
 KILN_REGISTER_OPS(unary) {
-  for (const char* op : kFloatUnary) {
+  for (const UnaryOpInfo& u : kUnaryOps) {
     OpSchema s;
-    s.op = op;
+    s.op = u.name;
     s.infer = same_as_input;
-    if (std::string(op) != "Identity")
+    if (u.op != UnaryOp::kIdentity)
       s.flops = [](const FlopsContext& c) { return FlopsContext::numel(c.output_types[0]); };
     registry.add(std::move(s));
   }

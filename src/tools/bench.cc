@@ -25,7 +25,7 @@
 #if KILN_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "cuda/check.h"
+#include "cuda/runtime/check.h"
 #endif
 
 namespace kiln::tools {

@@ -13,7 +13,7 @@
 #include "tools/commands.h"
 
 #if KILN_WITH_CUDA
-#include "cuda/layer.h"
+#include "cuda/runtime/layer.h"
 #endif
 
 namespace kiln::tools {

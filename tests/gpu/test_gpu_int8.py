@@ -99,7 +99,7 @@ def test_int8_gpu_matches_cpu_reference(name, size, kiln_bin, model_cache, tmp_p
 
 
 def kernel_chain_model(path):
-    """INT8 layers that exercise kiln's own kernel (cuda/int8_conv.cu) in every form it has:
+    """INT8 layers that exercise kiln's own kernel (cuda/kernels/int8_conv.cu) in every form it has:
     3x3 over 48 channels (16-byte chunks that straddle taps; 675 output pixels, not a multiple
     of the 128-row tile), 1x1 with an int8 residual, 1x1 stride 2 to 128 channels, a dilated
     3x3 with LeakyRelu writing the float16 output."""
@@ -273,7 +273,7 @@ def test_int8_stream_kernel_with_pdl_matches_cpu_exactly(kiln_bin, tmp_path, mon
 
 
 def depthwise_chain_model(path):
-    """Depthwise INT8 layers (cuda/int8_depthwise.cu) in the forms MobileNets and EfficientNets
+    """Depthwise INT8 layers (cuda/kernels/int8_depthwise.cu) in the forms MobileNets and EfficientNets
     use and a few more: 3x3 with Relu, a dilated 3x3 with an int8 residual, a 5x5 stride 2 with
     LeakyRelu writing the float16 output; 32 channels (two 16-channel groups per pixel)."""
     import onnx
@@ -309,7 +309,7 @@ def test_int8_depthwise_matches_cpu_exactly(kiln_bin, tmp_path):
 
 
 def stem_model(path, kind):
-    """The stem kernel (cuda/int8_stem.cu): "resnet" is ResNet's stem (3 channels, 7x7 stride 2,
+    """The stem kernel (cuda/kernels/int8_stem.cu): "resnet" is ResNet's stem (3 channels, 7x7 stride 2,
     Relu, 64 outputs) then a MaxPool on int8 and a 3x3 block with the pool as residual; "gray" a
     one-channel 3x3 stem to 16 outputs with LeakyRelu writing float16 (the image sizes leave
     partial 8 x 16 output tiles)."""
@@ -351,7 +351,7 @@ def test_int8_stem_matches_cpu_exactly(kind, kiln_bin, tmp_path):
 
 
 def grouped_chain_model(path):
-    """Grouped INT8 layers (cuda/int8_depthwise.cu's grouped kernel) of every width it takes but
+    """Grouped INT8 layers (cuda/kernels/int8_depthwise.cu's grouped kernel) of every width it takes but
     64: groups of 4 with Relu, of 8 at stride 2, of 16 dilated, of 32 with LeakyRelu writing
     the float16 output; 64 channels."""
     import onnx

@@ -19,13 +19,16 @@ LEVELS = {
     "io": 2, "onnx": 2, "ops": 2,
     "backend": 3, "passes": 3,
     "cpu": 4,
-    "cuda": 5,  # above cpu: nodes without a GPU layer run on the CPU kernels (cuda/fallback.cc)
+    "cuda": 5,  # above cpu: nodes without a GPU layer run on the CPU kernels (cuda/layers/fallback.cc)
     "compiler": 6,
     "engine": 7,
     "api": 8,  # src/api implements include/kiln/kiln.h
     "calibration": 9,
     "tools": 10, "python": 10,
 }
+# Stages with folders of their own, and each folder's level inside the stage: a folder may include
+# its own headers and those of lower folders (docs/architecture.md, "The CUDA backend").
+FOLDERS = {"cuda": {"runtime": 0, "kernels": 1, "layers": 2}}
 # Public headers, by stage.
 PUBLIC = {"kiln/error.h": "types", "kiln/tensor.h": "types", "kiln/types.h": "types", "kiln/kiln.h": "api"}
 # Headers generated at build time, by the stage they belong to.
@@ -73,6 +76,9 @@ def violations(root: str) -> list[str]:
                             continue
                         path = m.group(1)
                         target = stage_of_include(path)
+                        if target == stage and stage in FOLDERS:
+                            found.extend(folder_violations(rel, number, stage, path))
+                            continue
                         if target == stage or (target is None and not path.startswith("kiln/") and "/" not in path):
                             continue  # its own stage, or a header beside the file
                         if target is None:
@@ -86,6 +92,22 @@ def violations(root: str) -> list[str]:
     return found
 
 
+def folder_violations(rel: str, number: int, stage: str, path: str) -> list[str]:
+    """An include inside a stage with folders: every file sits in a known folder, and includes only
+    its own folder's headers and lower folders'."""
+    levels = FOLDERS[stage]
+    parts = rel.split("/")  # src/<stage>/<folder>/<file>
+    mine = parts[2] if len(parts) > 3 else None
+    theirs = path.split("/")[1] if path.count("/") >= 2 else None
+    if mine not in levels:
+        return [f"{rel}:{number}: src/{stage}/ files belong in one of its folders {sorted(levels)}"]
+    if theirs not in levels:
+        return [f"{rel}:{number}: includes {path}, in none of src/{stage}/'s folders {sorted(levels)}"]
+    if levels[theirs] > levels[mine]:
+        return [f"{rel}:{number}: {stage}/{mine} includes {path} of {stage}/{theirs}, a folder above it"]
+    return []
+
+
 def self_test() -> None:
     """The check itself must catch what it exists for: an upward include, a sibling's, an unknown
     stage; and pass downward ones."""
@@ -93,7 +115,10 @@ def self_test() -> None:
 
     files = {"src/ir/a.h": '#include "cpu/engine.h"\n',          # upward
              "src/onnx/b.cc": '#include "ops/conv.h"\n',         # a sibling stage
-             "src/cuda/c.cc": '#include "cpu/engine.h"\n#include "ir/graph.h"\n#include "kiln/types.h"\n',  # downward
+             "src/cuda/layers/c.cc": '#include "cpu/engine.h"\n#include "ir/graph.h"\n#include "kiln/types.h"\n'
+                                     '#include "cuda/kernels/k.h"\n#include "cuda/runtime/r.h"\n',  # downward
+             "src/cuda/kernels/k.h": '#include "cuda/layers/l.h"\n',  # a folder above it
+             "src/cuda/e.cc": '#include "cuda/runtime/r.h"\n',  # in no folder
              "src/tools/d.cc": '#include "nowhere/x.h"\n#include "kiln/kiln.h"\n#include "near.h"\n',  # unknown, downward
              "include/kiln/types.h": '#include "kiln/kiln.h"\n'}  # the data types on the API: upward
     with tempfile.TemporaryDirectory() as root:
@@ -102,7 +127,8 @@ def self_test() -> None:
             with open(os.path.join(root, rel), "w") as f:
                 f.write(text)
         found = violations(root)
-    expected = ["include/kiln/types.h:1", "src/ir/a.h:1", "src/onnx/b.cc:1", "src/tools/d.cc:1"]
+    expected = ["include/kiln/types.h:1", "src/cuda/e.cc:1", "src/cuda/kernels/k.h:1", "src/ir/a.h:1", "src/onnx/b.cc:1",
+                "src/tools/d.cc:1"]
     got = sorted(v.split(": ")[0] for v in found)
     if got != expected:
         sys.exit(f"check_layering.py's self-test found {got}, expected {expected}:\n" + "\n".join(found))

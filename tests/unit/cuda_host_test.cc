@@ -9,10 +9,10 @@
 #include <fstream>
 #include <random>
 
-#include "cuda/engine.h"
-#include "cuda/int8_conv.h"
-#include "cuda/memory_plan.h"
-#include "cuda/timing_cache.h"
+#include "cuda/runtime/engine.h"
+#include "cuda/kernels/int8_conv.h"
+#include "cuda/runtime/memory_plan.h"
+#include "cuda/runtime/timing_cache.h"
 
 namespace kiln::cuda {
 namespace {

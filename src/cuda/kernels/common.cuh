@@ -1,0 +1,155 @@
+// What the CUDA kernel files share: the compute type of each storage dtype and the conversions
+// to and from it, loads and stores through float, warp reductions, merging a tensor's dims into
+// a short strided walk, launch sizes, element moves of any dtype, and dtype dispatch.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "cuda/runtime/layer.h"
+
+namespace kiln::cuda {
+
+// Arithmetic on 16-bit float storage is float32; every other type computes in itself.
+template <class T> struct ComputeOf { using type = T; };
+template <> struct ComputeOf<__half> { using type = float; };
+template <> struct ComputeOf<__nv_bfloat16> { using type = float; };
+template <class T> using compute_t = typename ComputeOf<T>::type;
+
+template <class T> __device__ __forceinline__ compute_t<T> to_compute(T v) {
+  if constexpr (std::is_same_v<T, __half>) return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(v);
+  else return v;
+}
+
+template <class U, class V> __device__ __forceinline__ U from_compute(V v) {
+  if constexpr (std::is_same_v<U, __half>) return __float2half_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<U, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(v));
+  else return static_cast<U>(v);
+}
+
+// Float arithmetic on 16-bit storage goes through float32.
+template <class T> __device__ __forceinline__ float load_float(const T* p, int64_t i) { return static_cast<float>(p[i]); }
+template <> __device__ __forceinline__ float load_float<__half>(const __half* p, int64_t i) { return __half2float(p[i]); }
+template <> __device__ __forceinline__ float load_float<__nv_bfloat16>(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+
+template <class T> __device__ __forceinline__ void store_float(T* p, int64_t i, float v) { p[i] = static_cast<T>(v); }
+template <> __device__ __forceinline__ void store_float<__half>(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+template <> __device__ __forceinline__ void store_float<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+// The offset of output element `linear` (row-major over shape.dims) in an operand with
+// shape.strides.
+__device__ __forceinline__ int64_t strided_offset(const StridedShape& shape, int64_t linear) {
+  int64_t offset = 0;
+#pragma unroll
+  for (int d = kMaxKernelRank - 1; d >= 0; --d) {
+    if (d >= shape.rank) continue;
+    int64_t idx = linear % shape.dims[d];
+    linear /= shape.dims[d];
+    offset += idx * shape.strides[d];
+  }
+  return offset;
+}
+
+// `op` over the 32 lanes of a warp (a butterfly: every lane gets the result).
+template <class Op> __device__ __forceinline__ float warp_all(float v, Op op) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, d));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  return warp_all(v, [](float a, float b) { return a + b; });
+}
+
+// (size, stride) dims in iteration order -> a StridedShape, size-1 dims dropped and runs that
+// are contiguous in memory (stride-0 runs too) merged. False when more than kMaxKernelRank dims
+// remain.
+inline bool merge_dims(const std::vector<std::pair<int64_t, int64_t>>& dims, StridedShape& out) {
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& [size, stride] : dims) {
+    if (size == 1) continue;
+    if (!merged.empty() && merged.back().second == stride * size) {
+      merged.back() = {merged.back().first * size, stride};
+      continue;
+    }
+    merged.emplace_back(size, stride);
+  }
+  if (merged.size() > static_cast<size_t>(kMaxKernelRank)) return false;
+  out = StridedShape{};
+  out.rank = static_cast<int>(merged.size());
+  for (size_t i = 0; i < merged.size(); ++i) {
+    out.dims[i] = merged[i].first;
+    out.strides[i] = merged[i].second;
+  }
+  return true;
+}
+
+// A grid of `blocks` blocks, at least 1 and at most 2^20 (kernels that loop over their work
+// past that).
+inline unsigned capped_blocks(int64_t blocks) { return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 20)); }
+
+// Moving elements of any dtype as 1- to 16-byte units (data movement and gathers).
+
+// The largest power-of-two unit in [es, 16] bytes dividing every quantity (bytes).
+inline size_t widest_unit(size_t es, std::initializer_list<uint64_t> byte_quantities) {
+  size_t unit = 16;
+  while (unit > es) {
+    bool ok = true;
+    for (uint64_t q : byte_quantities) ok = ok && q % unit == 0;
+    if (ok) break;
+    unit /= 2;
+  }
+  return unit;
+}
+
+inline size_t pointer_unit(size_t unit, const void* a, const void* b) {
+  const auto bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b);
+  while (unit > 1 && bits % unit) unit /= 2;
+  return unit;
+}
+
+// Calls f(U{}) with U an unsigned type of `unit` bytes (uint4 for 16).
+template <class F> void with_unit(size_t unit, F&& f) {
+  switch (unit) {
+    case 1: f(uint8_t{}); return;
+    case 2: f(uint16_t{}); return;
+    case 4: f(uint32_t{}); return;
+    case 8: f(uint64_t{}); return;
+    case 16: f(uint4{}); return;
+  }
+  throw Error(ErrorKind::kInternal, "no copy unit of " + std::to_string(unit) + " bytes");
+}
+
+}  // namespace kiln::cuda
+
+// Calls `body` with `T` bound to the C++ type of a storage dtype (float32, float16,
+// bfloat16, float64, all integers, bool). Throws kUnsupported for others.
+#define KILN_DISPATCH_ALL_TYPES(dtype, T, ...)                                               \
+  [&] {                                                                                      \
+    switch (dtype) {                                                                         \
+      case ::kiln::DType::kFloat32: { using T = float; return __VA_ARGS__(); }               \
+      case ::kiln::DType::kFloat16: { using T = __half; return __VA_ARGS__(); }              \
+      case ::kiln::DType::kBFloat16: { using T = __nv_bfloat16; return __VA_ARGS__(); }      \
+      case ::kiln::DType::kFloat64: { using T = double; return __VA_ARGS__(); }              \
+      case ::kiln::DType::kInt8: { using T = int8_t; return __VA_ARGS__(); }                 \
+      case ::kiln::DType::kUInt8: { using T = uint8_t; return __VA_ARGS__(); }               \
+      case ::kiln::DType::kInt16: { using T = int16_t; return __VA_ARGS__(); }               \
+      case ::kiln::DType::kUInt16: { using T = uint16_t; return __VA_ARGS__(); }             \
+      case ::kiln::DType::kInt32: { using T = int32_t; return __VA_ARGS__(); }               \
+      case ::kiln::DType::kUInt32: { using T = uint32_t; return __VA_ARGS__(); }             \
+      case ::kiln::DType::kInt64: { using T = int64_t; return __VA_ARGS__(); }               \
+      case ::kiln::DType::kUInt64: { using T = uint64_t; return __VA_ARGS__(); }             \
+      case ::kiln::DType::kBool: { using T = bool; return __VA_ARGS__(); }                   \
+      default:                                                                               \
+        throw ::kiln::Error(::kiln::ErrorKind::kUnsupported,                                 \
+                            "dtype " + ::kiln::to_string(dtype) + " has no CUDA kernel");     \
+    }                                                                                        \
+  }()

@@ -1,0 +1,228 @@
+// CUDA layers of Cast and CastLike between float16, bfloat16, float32, float64, all integer
+// types and bool, bit for bit as the CPU kernel (src/cpu/cast.cc):
+//   - anything to bool is "!= 0", bool to anything is 0 or 1;
+//   - float/double to an integer truncates toward zero, NaN gives 0, out-of-range values
+//     saturate to the type's bounds (compared in double);
+//   - float16/bfloat16 go through float32 both ways; float32 to float16/bfloat16 rounds to
+//     nearest even, overflow gives inf, NaN keeps its sign and becomes quiet (the CPU's
+//     float_to_half / float_to_bfloat16, ported below);
+//   - same storage type in and out is a copy.
+// Storage dtypes come from the formats: under Precision::kFp16 a logical float32 tensor may be
+// stored float16 (then a Cast float32 -> float16 is a copy), and the input is read in
+// whatever storage and layout it already has. The op is per element, so the output keeps the
+// input's layout.
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "cuda/runtime/check.h"
+#include "cuda/kernels/common.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+// Storage tags: the C++ type in memory and how it converts.
+template <class T> struct Plain { using S = T; };
+struct BoolTag { using S = uint8_t; };
+struct HalfTag { using S = uint16_t; };
+struct BHalfTag { using S = uint16_t; };
+
+template <class Tag> constexpr bool is_half_tag = std::is_same_v<Tag, HalfTag> || std::is_same_v<Tag, BHalfTag>;
+
+__device__ __forceinline__ uint16_t float_to_half_bits(float f) {
+  const uint32_t x = __float_as_uint(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u));
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
+  if (absx < 0x38800000u) {  // subnormal or zero in half
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t e = absx >> 23;
+    const uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - e;
+    uint32_t half_m = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u);
+    const uint32_t mid = 1u << (shift - 1u);
+    if (rem > mid || (rem == mid && (half_m & 1u))) ++half_m;
+    return static_cast<uint16_t>(sign | half_m);
+  }
+  const uint32_t e = (absx >> 23) - 127u + 15u;
+  const uint32_t m = absx & 0x7fffffu;
+  uint32_t h = (e << 10) | (m >> 13);
+  const uint32_t rem = m & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // round to nearest even
+  return static_cast<uint16_t>(sign | h);
+}
+
+__device__ __forceinline__ uint16_t float_to_bfloat16_bits(float f) {
+  const uint32_t x = __float_as_uint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
+  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+// The CPU's convert<S, float> (and the 16-bit float decodes).
+template <class Tag> __device__ __forceinline__ float to_float(typename Tag::S v) {
+  if constexpr (std::is_same_v<Tag, HalfTag>) return __half2float(__ushort_as_half(v));
+  else if constexpr (std::is_same_v<Tag, BHalfTag>) return __uint_as_float(static_cast<uint32_t>(v) << 16);
+  else if constexpr (std::is_same_v<Tag, BoolTag>) return v ? 1.f : 0.f;
+  else return static_cast<float>(v);
+}
+
+// double -> integer D: NaN 0, saturating, else truncation toward zero.
+template <class D> __device__ __forceinline__ D saturate_to(double v) {
+  if (isnan(v)) return D(0);
+  if (v <= static_cast<double>(std::numeric_limits<D>::lowest())) return std::numeric_limits<D>::lowest();
+  if (v >= static_cast<double>(std::numeric_limits<D>::max())) return std::numeric_limits<D>::max();
+  return static_cast<D>(v);
+}
+
+// The CPU's convert<float, D> (and the 16-bit float encodes).
+template <class Tag> __device__ __forceinline__ typename Tag::S from_float(float f) {
+  using D = typename Tag::S;
+  if constexpr (std::is_same_v<Tag, HalfTag>) return float_to_half_bits(f);
+  else if constexpr (std::is_same_v<Tag, BHalfTag>) return float_to_bfloat16_bits(f);
+  else if constexpr (std::is_same_v<Tag, BoolTag>) return f != 0.f ? 1 : 0;
+  else if constexpr (std::is_integral_v<D>) return saturate_to<D>(static_cast<double>(f));
+  else return static_cast<D>(f);
+}
+
+template <class From, class To>
+__device__ __forceinline__ typename To::S cast_value(typename From::S v) {
+  using S = typename From::S;
+  using D = typename To::S;
+  if constexpr (is_half_tag<From> || is_half_tag<To>) {
+    return from_float<To>(to_float<From>(v));
+  } else if constexpr (std::is_same_v<To, BoolTag>) {
+    if constexpr (std::is_same_v<From, BoolTag>) return v ? 1 : 0;
+    else return v != S(0) ? 1 : 0;
+  } else if constexpr (std::is_same_v<From, BoolTag>) {
+    return v ? D(1) : D(0);
+  } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
+    return saturate_to<D>(static_cast<double>(v));
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+template <class T, int V> struct alignas(sizeof(T) * V) Pack { T v[V]; };
+
+template <class A, class B> constexpr int cast_vec_width() {
+  constexpr size_t widest = sizeof(A) > sizeof(B) ? sizeof(A) : sizeof(B);
+  constexpr int v = static_cast<int>(16 / widest);
+  return v > 8 ? 8 : (v < 1 ? 1 : v);
+}
+
+template <class From, class To>
+__global__ void cast_kernel(const typename From::S* __restrict__ x, typename To::S* __restrict__ y, int64_t n) {
+  using S = typename From::S;
+  using D = typename To::S;
+  constexpr int V = cast_vec_width<S, D>();
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const bool vec = reinterpret_cast<uintptr_t>(x) % (sizeof(S) * V) == 0 &&
+                   reinterpret_cast<uintptr_t>(y) % (sizeof(D) * V) == 0;
+  const int64_t nv = vec ? n / V : 0;
+  for (int64_t v = tid; v < nv; v += stride) {
+    const Pack<S, V> a = reinterpret_cast<const Pack<S, V>*>(x)[v];
+    Pack<D, V> b;
+#pragma unroll
+    for (int j = 0; j < V; ++j) b.v[j] = cast_value<From, To>(a.v[j]);
+    reinterpret_cast<Pack<D, V>*>(y)[v] = b;
+  }
+  for (int64_t i = nv * V + tid; i < n; i += stride) y[i] = cast_value<From, To>(x[i]);
+}
+
+template <class Fn>
+bool dispatch_tag(DType d, Fn&& fn) {
+  switch (d) {
+    case DType::kFloat32: fn(Plain<float>{}); return true;
+    case DType::kFloat64: fn(Plain<double>{}); return true;
+    case DType::kFloat16: fn(HalfTag{}); return true;
+    case DType::kBFloat16: fn(BHalfTag{}); return true;
+    case DType::kInt8: fn(Plain<int8_t>{}); return true;
+    case DType::kInt16: fn(Plain<int16_t>{}); return true;
+    case DType::kInt32: fn(Plain<int32_t>{}); return true;
+    case DType::kInt64: fn(Plain<int64_t>{}); return true;
+    case DType::kUInt8: fn(Plain<uint8_t>{}); return true;
+    case DType::kUInt16: fn(Plain<uint16_t>{}); return true;
+    case DType::kUInt32: fn(Plain<uint32_t>{}); return true;
+    case DType::kUInt64: fn(Plain<uint64_t>{}); return true;
+    case DType::kBool: fn(BoolTag{}); return true;
+    default: return false;
+  }
+}
+
+bool castable(DType d) { return dispatch_tag(d, [](auto) {}); }
+
+// The storage a runtime input of logical dtype `logical` may have (its own dtype, or 16-bit
+// floats for a logical float32 under fp16).
+bool valid_storage(DType logical, DType storage) {
+  if (storage == logical) return true;
+  return logical == DType::kFloat32 && (storage == DType::kFloat16 || storage == DType::kBFloat16);
+}
+
+}  // namespace
+
+KILN_REGISTER_CUDA_LAYERS(cast) {
+  for (const char* op : {"Cast", "CastLike"}) {
+    LayerEntry e;
+    e.op = op;
+    e.check = [](const LayerRequest& r) -> std::string {
+      if (!r.has_input(0)) return "input is missing";
+      const DType from = r.input_dtypes[0], to = r.output_dtypes.at(0);
+      if (!castable(from)) return "cannot cast from " + to_string(from);
+      if (!castable(to)) return "cannot cast to " + to_string(to);
+      return "";
+    };
+    e.formats = [](const LayerRequest& r) {
+      LayerFormats f;
+      f.inputs.resize(r.inputs.size());
+      Format in{r.input_dtypes[0], Layout::kLinear};
+      if (!r.is_constant(0)) {
+        // Read the input as it is stored (no reformat in front of a cast).
+        const Format& now = r.inputs[0]->format;
+        if (valid_storage(r.input_dtypes[0], now.dtype)) in.dtype = now.dtype;
+        if (r.inputs[0]->rank() == 4) in.layout = now.layout;
+      }
+      f.inputs[0] = in;
+      // CastLike's target only lends its dtype; a runtime one is taken as it is stored.
+      if (r.inputs.size() > 1 && r.has_input(1) && !r.is_constant(1)) f.inputs[1] = r.inputs[1]->format;
+      const Layout out_layout = r.output_shapes[0].size() == 4 ? in.layout : Layout::kLinear;
+      f.outputs.push_back(Format{r.storage_of(r.output_dtypes[0]), out_layout});
+      return f;
+    };
+    e.create = [](const LayerRequest& r, const LayerFormats& f, BuildServices&) -> std::unique_ptr<Layer> {
+      const DType from = f.inputs[0].dtype, to = f.outputs[0].dtype;
+      const int64_t n = shape_numel(r.output_shapes[0]);
+      if (from == to) {
+        const size_t bytes = static_cast<size_t>(n) * element_size(to);
+        return make_layer("kernel:cast copy " + to_string(to), [bytes](const LayerIO& io, cudaStream_t stream) {
+          if (bytes)
+            KILN_CUDA_CHECK(cudaMemcpyAsync(io.outputs[0], io.inputs[0], bytes, cudaMemcpyDeviceToDevice, stream));
+        });
+      }
+      EnqueueFn fn;
+      dispatch_tag(from, [&](auto from_tag) {
+        dispatch_tag(to, [&](auto to_tag) {
+          using From = decltype(from_tag);
+          using To = decltype(to_tag);
+          fn = [n](const LayerIO& io, cudaStream_t stream) {
+            if (n <= 0) return;
+            constexpr int V = cast_vec_width<typename From::S, typename To::S>();
+            cast_kernel<From, To><<<grid_for(n, 256, V), 256, 0, stream>>>(
+                static_cast<const typename From::S*>(io.inputs[0]), static_cast<typename To::S*>(io.outputs[0]), n);
+            KILN_CUDA_CHECK_LAUNCH();
+          };
+        });
+      });
+      if (!fn) throw r.node.error(ErrorKind::kUnsupported, "cannot cast " + to_string(from) + " to " + to_string(to));
+      return make_layer("kernel:cast " + to_string(from) + "->" + to_string(to), std::move(fn));
+    };
+    e.dtypes = "float16, bfloat16, float32, float64, int8..int64, uint8..uint64, bool";
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace kiln::cuda

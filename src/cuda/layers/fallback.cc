@@ -1,0 +1,118 @@
+// CPU fallback (--allow-cpu-fallback): a node without a GPU layer runs the CPU engine's
+// kernel. Its inputs go to pinned host memory, the kernel runs in a host callback on the
+// stream, and its outputs come back; all three are stream operations, so the layer is
+// captured in the CUDA graph like the others. It serializes the GPU around it: for coverage,
+// not speed. The pinned staging belongs to the layer, so an engine with a fallback layer
+// must not run in two contexts at once.
+#include <cstdio>
+#include <cstring>
+
+#include "cpu/kernel.h"
+#include "cuda/runtime/check.h"
+#include "cuda/runtime/engine.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+struct PinnedDeleter {
+  void operator()(unsigned char* p) const { cudaFreeHost(p); }
+};
+
+std::shared_ptr<unsigned char[]> pinned(size_t bytes) {
+  void* p = nullptr;
+  KILN_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(bytes, 64)));
+  return std::shared_ptr<unsigned char[]>(static_cast<unsigned char*>(p), PinnedDeleter());
+}
+
+class CpuFallbackLayer final : public Layer {
+ public:
+  CpuFallbackLayer(const LayerRequest& r) : node_(r.node) {
+    for (size_t i = 0; i < r.inputs.size(); ++i) {
+      types_.push_back(ir::TensorType{});
+      if (!r.has_input(i)) continue;
+      types_.back().dtype = r.input_dtypes[i];
+      types_.back().shape = ir::dims_of(r.inputs[i]->shape);
+    }
+    for (size_t i = 0; i < r.output_shapes.size(); ++i)
+      out_types_.push_back(ir::TensorType{r.output_dtypes[i], ir::dims_of(r.output_shapes[i])});
+    cpu::KernelInit init{node_, {}, {}, {}};
+    for (size_t i = 0; i < types_.size(); ++i) {
+      init.input_types.push_back(r.has_input(i) ? &types_[i] : nullptr);
+      init.constants.push_back(r.is_constant(i) ? r.constants[i] : nullptr);
+    }
+    for (const ir::TensorType& t : out_types_) init.output_types.push_back(&t);
+    const cpu::KernelEntry* entry = cpu::KernelRegistry::instance().find(node_.op, node_.domain);
+    if (!entry) throw node_.error(ErrorKind::kUnsupported, "no GPU layer and no CPU kernel for " + node_.op);
+    if (entry->makes_outputs)  // If: the sizes the GPU engine plans ahead are known only once it has run
+      throw node_.error(ErrorKind::kUnsupported,
+                        "no GPU layer, and its outputs' shapes are known only when it has run, which the GPU engine's "
+                        "memory plan cannot take (the CPU engine runs it: --device cpu)");
+    std::string why = entry->check(init);
+    if (!why.empty()) throw node_.error(ErrorKind::kUnsupported, "no GPU layer, and the CPU kernel refuses it: " + why);
+    kernel_ = entry->create(init);
+    for (size_t i = 0; i < r.inputs.size(); ++i) {
+      if (!r.has_input(i)) {
+        host_inputs_.push_back(Tensor());
+      } else if (r.is_constant(i)) {
+        host_inputs_.push_back(*r.constants[i]);
+      } else {
+        size_t bytes = static_cast<size_t>(shape_numel(r.inputs[i]->shape)) * element_size(r.input_dtypes[i]);
+        host_inputs_.push_back(Tensor::over_storage(r.input_dtypes[i], r.inputs[i]->shape, pinned(bytes)));
+        runtime_inputs_.push_back(i);
+      }
+    }
+    for (size_t i = 0; i < r.output_shapes.size(); ++i) {
+      if (r.output_dtypes[i] == DType::kUndefined) {  // an omitted optional output
+        host_outputs_.push_back(Tensor());
+        continue;
+      }
+      size_t bytes = static_cast<size_t>(shape_numel(r.output_shapes[i])) * element_size(r.output_dtypes[i]);
+      host_outputs_.push_back(Tensor::over_storage(r.output_dtypes[i], r.output_shapes[i], pinned(bytes)));
+    }
+  }
+
+  void enqueue(const LayerIO& io, cudaStream_t stream) const override {
+    for (size_t i : runtime_inputs_)
+      KILN_CUDA_CHECK(cudaMemcpyAsync(host_inputs_[i].storage().get(), io.inputs[i], host_inputs_[i].nbytes(),
+                                      cudaMemcpyDeviceToHost, stream));
+    KILN_CUDA_CHECK(cudaLaunchHostFunc(stream, &CpuFallbackLayer::run_on_host, const_cast<CpuFallbackLayer*>(this)));
+    for (size_t i = 0; i < host_outputs_.size(); ++i)
+      if (io.outputs[i] && host_outputs_[i].defined())
+        KILN_CUDA_CHECK(cudaMemcpyAsync(io.outputs[i], host_outputs_[i].storage().get(), host_outputs_[i].nbytes(),
+                                        cudaMemcpyHostToDevice, stream));
+  }
+
+  std::string tactic() const override { return "cpu-fallback"; }
+
+ private:
+  static void CUDART_CB run_on_host(void* self) {
+    auto* layer = static_cast<CpuFallbackLayer*>(self);
+    std::vector<const Tensor*> inputs;
+    for (const Tensor& t : layer->host_inputs_) inputs.push_back(t.defined() ? &t : nullptr);
+    try {
+      layer->kernel_->run(inputs, layer->host_outputs_);
+    } catch (const std::exception& e) {
+      // A host callback cannot throw into the stream: report, and poison the outputs so the
+      // failure cannot pass for a result.
+      std::fprintf(stderr, "kiln: CPU fallback of node '%s' failed: %s\n", layer->node_.name.c_str(), e.what());
+      for (Tensor& t : layer->host_outputs_)
+        if (t.defined()) std::memset(t.raw(), 0xFF, t.nbytes());
+    }
+  }
+
+  ir::Node node_;
+  std::vector<ir::TensorType> types_, out_types_;
+  std::unique_ptr<cpu::Kernel> kernel_;
+  std::vector<Tensor> host_inputs_;
+  std::vector<size_t> runtime_inputs_;
+  mutable std::vector<Tensor> host_outputs_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_cpu_fallback_layer(const LayerRequest& request, const LayerFormats&) {
+  return std::make_unique<CpuFallbackLayer>(request);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,383 @@
+// CUDA layers of LayerNormalization, InstanceNormalization and LpNormalization: float32
+// tensors, stored as float32 or float16, statistics computed in float32.
+//
+// LayerNormalization and InstanceNormalization normalize rows of a row-major tensor (the
+// trailing dims from `axis`, or each (n, c) plane): a warp per row up to 1024 elements, a
+// 256-thread block per row beyond; the mean first, then the variance as the mean of squared
+// deviations (as the CPU kernel, src/cpu/normalization.cc, computes them), then the output.
+// Scale and B are read as float32 on the device (constants are uploaded), broadcast to the
+// normalized dims through strides. LpNormalization works along one axis in any layout, like
+// Softmax: a warp or block per contiguous line, a thread per strided one.
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/runtime/check.h"
+#include "cuda/kernels/common.cuh"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kBlock = 256;
+
+template <int GROUP>
+__device__ __forceinline__ float group_sum(float v, float* smem) {
+  v = warp_sum(v);
+  if constexpr (GROUP == 32) {
+    return v;
+  } else {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    float r = smem[0];
+    for (int w = 1; w < GROUP / 32; ++w) r += smem[w];
+    __syncthreads();
+    return r;
+  }
+}
+
+// --- LayerNormalization / InstanceNormalization --------------------------------------------
+
+// Where column c of a row finds its Scale or B element.
+struct ParamMap {
+  StridedShape shape;  // over the normalized dims, stride 0 where the parameter broadcasts
+  int full = 1;        // the parameter has every normalized element: offset c
+};
+
+__device__ __forceinline__ int64_t param_offset(const ParamMap& m, int64_t c) {
+  return m.full ? c : strided_offset(m.shape, c);
+}
+
+struct RowNorm {
+  int64_t rows = 0, cols = 0;
+  float eps = 1e-5f;
+  int64_t channels = 0;  // > 0: InstanceNormalization, Scale/B per row (row % channels)
+  ParamMap scale, bias;
+  bool has_bias = false;
+};
+
+// GROUP threads per row: mean, variance, then y = (x - mean) * inv * scale + bias.
+template <class T, int GROUP>
+__global__ void __launch_bounds__(kBlock) norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                           T* __restrict__ mean_out, T* __restrict__ inv_out,
+                                                           const float* __restrict__ scale,
+                                                           const float* __restrict__ bias, RowNorm p) {
+  __shared__ float smem[kBlock / 32];
+  constexpr int kGroups = kBlock / GROUP;
+  const int lane = static_cast<int>(threadIdx.x) % GROUP, group = static_cast<int>(threadIdx.x) / GROUP;
+  const float cols_f = static_cast<float>(p.cols);
+  for (int64_t row = int64_t{blockIdx.x} * kGroups + group; row < p.rows; row += int64_t{gridDim.x} * kGroups) {
+    const int64_t base = row * p.cols;
+    float sum = 0.f;
+    for (int64_t c = lane; c < p.cols; c += GROUP) sum += load_float(x, base + c);
+    const float mean = group_sum<GROUP>(sum, smem) / cols_f;
+    float sq = 0.f;
+    for (int64_t c = lane; c < p.cols; c += GROUP) {
+      const float d = load_float(x, base + c) - mean;
+      sq += d * d;
+    }
+    const float var = group_sum<GROUP>(sq, smem) / cols_f;
+    const float inv = 1.f / sqrtf(var + p.eps);
+    if (lane == 0) {
+      if (mean_out) store_float(mean_out, row, mean);
+      if (inv_out) store_float(inv_out, row, inv);
+    }
+    if (p.channels > 0) {
+      const int64_t ch = row % p.channels;
+      const float a = scale[ch] * inv, b = bias[ch];
+      for (int64_t c = lane; c < p.cols; c += GROUP) store_float(y, base + c, (load_float(x, base + c) - mean) * a + b);
+    } else if (p.has_bias) {
+      for (int64_t c = lane; c < p.cols; c += GROUP)
+        store_float(y, base + c, (load_float(x, base + c) - mean) * inv * scale[param_offset(p.scale, c)] +
+                                     bias[param_offset(p.bias, c)]);
+    } else {
+      for (int64_t c = lane; c < p.cols; c += GROUP)
+        store_float(y, base + c, (load_float(x, base + c) - mean) * inv * scale[param_offset(p.scale, c)]);
+    }
+  }
+}
+
+template <class T>
+std::unique_ptr<Layer> norm_rows_layer(const RowNorm& p) {
+  const bool warp = p.cols <= 1024;
+  const unsigned blocks = capped_blocks(warp ? (p.rows + kBlock / 32 - 1) / (kBlock / 32) : p.rows);
+  return make_layer(warp ? "kernel:norm-warp" : "kernel:norm-block", [p, warp, blocks](const LayerIO& io, cudaStream_t stream) {
+    const T* x = static_cast<const T*>(io.inputs[0]);
+    T* y = static_cast<T*>(io.outputs[0]);
+    T* mean = io.outputs.size() > 1 ? static_cast<T*>(io.outputs[1]) : nullptr;
+    T* inv = io.outputs.size() > 2 ? static_cast<T*>(io.outputs[2]) : nullptr;
+    const float* scale = static_cast<const float*>(io.inputs[1]);
+    const float* bias = io.inputs.size() > 2 ? static_cast<const float*>(io.inputs[2]) : nullptr;
+    if (warp) norm_rows_kernel<T, 32><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+    else norm_rows_kernel<T, kBlock><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+    KILN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+std::unique_ptr<Layer> norm_rows_layer_for(const ir::Node& node, DType storage, const RowNorm& p) {
+  if (p.rows == 0 || p.cols == 0) return make_layer("kernel:none", [](const LayerIO&, cudaStream_t) {});
+  if (storage == DType::kFloat32) return norm_rows_layer<float>(p);
+  if (storage == DType::kFloat16) return norm_rows_layer<__half>(p);
+  throw node.error(ErrorKind::kUnsupported, "storage type " + to_string(storage) + " is not supported");
+}
+
+// The map of a Scale/B of `pshape` onto the normalized dims `target` (numpy broadcasting,
+// aligned right); "" or why not.
+std::string param_map(const std::vector<int64_t>& pshape, const std::vector<int64_t>& target, ParamMap& m) {
+  if (pshape.size() > target.size()) return "a parameter has a higher rank than the normalized dims";
+  const size_t lead = target.size() - pshape.size();
+  std::vector<int64_t> pstrides(pshape.size(), 1);
+  for (size_t i = pshape.size(); i-- > 1;) pstrides[i - 1] = pstrides[i] * pshape[i];
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  bool full = true;
+  for (size_t d = 0; d < target.size(); ++d) {
+    if (d < lead) {
+      dims.emplace_back(target[d], 0);
+      full = full && target[d] == 1;
+      continue;
+    }
+    const int64_t ps = pshape[d - lead];
+    if (ps != target[d] && ps != 1) return "a parameter does not broadcast to the normalized dims";
+    if (ps == target[d]) dims.emplace_back(target[d], pstrides[d - lead]);
+    else {
+      dims.emplace_back(target[d], 0);
+      full = full && target[d] == 1;
+    }
+  }
+  m.full = full ? 1 : 0;
+  if (!merge_dims(dims, m.shape))
+    return "more than " + std::to_string(kMaxKernelRank) + " dims remain after merging contiguous ones";
+  return "";
+}
+
+// LayerNormalization: rows, cols and the parameter maps of a request; "" or why not.
+std::string layer_norm_plan(const LayerRequest& r, RowNorm& p) {
+  const std::vector<int64_t>& shape = r.input_shape(0);
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  int64_t axis = r.node.attrs.get_int("axis", -1);
+  if (axis < -rank || axis >= rank) return "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank);
+  if (axis < 0) axis += rank;
+  const std::vector<int64_t> normalized(shape.begin() + axis, shape.end());
+  p.cols = shape_numel(normalized);
+  p.rows = p.cols ? shape_numel(shape) / p.cols : 0;
+  p.eps = r.node.attrs.get_float("epsilon", 1e-5f);
+  if (!r.has_input(1)) return "Scale is missing";
+  std::string why = param_map(r.input_shape(1), normalized, p.scale);
+  if (!why.empty()) return why;
+  p.has_bias = r.has_input(2);
+  if (p.has_bias) why = param_map(r.input_shape(2), normalized, p.bias);
+  return why;
+}
+
+std::string layer_norm_check(const LayerRequest& r) {
+  const DType d = r.input_dtypes[0];
+  if (d != DType::kFloat32) return "input type " + to_string(d) + " is not supported (supported: float32)";
+  for (size_t o = 1; o < r.output_dtypes.size(); ++o)
+    if (r.output_dtypes[o] != DType::kFloat32 && r.output_dtypes[o] != DType::kUndefined)
+      return "stash_type other than float32 is not supported";
+  for (size_t i = 1; i < 3; ++i)
+    if (r.has_input(i) && r.input_dtypes[i] != DType::kFloat32) return "Scale and B must be float32";
+  RowNorm p;
+  try {
+    return layer_norm_plan(r, p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+// X and the outputs row-major at the float storage; Scale and B as float32 on the device.
+LayerFormats row_norm_formats(const LayerRequest& r) {
+  LayerFormats f;
+  f.inputs.resize(r.inputs.size());
+  const DType storage = r.float_storage();
+  f.inputs[0] = Format{storage, Layout::kLinear};
+  for (size_t i = 1; i < r.inputs.size(); ++i)
+    if (r.has_input(i)) f.inputs[i] = Format{DType::kFloat32, Layout::kLinear};
+  for (size_t o = 0; o < r.output_dtypes.size(); ++o) f.outputs.push_back(Format{storage, Layout::kLinear});
+  return f;
+}
+
+std::unique_ptr<Layer> layer_norm_create(const LayerRequest& r, const LayerFormats& f, BuildServices&) {
+  RowNorm p;
+  std::string why = layer_norm_plan(r, p);
+  if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
+  return norm_rows_layer_for(r.node, f.inputs[0].dtype, p);
+}
+
+std::string instance_norm_check(const LayerRequest& r) {
+  const DType d = r.input_dtypes[0];
+  if (d != DType::kFloat32) return "input type " + to_string(d) + " is not supported (supported: float32)";
+  for (size_t i = 1; i < 3; ++i)
+    if (!r.has_input(i) || r.input_dtypes[i] != DType::kFloat32) return "scale and B must be float32";
+  if (r.input_shape(0).size() < 3) return "the input must have rank 3 or more";
+  return "";
+}
+
+std::unique_ptr<Layer> instance_norm_create(const LayerRequest& r, const LayerFormats& f, BuildServices&) {
+  const std::vector<int64_t>& shape = r.input_shape(0);
+  RowNorm p;
+  p.channels = shape[1];
+  p.rows = shape[0] * shape[1];
+  p.cols = p.rows ? shape_numel(shape) / p.rows : 0;
+  p.eps = r.node.attrs.get_float("epsilon", 1e-5f);
+  p.has_bias = true;
+  if (shape_numel(r.input_shape(1)) != p.channels || shape_numel(r.input_shape(2)) != p.channels)
+    throw r.node.error(ErrorKind::kInvalidArgument, "scale and B must have C = " + std::to_string(p.channels) + " elements");
+  return norm_rows_layer_for(r.node, f.inputs[0].dtype, p);
+}
+
+// --- LpNormalization -------------------------------------------------------------------------
+
+struct LpGeom {
+  StridedShape lines;
+  int64_t count = 0, n = 1, stride = 1;
+  bool l1 = false;
+};
+
+// GROUP threads per line of a contiguous axis.
+template <class T, int GROUP>
+__global__ void __launch_bounds__(kBlock) lp_group_kernel(const T* __restrict__ x, T* __restrict__ y, LpGeom g) {
+  __shared__ float smem[kBlock / 32];
+  constexpr int kGroups = kBlock / GROUP;
+  const int lane = static_cast<int>(threadIdx.x) % GROUP, group = static_cast<int>(threadIdx.x) / GROUP;
+  for (int64_t line = int64_t{blockIdx.x} * kGroups + group; line < g.count; line += int64_t{gridDim.x} * kGroups) {
+    const int64_t base = strided_offset(g.lines, line);
+    float acc = 0.f;
+    for (int64_t c = lane; c < g.n; c += GROUP) {
+      const float v = load_float(x, base + c);
+      acc += g.l1 ? fabsf(v) : v * v;
+    }
+    acc = group_sum<GROUP>(acc, smem);
+    const float norm = g.l1 ? acc : sqrtf(acc);
+    const float inv = norm > 0.f ? 1.f / norm : 0.f;  // a zero vector stays zero, as on the CPU
+    for (int64_t c = lane; c < g.n; c += GROUP) store_float(y, base + c, load_float(x, base + c) * inv);
+  }
+}
+
+// One thread per line of a strided axis.
+template <class T>
+__global__ void __launch_bounds__(kBlock) lp_strided_kernel(const T* __restrict__ x, T* __restrict__ y, LpGeom g) {
+  for (int64_t line = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; line < g.count;
+       line += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t base = strided_offset(g.lines, line);
+    float acc = 0.f;
+    for (int64_t c = 0; c < g.n; ++c) {
+      const float v = load_float(x, base + c * g.stride);
+      acc += g.l1 ? fabsf(v) : v * v;
+    }
+    const float norm = g.l1 ? acc : sqrtf(acc);
+    const float inv = norm > 0.f ? 1.f / norm : 0.f;
+    for (int64_t c = 0; c < g.n; ++c) store_float(y, base + c * g.stride, load_float(x, base + c * g.stride) * inv);
+  }
+}
+
+std::string lp_geom(const ir::Node& node, const TensorSpec& x, LpGeom& g) {
+  const int64_t rank = x.rank();
+  g.l1 = node.attrs.get_int("p", 2) == 1;
+  if (rank == 0) {  // one element, a line of one (as the CPU computes it)
+    g.count = 1;
+    g.n = 1;
+    return "";
+  }
+  int64_t axis = node.attrs.get_int("axis", -1);
+  if (axis < -rank || axis >= rank) return "axis " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank);
+  if (axis < 0) axis += rank;
+  const std::vector<int64_t> strides = x.logical_strides();
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (int64_t d = 0; d < rank; ++d)
+    if (d != axis) dims.emplace_back(x.shape[static_cast<size_t>(d)], strides[static_cast<size_t>(d)]);
+  if (!merge_dims(dims, g.lines))
+    return "more than " + std::to_string(kMaxKernelRank) + " dims remain after merging contiguous ones";
+  g.n = x.shape[static_cast<size_t>(axis)];
+  g.stride = strides[static_cast<size_t>(axis)];
+  g.count = g.n ? x.elements() / g.n : 0;
+  return "";
+}
+
+std::string lp_check(const LayerRequest& r) {
+  const DType d = r.input_dtypes[0];
+  if (d != DType::kFloat32 && d != DType::kFloat16)
+    return "input type " + to_string(d) + " is not supported (supported: float32, float16)";
+  const int64_t p = r.node.attrs.get_int("p", 2);
+  if (p != 1 && p != 2) return "p must be 1 or 2";
+  LpGeom g;
+  return lp_geom(r.node, *r.inputs[0], g);
+}
+
+LayerFormats lp_formats(const LayerRequest& r) {
+  LayerFormats f = uniform_formats(r, true, true);
+  if (r.is_constant(0)) f.inputs[0] = Format{r.storage_of(r.input_dtypes[0]), Layout::kLinear};
+  return f;
+}
+
+template <class T>
+std::unique_ptr<Layer> lp_layer(const LpGeom& g) {
+  if ((g.stride == 1 || g.n == 1) && g.n > 8) {
+    const bool warp = g.n <= 1024;
+    const unsigned blocks = capped_blocks(warp ? (g.count + kBlock / 32 - 1) / (kBlock / 32) : g.count);
+    return make_layer(warp ? "kernel:lpnorm-warp" : "kernel:lpnorm-block",
+                      [g, warp, blocks](const LayerIO& io, cudaStream_t stream) {
+      const T* x = static_cast<const T*>(io.inputs[0]);
+      T* y = static_cast<T*>(io.outputs[0]);
+      if (warp) lp_group_kernel<T, 32><<<blocks, kBlock, 0, stream>>>(x, y, g);
+      else lp_group_kernel<T, kBlock><<<blocks, kBlock, 0, stream>>>(x, y, g);
+      KILN_CUDA_CHECK_LAUNCH();
+    });
+  }
+  const unsigned blocks = capped_blocks((g.count + kBlock - 1) / kBlock);
+  return make_layer("kernel:lpnorm-strided", [g, blocks](const LayerIO& io, cudaStream_t stream) {
+    lp_strided_kernel<T><<<blocks, kBlock, 0, stream>>>(static_cast<const T*>(io.inputs[0]),
+                                                        static_cast<T*>(io.outputs[0]), g);
+    KILN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+std::unique_ptr<Layer> lp_create(const LayerRequest& r, const LayerFormats& f, BuildServices&) {
+  const TensorSpec& x = *r.inputs[0];
+  LpGeom g;
+  std::string why = lp_geom(r.node, x, g);
+  if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
+  if (g.count == 0 || g.n == 0) return make_layer("kernel:none", [](const LayerIO&, cudaStream_t) {});
+  switch (f.inputs[0].dtype) {
+    case DType::kFloat32: return lp_layer<float>(g);
+    case DType::kFloat16: return lp_layer<__half>(g);
+    default: break;
+  }
+  throw r.node.error(ErrorKind::kUnsupported, "storage type " + to_string(f.inputs[0].dtype) + " is not supported");
+}
+
+}  // namespace
+
+KILN_REGISTER_CUDA_LAYERS(normalization) {
+  {
+    LayerEntry e;
+    e.op = "LayerNormalization";
+    e.check = layer_norm_check;
+    e.formats = row_norm_formats;
+    e.create = layer_norm_create;
+    e.dtypes = "float32, float16 storage (float32 statistics)";
+    registry.add(std::move(e));
+  }
+  {
+    LayerEntry e;
+    e.op = "InstanceNormalization";
+    e.check = instance_norm_check;
+    e.formats = row_norm_formats;
+    e.create = instance_norm_create;
+    e.dtypes = "float32, float16 storage (float32 statistics)";
+    registry.add(std::move(e));
+  }
+  {
+    LayerEntry e;
+    e.op = "LpNormalization";
+    e.check = lp_check;
+    e.formats = lp_formats;
+    e.create = lp_create;
+    e.dtypes = "float32, float16";
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,299 @@
+#include "cuda/runtime/backend.h"
+
+#include <cublasLt.h>
+#include <cudnn.h>
+
+#include <mutex>
+#include <random>
+
+#include "cuda/runtime/check.h"
+#include "cuda/runtime/engine.h"
+#include "cuda/runtime/graph_timing.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+cuda::Precision lowered_precision(kiln::Precision p) {
+  switch (p) {
+    case kiln::Precision::kFp32: return Precision::kFp32;
+    case kiln::Precision::kTf32: return Precision::kTf32;
+    case kiln::Precision::kFp16:
+    case kiln::Precision::kBest:
+    case kiln::Precision::kInt8:
+    case kiln::Precision::kFp8: return Precision::kFp16;  // INT8 and FP8 layers are kiln::QConv nodes
+  }
+  return Precision::kFp32;
+}
+
+Profile lowered_profile(const OptimizationProfile& p) {
+  Profile out;
+  for (const auto& [name, r] : p) out.inputs[name] = cuda::ShapeRange{r.min, r.opt, r.max};
+  return out;
+}
+
+std::vector<LayerInfo> plan_layers(const ShapePlan& plan) {
+  std::vector<LayerInfo> out;
+  for (const PlannedLayer& l : plan.layers()) {
+    LayerInfo li;
+    li.name = l.name;
+    li.op = l.op;
+    li.tactic = l.layer->tactic();
+    li.precision = l.outputs.empty() || l.outputs[0] < 0 ? "" : to_string(plan.buffers()[l.outputs[0]].spec.format.dtype);
+    if (!l.outputs.empty() && l.outputs[0] >= 0) li.shape = plan.buffers()[l.outputs[0]].spec.shape;
+    li.cpu_fallback = l.cpu_fallback;
+    li.flops = l.flops;
+    out.push_back(li);
+  }
+  return out;
+}
+
+std::vector<LayerTiming> to_layer_timings(const std::vector<LayerTime>& times) {
+  std::vector<LayerTiming> out;
+  for (const LayerTime& t : times) out.push_back(LayerTiming{t.name, t.op, t.tactic, t.ms});
+  return out;
+}
+
+// A context on a stream of its own: what kiln::Context runs on.
+class CudaBackendContext final : public backend::Context {
+ public:
+  CudaBackendContext(const CudaEngine& engine, bool use_cuda_graph)
+      : context_(std::make_unique<CudaContext>(engine, use_cuda_graph)) {
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~CudaBackendContext() override {
+    context_.reset();  // first: its work in flight may run on stream_
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  void set_optimization_profile(int index) override { context_->set_profile(index); }
+  int optimization_profile() const override { return context_->profile(); }
+  void set_input_shape(const std::string& name, const std::vector<int64_t>& shape) override {
+    context_->set_input_shape(name, shape);
+  }
+  std::vector<int64_t> input_shape(const std::string& name) const override { return context_->input_shape(name); }
+  std::vector<int64_t> output_shape(const std::string& name) override {
+    for (const EngineIO& out : context_->current_plan().outputs())
+      if (out.name == name) return out.shape;
+    throw Error(ErrorKind::kInvalidArgument, "the engine has no output named '" + name + "'");
+  }
+  std::vector<LayerInfo> layers() override { return plan_layers(context_->current_plan()); }
+  void* input_buffer(const std::string& name) const override { return context_->input_buffer(name); }
+  void* output_buffer(const std::string& name) const override { return context_->output_buffer(name); }
+  void enqueue(void* stream) override { context_->enqueue(static_cast<cudaStream_t>(stream)); }
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) override {
+    return context_->run(inputs, stream_);
+  }
+  std::vector<LayerTiming> profile(void* stream) override {
+    return to_layer_timings(context_->profile(static_cast<cudaStream_t>(stream)));
+  }
+
+ private:
+  std::unique_ptr<CudaContext> context_;
+  cudaStream_t stream_ = nullptr;
+};
+
+// A context of its own at profile 0's opt shapes with fixed random inputs, its CUDA graph
+// captured: what the where-faster build times engines with.
+class CudaTimer final : public backend::Timer {
+ public:
+  explicit CudaTimer(const CudaEngine& engine) : context_(engine), graph_timing_(engine.config().tactics.graph_timing) {
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    KILN_CUDA_CHECK(cudaEventCreate(&start_));
+    KILN_CUDA_CHECK(cudaEventCreate(&stop_));
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+    for (const IoSlot& slot : engine.io()) {
+      if (!slot.is_input) continue;
+      Tensor t(slot.dtype, context_.input_shape(slot.name));  // zeros
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        if (slot.dtype == DType::kFloat32) t.data<float>()[i] = uniform(rng);
+        if (slot.dtype == DType::kFloat16) static_cast<uint16_t*>(t.raw())[i] = float_to_half(uniform(rng));
+      }
+      KILN_CUDA_CHECK(cudaMemcpy(context_.input_buffer(slot.name), t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
+    }
+    for (int i = 0; i < 3; ++i) context_.enqueue(stream_);  // captures the CUDA graph
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  ~CudaTimer() override {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaStreamDestroy(stream_);
+  }
+
+  // Each replay timed alone and waited for: back-to-back replays (a mean over a stream of them)
+  // hide each graph's launch and ranked a batch-1 engine differently from kiln bench
+  // (docs/design/tactic-timing.md, "Layers and whole engines, as the engine runs them").
+  std::vector<double> latency_samples_ms(int runs) override {
+    std::vector<double> samples;
+    for (int i = 0; i < runs; ++i) {
+      KILN_CUDA_CHECK(cudaEventRecord(start_, stream_));
+      context_.enqueue(stream_);
+      KILN_CUDA_CHECK(cudaEventRecord(stop_, stream_));
+      KILN_CUDA_CHECK(cudaEventSynchronize(stop_));
+      float ms = 0;
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+      samples.push_back(ms);
+    }
+    return samples;
+  }
+
+  // As a CUDA graph runs each layer (a replayed graph of 10 launches of the layer alone) unless
+  // the build's tactic options time on the stream, else `runs` profiled runs.
+  std::vector<std::vector<LayerTiming>> layer_samples(int runs) override {
+    std::vector<std::vector<LayerTiming>> all;
+    if (graph_timing_) {
+      all.push_back(to_layer_timings(context_.profile_in_graph(stream_, 10)));
+    } else {
+      for (int r = 0; r < runs; ++r) all.push_back(to_layer_timings(context_.profile(stream_)));
+    }
+    return all;
+  }
+
+ private:
+  CudaContext context_;
+  bool graph_timing_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+class CudaBackendEngine final : public backend::Engine {
+ public:
+  CudaBackendEngine(std::shared_ptr<const ir::Graph> graph, std::unique_ptr<CudaEngine> engine,
+                    std::vector<OptimizationProfile> profiles)
+      : graph_(std::move(graph)), engine_(std::move(engine)), profiles_(std::move(profiles)) {}
+
+  const ir::Graph& graph() const override { return *graph_; }
+  size_t layer_count() const override { return engine_->opt_plan(0)->layers().size(); }
+
+  void describe(EngineInfo& info) const override {
+    const CudaEngine& e = *engine_;
+    info.device = e.device_name();
+    for (size_t p = 0; p < profiles_.size(); ++p) {
+      const int index = static_cast<int>(p);
+      ProfileInfo pi;
+      pi.ranges = profiles_[p];
+      pi.layers = plan_layers(*e.opt_plan(index));
+      // The same layers at min and max, matched by name (a layer the other plan lacks: no shape).
+      auto shapes_by_name = [](const ShapePlan& plan) {
+        std::map<std::string, std::vector<int64_t>> out;
+        for (const LayerInfo& l : plan_layers(plan)) out[l.name] = l.shape;
+        return out;
+      };
+      const auto min_shapes = shapes_by_name(*e.plan(lowered_profile(profiles_[p]).min()));
+      const auto max_shapes = shapes_by_name(*e.max_plan(index));
+      for (const LayerInfo& l : pi.layers) {
+        auto lo = min_shapes.find(l.name), hi = max_shapes.find(l.name);
+        pi.min_shapes.push_back(lo == min_shapes.end() ? std::vector<int64_t>{} : lo->second);
+        pi.max_shapes.push_back(hi == max_shapes.end() ? std::vector<int64_t>{} : hi->second);
+      }
+      pi.activation_bytes = e.max_plan(index)->arena_bytes();
+      pi.workspace_bytes = e.max_plan(index)->workspace_bytes();
+      info.profiles.push_back(std::move(pi));
+    }
+    info.layers = info.profiles.at(0).layers;
+    for (const LayerInfo& l : info.layers) info.has_cpu_fallback |= l.cpu_fallback;
+    info.weight_bytes = e.weight_bytes();
+    info.activation_bytes = e.arena_bytes();
+    info.workspace_bytes = e.workspace_bytes();
+    for (const IoSlot& slot : e.io()) info.io_bytes += slot.capacity;
+    info.planned_shapes = e.plan_count();
+    info.fp32_layers = e.opt_plan(0)->fp32_layers();
+  }
+
+  // Output dimensions that differ between the profiles' min and max plans vary; the others are
+  // what every plan computes.
+  std::vector<TensorDesc> outputs(std::vector<TensorDesc> declared) const override {
+    for (size_t i = 0; i < declared.size(); ++i) {
+      std::vector<int64_t> shape;
+      for (int p = 0; p < static_cast<int>(profiles_.size()); ++p)
+        for (const auto& plan : {engine_->opt_plan(p), engine_->max_plan(p),
+                                 engine_->plan(lowered_profile(profiles_[static_cast<size_t>(p)]).min())}) {
+          const std::vector<int64_t>& s = plan->outputs().at(i).shape;
+          if (shape.empty()) shape = s;
+          for (size_t d = 0; d < shape.size() && d < s.size(); ++d)
+            if (shape[d] != s[d]) shape[d] = -1;
+        }
+      declared[i].shape = shape;
+      for (size_t d = 0; d < shape.size() && d < declared[i].dim_names.size(); ++d)
+        if (shape[d] >= 0) declared[i].dim_names[d].clear();
+    }
+    return declared;
+  }
+
+  // On a built-in context of its own, created on first use; callers take turns.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const override {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    if (!default_context_) default_context_ = create_context(true);
+    return default_context_->run(inputs);
+  }
+
+  std::unique_ptr<backend::Context> create_context(bool use_cuda_graph) const override {
+    return std::make_unique<CudaBackendContext>(*engine_, use_cuda_graph);
+  }
+
+  std::map<std::string, std::string> tactics() const override { return engine_->timing_entries(); }
+
+  std::unique_ptr<backend::Timer> timer() const override { return std::make_unique<CudaTimer>(*engine_); }
+
+ private:
+  std::shared_ptr<const ir::Graph> graph_;
+  std::unique_ptr<CudaEngine> engine_;
+  std::vector<OptimizationProfile> profiles_;
+  mutable std::mutex run_mutex_;
+  mutable std::unique_ptr<backend::Context> default_context_;
+};
+
+}  // namespace
+
+std::unique_ptr<backend::Engine> build_backend_engine(std::shared_ptr<const ir::Graph> graph, GraphAtShapes specialize,
+                                                      const BuildOptions& options,
+                                                      const std::vector<OptimizationProfile>& profiles,
+                                                      const std::map<std::string, std::string>& tactics) {
+  BuildConfig config;
+  config.precision = lowered_precision(options.precision);
+  config.allow_cpu_fallback = options.allow_cpu_fallback;
+  config.timing_cache_path = options.timing_cache;
+  config.timing_entries = tactics;
+  config.timed_shape_step = options.profile_timing_step;
+  config.max_memory = options.max_memory;
+  config.log = options.log;
+  config.tactics = options.tactics;
+  for (const OptimizationProfile& p : profiles) config.profiles.push_back(lowered_profile(p));
+  std::unique_ptr<CudaEngine> engine = CudaEngine::build(std::move(specialize), config);
+  return std::make_unique<CudaBackendEngine>(std::move(graph), std::move(engine), profiles);
+}
+
+nlohmann::json device_identity() {
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  int runtime = 0;
+  KILN_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  return {{"gpu", prop.name},
+          {"compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor)},
+          {"cuda_runtime", runtime},
+          {"cudnn", static_cast<int64_t>(cudnnGetVersion())},
+          {"cublaslt", static_cast<int64_t>(cublasLtGetVersion())}};
+}
+
+void check_device(const nlohmann::json& built, const std::string& engine_path) {
+  const nlohmann::json here = device_identity();
+  for (const char* key : {"compute_capability", "cudnn", "cublaslt"}) {
+    if (!built.contains(key) || built.at(key) != here.at(key))
+      throw Error(ErrorKind::kInvalidArgument, std::string("the engine was built for ") + key + " " +
+                                                   (built.contains(key) ? built.at(key).dump() : "?") + " (" +
+                                                   built.value("gpu", std::string("?")) + "), this machine has " +
+                                                   here.at(key).dump() + " (" + here.at("gpu").get<std::string>() + ")")
+          .file(engine_path)
+          .hint("rebuild the engine on this machine: kiln build model.onnx -o model.engine");
+  }
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  check_gpu_architecture(prop);
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,36 @@
+// The CUDA engine behind the backend interface (src/backend/backend.h): the public build
+// options and profiles lowered to the builder's (cuda/runtime/engine.h), engine descriptions, contexts on
+// streams of their own, and the timer of the where-faster build.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+
+namespace kiln::cuda {
+
+// The graph at concrete input shapes (input name -> shape), from the compiler: what each plan
+// is built from.
+using GraphAtShapes = std::function<ir::Graph(const std::map<std::string, std::vector<int64_t>>&)>;
+
+// The GPU engine of `graph` (the optimized graph, dynamic dimensions symbolic) over `profiles`
+// (each naming every input), timing tactics unless `tactics` (timing-cache entries, from an
+// engine file) name them.
+std::unique_ptr<backend::Engine> build_backend_engine(std::shared_ptr<const ir::Graph> graph, GraphAtShapes specialize,
+                                                      const BuildOptions& options,
+                                                      const std::vector<OptimizationProfile>& profiles,
+                                                      const std::map<std::string, std::string>& tactics);
+
+// What an engine file records of this GPU and its libraries (name, compute capability, CUDA
+// runtime, cuDNN and cuBLASLt versions).
+nlohmann::json device_identity();
+
+// Throws kInvalidArgument, naming `engine_path` and both machines, when an engine built where
+// `built` was recorded cannot run here (another compute capability, cuDNN or cuBLASLt).
+void check_device(const nlohmann::json& built, const std::string& engine_path);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,358 @@
+// The execution context: binds the plan of its current input shapes to this context's memory
+// and handles, and runs it on a stream, as a CUDA graph (one per shape) after the first run.
+#include <cublasLt.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "cuda/runtime/check.h"
+#include "cuda/runtime/graph_timing.h"
+#include "cuda/runtime/engine.h"
+#include "ir/sizes.h"
+
+namespace kiln::cuda {
+
+CudaContext::CudaContext(const CudaEngine& engine, bool use_cuda_graph)
+    : engine_(engine), use_cuda_graph_(use_cuda_graph) {
+  check_memory();
+  KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
+  KILN_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
+  for (const IoSlot& slot : engine.io()) {
+    void* device = nullptr;
+    void* host = nullptr;
+    KILN_CUDA_CHECK(cudaMalloc(&device, std::max<size_t>(slot.capacity, 1)));
+    io_buffers_.push_back(device);
+    KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(slot.capacity, 1)));
+    pinned_.push_back(host);
+  }
+  // Memory for the largest plan the build made (every profile's max shape among them).
+  reserve(engine.arena_bytes(), engine.workspace_bytes());
+  set_profile(0);
+}
+
+void CudaContext::check_memory() const {
+  size_t io = 0;
+  for (const IoSlot& slot : engine_.io()) io += std::max<size_t>(slot.capacity, 1);
+  const size_t need = io + engine_.arena_bytes() + engine_.workspace_bytes();
+  size_t free = 0, total = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  const size_t limit = engine_.config().max_memory ? engine_.config().max_memory : total;
+  const std::string parts = " (activations " + format_bytes(static_cast<double>(engine_.arena_bytes())) + ", workspace " +
+                            format_bytes(static_cast<double>(engine_.workspace_bytes())) + ", inputs and outputs " +
+                            format_bytes(static_cast<double>(io)) + ")";
+  if (engine_.weight_bytes() > limit || need > limit - engine_.weight_bytes())
+    throw Error(ErrorKind::kInvalidArgument, "an execution context needs " + format_bytes(static_cast<double>(need)) + parts +
+                                                 " beside the weights' " + format_bytes(static_cast<double>(engine_.weight_bytes())) +
+                                                 ": that passes the memory limit of " + format_bytes(static_cast<double>(limit)))
+        .hint("raise --max-memory (BuildOptions::max_memory), or build for smaller max shapes");
+  if (need > free)
+    throw Error(ErrorKind::kDevice, "an execution context needs " + format_bytes(static_cast<double>(need)) + parts +
+                                        ", the GPU has " + format_bytes(static_cast<double>(free)) + " free")
+        .hint("free GPU memory (other contexts, other processes), or build for smaller max shapes");
+}
+
+CudaContext::~CudaContext() {
+  cudaDeviceSynchronize();  // work in flight uses the layers and memory freed below
+  for (auto& [key, b] : bound_)
+    if (b.graph) cudaGraphExecDestroy(b.graph);
+  if (side_stream_) cudaStreamDestroy(side_stream_);
+  if (fork_) cudaEventDestroy(fork_);
+  if (join_) cudaEventDestroy(join_);
+  for (void* p : pinned_) cudaFreeHost(p);
+  for (void* p : io_buffers_) cudaFree(p);
+  if (cudnn_) cudnnDestroy(cudnn_);
+  if (cublaslt_) cublasLtDestroy(cublaslt_);
+  if (arena_) cudaFree(arena_);
+  if (workspace_) cudaFree(workspace_);
+}
+
+void CudaContext::reserve(size_t arena_bytes, size_t workspace_bytes) {
+  if (arena_bytes <= arena_capacity_ && workspace_bytes <= workspace_capacity_) return;
+  // A plan built after this context was made needs more memory than any before it (rare:
+  // the profiles' max shapes are planned at build time). Work in flight may still use the old
+  // memory, and every bound plan points into it.
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  for (auto& [key, b] : bound_)
+    if (b.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(b.graph));
+  bound_.clear();
+  auto grow = [](void*& memory, size_t& capacity, size_t bytes) {
+    if (bytes <= capacity) return;
+    if (memory) KILN_CUDA_CHECK(cudaFree(memory));
+    memory = nullptr;
+    capacity = 0;
+    KILN_CUDA_CHECK(cudaMalloc(&memory, std::max<size_t>(bytes, 1)));
+    capacity = bytes;
+  };
+  grow(arena_, arena_capacity_, arena_bytes);
+  grow(workspace_, workspace_capacity_, workspace_bytes);
+}
+
+void CudaContext::set_profile(int index) {
+  if (index < 0 || index >= static_cast<int>(engine_.profiles().size()))
+    throw Error(ErrorKind::kInvalidArgument, "optimization profile " + std::to_string(index) + " does not exist: the engine has " +
+                                                 std::to_string(engine_.profiles().size()));
+  profile_ = index;
+  shapes_ = engine_.profiles()[static_cast<size_t>(index)].opt();
+}
+
+void CudaContext::set_input_shape(const std::string& name, const std::vector<int64_t>& shape) {
+  engine_.io_index(name, true);  // names an input, or throws
+  Shapes next = shapes_;
+  next[name] = shape;
+  const std::string why = engine_.profiles()[static_cast<size_t>(profile_)].mismatch(next);
+  if (!why.empty())
+    throw Error(ErrorKind::kInvalidArgument, "input shape " + shape_to_string(shape) + " for '" + name +
+                                                 "' is outside optimization profile " + std::to_string(profile_) + ": " + why)
+        .hint("build the engine with a profile that covers it (--min-shapes/--max-shapes), or pick another profile");
+  shapes_ = std::move(next);
+}
+
+const std::vector<int64_t>& CudaContext::input_shape(const std::string& name) const {
+  engine_.io_index(name, true);
+  return shapes_.at(name);
+}
+
+const ShapePlan& CudaContext::current_plan() { return *bound().plan; }
+
+void* CudaContext::address(const ShapePlan& plan, int buffer) const {
+  const Buffer& b = plan.buffers()[buffer];
+  switch (b.kind) {
+    case BufferKind::kArena: return static_cast<char*>(arena_) + b.offset;
+    case BufferKind::kWeight: return const_cast<void*>(b.weight);
+    case BufferKind::kView: return address(plan, b.view_of);
+    case BufferKind::kIo: return io_buffers_.at(static_cast<size_t>(b.io));
+  }
+  return nullptr;
+}
+
+void* CudaContext::input_buffer(const std::string& name) const {
+  return io_buffers_[static_cast<size_t>(engine_.io_index(name, true))];
+}
+
+void* CudaContext::output_buffer(const std::string& name) const {
+  return io_buffers_[static_cast<size_t>(engine_.io_index(name, false))];
+}
+
+void CudaContext::bind(Bound& b) {
+  const ShapePlan& plan = *b.plan;
+  b.io.clear();
+  for (const PlannedLayer& l : plan.layers()) {
+    LayerIO io;
+    for (int id : l.inputs) io.inputs.push_back(id >= 0 ? address(plan, id) : nullptr);
+    for (int id : l.outputs) io.outputs.push_back(id >= 0 ? address(plan, id) : nullptr);
+    io.workspace = l.layer->workspace_bytes() ? workspace_ : nullptr;
+    io.cudnn = cudnn_;
+    io.cublaslt = cublaslt_;
+    b.io.push_back(std::move(io));
+  }
+}
+
+CudaContext::Bound& CudaContext::bound() {
+  const std::string key = shapes_key(shapes_);
+  auto it = bound_.find(key);
+  if (it == bound_.end()) {
+    std::shared_ptr<const ShapePlan> plan = engine_.context_plan(shapes_);
+    for (const auto* list : {&plan->inputs(), &plan->outputs()})
+      for (const EngineIO& x : *list) {
+        const IoSlot& slot = engine_.io()[static_cast<size_t>(engine_.io_index(x.name, list == &plan->inputs()))];
+        if (plan->buffers()[x.buffer].spec.bytes() > slot.capacity)
+          throw Error(ErrorKind::kInternal, "'" + x.name + "' at " + key + " needs more memory than at the profiles' max shapes");
+      }
+    reserve(plan->arena_bytes(), plan->workspace_bytes());
+    if (bound_.size() >= kMaxGraphs) {
+      auto oldest = std::min_element(bound_.begin(), bound_.end(),
+                                     [](const auto& a, const auto& b) { return a.second.last_used < b.second.last_used; });
+      // Its layers (this context's own) go with it: the work they were given must be done (on
+      // whichever streams the caller used; this happens at the ninth distinct shape only).
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      if (oldest->second.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(oldest->second.graph));
+      bound_.erase(oldest);
+    }
+    Bound& b = bound_[key];
+    b.plan = std::move(plan);
+    bind(b);
+    it = bound_.find(key);
+  }
+  it->second.last_used = ++clock_;
+  return it->second;
+}
+
+void CudaContext::enqueue_layers(const Bound& b, cudaStream_t stream) {
+  const std::vector<PlannedLayer>& layers = b.plan->layers();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    try {
+      layers[i].layer->enqueue(b.io[i], stream);
+    } catch (Error& e) {
+      if (e.node_name().empty()) e.node(layers[i].name, layers[i].op);
+      throw;
+    }
+  }
+}
+
+void CudaContext::enqueue(cudaStream_t stream) {
+  if (use_cuda_graph_ && (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)) {
+    // A default stream cannot be captured (PyTorch's current stream is the legacy one unless
+    // the caller picked another): replay on the context's own stream, joined to the caller's.
+    if (!side_stream_) {
+      KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
+      KILN_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+      KILN_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    }
+    KILN_CUDA_CHECK(cudaEventRecord(fork_, stream));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(side_stream_, fork_, 0));
+    enqueue(side_stream_);
+    KILN_CUDA_CHECK(cudaEventRecord(join_, side_stream_));
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
+    return;
+  }
+  Bound& b = bound();
+  KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
+  if (!use_cuda_graph_) {
+    enqueue_layers(b, stream);
+    return;
+  }
+  if (b.graph && b.graph_stream == stream) {
+    KILN_CUDA_CHECK(cudaGraphLaunch(b.graph, stream));
+    return;
+  }
+  // The first run on a stream runs eagerly (libraries load kernels and pick plans lazily, which
+  // a capture must not see), then the same work is captured for the next runs.
+  enqueue_layers(b, stream);
+  if (b.graph) {
+    KILN_CUDA_CHECK(cudaGraphExecDestroy(b.graph));
+    b.graph = nullptr;
+  }
+  cudaGraph_t graph = nullptr;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue_layers(b, stream);
+  } catch (...) {
+    cudaStreamEndCapture(stream, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    throw;
+  }
+  KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaError_t status = cudaGraphInstantiate(&b.graph, graph, 0);
+  cudaGraphDestroy(graph);
+  KILN_CUDA_CHECK(status);
+  b.graph_stream = stream;
+}
+
+std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tensor>& inputs, cudaStream_t stream) {
+  Shapes shapes;
+  for (const IoSlot& slot : engine_.io()) {
+    if (!slot.is_input) continue;
+    auto it = inputs.find(slot.name);
+    if (it == inputs.end()) throw Error(ErrorKind::kInvalidArgument, "input '" + slot.name + "' is missing");
+    const Tensor& t = it->second;
+    if (t.dtype() != slot.dtype)
+      throw Error(ErrorKind::kInvalidArgument, "input '" + slot.name + "' has dtype " + to_string(t.dtype()) +
+                                                   ", the engine expects " + to_string(slot.dtype));
+    shapes[slot.name] = t.shape();
+  }
+  for (const auto& [name, t] : inputs) engine_.io_index(name, true);  // no unknown names
+  // The current profile if it holds these shapes, else the first that does.
+  const std::vector<Profile>& profiles = engine_.profiles();
+  std::string why = profiles[static_cast<size_t>(profile_)].mismatch(shapes);
+  if (!why.empty()) {
+    std::string all = "profile " + std::to_string(profile_) + ": " + why;
+    for (size_t p = 0; p < profiles.size() && !why.empty(); ++p) {
+      if (static_cast<int>(p) == profile_) continue;
+      std::string w = profiles[p].mismatch(shapes);
+      if (w.empty()) {
+        profile_ = static_cast<int>(p);
+        why.clear();
+      } else {
+        all += "; profile " + std::to_string(p) + ": " + w;
+      }
+    }
+    if (!why.empty()) {
+      const bool fixed = profiles.size() == 1 && profiles[0].min() == profiles[0].max();
+      std::string given;
+      for (const auto& [name, shape] : shapes) given += (given.empty() ? "" : ", ") + name + ":" + shape_to_string(shape);
+      const std::string message =
+          fixed ? "input shapes " + given + " are not the engine's: it was built for " + shapes_key(profiles[0].opt()) + " (" + why + ")"
+                : "input shapes " + given + " fit no optimization profile of the engine (" + all + ")";
+      throw Error(ErrorKind::kInvalidArgument, message)
+          .hint("build the engine for these shapes (--shapes, or a profile: --min-shapes/--opt-shapes/--max-shapes)");
+    }
+  }
+  shapes_ = shapes;
+  for (size_t i = 0; i < engine_.io().size(); ++i) {
+    const IoSlot& slot = engine_.io()[i];
+    if (!slot.is_input) continue;
+    const Tensor& t = inputs.at(slot.name);
+    std::memcpy(pinned_[i], t.raw(), t.nbytes());
+    KILN_CUDA_CHECK(cudaMemcpyAsync(io_buffers_[i], pinned_[i], t.nbytes(), cudaMemcpyHostToDevice, stream));
+  }
+  enqueue(stream);
+  const ShapePlan& plan = *bound().plan;
+  std::map<std::string, Tensor> outputs;
+  std::vector<std::pair<size_t, Tensor>> copies;
+  for (const EngineIO& out : plan.outputs()) {
+    const size_t slot = static_cast<size_t>(engine_.io_index(out.name, false));
+    Tensor t = Tensor::uninitialized(out.dtype, out.shape);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(pinned_[slot], io_buffers_[slot], t.nbytes(), cudaMemcpyDeviceToHost, stream));
+    copies.push_back({slot, t});
+    outputs[out.name] = t;
+  }
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (auto& [slot, t] : copies) std::memcpy(t.raw(), pinned_[slot], t.nbytes());
+  return outputs;
+}
+
+std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
+  Bound& b = bound();
+  KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
+  const std::vector<PlannedLayer>& layers = b.plan->layers();
+  const size_t n = layers.size();
+  std::vector<cudaEvent_t> events(n + 1);
+  for (auto& e : events) KILN_CUDA_CHECK(cudaEventCreate(&e));
+  std::vector<LayerTime> times;
+  try {
+    KILN_CUDA_CHECK(cudaEventRecord(events[0], stream));
+    for (size_t i = 0; i < n; ++i) {
+      layers[i].layer->enqueue(b.io[i], stream);
+      KILN_CUDA_CHECK(cudaEventRecord(events[i + 1], stream));
+    }
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i < n; ++i) {
+      LayerTime t;
+      t.name = layers[i].name;
+      t.op = layers[i].op;
+      t.tactic = layers[i].layer->tactic();
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&t.ms, events[i], events[i + 1]));
+      times.push_back(t);
+    }
+  } catch (...) {
+    for (auto& e : events) cudaEventDestroy(e);
+    throw;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  return times;
+}
+
+std::vector<LayerTime> CudaContext::profile_in_graph(cudaStream_t stream, int launches) {
+  Bound& b = bound();
+  KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
+  const std::vector<PlannedLayer>& layers = b.plan->layers();
+  std::vector<LayerTime> times, by_events;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LayerTime t;
+    t.name = layers[i].name;
+    t.op = layers[i].op;
+    t.tactic = layers[i].layer->tactic();
+    layers[i].layer->enqueue(b.io[i], stream);  // warm-up, outside the capture
+    t.ms = graph_replay_ms(stream, [&](cudaStream_t s) { layers[i].layer->enqueue(b.io[i], s); }, launches);
+    if (t.ms < 0) {  // a layer that cannot be captured: its time between events
+      if (by_events.empty()) by_events = profile(stream);
+      t.ms = by_events[i].ms;
+    }
+    times.push_back(t);
+  }
+  KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return times;
+}
+
+}  // namespace kiln::cuda
