@@ -1,8 +1,8 @@
 // CPU kernels of broadcasting elementwise ops: binary arithmetic, comparisons, logic,
-// BitShift, PRelu, variadic Max/Min/Sum/Mean and Where.
+// BitShift, the bitwise ops (and BitwiseNot), PRelu, variadic Max/Min/Sum/Mean and Where.
 //
 // Arithmetic and comparisons: float32, float64, int32, int64 (Equal also bool); logic: bool;
-// BitShift: unsigned integers. Integer Div truncates toward zero, as ONNX Runtime does.
+// BitShift and the bitwise ops: integers. Integer Div truncates toward zero, as ONNX Runtime does.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -49,8 +49,12 @@ bool dispatch_pow_base(DType dtype, Fn&& fn) {
 }
 
 template <class Fn>
-bool dispatch_unsigned(DType dtype, Fn&& fn) {
+bool dispatch_integer(DType dtype, Fn&& fn) {
   switch (dtype) {
+    case DType::kInt8: fn(int8_t{}); return true;
+    case DType::kInt16: fn(int16_t{}); return true;
+    case DType::kInt32: fn(int32_t{}); return true;
+    case DType::kInt64: fn(int64_t{}); return true;
     case DType::kUInt8: fn(uint8_t{}); return true;
     case DType::kUInt16: fn(uint16_t{}); return true;
     case DType::kUInt32: fn(uint32_t{}); return true;
@@ -58,6 +62,9 @@ bool dispatch_unsigned(DType dtype, Fn&& fn) {
     default: return false;
   }
 }
+
+const std::vector<DType> kIntegers = {DType::kInt8,  DType::kInt16,  DType::kInt32,  DType::kInt64,
+                                      DType::kUInt8, DType::kUInt16, DType::kUInt32, DType::kUInt64};
 
 // y = f(a, b) with broadcasting; A, B, U are the element types of a, b and y.
 template <class A, class B, class U, class F>
@@ -233,16 +240,33 @@ void pow_loop(const Tensor& x, const Tensor& y, Tensor& z) {
     binary_loop<X, Y, X>(x, y, z, [](X a, Y b) { return saturate_to<X>(std::pow(static_cast<double>(a), static_cast<double>(b))); });
 }
 
+// BitShift as ONNX's reference defines it: a shift by less than 0 or by the bit width or more
+// gives 0 (a right shift of a negative signed value: -1); a left shift wraps (the bits of the
+// unsigned type); a right shift of a signed value is arithmetic.
 template <class T>
 RunFn bitshift_kernel(bool left) {
-  constexpr T kBits = static_cast<T>(sizeof(T) * 8);
+  using U = std::make_unsigned_t<T>;
+  constexpr int64_t kBits = static_cast<int64_t>(sizeof(T) * 8);
+  auto out_of_range = [](T s) { return static_cast<int64_t>(s) < 0 || static_cast<int64_t>(s) >= kBits; };
   if (left)
-    return [](auto& in, auto& out) {
-      binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T s) { return s >= kBits ? T(0) : static_cast<T>(a << s); });
+    return [out_of_range](auto& in, auto& out) {
+      binary_loop<T, T, T>(*in[0], *in[1], out[0], [out_of_range](T a, T s) {
+        return out_of_range(s) ? T(0) : static_cast<T>(static_cast<U>(static_cast<U>(a) << static_cast<int>(s)));
+      });
     };
-  return [](auto& in, auto& out) {
-    binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T s) { return s >= kBits ? T(0) : static_cast<T>(a >> s); });
+  return [out_of_range](auto& in, auto& out) {
+    binary_loop<T, T, T>(*in[0], *in[1], out[0], [out_of_range](T a, T s) {
+      if (out_of_range(s)) return a < T(0) ? static_cast<T>(-1) : T(0);
+      return static_cast<T>(a >> static_cast<int>(s));
+    });
   };
+}
+
+template <class T>
+RunFn bitwise_kernel(const std::string& op) {
+  if (op == "BitwiseAnd") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return T(a & b); }); };
+  if (op == "BitwiseOr") return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return T(a | b); }); };
+  return [](auto& in, auto& out) { binary_loop<T, T, T>(*in[0], *in[1], out[0], [](T a, T b) { return T(a ^ b); }); };
 }
 
 // Where: a 3-way broadcast that only moves bytes, so one loop per element size serves all types.
@@ -334,12 +358,43 @@ KILN_REGISTER_CPU_KERNELS(binary) {
   {
     KernelEntry e;
     e.op = "BitShift";
-    e.check = accept_dtypes({DType::kUInt8, DType::kUInt16, DType::kUInt32, DType::kUInt64});
-    e.dtypes = "uint8, uint16, uint32, uint64";
+    e.check = accept_dtypes(kIntegers);
+    e.dtypes = "int8..int64, uint8..uint64";
     e.create = [](const KernelInit& init) {
       bool left = init.node.attrs.get_string("direction", "") == "LEFT";
       RunFn fn;
-      dispatch_unsigned(init.dtype(0), [&](auto tag) { fn = bitshift_kernel<decltype(tag)>(left); });
+      dispatch_integer(init.dtype(0), [&](auto tag) { fn = bitshift_kernel<decltype(tag)>(left); });
+      return make_kernel(std::move(fn));
+    };
+    registry.add(std::move(e));
+  }
+  for (const char* op : {"BitwiseAnd", "BitwiseOr", "BitwiseXor"}) {
+    KernelEntry e;
+    e.op = op;
+    e.check = accept_dtypes(kIntegers);
+    e.dtypes = "int8..int64, uint8..uint64";
+    e.create = [](const KernelInit& init) {
+      RunFn fn;
+      dispatch_integer(init.dtype(0), [&](auto tag) { fn = bitwise_kernel<decltype(tag)>(init.node.op); });
+      return make_kernel(std::move(fn));
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "BitwiseNot";
+    e.check = accept_dtypes(kIntegers);
+    e.dtypes = "int8..int64, uint8..uint64";
+    e.create = [](const KernelInit& init) {
+      RunFn fn;
+      dispatch_integer(init.dtype(0), [&](auto tag) {
+        using T = decltype(tag);
+        fn = [](auto& in, auto& out) {
+          const T* x = in[0]->template data<T>();
+          T* y = out[0].template data<T>();
+          for (int64_t i = 0; i < in[0]->numel(); ++i) y[i] = static_cast<T>(~x[i]);
+        };
+      });
       return make_kernel(std::move(fn));
     };
     registry.add(std::move(e));

@@ -1,4 +1,4 @@
-// CPU kernels of Cast, CastLike, Clip and Dropout.
+// CPU kernels of Cast, CastLike, BitCast, Clip and Dropout.
 //
 // Cast converts between every numeric type and bool: float to integer truncates toward zero
 // (as static_cast does), anything to bool is "!= 0", float16/bfloat16/float8e4m3fn go through
@@ -130,6 +130,19 @@ KILN_REGISTER_CPU_KERNELS(cast) {
       const bool saturate = init.node.attrs.get_int("saturate", 1) != 0;
       return make_kernel([saturate](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         cast_tensor(*in[0], out[0], saturate);
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "BitCast";
+    e.dtypes = "all of one width";
+    e.create = [](const KernelInit&) {
+      return make_kernel([](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        if (in[0]->nbytes() != out[0].nbytes())
+          throw Error(ErrorKind::kInternal, "BitCast between types of different widths");
+        if (in[0]->nbytes()) std::memcpy(out[0].raw(), in[0]->raw(), in[0]->nbytes());
       });
     };
     registry.add(std::move(e));

@@ -1,4 +1,4 @@
-// CPU kernels of Gather, GatherElements, GatherND (raw bytes, any dtype), ScatterElements and ScatterND
+// CPU kernels of Gather, GatherElements, GatherND, Compress (raw bytes, any dtype), ScatterElements and ScatterND
 // (any dtype without reduction; float32/float64/int32/int64 with add/mul/max/min).
 // Indices are checked: an out-of-range index is the caller's error, not a crash.
 #include <algorithm>
@@ -182,6 +182,31 @@ void scatter_nd(const ir::Node& node, const Tensor& data, const Tensor& idx, con
   }
 }
 
+// Compress: the output (shaped by the schema from the actual condition) gets the slices whose
+// condition is true, in order; without an axis the input is taken flat.
+void compress(const ir::Node& node, const Tensor& x, const Tensor& condition, Tensor& y) {
+  int64_t outer = 1, along = x.numel(), inner = 1;
+  if (node.attrs.has("axis")) {
+    int64_t axis = node.attrs.get_int("axis", 0);
+    if (axis < 0) axis += x.rank();
+    along = x.dim(static_cast<size_t>(axis));
+    for (int64_t d = 0; d < axis; ++d) outer *= x.dim(static_cast<size_t>(d));
+    for (int64_t d = axis + 1; d < x.rank(); ++d) inner *= x.dim(static_cast<size_t>(d));
+  }
+  std::vector<int64_t> taken;
+  for (int64_t i = 0; i < condition.numel() && i < along; ++i)
+    if (condition.value_as_int(i) != 0) taken.push_back(i);
+  const size_t es = element_size(x.dtype());
+  const size_t row = static_cast<size_t>(inner) * es;
+  const auto* src = static_cast<const unsigned char*>(x.raw());
+  auto* dst = static_cast<unsigned char*>(y.raw());
+  const int64_t count = static_cast<int64_t>(taken.size());
+  if (y.numel() != outer * count * inner) throw node.error(ErrorKind::kInternal, "Compress's output has the wrong size");
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t k = 0; k < count; ++k)
+      std::memcpy(dst + static_cast<size_t>(o * count + k) * row, src + static_cast<size_t>(o * along + taken[static_cast<size_t>(k)]) * row, row);
+}
+
 }  // namespace
 
 KILN_REGISTER_CPU_KERNELS(gather) {
@@ -195,6 +220,21 @@ KILN_REGISTER_CPU_KERNELS(gather) {
         if (node->op == "Gather") gather(*node, *in[0], *in[1], out[0]);
         else if (node->op == "GatherElements") gather_elements(*node, *in[0], *in[1], out[0]);
         else gather_nd(*node, *in[0], *in[1], out[0]);
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "Compress";
+    e.dtypes = "all";
+    e.check = [](const KernelInit& init) -> std::string {
+      return init.dtype(1) == DType::kBool ? "" : "the condition must be bool";
+    };
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        compress(*node, *in[0], *in[1], out[0]);
       });
     };
     registry.add(std::move(e));

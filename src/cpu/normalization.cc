@@ -1,4 +1,4 @@
-// CPU kernels of Softmax, LogSoftmax, LpNormalization, LayerNormalization, RMSNormalization and
+// CPU kernels of Softmax, LogSoftmax, Hardmax, LpNormalization, LayerNormalization, RMSNormalization and
 // InstanceNormalization (float32). The input is seen as [outer, axis, inner]; the common
 // last-axis case (inner == 1) runs over contiguous rows.
 #include <algorithm>
@@ -29,7 +29,7 @@ AxisSplit split_at(const std::vector<int64_t>& shape, int64_t axis) {
   return s;
 }
 
-enum class Norm { kSoftmax, kLogSoftmax, kL1, kL2 };
+enum class Norm { kSoftmax, kLogSoftmax, kHardmax, kL1, kL2 };
 
 // One strided row of `n` elements: softmax, log-softmax or Lp normalization in place of y.
 inline void normalize_row(const float* x, float* y, int64_t n, int64_t stride, Norm kind) {
@@ -43,6 +43,16 @@ inline void normalize_row(const float* x, float* y, int64_t n, int64_t stride, N
     // A zero vector stays zero (ONNX Runtime and the ONNX reference give 0, not 0/0 = NaN).
     const float inv = norm > 0.f ? 1.f / norm : 0.f;
     for (int64_t i = 0; i < n; ++i) y[i * stride] = x[i * stride] * inv;
+    return;
+  }
+  if (kind == Norm::kHardmax) {
+    // 1 at the first largest element, as numpy's argmax picks it (NaN counts as the largest).
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i) {
+      const float v = x[i * stride], b = x[best * stride];
+      if (!std::isnan(b) && (std::isnan(v) || v > b)) best = i;
+    }
+    for (int64_t i = 0; i < n; ++i) y[i * stride] = i == best ? 1.f : 0.f;
     return;
   }
   // Subtracting the max keeps exp() finite.
@@ -185,7 +195,7 @@ void instance_norm(const ir::Node& node, const std::vector<const Tensor*>& in, s
 }  // namespace
 
 KILN_REGISTER_CPU_KERNELS(normalization) {
-  for (const char* op : {"Softmax", "LogSoftmax", "LpNormalization"}) {
+  for (const char* op : {"Softmax", "LogSoftmax", "Hardmax", "LpNormalization"}) {
     KernelEntry e;
     e.op = op;
     e.check = accept_dtypes({DType::kFloat32});
@@ -193,7 +203,7 @@ KILN_REGISTER_CPU_KERNELS(normalization) {
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       Norm kind = node->op == "Softmax" ? Norm::kSoftmax : node->op == "LogSoftmax" ? Norm::kLogSoftmax
-                  : node->attrs.get_int("p", 2) == 1 ? Norm::kL1 : Norm::kL2;
+                  : node->op == "Hardmax" ? Norm::kHardmax : node->attrs.get_int("p", 2) == 1 ? Norm::kL1 : Norm::kL2;
       return make_kernel([node, kind](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         softmax_like(*node, *in[0], out[0], kind);
       });

@@ -1,5 +1,5 @@
 // CPU kernels of TopK (float32/float64/int32/int64; ties keep the lower index first, as ONNX
-// asks), Trilu (any dtype), CumSum (float32/float64/int32/int64), OneHot and NonZero.
+// asks), Trilu (any dtype), CumSum and CumProd (float32/float64/int32/int64), OneHot and NonZero.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -46,8 +46,9 @@ void topk(const Tensor& x, size_t axis, int64_t k, bool largest, Tensor& values,
     }
 }
 
-template <class T>
-void cumsum(const Tensor& x, size_t axis, bool exclusive, bool reverse, Tensor& y) {
+// CumSum (kProduct false) and CumProd along `axis`; integers wrap.
+template <class T, bool kProduct>
+void cumulate(const Tensor& x, size_t axis, bool exclusive, bool reverse, Tensor& y) {
   int64_t outer, inner;
   outer_inner(x.shape(), axis, outer, inner);
   int64_t n = x.shape()[axis];
@@ -55,15 +56,15 @@ void cumsum(const Tensor& x, size_t axis, bool exclusive, bool reverse, Tensor& 
   T* yv = y.data<T>();
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
-      T acc = 0;
+      T acc = kProduct ? T(1) : T(0);
       for (int64_t s = 0; s < n; ++s) {
         int64_t j = reverse ? n - 1 - s : s;
         int64_t at = (o * n + j) * inner + i;
         if (exclusive) {
           yv[at] = acc;
-          acc = wrapping_add(acc, xv[at]);
+          acc = kProduct ? wrapping_mul(acc, xv[at]) : wrapping_add(acc, xv[at]);
         } else {
-          acc = wrapping_add(acc, xv[at]);
+          acc = kProduct ? wrapping_mul(acc, xv[at]) : wrapping_add(acc, xv[at]);
           yv[at] = acc;
         }
       }
@@ -133,19 +134,27 @@ KILN_REGISTER_CPU_KERNELS(topk) {
     e.create = [](const KernelInit& init) {
       bool exclusive = init.node.attrs.get_int("exclusive", 0) != 0;
       bool reverse = init.node.attrs.get_int("reverse", 0) != 0;
+      const bool product = init.node.op == "CumProd";
       return make_kernel([=](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         int64_t rank = in[0]->rank();
         int64_t a = in[1]->value_as_int(0);
         if (a < -rank || a >= rank) throw Error(ErrorKind::kInvalidArgument, "axis " + std::to_string(a) + " is out of range");
         size_t axis = static_cast<size_t>(a < 0 ? a + rank : a);
+        auto run = [&](auto tag) {
+          using T = decltype(tag);
+          if (product) cumulate<T, true>(*in[0], axis, exclusive, reverse, out[0]);
+          else cumulate<T, false>(*in[0], axis, exclusive, reverse, out[0]);
+        };
         switch (in[0]->dtype()) {
-          case DType::kFloat32: cumsum<float>(*in[0], axis, exclusive, reverse, out[0]); break;
-          case DType::kFloat64: cumsum<double>(*in[0], axis, exclusive, reverse, out[0]); break;
-          case DType::kInt32: cumsum<int32_t>(*in[0], axis, exclusive, reverse, out[0]); break;
-          default: cumsum<int64_t>(*in[0], axis, exclusive, reverse, out[0]); break;
+          case DType::kFloat32: run(float{}); break;
+          case DType::kFloat64: run(double{}); break;
+          case DType::kInt32: run(int32_t{}); break;
+          default: run(int64_t{}); break;
         }
       });
     };
+    registry.add(e);
+    e.op = "CumProd";
     registry.add(std::move(e));
   }
   {

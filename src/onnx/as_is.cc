@@ -21,9 +21,10 @@ constexpr AsIs kAsIs[] = {
     {"Add", 7}, {"Sub", 7}, {"Mul", 7}, {"Div", 7}, {"Pow", 7}, {"PRelu", 7}, {"Equal", 7}, {"Less", 7},
     {"Greater", 7}, {"And", 7}, {"Or", 7}, {"Xor", 7}, {"Max", 8}, {"Min", 8}, {"Sum", 8}, {"Mean", 8},
     {"Where", 9}, {"Mod", 10}, {"BitShift", 11}, {"LessOrEqual", 12}, {"GreaterOrEqual", 12},
+    {"BitwiseAnd", 18}, {"BitwiseOr", 18}, {"BitwiseXor", 18}, {"BitwiseNot", 18},
     // (The elementwise unary ops come from their table, src/ir/unary_ops.h.)
     // Cast (the `to` attribute has been an int since opset 6).
-    {"Cast", 7}, {"CastLike", 15},
+    {"Cast", 7}, {"CastLike", 15}, {"BitCast", 26},
     // Conv has meant the same since opset 1 (ConvTranspose's output shape rules settled in 11);
     // Gemm's C, required before opset 11, and MatMul are unchanged but for types.
     {"Conv", 7}, {"ConvTranspose", kMinOpset}, {"Gemm", 7}, {"MatMul", 7},
@@ -44,18 +45,20 @@ constexpr AsIs kAsIs[] = {
     // parameters were attributes, have importers that convert (pad.cc).
     {"Concat", 7}, {"Expand", 8}, {"Tile", 7}, {"Gather", 7},
     {"GatherElements", kMinOpset}, {"GatherND", kMinOpset}, {"ScatterElements", kMinOpset},
-    {"ScatterND", kMinOpset}, {"Resize", kMinOpset},
+    {"ScatterND", kMinOpset}, {"Resize", kMinOpset}, {"Compress", kMinOpset},
     {"Transpose", 7}, {"DepthToSpace", 7}, {"SpaceToDepth", 7}, {"Reshape", 7},
     {"Flatten", 7}, {"Shape", 7}, {"Size", 7},
     // Generators and small ops (TopK's K has been an input since opset 10; ArgMax's
     // select_last_index, 12, defaults to the older meaning).
     {"ConstantOfShape", 9}, {"EyeLike", 9}, {"Range", kMinOpset}, {"TopK", 10},
-    {"Trilu", 14}, {"CumSum", kMinOpset}, {"OneHot", 9}, {"NonZero", 9},
+    {"Trilu", 14}, {"CumSum", kMinOpset}, {"CumProd", 26}, {"OneHot", 9}, {"NonZero", 9},
     {"ArgMax", 7}, {"ArgMin", 7},
     // Attention (ops/attention_params.h has the semantics).
     {"Attention", 23},
     // Detection: NonMaxSuppression's opset 11 only clarified opset 10's text.
     {"NonMaxSuppression", 10},
+    // Losses: opsets 13 and 22 added types only.
+    {"NegativeLogLikelihoodLoss", 12}, {"SoftmaxCrossEntropyLoss", 12},
 };
 
 }  // namespace

@@ -49,6 +49,7 @@ void import_softmax(ImportContext& ctx) {
 KILN_REGISTER_IMPORTERS(normalization) {
   registry.add({"Softmax", kOldestOpset, import_softmax});
   registry.add({"LogSoftmax", kOldestOpset, import_softmax});
+  registry.add({"Hardmax", kOldestOpset, import_softmax});
 }
 
 }  // namespace kiln::onnx_import

@@ -1,5 +1,5 @@
 // Schemas of broadcasting elementwise ops: binary arithmetic, comparisons, logic, BitShift,
-// PRelu, the variadic Max/Min/Sum/Mean, and Where.
+// the bitwise ops (and BitwiseNot), PRelu, the variadic Max/Min/Sum/Mean, and Where.
 //
 // Add/Sub/Mul/Div also propagate symbolic values, so a shape computed by a legacy export
 // (Shape -> Gather -> Div -> Mul -> Concat -> Reshape) stays known at build time.
@@ -14,6 +14,7 @@ namespace {
 const char* const kArithmetic[] = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "BitShift", "PRelu"};
 const char* const kComparison[] = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual"};
 const char* const kLogic[] = {"And", "Or", "Xor"};
+const char* const kBitwise[] = {"BitwiseAnd", "BitwiseOr", "BitwiseXor"};
 const char* const kVariadic[] = {"Max", "Min", "Sum", "Mean"};
 
 // Broadcast shape of inputs [first, last); nullopt when some rank is unknown.
@@ -103,6 +104,15 @@ void infer_arithmetic(InferContext& ctx) {
   propagate_symbolic(ctx);
 }
 
+// BitwiseAnd/Or/Xor (two inputs of one integer type, broadcast) and BitwiseNot.
+void infer_bitwise(InferContext& ctx) {
+  const DType a = ctx.dtype(0);
+  if (!is_integer(a)) ctx.fail("bitwise ops take integers, not " + to_string(a));
+  if (ctx.num_inputs() > 1 && ctx.dtype(1) != a)
+    ctx.fail("input types differ: " + to_string(a) + " and " + to_string(ctx.dtype(1)));
+  ctx.set_output(0, a, ctx.num_inputs() > 1 ? broadcast_inputs(ctx, 0, 2) : ctx.type(0).shape);
+}
+
 void infer_comparison(InferContext& ctx) {
   if (ctx.dtype(0) != ctx.dtype(1))
     ctx.fail("input types differ: " + to_string(ctx.dtype(0)) + " and " + to_string(ctx.dtype(1)));
@@ -152,6 +162,15 @@ KILN_REGISTER_OPS(binary) {
     s.flops = output_numel;
     registry.add(std::move(s));
   }
+  for (const char* op : kBitwise) {
+    OpSchema s;
+    s.op = op;
+    s.min_inputs = s.max_inputs = 2;
+    s.infer = infer_bitwise;
+    s.flops = output_numel;
+    registry.add(std::move(s));
+  }
+  registry.add({"BitwiseNot", "", 1, 1, 1, 1, infer_bitwise, output_numel, ""});
   for (const char* op : kLogic) {
     OpSchema s;
     s.op = op;

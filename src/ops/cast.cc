@@ -1,4 +1,4 @@
-// Schemas of Cast, CastLike, Clip and Dropout: ops whose output has the input's shape.
+// Schemas of Cast, CastLike, BitCast, Clip and Dropout: ops whose output has the input's shape.
 #include "ir/op_schema.h"
 
 namespace kiln::ir {
@@ -20,6 +20,19 @@ void infer_cast(InferContext& ctx) {
   // Shape arithmetic often casts between int32 and int64: keep its known elements.
   if (is_integer(to) && is_integer(ctx.dtype(0)) && ctx.input_symbolic.size() && ctx.input_symbolic[0])
     ctx.set_symbolic(0, *ctx.input_symbolic[0]);
+}
+
+// BitCast: the same bits read as type `to`, which must have the input type's width.
+void infer_bitcast(InferContext& ctx) {
+  const int64_t code = ctx.node.attrs.require_int("to");
+  if (code > INT32_MAX || code < 0 || !is_known_dtype(static_cast<int32_t>(code)))
+    ctx.unsupported("cannot reinterpret as data type " + std::to_string(code));
+  const DType to = static_cast<DType>(code), from = ctx.dtype(0);
+  if (to == DType::kString || from == DType::kString) ctx.unsupported("string tensors are not supported");
+  if (element_size(to) != element_size(from))
+    ctx.fail("BitCast needs types of one width: " + to_string(from) + " has " + std::to_string(element_size(from) * 8) +
+             " bits, " + to_string(to) + " " + std::to_string(element_size(to) * 8));
+  ctx.set_output(0, to, ctx.type(0).shape);
 }
 
 void infer_clip(InferContext& ctx) {
@@ -60,6 +73,7 @@ KILN_REGISTER_OPS(cast) {
     s.limits = "no string types; of the float8 types, float8e4m3fn only";
     registry.add(std::move(s));
   }
+  registry.add({"BitCast", "", 1, 1, 1, 1, infer_bitcast, nullptr, "types of one width only (as ONNX asks)"});
   {
     OpSchema s;
     s.op = "Clip";

@@ -1,4 +1,4 @@
-// Schemas of Gather, GatherElements, GatherND, ScatterElements and ScatterND. Gather with constant
+// Schemas of Gather, GatherElements, GatherND, Compress, ScatterElements and ScatterND. Gather with constant
 // indices on a 1-D shape value picks its symbolic elements (Shape -> Gather(0) gives N).
 #include "ops/shape_dims.h"
 
@@ -120,12 +120,56 @@ void infer_scatter_nd(InferContext& ctx) {
   ctx.set_output(0, ctx.dtype(0), ctx.type(0).shape);
 }
 
+// Compress: the slices along `axis` (of the flattened input without it) whose condition is
+// true; the length is known when the condition is (always on the CPU engine, which runs the
+// schema on the actual inputs).
+void infer_compress(InferContext& ctx) {
+  if (ctx.dtype(1) != DType::kBool) ctx.fail("the condition must be bool");
+  if (ctx.shape_known(1) && ctx.shape(1).size() != 1) ctx.fail("the condition must have rank 1");
+  const bool has_axis = ctx.node.attrs.has("axis");
+  if (!ctx.shape_known(0)) {
+    ctx.set_output(0, ctx.dtype(0), std::nullopt);
+    return;
+  }
+  Dims dims = ctx.shape(0);
+  Dim along = Dim::unknown();
+  size_t axis = 0;
+  if (has_axis) {
+    axis = static_cast<size_t>(normalize_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(dims.size())));
+    along = dims[axis];
+  } else {
+    int64_t n = 1;
+    for (const Dim& d : dims) {
+      if (!d.known()) { n = -1; break; }
+      n = d.value == 0 || n == 0 ? 0 : (n > INT64_MAX / d.value ? -1 : n * d.value);
+      if (n < 0) break;
+    }
+    if (n >= 0) along = Dim(n);
+  }
+  Dim count = Dim::unknown();
+  if (const Tensor* c = ctx.value(1)) {
+    int64_t taken = 0;
+    for (int64_t i = 0; i < c->numel(); ++i) {
+      if (c->value_as_int(i) == 0) continue;
+      if (along.known() && i >= along.value)
+        ctx.fail("the condition selects index " + std::to_string(i) + " of an axis of " + std::to_string(along.value));
+      ++taken;
+    }
+    count = Dim(taken);
+  }
+  if (has_axis) dims[axis] = count;
+  else dims = Dims{count};
+  ctx.set_output(0, ctx.dtype(0), dims);
+}
+
 }  // namespace
 
 KILN_REGISTER_OPS(gather) {
   registry.add({"Gather", "", 2, 2, 1, 1, infer_gather, nullptr, ""});
   registry.add({"GatherElements", "", 2, 2, 1, 1, infer_gather_elements, nullptr, ""});
   registry.add({"GatherND", "", 2, 2, 1, 1, infer_gather_nd, nullptr, ""});
+  registry.add({"Compress", "", 2, 2, 1, 1, infer_compress, nullptr,
+                "output length depends on the data: unknown when building, known when run"});
   registry.add({"ScatterElements", "", 3, 3, 1, 1, infer_scatter_elements, nullptr, ""});
   registry.add({"ScatterND", "", 3, 3, 1, 1, infer_scatter_nd, nullptr, ""});
 }

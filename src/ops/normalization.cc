@@ -1,5 +1,5 @@
-// Schemas of Softmax, LogSoftmax, LayerNormalization, RMSNormalization, InstanceNormalization and
-// LpNormalization. Softmax here has opset 13's per-axis meaning; the importer rewrites the
+// Schemas of Softmax, LogSoftmax, Hardmax, LayerNormalization, RMSNormalization, InstanceNormalization and
+// LpNormalization. Softmax (and Hardmax) here has opset 13's per-axis meaning; the importer rewrites the
 // older "flatten to 2-D at axis" form.
 #include "ir/op_schema.h"
 
@@ -89,7 +89,7 @@ int64_t elementwise_flops(const FlopsContext& c, int64_t per_element) {
 }  // namespace
 
 KILN_REGISTER_OPS(normalization) {
-  for (const char* op : {"Softmax", "LogSoftmax", "LpNormalization"}) {
+  for (const char* op : {"Softmax", "LogSoftmax", "Hardmax", "LpNormalization"}) {
     OpSchema s;
     s.op = op;
     s.infer = infer_softmax;

@@ -1,4 +1,4 @@
-// Schemas of TopK and of small ops without a family: Trilu, CumSum, OneHot, NonZero.
+// Schemas of TopK and of small ops without a family: Trilu, CumSum, CumProd, OneHot, NonZero.
 // NonZero's length depends on the data: unknown at build time, computed at run time.
 #include "ops/shape_dims.h"
 
@@ -93,6 +93,7 @@ KILN_REGISTER_OPS(topk) {
   registry.add({"TopK", "", 2, 2, 2, 2, infer_topk, nullptr, ""});
   registry.add({"Trilu", "", 1, 2, 1, 1, infer_trilu, nullptr, ""});
   registry.add({"CumSum", "", 2, 2, 1, 1, infer_cumsum, nullptr, ""});
+  registry.add({"CumProd", "", 2, 2, 1, 1, infer_cumsum, nullptr, ""});
   registry.add({"OneHot", "", 3, 3, 1, 1, infer_one_hot, nullptr, ""});
   registry.add({"NonZero", "", 1, 1, 1, 1, infer_non_zero, nullptr,
                 "output length depends on the data: unknown when building, known when run"});

@@ -1,0 +1,105 @@
+// The losses, Compress, BitCast and BitShift of signed integers on the CPU engine: a value each
+// (their ONNX node cases check the rest, in the conformance tests), and each bad input as an
+// error naming the node.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "cpu/engine.h"
+#include "graph_builder.h"
+
+namespace kiln {
+namespace {
+
+using testing::GraphBuilder;
+
+std::map<std::string, Tensor> run_one(GraphBuilder& b, const std::map<std::string, Tensor>& inputs) {
+  cpu::CpuEngine engine(b.build());
+  return engine.run(inputs);
+}
+
+TEST(Losses, SoftmaxCrossEntropyMeanMatchesItsDefinition) {
+  GraphBuilder b;
+  b.input("scores", {2, 3});
+  b.input("labels", {2}, DType::kInt64);
+  b.node("SoftmaxCrossEntropyLoss", {"scores", "labels"}, "loss");
+  b.output("loss");
+  Tensor scores = Tensor::from_vector<float>({2, 3}, {1.f, 2.f, 3.f, 0.5f, 0.5f, -1.f});
+  Tensor labels = Tensor::from_vector<int64_t>({2}, {2, 0});
+  const float got = run_one(b, {{"scores", scores}, {"labels", labels}}).at("loss").data<float>()[0];
+  auto nll = [](double a, double b2, double c, double pick) { return -(pick - std::log(std::exp(a) + std::exp(b2) + std::exp(c))); };
+  const double want = (nll(1, 2, 3, 3) + nll(0.5, 0.5, -1, 0.5)) / 2;
+  EXPECT_NEAR(got, want, 1e-6);
+}
+
+TEST(Losses, ATargetOutsideTheClassesIsAnErrorNamingTheNode) {
+  GraphBuilder b;
+  b.input("x", {2, 3});
+  b.input("t", {2}, DType::kInt64);
+  b.node("NegativeLogLikelihoodLoss", {"x", "t"}, "loss", {{"reduction", std::string("sum")}});
+  b.output("loss");
+  try {
+    run_one(b, {{"x", Tensor(DType::kFloat32, {2, 3})}, {"t", Tensor::from_vector<int64_t>({2}, {0, 7})}});
+    FAIL() << "a target of 7 among 3 classes was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.node_name(), "loss_node");
+    EXPECT_NE(std::string(e.what()).find("target 7"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Losses, AnUnknownReductionIsRefused) {
+  GraphBuilder b;
+  b.input("x", {2, 3});
+  b.input("t", {2}, DType::kInt64);
+  b.node("NegativeLogLikelihoodLoss", {"x", "t"}, "loss", {{"reduction", std::string("median")}});
+  b.output("loss");
+  EXPECT_THROW(b.build(), Error);
+}
+
+TEST(Compress, TakesTheSlicesItsConditionSelects) {
+  GraphBuilder b;
+  b.input("x", {3, 2});
+  b.input("c", {3}, DType::kBool);
+  b.node("Compress", {"x", "c"}, "y", {{"axis", int64_t{0}}});
+  b.output("y");
+  Tensor c = Tensor::from_vector<bool>({3}, {true, false, true});
+  const Tensor y = run_one(b, {{"x", Tensor::from_vector<float>({3, 2}, {1, 2, 3, 4, 5, 6})}, {"c", c}}).at("y");
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{2, 2}));
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(y.value_as_double(i), (std::vector<double>{1, 2, 5, 6})[static_cast<size_t>(i)]);
+}
+
+TEST(Compress, AConditionSelectingPastTheAxisIsAnError) {
+  GraphBuilder b;
+  b.input("x", {2, 2});
+  b.input("c", {3}, DType::kBool);
+  b.node("Compress", {"x", "c"}, "y", {{"axis", int64_t{0}}});
+  b.output("y");
+  Tensor c = Tensor::from_vector<bool>({3}, {false, false, true});
+  EXPECT_THROW(run_one(b, {{"x", Tensor(DType::kFloat32, {2, 2})}, {"c", c}}), Error);
+}
+
+TEST(BitCast, TypesOfDifferentWidthsAreRefused) {
+  GraphBuilder b;
+  b.input("x", {4});
+  b.node("BitCast", {"x"}, "y", {{"to", int64_t{static_cast<int64_t>(DType::kInt64)}}});
+  b.output("y");
+  EXPECT_THROW(b.build(), Error);
+}
+
+TEST(BitShift, SignedIntegersFollowOnnxsReference) {
+  GraphBuilder b;
+  b.input("x", {4}, DType::kInt8);
+  b.input("s", {4}, DType::kInt8);
+  b.node("BitShift", {"x", "s"}, "y", {{"direction", std::string("RIGHT")}});
+  b.output("y");
+  const Tensor y = run_one(b, {{"x", Tensor::from_vector<int8_t>({4}, {-128, -7, 64, 5})},
+                               {"s", Tensor::from_vector<int8_t>({4}, {1, 9, -1, 1})}}).at("y");
+  // Arithmetic right shift; a shift past the width gives -1 for a negative value; a negative
+  // shift gives 0.
+  const std::vector<int64_t> want{-64, -1, 0, 2};
+  EXPECT_EQ(y.to_int_vector(), want);
+}
+
+}  // namespace
+}  // namespace kiln
