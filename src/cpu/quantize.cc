@@ -1,5 +1,6 @@
-// CPU kernels of QuantizeLinear and DequantizeLinear (see ops/quantize.h): the reference
+// CPU kernels of QuantizeLinear, DequantizeLinear (see ops/quantize.h) and DynamicQuantizeLinear: the reference
 // arithmetic, in float32 with round-half-to-even, per tensor or per channel.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -107,6 +108,28 @@ const Tensor* zero_point_input(const std::vector<const Tensor*>& in) { return in
 }  // namespace
 
 KILN_REGISTER_CPU_KERNELS(quantize) {
+  {
+    // DynamicQuantizeLinear as ONNX's reference computes it, in float32.
+    KernelEntry e;
+    e.op = "DynamicQuantizeLinear";
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32 -> uint8";
+    e.create = [](const KernelInit&) {
+      return make_kernel([](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        const float* x = in[0]->data<float>();
+        const int64_t n = in[0]->numel();
+        float hi = 0.f, lo = 0.f;
+        for (int64_t i = 0; i < n; ++i) hi = std::max(hi, x[i]), lo = std::min(lo, x[i]);
+        const float scale = (hi == lo ? 1.f : hi - lo) / 255.f;
+        const float zero = std::nearbyint(std::min(255.f, std::max(0.f, 0.f - lo / scale)));
+        uint8_t* y = out[0].data<uint8_t>();
+        for (int64_t i = 0; i < n; ++i) y[i] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, std::nearbyint(x[i] / scale) + zero)));
+        out[1].data<float>()[0] = scale;
+        out[2].data<uint8_t>()[0] = static_cast<uint8_t>(zero);
+      });
+    };
+    registry.add(std::move(e));
+  }
   {
     KernelEntry e;
     e.op = "QuantizeLinear";

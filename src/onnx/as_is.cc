@@ -39,6 +39,8 @@ constexpr AsIs kAsIs[] = {
     // QuantizeLinear and DequantizeLinear: opset 10's forms are per tensor; 13 added `axis`, 21
     // `block_size` and `output_dtype`, with defaults that keep the older meaning.
     {"QuantizeLinear", 10}, {"DequantizeLinear", 10},
+    // The integer products and dynamic quantization of ONNX Runtime's quantized models.
+    {"MatMulInteger", 10}, {"QLinearMatMul", 10}, {"DynamicQuantizeLinear", 11},
     // Data movement: later opsets added negative axes, DepthToSpace's mode (11) and Reshape's
     // allowzero (14), with defaults that keep the older meaning. Resize's opset 11 form is the
     // IR's (Upsample, removed in opset 10, has no importer); Pad, Slice and Clip, whose
@@ -46,6 +48,7 @@ constexpr AsIs kAsIs[] = {
     {"Concat", 7}, {"Expand", 8}, {"Tile", 7}, {"Gather", 7},
     {"GatherElements", kMinOpset}, {"GatherND", kMinOpset}, {"ScatterElements", kMinOpset},
     {"ScatterND", kMinOpset}, {"Resize", kMinOpset}, {"Compress", kMinOpset},
+    {"ReverseSequence", 10}, {"CenterCropPad", 18}, {"Unique", kMinOpset},
     {"Transpose", 7}, {"DepthToSpace", 7}, {"SpaceToDepth", 7}, {"Reshape", 7},
     {"Flatten", 7}, {"Shape", 7}, {"Size", 7},
     // Generators and small ops (TopK's K has been an input since opset 10; ArgMax's
@@ -53,10 +56,16 @@ constexpr AsIs kAsIs[] = {
     {"ConstantOfShape", 9}, {"EyeLike", 9}, {"Range", kMinOpset}, {"TopK", 10},
     {"Trilu", 14}, {"CumSum", kMinOpset}, {"CumProd", 26}, {"OneHot", 9}, {"NonZero", 9},
     {"ArgMax", 7}, {"ArgMin", 7},
-    // Attention (ops/attention_params.h has the semantics).
-    {"Attention", 23},
+    // Attention (ops/attention_params.h has the semantics) and rotary position embeddings.
+    {"Attention", 23}, {"RotaryEmbedding", 23},
     // Detection: NonMaxSuppression's opset 11 only clarified opset 10's text.
     {"NonMaxSuppression", 10},
+    // Linear algebra.
+    {"Det", 11},
+    // Window functions (signal processing).
+    {"HannWindow", 17}, {"HammingWindow", 17}, {"BlackmanWindow", 17},
+    // Einsum: later opsets added types only.
+    {"Einsum", 12},
     // Losses: opsets 13 and 22 added types only.
     {"NegativeLogLikelihoodLoss", 12}, {"SoftmaxCrossEntropyLoss", 12},
 };

@@ -1,4 +1,4 @@
-// Schemas of QuantizeLinear and DequantizeLinear (see quantize.h).
+// Schemas of QuantizeLinear, DequantizeLinear (see quantize.h) and DynamicQuantizeLinear.
 #include "ops/quantize.h"
 
 #include <algorithm>
@@ -85,6 +85,15 @@ void infer_dequantize(InferContext& ctx) {
 
 int64_t elementwise_flops(const FlopsContext& c) { return 2 * FlopsContext::numel(c.output_types[0]); }
 
+// DynamicQuantizeLinear: x float32 -> y uint8 (x's shape), its scale (float32) and zero point
+// (uint8), both scalars, from x's range widened to include 0.
+void infer_dynamic_quantize(InferContext& ctx) {
+  if (ctx.dtype(0) != DType::kFloat32) ctx.fail("x must be float32");
+  ctx.set_output(0, DType::kUInt8, ctx.type(0).shape);
+  ctx.set_output(1, DType::kFloat32, Dims{});
+  ctx.set_output(2, DType::kUInt8, Dims{});
+}
+
 }  // namespace
 
 KILN_REGISTER_OPS(quantize) {
@@ -98,6 +107,7 @@ KILN_REGISTER_OPS(quantize) {
     s.limits = "float32 data and scales; int8, uint8, int16, uint16, float8e4m3fn (and int32 for Dequantize); no block_size";
     registry.add(std::move(s));
   }
+  registry.add({"DynamicQuantizeLinear", "", 1, 1, 3, 3, infer_dynamic_quantize, elementwise_flops, ""});
 }
 
 namespace {

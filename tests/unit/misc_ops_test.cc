@@ -8,6 +8,7 @@
 
 #include "cpu/engine.h"
 #include "graph_builder.h"
+#include "ops/einsum_params.h"
 
 namespace kiln {
 namespace {
@@ -99,6 +100,39 @@ TEST(BitShift, SignedIntegersFollowOnnxsReference) {
   // shift gives 0.
   const std::vector<int64_t> want{-64, -1, 0, 2};
   EXPECT_EQ(y.to_int_vector(), want);
+}
+
+TEST(Einsum, ParsesImplicitOutputsEllipsesAndRepeatedLabels) {
+  ops::EinsumEquation eq;
+  ASSERT_EQ(ops::parse_einsum("kj,ji", {2, 2}, eq), "");
+  EXPECT_EQ(eq.output, (std::vector<int>{2, 0})) << "implicit: the labels seen once, alphabetically (i, k)";
+  ASSERT_EQ(ops::parse_einsum("...ij,jk->...ik", {3, 2}, eq), "");
+  EXPECT_EQ(eq.inputs[0], (std::vector<int>{3, 0, 1}));
+  EXPECT_EQ(eq.output, (std::vector<int>{3, 0, 2}));
+  ASSERT_EQ(ops::parse_einsum("...ii->...i", {4}, eq), "");
+  EXPECT_EQ(eq.inputs[0], (std::vector<int>{1, 2, 0, 0}));
+  EXPECT_NE(ops::parse_einsum("ij->k", {2}, eq), "");
+  EXPECT_NE(ops::parse_einsum("ij,jk", {2}, eq), "");
+  EXPECT_NE(ops::parse_einsum("ijk", {2}, eq), "");
+}
+
+TEST(Einsum, BroadcastsEllipsisDimsOfOne) {
+  GraphBuilder b;
+  b.input("a", {2, 1, 3});
+  b.input("b", {4, 3});
+  b.node("Einsum", {"a", "b"}, "y", {{"equation", std::string("...j,...j->...")}});
+  b.output("y");
+  Tensor a(DType::kFloat32, {2, 1, 3}), bb(DType::kFloat32, {4, 3});
+  for (int64_t i = 0; i < 6; ++i) a.data<float>()[i] = static_cast<float>(i);
+  for (int64_t i = 0; i < 12; ++i) bb.data<float>()[i] = static_cast<float>(i % 5);
+  const Tensor y = run_one(b, {{"a", a}, {"b", bb}}).at("y");
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{2, 4}));
+  for (int64_t p = 0; p < 2; ++p)
+    for (int64_t q = 0; q < 4; ++q) {
+      double want = 0;
+      for (int64_t j = 0; j < 3; ++j) want += a.data<float>()[p * 3 + j] * bb.data<float>()[q * 3 + j];
+      EXPECT_EQ(y.data<float>()[p * 4 + q], static_cast<float>(want)) << p << "," << q;
+    }
 }
 
 }  // namespace
