@@ -25,12 +25,12 @@ for arg in "$@"; do
   esac
 done
 
-# Build tools and libraries kiln links (see CMakeLists.txt; libonnx-dev gives onnx.proto);
+# Build tools and libraries kiln links (see CMakeLists.txt; onnx.proto is vendored in third_party/);
 # libstb-dev decodes images for `kiln run --input photo.jpg`; dataset-fashion-mnist gives the
 # demo real images without a download.
 DEBIAN_PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libprotobuf-dev protobuf-compiler libonnx-dev
+  libprotobuf-dev protobuf-compiler
   zlib1g-dev libopenblas-dev libfmt-dev libcli11-dev nlohmann-json3-dev libstb-dev
   dataset-fashion-mnist
   python3 python3-venv python3-dev
