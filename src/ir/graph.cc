@@ -89,6 +89,10 @@ std::vector<float> Attributes::get_floats(const std::string& name,
   const auto* v = get_typed<std::vector<float>>(map_, name, "floats");
   return v ? *v : fallback;
 }
+std::vector<std::string> Attributes::get_strings(const std::string& name, const std::vector<std::string>& fallback) const {
+  const auto* v = get_typed<std::vector<std::string>>(map_, name, "strings");
+  return v ? *v : fallback;
+}
 const Tensor* Attributes::get_tensor(const std::string& name) const {
   return get_typed<Tensor>(map_, name, "tensor");
 }

@@ -86,6 +86,7 @@ class Attributes {
   std::string get_string(const std::string& name, const std::string& fallback) const;
   std::vector<int64_t> get_ints(const std::string& name, const std::vector<int64_t>& fallback = {}) const;
   std::vector<float> get_floats(const std::string& name, const std::vector<float>& fallback = {}) const;
+  std::vector<std::string> get_strings(const std::string& name, const std::vector<std::string>& fallback = {}) const;
   const Tensor* get_tensor(const std::string& name) const;
   int64_t require_int(const std::string& name) const;
 

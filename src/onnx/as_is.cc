@@ -60,6 +60,8 @@ constexpr AsIs kAsIs[] = {
     {"Attention", 23}, {"RotaryEmbedding", 23},
     // Detection: NonMaxSuppression's opset 11 only clarified opset 10's text.
     {"NonMaxSuppression", 10},
+    // Recurrent layers: opset 14 added `layout` (default: the older meaning), 22 types.
+    {"RNN", 7}, {"GRU", 7}, {"LSTM", 7},
     // Linear algebra.
     {"Det", 11},
     // Window functions (signal processing).

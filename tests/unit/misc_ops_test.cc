@@ -137,3 +137,49 @@ TEST(Einsum, BroadcastsEllipsisDimsOfOne) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+using testing::GraphBuilder;
+
+// An LSTM over a batch whose second entry is one step shorter: that entry's Y_h is what the
+// same entry alone, over its shorter sequence, gives; its Y past its length is zero.
+TEST(Recurrent, SequenceLensMaskEachBatchEntry) {
+  auto lstm = [](int64_t seq, int64_t batch, bool with_lens) {
+    GraphBuilder b;
+    b.input("x", {seq, batch, 2});
+    b.random("w", {1, 12, 2});
+    b.random("r", {1, 12, 3});
+    b.random("bias", {1, 24});
+    std::vector<std::string> inputs = {"x", "w", "r", "bias"};
+    if (with_lens) {
+      b.input("lens", {batch}, DType::kInt32);
+      inputs.push_back("lens");
+    }
+    b.node("LSTM", inputs, "y", {{"hidden_size", int64_t{3}}});
+    b.last().outputs = {"y", "y_h"};
+    b.output("y");
+    b.output("y_h");
+    return b;
+  };
+  Tensor x(DType::kFloat32, {3, 2, 2});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+  GraphBuilder both = lstm(3, 2, true);
+  cpu::CpuEngine engine(both.build());
+  const auto out = engine.run({{"x", x}, {"lens", Tensor::from_vector<int32_t>({2}, {3, 2})}});
+  // Entry 1 alone, over its first two steps.
+  Tensor x1(DType::kFloat32, {2, 1, 2});
+  for (int64_t t = 0; t < 2; ++t)
+    for (int64_t k = 0; k < 2; ++k) x1.data<float>()[t * 2 + k] = x.data<float>()[(t * 2 + 1) * 2 + k];
+  GraphBuilder alone = lstm(2, 1, false);
+  cpu::CpuEngine single(alone.build());
+  const auto ref = single.run({{"x", x1}});
+  for (int64_t j = 0; j < 3; ++j) {
+    EXPECT_FLOAT_EQ(out.at("y_h").data<float>()[1 * 3 + j], ref.at("y_h").data<float>()[j]);
+    EXPECT_EQ(out.at("y").data<float>()[((2 * 1 + 0) * 2 + 1) * 3 + j], 0.f) << "step 2 of entry 1 is past its length";
+  }
+}
+
+}  // namespace
+}  // namespace kiln
