@@ -9,8 +9,8 @@
 #include <fstream>
 #include <random>
 
-#include "cuda/runtime/engine.h"
 #include "cuda/kernels/int8_conv.h"
+#include "cuda/runtime/engine.h"
 #include "cuda/runtime/memory_plan.h"
 #include "cuda/runtime/timing_cache.h"
 

@@ -2,8 +2,8 @@
 
 #include <cuda_fp8.h>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 
 namespace kiln::cuda {
 

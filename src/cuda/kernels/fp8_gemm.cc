@@ -4,9 +4,9 @@
 
 #include <sstream>
 
-#include "cuda/runtime/check.h"
-#include "cuda/kernels/epilogue.h"
 #include "cuda/kernels/cublaslt.h"
+#include "cuda/kernels/epilogue.h"
+#include "cuda/runtime/check.h"
 
 namespace kiln::cuda {
 

@@ -21,8 +21,8 @@
 #include <tuple>
 #include <type_traits>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/int8_epilogue.cuh"
+#include "cuda/runtime/check.h"
 
 namespace kiln::cuda {
 

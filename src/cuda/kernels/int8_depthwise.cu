@@ -3,8 +3,8 @@
 
 #include <cuda_fp16.h>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/int8_epilogue.cuh"
+#include "cuda/runtime/check.h"
 
 namespace kiln::cuda {
 

@@ -16,8 +16,8 @@
 #include <map>
 #include <mutex>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/int8_epilogue.cuh"
+#include "cuda/runtime/check.h"
 
 namespace kiln::cuda {
 

@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "cuda/kernels/attention_sdpa.h"
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/cublaslt.h"
+#include "cuda/runtime/check.h"
 #include "ir/sizes.h"
 #include "ops/attention_params.h"
 

@@ -31,8 +31,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 
 namespace kiln::cuda {
 

@@ -15,13 +15,13 @@
 #include <cstring>
 #include <sstream>
 
-#include "cuda/runtime/check.h"
+#include "cuda/kernels/common.cuh"
 #include "cuda/kernels/conv_graph.h"
 #include "cuda/kernels/depthwise.h"
-#include "cuda/kernels/common.cuh"
-#include "cuda/runtime/engine.h"
 #include "cuda/kernels/epilogue.h"
 #include "cuda/layers/gemm.h"
+#include "cuda/runtime/check.h"
+#include "cuda/runtime/engine.h"
 #include "ir/activation.h"
 #include "ops/conv_geometry.h"
 

@@ -18,8 +18,8 @@
 #include <cstring>
 #include <numeric>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
 #include "ops/slice_params.h"
 

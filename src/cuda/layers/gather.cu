@@ -16,8 +16,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 
 namespace kiln::cuda {
 

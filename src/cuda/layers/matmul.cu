@@ -12,11 +12,11 @@
 #include <cstring>
 #include <sstream>
 
+#include "cuda/kernels/cublaslt.h"
+#include "cuda/kernels/epilogue.h"
+#include "cuda/layers/gemm.h"
 #include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
-#include "cuda/kernels/epilogue.h"
-#include "cuda/kernels/cublaslt.h"
-#include "cuda/layers/gemm.h"
 #include "ir/activation.h"
 
 namespace kiln::cuda {

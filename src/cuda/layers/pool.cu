@@ -26,8 +26,8 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 #include "ops/pool.h"
 
 namespace kiln::cuda {

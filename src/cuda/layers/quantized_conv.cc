@@ -26,13 +26,13 @@
 #include <sstream>
 #include <vector>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/conv_graph.h"
-#include "cuda/runtime/engine.h"
 #include "cuda/kernels/fp8_gemm.h"
 #include "cuda/kernels/int8_conv.h"
 #include "cuda/kernels/int8_depthwise.h"
 #include "cuda/kernels/int8_stem.h"
+#include "cuda/runtime/check.h"
+#include "cuda/runtime/engine.h"
 #include "ir/activation.h"
 #include "ops/conv_geometry.h"
 

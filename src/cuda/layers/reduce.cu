@@ -27,8 +27,8 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 #include "ops/reduce.h"
 
 namespace kiln::cuda {

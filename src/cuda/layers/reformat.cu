@@ -5,8 +5,8 @@
 
 #include <cstring>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
 
 namespace kiln::cuda {

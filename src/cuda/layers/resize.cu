@@ -14,8 +14,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
 #include "ops/resize_params.h"
 #include "ops/resize_taps.h"

@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 
 namespace kiln::cuda {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <type_traits>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 
 namespace kiln::cuda {
 

@@ -16,8 +16,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/runtime/check.h"
 #include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
 #include "ir/unary_ops.h"
 
 namespace kiln::cuda {

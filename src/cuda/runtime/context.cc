@@ -7,8 +7,8 @@
 #include <cstring>
 
 #include "cuda/runtime/check.h"
-#include "cuda/runtime/graph_timing.h"
 #include "cuda/runtime/engine.h"
+#include "cuda/runtime/graph_timing.h"
 #include "ir/sizes.h"
 
 namespace kiln::cuda {
