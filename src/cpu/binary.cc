@@ -382,6 +382,21 @@ KILN_REGISTER_CPU_KERNELS(binary) {
   }
   {
     KernelEntry e;
+    e.op = "SwiGLU";
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) {
+      const float alpha = init.node.attrs.get_float("alpha", 1.f);
+      return make_kernel([alpha](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        if (in[0]->shape() != in[1]->shape()) throw Error(ErrorKind::kInvalidArgument, "SwiGLU's A and B must have one shape");
+        binary_loop<float, float, float>(*in[0], *in[1], out[0],
+                                         [alpha](float a, float b) { return a * (1.f / (1.f + std::exp(-alpha * a))) * b; });
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
     e.op = "BitwiseNot";
     e.check = accept_dtypes(kIntegers);
     e.dtypes = "int8..int64, uint8..uint64";

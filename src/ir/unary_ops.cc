@@ -11,6 +11,7 @@ UnaryOp float_unary_op_of(const Node& node, UnaryParams& p) {
   switch (op) {
     case UnaryOp::kElu: case UnaryOp::kCelu: case UnaryOp::kThresholdedRelu: p.alpha = a.get_float("alpha", 1.f); break;
     case UnaryOp::kLeakyRelu: p.alpha = a.get_float("alpha", 0.01f); break;
+    case UnaryOp::kSwish: p.alpha = a.get_float("alpha", 1.f); break;
     case UnaryOp::kSelu:
       p.alpha = a.get_float("alpha", 1.67326319217681884765625f);
       p.beta = a.get_float("gamma", 1.05070102214813232421875f);

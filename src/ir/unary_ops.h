@@ -18,7 +18,7 @@ enum class UnaryOp : uint8_t {
   kRelu, kSigmoid, kTanh, kExp, kLog, kSqrt, kReciprocal, kErf, kAbs, kNeg, kFloor, kCeil, kRound,
   kSin, kCos, kTan, kAsin, kAcos, kAtan, kSinh, kCosh, kAsinh, kAcosh, kAtanh, kSign, kSoftsign,
   kSoftplus, kMish, kElu, kCelu, kLeakyRelu, kThresholdedRelu, kSelu, kHardSigmoid, kHardSwish,
-  kGelu,
+  kGelu, kSwish,
   kGeluTanh,  // Gelu with approximate="tanh" (not a name of its own)
   // The others: Identity (any type), Not (bool), IsNaN and IsInf (float to bool).
   kIdentity, kNot, kIsNaN, kIsInf,
@@ -47,7 +47,7 @@ inline constexpr UnaryOpInfo kUnaryOps[] = {
     {"Mish", 18, UnaryOp::kMish},        {"Elu", 7, UnaryOp::kElu},             {"Celu", 12, UnaryOp::kCelu},
     {"LeakyRelu", 7, UnaryOp::kLeakyRelu}, {"ThresholdedRelu", 10, UnaryOp::kThresholdedRelu},
     {"Selu", 7, UnaryOp::kSelu},         {"HardSigmoid", 7, UnaryOp::kHardSigmoid},
-    {"HardSwish", 14, UnaryOp::kHardSwish}, {"Gelu", 20, UnaryOp::kGelu},
+    {"HardSwish", 14, UnaryOp::kHardSwish}, {"Gelu", 20, UnaryOp::kGelu},  {"Swish", 24, UnaryOp::kSwish},
     {"Identity", 7, UnaryOp::kIdentity}, {"Not", 7, UnaryOp::kNot},             {"IsNaN", 9, UnaryOp::kIsNaN},
     {"IsInf", 10, UnaryOp::kIsInf},
 };
@@ -63,7 +63,7 @@ constexpr bool has_float_math(UnaryOp op) { return op <= UnaryOp::kGeluTanh; }
 constexpr bool takes_signed_integers(UnaryOp op) { return op == UnaryOp::kAbs || op == UnaryOp::kNeg || op == UnaryOp::kSign; }
 
 // The attributes an op's math reads (Selu: alpha, and gamma as beta; HardSigmoid: alpha, beta;
-// Elu, Celu, LeakyRelu, ThresholdedRelu: alpha).
+// Elu, Celu, LeakyRelu, ThresholdedRelu, Swish: alpha).
 struct UnaryParams {
   float alpha = 0.f, beta = 0.f;
 };
@@ -121,6 +121,7 @@ KILN_HOST_DEVICE float unary_float(float x, UnaryParams p) {
   }
   else if constexpr (kOp == UnaryOp::kHardSwish) return x * std_max(0.f, std_min(1.f, x / 6.f + 0.5f));
   else if constexpr (kOp == UnaryOp::kGelu) return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
+  else if constexpr (kOp == UnaryOp::kSwish) return x * (1.f / (1.f + expf(-alpha * x)));
   else if constexpr (kOp == UnaryOp::kGeluTanh) return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
   else static_assert(kOp == UnaryOp::kRelu, "no float math for this op");
 }
@@ -141,7 +142,7 @@ decltype(auto) with_float_unary_op(UnaryOp op, F&& f) {
     KILN_UNARY_CASE(kSign) KILN_UNARY_CASE(kSoftsign) KILN_UNARY_CASE(kSoftplus) KILN_UNARY_CASE(kMish)
     KILN_UNARY_CASE(kElu) KILN_UNARY_CASE(kCelu) KILN_UNARY_CASE(kLeakyRelu) KILN_UNARY_CASE(kThresholdedRelu)
     KILN_UNARY_CASE(kSelu) KILN_UNARY_CASE(kHardSigmoid) KILN_UNARY_CASE(kHardSwish) KILN_UNARY_CASE(kGelu)
-    KILN_UNARY_CASE(kGeluTanh)
+    KILN_UNARY_CASE(kSwish) KILN_UNARY_CASE(kGeluTanh)
 #undef KILN_UNARY_CASE
     default: break;
   }

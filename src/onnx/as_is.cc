@@ -21,7 +21,7 @@ constexpr AsIs kAsIs[] = {
     {"Add", 7}, {"Sub", 7}, {"Mul", 7}, {"Div", 7}, {"Pow", 7}, {"PRelu", 7}, {"Equal", 7}, {"Less", 7},
     {"Greater", 7}, {"And", 7}, {"Or", 7}, {"Xor", 7}, {"Max", 8}, {"Min", 8}, {"Sum", 8}, {"Mean", 8},
     {"Where", 9}, {"Mod", 10}, {"BitShift", 11}, {"LessOrEqual", 12}, {"GreaterOrEqual", 12},
-    {"BitwiseAnd", 18}, {"BitwiseOr", 18}, {"BitwiseXor", 18}, {"BitwiseNot", 18},
+    {"BitwiseAnd", 18}, {"BitwiseOr", 18}, {"BitwiseXor", 18}, {"BitwiseNot", 18}, {"SwiGLU", 28},
     // (The elementwise unary ops come from their table, src/ir/unary_ops.h.)
     // Cast (the `to` attribute has been an int since opset 6).
     {"Cast", 7}, {"CastLike", 15}, {"BitCast", 26},

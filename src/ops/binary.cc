@@ -104,6 +104,18 @@ void infer_arithmetic(InferContext& ctx) {
   propagate_symbolic(ctx);
 }
 
+// SwiGLU: A * sigmoid(alpha * A) * B, for A and B of one shape (no broadcasting, as ONNX asks).
+void infer_swiglu(InferContext& ctx) {
+  if (ctx.dtype(1) != ctx.dtype(0)) ctx.fail("A and B must have one type");
+  if (ctx.shape_known(0) && ctx.shape_known(1)) {
+    const Dims &a = ctx.shape(0), &b = ctx.shape(1);
+    bool same = a.size() == b.size();
+    for (size_t i = 0; same && i < a.size(); ++i) same = !(a[i].known() && b[i].known() && a[i].value != b[i].value);
+    if (!same) ctx.fail("A " + dims_to_string(a) + " and B " + dims_to_string(b) + " must have one shape");
+  }
+  ctx.set_output(0, ctx.dtype(0), ctx.type(0).shape);
+}
+
 // BitwiseAnd/Or/Xor (two inputs of one integer type, broadcast) and BitwiseNot.
 void infer_bitwise(InferContext& ctx) {
   const DType a = ctx.dtype(0);
@@ -171,6 +183,7 @@ KILN_REGISTER_OPS(binary) {
     registry.add(std::move(s));
   }
   registry.add({"BitwiseNot", "", 1, 1, 1, 1, infer_bitwise, output_numel, ""});
+  registry.add({"SwiGLU", "", 2, 2, 1, 1, infer_swiglu, output_numel, ""});
   for (const char* op : kLogic) {
     OpSchema s;
     s.op = op;
