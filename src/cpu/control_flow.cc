@@ -1,4 +1,4 @@
-// CPU kernels of If and Loop (kiln's form: src/ops/control_flow.cc). Each subgraph, a
+// CPU kernels of If, Loop and Scan (kiln's form: src/ops/control_flow.cc). Each subgraph, a
 // self-contained ONNX model, is imported and built into a CPU engine of its own when the kernel
 // is made, its inputs typed from the node's inputs here; a run runs it on the node's inputs and
 // hands on its outputs, whose shapes only that run decides (KernelEntry::makes_outputs).
@@ -185,6 +185,125 @@ class LoopKernel : public Kernel {
   size_t carried_ = 0;
 };
 
+// Scan: the body runs once per slice of the scanned inputs (along each one's axis, forward or
+// reversed), the states carried from one run to the next; each scan output stacks the runs'
+// elements along its axis (reversed where its direction says).
+class ScanKernel : public Kernel {
+ public:
+  explicit ScanKernel(const KernelInit& init) : node_(init.node), declared_(declared_outputs(init)) {
+    states_ = static_cast<size_t>(node_.attrs.get_int("states", 0));
+    scanned_ = static_cast<size_t>(node_.attrs.get_int("num_scan_inputs", 0));
+    input_axes_ = node_.attrs.get_ints("scan_input_axes", std::vector<int64_t>(scanned_, 0));
+    input_reverse_ = node_.attrs.get_ints("scan_input_directions", std::vector<int64_t>(scanned_, 0));
+    const size_t outputs = declared_.size() - states_;
+    output_axes_ = node_.attrs.get_ints("scan_output_axes", std::vector<int64_t>(outputs, 0));
+    output_reverse_ = node_.attrs.get_ints("scan_output_directions", std::vector<int64_t>(outputs, 0));
+    if (input_axes_.size() != scanned_ || input_reverse_.size() != scanned_ || output_axes_.size() != outputs ||
+        output_reverse_.size() != outputs)
+      throw node_.error(ErrorKind::kInvalidModel, "its scan axes and directions must give one value per scanned input and scan output");
+    std::vector<ir::TensorType> types;
+    for (size_t i = 0; i < init.input_types.size(); ++i) {
+      ir::TensorType t = input_type(node_, init, i, i < states_);
+      if (i >= states_ && i < states_ + scanned_) {
+        // The body sees one slice: the scanned axis removed.
+        const int64_t rank = static_cast<int64_t>(t.shape->size());
+        int64_t& axis = input_axes_[i - states_];
+        if (axis < -rank || axis >= rank) throw node_.error(ErrorKind::kInvalidModel, "a scan input axis is out of range");
+        if (axis < 0) axis += rank;
+        t.shape->erase(t.shape->begin() + axis);
+      }
+      types.push_back(t);
+    }
+    body_ = build_subgraph(init, "body_model", types);
+    if (body_.outputs.size() != declared_.size())
+      throw node_.error(ErrorKind::kInvalidModel, "its body gives " + std::to_string(body_.outputs.size()) + " outputs; the node has " +
+                                                      std::to_string(declared_.size()));
+  }
+
+  void run(const std::vector<const Tensor*>& inputs, std::vector<Tensor>& outputs) override {
+    std::vector<Tensor> feed(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) feed[i] = *inputs[i];
+    int64_t length = -1;
+    for (size_t j = 0; j < scanned_; ++j) {
+      const int64_t n = inputs[states_ + j]->dim(static_cast<int>(input_axes_[j]));
+      if (length >= 0 && n != length)
+        throw node_.error(ErrorKind::kInvalidArgument, "its scanned inputs have different lengths (" + std::to_string(length) + ", " +
+                                                           std::to_string(n) + ")");
+      length = n;
+    }
+    if (length > kMaxLoopIterations) throw node_.error(ErrorKind::kUnsupported, "scans more than " + std::to_string(kMaxLoopIterations) + " slices");
+    const size_t outputs_scanned = declared_.size() - states_;
+    std::vector<std::vector<Tensor>> elements(outputs_scanned);
+    for (int64_t t = 0; t < length; ++t) {
+      for (size_t j = 0; j < scanned_; ++j)
+        feed[states_ + j] = slice(*inputs[states_ + j], input_axes_[j], input_reverse_[j] ? length - 1 - t : t);
+      std::map<std::string, Tensor> result = body_.run(feed);
+      for (size_t k = 0; k < states_; ++k) feed[k] = std::move(result.at(body_.outputs[k]));
+      for (size_t k = 0; k < outputs_scanned; ++k) elements[k].push_back(std::move(result.at(body_.outputs[states_ + k])));
+    }
+    for (size_t k = 0; k < states_; ++k) {
+      outputs[k] = feed[k];
+      check_dtype(node_, declared_, k, outputs[k]);
+    }
+    for (size_t k = 0; k < outputs_scanned; ++k) outputs[states_ + k] = stack(elements[k], states_ + k, output_axes_[k], output_reverse_[k] != 0);
+  }
+
+ private:
+  // Slice `index` of x along `axis`, the axis removed.
+  static Tensor slice(const Tensor& x, int64_t axis, int64_t index) {
+    std::vector<int64_t> shape = x.shape();
+    const int64_t n = shape[static_cast<size_t>(axis)];
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < axis; ++d) outer *= shape[static_cast<size_t>(d)];
+    for (size_t d = static_cast<size_t>(axis) + 1; d < shape.size(); ++d) inner *= shape[d];
+    shape.erase(shape.begin() + axis);
+    Tensor out(x.dtype(), shape);
+    const size_t row = static_cast<size_t>(inner) * element_size(x.dtype());
+    const auto* src = static_cast<const unsigned char*>(x.raw());
+    auto* dst = static_cast<unsigned char*>(out.raw());
+    for (int64_t o = 0; o < outer; ++o) std::memcpy(dst + static_cast<size_t>(o) * row, src + static_cast<size_t>(o * n + index) * row, row);
+    return out;
+  }
+
+  // The elements stacked along `axis` (of the stacked rank; negative counts from the end).
+  Tensor stack(const std::vector<Tensor>& values, size_t o, int64_t axis, bool reverse) const {
+    const std::vector<int64_t> element_shape = values.empty() ? std::vector<int64_t>{} : values.front().shape();
+    const int64_t rank = static_cast<int64_t>(element_shape.size()) + 1;
+    if (axis < -rank || axis >= rank) throw node_.error(ErrorKind::kInvalidModel, "a scan output axis is out of range");
+    if (axis < 0) axis += rank;
+    if (values.empty()) {
+      std::vector<int64_t> shape(static_cast<size_t>(std::max<int64_t>(rank, 1)), 0);
+      return Tensor(declared_[o].dtype, shape);
+    }
+    const Tensor& first = values.front();
+    check_dtype(node_, declared_, o, first);
+    const int64_t count = static_cast<int64_t>(values.size());
+    std::vector<int64_t> shape = element_shape;
+    shape.insert(shape.begin() + axis, count);
+    Tensor out(first.dtype(), shape);
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < axis; ++d) outer *= element_shape[static_cast<size_t>(d)];
+    for (size_t d = static_cast<size_t>(axis); d < element_shape.size(); ++d) inner *= element_shape[d];
+    const size_t row = static_cast<size_t>(inner) * element_size(first.dtype());
+    auto* dst = static_cast<unsigned char*>(out.raw());
+    for (int64_t t = 0; t < count; ++t) {
+      const Tensor& v = values[static_cast<size_t>(t)];
+      if (v.shape() != element_shape || v.dtype() != first.dtype())
+        throw node_.error(ErrorKind::kInvalidModel, "scan output " + std::to_string(o) + " changes shape between iterations");
+      const int64_t at = reverse ? count - 1 - t : t;
+      const auto* src = static_cast<const unsigned char*>(v.raw());
+      for (int64_t p = 0; p < outer; ++p) std::memcpy(dst + static_cast<size_t>(p * count + at) * row, src + static_cast<size_t>(p) * row, row);
+    }
+    return out;
+  }
+
+  const ir::Node& node_;
+  std::vector<ir::TensorType> declared_;
+  Subgraph body_;
+  size_t states_ = 0, scanned_ = 0;
+  std::vector<int64_t> input_axes_, input_reverse_, output_axes_, output_reverse_;
+};
+
 }  // namespace
 
 KILN_REGISTER_CPU_KERNELS(control_flow) {
@@ -202,6 +321,14 @@ KILN_REGISTER_CPU_KERNELS(control_flow) {
     e.dtypes = "all";
     e.makes_outputs = true;
     e.create = [](const KernelInit& init) { return std::make_unique<LoopKernel>(init); };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "Scan";
+    e.dtypes = "all";
+    e.makes_outputs = true;
+    e.create = [](const KernelInit& init) { return std::make_unique<ScanKernel>(init); };
     registry.add(std::move(e));
   }
 }

@@ -1,4 +1,4 @@
-// Importers of If and Loop. Each subgraph (If's branches, Loop's body) becomes a self-contained
+// Importers of If, Loop and Scan. Each subgraph (If's branches, Loop's and Scan's body) becomes a self-contained
 // ONNX model (its bytes in an attribute: then_model and else_model, body_model): the values it
 // reads from the enclosing graphs become inputs of its own, after those the op gives it, and
 // inputs of the node, after the op's own, in the same order. Passes and backends then see an
@@ -188,6 +188,42 @@ KILN_REGISTER_IMPORTERS(control_flow) {
                   node.inputs.insert(node.inputs.end(), reads.begin(), reads.end());
                   node.attrs.set("body_model", subgraph_model(ctx, *body, reads, "body"));
                   node.attrs.set("carried", static_cast<int64_t>(carried));
+                  node.attrs.set("output_dtypes", dtypes);
+                  node.attrs.set("output_ranks", ranks);
+                  ctx.emit(std::move(node));
+                }});
+  // Scan (opset 9 on; opset 8's batch and sequence_lens form is refused): inputs the N state
+  // values, then the M scanned ones; the body takes (states..., one slice of each scanned
+  // input...) and gives (states..., scan output elements...); the node gives the states' last
+  // values and each scan output stacked along its axis.
+  registry.add({"Scan", 9, [](ImportContext& ctx) {
+                  if (ctx.node.attrs.has("body_model")) return ctx.emit_as_is();  // an engine file's
+                  const onnx::GraphProto* body = graph_attribute(ctx, "body");
+                  if (!body) ctx.fail("Scan needs the graph attribute body");
+                  const int64_t scanned = ctx.node.attrs.get_int("num_scan_inputs", -1);
+                  const int64_t inputs = static_cast<int64_t>(ctx.node.inputs.size());
+                  if (scanned < 1 || scanned > inputs) ctx.fail("num_scan_inputs must be 1 to the number of inputs");
+                  const size_t states = static_cast<size_t>(inputs - scanned);
+                  if (static_cast<int64_t>(body->input_size()) != inputs)
+                    ctx.fail("its body must take " + std::to_string(inputs) + " inputs (states and scan slices), not " +
+                             std::to_string(body->input_size()));
+                  if (static_cast<size_t>(body->output_size()) < states || ctx.node.outputs.size() != static_cast<size_t>(body->output_size()))
+                    ctx.fail("its body must give the " + std::to_string(states) + " states and one element per scan output");
+                  std::vector<std::string> reads;
+                  std::set<std::string> listed;
+                  enclosing_reads(*body, 1, reads, listed, ctx);
+                  std::vector<int64_t> dtypes, ranks;
+                  for (size_t i = 0; i < ctx.node.outputs.size(); ++i) {
+                    const onnx::TypeProto* in = i < states ? &body->input(static_cast<int>(i)).type() : nullptr;
+                    auto [dtype, rank] = declared_output(ctx, i, body->output(static_cast<int>(i)).type(), in, i < states);
+                    if (i >= states && rank >= 0) ++rank;  // stacked over the iterations
+                    dtypes.push_back(dtype);
+                    ranks.push_back(rank);
+                  }
+                  ir::Node node = ctx.node;
+                  node.inputs.insert(node.inputs.end(), reads.begin(), reads.end());
+                  node.attrs.set("body_model", subgraph_model(ctx, *body, reads, "body"));
+                  node.attrs.set("states", static_cast<int64_t>(states));
                   node.attrs.set("output_dtypes", dtypes);
                   node.attrs.set("output_ranks", ranks);
                   ctx.emit(std::move(node));

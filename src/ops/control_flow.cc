@@ -1,10 +1,12 @@
-// Schemas of If and Loop in kiln's form (src/onnx/control_flow.cc makes it). If: input 0 the
+// Schemas of If, Loop and Scan in kiln's form (src/onnx/control_flow.cc makes it). If: input 0 the
 // condition (one bool), the others the values the branches read; attributes then_model and
 // else_model (each branch a self-contained ONNX model whose inputs are the node's inputs after
 // the condition). Loop: inputs M (int64 trip count) and cond (bool), either omitted, the carried
 // values, then the values the body reads; attribute body_model, whose inputs are the iteration,
-// the condition, the carried values and the node's inputs after them. Both: output_dtypes and
-// output_ranks. Output shapes are known only once the node has run, even on the CPU engine,
+// the condition, the carried values and the node's inputs after them. Scan: inputs the states
+// (attribute states counts them), the scanned values (num_scan_inputs), then the values the body
+// reads; body_model takes the states, one slice of each scanned value and the values read. All
+// three: output_dtypes and output_ranks. Output shapes are known only once the node has run, even on the CPU engine,
 // whose kernels make their outputs themselves.
 #include "ops/shape_dims.h"
 
@@ -29,6 +31,8 @@ void set_declared_outputs(InferContext& ctx) {
   for (size_t i = 0; i < dtypes.size(); ++i) {
     // -1: a Loop's carried value whose body does not declare it: its initial value's type.
     if (dtypes[i] == -1 && ctx.node.op == "Loop" && ctx.has_input(2 + i)) dtypes[i] = static_cast<int64_t>(ctx.dtype(2 + i));
+    // A Scan state that its body does not declare: its initial value's type.
+    if (dtypes[i] == -1 && ctx.node.op == "Scan" && ctx.has_input(i)) dtypes[i] = static_cast<int64_t>(ctx.dtype(i));
     if (dtypes[i] < 0 || dtypes[i] > INT32_MAX || !is_known_dtype(static_cast<int32_t>(dtypes[i])))
       ctx.fail("output " + std::to_string(i) + " has an unknown type");
     std::optional<Dims> shape;
@@ -41,6 +45,15 @@ void infer_if(InferContext& ctx) {
   require_scalar(ctx, 0, DType::kBool, "the condition");
   if (ctx.node.attrs.get_string("then_model", "").empty() || ctx.node.attrs.get_string("else_model", "").empty())
     ctx.fail("has no branches (then_model, else_model)");
+  set_declared_outputs(ctx);
+}
+
+void infer_scan(InferContext& ctx) {
+  if (ctx.node.attrs.get_string("body_model", "").empty()) ctx.fail("has no body (body_model)");
+  const int64_t states = ctx.node.attrs.get_int("states", -1), scanned = ctx.node.attrs.get_int("num_scan_inputs", -1);
+  if (states < 0 || scanned < 1 || states + scanned > static_cast<int64_t>(ctx.num_inputs()) ||
+      states > static_cast<int64_t>(ctx.node.outputs.size()))
+    ctx.fail("its attributes states and num_scan_inputs must count its state and scanned inputs");
   set_declared_outputs(ctx);
 }
 
@@ -57,6 +70,8 @@ KILN_REGISTER_OPS(control_flow) {
   registry.add({"If", "", 1, 1 << 20, 1, 1 << 20, infer_if, nullptr,
                 "CPU engine; the branches' output shapes are known when the chosen branch has run"});
   // M and cond may both be omitted (""): no input is required by position.
+  registry.add({"Scan", "", 1, 1 << 20, 1, 1 << 20, infer_scan, nullptr,
+                "CPU engine, opset 9 on; the outputs' shapes are known when it has run"});
   registry.add({"Loop", "", 0, 1 << 20, 0, 1 << 20, infer_loop, nullptr,
                 "CPU engine; tensors only (no sequence outputs); at most 10,000,000 iterations"});
 }
