@@ -47,8 +47,16 @@ void einsum(const ir::Node& node, const std::vector<const Tensor*>& in, Tensor& 
   }
   using Acc = std::conditional_t<std::is_floating_point_v<T>, double, T>;
   std::vector<Acc> acc(static_cast<size_t>(out.numel()), Acc(0));
+  // Every combination of the labels is visited: refuse what this reference kernel would take
+  // too long to visit (a large contraction is the MatMul it spells).
+  constexpr int64_t kMaxVisits = int64_t{1} << 32;
   int64_t total = 1;
-  for (int64_t s : size) total *= s;
+  for (int64_t s : size) {
+    if (s == 0) total = 0;
+    if (total != 0 && s > kMaxVisits / total)
+      throw node.error(ErrorKind::kUnsupported, "the contraction visits more than 2^32 index combinations");
+    total *= s;
+  }
   std::vector<int64_t> index(labels, 0);
   for (int64_t n = 0; n < total; ++n) {
     Acc product = Acc(1);

@@ -88,6 +88,8 @@ class RecurrentKernel : public Kernel {
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
     auto input = [&](size_t i) -> const Tensor* { return i < in.size() && in[i] && in[i]->defined() ? in[i] : nullptr; };
     const Tensor& x = *in[0];
+    auto fail = [&](const std::string& what) { throw node_.error(ErrorKind::kInvalidArgument, what); };
+    if (x.rank() != 3 || in[1]->rank() != 3 || in[2]->rank() != 3) fail("X, W and R must have rank 3");
     const int64_t seq = x.dim(batch_first_ ? 1 : 0), batch = x.dim(batch_first_ ? 0 : 1), feat = x.dim(2);
     const int64_t hidden = in[1]->dim(1) / gates_;
     const int64_t gh = gates_ * hidden;
@@ -96,8 +98,15 @@ class RecurrentKernel : public Kernel {
     const Tensor* h0 = input(5);
     const Tensor* c0 = node_.op == "LSTM" ? input(6) : nullptr;
     const Tensor* peep = node_.op == "LSTM" ? input(7) : nullptr;
-    if (in[1]->dim(0) != dirs_ || in[1]->dim(2) != feat || in[2]->dim(1) != gh || in[2]->dim(2) != hidden)
-      throw node_.error(ErrorKind::kInvalidArgument, "W or R does not match X and hidden_size");
+    if (hidden <= 0 || in[1]->dim(1) != gh || in[1]->dim(0) != dirs_ || in[1]->dim(2) != feat || in[2]->dim(0) != dirs_ ||
+        in[2]->dim(1) != gh || in[2]->dim(2) != hidden)
+      fail("W must be [directions, " + std::to_string(gates_) + " x hidden, input] and R [directions, " + std::to_string(gates_) +
+           " x hidden, hidden], matching X");
+    if (bias && bias->numel() != dirs_ * 2 * gh) fail("B must be [directions, " + std::to_string(2 * gates_) + " x hidden]");
+    if (lens && lens->numel() != batch) fail("sequence_lens must have one element per batch entry");
+    for (const Tensor* state : {h0, c0})
+      if (state && state->numel() != dirs_ * batch * hidden) fail("initial_h and initial_c must be [directions, batch, hidden]");
+    if (peep && peep->numel() != dirs_ * 3 * hidden) fail("P must be [directions, 3 x hidden]");
     // Output element offsets.
     auto y_at = [&](int64_t t, int64_t d, int64_t b) { return batch_first_ ? ((b * seq + t) * dirs_ + d) * hidden : ((t * dirs_ + d) * batch + b) * hidden; };
     auto state_at = [&](int64_t d, int64_t b) { return batch_first_ ? (b * dirs_ + d) * hidden : (d * batch + b) * hidden; };

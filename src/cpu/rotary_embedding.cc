@@ -17,6 +17,12 @@ KILN_REGISTER_CPU_KERNELS(rotary_embedding) {
     const ir::Node* node = &init.node;
     return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
       const Tensor& x = *in[0];
+      const Tensor &cos_cache = *in[1], &sin_cache = *in[2];
+      const Tensor* position_ids = in.size() > 3 ? in[3] : nullptr;
+      if ((x.rank() != 3 && x.rank() != 4) || cos_cache.rank() != (position_ids ? 2 : 3) || sin_cache.shape() != cos_cache.shape() ||
+          (position_ids && position_ids->rank() != 2))
+        throw node->error(ErrorKind::kInvalidArgument, "the input must have rank 3 or 4, the caches one shape of rank " +
+                                                           std::string(position_ids ? "2 (and position_ids rank 2)" : "3"));
       const bool four_d = x.rank() == 4;
       const int64_t batch = x.dim(0), seq = four_d ? x.dim(2) : x.dim(1);
       const int64_t heads = four_d ? x.dim(1) : node->attrs.get_int("num_heads", 0);
@@ -28,8 +34,10 @@ KILN_REGISTER_CPU_KERNELS(rotary_embedding) {
       if (rot < 0 || rot > head || rot % 2 != 0)
         throw node->error(ErrorKind::kInvalidArgument, "rotary_embedding_dim " + std::to_string(rot) + " must be even and at most the head size " + std::to_string(head));
       const int64_t half = rot / 2;
-      const Tensor &cos = *in[1], &sin = *in[2];
-      const Tensor* positions = in.size() > 3 ? in[3] : nullptr;
+      const Tensor &cos = cos_cache, &sin = sin_cache;
+      const Tensor* positions = position_ids;
+      if (positions && (positions->dim(0) != batch || positions->dim(1) != seq))
+        throw node->error(ErrorKind::kInvalidArgument, "position_ids must be [batch, seq]");
       if (cos.dim(cos.rank() - 1) != half || sin.dim(sin.rank() - 1) != half)
         throw node->error(ErrorKind::kInvalidArgument, "the caches' last dim must be rotary_embedding_dim / 2 = " + std::to_string(half));
       const bool interleaved = node->attrs.get_int("interleaved", 0) != 0;

@@ -15,7 +15,7 @@ void infer_window(InferContext& ctx) {
   if (const Tensor* t = ctx.value(0)) {
     if (t->numel() != 1) ctx.fail("size must be a scalar");
     const int64_t v = t->value_as_int(0);
-    if (v < 0 || v > (int64_t{1} << 32)) ctx.fail("size " + std::to_string(v) + " is out of range");
+    if (v < 0 || v > (int64_t{1} << 28)) ctx.fail("size " + std::to_string(v) + " is outside [0, 2^28]");
     size = Dim(v);
   }
   ctx.set_output(0, static_cast<DType>(code), Dims{size});
