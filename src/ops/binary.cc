@@ -158,40 +158,16 @@ int64_t output_numel(const FlopsContext& c) { return FlopsContext::numel(c.outpu
 }  // namespace
 
 KILN_REGISTER_OPS(binary) {
-  for (const char* op : kArithmetic) {
-    OpSchema s;
-    s.op = op;
-    s.min_inputs = s.max_inputs = 2;
-    s.infer = infer_arithmetic;
-    s.flops = output_numel;
-    registry.add(std::move(s));
-  }
-  for (const char* op : kComparison) {
-    OpSchema s;
-    s.op = op;
-    s.min_inputs = s.max_inputs = 2;
-    s.infer = infer_comparison;
-    s.flops = output_numel;
-    registry.add(std::move(s));
-  }
-  for (const char* op : kBitwise) {
-    OpSchema s;
-    s.op = op;
-    s.min_inputs = s.max_inputs = 2;
-    s.infer = infer_bitwise;
-    s.flops = output_numel;
-    registry.add(std::move(s));
-  }
+  // The two-input ops of one list, each with `infer`.
+  auto add_binary = [&](const auto& ops, void (*infer)(InferContext&)) {
+    for (const char* op : ops) registry.add({op, "", 2, 2, 1, 1, infer, output_numel, ""});
+  };
+  add_binary(kArithmetic, infer_arithmetic);
+  add_binary(kComparison, infer_comparison);
+  add_binary(kBitwise, infer_bitwise);
+  add_binary(kLogic, infer_logic);
   registry.add({"BitwiseNot", "", 1, 1, 1, 1, infer_bitwise, output_numel, ""});
   registry.add({"SwiGLU", "", 2, 2, 1, 1, infer_swiglu, output_numel, ""});
-  for (const char* op : kLogic) {
-    OpSchema s;
-    s.op = op;
-    s.min_inputs = s.max_inputs = 2;
-    s.infer = infer_logic;
-    s.flops = output_numel;
-    registry.add(std::move(s));
-  }
   for (const char* op : kVariadic) {
     OpSchema s;
     s.op = op;
