@@ -73,7 +73,11 @@ struct TacticOptions {
   // Every candidate's time (and error) in the build log, not just the choice.
   bool log_candidates = false;
 
-  bool operator==(const TacticOptions&) const = default;
+  bool operator==(const TacticOptions& o) const {
+    return programmatic_launch == o.programmatic_launch && graph_timing == o.graph_timing &&
+           quantized_conv == o.quantized_conv && int8_k_splits == o.int8_k_splits && cudnn_graphs == o.cudnn_graphs &&
+           conv_as_gemm == o.conv_as_gemm && depthwise_kernel == o.depthwise_kernel && log_candidates == o.log_candidates;
+  }
   // "" for the defaults, else the fields that differ ("graph_timing=0 quantized_conv=cudnn").
   std::string describe() const;
 };
