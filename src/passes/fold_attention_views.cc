@@ -301,9 +301,25 @@ bool is_row_projection(const ir::Graph& g, const ir::Node& n, const std::string&
   return c && c->shape && (c->rank() <= 1 || (c->rank() == 2 && (*c->shape)[0] == ir::Dim(1)));
 }
 
-// `value` = [Add bias](MatMul(Transpose(X, perm), W)) with perm keeping the last axis, each
-// read once -> Transpose([Add bias](MatMul(X, W)), perm): the projection reads X as it is, and
-// its output's transpose can join the views after it.
+// kiln::FusedMatMul(X, W [, bias]) with a 2-D W, a bias along the last axis and no residual:
+// fuse_epilogue's form of a projection (an engine's graph is optimized again once its shapes
+// are bound, after the first optimization fused the projections). Its activation acts on each
+// element alone, so it commutes with a layout change too.
+bool is_fused_row_projection(const ir::Graph& g, const ir::Node& n, const std::string& x) {
+  if (n.domain != "kiln" || n.op != "FusedMatMul" || n.inputs.size() < 2 || n.inputs[0] != x || n.inputs[1] == x)
+    return false;
+  if (n.inputs.size() > 3 && !n.inputs[3].empty()) return false;  // a residual has the output's layout
+  const ir::TensorType* w = type_of(g, n.inputs[1]);
+  if (!w || !w->shape || w->rank() != 2) return false;
+  if (n.inputs.size() < 3 || n.inputs[2].empty()) return true;
+  const ir::TensorType* bias = type_of(g, n.inputs[2]);
+  return bias && bias->shape && bias->rank() <= 1;
+}
+
+// `value` = [Add bias](MatMul(Transpose(X, perm), W)), or FusedMatMul(Transpose(X, perm), W
+// [, bias]), with perm keeping the last axis, each read once -> the same projection of X,
+// transposed by perm after it: the projection reads X as it is, and its output's transpose can
+// join the views after it.
 bool lift_transpose_above_projection(ir::Graph& g, const std::string& value) {
   const int last = g.producer(value);
   if (last < 0) return false;
@@ -318,10 +334,11 @@ bool lift_transpose_above_projection(ir::Graph& g, const std::string& value) {
   } else {
     add = nullptr;
   }
-  if (mm->op != "MatMul" || mm->inputs.size() != 2) return false;
+  const bool fused = !add && mm->inputs.size() >= 2 && is_fused_row_projection(g, *mm, mm->inputs[0]);
+  if (!fused && (mm->op != "MatMul" || mm->inputs.size() != 2)) return false;
   const ir::Node* tr = producer_node(g, mm->inputs[0]);
   if (!tr || tr->op != "Transpose" || !tr->domain.empty() || !only_feeds_one_input(g, mm->inputs[0]) ||
-      !is_row_projection(g, *mm, mm->inputs[0]))
+      !(fused || is_row_projection(g, *mm, mm->inputs[0])))
     return false;
   const auto x_shape = known_shape(g, tr->inputs[0]);
   const auto out_shape = known_shape(g, value);

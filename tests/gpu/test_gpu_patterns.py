@@ -405,6 +405,50 @@ def test_patch_embedding_transpose_reads_the_convolution_as_stored(precision, ki
     assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{precision}: relative L2 error {err:.3g}"
 
 
+@pytest.mark.parametrize("channels,size,kernel,stride,residual",
+                         [(3, 64, 8, 8, False), (16, 24, 2, 3, True), (8, 20, 1, 2, False)],
+                         ids=["patch-embedding", "stride-past-kernel-residual", "strided-1x1"])
+def test_patches_as_one_product(channels, size, kernel, stride, residual, kiln_bin, tmp_path):
+    """A float16 convolution (channels-last) whose patches do not overlap (stride at least the
+    kernel, no padding) is also timed as its patches gathered into rows and one cuBLASLt product. The build checks every
+    candidate against a direct convolution (KILN_TACTIC_LOG shows each one's error): that
+    candidate must be offered and correct, and the engine, whichever candidate won, must match
+    the CPU engine."""
+    rng = np.random.default_rng(channels)
+    out_c = 32
+    out_hw = (size - kernel) // stride + 1
+    w = numpy_helper.from_array((rng.standard_normal([out_c, channels, kernel, kernel]) * 0.2).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(out_c).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kernel, kernel], strides=[stride, stride])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, channels, size, size])]
+    if residual:
+        nodes.append(helper.make_node("Add", ["c", "z"], ["y"]))
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, out_c, out_hw, out_hw]))
+    else:
+        nodes[0].output[0] = "y"
+    graph = helper.make_graph(nodes, "patches", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [w, b])
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    engine = str(tmp_path / "m.engine")
+    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", "--fp16", "-o", engine],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_TACTIC_LOG": "1"})
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if ": gemm patches+" in line]
+    print(lines)
+    assert lines, r.stderr[-3000:]
+    assert all("(rejected)" not in line for line in lines), lines
+    feeds = [rng.standard_normal([2, channels, size, size]).astype(np.float32)]
+    if residual:
+        feeds.append(rng.standard_normal([2, out_c, out_hw, out_hw]).astype(np.float32))
+    names = ["x", "z"][:len(feeds)]
+    want = run_kiln(kiln_bin, path, feeds, names, str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
+    got = run_kiln(kiln_bin, engine, feeds, names, str(tmp_path / "gpu"))["y"]
+    assert got.shape == want.shape == (2, out_c, out_hw, out_hw)
+    err = rel_l2(got, want)
+    assert err <= 1e-2, f"relative L2 error {err:.3g}"
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_query_key_value_projections_run_as_one_product(precision, kiln_bin, tmp_path):
     """BERT's self-attention: Q, K and V each projected from x by MatMul and a bias Add, heads

@@ -107,6 +107,48 @@ TEST(FoldAttentionViews, TransposesAcrossTheProjectionsJoinTheViews) {
   expect_same_outputs(before, after);
 }
 
+TEST(FoldAttentionViews, TransposeBeforeAFusedProjectionJoinsTheViews) {
+  // An engine's graph is optimized again once its shapes are bound, when fuse_epilogue has
+  // already made the packed projection one kiln::FusedMatMul (bias, GELU): the Transpose before
+  // it moves across it all the same, and no Transpose is left.
+  GraphBuilder b;
+  b.input("x", {N, S, E});
+  b.node("Transpose", {"x"}, "x_sne", {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  b.node("FusedMatMul", {"x_sne", b.random("w_in", {E, 3 * E}), b.random("b_in", {3 * E})}, "qkv",
+         {{"activation", std::string("Gelu")}});
+  b.last().domain = "kiln";
+  add_packed_attention(b, "qkv", "y");
+  b.output("y");
+  ir::Graph before = b.build();
+  ir::Graph after = folded(before);
+  std::vector<std::string> ops;
+  for (const ir::Node& n : after.nodes)
+    if (n.op != "Reshape") ops.push_back(n.op);
+  EXPECT_EQ(ops, (std::vector<std::string>{"FusedMatMul", "StridedAttention"}));
+  const ir::Node* a = only_node(after, "StridedAttention");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->attrs.get_ints("q_view"), (std::vector<int64_t>{0, S * 3 * E, D, 3 * E}));
+  expect_same_outputs(before, after);
+}
+
+TEST(FoldAttentionViews, FusedProjectionWithAResidualKeepsItsTranspose) {
+  // A residual Z is laid out like the projection's output: the Transpose cannot move across.
+  GraphBuilder b;
+  b.input("x", {N, S, E});
+  b.input("z", {S, N, 3 * E});
+  b.node("Transpose", {"x"}, "x_sne", {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  b.node("FusedMatMul", {"x_sne", b.random("w_in", {E, 3 * E}), b.random("b_in", {3 * E}), "z"}, "qkv");
+  b.last().domain = "kiln";
+  add_packed_attention(b, "qkv", "y");
+  b.output("y");
+  ir::Graph before = b.build();
+  ir::Graph after = folded(before);
+  int transposes = 0;
+  for (const ir::Node& n : after.nodes) transposes += n.op == "Transpose";
+  EXPECT_EQ(transposes, 1);
+  expect_same_outputs(before, after);
+}
+
 TEST(FoldAttentionViews, SplitAndSliceOfThePackedLastAxis) {
   // GPT-2's packing: [N, S, 3E] split along the last axis (K by a Slice), heads by Reshape and
   // Transpose; the 3-D form is left to fuse_attention, so this uses the 4-D form.

@@ -19,6 +19,7 @@
 #include "cuda/kernels/conv_graph.h"
 #include "cuda/kernels/depthwise.h"
 #include "cuda/kernels/epilogue.h"
+#include "cuda/kernels/patches.h"
 #include "cuda/layers/gemm.h"
 #include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
@@ -228,6 +229,31 @@ Tensor filter_for(const Tensor& w, const std::vector<int64_t>& w4, const Format&
   return convert_constant(reshaped, Format{format.dtype, w4.size() == 4 ? format.layout : Layout::kLinear});
 }
 
+// A convolution of non-overlapping patches: the patches gathered into the rows of a matrix in
+// the workspace, then the matrix product (whose own workspace follows the patches).
+class PatchGemmLayer final : public Layer {
+ public:
+  PatchGemmLayer(const PatchGeometry& g, DType dtype, std::unique_ptr<Layer> gemm)
+      : g_(g), element_bytes_(element_size(dtype)), gemm_(std::move(gemm)) {
+    patch_bytes_ = ((static_cast<size_t>(g_.rows() * g_.row_elements()) * element_bytes_ + 255) / 256) * 256;
+  }
+  void enqueue(const LayerIO& io, cudaStream_t stream) const override {
+    launch_gather_patches_nhwc(io.inputs[0], io.workspace, g_, element_bytes_, stream);
+    LayerIO product = io;
+    product.inputs[0] = io.workspace;
+    product.workspace = gemm_->workspace_bytes() ? static_cast<char*>(io.workspace) + patch_bytes_ : nullptr;
+    gemm_->enqueue(product, stream);
+  }
+  size_t workspace_bytes() const override { return patch_bytes_ + gemm_->workspace_bytes(); }
+  std::string tactic() const override { return "patches+" + gemm_->tactic(); }
+
+ private:
+  PatchGeometry g_;
+  size_t element_bytes_;
+  size_t patch_bytes_ = 0;
+  std::unique_ptr<Layer> gemm_;
+};
+
 class ConvLayer final : public Layer {
  public:
   ConvLayer(ConvParams p, BuildServices& services, const Tensor& weights, const Tensor* bias)
@@ -411,29 +437,42 @@ class ConvLayer final : public Layer {
     return std::make_unique<ConvGraph>(services.cudnn(), g);
   }
 
-  // A 1x1 convolution with stride 1 and no padding on channels-last data is one matrix
+  // On channels-last data, a 1x1 convolution with stride 1 and no padding is one matrix
   // product: Y[N*H*W, K] = X[N*H*W, C] W[K, C]^T, with bias, residual and activation in
-  // cuBLASLt's epilogue.
+  // cuBLASLt's epilogue. So is one whose patches do not overlap (stride at least the kernel, no
+  // padding or dilation: a patch embedding, a strided 1x1 shortcut) once its patches are
+  // gathered into rows (kernels/patches.h): Y[N*OH*OW, K] = P[N*OH*OW, R*S*C] W[K, R*S*C]^T.
   bool gemm_eligible() const {
     if (!tactics_.conv_as_gemm) return false;
     if (p_.transpose || p_.spatial != 2 || p_.group != 1 || p_.format.layout != Layout::kNHWC) return false;
-    if (p_.w[2] != 1 || p_.w[3] != 1) return false;
     for (size_t i = 0; i < p_.pads.size(); ++i)
-      if (p_.pads[i] != 0 || p_.strides[i] != 1 || p_.dilations[i] != 1) return false;
+      if (p_.pads[i] != 0 || p_.dilations[i] != 1 || p_.strides[i] < p_.w[2 + i]) return false;
     return true;
   }
+  bool gathers_patches() const { return p_.w[2] != 1 || p_.w[3] != 1 || p_.strides[0] != 1 || p_.strides[1] != 1; }
   std::unique_ptr<Layer> make_gemm(BuildServices& services) const {
     GemmSpec g;
     g.m = p_.y[0] * p_.y[2] * p_.y[3];
     g.n = p_.y[1];
-    g.k = p_.x[1];
+    g.k = p_.x[1] * p_.w[2] * p_.w[3];
     g.trans_b = true;
     g.dtype = p_.format.dtype;
     g.precision = p_.precision;
     if (p_.has_bias) g.bias = bias_host_;
     g.addend_input = p_.has_z ? 3 : -1;
     g.act = p_.act;
-    return make_gemm_layer(g, weights_host_, services);
+    if (!gathers_patches()) return make_gemm_layer(g, weights_host_, services);
+    // The filter in the patch rows' order: [K][R][S][C].
+    const int64_t k = p_.w[0], c = p_.w[1], taps = p_.w[2] * p_.w[3];
+    std::vector<float> krsc(static_cast<size_t>(k * taps * c));
+    const float* kcrs = weights_host_.data<float>();
+    for (int64_t o = 0; o < k; ++o)
+      for (int64_t i = 0; i < c; ++i)
+        for (int64_t t = 0; t < taps; ++t) krsc[static_cast<size_t>((o * taps + t) * c + i)] = kcrs[(o * c + i) * taps + t];
+    PatchGeometry patches{p_.x[0], p_.x[2], p_.x[3], p_.x[1], p_.y[2], p_.y[3],
+                          p_.w[2], p_.w[3], p_.strides[0], p_.strides[1]};
+    return std::make_unique<PatchGemmLayer>(patches, p_.format.dtype,
+                                            make_gemm_layer(g, Tensor::from_vector<float>({k, taps * c}, krsc), services));
   }
 
   // kiln's own kernel for depthwise convolutions (one filter per channel) in float16 NHWC.
@@ -602,7 +641,7 @@ class ConvLayer final : public Layer {
         last_error = e.what();  // cuDNN refused the graph: the legacy tactic stands
       }
     }
-    // cuBLASLt for 1x1 convolutions.
+    // cuBLASLt for 1x1 convolutions and non-overlapping patches.
     std::unique_ptr<Layer> gemm;
     if (gemm_eligible()) {
       try {
@@ -681,7 +720,7 @@ class ConvLayer final : public Layer {
   int algo_ = 0;
   size_t workspace_ = 0;
   std::unique_ptr<ConvGraph> graph_;  // set when a graph-API engine won
-  std::unique_ptr<Layer> gemm_;       // set when cuBLASLt won (1x1 convolutions)
+  std::unique_ptr<Layer> gemm_;       // set when cuBLASLt won (1x1 convolutions, patches)
   int depthwise_outputs_ = 0;         // set when kiln's depthwise kernel won: outputs per thread
   const float* depthwise_weights_ = nullptr;
   Tensor weights_host_;               // float32 [K, C/g, R, S], for the GEMM form
