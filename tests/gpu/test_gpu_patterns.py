@@ -493,3 +493,28 @@ def test_query_key_value_projections_run_as_one_product(precision, kiln_bin, tmp
     assert got.shape == want.shape == (batch, seq, width)
     err = rel_l2(got, want)
     assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{precision}: relative L2 error {err:.3g}"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("cols,bias", [(768, True), (40, True), (2048, False), (1032, True), (12, False)],
+                         ids=["768", "40", "2048-no-bias", "1032", "12"])
+def test_layer_norm_rows_match_cpu(cols, bias, precision, kiln_bin, tmp_path):
+    """LayerNormalization over the last axis, a warp per row up to 1024 elements and a block per
+    row beyond, matches the CPU engine with and without B, on rows whose mean is far from 0 (the
+    variance is the mean of squared deviations, not E[x^2] - mean^2)."""
+    rng = np.random.default_rng(cols)
+    inits = [numpy_helper.from_array((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32), "scale")]
+    ins = ["x", "scale"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(cols).astype(np.float32), "b"))
+        ins.append("b")
+    nodes = [helper.make_node("LayerNormalization", ins, ["y"], axis=-1, epsilon=1e-5)]
+    graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 37, cols])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    x = (rng.standard_normal([3, 37, cols]) * 2 + 5).astype(np.float32)
+    want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu")["y"]
+    got = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "gpu"), "--device", "cuda", f"--{precision}")["y"]
+    err = rel_l2(got, want)
+    assert err <= (1e-5 if precision == "fp32" else 3e-3), f"cols {cols} {precision}: relative L2 error {err:.3g}"
