@@ -33,6 +33,17 @@ enum class DType : int32_t {
   kBFloat16 = 16,
   kFloat8E4M3FN = 17,  // 8-bit float: 4 exponent bits (bias 7), 3 mantissa bits, no infinity,
                        // largest finite 448, NaN 0x7f/0xff (ONNX's FLOAT8E4M3FN, CUDA's E4M3)
+  kFloat8E4M3FNUZ = 18,  // bias 8, no infinity, no negative zero, NaN 0x80, largest 240
+  kFloat8E5M2 = 19,      // 5 exponent bits (bias 15), 2 mantissa bits, IEEE infinities and NaNs
+  kFloat8E5M2FNUZ = 20,  // bias 16, no infinity, no negative zero, NaN 0x80, largest 57344
+  // Types narrower than a byte. ONNX files pack them (two or four to a byte, the first element
+  // in the lowest bits); a kiln Tensor holds one per byte: int4 and int2 as int8 values, uint4
+  // and uint2 as uint8 values, float4e2m1 as its 4-bit pattern.
+  kUInt4 = 21,
+  kInt4 = 22,
+  kFloat4E2M1 = 23,  // 2 exponent bits (bias 1), 1 mantissa bit: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}
+  kUInt2 = 25,
+  kInt2 = 26,
 };
 
 // "float32", "int64", ...; "dtype(N)" for a code kiln does not know.

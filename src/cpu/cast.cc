@@ -1,8 +1,10 @@
 // CPU kernels of Cast, CastLike, BitCast, Clip and Dropout.
 //
 // Cast converts between every numeric type and bool: float to integer truncates toward zero
-// (as static_cast does), anything to bool is "!= 0", float16/bfloat16/float8e4m3fn go through
-// float32 (to float8: rounding to nearest even, saturating unless saturate = 0).
+// and saturates, anything to bool is "!= 0", float16, bfloat16, the float8 types and
+// float4e2m1 go through float32 (to float8: rounding to nearest even, saturating unless
+// saturate = 0). The sub-byte integers wrap instead, as ONNX's reference converts them.
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <cmath>
@@ -10,6 +12,7 @@
 
 #include "cpu/kernel.h"
 #include "cpu/saturating_cast.h"
+#include "ir/small_types.h"
 
 namespace kiln::cpu {
 
@@ -54,7 +57,8 @@ void convert(const void* src, void* dst, int64_t n) {
   }
 }
 
-bool is_half(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat8E4M3FN; }
+// 16-bit and smaller floats: converted through float32.
+bool is_narrow_float(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16 || is_small_float(d); }
 
 void cast_tensor(const Tensor& in, Tensor& out, bool saturate) {
   const int64_t n = in.numel();
@@ -62,13 +66,12 @@ void cast_tensor(const Tensor& in, Tensor& out, bool saturate) {
     if (in.nbytes()) std::memcpy(out.raw(), in.raw(), in.nbytes());
     return;
   }
-  // 16-bit floats: through a float32 buffer.
-  if (is_half(in.dtype())) {
+  if (is_narrow_float(in.dtype())) {
     Tensor f(DType::kFloat32, in.shape());
     float* p = f.data<float>();
-    if (in.dtype() == DType::kFloat8E4M3FN) {
+    if (is_small_float(in.dtype())) {
       const uint8_t* b = static_cast<const uint8_t*>(in.raw());
-      for (int64_t i = 0; i < n; ++i) p[i] = float8e4m3fn_to_float(b[i]);
+      for (int64_t i = 0; i < n; ++i) p[i] = small_float_to_float(in.dtype(), b[i]);
     } else {
       const uint16_t* h = static_cast<const uint16_t*>(in.raw());
       for (int64_t i = 0; i < n; ++i) p[i] = in.dtype() == DType::kFloat16 ? half_to_float(h[i]) : bfloat16_to_float(h[i]);
@@ -76,13 +79,37 @@ void cast_tensor(const Tensor& in, Tensor& out, bool saturate) {
     cast_tensor(f, out, saturate);
     return;
   }
-  if (is_half(out.dtype())) {
+  // Sub-byte integers: their values as int8 / uint8, which they are stored as.
+  if (is_sub_byte_integer(in.dtype())) {
+    const bool is_signed = in.dtype() == DType::kInt4 || in.dtype() == DType::kInt2;
+    Tensor wide(is_signed ? DType::kInt8 : DType::kUInt8, in.shape());
+    if (in.nbytes()) std::memcpy(wide.raw(), in.raw(), in.nbytes());
+    cast_tensor(wide, out, saturate);
+    return;
+  }
+  if (is_sub_byte_integer(out.dtype())) {
+    // Truncated toward zero, then wrapped to the type's bits (as numpy and ml_dtypes convert,
+    // which ONNX's reference uses); NaN and infinities give 0.
+    uint8_t* b = static_cast<uint8_t*>(out.raw());
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t v = 0;
+      if (is_float(in.dtype())) {
+        const double d = in.value_as_double(i);
+        v = std::isfinite(d) ? static_cast<int64_t>(std::clamp(std::trunc(d), -9.2e18, 9.2e18)) : 0;
+      } else {
+        v = in.value_as_int(i);
+      }
+      b[i] = wrap_to_sub_byte(out.dtype(), v);
+    }
+    return;
+  }
+  if (is_narrow_float(out.dtype())) {
     Tensor f(DType::kFloat32, out.shape());
     cast_tensor(in, f, saturate);
     const float* p = f.data<float>();
-    if (out.dtype() == DType::kFloat8E4M3FN) {
+    if (is_small_float(out.dtype())) {
       uint8_t* b = static_cast<uint8_t*>(out.raw());
-      for (int64_t i = 0; i < n; ++i) b[i] = float_to_float8e4m3fn(p[i], saturate);
+      for (int64_t i = 0; i < n; ++i) b[i] = float_to_small_float(out.dtype(), p[i], saturate);
       return;
     }
     uint16_t* h = static_cast<uint16_t*>(out.raw());
@@ -95,7 +122,7 @@ void cast_tensor(const Tensor& in, Tensor& out, bool saturate) {
   });
 }
 
-bool castable(DType d) { return is_half(d) || dispatch_storage(d, [](auto) {}); }
+bool castable(DType d) { return is_narrow_float(d) || is_sub_byte_integer(d) || dispatch_storage(d, [](auto) {}); }
 
 template <class T>
 void clip_loop(const std::vector<const Tensor*>& in, Tensor& out) {
@@ -125,7 +152,7 @@ KILN_REGISTER_CPU_KERNELS(cast) {
       if (!castable(to)) return "cannot cast to " + to_string(to);
       return "";
     };
-    e.dtypes = "float16, bfloat16, float8e4m3fn, float32, float64, int8..int64, uint8..uint64, bool";
+    e.dtypes = "float16, bfloat16, the float8 types, float4e2m1, float32, float64, int2..int64, uint2..uint64, bool";
     e.create = [](const KernelInit& init) {
       const bool saturate = init.node.attrs.get_int("saturate", 1) != 0;
       return make_kernel([saturate](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cpu/kernel.h"
+#include "ir/small_types.h"
 #include "ops/quantize.h"
 
 namespace kiln::cpu {
@@ -56,9 +57,9 @@ void dequantize(const ir::Node& node, const Tensor& x, const Tensor& scale, cons
   }
 }
 
-// float8e4m3fn: y = float8(x / scale + zero point), rounded to nearest even, saturating unless
-// saturate = 0; and back, (float(x) - float(zero point)) * scale.
-void quantize_float8(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
+// The float8 types and float4e2m1: y = small_float(x / scale + zero point), rounded to nearest
+// even, saturating unless saturate = 0; and back, (float(x) - float(zero point)) * scale.
+void quantize_small_float(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
   const ir::QuantizeAxis axis = ir::quantize_axis(node, x.shape(), scale.numel());
   const bool saturate = node.attrs.get_int("saturate", 1) != 0;
   const float* in = x.data<float>();
@@ -69,11 +70,11 @@ void quantize_float8(const ir::Node& node, const Tensor& x, const Tensor& scale,
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = (i / axis.inner) % axis.channels;
     const float z = zp && zp->numel() ? static_cast<float>(zp->value_as_double(zp->numel() == 1 ? 0 : c)) : 0.f;
-    out[i] = float_to_float8e4m3fn(in[i] / s[c] + z, saturate);
+    out[i] = float_to_small_float(y.dtype(), in[i] / s[c] + z, saturate);
   }
 }
 
-void dequantize_float8(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
+void dequantize_small_float(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
   const ir::QuantizeAxis axis = ir::quantize_axis(node, x.shape(), scale.numel());
   const uint8_t* in = static_cast<const uint8_t*>(x.raw());
   const float* s = scale.data<float>();
@@ -83,7 +84,7 @@ void dequantize_float8(const ir::Node& node, const Tensor& x, const Tensor& scal
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = (i / axis.inner) % axis.channels;
     const float z = zp && zp->numel() ? static_cast<float>(zp->value_as_double(zp->numel() == 1 ? 0 : c)) : 0.f;
-    out[i] = (float8e4m3fn_to_float(in[i]) - z) * s[c];
+    out[i] = (small_float_to_float(x.dtype(), in[i]) - z) * s[c];
   }
 }
 
@@ -91,8 +92,9 @@ template <template <class> class Fn>
 bool dispatch_quantized(DType dtype, const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp,
                         Tensor& y) {
   switch (dtype) {
-    case DType::kInt8: Fn<int8_t>::run(node, x, scale, zp, y); return true;
-    case DType::kUInt8: Fn<uint8_t>::run(node, x, scale, zp, y); return true;
+    // Sub-byte integers are stored a byte each; their range comes from the dtype.
+    case DType::kInt8: case DType::kInt4: case DType::kInt2: Fn<int8_t>::run(node, x, scale, zp, y); return true;
+    case DType::kUInt8: case DType::kUInt4: case DType::kUInt2: Fn<uint8_t>::run(node, x, scale, zp, y); return true;
     case DType::kInt16: Fn<int16_t>::run(node, x, scale, zp, y); return true;
     case DType::kUInt16: Fn<uint16_t>::run(node, x, scale, zp, y); return true;
     case DType::kInt32: Fn<int32_t>::run(node, x, scale, zp, y); return true;
@@ -133,11 +135,11 @@ KILN_REGISTER_CPU_KERNELS(quantize) {
   {
     KernelEntry e;
     e.op = "QuantizeLinear";
-    e.dtypes = "float32 -> int8, uint8, int16, uint16, float8e4m3fn";
+    e.dtypes = "float32 -> int2..int16, uint2..uint16, the float8 types, float4e2m1";
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
-        if (out[0].dtype() == DType::kFloat8E4M3FN) quantize_float8(*node, *in[0], *in[1], zero_point_input(in), out[0]);
+        if (is_small_float(out[0].dtype())) quantize_small_float(*node, *in[0], *in[1], zero_point_input(in), out[0]);
         else if (!dispatch_quantized<QuantizeFn>(out[0].dtype(), *node, *in[0], *in[1], zero_point_input(in), out[0]))
           throw node->error(ErrorKind::kUnsupported, "cannot quantize to " + to_string(out[0].dtype()));
       });
@@ -147,11 +149,11 @@ KILN_REGISTER_CPU_KERNELS(quantize) {
   {
     KernelEntry e;
     e.op = "DequantizeLinear";
-    e.dtypes = "int8, uint8, int16, uint16, int32, float8e4m3fn -> float32";
+    e.dtypes = "int2..int32, uint2..uint16, the float8 types, float4e2m1 -> float32";
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
-        if (in[0]->dtype() == DType::kFloat8E4M3FN) dequantize_float8(*node, *in[0], *in[1], zero_point_input(in), out[0]);
+        if (is_small_float(in[0]->dtype())) dequantize_small_float(*node, *in[0], *in[1], zero_point_input(in), out[0]);
         else if (!dispatch_quantized<DequantizeFn>(in[0]->dtype(), *node, *in[0], *in[1], zero_point_input(in), out[0]))
           throw node->error(ErrorKind::kUnsupported, "cannot dequantize " + to_string(in[0]->dtype()));
       });

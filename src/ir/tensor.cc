@@ -7,6 +7,7 @@
 #include <new>
 
 #include "ir/sizes.h"
+#include "ir/small_types.h"
 
 namespace kiln {
 
@@ -28,6 +29,14 @@ std::string to_string(DType dtype) {
     case DType::kUInt64: return "uint64";
     case DType::kBFloat16: return "bfloat16";
     case DType::kFloat8E4M3FN: return "float8e4m3fn";
+    case DType::kFloat8E4M3FNUZ: return "float8e4m3fnuz";
+    case DType::kFloat8E5M2: return "float8e5m2";
+    case DType::kFloat8E5M2FNUZ: return "float8e5m2fnuz";
+    case DType::kUInt4: return "uint4";
+    case DType::kInt4: return "int4";
+    case DType::kFloat4E2M1: return "float4e2m1";
+    case DType::kUInt2: return "uint2";
+    case DType::kInt2: return "int2";
   }
   return "dtype(" + std::to_string(static_cast<int32_t>(dtype)) + ")";
 }
@@ -35,7 +44,10 @@ std::string to_string(DType dtype) {
 size_t element_size(DType dtype) {
   switch (dtype) {
     case DType::kFloat32: case DType::kInt32: case DType::kUInt32: return 4;
-    case DType::kUInt8: case DType::kInt8: case DType::kBool: case DType::kFloat8E4M3FN: return 1;
+    case DType::kUInt8: case DType::kInt8: case DType::kBool: case DType::kFloat8E4M3FN: case DType::kFloat8E4M3FNUZ:
+    case DType::kFloat8E5M2: case DType::kFloat8E5M2FNUZ:
+    // Sub-byte types take a byte per element in memory (packed only in files).
+    case DType::kUInt4: case DType::kInt4: case DType::kFloat4E2M1: case DType::kUInt2: case DType::kInt2: return 1;
     case DType::kUInt16: case DType::kInt16: case DType::kFloat16: case DType::kBFloat16: return 2;
     case DType::kInt64: case DType::kUInt64: case DType::kFloat64: return 8;
     case DType::kString: case DType::kUndefined: return 0;
@@ -202,7 +214,10 @@ double Tensor::value_as_double(int64_t i) const {
     case DType::kFloat16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
     case DType::kBFloat16: return bfloat16_to_float(static_cast<const uint16_t*>(p)[i]);
     case DType::kFloat8E4M3FN: return float8e4m3fn_to_float(static_cast<const uint8_t*>(p)[i]);
-    case DType::kInt8: return static_cast<const int8_t*>(p)[i];
+    case DType::kFloat8E4M3FNUZ: case DType::kFloat8E5M2: case DType::kFloat8E5M2FNUZ: case DType::kFloat4E2M1:
+      return small_float_to_float(dtype_, static_cast<const uint8_t*>(p)[i]);
+    case DType::kInt8: case DType::kInt4: case DType::kInt2: return static_cast<const int8_t*>(p)[i];
+    case DType::kUInt4: case DType::kUInt2: return static_cast<const uint8_t*>(p)[i];
     case DType::kUInt8: return static_cast<const uint8_t*>(p)[i];
     case DType::kInt16: return static_cast<const int16_t*>(p)[i];
     case DType::kUInt16: return static_cast<const uint16_t*>(p)[i];
@@ -220,8 +235,8 @@ int64_t Tensor::value_as_int(int64_t i) const {
   if (i < 0 || i >= numel_) throw Error(ErrorKind::kInvalidArgument, "element index out of range");
   const void* p = raw();
   switch (dtype_) {
-    case DType::kInt8: return static_cast<const int8_t*>(p)[i];
-    case DType::kUInt8: return static_cast<const uint8_t*>(p)[i];
+    case DType::kInt8: case DType::kInt4: case DType::kInt2: return static_cast<const int8_t*>(p)[i];
+    case DType::kUInt8: case DType::kUInt4: case DType::kUInt2: return static_cast<const uint8_t*>(p)[i];
     case DType::kInt16: return static_cast<const int16_t*>(p)[i];
     case DType::kUInt16: return static_cast<const uint16_t*>(p)[i];
     case DType::kInt32: return static_cast<const int32_t*>(p)[i];

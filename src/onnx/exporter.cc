@@ -6,6 +6,8 @@
 #include <cstring>
 #include <set>
 
+#include "ir/small_types.h"
+
 namespace kiln::onnx_export {
 namespace {
 
@@ -21,13 +23,21 @@ void write_type(const ir::TensorType& type, onnx::TypeProto* proto) {
   }
 }
 
+// A tensor's bytes as ONNX files hold them: sub-byte types packed, the rest as stored.
+std::string file_bytes(const Tensor& t) {
+  if (!packed_bits(t.dtype())) return std::string(static_cast<const char*>(t.raw()), t.nbytes());
+  std::string packed(static_cast<size_t>(packed_bytes(t.dtype(), t.numel())), '\0');
+  pack_elements(t.dtype(), static_cast<const uint8_t*>(t.raw()), t.numel(), reinterpret_cast<uint8_t*>(packed.data()));
+  return packed;
+}
+
 void write_tensor(const std::string& name, const Tensor& t, onnx::TensorProto* proto) {
   proto->set_name(name);
   proto->set_data_type(static_cast<int32_t>(t.dtype()));
   for (int64_t d : t.shape()) proto->add_dims(d);
   if (t.dtype() == DType::kString)
     throw Error(ErrorKind::kUnsupported, "constant '" + name + "' holds strings, which the ONNX writer does not write");
-  proto->set_raw_data(std::string(static_cast<const char*>(t.raw()), t.nbytes()));
+  proto->set_raw_data(file_bytes(t));
 }
 
 void write_attribute(const std::string& name, const ir::AttrValue& value, onnx::AttributeProto* a) {
@@ -64,7 +74,8 @@ void write_external(const std::string& name, const Tensor& t, onnx::TensorProto*
     throw Error(ErrorKind::kUnsupported, "constant '" + name + "' holds strings, which the engine file does not hold");
   weights.resize((weights.size() + 63) / 64 * 64, '\0');
   const size_t offset = weights.size();
-  weights.append(static_cast<const char*>(t.raw()), t.nbytes());
+  if (packed_bits(t.dtype())) weights.append(file_bytes(t));
+  else weights.append(static_cast<const char*>(t.raw()), t.nbytes());  // no copy of large weights first
   proto->set_data_location(onnx::TensorProto::EXTERNAL);
   auto add = [&](const char* key, const std::string& value) {
     auto* kv = proto->add_external_data();
@@ -73,7 +84,7 @@ void write_external(const std::string& name, const Tensor& t, onnx::TensorProto*
   };
   add("location", "kiln:weights");
   add("offset", std::to_string(offset));
-  add("length", std::to_string(t.nbytes()));
+  add("length", std::to_string(weights.size() - offset));
 }
 
 // Both forms: a plain ONNX model (`weights` null: kiln's ops refused, data inline), or an

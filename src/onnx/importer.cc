@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "ir/op_schema.h"
+#include "ir/small_types.h"
 #include "onnx.pb.h"
 
 namespace kiln::onnx_import {
@@ -211,6 +212,28 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base
   } catch (const Error& e) {
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': " + e.message());
   }
+  // Sub-byte types are packed in the file (two or four elements to a byte, one to an int32_data
+  // entry's byte) and unpacked to a byte each.
+  if (packed_bits(dtype)) {
+    const int64_t bytes = packed_bytes(dtype, n);
+    std::string packed;
+    if (proto.data_location() == onnx::TensorProto::EXTERNAL) {
+      const Tensor file = read_external(proto, base_dir.empty() ? data_source.base_dir : base_dir, DType::kUInt8, {bytes}, bytes);
+      packed.assign(static_cast<const char*>(file.raw()), static_cast<size_t>(bytes));
+    } else if (proto.has_raw_data()) {
+      packed = proto.raw_data();
+    } else {
+      packed.reserve(static_cast<size_t>(proto.int32_data_size()));
+      for (int32_t v : proto.int32_data()) packed.push_back(static_cast<char>(v));
+    }
+    if (static_cast<int64_t>(packed.size()) != bytes)
+      throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' has " + std::to_string(packed.size()) +
+                                                " bytes of data, its shape " + shape_to_string(shape) + " of " +
+                                                to_string(dtype) + " needs " + std::to_string(bytes) + " packed");
+    Tensor t = Tensor::uninitialized(dtype, shape);
+    unpack_elements(dtype, reinterpret_cast<const uint8_t*>(packed.data()), n, static_cast<uint8_t*>(t.raw()));
+    return t;
+  }
   if (proto.data_location() == onnx::TensorProto::EXTERNAL)
     return read_external(proto, base_dir.empty() ? data_source.base_dir : base_dir, dtype, shape, need);
   if (proto.has_raw_data()) {
@@ -252,7 +275,8 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base
       break;
     }
     case DType::kInt32: case DType::kInt16: case DType::kUInt16: case DType::kInt8:
-    case DType::kUInt8: case DType::kBool: case DType::kFloat16: case DType::kBFloat16: case DType::kFloat8E4M3FN: {
+    case DType::kUInt8: case DType::kBool: case DType::kFloat16: case DType::kBFloat16: case DType::kFloat8E4M3FN:
+    case DType::kFloat8E4M3FNUZ: case DType::kFloat8E5M2: case DType::kFloat8E5M2FNUZ: {
       check_count(proto, proto.int32_data(), n);
       for (int64_t i = 0; i < n; ++i) {
         int32_t v = proto.int32_data(static_cast<int>(i));
@@ -261,7 +285,9 @@ Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base
           case DType::kInt16: t.data<int16_t>()[i] = static_cast<int16_t>(v); break;
           case DType::kInt8: t.data<int8_t>()[i] = static_cast<int8_t>(v); break;
           case DType::kUInt8: t.data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
-          case DType::kFloat8E4M3FN: static_cast<uint8_t*>(t.raw())[i] = static_cast<uint8_t>(v); break;  // bit pattern
+          case DType::kFloat8E4M3FN: case DType::kFloat8E4M3FNUZ: case DType::kFloat8E5M2: case DType::kFloat8E5M2FNUZ:
+            static_cast<uint8_t*>(t.raw())[i] = static_cast<uint8_t>(v);  // bit pattern
+            break;
           case DType::kBool: static_cast<uint8_t*>(t.raw())[i] = v ? 1 : 0; break;
           default: static_cast<uint16_t*>(t.raw())[i] = static_cast<uint16_t>(v); break;  // 16-bit bit patterns
         }

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ir/op_schema.h"
+#include "ir/small_types.h"
 
 namespace kiln::ir {
 
@@ -14,6 +15,7 @@ bool quantized_range(DType dtype, int64_t& lo, int64_t& hi) {
     case DType::kUInt8: lo = 0, hi = 255; return true;
     case DType::kInt16: lo = -32768, hi = 32767; return true;
     case DType::kUInt16: lo = 0, hi = 65535; return true;
+    case DType::kInt4: case DType::kUInt4: case DType::kInt2: case DType::kUInt2: sub_byte_range(dtype, lo, hi); return true;
     default: return false;
   }
 }
@@ -68,16 +70,18 @@ void infer_quantize(InferContext& ctx) {
     to = static_cast<DType>(code);
   }
   int64_t lo, hi;
-  if (!quantized_range(to, lo, hi) && to != DType::kFloat8E4M3FN)
-    ctx.unsupported("quantizing to " + to_string(to) + " is not supported (int8, uint8, int16, uint16, float8e4m3fn)");
+  if (!quantized_range(to, lo, hi) && !is_small_float(to))
+    ctx.unsupported("quantizing to " + to_string(to) +
+                    " is not supported (int2..int16, uint2..uint16, the float8 types, float4e2m1)");
   ctx.set_output(0, to, ctx.type(0).shape);
 }
 
 void infer_dequantize(InferContext& ctx) {
   check_scale(ctx);
   int64_t lo, hi;
-  if (!quantized_range(ctx.dtype(0), lo, hi) && ctx.dtype(0) != DType::kInt32 && ctx.dtype(0) != DType::kFloat8E4M3FN)
-    ctx.unsupported("dequantizing " + to_string(ctx.dtype(0)) + " is not supported (int8, uint8, int16, uint16, int32, float8e4m3fn)");
+  if (!quantized_range(ctx.dtype(0), lo, hi) && ctx.dtype(0) != DType::kInt32 && !is_small_float(ctx.dtype(0)))
+    ctx.unsupported("dequantizing " + to_string(ctx.dtype(0)) +
+                    " is not supported (int2..int32, uint2..uint16, the float8 types, float4e2m1)");
   if (ctx.has_input(2) && ctx.dtype(2) != ctx.dtype(0))
     ctx.fail("the zero point has type " + to_string(ctx.dtype(2)) + ", the input " + to_string(ctx.dtype(0)));
   ctx.set_output(0, DType::kFloat32, ctx.type(0).shape);

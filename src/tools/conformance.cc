@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "ir/small_types.h"
 #include "kiln/kiln.h"
 #include "onnx/importer.h"
 #include "tools/commands.h"
@@ -105,9 +106,9 @@ std::string compare(const Tensor& got, const Tensor& want) {
   int64_t bad = 0, first_bad = -1;
   double worst = -1;
   int64_t worst_at = -1;
-  // float8e4m3fn compares as its values: within the tolerance only where they are equal (its
-  // steps are 1/8 of the value or more).
-  bool floats = is_float(want.dtype()) || want.dtype() == DType::kFloat8E4M3FN;
+  // The float8 types and float4e2m1 compare as their values: within the tolerance only where
+  // they are equal (their steps are 1/8 of the value or more).
+  bool floats = is_float(want.dtype()) || is_small_float(want.dtype());
   for (int64_t i = 0; i < want.numel(); ++i) {
     bool ok;
     double err = 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -13,6 +14,7 @@
 
 #include "io/image.h"
 #include "io/npy.h"
+#include "ir/small_types.h"
 #include "kiln/kiln.h"
 #include "onnx/importer.h"
 #include "tools/commands.h"
@@ -226,6 +228,17 @@ std::vector<std::string> read_labels(const std::string& path) {
   return labels;
 }
 
+// An output as NumPy can hold it: bfloat16 and the 8- and 4-bit floats as float32 values, the
+// sub-byte integers as the int8 / uint8 bytes they are stored in.
+Tensor npy_compatible(const Tensor& t) {
+  if (t.dtype() == DType::kBFloat16 || is_small_float(t.dtype())) return t.to_float32();
+  if (!is_sub_byte_integer(t.dtype())) return t;
+  const bool is_signed = t.dtype() == DType::kInt4 || t.dtype() == DType::kInt2;
+  Tensor wide(is_signed ? DType::kInt8 : DType::kUInt8, t.shape());
+  if (t.nbytes()) std::memcpy(wide.raw(), t.raw(), t.nbytes());
+  return wide;
+}
+
 int run(const RunOptions& o) {
   std::vector<std::string> labels = o.labels.empty() ? std::vector<std::string>{} : read_labels(o.labels);
   // A GPU engine is built for the shapes of the data given, so the inputs are read first, by
@@ -354,7 +367,7 @@ int run(const RunOptions& o) {
     print_output(d.name, t, o, labels);
     if (!o.output_dir.empty()) {
       std::string path = (fs::path(o.output_dir) / (file_name_for(d.name) + ".npy")).string();
-      io::write_npy(path, t.dtype() == DType::kBFloat16 ? t.to_float32() : t);
+      io::write_npy(path, npy_compatible(t));
       std::cout << fmt::format("  wrote {}\n", path);
     }
   }
