@@ -161,6 +161,10 @@ struct EngineInfo {
   size_t activation_bytes = 0;   // GPU: the activation arena of one context (the largest plan's)
   size_t workspace_bytes = 0;    // GPU: library workspace of one context
   size_t io_bytes = 0;           // GPU: input and output buffers of one context (at the max shapes)
+  // GPU: the device memory the engine and one context of it hold after their first runs, as
+  // cudaMemGetInfo sees it: the weights' and the context's buffers in whole pages, and the
+  // libraries' state (handles, kernels loaded on first use; a measured allowance).
+  size_t device_memory_bytes = 0;
   std::vector<ProfileInfo> profiles;  // GPU engines
   size_t planned_shapes = 0;     // GPU: input shapes planned so far (min/opt/max of each profile, then those run)
   std::vector<std::string> fp32_layers;  // fp16 builds: float layers that kept float32

@@ -270,11 +270,24 @@ void set_input_shapes(const Engine& engine, Context& context, int64_t batch, con
     throw Error(ErrorKind::kInvalidArgument, "batch " + std::to_string(batch) + ": no input of the engine has a dynamic first dimension");
 }
 
+// Free device memory before the engine was opened, after, and after its context was made:
+// the GPU memory figures are differences of these, as a user of the engine sees them.
+struct FreeMemory {
+  size_t before = 0, engine = 0, context = 0;
+};
+
+size_t free_device_memory() {
+  size_t free = 0, total = 0;
+  KILN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
+size_t used_between(size_t free_earlier, size_t free_later) { return free_earlier > free_later ? free_earlier - free_later : 0; }
+
 // Times the engine at the context's current input shapes.
 nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Context& context, double build_s,
-                             size_t engine_file_bytes, size_t free_before) {
+                             size_t engine_file_bytes, const FreeMemory& free) {
   nlohmann::json r;
-  size_t free_after = 0, total = 0;
   const std::vector<TensorDesc>& ins = engine.inputs();
   const int64_t items = ins.empty() || context.input_shape(ins[0].name).empty() ? 1 : context.input_shape(ins[0].name)[0];
 
@@ -323,7 +336,7 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
   iteration();
   const double first_run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - first).count();
   warm_up(o, o.warmup - 1, iteration);
-  KILN_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+  const size_t free_after = free_device_memory();
   std::vector<double> times;
   const int iters = (o.iterations > 0 ? o.iterations : (items >= 64 ? 50 : 200)) * std::max(o.avg_runs, 1);
   auto bench_start = std::chrono::steady_clock::now();
@@ -356,7 +369,14 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
        {"weights_bytes", info.weight_bytes},
        {"activation_bytes", info.activation_bytes},
        {"workspace_bytes", info.workspace_bytes},
-       {"gpu_memory_used_bytes", free_before > free_after ? free_before - free_after : 0},
+       {"gpu_memory_used_bytes", used_between(free.before, free_after)},
+       // Where it went: opening the engine (weights, library state), making the context
+       // (activations, workspace, inputs and outputs), and the first runs (kernels loaded on
+       // first use, the CUDA graph).
+       {"gpu_memory_engine_bytes", used_between(free.before, free.engine)},
+       {"gpu_memory_context_bytes", used_between(free.engine, free.context)},
+       {"gpu_memory_first_runs_bytes", used_between(free.context, free_after)},
+       {"gpu_memory_predicted_bytes", info.device_memory_bytes},  // what `kiln inspect` says before running
        {"fp32_layers", info.fp32_layers},
        {"int8_kept_float", info.int8_kept_float},
        {"cpu_fallback", info.has_cpu_fallback},
@@ -365,10 +385,13 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
   if (engine_file_bytes) r["engine_file_bytes"] = engine_file_bytes;
   std::cout << fmt::format(
       "batch {:>4}  {}: median {:.4f} ms  mean {:.4f}  min {:.4f}  p90 {:.4f}  p95 {:.4f}  p99 {:.4f}  max {:.4f}  sd {:.4f}  "
-      "| {:.1f} items/s | {} {:.1f} s | GPU memory {}\n",
+      "| {:.1f} items/s | {} {:.1f} s | GPU memory {} (engine {}, context {}, first runs {})\n",
       items, info.precision, s.median, s.mean, s.min, s.p90, s.p95, s.p99, s.max, s.stddev,
       1000.0 * static_cast<double>(items) / s.median, engine_file_bytes ? "load" : "build", build_s,
-      format_bytes(static_cast<double>(free_before > free_after ? free_before - free_after : 0)));
+      format_bytes(static_cast<double>(used_between(free.before, free_after))),
+      format_bytes(static_cast<double>(used_between(free.before, free.engine))),
+      format_bytes(static_cast<double>(used_between(free.engine, free.context))),
+      format_bytes(static_cast<double>(used_between(free.context, free_after))));
   if (o.profile) {
     // Median per layer over several profiled runs.
     const int runs = 10;
@@ -413,18 +436,20 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
 // One static engine per batch size (an ONNX model without profiles: each built for its batch),
 // or one engine swept over the batches (an engine file, or a build with profiles).
 nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batches) {
-  size_t free_before = 0, total = 0;
-  KILN_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+  FreeMemory free;
+  free.before = free_device_memory();
   nlohmann::json results = nlohmann::json::array();
   const bool one_engine = is_engine_file(o.model) || o.engine.has_profiles();
   if (one_engine) {
     double build_s = 0;
     size_t file_bytes = 0;
     Engine engine = open_gpu_engine(o, -1, build_s, file_bytes);
+    free.engine = free_device_memory();
     Context context = engine.create_context(!o.no_graph);
+    free.context = free_device_memory();
     for (int64_t b : batches) {
       set_input_shapes(engine, context, b, o.engine, is_engine_file(o.model));
-      results.push_back(bench_context(o, engine, context, build_s, file_bytes, free_before));
+      results.push_back(bench_context(o, engine, context, build_s, file_bytes, free));
     }
     return results;
   }
@@ -432,8 +457,10 @@ nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batc
     double build_s = 0;
     size_t file_bytes = 0;
     Engine engine = open_gpu_engine(o, b, build_s, file_bytes);
+    free.engine = free_device_memory();
     Context context = engine.create_context(!o.no_graph);
-    results.push_back(bench_context(o, engine, context, build_s, file_bytes, free_before));
+    free.context = free_device_memory();
+    results.push_back(bench_context(o, engine, context, build_s, file_bytes, free));
   }
   return results;
 }

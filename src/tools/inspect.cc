@@ -146,7 +146,10 @@ int inspect_engine(const InspectOptions& o) {
                               {"shape", {{"min", p.min_shapes[i]}, {"opt", p.layers[i].shape}, {"max", p.max_shapes[i]}}}});
     j["profiles"].push_back(pj);
   }
-  if (!info.profiles.empty()) j["memory"]["io_bytes"] = info.io_bytes;
+  if (!info.profiles.empty()) {
+    j["memory"]["io_bytes"] = info.io_bytes;
+    j["memory"]["device_memory_bytes"] = info.device_memory_bytes;
+  }
   if (json.wanted()) {
     json.write(j);
     return 0;
@@ -178,6 +181,10 @@ int inspect_engine(const InspectOptions& o) {
   std::cout << fmt::format("memory: weights {}, activations {}, workspace {} (per context)\n",
                            human(static_cast<double>(info.weight_bytes), "B"), human(static_cast<double>(info.activation_bytes), "B"),
                            human(static_cast<double>(info.workspace_bytes), "B"));
+  if (!info.profiles.empty())
+    std::cout << fmt::format("device memory with one context, after its first run: about {} (weights and buffers in whole "
+                             "pages, library state)\n",
+                             human(static_cast<double>(info.device_memory_bytes), "B"));
   std::cout << fmt::format("FLOPs: {}\n", human(flops, "FLOP"));
   for (const std::string& k : info.int8_kept_float) std::cout << "kept in float: " << k << "\n";
   return 0;

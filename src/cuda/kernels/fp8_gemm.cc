@@ -12,6 +12,7 @@ namespace kiln::cuda {
 
 namespace {
 
+// The most workspace an algorithm may ask for; the product holds what the selected one asks.
 constexpr size_t kLibraryWorkspace = size_t{32} << 20;
 constexpr int kMaxCandidates = 8;
 
@@ -98,7 +99,10 @@ Fp8Gemm::Fp8Gemm(const Fp8GemmSpec& spec, const void* weights, BuildServices& se
     cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
     const int count = cublaslt_candidates(services.cublaslt(), desc_, a_, b_, d_, kLibraryWorkspace, kMaxCandidates, results);
     for (int i = 0; i < count; ++i)
-      if (results[i].state == CUBLAS_STATUS_SUCCESS) algos_.push_back(results[i].algo);
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) {
+        algos_.push_back(results[i].algo);
+        algo_workspace_.push_back(results[i].workspaceSize);
+      }
     if (algos_.empty()) continue;
     library_act_ = v.act || spec_.act.none();
     library_bias_ = bias_here || !has_bias;
@@ -120,19 +124,21 @@ Fp8Gemm::~Fp8Gemm() {
     if (l) cublasLtMatrixLayoutDestroy(l);
 }
 
+size_t Fp8Gemm::library_workspace() const { return aligned(algo_workspace_[static_cast<size_t>(selected_)]); }
+
 size_t Fp8Gemm::workspace_bytes() const {
-  size_t bytes = kLibraryWorkspace;
+  size_t bytes = library_workspace();
   if (spec_.y_scale > 0.f) bytes += aligned(static_cast<size_t>(spec_.m * spec_.n) * sizeof(__half));
   return bytes;
 }
 
 void Fp8Gemm::run(cublasLtHandle_t handle, const void* x, const void* z, void* y, void* workspace, cudaStream_t stream) const {
   // A float16 Y is cuBLASLt's D; an FP8 Y is requantized from a float16 D in the workspace.
-  void* d = spec_.y_scale > 0.f ? static_cast<char*>(workspace) + kLibraryWorkspace : y;
+  void* d = spec_.y_scale > 0.f ? static_cast<char*>(workspace) + library_workspace() : y;
   const float alpha = 1.f, beta = spec_.has_z ? 1.f : 0.f;
   const void* c = spec_.has_z ? z : d;
   KILN_CUBLAS_CHECK(cublasLtMatmul(handle, desc_, &alpha, weights_, a_, x, b_, &beta, c, d_, d, d_,
-                                   &algos_[static_cast<size_t>(selected_)], workspace, kLibraryWorkspace, stream));
+                                   &algos_[static_cast<size_t>(selected_)], workspace, library_workspace(), stream));
   if (!finish_) return;
   const ir::Activation act = library_act_ ? ir::Activation{} : spec_.act;
   const float* bias = library_bias_ ? nullptr : finish_bias_;

@@ -62,6 +62,8 @@ class Fp8Gemm {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
   std::vector<cublasLtMatmulAlgo_t> algos_;
+  std::vector<size_t> algo_workspace_;  // what each algorithm asks for
+  size_t library_workspace() const;    // the selected algorithm's, aligned
   int selected_ = 0;
   bool library_act_ = false;   // the activation runs in cuBLASLt's epilogue
   bool library_bias_ = false;  // and the bias

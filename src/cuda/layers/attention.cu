@@ -38,6 +38,7 @@ namespace kiln::cuda {
 
 namespace {
 
+// The most workspace a product's algorithm may ask for; the layer holds what the chosen ones ask.
 constexpr size_t kProductWorkspace = size_t{4} << 20;
 constexpr size_t kAlign = 256;
 constexpr int kSoftmaxBlock = 256;
@@ -249,6 +250,7 @@ class BatchedProduct {
     if (cublaslt_candidates(handle, desc_, a_, b_, d_, kProductWorkspace, 1, &result) == 0)
       throw Error(ErrorKind::kUnsupported, "cuBLASLt has no algorithm for an attention product");
     algo_ = result.algo;
+    workspace_ = result.workspaceSize;
   }
   BatchedProduct(const BatchedProduct&) = delete;
   BatchedProduct& operator=(const BatchedProduct&) = delete;
@@ -262,13 +264,15 @@ class BatchedProduct {
            cudaStream_t stream) const {
     const float beta = 0.f;
     KILN_CUBLAS_CHECK(cublasLtMatmul(handle, desc_, &alpha, a, a_, b, b_, &beta, d, d_, d, d_, &algo_, ws,
-                                     kProductWorkspace, stream));
+                                     workspace_, stream));
   }
+  size_t workspace_bytes() const { return workspace_; }
 
  private:
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
+  size_t workspace_ = 0;
 };
 
 // Element offsets of one call's first head in each operand.
@@ -384,8 +388,9 @@ class AttentionLayer final : public Layer {
     }
   }
 
+  bool uses_cudnn() const override { return sdpa_ != nullptr; }
   size_t workspace_bytes() const override {
-    return sdpa_ ? bias_bytes_ + sdpa_->workspace_bytes() : logits_bytes_ + kProductWorkspace;
+    return sdpa_ ? bias_bytes_ + sdpa_->workspace_bytes() : logits_bytes_ + products_workspace();
   }
   std::string tactic() const override {
     if (sdpa_) return "cudnn:fused-attention";
@@ -481,7 +486,7 @@ class AttentionLayer final : public Layer {
     }
     if (!cached) {
       const LayerIO& io = services.scratch_io();
-      void* ws = services.scratch(std::max(logits_bytes_ + kProductWorkspace, bias_bytes_ + plan->workspace_bytes()));
+      void* ws = services.scratch(std::max(logits_bytes_ + products_workspace(), bias_bytes_ + plan->workspace_bytes()));
       float products_ms = 1e30f, fused_ms = 1e30f;
       try {
         products_ms = services.time_ms([&](cudaStream_t st) { run_products(io, services.cublaslt(), ws, st); });
@@ -503,6 +508,8 @@ class AttentionLayer final : public Layer {
     }
     sdpa_ = std::move(plan);
   }
+
+  size_t products_workspace() const { return std::max(scores_->workspace_bytes(), values_->workspace_bytes()); }
 
   static std::string layout_key(const ir::HeadLayout& l) {
     return "(" + std::to_string(l.batch) + "," + std::to_string(l.head) + "," + std::to_string(l.row) + ")";

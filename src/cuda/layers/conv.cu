@@ -322,6 +322,7 @@ class ConvLayer final : public Layer {
     run(io.cudnn, io.inputs[0], z, io.outputs[0], io.workspace, stream, fused_, algo_, workspace_);
   }
   size_t workspace_bytes() const override { return workspace_; }
+  bool uses_cudnn() const override { return !gemm_ && !depthwise_outputs_; }
   std::string tactic() const override {
     if (gemm_) return "gemm(" + gemm_->tactic() + ")";
     if (depthwise_outputs_) return "kernel:depthwise_nhwc x" + std::to_string(depthwise_outputs_);

@@ -23,6 +23,8 @@ namespace kiln::cuda {
 
 namespace {
 
+// The most workspace a product's algorithm may ask for; a context holds only what the chosen
+// algorithms ask for.
 constexpr size_t kMatmulWorkspace = size_t{32} << 20;
 constexpr int kMaxCandidates = 8;
 
@@ -145,15 +147,16 @@ class MatmulLayer final : public Layer {
   }
 
   void enqueue(const LayerIO& io, cudaStream_t stream) const override {
-    run(io.cublaslt, io, io.workspace, algo_, stream);
+    run(io.cublaslt, io, io.workspace, algo_workspace_, algo_, stream);
   }
-  size_t workspace_bytes() const override { return kMatmulWorkspace; }
+  size_t workspace_bytes() const override { return algo_workspace_; }
   std::string tactic() const override {
     return "cublasLt:algo#" + std::to_string(algo_index_) + (after_.none() ? "" : "+epilogue");
   }
 
  private:
-  void run(cublasLtHandle_t handle, const LayerIO& io, void* ws, const cublasLtMatmulAlgo_t& algo,
+  // `ws` holds `ws_bytes`: at least what `algo` asks for (cuBLASLt's heuristic says).
+  void run(cublasLtHandle_t handle, const LayerIO& io, void* ws, size_t ws_bytes, const cublasLtMatmulAlgo_t& algo,
            cudaStream_t stream) const {
     const GemmShape& s = p_.shape;
     const size_t es = element_size(p_.dtype);
@@ -167,7 +170,7 @@ class MatmulLayer final : public Layer {
     if (s.call_offsets.empty()) {
       // C (a [M, N] addend, or nothing) is read where it is: D = act(alpha A B + beta C + bias).
       KILN_CUBLAS_CHECK(cublasLtMatmul(handle, desc_, &alpha, b, layout_a_, a, layout_b_, &beta, c ? c : y, layout_d_, y,
-                                       layout_d_, &algo, ws, kMatmulWorkspace, stream));
+                                       layout_d_, &algo, ws, ws_bytes, stream));
     } else {
       if (c) throw Error(ErrorKind::kInternal, "a broadcast batched product with an addend");
       for (size_t i = 0; i < s.call_offsets.size(); ++i) {
@@ -175,7 +178,7 @@ class MatmulLayer final : public Layer {
         char* yi = y + static_cast<int64_t>(i) * s.out_call_stride * static_cast<int64_t>(es);
         KILN_CUBLAS_CHECK(cublasLtMatmul(handle, desc_, &alpha, b + bo * static_cast<int64_t>(es), layout_a_,
                                          a + ao * static_cast<int64_t>(es), layout_b_, &beta, yi, layout_d_, yi,
-                                         layout_d_, &algo, ws, kMatmulWorkspace, stream));
+                                         layout_d_, &algo, ws, ws_bytes, stream));
       }
     }
     if (!after_.none()) {
@@ -194,22 +197,26 @@ class MatmulLayer final : public Layer {
       int index = std::atoi(cached->c_str());
       if (index >= 0 && index < count) {
         algo_ = results[index].algo;
+        algo_workspace_ = results[index].workspaceSize;
         algo_index_ = index;
         return;
       }
     }
     algo_index_ = 0;
     algo_ = results[0].algo;
+    algo_workspace_ = results[0].workspaceSize;
     if (count > 1) {
       const LayerIO& io = services.scratch_io();
       void* scratch_ws = services.scratch(kMatmulWorkspace);
       float best = 1e30f;
       for (int i = 0; i < count; ++i) {
         try {
-          float ms = services.time_ms([&](cudaStream_t s) { run(services.cublaslt(), io, scratch_ws, results[i].algo, s); });
+          float ms = services.time_ms(
+              [&](cudaStream_t s) { run(services.cublaslt(), io, scratch_ws, results[i].workspaceSize, results[i].algo, s); });
           if (ms < best) {
             best = ms;
             algo_ = results[i].algo;
+            algo_workspace_ = results[i].workspaceSize;
             algo_index_ = i;
           }
         } catch (const Error&) {
@@ -225,6 +232,7 @@ class MatmulLayer final : public Layer {
   cublasLtMatrixLayout_t layout_a_ = nullptr, layout_b_ = nullptr, layout_d_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
   int algo_index_ = 0;
+  size_t algo_workspace_ = 0;  // what the chosen algorithm needs: a context's workspace is sized by it
   const void* b_weights_ = nullptr;
   const void* c_weights_ = nullptr;
   const void* bias_ = nullptr;

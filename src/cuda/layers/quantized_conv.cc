@@ -251,6 +251,7 @@ class QConvLayer final : public Layer {
   size_t workspace_bytes() const override {
     return product_gemm_ ? product_gemm_->workspace_bytes() : graph_ ? graph_->workspace_bytes() : 0;
   }
+  bool uses_cudnn() const override { return !(p_.depthwise || p_.stem || p_.group_width) && !kernel_ && !product_gemm_; }
   std::string tactic() const override {
     if (p_.depthwise) return "kernel:int8 depthwise";
     if (p_.stem) return "kernel:int8 stem";
@@ -340,18 +341,24 @@ class QConvLayer final : public Layer {
       throw Error(ErrorKind::kUnsupported, "the tactic options ask for cuBLASLt only, but cuBLASLt does not run " + k + ": " +
                                                (product_offered ? last_error : "not an FP8 matrix product it takes"));
     const bool cudnn_ok = only.empty() || only == "cudnn";
-    if (cudnn_ok) {
+    if (!cudnn_ok && !kernel_ok && !product_gemm_)
+      throw Error(ErrorKind::kUnsupported,
+                  "the tactic options ask for " + only + ", but kiln's INT8 kernels do not run " + k + ": " + kernel_why);
+    // cuDNN's candidates are made only when they may be used: making them creates the build's
+    // cuDNN handle (device memory an engine of kiln's kernels alone never needs) and asks
+    // cuDNN's heuristics.
+    auto make_graph = [&] {
+      if (!cudnn_ok || graph_) return;
       try {
         graph_ = std::make_unique<ConvGraph>(services.cudnn(), spec_);
       } catch (const Error& e) {
         if (!kernel_ok && !product_gemm_) throw;
         last_error = e.what();
       }
-    } else if (!kernel_ok && !product_gemm_) {
-      throw Error(ErrorKind::kUnsupported,
-                  "the tactic options ask for " + only + ", but kiln's INT8 kernels do not run " + k + ": " + kernel_why);
-    }
-    if (auto cached = services.cached_tactic(k)) {
+    };
+    const std::optional<std::string> cached = services.cached_tactic(k);
+    if (!cached || cached->rfind("graph:", 0) == 0) make_graph();
+    if (cached) {
       Int8ConvTactic tactic;
       if (cached->rfind("kernel:", 0) == 0 && kernel_ok && Int8ConvTactic::parse(cached->substr(7), tactic)) {
         for (const Int8ConvTactic& t : kernels) {
@@ -377,6 +384,7 @@ class QConvLayer final : public Layer {
         return;
       }
     }
+    make_graph();
     const bool log = options.log_candidates;
     auto log_time = [&](const std::string& what, float ms) {
       char t[32];
@@ -424,9 +432,9 @@ class QConvLayer final : public Layer {
       if (best_graph >= 0 && best_graph_ms < best) best = best_graph_ms, best_tactic = "graph:" + std::to_string(best_graph);
     }
     if (product_gemm_) {
-      void* ws = services.scratch(product_gemm_->workspace_bytes());
       for (int i = 0; i < product_gemm_->candidate_count(); ++i) {
         product_gemm_->select(i);
+        void* ws = services.scratch(product_gemm_->workspace_bytes());  // each algorithm's own
         try {
           const float ms = services.time_ms([&](cudaStream_t s) {
             product_gemm_->run(services.cublaslt(), io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], ws, s);

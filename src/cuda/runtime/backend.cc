@@ -197,6 +197,7 @@ class CudaBackendEngine final : public backend::Engine {
     info.activation_bytes = e.arena_bytes();
     info.workspace_bytes = e.workspace_bytes();
     for (const IoSlot& slot : e.io()) info.io_bytes += slot.capacity;
+    info.device_memory_bytes = CudaContext::predicted_bytes(e);
     info.planned_shapes = e.plan_count();
     info.fp32_layers = e.opt_plan(0)->fp32_layers();
   }

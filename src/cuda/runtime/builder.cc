@@ -34,7 +34,7 @@ namespace kiln::cuda {
 void fill_random(void* data, DType dtype, int64_t n, uint32_t seed, cudaStream_t stream);
 
 WeightMemory::~WeightMemory() {
-  for (void* b : blocks_) cudaFree(b);
+  for (const Block& b : blocks_) cudaFree(b.base);
 }
 
 namespace {
@@ -58,20 +58,20 @@ uint64_t content_hash(const void* data, size_t bytes) {
 const void* WeightMemory::upload(const void* host, size_t bytes) {
   const auto key = std::make_pair(bytes, bytes ? content_hash(host, bytes) : 0);
   if (auto it = uploaded_.find(key); it != uploaded_.end()) return it->second;
-  constexpr size_t kAlign = 256, kBlock = size_t{64} << 20;
+  constexpr size_t kAlign = 256, kPage = size_t{2} << 20;
   const size_t size = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
-  if (size > block_left_) {
-    const size_t block = std::max(size, kBlock);
-    void* p = nullptr;
-    KILN_CUDA_CHECK(cudaMalloc(&p, block));
-    blocks_.push_back(p);
-    cursor_ = static_cast<char*>(p);
-    block_left_ = block;
+  auto block = std::find_if(blocks_.begin(), blocks_.end(), [&](const Block& b) { return b.size - b.used >= size; });
+  if (block == blocks_.end()) {
+    Block b;
+    b.size = (size + kPage - 1) / kPage * kPage;
+    KILN_CUDA_CHECK(cudaMalloc(&b.base, b.size));
+    blocks_.push_back(b);
+    held_ += b.size;
+    block = blocks_.end() - 1;
   }
-  void* dst = cursor_;
+  void* dst = block->base + block->used;
   if (bytes) KILN_CUDA_CHECK(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
-  cursor_ += size;
-  block_left_ -= size;
+  block->used += size;
   used_ += size;
   uploaded_[key] = dst;
   return dst;
@@ -178,7 +178,16 @@ class Builder final : public BuildServices {
     cache_.set(key, tactic);
     note_tactic(key, tactic);
   }
-  cudnnContext* cudnn() override { return cudnn_; }
+  // Made on first use: a cuDNN handle holds about 8 MB of device memory (docs/design/gpu-engine.md,
+  // "Device memory"), which a build of kiln's kernels alone never needs.
+  cudnnContext* cudnn() override {
+    if (!cudnn_) {
+      KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
+      KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+      scratch_io_.cudnn = cudnn_;
+    }
+    return cudnn_;
+  }
   cublasLtContext* cublaslt() override { return cublaslt_; }
   const cudaDeviceProp& device() override { return prop_; }
   cudaStream_t stream() override { return stream_; }
@@ -555,8 +564,6 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop_, device));
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
-  KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
   KILN_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
   KILN_CUDA_CHECK(cudaEventCreate(&events_[0]));
   KILN_CUDA_CHECK(cudaEventCreate(&events_[1]));

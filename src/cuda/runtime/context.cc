@@ -16,7 +16,6 @@ namespace kiln::cuda {
 CudaContext::CudaContext(const CudaEngine& engine, bool use_cuda_graph)
     : engine_(engine), use_cuda_graph_(use_cuda_graph) {
   check_memory();
-  KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
   KILN_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
   for (const IoSlot& slot : engine.io()) {
     void* device = nullptr;
@@ -50,6 +49,29 @@ void CudaContext::check_memory() const {
     throw Error(ErrorKind::kDevice, "an execution context needs " + format_bytes(static_cast<double>(need)) + parts +
                                         ", the GPU has " + format_bytes(static_cast<double>(free)) + " free")
         .hint("free GPU memory (other contexts, other processes), or build for smaller max shapes");
+}
+
+namespace {
+
+// The device allocates in pages of 2 MiB: a buffer costs whole pages.
+size_t in_pages(size_t bytes) {
+  constexpr size_t kPage = size_t{2} << 20;
+  return (bytes + kPage - 1) / kPage * kPage;
+}
+
+// What the libraries hold once an engine has run: cuBLASLt's and cuDNN's handles (a cuDNN
+// handle alone takes about 8 MB), kernels loaded on first use, the CUDA graph. It is what
+// cudaMemGetInfo's figure leaves over the engine's own buffers, measured on CNN engines at batch
+// 1, fp16 and INT8 (bench/device_memory.py; docs/design/gpu-engine.md, "Device memory").
+constexpr size_t kLibraryStateBytes = size_t{18} << 20;
+
+}  // namespace
+
+size_t CudaContext::predicted_bytes(const CudaEngine& engine) {
+  size_t io = 0;
+  for (const IoSlot& slot : engine.io()) io += std::max<size_t>(slot.capacity, 1);
+  return engine.weight_held_bytes() + in_pages(engine.arena_bytes()) + in_pages(engine.workspace_bytes()) + in_pages(io) +
+         kLibraryStateBytes;
 }
 
 CudaContext::~CudaContext() {
@@ -136,6 +158,11 @@ void* CudaContext::output_buffer(const std::string& name) const {
 
 void CudaContext::bind(Bound& b) {
   const ShapePlan& plan = *b.plan;
+  // The cuDNN handle is made for the first plan with a layer that uses it (binding happens on a
+  // run's eager pass, never inside a graph capture).
+  if (!cudnn_ && std::any_of(plan.layers().begin(), plan.layers().end(),
+                             [](const PlannedLayer& l) { return l.layer->uses_cudnn(); }))
+    KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
   b.io.clear();
   for (const PlannedLayer& l : plan.layers()) {
     LayerIO io;
@@ -207,7 +234,7 @@ void CudaContext::enqueue(cudaStream_t stream) {
     return;
   }
   Bound& b = bound();
-  KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
+  if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   if (!use_cuda_graph_) {
     enqueue_layers(b, stream);
     return;
@@ -304,7 +331,7 @@ std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tenso
 
 std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
   Bound& b = bound();
-  KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
+  if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   const std::vector<PlannedLayer>& layers = b.plan->layers();
   const size_t n = layers.size();
   std::vector<cudaEvent_t> events(n + 1);
@@ -335,7 +362,7 @@ std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
 
 std::vector<LayerTime> CudaContext::profile_in_graph(cudaStream_t stream, int launches) {
   Bound& b = bound();
-  KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
+  if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   const std::vector<PlannedLayer>& layers = b.plan->layers();
   std::vector<LayerTime> times, by_events;
   for (size_t i = 0; i < layers.size(); ++i) {

@@ -99,9 +99,10 @@ struct EngineIO {
   int buffer = -1;
 };
 
-// Device memory the engine owns for weights: a bump allocator over large blocks. Uploads are
-// content-addressed: the plans of one engine (one per input shape) upload the same weights,
-// and each distinct content is stored once.
+// Device memory the engine owns for weights. Uploads are content-addressed: the plans of one
+// engine (one per input shape) upload the same weights, and each distinct content is stored once.
+// Blocks are whole pages of the device's allocation granularity (2 MiB) and each upload takes the
+// first block with room left, so the memory held is the weights and the unused ends of a few pages.
 class WeightMemory {
  public:
   WeightMemory() = default;
@@ -110,12 +111,16 @@ class WeightMemory {
   ~WeightMemory();
   const void* upload(const void* host, size_t bytes);
   size_t bytes() const { return used_; }
+  // The device memory the blocks take (whole pages): what the weights cost.
+  size_t held_bytes() const { return held_; }
 
  private:
-  std::vector<void*> blocks_;
-  size_t block_left_ = 0;
-  char* cursor_ = nullptr;
-  size_t used_ = 0;
+  struct Block {
+    char* base = nullptr;
+    size_t size = 0, used = 0;
+  };
+  std::vector<Block> blocks_;
+  size_t used_ = 0, held_ = 0;
   std::map<std::pair<size_t, uint64_t>, const void*> uploaded_;  // (bytes, content hash) -> device
 };
 
@@ -201,6 +206,7 @@ class CudaEngine {
   std::shared_ptr<const ShapePlan> max_plan(int profile) const;
 
   size_t weight_bytes() const;
+  size_t weight_held_bytes() const;  // the weights' device memory, in whole pages
   // The largest activation arena / workspace of the plans built so far.
   size_t arena_bytes() const;
   size_t workspace_bytes() const;
@@ -257,6 +263,9 @@ class CudaContext {
  public:
   explicit CudaContext(const CudaEngine& engine, bool use_cuda_graph = true);
   ~CudaContext();
+  // The device memory `engine` and one context of it hold after their first runs
+  // (EngineInfo::device_memory_bytes), known before either runs.
+  static size_t predicted_bytes(const CudaEngine& engine);
   CudaContext(const CudaContext&) = delete;
   CudaContext& operator=(const CudaContext&) = delete;
 

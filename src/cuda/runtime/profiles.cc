@@ -231,6 +231,11 @@ size_t CudaEngine::weight_bytes() const {
   return weights_.bytes();
 }
 
+size_t CudaEngine::weight_held_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return weights_.held_bytes();
+}
+
 size_t CudaEngine::arena_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return arena_bytes_;
