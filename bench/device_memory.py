@@ -56,7 +56,14 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     binaries = [os.path.abspath(k) for k in args.kiln.split(",")]
     configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.configs.split(",")]
+    built_from = {}
+    for kiln in binaries:  # scripts/build_gpu.sh's record beside the packed binary, where there is one
+        info = os.path.join(os.path.dirname(kiln), "dist" + os.path.basename(kiln)[4:], "BUILD_INFO.json")
+        if os.path.exists(info):
+            with open(info) as f:
+                built_from[kiln] = json.load(f).get("commit")
     results = {"meta": {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "binaries": binaries,
+                        "binaries_built_from": built_from,
                         "machine": gpu_bench.machine(),
                         "measured": "cudaMemGetInfo's free memory before kiln bench opens the engine file, minus after "
                                     "its warm-up runs (CUDA graph captured); 2 MiB pages"},

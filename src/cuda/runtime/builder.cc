@@ -178,7 +178,7 @@ class Builder final : public BuildServices {
     cache_.set(key, tactic);
     note_tactic(key, tactic);
   }
-  // Made on first use: a cuDNN handle holds about 8 MB of device memory (docs/design/gpu-engine.md,
+  // Made on first use: a cuDNN handle holds megabytes of device memory (docs/design/gpu-engine.md,
   // "Device memory"), which a build of kiln's kernels alone never needs.
   cudnnContext* cudnn() override {
     if (!cudnn_) {

@@ -119,7 +119,7 @@ class Layer {
   virtual ~Layer() = default;
   virtual void enqueue(const LayerIO& io, cudaStream_t stream) const = 0;
   virtual size_t workspace_bytes() const { return 0; }
-  // Whether enqueue() uses LayerIO::cudnn: a context makes its cuDNN handle (about 8 MB of device
+  // Whether enqueue() uses LayerIO::cudnn: a context makes its cuDNN handle (megabytes of device
   // memory) only when one of its layers does.
   virtual bool uses_cudnn() const { return false; }
   // The implementation chosen, for `kiln inspect` and profiles: "cudnn:algo=1", "kernel:softmax".
