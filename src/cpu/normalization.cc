@@ -1,6 +1,6 @@
-// CPU kernels of Softmax, LogSoftmax, Hardmax, LpNormalization, LayerNormalization, RMSNormalization and
-// InstanceNormalization (float32). The input is seen as [outer, axis, inner]; the common
-// last-axis case (inner == 1) runs over contiguous rows.
+// CPU kernels of Softmax, LogSoftmax, Hardmax, LpNormalization, LayerNormalization, RMSNormalization,
+// InstanceNormalization, GroupNormalization and MeanVarianceNormalization (float32). The input is
+// seen as [outer, axis, inner]; the common last-axis case (inner == 1) runs over contiguous rows.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -180,6 +180,68 @@ void rms_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::v
   }
 }
 
+// GroupNormalization (opset 21): statistics over each group of C / num_groups channels and the
+// spatial dims, in double; scale and bias per channel.
+void group_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+  const Tensor& x = *in[0];
+  const int64_t n = x.dim(0), c = x.dim(1), groups = node.attrs.get_int("num_groups", 1);
+  const float eps = node.attrs.get_float("epsilon", 1e-5f);
+  const int64_t inner = n * c != 0 ? x.numel() / (n * c) : 0, per_group = c / groups * inner;
+  const float* xp = x.data<float>();
+  const float* scale = in[1]->data<float>();
+  const float* bias = in[2]->data<float>();
+  float* yp = out[0].data<float>();
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t start = (b * c + g * (c / groups)) * inner;
+      double sum = 0.0;
+      for (int64_t i = 0; i < per_group; ++i) sum += xp[start + i];
+      const double mean = per_group ? sum / static_cast<double>(per_group) : 0.0;
+      double sq = 0.0;
+      for (int64_t i = 0; i < per_group; ++i) sq += (xp[start + i] - mean) * (xp[start + i] - mean);
+      const double inv = 1.0 / std::sqrt((per_group ? sq / static_cast<double>(per_group) : 0.0) + eps);
+      for (int64_t i = 0; i < per_group; ++i) {
+        const int64_t ch = g * (c / groups) + i / inner;
+        yp[start + i] = static_cast<float>((xp[start + i] - mean) * inv * scale[ch] + bias[ch]);
+      }
+    }
+}
+
+// MeanVarianceNormalization: (x - mean) / (standard deviation + 1e-9) over `axes` (ONNX's
+// function body), in double.
+void mean_variance_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+  const Tensor& x = *in[0];
+  const int64_t rank = x.rank();
+  std::vector<bool> reduced(static_cast<size_t>(rank), false);
+  for (int64_t a : node.attrs.get_ints("axes", {0, 2, 3})) reduced[static_cast<size_t>(a < 0 ? a + rank : a)] = true;
+  int64_t groups = 1;
+  for (int64_t d = 0; d < rank; ++d)
+    if (!reduced[static_cast<size_t>(d)]) groups *= x.dim(d);
+  // Calls fn(i, g) for every element i in order, g its group: its index with the reduced dims
+  // left out.
+  auto each = [&](auto&& fn) {
+    std::vector<int64_t> coord(static_cast<size_t>(rank), 0);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      int64_t g = 0;
+      for (int64_t d = 0; d < rank; ++d)
+        if (!reduced[static_cast<size_t>(d)]) g = g * x.dim(d) + coord[static_cast<size_t>(d)];
+      fn(i, static_cast<size_t>(g));
+      for (int64_t d = rank - 1; d >= 0 && ++coord[static_cast<size_t>(d)] == x.dim(d); --d) coord[static_cast<size_t>(d)] = 0;
+    }
+  };
+  std::vector<double> mean(static_cast<size_t>(groups), 0.0), sq(static_cast<size_t>(groups), 0.0);
+  std::vector<int64_t> count(static_cast<size_t>(groups), 0);
+  const float* xp = x.data<float>();
+  each([&](int64_t i, size_t g) { mean[g] += xp[i], ++count[g]; });
+  for (size_t g = 0; g < mean.size(); ++g)
+    if (count[g]) mean[g] /= static_cast<double>(count[g]);
+  each([&](int64_t i, size_t g) { sq[g] += (xp[i] - mean[g]) * (xp[i] - mean[g]); });
+  float* yp = out[0].data<float>();
+  each([&](int64_t i, size_t g) {
+    yp[i] = static_cast<float>((xp[i] - mean[g]) / (std::sqrt(sq[g] / static_cast<double>(count[g])) + 1e-9));
+  });
+}
+
 void instance_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
   const Tensor& x = *in[0];
   const int64_t channels = x.dim(1);
@@ -246,6 +308,29 @@ KILN_REGISTER_CPU_KERNELS(normalization) {
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { instance_norm(*node, in, out); });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "GroupNormalization";
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { group_norm(*node, in, out); });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "MeanVarianceNormalization";
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel(
+          [node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { mean_variance_norm(*node, in, out); });
     };
     registry.add(std::move(e));
   }

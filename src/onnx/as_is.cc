@@ -32,15 +32,21 @@ constexpr AsIs kAsIs[] = {
     // (MaxPool's indices output in 8, ceil_mode in 10; AveragePool's count_include_pad in 7,
     // dilations in 19; LpPool's ceil_mode and dilations in 18).
     {"MaxPool", 8}, {"AveragePool", 7}, {"LpPool", 7}, {"GlobalAveragePool", 7},
-    {"GlobalMaxPool", 7}, {"GlobalLpPool", 7},
+    {"GlobalMaxPool", 7}, {"GlobalLpPool", 7}, {"MaxUnpool", 11},
     // Normalizations whose attributes have meant the same since they arrived.
     {"LayerNormalization", 17}, {"RMSNormalization", 23}, {"InstanceNormalization", 7},
-    {"LpNormalization", 7},
+    {"LpNormalization", 7}, {"LRN", 7}, {"MeanVarianceNormalization", 9},
+    // GroupNormalization: opset 21 made scale and bias per channel (18's were per group).
+    {"GroupNormalization", 21},
+    // Shrink, and Col2Im (the inverse of im2col).
+    {"Shrink", 9}, {"Col2Im", 18},
+    // AffineGrid makes the sampling grid GridSample reads.
+    {"AffineGrid", 20},
     // QuantizeLinear and DequantizeLinear: opset 10's forms are per tensor; 13 added `axis`, 21
     // `block_size` and `output_dtype`, with defaults that keep the older meaning.
     {"QuantizeLinear", 10}, {"DequantizeLinear", 10},
     // The integer products and dynamic quantization of ONNX Runtime's quantized models.
-    {"MatMulInteger", 10}, {"QLinearMatMul", 10}, {"DynamicQuantizeLinear", 11},
+    {"MatMulInteger", 10}, {"QLinearMatMul", 10}, {"DynamicQuantizeLinear", 11}, {"ConvInteger", 10},
     // Data movement: later opsets added negative axes, DepthToSpace's mode (11) and Reshape's
     // allowzero (14), with defaults that keep the older meaning. Resize's opset 11 form is the
     // IR's (Upsample, removed in opset 10, has no importer); Pad, Slice and Clip, whose

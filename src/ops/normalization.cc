@@ -1,4 +1,5 @@
-// Schemas of Softmax, LogSoftmax, Hardmax, LayerNormalization, RMSNormalization, InstanceNormalization and
+// Schemas of Softmax, LogSoftmax, Hardmax, LayerNormalization, RMSNormalization, InstanceNormalization,
+// GroupNormalization (opset 21: scale and bias per channel), MeanVarianceNormalization and
 // LpNormalization. Softmax (and Hardmax) here has opset 13's per-axis meaning; the importer rewrites the
 // older "flatten to 2-D at axis" form.
 #include "ir/op_schema.h"
@@ -82,6 +83,42 @@ void infer_instance_norm(InferContext& ctx) {
   ctx.set_output(0, x.dtype, x.shape);
 }
 
+void infer_group_norm(InferContext& ctx) {
+  const TensorType& x = ctx.type(0);
+  if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
+  if (!ctx.node.attrs.has("num_groups")) ctx.fail("the attribute num_groups is required");
+  const int64_t groups = ctx.node.attrs.get_int("num_groups", 1);
+  if (groups < 1) ctx.fail("num_groups must be at least 1, is " + std::to_string(groups));
+  if (x.shape) {
+    if (x.shape->size() < 2) ctx.fail("input must have rank 2 or more ([N, C, ...])");
+    const Dim& c = (*x.shape)[1];
+    if (c.known() && c.value % groups != 0)
+      ctx.fail(std::to_string(c.value) + " channels do not split into " + std::to_string(groups) + " groups");
+    for (size_t i = 1; i < 3; ++i) {
+      if (ctx.dtype(i) != x.dtype) ctx.fail("input " + std::to_string(i) + " has type " + to_string(ctx.dtype(i)));
+      if (ctx.shape_known(i) && (ctx.shape(i).size() != 1 || (ctx.shape(i)[0].known() && c.known() && ctx.shape(i)[0] != c)))
+        ctx.fail("input " + std::to_string(i) + " must have shape [C] = [" + c.str() + "], has " + dims_to_string(ctx.shape(i)));
+    }
+  }
+  ctx.set_output(0, x.dtype, x.shape);
+}
+
+void infer_mean_variance_norm(InferContext& ctx) {
+  const TensorType& x = ctx.type(0);
+  if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
+  if (x.shape) {
+    const int64_t rank = static_cast<int64_t>(x.shape->size());
+    if (rank == 0) ctx.fail("input must have rank 1 or more");
+    std::vector<bool> seen(static_cast<size_t>(rank), false);
+    for (int64_t a : ctx.node.attrs.get_ints("axes", {0, 2, 3})) {
+      const int64_t axis = normalize_axis(ctx, a, rank);
+      if (seen[static_cast<size_t>(axis)]) ctx.fail("axis " + std::to_string(a) + " appears twice in axes");
+      seen[static_cast<size_t>(axis)] = true;
+    }
+  }
+  ctx.set_output(0, x.dtype, x.shape);
+}
+
 int64_t elementwise_flops(const FlopsContext& c, int64_t per_element) {
   return FlopsContext::numel(c.input_types[0]) * per_element;
 }
@@ -120,6 +157,22 @@ KILN_REGISTER_OPS(normalization) {
     s.min_inputs = s.max_inputs = 3;
     s.infer = infer_instance_norm;
     s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 8); };
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s;
+    s.op = "GroupNormalization";
+    s.min_inputs = s.max_inputs = 3;
+    s.infer = infer_group_norm;
+    s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 8); };
+    s.limits = "opset 21's form (scale and bias per channel; opset 18's per-group form is refused)";
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s;
+    s.op = "MeanVarianceNormalization";
+    s.infer = infer_mean_variance_norm;
+    s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 6); };
     registry.add(std::move(s));
   }
 }
