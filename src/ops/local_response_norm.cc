@@ -12,8 +12,7 @@ namespace {
 void infer_lrn(InferContext& ctx) {
   const TensorType& x = ctx.type(0);
   if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
-  if (!ctx.node.attrs.has("size")) ctx.fail("the attribute size is required");
-  const int64_t size = ctx.node.attrs.get_int("size", 1);
+  const int64_t size = ctx.node.attrs.require_int("size");
   if (size < 1) ctx.fail("size must be at least 1, is " + std::to_string(size));
   if (x.shape && x.shape->size() < 2) ctx.fail("input must have rank 2 or more ([N, C, ...])");
   ctx.set_output(0, x.dtype, x.shape);

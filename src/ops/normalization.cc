@@ -86,8 +86,7 @@ void infer_instance_norm(InferContext& ctx) {
 void infer_group_norm(InferContext& ctx) {
   const TensorType& x = ctx.type(0);
   if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
-  if (!ctx.node.attrs.has("num_groups")) ctx.fail("the attribute num_groups is required");
-  const int64_t groups = ctx.node.attrs.get_int("num_groups", 1);
+  const int64_t groups = ctx.node.attrs.require_int("num_groups");
   if (groups < 1) ctx.fail("num_groups must be at least 1, is " + std::to_string(groups));
   if (x.shape) {
     if (x.shape->size() < 2) ctx.fail("input must have rank 2 or more ([N, C, ...])");
