@@ -9,7 +9,9 @@ namespace kiln::cpu {
 
 namespace {
 
-// The normalized coordinate of pixel i of n.
+// The normalized coordinate of pixel i of n. A single pixel with align_corners is ill-defined
+// (-1 and 1 would both be its center): ONNX's Python reference puts it at -1, which kiln
+// follows; PyTorch's affine_grid puts it at 0 and ONNX Runtime at 1.
 double coordinate(int64_t i, int64_t n, bool align_corners) {
   if (align_corners) return n > 1 ? -1.0 + 2.0 * static_cast<double>(i) / static_cast<double>(n - 1) : -1.0;
   return (2.0 * static_cast<double>(i) + 1.0) / static_cast<double>(n) - 1.0;

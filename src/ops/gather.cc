@@ -135,6 +135,7 @@ void infer_compress(InferContext& ctx) {
   Dim along = Dim::unknown();
   size_t axis = 0;
   if (has_axis) {
+    if (dims.empty()) ctx.fail("axis is given but the input is a scalar");
     axis = static_cast<size_t>(normalize_axis(ctx, ctx.node.attrs.get_int("axis", 0), static_cast<int64_t>(dims.size())));
     along = dims[axis];
   } else {

@@ -107,7 +107,7 @@ void infer_mean_variance_norm(InferContext& ctx) {
   if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
   if (x.shape) {
     const int64_t rank = static_cast<int64_t>(x.shape->size());
-    if (rank == 0) ctx.fail("input must have rank 1 or more");
+    if (rank == 0) ctx.fail("the input is a scalar; axes need rank 1 or more");
     std::vector<bool> seen(static_cast<size_t>(rank), false);
     for (int64_t a : ctx.node.attrs.get_ints("axes", {0, 2, 3})) {
       const int64_t axis = normalize_axis(ctx, a, rank);

@@ -387,5 +387,21 @@ TEST(FuzzRegression, AttentionOverEmptyHeadsIsNotFolded) {
   }
 }
 
+// The fuzz smoke test (seeds 5 and 7) and MeanVarianceNormalization's first version: an axis
+// of a scalar input. normalize_axis accepts axis 0 for rank 0 (ops that add an axis need it);
+// Compress and MeanVarianceNormalization then indexed the scalar's empty dims.
+TEST(FuzzRegression, AnAxisOfAScalarIsRefused) {
+  for (const auto& [op, extra] : std::vector<std::pair<std::string, bool>>{{"Compress", true}, {"MeanVarianceNormalization", false}}) {
+    GraphBuilder b;
+    b.input("x", {});
+    std::vector<std::string> inputs = {"x"};
+    if (extra) inputs.push_back(b.constant("c", Tensor::from_vector<bool>({1}, {true})));
+    b.node(op, inputs, "y", {{"axis", int64_t{0}}, {"axes", std::vector<int64_t>{0}}});
+    b.output("y");
+    const std::string why = refusal(b);
+    EXPECT_NE(why.find("scalar"), std::string::npos) << op << ": " << why;
+  }
+}
+
 }  // namespace
 }  // namespace kiln

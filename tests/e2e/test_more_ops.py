@@ -1,0 +1,147 @@
+"""Operators of the CPU engine against ONNX Runtime, on seeded random data beyond the ONNX node
+cases (which cover one or two geometries each): DFT (lengths that are powers of two, which take
+the FFT, and others, which take the direct transform; padded and truncated; inverse; one-sided
+both ways; complex input; opset 17's axis attribute), Col2Im, MaxUnpool with an output_shape,
+ConvInteger, AffineGrid, LRN, GroupNormalization, MeanVarianceNormalization and Shrink, through
+`kiln check`; and where ONNX Runtime differs from ONNX's definition or refuses a form the
+definition allows (MaxUnpool's output_shape, which ONNX's reference and node cases pad after
+unpooling; ConvInteger's per-channel w_zero_point; LRN's even sizes), against ONNX's Python
+reference."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+
+def _save(tmp_path, name, node, inputs, initializers, opset, out_type=TensorProto.FLOAT):
+    graph = helper.make_graph([node], name, [helper.make_tensor_value_info(n, t, list(s)) for n, t, s in inputs],
+                              [helper.make_tensor_value_info(o, out_type, None) for o in node.output],
+                              [numpy_helper.from_array(v, n) for n, v in initializers.items()])
+    # (Not onnx.checker: it wants every output's shape, which ONNX Runtime and kiln infer.)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def check_against_reference(run_kiln, tmp_path, path, feed: dict) -> None:
+    """`kiln run` on the CPU engine against onnx.reference, output by output."""
+    args = []
+    for name, value in feed.items():
+        np.save(tmp_path / f"{name}.npy", value)
+        args += ["--input", f"{name}={tmp_path / f'{name}.npy'}"]
+    r = run_kiln("run", path, "--device", "cpu", *args, "-o", tmp_path / "out")
+    assert r.returncode == 0, r.describe()
+    model = onnx.load(path)
+    for output, want in zip(model.graph.output, ReferenceEvaluator(model).run(None, feed)):
+        got = np.load(tmp_path / "out" / f"{output.name}.npy")
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,length,axis,inverse,onesided", [
+    ((2, 16, 1), None, 1, 0, 0), ((2, 16, 2), None, 1, 1, 0), ((3, 12, 1), 16, 1, 0, 1), ((2, 5, 2), 8, 1, 1, 1),
+    ((2, 9, 4, 2), 16, 1, 0, 0), ((2, 4, 6, 1), 12, 2, 0, 0), ((1, 33, 2), 32, 1, 1, 0), ((2, 7, 2), None, 1, 1, 1),
+    ((2, 10, 3, 1), 6, 1, 0, 1)])
+def test_dft_matches_onnxruntime(tmp_path, check_against_onnxruntime, shape, length, axis, inverse, onesided):
+    x = np.random.default_rng(len(shape) * 31 + (length or 0)).standard_normal(shape).astype(np.float32)
+    inits = {"axis": np.array(axis, np.int64)}
+    if length:
+        inits["length"] = np.array(length, np.int64)
+    node = helper.make_node("DFT", ["x", "length" if length else "", "axis"], ["y"], inverse=inverse, onesided=onesided)
+    check_against_onnxruntime(_save(tmp_path, "dft", node, [("x", TensorProto.FLOAT, shape)], inits, 20), {"x": x})
+
+
+def test_dft_of_opset_17_takes_its_axis_attribute(tmp_path, check_against_onnxruntime):
+    x = np.random.default_rng(3).standard_normal((3, 6, 8, 2)).astype(np.float32)
+    node = helper.make_node("DFT", ["x"], ["y"], axis=2)
+    check_against_onnxruntime(_save(tmp_path, "dft17", node, [("x", TensorProto.FLOAT, x.shape)], {}, 17), {"x": x})
+
+
+@pytest.mark.parametrize("image,block,attrs", [
+    ([5, 6], [2, 3], {}), ([6, 7], [3, 2], {"strides": [2, 1], "pads": [1, 0, 1, 2]}),
+    ([7, 5], [2, 2], {"dilations": [2, 1], "strides": [1, 2]}), ([4, 3, 5], [2, 1, 3], {})])
+def test_col2im_matches_onnxruntime(tmp_path, check_against_onnxruntime, image, block, attrs):
+    dims = len(image)
+    dil, st = attrs.get("dilations", [1] * dims), attrs.get("strides", [1] * dims)
+    pads = attrs.get("pads", [0] * 2 * dims)
+    blocks = int(np.prod([(image[d] + pads[d] + pads[d + dims] - dil[d] * (block[d] - 1) - 1) // st[d] + 1
+                          for d in range(dims)]))
+    x = np.random.default_rng(blocks).standard_normal((2, 3 * int(np.prod(block)), blocks)).astype(np.float32)
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], **attrs)
+    inits = {"image": np.array(image, np.int64), "block": np.array(block, np.int64)}
+    check_against_onnxruntime(_save(tmp_path, "col2im", node, [("x", TensorProto.FLOAT, x.shape)], inits, 18), {"x": x})
+
+
+@pytest.mark.parametrize("output_shape", [None, [2, 3, 7, 8]])
+def test_max_unpool(tmp_path, run_kiln, check_against_onnxruntime, output_shape):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 3, 3)).astype(np.float32)
+    # Indices into the unpooled [2, 3, 6, 6] tensor, one per 2x2 window (as MaxPool gives them).
+    idx = np.zeros(x.shape, np.int64)
+    for n, c, i, j in np.ndindex(*x.shape):
+        idx[n, c, i, j] = ((n * 3 + c) * 6 + 2 * i + rng.integers(0, 2)) * 6 + 2 * j + rng.integers(0, 2)
+    inputs = ["x", "i"] + (["shape"] if output_shape else [])
+    node = helper.make_node("MaxUnpool", inputs, ["y"], kernel_shape=[2, 2], strides=[2, 2])
+    inits = {"shape": np.array(output_shape, np.int64)} if output_shape else {}
+    path = _save(tmp_path, "max_unpool", node, [("x", TensorProto.FLOAT, x.shape), ("i", TensorProto.INT64, x.shape)],
+                 inits, 11)
+    if output_shape:
+        check_against_reference(run_kiln, tmp_path, path, {"x": x, "i": idx})
+    else:
+        check_against_onnxruntime(path, {"x": x, "i": idx})
+
+
+@pytest.mark.parametrize("attrs,w_zero", [({}, [3]), ({"pads": [1, 1, 1, 1], "strides": [2, 1]}, [1, 2, 3, 4]),
+                                          ({"dilations": [2, 2], "group": 2}, [0])])
+def test_conv_integer(tmp_path, run_kiln, check_against_onnxruntime, attrs, w_zero):
+    rng = np.random.default_rng(len(w_zero))
+    x = rng.integers(0, 256, (2, 4, 7, 6)).astype(np.uint8)
+    w = rng.integers(0, 256, (4, 4 // attrs.get("group", 1), 3, 2)).astype(np.uint8)
+    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], **attrs)
+    inits = {"w": w, "xz": np.array(128, np.uint8), "wz": np.array(w_zero, np.uint8)}
+    path = _save(tmp_path, "conv_integer", node, [("x", TensorProto.UINT8, x.shape)], inits, 10, TensorProto.INT32)
+    if len(w_zero) > 1:  # per output channel: ONNX Runtime's CPU provider takes one zero point only
+        check_against_reference(run_kiln, tmp_path, path, {"x": x})
+    else:
+        check_against_onnxruntime(path, {"x": x})
+
+
+@pytest.mark.parametrize("size,align", [([2, 3, 5, 7], 0), ([2, 3, 5, 7], 1), ([2, 1, 3, 4, 5], 0), ([2, 1, 3, 4, 5], 1),
+                                        ([2, 1, 1, 4, 1], 0), ([2, 1, 1, 4, 1], 1)])
+def test_affine_grid(tmp_path, run_kiln, check_against_onnxruntime, size, align):
+    dims = len(size) - 2
+    theta = np.random.default_rng(dims + align).standard_normal((size[0], dims, dims + 1)).astype(np.float32)
+    node = helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=align)
+    path = _save(tmp_path, "affine_grid", node, [("theta", TensorProto.FLOAT, theta.shape)],
+                 {"size": np.array(size, np.int64)}, 20)
+    if align and 1 in size[2:]:  # a single pixel with align_corners: the definitions disagree (affine_grid.cc)
+        check_against_reference(run_kiln, tmp_path, path, {"theta": theta})
+    else:
+        check_against_onnxruntime(path, {"theta": theta})
+
+
+@pytest.mark.parametrize("op,attrs,extra,opset", [
+    ("LRN", {"size": 3, "alpha": 0.01, "beta": 0.6, "bias": 2.0}, {}, 13),
+    ("GroupNormalization", {"num_groups": 2, "epsilon": 1e-3}, {"scale": 6, "bias": 6}, 21),
+    ("GroupNormalization", {"num_groups": 6}, {"scale": 6, "bias": 6}, 21),
+    ("MeanVarianceNormalization", {}, {}, 13),
+    ("MeanVarianceNormalization", {"axes": [1, 3]}, {}, 13),
+    ("Shrink", {"lambd": 0.7, "bias": 0.2}, {}, 9)])
+def test_normalizations_match_onnxruntime(tmp_path, check_against_onnxruntime, op, attrs, extra, opset):
+    rng = np.random.default_rng(len(attrs))
+    x = rng.standard_normal((2, 6, 5, 4)).astype(np.float32) * 2 + 0.5
+    inits = {name: rng.standard_normal(n).astype(np.float32) for name, n in extra.items()}
+    node = helper.make_node(op, ["x", *inits], ["y"], **attrs)
+    check_against_onnxruntime(_save(tmp_path, op.lower(), node, [("x", TensorProto.FLOAT, x.shape)], inits, opset), {"x": x})
+
+
+def test_lrn_of_an_even_size_matches_the_reference(tmp_path, run_kiln):
+    # N equal to C: ONNX's reference loops over the batch size where it means the channels.
+    x = np.random.default_rng(9).standard_normal((5, 5, 3, 3)).astype(np.float32)
+    node = helper.make_node("LRN", ["x"], ["y"], size=4, alpha=0.05, beta=0.7)
+    check_against_reference(run_kiln, tmp_path, _save(tmp_path, "lrn4", node, [("x", TensorProto.FLOAT, x.shape)], {}, 13),
+                            {"x": x})
