@@ -62,8 +62,9 @@ constexpr AsIs kAsIs[] = {
     {"ConstantOfShape", 9}, {"EyeLike", 9}, {"Range", kMinOpset}, {"TopK", 10},
     {"Trilu", 14}, {"CumSum", kMinOpset}, {"CumProd", 26}, {"OneHot", 9}, {"NonZero", 9},
     {"ArgMax", 7}, {"ArgMin", 7},
-    // Attention (ops/attention_params.h has the semantics) and rotary position embeddings.
-    {"Attention", 23}, {"RotaryEmbedding", 23},
+    // Attention (ops/attention_params.h has the semantics), rotary position embeddings and the
+    // key/value cache update TensorScatter.
+    {"Attention", 23}, {"RotaryEmbedding", 23}, {"TensorScatter", 24},
     // Detection: NonMaxSuppression's opset 11 only clarified opset 10's text.
     {"NonMaxSuppression", 10},
     // Recurrent layers: opset 14 added `layout` (default: the older meaning), 22 types.

@@ -1,12 +1,12 @@
 """Operators of the CPU engine against ONNX Runtime, on seeded random data beyond the ONNX node
 cases (which cover one or two geometries each): DFT (lengths that are powers of two, which take
 the FFT, and others, which take the direct transform; padded and truncated; inverse; one-sided
-both ways; complex input; opset 17's axis attribute), Col2Im, MaxUnpool with an output_shape,
-ConvInteger, AffineGrid, LRN, GroupNormalization, MeanVarianceNormalization and Shrink, through
-`kiln check`; and where ONNX Runtime differs from ONNX's definition or refuses a form the
-definition allows (MaxUnpool's output_shape, which ONNX's reference and node cases pad after
-unpooling; ConvInteger's per-channel w_zero_point; LRN's even sizes), against ONNX's Python
-reference."""
+both ways; complex input; opset 17's axis attribute), Col2Im, MaxUnpool, ConvInteger,
+AffineGrid, LRN, GroupNormalization, MeanVarianceNormalization and Shrink, through `kiln check`;
+against ONNX's Python reference where ONNX Runtime differs from ONNX's definition or refuses a
+form the definition allows (MaxUnpool's output_shape, which the reference and the node cases pad
+after unpooling; ConvInteger's per-channel w_zero_point; LRN's even sizes; AffineGrid's single
+pixels with align_corners), and for TensorScatter."""
 from __future__ import annotations
 
 import numpy as np
@@ -145,3 +145,30 @@ def test_lrn_of_an_even_size_matches_the_reference(tmp_path, run_kiln):
     node = helper.make_node("LRN", ["x"], ["y"], size=4, alpha=0.05, beta=0.7)
     check_against_reference(run_kiln, tmp_path, _save(tmp_path, "lrn4", node, [("x", TensorProto.FLOAT, x.shape)], {}, 13),
                             {"x": x})
+
+
+@pytest.mark.parametrize("cache,rows,axis,mode,starts", [
+    ((2, 3, 8, 4), 3, -2, "linear", [0, 5]), ((2, 3, 8, 4), 4, 2, "circular", [6, 7]), ((3, 8, 5), 2, 1, "linear", [1, 6, 0]),
+    ((2, 6, 3), 5, 1, "circular", [4, 11]), ((2, 4, 3), 2, 1, "linear", None)])
+def test_tensor_scatter_matches_the_reference(tmp_path, run_kiln, cache, rows, axis, mode, starts):
+    rng = np.random.default_rng(rows)
+    past = rng.standard_normal(cache).astype(np.float32)
+    update = rng.standard_normal(tuple(rows if d == axis % len(cache) else n for d, n in enumerate(cache))).astype(np.float32)
+    feed = {"past": past, "update": update}
+    inputs = [("past", TensorProto.FLOAT, past.shape), ("update", TensorProto.FLOAT, update.shape)]
+    if starts is not None:
+        feed["starts"] = np.array(starts, np.int64)
+        inputs.append(("starts", TensorProto.INT64, [len(starts)]))
+    node = helper.make_node("TensorScatter", list(feed), ["present"], axis=axis, mode=mode)
+    check_against_reference(run_kiln, tmp_path, _save(tmp_path, "tensor_scatter", node, inputs, {}, 24), feed)
+
+
+def test_tensor_scatter_past_the_cache_is_refused(tmp_path, run_kiln):
+    past, update = np.zeros((1, 4, 2), np.float32), np.ones((1, 3, 2), np.float32)
+    node = helper.make_node("TensorScatter", ["past", "update", "starts"], ["present"], axis=1)
+    path = _save(tmp_path, "tensor_scatter_past", node, [("past", TensorProto.FLOAT, past.shape),
+                 ("update", TensorProto.FLOAT, update.shape), ("starts", TensorProto.INT64, [1])], {}, 24)
+    for name, value in {"past": past, "update": update, "starts": np.array([2], np.int64)}.items():
+        np.save(tmp_path / f"{name}.npy", value)
+    r = run_kiln("run", path, "--device", "cpu", *[f"--input={n}={tmp_path / f'{n}.npy'}" for n in ("past", "update", "starts")])
+    assert r.returncode == 1 and "write index 2 puts 3 rows outside a cache of 4" in r.stderr, r.describe()
