@@ -10,12 +10,14 @@ machine. This script makes those runs evidence:
       (SOURCE_PATHS below, as the working tree has them) but the suites' own test files, and one
       per suite, of that suite's test files. A change to one suite's tests asks for that suite
       to run again, a change to kiln for all of them.
-  scripts/gpu_gate.py run --out DIR [--suites models,patterns,...]       (on the GPU machine)
+  scripts/gpu_gate.py run --out DIR [--suites models,patterns,...] [--gpus N]   (on the GPU machine)
       Unpacks build-gpu/dist/kiln.xz, checks its sha256 against build-gpu/dist/BUILD_INFO.json
       (written by scripts/build_gpu.sh), runs each suite serially with JUnit XML, GPU
       conformance against its floor, and writes DIR/run.json: the commit and source hash the
       binary was built from, the binary's sha256, the GPU, its driver, and per-suite counts. A
-      machine call has a time limit, so a full run may be split across calls (--suites).
+      machine call has a time limit, so a full run may be split across calls (--suites), or
+      spread over the machine's GPUs (--gpus N: the suites go to N workers, each on one GPU of
+      its own, longest first; each worker writes DIR/gpuI, and `record DIR/gpu*` files them).
   scripts/gpu_gate.py record DIR [DIR...]
       Files each suite's run (JUnit XML, log, counts, hashes) under
       bench/results/gpu-tests/gate/<date>-<commit>-<gpu>/ and rewrites the index (index.json,
@@ -65,6 +67,8 @@ SUITES = {
 # as coverage grows; CONFORMANCE_ONNX is the onnx version whose cases the floor counts.
 CONFORMANCE_FLOOR = 891
 CONFORMANCE_ONNX = "1.23"
+# About how long each suite runs on an H100 (seconds): how --gpus balances the workers.
+SUITE_SECONDS = {"int8": 420, "python": 350, "dynamic": 240, "models": 225, "patterns": 175, "conformance": 150}
 
 
 def source_files() -> list[str]:
@@ -138,9 +142,12 @@ def unpack_binary() -> tuple[str, dict]:
     with open(info_path) as f:
         info = json.load(f)
     binary = os.path.join(ROOT, "build-gpu", "kiln")
-    with lzma.open(os.path.join(dist, "kiln.xz")) as src, open(binary, "wb") as dst:
+    # Written beside, then renamed over: workers on other GPUs may be running the binary.
+    partial = f"{binary}.{os.getpid()}"
+    with lzma.open(os.path.join(dist, "kiln.xz")) as src, open(partial, "wb") as dst:
         shutil.copyfileobj(src, dst)
-    os.chmod(binary, 0o755)
+    os.chmod(partial, 0o755)
+    os.replace(partial, binary)
     digest = sha256_file(binary)
     if digest != info["binary_sha256"]:
         sys.exit(f"gpu_gate: build-gpu/kiln has sha256 {digest}, BUILD_INFO.json says {info['binary_sha256']}")
@@ -200,9 +207,49 @@ def run_conformance(kiln: str, out: str, env: dict) -> dict:
     return counts
 
 
+def split_suites(suites: list[str], workers: int) -> list[list[str]]:
+    """The suites in `workers` groups of about equal expected time (longest first, each to the
+    group that ends soonest)."""
+    groups: list[list[str]] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for suite in sorted(suites, key=lambda s: -SUITE_SECONDS.get(s, 300)):
+        i = load.index(min(load))
+        groups[i].append(suite)
+        load[i] += SUITE_SECONDS.get(suite, 300)
+    return [g for g in groups if g]
+
+
+def run_on_gpus(out: str, suites: list[str], gpus: int) -> int:
+    """One worker process per GPU (CUDA_VISIBLE_DEVICES), each running its group of suites into
+    out/gpuI with a model cache and pytest temporary folder of its own."""
+    unpack_binary()  # once, checked, before the workers start
+    workers = []
+    for i, group in enumerate(split_suites(suites, gpus)):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i),
+                   KILN_MODEL_CACHE=os.path.join(ROOT, "tests", "e2e", ".models", f"gate-gpu{i}"))
+        log = open(os.path.join(out, f"gpu{i}.log"), "w")
+        print(f"==> GPU {i}: {', '.join(group)}", flush=True)
+        workers.append((i, log, subprocess.Popen([sys.executable, os.path.abspath(__file__), "run", "--out",
+                                                  os.path.join(out, f"gpu{i}"), "--suites", ",".join(group)],
+                                                 env=env, stdout=log, stderr=subprocess.STDOUT)))
+    status = 0
+    for i, log, proc in workers:
+        status |= proc.wait() != 0
+        log.close()
+        with open(log.name) as f:
+            print(f"--- GPU {i}\n{f.read()}", end="", flush=True)
+    return status
+
+
 def cmd_run(args) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
+    if args.gpus > 1:
+        suites = args.suites.split(",") if args.suites else list(SUITES)
+        for suite in suites:
+            if suite not in SUITES:
+                sys.exit(f"gpu_gate: unknown suite '{suite}' (suites: {', '.join(SUITES)})")
+        return run_on_gpus(out, suites, args.gpus)
     kiln, build = unpack_binary()
     identity = gpu_identity()
     env = dict(os.environ, KILN_BIN=kiln, PYTHONUNBUFFERED="1", PYTHONPATH=os.path.join(ROOT, "build-gpu", "python"))
@@ -231,7 +278,7 @@ def cmd_run(args) -> int:
             junit = os.path.join(out, f"junit-{suite}.xml")
             with open(os.path.join(out, f"{suite}.log"), "w") as log:
                 subprocess.run([sys.executable, "-m", "pytest", *SUITES[suite], "-v", "-rf", "-p", "no:cacheprovider",
-                                "--timeout", "900", f"--junitxml={junit}", "-o", "junit_family=xunit2"],
+                                f"--basetemp=/tmp/kiln-gate-{os.getpid()}-{suite}", "--timeout", "900", f"--junitxml={junit}", "-o", "junit_family=xunit2"],
                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             counts = junit_counts(junit)
         counts["seconds"] = round(time.monotonic() - t0, 1)
@@ -364,6 +411,7 @@ def main() -> int:
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
     r.add_argument("--suites", default="", help=f"comma-separated, of: {', '.join(SUITES)} (default: all)")
+    r.add_argument("--gpus", type=int, default=1, help="spread the suites over this many GPUs, one worker each")
     rec = sub.add_parser("record")
     rec.add_argument("dirs", nargs="+")
     u = sub.add_parser("unverified")

@@ -71,6 +71,9 @@ class Engine {
   // A new execution context (GPU engines): its own activation memory and CUDA graph
   // (use_cuda_graph false: every run launches layer by layer).
   Context create_context(bool use_cuda_graph = true) const;
+  // The same, as `options` say (ContextOptions in types.h: activation memory shared between
+  // contexts that take turns).
+  Context create_context(const ContextOptions& options) const;
 
   // Runs the model. Every input must be given, with the declared dtype and a shape that
   // matches the declared one (CPU: dynamic dimensions may take any value, consistently; GPU:

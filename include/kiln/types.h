@@ -132,6 +132,19 @@ struct BuildOptions {
   std::function<void(const std::string&)> log;
 };
 
+// How Engine::create_context() makes a context (GPU engines).
+struct ContextOptions {
+  // Replay a CUDA graph per input shape (false: every run launches layer by layer).
+  bool use_cuda_graph = true;
+  // Take the activation memory (arena and library workspace) that the engine keeps for every
+  // context made with this option, instead of memory of the context's own: several contexts then
+  // hold one context's activations. Their runs take turns on the GPU (each waits for the one
+  // enqueued before it, whichever context and stream that was), so it suits contexts that
+  // rarely run at once: one per pipeline stage or per idle server instance. Inputs, outputs,
+  // CUDA graphs and library handles stay each context's own.
+  bool share_activation_memory = false;
+};
+
 struct LayerInfo {
   std::string name;
   std::string op;

@@ -320,7 +320,14 @@ PYBIND11_MODULE(_kiln, m) {
       .def_property_readonly("backend", &Engine::backend)
       .def_property_readonly("layer_count", &Engine::layer_count)
       .def("info", &engine_info)
-      .def("create_context", &Engine::create_context, py::arg("use_cuda_graph") = true)
+      .def("create_context",
+           [](const Engine& engine, bool use_cuda_graph, bool share_activation_memory) {
+             ContextOptions options;
+             options.use_cuda_graph = use_cuda_graph;
+             options.share_activation_memory = share_activation_memory;
+             return engine.create_context(options);
+           },
+           py::arg("use_cuda_graph") = true, py::arg("share_activation_memory") = false)
       .def("run", [](const Engine& engine, const py::dict& inputs) {
         std::map<std::string, Tensor> in = to_tensors(inputs);
         std::map<std::string, Tensor> out;

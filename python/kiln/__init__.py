@@ -124,9 +124,12 @@ class Builder:
 _engine_create_context = Engine.create_context  # the extension's, before the wrapper below replaces it
 
 
-def _create_context(self: Engine, use_cuda_graph: bool = True) -> Context:
-    """A new execution context (GPU engines): its own activation memory and CUDA graph."""
-    context = _engine_create_context(self, use_cuda_graph)
+def _create_context(self: Engine, use_cuda_graph: bool = True, share_activation_memory: bool = False) -> Context:
+    """A new execution context (GPU engines): its own activation memory and CUDA graph.
+    share_activation_memory: take the activation memory the engine keeps for every context made
+    so, instead of memory of its own; their runs then take turns on the GPU (ContextOptions in
+    kiln/types.h)."""
+    context = _engine_create_context(self, use_cuda_graph, share_activation_memory)
     context.engine = self  # for the tensor descriptions of run_torch(), and to keep the engine alive
     return context
 

@@ -126,9 +126,15 @@ EngineInfo Engine::info() const {
 }
 
 Context Engine::create_context(bool use_cuda_graph) const {
+  ContextOptions options;
+  options.use_cuda_graph = use_cuda_graph;
+  return create_context(options);
+}
+
+Context Engine::create_context(const ContextOptions& options) const {
   auto c = std::make_shared<Context::Impl>();
   c->engine = impl_;
-  c->context = impl_->compiled.engine->create_context(use_cuda_graph);
+  c->context = impl_->compiled.engine->create_context(options);
   return Context(std::move(c));
 }
 

@@ -62,7 +62,7 @@ class Engine {
   virtual std::vector<TensorDesc> outputs(std::vector<TensorDesc> declared) const { return declared; }
   virtual std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const = 0;
   // Throws kUnsupported where the backend has no contexts (the CPU engine runs with run()).
-  virtual std::unique_ptr<Context> create_context(bool use_cuda_graph) const = 0;
+  virtual std::unique_ptr<Context> create_context(const ContextOptions& options) const = 0;
   // The tactics chosen (timing-cache entries): an engine built with them times nothing.
   virtual std::map<std::string, std::string> tactics() const { return {}; }
   // Throws kUnsupported where the backend has nothing to time.

@@ -37,7 +37,7 @@ class CpuBackendEngine final : public backend::Engine {
     return engine_.run(inputs);
   }
 
-  std::unique_ptr<backend::Context> create_context(bool) const override {
+  std::unique_ptr<backend::Context> create_context(const ContextOptions&) const override {
     throw Error(ErrorKind::kUnsupported, "execution contexts are for GPU engines; CPU engines run with Engine::run");
   }
 

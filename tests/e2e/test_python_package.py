@@ -49,6 +49,8 @@ def test_engine_matches_onnxruntime_on_numpy_and_torch_inputs():
     assert info["backend"] == "cpu" and len(info["layers"]) == engine.layer_count > 0
     with pytest.raises(kiln.Error, match="GPU|CUDA|cuda"):
         engine.create_context()  # contexts belong to GPU engines
+    with pytest.raises(kiln.Error, match="GPU|CUDA|cuda"):
+        engine.create_context(share_activation_memory=True)
 
 
 def test_model_inputs_reads_the_declared_inputs_without_a_build(tmp_path):

@@ -1,7 +1,8 @@
 """Several execution contexts of one GPU engine, used from several threads at once (the header's
 thread-safety contract: an Engine is shared, each Context belongs to one thread): every thread's
 results equal what one context computes alone, run after run, and under a minute of load the
-device memory and the process's memory stay flat. Python threads run truly in parallel here: the
+device memory and the process's memory stay flat. Contexts that share one activation arena take
+turns and stay exact. Python threads run truly in parallel here: the
 package releases the GIL while kiln runs. The device memory `kiln inspect` predicts is within 10%
 of what `kiln bench` measures. And compute-sanitizer (memcheck,
 racecheck, synccheck) over GPU runs of the command line finds no invalid access, shared-memory
@@ -146,6 +147,47 @@ def test_contexts_under_load_stay_exact_and_memory_flat(resnet18_64):
     assert measured >= 10_000
     assert device_grew <= 0, f"device memory grew by {device_grew} bytes over {measured} runs"
     assert host_grew < 8 * 2**20, f"resident memory grew by {host_grew} bytes over {measured} runs"
+
+
+def test_contexts_sharing_activation_memory_hold_one_arena_and_stay_exact(resnet18_64):
+    """Contexts made with share_activation_memory hold one activation arena between them: four
+    of them take at least three arenas less device memory than four contexts of their own, and
+    run on four threads at once at mixed batch sizes, every result equals one context's alone, bit
+    for bit (their runs take turns on the GPU; without the turns they would overwrite each other's
+    activations)."""
+    path, spec = resnet18_64
+    engine = kiln.Builder(precision="fp16", device="cuda",
+                          profiles=[{"input": ([1, 3, 64, 64], [16, 3, 64, 64], [64, 3, 64, 64])}]).build(path)
+    info = engine.info()
+    batches = [1, 5, 16, 64]
+    inputs = {b: spec.make_inputs(b, 500 + b)[0] for b in batches}
+    alone = engine.create_context()
+    want = {b: alone.run({"input": inputs[b]})["output"].copy() for b in batches}
+
+    def made_and_run(count: int, share: bool):
+        """`count` new contexts, each run once at the largest batch, and the device memory that took."""
+        before = device_free_bytes()
+        contexts = [engine.create_context(share_activation_memory=share) for _ in range(count)]
+        for c in contexts:
+            c.run({"input": inputs[64]})
+        return contexts, before - device_free_bytes()
+
+    shared, shared_bytes = made_and_run(4, True)
+    own, own_bytes = made_and_run(4, False)
+    print(f"arena {info['activation_bytes'] / 2**20:.1f} MiB, workspace {info['workspace_bytes'] / 2**20:.1f} MiB; "
+          f"four sharing contexts {shared_bytes / 2**20:.1f} MiB, four of their own {own_bytes / 2**20:.1f} MiB")
+    assert info["activation_bytes"] > 4 * 2**20  # large enough to tell apart from handles and pages
+    assert own_bytes - shared_bytes >= 3 * info["activation_bytes"], (own_bytes, shared_bytes)
+
+    def job(context, t, r):
+        b = batches[(t + r) % len(batches)]
+        return mismatch(context.run({"input": inputs[b]})["output"], want[b])
+
+    errors = on_threads(shared, 40, job)
+    assert not errors, errors[:5]
+    # Shared and own contexts side by side, on threads at once.
+    errors = on_threads(shared[:2] + own[:2], 20, job)
+    assert not errors, errors[:5]
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])

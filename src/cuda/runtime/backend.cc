@@ -57,8 +57,8 @@ std::vector<LayerTiming> to_layer_timings(const std::vector<LayerTime>& times) {
 // A context on a stream of its own: what kiln::Context runs on.
 class CudaBackendContext final : public backend::Context {
  public:
-  CudaBackendContext(const CudaEngine& engine, bool use_cuda_graph)
-      : context_(std::make_unique<CudaContext>(engine, use_cuda_graph)) {
+  CudaBackendContext(const CudaEngine& engine, const ContextOptions& options)
+      : context_(std::make_unique<CudaContext>(engine, options)) {
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaBackendContext() override {
@@ -225,12 +225,12 @@ class CudaBackendEngine final : public backend::Engine {
   // On a built-in context of its own, created on first use; callers take turns.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const override {
     std::lock_guard<std::mutex> lock(run_mutex_);
-    if (!default_context_) default_context_ = create_context(true);
+    if (!default_context_) default_context_ = create_context(ContextOptions{});
     return default_context_->run(inputs);
   }
 
-  std::unique_ptr<backend::Context> create_context(bool use_cuda_graph) const override {
-    return std::make_unique<CudaBackendContext>(*engine_, use_cuda_graph);
+  std::unique_ptr<backend::Context> create_context(const ContextOptions& options) const override {
+    return std::make_unique<CudaBackendContext>(*engine_, options);
   }
 
   std::map<std::string, std::string> tactics() const override { return engine_->timing_entries(); }

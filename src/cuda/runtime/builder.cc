@@ -33,50 +33,6 @@ namespace kiln::cuda {
 
 void fill_random(void* data, DType dtype, int64_t n, uint32_t seed, cudaStream_t stream);
 
-WeightMemory::~WeightMemory() {
-  for (const Block& b : blocks_) cudaFree(b.base);
-}
-
-namespace {
-// A 64-bit hash of a weight's bytes (FNV-1a over 8-byte words, then the tail), to find uploads
-// of the same content; equal sizes and hashes are taken as equal contents.
-uint64_t content_hash(const void* data, size_t bytes) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 1469598103934665603ull;
-  size_t i = 0;
-  for (; i + 8 <= bytes; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 1099511628211ull;
-    h ^= h >> 29;
-  }
-  for (; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-}  // namespace
-
-const void* WeightMemory::upload(const void* host, size_t bytes) {
-  const auto key = std::make_pair(bytes, bytes ? content_hash(host, bytes) : 0);
-  if (auto it = uploaded_.find(key); it != uploaded_.end()) return it->second;
-  constexpr size_t kAlign = 256, kPage = size_t{2} << 20;
-  const size_t size = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
-  auto block = std::find_if(blocks_.begin(), blocks_.end(), [&](const Block& b) { return b.size - b.used >= size; });
-  if (block == blocks_.end()) {
-    Block b;
-    b.size = (size + kPage - 1) / kPage * kPage;
-    KILN_CUDA_CHECK(cudaMalloc(&b.base, b.size));
-    blocks_.push_back(b);
-    held_ += b.size;
-    block = blocks_.end() - 1;
-  }
-  void* dst = block->base + block->used;
-  if (bytes) KILN_CUDA_CHECK(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
-  block->used += size;
-  used_ += size;
-  uploaded_[key] = dst;
-  return dst;
-}
-
 ShapePlan::~ShapePlan() = default;
 
 std::map<std::string, std::string> ShapePlan::tactics() const {

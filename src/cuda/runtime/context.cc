@@ -13,8 +13,77 @@
 
 namespace kiln::cuda {
 
-CudaContext::CudaContext(const CudaEngine& engine, bool use_cuda_graph)
-    : engine_(engine), use_cuda_graph_(use_cuda_graph) {
+SharedActivations::SharedActivations(size_t arena_size, size_t workspace_size) {
+  try {
+    KILN_CUDA_CHECK(cudaEventCreateWithFlags(&last_run, cudaEventDisableTiming));
+    KILN_CUDA_CHECK(cudaMalloc(&arena, std::max<size_t>(arena_size, 1)));
+    arena_bytes = arena_size;
+    KILN_CUDA_CHECK(cudaMalloc(&workspace, std::max<size_t>(workspace_size, 1)));
+    workspace_bytes = workspace_size;
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+// The last context holding it is gone, and with it (its destructor synchronized) every run.
+SharedActivations::~SharedActivations() { release(); }
+
+void SharedActivations::release() {
+  if (arena) cudaFree(arena);
+  if (workspace) cudaFree(workspace);
+  if (last_run) cudaEventDestroy(last_run);
+  arena = workspace = nullptr;
+  last_run = nullptr;
+}
+
+std::shared_ptr<SharedActivations> CudaEngine::shared_activations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!shared_activations_) shared_activations_ = std::make_shared<SharedActivations>(arena_bytes_, workspace_bytes_);
+  return shared_activations_;
+}
+
+namespace {
+
+// One run's turn on shared activation memory (nothing without it): the stream waits on the GPU
+// for the run enqueued before, by any context on any stream; finish() marks this run's end for
+// the next. The lock keeps the wait and the mark of concurrent callers in one order.
+class ActivationTurn {
+ public:
+  ActivationTurn(SharedActivations* shared, cudaStream_t stream) : shared_(shared), stream_(stream) {
+    if (!shared_) return;
+    lock_ = std::unique_lock<std::mutex>(shared_->turn);
+    KILN_CUDA_CHECK(cudaStreamWaitEvent(stream_, shared_->last_run, 0));
+  }
+  void finish() {
+    if (!shared_) return;
+    KILN_CUDA_CHECK(cudaEventRecord(shared_->last_run, stream_));
+    shared_ = nullptr;
+  }
+  // A run that failed midway still marks its end, so that the next waits for what it enqueued.
+  ~ActivationTurn() {
+    if (shared_) cudaEventRecord(shared_->last_run, stream_);
+  }
+  ActivationTurn(const ActivationTurn&) = delete;
+  ActivationTurn& operator=(const ActivationTurn&) = delete;
+
+ private:
+  SharedActivations* shared_;
+  cudaStream_t stream_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+}  // namespace
+
+CudaContext::CudaContext(const CudaEngine& engine, const ContextOptions& options)
+    : engine_(engine), use_cuda_graph_(options.use_cuda_graph) {
+  if (options.share_activation_memory) {
+    shared_ = engine.shared_activations();
+    arena_ = shared_->arena;
+    arena_capacity_ = shared_->arena_bytes;
+    workspace_ = shared_->workspace;
+    workspace_capacity_ = shared_->workspace_bytes;
+  }
   check_memory();
   KILN_CUBLAS_CHECK(cublasLtCreate(&cublaslt_));
   for (const IoSlot& slot : engine.io()) {
@@ -33,7 +102,7 @@ CudaContext::CudaContext(const CudaEngine& engine, bool use_cuda_graph)
 void CudaContext::check_memory() const {
   size_t io = 0;
   for (const IoSlot& slot : engine_.io()) io += std::max<size_t>(slot.capacity, 1);
-  const size_t need = io + engine_.arena_bytes() + engine_.workspace_bytes();
+  const size_t need = io + (shared_ ? 0 : engine_.arena_bytes() + engine_.workspace_bytes());
   size_t free = 0, total = 0;
   KILN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   const size_t limit = engine_.config().max_memory ? engine_.config().max_memory : total;
@@ -85,15 +154,26 @@ CudaContext::~CudaContext() {
   for (void* p : io_buffers_) cudaFree(p);
   if (cudnn_) cudnnDestroy(cudnn_);
   if (cublaslt_) cublasLtDestroy(cublaslt_);
-  if (arena_) cudaFree(arena_);
-  if (workspace_) cudaFree(workspace_);
+  if (!shared_ && arena_) cudaFree(arena_);
+  if (!shared_ && workspace_) cudaFree(workspace_);
+}
+
+void CudaContext::stop_sharing() {
+  if (!shared_) return;
+  // Runs of this context on the shared memory must be done before its plans are rebound.
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  shared_.reset();
+  arena_ = workspace_ = nullptr;
+  arena_capacity_ = workspace_capacity_ = 0;
 }
 
 void CudaContext::reserve(size_t arena_bytes, size_t workspace_bytes) {
   if (arena_bytes <= arena_capacity_ && workspace_bytes <= workspace_capacity_) return;
   // A plan built after this context was made needs more memory than any before it (rare:
   // the profiles' max shapes are planned at build time). Work in flight may still use the old
-  // memory, and every bound plan points into it.
+  // memory, and every bound plan points into it. Shared memory is never grown under the other
+  // contexts: this one takes memory of its own.
+  stop_sharing();
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   for (auto& [key, b] : bound_)
     if (b.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(b.graph));
@@ -235,10 +315,15 @@ void CudaContext::enqueue(cudaStream_t stream) {
   }
   Bound& b = bound();
   if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
-  if (!use_cuda_graph_) {
+  ActivationTurn turn(shared_.get(), stream);
+  if (use_cuda_graph_)
+    enqueue_graph(b, stream);
+  else
     enqueue_layers(b, stream);
-    return;
-  }
+  turn.finish();
+}
+
+void CudaContext::enqueue_graph(Bound& b, cudaStream_t stream) {
   if (b.graph && b.graph_stream == stream) {
     KILN_CUDA_CHECK(cudaGraphLaunch(b.graph, stream));
     return;
@@ -332,6 +417,7 @@ std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tenso
 std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
   Bound& b = bound();
   if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
+  ActivationTurn turn(shared_.get(), stream);
   const std::vector<PlannedLayer>& layers = b.plan->layers();
   const size_t n = layers.size();
   std::vector<cudaEvent_t> events(n + 1);
@@ -343,6 +429,7 @@ std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
       layers[i].layer->enqueue(b.io[i], stream);
       KILN_CUDA_CHECK(cudaEventRecord(events[i + 1], stream));
     }
+    turn.finish();
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
     for (size_t i = 0; i < n; ++i) {
       LayerTime t;
@@ -365,6 +452,12 @@ std::vector<LayerTime> CudaContext::profile_in_graph(cudaStream_t stream, int la
   if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   const std::vector<PlannedLayer>& layers = b.plan->layers();
   std::vector<LayerTime> times, by_events;
+  if (shared_) {
+    // Timing replays each layer many times: the shared memory is taken for the whole of it
+    // (profile() would wait on this context's own turn).
+    throw Error(ErrorKind::kInvalidArgument, "per-layer timing in CUDA graphs needs a context with activation memory of its own")
+        .hint("create the context without share_activation_memory");
+  }
   for (size_t i = 0; i < layers.size(); ++i) {
     LayerTime t;
     t.name = layers[i].name;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/runtime/layer.h"
+#include "cuda/runtime/weight_memory.h"
 #include "ir/graph.h"
 
 namespace kiln::cuda {
@@ -99,31 +100,6 @@ struct EngineIO {
   int buffer = -1;
 };
 
-// Device memory the engine owns for weights. Uploads are content-addressed: the plans of one
-// engine (one per input shape) upload the same weights, and each distinct content is stored once.
-// Blocks are whole pages of the device's allocation granularity (2 MiB) and each upload takes the
-// first block with room left, so the memory held is the weights and the unused ends of a few pages.
-class WeightMemory {
- public:
-  WeightMemory() = default;
-  WeightMemory(const WeightMemory&) = delete;
-  WeightMemory& operator=(const WeightMemory&) = delete;
-  ~WeightMemory();
-  const void* upload(const void* host, size_t bytes);
-  size_t bytes() const { return used_; }
-  // The device memory the blocks take (whole pages): what the weights cost.
-  size_t held_bytes() const { return held_; }
-
- private:
-  struct Block {
-    char* base = nullptr;
-    size_t size = 0, used = 0;
-  };
-  std::vector<Block> blocks_;
-  size_t used_ = 0, held_ = 0;
-  std::map<std::pair<size_t, uint64_t>, const void*> uploaded_;  // (bytes, content hash) -> device
-};
-
 // The layers and buffers of an engine at one binding of its input shapes: what the builder
 // (builder.cc) makes of the graph specialized to those shapes.
 class ShapePlan {
@@ -177,6 +153,27 @@ class TimingCache;
 // first use (plan()), each layer starting from the tactic it took in the timed plan nearest in
 // size, so nothing is timed again unless that tactic cannot run the new shape. Weights are uploaded once and shared by every plan.
 // Thread-safe: plan() and context_plan() may be called from several threads at once.
+// The activation memory that an engine's contexts made with
+// ContextOptions::share_activation_memory take turns with (context.cc): one arena and workspace
+// for the largest plan the build made, and the order of their runs on the GPU.
+struct SharedActivations {
+  SharedActivations(size_t arena_bytes, size_t workspace_bytes);
+  ~SharedActivations();
+  SharedActivations(const SharedActivations&) = delete;
+  SharedActivations& operator=(const SharedActivations&) = delete;
+  void* arena = nullptr;
+  size_t arena_bytes = 0;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // Held while a context enqueues a run: its stream waits for `last_run`, then the run is
+  // enqueued, then `last_run` is recorded after it.
+  std::mutex turn;
+  cudaEvent_t last_run = nullptr;
+
+ private:
+  void release();
+};
+
 class CudaEngine {
  public:
   // The graph specialized to input shapes (dims bound, shapes inferred, shape arithmetic
@@ -217,6 +214,9 @@ class CudaEngine {
   // The timing-cache entries of every plan built so far (for the engine file: loading with
   // them times nothing).
   std::map<std::string, std::string> timing_entries() const;
+  // The activation memory of the contexts that share theirs (made on first use, sized for
+  // arena_bytes() and workspace_bytes() then).
+  std::shared_ptr<SharedActivations> shared_activations() const;
 
  private:
   CudaEngine() = default;
@@ -240,6 +240,7 @@ class CudaEngine {
   mutable std::vector<std::string> cached_order_;  // least recently used first
   std::vector<std::shared_ptr<const ShapePlan>> opt_plans_, max_plans_;
   mutable size_t arena_bytes_ = 0, workspace_bytes_ = 0;
+  mutable std::shared_ptr<SharedActivations> shared_activations_;
 };
 
 // A printable key of a binding: "input=8x3x224x224;mask=8x16".
@@ -259,9 +260,11 @@ struct LayerTime {
 // One execution context: its own activation arena, workspace, input/output buffers,
 // stream-bound library handles, and one CUDA graph per input shape it ran (a bounded cache).
 // A context must be used from one thread at a time; several contexts may share an engine.
+// With ContextOptions::share_activation_memory, the arena and workspace are the engine's
+// SharedActivations, and every run takes its turn on them.
 class CudaContext {
  public:
-  explicit CudaContext(const CudaEngine& engine, bool use_cuda_graph = true);
+  explicit CudaContext(const CudaEngine& engine, const ContextOptions& options = {});
   ~CudaContext();
   // The device memory `engine` and one context of it hold after their first runs
   // (EngineInfo::device_memory_bytes), known before either runs.
@@ -324,6 +327,9 @@ class CudaContext {
   void check_memory() const;
   void reserve(size_t arena_bytes, size_t workspace_bytes);
   void enqueue_layers(const Bound& b, cudaStream_t stream);
+  void enqueue_graph(Bound& b, cudaStream_t stream);
+  // Leaves the shared activation memory for memory of this context's own (a plan needs more).
+  void stop_sharing();
   void* address(const ShapePlan& plan, int buffer) const;
 
   const CudaEngine& engine_;
@@ -334,6 +340,7 @@ class CudaContext {
   size_t arena_capacity_ = 0;
   void* workspace_ = nullptr;
   size_t workspace_capacity_ = 0;
+  std::shared_ptr<SharedActivations> shared_;  // arena_ and workspace_ are its memory, not ours
   std::vector<void*> io_buffers_;   // per CudaEngine::io() slot
   std::vector<void*> pinned_;       // host staging per slot
   cudnnContext* cudnn_ = nullptr;
