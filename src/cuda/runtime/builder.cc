@@ -101,13 +101,14 @@ std::string device_signature(const cudaDeviceProp& prop) {
 class Builder final : public BuildServices {
  public:
   Builder(const ir::Graph& graph, const BuildConfig& config, TimingCache& cache, WeightMemory& weights,
-          const std::map<std::string, std::string>* hints)
-      : graph_(graph), config_(config), cache_(cache), weights_(weights), hints_(hints) {}
+          const std::map<std::string, std::string>* hints, const CudnnSource& cudnn_source)
+      : graph_(graph), config_(config), cache_(cache), weights_(weights), hints_(hints), cudnn_source_(cudnn_source) {}
 
   ~Builder() override {
     if (events_[0]) cudaEventDestroy(events_[0]);
     if (events_[1]) cudaEventDestroy(events_[1]);
-    if (cudnn_) cudnnDestroy(cudnn_);
+    if (cudnn_ && cudnn_source_) cudnnSetStream(cudnn_, nullptr);  // the handle outlives stream_
+    else if (cudnn_) cudnnDestroy(cudnn_);
     if (cublaslt_) cublasLtDestroy(cublaslt_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -135,10 +136,15 @@ class Builder final : public BuildServices {
     note_tactic(key, tactic);
   }
   // Made on first use: a cuDNN handle holds megabytes of device memory (docs/design/gpu-engine.md,
-  // "Device memory"), which a build of kiln's kernels alone never needs.
+  // "Device memory"), which a build of kiln's kernels alone never needs. A plan that will run
+  // (an execution context's) takes the handle it will run with from cudnn_source_: cuDNN's
+  // execution plans keep the handle they were finalized with.
   cudnnContext* cudnn() override {
     if (!cudnn_) {
-      KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
+      if (cudnn_source_)
+        cudnn_ = cudnn_source_();
+      else
+        KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
       KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
       scratch_io_.cudnn = cudnn_;
     }
@@ -179,6 +185,7 @@ class Builder final : public BuildServices {
   TimingCache& cache_;
   WeightMemory& weights_;
   const std::map<std::string, std::string>* hints_;
+  const CudnnSource& cudnn_source_;
   std::unique_ptr<ShapePlan> plan_;
   std::deque<Buffer> buffers_;  // a deque: requests hold pointers to specs while buffers are added
   std::map<std::string, int> value_buffer_;
@@ -620,8 +627,8 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<
 
 std::unique_ptr<ShapePlan> build_plan(std::shared_ptr<const ir::Graph> graph, const Shapes& shapes, const BuildConfig& config,
                                       TimingCache& cache, WeightMemory& weights,
-                                      const std::map<std::string, std::string>* hints) {
-  Builder builder(*graph, config, cache, weights, hints);
+                                      const std::map<std::string, std::string>* hints, const CudnnSource& cudnn) {
+  Builder builder(*graph, config, cache, weights, hints, cudnn);
   return builder.build(shapes, std::move(graph));
 }
 

@@ -128,19 +128,26 @@ size_t in_pages(size_t bytes) {
   return (bytes + kPage - 1) / kPage * kPage;
 }
 
-// What the libraries hold once an engine has run: cuBLASLt's and cuDNN's handles, kernels loaded
-// on first use, the CUDA graph. It is what cudaMemGetInfo's figure leaves over the engine's own
-// buffers in whole pages: 12 to 14 MiB for ResNet-18 and ResNet-50 at batch 1, fp16 and INT8
-// (bench/results/device_memory/; docs/design/gpu-engine.md, "Device memory").
-constexpr size_t kLibraryStateBytes = size_t{13} << 20;
+// What the libraries hold once an engine has run, beside the engine's own buffers: what
+// cudaMemGetInfo's figure leaves over their pages (bench/results/device_memory/;
+// docs/design/gpu-engine.md, "Device memory"). The runtime, cuBLASLt's handle, kernels loaded on
+// first use and the CUDA graph take about 4 MiB (ResNet-18 INT8 on kiln's kernels alone); a
+// context's cuDNN handle 9 MiB more (12 to 14 MiB in all where convolutions run on cuDNN).
+constexpr size_t kRuntimeStateBytes = size_t{4} << 20;
+constexpr size_t kCudnnHandleBytes = size_t{9} << 20;
 
 }  // namespace
 
 size_t CudaContext::predicted_bytes(const CudaEngine& engine) {
   size_t io = 0;
   for (const IoSlot& slot : engine.io()) io += std::max<size_t>(slot.capacity, 1);
+  // A context makes a cuDNN handle only for a plan with a layer that uses it (bind()).
+  bool cudnn = false;
+  for (int p = 0; p < static_cast<int>(engine.profiles().size()); ++p)
+    for (const auto& plan : {engine.opt_plan(p), engine.max_plan(p)})
+      for (const PlannedLayer& l : plan->layers()) cudnn = cudnn || l.layer->uses_cudnn();
   return engine.weight_held_bytes() + in_pages(engine.arena_bytes()) + in_pages(engine.workspace_bytes()) + in_pages(io) +
-         kLibraryStateBytes;
+         kRuntimeStateBytes + (cudnn ? kCudnnHandleBytes : 0);
 }
 
 CudaContext::~CudaContext() {
@@ -259,7 +266,10 @@ CudaContext::Bound& CudaContext::bound() {
   const std::string key = shapes_key(shapes_);
   auto it = bound_.find(key);
   if (it == bound_.end()) {
-    std::shared_ptr<const ShapePlan> plan = engine_.context_plan(shapes_);
+    std::shared_ptr<const ShapePlan> plan = engine_.context_plan(shapes_, [this] {
+      if (!cudnn_) KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
+      return cudnn_;
+    });
     for (const auto* list : {&plan->inputs(), &plan->outputs()})
       for (const EngineIO& x : *list) {
         const IoSlot& slot = engine_.io()[static_cast<size_t>(engine_.io_index(x.name, list == &plan->inputs()))];

@@ -22,6 +22,11 @@ namespace kiln::cuda {
 // Input shapes by input name: one binding of an engine's inputs.
 using Shapes = std::map<std::string, std::vector<int64_t>>;
 
+// The cuDNN handle a plan's layers are built with, made when the first layer asks for one (an
+// execution context's own; its plans run with the handle their cuDNN execution plans were
+// finalized with). Empty: the builder makes a handle for the build and destroys it after.
+using CudnnSource = std::function<cudnnContext*()>;
+
 // The shapes an optimization profile accepts for one input: each dimension d within
 // [min[d], max[d]]. Tactics are timed at opt, min, max and between (timed_shapes()).
 struct ShapeRange {
@@ -193,10 +198,12 @@ class CudaEngine {
   // profile): what info() and the engine file describe. Contexts do not run it (below).
   std::shared_ptr<const ShapePlan> plan(const Shapes& shapes) const;
   // A plan of one execution context's own at `shapes`, built with the tactics of plan(shapes),
-  // so it computes the same. Contexts never share layers: a layer may keep state of its own on
-  // the device (cuDNN's runtime-compiled engines do: contexts replaying CUDA graphs of one
-  // shared plan at once got each other's results), and the weights are shared anyway.
-  std::shared_ptr<const ShapePlan> context_plan(const Shapes& shapes) const;
+  // so it computes the same, and with the context's cuDNN handle (`cudnn`). Contexts never share
+  // layers or handles: a cuDNN execution plan keeps the handle it was finalized with and state on
+  // the device. Contexts whose plans were finalized with the builder's handle (destroyed after
+  // the build) and run with their own got each other's results now and then under load (235 of
+  // 700,000 runs of four contexts on four threads, on cuDNN graph-API convolutions only).
+  std::shared_ptr<const ShapePlan> context_plan(const Shapes& shapes, const CudnnSource& cudnn) const;
   // The plan of a profile's opt shapes, built by build().
   std::shared_ptr<const ShapePlan> opt_plan(int profile) const;
   // The plan of a profile's max shapes (memory is planned for it), built by build().
@@ -222,7 +229,8 @@ class CudaEngine {
   CudaEngine() = default;
   // The plan at `shapes` from `graph` (null: the graph specialized to `shapes` now).
   std::shared_ptr<const ShapePlan> build_plan(const Shapes& shapes, const std::map<std::string, std::string>* hints,
-                                         const BuildConfig& config, std::shared_ptr<const ir::Graph> graph = nullptr) const;
+                                         const BuildConfig& config, std::shared_ptr<const ir::Graph> graph = nullptr,
+                                         const CudnnSource& cudnn = {}) const;
 
   Specializer specialize_;
   BuildConfig config_;

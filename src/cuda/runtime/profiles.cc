@@ -17,7 +17,7 @@ namespace kiln::cuda {
 std::string device_signature(const cudaDeviceProp& prop);
 std::unique_ptr<ShapePlan> build_plan(std::shared_ptr<const ir::Graph> graph, const Shapes& shapes, const BuildConfig& config,
                                       TimingCache& cache, WeightMemory& weights,
-                                      const std::map<std::string, std::string>* hints);
+                                      const std::map<std::string, std::string>* hints, const CudnnSource& cudnn);
 
 std::string shapes_key(const Shapes& shapes) {
   std::string key;
@@ -167,9 +167,10 @@ std::unique_ptr<CudaEngine> CudaEngine::build(Specializer specialize, const Buil
 }
 
 std::shared_ptr<const ShapePlan> CudaEngine::build_plan(const Shapes& shapes, const std::map<std::string, std::string>* hints,
-                                                   const BuildConfig& config, std::shared_ptr<const ir::Graph> graph) const {
+                                                   const BuildConfig& config, std::shared_ptr<const ir::Graph> graph,
+                                                   const CudnnSource& cudnn) const {
   if (!graph) graph = std::make_shared<const ir::Graph>(specialize_(shapes));
-  std::shared_ptr<const ShapePlan> plan = cuda::build_plan(std::move(graph), shapes, config, *cache_, weights_, hints);
+  std::shared_ptr<const ShapePlan> plan = cuda::build_plan(std::move(graph), shapes, config, *cache_, weights_, hints, cudnn);
   arena_bytes_ = std::max(arena_bytes_, plan->arena_bytes());
   workspace_bytes_ = std::max(workspace_bytes_, plan->workspace_bytes());
   return plan;
@@ -215,12 +216,12 @@ std::shared_ptr<const ShapePlan> CudaEngine::plan(const Shapes& shapes) const {
   return plan;
 }
 
-std::shared_ptr<const ShapePlan> CudaEngine::context_plan(const Shapes& shapes) const {
+std::shared_ptr<const ShapePlan> CudaEngine::context_plan(const Shapes& shapes, const CudnnSource& cudnn) const {
   std::shared_ptr<const ShapePlan> shared = plan(shapes);
   std::lock_guard<std::mutex> lock(mutex_);
   BuildConfig quiet = config_;
   quiet.log = nullptr;
-  return build_plan(shapes, &shared->node_tactics(), quiet, shared->graph());
+  return build_plan(shapes, &shared->node_tactics(), quiet, shared->graph(), cudnn);
 }
 
 std::shared_ptr<const ShapePlan> CudaEngine::opt_plan(int profile) const { return opt_plans_.at(static_cast<size_t>(profile)); }
