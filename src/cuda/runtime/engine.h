@@ -152,12 +152,6 @@ struct IoSlot {
 
 class TimingCache;
 
-// A GPU engine: optimization profiles and the plans built for them. The plans of every
-// profile's opt, min and max shapes, and of shapes between them (timed_shapes()), are built
-// (their tactics timed) by build(); a plan for any other shape within a profile is built on
-// first use (plan()), each layer starting from the tactic it took in the timed plan nearest in
-// size, so nothing is timed again unless that tactic cannot run the new shape. Weights are uploaded once and shared by every plan.
-// Thread-safe: plan() and context_plan() may be called from several threads at once.
 // The activation memory that an engine's contexts made with
 // ContextOptions::share_activation_memory take turns with (context.cc): one arena and workspace
 // for the largest plan the build made, and the order of their runs on the GPU.
@@ -179,6 +173,12 @@ struct SharedActivations {
   void release();
 };
 
+// A GPU engine: optimization profiles and the plans built for them. The plans of every
+// profile's opt, min and max shapes, and of shapes between them (timed_shapes()), are built
+// (their tactics timed) by build(); a plan for any other shape within a profile is built on
+// first use (plan()), each layer starting from the tactic it took in the timed plan nearest in
+// size, so nothing is timed again unless that tactic cannot run the new shape. Weights are uploaded once and shared by every plan.
+// Thread-safe: plan() and context_plan() may be called from several threads at once.
 class CudaEngine {
  public:
   // The graph specialized to input shapes (dims bound, shapes inferred, shape arithmetic
@@ -198,11 +198,13 @@ class CudaEngine {
   // profile): what info() and the engine file describe. Contexts do not run it (below).
   std::shared_ptr<const ShapePlan> plan(const Shapes& shapes) const;
   // A plan of one execution context's own at `shapes`, built with the tactics of plan(shapes),
-  // so it computes the same, and with the context's cuDNN handle (`cudnn`). Contexts never share
-  // layers or handles: a cuDNN execution plan keeps the handle it was finalized with and state on
-  // the device. Contexts whose plans were finalized with the builder's handle (destroyed after
-  // the build) and run with their own got each other's results now and then under load (235 of
-  // 700,000 runs of four contexts on four threads, on cuDNN graph-API convolutions only).
+  // so it computes the same, and with the context's cuDNN handle (`cudnn`): a cuDNN execution
+  // plan keeps the handle it was finalized with, which must outlive it. Contexts never share
+  // layers: a layer may keep state of its own on the device (cuDNN's runtime-compiled engines
+  // do), and the weights are shared anyway. Known defect: contexts running cuDNN graph-API
+  // convolutions at once still get wrong results now and then under load (about 1 run in 6,000
+  // of four contexts on four threads; none with cuDNN's legacy API;
+  // bench/results/context_soak/).
   std::shared_ptr<const ShapePlan> context_plan(const Shapes& shapes, const CudnnSource& cudnn) const;
   // The plan of a profile's opt shapes, built by build().
   std::shared_ptr<const ShapePlan> opt_plan(int profile) const;
