@@ -9,6 +9,7 @@
 #include <new>
 #include <set>
 
+#include "cpu/widened_kernel.h"
 #include "ir/op_schema.h"
 #include "ir/sizes.h"
 
@@ -102,13 +103,18 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs)
     std::string why;
     if (!entry) why = "the CPU engine has no kernel for " + node.op;
     else if (entry->check) why = entry->check(init);
-    if (!why.empty()) {
-      problems.push_back("node '" + node.name + "' (" + node.op + "): " + why);
-      continue;
-    }
-    step.makes_outputs = entry->makes_outputs;
+    step.makes_outputs = entry && entry->makes_outputs;
     try {
-      step.kernel = entry->create(init);
+      if (!why.empty() && entry) {
+        // float16 / bfloat16 values the kernel does not take: its float32 form, if it runs the node.
+        step.kernel = make_widened_kernel(*entry, init);
+        if (step.kernel) why.clear();
+      }
+      if (!why.empty()) {
+        problems.push_back("node '" + node.name + "' (" + node.op + "): " + why);
+        continue;
+      }
+      if (!step.kernel) step.kernel = entry->create(init);
     } catch (Error& e) {
       if (e.node_name().empty()) e.node(node.name, node.op);
       throw;

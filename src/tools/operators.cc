@@ -8,6 +8,7 @@
 #include <set>
 
 #include "cpu/kernel.h"
+#include "cpu/widened_kernel.h"
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
 #include "tools/commands.h"
@@ -48,6 +49,9 @@ std::vector<Row> support_matrix() {
   for (const cpu::KernelEntry* k : cpu::KernelRegistry::instance().all()) {
     Row& r = row(k->domain, k->op);
     r.cpu = k->dtypes.empty() ? "yes" : k->dtypes;
+    if (cpu::widens_narrow_floats(k->domain, k->op) && r.cpu.find("float32") != std::string::npos &&
+        r.cpu.find("float16") == std::string::npos)
+      r.cpu += "; float16, bfloat16 as float32";
   }
 #if KILN_WITH_CUDA
   for (const cuda::LayerEntry* e : cuda::LayerRegistry::instance().all()) {
@@ -107,7 +111,9 @@ int operators(bool markdown) {
                  "the newest semantics).\n"
                  "- **Limits**: what kiln does not support of the operator; such nodes are refused with an error naming "
                  "them.\n"
-                 "- **CPU**: the data types the CPU kernel accepts.\n"
+                 "- **CPU**: the data types the CPU kernel accepts. \"float16, bfloat16 as float32\": an elementwise "
+                 "operator's float32 kernel on inputs widened to float32, its outputs rounded back once, which is "
+                 "arithmetic in float16 or bfloat16 (src/cpu/widened_kernel.h).\n"
                  "- **CUDA**: the storage data types the GPU layer accepts (float32 models run with float16 storage in "
                  "fp16 builds where the layer allows). Parameters such as axes, pads or scales must be constants on "
                  "the GPU.\n\n"

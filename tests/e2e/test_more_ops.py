@@ -6,7 +6,9 @@ AffineGrid, LRN, GroupNormalization, MeanVarianceNormalization and Shrink, throu
 against ONNX's Python reference where ONNX Runtime differs from ONNX's definition or refuses a
 form the definition allows (MaxUnpool's output_shape, which the reference and the node cases pad
 after unpooling; ConvInteger's per-channel w_zero_point; LRN's even sizes; AffineGrid's single
-pixels with align_corners), and for TensorScatter."""
+pixels with align_corners), and for TensorScatter; float16 elementwise ops on the float32 kernels
+against ONNX's reference bit for bit (arithmetic) or within float16's rounding (transcendental
+functions), and a float16 product refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -172,3 +174,54 @@ def test_tensor_scatter_past_the_cache_is_refused(tmp_path, run_kiln):
         np.save(tmp_path / f"{name}.npy", value)
     r = run_kiln("run", path, "--device", "cpu", *[f"--input={n}={tmp_path / f'{n}.npy'}" for n in ("past", "update", "starts")])
     assert r.returncode == 1 and "write index 2 puts 3 rows outside a cache of 4" in r.stderr, r.describe()
+
+
+def _run_float16(tmp_path, run_kiln, name, node, feed: dict):
+    """`kiln run` of one float16 node on the CPU engine: (the outputs, ONNX's reference's)."""
+    path = _save(tmp_path, name, node, [(n, TensorProto.FLOAT16, v.shape) for n, v in feed.items()], {}, 17,
+                 out_type=TensorProto.FLOAT16)
+    for n, value in feed.items():
+        np.save(tmp_path / f"{n}.npy", value)
+    r = run_kiln("run", path, "--device", "cpu", *[f"--input={n}={tmp_path / f'{n}.npy'}" for n in feed], "-o", tmp_path / "out")
+    assert r.returncode == 0, r.describe()
+    (want,) = ReferenceEvaluator(onnx.load(path)).run(None, feed)
+    return np.load(tmp_path / "out" / f"{node.output[0]}.npy"), want
+
+
+@pytest.mark.parametrize("op,attrs", [("Add", {}), ("Sub", {}), ("Mul", {}), ("Div", {}), ("Max", {}), ("Min", {}),
+                                      ("Mod", {"fmod": 1})])
+def test_float16_elementwise_is_float16_arithmetic(tmp_path, run_kiln, op, attrs):
+    """Elementwise ops on float16 run on the float32 kernels, widened in and rounded out: bit for bit
+    what arithmetic in float16 gives (ONNX's reference: numpy's float16), with broadcasting, over
+    values from 1e-3 to 6e4 (subnormal and overflowing results included)."""
+    rng = np.random.default_rng(len(op) * 7 + len(attrs))
+    a = (rng.standard_normal((3, 4, 5)) * np.exp2(rng.integers(-10, 15, (3, 4, 5)))).astype(np.float16)
+    b = (rng.standard_normal((4, 1)) * np.exp2(rng.integers(-10, 8, (4, 1)))).astype(np.float16)
+    b[b == 0] = 1
+    got, want = _run_float16(tmp_path, run_kiln, op.lower(), helper.make_node(op, ["a", "b"], ["y"], **attrs),
+                             {"a": a, "b": b})
+    assert got.dtype == np.float16 and got.shape == want.shape
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), np.abs(got.astype(np.float32) - want).max()
+
+
+@pytest.mark.parametrize("op", ["Exp", "Tanh", "Sigmoid", "Erf", "Softplus"])
+def test_float16_unary_ops_round_float32_math(tmp_path, run_kiln, op):
+    """Transcendental ops on float16: the float32 kernel's result rounded once, within float16's
+    rounding (half a unit in the last place, 2^-11 relative) of the reference's."""
+    x = np.random.default_rng(len(op)).uniform(-6, 6, (4, 33)).astype(np.float16)
+    got, want = _run_float16(tmp_path, run_kiln, op.lower(), helper.make_node(op, ["x"], ["y"]), {"x": x})
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2.0**-10, atol=2.0**-24)
+
+
+def test_a_float16_product_is_refused_naming_the_node(tmp_path, run_kiln):
+    """A product sums many terms, which float32 and float16 round differently: it is not widened, and
+    the CPU engine says which node and type it cannot run."""
+    a = np.ones((2, 3), np.float16)
+    path = _save(tmp_path, "matmul16", helper.make_node("MatMul", ["a", "b"], ["y"], name="product"),
+                 [("a", TensorProto.FLOAT16, a.shape), ("b", TensorProto.FLOAT16, (3, 2))], {}, 17,
+                 out_type=TensorProto.FLOAT16)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", np.ones((3, 2), np.float16))
+    r = run_kiln("run", path, "--device", "cpu", f"--input=a={tmp_path / 'a.npy'}", f"--input=b={tmp_path / 'b.npy'}")
+    assert r.returncode == 1 and "'product' (MatMul)" in r.stderr and "float16" in r.stderr, r.describe()
