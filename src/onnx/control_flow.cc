@@ -11,6 +11,7 @@
 
 #include <set>
 
+#include "ir/subgraph_types.h"
 #include "onnx/importer.h"
 
 namespace kiln::onnx_import {
@@ -65,19 +66,17 @@ std::string subgraph_model(const ImportContext& ctx, const onnx::GraphProto& gra
 }
 
 // The dtype and rank of output i of `graph` (either of two graphs that must agree, for If):
-// what they declare.
+// what they declare; (-1, -1) where neither declares a type (the node's schema infers it from the
+// subgraph then: src/ops/control_flow.cc).
 std::pair<int64_t, int64_t> declared_output(const ImportContext& ctx, size_t i, const onnx::TypeProto& a,
-                                            const onnx::TypeProto* b, bool may_be_undeclared = false) {
+                                            const onnx::TypeProto* b) {
   auto tensor = [&](const onnx::TypeProto& t) {
     if (t.value_case() != onnx::TypeProto::VALUE_NOT_SET && !t.has_tensor_type())
       ctx.unsupported("output " + std::to_string(i) + " of a subgraph is not a tensor (sequences and optionals are not supported)");
     return t.has_tensor_type() ? t.tensor_type().elem_type() : 0;
   };
   const int32_t code_a = tensor(a), code_b = b ? tensor(*b) : 0;
-  if (code_a == 0 && code_b == 0) {
-    if (may_be_undeclared) return {-1, -1};
-    ctx.unsupported("no subgraph declares the type of output " + std::to_string(i));
-  }
+  if (code_a == 0 && code_b == 0) return {-1, -1};
   if (code_a != 0 && code_b != 0 && code_a != code_b)
     ctx.fail("its subgraphs disagree on the type of output " + std::to_string(i));
   const int32_t code = code_a != 0 ? code_a : code_b;
@@ -120,6 +119,25 @@ ir::Graph import_subgraph(const std::string& model_bytes, const std::vector<ir::
   if (imported.inputs.size() != input_types.size()) throw Error(ErrorKind::kInvalidModel, name + " names an input twice");
   return imported;
 }
+
+namespace {
+
+// The subgraph typer of the schemas (ir/subgraph_types.h): the subgraph imported with its inputs
+// typed, its outputs' types as its inference gives them.
+std::vector<ir::TensorType> subgraph_output_types(const std::string& model, const std::vector<ir::TensorType>& inputs,
+                                                  const std::string& name) {
+  ir::Graph graph = import_subgraph(model, inputs, name);
+  std::vector<ir::TensorType> types;
+  for (const std::string& output : graph.outputs) {
+    const ir::Value* v = graph.find_value(output);
+    types.push_back(v ? v->type : ir::TensorType{});
+  }
+  return types;
+}
+
+const bool kTyperSet = (ir::set_subgraph_typer(&subgraph_output_types), true);
+
+}  // namespace
 
 KILN_REGISTER_IMPORTERS(control_flow) {
   registry.add({"If", kMinOpset, [](ImportContext& ctx) {
@@ -178,7 +196,7 @@ KILN_REGISTER_IMPORTERS(control_flow) {
                     // A carried value's type is also its body input's.
                     const onnx::TypeProto* in = i < carried ? &body->input(static_cast<int>(i) + 2).type() : nullptr;
                     // A carried value's dtype, where the body does not say, is its initial value's (-1).
-                    auto [dtype, rank] = declared_output(ctx, i, out, in, i < carried);
+                    auto [dtype, rank] = declared_output(ctx, i, out, in);
                     if (i >= carried && rank >= 0) ++rank;  // stacked over the iterations
                     if (i < carried) rank = -1;           // a carried value may change shape between iterations
                     dtypes.push_back(dtype);
@@ -215,7 +233,7 @@ KILN_REGISTER_IMPORTERS(control_flow) {
                   std::vector<int64_t> dtypes, ranks;
                   for (size_t i = 0; i < ctx.node.outputs.size(); ++i) {
                     const onnx::TypeProto* in = i < states ? &body->input(static_cast<int>(i)).type() : nullptr;
-                    auto [dtype, rank] = declared_output(ctx, i, body->output(static_cast<int>(i)).type(), in, i < states);
+                    auto [dtype, rank] = declared_output(ctx, i, body->output(static_cast<int>(i)).type(), in);
                     if (i >= states && rank >= 0) ++rank;  // stacked over the iterations
                     dtypes.push_back(dtype);
                     ranks.push_back(rank);

@@ -44,8 +44,11 @@ void infer_eye_like(InferContext& ctx) {
 void infer_range(InferContext& ctx) {
   DType dtype = ctx.dtype(0);
   if (ctx.dtype(1) != dtype || ctx.dtype(2) != dtype) ctx.fail("start, limit and delta must have the same type");
+  // A scalar, or one value in a 1-D tensor (as ONNX Runtime takes it); a 1-D length not known yet
+  // is checked when the run knows it.
   for (size_t i = 0; i < 3; ++i)
-    if (ctx.shape_known(i) && !(ctx.shape(i).empty() || (ctx.shape(i).size() == 1 && ctx.shape(i)[0] == Dim(1))))
+    if (ctx.shape_known(i) &&
+        !(ctx.shape(i).empty() || (ctx.shape(i).size() == 1 && (ctx.shape(i)[0] == Dim(1) || !ctx.shape(i)[0].known()))))
       ctx.fail("input " + std::to_string(i) + " must be a scalar");
   const Tensor *s = ctx.value(0), *l = ctx.value(1), *d = ctx.value(2);
   if (s && l && d) {

@@ -8,6 +8,9 @@
 // reads; body_model takes the states, one slice of each scanned value and the values read. All
 // three: output_dtypes and output_ranks. Output shapes are known only once the node has run, even on the CPU engine,
 // whose kernels make their outputs themselves.
+#include <optional>
+
+#include "ir/subgraph_types.h"
 #include "ops/shape_dims.h"
 
 namespace kiln::ir {
@@ -23,16 +26,120 @@ void require_scalar(InferContext& ctx, size_t i, DType dtype, const std::string&
       if (d.known() && d.value != 1) ctx.fail(what + " must hold one value");
 }
 
+// The type of input i as its subgraph sees it; `any_shape`: every dim left to the run (a value
+// carried between iterations). "" when the input's rank is not known.
+std::string subgraph_input(const InferContext& ctx, size_t i, bool any_shape, std::vector<TensorType>& types) {
+  if (!ctx.shape_known(i)) return "the rank of input " + std::to_string(i) + " is not known";
+  TensorType t = ctx.type(i);
+  if (any_shape) t.shape = Dims(t.shape->size(), Dim::unknown());
+  types.push_back(std::move(t));
+  return "";
+}
+
+// The types of the subgraph's inputs (If: either branch's; Loop and Scan: the body's), as the CPU
+// kernels type them (src/cpu/control_flow.cc); or why they are not known.
+std::string subgraph_inputs(const InferContext& ctx, std::vector<TensorType>& types) {
+  const std::string& op = ctx.node.op;
+  std::string why;
+  if (op == "If") {
+    for (size_t i = 1; i < ctx.num_inputs() && why.empty(); ++i) why = subgraph_input(ctx, i, false, types);
+  } else if (op == "Loop") {
+    const size_t carried = static_cast<size_t>(ctx.node.attrs.get_int("carried", 0));
+    types = {TensorType{DType::kInt64, Dims{}}, TensorType{DType::kBool, Dims{}}};
+    for (size_t i = 2; i < ctx.num_inputs() && why.empty(); ++i) why = subgraph_input(ctx, i, i < 2 + carried, types);
+  } else {  // Scan
+    const size_t states = static_cast<size_t>(ctx.node.attrs.get_int("states", 0));
+    const size_t scanned = static_cast<size_t>(ctx.node.attrs.get_int("num_scan_inputs", 0));
+    const std::vector<int64_t> axes = ctx.node.attrs.get_ints("scan_input_axes", std::vector<int64_t>(scanned, 0));
+    if (axes.size() != scanned) ctx.fail("scan_input_axes must give one axis per scanned input");
+    for (size_t i = 0; i < ctx.num_inputs() && why.empty(); ++i) {
+      why = subgraph_input(ctx, i, i < states, types);
+      if (!why.empty() || i < states || i >= states + scanned) continue;
+      // The body sees one slice: the scanned axis removed.
+      Dims& dims = *types.back().shape;
+      const int64_t rank = static_cast<int64_t>(dims.size());
+      int64_t axis = axes[i - states];
+      if (axis < -rank || axis >= rank) ctx.fail("scan input axis " + std::to_string(axis) + " is out of range");
+      dims.erase(dims.begin() + (axis < 0 ? axis + rank : axis));
+    }
+  }
+  return why;
+}
+
+// The type of each output that no subgraph declares, from the subgraph's own inference (If: the
+// then branch's, else the else branch's).
+std::vector<TensorType> inferred_outputs(InferContext& ctx, size_t undeclared) {
+  const SubgraphTyper typer = subgraph_typer();
+  std::vector<TensorType> inputs;
+  const std::string why = typer ? subgraph_inputs(ctx, inputs) : "no ONNX importer is linked";
+  if (!why.empty())
+    ctx.unsupported("no subgraph declares the type of output " + std::to_string(undeclared) + ", and it cannot be inferred: " + why);
+  const bool branches = ctx.node.op == "If";
+  if (!branches) {
+    std::vector<TensorType> types = typer(ctx.node.attrs.get_string("body_model", ""), inputs, ctx.node.name + "/body");
+    // A Loop's body gives the condition first.
+    if (ctx.node.op == "Loop" && !types.empty()) types.erase(types.begin());
+    if (types.size() != ctx.node.outputs.size())
+      ctx.fail("its body gives " + std::to_string(types.size()) + " outputs besides its condition; the node has " +
+               std::to_string(ctx.node.outputs.size()));
+    return types;
+  }
+  // If: a branch that cannot be inferred at these input types (one written for inputs of another
+  // rank, which the condition keeps from running) leaves the types to the other.
+  std::vector<TensorType> types, other;
+  std::optional<Error> then_error;
+  try {
+    types = typer(ctx.node.attrs.get_string("then_model", ""), inputs, ctx.node.name + "/then_branch");
+  } catch (const Error& e) {
+    then_error = e;
+  }
+  try {
+    other = typer(ctx.node.attrs.get_string("else_model", ""), inputs, ctx.node.name + "/else_branch");
+  } catch (const Error&) {
+    if (then_error) throw *then_error;
+  }
+  if (then_error) {
+    types = std::move(other);
+    other.clear();
+  }
+  for (size_t i = 0; i < types.size() && i < other.size(); ++i) {
+    if (types[i].dtype == DType::kUndefined) {
+      types[i] = other[i];
+    } else if (other[i].dtype != DType::kUndefined && other[i].dtype != types[i].dtype) {
+      ctx.fail("its branches give output " + std::to_string(i) + " as " + to_string(types[i].dtype) + " and " +
+               to_string(other[i].dtype));
+    } else if (!other[i].shape || !types[i].shape || other[i].shape->size() != types[i].shape->size()) {
+      types[i].shape.reset();  // the rank depends on the branch taken
+    }
+  }
+  if (types.size() != ctx.node.outputs.size())
+    ctx.fail("its branches give " + std::to_string(types.size()) + " outputs; the node has " + std::to_string(ctx.node.outputs.size()));
+  return types;
+}
+
 void set_declared_outputs(InferContext& ctx) {
   std::vector<int64_t> dtypes = ctx.node.attrs.get_ints("output_dtypes");
-  const std::vector<int64_t> ranks = ctx.node.attrs.get_ints("output_ranks");
+  std::vector<int64_t> ranks = ctx.node.attrs.get_ints("output_ranks");
   if (dtypes.size() != ctx.node.outputs.size() || ranks.size() != dtypes.size())
     ctx.fail("output_dtypes and output_ranks must give one value per output");
+  const size_t carried = ctx.node.op == "Loop" ? static_cast<size_t>(ctx.node.attrs.get_int("carried", 0))
+                         : ctx.node.op == "Scan" ? static_cast<size_t>(ctx.node.attrs.get_int("states", 0))
+                                                 : 0;
+  std::vector<TensorType> inferred;
   for (size_t i = 0; i < dtypes.size(); ++i) {
     // -1: a Loop's carried value whose body does not declare it: its initial value's type.
     if (dtypes[i] == -1 && ctx.node.op == "Loop" && ctx.has_input(2 + i)) dtypes[i] = static_cast<int64_t>(ctx.dtype(2 + i));
     // A Scan state that its body does not declare: its initial value's type.
     if (dtypes[i] == -1 && ctx.node.op == "Scan" && ctx.has_input(i)) dtypes[i] = static_cast<int64_t>(ctx.dtype(i));
+    if (dtypes[i] == -1) {
+      // Declared by no subgraph: what the subgraph's inference gives, a Loop's or Scan's per-iteration
+      // output stacked over the iterations.
+      if (inferred.empty()) inferred = inferred_outputs(ctx, i);
+      const TensorType& t = inferred[i];
+      dtypes[i] = t.dtype == DType::kUndefined ? -1 : static_cast<int64_t>(t.dtype);
+      const bool stacked = ctx.node.op != "If" && i >= carried;
+      ranks[i] = t.shape ? static_cast<int64_t>(t.shape->size()) + (stacked ? 1 : 0) : -1;
+    }
     if (dtypes[i] < 0 || dtypes[i] > INT32_MAX || !is_known_dtype(static_cast<int32_t>(dtypes[i])))
       ctx.fail("output " + std::to_string(i) + " has an unknown type");
     std::optional<Dims> shape;

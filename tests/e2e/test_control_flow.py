@@ -146,12 +146,17 @@ def test_malformed_ifs_are_refused_with_a_reason(run_kiln, tmp_path):
     path = tmp_path / "no_else.onnx"
     onnx.save(model, path)
     assert_clean_error(run_kiln("inspect", path), "the_if", "else_branch")
+    # Neither branch says what type y is, and the type cannot be inferred: the then branch reads
+    # a value whose rank only the run decides (x squeezed along axes the caller gives).
     model = if_model()
-    for name in ("then_branch", "else_branch"):  # neither branch says what type y is
-        branch(model, name).g.output[0].type.tensor_type.elem_type = 0
+    for name in ("then_branch", "else_branch"):
+        branch(model, name).g.output[0].ClearField("type")
+    branch(model, "then_branch").g.node[0].input[0] = "x_any"
+    model.graph.node.insert(0, helper.make_node("Squeeze", ["x", "axes"], ["x_any"]))
+    model.graph.input.append(helper.make_tensor_value_info("axes", TensorProto.INT64, ["k"]))
     path = tmp_path / "untyped.onnx"
     onnx.save(model, path)
-    assert_clean_error(run_kiln("inspect", path), "the_if", "declares the type")
+    assert_clean_error(run_kiln("inspect", path), "the_if", "declares the type", "cannot be inferred")
     # Ifs nested past the depth limit.
     inner = _branch("leaf", [helper.make_node("Identity", ["x"], ["leaf_out"])], "leaf_out", ["N", 4])
     for depth in range(20):
@@ -170,6 +175,25 @@ def test_malformed_ifs_are_refused_with_a_reason(run_kiln, tmp_path):
     path = tmp_path / "short_body.onnx"
     onnx.save(model, path)
     assert_clean_error(run_kiln("inspect", path), "the_loop", "its body must take 4 inputs")
+
+
+def test_subgraphs_without_output_types_take_them_from_their_inference(run_kiln, tmp_path):
+    """Neither branch of an If (nested Ifs too) nor a Loop's body declares its outputs' types, as
+    some converters write them: kiln infers them from the subgraphs, and both match ONNX Runtime."""
+    model = if_model(nested=True)
+    for attribute in model.graph.node[2].attribute:
+        attribute.g.output[0].ClearField("type")
+    path = tmp_path / "untyped_if.onnx"
+    onnx.save(model, path)
+    for x in (_x(1.0), _x(-1.0, first=1.0), _x(-1.0, first=-1.0)):
+        assert_same(*run_both(run_kiln, tmp_path, path, {"x": x}))
+    model = loop_model(True, True)
+    for output in model.graph.node[0].attribute[0].g.output[1:]:
+        output.ClearField("type")
+    path = tmp_path / "untyped_loop.onnx"
+    onnx.save(model, path)
+    feed = {"x": np.array([[1.0, 2.0, 0.5, 1.5]], np.float32), "M": np.array(5, np.int64), "go": np.array(True)}
+    assert_same(*run_both(run_kiln, tmp_path, path, feed))
 
 
 def loop_model(with_trip_count: bool, with_cond: bool) -> onnx.ModelProto:
