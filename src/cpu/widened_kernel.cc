@@ -89,35 +89,26 @@ std::unique_ptr<Kernel> make_widened_kernel(const KernelEntry& entry, const Kern
   auto kernel = std::make_unique<WidenedKernel>();
   KernelInit wide{init.node, {}, {}, {}, init.poison_outputs};
   bool any = false;
-  for (size_t i = 0; i < init.input_types.size(); ++i) {
-    const ir::TensorType* t = init.input_types[i];
+  // The type as the float32 kernel sees it (kept by `kernel`), and whether it was widened.
+  auto widened = [&](const ir::TensorType* t, std::vector<bool>& widen) {
     const bool narrow = t && is_narrow(t->dtype);
-    kernel->widen_input.push_back(narrow);
+    widen.push_back(narrow);
     any = any || narrow;
-    if (narrow) {
-      kernel->types.push_back(*t);
-      kernel->types.back().dtype = DType::kFloat32;
-      t = &kernel->types.back();
-    }
-    wide.input_types.push_back(t);
+    if (!narrow) return t;
+    kernel->types.push_back(*t);
+    kernel->types.back().dtype = DType::kFloat32;
+    return static_cast<const ir::TensorType*>(&kernel->types.back());
+  };
+  for (size_t i = 0; i < init.input_types.size(); ++i) {
+    wide.input_types.push_back(widened(init.input_types[i], kernel->widen_input));
     const Tensor* c = i < init.constants.size() ? init.constants[i] : nullptr;
-    if (c && narrow) {
+    if (c && kernel->widen_input.back()) {
       kernel->constants.push_back(widen(*c));
       c = &kernel->constants.back();
     }
     wide.constants.push_back(c);
   }
-  for (const ir::TensorType* t : init.output_types) {
-    const bool narrow = t && is_narrow(t->dtype);
-    kernel->widen_output.push_back(narrow);
-    any = any || narrow;
-    if (narrow) {
-      kernel->types.push_back(*t);
-      kernel->types.back().dtype = DType::kFloat32;
-      t = &kernel->types.back();
-    }
-    wide.output_types.push_back(t);
-  }
+  for (const ir::TensorType* t : init.output_types) wide.output_types.push_back(widened(t, kernel->widen_output));
   if (!any || (entry.check && !entry.check(wide).empty())) return nullptr;
   kernel->inner = entry.create(wide);
   return kernel;
