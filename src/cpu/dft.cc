@@ -1,7 +1,7 @@
-// CPU kernel of DFT (float32, float64), in double: each line along the axis is zero-padded or
-// truncated to the transform's length and transformed by a radix-2 FFT when the length is a
-// power of two, else directly (a length whose direct transform would take more than
-// kMaxDirectWork multiply-adds is refused as unsupported, naming it).
+// CPU kernels of DFT and STFT (float32, float64), in double: each line along the axis (STFT: each
+// windowed frame) is zero-padded or truncated to the transform's length and transformed by a
+// radix-2 FFT when the length is a power of two, else directly (a length whose direct transform
+// would take more than kMaxDirectWork multiply-adds in all is refused as unsupported, naming it).
 #include <algorithm>
 #include <cmath>
 #include <complex>
@@ -91,8 +91,44 @@ void dft(const Tensor& x, const ir::DftParams& p, Tensor& y) {
     }
 }
 
-std::optional<int64_t> scalar(const Tensor* t) {
+template <class T>
+void stft(const Tensor& x, const Tensor* window, const ir::StftParams& p, Tensor& y) {
+  const int64_t c = p.complex_input ? 2 : 1, L = p.frame_length;
+  const T* in = x.data<T>();
+  const T* w = window ? window->data<T>() : nullptr;
+  T* out = y.data<T>();
+  std::vector<Complex> line(static_cast<size_t>(L)), scratch;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t f = 0; f < p.frames; ++f) {
+      for (int64_t t = 0; t < L; ++t) {
+        const T* e = in + (b * p.signal_length + f * p.frame_step + t) * c;
+        const double scale = w ? static_cast<double>(w[t]) : 1.0;
+        line[static_cast<size_t>(t)] = Complex(static_cast<double>(e[0]) * scale, c == 2 ? static_cast<double>(e[1]) * scale : 0.0);
+      }
+      transform(line, -1, scratch);
+      T* o = out + (b * p.frames + f) * p.bins * 2;
+      for (int64_t k = 0; k < p.bins; ++k) {
+        o[2 * k] = static_cast<T>(line[static_cast<size_t>(k)].real());
+        o[2 * k + 1] = static_cast<T>(line[static_cast<size_t>(k)].imag());
+      }
+    }
+}
+
+// Refuses a transform of a length that is not a power of two over `lines` lines when its direct
+// form would pass kMaxDirectWork multiply-adds.
+void check_direct_work(const ir::Node& node, int64_t length, int64_t lines) {
+  if (!power_of_two(length) && lines > kMaxDirectWork / length / length)
+    throw Error(ErrorKind::kUnsupported, "a " + node.op + " of length " + std::to_string(length) +
+                                             " (not a power of two) over this many lines is too much work for the CPU engine's direct transform")
+        .node(node.name, node.op);
+}
+
+// The value of an optional scalar input (one element; refused otherwise, naming the node).
+std::optional<int64_t> scalar(const ir::Node& node, const Tensor* t, const char* what) {
   if (!t) return std::nullopt;
+  if (t->numel() != 1)
+    throw Error(ErrorKind::kInvalidArgument, std::string(what) + " must hold one value, has " + std::to_string(t->numel()))
+        .node(node.name, node.op);
   return t->value_as_int(0);
 }
 
@@ -107,17 +143,34 @@ KILN_REGISTER_CPU_KERNELS(dft) {
     const ir::Node* node = &init.node;
     return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
       const Tensor& x = *in[0];
-      const ir::DftParams p = ir::dft_params(*node, x.shape(), scalar(in.size() > 1 ? in[1] : nullptr),
-                                             scalar(in.size() > 2 ? in[2] : nullptr));
-      if (!power_of_two(p.length) && x.numel() / std::max<int64_t>(x.dim(p.axis), 1) > kMaxDirectWork / p.length / p.length)
-        throw Error(ErrorKind::kUnsupported, "a DFT of length " + std::to_string(p.length) +
-                                                 " (not a power of two) over this many lines is too much work for the CPU engine's direct transform")
-            .node(node->name, node->op);
+      const ir::DftParams p = ir::dft_params(*node, x.shape(), scalar(*node, in.size() > 1 ? in[1] : nullptr, "dft_length"),
+                                             scalar(*node, in.size() > 2 ? in[2] : nullptr, "axis"));
+      check_direct_work(*node, p.length, x.numel() / std::max<int64_t>(x.dim(p.axis), 1));
       if (x.dtype() == DType::kFloat64) dft<double>(x, p, out[0]);
       else dft<float>(x, p, out[0]);
     });
   };
   registry.add(std::move(e));
+
+  KernelEntry stft_entry;
+  stft_entry.op = "STFT";
+  stft_entry.check = accept_dtypes({DType::kFloat32, DType::kFloat64});
+  stft_entry.dtypes = "float32, float64";
+  stft_entry.create = [](const KernelInit& init) {
+    const ir::Node* node = &init.node;
+    return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+      const Tensor& x = *in[0];
+      const Tensor* window = in.size() > 2 ? in[2] : nullptr;
+      if (window && window->rank() != 1) throw Error(ErrorKind::kInvalidArgument, "the window must be 1-D").node(node->name, node->op);
+      const ir::StftParams p = ir::stft_params(*node, x.shape(), *scalar(*node, in[1], "frame_step"),
+                                               window ? std::optional<int64_t>(window->numel()) : std::nullopt,
+                                               scalar(*node, in.size() > 3 ? in[3] : nullptr, "frame_length"));
+      check_direct_work(*node, p.frame_length, p.batch * p.frames);
+      if (x.dtype() == DType::kFloat64) stft<double>(x, window, p, out[0]);
+      else stft<float>(x, window, p, out[0]);
+    });
+  };
+  registry.add(std::move(stft_entry));
 }
 
 }  // namespace kiln::cpu

@@ -72,7 +72,7 @@ constexpr AsIs kAsIs[] = {
     // Linear algebra.
     {"Det", 11},
     // Window functions (signal processing).
-    {"HannWindow", 17}, {"HammingWindow", 17}, {"BlackmanWindow", 17},
+    {"HannWindow", 17}, {"HammingWindow", 17}, {"BlackmanWindow", 17}, {"STFT", 17},
     // Einsum: later opsets added types only.
     {"Einsum", 12},
     // Losses: opsets 13 and 22 added types only.

@@ -1,7 +1,7 @@
 """Operators of the CPU engine against ONNX Runtime, on seeded random data beyond the ONNX node
 cases (which cover one or two geometries each): DFT (lengths that are powers of two, which take
 the FFT, and others, which take the direct transform; padded and truncated; inverse; one-sided
-both ways; complex input; opset 17's axis attribute), Col2Im, MaxUnpool, ConvInteger,
+both ways; complex input; opset 17's axis attribute), STFT (and its refusals), Col2Im, MaxUnpool, ConvInteger,
 AffineGrid, LRN, GroupNormalization, MeanVarianceNormalization and Shrink, through `kiln check`;
 against ONNX's Python reference where ONNX Runtime differs from ONNX's definition or refuses a
 form the definition allows (MaxUnpool's output_shape, which the reference and the node cases pad
@@ -55,6 +55,40 @@ def test_dft_matches_onnxruntime(tmp_path, check_against_onnxruntime, shape, len
         inits["length"] = np.array(length, np.int64)
     node = helper.make_node("DFT", ["x", "length" if length else "", "axis"], ["y"], inverse=inverse, onesided=onesided)
     check_against_onnxruntime(_save(tmp_path, "dft", node, [("x", TensorProto.FLOAT, shape)], inits, 20), {"x": x})
+
+
+@pytest.mark.parametrize("length,step,frame,window,onesided,complex_input", [
+    (64, 16, 32, None, 1, False), (100, 7, 24, "hann", 1, False), (50, 10, None, "rect", 0, False),
+    (33, 4, 12, "hann", 0, True), (40, 40, 40, None, 1, False)])
+def test_stft_matches_onnxruntime(tmp_path, check_against_onnxruntime, length, step, frame, window, onesided, complex_input):
+    """STFT: frames of powers of two (the FFT) and not (the direct transform), with and without a
+    window, one-sided or not, a complex signal, one frame spanning the whole signal."""
+    rng = np.random.default_rng(length * 13 + step)
+    x = rng.standard_normal((2, length, 2 if complex_input else 1)).astype(np.float32)
+    frame_length = frame or 12
+    inits = {"step": np.array(step, np.int64)}
+    if window:
+        inits["window"] = (np.hanning(frame_length) if window == "hann" else np.ones(frame_length)).astype(np.float32)
+    if frame:
+        inits["frame"] = np.array(frame, np.int64)
+    node = helper.make_node("STFT", ["x", "step", "window" if window else "", "frame" if frame else ""], ["y"],
+                            onesided=onesided)
+    check_against_onnxruntime(_save(tmp_path, "stft", node, [("x", TensorProto.FLOAT, x.shape)], inits, 17), {"x": x})
+
+
+@pytest.mark.parametrize("step,frame,window,message", [
+    (4, 10, 12, "the window has 12 values for frames of 10"), (4, 70, None, "frame_length 70 must be from 1"),
+    (0, 10, None, "frame_step must be positive"), (4, None, None, "needs a window or a frame_length")])
+def test_stft_refuses_inconsistent_frames(tmp_path, run_kiln, step, frame, window, message):
+    inits = {"step": np.array(step, np.int64)}
+    if window:
+        inits["window"] = np.ones(window, np.float32)
+    if frame:
+        inits["frame"] = np.array(frame, np.int64)
+    node = helper.make_node("STFT", ["x", "step", "window" if window else "", "frame" if frame else ""], ["y"], name="the_stft")
+    path = _save(tmp_path, "stft_bad", node, [("x", TensorProto.FLOAT, (1, 64, 1))], inits, 17)
+    r = run_kiln("inspect", path)
+    assert r.returncode == 1 and "the_stft" in r.stderr and message in r.stderr, r.describe()
 
 
 def test_dft_of_opset_17_takes_its_axis_attribute(tmp_path, check_against_onnxruntime):
