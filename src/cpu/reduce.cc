@@ -151,9 +151,16 @@ void reduce(const ir::Node& node, const std::vector<const Tensor*>& in, Tensor& 
     if (x.nbytes()) std::memcpy(out.raw(), x.raw(), x.nbytes());
     return;
   }
+  T* py = out.data<T>();
+  if (x.numel() == 0) {
+    // Every output reduces the empty set. Not through plan_reduce: it enumerates the dims one
+    // at a time, and [2^32, 1, 0] asked for 32 GB of offsets before reaching the 0 (fuzz smoke).
+    const T identity = reduce_set(static_cast<const T*>(nullptr), ReducePlan{}, kind);
+    std::fill(py, py + out.numel(), identity);
+    return;
+  }
   const ReducePlan p = plan_reduce(x.shape(), red);
   const T* px = x.data<T>();
-  T* py = out.data<T>();
   const int64_t outputs = static_cast<int64_t>(p.base.size());
   if (outputs != out.numel()) throw node.error(ErrorKind::kInternal, "reduce output size mismatch");
 #pragma omp parallel for schedule(static) if (x.numel() > 65536 && outputs > 1)

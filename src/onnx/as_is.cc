@@ -65,8 +65,9 @@ constexpr AsIs kAsIs[] = {
     // Attention (ops/attention_params.h has the semantics), rotary position embeddings and the
     // key/value cache update TensorScatter.
     {"Attention", 23}, {"RotaryEmbedding", 23}, {"TensorScatter", 24},
-    // Detection: NonMaxSuppression's opset 11 only clarified opset 10's text.
-    {"NonMaxSuppression", 10},
+    // Detection: NonMaxSuppression's opset 11 only clarified opset 10's text; DeformConv's 22
+    // added types only.
+    {"NonMaxSuppression", 10}, {"DeformConv", 19},
     // Recurrent layers: opset 14 added `layout` (default: the older meaning), 22 types.
     {"RNN", 7}, {"GRU", 7}, {"LSTM", 7},
     // Linear algebra.

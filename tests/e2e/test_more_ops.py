@@ -1,7 +1,8 @@
 """Operators of the CPU engine against ONNX Runtime, on seeded random data beyond the ONNX node
 cases (which cover one or two geometries each): DFT (lengths that are powers of two, which take
 the FFT, and others, which take the direct transform; padded and truncated; inverse; one-sided
-both ways; complex input; opset 17's axis attribute), STFT (and its refusals), Col2Im, MaxUnpool, ConvInteger,
+both ways; complex input; opset 17's axis attribute), STFT (and its refusals), DeformConv
+(against ONNX's reference, and with zero offsets against ONNX Runtime's Conv), Col2Im, MaxUnpool, ConvInteger,
 AffineGrid, LRN, GroupNormalization, MeanVarianceNormalization and Shrink, through `kiln check`;
 against ONNX's Python reference where ONNX Runtime differs from ONNX's definition or refuses a
 form the definition allows (MaxUnpool's output_shape, which the reference and the node cases pad
@@ -95,6 +96,73 @@ def test_dft_of_opset_17_takes_its_axis_attribute(tmp_path, check_against_onnxru
     x = np.random.default_rng(3).standard_normal((3, 6, 8, 2)).astype(np.float32)
     node = helper.make_node("DFT", ["x"], ["y"], axis=2)
     check_against_onnxruntime(_save(tmp_path, "dft17", node, [("x", TensorProto.FLOAT, x.shape)], {}, 17), {"x": x})
+
+
+@pytest.mark.parametrize("attrs,batch,channels,out_channels,kernel,size,with_mask,with_bias", [
+    ({}, 1, 2, 3, (3, 3), (5, 6), False, False),
+    ({"pads": [1, 2, 1, 0], "strides": [2, 1]}, 2, 4, 4, (3, 2), (6, 5), True, True),
+    ({"group": 2, "offset_group": 2, "dilations": [2, 1]}, 1, 4, 6, (2, 3), (7, 6), True, False),
+    ({"offset_group": 4, "pads": [1, 1, 1, 1]}, 1, 4, 2, (1, 1), (4, 4), False, True)])
+def test_deform_conv_matches_the_reference(tmp_path, run_kiln, attrs, batch, channels, out_channels, kernel, size,
+                                           with_mask, with_bias):
+    """DeformConv against ONNX's reference (ONNX Runtime has no kernel): offsets up to 3 pixels,
+    moving taps across the image's edges; groups, offset groups, strides, pads, dilations, a mask
+    and a bias."""
+    rng = np.random.default_rng(channels * 31 + out_channels + len(attrs))
+    group, offset_group = attrs.get("group", 1), attrs.get("offset_group", 1)
+    pads, strides, dilations = attrs.get("pads", [0] * 4), attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    out = [(size[d] + pads[d] + pads[d + 2] - dilations[d] * (kernel[d] - 1) - 1) // strides[d] + 1 for d in range(2)]
+    taps = kernel[0] * kernel[1]
+    feed = {"x": rng.standard_normal((batch, channels, *size)).astype(np.float32),
+            "w": rng.standard_normal((out_channels, channels // group, *kernel)).astype(np.float32),
+            "offset": rng.uniform(-3, 3, (batch, offset_group * 2 * taps, *out)).astype(np.float32)}
+    if with_bias:
+        feed["b"] = rng.standard_normal(out_channels).astype(np.float32)
+    if with_mask:
+        feed["mask"] = rng.uniform(0, 1, (batch, offset_group * taps, *out)).astype(np.float32)
+    node = helper.make_node("DeformConv", ["x", "w", "offset", "b" if with_bias else "", "mask" if with_mask else ""], ["y"],
+                            kernel_shape=list(kernel), **attrs)
+    path = _save(tmp_path, "deform_conv", node, [(n, TensorProto.FLOAT, v.shape) for n, v in feed.items()], {}, 19)
+    check_against_reference(run_kiln, tmp_path, path, feed)
+
+
+def test_deform_conv_with_zero_offsets_is_a_convolution(tmp_path, run_kiln):
+    """With every offset 0 and no mask, DeformConv is Conv: checked against ONNX Runtime's Conv on
+    an input wide enough (512 channels of 40x40) that the kernel samples its columns in blocks."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 512, 40, 40)).astype(np.float32)
+    w = (rng.standard_normal((8, 512, 3, 3)) / 40).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    offset = np.zeros((1, 18, 40, 40), np.float32)
+    node = helper.make_node("DeformConv", ["x", "w", "offset", "b"], ["y"], pads=[1, 1, 1, 1])
+    path = _save(tmp_path, "deform_zero", node, [("x", TensorProto.FLOAT, x.shape), ("offset", TensorProto.FLOAT, offset.shape)],
+                 {"w": w, "b": b}, 19)
+    for name, value in {"x": x, "offset": offset}.items():
+        np.save(tmp_path / f"{name}.npy", value)
+    r = run_kiln("run", path, "--device", "cpu", f"--input=x={tmp_path / 'x.npy'}", f"--input=offset={tmp_path / 'offset.npy'}",
+                 "-o", tmp_path / "out")
+    assert r.returncode == 0, r.describe()
+    conv = _save(tmp_path, "conv", helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+                 [("x", TensorProto.FLOAT, x.shape)], {"w": w, "b": b}, 19)
+    (want,) = ort.InferenceSession(str(conv), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"offset": (1, 17, 4, 4)}, "offset has shape [1, 17, 4, 4]"), ({"mask": (1, 9, 4, 5)}, "mask has shape [1, 9, 4, 5]"),
+    ({"offset_group": 3}, "offset_group 3 must divide the 4 input channels"), ({"x": (1, 4, 6)}, "only 2-D")])
+def test_deform_conv_refuses_inconsistent_shapes(tmp_path, run_kiln, change, message):
+    shapes = {"x": (1, 4, 6, 6), "w": (2, 4, 3, 3), "offset": (1, 18, 4, 4), "mask": (1, 9, 4, 4)}
+    shapes.update({k: v for k, v in change.items() if k in shapes})
+    attrs = {k: v for k, v in change.items() if k not in shapes}
+    if change.get("x") == (1, 4, 6):
+        shapes.update({"w": (2, 4, 3), "offset": (1, 6, 4), "mask": (1, 3, 4)})
+    node = helper.make_node("DeformConv", ["x", "w", "offset", "", "mask"], ["y"], name="the_deform", **attrs)
+    path = _save(tmp_path, "deform_bad", node, [(n, TensorProto.FLOAT, s) for n, s in shapes.items()], {}, 19)
+    r = run_kiln("inspect", path)
+    assert r.returncode == 1 and "the_deform" in r.stderr and message in r.stderr, r.describe()
 
 
 @pytest.mark.parametrize("image,block,attrs", [

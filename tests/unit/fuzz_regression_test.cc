@@ -158,6 +158,18 @@ TEST(FuzzRegression, FloatRangeRunningAwayFromItsLimitIsEmpty) {
   EXPECT_EQ(run_node("Range", {f32(0.f), f32(3.f), f32(1.f)}).numel(), 3);
 }
 
+// fuzz smoke (seed 11): ReduceL1 of an empty [2^32, 1, 0] tensor enumerated the offsets of the
+// reduced dims one dim at a time and reserved 2^32 of them before reaching the 0 (bad_alloc).
+// Every output of a reduction over an empty input is the reduction's identity.
+TEST(FuzzRegression, ReductionsOfAHugeEmptyTensorGiveTheirIdentity) {
+  Tensor empty(DType::kFloat32, {int64_t{1} << 32, 1, 0});
+  const std::vector<int64_t> all = {0, 1, 2};
+  EXPECT_EQ(first<float>(run_node("ReduceL1", {empty}, {{"axes", all}})), 0.f);
+  EXPECT_EQ(first<float>(run_node("ReduceProd", {empty}, {{"axes", all}})), 1.f);
+  EXPECT_EQ(first<float>(run_node("ReduceMax", {empty}, {{"axes", all}})), -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(first<float>(run_node("ReduceSum", {empty, Tensor::from_vector<int64_t>({3}, all)})), 0.f);
+}
+
 // What building `b` (import's shape inference) refuses with, or "" if it does not.
 std::string refusal(GraphBuilder& b) {
   try {
