@@ -9,6 +9,7 @@
 #include "cpu/engine.h"
 #include "cpu/kernel.h"
 #include "onnx/importer.h"
+#include "ops/control_flow.h"
 
 namespace kiln::cpu {
 
@@ -29,15 +30,12 @@ struct Subgraph {
   }
 };
 
-// The type of a node input as a subgraph input; with `any_shape` (a Loop's carried value) every
-// dim is left to the run.
-ir::TensorType input_type(const ir::Node& node, const KernelInit& init, size_t i, bool any_shape) {
-  const ir::TensorType* type = init.input_types[i];
-  if (!type || !type->shape)
-    throw node.error(ErrorKind::kUnsupported, "the rank of input '" + node.inputs[i] + "' is not known when building");
-  ir::TensorType t = *type;
-  if (any_shape) t.shape = ir::Dims(t.shape->size(), ir::Dim::unknown());
-  return t;
+// The types of the node's inputs as its subgraph takes them (ops/control_flow.h).
+std::vector<ir::TensorType> subgraph_inputs(const KernelInit& init) {
+  std::vector<ir::TensorType> types;
+  const std::string why = ir::subgraph_input_types(init.node, init.input_types, types);
+  if (!why.empty()) throw init.node.error(ErrorKind::kUnsupported, why + " when building");
+  return types;
 }
 
 Subgraph build_subgraph(const KernelInit& init, const std::string& attr, const std::vector<ir::TensorType>& types) {
@@ -70,8 +68,7 @@ std::vector<ir::TensorType> declared_outputs(const KernelInit& init) {
 class IfKernel : public Kernel {
  public:
   explicit IfKernel(const KernelInit& init) : node_(init.node), declared_(declared_outputs(init)) {
-    std::vector<ir::TensorType> types;
-    for (size_t i = 1; i < init.input_types.size(); ++i) types.push_back(input_type(node_, init, i, false));
+    const std::vector<ir::TensorType> types = subgraph_inputs(init);
     branches_[1] = build_subgraph(init, "then_model", types);
     branches_[0] = build_subgraph(init, "else_model", types);
     for (const Subgraph* b : {&branches_[0], &branches_[1]})
@@ -109,10 +106,7 @@ class LoopKernel : public Kernel {
     if (carried < 0 || static_cast<size_t>(carried) > declared_.size() || static_cast<size_t>(carried) + 2 > init.input_types.size())
       throw node_.error(ErrorKind::kInvalidModel, "its attribute carried must count the carried values among its inputs and outputs");
     carried_ = static_cast<size_t>(carried);
-    // The carried values may change shape from one iteration to the next: any dims.
-    std::vector<ir::TensorType> types = {ir::TensorType{DType::kInt64, ir::Dims{}}, ir::TensorType{DType::kBool, ir::Dims{}}};
-    for (size_t i = 2; i < init.input_types.size(); ++i) types.push_back(input_type(node_, init, i, i < 2 + carried_));
-    body_ = build_subgraph(init, "body_model", types);
+    body_ = build_subgraph(init, "body_model", subgraph_inputs(init));
     if (body_.outputs.size() != 1 + declared_.size())
       throw node_.error(ErrorKind::kInvalidModel, "its body gives " + std::to_string(body_.outputs.size()) + " outputs; it needs " +
                                                       std::to_string(1 + declared_.size()) + " (the condition and one per node output)");
@@ -201,19 +195,9 @@ class ScanKernel : public Kernel {
     if (input_axes_.size() != scanned_ || input_reverse_.size() != scanned_ || output_axes_.size() != outputs ||
         output_reverse_.size() != outputs)
       throw node_.error(ErrorKind::kInvalidModel, "its scan axes and directions must give one value per scanned input and scan output");
-    std::vector<ir::TensorType> types;
-    for (size_t i = 0; i < init.input_types.size(); ++i) {
-      ir::TensorType t = input_type(node_, init, i, i < states_);
-      if (i >= states_ && i < states_ + scanned_) {
-        // The body sees one slice: the scanned axis removed.
-        const int64_t rank = static_cast<int64_t>(t.shape->size());
-        int64_t& axis = input_axes_[i - states_];
-        if (axis < -rank || axis >= rank) throw node_.error(ErrorKind::kInvalidModel, "a scan input axis is out of range");
-        if (axis < 0) axis += rank;
-        t.shape->erase(t.shape->begin() + axis);
-      }
-      types.push_back(t);
-    }
+    const std::vector<ir::TensorType> types = subgraph_inputs(init);  // checks the input axes
+    for (size_t j = 0; j < scanned_; ++j)
+      if (input_axes_[j] < 0) input_axes_[j] += static_cast<int64_t>(init.input_types[states_ + j]->shape->size());
     body_ = build_subgraph(init, "body_model", types);
     if (body_.outputs.size() != declared_.size())
       throw node_.error(ErrorKind::kInvalidModel, "its body gives " + std::to_string(body_.outputs.size()) + " outputs; the node has " +

@@ -11,9 +11,42 @@
 #include <optional>
 
 #include "ir/subgraph_types.h"
+#include "ops/control_flow.h"
 #include "ops/shape_dims.h"
 
 namespace kiln::ir {
+
+std::string subgraph_input_types(const Node& node, const std::vector<const TensorType*>& inputs, std::vector<TensorType>& types) {
+  types.clear();
+  size_t first = 1, any_shape_end = 0;  // If: every input after the condition, as it is
+  const size_t scanned = node.op == "Scan" ? static_cast<size_t>(node.attrs.get_int("num_scan_inputs", 0)) : 0;
+  if (node.op == "Loop") {
+    types = {TensorType{DType::kInt64, Dims{}}, TensorType{DType::kBool, Dims{}}};
+    first = 2;
+    any_shape_end = 2 + static_cast<size_t>(node.attrs.get_int("carried", 0));
+  } else if (node.op == "Scan") {
+    first = 0;
+    any_shape_end = static_cast<size_t>(node.attrs.get_int("states", 0));
+  }
+  const std::vector<int64_t> axes = node.attrs.get_ints("scan_input_axes", std::vector<int64_t>(scanned, 0));
+  if (axes.size() != scanned) throw node.error(ErrorKind::kInvalidModel, "scan_input_axes must give one axis per scanned input");
+  for (size_t i = first; i < inputs.size(); ++i) {
+    if (!inputs[i] || !inputs[i]->shape)
+      return "the rank of input '" + (i < node.inputs.size() ? node.inputs[i] : std::to_string(i)) + "' is not known";
+    TensorType t = *inputs[i];
+    if (i < any_shape_end) t.shape = Dims(t.shape->size(), Dim::unknown());
+    if (node.op == "Scan" && i >= any_shape_end && i < any_shape_end + scanned) {
+      // The body sees one slice: the scanned axis removed.
+      const int64_t rank = static_cast<int64_t>(t.shape->size()), axis = axes[i - any_shape_end];
+      if (axis < -rank || axis >= rank)
+        throw node.error(ErrorKind::kInvalidModel, "scan input axis " + std::to_string(axis) + " is out of range for rank " +
+                                                       std::to_string(rank));
+      t.shape->erase(t.shape->begin() + (axis < 0 ? axis + rank : axis));
+    }
+    types.push_back(std::move(t));
+  }
+  return "";
+}
 
 namespace {
 
@@ -26,52 +59,12 @@ void require_scalar(InferContext& ctx, size_t i, DType dtype, const std::string&
       if (d.known() && d.value != 1) ctx.fail(what + " must hold one value");
 }
 
-// The type of input i as its subgraph sees it; `any_shape`: every dim left to the run (a value
-// carried between iterations). "" when the input's rank is not known.
-std::string subgraph_input(const InferContext& ctx, size_t i, bool any_shape, std::vector<TensorType>& types) {
-  if (!ctx.shape_known(i)) return "the rank of input " + std::to_string(i) + " is not known";
-  TensorType t = ctx.type(i);
-  if (any_shape) t.shape = Dims(t.shape->size(), Dim::unknown());
-  types.push_back(std::move(t));
-  return "";
-}
-
-// The types of the subgraph's inputs (If: either branch's; Loop and Scan: the body's), as the CPU
-// kernels type them (src/cpu/control_flow.cc); or why they are not known.
-std::string subgraph_inputs(const InferContext& ctx, std::vector<TensorType>& types) {
-  const std::string& op = ctx.node.op;
-  std::string why;
-  if (op == "If") {
-    for (size_t i = 1; i < ctx.num_inputs() && why.empty(); ++i) why = subgraph_input(ctx, i, false, types);
-  } else if (op == "Loop") {
-    const size_t carried = static_cast<size_t>(ctx.node.attrs.get_int("carried", 0));
-    types = {TensorType{DType::kInt64, Dims{}}, TensorType{DType::kBool, Dims{}}};
-    for (size_t i = 2; i < ctx.num_inputs() && why.empty(); ++i) why = subgraph_input(ctx, i, i < 2 + carried, types);
-  } else {  // Scan
-    const size_t states = static_cast<size_t>(ctx.node.attrs.get_int("states", 0));
-    const size_t scanned = static_cast<size_t>(ctx.node.attrs.get_int("num_scan_inputs", 0));
-    const std::vector<int64_t> axes = ctx.node.attrs.get_ints("scan_input_axes", std::vector<int64_t>(scanned, 0));
-    if (axes.size() != scanned) ctx.fail("scan_input_axes must give one axis per scanned input");
-    for (size_t i = 0; i < ctx.num_inputs() && why.empty(); ++i) {
-      why = subgraph_input(ctx, i, i < states, types);
-      if (!why.empty() || i < states || i >= states + scanned) continue;
-      // The body sees one slice: the scanned axis removed.
-      Dims& dims = *types.back().shape;
-      const int64_t rank = static_cast<int64_t>(dims.size());
-      int64_t axis = axes[i - states];
-      if (axis < -rank || axis >= rank) ctx.fail("scan input axis " + std::to_string(axis) + " is out of range");
-      dims.erase(dims.begin() + (axis < 0 ? axis + rank : axis));
-    }
-  }
-  return why;
-}
-
 // The type of each output that no subgraph declares, from the subgraph's own inference (If: the
 // then branch's, else the else branch's).
 std::vector<TensorType> inferred_outputs(InferContext& ctx, size_t undeclared) {
   const SubgraphTyper typer = subgraph_typer();
   std::vector<TensorType> inputs;
-  const std::string why = typer ? subgraph_inputs(ctx, inputs) : "no ONNX importer is linked";
+  const std::string why = typer ? subgraph_input_types(ctx.node, ctx.input_types, inputs) : "no ONNX importer is linked";
   if (!why.empty())
     ctx.unsupported("no subgraph declares the type of output " + std::to_string(undeclared) + ", and it cannot be inferred: " + why);
   const bool branches = ctx.node.op == "If";

@@ -70,7 +70,7 @@ void infer_deform_conv(InferContext& ctx) {
   const bool optional_known = (!ctx.has_input(3) || known_shape(ctx, 3)) && (!ctx.has_input(4) || known_shape(ctx, 4));
   if (!x || !w || !offset || !optional_known) {
     // Known when the engine runs (the CPU engine infers shapes again then).
-    ctx.set_output(0, dt, Dims(4, Dim::unknown()));
+    ctx.set_output(0, dt, unknown_dims(ctx, 4));
     return;
   }
   const DeformConvParams p = deform_conv_params(ctx.node, *x, *w, *offset, known_shape(ctx, 4), known_shape(ctx, 3));

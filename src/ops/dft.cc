@@ -97,7 +97,7 @@ void infer_stft(InferContext& ctx) {
   }
   if (!x.shape || !all_known(*x.shape) || !step || (ctx.has_input(3) && !frame_length) || !window_known) {
     // Known when the engine runs (the CPU engine infers shapes again then).
-    ctx.set_output(0, x.dtype, Dims(4, Dim::unknown()));
+    ctx.set_output(0, x.dtype, unknown_dims(ctx, 4));
     return;
   }
   const StftParams p = stft_params(ctx.node, known_values(*x.shape), *step, window_length, frame_length);
