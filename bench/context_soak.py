@@ -3,10 +3,12 @@
 result differs from what one context computes alone, and how (which batch, how many elements,
 which images of the batch). Prints one JSON line.
 
-    python3 bench/context_soak.py SECONDS TAG [--no-graph] [--contexts 4]
+    python3 bench/context_soak.py SECONDS TAG [--no-graph] [--contexts 4] [--beside-torch]
 
 The engine is ResNet-18 at 64x64 (random weights), fp16, batch 1 to 16 (opt 8); the threads run
-batches 1, 2, 5, 8 and 16 in turn. The float-convolution tactic families follow the developer
+batches 1, 2, 5, 8 and 16 in turn. With --beside-torch, the contexts run while a PyTorch thread
+keeps the GPU busy on a stream of its own with small matrix products (one context then shows
+whether other work on the GPU alone changes a result). The float-convolution tactic families follow the developer
 variables of docs/env.md (KILN_NO_CUDNN_GRAPH, KILN_NO_CONV_GEMM), so that running this under
 each tells which family gives different results under concurrent load. Before the threads start,
 the lone context repeats every batch 200 times: a difference there is nondeterminism, not load.
@@ -36,6 +38,7 @@ def main() -> int:
     p.add_argument("tag")
     p.add_argument("--no-graph", action="store_true", help="contexts launch layer by layer (no CUDA graphs)")
     p.add_argument("--contexts", type=int, default=4)
+    p.add_argument("--beside-torch", action="store_true", help="PyTorch keeps the GPU busy on another stream meanwhile")
     args = p.parse_args()
 
     path = f"/tmp/context-soak-{args.tag}.onnx"
@@ -69,11 +72,29 @@ def main() -> int:
                                   "images": [int(i) for i in np.unique(np.nonzero(d > 0)[0])][:8]})
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(len(contexts))]
+    products = [0]
+    if args.beside_torch:
+        import torch
+
+        a = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+        side = torch.cuda.Stream()
+
+        def busy() -> None:
+            while time.monotonic() < deadline:
+                with torch.cuda.stream(side):
+                    y = a
+                    for _ in range(50):
+                        y = torch.relu(y @ y * 0.01)
+                side.synchronize()
+                products[0] += 50
+
+        threads.append(threading.Thread(target=busy))
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    print(json.dumps({"tag": args.tag, "no_graph": args.no_graph, "families": families,
+    print(json.dumps({"tag": args.tag, "no_graph": args.no_graph, "contexts": args.contexts,
+                      "beside_torch_products": products[0] if args.beside_torch else None, "families": families,
                       "env": {k: v for k, v in os.environ.items() if k.startswith("KILN_")},
                       "runs": sum(runs), "differing": len(differing), "alone_repeats_differing": alone_differs,
                       "differing_by_batch": {str(b): sum(1 for x in differing if x["batch"] == b) for b in batches},

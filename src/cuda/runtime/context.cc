@@ -8,6 +8,7 @@
 
 #include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
+#include "cuda/runtime/launch_order.h"
 #include "cuda/runtime/graph_timing.h"
 #include "ir/sizes.h"
 
@@ -297,8 +298,14 @@ CudaContext::Bound& CudaContext::bound() {
 
 void CudaContext::enqueue_layers(const Bound& b, cudaStream_t stream) {
   const std::vector<PlannedLayer>& layers = b.plan->layers();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
   for (size_t i = 0; i < layers.size(); ++i) {
     try {
+      // Nor does the first layer overlap the stream's work before it, which may still read the
+      // arena (a previous run). A capture keeps the layers apart by its edges instead.
+      if (!capturing) launch_layer_barrier(stream);
       layers[i].layer->enqueue(b.io[i], stream);
     } catch (Error& e) {
       if (e.node_name().empty()) e.node(layers[i].name, layers[i].op);
@@ -355,7 +362,14 @@ void CudaContext::enqueue_graph(Bound& b, cudaStream_t stream) {
     throw;
   }
   KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaError_t status = cudaGraphInstantiate(&b.graph, graph, 0);
+  cudaError_t status = cudaSuccess;
+  try {
+    drop_programmatic_edges(graph);  // layers never overlap (launch_order.h)
+  } catch (...) {
+    cudaGraphDestroy(graph);
+    throw;
+  }
+  status = cudaGraphInstantiate(&b.graph, graph, 0);
   cudaGraphDestroy(graph);
   KILN_CUDA_CHECK(status);
   b.graph_stream = stream;

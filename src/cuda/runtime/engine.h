@@ -201,10 +201,7 @@ class CudaEngine {
   // so it computes the same, and with the context's cuDNN handle (`cudnn`): a cuDNN execution
   // plan keeps the handle it was finalized with, which must outlive it. Contexts never share
   // layers: a layer may keep state of its own on the device (cuDNN's runtime-compiled engines
-  // do), and the weights are shared anyway. Known defect: contexts running cuDNN graph-API
-  // convolutions at once still get wrong results now and then under load (about 1 run in 6,000
-  // of four contexts on four threads; none with cuDNN's legacy API;
-  // bench/results/context_soak/).
+  // do), and the weights are shared anyway.
   std::shared_ptr<const ShapePlan> context_plan(const Shapes& shapes, const CudnnSource& cudnn) const;
   // The plan of a profile's opt shapes, built by build().
   std::shared_ptr<const ShapePlan> opt_plan(int profile) const;
