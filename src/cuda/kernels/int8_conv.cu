@@ -23,7 +23,6 @@
 
 #include "cuda/kernels/int8_epilogue.cuh"
 #include "cuda/runtime/check.h"
-#include "cuda/runtime/launch_order.h"
 
 namespace kiln::cuda {
 
@@ -648,8 +647,6 @@ const KernelInfo& prepare(Kernel kernel, int smem) {
   std::lock_guard<std::mutex> lock(mutex);
   KernelInfo& info = known[{device, reinterpret_cast<const void*>(kernel), smem}];
   if (info.sms == 0) {
-    // Launched with programmatic dependent launch, it waits before it touches activations.
-    note_waiting_kernel(reinterpret_cast<const void*>(kernel));
     KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     // All of L1 as shared memory, as cuDNN's convolution kernels take it: a kernel that asks
     // for another split makes the multiprocessors drain and reconfigure between it and its

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
@@ -296,22 +297,29 @@ CudaContext::Bound& CudaContext::bound() {
   return it->second;
 }
 
-void CudaContext::enqueue_layers(const Bound& b, cudaStream_t stream) {
-  const std::vector<PlannedLayer>& layers = b.plan->layers();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  KILN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  const bool capturing = capture != cudaStreamCaptureStatusNone;
+namespace {
+
+// Enqueues each layer after calling before(i); an error names the layer it came from.
+template <class Before>
+void enqueue_each_layer(const std::vector<PlannedLayer>& layers, const std::vector<LayerIO>& io, cudaStream_t stream,
+                        Before before) {
   for (size_t i = 0; i < layers.size(); ++i) {
     try {
-      // Nor does the first layer overlap the stream's work before it, which may still read the
-      // arena (a previous run). A capture keeps the layers apart by its edges instead.
-      if (!capturing) launch_layer_barrier(stream);
-      layers[i].layer->enqueue(b.io[i], stream);
+      before(i);
+      layers[i].layer->enqueue(io[i], stream);
     } catch (Error& e) {
       if (e.node_name().empty()) e.node(layers[i].name, layers[i].op);
       throw;
     }
   }
+}
+
+}  // namespace
+
+void CudaContext::enqueue_layers(const Bound& b, cudaStream_t stream) {
+  // Each layer after an empty kernel (launch_order.h); the first too, as the stream's work before
+  // it (a previous run) may still read the arena.
+  enqueue_each_layer(b.plan->layers(), b.io, stream, [&](size_t) { launch_layer_barrier(stream); });
 }
 
 void CudaContext::enqueue(cudaStream_t stream) {
@@ -354,8 +362,19 @@ void CudaContext::enqueue_graph(Bound& b, cudaStream_t stream) {
   }
   cudaGraph_t graph = nullptr;
   KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  // The captured nodes that end a layer before a library's layer: their programmatic edges go
+  // (launch_order.h).
+  std::set<cudaGraphNode_t> cut_after;
+  const std::vector<PlannedLayer>& layers = b.plan->layers();
   try {
-    enqueue_layers(b, stream);
+    enqueue_each_layer(layers, b.io, stream, [&](size_t i) {
+      if (!needs_full_edges_in(layers[i].layer->tactic())) return;
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      const cudaGraphNode_t* last = nullptr;
+      size_t count = 0;
+      KILN_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &capturing, nullptr, nullptr, &last, nullptr, &count));
+      cut_after.insert(last, last + count);
+    });
   } catch (...) {
     cudaStreamEndCapture(stream, &graph);
     if (graph) cudaGraphDestroy(graph);
@@ -364,7 +383,7 @@ void CudaContext::enqueue_graph(Bound& b, cudaStream_t stream) {
   KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   cudaError_t status = cudaSuccess;
   try {
-    drop_programmatic_edges(graph);  // layers never overlap (launch_order.h)
+    drop_programmatic_edges(graph, cut_after);
   } catch (...) {
     cudaGraphDestroy(graph);
     throw;

@@ -1,7 +1,5 @@
 #include "cuda/runtime/launch_order.h"
 
-#include <mutex>
-#include <set>
 #include <vector>
 
 #include "cuda/runtime/check.h"
@@ -9,36 +7,13 @@
 namespace kiln::cuda {
 
 namespace {
-
 __global__ void layer_barrier_kernel() {}
-
-std::mutex waiting_mutex;
-std::set<const void*>& waiting_kernels() {
-  static std::set<const void*> kernels;
-  return kernels;
-}
-
-bool is_waiting_kernel(cudaGraphNode_t node) {
-  cudaGraphNodeType type;
-  KILN_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-  if (type != cudaGraphNodeTypeKernel) return false;
-  cudaKernelNodeParams params = {};
-  if (cudaGraphKernelNodeGetParams(node, &params) != cudaSuccess) {
-    cudaGetLastError();  // a library's kernel the runtime cannot describe: not one of kiln's
-    return false;
-  }
-  std::lock_guard<std::mutex> lock(waiting_mutex);
-  return waiting_kernels().count(params.func) > 0;
-}
-
 }  // namespace
 
-void note_waiting_kernel(const void* function) {
-  std::lock_guard<std::mutex> lock(waiting_mutex);
-  waiting_kernels().insert(function);
-}
+bool needs_full_edges_in(const std::string& tactic) { return tactic.rfind("kernel:", 0) != 0; }
 
-size_t drop_programmatic_edges(cudaGraph_t graph) {
+size_t drop_programmatic_edges(cudaGraph_t graph, const std::set<cudaGraphNode_t>& cut_after) {
+  if (cut_after.empty()) return 0;
   size_t n = 0;
   KILN_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
   std::vector<cudaGraphNode_t> from(n), to(n);
@@ -47,7 +22,7 @@ size_t drop_programmatic_edges(cudaGraph_t graph) {
   size_t dropped = 0;
   const cudaGraphEdgeData full{};  // a full dependency: the default type and ports
   for (size_t i = 0; i < n; ++i) {
-    if (data[i].type != cudaGraphDependencyTypeProgrammatic || is_waiting_kernel(to[i])) continue;
+    if (data[i].type != cudaGraphDependencyTypeProgrammatic || !cut_after.count(from[i])) continue;
     KILN_CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[i], &to[i], &data[i], 1));
     KILN_CUDA_CHECK(cudaGraphAddDependencies(graph, &from[i], &to[i], &full, 1));
     ++dropped;

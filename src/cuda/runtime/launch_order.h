@@ -4,9 +4,12 @@
 // before they wait for the previous kernel: harmless within a library call, but kiln's
 // activation arena gives a layer's output the memory of a buffer that an earlier layer has just
 // finished reading, which may then still be read (docs/design/gpu-engine.md, "Layers never
-// overlap"). Both ways a plan runs keep each layer after the ones before it:
-//   - in a captured CUDA graph, every programmatic edge into a kernel that is not one of kiln's
-//     waiting kernels (below) becomes a full edge (drop_programmatic_edges);
+// overlap"). Both ways a plan runs keep each library layer after the layers before it:
+//   - in a captured CUDA graph, the programmatic edges into a layer whose kernels are not kiln's
+//     own become full edges (drop_programmatic_edges). kiln's kernels (tactics "kernel:...")
+//     keep theirs: those launched with programmatic dependent launch (the INT8 convolutions) wait
+//     before they touch activations (docs/design/int8.md, "Programmatic dependent launch"), and
+//     the others have none. Edges within a layer are the library's own affair and stay;
 //   - an eager run puts an empty kernel before each layer (launch_layer_barrier): the layer's
 //     first kernel then follows a kernel that starts only when all before it have ended.
 #pragma once
@@ -14,17 +17,18 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <set>
+#include <string>
 
 namespace kiln::cuda {
 
-// Notes a kernel of kiln's own that, launched with programmatic dependent launch, waits for the
-// previous kernel before it reads or writes anything that kernel may use (kiln's INT8
-// convolutions): the edges into it stay programmatic. Thread-safe.
-void note_waiting_kernel(const void* function);
+// Whether the programmatic edges into a layer of this tactic must become full ones: every
+// tactic but kiln's own kernels.
+bool needs_full_edges_in(const std::string& tactic);
 
-// Turns every programmatic edge of `graph` into a full one, except those into noted kernels;
+// Turns the programmatic edges of `graph` that leave a node of `cut_after` into full ones;
 // returns how many it turned.
-size_t drop_programmatic_edges(cudaGraph_t graph);
+size_t drop_programmatic_edges(cudaGraph_t graph, const std::set<cudaGraphNode_t>& cut_after);
 
 // An empty kernel on `stream`.
 void launch_layer_barrier(cudaStream_t stream);
