@@ -72,6 +72,8 @@ constexpr AsIs kAsIs[] = {
     {"RNN", 7}, {"GRU", 7}, {"LSTM", 7},
     // Linear algebra.
     {"Det", 11},
+    // Text features: n-gram counts of integer sequences (TfIdfVectorizer has had one form).
+    {"TfIdfVectorizer", 9},
     // Window functions (signal processing).
     {"HannWindow", 17}, {"HammingWindow", 17}, {"BlackmanWindow", 17}, {"STFT", 17},
     // Einsum: later opsets added types only.

@@ -7,7 +7,8 @@ AffineGrid, LRN, GroupNormalization, MeanVarianceNormalization and Shrink, throu
 against ONNX's Python reference where ONNX Runtime differs from ONNX's definition or refuses a
 form the definition allows (MaxUnpool's output_shape, which the reference and the node cases pad
 after unpooling; ConvInteger's per-channel w_zero_point; LRN's even sizes; AffineGrid's single
-pixels with align_corners), and for TensorScatter; float16 elementwise ops on the float32 kernels
+pixels with align_corners), and for TensorScatter; TfIdfVectorizer (every mode, skips, gram
+lengths, int32 and int64) and its refusals; float16 elementwise ops on the float32 kernels
 against ONNX's reference bit for bit (arithmetic) or within float16's rounding (transcendental
 functions), and a float16 product refused."""
 from __future__ import annotations
@@ -327,3 +328,54 @@ def test_a_float16_product_is_refused_naming_the_node(tmp_path, run_kiln):
     np.save(tmp_path / "b.npy", np.ones((3, 2), np.float16))
     r = run_kiln("run", path, "--device", "cpu", f"--input=a={tmp_path / 'a.npy'}", f"--input=b={tmp_path / 'b.npy'}")
     assert r.returncode == 1 and "'product' (MatMul)" in r.stderr and "float16" in r.stderr, r.describe()
+
+
+def _tfidf_attrs(rng, mode, min_len, max_len, skips, weights):
+    """A pool of distinct unigrams, bigrams and trigrams over the values 0..5 (ONNX Runtime refuses
+    a pool that names an n-gram twice), each n-gram to its own output column in shuffled order."""
+    pool, counts = [], []
+    for size, n in ((1, 4), (2, 5), (3, 3)):
+        counts.append(len(pool))
+        grams = set()
+        while len(grams) < n:
+            grams.add(tuple(int(v) for v in rng.integers(0, 6, size)))
+        pool += [v for gram in sorted(grams) for v in gram]
+    columns = [int(c) for c in rng.permutation(12)]
+    attrs = {"mode": mode, "min_gram_length": min_len, "max_gram_length": max_len, "max_skip_count": skips,
+             "ngram_counts": counts, "ngram_indexes": columns, "pool_int64s": pool}
+    if weights:
+        attrs["weights"] = [float(w) for w in rng.uniform(0.5, 2.0, 12)]
+    return attrs
+
+
+@pytest.mark.parametrize("mode,min_len,max_len,skips,weights,shape,dtype", [
+    ("TF", 1, 1, 0, False, (12,), np.int64), ("TF", 2, 2, 0, False, (3, 10), np.int32),
+    ("TF", 1, 3, 3, False, (2, 14), np.int64), ("IDF", 1, 2, 2, True, (4, 9), np.int64),
+    ("IDF", 2, 3, 1, False, (16,), np.int32), ("TFIDF", 1, 3, 4, True, (3, 11), np.int32),
+    ("TFIDF", 3, 3, 0, False, (2, 8), np.int64), ("TF", 2, 3, 50, False, (2, 6), np.int64)])
+def test_tfidf_vectorizer_matches_onnxruntime(tmp_path, check_against_onnxruntime, mode, min_len, max_len, skips,
+                                              weights, shape, dtype):
+    """Counts of a pool's n-grams (items up to `skips` apart) in each row, as counts, as presence
+    or weighted, on inputs of the pool's own values so that n-grams recur. The i-th n-gram's weight
+    scales its count, as the operator's text says and ONNX Runtime does (ONNX's reference takes the
+    weight of the output column: with shuffled columns, the two differ)."""
+    rng = np.random.default_rng(min_len * 100 + max_len * 10 + skips)
+    node = helper.make_node("TfIdfVectorizer", ["x"], ["y"], **_tfidf_attrs(rng, mode, min_len, max_len, skips, weights))
+    x = rng.integers(0, 6, shape).astype(dtype)
+    kind = TensorProto.INT64 if dtype == np.int64 else TensorProto.INT32
+    check_against_onnxruntime(_save(tmp_path, "tfidf", node, [("x", kind, x.shape)], {}, 9), {"x": x})
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"ngram_counts": [0, 9, 4]}, "ngram_counts must rise within the pool"),
+    ({"ngram_indexes": [0, 1, 2]}, "fewer than the pool's n-grams"),
+    ({"min_gram_length": 3, "max_gram_length": 2}, "1 <= min_gram_length <= max_gram_length"),
+    ({"mode": "BM25"}, "mode must be TF, IDF or TFIDF"),
+    ({"weights": [1.0, 2.0]}, "weights has 2 values for 12 n-grams"),
+    ({"pool_strings": ["a"]}, "string pools")])
+def test_tfidf_vectorizer_refuses_malformed_attributes(tmp_path, run_kiln, change, message):
+    attrs = {**_tfidf_attrs(np.random.default_rng(1), "TF", 1, 3, 1, False), **change}
+    node = helper.make_node("TfIdfVectorizer", ["x"], ["y"], name="the_tfidf", **attrs)
+    path = _save(tmp_path, "tfidf_bad", node, [("x", TensorProto.INT64, (2, 5))], {}, 9)
+    r = run_kiln("inspect", path)
+    assert r.returncode == 1 and "the_tfidf" in r.stderr and message in r.stderr, r.describe()
