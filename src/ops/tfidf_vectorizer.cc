@@ -45,7 +45,6 @@ TfIdfParams tfidf_params(const Node& node) {
     if (static_cast<int64_t>(indexes.size() - id) < grams)
       fail("ngram_indexes has " + std::to_string(indexes.size()) + " entries, fewer than the pool's n-grams");
     for (int64_t g = 0; g < grams; ++g, ++id) {
-      if (indexes[id] < 0) fail("ngram_indexes must not be negative, has " + std::to_string(indexes[id]));
       // Sizes outside [min, max] keep their place in the numbering but are never counted.
       if (size < p.min_gram_length || size > p.max_gram_length) continue;
       const auto first = pool.begin() + begin + g * size;
