@@ -366,10 +366,20 @@ def cmd_record(args) -> int:
                                                                r["binary_sha256"] == run["binary_sha256"])]
             index["runs"].append(entry)
             print(f"recorded {suite} ({folder}): {counts['passed']} passed, {counts['failed'] + counts['errors']} failed")
+        # Runs of one day, commit and GPU share a folder: each run's summary is named by its start
+        # time and suites (workers of one --gpus run start together), and a suite's JUnit XML or
+        # log that another run left there already is kept, this run's named by its time.
+        clock = run["date"][11:19].replace(":", "")
         for name in os.listdir(d):
             if name.startswith("junit-") or name.endswith(".log") or name == "run.json":
-                target = name if name != "run.json" else f"run-{run['date'][11:19].replace(':', '')}.json"
-                shutil.copy(os.path.join(d, name), os.path.join(dest, target))
+                target = name if name != "run.json" else f"run-{clock}-{'-'.join(run['suites'])}.json"
+                source = os.path.join(d, name)
+                if name != "run.json" and os.path.exists(os.path.join(dest, target)):
+                    with open(source, "rb") as new, open(os.path.join(dest, target), "rb") as old:
+                        if new.read() != old.read():
+                            stem, ext = os.path.splitext(name)
+                            target = f"{stem}-{clock}{ext}"
+                shutil.copy(source, os.path.join(dest, target))
     write_index(index)
     return 0
 

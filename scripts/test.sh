@@ -14,7 +14,8 @@ bash scripts/setup.sh --for-tests
 
 # With no filter given, first: bounded, seeded libFuzzer runs of the ONNX importer (through passes
 # and the CPU engine), of generated graphs (fuzz_graph), of engine files and of the .npy reader,
-# and the fuzzers' regression tests, in a clang build with AddressSanitizer and UBSan.
+# and the fuzzers' regression tests, in a clang build with AddressSanitizer and UBSan; then the
+# thread-safety tests in a clang build with ThreadSanitizer.
 if (($# == 0)); then
   FUZZ_DIR=${KILN_FUZZ_BUILD_DIR:-build-fuzz}
   echo
@@ -25,6 +26,17 @@ if (($# == 0)); then
     { cat "$FUZZ_DIR/configure.log"; exit 1; }
   ninja -C "$FUZZ_DIR" fuzz_onnx_import fuzz_npy fuzz_engine_file fuzz_graph fuzz_regression_tests kiln
   ctest --test-dir "$FUZZ_DIR" -L fuzz --output-on-failure
+
+  # Then the tests of engines shared by threads, in a clang build with ThreadSanitizer.
+  TSAN_DIR=${KILN_TSAN_BUILD_DIR:-build-tsan}
+  echo
+  echo "==> ThreadSanitizer build in $TSAN_DIR"
+  mkdir -p "$TSAN_DIR"
+  cmake -S . -B "$TSAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_TSAN=ON -DKILN_WITH_CUDA=OFF \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ > "$TSAN_DIR/configure.log" 2>&1 ||
+    { cat "$TSAN_DIR/configure.log"; exit 1; }
+  ninja -C "$TSAN_DIR" thread_safety_tests
+  ctest --test-dir "$TSAN_DIR" -L tsan --output-on-failure
 fi
 
 echo
