@@ -72,6 +72,9 @@ constexpr AsIs kAsIs[] = {
     {"RNN", 7}, {"GRU", 7}, {"LSTM", 7},
     // Linear algebra.
     {"Det", 11},
+    // State-space and linear-attention decoders: the causal depthwise convolution that carries
+    // its state between steps.
+    {"CausalConvWithState", 27},
     // Text features: n-gram counts of integer sequences (TfIdfVectorizer has had one form).
     {"TfIdfVectorizer", 9},
     // Window functions (signal processing).

@@ -8,7 +8,8 @@ against ONNX's Python reference where ONNX Runtime differs from ONNX's definitio
 form the definition allows (MaxUnpool's output_shape, which the reference and the node cases pad
 after unpooling; ConvInteger's per-channel w_zero_point; LRN's even sizes; AffineGrid's single
 pixels with align_corners), and for TensorScatter; TfIdfVectorizer (every mode, skips, gram
-lengths, int32 and int64) and its refusals; float16 elementwise ops on the float32 kernels
+lengths, int32 and int64) and its refusals; CausalConvWithState against ONNX's reference, stepped
+through a sequence against the whole, and its refusals; float16 elementwise ops on the float32 kernels
 against ONNX's reference bit for bit (arithmetic) or within float16's rounding (transcendental
 functions), and a float16 product refused."""
 from __future__ import annotations
@@ -379,3 +380,71 @@ def test_tfidf_vectorizer_refuses_malformed_attributes(tmp_path, run_kiln, chang
     path = _save(tmp_path, "tfidf_bad", node, [("x", TensorProto.INT64, (2, 5))], {}, 9)
     r = run_kiln("inspect", path)
     assert r.returncode == 1 and "the_tfidf" in r.stderr and message in r.stderr, r.describe()
+
+
+def _causal_conv_model(tmp_path, name, shapes: dict, activation=None, node_name="the_causal_conv", present=True):
+    inputs = ["x", "w", "b" if "b" in shapes else "", "past" if "past" in shapes else ""]
+    attrs = {} if activation is None else {"activation": activation}
+    node = helper.make_node("CausalConvWithState", inputs, ["y", "present"] if present else ["y"], name=node_name,
+                            **attrs)
+    return _save(tmp_path, name, node, [(n, TensorProto.FLOAT, s) for n, s in shapes.items()], {}, 27)
+
+
+@pytest.mark.parametrize("batch,channels,length,kernel,with_bias,with_past,activation", [
+    (1, 4, 9, 4, False, False, None), (2, 3, 7, 3, True, True, "silu"), (2, 5, 2, 4, True, True, "swish"),
+    (1, 2, 1, 4, False, True, "none"), (3, 2, 6, 1, True, False, None), (1, 6, 16, 2, False, True, "silu")])
+def test_causal_conv_with_state_matches_the_reference(tmp_path, run_kiln, batch, channels, length, kernel, with_bias,
+                                                      with_past, activation):
+    """CausalConvWithState against ONNX's reference (ONNX Runtime has no kernel of opset 27):
+    inputs shorter and longer than the kernel, a kernel of 1 (no state), a single decode step,
+    bias, a carried state and every activation."""
+    rng = np.random.default_rng(batch * 100 + channels * 10 + kernel)
+    feed = {"x": rng.standard_normal((batch, channels, length)).astype(np.float32),
+            "w": rng.standard_normal((channels, 1, kernel)).astype(np.float32)}
+    if with_bias:
+        feed["b"] = rng.standard_normal(channels).astype(np.float32)
+    if with_past:
+        feed["past"] = rng.standard_normal((batch, channels, kernel - 1)).astype(np.float32)
+    path = _causal_conv_model(tmp_path, "causal_conv", {n: v.shape for n, v in feed.items()}, activation)
+    check_against_reference(run_kiln, tmp_path, path, feed)
+
+
+def test_causal_conv_with_state_stepped_equals_whole(tmp_path, run_kiln):
+    """A sequence convolved in chunks, each chunk's present_state fed to the next as past_state,
+    gives what the whole sequence gives at once: the state carries exactly what the next step
+    needs (kiln against kiln, apart from the reference)."""
+    rng = np.random.default_rng(27)
+    x = rng.standard_normal((2, 3, 11)).astype(np.float32)
+    w = rng.standard_normal((3, 1, 4)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+
+    def run(chunk: np.ndarray, past: np.ndarray, tag: str):
+        shapes = {"x": chunk.shape, "w": w.shape, "b": b.shape, "past": past.shape}
+        path = _causal_conv_model(tmp_path, f"step_{tag}", shapes, "silu")
+        args = []
+        for name, value in {"x": chunk, "w": w, "b": b, "past": past}.items():
+            np.save(tmp_path / f"{tag}_{name}.npy", value)
+            args += ["--input", f"{name}={tmp_path / f'{tag}_{name}.npy'}"]
+        r = run_kiln("run", path, "--device", "cpu", *args, "-o", tmp_path / f"out_{tag}")
+        assert r.returncode == 0, r.describe()
+        return np.load(tmp_path / f"out_{tag}" / "y.npy"), np.load(tmp_path / f"out_{tag}" / "present.npy")
+
+    whole, whole_state = run(x, np.zeros((2, 3, 3), np.float32), "whole")
+    state, pieces = np.zeros((2, 3, 3), np.float32), []
+    for i, (start, stop) in enumerate([(0, 2), (2, 3), (3, 8), (8, 11)]):
+        y, state = run(x[:, :, start:stop], state, str(i))
+        pieces.append(y)
+    np.testing.assert_allclose(np.concatenate(pieces, axis=2), whole, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(state, whole_state)
+
+
+@pytest.mark.parametrize("shapes,activation,message", [
+    ({"x": (1, 4, 5), "w": (4, 1, 3), "past": (1, 4, 3)}, None, "past_state has shape [1, 4, 3]"),
+    ({"x": (1, 4, 5), "w": (4, 2, 3)}, None, "weight must be [channels, 1, k]"),
+    ({"x": (1, 4, 5), "w": (4, 1, 3), "b": (3,)}, None, "bias has shape [3]"),
+    ({"x": (4, 5), "w": (4, 1, 3)}, None, "input must be [batch, channels, length]"),
+    ({"x": (1, 4, 5), "w": (4, 1, 3)}, "gelu", "activation must be none, silu or swish")])
+def test_causal_conv_with_state_refuses_inconsistent_inputs(tmp_path, run_kiln, shapes, activation, message):
+    path = _causal_conv_model(tmp_path, "causal_bad", shapes, activation)
+    r = run_kiln("inspect", path)
+    assert r.returncode == 1 and "the_causal_conv" in r.stderr and message in r.stderr, r.describe()
