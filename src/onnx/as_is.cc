@@ -53,7 +53,7 @@ constexpr AsIs kAsIs[] = {
     // parameters were attributes, have importers that convert (pad.cc).
     {"Concat", 7}, {"Expand", 8}, {"Tile", 7}, {"Gather", 7},
     {"GatherElements", kMinOpset}, {"GatherND", kMinOpset}, {"ScatterElements", kMinOpset},
-    {"ScatterND", kMinOpset}, {"Resize", kMinOpset}, {"Compress", kMinOpset},
+    {"ScatterND", kMinOpset}, {"Compress", kMinOpset},
     {"ReverseSequence", 10}, {"CenterCropPad", 18}, {"Unique", kMinOpset},
     {"Transpose", 7}, {"DepthToSpace", 7}, {"SpaceToDepth", 7}, {"Reshape", 7},
     {"Flatten", 7}, {"Shape", 7}, {"Size", 7},

@@ -51,6 +51,7 @@ struct OpImporter {
   std::string op;
   int since_opset = kMinOpset;  // the first opset (of those kiln reads) the importer handles
   std::function<void(ImportContext&)> convert;  // null: emit as is
+  std::string imported_as = {};  // the op it becomes, where another (Upsample: Resize); for docs/operators.md
 };
 
 using ImporterRegistry = ir::Registry<OpImporter>;

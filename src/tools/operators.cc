@@ -63,9 +63,22 @@ std::vector<Row> support_matrix() {
   row("", "Dropout").cuda = "all (inference mode: a view)";
   for (const char* op : {"Shape", "Size"}) row("", op).cuda = "all (a constant at build time)";
 #endif
+  // Ops imported as another run as that one does.
+  std::map<std::string, std::string> imported_as;
+  for (const onnx_import::OpImporter* i : onnx_import::ImporterRegistry::instance().all())
+    if (!i->imported_as.empty()) {
+      const Row target = row("", i->imported_as);
+      Row& r = row("", i->op);
+      r.limits = "imported as " + i->imported_as;
+      r.cpu = target.cpu;
+      r.cuda = target.cuda;
+      imported_as[i->op] = i->imported_as;
+    }
   std::vector<Row> out;
   for (auto& [key, r] : rows) {
-    bool has_schema = ir::OpRegistry::instance().find(r.op, r.domain) != nullptr;
+    auto as = imported_as.find(r.domain.empty() ? r.op : "");
+    const std::string& schema_op = as != imported_as.end() ? as->second : r.op;
+    bool has_schema = ir::OpRegistry::instance().find(schema_op, r.domain) != nullptr;
     if (r.import.empty()) r.import = r.domain.empty() ? "no" : "(made by kiln's passes)";
     if (!has_schema) r.limits = "no op schema: cannot be imported" + std::string(r.limits.empty() ? "" : "; ") + r.limits;
     if (r.cpu.empty()) r.cpu = "no";

@@ -9,7 +9,8 @@ form the definition allows (MaxUnpool's output_shape, which the reference and th
 after unpooling; ConvInteger's per-channel w_zero_point; LRN's even sizes; AffineGrid's single
 pixels with align_corners), and for TensorScatter; TfIdfVectorizer (every mode, skips, gram
 lengths, int32 and int64) and its refusals; CausalConvWithState against ONNX's reference, stepped
-through a sequence against the whole, and its refusals; float16 elementwise ops on the float32 kernels
+through a sequence against the whole, and its refusals; Upsample (opsets 7, 9) and opset 10's
+Resize against ONNX Runtime's kernels for those opsets, and what they refuse; float16 elementwise ops on the float32 kernels
 against ONNX's reference bit for bit (arithmetic) or within float16's rounding (transcendental
 functions), and a float16 product refused."""
 from __future__ import annotations
@@ -448,3 +449,35 @@ def test_causal_conv_with_state_refuses_inconsistent_inputs(tmp_path, run_kiln, 
     path = _causal_conv_model(tmp_path, "causal_bad", shapes, activation)
     r = run_kiln("inspect", path)
     assert r.returncode == 1 and "the_causal_conv" in r.stderr and message in r.stderr, r.describe()
+
+
+@pytest.mark.parametrize("op,opset,mode,scales", [
+    ("Upsample", 7, "nearest", [1, 1, 2, 3]), ("Upsample", 7, "linear", [1, 1, 2, 2]),
+    ("Upsample", 9, "nearest", [1, 1, 1.5, 2.5]), ("Upsample", 9, "linear", [1, 1, 1.7, 3]),
+    ("Resize", 10, "nearest", [1, 1, 2, 3]), ("Resize", 10, "nearest", [1, 1, 0.5, 0.6]),
+    ("Resize", 10, "linear", [1, 1, 0.6, 1.5]), ("Resize", 10, "linear", [1, 1, 2.5, 2])])
+def test_upsample_and_opset_10_resize_match_onnxruntime(tmp_path, check_against_onnxruntime, op, opset, mode, scales):
+    """Upsample (opsets 7 and 9) and opset 10's Resize, imported as opset 11's Resize with
+    asymmetric coordinates, against ONNX Runtime's own kernels for those opsets: whole and
+    fractional scales, nearest and linear, enlarging and (Resize) shrinking."""
+    x = np.random.default_rng(len(scales) + opset).standard_normal((2, 3, 5, 7)).astype(np.float32)
+    if opset < 9:
+        node, inits = helper.make_node(op, ["x"], ["y"], mode=mode, scales=[float(s) for s in scales]), {}
+    else:
+        node, inits = helper.make_node(op, ["x", "scales"], ["y"], mode=mode), {"scales": np.array(scales, np.float32)}
+    check_against_onnxruntime(_save(tmp_path, f"{op}{opset}", node, [("x", TensorProto.FLOAT, x.shape)], inits, opset),
+                              {"x": x})
+
+
+@pytest.mark.parametrize("scales,constant,message", [
+    ([1, 1, 2, 0.5], True, "enlarges some axes and shrinks others"),
+    ([1, 1, 2, 2], False, "scales that are not constant")])
+def test_opset_10_nearest_resize_refuses_what_it_cannot_round(tmp_path, run_kiln, scales, constant, message):
+    """Opset 10's nearest Resize rounds down where it enlarges and up where it shrinks (as ONNX
+    Runtime does): scales that do both, or that are not known when the model is read, are refused
+    naming the node."""
+    node = helper.make_node("Resize", ["x", "scales"], ["y"], mode="nearest", name="the_resize")
+    inputs = [("x", TensorProto.FLOAT, (1, 1, 4, 4))] + ([] if constant else [("scales", TensorProto.FLOAT, (4,))])
+    path = _save(tmp_path, "resize10", node, inputs, {"scales": np.array(scales, np.float32)} if constant else {}, 10)
+    r = run_kiln("inspect", path)
+    assert r.returncode == 1 and "the_resize" in r.stderr and message in r.stderr, r.describe()
