@@ -117,7 +117,13 @@ InferContext infer_node(const Node& node, const std::vector<const TensorType*>& 
       ctx.fail("required input " + std::to_string(i - 1) + " is missing");
   ctx.output_types.resize(node.outputs.size());
   ctx.output_symbolic.resize(node.outputs.size());
-  schema->infer(ctx);
+  try {
+    schema->infer(ctx);
+  } catch (Error& e) {
+    // Errors of the helpers a schema calls (checked size arithmetic: ir/sizes.h) name the node here.
+    if (e.node_name().empty()) e.node(node.name, node.op);
+    throw;
+  }
   return ctx;
 }
 

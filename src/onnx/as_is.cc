@@ -73,8 +73,8 @@ constexpr AsIs kAsIs[] = {
     // Linear algebra.
     {"Det", 11},
     // State-space and linear-attention decoders: the causal depthwise convolution that carries
-    // its state between steps.
-    {"CausalConvWithState", 27},
+    // its state between steps, and attention whose memory is a state matrix per head.
+    {"CausalConvWithState", 27}, {"LinearAttention", 27},
     // Text features: n-gram counts of integer sequences (TfIdfVectorizer has had one form).
     {"TfIdfVectorizer", 9},
     // Window functions (signal processing).

@@ -2,6 +2,7 @@
 // present_state [B, C, K - 1] (ops/causal_conv_with_state.h).
 #include "ops/causal_conv_with_state.h"
 
+#include <limits>
 #include <string>
 
 #include "ir/op_schema.h"
@@ -86,7 +87,8 @@ int64_t causal_conv_flops(const FlopsContext& ctx) {
   const int64_t out = FlopsContext::numel(ctx.output_types[0]);
   const TensorType* w = ctx.input_types[1];
   if (!w || !w->shape || w->shape->size() != 3 || !(*w->shape)[2].known()) return 0;
-  return 2 * out * (*w->shape)[2].value;
+  const __int128 flops = 2 * static_cast<__int128>(out) * (*w->shape)[2].value;
+  return flops > std::numeric_limits<int64_t>::max() ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(flops);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@ after unpooling; ConvInteger's per-channel w_zero_point; LRN's even sizes; Affin
 pixels with align_corners), and for TensorScatter; TfIdfVectorizer (every mode, skips, gram
 lengths, int32 and int64) and its refusals; CausalConvWithState against ONNX's reference, stepped
 through a sequence against the whole, and its refusals; Upsample (opsets 7, 9) and opset 10's
-Resize against ONNX Runtime's kernels for those opsets, and what they refuse; float16 elementwise ops on the float32 kernels
+Resize against ONNX Runtime's kernels for those opsets, and what they refuse; LinearAttention against
+ONNX's reference (every update rule, grouped heads), stepped against the whole sequence, and its
+refusals; float16 elementwise ops on the float32 kernels
 against ONNX's reference bit for bit (arithmetic) or within float16's rounding (transcendental
 functions), and a float16 product refused."""
 from __future__ import annotations
@@ -481,3 +483,87 @@ def test_opset_10_nearest_resize_refuses_what_it_cannot_round(tmp_path, run_kiln
     path = _save(tmp_path, "resize10", node, inputs, {"scales": np.array(scales, np.float32)} if constant else {}, 10)
     r = run_kiln("inspect", path)
     assert r.returncode == 1 and "the_resize" in r.stderr and message in r.stderr, r.describe()
+
+
+def _linear_attention_model(tmp_path, name, shapes: dict, node_name="the_linear_attention", **attrs):
+    inputs = ["q", "k", "v"] + [n if n in shapes else "" for n in ("past", "decay", "beta")]
+    while inputs[-1] == "":
+        inputs.pop()
+    node = helper.make_node("LinearAttention", inputs, ["y", "present"], name=node_name, **attrs)
+    return _save(tmp_path, name, node, [(n, TensorProto.FLOAT, s) for n, s in shapes.items()], {}, 27)
+
+
+def _linear_attention_feed(rng, batch, length, q_heads, kv_heads, dk, dv, rule, past, decay_per_dim, beta_per_head):
+    feed = {"q": rng.standard_normal((batch, length, q_heads * dk)).astype(np.float32),
+            "k": (rng.standard_normal((batch, length, kv_heads * dk)) / np.sqrt(dk)).astype(np.float32),
+            "v": rng.standard_normal((batch, length, kv_heads * dv)).astype(np.float32)}
+    if past:
+        feed["past"] = rng.standard_normal((batch, kv_heads, dk, dv)).astype(np.float32)
+    if rule in ("gated", "gated_delta"):
+        feed["decay"] = rng.uniform(-0.5, 0, (batch, length, kv_heads * (dk if decay_per_dim else 1))).astype(np.float32)
+    if rule in ("delta", "gated_delta"):
+        feed["beta"] = rng.uniform(0, 1, (batch, length, kv_heads if beta_per_head else 1)).astype(np.float32)
+    return feed
+
+
+@pytest.mark.parametrize("rule,batch,length,q_heads,kv_heads,dk,dv,past,decay_per_dim,beta_per_head,scale", [
+    ("linear", 1, 5, 2, 2, 4, 3, False, False, False, None), ("gated", 2, 4, 4, 2, 3, 5, True, True, False, None),
+    ("gated", 1, 3, 3, 3, 4, 4, False, False, False, 0.5), ("delta", 2, 6, 2, 1, 4, 2, True, False, True, None),
+    ("gated_delta", 2, 7, 4, 4, 8, 8, True, True, True, None), ("gated_delta", 1, 1, 6, 2, 4, 6, True, False, False, None),
+    ("gated_delta", 1, 9, 4, 1, 2, 3, False, True, False, 0.25)])
+def test_linear_attention_matches_the_reference(tmp_path, run_kiln, rule, batch, length, q_heads, kv_heads, dk, dv,
+                                                past, decay_per_dim, beta_per_head, scale):
+    """LinearAttention against ONNX's reference (ONNX Runtime has no kernel of opset 27): every
+    update rule, grouped and multi-query heads, gates per head and per key dim, beta per head and
+    shared, a carried state, one decode step, an explicit scale."""
+    rng = np.random.default_rng(length * 100 + q_heads * 10 + dk)
+    feed = _linear_attention_feed(rng, batch, length, q_heads, kv_heads, dk, dv, rule, past, decay_per_dim, beta_per_head)
+    attrs = {"update_rule": rule, "q_num_heads": q_heads, "kv_num_heads": kv_heads}
+    if scale is not None:
+        attrs["scale"] = scale
+    path = _linear_attention_model(tmp_path, "linear_attention", {n: v.shape for n, v in feed.items()}, **attrs)
+    check_against_reference(run_kiln, tmp_path, path, feed)
+
+
+def test_linear_attention_stepped_equals_whole(tmp_path, run_kiln):
+    """A sequence attended in chunks, each chunk's present_state fed to the next as past_state,
+    gives the whole sequence's output and state (kiln against kiln)."""
+    rng = np.random.default_rng(9)
+    feed = _linear_attention_feed(rng, 2, 10, 4, 2, 4, 3, "gated_delta", True, True, True)
+    attrs = {"q_num_heads": 4, "kv_num_heads": 2}
+
+    def run(part: dict, tag: str):
+        path = _linear_attention_model(tmp_path, f"la_{tag}", {n: v.shape for n, v in part.items()}, **attrs)
+        args = []
+        for name, value in part.items():
+            np.save(tmp_path / f"{tag}_{name}.npy", value)
+            args += ["--input", f"{name}={tmp_path / f'{tag}_{name}.npy'}"]
+        r = run_kiln("run", path, "--device", "cpu", *args, "-o", tmp_path / f"out_{tag}")
+        assert r.returncode == 0, r.describe()
+        return np.load(tmp_path / f"out_{tag}" / "y.npy"), np.load(tmp_path / f"out_{tag}" / "present.npy")
+
+    whole, whole_state = run(feed, "whole")
+    state, pieces = feed["past"], []
+    for i, (start, stop) in enumerate([(0, 3), (3, 4), (4, 10)]):
+        part = {n: (v if n == "past" else v[:, start:stop]) for n, v in feed.items()}
+        part["past"] = state
+        y, state = run(part, str(i))
+        pieces.append(y)
+    np.testing.assert_allclose(np.concatenate(pieces, axis=1), whole, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(state, whole_state, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rule,shapes,heads,message", [
+    ("gated", {"q": (1, 2, 8), "k": (1, 2, 8), "v": (1, 2, 8)}, (2, 2), "needs decay"),
+    ("linear", {"q": (1, 2, 8), "k": (1, 2, 8), "v": (1, 2, 8), "past": (1, 2, 4, 4), "decay": (1, 2, 2)}, (2, 2),
+     "decay must be absent"),
+    ("linear", {"q": (1, 2, 8), "k": (1, 2, 8), "v": (1, 2, 8)}, (3, 2), "must be a positive multiple"),
+    ("linear", {"q": (1, 2, 8), "k": (1, 2, 6), "v": (1, 2, 8)}, (2, 2), "key has shape [1, 2, 6]"),
+    ("linear", {"q": (1, 2, 8), "k": (1, 2, 8), "v": (1, 2, 8), "past": (1, 2, 4, 3)}, (2, 2), "past_state has shape"),
+    ("softmax", {"q": (1, 2, 8), "k": (1, 2, 8), "v": (1, 2, 8)}, (2, 2), "update_rule must be"),
+    ("linear", {"q": (1, 1, 2**33), "k": (1, 1, 1), "v": (1, 1, 2**31)}, (2**33, 1), "output width")])
+def test_linear_attention_refuses_inconsistent_inputs(tmp_path, run_kiln, rule, shapes, heads, message):
+    path = _linear_attention_model(tmp_path, "la_bad", shapes, update_rule=rule, q_num_heads=heads[0],
+                                   kv_num_heads=heads[1])
+    r = run_kiln("inspect", path)
+    assert r.returncode == 1 and "the_linear_attention" in r.stderr and message in r.stderr, r.describe()
