@@ -82,7 +82,13 @@ class WidenedKernel final : public Kernel {
 
 }  // namespace
 
-bool widens_narrow_floats(const std::string& domain, const std::string& op) { return domain.empty() && is_elementwise(op); }
+// Ops whose definition computes in float32 whatever the type of their values, rounding results
+// once: ONNX's reference for LinearAttention widens every input and its state to float32.
+bool computes_in_float32(const std::string& op) { return op == "LinearAttention"; }
+
+bool widens_narrow_floats(const std::string& domain, const std::string& op) {
+  return domain.empty() && (is_elementwise(op) || computes_in_float32(op));
+}
 
 std::unique_ptr<Kernel> make_widened_kernel(const KernelEntry& entry, const KernelInit& init) {
   if (entry.makes_outputs || !widens_narrow_floats(init.node.domain, init.node.op)) return nullptr;

@@ -11,8 +11,8 @@ pixels with align_corners), and for TensorScatter; TfIdfVectorizer (every mode, 
 lengths, int32 and int64) and its refusals; CausalConvWithState against ONNX's reference, stepped
 through a sequence against the whole, and its refusals; Upsample (opsets 7, 9) and opset 10's
 Resize against ONNX Runtime's kernels for those opsets, and what they refuse; LinearAttention against
-ONNX's reference (every update rule, grouped heads), stepped against the whole sequence, and its
-refusals; float16 elementwise ops on the float32 kernels
+ONNX's reference (every update rule, grouped heads; float16 within a unit in the last place),
+stepped against the whole sequence, and its refusals; float16 elementwise ops on the float32 kernels
 against ONNX's reference bit for bit (arithmetic) or within float16's rounding (transcendental
 functions), and a float16 product refused."""
 from __future__ import annotations
@@ -567,3 +567,24 @@ def test_linear_attention_refuses_inconsistent_inputs(tmp_path, run_kiln, rule, 
                                    kv_num_heads=heads[1])
     r = run_kiln("inspect", path)
     assert r.returncode == 1 and "the_linear_attention" in r.stderr and message in r.stderr, r.describe()
+
+
+def test_float16_linear_attention_computes_in_float32(tmp_path, run_kiln):
+    """LinearAttention's definition widens float16 values to float32 and rounds results once; so
+    does kiln (on its float32 kernel): output and state within a unit in the last place of ONNX's
+    reference (which sums in another order)."""
+    rng = np.random.default_rng(16)
+    feed = {n: v.astype(np.float16) for n, v in
+            _linear_attention_feed(rng, 2, 6, 4, 2, 4, 4, "gated_delta", True, False, True).items()}
+    inputs = ["q", "k", "v", "past", "decay", "beta"]
+    node = helper.make_node("LinearAttention", inputs, ["y", "present"], q_num_heads=4, kv_num_heads=2)
+    path = _save(tmp_path, "la16", node, [(n, TensorProto.FLOAT16, feed[n].shape) for n in inputs], {}, 27,
+                 out_type=TensorProto.FLOAT16)
+    for n, value in feed.items():
+        np.save(tmp_path / f"{n}.npy", value)
+    r = run_kiln("run", path, "--device", "cpu", *[f"--input={n}={tmp_path / f'{n}.npy'}" for n in inputs], "-o", tmp_path / "out")
+    assert r.returncode == 0, r.describe()
+    for name, want in zip(("y", "present"), ReferenceEvaluator(onnx.load(path)).run(None, feed)):
+        got = np.load(tmp_path / "out" / f"{name}.npy")
+        assert got.dtype == np.float16 and got.shape == want.shape
+        np.testing.assert_array_max_ulp(got, want, maxulp=1)
