@@ -40,6 +40,7 @@ QdqScales absorb_qdq(ir::Graph& g) {
     const Tensor* w = g.constant(n.inputs[0]);
     const Tensor* s = float_scale(g, n);
     if (!w || w->dtype() != DType::kInt8 || w->rank() < 2 || !s || !symmetric_int8(g, n, false)) continue;
+    if (n.attrs.get_int("block_size", 0) != 0) continue;  // blocked scales: the CPU kernel dequantizes them
     int64_t axis = n.attrs.get_int("axis", 1);
     if (axis < 0) axis += w->rank();
     const int64_t channels = w->dim(0);

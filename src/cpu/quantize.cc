@@ -1,5 +1,5 @@
 // CPU kernels of QuantizeLinear, DequantizeLinear (see ops/quantize.h) and DynamicQuantizeLinear: the reference
-// arithmetic, in float32 with round-half-to-even, per tensor or per channel.
+// arithmetic, in float32 with round-half-to-even, per tensor, per channel or per block.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -12,28 +12,36 @@ namespace kiln::cpu {
 
 namespace {
 
-// The zero point of every channel as an integer (0 when absent), read once per run rather
+// A zero point holds one value, or one per scale entry.
+void check_zero_point(const ir::Node& node, const Tensor* zp, const Tensor& scale) {
+  if (zp && zp->numel() > 1 && zp->numel() != scale.numel())
+    throw node.error(ErrorKind::kInvalidArgument, "the zero point has " + std::to_string(zp->numel()) + " values, the scale " +
+                                                      std::to_string(scale.numel()));
+}
+
+// The zero point of every scale entry as an integer (0 when absent), read once per run rather
 // than per element.
-std::vector<int64_t> zero_points(const Tensor* zp, int64_t channels) {
-  std::vector<int64_t> z(static_cast<size_t>(channels), 0);
+std::vector<int64_t> zero_points(const Tensor* zp, int64_t entries) {
+  std::vector<int64_t> z(static_cast<size_t>(entries), 0);
   if (zp && zp->numel() > 0)
-    for (int64_t c = 0; c < channels; ++c) z[static_cast<size_t>(c)] = zp->value_as_int(zp->numel() == 1 ? 0 : c);
+    for (int64_t c = 0; c < entries; ++c) z[static_cast<size_t>(c)] = zp->value_as_int(zp->numel() == 1 ? 0 : c);
   return z;
 }
 
 template <class Q>
 void quantize(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
-  const ir::QuantizeAxis axis = ir::quantize_axis(node, x.shape(), scale.numel());
+  const ir::QuantizeAxis axis = ir::quantize_layout(node, x.shape(), scale.shape());
+  check_zero_point(node, zp, scale);
   int64_t lo = 0, hi = 0;
   ir::quantized_range(y.dtype(), lo, hi);
   const float* in = x.data<float>();
   const float* s = scale.data<float>();
   Q* out = static_cast<Q*>(y.raw());
-  const std::vector<int64_t> zero = zero_points(zp, axis.channels);
+  const std::vector<int64_t> zero = zero_points(zp, scale.numel());
   const int64_t n = x.numel();
 #pragma omp parallel for if (n > 65536) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t c = (i / axis.inner) % axis.channels;
+    const int64_t c = axis.scale_index(i);
     // The quotient in float32 (as ONNX's reference and ONNX Runtime compute it; in double a
     // quotient just off .5 can round the other way); nearbyint rounds half to even.
     double q = static_cast<double>(std::nearbyint(in[i] / s[c])) + static_cast<double>(zero[static_cast<size_t>(c)]);
@@ -44,15 +52,16 @@ void quantize(const ir::Node& node, const Tensor& x, const Tensor& scale, const 
 
 template <class Q>
 void dequantize(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
-  const ir::QuantizeAxis axis = ir::quantize_axis(node, x.shape(), scale.numel());
+  const ir::QuantizeAxis axis = ir::quantize_layout(node, x.shape(), scale.shape());
+  check_zero_point(node, zp, scale);
   const Q* in = static_cast<const Q*>(x.raw());
   const float* s = scale.data<float>();
   float* out = y.data<float>();
-  const std::vector<int64_t> zero = zero_points(zp, axis.channels);
+  const std::vector<int64_t> zero = zero_points(zp, scale.numel());
   const int64_t n = x.numel();
 #pragma omp parallel for if (n > 65536) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t c = (i / axis.inner) % axis.channels;
+    const int64_t c = axis.scale_index(i);
     out[i] = static_cast<float>(static_cast<int64_t>(in[i]) - zero[static_cast<size_t>(c)]) * s[c];
   }
 }
@@ -60,7 +69,8 @@ void dequantize(const ir::Node& node, const Tensor& x, const Tensor& scale, cons
 // The float8 types and float4e2m1: y = small_float(x / scale + zero point), rounded to nearest
 // even, saturating unless saturate = 0; and back, (float(x) - float(zero point)) * scale.
 void quantize_small_float(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
-  const ir::QuantizeAxis axis = ir::quantize_axis(node, x.shape(), scale.numel());
+  const ir::QuantizeAxis axis = ir::quantize_layout(node, x.shape(), scale.shape());
+  check_zero_point(node, zp, scale);
   const bool saturate = node.attrs.get_int("saturate", 1) != 0;
   const float* in = x.data<float>();
   const float* s = scale.data<float>();
@@ -68,21 +78,22 @@ void quantize_small_float(const ir::Node& node, const Tensor& x, const Tensor& s
   const int64_t n = x.numel();
 #pragma omp parallel for if (n > 65536) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t c = (i / axis.inner) % axis.channels;
+    const int64_t c = axis.scale_index(i);
     const float z = zp && zp->numel() ? static_cast<float>(zp->value_as_double(zp->numel() == 1 ? 0 : c)) : 0.f;
     out[i] = float_to_small_float(y.dtype(), in[i] / s[c] + z, saturate);
   }
 }
 
 void dequantize_small_float(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
-  const ir::QuantizeAxis axis = ir::quantize_axis(node, x.shape(), scale.numel());
+  const ir::QuantizeAxis axis = ir::quantize_layout(node, x.shape(), scale.shape());
+  check_zero_point(node, zp, scale);
   const uint8_t* in = static_cast<const uint8_t*>(x.raw());
   const float* s = scale.data<float>();
   float* out = y.data<float>();
   const int64_t n = x.numel();
 #pragma omp parallel for if (n > 65536) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t c = (i / axis.inner) % axis.channels;
+    const int64_t c = axis.scale_index(i);
     const float z = zp && zp->numel() ? static_cast<float>(zp->value_as_double(zp->numel() == 1 ? 0 : c)) : 0.f;
     out[i] = (small_float_to_float(x.dtype(), in[i]) - z) * s[c];
   }

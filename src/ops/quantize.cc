@@ -38,12 +38,43 @@ QuantizeAxis quantize_axis(const Node& node, const std::vector<int64_t>& x, int6
   return q;
 }
 
+QuantizeAxis quantize_layout(const Node& node, const std::vector<int64_t>& x, const std::vector<int64_t>& scale) {
+  const int64_t block = node.attrs.get_int("block_size", 0);
+  if (block == 0) return quantize_axis(node, x, shape_numel(scale));
+  auto fail = [&](const std::string& why) { throw node.error(ErrorKind::kInvalidModel, why); };
+  if (block < 0) fail("block_size must be positive, is " + std::to_string(block));
+  const int64_t rank = static_cast<int64_t>(x.size());
+  int64_t axis = node.attrs.get_int("axis", 1);
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank)
+    fail("axis " + std::to_string(node.attrs.get_int("axis", 1)) + " is out of range for an input of rank " + std::to_string(rank));
+  QuantizeAxis q;
+  q.channels = x[static_cast<size_t>(axis)];
+  q.block = block;
+  q.blocks = q.channels / block + (q.channels % block != 0);
+  std::vector<int64_t> want = x;
+  want[static_cast<size_t>(axis)] = q.blocks;
+  if (scale != want)
+    fail("with block_size " + std::to_string(block) + " on axis " + std::to_string(axis) + ", the scale must have shape " +
+         shape_to_string(want) + ", has " + shape_to_string(scale));
+  for (int64_t d = axis + 1; d < rank; ++d) q.inner *= x[static_cast<size_t>(d)];
+  if (q.channels == 0) q.channels = 1;  // an empty input: no element asks for an index
+  return q;
+}
+
 namespace {
 
 void check_scale(InferContext& ctx) {
-  if (ctx.node.attrs.get_int("block_size", 0) != 0) ctx.unsupported("blocked quantization (block_size) is not supported");
   if (ctx.dtype(1) != DType::kFloat32)
     ctx.unsupported("scale of type " + to_string(ctx.dtype(1)) + " is not supported (float32 only)");
+  if (ctx.node.attrs.get_int("block_size", 0) != 0) {
+    // Blocked: the scale has the input's rank; the zero point, the scale's shape.
+    if (ctx.shape_known(0) && ctx.shape_known(1) && all_known(ctx.shape(0)) && all_known(ctx.shape(1)))
+      quantize_layout(ctx.node, known_values(ctx.shape(0)), known_values(ctx.shape(1)));
+    if (ctx.has_input(2) && ctx.shape_known(2) && ctx.shape_known(1) && ctx.shape(2) != ctx.shape(1))
+      ctx.fail("the zero point's shape differs from the scale's");
+    return;
+  }
   if (ctx.shape_known(1) && ctx.shape(1).size() > 1)
     ctx.fail("the scale must be a scalar or 1-D (per channel), has rank " + std::to_string(ctx.shape(1).size()));
   // A scalar and a one-element 1-D tensor are the same per-tensor parameter (ONNX's own float8
@@ -108,7 +139,7 @@ KILN_REGISTER_OPS(quantize) {
     s.max_inputs = 3;
     s.infer = std::string(op) == "QuantizeLinear" ? infer_quantize : infer_dequantize;
     s.flops = elementwise_flops;
-    s.limits = "float32 data and scales; int8, uint8, int16, uint16, float8e4m3fn (and int32 for Dequantize); no block_size";
+    s.limits = "float32 data and scales; int8, uint8, int16, uint16, float8e4m3fn (and int32 for Dequantize); GPU: no block_size";
     registry.add(std::move(s));
   }
   registry.add({"DynamicQuantizeLinear", "", 1, 1, 3, 3, infer_dynamic_quantize, elementwise_flops, ""});

@@ -12,7 +12,8 @@ lengths, int32 and int64) and its refusals; CausalConvWithState against ONNX's r
 through a sequence against the whole, and its refusals; Upsample (opsets 7, 9) and opset 10's
 Resize against ONNX Runtime's kernels for those opsets, and what they refuse; LinearAttention against
 ONNX's reference (every update rule, grouped heads; float16 within a unit in the last place),
-stepped against the whole sequence, and its refusals; float16 elementwise ops on the float32 kernels
+stepped against the whole sequence, and its refusals; blocked QuantizeLinear and DequantizeLinear
+(int4 weights into a MatMul too) against ONNX Runtime; float16 elementwise ops on the float32 kernels
 against ONNX's reference bit for bit (arithmetic) or within float16's rounding (transcendental
 functions), and a float16 product refused."""
 from __future__ import annotations
@@ -588,3 +589,65 @@ def test_float16_linear_attention_computes_in_float32(tmp_path, run_kiln):
         got = np.load(tmp_path / "out" / f"{name}.npy")
         assert got.dtype == np.float16 and got.shape == want.shape
         np.testing.assert_array_max_ulp(got, want, maxulp=1)
+
+
+@pytest.mark.parametrize("dtype,shape,axis,block,with_zero", [
+    (TensorProto.INT8, (4, 10), 1, 4, True), (TensorProto.UINT8, (6, 5, 3), 0, 4, True),
+    (TensorProto.INT8, (2, 7, 3), -2, 3, False), (TensorProto.UINT8, (3, 8), 1, 8, False)])
+def test_blocked_dequantize_matches_onnxruntime(tmp_path, check_against_onnxruntime, dtype, shape, axis, block, with_zero):
+    """DequantizeLinear with block_size (opset 21): one scale (and zero point) per block of
+    block_size indices along the axis, the last block short where the dim is not a multiple."""
+    rng = np.random.default_rng(block * 10 + len(shape))
+    np_type = np.int8 if dtype == TensorProto.INT8 else np.uint8
+    info = np.iinfo(np_type)
+    x = rng.integers(info.min, info.max + 1, shape).astype(np_type)
+    blocks = list(shape)
+    blocks[axis] = -(-shape[axis] // block)
+    inits = {"s": rng.uniform(0.01, 1, blocks).astype(np.float32)}
+    if with_zero:
+        inits["z"] = rng.integers(info.min, info.max + 1, blocks).astype(np_type)
+    node = helper.make_node("DequantizeLinear", ["x", "s"] + (["z"] if with_zero else []), ["y"], axis=axis,
+                            block_size=block)
+    check_against_onnxruntime(_save(tmp_path, "dq_blocked", node, [("x", dtype, shape)], inits, 21), {"x": x})
+
+
+def test_int4_blocked_weights_match_onnxruntime(tmp_path, check_against_onnxruntime):
+    """Weight-only int4 quantization as LLM exporters write it: int4 weights and zero points with
+    one scale per 4 rows (the last block short), dequantized into a MatMul."""
+    rng = np.random.default_rng(4)
+    w = rng.integers(-8, 8, (10, 6)).astype(np.int8)
+    scale = rng.uniform(0.01, 0.2, (3, 6)).astype(np.float32)
+    zero = rng.integers(-8, 8, (3, 6)).astype(np.int8)
+    a = rng.standard_normal((3, 10)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"], axis=0, block_size=4),
+         helper.make_node("MatMul", ["a", "wf"], ["y"])], "int4_weights",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, a.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.INT4, w.shape, w.flatten().tolist()),
+         helper.make_tensor("z", TensorProto.INT4, zero.shape, zero.flatten().tolist()), numpy_helper.from_array(scale, "s")])
+    path = tmp_path / "int4_weights.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    check_against_onnxruntime(path, {"a": a})
+
+
+@pytest.mark.parametrize("axis,block", [(1, 4), (0, 2)])
+def test_blocked_quantize_matches_onnxruntime(tmp_path, check_against_onnxruntime, axis, block):
+    rng = np.random.default_rng(axis + block)
+    x = rng.standard_normal((5, 10)).astype(np.float32) * 3
+    blocks = [5, 10]
+    blocks[axis] = -(-blocks[axis] // block)
+    inits = {"s": rng.uniform(0.01, 0.05, blocks).astype(np.float32), "z": rng.integers(-20, 20, blocks).astype(np.int8)}
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], axis=axis, block_size=block)
+    check_against_onnxruntime(_save(tmp_path, "q_blocked", node, [("x", TensorProto.FLOAT, x.shape)], inits, 21,
+                                    out_type=TensorProto.INT8), {"x": x})
+
+
+@pytest.mark.parametrize("scale_shape,block,message", [
+    ((4, 2), 4, "the scale must have shape 4x3, has 4x2"), ((4, 3), -1, "block_size must be positive")])
+def test_blocked_quantization_refuses_a_scale_that_does_not_fit(tmp_path, run_kiln, scale_shape, block, message):
+    node = helper.make_node("DequantizeLinear", ["x", "s"], ["y"], axis=1, block_size=block, name="the_dq")
+    path = _save(tmp_path, "dq_bad", node, [("x", TensorProto.INT8, (4, 10))],
+                 {"s": np.ones(scale_shape, np.float32)}, 21)
+    r = run_kiln("inspect", path)
+    assert r.returncode == 1 and "the_dq" in r.stderr and message in r.stderr, r.describe()
