@@ -22,7 +22,7 @@ bool is_narrow(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; 
 bool is_elementwise(const std::string& op) {
   static const std::set<std::string> kOthers = {
       "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Where", "Clip", "PRelu", "Equal", "Less",
-      "LessOrEqual", "Greater", "GreaterOrEqual", "Range", "Swish", "Shrink"};
+      "LessOrEqual", "Greater", "GreaterOrEqual", "Range", "Swish", "SwiGLU", "Shrink"};
   return ir::find_unary_op(op) != nullptr || kOthers.count(op) != 0;
 }
 

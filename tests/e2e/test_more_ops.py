@@ -13,7 +13,7 @@ through a sequence against the whole, and its refusals; Upsample (opsets 7, 9) a
 Resize against ONNX Runtime's kernels for those opsets, and what they refuse; LinearAttention against
 ONNX's reference (every update rule, grouped heads; float16 within a unit in the last place),
 stepped against the whole sequence, and its refusals; blocked QuantizeLinear and DequantizeLinear
-(int4 weights into a MatMul too) against ONNX Runtime; float16 elementwise ops on the float32 kernels
+(int4 weights into a MatMul too) against ONNX Runtime; float16 elementwise ops (SwiGLU too) on the float32 kernels
 against ONNX's reference bit for bit (arithmetic) or within float16's rounding (transcendental
 functions), and a float16 product refused."""
 from __future__ import annotations
@@ -284,9 +284,9 @@ def test_tensor_scatter_past_the_cache_is_refused(tmp_path, run_kiln):
     assert r.returncode == 1 and "write index 2 puts 3 rows outside a cache of 4" in r.stderr, r.describe()
 
 
-def _run_float16(tmp_path, run_kiln, name, node, feed: dict):
+def _run_float16(tmp_path, run_kiln, name, node, feed: dict, opset: int = 17):
     """`kiln run` of one float16 node on the CPU engine: (the outputs, ONNX's reference's)."""
-    path = _save(tmp_path, name, node, [(n, TensorProto.FLOAT16, v.shape) for n, v in feed.items()], {}, 17,
+    path = _save(tmp_path, name, node, [(n, TensorProto.FLOAT16, v.shape) for n, v in feed.items()], {}, opset,
                  out_type=TensorProto.FLOAT16)
     for n, value in feed.items():
         np.save(tmp_path / f"{n}.npy", value)
@@ -320,6 +320,18 @@ def test_float16_unary_ops_round_float32_math(tmp_path, run_kiln, op):
     got, want = _run_float16(tmp_path, run_kiln, op.lower(), helper.make_node(op, ["x"], ["y"]), {"x": x})
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2.0**-10, atol=2.0**-24)
+
+
+def test_float16_swiglu_rounds_float32_math(tmp_path, run_kiln):
+    """SwiGLU (opset 28) on float16: Swish(a) * b computed in float32 and rounded once; ONNX's
+    reference rounds the sigmoid and each product in float16, so they differ by at most two
+    units in the last place."""
+    rng = np.random.default_rng(28)
+    feed = {"a": rng.uniform(-6, 6, (4, 33)).astype(np.float16), "b": rng.uniform(-3, 3, (4, 33)).astype(np.float16)}
+    got, want = _run_float16(tmp_path, run_kiln, "swiglu", helper.make_node("SwiGLU", ["a", "b"], ["y"], alpha=1.5), feed,
+                             opset=28)
+    assert got.dtype == np.float16
+    np.testing.assert_array_max_ulp(got, want, maxulp=2)
 
 
 def test_a_float16_product_is_refused_naming_the_node(tmp_path, run_kiln):
