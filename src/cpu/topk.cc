@@ -1,4 +1,4 @@
-// CPU kernels of TopK (float32/float64/int32/int64; ties keep the lower index first, as ONNX
+// CPU kernels of TopK (float32/float64/integers; ties keep the lower index first, as ONNX
 // asks), Trilu (any dtype), CumSum and CumProd (float32/float64/int32/int64), OneHot and NonZero.
 #include <algorithm>
 #include <cmath>
@@ -79,8 +79,9 @@ KILN_REGISTER_CPU_KERNELS(topk) {
   {
     KernelEntry e;
     e.op = "TopK";
-    e.check = numeric4;
-    e.dtypes = "float32, float64, int32, int64";
+    e.check = accept_dtypes({DType::kFloat32, DType::kFloat64, DType::kInt8, DType::kInt16, DType::kInt32, DType::kInt64,
+                             DType::kUInt8, DType::kUInt16, DType::kUInt32, DType::kUInt64});
+    e.dtypes = "float32, float64, integers";
     e.create = [](const KernelInit& init) {
       int64_t axis_attr = init.node.attrs.get_int("axis", -1);
       bool largest = init.node.attrs.get_int("largest", 1) != 0;
@@ -93,7 +94,13 @@ KILN_REGISTER_CPU_KERNELS(topk) {
         switch (in[0]->dtype()) {
           case DType::kFloat32: topk<float>(*in[0], axis, k, largest, values, indices); break;
           case DType::kFloat64: topk<double>(*in[0], axis, k, largest, values, indices); break;
+          case DType::kInt8: topk<int8_t>(*in[0], axis, k, largest, values, indices); break;
+          case DType::kInt16: topk<int16_t>(*in[0], axis, k, largest, values, indices); break;
           case DType::kInt32: topk<int32_t>(*in[0], axis, k, largest, values, indices); break;
+          case DType::kUInt8: topk<uint8_t>(*in[0], axis, k, largest, values, indices); break;
+          case DType::kUInt16: topk<uint16_t>(*in[0], axis, k, largest, values, indices); break;
+          case DType::kUInt32: topk<uint32_t>(*in[0], axis, k, largest, values, indices); break;
+          case DType::kUInt64: topk<uint64_t>(*in[0], axis, k, largest, values, indices); break;
           default: topk<int64_t>(*in[0], axis, k, largest, values, indices); break;
         }
       });
@@ -129,8 +136,9 @@ KILN_REGISTER_CPU_KERNELS(topk) {
   {
     KernelEntry e;
     e.op = "CumSum";
-    e.check = numeric4;
-    e.dtypes = "float32, float64, int32, int64";
+    e.check = accept_dtypes({DType::kFloat32, DType::kFloat64, DType::kInt8, DType::kInt16, DType::kInt32, DType::kInt64,
+                             DType::kUInt8, DType::kUInt16, DType::kUInt32, DType::kUInt64});
+    e.dtypes = "float32, float64, integers";
     e.create = [](const KernelInit& init) {
       bool exclusive = init.node.attrs.get_int("exclusive", 0) != 0;
       bool reverse = init.node.attrs.get_int("reverse", 0) != 0;

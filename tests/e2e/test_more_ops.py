@@ -13,7 +13,8 @@ through a sequence against the whole, and its refusals; Upsample (opsets 7, 9) a
 Resize against ONNX Runtime's kernels for those opsets, and what they refuse; LinearAttention against
 ONNX's reference (every update rule, grouped heads; float16 within a unit in the last place),
 stepped against the whole sequence, and its refusals; blocked QuantizeLinear and DequantizeLinear
-(int4 weights into a MatMul too) against ONNX Runtime; float16 elementwise ops (SwiGLU too) on the float32 kernels
+(int4 weights into a MatMul too) against ONNX Runtime; TopK of every integer type against ONNX's
+reference; float16 elementwise ops (SwiGLU too) on the float32 kernels
 against ONNX's reference bit for bit (arithmetic) or within float16's rounding (transcendental
 functions), and a float16 product refused."""
 from __future__ import annotations
@@ -663,3 +664,23 @@ def test_blocked_quantization_refuses_a_scale_that_does_not_fit(tmp_path, run_ki
                  {"s": np.ones(scale_shape, np.float32)}, 21)
     r = run_kiln("inspect", path)
     assert r.returncode == 1 and "the_dq" in r.stderr and message in r.stderr, r.describe()
+
+
+@pytest.mark.parametrize("np_type,onnx_type", [(np.uint64, TensorProto.UINT64), (np.uint8, TensorProto.UINT8),
+                                               (np.int8, TensorProto.INT8), (np.uint32, TensorProto.UINT32),
+                                               (np.int16, TensorProto.INT16)])
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_of_every_integer_type_matches_the_reference(tmp_path, run_kiln, np_type, onnx_type, largest):
+    """TopK on the integer types beyond int32 and int64, with ties (few distinct values) and values
+    at the type's ends: the values and the indices, ties in index order."""
+    info = np.iinfo(np_type)
+    rng = np.random.default_rng(info.bits + largest)
+    x = rng.choice(np.array([info.min, info.max, info.max // 3, 0, 1], dtype=np_type), (3, 9))
+    node = helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1, largest=largest)
+    graph = helper.make_graph([node], "topk", [helper.make_tensor_value_info("x", onnx_type, x.shape)],
+                              [helper.make_tensor_value_info("values", onnx_type, None),
+                               helper.make_tensor_value_info("indices", TensorProto.INT64, None)],
+                              [numpy_helper.from_array(np.array([4], np.int64), "k")])
+    path = tmp_path / "topk.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)]), path)
+    check_against_reference(run_kiln, tmp_path, path, {"x": x})
