@@ -136,9 +136,8 @@ KILN_REGISTER_CPU_KERNELS(topk) {
   {
     KernelEntry e;
     e.op = "CumSum";
-    e.check = accept_dtypes({DType::kFloat32, DType::kFloat64, DType::kInt8, DType::kInt16, DType::kInt32, DType::kInt64,
-                             DType::kUInt8, DType::kUInt16, DType::kUInt32, DType::kUInt64});
-    e.dtypes = "float32, float64, integers";
+    e.check = numeric4;
+    e.dtypes = "float32, float64, int32, int64";
     e.create = [](const KernelInit& init) {
       bool exclusive = init.node.attrs.get_int("exclusive", 0) != 0;
       bool reverse = init.node.attrs.get_int("reverse", 0) != 0;
