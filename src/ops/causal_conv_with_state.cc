@@ -6,18 +6,9 @@
 #include <string>
 
 #include "ir/op_schema.h"
+#include "ops/known_shapes.h"
 
 namespace kiln::ir {
-
-namespace {
-
-std::string shape_string(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-}  // namespace
 
 bool causal_conv_silu(const Node& node) {
   const std::string activation = node.attrs.get_string("activation", "none");
@@ -50,10 +41,6 @@ CausalConvParams causal_conv_params(const Node& node, const std::vector<int64_t>
 
 namespace {
 
-std::optional<std::vector<int64_t>> known_shape(const InferContext& ctx, size_t i) {
-  if (!ctx.has_input(i) || !ctx.shape_known(i) || !all_known(ctx.shape(i))) return std::nullopt;
-  return known_values(ctx.shape(i));
-}
 
 void infer_causal_conv(InferContext& ctx) {
   const DType dt = ctx.dtype(0);

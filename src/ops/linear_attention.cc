@@ -9,18 +9,9 @@
 
 #include "ir/op_schema.h"
 #include "ir/sizes.h"
+#include "ops/known_shapes.h"
 
 namespace kiln::ir {
-
-namespace {
-
-std::string shape_string(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-}  // namespace
 
 LinearAttentionRule linear_attention_rule(const Node& node) {
   auto fail = [&](const std::string& why) { throw node.error(ErrorKind::kInvalidModel, why); };
@@ -86,10 +77,6 @@ LinearAttentionParams linear_attention_params(const Node& node, const std::vecto
 
 namespace {
 
-std::optional<std::vector<int64_t>> known_shape(const InferContext& ctx, size_t i) {
-  if (!ctx.has_input(i) || !ctx.shape_known(i) || !all_known(ctx.shape(i))) return std::nullopt;
-  return known_values(ctx.shape(i));
-}
 
 void infer_linear_attention(InferContext& ctx) {
   const DType dt = ctx.dtype(0);
