@@ -19,6 +19,7 @@ void to_opset_11_resize(ImportContext& ctx) {
   const std::string mode = n.attrs.get_string("mode", "nearest");
   if (mode != "nearest" && mode != "linear")
     ctx.fail("mode must be nearest or linear at opset " + std::to_string(ctx.opset) + ", is '" + mode + "'");
+  if (n.inputs.empty() || n.inputs[0].empty()) ctx.fail(n.op + " needs its input X");
   std::string scales = n.inputs.size() > 1 ? n.inputs[1] : "";
   if (n.op == "Upsample" && ctx.opset < 9) {
     if (!n.attrs.has("scales")) ctx.fail("Upsample needs its scales attribute at opset " + std::to_string(ctx.opset));
@@ -47,7 +48,7 @@ void to_opset_11_resize(ImportContext& ctx) {
     nearest = grows ? "floor" : "ceil";
   }
   n.op = "Resize";
-  n.inputs = {n.inputs.at(0), "", scales};
+  n.inputs = {n.inputs[0], "", scales};
   n.attrs.set("mode", mode);
   n.attrs.set("coordinate_transformation_mode", std::string("asymmetric"));
   n.attrs.set("nearest_mode", nearest);
