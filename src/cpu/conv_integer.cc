@@ -1,5 +1,10 @@
-// CPU kernel of ConvInteger: a direct convolution of (X - x_zero_point) and (W - w_zero_point),
-// summed exactly in int32 (every 1-D to 3-D geometry; 1-D and 2-D run as 3-D with unit dims).
+// CPU kernels of the integer convolutions: a direct convolution of (X - x_zero_point) and
+// (W - w_zero_point), summed exactly in int32 (every 1-D to 3-D geometry; 1-D and 2-D run as 3-D
+// with unit dims). ConvInteger outputs the sums; QLinearConv adds B and requantizes them as ONNX's
+// reference does: times x_scale * w_scale / y_scale (a float32 factor per output channel), plus
+// y_zero_point, saturated, rounded half to even.
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "cpu/kernel.h"
@@ -16,9 +21,11 @@ std::vector<int32_t> widened(const Tensor& t) {
   return out;
 }
 
-void conv_integer(const ir::Node& node, const std::vector<const Tensor*>& in, Tensor& y) {
-  const Tensor& x = *in[0];
-  const Tensor& w = *in[1];
+// The sums of every output element of X (*) W into `y`'s shape: emit(index in y, output channel,
+// int32 sum).
+template <class Emit>
+void integer_conv(const ir::Node& node, const Tensor& x, const Tensor* x_zero_point, const Tensor& w, const Tensor* w_zero,
+                  const Tensor& y, Emit emit) {
   const int spatial = static_cast<int>(x.rank()) - 2;
   std::vector<int64_t> wk, sizes;
   for (int i = 0; i < spatial; ++i) wk.push_back(w.dim(i + 2)), sizes.push_back(x.dim(i + 2));
@@ -35,10 +42,12 @@ void conv_integer(const ir::Node& node, const std::vector<const Tensor*>& in, Te
                              dl = dims3(g.dilations, 1), pb = dims3(g.pad_begin, 0);
   const int64_t n = x.dim(0), c = x.dim(1), m = w.dim(0), group = g.group, cg = c / group, mg = m / group;
   const std::vector<int32_t> xv = widened(x), wv = widened(w);
-  const int32_t x_zero = in.size() > 2 && in[2] ? static_cast<int32_t>(in[2]->value_as_int(0)) : 0;
-  const Tensor* w_zero = in.size() > 3 ? in[3] : nullptr;
+  const int32_t x_zero = x_zero_point && x_zero_point->numel() ? static_cast<int32_t>(x_zero_point->value_as_int(0)) : 0;
+  if (w_zero && w_zero->numel() == 0) w_zero = nullptr;
+  if (w_zero && w_zero->numel() != 1 && w_zero->numel() != m)
+    throw node.error(ErrorKind::kInvalidArgument, "w_zero_point has " + std::to_string(w_zero->numel()) + " elements for " +
+                                                      std::to_string(m) + " output channels");
   const int64_t in_plane = is[0] * is[1] * is[2], k_plane = ks[0] * ks[1] * ks[2], out_plane = os[0] * os[1] * os[2];
-  int32_t* yp = y.data<int32_t>();
   for (int64_t b = 0; b < n; ++b)
     for (int64_t oc = 0; oc < m; ++oc) {
       const int64_t gi = oc / mg;
@@ -63,14 +72,67 @@ void conv_integer(const ir::Node& node, const std::vector<const Tensor*>& in, Te
             }
           }
         }
-        yp[(b * m + oc) * out_plane + o] = static_cast<int32_t>(static_cast<uint32_t>(acc));
+        emit((b * m + oc) * out_plane + o, oc, static_cast<int32_t>(static_cast<uint32_t>(acc)));
       }
     }
+}
+
+const Tensor* optional_input(const std::vector<const Tensor*>& in, size_t i) { return i < in.size() ? in[i] : nullptr; }
+
+void conv_integer(const ir::Node& node, const std::vector<const Tensor*>& in, Tensor& y) {
+  int32_t* out = y.data<int32_t>();
+  integer_conv(node, *in[0], optional_input(in, 2), *in[1], optional_input(in, 3), y,
+               [out](int64_t i, int64_t, int32_t sum) { out[i] = sum; });
+}
+
+// QLinearConv's inputs: x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
+// y_zero_point, B.
+void qlinear_conv(const ir::Node& node, const std::vector<const Tensor*>& in, Tensor& y) {
+  for (size_t scalar : {1, 6, 7})
+    if (in[scalar]->numel() != 1)
+      throw node.error(ErrorKind::kInvalidArgument, "input " + std::to_string(scalar) + " must have one element, has " +
+                                                        std::to_string(in[scalar]->numel()));
+  const Tensor& w_scale = *in[4];
+  const int64_t channels = in[3]->dim(0);
+  if (w_scale.numel() != 1 && w_scale.numel() != channels)
+    throw node.error(ErrorKind::kInvalidArgument, "w_scale has " + std::to_string(w_scale.numel()) + " elements for " +
+                                                      std::to_string(channels) + " output channels");
+  const Tensor* bias = optional_input(in, 8);
+  if (bias && bias->numel() != channels)
+    throw node.error(ErrorKind::kInvalidArgument,
+                     "B has " + std::to_string(bias->numel()) + " elements for " + std::to_string(channels) + " output channels");
+  // The factor per output channel in float32, as the reference computes it from float32 scales.
+  const float x_scale = in[1]->data<float>()[0], y_scale = in[6]->data<float>()[0];
+  std::vector<double> factor(static_cast<size_t>(channels));
+  for (int64_t c = 0; c < channels; ++c)
+    factor[static_cast<size_t>(c)] = x_scale * w_scale.data<float>()[w_scale.numel() == 1 ? 0 : c] / y_scale;
+  const double y_zero = static_cast<double>(in[7]->value_as_int(0));
+  const bool is_signed = y.dtype() == DType::kInt8;
+  const double lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
+  void* out = y.raw();
+  integer_conv(node, *in[0], in[2], *in[3], in[5], y, [&](int64_t i, int64_t c, int32_t sum) {
+    const int32_t biased = static_cast<int32_t>(static_cast<uint32_t>(sum) + static_cast<uint32_t>(bias ? bias->data<int32_t>()[c] : 0));
+    const double q = std::nearbyint(std::clamp(biased * factor[static_cast<size_t>(c)] + y_zero, lo, hi));
+    if (is_signed) static_cast<int8_t*>(out)[i] = static_cast<int8_t>(q);
+    else static_cast<uint8_t*>(out)[i] = static_cast<uint8_t>(q);
+  });
 }
 
 }  // namespace
 
 KILN_REGISTER_CPU_KERNELS(conv_integer) {
+  {
+    KernelEntry e;
+    e.op = "QLinearConv";
+    e.check = accept_dtypes({DType::kInt8, DType::kUInt8});
+    e.dtypes = "int8, uint8; float32 scales";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel(
+          [node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { qlinear_conv(*node, in, out[0]); });
+    };
+    registry.add(std::move(e));
+  }
   KernelEntry e;
   e.op = "ConvInteger";
   e.check = accept_dtypes({DType::kInt8, DType::kUInt8});

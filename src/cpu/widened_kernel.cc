@@ -2,29 +2,13 @@
 #include "cpu/widened_kernel.h"
 
 #include <deque>
-#include <set>
-#include <string>
 #include <vector>
-
-#include "ir/unary_ops.h"
 
 namespace kiln::cpu {
 
 namespace {
 
 bool is_narrow(DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; }
-
-// Ops whose every output element is one arithmetic function of one element of each input (with
-// broadcasting), where computing in float32 and rounding once is computing in the narrow type.
-// Ops that sum many terms (products, reductions, normalizations, attention) are not among them:
-// ONNX's reference rounds their partial sums in the narrow type, and a float32 sum rounded once
-// differs from it by a unit in the last place now and then.
-bool is_elementwise(const std::string& op) {
-  static const std::set<std::string> kOthers = {
-      "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Where", "Clip", "PRelu", "Equal", "Less",
-      "LessOrEqual", "Greater", "GreaterOrEqual", "Range", "Swish", "SwiGLU", "Shrink"};
-  return ir::find_unary_op(op) != nullptr || kOthers.count(op) != 0;
-}
 
 Tensor widen(const Tensor& t) {
   Tensor out(DType::kFloat32, t.shape());
@@ -82,16 +66,10 @@ class WidenedKernel final : public Kernel {
 
 }  // namespace
 
-// Ops whose definition computes in float32 whatever the type of their values, rounding results
-// once: ONNX's reference for LinearAttention widens every input and its state to float32.
-bool computes_in_float32(const std::string& op) { return op == "LinearAttention"; }
-
-bool widens_narrow_floats(const std::string& domain, const std::string& op) {
-  return domain.empty() && (is_elementwise(op) || computes_in_float32(op));
-}
+bool widens_narrow_floats(const KernelEntry& entry) { return !entry.makes_outputs; }
 
 std::unique_ptr<Kernel> make_widened_kernel(const KernelEntry& entry, const KernelInit& init) {
-  if (entry.makes_outputs || !widens_narrow_floats(init.node.domain, init.node.op)) return nullptr;
+  if (!widens_narrow_floats(entry)) return nullptr;
   auto kernel = std::make_unique<WidenedKernel>();
   KernelInit wide{init.node, {}, {}, {}, init.poison_outputs};
   bool any = false;

@@ -47,6 +47,7 @@ constexpr AsIs kAsIs[] = {
     {"QuantizeLinear", 10}, {"DequantizeLinear", 10},
     // The integer products and dynamic quantization of ONNX Runtime's quantized models.
     {"MatMulInteger", 10}, {"QLinearMatMul", 10}, {"DynamicQuantizeLinear", 11}, {"ConvInteger", 10},
+    {"QLinearConv", 10},
     // Data movement: later opsets added negative axes, DepthToSpace's mode (11) and Reshape's
     // allowzero (14), with defaults that keep the older meaning. Resize's opset 11 form is the
     // IR's (Upsample, removed in opset 10, has no importer); Pad, Slice and Clip, whose

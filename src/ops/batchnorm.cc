@@ -41,7 +41,7 @@ KILN_REGISTER_OPS(batchnorm) {
   s.infer = infer_batchnorm;
   // A folded scale and shift per element: one multiply-add.
   s.flops = [](const FlopsContext& c) { return 2 * FlopsContext::numel(c.output_types[0]); };
-  s.limits = "inference mode only (training_mode=0, one output); CPU: float32";
+  s.limits = "inference mode only (training_mode=0, one output)";
   registry.add(std::move(s));
 }
 

@@ -244,7 +244,7 @@ KILN_REGISTER_OPS(conv) {
     s.max_inputs = 3;
     s.infer = [transpose](InferContext& ctx) { infer_conv(ctx, transpose); };
     s.flops = [transpose](const FlopsContext& ctx) { return conv_flops(ctx, transpose); };
-    s.limits = "CPU: float32, 1-D to 3-D";
+    s.limits = "1-D to 3-D";
     registry.add(std::move(s));
   }
 }

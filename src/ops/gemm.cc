@@ -61,7 +61,6 @@ KILN_REGISTER_OPS(gemm) {
   s.max_inputs = 3;
   s.infer = infer_gemm;
   s.flops = gemm_flops;
-  s.limits = "CPU: float32";
   registry.add(std::move(s));
 }
 

@@ -46,7 +46,6 @@ KILN_REGISTER_OPS(matmul) {
   s.max_inputs = 2;
   s.infer = infer_matmul;
   s.flops = matmul_flops;
-  s.limits = "CPU: float32";
   registry.add(std::move(s));
 }
 

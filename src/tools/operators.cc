@@ -49,8 +49,10 @@ std::vector<Row> support_matrix() {
   for (const cpu::KernelEntry* k : cpu::KernelRegistry::instance().all()) {
     Row& r = row(k->domain, k->op);
     r.cpu = k->dtypes.empty() ? "yes" : k->dtypes;
-    if (cpu::widens_narrow_floats(k->domain, k->op) && r.cpu.find("float32") != std::string::npos &&
-        r.cpu.find("float16") == std::string::npos)
+    // (The types before a ';' are the data's; what follows it, such as a scale's, is not widened.)
+    const std::string data_types = r.cpu.substr(0, r.cpu.find(';'));
+    if (cpu::widens_narrow_floats(*k) && data_types.find("float32") != std::string::npos &&
+        data_types.find("float16") == std::string::npos)
       r.cpu += "; float16, bfloat16 as float32";
   }
 #if KILN_WITH_CUDA
@@ -124,9 +126,10 @@ int operators(bool markdown) {
                  "the newest semantics).\n"
                  "- **Limits**: what kiln does not support of the operator; such nodes are refused with an error naming "
                  "them.\n"
-                 "- **CPU**: the data types the CPU kernel accepts. \"float16, bfloat16 as float32\": an elementwise "
-                 "operator's float32 kernel on inputs widened to float32, its outputs rounded back once, which is "
-                 "arithmetic in float16 or bfloat16 (src/cpu/widened_kernel.h).\n"
+                 "- **CPU**: the data types the CPU kernel accepts. \"float16, bfloat16 as float32\": the "
+                 "operator's float32 kernel on inputs widened to float32, its outputs rounded back once: arithmetic "
+                 "in float16 or bfloat16 for elementwise operators, sums in float32 for the others "
+                 "(src/cpu/widened_kernel.h).\n"
                  "- **CUDA**: the storage data types the GPU layer accepts (float32 models run with float16 storage in "
                  "fp16 builds where the layer allows). Parameters such as axes, pads or scales must be constants on "
                  "the GPU.\n\n"
