@@ -1,6 +1,7 @@
 // CPU kernel of Resize. Nearest works on raw bytes (any dtype) through one index table per
 // axis. Linear and cubic (float32) are separable: one 1-D interpolation pass per resized
-// axis, each output index reading a few weighted source indices, so any rank works.
+// axis, each output index reading a few weighted source indices (more with antialias when
+// downscaling), so any rank works.
 #include <cmath>
 #include <cstring>
 
@@ -16,27 +17,27 @@ namespace {
 using Options = ir::ResizeOptions;
 using Taps = ir::ResizeTaps;
 
-// One interpolation pass along `axis`: x has shape `shape`, y gets shape[axis] = taps.size().
-void interpolate_axis(const float* x, const std::vector<int64_t>& shape, size_t axis, const std::vector<Taps>& taps,
+// One interpolation pass along `axis`: x has shape `shape`, y gets shape[axis] = the filter's
+// output length.
+void interpolate_axis(const float* x, const std::vector<int64_t>& shape, size_t axis, const ir::ResizeFilter& filter,
                       float extrapolation, float* y) {
   int64_t outer = 1, inner = 1;
   for (size_t d = 0; d < axis; ++d) outer *= shape[d];
   for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
-  int64_t in_len = shape[axis], out_len = static_cast<int64_t>(taps.size());
+  int64_t in_len = shape[axis], out_len = static_cast<int64_t>(filter.outside.size());
 #pragma omp parallel for if (outer * out_len * inner > (1 << 15)) schedule(static)
   for (int64_t o = 0; o < outer; ++o) {
     const float* xs = x + o * in_len * inner;
     for (int64_t j = 0; j < out_len; ++j) {
       float* yr = y + (o * out_len + j) * inner;
-      const Taps& t = taps[static_cast<size_t>(j)];
-      if (t.outside) {
+      if (filter.outside[static_cast<size_t>(j)]) {
         for (int64_t i = 0; i < inner; ++i) yr[i] = extrapolation;
         continue;
       }
       for (int64_t i = 0; i < inner; ++i) yr[i] = 0.f;
-      for (int k = 0; k < t.n; ++k) {
-        const float* xr = xs + t.idx[k] * inner;
-        float w = t.w[k];
+      for (int64_t k = filter.first[static_cast<size_t>(j)]; k < filter.first[static_cast<size_t>(j) + 1]; ++k) {
+        const float* xr = xs + filter.idx[static_cast<size_t>(k)] * inner;
+        const float w = filter.w[static_cast<size_t>(k)];
         for (int64_t i = 0; i < inner; ++i) yr[i] += w * xr[i];
       }
     }
@@ -90,7 +91,6 @@ KILN_REGISTER_CPU_KERNELS(resize) {
   e.dtypes = "all (nearest); float32 (linear, cubic)";
   e.check = [](const KernelInit& init) -> std::string {
     const ir::Attributes& a = init.node.attrs;
-    if (a.get_int("antialias", 0) != 0) return "antialias is not supported";
     if (a.get_string("mode", "nearest") != "nearest" && init.dtype(0) != DType::kFloat32)
       return a.get_string("mode", "nearest") + " mode on " + to_string(init.dtype(0)) + " is not supported (float32 only)";
     return "";
@@ -109,10 +109,10 @@ KILN_REGISTER_CPU_KERNELS(resize) {
       ir::ResizePlan p = ir::resize_plan(*node, ir::dims_of(x.shape()), present(1) ? in[1] : nullptr,
                                          present(2) ? in[2] : nullptr, sizes);
       const auto& is = x.shape();
-      std::vector<std::vector<Taps>> taps;
-      for (size_t d = 0; d < is.size(); ++d)
-        taps.push_back(ir::resize_axis_taps(o, is[d], out[0].shape()[d], p.scale[d], p.roi_start[d], p.roi_end[d]));
       if (o.mode == "nearest") {
+        std::vector<std::vector<Taps>> taps;
+        for (size_t d = 0; d < is.size(); ++d)
+          taps.push_back(ir::resize_axis_taps(o, is[d], out[0].shape()[d], p.scale[d], p.roi_start[d], p.roi_end[d]));
         resize_nearest(x, out[0], taps, o);
         return;
       }
@@ -120,11 +120,13 @@ KILN_REGISTER_CPU_KERNELS(resize) {
       std::vector<int64_t> shape = is;
       Tensor cur = x;
       for (size_t d = 0; d < is.size(); ++d) {
-        if (ir::resize_taps_identity(taps[d], is[d])) continue;
+        const ir::ResizeFilter filter =
+            ir::resize_axis_filter(o, is[d], out[0].shape()[d], p.scale[d], p.roi_start[d], p.roi_end[d]);
+        if (filter.identity(is[d])) continue;
         std::vector<int64_t> next_shape = shape;
-        next_shape[d] = static_cast<int64_t>(taps[d].size());
+        next_shape[d] = out[0].shape()[d];
         Tensor next(DType::kFloat32, next_shape);
-        interpolate_axis(cur.data<float>(), shape, d, taps[d], o.extrapolation, next.data<float>());
+        interpolate_axis(cur.data<float>(), shape, d, filter, o.extrapolation, next.data<float>());
         cur = next;
         shape = next_shape;
       }

@@ -142,7 +142,7 @@ void infer_resize(InferContext& ctx) {
 }  // namespace
 
 KILN_REGISTER_OPS(resize) {
-  registry.add({"Resize", "", 1, 4, 1, 1, infer_resize, nullptr, "antialias is not supported"});
+  registry.add({"Resize", "", 1, 4, 1, 1, infer_resize, nullptr, "GPU: antialias is not supported"});
 }
 
 }  // namespace kiln::ir

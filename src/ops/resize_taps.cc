@@ -14,6 +14,7 @@ ResizeOptions resize_options(const Node& node) {
   o.nearest = a.get_string("nearest_mode", "round_prefer_floor");
   o.cubic_a = a.get_float("cubic_coeff_a", -0.75f);
   o.exclude_outside = a.get_int("exclude_outside", 0) != 0;
+  o.antialias = a.get_int("antialias", 0) != 0 && o.mode != "nearest";
   o.extrapolation = a.get_float("extrapolation_value", 0.f);
   return o;
 }
@@ -111,6 +112,85 @@ bool resize_taps_identity(const std::vector<ResizeTaps>& taps, int64_t in_len) {
       if (t.w[k] != 0.f && !(t.idx[k] == static_cast<int64_t>(j) && t.w[k] == 1.f)) return false;
   }
   return true;
+}
+
+namespace {
+
+// The antialiasing filters' kernels at a distance d (in output samples): a tent for linear,
+// Keys' cubic for cubic.
+double filter_weight(const ResizeOptions& o, double d) {
+  d = std::abs(d);
+  if (o.mode == "linear") return std::max(0.0, 1.0 - d);
+  const double a = o.cubic_a;
+  if (d <= 1) return ((a + 2) * d - (a + 3)) * d * d + 1;
+  if (d < 2) return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a;
+  return 0.0;
+}
+
+}  // namespace
+
+bool ResizeFilter::identity(int64_t in_len) const {
+  if (static_cast<int64_t>(outside.size()) != in_len) return false;
+  for (size_t j = 0; j < outside.size(); ++j) {
+    if (outside[j]) return false;
+    for (int64_t k = first[j]; k < first[j + 1]; ++k) {
+      const size_t t = static_cast<size_t>(k);
+      if (w[t] != 0.f && !(idx[t] == static_cast<int64_t>(j) && w[t] == 1.f)) return false;
+    }
+  }
+  return true;
+}
+
+ResizeFilter resize_axis_filter(const ResizeOptions& o, int64_t in_len, int64_t out_len, double scale, double roi_s,
+                                double roi_e) {
+  ResizeFilter f;
+  f.first.reserve(static_cast<size_t>(out_len) + 1);
+  f.first.push_back(0);
+  if (!o.antialias) {
+    for (const ResizeTaps& t : resize_axis_taps(o, in_len, out_len, scale, roi_s, roi_e)) {
+      f.outside.push_back(static_cast<uint8_t>(t.outside != 0));
+      for (int k = 0; k < (t.outside ? 0 : t.n); ++k) {
+        f.idx.push_back(t.idx[k]);
+        f.w.push_back(t.w[k]);
+      }
+      f.first.push_back(static_cast<int64_t>(f.idx.size()));
+    }
+    return f;
+  }
+  // The reference's support: with s = min(scale, 1), source offsets start .. 1 - start around
+  // the sample, start = floor(-R / s) + 1 for the kernel's radius R (1: linear, 2: cubic).
+  // (A NaN scale, which leaves nothing to compute, taken as 1; the support bounded for absurd
+  // scales: one past the whole axis only happens where the output has no index to compute.)
+  const double s = scale > 0 && scale < 1 ? scale : 1.0, radius = o.mode == "linear" ? 1.0 : 2.0;
+  const double start = std::max(std::floor(-radius / s) + 1, -static_cast<double>(in_len) - 2);
+  const int64_t first_offset = static_cast<int64_t>(start), count = 2 - 2 * first_offset;
+  // The taps number out_len * count, about 2 * radius * in_len: out_len is in_len * scale (roi
+  // does not enter it, as in ONNX's reference and ONNX Runtime) and count about 2 * radius / s.
+  std::vector<double> weights(static_cast<size_t>(count));
+  for (int64_t j = 0; j < out_len; ++j) {
+    double x = source_coord(o, j, in_len, scale, roi_s, roi_e);
+    const bool outside = o.ctm == "tf_crop_and_resize" && !(x >= 0 && x <= static_cast<double>(in_len - 1));
+    f.outside.push_back(static_cast<uint8_t>(outside));
+    if (!outside) {
+      x = std::isnan(x) ? 0.0 : std::clamp(x, -4.0 - static_cast<double>(count), static_cast<double>(in_len + count) + 4.0);
+      // The sample's base index: the reference's neighbours of an integral x start one lower.
+      const int64_t base = static_cast<int64_t>(std::ceil(x)) - 1;
+      double sum = 0;
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t i = base + first_offset + k;
+        double weight = filter_weight(o, (static_cast<double>(i) - x) * s);
+        if (o.exclude_outside && (i < 0 || i >= in_len)) weight = 0;
+        weights[static_cast<size_t>(k)] = weight;
+        sum += weight;
+      }
+      for (int64_t k = 0; k < count; ++k) {
+        f.idx.push_back(std::clamp<int64_t>(base + first_offset + k, 0, in_len - 1));
+        f.w.push_back(static_cast<float>(sum != 0 ? weights[static_cast<size_t>(k)] / sum : 0.0));
+      }
+    }
+    f.first.push_back(static_cast<int64_t>(f.idx.size()));
+  }
+  return f;
 }
 
 }  // namespace kiln::ir

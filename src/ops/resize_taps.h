@@ -16,6 +16,7 @@ struct ResizeOptions {
   std::string mode, ctm, nearest;  // mode, coordinate_transformation_mode, nearest_mode
   double cubic_a = -0.75;
   bool exclude_outside = false;
+  bool antialias = false;  // linear and cubic: widen the filter by 1 / scale when downscaling
   float extrapolation = 0.f;
 };
 
@@ -37,5 +38,21 @@ std::vector<ResizeTaps> resize_axis_taps(const ResizeOptions& o, int64_t in_len,
 
 // True when the taps read each input index as it is (the axis is not really resized).
 bool resize_taps_identity(const std::vector<ResizeTaps>& taps, int64_t in_len);
+
+// The taps of an axis with any number per output index: those of resize_axis_taps, or with
+// `antialias` the linear and cubic filters stretched by 1 / scale when downscaling (a tent or
+// Keys kernel over every source index within its support, weights normalized to sum 1, source
+// indices past the edges reading the edge), as ONNX's reference computes them. Output j reads
+// idx and w from first[j] to first[j + 1]; `outside` outputs read none and take the
+// extrapolation value.
+struct ResizeFilter {
+  std::vector<int64_t> first, idx;
+  std::vector<float> w;
+  std::vector<uint8_t> outside;
+  // True when every output index reads the input index of its own number with weight 1.
+  bool identity(int64_t in_len) const;
+};
+ResizeFilter resize_axis_filter(const ResizeOptions& o, int64_t in_len, int64_t out_len, double scale, double roi_s,
+                                double roi_e);
 
 }  // namespace kiln::ir

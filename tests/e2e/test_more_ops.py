@@ -849,3 +849,40 @@ def test_qlinear_conv_with_a_scale_per_channel_of_the_wrong_size_is_refused(tmp_
     path = _save(tmp_path, "qlinear_conv_bad", node, inputs, inits, 10, out_type=TensorProto.UINT8)
     r = run_kiln("inspect", path)
     assert r.returncode == 1 and "requantized" in r.stderr and "w_scale has shape 4; expected a scalar or one per output channel" in r.stderr, r.describe()
+
+
+@pytest.mark.parametrize("mode,shape,resize_to,attrs", [
+    ("linear", (1, 2, 17, 23), {"scales": [1, 1, 0.37, 0.5]}, {}),
+    ("cubic", (2, 3, 20, 15), {"sizes": [2, 3, 7, 6]}, {}),
+    ("cubic", (1, 1, 30, 30), {"scales": [1, 1, 0.25, 0.6]}, {"exclude_outside": 1}),
+    ("linear", (1, 3, 12, 9), {"sizes": [1, 3, 5, 18]}, {"coordinate_transformation_mode": "align_corners"}),
+    ("linear", (2, 40), {"scales": [1, 0.1]}, {"coordinate_transformation_mode": "asymmetric"})])
+def test_antialiased_resize_matches_onnxruntime(tmp_path, check_against_onnxruntime, mode, shape, resize_to, attrs):
+    """Resize with antialias (opset 18): downscaling widens the linear or cubic filter by 1 / scale,
+    reading every source pixel under it (a 0.1 scale averages about twenty); upscaling axes are
+    interpolated as without it."""
+    x = np.random.default_rng(len(shape) + len(attrs)).standard_normal(shape).astype(np.float32)
+    (kind, values), = resize_to.items()
+    inits = {kind: np.array(values, np.float32 if kind == "scales" else np.int64)}
+    inputs = ["x", "", "scales"] if kind == "scales" else ["x", "", "", "sizes"]
+    node = helper.make_node("Resize", inputs, ["y"], mode=mode, antialias=1, **attrs)
+    check_against_onnxruntime(_save(tmp_path, "resize_antialias", node, [("x", TensorProto.FLOAT, shape)], inits, 18),
+                              {"x": x})
+
+
+def test_antialiased_bilinear_resize_matches_torch(tmp_path, run_kiln):
+    """torch's F.interpolate(mode="bilinear", antialias=True), the resize of torchvision's image
+    transforms, in the form torch.onnx's dynamo exporter writes for it (opset 18): Resize linear
+    with antialias and exclude_outside (the filter renormalized over the pixels inside), half_pixel."""
+    import torch
+
+    x = torch.randn(2, 3, 37, 50, generator=torch.Generator().manual_seed(18))
+    want = torch.nn.functional.interpolate(x, size=(16, 21), mode="bilinear", antialias=True, align_corners=False)
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear", antialias=1, exclude_outside=1,
+                            coordinate_transformation_mode="half_pixel")
+    path = _save(tmp_path, "resize_torch", node, [("x", TensorProto.FLOAT, x.shape)],
+                 {"sizes": np.array([2, 3, 16, 21], np.int64)}, 18)
+    np.save(tmp_path / "x.npy", x.numpy())
+    r = run_kiln("run", path, "--device", "cpu", f"--input=x={tmp_path / 'x.npy'}", "-o", tmp_path / "out")
+    assert r.returncode == 0, r.describe()
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), want.numpy(), rtol=1e-5, atol=1e-5)

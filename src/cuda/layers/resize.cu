@@ -1,7 +1,8 @@
 // CUDA layer of Resize: nearest (any dtype, moved by element size), linear and cubic (float32,
 // stored as float32 or float16, computed in float32), any rank, with every
 // coordinate_transformation_mode, nearest_mode, exclude_outside, extrapolation_value and
-// cubic_coeff_a the CPU kernel handles; antialias is refused, as on the CPU.
+// cubic_coeff_a the CPU kernel handles; antialias is refused (the CPU kernel has it: its filters
+// take any number of taps, where this layer's table holds four).
 //
 // roi, scales and sizes must be constants: the host computes, per resized axis and output
 // index, the source taps (up to 4 indices and weights, or "outside" for tf_crop_and_resize)
