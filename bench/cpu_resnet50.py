@@ -2,13 +2,15 @@
 """kiln's CPU engine against ONNX Runtime's CPU provider on torchvision ResNet-50.
 
 Exports resnet50 (random weights, torch seed 0) at opset 17 with a dynamic batch dim, times
-ONNX Runtime (intra_op_num_threads = --threads) and kiln (bench/kiln_cpu_bench, OpenMP
-threads = --threads) on the same random input, checks that their outputs agree, and writes
-bench/results/cpu_resnet50.json.
+ONNX Runtime (intra_op_num_threads = --threads) and kiln (bench/kiln_cpu_bench --threads) on the
+same random input, checks that their outputs agree, and writes bench/results/cpu_resnet50.json.
 
     .venv/bin/python bench/cpu_resnet50.py --kiln-bench build/bench/kiln_cpu_bench
 
-Both engines are timed in alternating rounds, so load from other processes hits both.
+The engines are timed in alternating rounds, so load from other processes hits all of them.
+--baseline-bench times a second kiln_cpu_bench (another build) in the same rounds. --contend N
+runs N busy processes (one core each) throughout, as a shared machine would: how much each
+engine loses when other work takes cores it counted on.
 """
 import argparse
 import json
@@ -58,14 +60,14 @@ def time_ort(path, x, threads, runs, warmup):
     return times, y
 
 
-def time_kiln(bench, path, input_bin, output_bin, threads, runs, warmup, fuse, passive):
+def time_kiln(bench, path, input_bin, output_bin, threads, runs, warmup, fuse):
+    # (OMP_NUM_THREADS too, for a baseline build whose CPU engine runs on OpenMP and has no
+    # --threads: it reads the flag's absence as an error, so the flag goes only where taken.)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    if passive:
-        # OpenMP threads sleep instead of spinning between parallel regions: slower on an
-        # idle machine, far faster when other processes compete for the cores.
-        env["OMP_WAIT_POLICY"] = "passive"
     cmd = [bench, path, "--runs", str(runs), "--warmup", str(warmup), "--input", input_bin,
            "--dump-output", output_bin]
+    if "--threads" in subprocess.run([bench], capture_output=True, text=True).stderr:
+        cmd += ["--threads", str(threads)]
     if not fuse:
         cmd.append("--no-fuse")
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
@@ -79,7 +81,7 @@ def kiln_commit(here):
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True, capture_output=True,
                              text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "bench"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/src", ":/bench"],
                                cwd=here, capture_output=True, text=True).stdout.strip()
         return rev + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -107,11 +109,12 @@ def main():
     ap.add_argument("--runs", type=int, default=30, help="timed runs per engine per round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--omp-passive", action="store_true", help="run kiln with OMP_WAIT_POLICY=passive")
-    ap.add_argument("--out", default=None, help="default bench/results/cpu_resnet50[_tN].json")
+    ap.add_argument("--baseline-bench", help="another build's kiln_cpu_bench, timed in the same rounds")
+    ap.add_argument("--contend", type=int, default=0, help="busy processes running throughout")
+    ap.add_argument("--out", default=None, help="default bench/results/cpu_resnet50[_tN][_contendN].json")
     args = ap.parse_args()
     if args.out is None:
-        suffix = ("" if args.threads == 2 else f"_t{args.threads}") + ("_passive" if args.omp_passive else "")
+        suffix = ("" if args.threads == 2 else f"_t{args.threads}") + (f"_contend{args.contend}" if args.contend else "")
         args.out = os.path.join(here, "results", f"cpu_resnet50{suffix}.json")
 
     if not os.path.exists(args.model):
@@ -126,17 +129,26 @@ def main():
     import onnxruntime as ort
 
     load_before = os.getloadavg()
-    ort_times, kiln_times, kiln_unfused_times = [], [], []
-    kiln_info = None
-    for _ in range(args.rounds):
-        t, y_ort = time_ort(args.model, x, args.threads, args.runs, args.warmup)
-        ort_times += t
-        kiln_info, y_kiln = time_kiln(args.kiln_bench, args.model, input_bin, output_bin, args.threads,
-                                      args.runs, args.warmup, fuse=True, passive=args.omp_passive)
-        kiln_times += kiln_info["times_ms"]
-        unfused, y_unfused = time_kiln(args.kiln_bench, args.model, input_bin, output_bin, args.threads,
-                                       args.runs, args.warmup, fuse=False, passive=args.omp_passive)
-        kiln_unfused_times += unfused["times_ms"]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.contend)]
+    ort_times, kiln_times, kiln_unfused_times, baseline_times = [], [], [], []
+    kiln_info = baseline = None
+    try:
+        for _ in range(args.rounds):
+            t, y_ort = time_ort(args.model, x, args.threads, args.runs, args.warmup)
+            ort_times += t
+            kiln_info, y_kiln = time_kiln(args.kiln_bench, args.model, input_bin, output_bin, args.threads,
+                                          args.runs, args.warmup, fuse=True)
+            kiln_times += kiln_info["times_ms"]
+            unfused, y_unfused = time_kiln(args.kiln_bench, args.model, input_bin, output_bin, args.threads,
+                                           args.runs, args.warmup, fuse=False)
+            kiln_unfused_times += unfused["times_ms"]
+            if args.baseline_bench:
+                baseline, y_baseline = time_kiln(args.baseline_bench, args.model, input_bin, output_bin, args.threads,
+                                                 args.runs, args.warmup, fuse=True)
+                baseline_times += baseline["times_ms"]
+    finally:
+        for p in busy:
+            p.kill()
 
     def diff(y):
         y = y.reshape(y_ort.shape)
@@ -151,7 +163,7 @@ def main():
         "kiln_commit": kiln_commit(here),
         "load_average_before": load_before,
         "threads": args.threads,
-        "kiln_omp_wait_policy": "passive" if args.omp_passive else os.environ.get("OMP_WAIT_POLICY", "(default)"),
+        "busy_processes": args.contend,
         "load_average_after": os.getloadavg(),
         "machine": machine(),
         "onnxruntime": dict(o, version=ort.__version__, intra_op_num_threads=args.threads),
@@ -162,6 +174,9 @@ def main():
         "max_abs_diff_vs_ort": max_diff,
         "max_abs_diff_vs_ort_unfused": max_diff_unfused,
         "max_abs_output": scale,
+        **({"kiln_baseline": dict(stats(baseline_times), bench=args.baseline_bench),
+            "kiln_over_baseline_median": k["median_ms"] / stats(baseline_times)["median_ms"],
+            "max_abs_diff_vs_ort_baseline": diff(y_baseline)[0]} if args.baseline_bench else {}),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -173,6 +188,10 @@ def main():
           f"ratio {result['kiln_over_ort_median']:.2f}x  max|diff| {max_diff:.2e} (|y| <= {scale:.2f})")
     print(f"kiln unfused  median {ku['median_ms']:.2f} ms  mean {ku['mean_ms']:.2f}  p90 {ku['p90_ms']:.2f}  "
           f"ratio {result['kiln_unfused_over_ort_median']:.2f}x  max|diff| {max_diff_unfused:.2e}")
+    if args.baseline_bench:
+        b = result["kiln_baseline"]
+        print(f"kiln baseline median {b['median_ms']:.2f} ms  mean {b['mean_ms']:.2f}  p90 {b['p90_ms']:.2f}  "
+              f"kiln / baseline {result['kiln_over_baseline_median']:.2f}x")
     print("wrote", args.out)
 
 

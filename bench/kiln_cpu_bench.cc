@@ -1,15 +1,14 @@
 // kiln_cpu_bench: times kiln's CPU engine on one ONNX model.
 //
-//   kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--no-fuse] [--no-optimize]
-//                  [--dump-output file.bin] [--input file.bin]
+//   kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--threads N] [--no-fuse]
+//                  [--no-optimize] [--dump-output file.bin] [--input file.bin]
 //
 // Imports the model, runs compiler::optimize (unless --no-optimize), builds cpu::CpuEngine,
 // feeds every input random float32 data (seed 0; symbolic dims take --batch) or the raw
 // float32 contents of --input, times --runs runs after --warmup and prints one JSON object.
 // --dump-output writes the first output's raw float32 values, so a script can compare them
-// with another runtime on the same input.
-#include <omp.h>
-
+// with another runtime on the same input. --threads sets the CPU engine's threads (default: the
+// CPUs the process may run on).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "cpu/engine.h"
+#include "cpu/parallel.h"
 #include "onnx/importer.h"
 #include "compiler/pipeline.h"
 #include "passes/passes.h"
@@ -29,8 +29,8 @@
 namespace {
 
 int usage() {
-  std::cerr << "usage: kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--no-fuse] [--no-optimize]"
-               " [--dump-output file.bin] [--input file.bin]\n";
+  std::cerr << "usage: kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--threads N] [--no-fuse]"
+               " [--no-optimize] [--dump-output file.bin] [--input file.bin]\n";
   return 2;
 }
 
@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
       if (a == "--batch") batch = std::stoll(value());
       else if (a == "--runs") runs = std::stoi(value());
       else if (a == "--warmup") warmup = std::stoi(value());
+      else if (a == "--threads") kiln::cpu::set_thread_count(std::stoi(value()));
       else if (a == "--no-fuse") fuse = false;
       else if (a == "--no-optimize") optimize = false;
       else if (a == "--dump-output") dump = value();
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
     out["warmup"] = warmup;
     out["optimized"] = optimize;
     out["fused"] = optimize && fuse;
-    out["threads"] = omp_get_max_threads();
+    out["threads"] = kiln::cpu::thread_count();
     out["median_ms"] = pct(0.5);
     out["mean_ms"] = mean;
     out["p90_ms"] = pct(0.9);

@@ -1,12 +1,11 @@
 // sgemm_bench: kiln's packed sgemm (cpu/sgemm.h) against OpenBLAS on ResNet-50's GEMM shapes.
 //
-//   sgemm_bench [--reps N]
+//   sgemm_bench [--reps N] [--threads N]
 //
 // For each (M, N, K) prints GFLOP/s of kiln (A pre-packed, B a plain row-major matrix packed
-// per call) and of cblas_sgemm, both on OMP_NUM_THREADS threads (OpenBLAS single-threaded per
-// call, split over columns the way gemm_util's parallel_sgemm does).
-#include <omp.h>
-
+// per call) and of cblas_sgemm, both on --threads threads (default: the CPUs the process may run
+// on; OpenBLAS single-threaded per call, split over columns the way gemm_util's parallel_sgemm
+// does).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "cpu/gemm_util.h"
+#include "cpu/parallel.h"
 #include "cpu/sgemm.h"
 
 using namespace kiln::cpu;
@@ -37,10 +37,12 @@ double best_seconds(int reps, F&& f) {
 
 int main(int argc, char** argv) {
   int reps = 20;
-  for (int i = 1; i + 1 < argc; ++i)
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--reps") reps = std::stoi(argv[++i]);
+    else if (std::string(argv[i]) == "--threads") set_thread_count(std::stoi(argv[++i]));
+  }
   use_single_threaded_blas();
-  const int threads = max_threads();
+  const int threads = thread_count();
   struct Shape {
     int64_t m, n, k;
   };

@@ -11,7 +11,7 @@
 #
 # Writes build-gpu/python/kiln/ (the package's .py files and _kiln.cpython-312-x86_64-linux-gnu.so);
 # carry build-gpu/python and set PYTHONPATH=build-gpu/python there. The module links the shared
-# protobuf, OpenBLAS and OpenMP libraries, which the GPU machine has.
+# protobuf and OpenBLAS libraries, which the GPU machine has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 INC=${KILN_GPU_PYTHON_INCLUDE:?set KILN_GPU_PYTHON_INCLUDE to the GPU machine\'s Python headers (see above)}

@@ -37,10 +37,9 @@ DEBIAN_PACKAGES=(
 )
 # For the tests: GoogleTest; libonnx-testdata holds the ONNX backend test cases of `kiln
 # conformance`; clang and libclang-rt-14-dev build the fuzz targets and the ThreadSanitizer
-# build, libomp-dev gives that build LLVM's OpenMP and its TSan tool (Archer); chromium renders
-# the HTML report in its test.
+# build; chromium renders the HTML report in its test.
 if ((FOR_TESTS)); then
-  DEBIAN_PACKAGES+=(libgtest-dev libonnx-testdata clang libclang-rt-14-dev libomp-dev chromium)
+  DEBIAN_PACKAGES+=(libgtest-dev libonnx-testdata clang libclang-rt-14-dev chromium)
 fi
 # The Python environments, every package pinned (requirements/*.lock, so that CI and every
 # developer run the same versions; the conformance floors count the cases of the pinned onnx):

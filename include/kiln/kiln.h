@@ -104,6 +104,12 @@ struct SimplifyResult {
 };
 SimplifyResult simplify_onnx(const std::string& onnx_path, const std::string& output_path);
 
+// The threads the CPU engine's parallel loops use, for the whole process, the calling thread
+// included (0: the CPUs this process may run on, the default). Engines running at once on
+// several threads share them: one runs its loops on them, the others on their own thread.
+void set_cpu_threads(int threads);
+int cpu_threads();
+
 
 // One runner of a GPU engine: activation memory, library handles and CUDA graphs of its own.
 // Inputs and outputs live in device buffers of the engine's dtypes, row-major.

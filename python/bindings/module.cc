@@ -398,6 +398,16 @@ PYBIND11_MODULE(_kiln, m) {
       py::arg("onnx_path"), "The model's inputs as its file declares them (-1 where a dim is dynamic), without a build");
 
   m.def(
+      "set_cpu_threads",
+      [](int threads) {
+        py::gil_scoped_release release;  // waits for a loop running on another thread
+        set_cpu_threads(threads);
+      },
+      py::arg("threads"),
+      "Threads of the CPU engine's parallel loops, for the whole process (0: the CPUs this process may run on)");
+  m.def("cpu_threads", &cpu_threads, "Threads of the CPU engine's parallel loops, the calling thread included");
+
+  m.def(
       "simplify_onnx",
       [](const std::string& in, const std::string& out) {
         SimplifyResult r;

@@ -26,13 +26,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._kiln import (BuildOptions, Context, DeviceError, Engine, Error, InternalError, InvalidArgumentError,  # noqa: F401
-                    InvalidModelError, IoError, ShapeRange, TensorDesc, UnsupportedError, __version__, has_cuda,
-                    model_inputs)
+                    InvalidModelError, IoError, ShapeRange, TensorDesc, UnsupportedError, __version__, cpu_threads,
+                    has_cuda, model_inputs, set_cpu_threads)
 from . import _kiln
 
 __all__ = ["Builder", "BuildOptions", "Context", "Engine", "Error", "InvalidModelError", "UnsupportedError",
            "InvalidArgumentError", "IoError", "DeviceError", "InternalError", "InferenceSession", "ShapeRange",
-           "TensorDesc", "calibrate", "simplify", "has_cuda", "model_inputs", "__version__"]
+           "TensorDesc", "calibrate", "simplify", "has_cuda", "model_inputs", "set_cpu_threads", "cpu_threads",
+           "__version__"]
 
 
 def _as_numpy(batch: Any):

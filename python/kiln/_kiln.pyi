@@ -110,6 +110,10 @@ class Context:
 def model_inputs(onnx_path: str) -> list[TensorDesc]:
     """The model's inputs as its file declares them (-1 where a dim is dynamic), without a build."""
 def simplify_onnx(onnx_path: str, output_path: str) -> tuple[int, int]: ...
+def set_cpu_threads(threads: int) -> None:
+    """Threads of the CPU engine's parallel loops, for the whole process (0: the CPUs this process may run on)."""
+def cpu_threads() -> int:
+    """Threads of the CPU engine's parallel loops, the calling thread included."""
 def calibrate(model: str, next_batch: Callable[[], np.ndarray | None], algorithm: str = "entropy",
               percentile: float = 99.99, max_batches: int = 0, device: str = "cpu",
               progress: bool = True) -> dict[str, float]: ...

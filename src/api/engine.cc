@@ -10,6 +10,7 @@
 #include "api/developer_environment.h"
 #include "compiler/backends.h"
 #include "compiler/pipeline.h"
+#include "cpu/parallel.h"
 #include "engine/engine_file.h"
 #include "engine/header.h"
 #include "onnx/exporter.h"
@@ -157,5 +158,13 @@ std::map<std::string, Tensor> Context::run(const std::map<std::string, Tensor>& 
   return impl_->context->run(inputs);
 }
 std::vector<LayerTiming> Context::profile(void* cuda_stream) { return impl_->context->profile(cuda_stream); }
+
+void set_cpu_threads(int threads) {
+  if (threads < 0)
+    throw Error(ErrorKind::kInvalidArgument, "CPU threads must be 0 (every CPU) or more, not " + std::to_string(threads));
+  cpu::set_thread_count(threads);
+}
+
+int cpu_threads() { return cpu::thread_count(); }
 
 }  // namespace kiln

@@ -11,6 +11,7 @@
 #if KILN_WITH_CUDA
 #include "calibration/abs_histogram.h"
 #endif
+#include "cpu/parallel.h"
 
 namespace kiln::calibration {
 
@@ -79,17 +80,14 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
     std::vector<std::pair<AbsHistogram*, const Tensor*>> work;
     for (const auto& [name, t] : outputs)
       if (t.dtype() == DType::kFloat32) work.push_back({&histograms[name], &t});
-    std::string failure;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (size_t i = 0; i < work.size(); ++i) {
-      try {
-        work[i].first->add(work[i].second->data<float>(), work[i].second->numel());
-      } catch (const Error& e) {
-#pragma omp critical
-        failure = e.what();
-      }
+    try {
+      cpu::parallel_for_each(static_cast<int64_t>(work.size()), true, [&](int64_t i) {
+        const auto& [histogram, tensor] = work[static_cast<size_t>(i)];
+        histogram->add(tensor->data<float>(), tensor->numel());
+      }, 1);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kInvalidArgument, e.what());
     }
-    if (!failure.empty()) throw Error(ErrorKind::kInvalidArgument, failure);
     ++batches;
     if (o.progress) o.progress(b + 1, data.size(), histograms.size());
   }

@@ -7,6 +7,7 @@
 
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 
 namespace kiln::cpu {
 
@@ -32,13 +33,12 @@ class BatchNormKernel final : public Kernel {
     float* y = out[0].data<float>();
     const float* s = scale_.data();
     const float* t = shift_.data();
-#pragma omp parallel for schedule(static) if (xt.numel() > 32768) num_threads(max_threads())
-    for (int64_t j = 0; j < n * c; ++j) {
+    parallel_for_each(n * c, xt.numel() > 32768, [&](int64_t j) {
       const float sj = s[j % c], tj = t[j % c];
       const float* xj = x + j * inner;
       float* yj = y + j * inner;
       for (int64_t i = 0; i < inner; ++i) yj[i] = xj[i] * sj + tj;
-    }
+    });
   }
 
  private:

@@ -10,6 +10,7 @@
 
 #include "cpu/broadcast.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "cpu/wrapping.h"
 
 namespace kiln::cpu {
@@ -78,27 +79,29 @@ void binary_loop(const Tensor& ta, const Tensor& tb, Tensor& ty, F f) {
   // ops fold two inputs into the broadcast of all of them (fuzz_graph: Min of [1, 1, 1],
   // [1, 1, 1] and [3, 3, 4] read the first two past their end).
   if (ta.shape() == tb.shape() && ta.numel() == total) {
-#pragma omp parallel for if (total > kParallelElements) schedule(static)
-    for (int64_t i = 0; i < total; ++i) y[i] = f(a[i], b[i]);
+    parallel_for_each(total, total > kParallelElements, [&](int64_t i) {
+      y[i] = f(a[i], b[i]);
+    });
     return;
   }
   if (tb.numel() == 1 && ta.numel() == total) {
     const B bv = b[0];
-#pragma omp parallel for if (total > kParallelElements) schedule(static)
-    for (int64_t i = 0; i < total; ++i) y[i] = f(a[i], bv);
+    parallel_for_each(total, total > kParallelElements, [&](int64_t i) {
+      y[i] = f(a[i], bv);
+    });
     return;
   }
   if (ta.numel() == 1 && tb.numel() == total) {
     const A av = a[0];
-#pragma omp parallel for if (total > kParallelElements) schedule(static)
-    for (int64_t i = 0; i < total; ++i) y[i] = f(av, b[i]);
+    parallel_for_each(total, total > kParallelElements, [&](int64_t i) {
+      y[i] = f(av, b[i]);
+    });
     return;
   }
   const BroadcastPlan plan = plan_broadcast(ty.shape(), {&ta.shape(), &tb.shape()});
   const int64_t inner = plan.inner(), rows = plan.rows();
   const int64_t sa = plan.strides[0].back(), sb = plan.strides[1].back();
-#pragma omp parallel for if (total > kParallelElements) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for_each(rows, total > kParallelElements, [&](int64_t r) {
     int64_t off[2];
     plan.row_offsets(r, off);
     const A* pa = a + off[0];
@@ -116,7 +119,7 @@ void binary_loop(const Tensor& ta, const Tensor& tb, Tensor& ty, F f) {
       const U v = f(pa[0], pb[0]);
       for (int64_t i = 0; i < inner; ++i) py[i] = v;
     }
-  }
+  });
 }
 
 // Integer division by zero would kill the process: refuse it up front (the loop itself may
@@ -280,14 +283,13 @@ void where_loop(const Tensor& cond, const Tensor& x, const Tensor& y, Tensor& z)
   const BroadcastPlan plan = plan_broadcast(z.shape(), {&cond.shape(), &x.shape(), &y.shape()});
   const int64_t inner = plan.inner(), rows = plan.rows();
   const int64_t sc = plan.strides[0].back(), sx = plan.strides[1].back(), sy = plan.strides[2].back();
-#pragma omp parallel for if (z.numel() > kParallelElements) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for_each(rows, z.numel() > kParallelElements, [&](int64_t r) {
     int64_t off[3];
     plan.row_offsets(r, off);
     T* out = pz + r * inner;
     for (int64_t i = 0; i < inner; ++i)
       out[i] = c[off[0] + i * sc] ? px[off[1] + i * sx] : py[off[2] + i * sy];
-  }
+  });
 }
 
 std::string check_same_numeric(const KernelInit& init, bool allow_bool) {

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "cpu/saturating_cast.h"
 #include "ir/small_types.h"
 
@@ -49,11 +50,13 @@ void convert(const void* src, void* dst, int64_t n) {
     const uint8_t* b = static_cast<const uint8_t*>(src);
     for (int64_t i = 0; i < n; ++i) d[i] = b[i] ? D(1) : D(0);
   } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
-#pragma omp parallel for if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; ++i) d[i] = saturating_integer<D>(static_cast<double>(s[i]));
+    parallel_for_each(n, n > 65536, [&](int64_t i) {
+      d[i] = saturating_integer<D>(static_cast<double>(s[i]));
+    });
   } else {
-#pragma omp parallel for if (n > 65536) schedule(static)
-    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);
+    parallel_for_each(n, n > 65536, [&](int64_t i) {
+      d[i] = static_cast<D>(s[i]);
+    });
   }
 }
 
@@ -133,11 +136,10 @@ void clip_loop(const std::vector<const Tensor*>& in, Tensor& out) {
   T* y = out.data<T>();
   const int64_t n = out.numel();
   // min > max: ONNX Runtime yields max everywhere; the min-then-max order below does the same.
-#pragma omp parallel for if (n > 65536) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  parallel_for_each(n, n > 65536, [&](int64_t i) {
     T v = x[i] < lo ? lo : x[i];
     y[i] = v > hi ? hi : v;
-  }
+  });
 }
 
 }  // namespace

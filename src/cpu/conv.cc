@@ -9,7 +9,6 @@
 // loop instead: their GEMMs would be 1 x k x OHW, too thin for a GEMM.
 //
 // Every conv runs as a 3-D one: 1-D and 2-D inputs get leading spatial dims of size 1.
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -18,6 +17,7 @@
 #include "cpu/conv_shape.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "cpu/sgemm.h"
 #include "ops/conv_geometry.h"
 
@@ -76,7 +76,7 @@ class ConvKernel final : public Kernel {
       for (int64_t gi = 0; gi < G; ++gi)
         if (!packed_[static_cast<size_t>(gi)].has_wide_panels())
           packed_[static_cast<size_t>(gi)].add_wide_panels(w + gi * Mg * K, K);
-    const int threads = max_threads();
+    const int threads = thread_count();
     const int64_t jobs = g.batch * G;
 
     Im2col geo;
@@ -110,8 +110,9 @@ class ConvKernel final : public Kernel {
     };
     if (threads > 1 && jobs >= threads) {
       // Enough independent problems: one per thread at a time.
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
-      for (int64_t j = 0; j < jobs; ++j) run_job(j, 1);
+      parallel_for_each(jobs, true, [&](int64_t j) {
+        run_job(j, 1);
+      }, 1);
     } else {
       for (int64_t j = 0; j < jobs; ++j) run_job(j, threads);
     }
@@ -132,8 +133,7 @@ class ConvKernel final : public Kernel {
     const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
     const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
     const int64_t jobs = g.batch * M;
-#pragma omp parallel for schedule(static) num_threads(max_threads())
-    for (int64_t j = 0; j < jobs; ++j) {
+    parallel_for_each(jobs, true, [&](int64_t j) {
       const int64_t b = j / M, m = j % M;
       const float* xc = x + (b * C + m / Mg) * Nin;
       const float* wm = w + m * kk;
@@ -165,7 +165,7 @@ class ConvKernel final : public Kernel {
           }
         }
       epilogue_.apply(yc, N, 1, N, bias ? bias + m : nullptr, nullptr, z ? z + j * N : nullptr, N);
-    }
+    });
   }
 
   const ir::Node& node_;
@@ -202,8 +202,7 @@ class ConvTransposeKernel final : public Kernel {
         const float* wg = w + gi * Cg * R;  // [Cg, Mg * kk]
         float* yg = y + (b * M + gi * Mg) * N;
         parallel_sgemm(true, false, R, Nin, Cg, 1.f, wg, R, xg, Nin, 0.f, col, Nin);
-#pragma omp parallel for schedule(static) num_threads(max_threads())
-        for (int64_t m = 0; m < Mg; ++m) {
+        parallel_for_each(Mg, true, [&](int64_t m) {
           float* ym = yg + m * N;
           const float bv = bias ? bias[gi * Mg + m] : 0.f;
           std::fill(ym, ym + N, bv);
@@ -230,7 +229,7 @@ class ConvTransposeKernel final : public Kernel {
               }
             }
           }
-        }
+        });
       }
   }
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpu/parallel.h"
+
 namespace kiln::cpu {
 
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
@@ -124,8 +126,7 @@ void strided_copy(const void* src_v, int64_t offset, const std::vector<int64_t>&
   for (int64_t d : outer_shape) outer *= d;
   const int64_t total = outer * inner * (tile_axis >= 0 ? shape[static_cast<size_t>(tile_axis)] : 1);
 
-#pragma omp parallel for if (total > (1 << 16)) schedule(static)
-  for (int64_t o = 0; o < outer; ++o) {
+  parallel_for_each(outer, total > (1 << 16), [&](int64_t o) {
     int64_t rem = o, s_off = 0, d_off = 0;
     for (size_t k = outer_shape.size(); k-- > 0;) {
       int64_t idx = rem % outer_shape[k];
@@ -143,7 +144,7 @@ void strided_copy(const void* src_v, int64_t offset, const std::vector<int64_t>&
     } else {
       copy_row_any(s, inner_stride, d, inner, es);
     }
-  }
+  });
 }
 
 void transpose_bytes(const void* src, const std::vector<int64_t>& in_shape, const std::vector<int64_t>& perm,

@@ -11,6 +11,7 @@
 
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "ops/deform_conv.h"
 
 namespace kiln::cpu {
@@ -54,8 +55,7 @@ void deform_conv(const ir::DeformConvParams& p, const Tensor& x, const Tensor& w
     for (int64_t grp = 0; grp < group; ++grp)
       for (int64_t q0 = 0; q0 < positions; q0 += block) {
         const int64_t nb = std::min(block, positions - q0);
-#pragma omp parallel for schedule(static) if (rows * nb > 65536)
-        for (int64_t row = 0; row < rows; ++row) {
+        parallel_for_each(rows, rows * nb > 65536, [&](int64_t row) {
           const int64_t c = grp * cg + row / taps, tap = row % taps, i = tap / kw, j = tap % kw;
           const int64_t og = c / per_offset_group;
           const T* plane = xd + (n * p.channels + c) * p.height * p.width;
@@ -70,7 +70,7 @@ void deform_conv(const ir::DeformConvParams& p, const Tensor& x, const Tensor& w
             const double v = sample(plane, p.height, p.width, sy, sx);
             col[q] = static_cast<T>(m ? v * static_cast<double>(m[at]) : v);
           }
-        }
+        });
         const T* wg = wd + grp * ocg * rows;
         T* out = yd + (n * p.out_channels + grp * ocg) * positions + q0;
         if constexpr (std::is_same_v<T, float>) {

@@ -6,6 +6,7 @@
 
 #include "cpu/data_movement.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "cpu/wrapping.h"
 
 namespace kiln::cpu {
@@ -48,10 +49,10 @@ void gather(const ir::Node& node, const Tensor& data, const Tensor& idx, Tensor&
   const auto* x = static_cast<const unsigned char*>(data.raw());
   auto* y = static_cast<unsigned char*>(out.raw());
   if (!row) return;
-#pragma omp parallel for if (outer * n * inner > (1 << 16)) schedule(static)
-  for (int64_t o = 0; o < outer; ++o)
+  parallel_for_each(outer, outer * n * inner > (1 << 16), [&](int64_t o) {
     for (int64_t j = 0; j < n; ++j)
       std::memcpy(y + static_cast<size_t>(o * n + j) * row, x + static_cast<size_t>(o * dim + pos[static_cast<size_t>(j)]) * row, row);
+  });
 }
 
 // Calls fn(linear index in `shape`, offset of the same coordinates in a tensor with strides

@@ -2,10 +2,10 @@
 //   Y = act(alpha * op(A) @ op(B) + beta * C + Z), C broadcast to M x N, Z a residual [M, N]
 //   (FusedGemm only).
 // Y is first filled with beta * C, then the GEMM accumulates into it (BLAS beta = 1).
-#include <omp.h>
 
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 
 namespace kiln::cpu {
 
@@ -39,17 +39,17 @@ class GemmKernel final : public Kernel {
       int64_t row_stride = 0, col_stride = 0;
       if (c->rank() >= 1 && c->shape().back() != 1) col_stride = 1;
       if (c->rank() == 2 && c->dim(0) != 1) row_stride = c->dim(1);
-#pragma omp parallel for schedule(static) if (M * N > 65536) num_threads(max_threads())
-      for (int64_t i = 0; i < M; ++i)
+      parallel_for_each(M, M * N > 65536, [&](int64_t i) {
         for (int64_t j = 0; j < N; ++j) y[i * N + j] = beta_ * cv[i * row_stride + j * col_stride];
+      });
       gemm_beta = 1.f;
     }
     parallel_sgemm(trans_a_, trans_b_, M, N, K, alpha_, a.data<float>(), a.dim(1), b.data<float>(), b.dim(1),
                    gemm_beta, y, N);
     if (!epilogue_.is_identity() || residual) {
-#pragma omp parallel for schedule(static) if (M * N > 65536) num_threads(max_threads())
-      for (int64_t i = 0; i < M; ++i)
+      parallel_for_each(M, M * N > 65536, [&](int64_t i) {
         epilogue_.apply(y + i * N, N, 1, N, nullptr, nullptr, residual ? residual + i * N : nullptr, N);
+      });
     }
   }
 

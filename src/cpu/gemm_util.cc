@@ -1,7 +1,6 @@
 #include "cpu/gemm_util.h"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,6 +8,8 @@
 #include <mutex>
 
 #include <strings.h>
+
+#include "cpu/parallel.h"
 
 // Present in OpenBLAS builds with DYNAMIC_ARCH (Debian's); weak so other builds still link.
 extern "C" __attribute__((weak)) void gotoblas_dynamic_init(void);
@@ -47,7 +48,6 @@ void use_single_threaded_blas() {
   });
 }
 
-int max_threads() { return std::max(1, omp_get_max_threads()); }
 
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -64,28 +64,28 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 
 void parallel_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  int threads = max_threads();
+  int threads = thread_count();
   // Not worth waking threads for a small product.
   if (threads == 1 || m * n * std::max<int64_t>(k, 1) < (1 << 18)) {
     sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   bool by_columns = n >= 64 * threads || n >= m;
-#pragma omp parallel num_threads(threads)
-  {
-    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+  // One share per thread, claimed by whichever thread is free (the pool's chunks of 1).
+  const int64_t shares = threads;
+  parallel_for_each(shares, true, [&](int64_t t) {
     if (by_columns) {
-      int64_t chunk = ((n + nt - 1) / nt + 15) / 16 * 16;
+      int64_t chunk = ((n + shares - 1) / shares + 15) / 16 * 16;
       int64_t n0 = std::min(n, t * chunk), n1 = std::min(n, n0 + chunk);
       const float* bp = trans_b ? b + n0 * ldb : b + n0;
       sgemm(trans_a, trans_b, m, n1 - n0, k, alpha, a, lda, bp, ldb, beta, c + n0, ldc);
     } else {
-      int64_t chunk = (m + nt - 1) / nt;
+      int64_t chunk = (m + shares - 1) / shares;
       int64_t m0 = std::min(m, t * chunk), m1 = std::min(m, m0 + chunk);
       const float* ap = trans_a ? a + m0 : a + m0 * lda;
       sgemm(trans_a, trans_b, m1 - m0, n, k, alpha, ap, lda, b, ldb, beta, c + m0 * ldc, ldc);
     }
-  }
+  }, 1);
 }
 
 Epilogue::Epilogue(ir::Activation act) : act_(std::move(act)) {

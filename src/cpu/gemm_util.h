@@ -17,8 +17,6 @@ namespace kiln::cpu {
 // Makes OpenBLAS run each call on the calling thread. Idempotent; kernels call it at creation.
 void use_single_threaded_blas();
 
-int max_threads();
-
 // Row-major C[M x N] = alpha * op(A) @ op(B) + beta * C on the calling thread.
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);

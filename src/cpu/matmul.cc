@@ -2,12 +2,12 @@
 //   Y = act(A @ B + bias + Z), bias [N] per column, Z a residual of Y's shape (FusedMatMul only).
 // When B has no batch of its own, A's batch and rows fold into one tall GEMM; otherwise one
 // GEMM per output batch entry, with broadcast batch dims read at stride 0.
-#include <omp.h>
 
 #include <vector>
 
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 
 namespace kiln::cpu {
 
@@ -68,15 +68,14 @@ class MatMulKernel final : public Kernel {
         bo += d * b_stride[i];
       }
     };
-    const int threads = max_threads();
+    const int threads = thread_count();
     if (batch >= threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-      for (int64_t i = 0; i < batch; ++i) {
+      parallel_for_each(batch, true, [&](int64_t i) {
         int64_t ao, bo;
         offsets(i, ao, bo);
         sgemm(false, false, M, N, K, 1.f, a + ao, K, b + bo, N, 0.f, y + i * M * N, N);
         epilogue_.apply(y + i * M * N, N, M, N, nullptr, bias, residual ? residual + i * M * N : nullptr, N);
-      }
+      });
       return;
     }
     for (int64_t i = 0; i < batch; ++i) {
@@ -90,9 +89,9 @@ class MatMulKernel final : public Kernel {
  private:
   void finish(float* y, int64_t rows, int64_t n, const float* bias, const float* residual) const {
     if (epilogue_.is_identity() && !bias && !residual) return;
-#pragma omp parallel for schedule(static) if (rows * n > 65536) num_threads(max_threads())
-    for (int64_t r = 0; r < rows; ++r)
+    parallel_for_each(rows, rows * n > 65536, [&](int64_t r) {
       epilogue_.apply(y + r * n, n, 1, n, nullptr, bias, residual ? residual + r * n : nullptr, n);
+    });
   }
 
   bool fused_;

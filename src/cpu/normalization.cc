@@ -8,6 +8,7 @@
 
 #include "cpu/broadcast.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 
 namespace kiln::cpu {
 
@@ -80,12 +81,11 @@ void softmax_like(const ir::Node& node, const Tensor& in, Tensor& out, Norm kind
   const float* x = in.data<float>();
   float* y = out.data<float>();
   const int64_t lines = s.outer * s.inner;
-#pragma omp parallel for schedule(static) if (in.numel() > 32768)
-  for (int64_t l = 0; l < lines; ++l) {
+  parallel_for_each(lines, in.numel() > 32768, [&](int64_t l) {
     int64_t o = l / s.inner, i = l % s.inner;
     int64_t base = o * s.axis * s.inner + i;
     normalize_row(x + base, y + base, s.axis, s.inner, kind);
-  }
+  });
 }
 
 // `param` (Scale or B) broadcast to `target` dims, as a dense vector.
@@ -111,8 +111,7 @@ std::vector<float> expand_to(const Tensor& param, const std::vector<int64_t>& ta
 // scale/bias index by column, or (channel_scale) by row % channels for InstanceNormalization.
 void normalize_rows(const float* x, float* y, int64_t rows, int64_t cols, float eps, const float* scale,
                     const float* bias, int64_t channels, float* mean_out, float* inv_out) {
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for_each(rows, rows * cols > 32768, [&](int64_t r) {
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
     double sum = 0.0;
@@ -134,7 +133,7 @@ void normalize_rows(const float* x, float* y, int64_t rows, int64_t cols, float 
     } else {
       for (int64_t i = 0; i < cols; ++i) yr[i] = (xr[i] - mean) * inv * scale[i];
     }
-  }
+  });
 }
 
 void layer_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
@@ -169,15 +168,14 @@ void rms_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::v
   const float eps = node.attrs.get_float("epsilon", 1e-5f);
   const float* xp = x.data<float>();
   float* yp = out[0].data<float>();
-#pragma omp parallel for schedule(static) if (rows * cols > 65536)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for_each(rows, rows * cols > 65536, [&](int64_t r) {
     const float* xr = xp + r * cols;
     float* yr = yp + r * cols;
     double squares = 0;
     for (int64_t i = 0; i < cols; ++i) squares += double(xr[i]) * xr[i];
     const float inv = static_cast<float>(1.0 / std::sqrt(squares / double(cols) + eps));
     for (int64_t i = 0; i < cols; ++i) yr[i] = xr[i] * inv * scale[static_cast<size_t>(i)];
-  }
+  });
 }
 
 // GroupNormalization (opset 21): statistics over each group of C / num_groups channels and the

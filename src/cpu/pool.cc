@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "ops/pool.h"
 
 namespace kiln::cpu {
@@ -68,8 +69,7 @@ Taps taps(const Window3& w, int a, int64_t o) {
 template <class T>
 void max_pool(const Window3& w, const T* x, T* y, int64_t* indices, bool column_major) {
   const int64_t in_size = w.in_size(), out_size = w.out_size();
-#pragma omp parallel for schedule(static) if (w.nc * out_size > 4096)
-  for (int64_t c = 0; c < w.nc; ++c) {
+  parallel_for_each(w.nc, w.nc * out_size > 4096, [&](int64_t c) {
     const T* xc = x + c * in_size;
     int64_t p = c * out_size;
     for (int64_t od = 0; od < w.out[0]; ++od) {
@@ -103,7 +103,7 @@ void max_pool(const Window3& w, const T* x, T* y, int64_t* indices, bool column_
         }
       }
     }
-  }
+  });
 }
 
 // MaxPool of float32 over 1-D/2-D windows without Indices (ResNet's stem): per output row, the
@@ -115,12 +115,10 @@ void max_pool_2d_float(const Window3& w, const float* x, float* y) {
   std::vector<Taps> tw(static_cast<size_t>(OW));
   for (int64_t ow = 0; ow < OW; ++ow) tw[static_cast<size_t>(ow)] = taps(w, 2, ow);
   const float lowest = std::numeric_limits<float>::lowest();
-#pragma omp parallel if (w.nc * OH * OW > 4096)
-  {
+  parallel_for(w.nc, [&](int64_t first, int64_t last) {
     std::vector<float> rowmax(static_cast<size_t>(W));
     float* rm = rowmax.data();
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < w.nc; ++c) {
+    for (int64_t c = first; c < last; ++c) {
       const float* xc = x + c * H * W;
       float* yc = y + c * OH * OW;
       for (int64_t oh = 0; oh < OH; ++oh) {
@@ -151,14 +149,13 @@ void max_pool_2d_float(const Window3& w, const float* x, float* y) {
         }
       }
     }
-  }
+  }, w.nc * OH * OW > 4096);
 }
 
 // AveragePool and LpPool.
 void sum_pool(const Window3& w, const float* x, float* y, PoolKind kind, bool count_include_pad, float p_norm) {
   const int64_t in_size = w.in_size(), out_size = w.out_size();
-#pragma omp parallel for schedule(static) if (w.nc * out_size > 4096)
-  for (int64_t c = 0; c < w.nc; ++c) {
+  parallel_for_each(w.nc, w.nc * out_size > 4096, [&](int64_t c) {
     const float* xc = x + c * in_size;
     int64_t p = c * out_size;
     for (int64_t od = 0; od < w.out[0]; ++od) {
@@ -190,7 +187,7 @@ void sum_pool(const Window3& w, const float* x, float* y, PoolKind kind, bool co
         }
       }
     }
-  }
+  });
 }
 
 template <class T>
@@ -199,8 +196,7 @@ void global_pool(const Tensor& x, Tensor& y, PoolKind kind, float p_norm) {
   const int64_t size = nc ? x.numel() / nc : 0;
   const T* px = x.data<T>();
   T* py = y.data<T>();
-#pragma omp parallel for schedule(static) if (x.numel() > 65536)
-  for (int64_t c = 0; c < nc; ++c) {
+  parallel_for_each(nc, x.numel() > 65536, [&](int64_t c) {
     const T* row = px + c * size;
     if (kind == PoolKind::kMax) {
       T m = std::numeric_limits<T>::lowest();
@@ -215,7 +211,7 @@ void global_pool(const Tensor& x, Tensor& y, PoolKind kind, float p_norm) {
       for (int64_t i = 0; i < size; ++i) s += std::pow(std::fabs(static_cast<float>(row[i])), p_norm);
       py[c] = static_cast<T>(std::pow(s, 1.f / p_norm));
     }
-  }
+  });
 }
 
 PoolKind kind_of(const std::string& op) {

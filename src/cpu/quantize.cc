@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "ir/small_types.h"
 #include "ops/quantize.h"
 
@@ -39,15 +40,14 @@ void quantize(const ir::Node& node, const Tensor& x, const Tensor& scale, const 
   Q* out = static_cast<Q*>(y.raw());
   const std::vector<int64_t> zero = zero_points(zp, scale.numel());
   const int64_t n = x.numel();
-#pragma omp parallel for if (n > 65536) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  parallel_for_each(n, n > 65536, [&](int64_t i) {
     const int64_t c = axis.scale_index(i);
     // The quotient in float32 (as ONNX's reference and ONNX Runtime compute it; in double a
     // quotient just off .5 can round the other way); nearbyint rounds half to even.
     double q = static_cast<double>(std::nearbyint(in[i] / s[c])) + static_cast<double>(zero[static_cast<size_t>(c)]);
     if (std::isnan(q)) q = 0;
     out[i] = static_cast<Q>(std::min<double>(std::max<double>(q, static_cast<double>(lo)), static_cast<double>(hi)));
-  }
+  });
 }
 
 template <class Q>
@@ -59,11 +59,10 @@ void dequantize(const ir::Node& node, const Tensor& x, const Tensor& scale, cons
   float* out = y.data<float>();
   const std::vector<int64_t> zero = zero_points(zp, scale.numel());
   const int64_t n = x.numel();
-#pragma omp parallel for if (n > 65536) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  parallel_for_each(n, n > 65536, [&](int64_t i) {
     const int64_t c = axis.scale_index(i);
     out[i] = static_cast<float>(static_cast<int64_t>(in[i]) - zero[static_cast<size_t>(c)]) * s[c];
-  }
+  });
 }
 
 // The float8 types and float4e2m1: y = small_float(x / scale + zero point), rounded to nearest
@@ -76,12 +75,11 @@ void quantize_small_float(const ir::Node& node, const Tensor& x, const Tensor& s
   const float* s = scale.data<float>();
   uint8_t* out = static_cast<uint8_t*>(y.raw());
   const int64_t n = x.numel();
-#pragma omp parallel for if (n > 65536) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  parallel_for_each(n, n > 65536, [&](int64_t i) {
     const int64_t c = axis.scale_index(i);
     const float z = zp && zp->numel() ? static_cast<float>(zp->value_as_double(zp->numel() == 1 ? 0 : c)) : 0.f;
     out[i] = float_to_small_float(y.dtype(), in[i] / s[c] + z, saturate);
-  }
+  });
 }
 
 void dequantize_small_float(const ir::Node& node, const Tensor& x, const Tensor& scale, const Tensor* zp, Tensor& y) {
@@ -91,12 +89,11 @@ void dequantize_small_float(const ir::Node& node, const Tensor& x, const Tensor&
   const float* s = scale.data<float>();
   float* out = y.data<float>();
   const int64_t n = x.numel();
-#pragma omp parallel for if (n > 65536) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  parallel_for_each(n, n > 65536, [&](int64_t i) {
     const int64_t c = axis.scale_index(i);
     const float z = zp && zp->numel() ? static_cast<float>(zp->value_as_double(zp->numel() == 1 ? 0 : c)) : 0.f;
     out[i] = (small_float_to_float(x.dtype(), in[i]) - z) * s[c];
-  }
+  });
 }
 
 template <template <class> class Fn>

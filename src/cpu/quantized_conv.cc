@@ -8,7 +8,6 @@
 // (K = C/group * kernel size; padding reads 0, which is the real 0 of a symmetric scale), and
 // each output channel accumulates W[m, k] * col[k, :] row by row: a loop the compiler
 // vectorizes, fast enough for CI's models without a hand-written integer GEMM.
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +17,7 @@
 #include "cpu/conv_shape.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "ir/activation.h"
 
 namespace kiln::cpu {
@@ -63,18 +63,16 @@ class QConvKernel final : public Kernel {
     const int64_t C = g.in_c, M = g.out_c, G = g.group, Cg = C / G, Mg = M / G;
     const int64_t K = Cg * g.kernel_size(), N = g.out_size();
     const int64_t jobs = g.batch * G;
-    const int threads = max_threads();
+    const int threads = thread_count();
     // Each job (image, group) unrolls its window, then runs its output channels; with fewer
     // jobs than threads the channels of one job are split between the threads instead.
     auto run_job = [&](int64_t j, bool split_channels) {
       const int64_t n = j / G, gi = j % G;
       std::vector<Col> col(static_cast<size_t>(K * N));
       unroll(g, x + (n * C + gi * Cg) * g.in_size(), Cg, col.data());
-#pragma omp parallel if (split_channels)
-      {
+      parallel_for(Mg, [&](int64_t first, int64_t last) {
         std::vector<Acc> acc(static_cast<size_t>(N));
-#pragma omp for schedule(static)
-        for (int64_t mi = 0; mi < Mg; ++mi) {
+        for (int64_t mi = first; mi < last; ++mi) {
           const int64_t m = gi * Mg + mi;
           std::fill(acc.begin(), acc.end(), Acc{0});
           const Q* wm = w + m * K;
@@ -87,11 +85,12 @@ class QConvKernel final : public Kernel {
           }
           epilogue(acc.data(), m, (n * M + m) * N, N, bias, z, out[0]);
         }
-      }
+      }, split_channels);
     };
     if (threads > 1 && jobs >= threads) {
-#pragma omp parallel for schedule(dynamic, 1)
-      for (int64_t j = 0; j < jobs; ++j) run_job(j, false);
+      parallel_for_each(jobs, true, [&](int64_t j) {
+        run_job(j, false);
+      }, 1);
     } else {
       for (int64_t j = 0; j < jobs; ++j) run_job(j, threads > 1);
     }

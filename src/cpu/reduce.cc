@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "cpu/saturating_cast.h"
 #include "cpu/wrapping.h"
 #include "ops/reduce.h"
@@ -163,8 +164,9 @@ void reduce(const ir::Node& node, const std::vector<const Tensor*>& in, Tensor& 
   const T* px = x.data<T>();
   const int64_t outputs = static_cast<int64_t>(p.base.size());
   if (outputs != out.numel()) throw node.error(ErrorKind::kInternal, "reduce output size mismatch");
-#pragma omp parallel for schedule(static) if (x.numel() > 65536 && outputs > 1)
-  for (int64_t o = 0; o < outputs; ++o) py[o] = reduce_set(px + p.base[static_cast<size_t>(o)], p, kind);
+  parallel_for_each(outputs, x.numel() > 65536 && outputs > 1, [&](int64_t o) {
+    py[o] = reduce_set(px + p.base[static_cast<size_t>(o)], p, kind);
+  });
 }
 
 template <class T>
@@ -184,8 +186,7 @@ void arg_reduce(const ir::Node& node, const Tensor& x, Tensor& out) {
   if (n == 0 && out.numel() > 0) throw node.error(ErrorKind::kInvalidArgument, "the reduced axis has size 0");
   const T* px = x.data<T>();
   int64_t* py = out.data<int64_t>();
-#pragma omp parallel for schedule(static) if (x.numel() > 65536)
-  for (int64_t l = 0; l < outer * inner; ++l) {
+  parallel_for_each(outer * inner, x.numel() > 65536, [&](int64_t l) {
     const T* line = px + (l / inner) * n * inner + (l % inner);
     int64_t best = 0;
     for (int64_t i = 1; i < n; ++i) {
@@ -194,7 +195,7 @@ void arg_reduce(const ir::Node& node, const Tensor& x, Tensor& out) {
       if (better) best = i;
     }
     py[l] = best;
-  }
+  });
 }
 
 template <class Fn>

@@ -7,6 +7,7 @@
 
 #include "cpu/data_movement.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "ops/resize_params.h"
 #include "ops/resize_taps.h"
 
@@ -25,8 +26,7 @@ void interpolate_axis(const float* x, const std::vector<int64_t>& shape, size_t 
   for (size_t d = 0; d < axis; ++d) outer *= shape[d];
   for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
   int64_t in_len = shape[axis], out_len = static_cast<int64_t>(filter.outside.size());
-#pragma omp parallel for if (outer * out_len * inner > (1 << 15)) schedule(static)
-  for (int64_t o = 0; o < outer; ++o) {
+  parallel_for_each(outer, outer * out_len * inner > (1 << 15), [&](int64_t o) {
     const float* xs = x + o * in_len * inner;
     for (int64_t j = 0; j < out_len; ++j) {
       float* yr = y + (o * out_len + j) * inner;
@@ -41,7 +41,7 @@ void interpolate_axis(const float* x, const std::vector<int64_t>& shape, size_t 
         for (int64_t i = 0; i < inner; ++i) yr[i] += w * xr[i];
       }
     }
-  }
+  });
 }
 
 void resize_nearest(const Tensor& x, Tensor& y, const std::vector<std::vector<Taps>>& taps, const Options& o) {

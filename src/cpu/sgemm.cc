@@ -4,13 +4,14 @@
 // trip -Wmaybe-uninitialized when inlined here; the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <new>
 #include <vector>
+
+#include "cpu/parallel.h"
 
 namespace kiln::cpu {
 
@@ -485,7 +486,7 @@ void compute_block(const Problem& p, const float* b, int64_t panel_stride, int64
   }
 }
 
-// Per-thread packing buffers, kept between calls (OpenMP threads live as long as the process).
+// Per-thread packing buffers, kept between calls (the pool's threads live as long as the process).
 AlignedFloats& thread_buffer() {
   thread_local AlignedFloats buf;
   return buf;
@@ -567,48 +568,43 @@ void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
     }
   }
   const FlatIm2colTables& flat_tables = tables;  // the calling thread's, read by all
-#pragma omp parallel num_threads(threads)
-  {
-#pragma omp for schedule(static)
-    for (int64_t ti = 0; ti < pack_tasks; ++ti) {
-      const int64_t r0 = ti * kPackRows, r1 = std::min(K, r0 + kPackRows);
-      if (flat) pack_im2col_flat7(*b.conv, flat_tables, r0, r1, n, bbuf + r0 * NT, K * NT);
-      else pack_b(b, NT, true, r0, r1, 0, n, bbuf + r0 * NT, K * NT);
-    }
-#pragma omp for schedule(dynamic)
-    for (int64_t ti = 0; ti < tasks; ++ti) {
-      const int64_t mp0 = ti * m_chunk, mp1 = std::min(m_panels, mp0 + m_chunk);
-      float* acc = thread_tile_buffer().reserve((mp1 - mp0) * n_panels * NT * MV);
-      Tile t;
-      t.ldc = MV;
-      for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
-        t.kc = std::min(kc_max, K - k0);
-        t.first = k0 == 0;
-        for (int64_t mp = mp0; mp < mp1; ++mp) {
-          t.b = a.wide_panel(mp) + k0 * MV;
-          t.nr = static_cast<int>(std::min<int64_t>(MV, M - mp * MV));
-          for (int64_t q = 0; q < n_panels; ++q) {
-            t.a = bbuf + q * K * NT + k0 * NT;
-            t.mr = static_cast<int>(std::min<int64_t>(NT, n - q * NT));
-            t.c = acc + ((mp - mp0) * n_panels + q) * NT * MV;
-            tile_avx512<NT>(t);
-          }
+  parallel_for_each(pack_tasks, threads > 1, [&](int64_t ti) {
+    const int64_t r0 = ti * kPackRows, r1 = std::min(K, r0 + kPackRows);
+    if (flat) pack_im2col_flat7(*b.conv, flat_tables, r0, r1, n, bbuf + r0 * NT, K * NT);
+    else pack_b(b, NT, true, r0, r1, 0, n, bbuf + r0 * NT, K * NT);
+  });
+  parallel_for_each(tasks, threads > 1, [&](int64_t ti) {
+    const int64_t mp0 = ti * m_chunk, mp1 = std::min(m_panels, mp0 + m_chunk);
+    float* acc = thread_tile_buffer().reserve((mp1 - mp0) * n_panels * NT * MV);
+    Tile t;
+    t.ldc = MV;
+    for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+      t.kc = std::min(kc_max, K - k0);
+      t.first = k0 == 0;
+      for (int64_t mp = mp0; mp < mp1; ++mp) {
+        t.b = a.wide_panel(mp) + k0 * MV;
+        t.nr = static_cast<int>(std::min<int64_t>(MV, M - mp * MV));
+        for (int64_t q = 0; q < n_panels; ++q) {
+          t.a = bbuf + q * K * NT + k0 * NT;
+          t.mr = static_cast<int>(std::min<int64_t>(NT, n - q * NT));
+          t.c = acc + ((mp - mp0) * n_panels + q) * NT * MV;
+          tile_avx512<NT>(t);
         }
       }
-      for (int64_t mp = mp0; mp < mp1; ++mp)
-        for (int64_t q = 0; q < n_panels; ++q) {
-          const int64_t m0 = mp * MV, n0 = q * NT;
-          const int nt = static_cast<int>(std::min<int64_t>(NT, n - n0));
-          const int mv = static_cast<int>(std::min<int64_t>(MV, M - m0));
-          float* cb = p.c + m0 * p.ldc + n0;
-          store_transposed(acc + ((mp - mp0) * n_panels + q) * NT * MV, nt, mv, cb, p.ldc,
-                           p.ep.row_bias ? p.ep.row_bias + m0 : nullptr,
-                           p.ep.residual ? p.ep.residual + m0 * p.ep.ld_residual + n0 : nullptr, p.ep.ld_residual,
-                           p.clamp, p.lo, p.hi);
-          if (p.act_after) p.ep.act->apply(cb, p.ldc, mv, nt, nullptr, nullptr, nullptr, 0);
-        }
     }
-  }
+    for (int64_t mp = mp0; mp < mp1; ++mp)
+      for (int64_t q = 0; q < n_panels; ++q) {
+        const int64_t m0 = mp * MV, n0 = q * NT;
+        const int nt = static_cast<int>(std::min<int64_t>(NT, n - n0));
+        const int mv = static_cast<int>(std::min<int64_t>(MV, M - m0));
+        float* cb = p.c + m0 * p.ldc + n0;
+        store_transposed(acc + ((mp - mp0) * n_panels + q) * NT * MV, nt, mv, cb, p.ldc,
+                         p.ep.row_bias ? p.ep.row_bias + m0 : nullptr,
+                         p.ep.residual ? p.ep.residual + m0 * p.ep.ld_residual + n0 : nullptr, p.ep.ld_residual,
+                         p.clamp, p.lo, p.hi);
+        if (p.act_after) p.ep.act->apply(cb, p.ldc, mv, nt, nullptr, nullptr, nullptr, 0);
+      }
+  }, 1);
 }
 
 }  // namespace
@@ -749,8 +745,9 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
     if (threads == 1 || tasks == 1) {
       for (int64_t ti = 0; ti < tasks; ++ti) task(ti);
     } else {
-#pragma omp parallel for schedule(dynamic) num_threads(threads)
-      for (int64_t ti = 0; ti < tasks; ++ti) task(ti);
+      parallel_for_each(tasks, true, [&](int64_t ti) {
+        task(ti);
+      }, 1);
     }
     return;
   }
@@ -763,22 +760,17 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
   const int64_t m_tasks = (m_panels + m_chunk - 1) / m_chunk;
   constexpr int64_t kPackRows = 16;
   const int64_t pack_tasks = (K + kPackRows - 1) / kPackRows;
-#pragma omp parallel num_threads(threads)
-  {
-#pragma omp for schedule(static)
-    for (int64_t ti = 0; ti < pack_tasks; ++ti) {
-      const int64_t r0 = ti * kPackRows, r1 = std::min(K, r0 + kPackRows);
-      pack_b(b, nr, avx512, r0, r1, 0, n, buf + r0 * nr, panel_stride);
+  parallel_for_each(pack_tasks, threads > 1, [&](int64_t ti) {
+    const int64_t r0 = ti * kPackRows, r1 = std::min(K, r0 + kPackRows);
+    pack_b(b, nr, avx512, r0, r1, 0, n, buf + r0 * nr, panel_stride);
+  });
+  parallel_for_each(m_tasks, threads > 1, [&](int64_t ti) {
+    const int64_t m0 = ti * m_chunk * mr, m1 = std::min(M, m0 + m_chunk * mr);
+    for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+      const int64_t kc = std::min(kc_max, K - k0);
+      compute_block(pr, buf + k0 * nr, panel_stride, k0, kc, 0, n, m0, m1, k0 == 0, k0 + kc == K);
     }
-#pragma omp for schedule(dynamic)
-    for (int64_t ti = 0; ti < m_tasks; ++ti) {
-      const int64_t m0 = ti * m_chunk * mr, m1 = std::min(M, m0 + m_chunk * mr);
-      for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
-        const int64_t kc = std::min(kc_max, K - k0);
-        compute_block(pr, buf + k0 * nr, panel_stride, k0, kc, 0, n, m0, m1, k0 == 0, k0 + kc == K);
-      }
-    }
-  }
+  }, 1);
 }
 
 }  // namespace kiln::cpu

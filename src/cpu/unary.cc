@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "cpu/wrapping.h"
 #include "ir/unary_ops.h"
 
@@ -16,8 +17,9 @@ using FloatMap = void (*)(const float* x, float* y, int64_t n, ir::UnaryParams p
 
 template <ir::UnaryOp kOp>
 void map_float(const float* x, float* y, int64_t n, ir::UnaryParams p) {
-#pragma omp parallel for if (n > 32768) schedule(static)
-  for (int64_t i = 0; i < n; ++i) y[i] = ir::unary_float<kOp>(x[i], p);
+  parallel_for_each(n, n > 32768, [&](int64_t i) {
+    y[i] = ir::unary_float<kOp>(x[i], p);
+  });
 }
 
 // The node's map, with its attributes.

@@ -90,6 +90,11 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
                   "on the GPU); a tensor that would pass it is refused before it is allocated");
   cmd->add_option("--mark-outputs", mark_outputs, "Also output these values (names, or 'all'), to compare layer by layer")
       ->delimiter(',');
+  cmd->add_option("--threads", threads,
+                  "CPU engine: threads of its parallel loops, the calling one included (default: every CPU this process "
+                  "may run on)")
+      ->check(CLI::Range(1, 4096))
+      ->each([](const std::string& n) { set_cpu_threads(std::stoi(n)); });
 }
 
 Precision EngineOptions::precision() const {

@@ -30,6 +30,7 @@ struct EngineOptions {
   bool quiet = false;
   std::vector<std::string> mark_outputs;
   std::string max_memory;  // --max-memory: "8G", "512MiB", "1000000" (bytes); "": the default
+  int threads = 0;         // --threads: the CPU engine's threads (0: every CPU this process may use)
   // INT8: calibration data or a cache (see calibration/calibrate_model.h), and layers pinned
   // to float (--layer-precision NAME=fp16).
   bool int8 = false;

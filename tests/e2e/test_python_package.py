@@ -90,6 +90,27 @@ def test_threads_sharing_one_cpu_engine_match_serial_runs_bit_for_bit():
     assert not mismatches, f"{len(mismatches)} of 72 concurrent runs differ from serial runs: {mismatches[:5]}"
 
 
+def test_cpu_threads_can_be_set_and_every_count_computes_the_same():
+    """kiln.set_cpu_threads sets the CPU engine's threads for the process: a count of 1, 2 and 3
+    gives the same outputs bit for bit (each output element is summed in one fixed order,
+    whichever thread computes it); a negative count is refused; 0 goes back to every CPU."""
+    engine = kiln.Engine.from_onnx(FASHION)
+    x = np.random.default_rng(12).standard_normal((16, 1, 28, 28)).astype(np.float32)
+    outputs = []
+    try:
+        for threads in (1, 2, 3):
+            kiln.set_cpu_threads(threads)
+            assert kiln.cpu_threads() == threads
+            outputs.append(engine.run({"input": x})["logits"].copy())
+        with pytest.raises(kiln.InvalidArgumentError, match="CPU threads"):
+            kiln.set_cpu_threads(-1)
+    finally:
+        kiln.set_cpu_threads(0)
+    assert kiln.cpu_threads() == len(os.sched_getaffinity(0))
+    for other in outputs[1:]:
+        np.testing.assert_array_equal(other, outputs[0])
+
+
 def test_bad_inputs_are_kiln_errors_that_say_what(tmp_path):
     engine = kiln.Engine.from_onnx(FASHION)
     with pytest.raises(kiln.Error, match="float32.*float64|float64"):
