@@ -81,7 +81,8 @@ def kiln_commit(here):
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True, capture_output=True,
                              text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/src", ":/bench"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":/src", ":/bench",
+                                ":(exclude,top)bench/results"],
                                cwd=here, capture_output=True, text=True).stdout.strip()
         return rev + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
