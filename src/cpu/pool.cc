@@ -106,32 +106,33 @@ void max_pool(const Window3& w, const T* x, T* y, int64_t* indices, bool column_
   });
 }
 
-// MaxPool of float32 over 1-D/2-D windows without Indices (ResNet's stem): per output row, the
+// MaxPool over 1-D/2-D windows without Indices (ResNet's stem, float32 or int8): per output row, the
 // max over the window's rows of every input column (a loop that vectorizes), then the max
 // over the window's columns of that. Same result as max_pool, NaN included: both start from
 // the window's first tap and only let a greater value replace it.
-void max_pool_2d_float(const Window3& w, const float* x, float* y) {
+template <class T>
+void max_pool_2d(const Window3& w, const T* x, T* y) {
   const int64_t H = w.in[1], W = w.in[2], OH = w.out[1], OW = w.out[2];
   std::vector<Taps> tw(static_cast<size_t>(OW));
   for (int64_t ow = 0; ow < OW; ++ow) tw[static_cast<size_t>(ow)] = taps(w, 2, ow);
-  const float lowest = std::numeric_limits<float>::lowest();
+  const T lowest = std::numeric_limits<T>::lowest();
   parallel_for(w.nc, [&](int64_t first, int64_t last) {
-    std::vector<float> rowmax(static_cast<size_t>(W));
-    float* rm = rowmax.data();
+    std::vector<T> rowmax(static_cast<size_t>(W));
+    T* rm = rowmax.data();
     for (int64_t c = first; c < last; ++c) {
-      const float* xc = x + c * H * W;
-      float* yc = y + c * OH * OW;
+      const T* xc = x + c * H * W;
+      T* yc = y + c * OH * OW;
       for (int64_t oh = 0; oh < OH; ++oh) {
         const Taps th = taps(w, 1, oh);
-        float* yrow = yc + oh * OW;
+        T* yrow = yc + oh * OW;
         if (th.k1 <= th.k0) {  // the window lies in the padding
           std::fill(yrow, yrow + OW, lowest);
           continue;
         }
-        const float* r0 = xc + (th.start + th.k0 * w.d[1]) * W;
+        const T* r0 = xc + (th.start + th.k0 * w.d[1]) * W;
         std::copy(r0, r0 + W, rm);
         for (int64_t kh = th.k0 + 1; kh < th.k1; ++kh) {
-          const float* r = xc + (th.start + kh * w.d[1]) * W;
+          const T* r = xc + (th.start + kh * w.d[1]) * W;
           for (int64_t i = 0; i < W; ++i) rm[i] = r[i] > rm[i] ? r[i] : rm[i];
         }
         for (int64_t ow = 0; ow < OW; ++ow) {
@@ -140,9 +141,9 @@ void max_pool_2d_float(const Window3& w, const float* x, float* y) {
             yrow[ow] = lowest;
             continue;
           }
-          float best = rm[t.start + t.k0 * w.d[2]];
+          T best = rm[t.start + t.k0 * w.d[2]];
           for (int64_t kw = t.k0 + 1; kw < t.k1; ++kw) {
-            const float v = rm[t.start + kw * w.d[2]];
+            const T v = rm[t.start + kw * w.d[2]];
             best = v > best ? v : best;
           }
           yrow[ow] = best;
@@ -150,6 +151,13 @@ void max_pool_2d_float(const Window3& w, const float* x, float* y) {
       }
     }
   }, w.nc * OH * OW > 4096);
+}
+
+// The separable 2-D loop where it applies, else the general one.
+template <class T>
+void run_max_pool(const Window3& w, const T* x, T* y, int64_t* indices, bool column_major) {
+  if (!indices && w.in[0] == 1 && w.out[0] == 1 && w.k[0] == 1) max_pool_2d(w, x, y);
+  else max_pool(w, x, y, indices, column_major);
 }
 
 // AveragePool and LpPool.
@@ -235,14 +243,9 @@ KILN_REGISTER_CPU_KERNELS(pool) {
         Window3 w = window_for(*node, *in[0], out[0]);
         int64_t* indices = out.size() > 1 && out[1].defined() ? out[1].data<int64_t>() : nullptr;
         switch (in[0]->dtype()) {
-          case DType::kInt8: max_pool(w, in[0]->data<int8_t>(), out[0].data<int8_t>(), indices, column_major); break;
-          case DType::kUInt8: max_pool(w, in[0]->data<uint8_t>(), out[0].data<uint8_t>(), indices, column_major); break;
-          default:
-            if (!indices && w.in[0] == 1 && w.out[0] == 1 && w.k[0] == 1)
-              max_pool_2d_float(w, in[0]->data<float>(), out[0].data<float>());
-            else
-              max_pool(w, in[0]->data<float>(), out[0].data<float>(), indices, column_major);
-            break;
+          case DType::kInt8: run_max_pool(w, in[0]->data<int8_t>(), out[0].data<int8_t>(), indices, column_major); break;
+          case DType::kUInt8: run_max_pool(w, in[0]->data<uint8_t>(), out[0].data<uint8_t>(), indices, column_major); break;
+          default: run_max_pool(w, in[0]->data<float>(), out[0].data<float>(), indices, column_major); break;
         }
       });
     };

@@ -4,18 +4,33 @@
 // the op's definition gives (acc * scale + B as one fused multiply-add, so that the result does
 // not depend on whether the compiler contracts it).
 //
-// Per image and group, the window is unrolled once into an int16 matrix col[K x OHW]
-// (K = C/group * kernel size; padding reads 0, which is the real 0 of a symmetric scale), and
-// each output channel accumulates W[m, k] * col[k, :] row by row: a loop the compiler
-// vectorizes, fast enough for CI's models without a hand-written integer GEMM.
+// Where the CPU has AVX-512 VNNI, int8 convolutions with at least 8 output channels per group
+// run on kiln's int8 GEMM (cpu/int8_gemm.h): per image and group the window is unrolled into an
+// int8 matrix col[K x OHW] (K = C/group * kernel size; padding reads 0, the real 0 of a
+// symmetric scale; a 1x1 convolution of stride 1 reads X itself), packed in panels of 32
+// columns, and multiplied by the weights packed when the kernel was created; the epilogue runs
+// on each 8 x 32 tile of int32 sums with AVX-512, the same float32 operations in the same order
+// as the portable loop, so both give the same bytes (tests/unit/quantized_conv_test.cc).
+//
+// Elsewhere (other CPUs, depthwise and narrow grouped convolutions, float8) the window is
+// unrolled into an int16 (float32 for float8) matrix and each output channel accumulates
+// W[m, k] * col[k, :] row by row: a loop the compiler vectorizes, the reference.
+//
+// The file is compiled with -ffp-contract=off: the epilogue's z * z_scale + v is a product and a
+// sum, each rounded, as the op defines it and the GPU computes it, never contracted into one
+// fused multiply-add.
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "cpu/conv_shape.h"
 #include "cpu/gemm_util.h"
+#include "cpu/int8_gemm.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
 #include "ir/activation.h"
@@ -36,14 +51,183 @@ class QConvKernel final : public Kernel {
     inv_y_scale_ = y_scale_ > 0.f ? 1.f / y_scale_ : 0.f;
     multiplier_.resize(w_scales_.size());
     for (size_t m = 0; m < w_scales_.size(); ++m) multiplier_[m] = x_scale_ * w_scales_[m];
+    pack_weights(init);
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
     if (in[0]->dtype() == DType::kFloat8E4M3FN) run_typed<uint8_t, float, float>(in, out);
+    else if (!packed_.empty() && int8_gemm_isa() == Int8GemmIsa::kAvx512Vnni) run_gemm(in, out);
     else run_typed<int8_t, int16_t, int32_t>(in, out);
   }
 
  private:
+  // The weights in the int8 GEMM's panels, one packing per group, when they are a constant
+  // int8 W whose groups have 8 output channels or more (fewer would leave most of each 8-row
+  // tile empty) and whose sums stay in int32.
+  void pack_weights(const KernelInit& init) {
+    const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
+    if (!w || w->dtype() != DType::kInt8 || w->shape().size() < 3 || int8_gemm_best_isa() == Int8GemmIsa::kNone) return;
+    const int64_t group = init.node.attrs.get_int("group", 1);
+    const int64_t m = w->shape()[0];
+    if (group <= 0 || m % group != 0 || m / group < kInt8GemmRows) return;
+    const int64_t k = w->numel() / m;
+    if (k <= 0 || k >= kInt8GemmMaxK) return;
+    const int64_t mg = m / group;
+    const int8_t* data = w->data<int8_t>();
+    for (int64_t g = 0; g < group; ++g) packed_.push_back(int8_pack_a(data + g * mg * k, mg, k, k));
+  }
+
+  // The int8 GEMM path (the class comment): per image and group, unroll, pack, multiply.
+  void run_gemm(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+    const Tensor& xt = *in[0];
+    const Geo3 g = make_geo3(node_, xt.shape(), in[1]->shape(), false);
+    const int8_t* x = xt.data<int8_t>();
+    const float* bias = in.size() > 2 && in[2] ? in[2]->data<float>() : nullptr;
+    const Tensor* z = in.size() > 3 ? in[3] : nullptr;
+    if (out[0].numel() == 0) return;
+    if (static_cast<int64_t>(multiplier_.size()) != g.out_c)
+      throw node_.error(ErrorKind::kInvalidModel, "w_scales has " + std::to_string(multiplier_.size()) +
+                                                      " entries for " + std::to_string(g.out_c) + " output channels");
+    const int64_t C = g.in_c, M = g.out_c, G = g.group, Cg = C / G, Mg = M / G;
+    const int64_t K = Cg * g.kernel_size(), N = g.out_size();
+    const bool pointwise = g.kernel_size() == 1 && N == g.in_size() && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1;
+    const int64_t panels = (N + kInt8GemmCols - 1) / kInt8GemmCols;
+    const int64_t panel_bytes = int8_b_panel_bytes(K);
+    // Scratch of the calling thread, kept between runs (fresh pages cost more than the work).
+    thread_local std::vector<int8_t> col;
+    thread_local std::vector<uint8_t> packed;
+    if (!pointwise) col.resize(std::max(col.size(), static_cast<size_t>(K * N)));
+    packed.resize(std::max(packed.size(), static_cast<size_t>(panels * panel_bytes)));
+    int8_t* col_data = col.data();
+    uint8_t* packed_data = packed.data();
+    for (int64_t n = 0; n < g.batch; ++n)
+      for (int64_t gi = 0; gi < G; ++gi) {
+        const int8_t* xg = x + (n * C + gi * Cg) * g.in_size();
+        const int8_t* b = xg;
+        if (!pointwise) {
+          parallel_for(Cg, [&](int64_t first, int64_t last) { unroll_int8(g, xg, first, last, col_data); });
+          b = col_data;
+        }
+        parallel_for(panels, [&](int64_t first, int64_t last) {
+          for (int64_t p = first; p < last; ++p)
+            int8_pack_b_panel(b, N, K, p * kInt8GemmCols, std::min<int64_t>(kInt8GemmCols, N - p * kInt8GemmCols),
+                              packed_data + p * panel_bytes);
+        });
+        const Int8PackedA& a = packed_[static_cast<size_t>(gi)];
+        const int64_t a_panels = a.panel_count();
+        // Consecutive tasks share a B panel, which stays in cache while the weights stream.
+        parallel_for(panels * a_panels, [&](int64_t first, int64_t last) {
+          alignas(64) int32_t tile[kInt8GemmRows * kInt8GemmCols];
+          for (int64_t t = first; t < last; ++t) {
+            const int64_t p = t / a_panels, ap = t % a_panels;
+            int8_tile(a, ap, packed_data + p * panel_bytes, tile);
+            const int64_t n0 = p * kInt8GemmCols, cols = std::min<int64_t>(kInt8GemmCols, N - n0);
+            const int64_t m0 = gi * Mg + ap * kInt8GemmRows;
+            const int64_t rows = std::min<int64_t>(kInt8GemmRows, Mg - ap * kInt8GemmRows);
+            epilogue_avx512(tile, m0, rows, (n * M + m0) * N + n0, N, cols, bias, z, out[0]);
+          }
+        });
+      }
+  }
+
+  // Rows [c0 * kernel, c1 * kernel) of the int8 im2col matrix (unroll's layout, 0 outside),
+  // copying runs of input rows.
+  static void unroll_int8(const Geo3& g, const int8_t* x, int64_t c0, int64_t c1, int8_t* col) {
+    const int64_t N = g.out_size(), W = g.out[2];
+    for (int64_t c = c0; c < c1; ++c) {
+      const int8_t* xc = x + c * g.in_size();
+      for (int64_t k0 = 0; k0 < g.k[0]; ++k0)
+        for (int64_t k1 = 0; k1 < g.k[1]; ++k1)
+          for (int64_t k2 = 0; k2 < g.k[2]; ++k2) {
+            int8_t* dst = col + (((c * g.k[0] + k0) * g.k[1] + k1) * g.k[2] + k2) * N;
+            // Output columns [lo, hi) read inside the input row (input column rises with o2).
+            const int64_t shift = k2 * g.d[2] - g.p[2];
+            int64_t lo = 0, hi;
+            while (lo < W && lo * g.s[2] + shift < 0) ++lo;
+            hi = lo;
+            while (hi < W && hi * g.s[2] + shift < g.in[2]) ++hi;
+            for (int64_t o0 = 0; o0 < g.out[0]; ++o0) {
+              const int64_t i0 = o0 * g.s[0] - g.p[0] + k0 * g.d[0];
+              for (int64_t o1 = 0; o1 < g.out[1]; ++o1) {
+                const int64_t i1 = o1 * g.s[1] - g.p[1] + k1 * g.d[1];
+                int8_t* row = dst + (o0 * g.out[1] + o1) * W;
+                if (i0 < 0 || i0 >= g.in[0] || i1 < 0 || i1 >= g.in[1]) {
+                  std::memset(row, 0, static_cast<size_t>(W));
+                  continue;
+                }
+                const int8_t* src = xc + (i0 * g.in[1] + i1) * g.in[2] + shift;
+                std::memset(row, 0, static_cast<size_t>(lo));
+                if (g.s[2] == 1) {
+                  std::memcpy(row + lo, src + lo, static_cast<size_t>(hi - lo));
+                } else {
+                  for (int64_t o2 = lo; o2 < hi; ++o2) row[o2] = src[o2 * g.s[2]];
+                }
+                std::memset(row + hi, 0, static_cast<size_t>(W - hi));
+              }
+            }
+          }
+    }
+  }
+
+#pragma GCC diagnostic push
+  // GCC 12's AVX-512 headers start some results from _mm512_undefined_*(), which it then
+  // reports as maybe uninitialized once inlined here.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+  // epilogue() on a tile of int32 sums (rows of kInt8GemmCols: channels m0.., written `stride`
+  // apart from element `at`) with AVX-512, 16 at a time: the same operations in the same order,
+  // so the same bytes. Only int8 or float32 Y and residuals (float8 runs run_typed).
+  __attribute__((target("avx512f,avx512bw,avx512vl"))) void epilogue_avx512(
+      const int32_t* tile, int64_t m0, int64_t rows, int64_t at, int64_t stride, int64_t cols, const float* bias,
+      const Tensor* z, Tensor& y) const {
+    const float* zf = z && z->dtype() == DType::kFloat32 ? z->data<float>() + at : nullptr;
+    const int8_t* zq = z && z->dtype() == DType::kInt8 ? z->data<int8_t>() + at : nullptr;
+    const bool quantize = y_scale_ > 0.f;
+    int8_t* yq = quantize ? y.data<int8_t>() + at : nullptr;
+    float* yf = quantize ? nullptr : y.data<float>() + at;
+    const ir::ActivationKind kind = act_.kind;
+    const __m512 z_scale = _mm512_set1_ps(z_scale_);
+    const __m512 inv = _mm512_set1_ps(inv_y_scale_);
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512 lo = _mm512_set1_ps(act_.alpha), hi = _mm512_set1_ps(act_.beta);
+    const __m512 qmin = _mm512_set1_ps(-128.f), qmax = _mm512_set1_ps(127.f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t m = m0 + r, row = r * stride;
+      const __m512 mult = _mm512_set1_ps(multiplier_[static_cast<size_t>(m)]);
+      const __m512 b = _mm512_set1_ps(bias ? bias[m] : 0.f);
+      for (int64_t p = 0; p < cols; p += 16) {
+        const __mmask16 mask =
+            cols - p >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (cols - p)) - 1);
+        const int64_t e = row + p;
+        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(mask, tile + r * kInt8GemmCols + p)),
+                                   mult, b);
+        if (zf) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, zf + e));
+        if (zq) {
+          const __m512i zi = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, zq + e));
+          v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_cvtepi32_ps(zi), z_scale));
+        }
+        if (kind == ir::ActivationKind::kRelu) {
+          v = _mm512_max_ps(v, zero);  // v > 0 ? v : 0
+        } else if (kind == ir::ActivationKind::kClip) {
+          v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));  // NaN stays NaN
+        } else if (kind != ir::ActivationKind::kNone) {
+          alignas(64) float values[16];
+          _mm512_store_ps(values, v);
+          for (float& value : values) value = act_.apply(value);
+          v = _mm512_load_ps(values);
+        }
+        if (yq) {
+          // Clamped before the conversion (which would turn a large value into INT_MIN), then
+          // rounded half to even as nearbyint() is in the default rounding mode.
+          const __m512 q = _mm512_min_ps(qmax, _mm512_max_ps(qmin, _mm512_mul_ps(v, inv)));
+          _mm512_mask_cvtsepi32_storeu_epi8(yq + e, mask, _mm512_cvtps_epi32(q));
+        } else {
+          _mm512_mask_storeu_ps(yf + e, mask, v);
+        }
+      }
+    }
+  }
+#pragma GCC diagnostic pop
+
   // X and W are int8 (unrolled to int16, summed in int32: exact) or float8e4m3fn bytes
   // (unrolled to their float32 values, summed in float32).
   template <class Q, class Col, class Acc>
@@ -161,6 +345,7 @@ class QConvKernel final : public Kernel {
   float inv_y_scale_;  // 1 / y_scale, the op's requantizing factor
   std::vector<float> w_scales_;
   std::vector<float> multiplier_;  // x_scale * w_scales[m]
+  std::vector<Int8PackedA> packed_;  // per group, for the int8 GEMM (empty: the portable loop)
 };
 
 }  // namespace

@@ -88,6 +88,42 @@ TEST(Pool, MaxAndAverageMatchReference) {
   }
 }
 
+// int8 and uint8 (INT8 engines pool their quantized images) take the same separable loop as
+// float32 and agree with the reference on the same values; a window wholly in the padding
+// gives the type's lowest value, as float32's gives its lowest.
+TEST(Pool, MaxPoolOfBytesMatchesReference) {
+  const Pool2d cases[] = {
+      {3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false},
+      {3, 2, 1, 2, 2, 1, 2, 0, 1, 1, false},
+      {3, 3, 2, 2, 1, 1, 1, 1, 1, 1, true},
+      {2, 2, 3, 3, 1, 1, 2, 2, 0, 0, false},  // the first window row and column lie in the padding
+  };
+  uint32_t seed = 40;
+  for (const DType dtype : {DType::kInt8, DType::kUInt8})
+    for (const Pool2d& p : cases) {
+      Tensor xf = ew_test::random_floats({2, 3, 9, 7}, seed++);
+      Tensor x(dtype, xf.shape());
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        const float v = std::round(xf.data<float>()[i] * 120.f);
+        if (dtype == DType::kInt8) x.data<int8_t>()[i] = static_cast<int8_t>(v);
+        else x.data<uint8_t>()[i] = static_cast<uint8_t>(std::fabs(v));
+        xf.data<float>()[i] = dtype == DType::kInt8 ? static_cast<float>(x.data<int8_t>()[i]) : static_cast<float>(x.data<uint8_t>()[i]);
+      }
+      std::vector<int64_t> want_shape = {2, 3, expected_size(9, p.kh, p.sh, p.dh, p.pt, p.pb, p.ceil),
+                                         expected_size(7, p.kw, p.sw, p.dw, p.pl, p.pr, p.ceil)};
+      Tensor y = run_node(pool_node("MaxPool", p), {{x}})[0];
+      ASSERT_EQ(y.shape(), want_shape);
+      ASSERT_EQ(y.dtype(), dtype);
+      const std::vector<float> want = reference(xf, p, want_shape, true, false);
+      const float lowest = dtype == DType::kInt8 ? -128.f : 0.f;
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        const float got = dtype == DType::kInt8 ? static_cast<float>(y.data<int8_t>()[i]) : static_cast<float>(y.data<uint8_t>()[i]);
+        const float expected = std::isinf(want[static_cast<size_t>(i)]) ? lowest : want[static_cast<size_t>(i)];
+        ASSERT_EQ(got, expected) << to_string(dtype) << " output " << i;
+      }
+    }
+}
+
 TEST(Pool, SameUpperPadsAtTheEnd) {
   ir::Node n = make_node("MaxPool");
   n.attrs.set("kernel_shape", std::vector<int64_t>{2});

@@ -1,6 +1,7 @@
 // kiln::QConv, the INT8 convolution: the CPU kernel (the integer reference the GPU is tested
-// against) against the op's definition computed naively, and the INT8 pass
-// (compiler/quantize_graph.h) on a small residual network.
+// against) against the op's definition computed naively, on its portable loop and on every int8
+// GEMM this CPU runs (cpu/int8_gemm.h), and the INT8 pass (compiler/quantize_graph.h) on a
+// small residual network.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +11,9 @@
 
 #include "compute_test_util.h"
 #include "cpu/engine.h"
+#include "cpu/int8_gemm.h"
 #include "graph_builder.h"
+#include "ir/activation.h"
 #include "ir/op_schema.h"
 #include "compiler/quantize_graph.h"
 
@@ -47,13 +50,33 @@ struct Case {
   int64_t n, c, h, w, m, k, stride, pad;
   bool z = false, z_int8 = false, y_int8 = true, relu = true;
   int64_t group = 1;
+  int64_t dilation = 1;
+  std::string activation;  // in place of relu when set
+  float y_scale = 0.047f;
+
+  int64_t out_h() const { return (h + 2 * pad - dilation * (k - 1) - 1) / stride + 1; }
+  int64_t out_w() const { return (w + 2 * pad - dilation * (k - 1) - 1) / stride + 1; }
+  ir::Activation act() const { return ir::Activation::named(activation.empty() ? (relu ? "Relu" : "") : activation, 0.f, 6.f); }
 };
+
+// The int8 GEMMs this CPU runs, the portable loop (kNone) first; restores the default after.
+struct Int8IsaScope {
+  explicit Int8IsaScope(cpu::Int8GemmIsa isa) { cpu::int8_gemm_force_isa(isa); }
+  ~Int8IsaScope() { cpu::int8_gemm_reset_isa(); }
+};
+
+std::vector<cpu::Int8GemmIsa> int8_isas() {
+  std::vector<cpu::Int8GemmIsa> isas{cpu::Int8GemmIsa::kNone};
+  if (cpu::int8_gemm_best_isa() == cpu::Int8GemmIsa::kAvx512Vnni) isas.push_back(cpu::Int8GemmIsa::kAvx512Vnni);
+  return isas;
+}
 
 // The op's definition, one output element at a time: the window's int8 products summed
 // exactly, then the float32 epilogue in the order src/ops/quantized_conv.cc gives.
 Tensor reference_qconv(const Case& cs, const Tensor& x, const Tensor& w, const Tensor& b, const Tensor* z, float x_scale,
                        const std::vector<float>& w_scales, float z_scale, float y_scale) {
-  const int64_t oh = (cs.h + 2 * cs.pad - cs.k) / cs.stride + 1, ow = (cs.w + 2 * cs.pad - cs.k) / cs.stride + 1;
+  const int64_t oh = cs.out_h(), ow = cs.out_w();
+  const ir::Activation act = cs.act();
   Tensor y(cs.y_int8 ? DType::kInt8 : DType::kFloat32, {cs.n, cs.m, oh, ow});
   for (int64_t n = 0; n < cs.n; ++n)
     for (int64_t m = 0; m < cs.m; ++m)
@@ -64,7 +87,7 @@ Tensor reference_qconv(const Case& cs, const Tensor& x, const Tensor& w, const T
           for (int64_t c = first; c < first + cg; ++c)
             for (int64_t a = 0; a < cs.k; ++a)
               for (int64_t e = 0; e < cs.k; ++e) {
-                const int64_t yi = i * cs.stride - cs.pad + a, xj = j * cs.stride - cs.pad + e;
+                const int64_t yi = i * cs.stride - cs.pad + a * cs.dilation, xj = j * cs.stride - cs.pad + e * cs.dilation;
                 if (yi < 0 || yi >= cs.h || xj < 0 || xj >= cs.w) continue;
                 acc += int64_t{x.data<int8_t>()[((n * cs.c + c) * cs.h + yi) * cs.w + xj]} *
                        w.data<int8_t>()[((m * cg + c - first) * cs.k + a) * cs.k + e];
@@ -73,7 +96,7 @@ Tensor reference_qconv(const Case& cs, const Tensor& x, const Tensor& w, const T
           const float mult = x_scale * w_scales[static_cast<size_t>(m)];
           float v = std::fma(static_cast<float>(acc), mult, b.data<float>()[m]);
           if (z) v += cs.z_int8 ? static_cast<float>(z->data<int8_t>()[at]) * z_scale : z->data<float>()[at];
-          if (cs.relu) v = v > 0.f ? v : 0.f;
+          v = act.apply(v);
           if (cs.y_int8) y.data<int8_t>()[at] = static_cast<int8_t>(std::clamp(std::nearbyint(v * (1.f / y_scale)), -128.f, 127.f));
           else y.data<float>()[at] = v;
         }
@@ -81,7 +104,7 @@ Tensor reference_qconv(const Case& cs, const Tensor& x, const Tensor& w, const T
 }
 
 void check_case(const Case& cs, uint32_t seed) {
-  const int64_t oh = (cs.h + 2 * cs.pad - cs.k) / cs.stride + 1, ow = (cs.w + 2 * cs.pad - cs.k) / cs.stride + 1;
+  const int64_t oh = cs.out_h(), ow = cs.out_w();
   Tensor x = random_int8({cs.n, cs.c, cs.h, cs.w}, seed);
   Tensor w = random_int8({cs.m, cs.c / cs.group, cs.k, cs.k}, seed + 1, -127, 127);
   Tensor b = testing::random_tensor({cs.m}, seed + 2);
@@ -89,7 +112,7 @@ void check_case(const Case& cs, uint32_t seed) {
   std::mt19937 rng(seed + 3);
   std::uniform_real_distribution<float> ws(1e-3f, 1e-2f);
   for (float& s : w_scales) s = ws(rng);
-  const float x_scale = 0.021f, z_scale = 0.033f, y_scale = 0.047f;
+  const float x_scale = 0.021f, z_scale = 0.033f, y_scale = cs.y_scale;
   Tensor z = cs.z_int8 ? random_int8({cs.n, cs.m, oh, ow}, seed + 4) : testing::random_tensor({cs.n, cs.m, oh, ow}, seed + 4);
 
   ir::Node node;
@@ -99,23 +122,29 @@ void check_case(const Case& cs, uint32_t seed) {
   node.attrs.set("group", cs.group);
   node.attrs.set("strides", std::vector<int64_t>{cs.stride, cs.stride});
   node.attrs.set("pads", std::vector<int64_t>{cs.pad, cs.pad, cs.pad, cs.pad});
-  node.attrs.set("activation", std::string(cs.relu ? "Relu" : ""));
+  node.attrs.set("dilations", std::vector<int64_t>{cs.dilation, cs.dilation});
+  const ir::Activation act = cs.act();
+  act.store(node);
   node.attrs.set("x_scale", x_scale);
   node.attrs.set("w_scales", w_scales);
   if (cs.z_int8) node.attrs.set("z_scale", z_scale);
   if (cs.y_int8) node.attrs.set("y_scale", y_scale);
   std::vector<testing::NodeInput> inputs = {{"X", x}, {"W", w, true}, {"B", b, true}};
   if (cs.z) inputs.push_back({"Z", z});
-  Tensor got = testing::run_single_node(node, inputs);
   Tensor want = reference_qconv(cs, x, w, b, cs.z ? &z : nullptr, x_scale, w_scales, z_scale, y_scale);
-  ASSERT_EQ(got.shape(), want.shape());
-  ASSERT_EQ(got.dtype(), want.dtype());
-  int64_t differ = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    if (cs.y_int8) differ += got.data<int8_t>()[i] != want.data<int8_t>()[i];
-    else differ += got.data<float>()[i] != want.data<float>()[i];
+  Tensor got;
+  for (cpu::Int8GemmIsa isa : int8_isas()) {
+    Int8IsaScope scope(isa);
+    got = testing::run_single_node(node, inputs);
+    ASSERT_EQ(got.shape(), want.shape());
+    ASSERT_EQ(got.dtype(), want.dtype());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      if (cs.y_int8) differ += got.data<int8_t>()[i] != want.data<int8_t>()[i];
+      else differ += std::memcmp(got.data<float>() + i, want.data<float>() + i, sizeof(float)) != 0;
+    }
+    EXPECT_EQ(differ, 0) << "of " << got.numel() << " outputs with the int8 GEMM " << cpu::int8_gemm_isa_name(isa);
   }
-  EXPECT_EQ(differ, 0) << "of " << got.numel() << " outputs";
   // The outputs use the int8 range (a test whose outputs all saturate or vanish proves little).
   if (cs.y_int8) {
     int distinct = 0;
@@ -146,6 +175,47 @@ TEST(QConv, DepthwiseAndGrouped) {
   grouped.z = grouped.z_int8 = true;
   check_case(grouped, 6);
 }
+// Shapes that leave the int8 GEMM's tiles partly empty: output channels not a multiple of 8,
+// output pixels not a multiple of 32, K not a multiple of 4; dilation, groups of 8 channels
+// or more, 1x1 convolutions read in place, and every kind of epilogue.
+TEST(QConv, Int8GemmTilesAndEpilogues) {
+  check_case({1, 20, 13, 17, 20, 3, 1, 1}, 21);
+  check_case({2, 5, 11, 9, 24, 3, 1, 1}, 22);  // K = 45
+  Case dilated{1, 16, 15, 14, 40, 3, 1, 2};
+  dilated.dilation = 2;
+  check_case(dilated, 23);
+  Case grouped{2, 32, 9, 10, 48, 3, 2, 1};  // 2 groups of 16 input, 24 output channels
+  grouped.group = 2;
+  grouped.z = true;
+  check_case(grouped, 24);
+  Case pointwise{2, 64, 3, 5, 40, 1, 1, 0};
+  pointwise.z = pointwise.z_int8 = true;
+  check_case(pointwise, 25);
+  Case wide{1, 8, 40, 40, 16, 1, 2, 0};  // strided 1x1
+  check_case(wide, 26);
+  Case clipped{1, 16, 12, 12, 16, 3, 1, 1};
+  clipped.activation = "Clip";  // Clip(0, 6)
+  clipped.y_scale = 0.02f;      // and saturating at 127
+  check_case(clipped, 27);
+  Case sigmoid{1, 16, 7, 9, 24, 3, 1, 1};
+  sigmoid.activation = "Sigmoid";
+  sigmoid.y_scale = 0.004f;
+  check_case(sigmoid, 28);
+  Case float_out{1, 16, 6, 7, 17, 3, 1, 1};
+  float_out.z = true;
+  float_out.y_int8 = false;
+  float_out.activation = "SiLU";
+  check_case(float_out, 29);
+}
+
+// Where the CPU has AVX-512 VNNI the int8 GEMM is in use (the tests above then check it).
+TEST(QConv, Int8GemmIsUsedWhereTheCpuHasVnni) {
+  __builtin_cpu_init();
+  const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vnni");
+  EXPECT_EQ(cpu::int8_gemm_isa() == cpu::Int8GemmIsa::kAvx512Vnni, vnni);
+}
+
 TEST(QConv, FloatResidualFloatOutputNoActivation) {
   Case c{1, 16, 6, 7, 32, 3, 1, 1};
   c.z = true;

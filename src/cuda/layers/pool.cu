@@ -46,7 +46,7 @@ struct Geo {
   float p = 2.f;                      // LpPool's norm
   bool count_include_pad = false;
   bool column_major = false;          // MaxPool storage_order = 1
-  // MaxPool without Indices over 1-D/2-D windows: the CPU's max_pool_2d_float order (per
+  // MaxPool without Indices over 1-D/2-D windows: the CPU's max_pool_2d order (per
   // window column, the max over its rows; then the max over those), which differs from the
   // tap order only where NaNs are.
   bool column_order = false;
