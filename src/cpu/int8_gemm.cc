@@ -1,6 +1,9 @@
 #include "cpu/int8_gemm.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -35,41 +38,112 @@ __attribute__((target("avx2"))) void interleave_rows(const int8_t* r0, const int
   _mm256_storeu_si256(out + 3, _mm256_xor_si256(_mm256_permute2x128_si256(q2, q3, 0x31), flip));
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const int8_t* a, const int32_t* shift,
-                                                                       int64_t k4, const uint8_t* b, int32_t* c) {
-  __m512i acc[kInt8GemmRows][2];
-  for (int r = 0; r < kInt8GemmRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const int8_t* a, int64_t k_padded,
+                                                                       const uint8_t* b, int32_t* c) {
+  constexpr int kRows = 8;
+  __m512i acc[kRows][2];
+  for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
   const int32_t* a32 = reinterpret_cast<const int32_t*>(a);
-  for (int64_t q = 0; q < k4 / 4; ++q) {
+  for (int64_t q = 0; q < k_padded / 4; ++q) {
     const __m512i b0 = _mm512_loadu_si512(b + q * 128);
     const __m512i b1 = _mm512_loadu_si512(b + q * 128 + 64);
-    const int32_t* aq = a32 + q * kInt8GemmRows;
-    for (int r = 0; r < kInt8GemmRows; ++r) {
+    const int32_t* aq = a32 + q * kRows;
+    for (int r = 0; r < kRows; ++r) {
       const __m512i w = _mm512_set1_epi32(aq[r]);
       acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], b0, w);
       acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], b1, w);
     }
   }
-  for (int r = 0; r < kInt8GemmRows; ++r) {
-    const __m512i s = _mm512_set1_epi32(shift[r]);
-    _mm512_storeu_si512(c + r * kInt8GemmCols, _mm512_sub_epi32(acc[r][0], s));
-    _mm512_storeu_si512(c + r * kInt8GemmCols + 16, _mm512_sub_epi32(acc[r][1], s));
+  for (int r = 0; r < kRows; ++r) {
+    _mm512_storeu_si512(c + r * kInt8GemmCols, acc[r][0]);
+    _mm512_storeu_si512(c + r * kInt8GemmCols + 16, acc[r][1]);
   }
+}
+
+// AMX's tile registers as the kernel uses them: 0-3 the four 16 x 16 quarters of C, 4-5 the
+// two 16-row halves of A's 64 columns of K, 6-7 the two 16-column halves of B's 64 rows of K;
+// every tile 16 rows of 64 bytes.
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+constexpr TileConfig amx_tile_config() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = 16;
+  }
+  return config;
+}
+
+// In static storage: GCC 12 does not see that ldtilecfg reads its operand, and dropped the
+// stores of a configuration built on the stack.
+alignas(64) constexpr TileConfig kAmxTileConfig = amx_tile_config();
+
+__attribute__((target("amx-tile"))) void amx_configure() { _tile_loadconfig(&kAmxTileConfig); }
+
+__attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
+
+__attribute__((target("amx-tile,amx-int8"))) void tile_amx(const int8_t* a, int64_t k_padded, const uint8_t* b,
+                                                            int32_t* c) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t kb = 0; kb < k_padded / 64; ++kb) {
+    _tile_loadd(4, a + kb * 2048, 64);
+    _tile_loadd(5, a + kb * 2048 + 1024, 64);
+    _tile_loadd(6, b + kb * 16 * 128, 128);
+    _tile_loadd(7, b + kb * 16 * 128 + 64, 128);
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    _tile_dpbsud(2, 5, 6);
+    _tile_dpbsud(3, 5, 7);
+  }
+  constexpr int stride = kInt8GemmCols * sizeof(int32_t);
+  _tile_stored(0, c, stride);
+  _tile_stored(1, c + 16, stride);
+  _tile_stored(2, c + 16 * kInt8GemmCols, stride);
+  _tile_stored(3, c + 16 * kInt8GemmCols + 16, stride);
+}
+
+// AMX needs the CPU's AMX-TILE and AMX-INT8, and Linux's permission to use the tile data
+// state (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16 and later), asked once for the process.
+bool amx_usable() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool tile = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
+  if (!tile || !int8) return false;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
 }
 
 }  // namespace
 
 const char* int8_gemm_isa_name(Int8GemmIsa isa) {
-  return isa == Int8GemmIsa::kAvx512Vnni ? "avx512-vnni" : "none";
+  switch (isa) {
+    case Int8GemmIsa::kAmx: return "amx";
+    case Int8GemmIsa::kAvx512Vnni: return "avx512-vnni";
+    case Int8GemmIsa::kNone: break;
+  }
+  return "none";
 }
 
 Int8GemmIsa int8_gemm_best_isa() {
   static const Int8GemmIsa best = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2"))
-      return Int8GemmIsa::kAvx512Vnni;
-    return Int8GemmIsa::kNone;
+    const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                      __builtin_cpu_supports("avx2");
+    if (!vnni) return Int8GemmIsa::kNone;  // the epilogue and the packing use AVX-512 and AVX2
+    return amx_usable() ? Int8GemmIsa::kAmx : Int8GemmIsa::kAvx512Vnni;
   }();
   return best;
 }
@@ -84,21 +158,33 @@ Int8GemmIsa int8_gemm_isa() {
 void int8_gemm_force_isa(Int8GemmIsa isa) { forced_isa = static_cast<int>(isa); }
 void int8_gemm_reset_isa() { forced_isa = -1; }
 
-Int8PackedA int8_pack_a(const int8_t* a, int64_t m, int64_t k, int64_t lda) {
+int int8_gemm_tile_rows(Int8GemmIsa isa) { return isa == Int8GemmIsa::kAmx ? 32 : 8; }
+
+int64_t int8_gemm_round_k(Int8GemmIsa isa, int64_t k) {
+  const int64_t step = isa == Int8GemmIsa::kAmx ? 64 : 4;
+  return (k + step - 1) / step * step;
+}
+
+Int8PackedA int8_pack_a(Int8GemmIsa isa, const int8_t* a, int64_t m, int64_t k, int64_t lda) {
   Int8PackedA p;
+  p.isa = isa;
   p.m = m;
   p.k = k;
-  p.k4 = int8_gemm_round_k(k);
+  p.k_padded = int8_gemm_round_k(isa, k);
+  p.rows = int8_gemm_tile_rows(isa);
   const int64_t panels = p.panel_count();
-  p.panels.assign(static_cast<size_t>(panels * p.k4 * kInt8GemmRows), 0);
-  p.shift.assign(static_cast<size_t>(panels * kInt8GemmRows), 0);
+  p.panels.assign(static_cast<size_t>(panels * p.k_padded * p.rows), 0);
+  p.shift.assign(static_cast<size_t>(panels * p.rows), 0);
   for (int64_t row = 0; row < m; ++row) {
-    int8_t* panel = p.panels.data() + (row / kInt8GemmRows) * p.k4 * kInt8GemmRows;
-    const int64_t r = row % kInt8GemmRows;
+    int8_t* panel = p.panels.data() + (row / p.rows) * p.k_padded * p.rows;
+    const int64_t r = row % p.rows;
     int32_t sum = 0;
     for (int64_t i = 0; i < k; ++i) {
       const int8_t v = a[row * lda + i];
-      panel[(i / 4) * kInt8GemmRows * 4 + r * 4 + i % 4] = v;
+      if (isa == Int8GemmIsa::kAmx)  // [k / 64][r / 16][r % 16][k % 64]
+        panel[((i / 64 * 2 + r / 16) * 16 + r % 16) * 64 + i % 64] = v;
+      else  // [k / 4][r][k % 4]
+        panel[(i / 4) * p.rows * 4 + r * 4 + i % 4] = v;
       sum += v;
     }
     p.shift[static_cast<size_t>(row)] = 128 * sum;
@@ -106,11 +192,11 @@ Int8PackedA int8_pack_a(const int8_t* a, int64_t m, int64_t k, int64_t lda) {
   return p;
 }
 
-void int8_pack_b_panel(const int8_t* b, int64_t ldb, int64_t k, int64_t n0, int64_t cols, uint8_t* dst) {
+void int8_pack_b_panel(const int8_t* b, int64_t ldb, int64_t k, int64_t k_padded, int64_t n0, int64_t cols,
+                       uint8_t* dst) {
   alignas(64) int8_t tail[4][kInt8GemmCols];
   static const int8_t zeros[kInt8GemmCols] = {};
-  const int64_t k4 = int8_gemm_round_k(k);
-  for (int64_t q = 0; q < k4; q += 4) {
+  for (int64_t q = 0; q < k_padded; q += 4) {
     const int8_t* rows[4];
     for (int i = 0; i < 4; ++i) {
       const int64_t row = q + i;
@@ -128,8 +214,17 @@ void int8_pack_b_panel(const int8_t* b, int64_t ldb, int64_t k, int64_t n0, int6
   }
 }
 
+Int8TileScope::Int8TileScope(Int8GemmIsa isa) : amx_(isa == Int8GemmIsa::kAmx) {
+  if (amx_) amx_configure();
+}
+
+Int8TileScope::~Int8TileScope() {
+  if (amx_) amx_release();
+}
+
 void int8_tile(const Int8PackedA& a, int64_t a_panel, const uint8_t* b_panel, int32_t* c) {
-  tile_vnni(a.panel(a_panel), a.shift.data() + a_panel * kInt8GemmRows, a.k4, b_panel, c);
+  if (a.isa == Int8GemmIsa::kAmx) tile_amx(a.panel(a_panel), a.k_padded, b_panel, c);
+  else tile_vnni(a.panel(a_panel), a.k_padded, b_panel, c);
 }
 
 }  // namespace kiln::cpu

@@ -4,12 +4,12 @@
 // the op's definition gives (acc * scale + B as one fused multiply-add, so that the result does
 // not depend on whether the compiler contracts it).
 //
-// Where the CPU has AVX-512 VNNI, int8 convolutions with at least 8 output channels per group
-// run on kiln's int8 GEMM (cpu/int8_gemm.h): per image and group the window is unrolled into an
-// int8 matrix col[K x OHW] (K = C/group * kernel size; padding reads 0, the real 0 of a
-// symmetric scale; a 1x1 convolution of stride 1 reads X itself), packed in panels of 32
-// columns, and multiplied by the weights packed when the kernel was created; the epilogue runs
-// on each 8 x 32 tile of int32 sums with AVX-512, the same float32 operations in the same order
+// Where the CPU has AVX-512 VNNI (or AMX), int8 convolutions with at least 8 output channels
+// per group run on kiln's int8 GEMM (cpu/int8_gemm.h): per image and group the window is
+// unrolled into an int8 matrix col[K x OHW] (K = C/group * kernel size; padding reads 0, the
+// real 0 of a symmetric scale; a 1x1 convolution of stride 1 reads X itself), packed in panels
+// of 32 columns, and multiplied by the weights packed when the kernel was created; the
+// epilogue runs on each tile of int32 sums with AVX-512, the same float32 operations in the same order
 // as the portable loop, so both give the same bytes (tests/unit/quantized_conv_test.cc).
 //
 // Elsewhere (other CPUs, depthwise and narrow grouped convolutions, float8) the window is
@@ -56,7 +56,7 @@ class QConvKernel final : public Kernel {
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
     if (in[0]->dtype() == DType::kFloat8E4M3FN) run_typed<uint8_t, float, float>(in, out);
-    else if (!packed_.empty() && int8_gemm_isa() == Int8GemmIsa::kAvx512Vnni) run_gemm(in, out);
+    else if (!packed_.empty() && int8_gemm_isa() != Int8GemmIsa::kNone) run_gemm(in, out);
     else run_typed<int8_t, int16_t, int32_t>(in, out);
   }
 
@@ -66,15 +66,16 @@ class QConvKernel final : public Kernel {
   // tile empty) and whose sums stay in int32.
   void pack_weights(const KernelInit& init) {
     const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
-    if (!w || w->dtype() != DType::kInt8 || w->shape().size() < 3 || int8_gemm_best_isa() == Int8GemmIsa::kNone) return;
+    const Int8GemmIsa isa = int8_gemm_isa();
+    if (!w || w->dtype() != DType::kInt8 || w->shape().size() < 3 || isa == Int8GemmIsa::kNone) return;
     const int64_t group = init.node.attrs.get_int("group", 1);
     const int64_t m = w->shape()[0];
-    if (group <= 0 || m % group != 0 || m / group < kInt8GemmRows) return;
+    if (group <= 0 || m % group != 0 || m / group < 8) return;
     const int64_t k = w->numel() / m;
     if (k <= 0 || k >= kInt8GemmMaxK) return;
     const int64_t mg = m / group;
     const int8_t* data = w->data<int8_t>();
-    for (int64_t g = 0; g < group; ++g) packed_.push_back(int8_pack_a(data + g * mg * k, mg, k, k));
+    for (int64_t g = 0; g < group; ++g) packed_.push_back(int8_pack_a(isa, data + g * mg * k, mg, k, k));
   }
 
   // The int8 GEMM path (the class comment): per image and group, unroll, pack, multiply.
@@ -92,7 +93,8 @@ class QConvKernel final : public Kernel {
     const int64_t K = Cg * g.kernel_size(), N = g.out_size();
     const bool pointwise = g.kernel_size() == 1 && N == g.in_size() && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1;
     const int64_t panels = (N + kInt8GemmCols - 1) / kInt8GemmCols;
-    const int64_t panel_bytes = int8_b_panel_bytes(K);
+    const int64_t panel_bytes = int8_b_panel_bytes(packed_[0]);
+    const int64_t k_padded = packed_[0].k_padded;
     // Scratch of the calling thread, kept between runs (fresh pages cost more than the work).
     thread_local std::vector<int8_t> col;
     thread_local std::vector<uint8_t> packed;
@@ -110,21 +112,23 @@ class QConvKernel final : public Kernel {
         }
         parallel_for(panels, [&](int64_t first, int64_t last) {
           for (int64_t p = first; p < last; ++p)
-            int8_pack_b_panel(b, N, K, p * kInt8GemmCols, std::min<int64_t>(kInt8GemmCols, N - p * kInt8GemmCols),
+            int8_pack_b_panel(b, N, K, k_padded, p * kInt8GemmCols, std::min<int64_t>(kInt8GemmCols, N - p * kInt8GemmCols),
                               packed_data + p * panel_bytes);
         });
         const Int8PackedA& a = packed_[static_cast<size_t>(gi)];
         const int64_t a_panels = a.panel_count();
         // Consecutive tasks share a B panel, which stays in cache while the weights stream.
         parallel_for(panels * a_panels, [&](int64_t first, int64_t last) {
-          alignas(64) int32_t tile[kInt8GemmRows * kInt8GemmCols];
+          alignas(64) int32_t tile[kInt8GemmMaxRows * kInt8GemmCols];
+          Int8TileScope tiles(a.isa);
           for (int64_t t = first; t < last; ++t) {
             const int64_t p = t / a_panels, ap = t % a_panels;
             int8_tile(a, ap, packed_data + p * panel_bytes, tile);
             const int64_t n0 = p * kInt8GemmCols, cols = std::min<int64_t>(kInt8GemmCols, N - n0);
-            const int64_t m0 = gi * Mg + ap * kInt8GemmRows;
-            const int64_t rows = std::min<int64_t>(kInt8GemmRows, Mg - ap * kInt8GemmRows);
-            epilogue_avx512(tile, m0, rows, (n * M + m0) * N + n0, N, cols, bias, z, out[0]);
+            const int64_t m0 = gi * Mg + ap * a.rows;
+            const int64_t rows = std::min<int64_t>(a.rows, Mg - ap * a.rows);
+            epilogue_avx512(tile, a.shift.data() + ap * a.rows, m0, rows, (n * M + m0) * N + n0, N, cols, bias, z,
+                            out[0]);
           }
         });
       }
@@ -173,11 +177,12 @@ class QConvKernel final : public Kernel {
   // GCC 12's AVX-512 headers start some results from _mm512_undefined_*(), which it then
   // reports as maybe uninitialized once inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-  // epilogue() on a tile of int32 sums (rows of kInt8GemmCols: channels m0.., written `stride`
-  // apart from element `at`) with AVX-512, 16 at a time: the same operations in the same order,
-  // so the same bytes. Only int8 or float32 Y and residuals (float8 runs run_typed).
+  // epilogue() on a tile of the int8 GEMM (rows of kInt8GemmCols sums, less shift[r]: channels
+  // m0.., written `stride` apart from element `at`) with AVX-512, 16 at a time: the same
+  // operations in the same order, so the same bytes. Only int8 or float32 Y and residuals
+  // (float8 runs run_typed).
   __attribute__((target("avx512f,avx512bw,avx512vl"))) void epilogue_avx512(
-      const int32_t* tile, int64_t m0, int64_t rows, int64_t at, int64_t stride, int64_t cols, const float* bias,
+      const int32_t* tile, const int32_t* shift, int64_t m0, int64_t rows, int64_t at, int64_t stride, int64_t cols, const float* bias,
       const Tensor* z, Tensor& y) const {
     const float* zf = z && z->dtype() == DType::kFloat32 ? z->data<float>() + at : nullptr;
     const int8_t* zq = z && z->dtype() == DType::kInt8 ? z->data<int8_t>() + at : nullptr;
@@ -194,12 +199,13 @@ class QConvKernel final : public Kernel {
       const int64_t m = m0 + r, row = r * stride;
       const __m512 mult = _mm512_set1_ps(multiplier_[static_cast<size_t>(m)]);
       const __m512 b = _mm512_set1_ps(bias ? bias[m] : 0.f);
+      const __m512i row_shift = _mm512_set1_epi32(shift[r]);
       for (int64_t p = 0; p < cols; p += 16) {
         const __mmask16 mask =
             cols - p >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (cols - p)) - 1);
         const int64_t e = row + p;
-        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(mask, tile + r * kInt8GemmCols + p)),
-                                   mult, b);
+        const __m512i acc = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(mask, tile + r * kInt8GemmCols + p), row_shift);
+        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), mult, b);
         if (zf) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, zf + e));
         if (zq) {
           const __m512i zi = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, zq + e));

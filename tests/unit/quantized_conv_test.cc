@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <random>
 #include <set>
 
@@ -67,7 +68,8 @@ struct Int8IsaScope {
 
 std::vector<cpu::Int8GemmIsa> int8_isas() {
   std::vector<cpu::Int8GemmIsa> isas{cpu::Int8GemmIsa::kNone};
-  if (cpu::int8_gemm_best_isa() == cpu::Int8GemmIsa::kAvx512Vnni) isas.push_back(cpu::Int8GemmIsa::kAvx512Vnni);
+  if (cpu::int8_gemm_best_isa() >= cpu::Int8GemmIsa::kAvx512Vnni) isas.push_back(cpu::Int8GemmIsa::kAvx512Vnni);
+  if (cpu::int8_gemm_best_isa() >= cpu::Int8GemmIsa::kAmx) isas.push_back(cpu::Int8GemmIsa::kAmx);
   return isas;
 }
 
@@ -208,12 +210,14 @@ TEST(QConv, Int8GemmTilesAndEpilogues) {
   check_case(float_out, 29);
 }
 
-// Where the CPU has AVX-512 VNNI the int8 GEMM is in use (the tests above then check it).
+// Where the CPU has AVX-512 VNNI an int8 GEMM is in use (the tests above then check it), AMX's
+// where the CPU has AMX too.
 TEST(QConv, Int8GemmIsUsedWhereTheCpuHasVnni) {
   __builtin_cpu_init();
   const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                    __builtin_cpu_supports("avx512vnni");
-  EXPECT_EQ(cpu::int8_gemm_isa() == cpu::Int8GemmIsa::kAvx512Vnni, vnni);
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  EXPECT_EQ(cpu::int8_gemm_isa() != cpu::Int8GemmIsa::kNone, vnni);
+  std::cout << "int8 GEMM on this CPU: " << cpu::int8_gemm_isa_name(cpu::int8_gemm_isa()) << "\n";
 }
 
 TEST(QConv, FloatResidualFloatOutputNoActivation) {
