@@ -135,9 +135,12 @@ class QConvKernel final : public Kernel {
   }
 
   // Rows [c0 * kernel, c1 * kernel) of the int8 im2col matrix (unroll's layout, 0 outside),
-  // copying runs of input rows.
+  // copying runs of input rows, or whole shifted planes where the output is the input's size.
   static void unroll_int8(const Geo3& g, const int8_t* x, int64_t c0, int64_t c1, int8_t* col) {
     const int64_t N = g.out_size(), W = g.out[2];
+    const bool same_size = g.k[0] == 1 && g.in[0] == 1 && g.out[0] == 1 && g.s[1] == 1 && g.s[2] == 1 &&
+                           g.out[1] == g.in[1] && g.out[2] == g.in[2];
+    if (same_size) return unroll_shifted_planes(g, x, c0, c1, col);
     for (int64_t c = c0; c < c1; ++c) {
       const int8_t* xc = x + c * g.in_size();
       for (int64_t k0 = 0; k0 < g.k[0]; ++k0)
@@ -177,6 +180,40 @@ class QConvKernel final : public Kernel {
   // GCC 12's AVX-512 headers start some results from _mm512_undefined_*(), which it then
   // reports as maybe uninitialized once inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+  // unroll_int8 for a 2-D stride-1 convolution whose output is its input's size (every 3x3
+  // "same" convolution): the row of tap (kh, kw) is the input plane shifted by (kh * d - p) rows
+  // and (kw * d - p) columns, one copy per tap, then zeros where the tap falls outside.
+  static void unroll_shifted_planes(const Geo3& g, const int8_t* x, int64_t c0, int64_t c1, int8_t* col) {
+    const int64_t H = g.in[1], W = g.in[2], N = H * W;
+    for (int64_t c = c0; c < c1; ++c) {
+      const int8_t* xc = x + c * N;
+      for (int64_t kh = 0; kh < g.k[1]; ++kh)
+        for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+          int8_t* dst = col + ((c * g.k[1] + kh) * g.k[2] + kw) * N;
+          const int64_t dh = kh * g.d[1] - g.p[1], dw = kw * g.d[2] - g.p[2];
+          // Rows [h0, h1) and columns [w0, w1) of the output read inside the input.
+          const int64_t h0 = std::clamp<int64_t>(-dh, 0, H), h1 = std::clamp<int64_t>(H - dh, h0, H);
+          const int64_t w0 = std::clamp<int64_t>(-dw, 0, W), w1 = std::clamp<int64_t>(W - dw, w0, W);
+          std::memset(dst, 0, static_cast<size_t>(h0 * W));
+          std::memset(dst + h1 * W, 0, static_cast<size_t>((H - h1) * W));
+          if (h1 <= h0) continue;
+          // dst[i] = xc[i + shift] for i in [h0 * W, h1 * W), the source clipped to the plane
+          // (what it clips lies in the columns zeroed below).
+          const int64_t shift = dh * W + dw;
+          const int64_t first = std::max(h0 * W, -shift), last = std::min(h1 * W, N - shift);
+          if (first > h0 * W) std::memset(dst + h0 * W, 0, static_cast<size_t>(first - h0 * W));
+          if (last > first) std::memcpy(dst + first, xc + first + shift, static_cast<size_t>(last - first));
+          if (h1 * W > last) std::memset(dst + std::max(last, first), 0, static_cast<size_t>(h1 * W - std::max(last, first)));
+          if (w0 > 0 || w1 < W)
+            for (int64_t h = h0; h < h1; ++h) {
+              int8_t* row = dst + h * W;
+              for (int64_t w = 0; w < w0; ++w) row[w] = 0;
+              for (int64_t w = w1; w < W; ++w) row[w] = 0;
+            }
+        }
+    }
+  }
+
   // epilogue() on a tile of the int8 GEMM (rows of kInt8GemmCols sums, less shift[r]: channels
   // m0.., written `stride` apart from element `at`) with AVX-512, 16 at a time: the same
   // operations in the same order, so the same bytes. Only int8 or float32 Y and residuals

@@ -193,6 +193,7 @@ TEST(QConv, Int8GemmTilesAndEpilogues) {
   Case pointwise{2, 64, 3, 5, 40, 1, 1, 0};
   pointwise.z = pointwise.z_int8 = true;
   check_case(pointwise, 25);
+  check_case({1, 8, 3, 4, 16, 5, 1, 2}, 30);  // taps shifted past the whole image
   Case wide{1, 8, 40, 40, 16, 1, 2, 0};  // strided 1x1
   check_case(wide, 26);
   Case clipped{1, 16, 12, 12, 16, 3, 1, 1};
