@@ -1,7 +1,8 @@
 // CPU kernel of ONNX's Attention (ops/attention_params.h has the semantics): float32 arithmetic
-// for float32 and float16 tensors, one query row at a time. It is the reference the
-// GPU's fused attention is checked against, so it is written for clarity: the logits of a row,
-// the bias every mask adds, a softmax, the weighted sum of values.
+// for float32 and float16 tensors, one query row at a time, the (batch, head) pairs in
+// parallel. It is the reference the GPU's fused attention is checked against, so it is written
+// for clarity: the logits of a row (each a sum in double), the bias every mask adds, a
+// softmax, the weighted sum of values.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "ops/attention_params.h"
 
 namespace kiln::cpu {
@@ -33,11 +35,11 @@ struct HeadView {
 struct MaskView {
   std::vector<float> values;  // as an additive bias
   std::vector<int64_t> shape;  // right-aligned to rank 4, 1s in front
-  float at(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    if (values.empty()) return 0.f;
-    if (j >= shape[3]) return kNegInf;
-    const int64_t c[4] = {shape[0] == 1 ? 0 : b, shape[1] == 1 ? 0 : h, shape[2] == 1 ? 0 : i, j};
-    return values[static_cast<size_t>(((c[0] * shape[1] + c[1]) * shape[2] + c[2]) * shape[3] + c[3])];
+  // The biases of keys [0, shape[3]) for query i of (b, h); nullptr without a mask.
+  const float* row(int64_t b, int64_t h, int64_t i) const {
+    if (values.empty()) return nullptr;
+    const int64_t c[3] = {shape[0] == 1 ? 0 : b, shape[1] == 1 ? 0 : h, shape[2] == 1 ? 0 : i};
+    return values.data() + ((c[0] * shape[1] + c[1]) * shape[2] + c[2]) * shape[3];
   }
 };
 
@@ -111,62 +113,80 @@ class AttentionKernel : public Kernel {
     const float factor = ir::attention_qk_factor(node_, s.head_size);
     const float softcap = node_.attrs.get_float("softcap", 0.f);
     const int64_t mode = node_.attrs.get_int("qk_matmul_output_mode", 0);
+    const ir::AttentionMasking masking(node_);
     const int64_t group = s.q_heads / s.kv_heads;
+    const int64_t D = s.head_size, Dv = s.v_head_size;
     Tensor* y = &out[0];
     Tensor* qk_out = out.size() > 3 && out[3].defined() ? &out[3] : nullptr;
-    std::vector<float> q_row(static_cast<size_t>(s.head_size)), logits(static_cast<size_t>(T)),
-        bias(static_cast<size_t>(T)), probs(static_cast<size_t>(T)), raw(static_cast<size_t>(T)),
-        y_row(static_cast<size_t>(s.v_head_size));
-    std::vector<float> scaled_keys(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) scaled_keys[i] = keys[i] * factor;
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t h = 0; h < s.q_heads; ++h) {
-        const int64_t kv = h / group;
-        for (int64_t i = 0; i < s.q_seq; ++i) {
-          const float* qi = Q.at(b, h, i);
-          for (int64_t d = 0; d < s.head_size; ++d) q_row[d] = qi[d] * factor;
-          bool any_allowed = false;
-          float max_logit = kNegInf;
-          for (int64_t j = 0; j < T; ++j) {
-            const float* kj = scaled_keys.data() + (K.at(b, kv, j) - keys.data());
-            double dot = 0;
-            for (int64_t d = 0; d < s.head_size; ++d) dot += double(q_row[d]) * double(kj[d]);
-            raw[j] = static_cast<float>(dot);
-            const float x = softcap > 0.f ? softcap * std::tanh(raw[j] / softcap) : raw[j];
-            logits[j] = x;
-            bias[j] = mask.at(b, h, i, j) + (ir::attention_key_allowed(node_, s, lengths, b, i, j) ? 0.f : kNegInf);
-            any_allowed |= bias[j] != kNegInf;
-            max_logit = std::max(max_logit, x + bias[j]);
-          }
-          // Softmax of logits + bias; a row no key may be attended from is all zeros. NaN and
-          // infinite logits give NaN, as a softmax computes them (std::max above skips NaN).
-          double sum = 0;
-          bool nan = false;
-          for (int64_t j = 0; j < T; ++j) {
-            const float z = logits[j] + bias[j];
-            nan |= std::isnan(z);
-            probs[j] = !any_allowed || z == kNegInf ? 0.f : std::exp(z - max_logit);
-            sum += probs[j];
-          }
-          const float quiet_nan = std::numeric_limits<float>::quiet_NaN();
+    // The scaled keys of each key/value head transposed, [D][T], so that a row's logits are
+    // sums over d of q[d] * keys[d][:] (a loop over the keys that vectorizes). Each logit is
+    // still its own double sum in the order of d, as a dot product per key would give.
+    std::vector<float> keys_t(keys.size());
+    parallel_for_each(s.batch * s.kv_heads, true, [&](int64_t bh) {
+      const float* src = keys.data() + bh * T * D;
+      float* dst = keys_t.data() + bh * T * D;
+      for (int64_t j = 0; j < T; ++j)
+        for (int64_t d = 0; d < D; ++d) dst[d * T + j] = src[j * D + d] * factor;
+    });
+    // One task per (batch, query head): rows of its queries, each written by that task alone.
+    parallel_for_each(s.batch * s.q_heads, true, [&](int64_t task) {
+      const int64_t b = task / s.q_heads, h = task % s.q_heads, kv = h / group;
+      const float* kt = keys_t.data() + (b * s.kv_heads + kv) * T * D;
+      std::vector<float> q_row(static_cast<size_t>(D)), logits(static_cast<size_t>(T)), bias(static_cast<size_t>(T)),
+          probs(static_cast<size_t>(T)), raw(static_cast<size_t>(T)), y_row(static_cast<size_t>(Dv));
+      std::vector<double> dots(static_cast<size_t>(T));
+      for (int64_t i = 0; i < s.q_seq; ++i) {
+        const float* qi = Q.at(b, h, i);
+        for (int64_t d = 0; d < D; ++d) q_row[d] = qi[d] * factor;
+        std::fill(dots.begin(), dots.end(), 0.0);
+        for (int64_t d = 0; d < D; ++d) {
+          const double qd = q_row[d];
+          const float* kd = kt + d * T;
+          for (int64_t j = 0; j < T; ++j) dots[j] += qd * double(kd[j]);
+        }
+        const ir::AttentionKeyRange allowed = masking.keys(s, lengths, b, i);
+        const float* mask_row = mask.row(b, h, i);
+        bool any_allowed = false;
+        float max_logit = kNegInf;
+        for (int64_t j = 0; j < T; ++j) {
+          raw[j] = static_cast<float>(dots[j]);
+          const float x = softcap > 0.f ? softcap * std::tanh(raw[j] / softcap) : raw[j];
+          logits[j] = x;
+          const float masked = mask_row ? (j < mask.shape[3] ? mask_row[j] : kNegInf) : 0.f;
+          bias[j] = masked + (j >= allowed.first && j < allowed.last ? 0.f : kNegInf);
+          any_allowed |= bias[j] != kNegInf;
+          max_logit = std::max(max_logit, x + bias[j]);
+        }
+        // Softmax of logits + bias; a row no key may be attended from is all zeros. NaN and
+        // infinite logits give NaN, as a softmax computes them (std::max above skips NaN).
+        double sum = 0;
+        bool nan = false;
+        for (int64_t j = 0; j < T; ++j) {
+          const float z = logits[j] + bias[j];
+          nan |= std::isnan(z);
+          probs[j] = !any_allowed || z == kNegInf ? 0.f : std::exp(z - max_logit);
+          sum += probs[j];
+        }
+        const float quiet_nan = std::numeric_limits<float>::quiet_NaN();
+        for (int64_t j = 0; j < T; ++j)
+          probs[j] = nan ? quiet_nan : !any_allowed ? 0.f : static_cast<float>(probs[j] / sum);
+        std::fill(y_row.begin(), y_row.end(), 0.f);
+        for (int64_t j = 0; j < T; ++j) {
+          if (probs[j] == 0.f) continue;
+          const float pj = probs[j];
+          const float* vj = V.at(b, kv, j);
+          for (int64_t d = 0; d < Dv; ++d) y_row[d] += pj * vj[d];
+        }
+        const int64_t y_base = s.three_d ? (b * s.q_seq + i) * s.q_heads * Dv + h * Dv
+                                         : ((b * s.q_heads + h) * s.q_seq + i) * Dv;
+        for (int64_t d = 0; d < Dv; ++d) store(*y, y_base + d, y_row[d]);
+        if (qk_out) {
+          const int64_t base = ((b * s.q_heads + h) * s.q_seq + i) * T;
           for (int64_t j = 0; j < T; ++j)
-            probs[j] = nan ? quiet_nan : !any_allowed ? 0.f : static_cast<float>(probs[j] / sum);
-          std::fill(y_row.begin(), y_row.end(), 0.f);
-          for (int64_t j = 0; j < T; ++j) {
-            if (probs[j] == 0.f) continue;
-            const float* vj = V.at(b, kv, j);
-            for (int64_t d = 0; d < s.v_head_size; ++d) y_row[d] += probs[j] * vj[d];
-          }
-          const int64_t y_base = s.three_d ? (b * s.q_seq + i) * s.q_heads * s.v_head_size + h * s.v_head_size
-                                           : ((b * s.q_heads + h) * s.q_seq + i) * s.v_head_size;
-          for (int64_t d = 0; d < s.v_head_size; ++d) store(*y, y_base + d, y_row[d]);
-          if (qk_out) {
-            const int64_t base = ((b * s.q_heads + h) * s.q_seq + i) * T;
-            for (int64_t j = 0; j < T; ++j)
-              store(*qk_out, base + j, mode == 3 ? probs[j] : mode == 2 ? logits[j] + bias[j] : mode == 1 ? logits[j] : raw[j]);
-          }
+            store(*qk_out, base + j, mode == 3 ? probs[j] : mode == 2 ? logits[j] + bias[j] : mode == 1 ? logits[j] : raw[j]);
         }
       }
+    });
     if (out.size() > 1 && out[1].defined()) store_heads(out[1], K, s.batch);
     if (out.size() > 2 && out[2].defined()) store_heads(out[2], V, s.batch);
   }

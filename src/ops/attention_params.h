@@ -102,18 +102,31 @@ inline int64_t attention_query_offset(const AttentionShape& s, const int64_t* no
   return nonpad_kv_seqlen[b] - s.q_seq;
 }
 
-// Whether causal, window and padding masking let query i of batch b see key j.
-inline bool attention_key_allowed(const Node& node, const AttentionShape& s, const int64_t* nonpad_kv_seqlen, int64_t b,
-                                  int64_t i, int64_t j) {
-  const int64_t offset = attention_query_offset(s, nonpad_kv_seqlen, b);
-  if (node.attrs.get_int("is_causal", 0) && j > i + offset) return false;
-  const int64_t left = node.attrs.get_int("left_window_size", -1), right = node.attrs.get_int("right_window_size", -1);
-  const int64_t diff = i + offset - j;
-  if (left >= 0 && diff > left) return false;
-  if (right >= 0 && -diff > right) return false;
-  if (nonpad_kv_seqlen && j >= nonpad_kv_seqlen[b]) return false;
-  return true;
-}
+// Causal, window and padding masking: the keys [first, last) query i of batch b may see.
+struct AttentionKeyRange {
+  int64_t first = 0, last = 0;
+};
+
+struct AttentionMasking {
+  bool causal = false;
+  int64_t left = -1, right = -1;  // window sizes; -1: unbounded
+
+  explicit AttentionMasking(const Node& node)
+      : causal(node.attrs.get_int("is_causal", 0) != 0),
+        left(node.attrs.get_int("left_window_size", -1)),
+        right(node.attrs.get_int("right_window_size", -1)) {}
+
+  AttentionKeyRange keys(const AttentionShape& s, const int64_t* nonpad_kv_seqlen, int64_t b, int64_t i) const {
+    const int64_t at = i + attention_query_offset(s, nonpad_kv_seqlen, b);  // the query's position among keys
+    int64_t first = 0, last = s.total_kv();
+    // (Compared as differences: a window size from a file may be near INT64_MAX.)
+    if (causal && at < last) last = std::max<int64_t>(at + 1, 0);
+    if (left >= 0 && at - first > left) first = at - left;
+    if (right >= 0 && last - at - 1 > right) last = at + right + 1;
+    if (nonpad_kv_seqlen) last = std::min(last, nonpad_kv_seqlen[b]);
+    return {first, std::max(first, last)};
+  }
+};
 
 // kiln::StridedAttention(Q source, K source, V source, attn_mask?) -> Z: Attention's 4-D form on
 // Q, K and V read as strided views of their sources, Y written through a strided view of Z
