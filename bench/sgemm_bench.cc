@@ -1,4 +1,5 @@
-// sgemm_bench: kiln's packed sgemm (cpu/sgemm.h) against OpenBLAS on ResNet-50's GEMM shapes.
+// sgemm_bench: kiln's packed sgemm (cpu/sgemm.h) against OpenBLAS on ResNet-50's and BERT-base's
+// GEMM shapes.
 //
 //   sgemm_bench [--reps N] [--threads N]
 //
@@ -46,10 +47,14 @@ int main(int argc, char** argv) {
   struct Shape {
     int64_t m, n, k;
   };
-  // ResNet-50 at batch 1: (out channels, output positions, in channels * kernel size).
+  // ResNet-50 at batch 1: (out channels, output positions, in channels * kernel size); then
+  // BERT-base's.
   const Shape shapes[] = {{64, 12544, 147}, {64, 3136, 64},   {64, 3136, 576},  {256, 3136, 64},
                           {128, 784, 1152}, {512, 784, 128},  {256, 196, 2304}, {1024, 196, 256}, {256, 196, 1024},
-                          {512, 49, 4608},  {2048, 49, 512},  {512, 49, 2048}, {2048, 49, 1024}};
+                          {512, 49, 4608},  {2048, 49, 512},  {512, 49, 2048}, {2048, 49, 1024},
+                          // BERT-base's products at batch 1, sequence 128, as MatMul runs them
+                          // (Y^T = W^T X^T): (out features, tokens, in features).
+                          {768, 128, 768},  {3072, 128, 768}, {768, 128, 3072}};
   std::mt19937 rng(0);
   std::uniform_real_distribution<float> dist(-1.f, 1.f);
   std::printf("isa %s, %d threads\n", sgemm_isa_name(sgemm_isa()), threads);

@@ -1,6 +1,7 @@
 #include "cpu/gemm_util.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -86,6 +87,53 @@ void parallel_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
       sgemm(trans_a, trans_b, m1 - m0, n, k, alpha, ap, lda, b, ldb, beta, c + m0 * ldc, ldc);
     }
   }, 1);
+}
+
+namespace {
+
+// dst[c * ld_dst + r] = src[r * ld_src + c] for an 8 x 8 block (AVX, which every build has).
+inline void transpose8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld_src);
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  _mm256_storeu_ps(dst + 0 * ld_dst, _mm256_permute2f128_ps(s0, s4, 0x20));
+  _mm256_storeu_ps(dst + 1 * ld_dst, _mm256_permute2f128_ps(s1, s5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ld_dst, _mm256_permute2f128_ps(s2, s6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ld_dst, _mm256_permute2f128_ps(s3, s7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ld_dst, _mm256_permute2f128_ps(s0, s4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ld_dst, _mm256_permute2f128_ps(s1, s5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ld_dst, _mm256_permute2f128_ps(s2, s6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ld_dst, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+
+}  // namespace
+
+void transpose_floats(const float* src, int64_t rows, int64_t cols, float* dst) {
+  constexpr int64_t kStrip = 32;  // rows per task: 32 x 8 blocks stay in L1
+  const int64_t strips = (rows + kStrip - 1) / kStrip;
+  parallel_for_each(strips, rows * cols > 65536, [&](int64_t si) {
+    const int64_t r0 = si * kStrip, r1 = std::min(rows, r0 + kStrip);
+    int64_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+      int64_t r = r0;
+      for (; r + 8 <= r1; r += 8) transpose8x8(src + r * cols + c, cols, dst + c * rows + r, rows);
+      for (; r < r1; ++r)
+        for (int64_t j = c; j < c + 8; ++j) dst[j * rows + r] = src[r * cols + j];
+    }
+    for (; c < cols; ++c)
+      for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * cols + c];
+  });
 }
 
 Epilogue::Epilogue(ir::Activation act) : act_(std::move(act)) {

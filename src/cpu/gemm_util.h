@@ -1,11 +1,12 @@
 // Helpers shared by the CPU compute kernels (Conv, ConvTranspose, Gemm, MatMul and the fused
-// forms): a float32 GEMM on OpenBLAS split over OpenMP threads, and the epilogue that adds
-// biases / a residual and applies the fused activation in one pass over an output block.
+// forms): a float32 GEMM on OpenBLAS split over kiln's threads, the epilogue that adds biases /
+// a residual and applies the fused activation in one pass over an output block, and a matrix
+// transpose.
 //
-// Threading: kiln's kernels own the parallelism (OpenMP) and call OpenBLAS single-threaded
-// from inside their parallel regions, so one pool of threads runs at a time and a thread can
-// run im2col, GEMM and epilogue on its own slice of the output while it is in cache. Two pools
-// spinning on two cores (OpenBLAS's own threads and OpenMP's) cost more than they give.
+// Threading: kiln's kernels own the parallelism (cpu/parallel.h) and call OpenBLAS
+// single-threaded from inside their parallel loops, so one pool of threads runs at a time and a
+// thread can run im2col, GEMM and epilogue on its own slice of the output while it is in cache.
+// Two pools spinning on two cores (OpenBLAS's own threads and kiln's) cost more than they give.
 #pragma once
 
 #include <cstdint>
@@ -21,10 +22,13 @@ void use_single_threaded_blas();
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// The same, split over the OpenMP threads (by columns when N is wide, else by rows).
-// Must be called outside a parallel region.
+// The same, split over kiln's threads (by columns when N is wide, else by rows).
 void parallel_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// dst [cols x rows] = src [rows x cols] transposed (8 x 8 blocks in AVX registers), over kiln's
+// threads when it is large.
+void transpose_floats(const float* src, int64_t rows, int64_t cols, float* dst);
 
 // y = act(y + row_bias[r] + col_bias[c] + residual[r, c]) over a rows x cols block.
 // Any of row_bias, col_bias, residual may be null; the pointers are already offset to the

@@ -2,12 +2,20 @@
 //   Y = act(A @ B + bias + Z), bias [N] per column, Z a residual of Y's shape (FusedMatMul only).
 // When B has no batch of its own, A's batch and rows fold into one tall GEMM; otherwise one
 // GEMM per output batch entry, with broadcast batch dims read at stride 0.
+//
+// A constant 2-D B (a layer's weights) is packed once, when the kernel is created, for kiln's
+// sgemm (cpu/sgemm.h), which then computes Y^T = B^T A^T: B^T is its packed A, A^T (A's rows
+// transposed into a scratch buffer) its B, and Y^T is transposed back into Y with the residual
+// and the activation. BLAS would pack the weights again on every call, which at a transformer's
+// batch 1 costs about as much as the product (docs/design/cpu-gemm.md).
 
+#include <algorithm>
 #include <vector>
 
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
+#include "cpu/sgemm.h"
 
 namespace kiln::cpu {
 
@@ -15,9 +23,17 @@ namespace {
 
 class MatMulKernel final : public Kernel {
  public:
-  MatMulKernel(const ir::Node& node, bool fused)
-      : fused_(fused), epilogue_(fused ? ir::Activation::from_node(node) : ir::Activation{}) {
+  MatMulKernel(const KernelInit& init, bool fused)
+      : fused_(fused), epilogue_(fused ? ir::Activation::from_node(init.node) : ir::Activation{}) {
     use_single_threaded_blas();
+    const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
+    if (w && w->dtype() == DType::kFloat32 && w->rank() == 2 && w->numel() > 0) {
+      // B^T [N x K], then its panels.
+      const int64_t K = w->dim(0), N = w->dim(1);
+      std::vector<float> wt(static_cast<size_t>(N * K));
+      transpose_floats(w->data<float>(), K, N, wt.data());
+      packed_.pack(wt.data(), N, K, K);
+    }
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
@@ -43,6 +59,10 @@ class MatMulKernel final : public Kernel {
       if (ab[i] == 0 || bb[i] == 0) ob[i] = 0;
       batch *= ob[i];
       b_batch *= bb[i];
+    }
+    if (b_batch == 1 && !packed_.empty() && bs.size() == 2) {
+      run_packed(a, batch * M, K, N, bias, residual, y);
+      return;
     }
     if (b_batch == 1) {
       // Every A matrix meets the same B: one (batch * M) x N GEMM. A's batch is the output's.
@@ -87,6 +107,23 @@ class MatMulKernel final : public Kernel {
   }
 
  private:
+  // Y [rows x N] = act(A [rows x K] @ B + bias + residual) with B packed (the class comment).
+  void run_packed(const float* a, int64_t rows, int64_t K, int64_t N, const float* bias, const float* residual,
+                  float* y) const {
+    thread_local AlignedFloats a_t, y_t;  // the calling thread's, kept between runs
+    float* at = a_t.reserve(K * rows);
+    float* yt = y_t.reserve(N * rows);
+    transpose_floats(a, rows, K, at);
+    SgemmEpilogue ep;
+    ep.row_bias = bias;
+    packed_sgemm(packed_, rows, SgemmB{at, rows, nullptr}, yt, rows, ep, thread_count());
+    transpose_floats(yt, N, rows, y);
+    if (!epilogue_.is_identity() || residual)
+      parallel_for_each(rows, rows * N > 65536, [&](int64_t r) {
+        epilogue_.apply(y + r * N, N, 1, N, nullptr, nullptr, residual ? residual + r * N : nullptr, N);
+      });
+  }
+
   void finish(float* y, int64_t rows, int64_t n, const float* bias, const float* residual) const {
     if (epilogue_.is_identity() && !bias && !residual) return;
     parallel_for_each(rows, rows * n > 65536, [&](int64_t r) {
@@ -96,6 +133,7 @@ class MatMulKernel final : public Kernel {
 
   bool fused_;
   Epilogue epilogue_;
+  PackedA packed_;  // B^T for kiln's sgemm, when B is a constant matrix
 };
 
 }  // namespace
@@ -113,7 +151,7 @@ KILN_REGISTER_CPU_KERNELS(matmul) {
     };
     e.dtypes = "float32";
     e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> {
-      return std::make_unique<MatMulKernel>(init.node, init.node.op == "FusedMatMul");
+      return std::make_unique<MatMulKernel>(init, init.node.op == "FusedMatMul");
     };
     registry.add(std::move(e));
   }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "compute_test_util.h"
+#include "cpu/gemm_util.h"
 #include "ir/activation.h"
 
 namespace kiln {
@@ -182,6 +183,43 @@ TEST(MatMul, FusedMatMulAddsBiasAndActivation) {
     for (int64_t i = 0; i < want.numel(); ++i)
       want.data<float>()[i] = act.apply(want.data<float>()[i] + bias.data<float>()[i % n]);
     EXPECT_TRUE(all_close(got, want));
+  }
+}
+
+// Constant 2-D weights run on kiln's sgemm, packed when the kernel is made (Y^T = B^T A^T):
+// sizes off the kernel's 8 x 32 tiles, a residual, an activation, A with batch dims.
+TEST(MatMul, ConstantWeightsWithResidualAndActivation) {
+  uint32_t seed = 900;
+  for (auto [as, bs] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{1, 37, 50}, {50, 23}}, {{2, 130, 96}, {96, 200}}, {{5, 8}, {8, 1}}, {{3, 1, 300}, {300, 33}}}) {
+    SCOPED_TRACE("A " + shape_to_string(as) + " B " + shape_to_string(bs));
+    Tensor a = random_tensor(as, seed++), b = random_tensor(bs, seed++);
+    Tensor bias = random_tensor({bs.back()}, seed++);
+    std::vector<int64_t> ys = as;
+    ys.back() = bs.back();
+    Tensor z = random_tensor(ys, seed++);
+    ir::Node node = make_node("FusedMatMul", "kiln");
+    ir::Activation act = ir::Activation::named("Relu");
+    act.store(node);
+    Tensor got = run_single_node(node, {{"A", a}, {"B", b, true}, {"bias", bias, true}, {"Z", z}});
+    Tensor want = reference_matmul(a, b, ys);
+    const int64_t n = bs.back();
+    for (int64_t i = 0; i < want.numel(); ++i)
+      want.data<float>()[i] = act.apply(want.data<float>()[i] + bias.data<float>()[i % n] + z.data<float>()[i]);
+    EXPECT_TRUE(all_close(got, want));
+    Tensor plain = run_single_node(make_node("MatMul"), {{"A", a}, {"B", b, true}});
+    EXPECT_TRUE(all_close(plain, reference_matmul(a, b, ys)));
+  }
+}
+
+TEST(TransposeFloats, AnySize) {
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {8, 8}, {13, 29}, {64, 7}, {300, 260}}) {
+    Tensor a = random_tensor({rows, cols}, static_cast<uint32_t>(rows * 1000 + cols));
+    std::vector<float> t(static_cast<size_t>(rows * cols));
+    cpu::transpose_floats(a.data<float>(), rows, cols, t.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        ASSERT_EQ(t[static_cast<size_t>(c * rows + r)], a.data<float>()[r * cols + c]) << rows << "x" << cols;
   }
 }
 
