@@ -133,11 +133,18 @@ class ConvKernel final : public Kernel {
     const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
     const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
     const int64_t jobs = g.batch * M;
+    const bool three_by_three = D == 1 && OD == 1 && g.k[0] == 1 && g.k[1] == 3 && g.k[2] == 3 && g.d[1] == 1 &&
+                                g.d[2] == 1;
     parallel_for_each(jobs, true, [&](int64_t j) {
       const int64_t b = j / M, m = j % M;
       const float* xc = x + (b * C + m / Mg) * Nin;
       const float* wm = w + m * kk;
       float* yc = y + j * N;
+      if (three_by_three) {
+        for (int64_t oh = 0; oh < OH; ++oh) depthwise3x3_row(g, xc, wm, oh, yc + oh * OW);
+        epilogue_.apply(yc, N, 1, N, bias ? bias + m : nullptr, nullptr, z ? z + j * N : nullptr, N);
+        return;
+      }
       for (int64_t od = 0; od < OD; ++od)
         for (int64_t oh = 0; oh < OH; ++oh) {
           float* yrow = yc + (od * OH + oh) * OW;
@@ -166,6 +173,48 @@ class ConvKernel final : public Kernel {
         }
       epilogue_.apply(yc, N, 1, N, bias ? bias + m : nullptr, nullptr, z ? z + j * N : nullptr, N);
     });
+  }
+
+  // Output row oh of a 3x3 depthwise convolution (dilation 1, 2-D): one pass over the row per
+  // input row inside the image, each output adding its three taps of that row (the general
+  // loop makes a pass per tap). The taps are added in the general loop's order, so the sums are
+  // the same.
+  static void depthwise3x3_row(const Geo3& g, const float* xc, const float* w9, int64_t oh, float* yrow) {
+    const int64_t H = g.in[1], W = g.in[2], OW = g.out[2], s = g.s[2], p = g.p[2];
+    // Columns [lo, hi) have all three taps inside the row; the others are done tap by tap.
+    int64_t lo, hi;
+    valid_range(-p, s, W - 2, OW, lo, hi);
+    bool first = true;
+    for (int64_t kh = 0; kh < 3; ++kh) {
+      const int64_t ih = oh * g.s[1] - g.p[1] + kh;
+      if (ih < 0 || ih >= H) continue;
+      const float* xr = xc + ih * W;
+      const float w0 = w9[kh * 3], w1 = w9[kh * 3 + 1], w2 = w9[kh * 3 + 2];
+      auto edge = [&](int64_t ow) {
+        float acc = first ? 0.f : yrow[ow];
+        for (int64_t kw = 0; kw < 3; ++kw) {
+          const int64_t iw = ow * s - p + kw;
+          if (iw >= 0 && iw < W) acc += w9[kh * 3 + kw] * xr[iw];
+        }
+        yrow[ow] = acc;
+      };
+      for (int64_t ow = 0; ow < lo; ++ow) edge(ow);
+      const float* xs = xr - p;
+      if (first && s == 1) {
+        for (int64_t ow = lo; ow < hi; ++ow) yrow[ow] = ((0.f + w0 * xs[ow]) + w1 * xs[ow + 1]) + w2 * xs[ow + 2];
+      } else if (first) {
+        for (int64_t ow = lo; ow < hi; ++ow)
+          yrow[ow] = ((0.f + w0 * xs[ow * s]) + w1 * xs[ow * s + 1]) + w2 * xs[ow * s + 2];
+      } else if (s == 1) {
+        for (int64_t ow = lo; ow < hi; ++ow) yrow[ow] = ((yrow[ow] + w0 * xs[ow]) + w1 * xs[ow + 1]) + w2 * xs[ow + 2];
+      } else {
+        for (int64_t ow = lo; ow < hi; ++ow)
+          yrow[ow] = ((yrow[ow] + w0 * xs[ow * s]) + w1 * xs[ow * s + 1]) + w2 * xs[ow * s + 2];
+      }
+      for (int64_t ow = std::max(hi, lo); ow < OW; ++ow) edge(ow);
+      first = false;
+    }
+    if (first) std::fill(yrow, yrow + OW, 0.f);  // every input row of the window is padding
   }
 
   const ir::Node& node_;

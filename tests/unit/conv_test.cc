@@ -148,6 +148,11 @@ std::vector<ConvCase> conv_cases() {
       {"depthwise 3x3 stride 2", {1, 5, 11, 11}, {5, 1, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 5}, true},
       {"depthwise multiplier 2, dilation", {2, 3, 9, 8}, {6, 1, 3, 3}, {{1, 1}, {2, 1}, {2, 0, 1, 2}, 3}, false},
       {"depthwise 5x5 stride 3", {1, 4, 13, 17}, {4, 1, 5, 5}, {{3, 3}, {1, 1}, {2, 2, 2, 2}, 4}, true},
+      // The 3x3 depthwise rows (dilation 1): stride 1 and 2, edges, tiny and all-padding rows.
+      {"depthwise 3x3 stride 1", {2, 6, 9, 10}, {6, 1, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 6}, true},
+      {"depthwise 3x3 stride 2 odd width", {1, 4, 12, 13}, {4, 1, 3, 3}, {{2, 2}, {1, 1}, {0, 1, 1, 0}, 4}, false},
+      {"depthwise 3x3 narrower than the kernel", {1, 3, 4, 2}, {3, 1, 3, 3}, {{1, 1}, {1, 1}, {0, 1, 0, 1}, 3}, true},
+      {"depthwise 3x3 rows of padding", {1, 4, 5, 6}, {4, 1, 3, 3}, {{1, 1}, {1, 1}, {3, 1, 3, 1}, 4}, true},
       {"1x1 direct", {1, 16, 9, 9}, {8, 16, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"1x1 direct batch 3", {3, 8, 5, 6}, {7, 8, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"1x1 stride 2", {1, 8, 10, 10}, {4, 8, 1, 1}, {{2, 2}, {1, 1}, {0, 0, 0, 0}, 1}, false},
