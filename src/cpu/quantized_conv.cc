@@ -91,17 +91,14 @@ class QConvKernel final : public Kernel {
                                                       " entries for " + std::to_string(g.out_c) + " output channels");
     const int64_t C = g.in_c, M = g.out_c, G = g.group, Cg = C / G, Mg = M / G;
     const int64_t K = Cg * g.kernel_size(), N = g.out_size();
+    if (G == 1 && N == 1 && g.in_size() == 1 && g.kernel_size() == 1 && g.batch > 1)
+      return run_rows(x, g.batch, K, M, bias, z, out[0]);
+    const GemmOutput o = gemm_output(z, out[0]);
     const bool pointwise = g.kernel_size() == 1 && N == g.in_size() && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1;
-    const int64_t panels = (N + kInt8GemmCols - 1) / kInt8GemmCols;
-    const int64_t panel_bytes = int8_b_panel_bytes(packed_[0]);
-    const int64_t k_padded = packed_[0].k_padded;
     // Scratch of the calling thread, kept between runs (fresh pages cost more than the work).
     thread_local std::vector<int8_t> col;
-    thread_local std::vector<uint8_t> packed;
     if (!pointwise) col.resize(std::max(col.size(), static_cast<size_t>(K * N)));
-    packed.resize(std::max(packed.size(), static_cast<size_t>(panels * panel_bytes)));
     int8_t* col_data = col.data();
-    uint8_t* packed_data = packed.data();
     for (int64_t n = 0; n < g.batch; ++n)
       for (int64_t gi = 0; gi < G; ++gi) {
         const int8_t* xg = x + (n * C + gi * Cg) * g.in_size();
@@ -110,28 +107,102 @@ class QConvKernel final : public Kernel {
           parallel_for(Cg, [&](int64_t first, int64_t last) { unroll_int8(g, xg, first, last, col_data); });
           b = col_data;
         }
-        parallel_for(panels, [&](int64_t first, int64_t last) {
-          for (int64_t p = first; p < last; ++p)
-            int8_pack_b_panel(b, N, K, k_padded, p * kInt8GemmCols, std::min<int64_t>(kInt8GemmCols, N - p * kInt8GemmCols),
-                              packed_data + p * panel_bytes);
-        });
-        const Int8PackedA& a = packed_[static_cast<size_t>(gi)];
-        const int64_t a_panels = a.panel_count();
-        // Consecutive tasks share a B panel, which stays in cache while the weights stream.
-        parallel_for(panels * a_panels, [&](int64_t first, int64_t last) {
-          alignas(64) int32_t tile[kInt8GemmMaxRows * kInt8GemmCols];
-          Int8TileScope tiles(a.isa);
-          for (int64_t t = first; t < last; ++t) {
-            const int64_t p = t / a_panels, ap = t % a_panels;
-            int8_tile(a, ap, packed_data + p * panel_bytes, tile);
-            const int64_t n0 = p * kInt8GemmCols, cols = std::min<int64_t>(kInt8GemmCols, N - n0);
-            const int64_t m0 = gi * Mg + ap * a.rows;
-            const int64_t rows = std::min<int64_t>(a.rows, Mg - ap * a.rows);
-            epilogue_avx512(tile, a.shift.data() + ap * a.rows, m0, rows, (n * M + m0) * N + n0, N, cols, bias, z,
-                            out[0]);
-          }
-        });
+        multiply(packed_[static_cast<size_t>(gi)], b, N, K, N, gi * Mg, Mg, (n * M + gi * Mg) * N, N, bias, o);
       }
+  }
+
+  // Where the epilogue reads the residual and writes Y: each pointer at element 0 of its
+  // matrix, null when absent (y_int8 null: Y is float32).
+  struct GemmOutput {
+    const float* z_float = nullptr;
+    const int8_t* z_int8 = nullptr;
+    int8_t* y_int8 = nullptr;
+    float* y_float = nullptr;
+  };
+
+  GemmOutput gemm_output(const Tensor* z, Tensor& y) const {
+    GemmOutput o;
+    if (z && z->dtype() == DType::kFloat32) o.z_float = z->data<float>();
+    if (z && z->dtype() == DType::kInt8) o.z_int8 = z->data<int8_t>();
+    if (y_scale_ > 0.f) o.y_int8 = y.data<int8_t>();
+    else o.y_float = y.data<float>();
+    return o;
+  }
+
+  // B [K x columns] (row-major, ldb) packed into panels, then every tile of A's panels against
+  // them through the epilogue; output element (m, column) at m * stride + column.
+  void multiply(const Int8PackedA& a, const int8_t* b, int64_t ldb, int64_t K, int64_t columns, int64_t m_first,
+                int64_t m_count, int64_t at, int64_t stride, const float* bias, const GemmOutput& o) const {
+    const int64_t panels = (columns + kInt8GemmCols - 1) / kInt8GemmCols;
+    const int64_t panel_bytes = int8_b_panel_bytes(a);
+    thread_local std::vector<uint8_t> packed;  // the calling thread's, kept between runs
+    packed.resize(std::max(packed.size(), static_cast<size_t>(panels * panel_bytes)));
+    uint8_t* packed_data = packed.data();
+    parallel_for(panels, [&](int64_t first, int64_t last) {
+      for (int64_t p = first; p < last; ++p)
+        int8_pack_b_panel(b, ldb, K, a.k_padded, p * kInt8GemmCols,
+                          std::min<int64_t>(kInt8GemmCols, columns - p * kInt8GemmCols), packed_data + p * panel_bytes);
+    });
+    const int64_t a_panels = a.panel_count();
+    // Consecutive tasks share a B panel, which stays in cache while the weights stream.
+    parallel_for(panels * a_panels, [&](int64_t first, int64_t last) {
+      alignas(64) int32_t tile[kInt8GemmMaxRows * kInt8GemmCols];
+      Int8TileScope tiles(a.isa);
+      for (int64_t t = first; t < last; ++t) {
+        const int64_t p = t / a_panels, ap = t % a_panels;
+        int8_tile(a, ap, packed_data + p * panel_bytes, tile);
+        const int64_t n0 = p * kInt8GemmCols, cols = std::min<int64_t>(kInt8GemmCols, columns - n0);
+        const int64_t m0 = m_first + ap * a.rows;
+        const int64_t rows = std::min<int64_t>(a.rows, m_count - ap * a.rows);
+        epilogue_avx512(tile, a.shift.data() + ap * a.rows, m0, rows, at + (m0 - m_first) * stride + n0, stride, cols,
+                        bias, o);
+      }
+    });
+  }
+
+  // A product written as a 1x1 convolution of 1x1 images, one per row ([rows, K, 1, 1], as the
+  // INT8 pass writes a transformer's MatMul): the rows are the GEMM's columns. X is transposed
+  // into B [K x rows], the residual into [M x rows], and Y back from [M x rows].
+  void run_rows(const int8_t* x, int64_t rows, int64_t K, int64_t M, const float* bias, const Tensor* z,
+                Tensor& y) const {
+    thread_local std::vector<int8_t> x_t;
+    thread_local std::vector<unsigned char> z_t, y_t;
+    x_t.resize(std::max(x_t.size(), static_cast<size_t>(K * rows)));
+    transpose_matrix(x, rows, K, x_t.data());
+    GemmOutput o;
+    if (z) {
+      const size_t z_bytes = static_cast<size_t>(z->numel()) * element_size(z->dtype());
+      z_t.resize(std::max(z_t.size(), z_bytes));
+      if (z->dtype() == DType::kFloat32) {
+        transpose_matrix(z->data<float>(), rows, M, reinterpret_cast<float*>(z_t.data()));
+        o.z_float = reinterpret_cast<const float*>(z_t.data());
+      } else {
+        transpose_matrix(z->data<int8_t>(), rows, M, reinterpret_cast<int8_t*>(z_t.data()));
+        o.z_int8 = reinterpret_cast<const int8_t*>(z_t.data());
+      }
+    }
+    y_t.resize(std::max(y_t.size(), static_cast<size_t>(y.numel()) * element_size(y.dtype())));
+    if (y_scale_ > 0.f) o.y_int8 = reinterpret_cast<int8_t*>(y_t.data());
+    else o.y_float = reinterpret_cast<float*>(y_t.data());
+    multiply(packed_[0], x_t.data(), rows, K, rows, 0, M, 0, rows, bias, o);
+    if (o.y_int8) transpose_matrix(o.y_int8, M, rows, y.data<int8_t>());
+    else transpose_matrix(o.y_float, M, rows, y.data<float>());
+  }
+
+  // dst [cols x rows] = src [rows x cols].
+  template <class T>
+  static void transpose_matrix(const T* src, int64_t rows, int64_t cols, T* dst) {
+    if constexpr (std::is_same_v<T, float>) {
+      transpose_floats(src, rows, cols, dst);
+    } else {
+      constexpr int64_t kBlock = 64;
+      parallel_for_each((rows + kBlock - 1) / kBlock, rows * cols > 65536, [&](int64_t rb) {
+        const int64_t r0 = rb * kBlock, r1 = std::min(rows, r0 + kBlock);
+        for (int64_t c0 = 0; c0 < cols; c0 += kBlock)
+          for (int64_t r = r0; r < r1; ++r)
+            for (int64_t c = c0; c < std::min(cols, c0 + kBlock); ++c) dst[c * rows + r] = src[r * cols + c];
+      });
+    }
   }
 
   // Rows [c0 * kernel, c1 * kernel) of the int8 im2col matrix (unroll's layout, 0 outside),
@@ -176,10 +247,6 @@ class QConvKernel final : public Kernel {
     }
   }
 
-#pragma GCC diagnostic push
-  // GCC 12's AVX-512 headers start some results from _mm512_undefined_*(), which it then
-  // reports as maybe uninitialized once inlined here.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
   // unroll_int8 for a 2-D stride-1 convolution whose output is its input's size (every 3x3
   // "same" convolution): the row of tap (kh, kw) is the input plane shifted by (kh * d - p) rows
   // and (kw * d - p) columns, one copy per tap, then zeros where the tap falls outside.
@@ -214,18 +281,21 @@ class QConvKernel final : public Kernel {
     }
   }
 
+#pragma GCC diagnostic push
+  // GCC 12's AVX-512 headers start some results from _mm512_undefined_*(), which it then
+  // reports as maybe uninitialized once inlined here.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
   // epilogue() on a tile of the int8 GEMM (rows of kInt8GemmCols sums, less shift[r]: channels
   // m0.., written `stride` apart from element `at`) with AVX-512, 16 at a time: the same
   // operations in the same order, so the same bytes. Only int8 or float32 Y and residuals
   // (float8 runs run_typed).
   __attribute__((target("avx512f,avx512bw,avx512vl"))) void epilogue_avx512(
-      const int32_t* tile, const int32_t* shift, int64_t m0, int64_t rows, int64_t at, int64_t stride, int64_t cols, const float* bias,
-      const Tensor* z, Tensor& y) const {
-    const float* zf = z && z->dtype() == DType::kFloat32 ? z->data<float>() + at : nullptr;
-    const int8_t* zq = z && z->dtype() == DType::kInt8 ? z->data<int8_t>() + at : nullptr;
-    const bool quantize = y_scale_ > 0.f;
-    int8_t* yq = quantize ? y.data<int8_t>() + at : nullptr;
-    float* yf = quantize ? nullptr : y.data<float>() + at;
+      const int32_t* tile, const int32_t* shift, int64_t m0, int64_t rows, int64_t at, int64_t stride, int64_t cols,
+      const float* bias, const GemmOutput& o) const {
+    const float* zf = o.z_float ? o.z_float + at : nullptr;
+    const int8_t* zq = o.z_int8 ? o.z_int8 + at : nullptr;
+    int8_t* yq = o.y_int8 ? o.y_int8 + at : nullptr;
+    float* yf = o.y_int8 ? nullptr : o.y_float + at;
     const ir::ActivationKind kind = act_.kind;
     const __m512 z_scale = _mm512_set1_ps(z_scale_);
     const __m512 inv = _mm512_set1_ps(inv_y_scale_);

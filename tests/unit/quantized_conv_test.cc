@@ -194,6 +194,15 @@ TEST(QConv, Int8GemmTilesAndEpilogues) {
   pointwise.z = pointwise.z_int8 = true;
   check_case(pointwise, 25);
   check_case({1, 8, 3, 4, 16, 5, 1, 2}, 30);  // taps shifted past the whole image
+  // A product as the INT8 pass writes it: rows of 1x1 images, the rows the GEMM's columns.
+  Case rows{37, 40, 1, 1, 24, 1, 1, 0};
+  rows.z = rows.z_int8 = true;
+  check_case(rows, 31);
+  Case rows_float{70, 64, 1, 1, 48, 1, 1, 0};
+  rows_float.z = true;
+  rows_float.y_int8 = false;
+  rows_float.activation = "Gelu";
+  check_case(rows_float, 32);
   Case wide{1, 8, 40, 40, 16, 1, 2, 0};  // strided 1x1
   check_case(wide, 26);
   Case clipped{1, 16, 12, 12, 16, 3, 1, 1};
