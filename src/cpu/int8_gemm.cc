@@ -214,6 +214,32 @@ void int8_pack_b_panel(const int8_t* b, int64_t ldb, int64_t k, int64_t k_padded
   }
 }
 
+void int8_pack_b_panel_transposed(const int8_t* bt, int64_t ldbt, int64_t k, int64_t k_padded, int64_t n0,
+                                  int64_t cols, uint8_t* dst) {
+  const int64_t whole = k / 4;  // steps of K whose four bytes all lie inside the row
+  for (int64_t j = 0; j < kInt8GemmCols; ++j) {
+    uint8_t* column = dst + j * 4;
+    if (j >= cols) {  // a column past the matrix: anything (the caller does not read it)
+      for (int64_t q = 0; q < k_padded / 4; ++q) std::memset(column + q * 4 * kInt8GemmCols, 0x80, 4);
+      continue;
+    }
+    const int8_t* row = bt + (n0 + j) * ldbt;
+    for (int64_t q = 0; q < whole; ++q) {
+      uint32_t word;
+      std::memcpy(&word, row + q * 4, 4);
+      word ^= 0x80808080u;  // each byte b + 128
+      std::memcpy(column + q * 4 * kInt8GemmCols, &word, 4);
+    }
+    for (int64_t q = whole; q < k_padded / 4; ++q) {  // the partial step, and K's padding
+      uint8_t* at = column + q * 4 * kInt8GemmCols;
+      for (int64_t i = 0; i < 4; ++i) {
+        const int64_t kk = q * 4 + i;
+        at[i] = static_cast<uint8_t>((kk < k ? row[kk] : 0) ^ 0x80);
+      }
+    }
+  }
+}
+
 Int8TileScope::Int8TileScope(Int8GemmIsa isa) : amx_(isa == Int8GemmIsa::kAmx) {
   if (amx_) amx_configure();
 }

@@ -70,6 +70,12 @@ inline int64_t int8_b_panel_bytes(const Int8PackedA& a) { return a.k_padded * kI
 void int8_pack_b_panel(const int8_t* b, int64_t ldb, int64_t k, int64_t k_padded, int64_t n0, int64_t cols,
                        uint8_t* dst);
 
+// The same panel from B's transpose: B[k, n] = bt[n * ldbt + k] (rows of bt are B's columns,
+// as the rows of a matrix product's left operand are), each column's four bytes per step of K
+// copied as one word.
+void int8_pack_b_panel_transposed(const int8_t* bt, int64_t ldbt, int64_t k, int64_t k_padded, int64_t n0,
+                                  int64_t cols, uint8_t* dst);
+
 // While a thread computes tiles: AMX's tile registers configured, and released after.
 class Int8TileScope {
  public:

@@ -107,7 +107,7 @@ class QConvKernel final : public Kernel {
           parallel_for(Cg, [&](int64_t first, int64_t last) { unroll_int8(g, xg, first, last, col_data); });
           b = col_data;
         }
-        multiply(packed_[static_cast<size_t>(gi)], b, N, K, N, gi * Mg, Mg, (n * M + gi * Mg) * N, N, bias, o);
+        multiply(packed_[static_cast<size_t>(gi)], b, N, false, K, N, gi * Mg, Mg, (n * M + gi * Mg) * N, N, bias, o);
       }
   }
 
@@ -129,19 +129,25 @@ class QConvKernel final : public Kernel {
     return o;
   }
 
-  // B [K x columns] (row-major, ldb) packed into panels, then every tile of A's panels against
-  // them through the epilogue; output element (m, column) at m * stride + column.
-  void multiply(const Int8PackedA& a, const int8_t* b, int64_t ldb, int64_t K, int64_t columns, int64_t m_first,
-                int64_t m_count, int64_t at, int64_t stride, const float* bias, const GemmOutput& o) const {
+  // B [K x columns] (row-major, ldb; or its transpose [columns x K] when b_transposed) packed
+  // into panels, then every tile of A's panels against them through the epilogue; output
+  // element (m, column) at m * stride + column.
+  void multiply(const Int8PackedA& a, const int8_t* b, int64_t ldb, bool b_transposed, int64_t K, int64_t columns,
+                int64_t m_first, int64_t m_count, int64_t at, int64_t stride, const float* bias,
+                const GemmOutput& o) const {
     const int64_t panels = (columns + kInt8GemmCols - 1) / kInt8GemmCols;
     const int64_t panel_bytes = int8_b_panel_bytes(a);
     thread_local std::vector<uint8_t> packed;  // the calling thread's, kept between runs
     packed.resize(std::max(packed.size(), static_cast<size_t>(panels * panel_bytes)));
     uint8_t* packed_data = packed.data();
     parallel_for(panels, [&](int64_t first, int64_t last) {
-      for (int64_t p = first; p < last; ++p)
-        int8_pack_b_panel(b, ldb, K, a.k_padded, p * kInt8GemmCols,
-                          std::min<int64_t>(kInt8GemmCols, columns - p * kInt8GemmCols), packed_data + p * panel_bytes);
+      for (int64_t p = first; p < last; ++p) {
+        const int64_t cols = std::min<int64_t>(kInt8GemmCols, columns - p * kInt8GemmCols);
+        if (b_transposed)
+          int8_pack_b_panel_transposed(b, ldb, K, a.k_padded, p * kInt8GemmCols, cols, packed_data + p * panel_bytes);
+        else
+          int8_pack_b_panel(b, ldb, K, a.k_padded, p * kInt8GemmCols, cols, packed_data + p * panel_bytes);
+      }
     });
     const int64_t a_panels = a.panel_count();
     // Consecutive tasks share a B panel, which stays in cache while the weights stream.
@@ -161,14 +167,12 @@ class QConvKernel final : public Kernel {
   }
 
   // A product written as a 1x1 convolution of 1x1 images, one per row ([rows, K, 1, 1], as the
-  // INT8 pass writes a transformer's MatMul): the rows are the GEMM's columns. X is transposed
-  // into B [K x rows], the residual into [M x rows], and Y back from [M x rows].
+  // INT8 pass writes a transformer's MatMul): the rows are the GEMM's columns. X is B's
+  // transpose, packed as it is; the residual is transposed into [M x rows], and Y back from
+  // [M x rows].
   void run_rows(const int8_t* x, int64_t rows, int64_t K, int64_t M, const float* bias, const Tensor* z,
                 Tensor& y) const {
-    thread_local std::vector<int8_t> x_t;
     thread_local std::vector<unsigned char> z_t, y_t;
-    x_t.resize(std::max(x_t.size(), static_cast<size_t>(K * rows)));
-    transpose_matrix(x, rows, K, x_t.data());
     GemmOutput o;
     if (z) {
       const size_t z_bytes = static_cast<size_t>(z->numel()) * element_size(z->dtype());
@@ -184,7 +188,7 @@ class QConvKernel final : public Kernel {
     y_t.resize(std::max(y_t.size(), static_cast<size_t>(y.numel()) * element_size(y.dtype())));
     if (y_scale_ > 0.f) o.y_int8 = reinterpret_cast<int8_t*>(y_t.data());
     else o.y_float = reinterpret_cast<float*>(y_t.data());
-    multiply(packed_[0], x_t.data(), rows, K, rows, 0, M, 0, rows, bias, o);
+    multiply(packed_[0], x, K, true, K, rows, 0, M, 0, rows, bias, o);
     if (o.y_int8) transpose_matrix(o.y_int8, M, rows, y.data<int8_t>());
     else transpose_matrix(o.y_float, M, rows, y.data<float>());
   }

@@ -198,6 +198,7 @@ TEST(QConv, Int8GemmTilesAndEpilogues) {
   Case rows{37, 40, 1, 1, 24, 1, 1, 0};
   rows.z = rows.z_int8 = true;
   check_case(rows, 31);
+  check_case({20, 37, 1, 1, 16, 1, 1, 0}, 33);  // K = 37: a partial step of four
   Case rows_float{70, 64, 1, 1, 48, 1, 1, 0};
   rows_float.z = true;
   rows_float.y_int8 = false;
