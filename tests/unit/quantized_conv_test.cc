@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -299,6 +300,47 @@ TEST(QConv, Float8MatchesItsDefinition) {
   EXPECT_EQ(differ, 0) << "of " << got.numel();
   EXPECT_LT(saturated, got.numel() / 10);  // the outputs use the range, not only its ends
   EXPECT_LT(zeros, got.numel() * 7 / 10);
+}
+
+// QuantizeLinear per tensor to int8 and uint8 (an INT8 engine's input quantize layer) runs 32
+// values at a time: the same bytes as the definition on every kind of value, ties, the ends of
+// the range, beyond them, infinities and NaN, with the count off a multiple of 32.
+TEST(QuantizeLinear, PerTensorBytesMatchTheDefinition) {
+  std::vector<float> values;
+  const float scale = 0.05f;
+  for (int i = -400; i <= 400; ++i) values.push_back(static_cast<float>(i) * 0.025f);  // every tie
+  for (float v : {6.35f, 6.375f, 6.4f, -6.4f, -6.425f, 12.7f, 12.725f, 1e9f, -1e9f, 3e38f}) values.push_back(v);
+  values.push_back(std::numeric_limits<float>::infinity());
+  values.push_back(-std::numeric_limits<float>::infinity());
+  values.push_back(std::numeric_limits<float>::quiet_NaN());
+  values.push_back(0.f);
+  values.push_back(-0.f);
+  const int64_t n = static_cast<int64_t>(values.size());
+  ASSERT_NE(n % 32, 0);
+  for (const DType dtype : {DType::kInt8, DType::kUInt8})
+    for (const int zero_point : {0, 7, -3, 128}) {
+      if ((dtype == DType::kInt8) == (zero_point == 128) || (dtype == DType::kUInt8 && zero_point < 0)) continue;
+      testing::GraphBuilder gb;
+      gb.input("X", {n});
+      gb.constant("scale", Tensor::from_vector<float>({}, {scale}));
+      Tensor zp(dtype, {});
+      if (dtype == DType::kInt8) zp.data<int8_t>()[0] = static_cast<int8_t>(zero_point);
+      else zp.data<uint8_t>()[0] = static_cast<uint8_t>(zero_point);
+      gb.constant("zero", zp);
+      gb.node("QuantizeLinear", {"X", "scale", "zero"}, "Y");
+      gb.output("Y");
+      const Tensor x = Tensor::from_vector<float>({n}, values);
+      const Tensor y = cpu::CpuEngine(gb.build()).run({{"X", x}}).at("Y");
+      ASSERT_EQ(y.dtype(), dtype);
+      const double lo = dtype == DType::kInt8 ? -128 : 0, hi = dtype == DType::kInt8 ? 127 : 255;
+      for (int64_t i = 0; i < n; ++i) {
+        double q = static_cast<double>(std::nearbyint(values[static_cast<size_t>(i)] / scale)) + zero_point;
+        if (std::isnan(q)) q = 0;
+        const int want = static_cast<int>(std::min(std::max(q, lo), hi));
+        const int got = dtype == DType::kInt8 ? y.data<int8_t>()[i] : y.data<uint8_t>()[i];
+        ASSERT_EQ(got, want) << to_string(dtype) << " zero point " << zero_point << ", x = " << values[static_cast<size_t>(i)];
+      }
+    }
 }
 
 TEST(QConv, SchemaRejectsFloatInputsAndBadScales) {
