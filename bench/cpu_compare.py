@@ -4,11 +4,11 @@
     .venv/bin/python bench/cpu_compare.py --kiln build/kiln --out bench/results/cpu_compare.json
 
 Rows (--rows picks some): ResNet-50 at batches 1 and 8, MobileNet-V2 at batch 1, BERT-base
-(sequence 128, a quarter of each row padding) at batch 1, all float32, and ResNet-50 INT8 at
-batch 1: kiln's INT8 CPU engine against ONNX Runtime on the QDQ model `kiln quantize` writes
-from the same calibration cache (the same scales). Models are torchvision's and HF
+(sequence 128, a quarter of each row padding) at batch 1, all float32, and ResNet-50 and
+BERT-base INT8 at batch 1: kiln's INT8 CPU engine against ONNX Runtime on the QDQ model
+`kiln quantize` writes from the same calibration cache (the same scales). Models are torchvision's and HF
 transformers' architectures with seeded random weights (batch-norm statistics measured on
-random images), exported at opset 17; calibration uses 32 seeded random images.
+random images), exported at opset 17; calibration uses 32 seeded random rows of inputs.
 
 Each round runs every engine in a fresh process of its own (kiln through its Python module,
 ONNX Runtime with intra_op_num_threads = --threads), engines alternating, so load from other
@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import cpu_resnet50  # noqa: E402  (stats, kiln_commit, machine)
 
-ROWS = ["resnet50:1", "resnet50:8", "mobilenet_v2:1", "bert_base:1", "resnet50_int8:1"]
+ROWS = ["resnet50:1", "resnet50:8", "mobilenet_v2:1", "bert_base:1", "resnet50_int8:1", "bert_base_int8:1"]
 BERT_SEQ = 128
 
 
@@ -169,8 +169,11 @@ def main():
         ort_model = onnx_path
         build = [kiln, "build", onnx_path, "--device", "cpu", "--batch", str(batch), "-o", engine]
         if int8:
-            calib = os.path.join(args.work, f"{base}_calib.npy")
-            np.save(calib, np.random.default_rng(1000).standard_normal((32, 3, 224, 224), dtype=np.float32))
+            # 32 rows of other inputs than the timed ones, one <input name>.npy each.
+            calib = os.path.join(args.work, f"{base}_calib")
+            os.makedirs(calib, exist_ok=True)
+            for name, value in inputs_for(base, 32, seed=1000).items():
+                np.save(os.path.join(calib, f"{name}.npy"), value)
             cache = os.path.join(args.work, f"{base}.calib")
             ort_model = os.path.join(args.work, f"{base}.qdq.onnx")
             print(f"calibrating {base} and writing its QDQ model", flush=True)
