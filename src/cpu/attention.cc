@@ -131,16 +131,21 @@ class AttentionKernel : public Kernel {
       throw node_.error(ErrorKind::kInvalidArgument, "nonpad_kv_seqlen must have one length per batch");
     const int64_t T = s.total_kv();
 
-    // Float32 copies; keys and values are the past ones followed by the new ones.
+    // Float32 views (copies of float16 inputs); with a cache, keys and values are the past ones
+    // followed by the new ones, copied together.
     const Tensor q32 = in[0]->to_float32(), k32 = in[1]->to_float32(), v32 = in[2]->to_float32();
-    std::vector<float> keys(static_cast<size_t>(s.batch * s.kv_heads * T * s.head_size));
-    std::vector<float> values(static_cast<size_t>(s.batch * s.kv_heads * T * s.v_head_size));
     const HeadView new_k{k32.data<float>(), s.three_d, s.kv_heads, s.kv_seq, s.head_size};
     const HeadView new_v{v32.data<float>(), s.three_d, s.kv_heads, s.kv_seq, s.v_head_size};
-    concat_cache(keys, past_key, new_k, s, s.head_size);
-    concat_cache(values, input(5), new_v, s, s.v_head_size);
-    const HeadView K{keys.data(), false, s.kv_heads, T, s.head_size};
-    const HeadView V{values.data(), false, s.kv_heads, T, s.v_head_size};
+    HeadView K = new_k, V = new_v;
+    std::vector<float> keys, values;
+    if (past_key || input(5)) {
+      keys.resize(static_cast<size_t>(s.batch * s.kv_heads * T * s.head_size));
+      values.resize(static_cast<size_t>(s.batch * s.kv_heads * T * s.v_head_size));
+      concat_cache(keys, past_key, new_k, s, s.head_size);
+      concat_cache(values, input(5), new_v, s, s.v_head_size);
+      K = HeadView{keys.data(), false, s.kv_heads, T, s.head_size};
+      V = HeadView{values.data(), false, s.kv_heads, T, s.v_head_size};
+    }
     const HeadView Q{q32.data<float>(), s.three_d, s.q_heads, s.q_seq, s.head_size};
 
     MaskView mask;
@@ -176,17 +181,22 @@ class AttentionKernel : public Kernel {
     // The scaled keys of each key/value head transposed, [D][T], so that a row's logits are
     // sums over d of q[d] * keys[d][:] (a loop over the keys that vectorizes). Each logit is
     // still its own double sum in the order of d, as a dot product per key would give.
-    std::vector<float> keys_t(keys.size());
+    // The calling thread's buffer, kept between runs (the loops below reach it by pointer: a
+    // worker naming a thread_local would get its own).
+    thread_local std::vector<float> keys_t_buffer;
+    keys_t_buffer.resize(std::max(keys_t_buffer.size(), static_cast<size_t>(s.batch * s.kv_heads * T * D)));
+    float* const keys_t = keys_t_buffer.data();
     parallel_for_each(s.batch * s.kv_heads, true, [&](int64_t bh) {
-      const float* src = keys.data() + bh * T * D;
-      float* dst = keys_t.data() + bh * T * D;
-      for (int64_t j = 0; j < T; ++j)
-        for (int64_t d = 0; d < D; ++d) dst[d * T + j] = src[j * D + d] * factor;
+      float* dst = keys_t + bh * T * D;
+      for (int64_t j = 0; j < T; ++j) {
+        const float* src = K.at(bh / s.kv_heads, bh % s.kv_heads, j);
+        for (int64_t d = 0; d < D; ++d) dst[d * T + j] = src[d] * factor;
+      }
     });
     // One task per (batch, query head): rows of its queries, each written by that task alone.
     parallel_for_each(s.batch * s.q_heads, true, [&](int64_t task) {
       const int64_t b = task / s.q_heads, h = task % s.q_heads, kv = h / group;
-      const float* kt = keys_t.data() + (b * s.kv_heads + kv) * T * D;
+      const float* kt = keys_t + (b * s.kv_heads + kv) * T * D;
       std::vector<float> q_row(static_cast<size_t>(D)), logits(static_cast<size_t>(T)), bias(static_cast<size_t>(T)),
           probs(static_cast<size_t>(T)), raw(static_cast<size_t>(T)), y_row(static_cast<size_t>(Dv));
       std::vector<double> dots(static_cast<size_t>(T));
