@@ -11,7 +11,8 @@ transformers' architectures with seeded random weights (batch-norm statistics me
 random images), exported at opset 17; calibration uses 32 seeded random rows of inputs.
 
 Each round runs every engine in a fresh process of its own (kiln through its Python module,
-ONNX Runtime with intra_op_num_threads = --threads), engines alternating, so load from other
+ONNX Runtime with intra_op_num_threads = --threads; --baseline DIR adds another kiln build,
+its kiln and python/, to tell a code change from the machine's drift), engines alternating, so load from other
 processes hits all of them alike and no engine's idle threads spin while another one runs. Both
 get the same inputs, and their outputs are compared: max |diff| for float32, cosine similarity
 to ONNX Runtime's float32 output for INT8 (both engines'). The JSON has a row per model and
@@ -144,6 +145,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "kiln_cpu_compare"),
                     help="folder for models, engines and inputs (models are kept and reused)")
+    ap.add_argument("--baseline", help="another kiln build folder (its kiln and python/), timed in the same rounds")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "cpu_compare.json"))
     args = ap.parse_args()
     rows = [(r.split(":")[0], int(r.split(":")[1])) for r in args.rows.split(",")]
@@ -167,7 +169,7 @@ def main():
             export(base, onnx_path)
         engine = os.path.join(args.work, f"{model}_b{batch}.cpu.engine")
         ort_model = onnx_path
-        build = [kiln, "build", onnx_path, "--device", "cpu", "--batch", str(batch), "-o", engine]
+        build = ["build", onnx_path, "--device", "cpu", "--batch", str(batch)]
         if int8:
             # 32 rows of other inputs than the timed ones, one <input name>.npy each.
             calib = os.path.join(args.work, f"{base}_calib")
@@ -180,22 +182,30 @@ def main():
             run([kiln, "quantize", onnx_path, "--calib", calib, "--batch", "8", "--calib-cache", cache, "-o", ort_model])
             build += ["--int8", "--calib-cache", cache]
         print(f"building {os.path.basename(engine)}", flush=True)
-        run(build)
+        run([kiln] + build + ["-o", engine])
+        baseline_engine = None
+        if args.baseline:
+            baseline_engine = os.path.join(args.work, f"baseline_{model}_b{batch}.cpu.engine")
+            run([os.path.join(os.path.abspath(args.baseline), "kiln")] + build + ["-o", baseline_engine])
         inputs = os.path.join(args.work, f"{base}_b{batch}_inputs.npz")
         np.savez(inputs, **inputs_for(base, batch))
         plans.append({"model": model, "base": base, "batch": batch, "int8": int8, "engine": engine,
-                      "ort_model": ort_model, "onnx": onnx_path, "inputs": inputs})
+                      "baseline_engine": baseline_engine, "ort_model": ort_model, "onnx": onnx_path,
+                      "inputs": inputs})
 
     load_before = os.getloadavg()
-    times = {id(p): {"kiln": [], "ort": []} for p in plans}
+    kinds = ["kiln", "ort"] + (["baseline"] if args.baseline else [])
+    times = {id(p): {kind: [] for kind in kinds} for p in plans}
     outputs = {}
     for round_index in range(args.rounds):
         for p in plans:
-            for kind in ("kiln", "ort") if round_index % 2 == 0 else ("ort", "kiln"):
-                path = p["engine"] if kind == "kiln" else p["ort_model"]
+            for kind in kinds if round_index % 2 == 0 else kinds[::-1]:
+                path = {"kiln": p["engine"], "ort": p["ort_model"], "baseline": p["baseline_engine"]}[kind]
+                python = os.path.join(os.path.abspath(args.baseline), "python") if kind == "baseline" else \
+                    os.path.abspath(args.kiln_python)
                 out_npy = os.path.join(args.work, f"out_{kind}_{p['model']}_b{p['batch']}.npy")
-                t, y = time_engine(kind, path, p["inputs"], out_npy, args.threads, args.runs, args.warmup,
-                                   os.path.abspath(args.kiln_python))
+                t, y = time_engine("ort" if kind == "ort" else "kiln", path, p["inputs"], out_npy, args.threads,
+                                   args.runs, args.warmup, python)
                 times[id(p)][kind] += t
                 outputs[(id(p), kind)] = y
                 print(f"round {round_index + 1}/{args.rounds} {p['model']} batch {p['batch']} {kind}: "
@@ -207,6 +217,10 @@ def main():
         row = {"model": p["model"], "batch": p["batch"], "threads": args.threads,
                "precision": "int8" if p["int8"] else "fp32", "kiln_ms": k["median_ms"], "ort_ms": o["median_ms"],
                "kiln_over_ort": k["median_ms"] / o["median_ms"], "kiln": k, "ort": o}
+        if args.baseline:
+            base_stats = cpu_resnet50.stats(times[id(p)]["baseline"])
+            row.update(baseline_ms=base_stats["median_ms"], baseline=base_stats,
+                       kiln_over_baseline=k["median_ms"] / base_stats["median_ms"])
         y_kiln, y_ort = outputs[(id(p), "kiln")], outputs[(id(p), "ort")]
         if p["int8"]:
             # Both quantized outputs against ONNX Runtime's float32 one on the same inputs.
@@ -231,6 +245,7 @@ def main():
         "benchmark": "kiln CPU engine against ONNX Runtime's CPU provider; random weights, opset 17",
         "command": " ".join([os.path.relpath(sys.executable)] + sys.argv),
         "kiln_commit": cpu_resnet50.kiln_commit(HERE),
+        **({"baseline_commit": cpu_resnet50.kiln_commit(args.baseline)} if args.baseline else {}),
         "onnxruntime": ort.__version__,
         "machine": cpu_resnet50.machine(),
         "threads": args.threads,
@@ -245,13 +260,15 @@ def main():
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
-    print(f"\n{'model':<16}{'batch':>6}{'precision':>10}{'kiln ms':>10}{'ORT ms':>10}{'kiln/ORT':>10}")
+    print(f"\n{'model':<16}{'batch':>6}{'precision':>10}{'kiln ms':>10}{'ORT ms':>10}{'kiln/ORT':>10}"
+          + (f"{'baseline ms':>13}" if args.baseline else ""))
     for r in results:
         extra = (f"  cosine to fp32: kiln {r['kiln_cosine_to_fp32']:.5f}, ORT {r['ort_cosine_to_fp32']:.5f}"
                  + (f"; kiln fp32 / int8 {r['kiln_fp32_over_kiln_int8']:.2f}x" if "kiln_fp32_over_kiln_int8" in r else "")
                  if r["precision"] == "int8" else f"  max|diff| {r['max_abs_diff']:.1e} (|y| <= {r['max_abs_output']:.1f})")
+        base = f"{r['baseline_ms']:>13.2f}" if args.baseline else ""
         print(f"{r['model']:<16}{r['batch']:>6}{r['precision']:>10}{r['kiln_ms']:>10.2f}{r['ort_ms']:>10.2f}"
-              f"{r['kiln_over_ort']:>9.2f}x{extra}")
+              f"{r['kiln_over_ort']:>9.2f}x{base}{extra}")
     print("wrote", args.out)
 
 
