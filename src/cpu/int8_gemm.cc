@@ -43,13 +43,14 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const int8
   constexpr int kRows = 8;
   __m512i acc[kRows][2];
   for (int r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
-  const int32_t* a32 = reinterpret_cast<const int32_t*>(a);
   for (int64_t q = 0; q < k_padded / 4; ++q) {
     const __m512i b0 = _mm512_loadu_si512(b + q * 128);
     const __m512i b1 = _mm512_loadu_si512(b + q * 128 + 64);
-    const int32_t* aq = a32 + q * kRows;
+    const int8_t* aq = a + q * kRows * 4;
     for (int r = 0; r < kRows; ++r) {
-      const __m512i w = _mm512_set1_epi32(aq[r]);
+      int32_t four;  // row r's four bytes of this step (memcpy: the panel is int8 storage)
+      std::memcpy(&four, aq + r * 4, 4);
+      const __m512i w = _mm512_set1_epi32(four);
       acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], b0, w);
       acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], b1, w);
     }
