@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <random>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -107,6 +108,89 @@ TEST(CpuEngine, ThreadsSharingOneEngineAtMixedShapesMatchSerialRunsBitForBit) {
         const size_t i = static_cast<size_t>((t * 7 + r * 3) % 16);
         const Tensor y = engine.run({{"x", inputs[i]}}).at("y");
         if (y.shape() != expected[i].shape() || std::memcmp(y.raw(), expected[i].raw(), y.nbytes()) != 0) ++mismatches;
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(mismatches.load(), 0) << "of " << kThreads * kRuns << " concurrent runs";
+}
+
+// The kernels that keep scratch buffers per calling thread (thread_local): the int8 GEMM's
+// convolutions (unrolled input, packed panels, and the rows form of a 1x1 image batch), the
+// MatMul by packed constant weights, and Attention's transposed keys.
+ir::Graph int8_and_products() {
+  GraphBuilder b;
+  b.input("x", {ir::Dim::named("N"), 16, ir::Dim::named("H"), ir::Dim::named("W")});
+  b.scalar("x_scale", 0.02f);
+  b.constant("x_zero", Tensor(DType::kInt8, {}));
+  b.node("QuantizeLinear", {"x", "x_scale", "x_zero"}, "xq");
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> dist(-100, 100);
+  auto int8_weights = [&](std::vector<int64_t> shape) {
+    Tensor t(DType::kInt8, std::move(shape));
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<int8_t>()[i] = static_cast<int8_t>(dist(rng));
+    return t;
+  };
+  b.constant("w1", int8_weights({24, 16, 3, 3}));
+  b.random("b1", {24}, -0.1f, 0.1f);
+  b.node("QConv", {"xq", "w1", "b1"}, "y1",
+         {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"kernel_shape", std::vector<int64_t>{3, 3}},
+          {"x_scale", 0.02f}, {"w_scales", std::vector<float>(24, 0.004f)}, {"y_scale", 0.05f},
+          {"activation", std::string("Relu")}});
+  b.last().domain = "kiln";
+  b.constant("w2", int8_weights({16, 24, 1, 1}));
+  b.node("QConv", {"y1", "w2"}, "y2",
+         {{"x_scale", 0.05f}, {"w_scales", std::vector<float>(16, 0.003f)}, {"activation", std::string("")}});
+  b.last().domain = "kiln";
+  b.node("GlobalAveragePool", {"y2"}, "pooled");
+  b.node("Flatten", {"pooled"}, "flat");
+  b.random("w3", {16, 10});
+  b.random("b3", {10});
+  b.node("FusedMatMul", {"flat", "w3", "b3"}, "y", {{"activation", std::string("Gelu")}});
+  b.last().domain = "kiln";
+  b.output("y");
+  return b.build();
+}
+
+ir::Graph attention_block() {
+  GraphBuilder b;
+  for (const char* name : {"q", "k", "v"}) b.input(name, {ir::Dim::named("B"), 2, ir::Dim::named("S"), 8});
+  b.node("Attention", {"q", "k", "v"}, "y", {{"is_causal", int64_t{1}}});
+  b.output("y");
+  return b.build();
+}
+
+TEST(CpuEngine, ThreadsSharingInt8ProductAndAttentionEnginesMatchSerialRuns) {
+  cpu::CpuEngine int8_engine(int8_and_products()), attention(attention_block());
+  const std::vector<std::vector<int64_t>> images = {{1, 16, 8, 8}, {3, 16, 5, 7}, {2, 16, 12, 12}, {3, 16, 1, 1}};
+  const std::vector<std::vector<int64_t>> heads = {{1, 2, 5, 8}, {2, 2, 40, 8}, {3, 2, 17, 8}};
+  struct Case {
+    cpu::CpuEngine* engine;
+    std::map<std::string, Tensor> feeds;
+    Tensor expected;
+  };
+  std::vector<Case> cases;
+  for (unsigned i = 0; i < 12; ++i) {
+    if (i % 2 == 0) {
+      std::map<std::string, Tensor> feeds{{"x", random_image(images[(i / 2) % images.size()], i)}};
+      Tensor y = int8_engine.run(feeds).at("y");
+      cases.push_back({&int8_engine, std::move(feeds), std::move(y)});
+    } else {
+      const std::vector<int64_t>& shape = heads[(i / 2) % heads.size()];
+      std::map<std::string, Tensor> feeds{
+          {"q", random_image(shape, 100 + i)}, {"k", random_image(shape, 200 + i)}, {"v", random_image(shape, 300 + i)}};
+      Tensor y = attention.run(feeds).at("y");
+      cases.push_back({&attention, std::move(feeds), std::move(y)});
+    }
+  }
+  constexpr int kThreads = 6, kRuns = 40;
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRuns; ++r) {
+        const Case& c = cases[static_cast<size_t>((t * 5 + r * 7) % 12)];
+        const Tensor y = c.engine->run(c.feeds).at("y");
+        if (y.shape() != c.expected.shape() || std::memcmp(y.raw(), c.expected.raw(), y.nbytes()) != 0) ++mismatches;
       }
     });
   for (std::thread& t : threads) t.join();
