@@ -56,6 +56,10 @@ class QConvKernel final : public Kernel {
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
+    const int64_t channels = in[1]->rank() > 0 ? in[1]->dim(0) : 0;  // W's output channels
+    if (static_cast<int64_t>(multiplier_.size()) != channels)
+      throw node_.error(ErrorKind::kInvalidModel, "w_scales has " + std::to_string(multiplier_.size()) +
+                                                      " entries for " + std::to_string(channels) + " output channels");
     if (in[0]->dtype() == DType::kFloat8E4M3FN) run_typed<uint8_t, float, float>(in, out);
     else if (!packed_.empty() && int8_gemm_isa() != Int8GemmIsa::kNone) run_gemm(in, out);
     else run_typed<int8_t, int16_t, int32_t>(in, out);
@@ -87,9 +91,6 @@ class QConvKernel final : public Kernel {
     const float* bias = in.size() > 2 && in[2] ? in[2]->data<float>() : nullptr;
     const Tensor* z = in.size() > 3 ? in[3] : nullptr;
     if (out[0].numel() == 0) return;
-    if (static_cast<int64_t>(multiplier_.size()) != g.out_c)
-      throw node_.error(ErrorKind::kInvalidModel, "w_scales has " + std::to_string(multiplier_.size()) +
-                                                      " entries for " + std::to_string(g.out_c) + " output channels");
     const int64_t C = g.in_c, M = g.out_c, G = g.group, Cg = C / G, Mg = M / G;
     const int64_t K = Cg * g.kernel_size(), N = g.out_size();
     if (G == 1 && N == 1 && g.in_size() == 1 && g.kernel_size() == 1 && g.batch > 1)
@@ -358,9 +359,6 @@ class QConvKernel final : public Kernel {
     const float* bias = in.size() > 2 && in[2] ? in[2]->data<float>() : nullptr;
     const Tensor* z = in.size() > 3 ? in[3] : nullptr;
     if (out[0].numel() == 0) return;
-    if (static_cast<int64_t>(multiplier_.size()) != g.out_c)
-      throw node_.error(ErrorKind::kInvalidModel, "w_scales has " + std::to_string(multiplier_.size()) +
-                                                      " entries for " + std::to_string(g.out_c) + " output channels");
 
     const int64_t C = g.in_c, M = g.out_c, G = g.group, Cg = C / G, Mg = M / G;
     const int64_t K = Cg * g.kernel_size(), N = g.out_size();
