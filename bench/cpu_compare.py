@@ -107,8 +107,8 @@ else:
     so = ort.SessionOptions()
     so.intra_op_num_threads = int(threads)
     so.inter_op_num_threads = 1
-    session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    call = lambda: dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    runtime = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    call = lambda: dict(zip([o.name for o in runtime.get_outputs()], runtime.run(None, feeds)))
 for _ in range(int(warmup)):
     out = call()
 times = []

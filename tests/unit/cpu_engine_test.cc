@@ -90,6 +90,26 @@ Tensor random_image(const std::vector<int64_t>& shape, unsigned seed) {
   return x;
 }
 
+// Same shape and the same bytes.
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// Runs differs(thread, run) for `runs` runs on each of `threads` threads at once; how many
+// returned true.
+template <class Differs>
+int mismatches_on_threads(int threads, int runs, Differs differs) {
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      for (int r = 0; r < runs; ++r)
+        if (differs(t, r)) ++mismatches;
+    });
+  for (std::thread& w : workers) w.join();
+  return mismatches.load();
+}
+
 const std::vector<std::vector<int64_t>> kShapes = {{1, 4, 8, 8}, {3, 4, 5, 7}, {2, 4, 16, 16}, {1, 4, 1, 1}};
 
 TEST(CpuEngine, ThreadsSharingOneEngineAtMixedShapesMatchSerialRunsBitForBit) {
@@ -100,18 +120,11 @@ TEST(CpuEngine, ThreadsSharingOneEngineAtMixedShapesMatchSerialRunsBitForBit) {
     expected.push_back(engine.run({{"x", inputs.back()}}).at("y"));
   }
   constexpr int kThreads = 8, kRuns = 60;
-  std::atomic<int> mismatches{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t)
-    threads.emplace_back([&, t] {
-      for (int r = 0; r < kRuns; ++r) {
-        const size_t i = static_cast<size_t>((t * 7 + r * 3) % 16);
-        const Tensor y = engine.run({{"x", inputs[i]}}).at("y");
-        if (y.shape() != expected[i].shape() || std::memcmp(y.raw(), expected[i].raw(), y.nbytes()) != 0) ++mismatches;
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ(mismatches.load(), 0) << "of " << kThreads * kRuns << " concurrent runs";
+  const int mismatches = mismatches_on_threads(kThreads, kRuns, [&](int t, int r) {
+    const size_t i = static_cast<size_t>((t * 7 + r * 3) % 16);
+    return !same_bytes(engine.run({{"x", inputs[i]}}).at("y"), expected[i]);
+  });
+  EXPECT_EQ(mismatches, 0) << "of " << kThreads * kRuns << " concurrent runs";
 }
 
 // The kernels that keep scratch buffers per calling thread (thread_local): the int8 GEMM's
@@ -183,18 +196,11 @@ TEST(CpuEngine, ThreadsSharingInt8ProductAndAttentionEnginesMatchSerialRuns) {
     }
   }
   constexpr int kThreads = 6, kRuns = 40;
-  std::atomic<int> mismatches{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t)
-    threads.emplace_back([&, t] {
-      for (int r = 0; r < kRuns; ++r) {
-        const Case& c = cases[static_cast<size_t>((t * 5 + r * 7) % 12)];
-        const Tensor y = c.engine->run(c.feeds).at("y");
-        if (y.shape() != c.expected.shape() || std::memcmp(y.raw(), c.expected.raw(), y.nbytes()) != 0) ++mismatches;
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ(mismatches.load(), 0) << "of " << kThreads * kRuns << " concurrent runs";
+  const int mismatches = mismatches_on_threads(kThreads, kRuns, [&](int t, int r) {
+    const Case& c = cases[static_cast<size_t>((t * 5 + r * 7) % 12)];
+    return !same_bytes(c.engine->run(c.feeds).at("y"), c.expected);
+  });
+  EXPECT_EQ(mismatches, 0) << "of " << kThreads * kRuns << " concurrent runs";
 }
 
 TEST(CpuEngine, MemoryStaysFlatAcrossTenThousandRuns) {
