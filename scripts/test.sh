@@ -35,7 +35,7 @@ if (($# == 0)); then
   cmake -S . -B "$TSAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_TSAN=ON -DKILN_WITH_CUDA=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ > "$TSAN_DIR/configure.log" 2>&1 ||
     { cat "$TSAN_DIR/configure.log"; exit 1; }
-  ninja -C "$TSAN_DIR" thread_safety_tests
+  ninja -C "$TSAN_DIR" thread_safety_tests kiln_tsan_python
   ctest --test-dir "$TSAN_DIR" -L tsan --output-on-failure
 fi
 
