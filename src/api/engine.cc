@@ -85,6 +85,7 @@ Engine Engine::load(const std::string& engine_path, size_t max_memory) {
     if (options.device == Device::kCuda && h.profiles.empty())
       throw Error(ErrorKind::kInvalidModel, "the GPU engine file has no optimization profile").file(engine_path);
     ir::Graph graph = onnx_import::import_engine_graph(c.graph, c.weights, engine_path);
+    std::string().swap(c.weights);  // the graph's tensors hold the weights now
     // The graph's inputs are the ones the profiles name, with their declared ranks.
     for (const OptimizationProfile& p : h.profiles) {
       if (p.size() != graph.inputs.size())

@@ -20,6 +20,7 @@ class CpuBackendEngine final : public backend::Engine {
   void describe(EngineInfo& info) const override {
     info.device = "cpu";
     const ir::Graph& g = engine_.graph();
+    info.weight_bytes = static_cast<size_t>(g.parameter_bytes());
     for (const ir::Node& n : g.nodes) {
       const ir::Value* out = n.outputs.empty() ? nullptr : g.find_value(n.outputs[0]);
       LayerInfo l{n.name, n.op, "cpu", out ? to_string(out->type.dtype) : "", false, 0, {}};

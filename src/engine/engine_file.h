@@ -35,7 +35,10 @@ void write(const std::string& path, const Contents& contents);
 // Throws kIo (missing/unreadable) or kInvalidModel (not an engine file, a newer or older
 // format, truncated, corrupted: checksum mismatch), naming the file.
 Contents read(const std::string& path);
-// Parses a file already in memory (used by read() and by the fuzzer).
+// Reads only the header (the format checked, not the checksum, which needs the whole file): for
+// a look at what an engine is without reading its weights. Throws as read() does.
+nlohmann::json read_header(const std::string& path);
+// Parses a file already in memory (the fuzzer's), as read() reads one from disk.
 Contents parse(const std::string& bytes, const std::string& name);
 // The checksum of a file's first n bytes, as its last 8 bytes hold it (the fuzzer fixes it up
 // after mutating a file, to reach what lies behind the check).

@@ -324,10 +324,10 @@ bool is_engine_file(const std::string& path) {
 }
 
 std::string engine_file_backend(const std::string& path) {
-  const engine_file::Contents c = engine_file::read(path);
-  if (!c.header.contains("backend") || !c.header.at("backend").is_string())
+  const nlohmann::json header = engine_file::read_header(path);
+  if (!header.contains("backend") || !header.at("backend").is_string())
     throw Error(ErrorKind::kInvalidModel, "the engine file's header names no backend").file(path);
-  return c.header.at("backend").get<std::string>();
+  return header.at("backend").get<std::string>();
 }
 
 }  // namespace kiln::tools

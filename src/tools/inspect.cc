@@ -105,7 +105,7 @@ void fill_shapes_by_folding(ir::Graph& g) {
 // shape; inputs and outputs; memory) and for what (the header: kiln version, device, options).
 int inspect_engine(const InspectOptions& o) {
   const JsonOutput json(o.json);
-  const engine_file::Contents file = engine_file::read(o.model);
+  const nlohmann::json header = engine_file::read_header(o.model);
   const Engine engine = Engine::load(o.model);
   const EngineInfo info = engine.info();
   auto desc_json = [](const TensorDesc& d) {
@@ -115,20 +115,24 @@ int inspect_engine(const InspectOptions& o) {
   j["engine"] = o.model;
   j["format_version"] = engine_file::kEngineFormatVersion;
   for (const char* key : {"kiln_version", "backend", "device", "options", "model_name"})
-    if (file.header.contains(key)) j[key] = file.header.at(key);
+    if (header.contains(key)) j[key] = header.at(key);
   j["options"].erase("int8_scales");  // per tensor: long, and in the calibration cache
-  j["int8_scales"] = file.header.contains("options") ? file.header.at("options").value("int8_scales", nlohmann::json::object()).size() : 0;
+  j["int8_scales"] = header.contains("options") ? header.at("options").value("int8_scales", nlohmann::json::object()).size() : 0;
   j["precision"] = info.precision;
   for (const TensorDesc& d : engine.inputs()) j["inputs"].push_back(desc_json(d));
   for (const TensorDesc& d : engine.outputs()) j["outputs"].push_back(desc_json(d));
+  // A CPU engine keeps its dims dynamic: its layers' FLOPs are not known until the shapes are
+  // (kiln inspect on the ONNX model counts them at chosen dims).
   double flops = 0;
+  bool dynamic = false;
   j["layers"] = nlohmann::json::array();
   for (const LayerInfo& l : info.layers) {
     flops += l.flops;
+    for (int64_t d : l.shape) dynamic = dynamic || d < 0;
     j["layers"].push_back({{"name", l.name}, {"op", l.op}, {"tactic", l.tactic}, {"precision", l.precision},
                            {"shape", l.shape}, {"flops", l.flops}, {"cpu_fallback", l.cpu_fallback}});
   }
-  j["flops"] = flops;
+  j["flops"] = dynamic ? nlohmann::json() : nlohmann::json(flops);
   j["memory"] = {{"weight_bytes", info.weight_bytes}, {"activation_bytes", info.activation_bytes},
                  {"workspace_bytes", info.workspace_bytes}};
   j["fp32_layers"] = info.fp32_layers;
@@ -156,7 +160,7 @@ int inspect_engine(const InspectOptions& o) {
   }
   std::cout << fmt::format("engine: {} (kiln {}, {} engine, precision {}, format {})\n", o.model,
                            j.value("kiln_version", "?"), info.backend, info.precision, engine_file::kEngineFormatVersion);
-  if (file.header.contains("device")) std::cout << "built for: " << file.header.at("device").dump() << "\n";
+  if (header.contains("device")) std::cout << "built for: " << header.at("device").dump() << "\n";
   std::cout << "inputs:\n";
   for (const TensorDesc& d : engine.inputs())
     std::cout << fmt::format("  {:<30} {}[{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
@@ -178,14 +182,22 @@ int inspect_engine(const InspectOptions& o) {
     std::cout << fmt::format("  {:<4} {:<18} {:<34} {:<9} {:<22} {}\n", i, l.op, l.name.substr(0, 34), l.precision,
                              "[" + shape_to_string(l.shape) + "]", l.tactic);
   }
-  std::cout << fmt::format("memory: weights {}, activations {}, workspace {} (per context)\n",
-                           human(static_cast<double>(info.weight_bytes), "B"), human(static_cast<double>(info.activation_bytes), "B"),
-                           human(static_cast<double>(info.workspace_bytes), "B"));
+  if (info.device == "cpu")
+    std::cout << fmt::format("memory: weights {} (activations are planned for each input shape as it runs)\n",
+                             human(static_cast<double>(info.weight_bytes), "B"));
+  else
+    std::cout << fmt::format("memory: weights {}, activations {}, workspace {} (per context)\n",
+                             human(static_cast<double>(info.weight_bytes), "B"),
+                             human(static_cast<double>(info.activation_bytes), "B"),
+                             human(static_cast<double>(info.workspace_bytes), "B"));
   if (!info.profiles.empty())
     std::cout << fmt::format("device memory with one context, after its first run: about {} (weights and buffers in whole "
                              "pages, library state)\n",
                              human(static_cast<double>(info.device_memory_bytes), "B"));
-  std::cout << fmt::format("FLOPs: {}\n", human(flops, "FLOP"));
+  if (dynamic)
+    std::cout << "FLOPs: not counted, the engine's dims are dynamic (kiln inspect MODEL.onnx --shapes counts them)\n";
+  else
+    std::cout << fmt::format("FLOPs: {}\n", human(flops, "FLOP"));
   for (const std::string& k : info.int8_kept_float) std::cout << "kept in float: " << k << "\n";
   return 0;
 }
