@@ -136,11 +136,55 @@ void transpose_floats(const float* src, int64_t rows, int64_t cols, float* dst) 
   });
 }
 
+void gelu_erf_in_place(float* y, int64_t n) {
+  // erf(t) = t P(t^2) / Q(t^2) for |t| < 3.92, a weighted least-squares rational fit of kiln's
+  // own (float32 relative error at most 3.3e-7 over [0, 3.92], the fit itself 6.4e-8), and
+  // +-1 beyond, where float32's erf is 1. libm's erff, one value at a time, took a fifth of
+  // BERT's non-GEMM time on the CPU engine.
+  const __m256 p0 = _mm256_set1_ps(1.128379107e+00f), p1 = _mm256_set1_ps(1.871593148e-01f),
+               p2 = _mm256_set1_ps(5.237551406e-02f), p3 = _mm256_set1_ps(3.641874064e-03f),
+               p4 = _mm256_set1_ps(2.848289441e-04f), p5 = _mm256_set1_ps(2.111000185e-06f);
+  const __m256 q1 = _mm256_set1_ps(4.991985857e-01f), q2 = _mm256_set1_ps(1.128181219e-01f),
+               q3 = _mm256_set1_ps(1.471901871e-02f), q4 = _mm256_set1_ps(1.137620653e-03f),
+               q5 = _mm256_set1_ps(3.871936497e-05f);
+  const __m256 one = _mm256_set1_ps(1.f), half = _mm256_set1_ps(0.5f), limit = _mm256_set1_ps(3.92f);
+  const __m256 sign = _mm256_set1_ps(-0.f), inv_sqrt2 = _mm256_set1_ps(0.7071067811865476f);
+  auto gelu8 = [&](__m256 x) {
+    const __m256 t = _mm256_mul_ps(x, inv_sqrt2);
+    const __m256 a = _mm256_andnot_ps(sign, t);   // |t|
+    const __m256 ac = _mm256_min_ps(a, limit);    // NaN becomes the limit; x carries the NaN below
+    const __m256 a2 = _mm256_mul_ps(ac, ac);
+    __m256 num = _mm256_fmadd_ps(p5, a2, p4);
+    num = _mm256_fmadd_ps(num, a2, p3);
+    num = _mm256_fmadd_ps(num, a2, p2);
+    num = _mm256_fmadd_ps(num, a2, p1);
+    num = _mm256_fmadd_ps(num, a2, p0);
+    __m256 den = _mm256_fmadd_ps(q5, a2, q4);
+    den = _mm256_fmadd_ps(den, a2, q3);
+    den = _mm256_fmadd_ps(den, a2, q2);
+    den = _mm256_fmadd_ps(den, a2, q1);
+    den = _mm256_fmadd_ps(den, a2, one);
+    __m256 e = _mm256_div_ps(_mm256_mul_ps(ac, num), den);
+    e = _mm256_blendv_ps(e, one, _mm256_cmp_ps(a, limit, _CMP_GE_OQ));
+    e = _mm256_or_ps(e, _mm256_and_ps(t, sign));  // erf is odd
+    return _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, e));
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, gelu8(_mm256_loadu_ps(y + i)));
+  if (i < n) {  // the tail through the same arithmetic, so every element gets the same formula
+    alignas(32) float tail[8] = {};
+    std::memcpy(tail, y + i, static_cast<size_t>(n - i) * sizeof(float));
+    _mm256_store_ps(tail, gelu8(_mm256_load_ps(tail)));
+    std::memcpy(y + i, tail, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
 Epilogue::Epilogue(ir::Activation act) : act_(std::move(act)) {
   if (act_.none()) kind_ = Kind::kNone;
   else if (act_.kind == ir::ActivationKind::kRelu) kind_ = Kind::kRelu;
   else if (act_.kind == ir::ActivationKind::kClip) kind_ = Kind::kClip;
   else if (act_.kind == ir::ActivationKind::kLeakyRelu) kind_ = Kind::kLeakyRelu;
+  else if (act_.kind == ir::ActivationKind::kGelu) kind_ = Kind::kGelu;
   else kind_ = Kind::kOther;
 }
 
@@ -183,6 +227,9 @@ void Epilogue::apply(float* y, int64_t ld, int64_t rows, int64_t cols, const flo
         for (int64_t c = 0; c < cols; ++c) row[c] = row[c] >= 0.f ? row[c] : a * row[c];
         break;
       }
+      case Kind::kGelu:
+        gelu_erf_in_place(row, cols);
+        break;
       case Kind::kOther:
         for (int64_t c = 0; c < cols; ++c) row[c] = act_.apply(row[c]);
         break;

@@ -2,6 +2,10 @@
 // against naive loops on random inputs, shape inference and bad-input errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "compute_test_util.h"
 #include "cpu/gemm_util.h"
 #include "ir/activation.h"
@@ -220,6 +224,40 @@ TEST(TransposeFloats, AnySize) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
         ASSERT_EQ(t[static_cast<size_t>(c * rows + r)], a.data<float>()[r * cols + c]) << rows << "x" << cols;
+  }
+}
+
+// The Epilogue's vectorized Gelu against erf in double: within 4e-7 of |x| (erf's fit error,
+// carried by 0.5 x) plus an ulp; special values as the formula with erff gives them; every
+// length, so the tail takes the same arithmetic as the body.
+TEST(GeluErf, MatchesErfInDouble) {
+  std::vector<float> xs;
+  for (float x = -12.f; x <= 12.f; x += 1.f / 1024) xs.push_back(x);
+  for (float x : {1e-30f, -1e-30f, 1e-7f, -3e-5f, 5.5437f, 5.5438f, -5.5438f, 80.f, -80.f, 3.4e38f, -3.4e38f})
+    xs.push_back(x);
+  std::vector<float> got = xs;
+  cpu::gelu_erf_in_place(got.data(), static_cast<int64_t>(got.size()));
+  double worst = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double x = xs[i];
+    const double want = 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    const double error = std::abs(got[i] - want);
+    worst = std::max(worst, error / std::abs(x));
+    ASSERT_LE(error, 4e-7 * std::abs(x) + std::abs(want) * 1.2e-7 + 1e-38) << "x = " << xs[i] << ": " << got[i] << " vs " << want;
+  }
+  EXPECT_LT(worst, 4e-7);
+  ir::Activation gelu = ir::Activation::named("Gelu");
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float special : {std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.f}) {
+    for (int64_t n = 1; n <= 17; ++n) {
+      std::vector<float> v(static_cast<size_t>(n), 0.25f);
+      v.back() = special;
+      cpu::gelu_erf_in_place(v.data(), n);
+      const float want = gelu.apply(special);
+      if (std::isnan(want)) EXPECT_TRUE(std::isnan(v.back())) << special << " at length " << n;
+      else EXPECT_EQ(v.back(), want) << special << " at length " << n;
+      if (n > 1) EXPECT_NEAR(v[0], gelu.apply(0.25f), 1e-7f) << "length " << n;
+    }
   }
 }
 
