@@ -116,6 +116,61 @@ void row_dots(const float* q, const float* kt, int64_t D, int64_t T, double* dot
   else row_dots_portable(q, kt, D, T, dots);
 }
 
+// z[j] = x[j] + bias[j]; returns the largest z that is not NaN (-inf if none) and sets
+// `any_allowed` when some bias is not -inf. 8 keys at a time.
+float biased_logits(const float* x, const float* bias, int64_t T, float* z, bool& any_allowed) {
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  __m256 largest = neg_inf, allowed = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= T; j += 8) {
+    const __m256 bj = _mm256_loadu_ps(bias + j);
+    const __m256 zj = _mm256_add_ps(_mm256_loadu_ps(x + j), bj);
+    _mm256_storeu_ps(z + j, zj);
+    largest = _mm256_max_ps(zj, largest);  // a NaN z leaves `largest` as it is
+    allowed = _mm256_or_ps(allowed, _mm256_cmp_ps(bj, neg_inf, _CMP_NEQ_UQ));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, largest);
+  float result = kNegInf;
+  for (float v : lanes) result = std::max(result, v);
+  any_allowed = _mm256_movemask_ps(allowed) != 0;
+  for (; j < T; ++j) {
+    z[j] = x[j] + bias[j];
+    result = std::max(result, z[j]);
+    any_allowed |= bias[j] != kNegInf;
+  }
+  return result;
+}
+
+// y[d] = sum over keys j, in order, of p[j] * V[b, kv, j, d], one fused multiply-add per term and
+// keys of weight 0 left out; 64 columns at a time held in registers through the keys.
+void weighted_sum(const float* p, int64_t T, const HeadView& V, int64_t b, int64_t kv, int64_t Dv, float* y) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= Dv; d0 += 64) {
+    __m256 acc[8];
+    for (__m256& a : acc) a = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; ++j) {
+      if (p[j] == 0.f) continue;
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      const float* v = V.at(b, kv, j) + d0;
+      for (int k = 0; k < 8; ++k) acc[k] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * k), acc[k]);
+    }
+    for (int k = 0; k < 8; ++k) _mm256_storeu_ps(y + d0 + 8 * k, acc[k]);
+  }
+  for (; d0 + 8 <= Dv; d0 += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < T; ++j)
+      if (p[j] != 0.f) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(V.at(b, kv, j) + d0), acc);
+    _mm256_storeu_ps(y + d0, acc);
+  }
+  for (; d0 < Dv; ++d0) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < T; ++j)
+      if (p[j] != 0.f) acc = std::fma(p[j], V.at(b, kv, j)[d0], acc);
+    y[d0] = acc;
+  }
+}
+
 class AttentionKernel : public Kernel {
  public:
   explicit AttentionKernel(const ir::Node& node) : node_(node) {}
@@ -198,52 +253,53 @@ class AttentionKernel : public Kernel {
       const int64_t b = task / s.q_heads, h = task % s.q_heads, kv = h / group;
       const float* kt = keys_t + (b * s.kv_heads + kv) * T * D;
       std::vector<float> q_row(static_cast<size_t>(D)), logits(static_cast<size_t>(T)), bias(static_cast<size_t>(T)),
-          probs(static_cast<size_t>(T)), raw(static_cast<size_t>(T)), y_row(static_cast<size_t>(Dv));
+          z(static_cast<size_t>(T)), probs(static_cast<size_t>(T)), raw(static_cast<size_t>(T)),
+          y_row(static_cast<size_t>(Dv));
       std::vector<double> dots(static_cast<size_t>(T));
       for (int64_t i = 0; i < s.q_seq; ++i) {
         const float* qi = Q.at(b, h, i);
         for (int64_t d = 0; d < D; ++d) q_row[d] = qi[d] * factor;
         row_dots(q_row.data(), kt, D, T, dots.data());
         const ir::AttentionKeyRange allowed = masking.keys(s, lengths, b, i);
-        const float* mask_row = mask.row(b, h, i);
-        bool any_allowed = false;
-        float max_logit = kNegInf;
-        for (int64_t j = 0; j < T; ++j) {
-          raw[j] = static_cast<float>(dots[j]);
-          const float x = softcap > 0.f ? softcap * std::tanh(raw[j] / softcap) : raw[j];
-          logits[j] = x;
-          const float masked = mask_row ? (j < mask.shape[3] ? mask_row[j] : kNegInf) : 0.f;
-          bias[j] = masked + (j >= allowed.first && j < allowed.last ? 0.f : kNegInf);
-          any_allowed |= bias[j] != kNegInf;
-          max_logit = std::max(max_logit, x + bias[j]);
+        for (int64_t j = 0; j < T; ++j) raw[j] = static_cast<float>(dots[j]);
+        const float* x = raw.data();
+        if (softcap > 0.f) {
+          for (int64_t j = 0; j < T; ++j) logits[j] = softcap * std::tanh(raw[j] / softcap);
+          x = logits.data();
         }
+        // bias[j] = the mask's bias + (0 for keys in the allowed range, -inf outside).
+        const float* mask_row = mask.row(b, h, i);
+        const int64_t masked_from = mask_row ? std::min(T, mask.shape[3]) : T;
+        if (mask_row) std::copy(mask_row, mask_row + masked_from, bias.begin());
+        else std::fill(bias.begin(), bias.end(), 0.f);
+        std::fill(bias.begin() + masked_from, bias.end(), kNegInf);
+        const int64_t lo = std::clamp<int64_t>(allowed.first, 0, T), hi = std::clamp<int64_t>(allowed.last, lo, T);
+        for (int64_t j = 0; j < lo; ++j) bias[j] += kNegInf;
+        for (int64_t j = lo; j < hi; ++j) bias[j] += 0.f;
+        for (int64_t j = hi; j < T; ++j) bias[j] += kNegInf;
+        bool any_allowed = false;
+        const float max_logit = biased_logits(x, bias.data(), T, z.data(), any_allowed);
         // Softmax of logits + bias; a row no key may be attended from is all zeros. NaN and
-        // infinite logits give NaN, as a softmax computes them (std::max above skips NaN).
+        // infinite logits give NaN, as a softmax computes them (the maximum skips NaN).
         double sum = 0;
         bool nan = false;
         for (int64_t j = 0; j < T; ++j) {
-          const float z = logits[j] + bias[j];
-          nan |= std::isnan(z);
-          probs[j] = !any_allowed || z == kNegInf ? 0.f : std::exp(z - max_logit);
+          nan |= std::isnan(z[j]);
+          probs[j] = !any_allowed || z[j] == kNegInf ? 0.f : std::exp(z[j] - max_logit);
           sum += probs[j];
         }
-        const float quiet_nan = std::numeric_limits<float>::quiet_NaN();
-        for (int64_t j = 0; j < T; ++j)
-          probs[j] = nan ? quiet_nan : !any_allowed ? 0.f : static_cast<float>(probs[j] / sum);
-        std::fill(y_row.begin(), y_row.end(), 0.f);
-        for (int64_t j = 0; j < T; ++j) {
-          if (probs[j] == 0.f) continue;
-          const float pj = probs[j];
-          const float* vj = V.at(b, kv, j);
-          for (int64_t d = 0; d < Dv; ++d) y_row[d] += pj * vj[d];
-        }
+        if (nan) std::fill(probs.begin(), probs.end(), std::numeric_limits<float>::quiet_NaN());
+        else if (!any_allowed) std::fill(probs.begin(), probs.end(), 0.f);
+        else
+          for (int64_t j = 0; j < T; ++j) probs[j] = static_cast<float>(probs[j] / sum);
+        weighted_sum(probs.data(), T, V, b, kv, Dv, y_row.data());
         const int64_t y_base = s.three_d ? (b * s.q_seq + i) * s.q_heads * Dv + h * Dv
                                          : ((b * s.q_heads + h) * s.q_seq + i) * Dv;
         for (int64_t d = 0; d < Dv; ++d) store(*y, y_base + d, y_row[d]);
         if (qk_out) {
           const int64_t base = ((b * s.q_heads + h) * s.q_seq + i) * T;
           for (int64_t j = 0; j < T; ++j)
-            store(*qk_out, base + j, mode == 3 ? probs[j] : mode == 2 ? logits[j] + bias[j] : mode == 1 ? logits[j] : raw[j]);
+            store(*qk_out, base + j, mode == 3 ? probs[j] : mode == 2 ? z[j] : mode == 1 ? x[j] : raw[j]);
         }
       }
     });
