@@ -7,6 +7,7 @@
 // per call) and of cblas_sgemm, both on --threads threads (default: the CPUs the process may run
 // on; OpenBLAS single-threaded per call, split over columns the way gemm_util's parallel_sgemm
 // does).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -87,6 +88,35 @@ int main(int argc, char** argv) {
                 static_cast<long>(s.n), static_cast<long>(s.k), flop / tk * 1e-9, flop / tb * 1e-9);
     if (t32 > 0) std::printf("   (32-column path %6.1f, transposed 7x32 path %6.1f)", flop / t32 * 1e-9, flop / t7 * 1e-9);
     std::printf("\n");
+  }
+  // MatMul by constant weights on AVX-512 (rows_sgemm): Y [tokens x out] = X [tokens x in] @ W.
+  // "warm" repeats one W; "cold" cycles through copies of W adding up to 512 MB, as a model's
+  // layers each read their own weights once per run.
+  if (sgemm_isa() == SgemmIsa::kAvx512) {
+    const Shape bert[] = {{768, 128, 768}, {3072, 128, 768}, {768, 128, 3072}, {768, 1, 768}, {3072, 32, 768}};
+    for (const Shape& s : bert) {
+      const int64_t out = s.m, tokens = s.n, in = s.k;
+      std::vector<float> x(static_cast<size_t>(tokens * in)), w(static_cast<size_t>(in * out)),
+          y(static_cast<size_t>(tokens * out));
+      for (float& v : x) v = dist(rng);
+      for (float& v : w) v = dist(rng);
+      const int copies = static_cast<int>(std::max<int64_t>(1, (int64_t{512} << 20) / (in * out * 4)));
+      std::vector<PackedColumns> packed(static_cast<size_t>(copies));
+      for (PackedColumns& p : packed) p.pack(w.data(), in, out, out);
+      const double flop = 2.0 * static_cast<double>(out * tokens * in);
+      const double warm = best_seconds(reps, [&] {
+        rows_sgemm(packed[0], tokens, x.data(), in, y.data(), out, nullptr, nullptr, 0, nullptr, threads);
+      });
+      int next = 0;
+      const double cold = best_seconds(reps, [&] {
+        rows_sgemm(packed[static_cast<size_t>(next)], tokens, x.data(), in, y.data(), out, nullptr, nullptr, 0, nullptr,
+                   threads);
+        next = (next + 1) % copies;
+      });
+      std::printf("rows_sgemm tokens %4ld in %5ld out %5ld   warm %6.1f GFLOP/s   cold %6.1f GFLOP/s\n",
+                  static_cast<long>(tokens), static_cast<long>(in), static_cast<long>(out), flop / warm * 1e-9,
+                  flop / cold * 1e-9);
+    }
   }
   return 0;
 }

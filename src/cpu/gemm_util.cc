@@ -89,10 +89,7 @@ void parallel_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   }, 1);
 }
 
-namespace {
-
-// dst[c * ld_dst + r] = src[r * ld_src + c] for an 8 x 8 block (AVX, which every build has).
-inline void transpose8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+void transpose_8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
   __m256 r[8];
   for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * ld_src);
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
@@ -117,8 +114,6 @@ inline void transpose8x8(const float* src, int64_t ld_src, float* dst, int64_t l
   _mm256_storeu_ps(dst + 7 * ld_dst, _mm256_permute2f128_ps(s3, s7, 0x31));
 }
 
-}  // namespace
-
 void transpose_floats(const float* src, int64_t rows, int64_t cols, float* dst) {
   constexpr int64_t kStrip = 32;  // rows per task: 32 x 8 blocks stay in L1
   const int64_t strips = (rows + kStrip - 1) / kStrip;
@@ -127,7 +122,7 @@ void transpose_floats(const float* src, int64_t rows, int64_t cols, float* dst) 
     int64_t c = 0;
     for (; c + 8 <= cols; c += 8) {
       int64_t r = r0;
-      for (; r + 8 <= r1; r += 8) transpose8x8(src + r * cols + c, cols, dst + c * rows + r, rows);
+      for (; r + 8 <= r1; r += 8) transpose_8x8(src + r * cols + c, cols, dst + c * rows + r, rows);
       for (; r < r1; ++r)
         for (int64_t j = c; j < c + 8; ++j) dst[j * rows + r] = src[r * cols + j];
     }

@@ -29,6 +29,8 @@ void parallel_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 // dst [cols x rows] = src [rows x cols] transposed (8 x 8 blocks in AVX registers), over kiln's
 // threads when it is large.
 void transpose_floats(const float* src, int64_t rows, int64_t cols, float* dst);
+// dst[c * ld_dst + r] = src[r * ld_src + c] for one 8 x 8 block, in AVX registers.
+void transpose_8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst);
 
 // y[i] = Gelu(y[i]) = 0.5 y (1 + erf(y / sqrt 2)) for n floats in place, 8 at a time, erf from a
 // rational fit (relative error at most 4e-7 in float32 against erf; the Epilogue's Gelu).

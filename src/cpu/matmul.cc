@@ -4,7 +4,9 @@
 // GEMM per output batch entry, with broadcast batch dims read at stride 0.
 //
 // A constant 2-D B (a layer's weights) is packed once, when the kernel is created, for kiln's
-// sgemm (cpu/sgemm.h), which then computes Y^T = B^T A^T: B^T is its packed A, A^T (A's rows
+// sgemm (cpu/sgemm.h). With AVX-512, B goes into 32-column panels and rows_sgemm computes Y
+// row-major, A's rows the broadcast side, with the bias, residual and activation in the same
+// pass. Otherwise packed_sgemm computes Y^T = B^T A^T: B^T is its packed A, A^T (A's rows
 // transposed into a scratch buffer) its B, and Y^T is transposed back into Y with the residual
 // and the activation. BLAS would pack the weights again on every call, which at a transformer's
 // batch 1 costs about as much as the product (docs/design/cpu-gemm.md).
@@ -28,8 +30,12 @@ class MatMulKernel final : public Kernel {
     use_single_threaded_blas();
     const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
     if (w && w->dtype() == DType::kFloat32 && w->rank() == 2 && w->numel() > 0) {
-      // B^T [N x K], then its panels.
       const int64_t K = w->dim(0), N = w->dim(1);
+      if (sgemm_isa() == SgemmIsa::kAvx512) {
+        columns_.pack(w->data<float>(), K, N, N);
+        return;
+      }
+      // B^T [N x K], then its panels.
       std::vector<float> wt(static_cast<size_t>(N * K));
       transpose_floats(w->data<float>(), K, N, wt.data());
       packed_.pack(wt.data(), N, K, K);
@@ -59,6 +65,10 @@ class MatMulKernel final : public Kernel {
       if (ab[i] == 0 || bb[i] == 0) ob[i] = 0;
       batch *= ob[i];
       b_batch *= bb[i];
+    }
+    if (b_batch == 1 && !columns_.empty() && bs.size() == 2) {
+      rows_sgemm(columns_, batch * M, a, K, y, N, bias, residual, N, &epilogue_, thread_count());
+      return;
     }
     if (b_batch == 1 && !packed_.empty() && bs.size() == 2) {
       run_packed(a, batch * M, K, N, bias, residual, y);
@@ -133,7 +143,8 @@ class MatMulKernel final : public Kernel {
 
   bool fused_;
   Epilogue epilogue_;
-  PackedA packed_;  // B^T for kiln's sgemm, when B is a constant matrix
+  PackedColumns columns_;  // B in 32-column panels, when B is a constant matrix (AVX-512)
+  PackedA packed_;         // B^T for packed_sgemm, when B is a constant matrix (other CPUs)
 };
 
 }  // namespace

@@ -28,6 +28,7 @@ struct Tile {
   int mr = 0, nr = 0;
   bool first = false;           // start from bias (or 0), not from C: the first K block
   const float* bias = nullptr;  // the tile's rows' bias, or null
+  const float* col_bias = nullptr;  // the tile's columns' bias, or null (tile_avx512 only)
   bool last = false;            // the last K block: add the residual and clamp
   const float* z = nullptr;     // the tile's residual, or null
   int64_t ldz = 0;
@@ -134,7 +135,10 @@ __attribute__((target("avx512f,fma"))) void tile_avx512(const Tile& t) {
   __m512 c0[MR], c1[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    if (t.first) {
+    if (t.first && t.col_bias) {
+      c0[i] = _mm512_maskz_loadu_ps(m0, t.col_bias);
+      c1[i] = _mm512_maskz_loadu_ps(m1, t.col_bias + 16);
+    } else if (t.first) {
       c0[i] = c1[i] = _mm512_set1_ps(t.bias && i < t.mr ? t.bias[i] : 0.f);
     } else if (i < t.mr) {
       c0[i] = _mm512_maskz_loadu_ps(m0, t.c + i * t.ldc);
@@ -678,6 +682,77 @@ void PackedA::add_wide_panels(const float* a, int64_t lda) {
         *d++ = row < m_ ? a[row * lda + kk] : 0.f;
       }
   has_wide_ = true;
+}
+
+void PackedColumns::pack(const float* w, int64_t k, int64_t n, int64_t ldw) {
+  k_ = k;
+  n_ = n;
+  const int64_t panels = (n + 31) / 32;
+  float* d = buf_.reserve(std::max<int64_t>(1, panels * k * 32));
+  for (int64_t q = 0; q < panels; ++q) {
+    const int64_t width = std::min<int64_t>(32, n - q * 32);
+    for (int64_t kk = 0; kk < k; ++kk, d += 32) {
+      std::memcpy(d, w + kk * ldw + q * 32, static_cast<size_t>(width) * sizeof(float));
+      std::fill(d + width, d + 32, 0.f);
+    }
+  }
+}
+
+void rows_sgemm(const PackedColumns& w, int64_t rows, const float* x, int64_t ldx, float* y, int64_t ldy,
+                const float* col_bias, const float* residual, int64_t ld_residual, const Epilogue* act, int threads) {
+  const int64_t K = w.depth(), N = w.cols();
+  if (rows <= 0 || N <= 0) return;
+  const Epilogue none;
+  const Epilogue& ep = act ? *act : none;
+  if (K == 0) {  // an empty sum: the epilogue alone
+    for (int64_t r = 0; r < rows; ++r) std::fill(y + r * ldy, y + r * ldy + N, 0.f);
+    ep.apply(y, ldy, rows, N, nullptr, col_bias, residual, ld_residual);
+    return;
+  }
+  constexpr int MR = 8, NV = 32;
+  Tile base;
+  base.ldc = ldy;
+  base.ldz = ld_residual;
+  base.clamp = ep.clamp_mode(base.lo, base.hi);
+  const bool act_after = base.clamp < 0;  // the micro-kernel applies Relu/Clip itself
+  if (act_after) base.clamp = 0;
+  const int64_t kblocks = (K + kMaxKc - 1) / kMaxKc, kc_max = (K + kblocks - 1) / kblocks;
+  const int64_t row_panels = (rows + MR - 1) / MR, col_panels = (N + NV - 1) / NV;
+  if (rows * N * K < (int64_t{1} << 17)) threads = 1;  // not worth waking threads
+  // X in MR-row panels, K-major (panel p, row k: X[p*MR + i][k] for i < MR; rows past `rows`
+  // zero), transposed 8 x 8 at a time. The calling thread's buffer, read by every task.
+  float* const xp = thread_buffer().reserve(row_panels * K * MR);
+  parallel_for_each(row_panels, threads > 1, [&](int64_t p) {
+    float* dst = xp + p * K * MR;
+    const int64_t r0 = p * MR, height = std::min<int64_t>(MR, rows - r0);
+    int64_t k = 0;
+    if (height == MR)
+      for (; k + 8 <= K; k += 8) transpose_8x8(x + r0 * ldx + k, ldx, dst + k * MR, MR);
+    for (; k < K; ++k)
+      for (int i = 0; i < MR; ++i) dst[k * MR + i] = i < height ? x[(r0 + i) * ldx + k] : 0.f;
+  });
+  // Tasks are column panels: a K-block of one (32 x kc floats) stays in L1 while every row
+  // panel meets it. (Prefetching the next K-block while the row panels meet this one was tried:
+  // a few percent faster with weights from memory, slower with weights in cache; sgemm_bench.)
+  parallel_for_each(col_panels, threads > 1, [&](int64_t q) {
+    Tile t = base;
+    t.nr = static_cast<int>(std::min<int64_t>(NV, N - q * NV));
+    t.col_bias = col_bias ? col_bias + q * NV : nullptr;
+    for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+      t.kc = std::min(kc_max, K - k0);
+      t.first = k0 == 0;
+      t.last = k0 + t.kc == K;
+      t.b = w.panel(q) + k0 * NV;
+      for (int64_t p = 0; p < row_panels; ++p) {
+        t.mr = static_cast<int>(std::min<int64_t>(MR, rows - p * MR));
+        t.a = xp + p * K * MR + k0 * MR;
+        t.c = y + p * MR * ldy + q * NV;
+        t.z = residual ? residual + p * MR * ld_residual + q * NV : nullptr;
+        tile_avx512<MR>(t);
+        if (t.last && act_after) ep.apply(t.c, ldy, t.mr, t.nr, nullptr, nullptr, nullptr, 0);
+      }
+    }
+  }, 1);
 }
 
 void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_t ldc, const SgemmEpilogue& ep,

@@ -88,6 +88,22 @@ class PackedA {
   bool has_wide_ = false;
 };
 
+// W [K x N] (row-major, leading dimension ldw) in 32-column panels: panel q holds columns
+// [32q, 32q + 32) as K rows of 32 floats, columns past N zero. The vector side of rows_sgemm,
+// packed once for a layer's constant weights.
+class PackedColumns {
+ public:
+  void pack(const float* w, int64_t k, int64_t n, int64_t ldw);
+  bool empty() const { return n_ == 0; }
+  int64_t depth() const { return k_; }
+  int64_t cols() const { return n_; }
+  const float* panel(int64_t q) const { return buf_.data() + q * k_ * 32; }
+
+ private:
+  int64_t k_ = 0, n_ = 0;
+  AlignedFloats buf_;
+};
+
 // Outputs up to this many columns can use the transposed product (PackedA::add_wide_panels).
 constexpr int64_t kNarrowN = 256;
 
@@ -125,5 +141,14 @@ struct SgemmEpilogue {
 // `threads` OpenMP threads; with threads > 1 it must be called outside a parallel region.
 void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_t ldc, const SgemmEpilogue& ep,
                   int threads);
+
+// Y [rows x N] (leading dimension ldy) = act(X [rows x K] @ W + col_bias[c] + residual[r, c]),
+// W packed: a layer's product by constant weights (MatMul, kiln::FusedMatMul). X's rows, 8 at a
+// time, are the broadcast side of the AVX-512 8 x 32 kernel and W's panels the vector side, so Y
+// comes out row-major (computing Y^T = W^T X^T on packed_sgemm needs X and Y transposed around
+// it). Each sum starts from the bias and adds the products in the order of k, as packed_sgemm's
+// do. Needs AVX-512 (sgemm_isa() == SgemmIsa::kAvx512). col_bias, residual and act may be null.
+void rows_sgemm(const PackedColumns& w, int64_t rows, const float* x, int64_t ldx, float* y, int64_t ldy,
+                const float* col_bias, const float* residual, int64_t ld_residual, const Epilogue* act, int threads);
 
 }  // namespace kiln::cpu

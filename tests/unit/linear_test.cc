@@ -3,11 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "compute_test_util.h"
 #include "cpu/gemm_util.h"
+#include "cpu/sgemm.h"
 #include "ir/activation.h"
 
 namespace kiln {
@@ -192,28 +196,45 @@ TEST(MatMul, FusedMatMulAddsBiasAndActivation) {
 
 // Constant 2-D weights run on kiln's sgemm, packed when the kernel is made (Y^T = B^T A^T):
 // sizes off the kernel's 8 x 32 tiles, a residual, an activation, A with batch dims.
+// On every kernel the CPU has: AVX-512's rows_sgemm (Y row-major from 8 x 32 tiles) and the
+// others' transposed product. Both give the same bytes: each sum starts from the bias and adds
+// the products in the order of k.
 TEST(MatMul, ConstantWeightsWithResidualAndActivation) {
-  uint32_t seed = 900;
-  for (auto [as, bs] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
-           {{1, 37, 50}, {50, 23}}, {{2, 130, 96}, {96, 200}}, {{5, 8}, {8, 1}}, {{3, 1, 300}, {300, 33}}}) {
-    SCOPED_TRACE("A " + shape_to_string(as) + " B " + shape_to_string(bs));
-    Tensor a = random_tensor(as, seed++), b = random_tensor(bs, seed++);
-    Tensor bias = random_tensor({bs.back()}, seed++);
-    std::vector<int64_t> ys = as;
-    ys.back() = bs.back();
-    Tensor z = random_tensor(ys, seed++);
-    ir::Node node = make_node("FusedMatMul", "kiln");
-    ir::Activation act = ir::Activation::named("Relu");
-    act.store(node);
-    Tensor got = run_single_node(node, {{"A", a}, {"B", b, true}, {"bias", bias, true}, {"Z", z}});
-    Tensor want = reference_matmul(a, b, ys);
-    const int64_t n = bs.back();
-    for (int64_t i = 0; i < want.numel(); ++i)
-      want.data<float>()[i] = act.apply(want.data<float>()[i] + bias.data<float>()[i % n] + z.data<float>()[i]);
-    EXPECT_TRUE(all_close(got, want));
-    Tensor plain = run_single_node(make_node("MatMul"), {{"A", a}, {"B", b, true}});
-    EXPECT_TRUE(all_close(plain, reference_matmul(a, b, ys)));
+  std::map<std::string, Tensor> first_result;
+  for (cpu::SgemmIsa isa : {cpu::SgemmIsa::kAvx512, cpu::SgemmIsa::kAvx2, cpu::SgemmIsa::kPlain}) {
+    if (isa > cpu::sgemm_best_isa()) continue;
+    cpu::sgemm_force_isa(isa);
+    uint32_t seed = 900;
+    for (auto [as, bs] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+             {{1, 37, 50}, {50, 23}}, {{2, 130, 96}, {96, 200}}, {{5, 8}, {8, 1}}, {{3, 1, 300}, {300, 33}},
+             {{16, 64}, {64, 64}}, {{9, 700}, {700, 40}}}) {
+      for (const char* activation : {"Relu", "Gelu"}) {
+        const std::string label = std::string(cpu::sgemm_isa_name(isa)) + " A " + shape_to_string(as) + " B " +
+                                  shape_to_string(bs) + " " + activation;
+        SCOPED_TRACE(label);
+        Tensor a = random_tensor(as, seed++), b = random_tensor(bs, seed++);
+        Tensor bias = random_tensor({bs.back()}, seed++);
+        std::vector<int64_t> ys = as;
+        ys.back() = bs.back();
+        Tensor z = random_tensor(ys, seed++);
+        ir::Node node = make_node("FusedMatMul", "kiln");
+        ir::Activation act = ir::Activation::named(activation);
+        act.store(node);
+        Tensor got = run_single_node(node, {{"A", a}, {"B", b, true}, {"bias", bias, true}, {"Z", z}});
+        Tensor want = reference_matmul(a, b, ys);
+        const int64_t n = bs.back();
+        for (int64_t i = 0; i < want.numel(); ++i)
+          want.data<float>()[i] = act.apply(want.data<float>()[i] + bias.data<float>()[i % n] + z.data<float>()[i]);
+        EXPECT_TRUE(all_close(got, want));
+        Tensor plain = run_single_node(make_node("MatMul"), {{"A", a}, {"B", b, true}});
+        EXPECT_TRUE(all_close(plain, reference_matmul(a, b, ys)));
+        const std::string key = label.substr(label.find(" A "));
+        if (!first_result.count(key)) first_result[key] = got;
+        else EXPECT_EQ(std::memcmp(got.raw(), first_result[key].raw(), got.nbytes()), 0) << "differs from another kernel's";
+      }
+    }
   }
+  cpu::sgemm_reset_isa();
 }
 
 TEST(TransposeFloats, AnySize) {
