@@ -10,6 +10,8 @@
 //
 // Every conv runs as a 3-D one: 1-D and 2-D inputs get leading spatial dims of size 1.
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -134,14 +136,14 @@ class ConvKernel final : public Kernel {
     const int64_t D = g.in[0], H = g.in[1], W = g.in[2];
     const int64_t jobs = g.batch * M;
     const bool three_by_three = D == 1 && OD == 1 && g.k[0] == 1 && g.k[1] == 3 && g.k[2] == 3 && g.d[1] == 1 &&
-                                g.d[2] == 1;
+                                g.d[2] == 1 && g.s[1] == g.s[2] && (g.s[1] == 1 || g.s[1] == 2);
     parallel_for_each(jobs, true, [&](int64_t j) {
       const int64_t b = j / M, m = j % M;
       const float* xc = x + (b * C + m / Mg) * Nin;
       const float* wm = w + m * kk;
       float* yc = y + j * N;
       if (three_by_three) {
-        for (int64_t oh = 0; oh < OH; ++oh) depthwise3x3_row(g, xc, wm, oh, yc + oh * OW);
+        depthwise3x3_plane(g, xc, wm, yc);
         epilogue_.apply(yc, N, 1, N, bias ? bias + m : nullptr, nullptr, z ? z + j * N : nullptr, N);
         return;
       }
@@ -175,46 +177,59 @@ class ConvKernel final : public Kernel {
     });
   }
 
-  // Output row oh of a 3x3 depthwise convolution (dilation 1, 2-D): one pass over the row per
-  // input row inside the image, each output adding its three taps of that row (the general
-  // loop makes a pass per tap). The taps are added in the general loop's order, so the sums are
-  // the same.
-  static void depthwise3x3_row(const Geo3& g, const float* xc, const float* w9, int64_t oh, float* yrow) {
-    const int64_t H = g.in[1], W = g.in[2], OW = g.out[2], s = g.s[2], p = g.p[2];
-    // Columns [lo, hi) have all three taps inside the row; the others are done tap by tap.
-    int64_t lo, hi;
-    valid_range(-p, s, W - 2, OW, lo, hi);
-    bool first = true;
-    for (int64_t kh = 0; kh < 3; ++kh) {
-      const int64_t ih = oh * g.s[1] - g.p[1] + kh;
-      if (ih < 0 || ih >= H) continue;
-      const float* xr = xc + ih * W;
-      const float w0 = w9[kh * 3], w1 = w9[kh * 3 + 1], w2 = w9[kh * 3 + 2];
-      auto edge = [&](int64_t ow) {
-        float acc = first ? 0.f : yrow[ow];
-        for (int64_t kw = 0; kw < 3; ++kw) {
-          const int64_t iw = ow * s - p + kw;
-          if (iw >= 0 && iw < W) acc += w9[kh * 3 + kw] * xr[iw];
+  // One channel of a 3x3 depthwise convolution (dilation 1, 2-D, stride 1 or 2). The input plane
+  // is copied into a zero-padded buffer (the calling thread's), so every output, edges
+  // included, adds its nine taps in registers, 8 outputs at a time, in the general loop's order
+  // (kh, then kw) with the same fused multiply-adds. A tap in the padding adds w * 0, which the
+  // general loop skips: the sums are the same, up to the sign of a zero sum. Stride 2 splits the
+  // even and odd inputs out of two loads by shuffles (a loop over x[2 ow] makes GCC insert one
+  // value at a time).
+  static void depthwise3x3_plane(const Geo3& g, const float* xc, const float* w9, float* yc) {
+    const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2], s = g.s[1];
+    const int64_t top = g.p[1], left = g.p[2];
+    // Padded row r holds input row r - top, column c input column c - left. The loads of the
+    // last 8 outputs of a row reach up to 2 * 8 + 2 floats past its last tap.
+    const int64_t Hp = (OH - 1) * s + 3, Wp = (OW - 1) * s + 3;
+    thread_local std::vector<float> padded_buffer;
+    padded_buffer.assign(static_cast<size_t>(Hp * Wp + 32), 0.f);
+    float* padded = padded_buffer.data();
+    const int64_t c0 = std::max<int64_t>(0, left), c1 = std::min<int64_t>(Wp, W + left);  // columns inside
+    if (c1 > c0)
+      for (int64_t r = std::max<int64_t>(0, top); r < std::min<int64_t>(Hp, H + top); ++r)
+        std::memcpy(padded + r * Wp + c0, xc + (r - top) * W + (c0 - left), static_cast<size_t>(c1 - c0) * sizeof(float));
+    __m256 w[9];
+    for (int i = 0; i < 9; ++i) w[i] = _mm256_set1_ps(w9[i]);
+    // [a0 a2 a4 a6 b0 b2 b4 b6] and [a1 a3 a5 a7 b1 b3 b5 b7] of a = x[0..7], b = x[8..15].
+    auto evens = [](const float* x) {
+      const __m256 e = _mm256_shuffle_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _MM_SHUFFLE(2, 0, 2, 0));
+      return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+    };
+    auto odds = [](const float* x) {
+      const __m256 o = _mm256_shuffle_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _MM_SHUFFLE(3, 1, 3, 1));
+      return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
+    };
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const float* rows = padded + oh * s * Wp;
+      float* yrow = yc + oh * OW;
+      for (int64_t ow = 0; ow < OW; ow += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int kh = 0; kh < 3; ++kh) {
+          const float* x = rows + kh * Wp + ow * s;
+          if (s == 1) {
+            acc = _mm256_fmadd_ps(w[kh * 3], _mm256_loadu_ps(x), acc);
+            acc = _mm256_fmadd_ps(w[kh * 3 + 1], _mm256_loadu_ps(x + 1), acc);
+            acc = _mm256_fmadd_ps(w[kh * 3 + 2], _mm256_loadu_ps(x + 2), acc);
+          } else {
+            acc = _mm256_fmadd_ps(w[kh * 3], evens(x), acc);
+            acc = _mm256_fmadd_ps(w[kh * 3 + 1], odds(x), acc);
+            acc = _mm256_fmadd_ps(w[kh * 3 + 2], evens(x + 2), acc);
+          }
         }
-        yrow[ow] = acc;
-      };
-      for (int64_t ow = 0; ow < lo; ++ow) edge(ow);
-      const float* xs = xr - p;
-      if (first && s == 1) {
-        for (int64_t ow = lo; ow < hi; ++ow) yrow[ow] = ((0.f + w0 * xs[ow]) + w1 * xs[ow + 1]) + w2 * xs[ow + 2];
-      } else if (first) {
-        for (int64_t ow = lo; ow < hi; ++ow)
-          yrow[ow] = ((0.f + w0 * xs[ow * s]) + w1 * xs[ow * s + 1]) + w2 * xs[ow * s + 2];
-      } else if (s == 1) {
-        for (int64_t ow = lo; ow < hi; ++ow) yrow[ow] = ((yrow[ow] + w0 * xs[ow]) + w1 * xs[ow + 1]) + w2 * xs[ow + 2];
-      } else {
-        for (int64_t ow = lo; ow < hi; ++ow)
-          yrow[ow] = ((yrow[ow] + w0 * xs[ow * s]) + w1 * xs[ow * s + 1]) + w2 * xs[ow * s + 2];
+        if (ow + 8 <= OW) _mm256_storeu_ps(yrow + ow, acc);
+        else _mm256_maskstore_ps(yrow + ow, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(OW - ow)), lane), acc);
       }
-      for (int64_t ow = std::max(hi, lo); ow < OW; ++ow) edge(ow);
-      first = false;
     }
-    if (first) std::fill(yrow, yrow + OW, 0.f);  // every input row of the window is padding
   }
 
   const ir::Node& node_;

@@ -153,6 +153,10 @@ std::vector<ConvCase> conv_cases() {
       {"depthwise 3x3 stride 2 odd width", {1, 4, 12, 13}, {4, 1, 3, 3}, {{2, 2}, {1, 1}, {0, 1, 1, 0}, 4}, false},
       {"depthwise 3x3 narrower than the kernel", {1, 3, 4, 2}, {3, 1, 3, 3}, {{1, 1}, {1, 1}, {0, 1, 0, 1}, 3}, true},
       {"depthwise 3x3 rows of padding", {1, 4, 5, 6}, {4, 1, 3, 3}, {{1, 1}, {1, 1}, {3, 1, 3, 1}, 4}, true},
+      // Rows of several 8-output vectors and a tail, and unequal strides (the general loop).
+      {"depthwise 3x3 stride 2 wide rows", {1, 3, 9, 37}, {3, 1, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 3}, true},
+      {"depthwise 3x3 stride 1 wide rows", {2, 2, 5, 41}, {2, 1, 3, 3}, {{1, 1}, {1, 1}, {1, 0, 0, 1}, 2}, true},
+      {"depthwise 3x3 strides 1 and 2", {1, 2, 7, 9}, {2, 1, 3, 3}, {{1, 2}, {1, 1}, {1, 1, 1, 1}, 2}, false},
       {"1x1 direct", {1, 16, 9, 9}, {8, 16, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"1x1 direct batch 3", {3, 8, 5, 6}, {7, 8, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"1x1 stride 2", {1, 8, 10, 10}, {4, 8, 1, 1}, {{2, 2}, {1, 1}, {0, 0, 0, 0}, 1}, false},
