@@ -143,8 +143,13 @@ class ConvKernel final : public Kernel {
       const float* wm = w + m * kk;
       float* yc = y + j * N;
       if (three_by_three) {
-        depthwise3x3_plane(g, xc, wm, yc);
-        epilogue_.apply(yc, N, 1, N, bias ? bias + m : nullptr, nullptr, z ? z + j * N : nullptr, N);
+        // Bias, residual and Relu/Clip in registers; other activations in a pass after.
+        DepthwiseEpilogue ep;
+        ep.bias = bias ? bias[m] : 0.f;
+        ep.residual = z ? z + j * N : nullptr;
+        ep.clamp = epilogue_.clamp_mode(ep.lo, ep.hi);
+        depthwise3x3_plane(g, xc, wm, ep, yc);
+        if (ep.clamp < 0) epilogue_.apply(yc, N, 1, N, nullptr, nullptr, nullptr, N);
         return;
       }
       for (int64_t od = 0; od < OD; ++od)
@@ -184,7 +189,17 @@ class ConvKernel final : public Kernel {
   // general loop skips: the sums are the same, up to the sign of a zero sum. Stride 2 splits the
   // even and odd inputs out of two loads by shuffles (a loop over x[2 ow] makes GCC insert one
   // value at a time).
-  static void depthwise3x3_plane(const Geo3& g, const float* xc, const float* w9, float* yc) {
+  // What a depthwise plane adds to its sums before storing them: y = clamp(sum + bias +
+  // residual), in Epilogue::apply's order; clamp as Epilogue::clamp_mode (-1: none here).
+  struct DepthwiseEpilogue {
+    float bias = 0.f;
+    const float* residual = nullptr;  // the plane's, or null
+    int clamp = 0;
+    float lo = 0.f, hi = 0.f;
+  };
+
+  static void depthwise3x3_plane(const Geo3& g, const float* xc, const float* w9, const DepthwiseEpilogue& ep,
+                                 float* yc) {
     const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2], s = g.s[1];
     const int64_t top = g.p[1], left = g.p[2];
     // Padded row r holds input row r - top, column c input column c - left. The loads of the
@@ -209,6 +224,8 @@ class ConvKernel final : public Kernel {
       return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
     };
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 bias = _mm256_set1_ps(ep.bias), zero = _mm256_setzero_ps();
+    const __m256 lo = _mm256_set1_ps(ep.lo), hi = _mm256_set1_ps(ep.hi);
     for (int64_t oh = 0; oh < OH; ++oh) {
       const float* rows = padded + oh * s * Wp;
       float* yrow = yc + oh * OW;
@@ -226,8 +243,13 @@ class ConvKernel final : public Kernel {
             acc = _mm256_fmadd_ps(w[kh * 3 + 2], evens(x + 2), acc);
           }
         }
+        const __m256i inside = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(OW - ow)), lane);
+        acc = _mm256_add_ps(acc, bias);
+        if (ep.residual) acc = _mm256_add_ps(acc, _mm256_maskload_ps(ep.residual + oh * OW + ow, inside));
+        if (ep.clamp == 1) acc = _mm256_max_ps(acc, zero);  // Relu: NaN becomes 0, as Epilogue::apply
+        else if (ep.clamp == 2) acc = _mm256_min_ps(hi, _mm256_max_ps(lo, acc));  // Clip keeps NaN
         if (ow + 8 <= OW) _mm256_storeu_ps(yrow + ow, acc);
-        else _mm256_maskstore_ps(yrow + ow, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(OW - ow)), lane), acc);
+        else _mm256_maskstore_ps(yrow + ow, inside, acc);
       }
     }
   }
