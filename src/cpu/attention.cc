@@ -1,8 +1,9 @@
 // CPU kernel of ONNX's Attention (ops/attention_params.h has the semantics): float32 arithmetic
 // for float32 and float16 tensors, one query row at a time, the (batch, head) pairs in
-// parallel. It is the reference the GPU's fused attention is checked against, so it is written
-// for clarity: the logits of a row (each a sum in double), the bias every mask adds, a
-// softmax, the weighted sum of values.
+// parallel. It is the reference the GPU's fused attention is checked against, so it keeps the
+// plain steps: the logits of a row (each a sum in double), the bias every mask adds, a softmax
+// (its exponentials within 3 ulp of std::exp, its sum in double), the weighted sum of values;
+// each step runs 8 keys (or values) at a time.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -140,6 +141,54 @@ float biased_logits(const float* x, const float* bias, int64_t T, float* z, bool
     any_allowed |= bias[j] != kNegInf;
   }
   return result;
+}
+
+// e^x for x <= 0 (a softmax's exponents), 8 at a time: x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2
+// in two parts, so r is exact), e^r by its Taylor polynomial of degree 7 (truncation below
+// 1e-8), times 2^n through the exponent bits. Within 3 ulp of std::exp down to -87; below, 0
+// (e^-87 is 1.6e-38, near float32's smallest normal: smaller results would be denormals, which
+// the CPU computes in slow microcode, and a padding mask of -3.4e38 sends a quarter of BERT's
+// keys there). NaN stays NaN.
+__m256 exp_nonpositive(__m256 x) {
+  const __m256 floor = _mm256_set1_ps(-87.f);
+  const __m256 below = _mm256_cmp_ps(x, floor, _CMP_LT_OQ);
+  x = _mm256_max_ps(floor, x);  // max(c, NaN) is NaN
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
+  __m256 p = _mm256_set1_ps(1.f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)));
+}
+
+// probs[j] = e^(z[j] - max_logit), or 0 for a key that may not be attended (z = -inf) and for
+// every key of a row with none allowed; returns whether some z is NaN. 8 keys at a time.
+bool softmax_numerators(const float* z, int64_t T, float max_logit, bool any_allowed, float* probs) {
+  if (!any_allowed) {
+    std::fill(probs, probs + T, 0.f);
+    for (int64_t j = 0; j < T; ++j)
+      if (std::isnan(z[j])) return true;
+    return false;
+  }
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf), largest = _mm256_set1_ps(max_logit);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 nan = _mm256_setzero_ps();
+  for (int64_t j = 0; j < T; j += 8) {
+    const __m256i inside = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(8, T - j))), lane);
+    const __m256 zj = _mm256_maskload_ps(z + j, inside);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(zj, zj, _CMP_UNORD_Q));
+    const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(zj, neg_inf, _CMP_EQ_OQ), exp_nonpositive(_mm256_sub_ps(zj, largest)));
+    _mm256_maskstore_ps(probs + j, inside, e);
+  }
+  return _mm256_movemask_ps(nan) != 0;
 }
 
 // y[d] = sum over keys j, in order, of p[j] * V[b, kv, j, d], one fused multiply-add per term and
@@ -281,13 +330,9 @@ class AttentionKernel : public Kernel {
         const float max_logit = biased_logits(x, bias.data(), T, z.data(), any_allowed);
         // Softmax of logits + bias; a row no key may be attended from is all zeros. NaN and
         // infinite logits give NaN, as a softmax computes them (the maximum skips NaN).
+        const bool nan = softmax_numerators(z.data(), T, max_logit, any_allowed, probs.data());
         double sum = 0;
-        bool nan = false;
-        for (int64_t j = 0; j < T; ++j) {
-          nan |= std::isnan(z[j]);
-          probs[j] = !any_allowed || z[j] == kNegInf ? 0.f : std::exp(z[j] - max_logit);
-          sum += probs[j];
-        }
+        for (int64_t j = 0; j < T; ++j) sum += probs[j];
         if (nan) std::fill(probs.begin(), probs.end(), std::numeric_limits<float>::quiet_NaN());
         else if (!any_allowed) std::fill(probs.begin(), probs.end(), 0.f);
         else
