@@ -324,7 +324,6 @@ class AttentionKernel : public Kernel {
         std::fill(bias.begin() + masked_from, bias.end(), kNegInf);
         const int64_t lo = std::clamp<int64_t>(allowed.first, 0, T), hi = std::clamp<int64_t>(allowed.last, lo, T);
         for (int64_t j = 0; j < lo; ++j) bias[j] += kNegInf;
-        for (int64_t j = lo; j < hi; ++j) bias[j] += 0.f;
         for (int64_t j = hi; j < T; ++j) bias[j] += kNegInf;
         bool any_allowed = false;
         const float max_logit = biased_logits(x, bias.data(), T, z.data(), any_allowed);

@@ -182,13 +182,6 @@ class ConvKernel final : public Kernel {
     });
   }
 
-  // One channel of a 3x3 depthwise convolution (dilation 1, 2-D, stride 1 or 2). The input plane
-  // is copied into a zero-padded buffer (the calling thread's), so every output, edges
-  // included, adds its nine taps in registers, 8 outputs at a time, in the general loop's order
-  // (kh, then kw) with the same fused multiply-adds. A tap in the padding adds w * 0, which the
-  // general loop skips: the sums are the same, up to the sign of a zero sum. Stride 2 splits the
-  // even and odd inputs out of two loads by shuffles (a loop over x[2 ow] makes GCC insert one
-  // value at a time).
   // What a depthwise plane adds to its sums before storing them: y = clamp(sum + bias +
   // residual), in Epilogue::apply's order; clamp as Epilogue::clamp_mode (-1: none here).
   struct DepthwiseEpilogue {
@@ -198,6 +191,13 @@ class ConvKernel final : public Kernel {
     float lo = 0.f, hi = 0.f;
   };
 
+  // One channel of a 3x3 depthwise convolution (dilation 1, 2-D, stride 1 or 2). The input plane
+  // is copied into a zero-padded buffer (the calling thread's), so every output, edges
+  // included, adds its nine taps in registers, 8 outputs at a time, in the general loop's order
+  // (kh, then kw) with the same fused multiply-adds. A tap in the padding adds w * 0, which the
+  // general loop skips: the sums are the same, up to the sign of a zero sum. Stride 2 splits the
+  // even and odd inputs out of two loads by shuffles (a loop over x[2 ow] makes GCC insert one
+  // value at a time).
   static void depthwise3x3_plane(const Geo3& g, const float* xc, const float* w9, const DepthwiseEpilogue& ep,
                                  float* yc) {
     const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2], s = g.s[1];

@@ -134,8 +134,8 @@ void transpose_floats(const float* src, int64_t rows, int64_t cols, float* dst) 
 void gelu_erf_in_place(float* y, int64_t n) {
   // erf(t) = t P(t^2) / Q(t^2) for |t| < 3.92, a weighted least-squares rational fit of kiln's
   // own (float32 relative error at most 3.3e-7 over [0, 3.92], the fit itself 6.4e-8), and
-  // +-1 beyond, where float32's erf is 1. libm's erff, one value at a time, took a fifth of
-  // BERT's non-GEMM time on the CPU engine.
+  // +-1 beyond, where float32's erf is 1. libm's erff takes one value at a time
+  // (docs/design/cpu-gemm.md, "Transformers on the CPU").
   const __m256 p0 = _mm256_set1_ps(1.128379107e+00f), p1 = _mm256_set1_ps(1.871593148e-01f),
                p2 = _mm256_set1_ps(5.237551406e-02f), p3 = _mm256_set1_ps(3.641874064e-03f),
                p4 = _mm256_set1_ps(2.848289441e-04f), p5 = _mm256_set1_ps(2.111000185e-06f);

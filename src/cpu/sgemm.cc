@@ -732,8 +732,8 @@ void rows_sgemm(const PackedColumns& w, int64_t rows, const float* x, int64_t ld
       for (int i = 0; i < MR; ++i) dst[k * MR + i] = i < height ? x[(r0 + i) * ldx + k] : 0.f;
   });
   // Tasks are column panels: a K-block of one (32 x kc floats) stays in L1 while every row
-  // panel meets it. (Prefetching the next K-block while the row panels meet this one was tried:
-  // a few percent faster with weights from memory, slower with weights in cache; sgemm_bench.)
+  // panel meets it. (Prefetching the next K-block while the row panels meet this one was tried
+  // in sgemm_bench, weights in cache and from memory: no gain beyond the noise.)
   parallel_for_each(col_panels, threads > 1, [&](int64_t q) {
     Tile t = base;
     t.nr = static_cast<int>(std::min<int64_t>(NV, N - q * NV));
