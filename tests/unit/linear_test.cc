@@ -194,11 +194,11 @@ TEST(MatMul, FusedMatMulAddsBiasAndActivation) {
   }
 }
 
-// Constant 2-D weights run on kiln's sgemm, packed when the kernel is made (Y^T = B^T A^T):
-// sizes off the kernel's 8 x 32 tiles, a residual, an activation, A with batch dims.
-// On every kernel the CPU has: AVX-512's rows_sgemm (Y row-major from 8 x 32 tiles) and the
-// others' transposed product. Both give the same bytes: each sum starts from the bias and adds
-// the products in the order of k.
+// Constant 2-D weights run on kiln's sgemm, packed when the kernel is made: sizes off the
+// kernel's 8 x 32 tiles, a residual, an activation in and after the micro-kernel, A with batch
+// dims. On every kernel the CPU has: AVX-512's rows_sgemm (Y row-major) and the others'
+// transposed product (Y^T = B^T A^T). All give the same bytes: each sum starts from the bias
+// and adds the products in the order of k.
 TEST(MatMul, ConstantWeightsWithResidualAndActivation) {
   std::map<std::string, Tensor> first_result;
   for (cpu::SgemmIsa isa : {cpu::SgemmIsa::kAvx512, cpu::SgemmIsa::kAvx2, cpu::SgemmIsa::kPlain}) {
