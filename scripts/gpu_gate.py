@@ -62,8 +62,17 @@ SUITES = {
     "int8": ["tests/gpu/test_gpu_int8.py", "tests/gpu/test_gpu_quantize.py"],
     "python": ["tests/gpu/test_gpu_python.py"],
     "contexts": ["tests/gpu/test_gpu_contexts.py"],
+    "serving": ["tests/gpu/test_gpu_serve.py"],
+    "multigpu": ["tests/gpu/test_gpu_multi.py"],
     "conformance": [],
 }
+# Suites that need more than one GPU in view: `run --gpus N` runs them after the one-GPU workers,
+# in one worker that sees all N GPUs (and all cores); a plain `run` gives them what it sees.
+SUITE_GPUS = {"multigpu": 2}
+# The serving suites' packages (KServe, Triton's client), which the GPU machine lacks: wheels in
+# .whl/ (scripts/serving_wheels.sh fetches them), installed by `run` into a folder of its own.
+SERVING_SUITES = ("serving", "multigpu")
+WHEELS = os.path.join(ROOT, ".whl")
 # GPU conformance on onnx's node cases: at least this many pass and none fails. Raise the floor
 # as coverage grows; CONFORMANCE_ONNX is the onnx version whose cases the floor counts.
 CONFORMANCE_FLOOR = 891
@@ -71,7 +80,7 @@ CONFORMANCE_ONNX = "1.23"
 # About how long each suite runs alone on an H100 (seconds): how --gpus balances the workers.
 # Beside three others on a four-GPU machine a suite runs 1.2 to 1.4 times longer.
 SUITE_SECONDS = {"int8": 420, "contexts": 330, "models": 290, "dynamic": 240, "patterns": 175, "python": 80,
-                 "conformance": 20}
+                 "serving": 90, "multigpu": 90, "conformance": 20}
 
 
 def source_files() -> list[str]:
@@ -228,7 +237,8 @@ def run_on_gpus(out: str, suites: list[str], gpus: int) -> int:
     cores of its own (the suites' CPU references use every core they see: unpinned, four workers
     ran each suite 1.4 times slower than one worker alone)."""
     unpack_binary()  # once, checked, before the workers start
-    groups = split_suites(suites, gpus)
+    several = [s for s in suites if SUITE_GPUS.get(s, 1) > 1]
+    groups = split_suites([s for s in suites if s not in several], gpus)
     cores = sorted(os.sched_getaffinity(0))
     share = max(1, len(cores) // len(groups))
     workers = []
@@ -250,7 +260,27 @@ def run_on_gpus(out: str, suites: list[str], gpus: int) -> int:
         log.close()
         with open(log.name) as f:
             print(f"--- GPU {i}\n{f.read()}", end="", flush=True)
+    if several:
+        print(f"==> GPUs 0-{gpus - 1}: {', '.join(several)}", flush=True)
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(gpus)),
+                   KILN_MODEL_CACHE=os.path.join(ROOT, "tests", "e2e", ".models", "gate-gpus"))
+        status |= subprocess.run([sys.executable, os.path.abspath(__file__), "run", "--out", os.path.join(out, "gpus"),
+                                  "--suites", ",".join(several)], env=env).returncode != 0
     return status
+
+
+def serving_site() -> str:
+    """The serving suites' packages, installed from .whl/ into a folder of their own (once per
+    machine); "" when .whl/ is absent (the suites then fail on the missing package)."""
+    if not os.path.isdir(WHEELS):
+        return ""
+    site = "/tmp/kiln-gate-serving-site"
+    wheels = sorted(os.path.join(WHEELS, w) for w in os.listdir(WHEELS) if w.endswith(".whl"))
+    if not os.path.exists(os.path.join(site, ".done")):
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--no-cache-dir", "--upgrade", "--target", site, *wheels], check=True)
+        open(os.path.join(site, ".done"), "w").close()
+    return site
 
 
 def cmd_run(args) -> int:
@@ -264,7 +294,11 @@ def cmd_run(args) -> int:
         return run_on_gpus(out, suites, args.gpus)
     kiln, build = unpack_binary()
     identity = gpu_identity()
-    env = dict(os.environ, KILN_BIN=kiln, PYTHONUNBUFFERED="1", PYTHONPATH=os.path.join(ROOT, "build-gpu", "python"))
+    suites = args.suites.split(",") if args.suites else list(SUITES)
+    python_path = [os.path.join(ROOT, "build-gpu", "python")]
+    if any(s in SERVING_SUITES for s in suites):
+        python_path.append(serving_site())
+    env = dict(os.environ, KILN_BIN=kiln, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(p for p in python_path if p))
     try:
         import nvidia.cudnn  # noqa: PLC0415
         cudnn = os.path.join(nvidia.cudnn.__path__[0], "lib")
@@ -272,7 +306,6 @@ def cmd_run(args) -> int:
         cudnn = ""
     env["LD_LIBRARY_PATH"] = ":".join(p for p in (cudnn, "/usr/local/cuda/lib64", env.get("LD_LIBRARY_PATH", "")) if p)
     version = subprocess.run([kiln, "--version"], capture_output=True, text=True, env=env).stdout.strip()
-    suites = args.suites.split(",") if args.suites else list(SUITES)
     run = {"schema": "kiln.gpu-gate/1", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            **identity, "kiln_version": version, "commit": build["commit"], "common_hash": build["common_hash"],
            "binary_sha256": build["binary_sha256"], "suites": {}}

@@ -53,6 +53,9 @@ class Engine {
   // checksum, GPU and library versions; for CPU engines, that this CPU has AVX2/FMA/F16C); a
   // mismatch is a kiln::Error that says which. max_memory: as BuildOptions::max_memory.
   static Engine load(const std::string& engine_path, size_t max_memory = 0);
+  // The same, on the GPU options.gpu names (an engine file is not tied to a device index: one
+  // file loads once per GPU of the same architecture).
+  static Engine load(const std::string& engine_path, const LoadOptions& options);
   // Writes the engine file (GPU and CPU engines; docs/engine-format.md): the optimized graph
   // and its weights (INT8 weights as int8), the profiles and the chosen tactics, so loading
   // runs no graph passes and times nothing.
@@ -67,6 +70,8 @@ class Engine {
   const std::vector<OptimizationProfile>& profiles() const;
   // "cpu" or "cuda".
   std::string backend() const;
+  // GPU engines: the device index they run on (BuildOptions::gpu, LoadOptions::gpu); CPU: -1.
+  int gpu() const;
   // Number of layers after optimization (GPU: including reformat layers).
   size_t layer_count() const;
   EngineInfo info() const;
@@ -112,7 +117,8 @@ int cpu_threads();
 
 
 // One runner of a GPU engine: activation memory, library handles and CUDA graphs of its own.
-// Inputs and outputs live in device buffers of the engine's dtypes, row-major.
+// Inputs and outputs live in device buffers of the engine's dtypes, row-major, on the engine's
+// GPU (Engine::gpu()); a stream given to enqueue() or profile() must belong to that GPU.
 class Context {
  public:
   // The optimization profile whose ranges set_input_shape() checks (0 at first); choosing one

@@ -123,6 +123,11 @@ struct BuildOptions {
   // that would pass it is refused, before anything is allocated, with its size, tensor and node.
   // A limit of where the engine runs, not of the engine: it is not stored in the engine file.
   size_t max_memory = 0;
+  // GPU engines: the GPU they are built on and run on, as CUDA numbers the devices this process
+  // sees (CUDA_VISIBLE_DEVICES narrows them). Every call into the engine and its contexts runs on
+  // it, whatever device the calling thread has current. Where the engine runs, not what it is: not
+  // stored in the engine file (Engine::load takes its own, LoadOptions::gpu).
+  int gpu = 0;
   // GPU builds: how tactics are chosen and launched (recorded in the engine file).
   TacticOptions tactics;
   // CPU engines: fresh output buffers are filled with 0xFF bytes (NaN) before each kernel runs,
@@ -130,6 +135,12 @@ struct BuildOptions {
   bool poison_outputs = false;
   // Progress lines of the build (layer by layer, with the chosen tactic); nullptr: quiet.
   std::function<void(const std::string&)> log;
+};
+
+// How Engine::load() places an engine file.
+struct LoadOptions {
+  size_t max_memory = 0;  // as BuildOptions::max_memory
+  int gpu = 0;            // as BuildOptions::gpu (GPU engines)
 };
 
 // How Engine::create_context() makes a context (GPU engines).
@@ -168,6 +179,7 @@ struct ProfileInfo {
 struct EngineInfo {
   std::string backend;     // "cpu" or "cuda"
   std::string device;      // GPU name, or "cpu"
+  int gpu = -1;            // GPU engines: the device index they run on (BuildOptions::gpu); CPU: -1
   std::string precision;   // "fp32", "tf32", "fp16", "best", "int8"
   std::vector<LayerInfo> layers;  // GPU: at profile 0's opt shapes
   size_t weight_bytes = 0;       // GPU: weights on the device (shared by every shape and context)

@@ -127,11 +127,10 @@ struct DlpackOwner {
   py::object keep;
 };
 
-py::capsule dlpack_capsule(void* data, DType dtype, std::vector<int64_t> shape, py::object keep) {
+py::capsule dlpack_capsule(void* data, int gpu, DType dtype, std::vector<int64_t> shape, py::object keep) {
   auto* owner = new DlpackOwner{std::move(shape), std::move(keep)};
   auto* m = new DLManagedTensor{};
-  int device = 0;
-  m->dl_tensor = {data, {kDLCUDA, device}, static_cast<int32_t>(owner->shape.size()), dlpack_dtype(dtype),
+  m->dl_tensor = {data, {kDLCUDA, gpu}, static_cast<int32_t>(owner->shape.size()), dlpack_dtype(dtype),
                   owner->shape.data(), nullptr, 0};
   m->manager_ctx = owner;
   m->deleter = [](DLManagedTensor* self) {
@@ -160,8 +159,10 @@ const TensorDesc& find_desc(const std::vector<TensorDesc>& list, const std::stri
 py::capsule buffer_dlpack(py::object self, const Engine& engine, const std::string& name, bool output) {
   Context& c = self.cast<Context&>();
   if (output)
-    return dlpack_capsule(c.output_buffer(name), find_desc(engine.outputs(), name, "output").dtype, c.output_shape(name), self);
-  return dlpack_capsule(c.input_buffer(name), find_desc(engine.inputs(), name, "input").dtype, c.input_shape(name), self);
+    return dlpack_capsule(c.output_buffer(name), engine.gpu(), find_desc(engine.outputs(), name, "output").dtype,
+                          c.output_shape(name), self);
+  return dlpack_capsule(c.input_buffer(name), engine.gpu(), find_desc(engine.inputs(), name, "input").dtype,
+                        c.input_shape(name), self);
 }
 
 py::dict engine_info(const Engine& engine) {
@@ -174,7 +175,8 @@ py::dict engine_info(const Engine& engine) {
     layers.append(d);
   }
   py::dict d;
-  d["backend"] = info.backend, d["device"] = info.device, d["precision"] = info.precision, d["layers"] = layers;
+  d["backend"] = info.backend, d["device"] = info.device, d["gpu"] = info.gpu, d["precision"] = info.precision;
+  d["layers"] = layers;
   d["weight_bytes"] = info.weight_bytes, d["activation_bytes"] = info.activation_bytes;
   d["workspace_bytes"] = info.workspace_bytes, d["fp32_layers"] = info.fp32_layers;
   d["int8_kept_float"] = info.int8_kept_float, d["has_cpu_fallback"] = info.has_cpu_fallback;
@@ -291,6 +293,8 @@ PYBIND11_MODULE(_kiln, m) {
       .def_readwrite("mark_outputs", &BuildOptions::mark_outputs)
       .def_readwrite("max_memory", &BuildOptions::max_memory,
                      "bytes a run may allocate (0: the machine's memory, or the GPU's); more is refused up front")
+      .def_readwrite("gpu", &BuildOptions::gpu,
+                     "GPU engines: the GPU built on and run on (CUDA's device index in this process)")
       .def_readwrite("int8_scales", &BuildOptions::int8_scales)
       .def_readwrite("float_layers", &BuildOptions::float_layers)
       .def_readwrite("quantized_where_faster", &BuildOptions::quantized_where_faster,
@@ -308,16 +312,20 @@ PYBIND11_MODULE(_kiln, m) {
           py::arg("path"), py::arg("options") = BuildOptions{})
       .def_static(
           "load",
-          [](const std::string& path, size_t max_memory) {
+          [](const std::string& path, size_t max_memory, int gpu) {
             py::gil_scoped_release release;
-            return Engine::load(path, max_memory);
+            LoadOptions options;
+            options.max_memory = max_memory;
+            options.gpu = gpu;
+            return Engine::load(path, options);
           },
-          py::arg("path"), py::arg("max_memory") = 0)
+          py::arg("path"), py::arg("max_memory") = 0, py::arg("gpu") = 0)
       .def("save", &Engine::save, py::arg("path"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("inputs", &Engine::inputs)
       .def_property_readonly("outputs", &Engine::outputs)
       .def_property_readonly("profiles", &Engine::profiles)
       .def_property_readonly("backend", &Engine::backend)
+      .def_property_readonly("gpu", &Engine::gpu, "GPU engines: the GPU they run on; CPU engines: -1")
       .def_property_readonly("layer_count", &Engine::layer_count)
       .def("info", &engine_info)
       .def("create_context",
@@ -426,13 +434,14 @@ PYBIND11_MODULE(_kiln, m) {
   m.def(
       "calibrate",
       [](const std::string& model, py::function next_batch, const std::string& algorithm, double percentile,
-         int max_batches, const std::string& device, bool progress) {
+         int max_batches, const std::string& device, int gpu, bool progress) {
         calibration::CalibrationOptions o;
         o.data = "the Python batches";
         o.algorithm = calibration::parse_calibration_algorithm(algorithm);
         o.percentile = percentile;
         o.max_batches = max_batches;
         o.device = parse_device(device);
+        o.gpu = gpu;
         const std::vector<TensorDesc> inputs = model_inputs(model);
         size_t count = 0;
         o.next_batch = [&](calibration::Feeds& batch) {
@@ -464,7 +473,7 @@ PYBIND11_MODULE(_kiln, m) {
         return r.cache.scales;
       },
       py::arg("model"), py::arg("next_batch"), py::arg("algorithm") = "entropy", py::arg("percentile") = 99.99,
-      py::arg("max_batches") = 0, py::arg("device") = "cpu", py::arg("progress") = true);
+      py::arg("max_batches") = 0, py::arg("device") = "cpu", py::arg("gpu") = 0, py::arg("progress") = true);
 }
 
 }  // namespace kiln::python

@@ -54,13 +54,14 @@ def _as_numpy(batch: Any):
 
 
 def calibrate(model: str, batches: Iterable, algorithm: str = "entropy", percentile: float = 99.99,
-              max_batches: int = 0, device: str = "cpu", progress: bool = True) -> dict[str, float]:
+              max_batches: int = 0, device: str = "cpu", progress: bool = True, gpu: int = 0) -> dict[str, float]:
     """INT8 scales ({tensor name: scale}) of a model from any iterable of batches.
 
     A batch is a dict {input name: array or torch tensor} with every input of the model (a
     transformer's input_ids, attention_mask, ...), or, for a model of one input, a numpy array,
     a torch tensor or an (inputs, labels) pair as a DataLoader yields. The model runs in float32
-    on `device`; `algorithm` is entropy (as TensorRT), minmax or percentile.
+    on `device` (GPU number `gpu` for cuda); `algorithm` is entropy (as TensorRT), minmax or
+    percentile.
     """
     iterator = iter(batches)
 
@@ -70,7 +71,7 @@ def calibrate(model: str, batches: Iterable, algorithm: str = "entropy", percent
         except StopIteration:
             return None
 
-    return _kiln.calibrate(model, next_batch, algorithm, percentile, max_batches, device, progress)
+    return _kiln.calibrate(model, next_batch, algorithm, percentile, max_batches, device, gpu, progress)
 
 
 def simplify(onnx_path: str, output_path: str) -> tuple[int, int]:
@@ -81,7 +82,8 @@ def simplify(onnx_path: str, output_path: str) -> tuple[int, int]:
 class Builder:
     """Build options plus calibration, in one place: the Python face of kiln::BuildOptions.
 
-    precision: fp32, tf32, fp16, best, int8 or fp8; device: cpu or cuda. shapes: {input: shape} fixes
+    precision: fp32, tf32, fp16, best, int8 or fp8; device: cpu or cuda; gpu: the GPU a cuda
+    engine is built on and runs on (CUDA's device index in this process). shapes: {input: shape} fixes
     an input's shape; profiles: a list of {input: (min, opt, max)} (GPU engines then run any shape
     within one profile). For int8 and fp8, call calibrate() first or pass int8_scales. int8 and fp8 on
     the GPU keep a layer quantized only where timing shows it faster than fp16; quantize_all=True
@@ -92,10 +94,11 @@ class Builder:
                  profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]] = (),
                  timing_cache: str | None = None, allow_cpu_fallback: bool = False,
                  int8_scales: Mapping[str, float] | None = None, float_layers: Sequence[str] = (),
-                 optimize: bool = True, verbose: bool = False, quantize_all: bool = False):
+                 optimize: bool = True, verbose: bool = False, quantize_all: bool = False, gpu: int = 0):
         self.options = BuildOptions()
         self.options.precision = precision
         self.options.device = device
+        self.options.gpu = gpu
         self.options.optimize = optimize
         self.options.input_shapes = {k: [int(d) for d in v] for k, v in (shapes or {}).items()}
         self.options.profiles = [{name: r if isinstance(r, ShapeRange) else ShapeRange(*[[int(d) for d in s] for s in r])
@@ -111,6 +114,7 @@ class Builder:
     def calibrate(self, model: str, batches: Iterable, **kwargs) -> dict[str, float]:
         """Calibrates on `batches` (see kiln.calibrate) and keeps the scales for build()."""
         kwargs.setdefault("device", self.options.device)
+        kwargs.setdefault("gpu", self.options.gpu)
         scales = calibrate(model, batches, **kwargs)
         self.options.int8_scales = scales
         return scales
@@ -138,10 +142,11 @@ def _create_context(self: Engine, use_cuda_graph: bool = True, share_activation_
 def _run_torch(self: Context, inputs: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
     """Runs a GPU context on torch CUDA tensors: inputs are copied device to device into the
     context's buffers, outputs are torch views of its output buffers (no copy; overwritten by
-    the next run: clone() what you keep). Runs on `stream` (default: torch's current stream)."""
+    the next run: clone() what you keep). Runs on `stream` (default: torch's current stream of the
+    engine's GPU), which must belong to the engine's GPU."""
     import torch
 
-    stream = stream or torch.cuda.current_stream()
+    stream = stream or torch.cuda.current_stream(self.engine.gpu)
     for name, tensor in inputs.items():  # dynamic engines run at the tensors' shapes
         if list(tensor.shape) != self.input_shape(name):
             self.set_input_shape(name, list(tensor.shape))
@@ -197,13 +202,14 @@ def _serialize(self: Engine) -> bytes:
             return f.read()
 
 
-def _deserialize(data: bytes, max_memory: int = 0) -> Engine:
-    """An engine from the bytes serialize() gave, checked as Engine.load checks a file."""
+def _deserialize(data: bytes, max_memory: int = 0, gpu: int = 0) -> Engine:
+    """An engine from the bytes serialize() gave, checked as Engine.load checks a file, on GPU
+    `gpu` for a GPU engine."""
     with tempfile.TemporaryDirectory(prefix="kiln-engine-") as folder:
         path = os.path.join(folder, "model.engine")
         with open(path, "wb") as f:
             f.write(bytes(data))
-        return Engine.load(path, max_memory)
+        return Engine.load(path, max_memory, gpu)
 
 
 Engine.from_onnx = staticmethod(_from_onnx)
@@ -237,7 +243,8 @@ class InferenceSession:
         logits, = session.run(None, {"input": x})                 # or run(["logits"], {...})
 
     providers: ONNX Runtime's names; "CUDAExecutionProvider" or "TensorrtExecutionProvider" first
-    builds a GPU engine (this build must have CUDA), anything else the CPU engine. An engine file
+    builds a GPU engine (this build must have CUDA), on the GPU its options' device_id names
+    (("CUDAExecutionProvider", {"device_id": 1})), anything else the CPU engine. An engine file
     (.engine) is loaded as it is. builder_options: kiln.Builder's keywords (precision, shapes,
     profiles, ...) for the build."""
 
@@ -247,10 +254,14 @@ class InferenceSession:
                  **builder_options: Any):
         del sess_options  # ONNX Runtime's session options have no kiln meaning
         first = providers[0] if providers else "CPUExecutionProvider"
-        first = first[0] if isinstance(first, tuple) else first  # ("CUDAExecutionProvider", {options})
+        provider_options = {}
+        if isinstance(first, tuple):  # ("CUDAExecutionProvider", {options})
+            first, provider_options = first[0], dict(first[1]) if len(first) > 1 else {}
         builder_options.setdefault("device", "cuda" if first in self._GPU_PROVIDERS else "cpu")
+        if builder_options["device"] == "cuda":
+            builder_options.setdefault("gpu", int(provider_options.get("device_id", 0)))
         if isinstance(model, (str, os.PathLike)) and os.fspath(model).endswith(".engine"):
-            self.engine = Engine.load(os.fspath(model))
+            self.engine = Engine.load(os.fspath(model), gpu=builder_options.get("gpu", 0))
         else:
             self.engine = Engine.from_onnx(model, Builder(**builder_options).options)
         self._inputs = [NodeArg(d) for d in self.engine.inputs]

@@ -60,6 +60,7 @@ class BuildOptions:
     allow_cpu_fallback: bool
     mark_outputs: list[str]
     max_memory: int
+    gpu: int  # GPU engines: the GPU built on and run on (CUDA's device index in this process)
     int8_scales: dict[str, float]
     float_layers: list[str]
     quantized_where_faster: bool
@@ -71,12 +72,12 @@ class Engine:
     def from_onnx(model: str | os.PathLike[str] | bytes | Any, options: BuildOptions | None = None) -> Engine:
         """An engine from an ONNX model: a path, the model's bytes, or an onnx.ModelProto."""
     @staticmethod
-    def load(path: str, max_memory: int = 0) -> Engine: ...
+    def load(path: str, max_memory: int = 0, gpu: int = 0) -> Engine: ...
     def save(self, path: str) -> None: ...
     def serialize(self) -> bytes:
         """The engine file's bytes (what save() writes)."""
     @staticmethod
-    def deserialize(data: bytes, max_memory: int = 0) -> Engine: ...
+    def deserialize(data: bytes, max_memory: int = 0, gpu: int = 0) -> Engine: ...
     @property
     def inputs(self) -> list[TensorDesc]: ...
     @property
@@ -85,6 +86,9 @@ class Engine:
     def profiles(self) -> list[dict[str, ShapeRange]]: ...
     @property
     def backend(self) -> str: ...
+    @property
+    def gpu(self) -> int:
+        """GPU engines: the GPU they run on; CPU engines: -1."""
     @property
     def layer_count(self) -> int: ...
     def info(self) -> dict[str, Any]: ...
@@ -115,5 +119,5 @@ def set_cpu_threads(threads: int) -> None:
 def cpu_threads() -> int:
     """Threads of the CPU engine's parallel loops, the calling thread included."""
 def calibrate(model: str, next_batch: Callable[[], np.ndarray | None], algorithm: str = "entropy",
-              percentile: float = 99.99, max_batches: int = 0, device: str = "cpu",
+              percentile: float = 99.99, max_batches: int = 0, device: str = "cpu", gpu: int = 0,
               progress: bool = True) -> dict[str, float]: ...

@@ -5,6 +5,7 @@ KServe's model server, so any KServe v2 or Triton client works unchanged.
     kiln serve model.engine --name resnet50 --max-batch 32 --max-queue-delay-us 2000
     kiln serve models/                                     # a repository: models/<name>/<version>/model.onnx|model.engine
     kiln serve model.onnx --device cuda --fp16 --max-batch 64 --instances 2
+    kiln serve model.onnx --device cuda --fp16 --gpus 0,1       # the engine on each GPU, work spread over them
 
 A repository follows Triton's layout; each model's newest version (the largest number) is
 served, and an optional models/<name>/config.json gives its precision, max_batch and
@@ -15,7 +16,11 @@ Dynamic batching: requests whose inputs share every dimension but the first are 
 run together, up to --max-batch rows, the first of them waiting at most --max-queue-delay-us;
 each request gets its own rows of the outputs back. A model whose inputs or outputs have a fixed
 first dimension runs each request alone. --instances engines' worth of runs go at once (GPU: one
-execution context each; the CPU engine runs one at a time).
+execution context each, on every GPU of --gpus; the CPU engine runs one at a time). On the GPU a
+batch is padded with zero rows to the next of the batch sizes planned at start (powers of two up
+to --max-batch, and --max-batch), so that no request waits for a new shape to be planned and the
+contexts hold a few plans, not one per row count; with several GPUs, each batch goes to the GPU
+with the fewest runs in flight.
 
 The server is ready once every model is loaded and has run once (a warm-up). Bad requests
 (an unknown model, wrong input names, types or shapes, a body past --max-request-mb) are
@@ -58,6 +63,7 @@ class ModelConfig:
     max_batch: int = 8
     max_queue_delay_us: int = 1000
     instances: int = 1
+    gpus: list = field(default_factory=lambda: [0])  # device cuda: the GPUs the model runs on
     engine_flags: list = field(default_factory=list)
 
 
@@ -74,6 +80,7 @@ def _metrics():
             "compute": Histogram("kiln_compute_seconds", "Time of one engine run", labels),
             "requests": Counter("kiln_requests_total", "Inference requests", labels),
             "errors": Counter("kiln_errors_total", "Requests refused or failed", labels),
+            "runs": Counter("kiln_runs_total", "Engine runs, by device (cpu, or the GPU's number)", labels + ["device"]),
         }
     return _METRICS
 
@@ -86,11 +93,54 @@ class _Pending:
     queued: float
 
 
+def padded_rows(rows: int, batch_sizes: list[int]) -> int:
+    """The smallest of `batch_sizes` that holds `rows` (rows itself when none is given)."""
+    return next((b for b in sorted(batch_sizes) if b >= rows), rows)
+
+
+def planned_batch_sizes(max_batch: int) -> list[int]:
+    """The batch sizes a GPU model is planned and run at: powers of two below max_batch, and max_batch."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_batch]
+
+
+class Runners:
+    """The engine runs one model's batches go to: one per execution context (every GPU's), or the
+    CPU engine's one. A batch takes the free run whose device has the fewest runs in flight, so work
+    spreads over the GPUs by their queue depth."""
+
+    def __init__(self, runs: list[tuple[str, object]]):
+        import threading
+
+        self._free = list(runs)  # (device label, run)
+        self._busy = {device: 0 for device, _ in runs}
+        self._lock = threading.Lock()
+        self.count = len(runs)
+
+    def __call__(self, inputs: dict) -> tuple[str, dict]:
+        with self._lock:
+            i = min(range(len(self._free)), key=lambda k: self._busy[self._free[k][0]])
+            device, run = self._free.pop(i)
+            self._busy[device] += 1
+        try:
+            return device, run(inputs)
+        finally:
+            with self._lock:
+                self._free.append((device, run))
+                self._busy[device] -= 1
+
+
 class Batcher:
     """Queues requests and runs them together (see the module's docstring)."""
 
-    def __init__(self, run, max_batch: int, max_delay_s: float, workers: int, model_name: str):
+    def __init__(self, run: Runners, max_batch: int, max_delay_s: float, model_name: str,
+                 batch_sizes: list[int] | None = None):
         self._run = run
+        self._batch_sizes = batch_sizes or []
+        workers = run.count
         self._max_batch = max(1, max_batch)
         self._max_delay = max_delay_s
         self._slots = asyncio.Semaphore(max(1, workers))
@@ -145,14 +195,21 @@ class Batcher:
             for p in batch:
                 m["queue"].labels(self._name).observe(now - p.queued)
             m["batch"].labels(self._name).observe(rows)
-            inputs = {name: (batch[0].inputs[name] if len(batch) == 1 else
-                             np.concatenate([p.inputs[name] for p in batch], axis=0)) for name in batch[0].inputs}
+            padded = padded_rows(rows, self._batch_sizes)
+            inputs = {}
+            for name in batch[0].inputs:
+                parts = [p.inputs[name] for p in batch]
+                if padded > rows:
+                    first = parts[0]
+                    parts.append(np.zeros((padded - rows, *first.shape[1:]), dtype=first.dtype))
+                inputs[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
             start = time.monotonic()
-            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, inputs)
+            device, outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, inputs)
             m["compute"].labels(self._name).observe(time.monotonic() - start)
+            m["runs"].labels(self._name, device).inc()
             offset = 0
             for p in batch:
-                if len(batch) == 1:
+                if len(batch) == 1 and padded == rows:
                     part = outputs
                 else:
                     part = {name: o[offset:offset + p.rows] for name, o in outputs.items()}
@@ -194,15 +251,17 @@ def _kiln_model_class():
             stem = os.path.splitext(self.path)[0]
             return f"{stem}.{self.config.precision}.b{self.config.max_batch}.engine"
 
-        def _build(self):
+        def _build(self, gpu: int):
+            """The model's engine on GPU `gpu` (CPU models: gpu is ignored), built or loaded from the cache."""
             if self.path.endswith(".engine"):
-                return kiln.Engine.load(self.path)
+                return kiln.Engine.load(self.path, gpu=gpu)
             cached = self._engine_path()
             if cached and os.path.exists(cached) and os.path.getmtime(cached) >= os.path.getmtime(self.path):
-                return kiln.Engine.load(cached)
+                return kiln.Engine.load(cached, gpu=gpu)
             options = kiln.BuildOptions()
             options.device = self.config.device
             options.precision = self.config.precision
+            options.gpu = gpu
             if self.config.device == "cuda":
                 # One profile from a single row to --max-batch rows for inputs of a dynamic first dim.
                 profile = {}
@@ -218,44 +277,58 @@ def _kiln_model_class():
                 engine.save(cached)
             return engine
 
+        def _engines(self) -> list:
+            """(device label, engine) for every device the model runs on: the engine is built once (on
+            the first GPU) and loaded on each other GPU from its engine file."""
+            if self.config.device != "cuda":
+                engine = self._build(0)
+                if engine.backend == "cpu":
+                    return [("cpu", engine)]
+                engines = [(str(self.config.gpus[0]), engine)]  # an engine file for the GPU, served as one
+            else:
+                engines = [(str(self.config.gpus[0]), self._build(self.config.gpus[0]))]
+            data = engines[0][1].serialize() if len(self.config.gpus) > 1 else None
+            for gpu in self.config.gpus[1:]:
+                engines.append((str(gpu), kiln.Engine.deserialize(data, gpu=gpu)))
+            return engines
+
         def load(self) -> bool:
-            self.engine = self._build()
+            engines = self._engines()
+            self.engine = engines[0][1]
             self.inputs = [(d.name, d.dtype, list(d.shape)) for d in self.engine.inputs]
             self.outputs = [(d.name, d.dtype, list(d.shape)) for d in self.engine.outputs]
             batchable = all(s and s[0] < 0 for _, _, s in self.inputs) and all(s and s[0] < 0 for _, _, s in self.outputs)
             max_batch = self.config.max_batch if batchable else 1
-            runs = [self.engine.run]
-            if self.config.device == "cuda" and self.config.instances > 1:
-                runs = [self.engine.create_context().run for _ in range(self.config.instances)]
-            pool = list(runs)
-            import threading
-
-            lock = threading.Lock()
-
-            def run(inputs):
-                with lock:
-                    fn = pool.pop()
-                try:
-                    return fn(inputs)
-                finally:
-                    with lock:
-                        pool.append(fn)
-
-            self._run = run
+            on_gpu = self.engine.backend == "cuda"
+            if on_gpu:
+                runs = [(device, engine.create_context().run) for device, engine in engines
+                        for _ in range(self.config.instances)]
+            else:
+                runs = [(device, engine.run) for device, engine in engines]
+            self._run = Runners(runs)
             self._max_batch = max_batch
-            for metric in _metrics().values():  # each of the model's series at zero from the start
-                metric.labels(self.name)
-            # The warm-up: one run at a single row (or the declared shape).
-            run(self._example_inputs())
+            # GPU: the batch sizes every context plans now (the first run at a shape plans it).
+            self._batch_sizes = planned_batch_sizes(max_batch) if on_gpu and batchable else []
+            metrics = _metrics()
+            for key, metric in metrics.items():  # each of the model's series at zero from the start
+                if key == "runs":
+                    for device, _ in engines:
+                        metric.labels(self.name, device)
+                else:
+                    metric.labels(self.name)
+            # The warm-up: every run at every planned batch size (or at one row / the declared shape).
+            for _, run in runs:
+                for rows in self._batch_sizes or [1]:
+                    run(self._example_inputs(rows))
             self.ready = True
-            log.info("model %s ready: %s, %s, max batch %d, inputs %s", self.name, self.path, self.config.precision,
-                     max_batch, self.inputs)
+            log.info("model %s ready: %s, %s, max batch %d, on %s, inputs %s", self.name, self.path, self.config.precision,
+                     max_batch, "GPUs " + ",".join(d for d, _ in engines) if on_gpu else "the CPU", self.inputs)
             return self.ready
 
-        def _example_inputs(self) -> dict:
+        def _example_inputs(self, rows: int = 1) -> dict:
             out = {}
             for name, dtype, shape in self.inputs:
-                concrete = [1 if s < 0 else s for s in shape]
+                concrete = [(rows if i == 0 else 1) if s < 0 else s for i, s in enumerate(shape)]
                 out[name] = np.zeros(concrete, dtype=np.dtype(dtype))
             return out
 
@@ -310,8 +383,8 @@ def _kiln_model_class():
                 m["errors"].labels(self.name).inc()
                 raise
             if self.batcher is None:
-                self.batcher = Batcher(self._run, self._max_batch, self.config.max_queue_delay_us * 1e-6,
-                                       self.config.instances, self.name)
+                self.batcher = Batcher(self._run, self._max_batch, self.config.max_queue_delay_us * 1e-6, self.name,
+                                       self._batch_sizes)
                 self.batcher.start()
             try:
                 outputs = await self.batcher.submit(arrays, rows)
@@ -334,7 +407,21 @@ def _kiln_model_class():
 
 
 _CONFIG_FIELDS = {"device": ("cpu", "cuda"), "precision": ("fp32", "fp16", "tf32", "best", "int8", "fp8"),
-                  "max_batch": 1, "max_queue_delay_us": 0, "instances": 1}
+                  "max_batch": 1, "max_queue_delay_us": 0, "instances": 1, "gpus": list}
+
+
+def gpu_list(value) -> list[int] | None:
+    """GPU numbers as `--gpus 0,1` or config.json's "gpus": [0, 1] give them; None when they are not
+    distinct non-negative integers."""
+    if isinstance(value, str):
+        try:
+            value = [int(v) for v in value.split(",")]
+        except ValueError:
+            return None
+    if (not isinstance(value, list) or not value or len(set(value)) != len(value)
+            or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in value)):
+        return None
+    return value
 
 
 def _read_config(path: str, config: ModelConfig) -> None:
@@ -354,7 +441,10 @@ def _read_config(path: str, config: ModelConfig) -> None:
         if key not in _CONFIG_FIELDS:
             fail(f"unknown field '{key}' (kiln serve reads {sorted(_CONFIG_FIELDS)})")
         allowed = _CONFIG_FIELDS[key]
-        if isinstance(allowed, tuple):
+        if allowed is list:
+            if gpu_list(value) is None:
+                fail(f"'{key}' must be a list of distinct GPU numbers (0 or more), not {value!r}")
+        elif isinstance(allowed, tuple):
             if value not in allowed:
                 fail(f"'{key}' must be one of {list(allowed)}, not {value!r}")
         elif not isinstance(value, int) or isinstance(value, bool) or value < allowed:
@@ -421,14 +511,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--max-batch", type=int, default=8, help="rows per engine run at most (dynamic batching)")
     p.add_argument("--max-queue-delay-us", type=int, default=1000, help="how long a request may wait for others")
-    p.add_argument("--instances", type=int, default=1, help="engine runs at once (GPU: contexts)")
+    p.add_argument("--instances", type=int, default=1, help="engine runs at once (GPU: contexts on each GPU)")
+    p.add_argument("--gpus", help="with --device cuda: the GPUs to run on, e.g. 0,1 (default 0); each gets the engine "
+                                  "and --instances contexts")
     p.add_argument("--max-request-mb", type=float, default=256, help="the largest request's inputs")
     args = p.parse_args(argv)
     if args.max_batch < 1 or args.instances < 1 or args.max_queue_delay_us < 0:
         p.error("--max-batch and --instances must be at least 1, --max-queue-delay-us at least 0")
+    gpus = [0]
+    if args.gpus is not None:
+        gpus = gpu_list(args.gpus)
+        if gpus is None:
+            p.error(f"--gpus {args.gpus}: give distinct GPU numbers, e.g. --gpus 0,1")
+        if args.device != "cuda":
+            p.error("--gpus is for --device cuda")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kiln serve %(levelname)s %(message)s")
     defaults = ModelConfig(device=args.device, precision=args.precision or "fp32", max_batch=args.max_batch,
-                           max_queue_delay_us=args.max_queue_delay_us, instances=args.instances)
+                           max_queue_delay_us=args.max_queue_delay_us, instances=args.instances, gpus=gpus)
     if os.path.isdir(args.model):
         entries = repository_models(args.model, defaults)
     elif os.path.isfile(args.model):

@@ -55,7 +55,7 @@ void Engine::save(const std::string& engine_path) const {
   engine_file::Header h;
   h.kiln_version = KILN_VERSION;
   h.backend = backend();
-  h.device = compiler::device_identity(e.options.device);
+  h.device = compiler::device_identity(e.options.device, e.options.gpu);
   h.options = e.options;
   h.model_name = std::filesystem::path(e.name).filename().string();
   h.inputs = e.inputs;
@@ -70,18 +70,25 @@ void Engine::save(const std::string& engine_path) const {
 }
 
 Engine Engine::load(const std::string& engine_path, size_t max_memory) {
+  LoadOptions options;
+  options.max_memory = max_memory;
+  return load(engine_path, options);
+}
+
+Engine Engine::load(const std::string& engine_path, const LoadOptions& load_options) {
   engine_file::Contents c = engine_file::read(engine_path);
   engine_file::Header h = engine_file::header_from_json(c.header, engine_path);
   try {
     BuildOptions options = h.options;
     options.device = h.backend == "cuda" ? Device::kCuda : Device::kCpu;
-    options.max_memory = max_memory;
+    options.max_memory = load_options.max_memory;
+    options.gpu = load_options.gpu;
     // The build's tactic options are the file's; of the developer variables only the CPU
     // engine's output poisoning applies to a loaded engine.
     BuildOptions developer;
     api::apply_developer_environment(developer);
     options.poison_outputs = developer.poison_outputs;
-    compiler::check_device(options.device, h.device, engine_path);
+    compiler::check_device(options.device, options.gpu, h.device, engine_path);
     if (options.device == Device::kCuda && h.profiles.empty())
       throw Error(ErrorKind::kInvalidModel, "the GPU engine file has no optimization profile").file(engine_path);
     ir::Graph graph = onnx_import::import_engine_graph(c.graph, c.weights, engine_path);
@@ -114,12 +121,15 @@ const std::vector<OptimizationProfile>& Engine::profiles() const { return impl_-
 
 std::string Engine::backend() const { return impl_->compiled.options.device == Device::kCuda ? "cuda" : "cpu"; }
 
+int Engine::gpu() const { return impl_->compiled.options.device == Device::kCuda ? impl_->compiled.options.gpu : -1; }
+
 size_t Engine::layer_count() const { return impl_->compiled.engine->layer_count(); }
 
 EngineInfo Engine::info() const {
   const compiler::CompiledEngine& e = impl_->compiled;
   EngineInfo info;
   info.backend = backend();
+  info.gpu = gpu();
   const bool quantized = e.options.precision == Precision::kInt8 || e.options.precision == Precision::kFp8;
   info.precision = e.options.device == Device::kCpu && !quantized ? "fp32" : to_string(e.options.precision);
   info.int8_kept_float = e.kept_float;

@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include "cuda/runtime/device_scope.h"
+
 namespace kiln::calibration {
 
 namespace {
@@ -69,8 +71,9 @@ int multiprocessors() {
 
 }  // namespace
 
-GpuHistogramCollector::GpuHistogramCollector(Context& context, std::vector<std::string> outputs)
-    : context_(context), outputs_(std::move(outputs)) {
+GpuHistogramCollector::GpuHistogramCollector(Context& context, std::vector<std::string> outputs, int gpu)
+    : context_(context), outputs_(std::move(outputs)), gpu_(gpu) {
+  cuda::DeviceScope scope(gpu_);
   cudaStream_t s = nullptr;
   KILN_CALIBRATION_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   stream_ = s;
@@ -82,12 +85,14 @@ GpuHistogramCollector::GpuHistogramCollector(Context& context, std::vector<std::
 }
 
 GpuHistogramCollector::~GpuHistogramCollector() {
+  cuda::DeviceScope scope(gpu_, /*checked=*/false);
   cudaFree(counts_);
   cudaFree(max_abs_);
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
 void GpuHistogramCollector::add_batch(const std::map<std::string, Tensor>& batch, std::map<std::string, AbsHistogram>& histograms) {
+  cuda::DeviceScope scope(gpu_);
   cudaStream_t s = static_cast<cudaStream_t>(stream_);
   static const int sms = multiprocessors();
   for (const auto& [name, t] : batch) {

@@ -20,9 +20,9 @@ namespace kiln::calibration {
 
 class GpuHistogramCollector {
  public:
-  // `context` runs a float32 engine; `outputs` are the float32 outputs whose histograms are
-  // collected.
-  GpuHistogramCollector(Context& context, std::vector<std::string> outputs);
+  // `context` runs a float32 engine on GPU `gpu`; `outputs` are the float32 outputs whose
+  // histograms are collected.
+  GpuHistogramCollector(Context& context, std::vector<std::string> outputs, int gpu);
   ~GpuHistogramCollector();
   GpuHistogramCollector(const GpuHistogramCollector&) = delete;
   GpuHistogramCollector& operator=(const GpuHistogramCollector&) = delete;
@@ -34,6 +34,7 @@ class GpuHistogramCollector {
  private:
   Context& context_;
   std::vector<std::string> outputs_;
+  int gpu_;
   void* stream_ = nullptr;            // cudaStream_t
   float* max_abs_ = nullptr;          // [outputs] on the device
   uint64_t* counts_ = nullptr;        // [outputs][AbsHistogram::kBins] on the device

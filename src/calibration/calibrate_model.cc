@@ -34,6 +34,7 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
   BuildOptions build;
   build.mark_outputs = {"all"};  // every layer's output (of the optimized graph: the names INT8 builds look up)
   build.device = o.device;
+  build.gpu = o.gpu;
   build.precision = Precision::kFp32;  // the activations of the float model
   std::optional<Engine> engine;
 #if KILN_WITH_CUDA
@@ -59,7 +60,7 @@ CalibrationResult calibrate_model(const std::string& model_path, const Calibrati
         std::vector<std::string> floats;
         for (const TensorDesc& out : engine->outputs())
           if (out.dtype == DType::kFloat32) floats.push_back(out.name);
-        gpu_histograms = std::make_unique<GpuHistogramCollector>(*context, floats);
+        gpu_histograms = std::make_unique<GpuHistogramCollector>(*context, floats, o.gpu);
       }
 #endif
     } else if (o.device == Device::kCuda && shapes != engine_shapes) {

@@ -22,6 +22,7 @@ struct CalibrationOptions : CalibrationSource {
   // Where the model runs: kCuda collects the activations of a float32 GPU engine built at the
   // first batch's shape (a last, shorter batch is skipped); the histograms are built on the host.
   Device device = Device::kCpu;
+  int gpu = 0;  // kCuda: the GPU (BuildOptions::gpu)
   // Called after each batch: (batches done, batches in all or 0 when unknown, tensors seen).
   std::function<void(size_t, size_t, size_t)> progress;
 };

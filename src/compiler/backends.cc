@@ -29,19 +29,19 @@ std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, const std
 #endif
 }
 
-nlohmann::json device_identity(Device device) {
+nlohmann::json device_identity(Device device, int gpu) {
   if (device == Device::kCpu) return cpu::device_identity();
 #if KILN_WITH_CUDA
-  return cuda::device_identity();
+  return cuda::device_identity(gpu);
 #else
   no_cuda();
 #endif
 }
 
-void check_device(Device device, const nlohmann::json& recorded, const std::string& engine_path) {
+void check_device(Device device, int gpu, const nlohmann::json& recorded, const std::string& engine_path) {
   if (device == Device::kCpu) return cpu::check_device(engine_path);
 #if KILN_WITH_CUDA
-  cuda::check_device(recorded, engine_path);
+  cuda::check_device(gpu, recorded, engine_path);
 #else
   throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend and cannot run GPU engines")
       .file(engine_path);

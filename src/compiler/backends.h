@@ -22,11 +22,11 @@ std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, const std
                                                       const std::vector<OptimizationProfile>& profiles,
                                                       const std::map<std::string, std::string>& tactics);
 
-// What an engine file records of this machine's `device`.
-nlohmann::json device_identity(Device device);
+// What an engine file records of this machine's `device` (GPU: of the device index `gpu`).
+nlohmann::json device_identity(Device device, int gpu);
 
-// Throws kiln::Error naming `engine_path` unless this machine can run an engine built for
-// `device` where `recorded` (device_identity() there) was taken.
-void check_device(Device device, const nlohmann::json& recorded, const std::string& engine_path);
+// Throws kiln::Error naming `engine_path` unless this machine (GPU engines: its GPU `gpu`) can run
+// an engine built for `device` where `recorded` (device_identity() there) was taken.
+void check_device(Device device, int gpu, const nlohmann::json& recorded, const std::string& engine_path);
 
 }  // namespace kiln::compiler

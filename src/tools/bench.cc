@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/runtime/check.h"
+#include "cuda/runtime/device_scope.h"
 #endif
 
 namespace kiln::tools {
@@ -148,7 +149,7 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
   const bool engine_file = is_engine_file(o.model);
   const BuildOptions build = engine_file ? BuildOptions{} : eo.build_options(o.model, defaulted);
   auto t0 = std::chrono::steady_clock::now();
-  Engine engine = engine_file ? Engine::load(o.model, o.engine.max_memory_bytes()) : Engine::from_onnx(o.model, build);
+  Engine engine = engine_file ? Engine::load(o.model, o.engine.load_options()) : Engine::from_onnx(o.model, build);
   const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::mt19937_64 rng(o.seed);
   std::map<std::string, Tensor> inputs;
@@ -209,7 +210,7 @@ Engine open_gpu_engine(const BenchOptions& o, int64_t batch, double& build_s, si
   auto t0 = std::chrono::steady_clock::now();
   std::optional<Engine> engine;
   if (is_engine_file(o.model)) {
-    engine.emplace(Engine::load(o.model, o.engine.max_memory_bytes()));
+    engine.emplace(Engine::load(o.model, o.engine.load_options()));
     engine_file_bytes = std::filesystem::file_size(o.model);
   } else {
     engine.emplace(Engine::from_onnx(o.model, eo.build_options(o.model, defaulted)));
@@ -356,6 +357,7 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
        {"dynamic_engine", dynamic},
        {"precision", info.precision},
        {"device", info.device},
+       {"gpu", info.gpu},
        {"layers", context.layers().size()},
        {"build_s", build_s},
        {"first_run_ms", first_run_ms},
@@ -436,6 +438,7 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
 // One static engine per batch size (an ONNX model without profiles: each built for its batch),
 // or one engine swept over the batches (an engine file, or a build with profiles).
 nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batches) {
+  const cuda::DeviceScope gpu(o.engine.gpu);  // the bench's own streams, buffers and memory figures too
   FreeMemory free;
   free.before = free_device_memory();
   nlohmann::json results = nlohmann::json::array();

@@ -31,6 +31,7 @@ struct CalibrationFlags {
   int batches = 0;  // 0: all
   int batch = 8;
   std::string device = "cpu";
+  int gpu = 0;
   ImageFlags image;  // --resize, --crop, --mean, --std, --gray: for a folder of images
 
   void add_to(CLI::App* cmd, bool data_required) {
@@ -46,6 +47,7 @@ struct CalibrationFlags {
     cmd->add_option("--device", device, "Run the model for calibration on cpu or cuda (a float32 GPU engine)")
         ->capture_default_str()
         ->check(CLI::IsMember({"cpu", "cuda"}));
+    cmd->add_option("--gpu", gpu, "With --device cuda: the GPU to run on (CUDA's index)")->capture_default_str()->check(CLI::NonNegativeNumber);
     cmd->add_option("--batch", batch, "Rows per batch when --calib is one .npy file, images per batch for a folder of images or fashion-mnist")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
@@ -62,6 +64,7 @@ struct CalibrationFlags {
     c.max_batches = batches;
     c.percentile = percentile;
     c.device = device == "cuda" ? Device::kCuda : Device::kCpu;
+    c.gpu = gpu;
     c.progress = calibration_progress(tool);
     if (calibration::is_image_folder(data)) c.image = image.options(calibration::image_input(model), data);
     return c;

@@ -85,6 +85,9 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_flag("--no-optimize", no_optimize, "Skip kiln's graph passes");
   CLI::Option* verbose_flag = cmd->add_flag("-v,--verbose", verbose, "Print every layer as it is built, with its tactic");
   cmd->add_flag("-q,--quiet", quiet, "No build progress (errors and results only)")->excludes(verbose_flag);
+  cmd->add_option("--gpu", gpu,
+                  "The GPU to build on and run on, as CUDA numbers the GPUs this process sees (default 0)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-memory", max_memory,
                   "The most memory a run may take (e.g. 8G, 512M; default: the machine's memory on the CPU, the GPU's "
                   "on the GPU); a tensor that would pass it is refused before it is allocated");
@@ -117,6 +120,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   b.allow_cpu_fallback = allow_cpu_fallback;
   b.mark_outputs = mark_outputs;
   b.max_memory = max_memory_bytes();
+  b.gpu = gpu;
   if (!int8 && !fp8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty() || accuracy_budget >= 0))
     throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache, --layer-precision and --accuracy-budget are for INT8 builds")
         .hint("add --int8 (or --fp8)");
@@ -312,6 +316,13 @@ void check_model_option(CLI::App* cmd, const std::string& model) {
     throw Error(ErrorKind::kInvalidArgument, "no model given").hint("kiln " + cmd->get_name() + " MODEL (or --onnx=MODEL)");
   if (given > 1)
     throw Error(ErrorKind::kInvalidArgument, "the model is given more than once (MODEL, --onnx, --loadEngine): give one");
+}
+
+LoadOptions EngineOptions::load_options() const {
+  LoadOptions l;
+  l.max_memory = max_memory_bytes();
+  l.gpu = gpu;
+  return l;
 }
 
 size_t EngineOptions::max_memory_bytes() const { return max_memory.empty() ? 0 : parse_byte_size(max_memory, "--max-memory"); }

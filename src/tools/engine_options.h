@@ -15,6 +15,7 @@ namespace kiln::tools {
 
 struct EngineOptions {
   std::string device = "cuda";
+  int gpu = 0;  // --gpu: the GPU (CUDA's device index) GPU engines are built on and run on
   bool fp16 = false, tf32 = false, fp32 = false, best = false;
   std::vector<std::string> shapes;  // --shapes input:1x3x224x224
   std::vector<std::string> dims;    // --dim N=8
@@ -65,6 +66,8 @@ struct EngineOptions {
   void add_int8(const std::string& model, BuildOptions& b) const;
   // --max-memory in bytes (0 when not given); throws kInvalidArgument for an unreadable size.
   size_t max_memory_bytes() const;
+  // How an engine file is loaded: --max-memory and --gpu.
+  LoadOptions load_options() const;
   bool has_profiles() const { return !min_shapes.empty() || !opt_shapes.empty() || !max_shapes.empty(); }
 };
 

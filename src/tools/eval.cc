@@ -97,7 +97,7 @@ int eval(const EvalOptions& o) {
   std::string reference = o.reference;
   const bool engine_file = is_engine_file(o.model);
   if (engine_file) {
-    engine.emplace(Engine::load(o.model, o.engine.max_memory_bytes()));
+    engine.emplace(Engine::load(o.model, o.engine.load_options()));
   } else {
     std::vector<std::string> defaulted;
     engine.emplace(Engine::from_onnx(o.model, eo.build_options(o.model, defaulted)));

@@ -250,7 +250,7 @@ int run(const RunOptions& o) {
   auto open_engine = [&](const std::map<std::string, std::vector<int64_t>>& shapes) {
     auto t0 = std::chrono::steady_clock::now();
     if (engine_file) {
-      engine.emplace(Engine::load(o.model, o.engine.max_memory_bytes()));
+      engine.emplace(Engine::load(o.model, o.engine.load_options()));
     } else {
       std::vector<std::string> unused;
       EngineOptions eo = o.engine;

@@ -34,6 +34,7 @@ def test_engine_matches_onnxruntime_on_numpy_and_torch_inputs():
 
     engine = kiln.Engine.from_onnx(FASHION)
     assert engine.backend == "cpu"
+    assert engine.gpu == -1 and engine.info()["gpu"] == -1  # a GPU engine names its GPU (tests/gpu)
     assert [d.name for d in engine.inputs] == ["input"] and engine.inputs[0].shape == [-1, 1, 28, 28]
     assert engine.inputs[0].dtype == "float32"
     rng = np.random.default_rng(7)
@@ -304,6 +305,8 @@ def test_engines_from_bytes_and_model_protos_and_serialized(tmp_path):
     engine = kiln.Engine.from_onnx(FASHION)
     again = kiln.Engine.deserialize(engine.serialize())
     np.testing.assert_array_equal(again.run({"input": x})["logits"], want)
+    # A CPU engine file has no GPU to go to: the GPU number is not read.
+    np.testing.assert_array_equal(kiln.Engine.deserialize(engine.serialize(), gpu=3).run({"input": x})["logits"], want)
 
     external = onnx.load(FASHION)
     onnx.save(external, str(tmp_path / "ext.onnx"), save_as_external_data=True, size_threshold=0)

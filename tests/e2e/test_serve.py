@@ -287,6 +287,77 @@ def test_bad_models_and_repositories_are_refused_with_one_line(kiln_bin, tmp_pat
     empty = tmp_path / "no_models"
     empty.mkdir()
     assert "holds no model" in _refused(kiln_bin, [str(empty)])
+    assert "distinct GPU numbers" in _refused(kiln_bin, [CLASSIFIER, "--device", "cuda", "--gpus", "0,0"])
+    assert "distinct GPU numbers" in _refused(kiln_bin, [CLASSIFIER, "--device", "cuda", "--gpus", "0,x"])
+    assert "--gpus is for --device cuda" in _refused(kiln_bin, [CLASSIFIER, "--gpus", "1"])
+    repo = _repository(tmp_path / "bad_gpus", {"gpus": [0, -1]})
+    assert "'gpus' must be a list of distinct GPU numbers" in _refused(kiln_bin, [str(repo)])
+
+
+def test_planned_batch_sizes_and_padding():
+    from kiln.serve import padded_rows, planned_batch_sizes
+
+    assert planned_batch_sizes(1) == [1]
+    assert planned_batch_sizes(16) == [1, 2, 4, 8, 16]
+    sizes = planned_batch_sizes(12)
+    assert sizes == [1, 2, 4, 8, 12]
+    assert [padded_rows(r, sizes) for r in (1, 2, 3, 5, 9, 12)] == [1, 2, 4, 8, 12, 12]
+    assert padded_rows(7, []) == 7  # the CPU engine runs any row count as it comes
+
+
+def test_a_padded_batch_gives_each_request_its_own_rows():
+    """Three requests of 1, 2 and 2 rows make one batch of 5 rows, run padded to 8 (zeros); each
+    request gets its rows of the output, none of the padding."""
+    import asyncio
+
+    from kiln.serve import Batcher, Runners
+
+    seen = []
+
+    def run(inputs):
+        seen.append(inputs["x"].copy())
+        return {"y": inputs["x"] * 2 + 1}
+
+    async def main():
+        batcher = Batcher(Runners([("0", run)]), 8, 0.2, "padded", batch_sizes=[1, 2, 4, 8])
+        batcher.start()
+        parts = [np.full((rows, 3), i + 1, np.float32) for i, rows in enumerate((1, 2, 2))]
+        return parts, await asyncio.gather(*(batcher.submit({"x": p}, len(p)) for p in parts))
+
+    parts, answers = asyncio.run(main())
+    assert [len(x) for x in seen] == [8]
+    np.testing.assert_array_equal(seen[0][5:], 0)
+    for p, a in zip(parts, answers):
+        np.testing.assert_array_equal(a["y"], p * 2 + 1)
+
+
+def test_runs_spread_over_devices_by_their_runs_in_flight():
+    """Two GPUs with two contexts each: the second of two batches in flight goes to the other GPU,
+    and four in flight take both contexts of both."""
+    from kiln.serve import Runners
+
+    started, release = [], threading.Event()
+
+    def make(device):
+        def run(inputs):
+            started.append(device)
+            release.wait(30)
+            return {}
+        return run
+
+    runners = Runners([(d, make(d)) for d in ("0", "0", "1", "1")])
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = []
+        for n in range(1, 5):
+            futures.append(pool.submit(runners, {}))
+            deadline = time.monotonic() + 10
+            while len(started) < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if n == 2:
+                assert sorted(started) == ["0", "1"]
+        assert sorted(started) == ["0", "0", "1", "1"]
+        release.set()
+        assert sorted(f.result(30)[0] for f in futures) == ["0", "0", "1", "1"]
 
 
 def test_sigterm_ends_the_server(kiln_bin, tmp_path):

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "cuda/runtime/check.h"
+#include "cuda/runtime/device_scope.h"
 #include "cuda/runtime/engine.h"
 #include "cuda/runtime/graph_timing.h"
 
@@ -54,41 +55,58 @@ std::vector<LayerTiming> to_layer_timings(const std::vector<LayerTime>& times) {
   return out;
 }
 
-// A context on a stream of its own: what kiln::Context runs on.
+// A context on a stream of its own: what kiln::Context runs on. Made, used and destroyed with its
+// engine's GPU current (device_scope.h).
 class CudaBackendContext final : public backend::Context {
  public:
-  CudaBackendContext(const CudaEngine& engine, const ContextOptions& options)
-      : context_(std::make_unique<CudaContext>(engine, options)) {
+  // The caller makes `gpu` current.
+  CudaBackendContext(const CudaEngine& engine, const ContextOptions& options, int gpu)
+      : gpu_(gpu), context_(std::make_unique<CudaContext>(engine, options)) {
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaBackendContext() override {
+    DeviceScope scope(gpu_, /*checked=*/false);
     context_.reset();  // first: its work in flight may run on stream_
     if (stream_) cudaStreamDestroy(stream_);
   }
 
-  void set_optimization_profile(int index) override { context_->set_profile(index); }
+  void set_optimization_profile(int index) override {
+    DeviceScope scope(gpu_);
+    context_->set_profile(index);
+  }
   int optimization_profile() const override { return context_->profile(); }
   void set_input_shape(const std::string& name, const std::vector<int64_t>& shape) override {
+    DeviceScope scope(gpu_);
     context_->set_input_shape(name, shape);
   }
   std::vector<int64_t> input_shape(const std::string& name) const override { return context_->input_shape(name); }
   std::vector<int64_t> output_shape(const std::string& name) override {
+    DeviceScope scope(gpu_);
     for (const EngineIO& out : context_->current_plan().outputs())
       if (out.name == name) return out.shape;
     throw Error(ErrorKind::kInvalidArgument, "the engine has no output named '" + name + "'");
   }
-  std::vector<LayerInfo> layers() override { return plan_layers(context_->current_plan()); }
+  std::vector<LayerInfo> layers() override {
+    DeviceScope scope(gpu_);
+    return plan_layers(context_->current_plan());
+  }
   void* input_buffer(const std::string& name) const override { return context_->input_buffer(name); }
   void* output_buffer(const std::string& name) const override { return context_->output_buffer(name); }
-  void enqueue(void* stream) override { context_->enqueue(static_cast<cudaStream_t>(stream)); }
+  void enqueue(void* stream) override {
+    DeviceScope scope(gpu_);
+    context_->enqueue(static_cast<cudaStream_t>(stream));
+  }
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) override {
+    DeviceScope scope(gpu_);
     return context_->run(inputs, stream_);
   }
   std::vector<LayerTiming> profile(void* stream) override {
+    DeviceScope scope(gpu_);
     return to_layer_timings(context_->profile(static_cast<cudaStream_t>(stream)));
   }
 
  private:
+  int gpu_;
   std::unique_ptr<CudaContext> context_;
   cudaStream_t stream_ = nullptr;
 };
@@ -97,7 +115,10 @@ class CudaBackendContext final : public backend::Context {
 // captured: what the where-faster build times engines with.
 class CudaTimer final : public backend::Timer {
  public:
-  explicit CudaTimer(const CudaEngine& engine) : context_(engine), graph_timing_(engine.config().tactics.graph_timing) {
+  // The caller makes `gpu` current.
+  CudaTimer(const CudaEngine& engine, int gpu)
+      : gpu_(gpu), context_holder_(std::make_unique<CudaContext>(engine)), context_(*context_holder_),
+        graph_timing_(engine.config().tactics.graph_timing) {
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KILN_CUDA_CHECK(cudaEventCreate(&start_));
     KILN_CUDA_CHECK(cudaEventCreate(&stop_));
@@ -116,6 +137,8 @@ class CudaTimer final : public backend::Timer {
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   ~CudaTimer() override {
+    DeviceScope scope(gpu_, /*checked=*/false);
+    context_holder_.reset();
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
     cudaStreamDestroy(stream_);
@@ -125,6 +148,7 @@ class CudaTimer final : public backend::Timer {
   // hide each graph's launch and ranked a batch-1 engine differently from kiln bench
   // (docs/design/tactic-timing.md, "Layers and whole engines, as the engine runs them").
   std::vector<double> latency_samples_ms(int runs) override {
+    DeviceScope scope(gpu_);
     std::vector<double> samples;
     for (int i = 0; i < runs; ++i) {
       KILN_CUDA_CHECK(cudaEventRecord(start_, stream_));
@@ -141,6 +165,7 @@ class CudaTimer final : public backend::Timer {
   // As a CUDA graph runs each layer (a replayed graph of 10 launches of the layer alone) unless
   // the build's tactic options time on the stream, else `runs` profiled runs.
   std::vector<std::vector<LayerTiming>> layer_samples(int runs) override {
+    DeviceScope scope(gpu_);
     std::vector<std::vector<LayerTiming>> all;
     if (graph_timing_) {
       all.push_back(to_layer_timings(context_.profile_in_graph(stream_, 10)));
@@ -151,22 +176,34 @@ class CudaTimer final : public backend::Timer {
   }
 
  private:
-  CudaContext context_;
+  int gpu_;
+  std::unique_ptr<CudaContext> context_holder_;
+  CudaContext& context_;
   bool graph_timing_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };
 
+// Every call that may reach the GPU runs with the engine's GPU current (device_scope.h).
 class CudaBackendEngine final : public backend::Engine {
  public:
   CudaBackendEngine(std::shared_ptr<const ir::Graph> graph, std::unique_ptr<CudaEngine> engine,
-                    std::vector<OptimizationProfile> profiles)
-      : graph_(std::move(graph)), engine_(std::move(engine)), profiles_(std::move(profiles)) {}
+                    std::vector<OptimizationProfile> profiles, int gpu)
+      : graph_(std::move(graph)), engine_(std::move(engine)), profiles_(std::move(profiles)), gpu_(gpu) {}
+  ~CudaBackendEngine() override {
+    DeviceScope scope(gpu_, /*checked=*/false);
+    default_context_.reset();
+    engine_.reset();
+  }
 
   const ir::Graph& graph() const override { return *graph_; }
-  size_t layer_count() const override { return engine_->opt_plan(0)->layers().size(); }
+  size_t layer_count() const override {
+    DeviceScope scope(gpu_);
+    return engine_->opt_plan(0)->layers().size();
+  }
 
   void describe(EngineInfo& info) const override {
+    DeviceScope scope(gpu_);
     const CudaEngine& e = *engine_;
     info.device = e.device_name();
     for (size_t p = 0; p < profiles_.size(); ++p) {
@@ -205,6 +242,7 @@ class CudaBackendEngine final : public backend::Engine {
   // Output dimensions that differ between the profiles' min and max plans vary; the others are
   // what every plan computes.
   std::vector<TensorDesc> outputs(std::vector<TensorDesc> declared) const override {
+    DeviceScope scope(gpu_);
     for (size_t i = 0; i < declared.size(); ++i) {
       std::vector<int64_t> shape;
       for (int p = 0; p < static_cast<int>(profiles_.size()); ++p)
@@ -230,17 +268,22 @@ class CudaBackendEngine final : public backend::Engine {
   }
 
   std::unique_ptr<backend::Context> create_context(const ContextOptions& options) const override {
-    return std::make_unique<CudaBackendContext>(*engine_, options);
+    DeviceScope scope(gpu_);
+    return std::make_unique<CudaBackendContext>(*engine_, options, gpu_);
   }
 
   std::map<std::string, std::string> tactics() const override { return engine_->timing_entries(); }
 
-  std::unique_ptr<backend::Timer> timer() const override { return std::make_unique<CudaTimer>(*engine_); }
+  std::unique_ptr<backend::Timer> timer() const override {
+    DeviceScope scope(gpu_);
+    return std::make_unique<CudaTimer>(*engine_, gpu_);
+  }
 
  private:
   std::shared_ptr<const ir::Graph> graph_;
   std::unique_ptr<CudaEngine> engine_;
   std::vector<OptimizationProfile> profiles_;
+  int gpu_;
   mutable std::mutex run_mutex_;
   mutable std::unique_ptr<backend::Context> default_context_;
 };
@@ -261,15 +304,15 @@ std::unique_ptr<backend::Engine> build_backend_engine(std::shared_ptr<const ir::
   config.log = options.log;
   config.tactics = options.tactics;
   for (const OptimizationProfile& p : profiles) config.profiles.push_back(lowered_profile(p));
+  DeviceScope scope(options.gpu);
   std::unique_ptr<CudaEngine> engine = CudaEngine::build(std::move(specialize), config);
-  return std::make_unique<CudaBackendEngine>(std::move(graph), std::move(engine), profiles);
+  return std::make_unique<CudaBackendEngine>(std::move(graph), std::move(engine), profiles, options.gpu);
 }
 
-nlohmann::json device_identity() {
-  int device = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
+nlohmann::json device_identity(int gpu) {
+  check_gpu_index(gpu);
   cudaDeviceProp prop{};
-  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
   int runtime = 0;
   KILN_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
   return {{"gpu", prop.name},
@@ -279,8 +322,8 @@ nlohmann::json device_identity() {
           {"cublaslt", static_cast<int64_t>(cublasLtGetVersion())}};
 }
 
-void check_device(const nlohmann::json& built, const std::string& engine_path) {
-  const nlohmann::json here = device_identity();
+void check_device(int gpu, const nlohmann::json& built, const std::string& engine_path) {
+  const nlohmann::json here = device_identity(gpu);
   for (const char* key : {"compute_capability", "cudnn", "cublaslt"}) {
     if (!built.contains(key) || built.at(key) != here.at(key))
       throw Error(ErrorKind::kInvalidArgument, std::string("the engine was built for ") + key + " " +
@@ -290,10 +333,8 @@ void check_device(const nlohmann::json& built, const std::string& engine_path) {
           .file(engine_path)
           .hint("rebuild the engine on this machine: kiln build model.onnx -o model.engine");
   }
-  int device = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
   cudaDeviceProp prop{};
-  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, gpu));
   check_gpu_architecture(prop);
 }
 

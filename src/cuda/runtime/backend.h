@@ -19,18 +19,19 @@ using GraphAtShapes = std::function<ir::Graph(const std::map<std::string, std::v
 
 // The GPU engine of `graph` (the optimized graph, dynamic dimensions symbolic) over `profiles`
 // (each naming every input), timing tactics unless `tactics` (timing-cache entries, from an
-// engine file) name them.
+// engine file) name them; built on, and running on, GPU options.gpu.
 std::unique_ptr<backend::Engine> build_backend_engine(std::shared_ptr<const ir::Graph> graph, GraphAtShapes specialize,
                                                       const BuildOptions& options,
                                                       const std::vector<OptimizationProfile>& profiles,
                                                       const std::map<std::string, std::string>& tactics);
 
-// What an engine file records of this GPU and its libraries (name, compute capability, CUDA
+// What an engine file records of GPU `gpu` and the libraries (name, compute capability, CUDA
 // runtime, cuDNN and cuBLASLt versions).
-nlohmann::json device_identity();
+nlohmann::json device_identity(int gpu);
 
 // Throws kInvalidArgument, naming `engine_path` and both machines, when an engine built where
-// `built` was recorded cannot run here (another compute capability, cuDNN or cuBLASLt).
-void check_device(const nlohmann::json& built, const std::string& engine_path);
+// `built` was recorded cannot run on GPU `gpu` here (another compute capability, cuDNN or
+// cuBLASLt), or when there is no GPU `gpu`.
+void check_device(int gpu, const nlohmann::json& built, const std::string& engine_path);
 
 }  // namespace kiln::cuda

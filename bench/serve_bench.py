@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""`kiln serve` under load, against the engine alone, in one run on the GPU machine (issue 26's
+measurements).
+
+    python3 bench/serve_bench.py --out DIR [--model resnet50] [--precision fp16] [--max-batch 128]
+        [--concurrency 1,4,16,64,256] [--seconds 8] [--gpus 2]
+
+1. The model (torchvision, random weights, 224x224, dynamic batch: scripts/export_model.py), or
+   --onnx PATH, built once with a profile of 1 to --max-batch rows (`kiln build`).
+2. The engine alone: `kiln bench ENGINE --batches 1,MAX` (CUDA events around each run) on GPU 0.
+3. The C++ runtime on 1 and on --gpus GPUs in one process: the engine file loaded on each GPU, a
+   context and a thread per GPU enqueueing runs of --max-batch rows back to back on a stream of
+   its own (inputs already on the device, as a pipeline feeding the GPU has them).
+4. The server: `kiln serve ENGINE --device cuda --max-batch MAX --instances 2 --gpus ...`, driven by
+   a load generator of Triton's gRPC client (perf_analyzer's method: a fixed number of requests in
+   flight, each of one image, sent again as soon as it is answered; --client-processes processes
+   share them), for --seconds after a warm-up, at each --concurrency on one GPU and at the
+   largest on --gpus GPUs. Throughput is answered images per second; latencies are each
+   request's, from send to answer.
+
+Triton's perf_analyzer itself is not on PyPI (the `perf-analyzer` package there is an empty
+placeholder), so this script is the load generator. Writes DIR/serve_bench.json; commit it
+under bench/results/serving/.
+--device cpu with --onnx runs every step but 2 and 3 on the CPU engine (a check of the script on a
+machine without a GPU; its figures mean nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import multiprocessing
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def kiln_bin() -> str:
+    return os.environ.get("KILN_BIN", os.path.join(ROOT, "build-gpu", "kiln"))
+
+
+def run(cmd: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    print("+", " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        print(r.stdout[-3000:], r.stderr[-3000:], flush=True)
+        raise RuntimeError(f"{os.path.basename(cmd[0])} {cmd[1]} failed ({r.returncode})")
+    return r
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], p: float) -> float:
+    return float(np.percentile(np.asarray(values), p)) if values else float("nan")
+
+
+# --- the load generator (one process of it) ----------------------------------------------------
+
+def _client_process(port: int, model: str, name: str, shape: list[int], in_flight: int, warmup_s: float,
+                    seconds: float, seed: int, results) -> None:
+    """Keeps `in_flight` requests in flight for warmup_s + seconds; puts the latencies (s) of the
+    requests sent after the warm-up into `results`."""
+    import tritonclient.grpc.aio as grpc_aio
+    from tritonclient.grpc import InferInput
+
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+    async def main():
+        client = grpc_aio.InferenceServerClient(f"localhost:{port}")
+        inp = InferInput(name, shape, "FP32")
+        inp.set_data_from_numpy(x)
+        start = time.monotonic()
+        measured_from, end = start + warmup_s, start + warmup_s + seconds
+        latencies: list[float] = []
+        errors = 0
+
+        async def loop():
+            nonlocal errors
+            while time.monotonic() < end:
+                sent = time.monotonic()
+                try:
+                    await client.infer(model, [inp])
+                except Exception:  # noqa: BLE001 (counted: a load test reports failures, it does not stop)
+                    errors += 1
+                    continue
+                if sent >= measured_from:
+                    latencies.append(time.monotonic() - sent)
+
+        await asyncio.gather(*(loop() for _ in range(in_flight)))
+        await client.close()
+        return latencies, errors
+
+    latencies, errors = asyncio.run(main())
+    results.put((latencies, errors))
+
+
+def load(port: int, model: str, name: str, shape: list[int], concurrency: int, processes: int, warmup_s: float,
+         seconds: float) -> dict:
+    """`concurrency` requests in flight from up to `processes` client processes."""
+    processes = max(1, min(processes, concurrency))
+    shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
+    ctx = multiprocessing.get_context("spawn")  # a clean process: no kserve next to tritonclient.grpc
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_client_process, args=(port, model, name, shape, share, warmup_s, seconds, i, results))
+             for i, share in enumerate(shares)]
+    for p in procs:
+        p.start()
+    latencies, errors = [], 0
+    for _ in procs:
+        got, bad = results.get(timeout=warmup_s + seconds + 300)
+        latencies += got
+        errors += bad
+    for p in procs:
+        p.join(60)
+    rows = shape[0]
+    return {"concurrency": concurrency, "client_processes": processes, "requests": len(latencies), "errors": errors,
+            "seconds": seconds, "throughput_per_s": len(latencies) * rows / seconds,
+            "latency_ms": {"p50": 1000 * percentile(latencies, 50), "p90": 1000 * percentile(latencies, 90),
+                           "p99": 1000 * percentile(latencies, 99), "mean": 1000 * float(np.mean(latencies))
+                           if latencies else float("nan")}}
+
+
+# --- the server --------------------------------------------------------------------------------
+
+class Served:
+    """`kiln serve` of the engine, ready (warmed up) or failed."""
+
+    def __init__(self, model: str, args: list[str], log_path: str):
+        self.http_port, self.grpc_port = free_port(), free_port()
+        self.log = open(log_path, "a")
+        cmd = [kiln_bin(), "serve", model, *args, "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+        print("+", " ".join(cmd), flush=True)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, KILN_PYTHON=sys.executable))
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kiln serve exited with {self.proc.returncode}: see {log_path}")
+            try:
+                with urllib.request.urlopen(f"http://localhost:{self.http_port}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"kiln serve not ready in 600 s: see {log_path}")
+
+    def metrics(self, model: str) -> dict:
+        with urllib.request.urlopen(f"http://localhost:{self.http_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+
+        def value(pattern: str) -> float:
+            m = re.search(pattern, text, re.M)
+            return float(m.group(1)) if m else 0.0
+
+        runs = {}
+        for labels, count in re.findall(r"^kiln_runs_total{([^}]*)} (\S+)$", text, re.M):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            if labels.get("model") == model:
+                runs[labels["device"]] = float(count)
+        return {"batch_rows_sum": value(rf'^kiln_batch_size_sum{{model="{model}"}} (\S+)$'),
+                "batches": value(rf'^kiln_batch_size_count{{model="{model}"}} (\S+)$'), "runs_by_device": runs}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus: list[int], max_batch: int,
+                delay_us: int, concurrencies: list[int], args, out: str) -> list[dict]:
+    flags = ["--device", device, "--name", model, "--max-batch", str(max_batch), "--max-queue-delay-us", str(delay_us)]
+    if device == "cuda":
+        flags += ["--instances", str(args.instances), "--gpus", ",".join(map(str, gpus))]
+    label = f"{len(gpus)}gpu" if device == "cuda" else "cpu"
+    server = Served(engine, flags, os.path.join(out, f"serve_{label}.log"))
+    rows = []
+    try:
+        for c in concurrencies:
+            before = server.metrics(model)
+            r = load(server.grpc_port, model, name, [1, 3, size, size], c, args.client_processes, args.warmup, args.seconds)
+            after = server.metrics(model)
+            batches = after["batches"] - before["batches"]
+            r["gpus"] = gpus if device == "cuda" else []
+            r["mean_batch_rows"] = (after["batch_rows_sum"] - before["batch_rows_sum"]) / batches if batches else 0.0
+            r["runs_by_device"] = {d: v - before["runs_by_device"].get(d, 0.0) for d, v in after["runs_by_device"].items()}
+            print(f"  {label} concurrency {c:4d}: {r['throughput_per_s']:9.1f} img/s  p50 {r['latency_ms']['p50']:8.3f} ms  "
+                  f"p99 {r['latency_ms']['p99']:8.3f} ms  mean batch {r['mean_batch_rows']:.1f}  errors {r['errors']}",
+                  flush=True)
+            rows.append(r)
+    finally:
+        server.stop()
+    return rows
+
+
+# --- the C++ runtime on several GPUs -----------------------------------------------------------
+
+def runtime_throughput(engine_path: str, gpus: list[int], rows: int, size: int, seconds: float) -> dict:
+    """Images per second of contexts on `gpus`, each on a thread of its own enqueueing runs of
+    `rows` images back to back (waiting every 8 runs), for `seconds` after a warm-up."""
+    import torch
+
+    import kiln
+
+    x = np.random.default_rng(1).standard_normal((rows, 3, size, size)).astype(np.float32)
+    contexts = []
+    for g in gpus:
+        engine = kiln.Engine.load(engine_path, gpu=g)
+        context = engine.create_context()
+        context.run({engine.inputs[0].name: x})  # plans the shape and fills the input buffer
+        contexts.append((g, engine, context))
+    counts = [0] * len(gpus)
+    barrier = threading.Barrier(len(gpus) + 1)
+    stop = threading.Event()
+
+    def drive(i: int, g: int, context) -> None:
+        with torch.cuda.device(g):
+            stream = torch.cuda.Stream(g)
+            for _ in range(8):  # warm-up
+                context.enqueue(stream.cuda_stream)
+            stream.synchronize()
+            barrier.wait()
+            while not stop.is_set():
+                for _ in range(8):
+                    context.enqueue(stream.cuda_stream)
+                stream.synchronize()
+                counts[i] += 8
+
+    threads = [threading.Thread(target=drive, args=(i, g, c)) for i, (g, _, c) in enumerate(contexts)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.monotonic()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - start
+    per_gpu = [c * rows / elapsed for c in counts]
+    return {"gpus": gpus, "rows": rows, "throughput_per_s": sum(per_gpu), "per_gpu": per_gpu}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--onnx", help="an ONNX model of input [N, 3, S, S] instead of exporting --model")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--precision", default="fp16")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--max-batch", type=int, default=128)
+    p.add_argument("--max-queue-delay-us", type=int, default=2000)
+    p.add_argument("--instances", type=int, default=2)
+    p.add_argument("--concurrency", default="1,4,16,64,256")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--client-processes", type=int, default=8)
+    p.add_argument("--gpus", type=int, default=2, help="GPUs of the multi-GPU rows (the machine's, 0 to N-1)")
+    args = p.parse_args()
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+
+    onnx = args.onnx
+    if not onnx:
+        onnx = os.path.join(out, f"{args.model}.onnx")
+        if not os.path.exists(onnx):
+            run([sys.executable, os.path.join(ROOT, "scripts", "export_model.py"), args.model, "--size", str(args.size),
+                 "-o", onnx])
+    import kiln
+
+    name = kiln.model_inputs(onnx)[0].name
+    shape = f"{name}:{{}}x3x{args.size}x{args.size}"
+    result = {"schema": "kiln.serve-bench/1",
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "kiln_version": run([kiln_bin(), "--version"]).stdout.strip(), "model": args.model, "size": args.size,
+              "precision": args.precision, "device": args.device, "max_batch": args.max_batch,
+              "max_queue_delay_us": args.max_queue_delay_us, "instances": args.instances,
+              "load_generator": "bench/serve_bench.py: tritonclient.grpc.aio, one image per request, a fixed number "
+                                "in flight (perf_analyzer's concurrency mode)",
+              "cpu_cores": os.cpu_count()}
+    if args.device == "cuda":
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.strip().splitlines()
+        result["gpu"], result["gpus_on_machine"] = gpu[0], len(gpu)
+        engine = os.path.join(out, f"{args.model}.{args.precision}.b{args.max_batch}.engine")
+        if not os.path.exists(engine):
+            run([kiln_bin(), "build", onnx, f"--{args.precision}", "--min-shapes", shape.format(1), "--opt-shapes",
+                 shape.format(args.max_batch), "--max-shapes", shape.format(args.max_batch), "-o", engine], timeout=1800)
+        bench_json = os.path.join(out, "engine_alone.json")
+        print(run([kiln_bin(), "bench", engine, "--batches", f"1,{args.max_batch}", "--json", bench_json]).stdout, flush=True)
+        with open(bench_json) as f:
+            result["engine_alone"] = [{k: r[k] for k in ("batch", "latency_ms", "throughput_per_s", "gpu")}
+                                      for r in json.load(f)["results"]]
+        result["runtime"] = [runtime_throughput(engine, list(range(n)), args.max_batch, args.size, args.seconds)
+                             for n in sorted({1, args.gpus})]
+        for r in result["runtime"]:
+            print(f"  C++ runtime on {len(r['gpus'])} GPU(s): {r['throughput_per_s']:.0f} img/s", flush=True)
+    else:
+        engine = onnx
+    result["server"] = serve_sweep(engine, args.model, name, args.size, args.device, [0], args.max_batch,
+                                   args.max_queue_delay_us, concurrencies, args, out)
+    if args.device == "cuda" and args.gpus > 1:
+        result["server"] += serve_sweep(engine, args.model, name, args.size, args.device, list(range(args.gpus)),
+                                        args.max_batch, args.max_queue_delay_us, [max(concurrencies)], args, out)
+    with open(os.path.join(out, "serve_bench.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {os.path.join(out, 'serve_bench.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""`kiln serve --device cuda` on one GPU: an fp16 engine built from ONNX with a profile up to
+--max-batch, cached beside the model and loaded from there next time; requests of any row count
+answered like the CPU engine (batches padded to the planned sizes); many clients at once batched
+over two contexts; a GPU the machine does not have refused with one line (kiln serve, kiln build
+and the Python API).
+
+Needs the serving packages (KServe, tritonclient) on the GPU machine's Python: they travel as
+wheels (docs/testing.md, "The GPU gate"); a missing one fails the suite, never skips it."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kiln  # noqa: E402  (a missing module fails the file, never skips it)
+from serve_helpers import Server, _free_port, grpc_infer, rel_l2, runs_by_device
+
+MAX_BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def served(kiln_bin, resnet18_64, tmp_path_factory):
+    """ResNet-18 (64x64, dynamic batch) served in fp16 on GPU 0 with two contexts: (server, model
+    path, spec, the CPU engine)."""
+    path, spec = resnet18_64
+    folder = tmp_path_factory.mktemp("served")
+    model = str(folder / "resnet18.onnx")
+    shutil.copy(path, model)
+    s = Server(kiln_bin, [model, "--device", "cuda", "--fp16", "--max-batch", str(MAX_BATCH), "--instances", "2",
+                          "--max-queue-delay-us", "20000"], str(folder / "server.log"))
+    yield s, model, spec, kiln.Engine.from_onnx(path)
+    assert s.stop() == 0, s.output()
+
+
+def test_answers_match_the_cpu_engine_at_any_row_count(served):
+    server, _, spec, cpu = served
+    assert "on GPUs 0" in server.output()
+    for rows in (1, 3, 5, MAX_BATCH):  # 3 and 5 run padded to 4 and 8
+        x = spec.make_inputs(rows, rows)[0]
+        got = grpc_infer(server, "resnet18", "input", x, "output")
+        assert got.shape == (rows, 1000)
+        assert rel_l2(got, cpu.run({"input": x})["output"]) < 1e-2
+
+
+def test_many_clients_are_batched_and_each_gets_its_rows(served):
+    server, _, spec, cpu = served
+    before = sum(runs_by_device(server, "resnet18").values())
+    requests = [spec.make_inputs(1 + i % 3, 100 + i)[0] for i in range(48)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda x: grpc_infer(server, "resnet18", "input", x, "output"), requests))
+    for x, got in zip(requests, answers):
+        assert got.shape == (len(x), 1000)
+        assert rel_l2(got, cpu.run({"input": x})["output"]) < 1e-2
+    runs = runs_by_device(server, "resnet18")
+    assert set(runs) == {"0"}
+    assert 0 < runs["0"] - before < len(requests)  # batched: fewer engine runs than requests
+
+
+def test_the_engine_is_cached_beside_the_model_and_loaded_from_there(served, kiln_bin, tmp_path):
+    _, model, spec, cpu = served
+    cached = model.replace(".onnx", f".fp16.b{MAX_BATCH}.engine")
+    assert os.path.exists(cached)
+    mtime = os.path.getmtime(cached)
+    s = Server(kiln_bin, [model, "--device", "cuda", "--fp16", "--max-batch", str(MAX_BATCH)], str(tmp_path / "log"))
+    try:
+        x = spec.make_inputs(2, 7)[0]
+        assert rel_l2(grpc_infer(s, "resnet18", "input", x, "output"), cpu.run({"input": x})["output"]) < 1e-2
+    finally:
+        assert s.stop() == 0, s.output()
+    assert os.path.getmtime(cached) == mtime  # loaded, not built and written again
+
+
+def test_a_gpu_the_machine_lacks_is_refused_with_one_line(kiln_bin, resnet18_64, tmp_path):
+    import torch
+
+    missing = torch.cuda.device_count()
+    path, _ = resnet18_64
+    r = subprocess.run([kiln_bin, "serve", path, "--device", "cuda", "--gpus", f"0,{missing}", "--http-port",
+                        str(_free_port()), "--grpc-port", str(_free_port())], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, KILN_PYTHON=sys.executable))
+    assert r.returncode == 1 and f"GPU {missing} does not exist" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = subprocess.run([kiln_bin, "build", path, "--fp16", "--gpu", str(missing), "-o", str(tmp_path / "x.engine")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and f"GPU {missing} does not exist" in r.stderr, r.stderr
+    engine = kiln.Builder(precision="fp16", device="cuda", shapes={"input": [2, 3, 64, 64]}).build(path)
+    assert engine.gpu == 0 and engine.info()["gpu"] == 0
+    saved = str(tmp_path / "r.engine")
+    engine.save(saved)
+    with pytest.raises(kiln.InvalidArgumentError, match=f"GPU {missing} does not exist"):
+        kiln.Engine.load(saved, gpu=missing)
