@@ -270,16 +270,18 @@ def run_on_gpus(out: str, suites: list[str], gpus: int) -> int:
 
 
 def serving_site() -> str:
-    """The serving suites' packages, installed from .whl/ into a folder of their own (once per
-    machine); "" when .whl/ is absent (the suites then fail on the missing package)."""
+    """The serving suites' packages, installed from .whl/ into a folder of their own once per
+    machine (a folder installed before, with its .done mark, is used as it is); "" when neither is
+    there (the suites then fail on the missing package)."""
+    site = "/tmp/kiln-gate-serving-site"
+    if os.path.exists(os.path.join(site, ".done")):
+        return site
     if not os.path.isdir(WHEELS):
         return ""
-    site = "/tmp/kiln-gate-serving-site"
     wheels = sorted(os.path.join(WHEELS, w) for w in os.listdir(WHEELS) if w.endswith(".whl"))
-    if not os.path.exists(os.path.join(site, ".done")):
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--no-cache-dir", "--upgrade", "--target", site, *wheels], check=True)
-        open(os.path.join(site, ".done"), "w").close()
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--upgrade", "--target", site, *wheels], check=True)
+    open(os.path.join(site, ".done"), "w").close()
     return site
 
 
