@@ -15,8 +15,9 @@ measurements).
    a load generator of Triton's gRPC client (perf_analyzer's method: a fixed number of requests in
    flight, each of one image, sent again as soon as it is answered; --client-processes processes
    share them), for --seconds after a warm-up, at each --concurrency on one GPU and at the
-   largest on --gpus GPUs. Throughput is answered images per second; latencies are each
-   request's, from send to answer.
+   largest on --gpus GPUs; then requests of --large-request-rows images each, at the largest
+   concurrency on one GPU and on --gpus GPUs. Throughput is answered images per second;
+   latencies are each request's, from send to answer.
 
 Triton's perf_analyzer itself is not on PyPI (the `perf-analyzer` package there is an empty
 placeholder), so this script is the load generator. Writes DIR/serve_bench.json; commit it
@@ -187,7 +188,8 @@ class Served:
 
 
 def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus: list[int], max_batch: int,
-                delay_us: int, concurrencies: list[int], args, out: str) -> list[dict]:
+                delay_us: int, loads: list[tuple[int, int]], args, out: str) -> list[dict]:
+    """One server on `gpus`; `loads`: (concurrency, images per request) in turn."""
     flags = ["--device", device, "--name", model, "--max-batch", str(max_batch), "--max-queue-delay-us", str(delay_us)]
     if device == "cuda":
         flags += ["--instances", str(args.instances), "--gpus", ",".join(map(str, gpus))]
@@ -195,15 +197,17 @@ def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus
     server = Served(engine, flags, os.path.join(out, f"serve_{label}.log"))
     rows = []
     try:
-        for c in concurrencies:
+        for c, rows_per_request in loads:
             before = server.metrics(model)
-            r = load(server.grpc_port, model, name, [1, 3, size, size], c, args.client_processes, args.warmup, args.seconds)
+            r = load(server.grpc_port, model, name, [rows_per_request, 3, size, size], c, args.client_processes,
+                     args.warmup, args.seconds)
+            r["images_per_request"] = rows_per_request
             after = server.metrics(model)
             batches = after["batches"] - before["batches"]
             r["gpus"] = gpus if device == "cuda" else []
             r["mean_batch_rows"] = (after["batch_rows_sum"] - before["batch_rows_sum"]) / batches if batches else 0.0
             r["runs_by_device"] = {d: v - before["runs_by_device"].get(d, 0.0) for d, v in after["runs_by_device"].items()}
-            print(f"  {label} concurrency {c:4d}: {r['throughput_per_s']:9.1f} img/s  p50 {r['latency_ms']['p50']:8.3f} ms  "
+            print(f"  {label} concurrency {c:4d} x {rows_per_request:3d} images: {r['throughput_per_s']:9.1f} img/s  p50 {r['latency_ms']['p50']:8.3f} ms  "
                   f"p99 {r['latency_ms']['p99']:8.3f} ms  mean batch {r['mean_batch_rows']:.1f}  errors {r['errors']}",
                   flush=True)
             rows.append(r)
@@ -268,9 +272,10 @@ def main() -> int:
     p.add_argument("--precision", default="fp16")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--max-batch", type=int, default=128)
-    p.add_argument("--max-queue-delay-us", type=int, default=2000)
+    p.add_argument("--max-queue-delay-us", type=int, default=0)
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--concurrency", default="1,4,16,64,256")
+    p.add_argument("--large-request-rows", type=int, default=16)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--client-processes", type=int, default=8)
@@ -317,11 +322,13 @@ def main() -> int:
             print(f"  C++ runtime on {len(r['gpus'])} GPU(s): {r['throughput_per_s']:.0f} img/s", flush=True)
     else:
         engine = onnx
+    top = max(concurrencies)
+    large = [(max(1, top // args.large_request_rows), args.large_request_rows)] if args.large_request_rows > 1 else []
     result["server"] = serve_sweep(engine, args.model, name, args.size, args.device, [0], args.max_batch,
-                                   args.max_queue_delay_us, concurrencies, args, out)
+                                   args.max_queue_delay_us, [(c, 1) for c in concurrencies] + large, args, out)
     if args.device == "cuda" and args.gpus > 1:
         result["server"] += serve_sweep(engine, args.model, name, args.size, args.device, list(range(args.gpus)),
-                                        args.max_batch, args.max_queue_delay_us, [max(concurrencies)], args, out)
+                                        args.max_batch, args.max_queue_delay_us, [(top, 1)] + large, args, out)
     with open(os.path.join(out, "serve_bench.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {os.path.join(out, 'serve_bench.json')}")

@@ -52,7 +52,7 @@ INDEX = os.path.join(GATE_DIR, "index.json")
 # What a GPU run depends on: the engine's sources and build, the GPU tests and what they import.
 # (The binary itself is identified by its sha256; the scripts that pack it are not sources.)
 SOURCE_PATHS = ["CMakeLists.txt", "include", "src", "python", "tests/gpu", "tests/e2e/e2e_models.py",
-                "tests/e2e/models.txt", "scripts/export_model.py"]
+                "tests/e2e/models.txt", "tests/e2e/test_serve.py", "scripts/export_model.py"]
 
 # Suite -> pytest files (run serially, one pytest process each). "conformance" is kiln's own.
 SUITES = {

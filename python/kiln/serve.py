@@ -13,8 +13,9 @@ max_queue_delay_us. A GPU engine built from an ONNX model is cached beside it
 (model.<precision>.b<max batch>.engine) and loaded from there next time.
 
 Dynamic batching: requests whose inputs share every dimension but the first are queued and
-run together, up to --max-batch rows, the first of them waiting at most --max-queue-delay-us;
-each request gets its own rows of the outputs back. A model whose inputs or outputs have a fixed
+run together, up to --max-batch rows: a batch leaves as soon as a run is free, with every request
+queued while the runs were busy, after waiting at most --max-queue-delay-us (default 0, as
+Triton's) for more; each request gets its own rows of the outputs back. A model whose inputs or outputs have a fixed
 first dimension runs each request alone. --instances engines' worth of runs go at once (GPU: one
 execution context each, on every GPU of --gpus; the CPU engine runs one at a time). On the GPU a
 batch is padded with zero rows to the next of the batch sizes planned at start (powers of two up
@@ -61,7 +62,7 @@ class ModelConfig:
     device: str = "cpu"
     precision: str = "fp32"
     max_batch: int = 8
-    max_queue_delay_us: int = 1000
+    max_queue_delay_us: int = 0
     instances: int = 1
     gpus: list = field(default_factory=lambda: [0])  # device cuda: the GPUs the model runs on
     engine_flags: list = field(default_factory=list)
@@ -162,30 +163,42 @@ class Batcher:
     def _key(p: _Pending):
         return tuple((name, a.dtype.str, a.shape[1:]) for name, a in sorted(p.inputs.items()))
 
-    async def _next(self, timeout: float | None):
+    def _take_queued(self) -> _Pending | None:
         if self._carry:
             return self._carry.pop(0)
-        if timeout is None:
-            return await self._queue.get()
-        return await asyncio.wait_for(self._queue.get(), timeout)
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+
+    async def _next(self) -> _Pending:
+        item = self._take_queued()
+        return item if item is not None else await self._queue.get()
 
     async def _loop(self) -> None:
+        # A batch starts with the oldest request once a run is free (requests queue while every run
+        # is busy), takes every queued request that fits, and waits for more only until the oldest
+        # has waited --max-queue-delay-us.
         while True:
-            first = await self._next(None)
+            first = await self._next()
+            await self._slots.acquire()
             batch, rows, key = [first], first.rows, self._key(first)
             deadline = first.queued + self._max_delay
             while rows < self._max_batch:
-                left = deadline - time.monotonic()
-                try:
-                    item = await self._next(max(left, 0) if left > 0 else 0.0)
-                except asyncio.TimeoutError:
-                    break
+                item = self._take_queued()
+                if item is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    try:
+                        item = await asyncio.wait_for(self._queue.get(), left)
+                    except asyncio.TimeoutError:
+                        break
                 if self._key(item) != key or rows + item.rows > self._max_batch:
                     self._carry.append(item)
                     break
                 batch.append(item)
                 rows += item.rows
-            await self._slots.acquire()
             asyncio.get_running_loop().create_task(self._dispatch(batch, rows))
 
     async def _dispatch(self, batch: list[_Pending], rows: int) -> None:
@@ -499,6 +512,19 @@ def repository_models(folder: str, defaults: ModelConfig) -> list[tuple[str, str
     return found
 
 
+def port_is_free(port: int) -> bool:
+    """Whether a server can listen on `port` on every address (what KServe binds)."""
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     p = UsageParser(prog="kiln serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="an ONNX model, an engine file, or a repository folder")
@@ -510,7 +536,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--max-batch", type=int, default=8, help="rows per engine run at most (dynamic batching)")
-    p.add_argument("--max-queue-delay-us", type=int, default=1000, help="how long a request may wait for others")
+    p.add_argument("--max-queue-delay-us", type=int, default=0,
+                   help="how long a batch with a free run may wait for more requests (0: it goes at once)")
     p.add_argument("--instances", type=int, default=1, help="engine runs at once (GPU: contexts on each GPU)")
     p.add_argument("--gpus", help="with --device cuda: the GPUs to run on, e.g. 0,1 (default 0); each gets the engine "
                                   "and --instances contexts")
@@ -525,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--gpus {args.gpus}: give distinct GPU numbers, e.g. --gpus 0,1")
         if args.device != "cuda":
             p.error("--gpus is for --device cuda")
+    for flag, port in (("--http-port", args.http_port), ("--grpc-port", args.grpc_port)):
+        if not port_is_free(port):
+            p.error(f"{flag} {port}: the port is in use (another server?)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kiln serve %(levelname)s %(message)s")
     defaults = ModelConfig(device=args.device, precision=args.precision or "fp32", max_batch=args.max_batch,
                            max_queue_delay_us=args.max_queue_delay_us, instances=args.instances, gpus=gpus)
@@ -553,7 +583,10 @@ def main(argv: list[str] | None = None) -> int:
     app.add_middleware(_JsonUnlessBinary)
     # One server process: the models' engines, queues and batches live in it (KServe's --workers
     # would load every model once per process and batch each process's requests apart).
-    server = kserve.ModelServer(http_port=args.http_port, grpc_port=args.grpc_port, workers=1, enable_grpc=True)
+    # KServe logs a line per gRPC request at INFO; the metrics count them, the log keeps the rest.
+    logging.getLogger("kserve").addFilter(lambda record: not record.getMessage().startswith("grpc method:"))
+    server = kserve.ModelServer(http_port=args.http_port, grpc_port=args.grpc_port, workers=1, enable_grpc=True,
+                                enable_latency_logging=False)
     server.start(models)
     return 0
 

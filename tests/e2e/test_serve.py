@@ -331,6 +331,48 @@ def test_a_padded_batch_gives_each_request_its_own_rows():
         np.testing.assert_array_equal(a["y"], p * 2 + 1)
 
 
+def test_requests_queued_while_the_runs_are_busy_leave_as_one_batch():
+    """With no queue delay, a request goes at once when a run is free; those that arrive while
+    every run is busy leave together when one frees."""
+    import asyncio
+
+    from kiln.serve import Batcher, Runners
+
+    seen, release = [], threading.Event()
+
+    def run(inputs):
+        seen.append(len(inputs["x"]))
+        release.wait(30)
+        return {"y": inputs["x"] + 1}
+
+    async def main():
+        batcher = Batcher(Runners([("0", run)]), 8, 0.0, "busy")
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 2), np.float32)}, 1))
+        while not seen:
+            await asyncio.sleep(0.01)
+        later = [asyncio.ensure_future(batcher.submit({"x": np.full((2, 2), i, np.float32)}, 2)) for i in range(3)]
+        await asyncio.sleep(0.2)
+        release.set()
+        return await first, await asyncio.gather(*later)
+
+    first, later = asyncio.run(main())
+    assert seen == [1, 6]
+    np.testing.assert_array_equal(first["y"], 1)
+    for i, answer in enumerate(later):
+        np.testing.assert_array_equal(answer["y"], i + 1)
+
+
+def test_a_port_in_use_is_refused_before_loading(kiln_bin):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([kiln_bin, "serve", CLASSIFIER, "--http-port", str(port), "--grpc-port", str(_free_port())],
+                           capture_output=True, text=True, timeout=120, env=dict(os.environ, KILN_PYTHON=sys.executable))
+    assert r.returncode == 1 and f"--http-port {port}: the port is in use" in r.stderr, r.stderr
+
+
 def test_runs_spread_over_devices_by_their_runs_in_flight():
     """Two GPUs with two contexts each: the second of two batches in flight goes to the other GPU,
     and four in flight take both contexts of both."""
