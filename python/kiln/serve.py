@@ -201,6 +201,20 @@ class Batcher:
                 rows += item.rows
             asyncio.get_running_loop().create_task(self._dispatch(batch, rows))
 
+    def _gather_and_run(self, batch: list[_Pending], rows: int, padded: int) -> tuple[str, dict, float]:
+        """The batch's inputs in one array each (zero rows up to `padded`), run; (device, outputs,
+        seconds of the run)."""
+        inputs = {}
+        for name in batch[0].inputs:
+            parts = [p.inputs[name] for p in batch]
+            if padded > rows:
+                first = parts[0]
+                parts.append(np.zeros((padded - rows, *first.shape[1:]), dtype=first.dtype))
+            inputs[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        start = time.monotonic()
+        device, outputs = self._run(inputs)
+        return device, outputs, time.monotonic() - start
+
     async def _dispatch(self, batch: list[_Pending], rows: int) -> None:
         m = _metrics()
         try:
@@ -209,16 +223,10 @@ class Batcher:
                 m["queue"].labels(self._name).observe(now - p.queued)
             m["batch"].labels(self._name).observe(rows)
             padded = padded_rows(rows, self._batch_sizes)
-            inputs = {}
-            for name in batch[0].inputs:
-                parts = [p.inputs[name] for p in batch]
-                if padded > rows:
-                    first = parts[0]
-                    parts.append(np.zeros((padded - rows, *first.shape[1:]), dtype=first.dtype))
-                inputs[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-            start = time.monotonic()
-            device, outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, inputs)
-            m["compute"].labels(self._name).observe(time.monotonic() - start)
+            # Off the event loop: gathering a batch copies every request's inputs once more.
+            device, outputs, seconds = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._gather_and_run, batch, rows, padded)
+            m["compute"].labels(self._name).observe(seconds)
             m["runs"].labels(self._name, device).inc()
             offset = 0
             for p in batch:
@@ -565,7 +573,10 @@ def main(argv: list[str] | None = None) -> int:
         entries = [(name, args.model, defaults)]
     else:
         p.error(f"{args.model} does not exist")
-    sys.argv = sys.argv[:1]  # KServe's own argument parser reads sys.argv when imported
+    # KServe's own argument parser reads sys.argv when imported: its gRPC message limits (4 MiB by
+    # default) are set to take any request of --max-request-mb and its answer.
+    grpc_bytes = str(int(args.max_request_mb * (1 << 20)) + (1 << 20))
+    sys.argv = sys.argv[:1] + ["--grpc_max_receive_message_length", grpc_bytes, "--grpc_max_send_message_length", grpc_bytes]
     import kserve
 
     KilnModel = _kiln_model_class()

@@ -363,6 +363,22 @@ def test_requests_queued_while_the_runs_are_busy_leave_as_one_batch():
         np.testing.assert_array_equal(answer["y"], i + 1)
 
 
+def test_a_request_past_grpcs_default_message_size_is_answered(kiln_bin, tmp_path):
+    """gRPC's servers take 4 to 8 MiB a message unless told: kiln serve takes --max-request-mb."""
+    path = os.path.join(DATA, "image_means.onnx")  # image: float32[N, 3, 224, 224] -> mean: float32[N, 3]
+    s = Server(kiln_bin, [path, "--max-batch", "32"], str(tmp_path / "server.log"))
+    try:
+        images = np.random.default_rng(2).standard_normal((16, 3, 224, 224)).astype(np.float32)  # 9.6 MB
+        import tritonclient.grpc as grpc
+
+        inp = grpc.InferInput("image", list(images.shape), "FP32")
+        inp.set_data_from_numpy(images)
+        got = grpc.InferenceServerClient(f"localhost:{s.grpc_port}").infer("image_means", [inp]).as_numpy("mean")
+        np.testing.assert_allclose(got, images.mean(axis=(2, 3)), rtol=1e-5, atol=1e-6)
+    finally:
+        assert s.stop() == 0, s.output()
+
+
 def test_a_port_in_use_is_refused_before_loading(kiln_bin):
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))

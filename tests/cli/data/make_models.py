@@ -42,6 +42,14 @@ save(helper.make_graph(
     [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 8, 8])],
     [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, [1, 3, 8, 8])]), "image_identity.onnx")
 
+# Image means of a dynamic batch: [N, 3, 224, 224] -> ReduceMean over the pixels -> [N, 3]; kiln
+# serve's large-request test (16 images are 9.6 MB, past gRPC's default message size).
+save(helper.make_graph(
+    [helper.make_node("ReduceMean", ["image"], ["mean"], axes=[2, 3], keepdims=0)],
+    "image_means",
+    [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 224, 224])],
+    [helper.make_tensor_value_info("mean", TensorProto.FLOAT, ["N", 3])]), "image_means.onnx")
+
 # A pure red 16x12 PPM photo (stb_image reads binary PPM; no image library needed here).
 with open(os.path.join(HERE, "red_16x12.ppm"), "wb") as f:
     f.write(b"P6\n16 12\n255\n" + bytes([255, 0, 0]) * (16 * 12))
