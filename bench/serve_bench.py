@@ -302,7 +302,11 @@ def main() -> int:
               "max_queue_delay_us": args.max_queue_delay_us, "instances": args.instances,
               "load_generator": "bench/serve_bench.py: tritonclient.grpc.aio, one image per request, a fixed number "
                                 "in flight (perf_analyzer's concurrency mode)",
-              "cpu_cores": os.cpu_count()}
+              "cpu_cores": os.cpu_count(), "command": " ".join(["python3", *sys.argv])}
+    build_info = os.path.join(ROOT, "build-gpu", "dist", "BUILD_INFO.json")
+    if os.path.exists(build_info):
+        with open(build_info) as f:
+            result["binary_commit"] = json.load(f)["commit"]
     if args.device == "cuda":
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True).stdout.strip().splitlines()
