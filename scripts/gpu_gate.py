@@ -17,7 +17,9 @@ machine. This script makes those runs evidence:
       binary was built from, the binary's sha256, the GPU, its driver, and per-suite counts. A
       machine call has a time limit, so a full run may be split across calls (--suites), or
       spread over the machine's GPUs (--gpus N: the suites go to N workers, each on one GPU of
-      its own, longest first; each worker writes DIR/gpuI, and `record DIR/gpu*` files them).
+      its own, longest first; each worker writes DIR/gpuI, then the suites that need several
+      GPUs run in DIR/gpus with all N; `record DIR/gpu*` files them). The serving suites take
+      KServe and tritonclient from wheels in .whl/ (scripts/serving_wheels.sh).
   scripts/gpu_gate.py record DIR [DIR...]
       Files each suite's run (JUnit XML, log, counts, hashes) under
       bench/results/gpu-tests/gate/<date>-<commit>-<gpu>/ and rewrites the index (index.json,
