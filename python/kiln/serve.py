@@ -99,13 +99,20 @@ def padded_rows(rows: int, batch_sizes: list[int]) -> int:
     return next((b for b in sorted(batch_sizes) if b >= rows), rows)
 
 
+# The input shapes a GPU context keeps a plan and a CUDA graph of (CudaContext::kMaxGraphs): a ninth
+# evicts the oldest, after waiting for the device.
+_SHAPES_A_CONTEXT_KEEPS = 8
+
+
 def planned_batch_sizes(max_batch: int) -> list[int]:
-    """The batch sizes a GPU model is planned and run at: powers of two below max_batch, and max_batch."""
+    """The batch sizes a GPU model is planned and run at: powers of two below max_batch, and
+    max_batch; the largest eight of them, so that a context never evicts one (past 128 rows the
+    smallest batches pad to the smallest size kept)."""
     sizes, b = [], 1
     while b < max_batch:
         sizes.append(b)
         b *= 2
-    return sizes + [max_batch]
+    return (sizes + [max_batch])[-_SHAPES_A_CONTEXT_KEEPS:]
 
 
 class Runners:

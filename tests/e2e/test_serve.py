@@ -303,6 +303,10 @@ def test_planned_batch_sizes_and_padding():
     assert sizes == [1, 2, 4, 8, 12]
     assert [padded_rows(r, sizes) for r in (1, 2, 3, 5, 9, 12)] == [1, 2, 4, 8, 12, 12]
     assert padded_rows(7, []) == 7  # the CPU engine runs any row count as it comes
+    # A GPU context keeps eight shapes' graphs: past 128 rows the smallest sizes go.
+    assert planned_batch_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert planned_batch_sizes(300) == [4, 8, 16, 32, 64, 128, 256, 300]
+    assert padded_rows(1, planned_batch_sizes(300)) == 4
 
 
 def test_a_padded_batch_gives_each_request_its_own_rows():
