@@ -49,7 +49,7 @@ fi
 # builds the wheel (`pip wheel .`); nbconvert and ipykernel execute notebooks/demo.ipynb.
 # .venv-tf (tests): tensorflow-cpu and tf2onnx for `kiln export --from savedmodel` and its test,
 # kept apart so their pins never move torch's.
-# .venv-serve (tests): KServe's model server for `kiln serve`, and Triton's clients and
+# .venv-serve (tests): KServe's model server and Ray Serve for `kiln serve`, and Triton's clients and
 # perf_analyzer to talk to it (their protobuf and grpcio pins differ from onnx's and TensorFlow's).
 PIP_VERSION=26.3
 
@@ -123,7 +123,7 @@ if ((FOR_TESTS)); then
   # torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the CPU only.
   install_lock .venv requirements/dev.lock 8
   install_lock .venv-tf requirements/tf.lock 3
-  install_lock .venv-serve requirements/serve.lock 2
+  install_lock .venv-serve requirements/serve.lock 3
 else
   install_lock .venv requirements/demo.lock 1
 fi

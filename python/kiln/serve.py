@@ -6,6 +6,7 @@ KServe's model server, so any KServe v2 or Triton client works unchanged.
     kiln serve models/                                     # a repository: models/<name>/<version>/model.onnx|model.engine
     kiln serve model.onnx --device cuda --fp16 --max-batch 64 --instances 2
     kiln serve model.onnx --device cuda --fp16 --gpus 0,1       # the engine on each GPU, work spread over them
+    kiln serve model.onnx --ray --ray-address auto --replicas 1:8  # Ray Serve replicas over a cluster
 
 A repository follows Triton's layout; each model's newest version (the largest number) is
 served, and an optional models/<name>/config.json gives its precision, max_batch and
@@ -266,7 +267,7 @@ def _kiln_model_class():
             self.path = path
             self.config = config
             self.max_request_bytes = max_request_bytes
-            self.engine = None
+            self.kiln_engine = None  # (KServe's models use `engine` for a flag of their own)
             self.batcher = None
             self.inputs = []
             self.outputs = []
@@ -321,13 +322,15 @@ def _kiln_model_class():
             return engines
 
         def load(self) -> bool:
+            if self.ready:  # a Ray replica loads in its constructor; KServe's front asks again
+                return True
             engines = self._engines()
-            self.engine = engines[0][1]
-            self.inputs = [(d.name, d.dtype, list(d.shape)) for d in self.engine.inputs]
-            self.outputs = [(d.name, d.dtype, list(d.shape)) for d in self.engine.outputs]
+            self.kiln_engine = engines[0][1]
+            self.inputs = [(d.name, d.dtype, list(d.shape)) for d in self.kiln_engine.inputs]
+            self.outputs = [(d.name, d.dtype, list(d.shape)) for d in self.kiln_engine.outputs]
             batchable = all(s and s[0] < 0 for _, _, s in self.inputs) and all(s and s[0] < 0 for _, _, s in self.outputs)
             max_batch = self.config.max_batch if batchable else 1
-            on_gpu = self.engine.backend == "cuda"
+            on_gpu = self.kiln_engine.backend == "cuda"
             if on_gpu:
                 runs = [(device, engine.create_context().run) for device, engine in engines
                         for _ in range(self.config.instances)]
@@ -527,6 +530,98 @@ def repository_models(folder: str, defaults: ModelConfig) -> list[tuple[str, str
     return found
 
 
+def replica_range(text: str) -> tuple[int, int] | None:
+    """--replicas N or MIN:MAX as (MIN, MAX); None unless 1 <= MIN <= MAX."""
+    try:
+        low, _, high = text.partition(":")
+        low, high = int(low), int(high or low)
+    except ValueError:
+        return None
+    return (low, high) if 1 <= low <= high else None
+
+
+def _ray_models(entries: list, address: str, replicas: tuple[int, int], max_request_bytes: int) -> list | None:
+    """Each model as a Ray Serve deployment, and the KServe models that send it requests (KServe's
+    RayModel, in this process); None after printing why one cannot be served.
+
+    Each replica is a whole kiln serve model (engine, contexts, batcher) in a Ray actor: one GPU
+    each with --device cuda (Ray's CUDA_VISIBLE_DEVICES makes it the replica's GPU 0), one CPU
+    otherwise. Ray Serve sends each request to one of two replicas it samples, the one with fewer
+    in flight; with MIN:MAX replicas it scales between them to keep about --max-batch requests in
+    flight per replica. Ray Serve's own HTTP proxy stays off: the protocol is served here."""
+    import ray
+    from kserve.ray import RayModel
+    from ray import serve
+
+    from kserve.protocol.infer_type import InferRequest
+
+    class KilnRayModel(RayModel):
+        """KServe's RayModel, sending gRPC requests too: their parameters and shapes are protobuf
+        containers, which Ray cannot pickle, so they travel as plain dicts and lists."""
+
+        def __call__(self, body, headers=None, **kwargs):
+            if isinstance(body, InferRequest):
+                body.parameters = plain_parameters(body.parameters)
+                for part in [*body.inputs, *(body.request_outputs or [])]:
+                    part.parameters = plain_parameters(part.parameters)
+                for part in body.inputs:
+                    part.shape = [int(d) for d in part.shape]
+            return super().__call__(body, headers=dict(headers) if headers else headers, **kwargs)
+
+    ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
+    serve.start(proxy_location="Disabled")
+    low, high = replicas
+    models = []
+    for name, path, config in entries:
+        replica_config = ModelConfig(**{**config.__dict__, "gpus": [0]})
+        in_flight = max(8, 2 * config.max_batch * config.instances)
+        scaling = ({"num_replicas": low} if low == high else
+                   {"autoscaling_config": {"min_replicas": low, "max_replicas": high,
+                                           "target_ongoing_requests": max(1, config.max_batch)}})
+        deployment = serve.deployment(
+            _ray_replica_class(), name=name, max_ongoing_requests=in_flight,
+            ray_actor_options={"num_gpus": 1} if config.device == "cuda" else {"num_cpus": 1}, **scaling)
+        try:
+            handle = serve.run(deployment.bind(name, path, replica_config, max_request_bytes), name=name,
+                               route_prefix=None)
+        except Exception as e:  # noqa: BLE001 (a replica that cannot load: Ray's error, its last line)
+            why = str(e).strip().splitlines()
+            sys.stderr.write(f"kiln: error: kiln serve: model '{name}' ({path}) cannot be served on Ray: "
+                             f"{why[-1] if why else type(e).__name__}\n")
+            _ray_stop([n for n, _, _ in entries[:len(models)]], address)
+            return None
+        model = KilnRayModel(name, handle)
+        model.load()
+        running = serve.status().applications[name].deployments[name].replica_states.get("RUNNING", 0)
+        log.info("model %s on Ray Serve: %d replicas running (%d to %d)", name, running, low, high)
+        models.append(model)
+    return models
+
+
+def plain_parameters(parameters):
+    """A protocol message's parameters as a plain dict (gRPC gives a map of InferParameter
+    messages, each holding one of bool_param, int64_param, string_param, ...)."""
+    if parameters is None or isinstance(parameters, dict):
+        return parameters
+    plain = {}
+    for key, value in parameters.items():
+        which = value.WhichOneof("parameter_choice") if hasattr(value, "WhichOneof") else None
+        plain[key] = getattr(value, which) if which else value
+    return plain
+
+
+def _ray_replica_class():
+    """A kiln serve model that loads in its constructor: what a Ray Serve replica runs."""
+    KilnModel = _kiln_model_class()
+
+    class KilnReplica(KilnModel):
+        def __init__(self, name: str, path: str, config: ModelConfig, max_request_bytes: int):
+            super().__init__(name, path, config, max_request_bytes)
+            self.load()
+
+    return KilnReplica
+
+
 def port_is_free(port: int) -> bool:
     """Whether a server can listen on `port` on every address (what KServe binds)."""
     import socket
@@ -557,6 +652,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", help="with --device cuda: the GPUs to run on, e.g. 0,1 (default 0); each gets the engine "
                                   "and --instances contexts")
     p.add_argument("--max-request-mb", type=float, default=256, help="the largest request's inputs")
+    p.add_argument("--ray", action="store_true",
+                   help="run each model as a Ray Serve deployment (replicas on the Ray cluster: one GPU each with "
+                        "--device cuda); this process serves the protocol in front of them")
+    p.add_argument("--ray-address", default="local",
+                   help="with --ray: 'local' starts a Ray instance in this process; 'auto' or an address joins a cluster")
+    p.add_argument("--replicas", default="1", help="with --ray: replicas of each model, N, or MIN:MAX to scale "
+                                                  "between them on the requests in flight")
     args = p.parse_args(argv)
     if args.max_batch < 1 or args.instances < 1 or args.max_queue_delay_us < 0:
         p.error("--max-batch and --instances must be at least 1, --max-queue-delay-us at least 0")
@@ -567,6 +669,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--gpus {args.gpus}: give distinct GPU numbers, e.g. --gpus 0,1")
         if args.device != "cuda":
             p.error("--gpus is for --device cuda")
+        if args.ray:
+            p.error("--gpus is not for --ray: Ray places the replicas, one GPU each")
+    replicas = replica_range(args.replicas)
+    if replicas is None:
+        p.error(f"--replicas {args.replicas}: give N or MIN:MAX, with 1 <= MIN <= MAX")
+    if (args.replicas != "1" or args.ray_address != "local") and not args.ray:
+        p.error("--replicas and --ray-address go with --ray")
     for flag, port in (("--http-port", args.http_port), ("--grpc-port", args.grpc_port)):
         if not port_is_free(port):
             p.error(f"{flag} {port}: the port is in use (another server?)")
@@ -586,16 +695,22 @@ def main(argv: list[str] | None = None) -> int:
     sys.argv = sys.argv[:1] + ["--grpc_max_receive_message_length", grpc_bytes, "--grpc_max_send_message_length", grpc_bytes]
     import kserve
 
-    KilnModel = _kiln_model_class()
-    models = []
-    for name, path, config in entries:
-        m = KilnModel(name, path, config, int(args.max_request_mb * (1 << 20)))
-        try:
-            m.load()
-        except Exception as e:  # noqa: BLE001 (kiln.Error and the like: one line, exit 1, nothing served)
-            sys.stderr.write(f"kiln: error: kiln serve: model '{name}' ({path}) cannot be served: {e}\n")
+    max_request_bytes = int(args.max_request_mb * (1 << 20))
+    if args.ray:
+        models = _ray_models(entries, args.ray_address, replicas, max_request_bytes)
+        if models is None:
             return 1
-        models.append(m)
+    else:
+        KilnModel = _kiln_model_class()
+        models = []
+        for name, path, config in entries:
+            m = KilnModel(name, path, config, max_request_bytes)
+            try:
+                m.load()
+            except Exception as e:  # noqa: BLE001 (kiln.Error and the like: one line, exit 1, nothing served)
+                sys.stderr.write(f"kiln: error: kiln serve: model '{name}' ({path}) cannot be served: {e}\n")
+                return 1
+            models.append(m)
     from kserve.model_server import app
 
     app.add_middleware(_JsonUnlessBinary)
@@ -605,8 +720,24 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kserve").addFilter(lambda record: not record.getMessage().startswith("grpc method:"))
     server = kserve.ModelServer(http_port=args.http_port, grpc_port=args.grpc_port, workers=1, enable_grpc=True,
                                 enable_latency_logging=False)
-    server.start(models)
+    try:
+        server.start(models)
+    finally:
+        if args.ray:
+            _ray_stop([name for name, _, _ in entries], args.ray_address)
     return 0
+
+
+def _ray_stop(names: list[str], address: str) -> None:
+    """Ends the models' deployments: a Ray instance of this process's own goes whole; on a cluster
+    joined, the models' applications are deleted (their replicas finish what they hold)."""
+    import ray
+    from ray import serve
+
+    if address != "local":
+        for name in names:
+            serve.delete(name)
+    ray.shutdown()
 
 
 if __name__ == "__main__":

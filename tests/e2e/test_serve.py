@@ -290,8 +290,37 @@ def test_bad_models_and_repositories_are_refused_with_one_line(kiln_bin, tmp_pat
     assert "distinct GPU numbers" in _refused(kiln_bin, [CLASSIFIER, "--device", "cuda", "--gpus", "0,0"])
     assert "distinct GPU numbers" in _refused(kiln_bin, [CLASSIFIER, "--device", "cuda", "--gpus", "0,x"])
     assert "--gpus is for --device cuda" in _refused(kiln_bin, [CLASSIFIER, "--gpus", "1"])
+    assert "--replicas 0: give N or MIN:MAX" in _refused(kiln_bin, [CLASSIFIER, "--ray", "--replicas", "0"])
+    assert "--replicas 3:2: give N or MIN:MAX" in _refused(kiln_bin, [CLASSIFIER, "--ray", "--replicas", "3:2"])
+    assert "--replicas and --ray-address go with --ray" in _refused(kiln_bin, [CLASSIFIER, "--replicas", "2"])
+    assert "--gpus is not for --ray" in _refused(kiln_bin, [CLASSIFIER, "--ray", "--device", "cuda", "--gpus", "0"])
     repo = _repository(tmp_path / "bad_gpus", {"gpus": [0, -1]})
     assert "'gpus' must be a list of distinct GPU numbers" in _refused(kiln_bin, [str(repo)])
+
+
+def test_ray_serve_replicas_answer_as_the_engine_does(kiln_bin, tmp_path, reference):
+    """kiln serve --ray: the model as a Ray Serve deployment of two replicas on a Ray instance of its
+    own, the protocol served in front: HTTP and gRPC answers, many clients at once, metadata, a bad
+    request answered 400 by a replica, SIGTERM."""
+    s = Server(kiln_bin, [CLASSIFIER, "--ray", "--replicas", "2", "--max-batch", str(MAX_BATCH)],
+               str(tmp_path / "server.log"))
+    try:
+        assert "model dynamic_classifier on Ray Serve: 2 replicas running (2 to 2)" in s.output()
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        np.testing.assert_allclose(_http_infer(s.url, "dynamic_classifier", x, binary=False), reference(x), rtol=1e-6)
+        np.testing.assert_allclose(_grpc_infer(s.grpc_port, "dynamic_classifier", x), reference(x), rtol=1e-6)
+        inputs = [np.full((1 + i % 3, 4), i, np.float32) for i in range(32)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda a: _grpc_infer(s.grpc_port, "dynamic_classifier", a), inputs))
+        for a, got in zip(inputs, answers):
+            np.testing.assert_allclose(got, reference(a), rtol=1e-6)
+        with urllib.request.urlopen(f"http://{s.url}/v2/models/dynamic_classifier", timeout=30) as r:
+            assert json.load(r)["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+        status, answer = _post(s.url, json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 5],
+                                                              "data": [0.0] * 5}]}), "/v2/models/dynamic_classifier/infer")
+        assert status == 400 and "must have shape" in answer
+    finally:
+        assert s.stop() == 0, s.output()
 
 
 def test_planned_batch_sizes_and_padding():
