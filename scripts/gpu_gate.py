@@ -19,7 +19,8 @@ machine. This script makes those runs evidence:
       spread over the machine's GPUs (--gpus N: the suites go to N workers, each on one GPU of
       its own, longest first; each worker writes DIR/gpuI, then the suites that need several
       GPUs run in DIR/gpus with all N; `record DIR/gpu*` files them). The serving suites take
-      KServe and tritonclient from wheels in .whl/ (scripts/serving_wheels.sh).
+      KServe and tritonclient from build-gpu/serving-site.tar.xz or .whl/ (carry one;
+      scripts/serving_wheels.sh makes both).
   scripts/gpu_gate.py record DIR [DIR...]
       Files each suite's run (JUnit XML, log, counts, hashes) under
       bench/results/gpu-tests/gate/<date>-<commit>-<gpu>/ and rewrites the index (index.json,
@@ -71,8 +72,9 @@ SUITES = {
 # Suites that need more than one GPU in view: `run --gpus N` runs them after the one-GPU workers,
 # in one worker that sees all N GPUs (and all cores); a plain `run` gives them what it sees.
 SUITE_GPUS = {"multigpu": 2}
-# The serving suites' packages (KServe, Triton's client), which the GPU machine lacks: wheels in
-# .whl/ (scripts/serving_wheels.sh fetches them), installed by `run` into a folder of its own.
+# The serving suites' packages (KServe, Triton's client), which the GPU machine lacks:
+# scripts/serving_wheels.sh fetches them into .whl/ and packs them installed into
+# build-gpu/serving-site.tar.xz; `run` unpacks or installs them into a folder of its own.
 SERVING_SUITES = ("serving", "multigpu")
 WHEELS = os.path.join(ROOT, ".whl")
 # GPU conformance on onnx's node cases: at least this many pass and none fails. Raise the floor
@@ -272,11 +274,16 @@ def run_on_gpus(out: str, suites: list[str], gpus: int) -> int:
 
 
 def serving_site() -> str:
-    """The serving suites' packages, installed from .whl/ into a folder of their own once per
-    machine (a folder installed before, with its .done mark, is used as it is); "" when neither is
-    there (the suites then fail on the missing package)."""
+    """The serving suites' packages in a folder of their own, once per machine: a folder there
+    before (with its .done mark) as it is, else build-gpu/serving-site.tar.xz unpacked, else the
+    wheels of .whl/ installed (scripts/serving_wheels.sh makes both); "" when none is there (the
+    suites then fail on the missing package)."""
     site = "/tmp/kiln-gate-serving-site"
     if os.path.exists(os.path.join(site, ".done")):
+        return site
+    packed = os.path.join(ROOT, "build-gpu", "serving-site.tar.xz")
+    if os.path.exists(packed):
+        subprocess.run(["tar", "xJf", packed, "-C", os.path.dirname(site)], check=True)
         return site
     if not os.path.isdir(WHEELS):
         return ""
