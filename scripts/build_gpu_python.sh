@@ -9,8 +9,9 @@
 #
 #   KILN_GPU_PYTHON_INCLUDE=/tmp/py312 bash scripts/build_gpu_python.sh
 #
-# Writes build-gpu/python/kiln/ (the package's .py files and _kiln.cpython-312-x86_64-linux-gnu.so);
-# carry build-gpu/python and set PYTHONPATH=build-gpu/python there. The module links the shared
+# Writes build-gpu/python/kiln/ (the package's .py files and _kiln.cpython-312-x86_64-linux-gnu.so)
+# and build-gpu/pyxz/python.tar.xz, the same xz-compressed (12 MB against 43: what a device call
+# has room for); carry build-gpu/pyxz and source scripts/gpu_env.sh there. The module links the shared
 # protobuf and OpenBLAS libraries, which the GPU machine has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,3 +41,6 @@ g++ -shared -o "$OUT/_kiln.$TAG.so" build-gpu/python-obj/module.o "${OBJECTS[@]}
   /usr/lib/x86_64-linux-gnu/libprotobuf.so /usr/lib/x86_64-linux-gnu/libopenblas.so -fopenmp -lz \
   -L/usr/local/cuda/lib64 -lcudart_static -lcublasLt -lcudnn "${NVRTC[@]}" -ldl -lrt -lpthread -Wl,-s
 du -sh "$OUT/_kiln.$TAG.so"
+mkdir -p build-gpu/pyxz
+tar cf - -C build-gpu python | xz -T0 -3 > build-gpu/pyxz/python.tar.xz
+du -sh build-gpu/pyxz/python.tar.xz
