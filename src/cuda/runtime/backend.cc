@@ -117,8 +117,7 @@ class CudaTimer final : public backend::Timer {
  public:
   // The caller makes `gpu` current.
   CudaTimer(const CudaEngine& engine, int gpu)
-      : gpu_(gpu), context_holder_(std::make_unique<CudaContext>(engine)), context_(*context_holder_),
-        graph_timing_(engine.config().tactics.graph_timing) {
+      : gpu_(gpu), context_(std::make_unique<CudaContext>(engine)), graph_timing_(engine.config().tactics.graph_timing) {
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KILN_CUDA_CHECK(cudaEventCreate(&start_));
     KILN_CUDA_CHECK(cudaEventCreate(&stop_));
@@ -126,19 +125,19 @@ class CudaTimer final : public backend::Timer {
     std::uniform_real_distribution<float> uniform(-1.f, 1.f);
     for (const IoSlot& slot : engine.io()) {
       if (!slot.is_input) continue;
-      Tensor t(slot.dtype, context_.input_shape(slot.name));  // zeros
+      Tensor t(slot.dtype, context_->input_shape(slot.name));  // zeros
       for (int64_t i = 0; i < t.numel(); ++i) {
         if (slot.dtype == DType::kFloat32) t.data<float>()[i] = uniform(rng);
         if (slot.dtype == DType::kFloat16) static_cast<uint16_t*>(t.raw())[i] = float_to_half(uniform(rng));
       }
-      KILN_CUDA_CHECK(cudaMemcpy(context_.input_buffer(slot.name), t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
+      KILN_CUDA_CHECK(cudaMemcpy(context_->input_buffer(slot.name), t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
     }
-    for (int i = 0; i < 3; ++i) context_.enqueue(stream_);  // captures the CUDA graph
+    for (int i = 0; i < 3; ++i) context_->enqueue(stream_);  // captures the CUDA graph
     KILN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   ~CudaTimer() override {
     DeviceScope scope(gpu_, /*checked=*/false);
-    context_holder_.reset();
+    context_.reset();  // first: it holds device memory and graphs of this GPU
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
     cudaStreamDestroy(stream_);
@@ -152,7 +151,7 @@ class CudaTimer final : public backend::Timer {
     std::vector<double> samples;
     for (int i = 0; i < runs; ++i) {
       KILN_CUDA_CHECK(cudaEventRecord(start_, stream_));
-      context_.enqueue(stream_);
+      context_->enqueue(stream_);
       KILN_CUDA_CHECK(cudaEventRecord(stop_, stream_));
       KILN_CUDA_CHECK(cudaEventSynchronize(stop_));
       float ms = 0;
@@ -168,17 +167,16 @@ class CudaTimer final : public backend::Timer {
     DeviceScope scope(gpu_);
     std::vector<std::vector<LayerTiming>> all;
     if (graph_timing_) {
-      all.push_back(to_layer_timings(context_.profile_in_graph(stream_, 10)));
+      all.push_back(to_layer_timings(context_->profile_in_graph(stream_, 10)));
     } else {
-      for (int r = 0; r < runs; ++r) all.push_back(to_layer_timings(context_.profile(stream_)));
+      for (int r = 0; r < runs; ++r) all.push_back(to_layer_timings(context_->profile(stream_)));
     }
     return all;
   }
 
  private:
   int gpu_;
-  std::unique_ptr<CudaContext> context_holder_;
-  CudaContext& context_;
+  std::unique_ptr<CudaContext> context_;
   bool graph_timing_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
