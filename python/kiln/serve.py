@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -122,8 +123,6 @@ class Runners:
     spreads over the GPUs by their queue depth."""
 
     def __init__(self, runs: list[tuple[str, object]]):
-        import threading
-
         self._free = list(runs)  # (device label, run)
         self._busy = {device: 0 for device, _ in runs}
         self._lock = threading.Lock()
@@ -316,9 +315,14 @@ def _kiln_model_class():
                 engines = [(str(self.config.gpus[0]), engine)]  # an engine file for the GPU, served as one
             else:
                 engines = [(str(self.config.gpus[0]), self._build(self.config.gpus[0]))]
-            data = engines[0][1].serialize() if len(self.config.gpus) > 1 else None
+            # The other GPUs load the engine file there is (the model's, or the cache), else its bytes.
+            source = self.path if self.path.endswith(".engine") else self._engine_path()
+            data = None
+            if len(self.config.gpus) > 1 and not (source and os.path.exists(source)):
+                data = engines[0][1].serialize()
             for gpu in self.config.gpus[1:]:
-                engines.append((str(gpu), kiln.Engine.deserialize(data, gpu=gpu)))
+                engine = kiln.Engine.deserialize(data, gpu=gpu) if data else kiln.Engine.load(source, gpu=gpu)
+                engines.append((str(gpu), engine))
             return engines
 
         def load(self) -> bool:
