@@ -51,11 +51,26 @@ DType dtype_of_numpy(const py::dtype& dt, const std::string& what) {
                                                ", which kiln does not take");
 }
 
-Tensor to_tensor(const py::handle& object, const std::string& what) {
-  // np.asarray: numpy arrays as they are, CPU torch tensors and lists through __array__.
+// How an input array becomes a Tensor: a copy into kiln's 64-byte-aligned storage, or the array's
+// own memory, borrowed (for runs that only read their inputs and copy them to the GPU: a context's,
+// a GPU engine's). A borrowed tensor holds a reference to the array until the run ends.
+enum class InputMemory { kCopy, kBorrow };
+
+Tensor to_tensor(const py::handle& object, const std::string& what, InputMemory memory = InputMemory::kCopy) {
+  // np.ascontiguousarray: numpy arrays as they are, CPU torch tensors and lists through __array__.
   py::array array = py::module_::import("numpy").attr("ascontiguousarray")(object);
   const DType dtype = dtype_of_numpy(array.dtype(), what);
   std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
+  if (memory == InputMemory::kBorrow && array.nbytes() > 0) {
+    // The deleter runs wherever the last Tensor copy goes (after the run, GIL held or not).
+    auto* keep = new py::object(array);
+    std::shared_ptr<unsigned char[]> storage(
+        static_cast<unsigned char*>(const_cast<void*>(array.data())), [keep](unsigned char*) {
+          py::gil_scoped_acquire gil;
+          delete keep;
+        });
+    return Tensor::over_storage(dtype, std::move(shape), std::move(storage));
+  }
   Tensor t = Tensor::uninitialized(dtype, shape);
   if (t.nbytes()) std::memcpy(t.raw(), array.data(), t.nbytes());
   return t;
@@ -72,11 +87,11 @@ py::array to_numpy(const Tensor& t) {
   return py::array(py::dtype(name), shape, {}, owner->raw(), keep);
 }
 
-std::map<std::string, Tensor> to_tensors(const py::dict& inputs) {
+std::map<std::string, Tensor> to_tensors(const py::dict& inputs, InputMemory memory = InputMemory::kCopy) {
   std::map<std::string, Tensor> out;
   for (const auto& [key, value] : inputs) {
     const std::string name = py::str(key).cast<std::string>();
-    out.emplace(name, to_tensor(value, "input '" + name + "'"));
+    out.emplace(name, to_tensor(value, "input '" + name + "'", memory));
   }
   return out;
 }
@@ -337,7 +352,10 @@ PYBIND11_MODULE(_kiln, m) {
            },
            py::arg("use_cuda_graph") = true, py::arg("share_activation_memory") = false)
       .def("run", [](const Engine& engine, const py::dict& inputs) {
-        std::map<std::string, Tensor> in = to_tensors(inputs);
+        // A CPU engine's kernels may read inputs with aligned vector loads, and an output may be an
+        // input itself: its inputs are copied. A GPU engine's are copied to the device anyway.
+        std::map<std::string, Tensor> in =
+            to_tensors(inputs, engine.backend() == "cuda" ? InputMemory::kBorrow : InputMemory::kCopy);
         std::map<std::string, Tensor> out;
         {
           py::gil_scoped_release release;
@@ -351,7 +369,8 @@ PYBIND11_MODULE(_kiln, m) {
   py::class_<Context>(m, "Context", py::dynamic_attr())
       .def("run",
            [](Context& context, const py::dict& inputs) {
-             std::map<std::string, Tensor> in = to_tensors(inputs);
+             // A context (GPU engines only) copies its inputs to the device: no copy here first.
+             std::map<std::string, Tensor> in = to_tensors(inputs, InputMemory::kBorrow);
              std::map<std::string, Tensor> out;
              {
                py::gil_scoped_release release;

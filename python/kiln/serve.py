@@ -70,6 +70,17 @@ class ModelConfig:
     engine_flags: list = field(default_factory=list)
 
 
+class _Series:
+    """One model's series of kiln's metrics, looked up once (a labels() call per request costs)."""
+
+    def __init__(self, model: str, devices: list[str]):
+        m = _metrics()
+        self.batch, self.queue = m["batch"].labels(model), m["queue"].labels(model)
+        self.compute, self.requests = m["compute"].labels(model), m["requests"].labels(model)
+        self.errors = m["errors"].labels(model)
+        self.runs = {device: m["runs"].labels(model, device) for device in devices}
+
+
 def _metrics():
     """kiln's Prometheus metrics, made once per process (KServe serves the default registry)."""
     from prometheus_client import Counter, Histogram
@@ -117,34 +128,63 @@ def planned_batch_sizes(max_batch: int) -> list[int]:
     return (sizes + [max_batch])[-_SHAPES_A_CONTEXT_KEEPS:]
 
 
+class _Run:
+    """One engine run a batch can go to, and the arrays it gathers batches in (reused from batch to
+    batch: no fresh memory, so no page faults, for every batch)."""
+
+    def __init__(self, device: str, run):
+        self.device = device
+        self.run = run
+        self.staging: dict[str, np.ndarray] = {}
+
+    def gather(self, batch: list[_Pending], rows: int, padded: int) -> dict:
+        """The batch's inputs, one array each, with zero rows from `rows` up to `padded`. A batch of
+        one request that needs no padding is its own arrays."""
+        if len(batch) == 1 and padded == rows:
+            return batch[0].inputs
+        inputs = {}
+        for name, first in batch[0].inputs.items():
+            buffer = self.staging.get(name)
+            if buffer is None or buffer.shape[0] < padded or buffer.shape[1:] != first.shape[1:] \
+                    or buffer.dtype != first.dtype:
+                buffer = self.staging[name] = np.empty((padded, *first.shape[1:]), dtype=first.dtype)
+            out = buffer[:padded]
+            np.concatenate([p.inputs[name] for p in batch], axis=0, out=out[:rows])  # (numpy lets go of the GIL)
+            if padded > rows:
+                out[rows:] = 0
+            inputs[name] = out
+        return inputs
+
+
 class Runners:
     """The engine runs one model's batches go to: one per execution context (every GPU's), or the
     CPU engine's one. A batch takes the free run whose device has the fewest runs in flight, so work
     spreads over the GPUs by their queue depth."""
 
     def __init__(self, runs: list[tuple[str, object]]):
-        self._free = list(runs)  # (device label, run)
+        self._free = [_Run(device, run) for device, run in runs]
         self._busy = {device: 0 for device, _ in runs}
         self._lock = threading.Lock()
         self.count = len(runs)
 
-    def __call__(self, inputs: dict) -> tuple[str, dict]:
+    def __call__(self, batch: list[_Pending], rows: int, padded: int) -> tuple[str, dict]:
+        """Gathers the batch on a free run and runs it; (device, outputs)."""
         with self._lock:
-            i = min(range(len(self._free)), key=lambda k: self._busy[self._free[k][0]])
-            device, run = self._free.pop(i)
-            self._busy[device] += 1
+            i = min(range(len(self._free)), key=lambda k: self._busy[self._free[k].device])
+            run = self._free.pop(i)
+            self._busy[run.device] += 1
         try:
-            return device, run(inputs)
+            return run.device, run.run(run.gather(batch, rows, padded))
         finally:
             with self._lock:
-                self._free.append((device, run))
-                self._busy[device] -= 1
+                self._free.append(run)
+                self._busy[run.device] -= 1
 
 
 class Batcher:
     """Queues requests and runs them together (see the module's docstring)."""
 
-    def __init__(self, run: Runners, max_batch: int, max_delay_s: float, model_name: str,
+    def __init__(self, run: Runners, max_batch: int, max_delay_s: float, series: dict,
                  batch_sizes: list[int] | None = None):
         self._run = run
         self._batch_sizes = batch_sizes or []
@@ -155,7 +195,7 @@ class Batcher:
         self._executor = ThreadPoolExecutor(max(1, workers), thread_name_prefix="kiln-run")
         self._queue: asyncio.Queue = asyncio.Queue()
         self._carry: list[_Pending] = []
-        self._name = model_name
+        self._series = series  # the model's metric series (_Series)
         self._task = None
 
     def start(self) -> None:
@@ -209,32 +249,24 @@ class Batcher:
             asyncio.get_running_loop().create_task(self._dispatch(batch, rows))
 
     def _gather_and_run(self, batch: list[_Pending], rows: int, padded: int) -> tuple[str, dict, float]:
-        """The batch's inputs in one array each (zero rows up to `padded`), run; (device, outputs,
-        seconds of the run)."""
-        inputs = {}
-        for name in batch[0].inputs:
-            parts = [p.inputs[name] for p in batch]
-            if padded > rows:
-                first = parts[0]
-                parts.append(np.zeros((padded - rows, *first.shape[1:]), dtype=first.dtype))
-            inputs[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        """Runs the batch (gathered on the run it goes to); (device, outputs, seconds of the run)."""
         start = time.monotonic()
-        device, outputs = self._run(inputs)
+        device, outputs = self._run(batch, rows, padded)
         return device, outputs, time.monotonic() - start
 
     async def _dispatch(self, batch: list[_Pending], rows: int) -> None:
-        m = _metrics()
+        series = self._series
         try:
             now = time.monotonic()
             for p in batch:
-                m["queue"].labels(self._name).observe(now - p.queued)
-            m["batch"].labels(self._name).observe(rows)
+                series.queue.observe(now - p.queued)
+            series.batch.observe(rows)
             padded = padded_rows(rows, self._batch_sizes)
-            # Off the event loop: gathering a batch copies every request's inputs once more.
+            # Off the event loop: gathering copies the requests' inputs into one array each.
             device, outputs, seconds = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._gather_and_run, batch, rows, padded)
-            m["compute"].labels(self._name).observe(seconds)
-            m["runs"].labels(self._name, device).inc()
+            series.compute.observe(seconds)
+            series.runs[device].inc()
             offset = 0
             for p in batch:
                 if len(batch) == 1 and padded == rows:
@@ -344,13 +376,7 @@ def _kiln_model_class():
             self._max_batch = max_batch
             # GPU: the batch sizes every context plans now (the first run at a shape plans it).
             self._batch_sizes = planned_batch_sizes(max_batch) if on_gpu and batchable else []
-            metrics = _metrics()
-            for key, metric in metrics.items():  # each of the model's series at zero from the start
-                if key == "runs":
-                    for device, _ in engines:
-                        metric.labels(self.name, device)
-                else:
-                    metric.labels(self.name)
+            self._series = _Series(self.name, [device for device, _ in engines])  # each at zero from the start
             # The warm-up: every run at every planned batch size (or at one row / the declared shape).
             for _, run in runs:
                 for rows in self._batch_sizes or [1]:
@@ -407,24 +433,24 @@ def _kiln_model_class():
             return arrays, rows
 
         async def predict(self, payload, headers=None, response_headers=None):
-            m = _metrics()
-            m["requests"].labels(self.name).inc()
+            series = self._series
+            series.requests.inc()
             if not isinstance(payload, InferRequest):
-                m["errors"].labels(self.name).inc()
+                series.errors.inc()
                 raise InvalidInput("kiln serve speaks the Open Inference Protocol (v2): send a v2 infer request")
             try:
                 arrays, rows = self._check(payload)
             except InvalidInput:
-                m["errors"].labels(self.name).inc()
+                series.errors.inc()
                 raise
             if self.batcher is None:
-                self.batcher = Batcher(self._run, self._max_batch, self.config.max_queue_delay_us * 1e-6, self.name,
+                self.batcher = Batcher(self._run, self._max_batch, self.config.max_queue_delay_us * 1e-6, self._series,
                                        self._batch_sizes)
                 self.batcher.start()
             try:
                 outputs = await self.batcher.submit(arrays, rows)
             except Exception as e:  # noqa: BLE001 (kiln.Error from the engine)
-                m["errors"].labels(self.name).inc()
+                series.errors.inc()
                 raise InferenceError(f"model '{self.name}': {e}") from e
             requested = {o.name for o in payload.request_outputs} if payload.request_outputs else None
             infer_outputs = []

@@ -343,7 +343,7 @@ def test_a_padded_batch_gives_each_request_its_own_rows():
     request gets its rows of the output, none of the padding."""
     import asyncio
 
-    from kiln.serve import Batcher, Runners
+    from kiln.serve import Batcher, Runners, _Series
 
     seen = []
 
@@ -352,16 +352,24 @@ def test_a_padded_batch_gives_each_request_its_own_rows():
         return {"y": inputs["x"] * 2 + 1}
 
     async def main():
-        batcher = Batcher(Runners([("0", run)]), 8, 0.2, "padded", batch_sizes=[1, 2, 4, 8])
+        batcher = Batcher(Runners([("0", run)]), 8, 0.2, _Series("padded", ["0"]), batch_sizes=[1, 2, 4, 8])
         batcher.start()
-        parts = [np.full((rows, 3), i + 1, np.float32) for i, rows in enumerate((1, 2, 2))]
-        return parts, await asyncio.gather(*(batcher.submit({"x": p}, len(p)) for p in parts))
+        answers = []
+        # Then 2 + 1 rows, padded to 4 in the array the first batch was gathered in: its fourth row
+        # held the first batch's data, and must be zero again.
+        for sizes in ((1, 2, 2), (2, 1)):
+            parts = [np.full((rows, 3), 10 * len(answers) + i + 1, np.float32) for i, rows in enumerate(sizes)]
+            answers.append((parts, await asyncio.gather(*(batcher.submit({"x": p}, len(p)) for p in parts))))
+        return answers
 
-    parts, answers = asyncio.run(main())
-    assert [len(x) for x in seen] == [8]
+    answers = asyncio.run(main())
+    assert [len(x) for x in seen] == [8, 4]
     np.testing.assert_array_equal(seen[0][5:], 0)
-    for p, a in zip(parts, answers):
-        np.testing.assert_array_equal(a["y"], p * 2 + 1)
+    np.testing.assert_array_equal(seen[1][3:], 0)
+    np.testing.assert_array_equal(seen[1][:3], [[11] * 3, [11] * 3, [12] * 3])
+    for parts, got in answers:
+        for p, a in zip(parts, got):
+            np.testing.assert_array_equal(a["y"], p * 2 + 1)
 
 
 def test_requests_queued_while_the_runs_are_busy_leave_as_one_batch():
@@ -369,7 +377,7 @@ def test_requests_queued_while_the_runs_are_busy_leave_as_one_batch():
     every run is busy leave together when one frees."""
     import asyncio
 
-    from kiln.serve import Batcher, Runners
+    from kiln.serve import Batcher, Runners, _Series
 
     seen, release = [], threading.Event()
 
@@ -379,7 +387,7 @@ def test_requests_queued_while_the_runs_are_busy_leave_as_one_batch():
         return {"y": inputs["x"] + 1}
 
     async def main():
-        batcher = Batcher(Runners([("0", run)]), 8, 0.0, "busy")
+        batcher = Batcher(Runners([("0", run)]), 8, 0.0, _Series("busy", ["0"]))
         batcher.start()
         first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 2), np.float32)}, 1))
         while not seen:
@@ -425,9 +433,10 @@ def test_a_port_in_use_is_refused_before_loading(kiln_bin):
 def test_runs_spread_over_devices_by_their_runs_in_flight():
     """Two GPUs with two contexts each: the second of two batches in flight goes to the other GPU,
     and four in flight take both contexts of both."""
-    from kiln.serve import Runners
+    from kiln.serve import Runners, _Pending
 
     started, release = [], threading.Event()
+    one_row = [_Pending({"x": np.zeros((1, 2), np.float32)}, 1, None, 0.0)]
 
     def make(device):
         def run(inputs):
@@ -440,7 +449,7 @@ def test_runs_spread_over_devices_by_their_runs_in_flight():
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = []
         for n in range(1, 5):
-            futures.append(pool.submit(runners, {}))
+            futures.append(pool.submit(runners, one_row, 1, 1))
             deadline = time.monotonic() + 10
             while len(started) < n and time.monotonic() < deadline:
                 time.sleep(0.01)
