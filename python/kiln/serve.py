@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kiln._usage import UsageParser
+from kiln import shared_memory
+from kiln.shared_memory import SharedMemoryError, uses_shared_memory
 
 # The v2 protocol's datatypes and numpy's.
 _V2_TO_NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "INT8": np.int8, "UINT16": np.uint16, "INT16": np.int16,
@@ -413,11 +415,18 @@ def _kiln_model_class():
                     raise InvalidInput(f"input '{name}' must be {_KILN_TO_V2.get(dtype)}, not {inp.datatype}")
                 if len(inp.shape) != len(shape) or any(s >= 0 and g != s for g, s in zip(inp.shape, shape)):
                     raise InvalidInput(f"input '{name}' must have shape {shape} (-1: any size), not {list(inp.shape)}")
-                try:
-                    a = inp.as_numpy()
-                except Exception as e:  # noqa: BLE001 (a body whose data does not fit its shape)
-                    raise InvalidInput(f"input '{name}': {e}") from e
-                a = np.asarray(a, dtype=_V2_TO_NUMPY[inp.datatype]).reshape(inp.shape)
+                if uses_shared_memory(inp.parameters):
+                    try:
+                        a = shared_memory.REGIONS.read(inp.parameters, np.dtype(_V2_TO_NUMPY[inp.datatype]),
+                                                       list(inp.shape), f"input '{name}'")
+                    except SharedMemoryError as e:
+                        raise InvalidInput(str(e)) from e
+                else:
+                    try:
+                        a = inp.as_numpy()
+                    except Exception as e:  # noqa: BLE001 (a body whose data does not fit its shape)
+                        raise InvalidInput(f"input '{name}': {e}") from e
+                    a = np.asarray(a, dtype=_V2_TO_NUMPY[inp.datatype]).reshape(inp.shape)
                 total += a.nbytes
                 arrays[name] = a
             if total > self.max_request_bytes:
@@ -452,14 +461,30 @@ def _kiln_model_class():
             except Exception as e:  # noqa: BLE001 (kiln.Error from the engine)
                 series.errors.inc()
                 raise InferenceError(f"model '{self.name}': {e}") from e
-            requested = {o.name for o in payload.request_outputs} if payload.request_outputs else None
+            requested = ({o.name: plain_parameters(o.parameters) for o in payload.request_outputs}
+                         if payload.request_outputs else None)
             infer_outputs = []
             for name, _, _ in self.outputs:
                 if requested is not None and name not in requested:
                     continue
                 a = np.ascontiguousarray(outputs[name])
-                out = InferOutput(name=name, shape=list(a.shape), datatype=_KILN_TO_V2[str(a.dtype)])
-                out.set_data_from_numpy(a, binary_data=payload.use_binary_outputs or payload.from_grpc)
+                datatype = _KILN_TO_V2[str(a.dtype)]
+                parameters = (requested or {}).get(name)
+                if uses_shared_memory(parameters):
+                    try:
+                        shared_memory.REGIONS.write(parameters, a, f"output '{name}'")
+                    except SharedMemoryError as e:
+                        series.errors.inc()
+                        raise InvalidInput(str(e)) from e
+                    where = {"shared_memory_region": parameters["shared_memory_region"],
+                             "shared_memory_byte_size": a.nbytes}
+                    out = InferOutput(name=name, shape=list(a.shape), datatype=datatype, data=[], parameters=where)
+                    if payload.from_grpc:
+                        # An empty entry of raw_output_contents keeps each later output at its index there.
+                        out._raw_data = b""
+                else:
+                    out = InferOutput(name=name, shape=list(a.shape), datatype=datatype)
+                    out.set_data_from_numpy(a, binary_data=payload.use_binary_outputs or payload.from_grpc)
                 infer_outputs.append(out)
             return InferResponse(response_id=payload.id or "", model_name=self.name, infer_outputs=infer_outputs,
                                  from_grpc=payload.from_grpc, use_binary_outputs=payload.use_binary_outputs)
@@ -514,19 +539,216 @@ def _read_config(path: str, config: ModelConfig) -> None:
 
 
 class _JsonUnlessBinary:
-    """ASGI middleware: the v2 protocol reads an infer request's whole body as JSON unless an
-    Inference-Header-Content-Length header says where its JSON ends; Triton's HTTP client sends
-    JSON requests without a Content-Type, which KServe would take for binary. This names them JSON."""
+    """ASGI middleware for infer requests over HTTP. The v2 protocol reads an infer request's whole
+    body as JSON unless an Inference-Header-Content-Length header says where its JSON ends; Triton's
+    HTTP client sends JSON requests without a Content-Type, which KServe would take for binary: this
+    names them JSON. And an input in shared memory has no "data", which KServe's JSON model requires:
+    such an input is given an empty one (the model reads the region)."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].endswith("/infer"):
-            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
-            if not any(k.lower() == b"inference-header-content-length" for k, _ in headers):
-                scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or not scope["path"].endswith("/infer"):
+            return await self.app(scope, receive, send)
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+        if any(k.lower() == b"inference-header-content-length" for k, _ in headers):
+            return await self.app(scope, receive, send)
+        chunks, message = [], {"more_body": True}
+        while message.get("more_body"):
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+        body = _shared_memory_inputs_with_data(b"".join(chunks))
+        headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(dict(scope, headers=headers), replay, send)
+
+
+def _shared_memory_inputs_with_data(body: bytes) -> bytes:
+    """A JSON infer request's body, with "data": [] for each input that names a shared-memory region."""
+    if b"shared_memory_region" not in body:
+        return body
+    try:
+        request = json.loads(body)
+        inputs = request["inputs"]
+        for inp in inputs:
+            if uses_shared_memory(inp.get("parameters")) and "data" not in inp:
+                inp["data"] = []
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return body  # malformed: KServe answers it
+    return json.dumps(request).encode()
+
+
+def _add_shared_memory_routes(app) -> None:
+    """The shared-memory extension over HTTP (Triton's paths): register, unregister and status of
+    system shared-memory regions; a refused one answers 400 with {"error": why}."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse, Response
+
+    def answer(work):
+        try:
+            result = work()
+        except SharedMemoryError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        return Response(status_code=200) if result is None else JSONResponse(result)
+
+    async def register(name, request):
+        try:
+            body = json.loads(await request.body())
+        except ValueError as e:
+            return JSONResponse({"error": f"the register request is not JSON: {e}"}, status_code=400)
+        if not isinstance(body, dict):
+            return JSONResponse({"error": "the register request must be a JSON object"}, status_code=400)
+        return answer(lambda: shared_memory.REGIONS.register(name, body.get("key"), body.get("offset", 0),
+                                                             body.get("byte_size")))
+
+    async def unregister(name=""):
+        return answer(lambda: shared_memory.REGIONS.unregister(name))
+
+    async def status(name=""):
+        return answer(lambda: shared_memory.REGIONS.status(name))
+
+    # FastAPI reads the annotations to inject the request (this module's are strings: __future__).
+    register.__annotations__ = {"name": str, "request": Request}
+    unregister.__annotations__ = status.__annotations__ = {"name": str}
+
+    base = "/v2/systemsharedmemory"
+    app.add_api_route(base + "/status", status, methods=["GET"])
+    app.add_api_route(base + "/region/{name}/status", status, methods=["GET"])
+    app.add_api_route(base + "/region/{name}/register", register, methods=["POST"])
+    app.add_api_route(base + "/region/{name}/unregister", unregister, methods=["POST"])
+    app.add_api_route(base + "/unregister", unregister, methods=["POST"])
+
+
+def _protobuf_field(number: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field (tag, length, bytes)."""
+    head, value = bytearray(), (number << 3) | 2
+    for v in (value, len(payload)):
+        while v >= 0x80:
+            head.append((v & 0x7F) | 0x80)
+            v >>= 7
+        head.append(v)
+    return bytes(head) + payload
+
+
+def _grpc_extensions(servicer):
+    """The gRPC methods of Triton's GRPCInferenceService that KServe's server lacks, served here:
+    the system shared-memory extension, and ModelStreamInfer (a stream of infer requests, each
+    answered as a ModelStreamInferResponse, in the order sent, while later ones already run)."""
+    import grpc
+    from kserve.errors import InvalidInput
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+    from kserve.protocol.infer_type import InferRequest
+    from kserve.utils.utils import to_headers
+
+    from kiln.shared_memory import grpc_messages
+
+    messages = grpc_messages()
+    empty = messages["Empty"]()
+
+    def refused_as_invalid(work):
+        try:
+            return work()
+        except SharedMemoryError as e:
+            raise InvalidInput(str(e)) from e
+
+    async def register(request, context):
+        refused_as_invalid(lambda: shared_memory.REGIONS.register(request.name, request.key, request.offset, request.byte_size))
+        return empty
+
+    async def unregister(request, context):
+        shared_memory.REGIONS.unregister(request.name)
+        return empty
+
+    async def status(request, context):
+        answer = messages["StatusResponse"]()
+        for region in refused_as_invalid(lambda: shared_memory.REGIONS.status(request.name)):
+            entry = answer.regions[region["name"]]
+            entry.name, entry.key = region["name"], region["key"]
+            entry.offset, entry.byte_size = region["offset"], region["byte_size"]
+        return answer
+
+    async def stream_infer(requests, context):
+        headers = to_headers(context)
+
+        async def one(request) -> bytes:
+            # ModelStreamInferResponse: error_message = 1, infer_response = 2.
+            try:
+                servicer.validate_grpc_request(request)
+                response, _ = await servicer._data_plane.infer(request=InferRequest.from_grpc(request),
+                                                               headers=headers, model_name=request.model_name)
+                return _protobuf_field(2, response.to_grpc().SerializeToString())
+            except Exception as e:  # noqa: BLE001 (a request's error is its answer; the stream goes on)
+                return _protobuf_field(1, str(getattr(e, "reason", None) or e).encode())
+
+        in_order: asyncio.Queue = asyncio.Queue()
+
+        async def read():
+            try:
+                async for request in requests:
+                    await in_order.put(asyncio.ensure_future(one(request)))
+            finally:
+                await in_order.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (answer := await in_order.get()) is not None:
+                yield await answer
+        finally:
+            reader.cancel()
+
+    def unary(method, request_class):
+        return grpc.unary_unary_rpc_method_handler(method, request_deserializer=request_class.FromString,
+                                                   response_serializer=lambda m: m.SerializeToString())
+
+    service = "/inference.GRPCInferenceService/"
+    handlers = {
+        service + "SystemSharedMemoryRegister": unary(register, messages["RegisterRequest"]),
+        service + "SystemSharedMemoryUnregister": unary(unregister, messages["NameRequest"]),
+        service + "SystemSharedMemoryStatus": unary(status, messages["NameRequest"]),
+        service + "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+            stream_infer, request_deserializer=pb.ModelInferRequest.FromString, response_serializer=None),
+    }
+
+    class Extensions(grpc.GenericRpcHandler):
+        def service(self, handler_call_details):
+            return handlers.get(handler_call_details.method)
+
+    return Extensions()
+
+
+def _extend_kserve_grpc() -> None:
+    """KServe's gRPC server, with kiln's extra methods (_grpc_extensions) added next to its own, and
+    without the log line KServe writes for every request (a LogRecord per request costs ~5% of a
+    small request's time, even when a filter drops it). Both are hooks into KServe 0.21's
+    kserve.protocol.grpc.server (requirements/serve.lock pins it; tests/e2e/test_serve.py covers them)."""
+    import kserve.protocol.grpc.server as kserve_grpc
+    from grpc.aio import ServerInterceptor
+
+    class QuietInterceptor(ServerInterceptor):
+        async def intercept_service(self, continuation, handler_call_details):
+            return await continuation(handler_call_details)
+
+    add_kserve_servicer = kserve_grpc.grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
+
+    def add_servicers(servicer, server):
+        add_kserve_servicer(servicer, server)
+        server.add_generic_rpc_handlers((_grpc_extensions(servicer),))
+
+    kserve_grpc.LoggingInterceptor = QuietInterceptor
+    kserve_grpc.grpc_predict_v2_pb2_grpc = type("KilnServicers", (), {
+        "add_GRPCInferenceServiceServicer_to_server": staticmethod(add_servicers)})
 
 
 def repository_models(folder: str, defaults: ModelConfig) -> list[tuple[str, str, ModelConfig]]:
@@ -744,10 +966,10 @@ def main(argv: list[str] | None = None) -> int:
     from kserve.model_server import app
 
     app.add_middleware(_JsonUnlessBinary)
+    _add_shared_memory_routes(app)
+    _extend_kserve_grpc()
     # One server process: the models' engines, queues and batches live in it (KServe's --workers
     # would load every model once per process and batch each process's requests apart).
-    # KServe logs a line per gRPC request at INFO; the metrics count them, the log keeps the rest.
-    logging.getLogger("kserve").addFilter(lambda record: not record.getMessage().startswith("grpc method:"))
     server = kserve.ModelServer(http_port=args.http_port, grpc_port=args.grpc_port, workers=1, enable_grpc=True,
                                 enable_latency_logging=False)
     try:

@@ -1,0 +1,192 @@
+"""System shared memory for `kiln serve`: the Open Inference Protocol's shared-memory extension (as
+Triton defines it), so that a client on the same machine hands over inputs, and takes outputs,
+through a POSIX shared-memory object instead of the request and the answer.
+
+A client creates an object (shm_open: /dev/shm/<key>), registers a region of it under a name
+(offset, byte size), then names the region in an input's parameters (shared_memory_region,
+shared_memory_byte_size, shared_memory_offset): the server reads the input there, in place. An
+output whose requested parameters name a region is written there and answered without its data.
+
+The server maps objects of /dev/shm only: a key is one name (a leading '/' allowed, no other), the
+object must be a regular file (no link followed) at least offset + byte_size long, and every read or
+write stays inside its region. A region unregistered while requests still read it stays mapped
+until they finish.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import stat
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+SHM_FOLDER = "/dev/shm"
+_KEY = re.compile(r"^/?[A-Za-z0-9._-]+$")
+
+
+class SharedMemoryError(ValueError):
+    """A registration, or a request's use of a region, that the server refuses (the message says why)."""
+
+
+class RegionNotFound(SharedMemoryError):
+    pass
+
+
+@dataclass
+class Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    memory: mmap.mmap  # the whole object, mapped
+
+    def status(self) -> dict:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+def _whole_number(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SharedMemoryError(f"{what} must be a whole number of at least 0, not {value!r}")
+    return value
+
+
+class Regions:
+    """The regions registered with one server, by name (threads and the event loop share it)."""
+
+    def __init__(self):
+        self._regions: dict[str, Region] = {}
+        self._lock = threading.Lock()
+
+    def register(self, name: str, key: str, offset, byte_size) -> None:
+        if not isinstance(name, str) or not name:
+            raise SharedMemoryError("a shared-memory region needs a name")
+        if not isinstance(key, str) or not _KEY.match(key) or key.strip("/") in (".", ".."):
+            raise SharedMemoryError(f"region '{name}': key {key!r} is not the name of a shared-memory object "
+                                    "(letters, digits, '.', '_' and '-', after an optional '/')")
+        offset = _whole_number(offset, f"region '{name}': offset")
+        byte_size = _whole_number(byte_size, f"region '{name}': byte_size")
+        if byte_size == 0:
+            raise SharedMemoryError(f"region '{name}': byte_size must be more than 0")
+        with self._lock:
+            if name in self._regions:
+                raise SharedMemoryError(f"shared-memory region '{name}' is already registered")
+        path = os.path.join(SHM_FOLDER, key.lstrip("/"))
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            raise SharedMemoryError(f"region '{name}': cannot open shared-memory object {key}: {e.strerror}") from e
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SharedMemoryError(f"region '{name}': {key} is not a shared-memory object")
+            if offset + byte_size > info.st_size:
+                raise SharedMemoryError(f"region '{name}': offset {offset} + byte_size {byte_size} is past the end of "
+                                        f"{key} ({info.st_size} bytes)")
+            memory = mmap.mmap(fd, info.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        with self._lock:
+            if name in self._regions:
+                memory.close()
+                raise SharedMemoryError(f"shared-memory region '{name}' is already registered")
+            self._regions[name] = Region(name, key, offset, byte_size, memory)
+
+    def unregister(self, name: str = "") -> None:
+        """One region (no error if it is not registered, as Triton), or every one for name ""."""
+        with self._lock:
+            if name:
+                self._regions.pop(name, None)
+            else:
+                self._regions.clear()
+        # The mappings close when the last array over them goes (requests in flight keep theirs).
+
+    def status(self, name: str = "") -> list[dict]:
+        with self._lock:
+            if not name:
+                return [r.status() for r in self._regions.values()]
+            if name not in self._regions:
+                raise RegionNotFound(f"no shared-memory region '{name}' is registered")
+            return [self._regions[name].status()]
+
+    def _span(self, parameters: dict, what: str) -> tuple[Region, int, int]:
+        """The region, the offset in its object and the byte size a tensor's parameters name."""
+        name = parameters.get("shared_memory_region")
+        with self._lock:
+            region = self._regions.get(name) if isinstance(name, str) else None
+        if region is None:
+            raise RegionNotFound(f"{what}: no shared-memory region {name!r} is registered")
+        if "shared_memory_byte_size" not in parameters:
+            raise SharedMemoryError(f"{what}: shared_memory_byte_size is missing")
+        size = _whole_number(parameters["shared_memory_byte_size"], f"{what}: shared_memory_byte_size")
+        offset = _whole_number(parameters.get("shared_memory_offset", 0), f"{what}: shared_memory_offset")
+        if offset + size > region.byte_size:
+            raise SharedMemoryError(f"{what}: offset {offset} + byte size {size} is past the end of region "
+                                    f"'{region.name}' ({region.byte_size} bytes)")
+        return region, region.offset + offset, size
+
+    def read(self, parameters: dict, dtype: np.dtype, shape: list[int], what: str) -> np.ndarray:
+        """The input the parameters name, in place in the region (no copy)."""
+        region, start, size = self._span(parameters, what)
+        count = 1
+        for d in shape:
+            count *= int(d)
+        if count * dtype.itemsize != size:
+            raise SharedMemoryError(f"{what}: shape {list(shape)} of {dtype} is {count * dtype.itemsize} bytes; "
+                                    f"shared_memory_byte_size says {size}")
+        return np.frombuffer(region.memory, dtype=dtype, count=count, offset=start).reshape(shape)
+
+    def write(self, parameters: dict, array: np.ndarray, what: str) -> None:
+        """Writes an output where the parameters say."""
+        region, start, size = self._span(parameters, what)
+        if array.nbytes > size:
+            raise SharedMemoryError(f"{what}: the output is {array.nbytes} bytes; its region holds {size}")
+        target = np.frombuffer(region.memory, dtype=np.uint8, count=array.nbytes, offset=start)
+        target[:] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+# The regions clients registered with this server process (every model reads them). Code that Ray
+# pickles reaches it through the module, which pickles by name.
+REGIONS = Regions()
+
+
+def uses_shared_memory(parameters) -> bool:
+    return bool(parameters) and "shared_memory_region" in parameters
+
+
+# --- the gRPC messages (Triton's GRPCInferenceService; kserve's proto has none of them) ------------
+
+def grpc_messages():
+    """Message classes with the wire format of Triton's SystemSharedMemory{Register,Unregister,
+    Status}{Request,Response}, made from a descriptor of their fields (tritonclient's own classes
+    cannot be imported next to KServe's: they register the same protobuf names)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="kiln/system_shared_memory.proto", package="kiln.shm",
+                                               syntax="proto3")
+
+    def message(container, name: str, fields: list[tuple[str, int]]):
+        m = container.add(name=name)
+        for number, (field, kind) in enumerate(fields, 1):
+            m.field.add(name=field, number=number, type=kind, label=F.LABEL_OPTIONAL)
+        return m
+
+    region = [("name", F.TYPE_STRING), ("key", F.TYPE_STRING), ("offset", F.TYPE_UINT64),
+              ("byte_size", F.TYPE_UINT64)]
+    message(proto.message_type, "RegisterRequest", region)
+    message(proto.message_type, "Empty", [])
+    message(proto.message_type, "NameRequest", [("name", F.TYPE_STRING)])
+    status = proto.message_type.add(name="StatusResponse")
+    message(status.nested_type, "RegionStatus", region)
+    entry = message(status.nested_type, "RegionsEntry", [("key", F.TYPE_STRING), ("value", F.TYPE_MESSAGE)])
+    entry.field[1].type_name = ".kiln.shm.StatusResponse.RegionStatus"
+    entry.options.map_entry = True
+    status.field.add(name="regions", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                     type_name=".kiln.shm.StatusResponse.RegionsEntry")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"kiln.shm.{name}"))
+            for name in ("RegisterRequest", "Empty", "NameRequest", "StatusResponse")}
