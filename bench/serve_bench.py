@@ -13,11 +13,14 @@ measurements).
    its own (inputs already on the device, as a pipeline feeding the GPU has them).
 4. The server: `kiln serve ENGINE --device cuda --max-batch MAX --instances 2 --gpus ...`, driven by
    a load generator of Triton's gRPC client (perf_analyzer's method: a fixed number of requests in
-   flight, each of one image, sent again as soon as it is answered; --client-processes processes
-   share them), for --seconds after a warm-up, at each --concurrency on one GPU and at the
-   largest on --gpus GPUs; then requests of --large-request-rows images each, at the largest
-   concurrency on one GPU and on --gpus GPUs. Throughput is answered images per second;
-   latencies are each request's, from send to answer.
+   flight, each sent again as soon as it is answered; --client-processes processes share them), for
+   --seconds after a warm-up. On one GPU: requests of one image at each --concurrency, with the
+   image in the request ("grpc") and, at the smallest and largest, in a system shared-memory region
+   the client registered ("shm", perf_analyzer's --shared-memory system); requests of
+   --large-request-rows images both ways; and one gRPC stream (ModelStreamInfer) of one-image
+   frames with 1, 8 and 32 in flight ("grpc stream": a video's frames). On --gpus GPUs: the
+   largest concurrency of one image both ways, and the large requests. Throughput is answered
+   images per second; latencies are each request's (frame's), from send to answer.
 
 Triton's perf_analyzer itself is not on PyPI (the `perf-analyzer` package there is an empty
 placeholder), so this script is the load generator. Writes DIR/serve_bench.json; commit it
@@ -72,10 +75,13 @@ def percentile(values: list[float], p: float) -> float:
 # --- the load generator (one process of it) ----------------------------------------------------
 
 def _client_process(port: int, model: str, name: str, shape: list[int], in_flight: int, warmup_s: float,
-                    seconds: float, seed: int, results) -> None:
+                    seconds: float, seed: int, transport: str, results) -> None:
     """Keeps `in_flight` requests in flight for warmup_s + seconds; puts the latencies (s) of the
-    requests sent after the warm-up into `results`."""
+    requests sent after the warm-up into `results`. transport "grpc": the input travels in each
+    request; "shm": in a system shared-memory region of this process, registered once and named by
+    every request (perf_analyzer's --shared-memory system); the output comes back in the answer."""
     import tritonclient.grpc.aio as grpc_aio
+    import tritonclient.utils.shared_memory as shm
     from tritonclient.grpc import InferInput
 
     x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
@@ -83,7 +89,15 @@ def _client_process(port: int, model: str, name: str, shape: list[int], in_fligh
     async def main():
         client = grpc_aio.InferenceServerClient(f"localhost:{port}")
         inp = InferInput(name, shape, "FP32")
-        inp.set_data_from_numpy(x)
+        region = None
+        if transport == "shm":
+            region_name = f"serve_bench_{os.getpid()}"
+            region = shm.create_shared_memory_region(region_name, "/" + region_name, x.nbytes)
+            shm.set_shared_memory_region(region, [x])
+            await client.register_system_shared_memory(region_name, "/" + region_name, x.nbytes)
+            inp.set_shared_memory(region_name, x.nbytes)
+        else:
+            inp.set_data_from_numpy(x)
         start = time.monotonic()
         measured_from, end = start + warmup_s, start + warmup_s + seconds
         latencies: list[float] = []
@@ -101,22 +115,36 @@ def _client_process(port: int, model: str, name: str, shape: list[int], in_fligh
                 if sent >= measured_from:
                     latencies.append(time.monotonic() - sent)
 
-        await asyncio.gather(*(loop() for _ in range(in_flight)))
-        await client.close()
+        try:
+            await asyncio.gather(*(loop() for _ in range(in_flight)))
+        finally:
+            if region is not None:
+                await client.unregister_system_shared_memory(region_name)
+                shm.destroy_shared_memory_region(region)
+            await client.close()
         return latencies, errors
 
     latencies, errors = asyncio.run(main())
     results.put((latencies, errors))
 
 
+def _summary(latencies: list[float], errors: int, seconds: float, rows: int) -> dict:
+    return {"requests": len(latencies), "errors": errors, "seconds": seconds,
+            "throughput_per_s": len(latencies) * rows / seconds,
+            "latency_ms": {"p50": 1000 * percentile(latencies, 50), "p90": 1000 * percentile(latencies, 90),
+                           "p99": 1000 * percentile(latencies, 99), "mean": 1000 * float(np.mean(latencies))
+                           if latencies else float("nan")}}
+
+
 def load(port: int, model: str, name: str, shape: list[int], concurrency: int, processes: int, warmup_s: float,
-         seconds: float) -> dict:
+         seconds: float, transport: str = "grpc") -> dict:
     """`concurrency` requests in flight from up to `processes` client processes."""
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
     ctx = multiprocessing.get_context("spawn")  # a clean process: no kserve next to tritonclient.grpc
     results = ctx.Queue()
-    procs = [ctx.Process(target=_client_process, args=(port, model, name, shape, share, warmup_s, seconds, i, results))
+    procs = [ctx.Process(target=_client_process,
+                         args=(port, model, name, shape, share, warmup_s, seconds, i, transport, results))
              for i, share in enumerate(shares)]
     for p in procs:
         p.start()
@@ -127,12 +155,61 @@ def load(port: int, model: str, name: str, shape: list[int], concurrency: int, p
         errors += bad
     for p in procs:
         p.join(60)
-    rows = shape[0]
-    return {"concurrency": concurrency, "client_processes": processes, "requests": len(latencies), "errors": errors,
-            "seconds": seconds, "throughput_per_s": len(latencies) * rows / seconds,
-            "latency_ms": {"p50": 1000 * percentile(latencies, 50), "p90": 1000 * percentile(latencies, 90),
-                           "p99": 1000 * percentile(latencies, 99), "mean": 1000 * float(np.mean(latencies))
-                           if latencies else float("nan")}}
+    return {"concurrency": concurrency, "client_processes": processes, "transport": transport,
+            **_summary(latencies, errors, seconds, shape[0])}
+
+
+def _stream_process(port: int, model: str, name: str, shape: list[int], window: int, warmup_s: float,
+                    seconds: float, results) -> None:
+    """One gRPC stream (ModelStreamInfer) of frames of `shape`, `window` of them unanswered at most:
+    a camera's frames sent as fast as the server takes them. Puts each frame's latency (s) after the
+    warm-up, and the errors, into `results`."""
+    import tritonclient.grpc.aio as grpc_aio
+    from tritonclient.grpc import InferInput
+
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+    async def main():
+        client = grpc_aio.InferenceServerClient(f"localhost:{port}")
+        inp = InferInput(name, shape, "FP32")
+        inp.set_data_from_numpy(x)
+        free = asyncio.Semaphore(window)
+        sent_at: dict[str, float] = {}
+        start = time.monotonic()
+        measured_from, end = start + warmup_s, start + warmup_s + seconds
+
+        async def frames():
+            n = 0
+            while time.monotonic() < end:
+                await free.acquire()
+                sent_at[str(n)] = time.monotonic()
+                yield {"model_name": model, "inputs": [inp], "request_id": str(n)}
+                n += 1
+
+        latencies, errors = [], 0
+        async for result, error in client.stream_infer(frames()):
+            now = time.monotonic()
+            free.release()
+            if error is not None:
+                errors += 1
+                continue
+            sent = sent_at.pop(result.get_response().id)
+            if sent >= measured_from:
+                latencies.append(now - sent)
+        await client.close()
+        return latencies, errors
+
+    results.put(asyncio.run(main()))
+
+
+def stream(port: int, model: str, name: str, shape: list[int], window: int, warmup_s: float, seconds: float) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    proc = ctx.Process(target=_stream_process, args=(port, model, name, shape, window, warmup_s, seconds, results))
+    proc.start()
+    latencies, errors = results.get(timeout=warmup_s + seconds + 300)
+    proc.join(60)
+    return {"stream_window": window, "transport": "grpc stream", **_summary(latencies, errors, seconds, shape[0])}
 
 
 # --- the server --------------------------------------------------------------------------------
@@ -188,8 +265,9 @@ class Served:
 
 
 def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus: list[int], max_batch: int,
-                delay_us: int, loads: list[tuple[int, int]], args, out: str) -> list[dict]:
-    """One server on `gpus`; `loads`: (concurrency, images per request) in turn."""
+                delay_us: int, loads: list[tuple], args, out: str) -> list[dict]:
+    """One server on `gpus`; `loads`: (concurrency, images per request, transport) in turn, transport
+    "grpc", "shm" or "stream" (then concurrency is the stream's window)."""
     flags = ["--device", device, "--name", model, "--max-batch", str(max_batch), "--max-queue-delay-us", str(delay_us)]
     if device == "cuda":
         flags += ["--instances", str(args.instances), "--gpus", ",".join(map(str, gpus))]
@@ -197,17 +275,22 @@ def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus
     server = Served(engine, flags, os.path.join(out, f"serve_{label}.log"))
     rows = []
     try:
-        for c, rows_per_request in loads:
+        for c, rows_per_request, transport in loads:
             before = server.metrics(model)
-            r = load(server.grpc_port, model, name, [rows_per_request, 3, size, size], c, args.client_processes,
-                     args.warmup, args.seconds)
+            shape = [rows_per_request, 3, size, size]
+            if transport == "stream":
+                r = stream(server.grpc_port, model, name, shape, c, args.warmup, args.seconds)
+            else:
+                r = load(server.grpc_port, model, name, shape, c, args.client_processes, args.warmup, args.seconds,
+                         transport)
             r["images_per_request"] = rows_per_request
             after = server.metrics(model)
             batches = after["batches"] - before["batches"]
             r["gpus"] = gpus if device == "cuda" else []
             r["mean_batch_rows"] = (after["batch_rows_sum"] - before["batch_rows_sum"]) / batches if batches else 0.0
             r["runs_by_device"] = {d: v - before["runs_by_device"].get(d, 0.0) for d, v in after["runs_by_device"].items()}
-            print(f"  {label} concurrency {c:4d} x {rows_per_request:3d} images: {r['throughput_per_s']:9.1f} img/s  p50 {r['latency_ms']['p50']:8.3f} ms  "
+            print(f"  {label} {r['transport']:11s} {c:4d} in flight x {rows_per_request:3d} images: "
+                  f"{r['throughput_per_s']:9.1f} img/s  p50 {r['latency_ms']['p50']:8.3f} ms  "
                   f"p99 {r['latency_ms']['p99']:8.3f} ms  mean batch {r['mean_batch_rows']:.1f}  errors {r['errors']}",
                   flush=True)
             rows.append(r)
@@ -300,8 +383,9 @@ def main() -> int:
               "kiln_version": run([kiln_bin(), "--version"]).stdout.strip(), "model": args.model, "size": args.size,
               "precision": args.precision, "device": args.device, "max_batch": args.max_batch,
               "max_queue_delay_us": args.max_queue_delay_us, "instances": args.instances,
-              "load_generator": "bench/serve_bench.py: tritonclient.grpc.aio, one image per request, a fixed number "
-                                "in flight (perf_analyzer's concurrency mode)",
+              "load_generator": "bench/serve_bench.py: tritonclient.grpc.aio, a fixed number of requests in flight "
+                                "(perf_analyzer's concurrency mode), inputs in the request (grpc) or in system shared "
+                                "memory (shm); and one gRPC stream with a window of frames in flight (grpc stream)",
               "cpu_cores": os.cpu_count(), "command": " ".join(["python3", *sys.argv])}
     build_info = os.path.join(ROOT, "build-gpu", "dist", "BUILD_INFO.json")
     if os.path.exists(build_info):
@@ -327,12 +411,17 @@ def main() -> int:
     else:
         engine = onnx
     top = max(concurrencies)
-    large = [(max(1, top // args.large_request_rows), args.large_request_rows)] if args.large_request_rows > 1 else []
+    large_rows = args.large_request_rows
+    large = [(c, large_rows, t) for c in sorted({max(1, top // (4 * large_rows)), max(1, top // large_rows)})
+             for t in ("grpc", "shm")] if large_rows > 1 else []
+    one_gpu = ([(c, 1, "grpc") for c in concurrencies] + [(c, 1, "shm") for c in (1, top)] + large
+               + [(w, 1, "stream") for w in (1, 8, 32)])
     result["server"] = serve_sweep(engine, args.model, name, args.size, args.device, [0], args.max_batch,
-                                   args.max_queue_delay_us, [(c, 1) for c in concurrencies] + large, args, out)
+                                   args.max_queue_delay_us, one_gpu, args, out)
     if args.device == "cuda" and args.gpus > 1:
         result["server"] += serve_sweep(engine, args.model, name, args.size, args.device, list(range(args.gpus)),
-                                        args.max_batch, args.max_queue_delay_us, [(top, 1)] + large, args, out)
+                                        args.max_batch, args.max_queue_delay_us,
+                                        [(top, 1, "grpc"), (top, 1, "shm")] + large[-2:], args, out)
     with open(os.path.join(out, "serve_bench.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {os.path.join(out, 'serve_bench.json')}")
