@@ -114,7 +114,11 @@ def _client_process(port: int, model: str, name: str, shape: list[int], in_fligh
                     continue
                 if sent >= measured_from:
                     latencies.append(time.monotonic() - sent)
+                    slowest.append((latencies[-1], sent - measured_from))
+                    slowest.sort(reverse=True)
+                    del slowest[3:]
 
+        slowest: list[tuple[float, float]] = []
         try:
             await asyncio.gather(*(loop() for _ in range(in_flight)))
         finally:
@@ -122,10 +126,9 @@ def _client_process(port: int, model: str, name: str, shape: list[int], in_fligh
                 await client.unregister_system_shared_memory(region_name)
                 shm.destroy_shared_memory_region(region)
             await client.close()
-        return latencies, errors
+        return latencies, errors, slowest
 
-    latencies, errors = asyncio.run(main())
-    results.put((latencies, errors))
+    results.put(asyncio.run(main()))
 
 
 def _summary(latencies: list[float], errors: int, seconds: float, rows: int) -> dict:
@@ -148,15 +151,19 @@ def load(port: int, model: str, name: str, shape: list[int], concurrency: int, p
              for i, share in enumerate(shares)]
     for p in procs:
         p.start()
-    latencies, errors = [], 0
+    latencies, errors, slowest = [], 0, []
     for _ in procs:
-        got, bad = results.get(timeout=warmup_s + seconds + 300)
+        got, bad, slow = results.get(timeout=warmup_s + seconds + 300)
         latencies += got
         errors += bad
+        slowest += slow
     for p in procs:
         p.join(60)
+    # The slowest requests, and when they were sent (s into the measurement): a stall of the whole
+    # server shows as several sent at about the same time.
+    slowest = [{"latency_ms": 1000 * latency, "sent_at_s": at} for latency, at in sorted(slowest, reverse=True)[:5]]
     return {"concurrency": concurrency, "client_processes": processes, "transport": transport,
-            **_summary(latencies, errors, seconds, shape[0])}
+            **_summary(latencies, errors, seconds, shape[0]), "slowest": slowest}
 
 
 def _stream_process(port: int, model: str, name: str, shape: list[int], window: int, warmup_s: float,

@@ -148,6 +148,12 @@ class Context {
   // Sets the input shapes from the tensors (the first profile that holds them, if the current
   // one does not), copies inputs in, runs, copies outputs out, waits.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
+  // run() for a batch that arrives in pieces (a server's requests): each input is its pieces one
+  // after another along the first dimension (the other dimensions alike), then `zero_rows` rows
+  // of zeros (padding to a batch size planned before). Each piece is copied once, into the
+  // context's transfer buffer: there is no concatenated copy on the host first.
+  std::map<std::string, Tensor> run_concatenated(const std::map<std::string, std::vector<Tensor>>& pieces,
+                                                 int64_t zero_rows = 0);
   // Times every layer of one run at the current shapes (no CUDA graph); waits.
   std::vector<LayerTiming> profile(void* cuda_stream);
 

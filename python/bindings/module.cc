@@ -378,6 +378,26 @@ PYBIND11_MODULE(_kiln, m) {
              }
              return to_dict(out);
            })
+      .def("run_concatenated",
+           [](Context& context, const py::dict& pieces, int64_t zero_rows) {
+             std::map<std::string, std::vector<Tensor>> in;
+             for (const auto& [key, value] : pieces) {
+               const std::string name = py::str(key).cast<std::string>();
+               if (!py::isinstance<py::list>(value) && !py::isinstance<py::tuple>(value))
+                 throw Error(ErrorKind::kInvalidArgument, "input '" + name + "': give a list of arrays (its pieces)");
+               for (const py::handle& piece : value)
+                 in[name].push_back(to_tensor(piece, "a piece of input '" + name + "'", InputMemory::kBorrow));
+             }
+             std::map<std::string, Tensor> out;
+             {
+               py::gil_scoped_release release;
+               out = context.run_concatenated(in, zero_rows);
+             }
+             return to_dict(out);
+           },
+           py::arg("pieces"), py::arg("zero_rows") = 0,
+           "run() of inputs given as lists of arrays, one after another along the first dimension, then "
+           "zero_rows rows of zeros; each piece is copied once, into the context's transfer buffer")
       .def("enqueue",
            [](Context& context, uintptr_t stream) { context.enqueue(reinterpret_cast<void*>(stream)); },
            py::arg("cuda_stream") = 0, py::call_guard<py::gil_scoped_release>(),

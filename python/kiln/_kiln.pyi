@@ -99,6 +99,9 @@ class Engine:
 class Context:
     optimization_profile: int
     def run(self, inputs: Mapping[str, Any], /) -> dict[str, npt.NDArray[Any]]: ...
+    def run_concatenated(self, pieces: Mapping[str, Sequence[Any]], zero_rows: int = 0) -> dict[str, npt.NDArray[Any]]:
+        """run() of each input given as arrays one after another along the first dimension, then
+        zero_rows rows of zeros; each piece is copied once, into the context's transfer buffer."""
     def run_torch(self, inputs: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
         """torch CUDA tensors in; torch views of the context's output buffers out (no copy)."""
     def enqueue(self, cuda_stream: int = 0) -> None: ...

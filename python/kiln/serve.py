@@ -77,6 +77,7 @@ class _Series:
 
     def __init__(self, model: str, devices: list[str]):
         m = _metrics()
+        self.model = model
         self.batch, self.queue = m["batch"].labels(model), m["queue"].labels(model)
         self.compute, self.requests = m["compute"].labels(model), m["requests"].labels(model)
         self.errors = m["errors"].labels(model)
@@ -131,13 +132,21 @@ def planned_batch_sizes(max_batch: int) -> list[int]:
 
 
 class _Run:
-    """One engine run a batch can go to, and the arrays it gathers batches in (reused from batch to
-    batch: no fresh memory, so no page faults, for every batch)."""
+    """One engine run a batch can go to. A GPU context takes a batch's requests as pieces
+    (Context.run_concatenated copies each once, into its pinned transfer buffer); another run gets
+    them gathered in arrays of its own, reused from batch to batch (no fresh memory, so no page
+    faults, for every batch)."""
 
-    def __init__(self, device: str, run):
+    def __init__(self, device: str, run, run_pieces=None):
         self.device = device
         self.run = run
+        self.run_pieces = run_pieces
         self.staging: dict[str, np.ndarray] = {}
+
+    def __call__(self, batch: list[_Pending], rows: int, padded: int) -> dict:
+        if self.run_pieces is not None and (len(batch) > 1 or padded > rows):
+            return self.run_pieces({name: [p.inputs[name] for p in batch] for name in batch[0].inputs}, padded - rows)
+        return self.run(self.gather(batch, rows, padded))
 
     def gather(self, batch: list[_Pending], rows: int, padded: int) -> dict:
         """The batch's inputs, one array each, with zero rows from `rows` up to `padded`. A batch of
@@ -163,9 +172,10 @@ class Runners:
     CPU engine's one. A batch takes the free run whose device has the fewest runs in flight, so work
     spreads over the GPUs by their queue depth."""
 
-    def __init__(self, runs: list[tuple[str, object]]):
-        self._free = [_Run(device, run) for device, run in runs]
-        self._busy = {device: 0 for device, _ in runs}
+    def __init__(self, runs: list[tuple]):
+        """runs: (device label, run(inputs)) or (device label, run(inputs), run_pieces(pieces, zero_rows))."""
+        self._free = [_Run(*run) for run in runs]
+        self._busy = {run[0]: 0 for run in runs}
         self._lock = threading.Lock()
         self.count = len(runs)
 
@@ -176,7 +186,7 @@ class Runners:
             run = self._free.pop(i)
             self._busy[run.device] += 1
         try:
-            return run.device, run.run(run.gather(batch, rows, padded))
+            return run.device, run(batch, rows, padded)
         finally:
             with self._lock:
                 self._free.append(run)
@@ -269,6 +279,9 @@ class Batcher:
                 self._executor, self._gather_and_run, batch, rows, padded)
             series.compute.observe(seconds)
             series.runs[device].inc()
+            if seconds > 1.0:  # (a GPU run of the largest batch takes milliseconds)
+                log.warning("model %s: an engine run of %d rows (%d requests) on device %s took %.2f s", series.model,
+                            padded, len(batch), device, seconds)
             offset = 0
             for p in batch:
                 if len(batch) == 1 and padded == rows:
@@ -370,8 +383,9 @@ def _kiln_model_class():
             max_batch = self.config.max_batch if batchable else 1
             on_gpu = self.kiln_engine.backend == "cuda"
             if on_gpu:
-                runs = [(device, engine.create_context().run) for device, engine in engines
-                        for _ in range(self.config.instances)]
+                contexts = [(device, engine.create_context()) for device, engine in engines
+                            for _ in range(self.config.instances)]
+                runs = [(device, c.run, c.run_concatenated) for device, c in contexts]
             else:
                 runs = [(device, engine.run) for device, engine in engines]
             self._run = Runners(runs)
@@ -380,9 +394,9 @@ def _kiln_model_class():
             self._batch_sizes = planned_batch_sizes(max_batch) if on_gpu and batchable else []
             self._series = _Series(self.name, [device for device, _ in engines])  # each at zero from the start
             # The warm-up: every run at every planned batch size (or at one row / the declared shape).
-            for _, run in runs:
+            for run in runs:
                 for rows in self._batch_sizes or [1]:
-                    run(self._example_inputs(rows))
+                    run[1](self._example_inputs(rows))
             self.ready = True
             log.info("model %s ready: %s, %s, max batch %d, on %s, inputs %s", self.name, self.path, self.config.precision,
                      max_batch, "GPUs " + ",".join(d for d, _ in engines) if on_gpu else "the CPU", self.inputs)
@@ -664,7 +678,8 @@ def _grpc_extensions(servicer):
             raise InvalidInput(str(e)) from e
 
     async def register(request, context):
-        refused_as_invalid(lambda: shared_memory.REGIONS.register(request.name, request.key, request.offset, request.byte_size))
+        refused_as_invalid(lambda: shared_memory.REGIONS.register(request.name, request.key, request.offset,
+                                                                  request.byte_size))
         return empty
 
     async def unregister(request, context):

@@ -168,6 +168,10 @@ void Context::enqueue(void* cuda_stream) { impl_->context->enqueue(cuda_stream);
 std::map<std::string, Tensor> Context::run(const std::map<std::string, Tensor>& inputs) {
   return impl_->context->run(inputs);
 }
+std::map<std::string, Tensor> Context::run_concatenated(const std::map<std::string, std::vector<Tensor>>& pieces,
+                                                        int64_t zero_rows) {
+  return impl_->context->run_concatenated(pieces, zero_rows);
+}
 std::vector<LayerTiming> Context::profile(void* cuda_stream) { return impl_->context->profile(cuda_stream); }
 
 void set_cpu_threads(int threads) {

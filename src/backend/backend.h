@@ -32,6 +32,8 @@ class Context {
   virtual void* output_buffer(const std::string& name) const = 0;
   virtual void enqueue(void* stream) = 0;
   virtual std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) = 0;
+  virtual std::map<std::string, Tensor> run_concatenated(const std::map<std::string, std::vector<Tensor>>& pieces,
+                                                         int64_t zero_rows) = 0;
   virtual std::vector<LayerTiming> profile(void* stream) = 0;
 };
 

@@ -372,6 +372,40 @@ def test_a_padded_batch_gives_each_request_its_own_rows():
             np.testing.assert_array_equal(a["y"], p * 2 + 1)
 
 
+def test_a_context_takes_a_batch_in_pieces_with_its_padding_rows():
+    """A GPU context's run takes a batch of several requests as pieces and the zero rows to pad
+    with (Context.run_concatenated: no host-side concatenation); a request alone and unpadded
+    goes to run() as it is."""
+    import asyncio
+
+    from kiln.serve import Batcher, Runners, _Series
+
+    calls = []
+
+    def run(inputs):
+        calls.append(("run", [len(inputs["x"])]))
+        return {"y": inputs["x"] + 1}
+
+    def run_pieces(pieces, zero_rows):
+        calls.append(("pieces", [len(p) for p in pieces["x"]], zero_rows))
+        joined = np.concatenate(pieces["x"] + [np.zeros((zero_rows, 2), np.float32)])
+        return {"y": joined + 1}
+
+    async def main():
+        batcher = Batcher(Runners([("0", run, run_pieces)]), 8, 0.2, _Series("pieces", ["0"]), batch_sizes=[1, 2, 4, 8])
+        batcher.start()
+        parts = [np.full((rows, 2), i, np.float32) for i, rows in enumerate((1, 2))]
+        together = await asyncio.gather(*(batcher.submit({"x": p}, len(p)) for p in parts))
+        alone = await batcher.submit({"x": np.full((2, 2), 7, np.float32)}, 2)
+        return parts, together, alone
+
+    parts, together, alone = asyncio.run(main())
+    assert calls == [("pieces", [1, 2], 1), ("run", [2])]
+    for p, a in zip(parts, together):
+        np.testing.assert_array_equal(a["y"], p + 1)
+    np.testing.assert_array_equal(alone["y"], 8)
+
+
 def test_requests_queued_while_the_runs_are_busy_leave_as_one_batch():
     """With no queue delay, a request goes at once when a run is free; those that arrive while
     every run is busy leave together when one frees."""

@@ -130,3 +130,35 @@ def test_torch_compile_backend_builds_an_fp16_engine_on_cuda_inputs():
     assert kiln_torch.stats["engines"] == before + 1
     assert got.is_cuda and got.dtype == torch.float32 and got.shape == (8, 1000)
     assert rel_l2(got.cpu().numpy(), want.cpu().numpy()) < 1e-2
+
+
+def test_run_concatenated_is_run_of_the_joined_pieces(resnet18_64):
+    """A batch given in pieces (a server's requests) with zero rows after them: the same outputs as
+    run() of the pieces joined on the host; a piece's memory is read in place (a read-only array
+    from bytes, a slice); pieces that do not continue each other, a wrong dtype, negative zero rows
+    and a batch past the profile are refused, and the context runs on."""
+    path, spec = resnet18_64
+    engine = kiln.Builder(precision="fp16", device="cuda",
+                          profiles=[{"input": ([1, 3, 64, 64], [8, 3, 64, 64], [8, 3, 64, 64])}]).build(path)
+    context = engine.create_context()
+    parts = [spec.make_inputs(rows, 50 + rows)[0] for rows in (1, 3, 2)]
+    parts[1] = np.frombuffer(parts[1].tobytes(), dtype=np.float32).reshape(parts[1].shape)  # read-only
+    joined = np.concatenate(parts + [np.zeros((2, 3, 64, 64), np.float32)])
+    want = context.run({"input": joined})["output"]
+    got = context.run_concatenated({"input": parts}, zero_rows=2)["output"]
+    assert got.shape == (8, 1000)
+    np.testing.assert_array_equal(got, want)  # the same engine, the same bytes in
+    big = spec.make_inputs(8, 9)[0]
+    np.testing.assert_array_equal(context.run_concatenated({"input": [big[2:5], big[5:]]}, 3)["output"][:6],
+                                  context.run({"input": np.concatenate([big[2:], np.zeros_like(big[:3])])})["output"][:6])
+    with pytest.raises(kiln.Error, match="does not continue pieces of shape 1x3x64x64"):
+        context.run_concatenated({"input": [parts[0], np.zeros((1, 3, 32, 64), np.float32)]})
+    with pytest.raises(kiln.Error, match="dtype float64, the engine expects float32"):
+        context.run_concatenated({"input": [parts[0], parts[1].astype(np.float64)]})
+    with pytest.raises(kiln.Error, match="zero_rows is -1"):
+        context.run_concatenated({"input": parts}, zero_rows=-1)
+    with pytest.raises(kiln.Error, match="fit no optimization profile|above"):
+        context.run_concatenated({"input": parts}, zero_rows=3)
+    with pytest.raises(kiln.Error, match="'input' is missing"):
+        context.run_concatenated({"input": []})
+    np.testing.assert_array_equal(context.run_concatenated({"input": parts}, zero_rows=2)["output"], want)

@@ -100,6 +100,11 @@ class CudaBackendContext final : public backend::Context {
     DeviceScope scope(gpu_);
     return context_->run(inputs, stream_);
   }
+  std::map<std::string, Tensor> run_concatenated(const std::map<std::string, std::vector<Tensor>>& pieces,
+                                                 int64_t zero_rows) override {
+    DeviceScope scope(gpu_);
+    return context_->run_concatenated(pieces, zero_rows, stream_);
+  }
   std::vector<LayerTiming> profile(void* stream) override {
     DeviceScope scope(gpu_);
     return to_layer_timings(context_->profile(static_cast<cudaStream_t>(stream)));

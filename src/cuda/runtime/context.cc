@@ -395,18 +395,43 @@ void CudaContext::enqueue_graph(Bound& b, cudaStream_t stream) {
 }
 
 std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tensor>& inputs, cudaStream_t stream) {
+  std::map<std::string, std::vector<Tensor>> pieces;
+  for (const auto& [name, t] : inputs) pieces[name].push_back(t);
+  return run_concatenated(pieces, 0, stream);
+}
+
+std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::string, std::vector<Tensor>>& pieces,
+                                                            int64_t zero_rows, cudaStream_t stream) {
+  if (zero_rows < 0) throw Error(ErrorKind::kInvalidArgument, "zero_rows is " + std::to_string(zero_rows) + ", below 0");
   Shapes shapes;
   for (const IoSlot& slot : engine_.io()) {
     if (!slot.is_input) continue;
-    auto it = inputs.find(slot.name);
-    if (it == inputs.end()) throw Error(ErrorKind::kInvalidArgument, "input '" + slot.name + "' is missing");
-    const Tensor& t = it->second;
-    if (t.dtype() != slot.dtype)
-      throw Error(ErrorKind::kInvalidArgument, "input '" + slot.name + "' has dtype " + to_string(t.dtype()) +
-                                                   ", the engine expects " + to_string(slot.dtype));
-    shapes[slot.name] = t.shape();
+    auto it = pieces.find(slot.name);
+    if (it == pieces.end() || it->second.empty())
+      throw Error(ErrorKind::kInvalidArgument, "input '" + slot.name + "' is missing");
+    std::vector<int64_t> shape = it->second.front().shape();
+    for (const Tensor& t : it->second) {
+      if (t.dtype() != slot.dtype)
+        throw Error(ErrorKind::kInvalidArgument, "input '" + slot.name + "' has dtype " + to_string(t.dtype()) +
+                                                     ", the engine expects " + to_string(slot.dtype));
+      if (&t == &it->second.front()) continue;
+      // A later piece: the same rank and the same dimensions after the first, its rows added.
+      if (t.rank() != static_cast<int>(shape.size()) || t.rank() == 0 ||
+          !std::equal(shape.begin() + 1, shape.end(), t.shape().begin() + 1))
+        throw Error(ErrorKind::kInvalidArgument, "input '" + slot.name + "': a piece of shape " +
+                                                     shape_to_string(t.shape()) + " does not continue pieces of shape " +
+                                                     shape_to_string(shape) + " along the first dimension");
+      shape[0] += t.dim(0);
+    }
+    if (zero_rows > 0) {
+      if (shape.empty())
+        throw Error(ErrorKind::kInvalidArgument, "input '" + slot.name + "' is a scalar: it has no rows to add zeros to");
+      shape[0] += zero_rows;
+    }
+    shape_numel(shape);  // a shape too large is refused here, before any copy
+    shapes[slot.name] = shape;
   }
-  for (const auto& [name, t] : inputs) engine_.io_index(name, true);  // no unknown names
+  for (const auto& [name, unused] : pieces) engine_.io_index(name, true);  // no unknown names
   // The current profile if it holds these shapes, else the first that does.
   const std::vector<Profile>& profiles = engine_.profiles();
   std::string why = profiles[static_cast<size_t>(profile_)].mismatch(shapes);
@@ -437,9 +462,16 @@ std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tenso
   for (size_t i = 0; i < engine_.io().size(); ++i) {
     const IoSlot& slot = engine_.io()[i];
     if (!slot.is_input) continue;
-    const Tensor& t = inputs.at(slot.name);
-    std::memcpy(pinned_[i], t.raw(), t.nbytes());
-    KILN_CUDA_CHECK(cudaMemcpyAsync(io_buffers_[i], pinned_[i], t.nbytes(), cudaMemcpyHostToDevice, stream));
+    // The shapes lie within a profile, so the pinned staging (sized for the largest) holds them.
+    auto* staging = static_cast<unsigned char*>(pinned_[i]);
+    size_t offset = 0;
+    for (const Tensor& t : pieces.at(slot.name)) {
+      if (t.nbytes()) std::memcpy(staging + offset, t.raw(), t.nbytes());
+      offset += t.nbytes();
+    }
+    const size_t bytes = shape_bytes(shapes.at(slot.name), slot.dtype);
+    std::memset(staging + offset, 0, bytes - offset);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(io_buffers_[i], pinned_[i], bytes, cudaMemcpyHostToDevice, stream));
   }
   enqueue(stream);
   const ShapePlan& plan = *bound().plan;

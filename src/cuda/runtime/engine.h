@@ -304,6 +304,11 @@ class CudaContext {
   // Sets the input shapes from the tensors (choosing a profile that holds them), copies them
   // in (through pinned staging), runs, copies the outputs back, waits.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, cudaStream_t stream);
+  // The same for inputs given in pieces: each input is its pieces one after another along the
+  // first dimension, then `zero_rows` rows of zeros. Each piece is copied once, into the pinned
+  // staging at its offset (a batch of requests is not concatenated on the host first).
+  std::map<std::string, Tensor> run_concatenated(const std::map<std::string, std::vector<Tensor>>& pieces,
+                                                 int64_t zero_rows, cudaStream_t stream);
 
   // Runs layer by layer with events between layers (no CUDA graph); synchronizes.
   std::vector<LayerTime> profile(cudaStream_t stream);
