@@ -149,8 +149,8 @@ def test_run_concatenated_is_run_of_the_joined_pieces(resnet18_64):
     assert got.shape == (8, 1000)
     np.testing.assert_array_equal(got, want)  # the same engine, the same bytes in
     big = spec.make_inputs(8, 9)[0]
-    np.testing.assert_array_equal(context.run_concatenated({"input": [big[2:5], big[5:]]}, 3)["output"][:6],
-                                  context.run({"input": np.concatenate([big[2:], np.zeros_like(big[:3])])})["output"][:6])
+    np.testing.assert_array_equal(context.run_concatenated({"input": [big[2:5], big[5:]]}, 2)["output"],
+                                  context.run({"input": np.concatenate([big[2:], np.zeros_like(big[:2])])})["output"])
     with pytest.raises(kiln.Error, match="does not continue pieces of shape 1x3x64x64"):
         context.run_concatenated({"input": [parts[0], np.zeros((1, 3, 32, 64), np.float32)]})
     with pytest.raises(kiln.Error, match="dtype float64, the engine expects float32"):
