@@ -557,23 +557,40 @@ class _JsonUnlessBinary:
     body as JSON unless an Inference-Header-Content-Length header says where its JSON ends; Triton's
     HTTP client sends JSON requests without a Content-Type, which KServe would take for binary: this
     names them JSON. And an input in shared memory has no "data", which KServe's JSON model requires:
-    such an input is given an empty one (the model reads the region)."""
+    such an input is given an empty one (the model reads the region).
 
-    def __init__(self, app):
+    A body longer than `max_body_bytes` is refused (413) before it is read whole: by its
+    Content-Length, or, for a JSON body sent in chunks, once that much has arrived."""
+
+    def __init__(self, app, max_body_bytes: int):
         self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def _refuse(self, send, length: str) -> None:
+        body = json.dumps({"error": f"the request body is {length} bytes, more than the server reads "
+                                    f"({self.max_body_bytes}; kiln serve --max-request-mb)"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or not scope["path"].endswith("/infer"):
             return await self.app(scope, receive, send)
+        declared = next((v for k, v in scope["headers"] if k.lower() == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return await self._refuse(send, declared.decode())
         headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
         if any(k.lower() == b"inference-header-content-length" for k, _ in headers):
             return await self.app(scope, receive, send)
-        chunks, message = [], {"more_body": True}
+        chunks, message, size = [], {"more_body": True}, 0
         while message.get("more_body"):
             message = await receive()
             if message["type"] != "http.request":  # the client went away
                 return
             chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return await self._refuse(send, f"over {size}")
         body = _shared_memory_inputs_with_data(b"".join(chunks))
         headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -980,7 +997,9 @@ def main(argv: list[str] | None = None) -> int:
             models.append(m)
     from kserve.model_server import app
 
-    app.add_middleware(_JsonUnlessBinary)
+    # A JSON body spells each value in several bytes: it may be 8 times --max-request-mb, and a
+    # binary one carries a JSON header besides its tensors.
+    app.add_middleware(_JsonUnlessBinary, max_body_bytes=8 * max_request_bytes + (1 << 20))
     _add_shared_memory_routes(app)
     _extend_kserve_grpc()
     # One server process: the models' engines, queues and batches live in it (KServe's --workers

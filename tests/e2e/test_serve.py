@@ -454,6 +454,49 @@ def test_a_request_past_grpcs_default_message_size_is_answered(kiln_bin, tmp_pat
         assert s.stop() == 0, s.output()
 
 
+def test_requests_past_the_size_limit_are_refused_without_being_read_whole(kiln_bin, tmp_path):
+    """--max-request-mb 1: inputs past it are refused (HTTP 400, gRPC INVALID_ARGUMENT); an HTTP
+    body past 8 times it is refused (413) by its Content-Length, or while a chunked one arrives;
+    then a request within it is answered."""
+    import http.client
+
+    import tritonclient.grpc as grpc
+    import tritonclient.http as thttp
+    from tritonclient.utils import InferenceServerException
+
+    path = os.path.join(DATA, "image_means.onnx")  # image: float32[N, 3, 224, 224] -> mean: float32[N, 3]
+    s = Server(kiln_bin, [path, "--max-batch", "8", "--max-request-mb", "1"], str(tmp_path / "server.log"))
+    try:
+        images = np.random.default_rng(3).standard_normal((2, 3, 224, 224)).astype(np.float32)  # 1.2 MB
+        for lib, client in ((thttp, thttp.InferenceServerClient(s.url)),
+                            (grpc, grpc.InferenceServerClient(f"localhost:{s.grpc_port}"))):
+            inp = lib.InferInput("image", list(images.shape), "FP32")
+            inp.set_data_from_numpy(images)
+            with pytest.raises(InferenceServerException, match="more than the server takes"):
+                client.infer("image_means", [inp])
+        limit = 8 * (1 << 20) + (1 << 20)
+        conn = http.client.HTTPConnection("localhost", s.http_port, timeout=60)
+        conn.putrequest("POST", "/v2/models/image_means/infer")
+        conn.putheader("Content-Length", str(limit + 1))
+        conn.endheaders()  # the body is never sent: the length alone is refused
+        r = conn.getresponse()
+        assert r.status == 413 and "more than the server reads" in r.read().decode()
+        conn.close()
+        conn = http.client.HTTPConnection("localhost", s.http_port, timeout=60)
+        chunk = b" " * (1 << 20)
+        conn.request("POST", "/v2/models/image_means/infer", body=(chunk for _ in range(12)), encode_chunked=True,
+                     headers={"Transfer-Encoding": "chunked"})
+        r = conn.getresponse()
+        assert r.status == 413 and "more than the server reads" in r.read().decode()
+        conn.close()
+        inp = grpc.InferInput("image", [1, 3, 224, 224], "FP32")
+        inp.set_data_from_numpy(images[:1])
+        got = grpc.InferenceServerClient(f"localhost:{s.grpc_port}").infer("image_means", [inp]).as_numpy("mean")
+        np.testing.assert_allclose(got, images[:1].mean(axis=(2, 3)), rtol=1e-5, atol=1e-6)
+    finally:
+        assert s.stop() == 0, s.output()
+
+
 def test_a_port_in_use_is_refused_before_loading(kiln_bin):
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
