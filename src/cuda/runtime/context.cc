@@ -402,7 +402,10 @@ std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tenso
 
 std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::string, std::vector<Tensor>>& pieces,
                                                             int64_t zero_rows, cudaStream_t stream) {
-  if (zero_rows < 0) throw Error(ErrorKind::kInvalidArgument, "zero_rows is " + std::to_string(zero_rows) + ", below 0");
+  // (kMaxTensorBytes bounds it so that adding it to a shape's first dimension cannot overflow.)
+  if (zero_rows < 0 || zero_rows > kMaxTensorBytes)
+    throw Error(ErrorKind::kInvalidArgument, "zero_rows is " + std::to_string(zero_rows) + ", not between 0 and " +
+                                                 std::to_string(kMaxTensorBytes));
   Shapes shapes;
   for (const IoSlot& slot : engine_.io()) {
     if (!slot.is_input) continue;
