@@ -22,6 +22,9 @@ measurements).
    largest concurrency of one image both ways, and the large requests. Throughput is answered
    images per second; latencies are each request's (frame's), from send to answer.
 
+Step 4 runs before 2 and 3: those leave this process's CUDA state on every GPU, which no server
+should share a GPU with while it is measured.
+
 Triton's perf_analyzer itself is not on PyPI (the `perf-analyzer` package there is an empty
 placeholder), so this script is the load generator. Writes DIR/serve_bench.json; commit it
 under bench/results/serving/.
@@ -406,15 +409,6 @@ def main() -> int:
         if not os.path.exists(engine):
             run([kiln_bin(), "build", onnx, f"--{args.precision}", "--min-shapes", shape.format(1), "--opt-shapes",
                  shape.format(args.max_batch), "--max-shapes", shape.format(args.max_batch), "-o", engine], timeout=1800)
-        bench_json = os.path.join(out, "engine_alone.json")
-        print(run([kiln_bin(), "bench", engine, "--batches", f"1,{args.max_batch}", "--json", bench_json]).stdout, flush=True)
-        with open(bench_json) as f:
-            result["engine_alone"] = [{k: r[k] for k in ("batch", "latency_ms", "throughput_per_s", "gpu")}
-                                      for r in json.load(f)["results"]]
-        result["runtime"] = [runtime_throughput(engine, list(range(n)), args.max_batch, args.size, args.seconds)
-                             for n in sorted({1, args.gpus})]
-        for r in result["runtime"]:
-            print(f"  C++ runtime on {len(r['gpus'])} GPU(s): {r['throughput_per_s']:.0f} img/s", flush=True)
     else:
         engine = onnx
     top = max(concurrencies)
@@ -429,6 +423,18 @@ def main() -> int:
         result["server"] += serve_sweep(engine, args.model, name, args.size, args.device, list(range(args.gpus)),
                                         args.max_batch, args.max_queue_delay_us,
                                         [(top, 1, "grpc"), (top, 1, "shm")] + large[-2:], args, out)
+    if args.device == "cuda":
+        # The engine alone and the C++ runtime after the servers: this process keeps torch's and
+        # kiln's CUDA state on every GPU from then on, and no server shares a GPU with it.
+        bench_json = os.path.join(out, "engine_alone.json")
+        print(run([kiln_bin(), "bench", engine, "--batches", f"1,{args.max_batch}", "--json", bench_json]).stdout, flush=True)
+        with open(bench_json) as f:
+            result["engine_alone"] = [{k: r[k] for k in ("batch", "latency_ms", "throughput_per_s", "gpu")}
+                                      for r in json.load(f)["results"]]
+        result["runtime"] = [runtime_throughput(engine, list(range(n)), args.max_batch, args.size, args.seconds)
+                             for n in sorted({1, args.gpus})]
+        for r in result["runtime"]:
+            print(f"  C++ runtime on {len(r['gpus'])} GPU(s): {r['throughput_per_s']:.0f} img/s", flush=True)
     with open(os.path.join(out, "serve_bench.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {os.path.join(out, 'serve_bench.json')}")
