@@ -5,6 +5,9 @@ measurements).
     python3 bench/serve_bench.py --out DIR [--model resnet50] [--precision fp16] [--max-batch 128]
         [--concurrency 1,4,16,64,256] [--seconds 8] [--gpus 2]
 
+On the GPU machine (carrying build-gpu/dist, build-gpu/pyxz and build-gpu/serving-site.tar.xz):
+    source scripts/gpu_env.sh && PYTHONPATH=/tmp/kiln-gate-serving-site:$PYTHONPATH python3 bench/serve_bench.py ...
+
 1. The model (torchvision, random weights, 224x224, dynamic batch: scripts/export_model.py), or
    --onnx PATH, built once with a profile of 1 to --max-batch rows (`kiln build`).
 2. The engine alone: `kiln bench ENGINE --batches 1,MAX` (CUDA events around each run) on GPU 0.

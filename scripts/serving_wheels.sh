@@ -3,8 +3,9 @@
 # Python 3.12 into .whl/, and packs them installed, xz-compressed, into
 # build-gpu/serving-site.tar.xz (about 7 MB against the wheels' 18: a device call carries 64 MiB
 # in all, the kiln binary and package included). Carry build-gpu/serving-site.tar.xz (or .whl/):
-# scripts/gpu_gate.py run unpacks (or installs) it for the serving suites; bench/serve_bench.py
-# then finds the packages in /tmp/kiln-gate-serving-site. Neither is part of the tree (.gitignore).
+# scripts/gpu_gate.py run unpacks (or installs) it for the serving suites; scripts/gpu_env.sh
+# unpacks it into /tmp/kiln-gate-serving-site, which bench/serve_bench.py takes on PYTHONPATH.
+# Neither is part of the tree (.gitignore).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .whl

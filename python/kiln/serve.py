@@ -196,7 +196,7 @@ class Runners:
 class Batcher:
     """Queues requests and runs them together (see the module's docstring)."""
 
-    def __init__(self, run: Runners, max_batch: int, max_delay_s: float, series: dict,
+    def __init__(self, run: Runners, max_batch: int, max_delay_s: float, series: _Series,
                  batch_sizes: list[int] | None = None):
         self._run = run
         self._batch_sizes = batch_sizes or []
@@ -207,7 +207,7 @@ class Batcher:
         self._executor = ThreadPoolExecutor(max(1, workers), thread_name_prefix="kiln-run")
         self._queue: asyncio.Queue = asyncio.Queue()
         self._carry: list[_Pending] = []
-        self._series = series  # the model's metric series (_Series)
+        self._series = series
         self._task = None
 
     def start(self) -> None:
@@ -274,7 +274,7 @@ class Batcher:
                 series.queue.observe(now - p.queued)
             series.batch.observe(rows)
             padded = padded_rows(rows, self._batch_sizes)
-            # Off the event loop: gathering copies the requests' inputs into one array each.
+            # Off the event loop: the run copies every request's inputs once (gathered, or as pieces).
             device, outputs, seconds = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._gather_and_run, batch, rows, padded)
             series.compute.observe(seconds)
@@ -662,15 +662,41 @@ def _add_shared_memory_routes(app) -> None:
     app.add_api_route(base + "/unregister", unregister, methods=["POST"])
 
 
-def _protobuf_field(number: int, payload: bytes) -> bytes:
-    """One length-delimited protobuf field (tag, length, bytes)."""
-    head, value = bytearray(), (number << 3) | 2
-    for v in (value, len(payload)):
-        while v >= 0x80:
-            head.append((v & 0x7F) | 0x80)
-            v >>= 7
-        head.append(v)
-    return bytes(head) + payload
+def _triton_grpc_messages() -> dict:
+    """Message classes with the wire format of Triton's messages that KServe's proto lacks:
+    SystemSharedMemory{Register,Unregister,Status}{Request,Response} and ModelStreamInferResponse,
+    made from a descriptor of their fields (tritonclient's own classes cannot be imported next to
+    KServe's: they register the same protobuf names). A ModelStreamInferResponse's infer_response
+    is a ModelInferResponse; declared as bytes it has the same wire form, holding one serialized."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="kiln/triton_extensions.proto", package="kiln.triton",
+                                               syntax="proto3")
+
+    def message(container, name: str, fields: list[tuple[str, int]]):
+        m = container.add(name=name)
+        for number, (field, kind) in enumerate(fields, 1):
+            m.field.add(name=field, number=number, type=kind, label=F.LABEL_OPTIONAL)
+        return m
+
+    region = [("name", F.TYPE_STRING), ("key", F.TYPE_STRING), ("offset", F.TYPE_UINT64),
+              ("byte_size", F.TYPE_UINT64)]
+    message(proto.message_type, "RegisterRequest", region)
+    message(proto.message_type, "Empty", [])
+    message(proto.message_type, "NameRequest", [("name", F.TYPE_STRING)])
+    message(proto.message_type, "StreamResponse", [("error_message", F.TYPE_STRING), ("infer_response", F.TYPE_BYTES)])
+    status = proto.message_type.add(name="StatusResponse")
+    message(status.nested_type, "RegionStatus", region)
+    entry = message(status.nested_type, "RegionsEntry", [("key", F.TYPE_STRING), ("value", F.TYPE_MESSAGE)])
+    entry.field[1].type_name = ".kiln.triton.StatusResponse.RegionStatus"
+    entry.options.map_entry = True
+    status.field.add(name="regions", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                     type_name=".kiln.triton.StatusResponse.RegionsEntry")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"kiln.triton.{name}"))
+            for name in ("RegisterRequest", "Empty", "NameRequest", "StatusResponse", "StreamResponse")}
 
 
 def _grpc_extensions(servicer):
@@ -683,9 +709,7 @@ def _grpc_extensions(servicer):
     from kserve.protocol.infer_type import InferRequest
     from kserve.utils.utils import to_headers
 
-    from kiln.shared_memory import grpc_messages
-
-    messages = grpc_messages()
+    messages = _triton_grpc_messages()
     empty = messages["Empty"]()
 
     def refused_as_invalid(work):
@@ -714,15 +738,14 @@ def _grpc_extensions(servicer):
     async def stream_infer(requests, context):
         headers = to_headers(context)
 
-        async def one(request) -> bytes:
-            # ModelStreamInferResponse: error_message = 1, infer_response = 2.
+        async def one(request):
             try:
                 servicer.validate_grpc_request(request)
                 response, _ = await servicer._data_plane.infer(request=InferRequest.from_grpc(request),
                                                                headers=headers, model_name=request.model_name)
-                return _protobuf_field(2, response.to_grpc().SerializeToString())
+                return messages["StreamResponse"](infer_response=response.to_grpc().SerializeToString())
             except Exception as e:  # noqa: BLE001 (a request's error is its answer; the stream goes on)
-                return _protobuf_field(1, str(getattr(e, "reason", None) or e).encode())
+                return messages["StreamResponse"](error_message=str(getattr(e, "reason", None) or e))
 
         in_order: asyncio.Queue = asyncio.Queue()
 
@@ -750,7 +773,8 @@ def _grpc_extensions(servicer):
         service + "SystemSharedMemoryUnregister": unary(unregister, messages["NameRequest"]),
         service + "SystemSharedMemoryStatus": unary(status, messages["NameRequest"]),
         service + "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
-            stream_infer, request_deserializer=pb.ModelInferRequest.FromString, response_serializer=None),
+            stream_infer, request_deserializer=pb.ModelInferRequest.FromString,
+            response_serializer=lambda m: m.SerializeToString()),
     }
 
     class Extensions(grpc.GenericRpcHandler):

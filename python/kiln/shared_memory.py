@@ -154,39 +154,3 @@ REGIONS = Regions()
 
 def uses_shared_memory(parameters) -> bool:
     return bool(parameters) and "shared_memory_region" in parameters
-
-
-# --- the gRPC messages (Triton's GRPCInferenceService; kserve's proto has none of them) ------------
-
-def grpc_messages():
-    """Message classes with the wire format of Triton's SystemSharedMemory{Register,Unregister,
-    Status}{Request,Response}, made from a descriptor of their fields (tritonclient's own classes
-    cannot be imported next to KServe's: they register the same protobuf names)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    F = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(name="kiln/system_shared_memory.proto", package="kiln.shm",
-                                               syntax="proto3")
-
-    def message(container, name: str, fields: list[tuple[str, int]]):
-        m = container.add(name=name)
-        for number, (field, kind) in enumerate(fields, 1):
-            m.field.add(name=field, number=number, type=kind, label=F.LABEL_OPTIONAL)
-        return m
-
-    region = [("name", F.TYPE_STRING), ("key", F.TYPE_STRING), ("offset", F.TYPE_UINT64),
-              ("byte_size", F.TYPE_UINT64)]
-    message(proto.message_type, "RegisterRequest", region)
-    message(proto.message_type, "Empty", [])
-    message(proto.message_type, "NameRequest", [("name", F.TYPE_STRING)])
-    status = proto.message_type.add(name="StatusResponse")
-    message(status.nested_type, "RegionStatus", region)
-    entry = message(status.nested_type, "RegionsEntry", [("key", F.TYPE_STRING), ("value", F.TYPE_MESSAGE)])
-    entry.field[1].type_name = ".kiln.shm.StatusResponse.RegionStatus"
-    entry.options.map_entry = True
-    status.field.add(name="regions", number=1, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
-                     type_name=".kiln.shm.StatusResponse.RegionsEntry")
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"kiln.shm.{name}"))
-            for name in ("RegisterRequest", "Empty", "NameRequest", "StatusResponse")}
