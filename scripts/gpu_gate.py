@@ -67,6 +67,7 @@ SUITES = {
     "contexts": ["tests/gpu/test_gpu_contexts.py"],
     "serving": ["tests/gpu/test_gpu_serve.py"],
     "multigpu": ["tests/gpu/test_gpu_multi.py"],
+    "partition": ["tests/gpu/test_gpu_partition.py"],
     "conformance": [],
 }
 # Suites that need more than one GPU in view: `run --gpus N` runs them after the one-GPU workers,
@@ -84,7 +85,7 @@ CONFORMANCE_ONNX = "1.23"
 # About how long each suite runs alone on an H100 (seconds): how --gpus balances the workers.
 # Beside three others on a four-GPU machine a suite runs 1.2 to 1.4 times longer.
 SUITE_SECONDS = {"int8": 420, "contexts": 330, "models": 290, "dynamic": 240, "patterns": 175, "python": 80,
-                 "serving": 90, "multigpu": 90, "conformance": 20}
+                 "serving": 90, "multigpu": 90, "partition": 60, "conformance": 40}
 
 
 def source_files() -> list[str]:
@@ -191,33 +192,48 @@ def junit_counts(path: str) -> dict:
     return counts
 
 
-def run_conformance(kiln: str, out: str, env: dict) -> dict:
-    cases = "/tmp/onnx-node-tests"
-    if not os.path.isdir(os.path.join(cases, "node")):
-        subprocess.run([sys.executable, "src/tools/generate_node_tests.py", "-o", cases], cwd=ROOT, env=env,
-                       check=True, stdout=subprocess.DEVNULL)
-    summary_path = os.path.join(out, "conformance_gpu.json")
-    with open(os.path.join(out, "conformance_gpu.log"), "w") as log:
-        subprocess.run([kiln, "conformance", cases, "--device", "cuda", "--json", summary_path], cwd=ROOT, env=env,
+def conformance_summary(kiln: str, cases: str, out: str, env: dict, name: str, extra: list[str]) -> dict | None:
+    """Runs `kiln conformance --device cuda` with `extra` flags; writes NAME.log and junit-NAME.xml
+    (unsupported cases as skipped ones, like the pytest suites) and returns the JSON summary."""
+    summary_path = os.path.join(out, f"{name}.json")
+    with open(os.path.join(out, f"{name}.log"), "w") as log:
+        subprocess.run([kiln, "conformance", cases, "--device", "cuda", "--json", summary_path, *extra], cwd=ROOT, env=env,
                        stdout=log, stderr=subprocess.STDOUT)
     if not os.path.exists(summary_path):
-        return {"passed": 0, "failed": 0, "errors": 1, "skipped": 0, "failures": ["kiln conformance wrote no summary"]}
+        return None
     with open(summary_path) as f:
         summary = json.load(f)
-    # JUnit, like the pytest suites: unsupported cases are skipped ones.
-    suite = ET.Element("testsuite", name="conformance_gpu")
+    suite = ET.Element("testsuite", name=name)
     for c in summary["cases"]:
         case = ET.SubElement(suite, "testcase", classname="conformance", name=c["name"])
         if c["status"] == "FAIL":
             ET.SubElement(case, "failure", message=c["reason"][:2000])
         elif c["status"] == "UNSUPPORTED":
             ET.SubElement(case, "skipped", message=c["reason"][:500])
-    ET.ElementTree(suite).write(os.path.join(out, "junit-conformance.xml"), encoding="unicode")
-    counts = {"passed": summary["pass"], "failed": summary["fail"], "errors": 0, "skipped": summary["unsupported"],
-              "failures": [c["name"] for c in summary["cases"] if c["status"] == "FAIL"]}
-    if summary["pass"] < CONFORMANCE_FLOOR:
+    junit = "junit-conformance.xml" if name == "conformance_gpu" else f"junit-{name.replace('_', '-')}.xml"
+    ET.ElementTree(suite).write(os.path.join(out, junit), encoding="unicode")
+    return summary
+
+
+def run_conformance(kiln: str, out: str, env: dict) -> dict:
+    """GPU conformance twice: the GPU's own layers (--strict builds; the floor counts these) and
+    as GPU builds run by default, nodes without a GPU layer on the CPU engine (no case may fail
+    either way)."""
+    cases = "/tmp/onnx-node-tests"
+    if not os.path.isdir(os.path.join(cases, "node")):
+        subprocess.run([sys.executable, "src/tools/generate_node_tests.py", "-o", cases], cwd=ROOT, env=env,
+                       check=True, stdout=subprocess.DEVNULL)
+    own = conformance_summary(kiln, cases, out, env, "conformance_gpu", [])
+    partitioned = conformance_summary(kiln, cases, out, env, "conformance_gpu_partitioned", ["--allow-cpu-fallback"])
+    if own is None or partitioned is None:
+        return {"passed": 0, "failed": 0, "errors": 1, "skipped": 0, "failures": ["kiln conformance wrote no summary"]}
+    counts = {"passed": own["pass"], "failed": own["fail"] + partitioned["fail"], "errors": 0, "skipped": own["unsupported"],
+              "failures": [c["name"] for c in own["cases"] if c["status"] == "FAIL"] +
+                          [c["name"] + " (partitioned)" for c in partitioned["cases"] if c["status"] == "FAIL"],
+              "partitioned_passed": partitioned["pass"], "partitioned_with_cpu_fallback": partitioned["pass_with_cpu_fallback"]}
+    if own["pass"] < CONFORMANCE_FLOOR:
         counts["errors"] += 1
-        counts["failures"].append(f"{summary['pass']} cases passed, below the floor of {CONFORMANCE_FLOOR}")
+        counts["failures"].append(f"{own['pass']} cases passed, below the floor of {CONFORMANCE_FLOOR}")
     import onnx  # noqa: PLC0415  (the machine's onnx: the cases' version)
     counts["onnx"] = onnx.__version__
     return counts
@@ -403,7 +419,7 @@ def cmd_record(args) -> int:
                      **{k: run[k] for k in ("gpu", "driver", "kiln_version", "commit", "common_hash", "binary_sha256")},
                      **{k: counts[k] for k in ("passed", "failed", "errors", "skipped", "seconds", "suite_hash")},
                      "failures": counts["failures"][:50]}
-            for extra in ("onnx",):
+            for extra in ("onnx", "partitioned_passed", "partitioned_with_cpu_fallback"):
                 if extra in counts:
                     entry[extra] = counts[extra]
             index["runs"] = [r for r in index["runs"] if not (r["suite"] == suite and r["date"] == run["date"] and

@@ -98,8 +98,10 @@ struct BuildOptions {
   double profile_timing_step = 4.0;
   // A timing cache file: read if it exists, written after the build.
   std::string timing_cache;
-  // Run nodes without a GPU layer on the CPU (slow; otherwise such nodes fail the build).
-  bool allow_cpu_fallback = false;
+  // GPU builds: nodes without a GPU layer run on the CPU engine inside the GPU engine (automatic
+  // partitioning; each such node copies its inputs to the host and its outputs back, and the GPU
+  // waits for it). false: such nodes fail the build, naming each and why (`kiln build --strict`).
+  bool allow_cpu_fallback = true;
   // Extra graph outputs, for debugging (like Polygraphy's --onnx-outputs): value names, or
   // "all" for every floating-point node output. Marked values are kept as they are (not fused
   // away).

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -92,7 +93,7 @@ class Builder:
 
     def __init__(self, precision: str = "fp32", device: str = "cpu", shapes: Mapping[str, Sequence[int]] | None = None,
                  profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]] = (),
-                 timing_cache: str | None = None, allow_cpu_fallback: bool = False,
+                 timing_cache: str | None = None, allow_cpu_fallback: bool = True,
                  int8_scales: Mapping[str, float] | None = None, float_layers: Sequence[str] = (),
                  optimize: bool = True, verbose: bool = False, quantize_all: bool = False, gpu: int = 0):
         self.options = BuildOptions()
@@ -122,8 +123,16 @@ class Builder:
     def build(self, model: Any) -> Engine:
         """The engine of `model` (a path, bytes or an onnx.ModelProto). An int8 or fp8 build takes
         the scales of calibrate() or int8_scales, or a QDQ model's own (kiln quantize's, or any
-        QuantizeLinear/DequantizeLinear model) without calibration."""
-        return Engine.from_onnx(model, self.options)
+        QuantizeLinear/DequantizeLinear model) without calibration. A GPU engine with nodes that
+        have no GPU layer runs them on the CPU engine and warns, naming them
+        (allow_cpu_fallback=False refuses such a build instead)."""
+        engine = Engine.from_onnx(model, self.options)
+        if self.options.device == "cuda":
+            on_cpu = [f"{l['name']} ({l['op']})" for l in engine.info()["layers"] if l["cpu_fallback"]]
+            if on_cpu:
+                warnings.warn(f"{len(on_cpu)} node(s) have no GPU layer and run on the CPU engine (slow): "
+                              + ", ".join(on_cpu) + "; Builder(allow_cpu_fallback=False) refuses them", stacklevel=2)
+        return engine
 
 
 _engine_create_context = Engine.create_context  # the extension's, before the wrapper below replaces it

@@ -40,7 +40,7 @@ _VALUE_FLAGS = {"--device", "--shapes", "--dim", "--batch", "--calib", "--calib-
 
 
 _SWITCHES = {"--fp16", "--fp32", "--tf32", "--best", "--int8", "--int8-all", "--fp8", "--fp8-all", "--allow-cpu-fallback",
-             "--no-optimize", "-v", "--verbose"}
+             "--strict", "--no-optimize", "-v", "--verbose"}
 
 
 def unknown_engine_flag(flags: list[str]) -> str | None:

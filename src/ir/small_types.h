@@ -5,12 +5,15 @@
 
 #include <cstdint>
 
+#include "ir/small_float.h"
 #include "kiln/tensor.h"
 
 namespace kiln {
 
 // float8e4m3fn, float8e4m3fnuz, float8e5m2, float8e5m2fnuz, float4e2m1.
 bool is_small_float(DType dtype);
+// The bit layout of one of them (ir/small_float.h); throws kInternal for any other dtype.
+SmallFloatFormat small_float_format(DType dtype);
 // The value of an element's bits (NaN and infinities where the type has them).
 float small_float_to_float(DType dtype, uint8_t bits);
 // `f` rounded to the nearest value, ties to even. Out of range: the largest finite value of the

@@ -62,7 +62,7 @@ KILN_REGISTER_OPS(cast) {
     OpSchema s;
     s.op = "Cast";
     s.infer = infer_cast;
-    s.limits = "no string types; of the float8 types, float8e4m3fn only";
+    s.limits = "no string types";
     registry.add(std::move(s));
   }
   {
@@ -70,7 +70,7 @@ KILN_REGISTER_OPS(cast) {
     s.op = "CastLike";
     s.min_inputs = s.max_inputs = 2;
     s.infer = infer_cast;
-    s.limits = "no string types; of the float8 types, float8e4m3fn only";
+    s.limits = "no string types";
     registry.add(std::move(s));
   }
   registry.add({"BitCast", "", 1, 1, 1, 1, infer_bitcast, nullptr, "types of one width only (as ONNX asks)"});

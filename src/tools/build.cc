@@ -45,7 +45,12 @@ void print_summary(const Engine& engine) {
                              info.int8_kept_float.empty() ? "" : ":");
     for (const std::string& l : info.int8_kept_float) std::cout << "    " << l << "\n";
   }
-  if (fallback) std::cout << fmt::format("  {} layer(s) run on the CPU (--allow-cpu-fallback)\n", fallback);
+  if (fallback) {
+    std::cout << fmt::format("  {} layer(s) run on the CPU engine (no GPU layer; --strict refuses them):", fallback);
+    for (const LayerInfo& l : info.layers)
+      if (l.cpu_fallback) std::cout << fmt::format(" {} ({})", l.name, l.op);
+    std::cout << "\n";
+  }
   for (const TensorDesc& d : engine.inputs())
     std::cout << fmt::format("  input  '{}': {} [{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
   for (const TensorDesc& d : engine.outputs())

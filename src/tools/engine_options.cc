@@ -81,7 +81,13 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
     cmd->add_option("--batch", batch, "The first dimension of inputs whose first dimension is dynamic")->check(CLI::PositiveNumber);
   }
   cmd->add_option("--timing-cache,--timingCacheFile", timing_cache, "Timing cache file: read if present, updated after the build");
-  cmd->add_flag("--allow-cpu-fallback", allow_cpu_fallback, "Run nodes without a GPU layer on the CPU instead of failing");
+  CLI::Option* strict_flag = cmd->add_flag(
+      "--strict", strict,
+      "GPU: fail the build when a node has no GPU layer (by default such nodes run on the CPU engine inside the GPU "
+      "engine, and the build names them)");
+  cmd->add_flag("--allow-cpu-fallback", allow_cpu_fallback,
+                "GPU: run nodes without a GPU layer on the CPU engine (the default; the opposite of --strict)")
+      ->excludes(strict_flag);
   cmd->add_flag("--no-optimize", no_optimize, "Skip kiln's graph passes");
   CLI::Option* verbose_flag = cmd->add_flag("-v,--verbose", verbose, "Print every layer as it is built, with its tactic");
   cmd->add_flag("-q,--quiet", quiet, "No build progress (errors and results only)")->excludes(verbose_flag);
@@ -117,7 +123,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   b.device = device == "cuda" ? Device::kCuda : Device::kCpu;
   b.precision = precision();
   b.timing_cache = timing_cache;
-  b.allow_cpu_fallback = allow_cpu_fallback;
+  b.allow_cpu_fallback = !strict;
   b.mark_outputs = mark_outputs;
   b.max_memory = max_memory_bytes();
   b.gpu = gpu;

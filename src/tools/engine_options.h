@@ -25,7 +25,8 @@ struct EngineOptions {
   std::vector<std::vector<std::string>> min_shapes, opt_shapes, max_shapes;
   double profile_timing_step = 4.0;
   std::string timing_cache;
-  bool allow_cpu_fallback = false;
+  bool strict = false;              // --strict: nodes without a GPU layer fail the build
+  bool allow_cpu_fallback = false;  // --allow-cpu-fallback: the default, said explicitly
   bool no_optimize = false;
   bool verbose = false;
   bool quiet = false;

@@ -133,6 +133,12 @@ int inspect_engine(const InspectOptions& o) {
                            {"shape", l.shape}, {"flops", l.flops}, {"cpu_fallback", l.cpu_fallback}});
   }
   j["flops"] = dynamic ? nlohmann::json() : nlohmann::json(flops);
+  // GPU engines: which layers run on the GPU and which on the CPU engine (no GPU layer).
+  std::vector<std::string> on_cpu;
+  for (const LayerInfo& l : info.layers)
+    if (l.cpu_fallback) on_cpu.push_back(l.name + " (" + l.op + ")");
+  if (info.device != "cpu")
+    j["partition"] = {{"gpu_layers", info.layers.size() - on_cpu.size()}, {"cpu_layers", on_cpu}};
   j["memory"] = {{"weight_bytes", info.weight_bytes}, {"activation_bytes", info.activation_bytes},
                  {"workspace_bytes", info.workspace_bytes}};
   j["fp32_layers"] = info.fp32_layers;
@@ -181,6 +187,12 @@ int inspect_engine(const InspectOptions& o) {
     const LayerInfo& l = info.layers[i];
     std::cout << fmt::format("  {:<4} {:<18} {:<34} {:<9} {:<22} {}\n", i, l.op, l.name.substr(0, 34), l.precision,
                              "[" + shape_to_string(l.shape) + "]", l.tactic);
+  }
+  if (info.device != "cpu") {
+    std::string cpu_list;
+    for (const std::string& n : on_cpu) cpu_list += (cpu_list.empty() ? ": " : ", ") + n;
+    std::cout << fmt::format("partition: {} layer(s) on the GPU, {} on the CPU engine{}\n", info.layers.size() - on_cpu.size(),
+                             on_cpu.size(), cpu_list);
   }
   if (info.device == "cpu")
     std::cout << fmt::format("memory: weights {} (activations are planned for each input shape as it runs)\n",

@@ -6,7 +6,11 @@
 //   - float16/bfloat16 go through float32 both ways; float32 to float16/bfloat16 rounds to
 //     nearest even, overflow gives inf, NaN keeps its sign and becomes quiet (the CPU's
 //     float_to_half / float_to_bfloat16, ported below);
-//   - same storage type in and out is a copy.
+//   - same storage type in and out is a copy;
+//   - the small types, a byte per element (ir/small_types.h), in the CPU kernel's steps: a small
+//     float is decoded to float32 and encoded from float32 (ir/small_float.h, the CPU's own
+//     arithmetic; `saturate` as the node says), a sub-byte integer is read as int8/uint8, and
+//     anything cast to one is truncated toward zero (NaN and infinities: 0) and wrapped to its bits.
 // Storage dtypes come from the formats: under Precision::kFp16 a logical float32 tensor may be
 // stored float16 (then a Cast float32 -> float16 is a copy), and the input is read in
 // whatever storage and layout it already has. The op is per element, so the output keeps the
@@ -17,6 +21,8 @@
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/runtime/check.h"
+#include "ir/small_float.h"
+#include "ir/small_types.h"
 
 namespace kiln::cuda {
 
@@ -134,6 +140,93 @@ __global__ void cast_kernel(const typename From::S* __restrict__ x, typename To:
   for (int64_t i = nv * V + tid; i < n; i += stride) y[i] = cast_value<From, To>(x[i]);
 }
 
+// ---- the small types -----------------------------------------------------------------------
+
+// A small type's byte; SmallCast says which type it is.
+struct SmallTag { using S = uint8_t; };
+
+enum class SmallKind : uint8_t { kNone, kFloat, kSignedInt, kUnsignedInt };
+
+struct SmallCast {
+  SmallKind in = SmallKind::kNone, out = SmallKind::kNone;
+  SmallFloatFormat in_format, out_format;
+  int out_bits = 0;  // a sub-byte integer output's
+  bool saturate = true;
+};
+
+SmallKind small_kind(DType d) {
+  if (is_small_float(d)) return SmallKind::kFloat;
+  if (d == DType::kInt4 || d == DType::kInt2) return SmallKind::kSignedInt;
+  if (d == DType::kUInt4 || d == DType::kUInt2) return SmallKind::kUnsignedInt;
+  return SmallKind::kNone;
+}
+
+// The input element as float32 (what a small float output is encoded from).
+template <class From>
+__device__ __forceinline__ float small_source_float(typename From::S v, const SmallCast& p) {
+  if constexpr (std::is_same_v<From, SmallTag>) {
+    if (p.in == SmallKind::kFloat) return small_float_decode(p.in_format, v);
+    return p.in == SmallKind::kSignedInt ? static_cast<float>(static_cast<int8_t>(v)) : static_cast<float>(v);
+  } else {
+    return cast_value<From, Plain<float>>(v);
+  }
+}
+
+// A float truncated toward zero as an integer; NaN and infinities give 0.
+__device__ __forceinline__ int64_t truncated(double d) {
+  if (!isfinite(d)) return 0;
+  return static_cast<int64_t>(fmin(fmax(trunc(d), -9.2e18), 9.2e18));
+}
+
+// The input element as an integer (what a sub-byte integer output wraps).
+template <class From>
+__device__ __forceinline__ int64_t small_source_int(typename From::S v, const SmallCast& p) {
+  using S = typename From::S;
+  if constexpr (std::is_same_v<From, SmallTag>) {
+    if (p.in == SmallKind::kFloat) return truncated(static_cast<double>(small_float_decode(p.in_format, v)));
+    return p.in == SmallKind::kSignedInt ? static_cast<int64_t>(static_cast<int8_t>(v)) : static_cast<int64_t>(v);
+  } else if constexpr (is_half_tag<From>) {
+    return truncated(static_cast<double>(to_float<From>(v)));
+  } else if constexpr (std::is_same_v<From, BoolTag>) {
+    return v ? 1 : 0;
+  } else if constexpr (std::is_floating_point_v<S>) {
+    return truncated(static_cast<double>(v));
+  } else {
+    return static_cast<int64_t>(v);
+  }
+}
+
+// The low bits of `v`, sign-extended for the signed types, as the byte a sub-byte integer is held in.
+__device__ __forceinline__ uint8_t wrap_bits(int64_t v, const SmallCast& p) {
+  const uint64_t mask = (uint64_t{1} << p.out_bits) - 1;
+  uint64_t low = static_cast<uint64_t>(v) & mask;
+  if (p.out == SmallKind::kSignedInt && (low >> (p.out_bits - 1))) low |= ~mask;
+  return static_cast<uint8_t>(low);
+}
+
+// A small type's element cast to any other type.
+template <class To>
+__device__ __forceinline__ typename To::S small_to(uint8_t v, const SmallCast& p) {
+  if (p.in == SmallKind::kFloat) return cast_value<Plain<float>, To>(small_float_decode(p.in_format, v));
+  if (p.in == SmallKind::kSignedInt) return cast_value<Plain<int8_t>, To>(static_cast<int8_t>(v));
+  return cast_value<Plain<uint8_t>, To>(v);
+}
+
+// Either side (or both) a small type: From or To is SmallTag.
+template <class From, class To>
+__global__ void small_cast_kernel(const typename From::S* __restrict__ x, typename To::S* __restrict__ y, int64_t n,
+                                  SmallCast p) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
+    if constexpr (std::is_same_v<To, SmallTag>) {
+      y[i] = p.out == SmallKind::kFloat ? small_float_encode(p.out_format, small_source_float<From>(x[i], p), p.saturate)
+                                        : wrap_bits(small_source_int<From>(x[i], p), p);
+    } else {
+      y[i] = small_to<To>(x[i], p);
+    }
+  }
+}
+
 template <class Fn>
 bool dispatch_tag(DType d, Fn&& fn) {
   switch (d) {
@@ -154,7 +247,37 @@ bool dispatch_tag(DType d, Fn&& fn) {
   }
 }
 
-bool castable(DType d) { return dispatch_tag(d, [](auto) {}); }
+bool castable(DType d) { return small_kind(d) != SmallKind::kNone || dispatch_tag(d, [](auto) {}); }
+
+// The layer of a cast with a small type on either side (or both).
+std::unique_ptr<Layer> small_cast_layer(const LayerRequest& r, DType from, DType to, int64_t n) {
+  SmallCast p;
+  p.in = small_kind(from);
+  p.out = small_kind(to);
+  if (p.in == SmallKind::kFloat) p.in_format = small_float_format(from);
+  if (p.out == SmallKind::kFloat) p.out_format = small_float_format(to);
+  if (p.out == SmallKind::kSignedInt || p.out == SmallKind::kUnsignedInt) p.out_bits = packed_bits(to);
+  p.saturate = r.node.attrs.get_int("saturate", 1) != 0;
+  EnqueueFn fn;
+  auto launcher = [&](auto from_tag, auto to_tag) {
+    using From = decltype(from_tag);
+    using To = decltype(to_tag);
+    fn = [n, p](const LayerIO& io, cudaStream_t stream) {
+      if (n <= 0) return;
+      small_cast_kernel<From, To><<<grid_for(n, 256, 1), 256, 0, stream>>>(
+          static_cast<const typename From::S*>(io.inputs[0]), static_cast<typename To::S*>(io.outputs[0]), n, p);
+      KILN_CUDA_CHECK_LAUNCH();
+    };
+  };
+  if (p.in != SmallKind::kNone) {
+    if (p.out != SmallKind::kNone) launcher(SmallTag{}, SmallTag{});
+    else dispatch_tag(to, [&](auto to_tag) { launcher(SmallTag{}, to_tag); });
+  } else {
+    dispatch_tag(from, [&](auto from_tag) { launcher(from_tag, SmallTag{}); });
+  }
+  if (!fn) throw r.node.error(ErrorKind::kUnsupported, "cannot cast " + to_string(from) + " to " + to_string(to));
+  return make_layer("kernel:cast " + to_string(from) + "->" + to_string(to), std::move(fn));
+}
 
 // The storage a runtime input of logical dtype `logical` may have (its own dtype, or 16-bit
 // floats for a logical float32 under fp16).
@@ -203,6 +326,8 @@ KILN_REGISTER_CUDA_LAYERS(cast) {
             KILN_CUDA_CHECK(cudaMemcpyAsync(io.outputs[0], io.inputs[0], bytes, cudaMemcpyDeviceToDevice, stream));
         });
       }
+      if (small_kind(from) != SmallKind::kNone || small_kind(to) != SmallKind::kNone)
+        return small_cast_layer(r, from, to, n);
       EnqueueFn fn;
       dispatch_tag(from, [&](auto from_tag) {
         dispatch_tag(to, [&](auto to_tag) {
@@ -220,7 +345,7 @@ KILN_REGISTER_CUDA_LAYERS(cast) {
       if (!fn) throw r.node.error(ErrorKind::kUnsupported, "cannot cast " + to_string(from) + " to " + to_string(to));
       return make_layer("kernel:cast " + to_string(from) + "->" + to_string(to), std::move(fn));
     };
-    e.dtypes = "float16, bfloat16, float32, float64, int8..int64, uint8..uint64, bool";
+    e.dtypes = "float16, bfloat16, the float8 types, float4e2m1, float32, float64, int2..int64, uint2..uint64, bool";
     registry.add(std::move(e));
   }
 }

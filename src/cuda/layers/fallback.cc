@@ -1,15 +1,17 @@
-// CPU fallback (--allow-cpu-fallback): a node without a GPU layer runs the CPU engine's
-// kernel. Its inputs go to pinned host memory, the kernel runs in a host callback on the
-// stream, and its outputs come back; all three are stream operations, so the layer is
-// captured in the CUDA graph like the others. It serializes the GPU around it: for coverage,
-// not speed. The pinned staging belongs to the layer, so an engine with a fallback layer
-// must not run in two contexts at once.
+// CPU fallback (automatic partitioning; `--strict` refuses it): a node without a GPU layer runs
+// the CPU engine's kernel inside the GPU engine. Its inputs go to pinned host memory, the kernel
+// runs in a host callback on the stream, and its outputs come back; all three are stream
+// operations, so the layer is captured in the CUDA graph like the others. It serializes the GPU
+// around it: for coverage, not speed. The pinned staging and the kernel belong to the layer, and
+// every execution context builds its own layers (CudaEngine::context_plan), so contexts running
+// at once never share them.
 #include <cstdio>
 #include <cstring>
 
 #include "cpu/kernel.h"
 #include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
+#include "ir/sizes.h"
 
 namespace kiln::cuda {
 
@@ -57,7 +59,7 @@ class CpuFallbackLayer final : public Layer {
       } else if (r.is_constant(i)) {
         host_inputs_.push_back(*r.constants[i]);
       } else {
-        size_t bytes = static_cast<size_t>(shape_numel(r.inputs[i]->shape)) * element_size(r.input_dtypes[i]);
+        const size_t bytes = checked_bytes(r.inputs[i]->shape, r.input_dtypes[i]);
         host_inputs_.push_back(Tensor::over_storage(r.input_dtypes[i], r.inputs[i]->shape, pinned(bytes)));
         runtime_inputs_.push_back(i);
       }
@@ -67,7 +69,7 @@ class CpuFallbackLayer final : public Layer {
         host_outputs_.push_back(Tensor());
         continue;
       }
-      size_t bytes = static_cast<size_t>(shape_numel(r.output_shapes[i])) * element_size(r.output_dtypes[i]);
+      const size_t bytes = checked_bytes(r.output_shapes[i], r.output_dtypes[i]);
       host_outputs_.push_back(Tensor::over_storage(r.output_dtypes[i], r.output_shapes[i], pinned(bytes)));
     }
   }
@@ -86,6 +88,11 @@ class CpuFallbackLayer final : public Layer {
   std::string tactic() const override { return "cpu-fallback"; }
 
  private:
+  static size_t checked_bytes(const std::vector<int64_t>& shape, DType dtype) {
+    return static_cast<size_t>(
+        checked_mul(shape_numel(shape), static_cast<int64_t>(element_size(dtype)), "a CPU fallback tensor's size"));
+  }
+
   static void CUDART_CB run_on_host(void* self) {
     auto* layer = static_cast<CpuFallbackLayer*>(self);
     std::vector<const Tensor*> inputs;

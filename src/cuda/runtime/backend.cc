@@ -10,6 +10,7 @@
 #include "cuda/runtime/device_scope.h"
 #include "cuda/runtime/engine.h"
 #include "cuda/runtime/graph_timing.h"
+#include "ir/sizes.h"
 
 namespace kiln::cuda {
 
@@ -291,6 +292,30 @@ class CudaBackendEngine final : public backend::Engine {
   mutable std::unique_ptr<backend::Context> default_context_;
 };
 
+// The partition of a plan, for the build's log: the nodes that run on the CPU engine, and what
+// they cost each run (the bytes their inputs and outputs cross to the host and back; the GPU
+// waits while the CPU computes). "" when every node has a GPU layer.
+std::string cpu_partition_line(const ShapePlan& plan) {
+  std::vector<std::string> nodes;
+  double bytes = 0;
+  for (const PlannedLayer& l : plan.layers()) {
+    if (!l.cpu_fallback) continue;
+    nodes.push_back(l.name + " (" + l.op + ")");
+    for (const std::vector<int>* ids : {&l.inputs, &l.outputs})
+      for (int id : *ids)
+        if (id >= 0 && plan.buffers()[static_cast<size_t>(id)].kind != BufferKind::kWeight)
+          bytes += static_cast<double>(plan.buffers()[static_cast<size_t>(id)].spec.bytes());
+  }
+  if (nodes.empty()) return "";
+  constexpr size_t kNamed = 8;
+  std::string names;
+  for (size_t i = 0; i < nodes.size() && i < kNamed; ++i) names += (i ? ", " : "") + nodes[i];
+  if (nodes.size() > kNamed) names += ", and " + std::to_string(nodes.size() - kNamed) + " more";
+  return std::to_string(nodes.size()) + " node(s) have no GPU layer and run on the CPU engine: " + names + ". Each run copies " +
+         format_bytes(bytes) + " between the GPU and the host for them, and the GPU waits while the CPU computes them; " +
+         "--strict refuses the build instead";
+}
+
 }  // namespace
 
 std::unique_ptr<backend::Engine> build_backend_engine(std::shared_ptr<const ir::Graph> graph, GraphAtShapes specialize,
@@ -309,6 +334,10 @@ std::unique_ptr<backend::Engine> build_backend_engine(std::shared_ptr<const ir::
   for (const OptimizationProfile& p : profiles) config.profiles.push_back(lowered_profile(p));
   DeviceScope scope(options.gpu);
   std::unique_ptr<CudaEngine> engine = CudaEngine::build(std::move(specialize), config);
+  if (config.log) {
+    const std::string partition = cpu_partition_line(*engine->opt_plan(0));
+    if (!partition.empty()) config.log(partition);
+  }
   return std::make_unique<CudaBackendEngine>(std::move(graph), std::move(engine), profiles, options.gpu);
 }
 

@@ -570,7 +570,8 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<
   if (!unsupported.empty()) {
     std::string msg = std::to_string(unsupported.size()) + " node(s) cannot run on the GPU:";
     for (const std::string& u : unsupported) msg += "\n  " + u;
-    throw Error(ErrorKind::kUnsupported, msg).hint("--allow-cpu-fallback runs them on the CPU (slow)");
+    throw Error(ErrorKind::kUnsupported, msg)
+        .hint("without --strict (BuildOptions::allow_cpu_fallback) they run on the CPU engine inside the GPU engine (slow)");
   }
 
   // Graph outputs: the logical dtype, row-major, one buffer each, in the context's output

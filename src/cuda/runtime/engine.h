@@ -47,7 +47,7 @@ struct Profile {
 
 struct BuildConfig {
   Precision precision = Precision::kFp32;
-  bool allow_cpu_fallback = false;   // ops without a GPU layer run on the CPU engine's kernel
+  bool allow_cpu_fallback = true;    // ops without a GPU layer run on the CPU engine's kernel
   std::string timing_cache_path;     // read if present, written after the build
   // Timing-cache entries to use before the file's (an engine file's tactics): no timing.
   std::map<std::string, std::string> timing_entries;

@@ -1,0 +1,137 @@
+"""Automatic GPU/CPU partitioning: a GPU build never fails for want of a GPU layer. Nodes without
+one run on the CPU engine inside the GPU engine, the build names them (the command line's log, a
+Python warning, `kiln build`'s summary) with what they cost, `kiln inspect` shows the partition,
+and --strict (allow_cpu_fallback=False) refuses such a build, naming each node. The partitioned
+engine matches the CPU engine, also with several contexts running it at once on threads (each
+context has its own staging memory and CPU kernel for those nodes)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+
+
+def partitioned_model(path: str) -> str:
+    """y = Conv(Shrink(Conv(x))) + Hardmax(x): Shrink and Hardmax have no GPU layer (the Shrink
+    reads a GPU layer's output, the Hardmax the engine's input), the convs and the Add have.
+    Float32, x 4x8x24x24. The Shrink is the continuous soft threshold (bias = lambd) and the
+    Hardmax reads x itself, so the GPU's last-bit differences in the convs cannot flip a result."""
+    rng = np.random.default_rng(7)
+    w1 = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2, "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((8, 16, 3, 3)).astype(np.float32) * 0.2, "w2")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Shrink", ["c1"], ["s"], name="shrink", bias=0.3, lambd=0.3),
+        helper.make_node("Conv", ["s", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Hardmax", ["x"], ["h"], name="hardmax", axis=-1),
+        helper.make_node("Add", ["h", "c2"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(nodes, "partitioned", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8, 24, 24])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8, 24, 24])], [w1, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    return partitioned_model(str(tmp_path_factory.mktemp("partition") / "partitioned.onnx"))
+
+
+def inputs(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((4, 8, 24, 24)).astype(np.float32)
+
+
+def test_default_build_runs_nodes_without_gpu_layer_on_the_cpu_and_says_so(model):
+    with pytest.warns(UserWarning, match=r"2 node\(s\) have no GPU layer and run on the CPU engine") as warned:
+        engine = kiln.Builder(device="cuda").build(model)
+    said = " ".join(str(w.message) for w in warned)
+    assert "shrink (Shrink)" in said and "hardmax (Hardmax)" in said, said
+    on_cpu = {l["name"]: l["tactic"] for l in engine.info()["layers"] if l["cpu_fallback"]}
+    assert on_cpu == {"shrink": "cpu-fallback", "hardmax": "cpu-fallback"}
+    assert any(l["op"] == "Conv" and not l["cpu_fallback"] for l in engine.info()["layers"])
+    reference = kiln.Engine.from_onnx(model, kiln.Builder(device="cpu").options)
+    for seed in (1, 2):
+        x = inputs(seed)
+        got, want = engine.run({"x": x})["y"], reference.run({"x": x})["y"]
+        assert np.allclose(got, want, rtol=1e-3, atol=1e-3), np.abs(got - want).max()
+
+
+def test_strict_build_refuses_and_names_each_node(model):
+    with pytest.raises(kiln.Error, match=r"2 node\(s\) cannot run on the GPU") as refused:
+        kiln.Builder(device="cuda", allow_cpu_fallback=False).build(model)
+    assert "shrink (Shrink): kiln has no CUDA layer for Shrink" in str(refused.value)
+    assert "hardmax (Hardmax): kiln has no CUDA layer for Hardmax" in str(refused.value)
+
+
+def test_contexts_on_threads_each_have_their_own_cpu_staging(model):
+    """Four contexts of one partitioned engine on four threads, different inputs at the same
+    moment: every result equals what one context computes alone (shared staging would mix them)."""
+    with pytest.warns(UserWarning):
+        engine = kiln.Builder(device="cuda").build(model)
+    xs = [inputs(10 + i) for i in range(6)]
+    alone = engine.create_context()
+    want = [alone.run({"x": x})["y"].copy() for x in xs]
+    assert not np.array_equal(want[0], want[1])
+    contexts = [engine.create_context() for _ in range(4)]
+    errors = []
+    start = threading.Barrier(len(contexts))
+
+    def work(t: int) -> None:
+        try:
+            start.wait()
+            for r in range(20):
+                i = (t + r) % len(xs)
+                got = contexts[t].run({"x": xs[i]})["y"]
+                if not np.array_equal(got, want[i]):
+                    errors.append(f"thread {t} round {r}: max diff {np.abs(got - want[i]).max()}")
+        except Exception as e:  # noqa: BLE001  (reported by the assertion below)
+            errors.append(f"thread {t}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(len(contexts))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[:5]
+
+
+def test_command_line_names_the_partition_and_strict_refuses(kiln_bin, model, tmp_path):
+    engine = str(tmp_path / "partitioned.engine")
+    built = subprocess.run([kiln_bin, "build", model, "-o", engine], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    line = next((l for l in built.stderr.splitlines() if "have no GPU layer" in l), "")
+    assert "2 node(s) have no GPU layer and run on the CPU engine: " in line, built.stderr
+    assert "shrink (Shrink)" in line and "hardmax (Hardmax)" in line, line
+    assert "between the GPU and the host" in built.stderr and "--strict" in built.stderr
+    # Per run: the Shrink's input and output (4x16x24x24 float32 each) and the Hardmax's (4x8x24x24).
+    assert "copies 432.0 KiB between the GPU and the host" in built.stderr, built.stderr
+    assert "2 layer(s) run on the CPU engine" in built.stdout
+
+    shown = subprocess.run([kiln_bin, "inspect", engine], capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    shown_line = next((l for l in shown.stdout.splitlines() if l.startswith("partition: ")), "")
+    assert "layer(s) on the GPU, 2 on the CPU engine: " in shown_line, shown.stdout
+    assert "shrink (Shrink)" in shown_line and "hardmax (Hardmax)" in shown_line, shown_line
+    as_json = subprocess.run([kiln_bin, "inspect", engine, "--json", "-"], capture_output=True, text=True, timeout=300)
+    assert as_json.returncode == 0, as_json.stderr
+    partition = json.loads(as_json.stdout)["partition"]
+    assert sorted(partition["cpu_layers"]) == ["hardmax (Hardmax)", "shrink (Shrink)"] and partition["gpu_layers"] >= 3
+
+    ran = subprocess.run([kiln_bin, "run", engine, "--random"], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+
+    strict = subprocess.run([kiln_bin, "build", model, "--strict", "-o", str(tmp_path / "strict.engine")], capture_output=True,
+                            text=True, timeout=600)
+    assert strict.returncode == 1
+    assert "shrink (Shrink): kiln has no CUDA layer for Shrink" in strict.stderr
+    assert "hardmax (Hardmax): kiln has no CUDA layer for Hardmax" in strict.stderr
+    assert not (tmp_path / "strict.engine").exists()
