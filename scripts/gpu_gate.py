@@ -82,6 +82,12 @@ WHEELS = os.path.join(ROOT, ".whl")
 # as coverage grows; CONFORMANCE_ONNX is the onnx version whose cases the floor counts.
 CONFORMANCE_FLOOR = 891
 CONFORMANCE_ONNX = "1.23"
+# The cases the CPU engine's results differ from by a unit or two in the last place (bfloat16 and
+# float16 attention: kiln sums in float32, closer to exact), which the CPU conformance test leaves
+# out too (tests/cli/CMakeLists.txt, conformance_onnx_pypi_node_cases): left out of the
+# partitioned GPU run, where the CPU engine runs those nodes.
+CPU_KNOWN_DIFFERENCES = (r"^(?!node/test_attention_(3d_causal|4d_attn_mask_causal|4d_causal|4d_causal_padded_kv|4d_padded_kv)"
+                         r"_bf16(_expanded)?$|node/test_attention_4d_causal_fp16_expanded$).*")
 # About how long each suite runs alone on an H100 (seconds): how --gpus balances the workers.
 # Beside three others on a four-GPU machine a suite runs 1.2 to 1.4 times longer.
 SUITE_SECONDS = {"int8": 420, "contexts": 330, "models": 290, "dynamic": 240, "patterns": 175, "python": 80,
@@ -224,7 +230,8 @@ def run_conformance(kiln: str, out: str, env: dict) -> dict:
         subprocess.run([sys.executable, "src/tools/generate_node_tests.py", "-o", cases], cwd=ROOT, env=env,
                        check=True, stdout=subprocess.DEVNULL)
     own = conformance_summary(kiln, cases, out, env, "conformance_gpu", [])
-    partitioned = conformance_summary(kiln, cases, out, env, "conformance_gpu_partitioned", ["--allow-cpu-fallback"])
+    partitioned = conformance_summary(kiln, cases, out, env, "conformance_gpu_partitioned",
+                                      ["--allow-cpu-fallback", "--filter", CPU_KNOWN_DIFFERENCES])
     if own is None or partitioned is None:
         return {"passed": 0, "failed": 0, "errors": 1, "skipped": 0, "failures": ["kiln conformance wrote no summary"]}
     counts = {"passed": own["pass"], "failed": own["fail"] + partitioned["fail"], "errors": 0, "skipped": own["unsupported"],

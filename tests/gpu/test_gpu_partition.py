@@ -19,18 +19,18 @@ import kiln
 
 
 def partitioned_model(path: str) -> str:
-    """y = Conv(Shrink(Conv(x))) + Hardmax(x): Shrink and Hardmax have no GPU layer (the Shrink
-    reads a GPU layer's output, the Hardmax the engine's input), the convs and the Add have.
-    Float32, x 4x8x24x24. The Shrink is the continuous soft threshold (bias = lambd) and the
-    Hardmax reads x itself, so the GPU's last-bit differences in the convs cannot flip a result."""
+    """y = Conv(LRN(Conv(x))) + MeanVarianceNormalization(x): LRN and MeanVarianceNormalization
+    have no GPU layer (the LRN reads a GPU layer's output, the MVN the engine's input), the convs
+    and the Add have. Float32, x 4x8x24x24. (Should either op gain a GPU layer, pick another from
+    docs/operators.md's ops without one.)"""
     rng = np.random.default_rng(7)
     w1 = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2, "w1")
     w2 = numpy_helper.from_array(rng.standard_normal((8, 16, 3, 3)).astype(np.float32) * 0.2, "w2")
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-        helper.make_node("Shrink", ["c1"], ["s"], name="shrink", bias=0.3, lambd=0.3),
+        helper.make_node("LRN", ["c1"], ["s"], name="lrn", size=3),
         helper.make_node("Conv", ["s", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
-        helper.make_node("Hardmax", ["x"], ["h"], name="hardmax", axis=-1),
+        helper.make_node("MeanVarianceNormalization", ["x"], ["h"], name="mvn"),
         helper.make_node("Add", ["h", "c2"], ["y"], name="add"),
     ]
     graph = helper.make_graph(nodes, "partitioned", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8, 24, 24])],
@@ -54,9 +54,9 @@ def test_default_build_runs_nodes_without_gpu_layer_on_the_cpu_and_says_so(model
     with pytest.warns(UserWarning, match=r"2 node\(s\) have no GPU layer and run on the CPU engine") as warned:
         engine = kiln.Builder(device="cuda").build(model)
     said = " ".join(str(w.message) for w in warned)
-    assert "shrink (Shrink)" in said and "hardmax (Hardmax)" in said, said
+    assert "lrn (LRN)" in said and "mvn (MeanVarianceNormalization)" in said, said
     on_cpu = {l["name"]: l["tactic"] for l in engine.info()["layers"] if l["cpu_fallback"]}
-    assert on_cpu == {"shrink": "cpu-fallback", "hardmax": "cpu-fallback"}
+    assert on_cpu == {"lrn": "cpu-fallback", "mvn": "cpu-fallback"}
     assert any(l["op"] == "Conv" and not l["cpu_fallback"] for l in engine.info()["layers"])
     reference = kiln.Engine.from_onnx(model, kiln.Builder(device="cpu").options)
     for seed in (1, 2):
@@ -68,8 +68,8 @@ def test_default_build_runs_nodes_without_gpu_layer_on_the_cpu_and_says_so(model
 def test_strict_build_refuses_and_names_each_node(model):
     with pytest.raises(kiln.Error, match=r"2 node\(s\) cannot run on the GPU") as refused:
         kiln.Builder(device="cuda", allow_cpu_fallback=False).build(model)
-    assert "shrink (Shrink): kiln has no CUDA layer for Shrink" in str(refused.value)
-    assert "hardmax (Hardmax): kiln has no CUDA layer for Hardmax" in str(refused.value)
+    assert "lrn (LRN): kiln has no CUDA layer for LRN" in str(refused.value)
+    assert "mvn (MeanVarianceNormalization): kiln has no CUDA layer for MeanVarianceNormalization" in str(refused.value)
 
 
 def test_contexts_on_threads_each_have_their_own_cpu_staging(model):
@@ -110,9 +110,9 @@ def test_command_line_names_the_partition_and_strict_refuses(kiln_bin, model, tm
     assert built.returncode == 0, built.stderr
     line = next((l for l in built.stderr.splitlines() if "have no GPU layer" in l), "")
     assert "2 node(s) have no GPU layer and run on the CPU engine: " in line, built.stderr
-    assert "shrink (Shrink)" in line and "hardmax (Hardmax)" in line, line
+    assert "lrn (LRN)" in line and "mvn (MeanVarianceNormalization)" in line, line
     assert "between the GPU and the host" in built.stderr and "--strict" in built.stderr
-    # Per run: the Shrink's input and output (4x16x24x24 float32 each) and the Hardmax's (4x8x24x24).
+    # Per run: the LRN's input and output (4x16x24x24 float32 each) and the MVN's (4x8x24x24).
     assert "copies 432.0 KiB between the GPU and the host" in built.stderr, built.stderr
     assert "2 layer(s) run on the CPU engine" in built.stdout
 
@@ -120,11 +120,11 @@ def test_command_line_names_the_partition_and_strict_refuses(kiln_bin, model, tm
     assert shown.returncode == 0, shown.stderr
     shown_line = next((l for l in shown.stdout.splitlines() if l.startswith("partition: ")), "")
     assert "layer(s) on the GPU, 2 on the CPU engine: " in shown_line, shown.stdout
-    assert "shrink (Shrink)" in shown_line and "hardmax (Hardmax)" in shown_line, shown_line
+    assert "lrn (LRN)" in shown_line and "mvn (MeanVarianceNormalization)" in shown_line, shown_line
     as_json = subprocess.run([kiln_bin, "inspect", engine, "--json", "-"], capture_output=True, text=True, timeout=300)
     assert as_json.returncode == 0, as_json.stderr
     partition = json.loads(as_json.stdout)["partition"]
-    assert sorted(partition["cpu_layers"]) == ["hardmax (Hardmax)", "shrink (Shrink)"] and partition["gpu_layers"] >= 3
+    assert sorted(partition["cpu_layers"]) == ["lrn (LRN)", "mvn (MeanVarianceNormalization)"] and partition["gpu_layers"] >= 2
 
     ran = subprocess.run([kiln_bin, "run", engine, "--random"], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr
@@ -132,6 +132,31 @@ def test_command_line_names_the_partition_and_strict_refuses(kiln_bin, model, tm
     strict = subprocess.run([kiln_bin, "build", model, "--strict", "-o", str(tmp_path / "strict.engine")], capture_output=True,
                             text=True, timeout=600)
     assert strict.returncode == 1
-    assert "shrink (Shrink): kiln has no CUDA layer for Shrink" in strict.stderr
-    assert "hardmax (Hardmax): kiln has no CUDA layer for Hardmax" in strict.stderr
+    assert "lrn (LRN): kiln has no CUDA layer for LRN" in strict.stderr
+    assert "mvn (MeanVarianceNormalization): kiln has no CUDA layer for MeanVarianceNormalization" in strict.stderr
     assert not (tmp_path / "strict.engine").exists()
+
+
+def test_a_cpu_node_that_fails_at_run_time_raises_and_the_next_run_is_clean(tmp_path):
+    """ReverseSequence has no GPU layer; its CPU kernel refuses a sequence length longer than the
+    time axis when it runs. The partitioned engine raises that error from run() (eager and CUDA
+    graph replays alike) instead of returning the poisoned outputs, and a valid run after it
+    answers right."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("ReverseSequence", ["r", "lens"], ["y"], name="reverse", batch_axis=1, time_axis=0)]
+    graph = helper.make_graph(nodes, "reverse", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2, 3]),
+                                                 helper.make_tensor_value_info("lens", TensorProto.INT64, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2, 3])])
+    path = str(tmp_path / "reverse.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.warns(UserWarning, match=r"reverse \(ReverseSequence\)"):
+        engine = kiln.Builder(device="cuda").build(path)
+    x = np.random.default_rng(5).standard_normal((4, 2, 3)).astype(np.float32)
+    good = np.array([3, 4], dtype=np.int64)
+    want = np.maximum(x, 0)
+    want[:3, 0] = want[:3, 0][::-1].copy()
+    want[:4, 1] = want[:4, 1][::-1].copy()
+    for _ in range(3):
+        assert np.array_equal(engine.run({"x": x, "lens": good})["y"], want)
+        with pytest.raises(kiln.Error, match=r"sequence_lens\[1\] = 5 is outside \[0, 4\]"):
+            engine.run({"x": x, "lens": np.array([3, 5], dtype=np.int64)})

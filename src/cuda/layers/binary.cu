@@ -1,6 +1,6 @@
 // CUDA layers of broadcasting elementwise ops (the ops of src/cpu/binary.cc, and Clip of
 // src/cpu/cast.cc): Add Sub Mul Div Mod Pow PRelu, variadic Max Min Sum Mean, comparisons,
-// And Or Xor, BitShift, Where, Clip.
+// And Or Xor, BitShift, BitwiseAnd BitwiseOr BitwiseXor, Where, Clip.
 //
 // Layouts: inputs are read in whatever layout they are stored (no reformat); each operand is
 // walked through its logical strides, permuted into the output's physical order. The output
@@ -187,11 +187,26 @@ struct AndOp { __device__ uint8_t operator()(uint8_t a, uint8_t b) const { retur
 struct OrOp { __device__ uint8_t operator()(uint8_t a, uint8_t b) const { return a || b; } };
 struct XorOp { __device__ uint8_t operator()(uint8_t a, uint8_t b) const { return !a != !b; } };
 
+// As the CPU kernel (ONNX's reference): a shift by less than 0 or by the bit width or more gives
+// 0 (a right shift of a negative value: -1); a left shift wraps in the unsigned type's bits; a
+// right shift of a signed value is arithmetic.
 template <bool kLeft> struct ShiftOp {
   template <class X> __device__ X operator()(X a, X s) const {
-    constexpr X kBits = static_cast<X>(sizeof(X) * 8);
-    if (s >= kBits) return X(0);
-    return kLeft ? static_cast<X>(a << s) : static_cast<X>(a >> s);
+    using U = std::make_unsigned_t<X>;
+    constexpr int64_t kBits = static_cast<int64_t>(sizeof(X) * 8);
+    const bool out_of_range = static_cast<int64_t>(s) < 0 || static_cast<int64_t>(s) >= kBits;
+    if (kLeft) return out_of_range ? X(0) : static_cast<X>(static_cast<U>(static_cast<U>(a) << static_cast<int>(s)));
+    if (out_of_range) return a < X(0) ? static_cast<X>(-1) : X(0);
+    return static_cast<X>(a >> static_cast<int>(s));
+  }
+};
+
+enum class Bitwise : int { kAnd, kOr, kXor };
+template <Bitwise kOp> struct BitwiseOp {
+  template <class X> __device__ X operator()(X a, X b) const {
+    if constexpr (kOp == Bitwise::kAnd) return static_cast<X>(a & b);
+    else if constexpr (kOp == Bitwise::kOr) return static_cast<X>(a | b);
+    else return static_cast<X>(a ^ b);
   }
 };
 
@@ -559,8 +574,12 @@ bool dispatch_pow_base(DType d, Fn&& fn) {
 }
 
 template <class Fn>
-bool dispatch_unsigned(DType d, Fn&& fn) {
+bool dispatch_integer(DType d, Fn&& fn) {
   switch (d) {
+    case DType::kInt8: fn(int8_t{}); return true;
+    case DType::kInt16: fn(int16_t{}); return true;
+    case DType::kInt32: fn(int32_t{}); return true;
+    case DType::kInt64: fn(int64_t{}); return true;
     case DType::kUInt8: fn(uint8_t{}); return true;
     case DType::kUInt16: fn(uint16_t{}); return true;
     case DType::kUInt32: fn(uint32_t{}); return true;
@@ -913,8 +932,7 @@ KILN_REGISTER_CUDA_LAYERS(binary) {
     e.op = "BitShift";
     e.check = [](const LayerRequest& r) -> std::string {
       if (auto why = check_inputs_present(r, 2); !why.empty()) return why;
-      if (!dispatch_unsigned(r.input_dtypes[0], [](auto) {}))
-        return dtype_reason("input", r.input_dtypes[0], "uint8, uint16, uint32, uint64");
+      if (!dispatch_integer(r.input_dtypes[0], [](auto) {})) return dtype_reason("input", r.input_dtypes[0], "int8..int64, uint8..uint64");
       if (r.input_dtypes[1] != r.input_dtypes[0]) return "input types differ";
       std::string dir = r.node.attrs.get_string("direction", "");
       if (dir != "LEFT" && dir != "RIGHT") return "direction must be LEFT or RIGHT";
@@ -924,7 +942,7 @@ KILN_REGISTER_CUDA_LAYERS(binary) {
     e.create = [](const LayerRequest& r, const LayerFormats& f, BuildServices&) {
       const bool left = r.node.attrs.get_string("direction", "") == "LEFT";
       std::unique_ptr<Layer> layer;
-      dispatch_unsigned(f.inputs[0].dtype, [&](auto tag) {
+      dispatch_integer(f.inputs[0].dtype, [&](auto tag) {
         using T = decltype(tag);
         if (left) layer = binary_layer<T, T, T>(r, f, ShiftOp<true>{}, "shift_left");
         else layer = binary_layer<T, T, T>(r, f, ShiftOp<false>{}, "shift_right");
@@ -932,7 +950,32 @@ KILN_REGISTER_CUDA_LAYERS(binary) {
       if (!layer) throw r.node.error(ErrorKind::kInternal, "no CUDA kernel for " + to_string(f.inputs[0].dtype));
       return layer;
     };
-    e.dtypes = "uint8, uint16, uint32, uint64";
+    e.dtypes = "int8..int64, uint8..uint64";
+    registry.add(std::move(e));
+  }
+  for (const char* op : {"BitwiseAnd", "BitwiseOr", "BitwiseXor"}) {
+    LayerEntry e;
+    e.op = op;
+    e.check = [](const LayerRequest& r) -> std::string {
+      if (auto why = check_inputs_present(r, 2); !why.empty()) return why;
+      if (!dispatch_integer(r.input_dtypes[0], [](auto) {})) return dtype_reason("input", r.input_dtypes[0], "int8..int64, uint8..uint64");
+      if (r.input_dtypes[1] != r.input_dtypes[0]) return "input types differ";
+      return check_broadcast_rank(r);
+    };
+    e.formats = broadcast_formats;
+    e.create = [](const LayerRequest& r, const LayerFormats& f, BuildServices&) {
+      const std::string& op = r.node.op;
+      std::unique_ptr<Layer> layer;
+      dispatch_integer(f.inputs[0].dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if (op == "BitwiseAnd") layer = binary_layer<T, T, T>(r, f, BitwiseOp<Bitwise::kAnd>{}, "bitwise_and");
+        else if (op == "BitwiseOr") layer = binary_layer<T, T, T>(r, f, BitwiseOp<Bitwise::kOr>{}, "bitwise_or");
+        else layer = binary_layer<T, T, T>(r, f, BitwiseOp<Bitwise::kXor>{}, "bitwise_xor");
+      });
+      if (!layer) throw r.node.error(ErrorKind::kInternal, "no CUDA kernel for " + to_string(f.inputs[0].dtype));
+      return layer;
+    };
+    e.dtypes = "int8..int64, uint8..uint64";
     registry.add(std::move(e));
   }
   {

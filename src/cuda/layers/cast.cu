@@ -1,4 +1,4 @@
-// CUDA layers of Cast and CastLike between float16, bfloat16, float32, float64, all integer
+// CUDA layers of BitCast and Dropout (copies) and of Cast and CastLike between float16, bfloat16, float32, float64, all integer
 // types and bool, bit for bit as the CPU kernel (src/cpu/cast.cc):
 //   - anything to bool is "!= 0", bool to anything is 0 or 1;
 //   - float/double to an integer truncates toward zero, NaN gives 0, out-of-range values
@@ -346,6 +346,73 @@ KILN_REGISTER_CUDA_LAYERS(cast) {
       return make_layer("kernel:cast " + to_string(from) + "->" + to_string(to), std::move(fn));
     };
     e.dtypes = "float16, bfloat16, the float8 types, float4e2m1, float32, float64, int2..int64, uint2..uint64, bool";
+    registry.add(std::move(e));
+  }
+  {
+    // BitCast: the same bytes as another type of the same width, so both sides keep their
+    // logical dtype (no float16 storage) and the layer is a copy.
+    LayerEntry e;
+    e.op = "BitCast";
+    e.check = [](const LayerRequest& r) -> std::string {
+      if (!r.has_input(0)) return "input is missing";
+      const DType from = r.input_dtypes[0], to = r.output_dtypes.at(0);
+      if (element_size(from) == 0 || element_size(from) != element_size(to))
+        return "cannot bitcast " + to_string(from) + " to " + to_string(to) + " (types of one width only)";
+      return "";
+    };
+    e.formats = [](const LayerRequest& r) {
+      LayerFormats f;
+      f.inputs.resize(r.inputs.size());
+      f.inputs[0] = Format{r.input_dtypes[0], Layout::kLinear};
+      f.outputs.push_back(Format{r.output_dtypes[0], Layout::kLinear});
+      return f;
+    };
+    e.create = [](const LayerRequest& r, const LayerFormats&, BuildServices&) -> std::unique_ptr<Layer> {
+      const size_t bytes = static_cast<size_t>(shape_numel(r.output_shapes[0])) * element_size(r.output_dtypes[0]);
+      return make_layer("kernel:bitcast copy", [bytes](const LayerIO& io, cudaStream_t stream) {
+        if (bytes) KILN_CUDA_CHECK(cudaMemcpyAsync(io.outputs[0], io.inputs[0], bytes, cudaMemcpyDeviceToDevice, stream));
+      });
+    };
+    e.dtypes = "all of one width";
+    registry.add(std::move(e));
+  }
+  {
+    // Dropout in inference: Y is X (copied in its storage and layout), the mask all true.
+    LayerEntry e;
+    e.op = "Dropout";
+    e.check = [](const LayerRequest& r) -> std::string {
+      if (!r.has_input(0)) return "input is missing";
+      if (r.has_input(2)) {
+        if (!r.is_constant(2)) return "training_mode must be a constant";
+        if (r.constants[2]->numel() == 1 && r.constants[2]->value_as_int(0) != 0)
+          return "training_mode is true; kiln runs inference only";
+      }
+      return "";
+    };
+    e.formats = [](const LayerRequest& r) {
+      LayerFormats f;
+      f.inputs.resize(r.inputs.size());
+      Format in{r.storage_of(r.input_dtypes[0]), Layout::kLinear};
+      if (!r.is_constant(0)) in = r.inputs[0]->format;
+      f.inputs[0] = in;
+      // ratio and training_mode are not read on the device (a runtime ratio is unused in inference).
+      for (size_t i = 1; i < r.inputs.size(); ++i)
+        if (r.has_input(i) && !r.is_constant(i)) f.inputs[i] = r.inputs[i]->format;
+      f.outputs.push_back(in);
+      if (r.output_shapes.size() > 1) f.outputs.push_back(Format{DType::kBool, Layout::kLinear});
+      return f;
+    };
+    e.create = [](const LayerRequest& r, const LayerFormats& f, BuildServices&) -> std::unique_ptr<Layer> {
+      const size_t bytes = static_cast<size_t>(shape_numel(r.output_shapes[0])) * element_size(f.outputs[0].dtype);
+      const size_t mask_bytes =
+          r.output_shapes.size() > 1 && r.output_dtypes[1] != DType::kUndefined ? static_cast<size_t>(shape_numel(r.output_shapes[1])) : 0;
+      return make_layer("kernel:dropout copy", [bytes, mask_bytes](const LayerIO& io, cudaStream_t stream) {
+        if (bytes) KILN_CUDA_CHECK(cudaMemcpyAsync(io.outputs[0], io.inputs[0], bytes, cudaMemcpyDeviceToDevice, stream));
+        if (mask_bytes && io.outputs.size() > 1 && io.outputs[1])
+          KILN_CUDA_CHECK(cudaMemsetAsync(io.outputs[1], 1, mask_bytes, stream));
+      });
+    };
+    e.dtypes = "all (inference: a copy)";
     registry.add(std::move(e));
   }
 }

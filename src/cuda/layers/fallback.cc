@@ -4,11 +4,16 @@
 // operations, so the layer is captured in the CUDA graph like the others. It serializes the GPU
 // around it: for coverage, not speed. The pinned staging and the kernel belong to the layer, and
 // every execution context builds its own layers (CudaEngine::context_plan), so contexts running
-// at once never share them.
+// at once never share them. A kernel that fails poisons its outputs (NaN bytes) and keeps the
+// error, which CudaContext::run throws once the run has finished (take_failure).
+#include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <optional>
 
 #include "cpu/kernel.h"
+#include "cpu/widened_kernel.h"
 #include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
 #include "ir/sizes.h"
@@ -50,9 +55,11 @@ class CpuFallbackLayer final : public Layer {
       throw node_.error(ErrorKind::kUnsupported,
                         "no GPU layer, and its outputs' shapes are known only when it has run, which the GPU engine's "
                         "memory plan cannot take (the CPU engine runs it: --device cpu)");
-    std::string why = entry->check(init);
-    if (!why.empty()) throw node_.error(ErrorKind::kUnsupported, "no GPU layer, and the CPU kernel refuses it: " + why);
-    kernel_ = entry->create(init);
+    // As the CPU engine does: a kernel without a check takes every node, and float16/bfloat16
+    // values a kernel refuses run through its float32 form.
+    const std::string why = entry->check ? entry->check(init) : "";
+    kernel_ = why.empty() ? entry->create(init) : cpu::make_widened_kernel(*entry, init);
+    if (!kernel_) throw node_.error(ErrorKind::kUnsupported, "no GPU layer, and the CPU kernel refuses it: " + why);
     for (size_t i = 0; i < r.inputs.size(); ++i) {
       if (!r.has_input(i)) {
         host_inputs_.push_back(Tensor());
@@ -87,6 +94,15 @@ class CpuFallbackLayer final : public Layer {
 
   std::string tactic() const override { return "cpu-fallback"; }
 
+  std::optional<Error> take_failure() const override {
+    if (!failed_.load(std::memory_order_acquire)) return std::nullopt;
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    std::optional<Error> failure = std::move(failure_);
+    failure_.reset();
+    failed_.store(false, std::memory_order_release);
+    return failure;
+  }
+
  private:
   static size_t checked_bytes(const std::vector<int64_t>& shape, DType dtype) {
     return static_cast<size_t>(
@@ -97,15 +113,24 @@ class CpuFallbackLayer final : public Layer {
     auto* layer = static_cast<CpuFallbackLayer*>(self);
     std::vector<const Tensor*> inputs;
     for (const Tensor& t : layer->host_inputs_) inputs.push_back(t.defined() ? &t : nullptr);
+    std::optional<Error> failure;
     try {
       layer->kernel_->run(inputs, layer->host_outputs_);
+    } catch (const Error& e) {
+      failure = e;
+      if (failure->node_name().empty()) failure->node(layer->node_.name, layer->node_.op);
     } catch (const std::exception& e) {
-      // A host callback cannot throw into the stream: report, and poison the outputs so the
-      // failure cannot pass for a result.
-      std::fprintf(stderr, "kiln: CPU fallback of node '%s' failed: %s\n", layer->node_.name.c_str(), e.what());
-      for (Tensor& t : layer->host_outputs_)
-        if (t.defined()) std::memset(t.raw(), 0xFF, t.nbytes());
+      failure = layer->node_.error(ErrorKind::kInternal, std::string("the CPU kernel failed: ") + e.what());
     }
+    if (!failure) return;
+    // A host callback cannot throw into the stream: poison the outputs so the failure cannot
+    // pass for a result, report it, and keep it for CudaContext::run to throw.
+    for (Tensor& t : layer->host_outputs_)
+      if (t.defined()) std::memset(t.raw(), 0xFF, t.nbytes());
+    std::fprintf(stderr, "kiln: CPU fallback of node '%s' failed: %s\n", layer->node_.name.c_str(), failure->what());
+    std::lock_guard<std::mutex> lock(layer->failure_mutex_);
+    layer->failure_ = std::move(failure);
+    layer->failed_.store(true, std::memory_order_release);
   }
 
   ir::Node node_;
@@ -114,6 +139,9 @@ class CpuFallbackLayer final : public Layer {
   std::vector<Tensor> host_inputs_;
   std::vector<size_t> runtime_inputs_;
   mutable std::vector<Tensor> host_outputs_;
+  mutable std::mutex failure_mutex_;
+  mutable std::optional<Error> failure_;
+  mutable std::atomic<bool> failed_{false};
 };
 
 }  // namespace

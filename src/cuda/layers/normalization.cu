@@ -1,10 +1,11 @@
-// CUDA layers of LayerNormalization, InstanceNormalization and LpNormalization: float32
-// tensors, stored as float32 or float16, statistics computed in float32.
+// CUDA layers of LayerNormalization, RMSNormalization, InstanceNormalization and
+// LpNormalization: float32 tensors, stored as float32 or float16, statistics computed in float32.
 //
 // LayerNormalization and InstanceNormalization normalize rows of a row-major tensor (the
 // trailing dims from `axis`, or each (n, c) plane): a warp per row up to 1024 elements, a
 // 256-thread block per row beyond; the mean first, then the variance as the mean of squared
-// deviations (as the CPU kernel, src/cpu/normalization.cc, computes them), then the output.
+// deviations (as the CPU kernel, src/cpu/normalization.cc, computes them), then the output;
+// RMSNormalization skips the mean (its variance is the mean square).
 // Scale and B are read as float32 on the device (constants are uploaded), broadcast to the
 // normalized dims through strides. LpNormalization works along one axis in any layout, like
 // Softmax: a warp or block per contiguous line, a thread per strided one.
@@ -56,6 +57,7 @@ struct RowNorm {
   int64_t channels = 0;  // > 0: InstanceNormalization, Scale/B per row (row % channels)
   ParamMap scale, bias;
   bool has_bias = false;
+  bool rms = false;  // RMSNormalization: no mean (0), the mean square for the variance
 };
 
 // GROUP threads per row: mean, variance, then y = (x - mean) * inv * scale + bias.
@@ -70,9 +72,12 @@ __global__ void __launch_bounds__(kBlock) norm_rows_kernel(const T* __restrict__
   const float cols_f = static_cast<float>(p.cols);
   for (int64_t row = int64_t{blockIdx.x} * kGroups + group; row < p.rows; row += int64_t{gridDim.x} * kGroups) {
     const int64_t base = row * p.cols;
-    float sum = 0.f;
-    for (int64_t c = lane; c < p.cols; c += GROUP) sum += load_float(x, base + c);
-    const float mean = group_sum<GROUP>(sum, smem) / cols_f;
+    float mean = 0.f;
+    if (!p.rms) {
+      float sum = 0.f;
+      for (int64_t c = lane; c < p.cols; c += GROUP) sum += load_float(x, base + c);
+      mean = group_sum<GROUP>(sum, smem) / cols_f;
+    }
     float sq = 0.f;
     for (int64_t c = lane; c < p.cols; c += GROUP) {
       const float d = load_float(x, base + c) - mean;
@@ -203,6 +208,14 @@ std::unique_ptr<Layer> layer_norm_create(const LayerRequest& r, const LayerForma
   RowNorm p;
   std::string why = layer_norm_plan(r, p);
   if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
+  return norm_rows_layer_for(r.node, f.inputs[0].dtype, p);
+}
+
+std::unique_ptr<Layer> rms_norm_create(const LayerRequest& r, const LayerFormats& f, BuildServices&) {
+  RowNorm p;
+  std::string why = layer_norm_plan(r, p);
+  if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
+  p.rms = true;
   return norm_rows_layer_for(r.node, f.inputs[0].dtype, p);
 }
 
@@ -357,6 +370,15 @@ KILN_REGISTER_CUDA_LAYERS(normalization) {
     e.check = layer_norm_check;
     e.formats = row_norm_formats;
     e.create = layer_norm_create;
+    e.dtypes = "float32, float16 storage (float32 statistics)";
+    registry.add(std::move(e));
+  }
+  {
+    LayerEntry e;
+    e.op = "RMSNormalization";
+    e.check = layer_norm_check;
+    e.formats = row_norm_formats;
+    e.create = rms_norm_create;
     e.dtypes = "float32, float16 storage (float32 statistics)";
     registry.add(std::move(e));
   }

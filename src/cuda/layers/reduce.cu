@@ -1,6 +1,6 @@
 // CUDA layers of the reductions: ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceProd,
-// ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp, ReduceSumSquare, ArgMax, ArgMin, and
-// CumSum.
+// ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp, ReduceSumSquare, ArgMax, ArgMin, CumSum and
+// CumProd.
 //
 // A reduction is planned on the host as two strided index spaces over the input's logical
 // strides (so a kNHWC input is read where it is): the kept dims (row-major: the output's
@@ -646,25 +646,29 @@ std::unique_ptr<Layer> reduce_create(const LayerRequest& r, const LayerFormats& 
 
 // --- CumSum --------------------------------------------------------------------------------
 
-// One thread per line of [outer, n, inner] (coalesced over inner), sequential along n.
-template <class T>
+// One thread per line of [outer, n, inner] (coalesced over inner), sequential along n: the CPU
+// kernel's order. kProduct: CumProd (products in the element type, integers wrapping, as there).
+template <class T, bool kIntegral = std::is_integral_v<T>> struct ProductAcc { using type = acc_t<T>; };
+template <class T> struct ProductAcc<T, true> { using type = std::make_unsigned_t<T>; };  // wraps, as the CPU's
+
+template <class T, bool kProduct = false>
 __global__ void __launch_bounds__(kBlock) cumsum_lines_kernel(const T* __restrict__ x, T* __restrict__ y,
                                                               int64_t outer, int64_t n, int64_t inner,
                                                               bool exclusive, bool reverse) {
-  using Acc = acc_t<T>;
+  using Acc = std::conditional_t<kProduct, typename ProductAcc<T>::type, acc_t<T>>;
   const int64_t lines = outer * inner;
   for (int64_t l = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; l < lines; l += int64_t{gridDim.x} * blockDim.x) {
     const int64_t o = l / inner, i = l - o * inner;
     const int64_t base = o * n * inner + i;
-    Acc acc = 0;
+    Acc acc = kProduct ? Acc(1) : Acc(0);
     for (int64_t s = 0; s < n; ++s) {
       const int64_t at = base + (reverse ? n - 1 - s : s) * inner;
-      const Acc v = to_acc<Acc>(x[at]);
+      const Acc v = static_cast<Acc>(to_acc<acc_t<T>>(x[at]));
       if (exclusive) {
         y[at] = to_out<T>(acc);
-        acc += v;
+        acc = kProduct ? static_cast<Acc>(acc * v) : static_cast<Acc>(acc + v);
       } else {
-        acc += v;
+        acc = kProduct ? static_cast<Acc>(acc * v) : static_cast<Acc>(acc + v);
         y[at] = to_out<T>(acc);
       }
     }
@@ -738,16 +742,20 @@ std::unique_ptr<Layer> cumsum_create(const LayerRequest& r, const LayerFormats& 
   const bool exclusive = r.node.attrs.get_int("exclusive", 0) != 0;
   const bool reverse = r.node.attrs.get_int("reverse", 0) != 0;
   if (outer * n * inner == 0) return make_layer("kernel:none", [](const LayerIO&, cudaStream_t) {});
-  const bool rows = inner == 1 && n >= 32;
+  const bool product = r.node.op == "CumProd";
+  const bool rows = !product && inner == 1 && n >= 32;
   const DType dtype = f.inputs[0].dtype;
-  return make_layer(rows ? "kernel:cumsum-warp" : "kernel:cumsum-thread",
+  return make_layer(product ? "kernel:cumprod-thread" : rows ? "kernel:cumsum-warp" : "kernel:cumsum-thread",
                     [=](const LayerIO& io, cudaStream_t stream) {
     KILN_DISPATCH_ALL_TYPES(dtype, T, [&] {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, __half> || std::is_same_v<T, double> ||
                     std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>) {
         const T* x = static_cast<const T*>(io.inputs[0]);
         T* y = static_cast<T*>(io.outputs[0]);
-        if (rows) {
+        if (product) {
+          cumsum_lines_kernel<T, true><<<capped_blocks((outer * inner + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+              x, y, outer, n, inner, exclusive, reverse);
+        } else if (rows) {
           cumsum_rows_kernel<T><<<capped_blocks((outer + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
               x, y, outer, n, exclusive, reverse);
         } else {
@@ -783,13 +791,15 @@ KILN_REGISTER_CUDA_LAYERS(reduce) {
       e.dtypes = "float32, float16, float64, int32, int64, int8, uint8";
     registry.add(std::move(e));
   }
-  LayerEntry c;
-  c.op = "CumSum";
-  c.check = check_cumsum;
-  c.formats = cumsum_formats;
-  c.create = cumsum_create;
-  c.dtypes = "float32, float16, float64, int32, int64";
-  registry.add(std::move(c));
+  for (const char* op : {"CumSum", "CumProd"}) {
+    LayerEntry c;
+    c.op = op;
+    c.check = check_cumsum;
+    c.formats = cumsum_formats;
+    c.create = cumsum_create;
+    c.dtypes = "float32, float16, float64, int32, int64";
+    registry.add(std::move(c));
+  }
 }
 
 }  // namespace kiln::cuda

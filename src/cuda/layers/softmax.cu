@@ -1,4 +1,4 @@
-// CUDA layers of Softmax and LogSoftmax (opset-13 semantics: along one axis), float32 and
+// CUDA layers of Softmax, LogSoftmax and Hardmax (opset-13 semantics: along one axis), float32 and
 // float16 storage, float32 arithmetic, in any layout (the kernels index the logical tensor
 // through its strides, so a kNHWC tensor is read and written where it is).
 //
@@ -133,6 +133,27 @@ __global__ void __launch_bounds__(kBlock) softmax_strided_kernel(const T* __rest
   }
 }
 
+// Hardmax, one thread per line: 1 at the first largest element, NaN counting as the largest
+// (the CPU kernel's numpy argmax).
+template <class T>
+__global__ void __launch_bounds__(kBlock) hardmax_kernel(const T* __restrict__ x, T* __restrict__ y, StridedShape lines,
+                                                         int64_t count, int64_t n, int64_t stride) {
+  for (int64_t line = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; line < count;
+       line += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t base = strided_offset(lines, line);
+    int64_t best = 0;
+    float b = load_float(x, base);
+    for (int64_t c = 1; c < n; ++c) {
+      const float v = load_float(x, base + c * stride);
+      if (!isnan(b) && (isnan(v) || v > b)) {
+        best = c;
+        b = v;
+      }
+    }
+    for (int64_t c = 0; c < n; ++c) store_float(y, base + c * stride, c == best ? 1.f : 0.f);
+  }
+}
+
 // The lines of an axis: the other dims (logical order) with their strides, size-1 dims
 // dropped and contiguous runs merged. False when more than kMaxKernelRank dims remain.
 bool lines_of(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, size_t axis, StridedShape& out) {
@@ -235,6 +256,22 @@ std::unique_ptr<Layer> softmax_create(const LayerRequest& r, const LayerFormats&
   std::string why = axis_geom(r.node, x, g);
   if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
   if (g.count == 0 || g.n == 0) return make_layer("kernel:none", [](const LayerIO&, cudaStream_t) {});
+  if (r.node.op == "Hardmax") {
+    const unsigned blocks = capped_blocks((g.count + kBlock - 1) / kBlock);
+    EnqueueFn fn;
+    auto make = [&](auto tag) {
+      using T = decltype(tag);
+      fn = [g, blocks](const LayerIO& io, cudaStream_t stream) {
+        hardmax_kernel<T><<<blocks, kBlock, 0, stream>>>(static_cast<const T*>(io.inputs[0]), static_cast<T*>(io.outputs[0]),
+                                                         g.lines, g.count, g.n, g.stride);
+        KILN_CUDA_CHECK_LAUNCH();
+      };
+    };
+    if (f.inputs[0].dtype == DType::kFloat32) make(float{});
+    else if (f.inputs[0].dtype == DType::kFloat16) make(__half{});
+    else throw r.node.error(ErrorKind::kUnsupported, "storage type " + to_string(f.inputs[0].dtype) + " is not supported");
+    return make_layer("kernel:hardmax-strided", std::move(fn));
+  }
   const bool log = r.node.op == "LogSoftmax";
   switch (f.inputs[0].dtype) {
     case DType::kFloat32: return log ? softmax_layer_typed<float, true>(g) : softmax_layer_typed<float, false>(g);
@@ -247,7 +284,7 @@ std::unique_ptr<Layer> softmax_create(const LayerRequest& r, const LayerFormats&
 }  // namespace
 
 KILN_REGISTER_CUDA_LAYERS(softmax) {
-  for (const char* op : {"Softmax", "LogSoftmax"}) {
+  for (const char* op : {"Softmax", "LogSoftmax", "Hardmax"}) {
     LayerEntry e;
     e.op = op;
     e.check = softmax_check;

@@ -91,6 +91,19 @@ struct NotFn {
   __device__ __forceinline__ uint8_t operator()(uint8_t x) const { return x ? 0 : 1; }
 };
 
+struct BitwiseNotFn {
+  template <class T> __device__ __forceinline__ T operator()(T x) const { return static_cast<T>(~x); }
+};
+
+// Shrink, in double as the CPU kernel computes it.
+struct ShrinkFn {
+  double lambd, bias;
+  template <class T> __device__ __forceinline__ T operator()(T x) const {
+    const double v = static_cast<double>(x);
+    return static_cast<T>(v < -lambd ? v + bias : v > lambd ? v - bias : 0.0);
+  }
+};
+
 struct IsNaNFn {
   __device__ __forceinline__ uint8_t operator()(float x) const { return isnan(x) ? 1 : 0; }
 };
@@ -386,6 +399,61 @@ KILN_REGISTER_CUDA_LAYERS(unary) {
       });
     };
     e.dtypes = "bool";
+    registry.add(std::move(e));
+  }
+  {
+    LayerEntry e;
+    e.op = "BitwiseNot";
+    e.check = [](const LayerRequest& r) -> std::string {
+      if (!r.has_input(0)) return "input X is missing";
+      const DType d = r.input_dtypes[0];
+      return is_integer(d) && d != DType::kBool ? "" : dtype_list_reason(d, "int8..int64, uint8..uint64");
+    };
+    e.formats = [](const LayerRequest& r) { return same_layout_formats(r, r.input_dtypes[0], r.input_dtypes[0]); };
+    e.create = [](const LayerRequest& r, const LayerFormats& f, BuildServices&) -> std::unique_ptr<Layer> {
+      const int64_t n = output_elements(r);
+      EnqueueFn fn;
+      auto make = [&](auto tag) {
+        using T = decltype(tag);
+        fn = [n](const LayerIO& io, cudaStream_t stream) { launch_map<T, T>(BitwiseNotFn{}, io.inputs[0], io.outputs[0], n, stream); };
+      };
+      switch (f.inputs[0].dtype) {
+        case DType::kInt8: case DType::kUInt8: make(uint8_t{}); break;  // the same bits either way
+        case DType::kInt16: case DType::kUInt16: make(uint16_t{}); break;
+        case DType::kInt32: case DType::kUInt32: make(uint32_t{}); break;
+        case DType::kInt64: case DType::kUInt64: make(uint64_t{}); break;
+        default: throw r.node.error(ErrorKind::kUnsupported, "input type " + to_string(f.inputs[0].dtype) + " is not supported");
+      }
+      return make_layer("kernel:unary BitwiseNot " + to_string(f.inputs[0].dtype), std::move(fn));
+    };
+    e.dtypes = "int8..int64, uint8..uint64";
+    registry.add(std::move(e));
+  }
+  {
+    LayerEntry e;
+    e.op = "Shrink";
+    e.check = [](const LayerRequest& r) -> std::string {
+      if (!r.has_input(0)) return "input X is missing";
+      const DType d = r.input_dtypes[0];
+      return d == DType::kFloat32 || d == DType::kFloat64 ? "" : dtype_list_reason(d, "float32, float64");
+    };
+    e.formats = [](const LayerRequest& r) {
+      const DType storage = r.storage_of(r.input_dtypes[0]);
+      return same_layout_formats(r, storage, storage);
+    };
+    e.create = [](const LayerRequest& r, const LayerFormats& f, BuildServices&) -> std::unique_ptr<Layer> {
+      const int64_t n = output_elements(r);
+      const ShrinkFn shrink{r.node.attrs.get_float("lambd", 0.5f), r.node.attrs.get_float("bias", 0.f)};
+      EnqueueFn fn;
+      auto make = [&](auto tag) {
+        using T = decltype(tag);
+        fn = [n, shrink](const LayerIO& io, cudaStream_t stream) { launch_map<T, T>(shrink, io.inputs[0], io.outputs[0], n, stream); };
+      };
+      if (f.inputs[0].dtype == DType::kFloat64) make(double{});
+      else dispatch_float_storage(f.inputs[0].dtype, make);
+      return make_layer("kernel:unary Shrink " + to_string(f.inputs[0].dtype), std::move(fn));
+    };
+    e.dtypes = "float32, float64";
     registry.add(std::move(e));
   }
   for (const char* op : {"IsNaN", "IsInf"}) {

@@ -476,8 +476,10 @@ std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::
     std::memset(staging + offset, 0, bytes - offset);
     KILN_CUDA_CHECK(cudaMemcpyAsync(io_buffers_[i], pinned_[i], bytes, cudaMemcpyHostToDevice, stream));
   }
-  enqueue(stream);
   const ShapePlan& plan = *bound().plan;
+  for (const PlannedLayer& l : plan.layers())
+    if (l.cpu_fallback) l.layer->take_failure();  // an enqueue's before this run was reported on stderr then
+  enqueue(stream);
   std::map<std::string, Tensor> outputs;
   std::vector<std::pair<size_t, Tensor>> copies;
   for (const EngineIO& out : plan.outputs()) {
@@ -488,6 +490,9 @@ std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::
     outputs[out.name] = t;
   }
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (const PlannedLayer& l : plan.layers())
+    if (l.cpu_fallback)
+      if (std::optional<Error> failure = l.layer->take_failure()) throw *failure;
   for (auto& [slot, t] : copies) std::memcpy(t.raw(), pinned_[slot], t.nbytes());
   return outputs;
 }
