@@ -40,36 +40,9 @@ void grid_sample(const ir::Node& node, const Tensor& x, const Tensor& grid, Tens
   for (int64_t n = 0; n < N; ++n)
     for (int64_t q = 0; q < points; ++q) {
       const float* g = gp + (n * points + q) * R;
-      for (int64_t d = 0; d < R; ++d) {
-        // The grid lists the innermost dimension first (x, then y, ...).
-        double v = ir::grid_denormalize(g[R - 1 - d], dims[d], align);
-        // A NaN grid value has no position: it reads as outside the input (fuzz_graph).
-        if (std::isnan(v)) v = lo[d] - 4;
-        if (mode == GridSampleMode::kNearest) v = std::nearbyint(v);  // half to even, as numpy's rint
-        if (v < lo[d] || v > hi[d]) {
-          if (padding == GridSamplePadding::kBorder) v = std::clamp(v, 0.0, double(dims[d] - 1));
-          else if (padding == GridSamplePadding::kReflection) v = ir::grid_reflect(v, lo[d], hi[d]);
-        }
-        // With zeros padding every neighbour of a position 4 or more outside reads 0: clamping
-        // there changes nothing and keeps a huge one (1e38, inf) in int64's range.
-        v = std::clamp(v, lo[d] - 4, hi[d] + 4);
-        int64_t* ix = index.data() + d * taps;
-        double* w = weight.data() + d * taps;
-        if (mode == GridSampleMode::kNearest) {
-          ix[0] = ir::grid_pixel_index(static_cast<int64_t>(v), dims[d], padding, lo[d], hi[d]);
-          w[0] = 1;
-          continue;
-        }
-        const int64_t base = static_cast<int64_t>(std::floor(v)) - (mode == GridSampleMode::kCubic ? 1 : 0);
-        const double t = v - std::floor(v);
-        if (mode == GridSampleMode::kLinear) {
-          w[0] = 1 - t;
-          w[1] = t;
-        } else {
-          ir::grid_cubic_weights(t, w);
-        }
-        for (int k = 0; k < taps; ++k) ix[k] = ir::grid_pixel_index(base + k, dims[d], padding, lo[d], hi[d]);
-      }
+      for (int64_t d = 0; d < R; ++d)  // the grid lists the innermost dimension first (x, then y, ...)
+        ir::grid_neighbours(g[R - 1 - d], dims[d], align, mode, padding, lo[d], hi[d], index.data() + d * taps,
+                            weight.data() + d * taps);
       // The weighted sum over every combination of taps (taps^R neighbours).
       for (int64_t c = 0; c < C; ++c) {
         const float* xc = xp + (n * C + c) * spatial;

@@ -518,3 +518,33 @@ def test_layer_norm_rows_match_cpu(cols, bias, precision, kiln_bin, tmp_path):
     got = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "gpu"), "--device", "cuda", f"--{precision}")["y"]
     err = rel_l2(got, want)
     assert err <= (1e-5 if precision == "fp32" else 3e-3), f"cols {cols} {precision}: relative L2 error {err:.3g}"
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "max"])
+def test_scatter_nd_matches_cpu_and_refuses_an_index_out_of_range(reduction, tmp_path):
+    """A Swin-style ScatterND (rows of a [windows, tokens, channels] tensor replaced or combined
+    through runtime indices) on the GPU layer against the CPU engine; an index past its dimension
+    makes run() raise, naming ScatterND, and the next valid run answers right."""
+    import kiln
+
+    nodes = [helper.make_node("Relu", ["data"], ["d"]),
+             helper.make_node("ScatterND", ["d", "indices", "updates"], ["y"], reduction=reduction)]
+    graph = helper.make_graph(nodes, "scatter", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [6, 10, 8]),
+                                                 helper.make_tensor_value_info("indices", TensorProto.INT64, [4, 2]),
+                                                 helper.make_tensor_value_info("updates", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 10, 8])])
+    path = str(tmp_path / f"scatter_{reduction}.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "ScatterND"] == ["kernel:scatter-nd"]
+    rng = np.random.default_rng(3)
+    feed = {"data": rng.standard_normal((6, 10, 8)).astype(np.float32),
+            "indices": np.array([[0, 1], [5, 9], [-1, 2], [3, 0]], dtype=np.int64),
+            "updates": rng.standard_normal((4, 8)).astype(np.float32)}
+    for _ in range(2):
+        got, want = gpu.run(feed)["y"], cpu.run(feed)["y"]
+        assert np.allclose(got, want, rtol=1e-6, atol=1e-6), np.abs(got - want).max()
+        bad = dict(feed, indices=np.array([[0, 1], [6, 0], [1, 1], [2, 2]], dtype=np.int64))
+        with pytest.raises(kiln.Error, match="ScatterND: an index is outside"):
+            gpu.run(bad)

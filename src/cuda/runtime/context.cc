@@ -477,8 +477,7 @@ std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::
     KILN_CUDA_CHECK(cudaMemcpyAsync(io_buffers_[i], pinned_[i], bytes, cudaMemcpyHostToDevice, stream));
   }
   const ShapePlan& plan = *bound().plan;
-  for (const PlannedLayer& l : plan.layers())
-    if (l.cpu_fallback) l.layer->take_failure();  // an enqueue's before this run was reported on stderr then
+  for (const PlannedLayer& l : plan.layers()) l.layer->take_failure();  // of an enqueue() before: not this run's
   enqueue(stream);
   std::map<std::string, Tensor> outputs;
   std::vector<std::pair<size_t, Tensor>> copies;
@@ -491,8 +490,7 @@ std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::
   }
   KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
   for (const PlannedLayer& l : plan.layers())
-    if (l.cpu_fallback)
-      if (std::optional<Error> failure = l.layer->take_failure()) throw *failure;
+    if (std::optional<Error> failure = l.layer->take_failure()) throw *failure;
   for (auto& [slot, t] : copies) std::memcpy(t.raw(), pinned_[slot], t.nbytes());
   return outputs;
 }

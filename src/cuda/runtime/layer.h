@@ -125,8 +125,9 @@ class Layer {
   // The implementation chosen, for `kiln inspect` and profiles: "cudnn:algo=1", "kernel:softmax".
   virtual std::string tactic() const = 0;
   // A failure of the runs since the last call that enqueue() could not throw (a CPU fallback's
-  // kernel fails in a host callback on the stream), taken and cleared; nullopt when none.
-  // CudaContext::run asks after it has synchronized, and throws it.
+  // kernel failing in a host callback, an index a kernel found out of range and flagged to
+  // pinned memory), taken and cleared; nullopt when none. CudaContext::run asks after it has
+  // synchronized, and throws it.
   virtual std::optional<Error> take_failure() const { return std::nullopt; }
 };
 
