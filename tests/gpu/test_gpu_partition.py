@@ -3,10 +3,12 @@ one run on the CPU engine inside the GPU engine, the build names them (the comma
 Python warning, `kiln build`'s summary) with what they cost, `kiln inspect` shows the partition,
 and --strict (allow_cpu_fallback=False) refuses such a build, naming each node. The partitioned
 engine matches the CPU engine, also with several contexts running it at once on threads (each
-context has its own staging memory and CPU kernel for those nodes)."""
+context has its own staging memory and CPU kernel for those nodes). And Swin-T, whose shifted
+windows are written with ScatterND, builds on GPU layers alone and matches the CPU engine."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 
@@ -160,3 +162,22 @@ def test_a_cpu_node_that_fails_at_run_time_raises_and_the_next_run_is_clean(tmp_
         assert np.array_equal(engine.run({"x": x, "lens": good})["y"], want)
         with pytest.raises(kiln.Error, match=r"sequence_lens\[1\] = 5 is outside \[0, 4\]"):
             engine.run({"x": x, "lens": np.array([3, 5], dtype=np.int64)})
+
+
+def test_swin_transformer_runs_on_gpu_layers_alone_and_matches_the_cpu_engine(kiln_bin, model_cache):
+    path = os.path.join(model_cache, "swin_t_224.onnx")
+    if not os.path.exists(path):
+        made = subprocess.run([kiln_bin, "export", "swin_t", "--size", "224", "-o", path], capture_output=True, text=True,
+                              timeout=600)
+        assert made.returncode == 0, made.stderr
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    ops = {l["op"] for l in gpu.info()["layers"]}
+    assert "ScatterND" in ops, sorted(ops)
+    cpu = kiln.Builder(device="cpu").build(path)
+    name = gpu.inputs[0].name
+    for seed in (0, 1):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 224, 224)).astype(np.float32)
+        got, want = gpu.run({name: x}), cpu.run({name: x})
+        for out, w in want.items():
+            err = np.linalg.norm(got[out] - w) / max(np.linalg.norm(w), 1e-30)
+            assert err < 1e-4, f"{out}: relative L2 error {err}"

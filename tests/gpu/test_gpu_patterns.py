@@ -548,3 +548,23 @@ def test_scatter_nd_matches_cpu_and_refuses_an_index_out_of_range(reduction, tmp
         bad = dict(feed, indices=np.array([[0, 1], [6, 0], [1, 1], [2, 2]], dtype=np.int64))
         with pytest.raises(kiln.Error, match="ScatterND: an index is outside"):
             gpu.run(bad)
+
+
+def test_gather_with_an_index_out_of_range_raises_instead_of_answering(tmp_path):
+    """An embedding lookup (Gather of runtime token ids): valid ids give the CPU engine's rows; an
+    id past the table makes run() raise, naming the node, and the next valid run answers right."""
+    import kiln
+
+    table = numpy_helper.from_array(np.random.default_rng(4).standard_normal((50, 16)).astype(np.float32), "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["y"], name="embed", axis=0)]
+    graph = helper.make_graph(nodes, "embed", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5, 16])], [table])
+    path = str(tmp_path / "embed.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    good = {"ids": np.array([[0, 1, 49, -1, 7], [3, 3, 10, -50, 2]], dtype=np.int64)}
+    for _ in range(2):
+        assert np.array_equal(gpu.run(good)["y"], cpu.run(good)["y"])
+        with pytest.raises(kiln.Error, match="Gather 'embed': an index is outside the data's axis of 50"):
+            gpu.run({"ids": np.array([[0, 1, 50, 2, 7], [3, 3, 10, 4, 2]], dtype=np.int64)})

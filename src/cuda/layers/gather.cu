@@ -4,8 +4,9 @@
 //
 // Indices are checked on the device. The CPU engine throws on an out-of-range index; a GPU
 // kernel cannot, so here an out-of-range index has a defined result instead of a read or
-// write out of bounds: the gathers write zeros (all bytes 0) for the elements it selects, and
-// ScatterElements skips that update.
+// write out of bounds: the gathers write zeros (all bytes 0) for the elements it selects and
+// raise their RunFlag, so that run() throws (the zeros never reach the caller as an answer);
+// ScatterElements skips that update (unflagged: its workspace holds the winner table).
 //
 // ScatterElements without reduction is deterministic and matches the CPU, which applies the
 // updates in order: when several updates hit one element, the last one (highest update index)
@@ -57,7 +58,7 @@ std::vector<int64_t> contiguous(const std::vector<int64_t>& shape) {
 // data [outer, dim, inner] -> out [outer, n, inner]; inner in units of U.
 template <class U, class T, class I>
 __global__ void gather_kernel(const U* __restrict__ data, const T* __restrict__ indices, U* __restrict__ out,
-                              int64_t outer, int64_t dim, int64_t n, int64_t inner) {
+                              int64_t outer, int64_t dim, int64_t n, int64_t inner, int* __restrict__ out_of_range) {
   const I total = static_cast<I>(outer * n * inner);
   const I in_ = static_cast<I>(inner), n_ = static_cast<I>(n), dim_ = static_cast<I>(dim);
   const I step = static_cast<I>(gridDim.x) * blockDim.x;
@@ -66,7 +67,9 @@ __global__ void gather_kernel(const U* __restrict__ data, const T* __restrict__ 
     const I j = t % n_, o = t / n_;
     int64_t v = static_cast<int64_t>(indices[j]);
     if (v < 0) v += dim;
-    out[i] = (v >= 0 && v < dim) ? data[(o * dim_ + static_cast<I>(v)) * in_ + r] : U{};
+    const bool inside = v >= 0 && v < dim;
+    if (!inside) *out_of_range = 1;
+    out[i] = inside ? data[(o * dim_ + static_cast<I>(v)) * in_ + r] : U{};
   }
 }
 
@@ -100,10 +103,11 @@ __device__ __forceinline__ int64_t element_offset(const ElementsParams& p, const
 
 template <class U, class T>
 __global__ void gather_elements_kernel(const U* __restrict__ data, const T* __restrict__ indices, U* __restrict__ out,
-                                       ElementsParams p) {
+                                       ElementsParams p, int* __restrict__ out_of_range) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += step) {
     const int64_t off = element_offset(p, indices, i);
+    if (off < 0) *out_of_range = 1;
     out[i] = off >= 0 ? data[off] : U{};
   }
 }
@@ -224,7 +228,7 @@ struct GatherNDParams {
 
 template <class U>
 __global__ void gather_nd_kernel(const U* __restrict__ data, const int64_t* __restrict__ indices, U* __restrict__ out,
-                                 GatherNDParams p) {
+                                 GatherNDParams p, int* __restrict__ out_of_range) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += step) {
     const int64_t t = i / p.slice, r = i - t * p.slice;
@@ -236,6 +240,7 @@ __global__ void gather_nd_kernel(const U* __restrict__ data, const int64_t* __re
       ok = ok && v >= 0 && v < p.sizes[j];
       off += v * p.strides[j];
     }
+    if (!ok) *out_of_range = 1;
     out[i] = ok ? data[off + r] : U{};
   }
 }
@@ -278,7 +283,7 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
       const int64_t dim = s[axis], n = shape_numel(r.inputs[1]->shape);
       const DType idx = f.inputs[1].dtype;
       const size_t max_unit = widest_unit(es, {static_cast<uint64_t>(inner) * es});
-      return make_layer("kernel:gather", [=](const LayerIO& io, cudaStream_t stream) {
+      return make_checked_layer("kernel:gather", [=](const LayerIO& io, cudaStream_t stream, int* out_of_range) {
         const int64_t total = outer * n * inner;
         if (total == 0) return;
         const size_t unit = std::max(es, pointer_unit(max_unit, io.inputs[0], io.outputs[0]));
@@ -292,15 +297,15 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
             if (small)
               gather_kernel<U, T, int32_t><<<grid_for(units, kBlock, 4), kBlock, 0, stream>>>(
                   static_cast<const U*>(io.inputs[0]), static_cast<const T*>(io.inputs[1]), static_cast<U*>(io.outputs[0]),
-                  outer, dim, n, in_units);
+                  outer, dim, n, in_units, out_of_range);
             else
               gather_kernel<U, T, int64_t><<<grid_for(units, kBlock, 4), kBlock, 0, stream>>>(
                   static_cast<const U*>(io.inputs[0]), static_cast<const T*>(io.inputs[1]), static_cast<U*>(io.outputs[0]),
-                  outer, dim, n, in_units);
+                  outer, dim, n, in_units, out_of_range);
             KILN_CUDA_CHECK_LAUNCH();
           });
         });
-      });
+      }, "Gather '" + r.node.name + "': an index is outside the data's axis of " + std::to_string(dim));
     };
     registry.add(std::move(e));
   }
@@ -323,18 +328,19 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
       const ElementsParams p = elements_params(r.node, r.inputs[0]->shape, r.inputs[1]->shape);
       const size_t es = element_size(f.inputs[0].dtype);
       const DType idx = f.inputs[1].dtype;
-      return make_layer("kernel:gather_elements", [=](const LayerIO& io, cudaStream_t stream) {
+      return make_checked_layer("kernel:gather_elements", [=](const LayerIO& io, cudaStream_t stream, int* out_of_range) {
         if (p.n == 0) return;
         with_unit(es, [&](auto utag) {
           using U = decltype(utag);
           with_index_type(idx, [&](auto itag) {
             using T = decltype(itag);
             gather_elements_kernel<U, T><<<grid_for(p.n, kBlock, 4), kBlock, 0, stream>>>(
-                static_cast<const U*>(io.inputs[0]), static_cast<const T*>(io.inputs[1]), static_cast<U*>(io.outputs[0]), p);
+                static_cast<const U*>(io.inputs[0]), static_cast<const T*>(io.inputs[1]), static_cast<U*>(io.outputs[0]), p,
+                out_of_range);
             KILN_CUDA_CHECK_LAUNCH();
           });
         });
-      });
+      }, "GatherElements '" + r.node.name + "': an index is outside the data's axis");
     };
     registry.add(std::move(e));
   }
@@ -380,7 +386,7 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
       }
       p.n = tuples * slice;
       const size_t max_unit = widest_unit(es, {static_cast<uint64_t>(slice) * es});
-      return make_layer("kernel:gather_nd", [=](const LayerIO& io, cudaStream_t stream) {
+      return make_checked_layer("kernel:gather_nd", [=](const LayerIO& io, cudaStream_t stream, int* out_of_range) {
         if (p.n == 0) return;
         const size_t unit = std::max(es, pointer_unit(max_unit, io.inputs[0], io.outputs[0]));
         const int64_t f = static_cast<int64_t>(unit / es);
@@ -392,10 +398,11 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
         with_unit(unit, [&](auto utag) {
           using U = decltype(utag);
           gather_nd_kernel<U><<<grid_for(q.n, kBlock, 4), kBlock, 0, stream>>>(
-              static_cast<const U*>(io.inputs[0]), static_cast<const int64_t*>(io.inputs[1]), static_cast<U*>(io.outputs[0]), q);
+              static_cast<const U*>(io.inputs[0]), static_cast<const int64_t*>(io.inputs[1]), static_cast<U*>(io.outputs[0]), q,
+              out_of_range);
           KILN_CUDA_CHECK_LAUNCH();
         });
-      });
+      }, "GatherND '" + r.node.name + "': an index is outside the data's dimension");
     };
     registry.add(std::move(e));
   }

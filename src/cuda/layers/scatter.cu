@@ -7,13 +7,13 @@
 // may round in another order than on the CPU). ONNX leaves duplicate indices with reduction
 // none undefined; here one of the writes wins.
 //
-// An index outside its dimension is an error on the CPU. Here the kernel skips it and raises a
-// flag in the workspace, which the layer copies to pinned host memory after the kernel, and
-// CudaContext::run throws it once the run has finished (Layer::take_failure).
+// An index outside its dimension is an error on the CPU. Here the kernel skips it and raises the
+// layer's RunFlag, which CudaContext::run throws once the run has finished.
 #include <string>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/runtime/check.h"
+#include "cuda/runtime/run_flag.h"
 
 namespace kiln::cuda {
 
@@ -91,19 +91,14 @@ bool reducible(DType d) { return d == DType::kFloat32 || d == DType::kFloat64 ||
 class ScatterNDLayer final : public Layer {
  public:
   ScatterNDLayer(const ScatterGeom& g, Reduction r, DType storage, size_t data_bytes)
-      : geom_(g), reduction_(r), storage_(storage), data_bytes_(data_bytes) {
-    KILN_CUDA_CHECK(cudaMallocHost(&flag_, sizeof(int)));
-    *flag_ = 0;
-  }
-  ~ScatterNDLayer() override { cudaFreeHost(flag_); }
+      : geom_(g), reduction_(r), storage_(storage), data_bytes_(data_bytes) {}
 
-  size_t workspace_bytes() const override { return sizeof(int); }
+  size_t workspace_bytes() const override { return RunFlag::kWorkspaceBytes; }
   std::string tactic() const override { return "kernel:scatter-nd"; }
 
   void enqueue(const LayerIO& io, cudaStream_t stream) const override {
-    int* out_of_range = static_cast<int*>(io.workspace);
     if (data_bytes_) KILN_CUDA_CHECK(cudaMemcpyAsync(io.outputs[0], io.inputs[0], data_bytes_, cudaMemcpyDeviceToDevice, stream));
-    KILN_CUDA_CHECK(cudaMemsetAsync(out_of_range, 0, sizeof(int), stream));
+    int* out_of_range = flag_.clear(io.workspace, stream);
     const int64_t n = geom_.tuples * geom_.slice;
     if (n > 0) {
       const auto* indices = static_cast<const int64_t*>(io.inputs[1]);
@@ -127,12 +122,11 @@ class ScatterNDLayer final : public Layer {
       }
       KILN_CUDA_CHECK_LAUNCH();
     }
-    KILN_CUDA_CHECK(cudaMemcpyAsync(flag_, out_of_range, sizeof(int), cudaMemcpyDeviceToHost, stream));
+    flag_.report(out_of_range, stream);
   }
 
   std::optional<Error> take_failure() const override {
-    if (!*flag_) return std::nullopt;
-    *flag_ = 0;
+    if (!flag_.take()) return std::nullopt;
     return Error(ErrorKind::kInvalidArgument, "ScatterND: an index is outside the data's dimension (its slice was not updated)");
   }
 
@@ -141,7 +135,7 @@ class ScatterNDLayer final : public Layer {
   Reduction reduction_;
   DType storage_;
   size_t data_bytes_;
-  int* flag_ = nullptr;  // pinned: the run's out-of-range flag, read after the run
+  RunFlag flag_;  // an index out of range
 };
 
 std::string check_scatter_nd(const LayerRequest& r) {

@@ -1,5 +1,7 @@
 #include "cuda/runtime/layer.h"
 
+#include "cuda/runtime/run_flag.h"
+
 namespace kiln::cuda {
 
 const char* to_string(Layout layout) { return layout == Layout::kNHWC ? "nhwc" : "linear"; }
@@ -50,7 +52,33 @@ class LambdaLayer final : public Layer {
   EnqueueFn fn_;
   size_t workspace_;
 };
+class CheckedLambdaLayer final : public Layer {
+ public:
+  CheckedLambdaLayer(std::string tactic, CheckedEnqueueFn fn, std::string error)
+      : tactic_(std::move(tactic)), fn_(std::move(fn)), error_(std::move(error)) {}
+  void enqueue(const LayerIO& io, cudaStream_t stream) const override {
+    int* flag = flag_.clear(io.workspace, stream);
+    fn_(io, stream, flag);
+    flag_.report(flag, stream);
+  }
+  size_t workspace_bytes() const override { return RunFlag::kWorkspaceBytes; }
+  std::string tactic() const override { return tactic_; }
+  std::optional<Error> take_failure() const override {
+    if (!flag_.take()) return std::nullopt;
+    return Error(ErrorKind::kInvalidArgument, error_);
+  }
+
+ private:
+  std::string tactic_;
+  CheckedEnqueueFn fn_;
+  std::string error_;
+  RunFlag flag_;
+};
 }  // namespace
+
+std::unique_ptr<Layer> make_checked_layer(std::string tactic, CheckedEnqueueFn fn, std::string error) {
+  return std::make_unique<CheckedLambdaLayer>(std::move(tactic), std::move(fn), std::move(error));
+}
 
 std::unique_ptr<Layer> make_layer(std::string tactic, EnqueueFn fn, size_t workspace_bytes) {
   return std::make_unique<LambdaLayer>(std::move(tactic), std::move(fn), workspace_bytes);
