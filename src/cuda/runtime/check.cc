@@ -26,7 +26,11 @@ void throw_cuda_error(cudaError_t status, const char* call, const char* file, in
 }
 
 void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* file, int line) {
-  throw Error(ErrorKind::kDevice, std::string("cuDNN error ") + cudnnGetErrorString(status) + " in " +
+  // An execution failure is a CUDA error underneath: name it too (and clear it).
+  const cudaError_t cuda = cudaGetLastError();
+  const std::string underneath =
+      cuda == cudaSuccess ? "" : std::string(" (CUDA: ") + cudaGetErrorName(cuda) + ": " + cudaGetErrorString(cuda) + ")";
+  throw Error(ErrorKind::kDevice, std::string("cuDNN error ") + cudnnGetErrorString(status) + underneath + " in " +
                                       where(call, file, line));
 }
 

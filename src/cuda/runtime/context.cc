@@ -341,7 +341,12 @@ void CudaContext::enqueue(cudaStream_t stream) {
   Bound& b = bound();
   if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   ActivationTurn turn(shared_.get(), stream);
-  if (use_cuda_graph_)
+  // A plan with CPU fallback layers runs without a CUDA graph: while contexts replayed graphs
+  // holding their host functions, another context's eager cuDNN launches failed now and then
+  // (CUDNN_STATUS_EXECUTION_FAILED; bench/probes/partition_contexts_probe.py: 3 of 8 trials of
+  // four contexts on threads, none without graphs or without fallback layers, and still 2 of 24
+  // with every first run made one at a time). The GPU waits for those layers' CPU work anyway.
+  if (use_cuda_graph_ && !b.plan->has_cpu_fallback())
     enqueue_graph(b, stream);
   else
     enqueue_layers(b, stream);

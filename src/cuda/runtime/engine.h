@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -114,6 +115,10 @@ class ShapePlan {
   const std::vector<EngineIO>& inputs() const { return inputs_; }
   const std::vector<EngineIO>& outputs() const { return outputs_; }
   const std::vector<PlannedLayer>& layers() const { return layers_; }
+  // Whether some layer runs on the CPU engine (CPU fallback).
+  bool has_cpu_fallback() const {
+    return std::any_of(layers_.begin(), layers_.end(), [](const PlannedLayer& l) { return l.cpu_fallback; });
+  }
   const std::vector<Buffer>& buffers() const { return buffers_; }
   size_t arena_bytes() const { return arena_bytes_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
