@@ -91,7 +91,7 @@ CPU_KNOWN_DIFFERENCES = (r"^(?!node/test_attention_(3d_causal|4d_attn_mask_causa
 # About how long each suite runs alone on an H100 (seconds): how --gpus balances the workers.
 # Beside three others on a four-GPU machine a suite runs 1.2 to 1.4 times longer.
 SUITE_SECONDS = {"int8": 420, "contexts": 330, "models": 290, "dynamic": 240, "patterns": 175, "python": 80,
-                 "serving": 90, "multigpu": 90, "partition": 60, "conformance": 40}
+                 "serving": 90, "multigpu": 90, "partition": 120, "conformance": 40}
 
 
 def source_files() -> list[str]:
