@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 
 import numpy as np
 import onnx
@@ -19,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from test_gpu_contexts import mismatch, on_threads
 
 
 def partitioned_model(path: str) -> str:
@@ -85,25 +85,12 @@ def test_contexts_on_threads_each_have_their_own_cpu_staging(model):
     want = [alone.run({"x": x})["y"].copy() for x in xs]
     assert not np.array_equal(want[0], want[1])
     contexts = [engine.create_context() for _ in range(4)]
-    errors = []
-    start = threading.Barrier(len(contexts))
 
-    def work(t: int) -> None:
-        try:
-            start.wait()
-            for r in range(20):
-                i = (t + r) % len(xs)
-                got = contexts[t].run({"x": xs[i]})["y"]
-                if not np.array_equal(got, want[i]):
-                    errors.append(f"thread {t} round {r}: max diff {np.abs(got - want[i]).max()}")
-        except Exception as e:  # noqa: BLE001  (reported by the assertion below)
-            errors.append(f"thread {t}: {type(e).__name__}: {e}")
+    def job(context, t, r):
+        i = (t + r) % len(xs)  # threads run different inputs at the same moment
+        return mismatch(context.run({"x": xs[i]})["y"], want[i])
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(len(contexts))]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    errors = on_threads(contexts, 20, job)
     assert not errors, errors[:5]
 
 
