@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "graph_builder.h"
 #include "ir/small_types.h"
@@ -96,6 +98,38 @@ TEST(SmallFloats, TiesRoundToTheEvenCode) {
   // E5M2's largest finite code is odd, so the tie past it goes to infinity without saturation.
   EXPECT_EQ(float_to_small_float(DType::kFloat8E5M2, 61440.f, false), 0x7c);
   EXPECT_EQ(float_to_small_float(DType::kFloat8E5M2, 61439.f, false), 0x7b);
+}
+
+// The GPU's casts use ir/small_float.h's arithmetic for every small float; the CPU converts
+// float8e4m3fn with its own bit-level functions (kiln/tensor.h). Both must give the same code for
+// every float and the same value for every code.
+TEST(SmallFloats, SharedArithmeticAgreesWithTheE4M3FnFunctions) {
+  const SmallFloatFormat e4m3fn = small_float_format(DType::kFloat8E4M3FN);
+  for (int c = 0; c < 256; ++c) {
+    const float fast = float8e4m3fn_to_float(static_cast<uint8_t>(c));
+    const float shared = small_float_decode(e4m3fn, static_cast<uint8_t>(c));
+    EXPECT_TRUE(fast == shared || (std::isnan(fast) && std::isnan(shared))) << "code " << c;
+  }
+  // Every 2^11-th float32 bit pattern (both signs, subnormals, infinities, NaNs) and the
+  // neighbours of every code's value and of the midpoints between codes.
+  std::vector<float> values;
+  for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 2048) {
+    const uint32_t b = static_cast<uint32_t>(bits);
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    values.push_back(f);
+  }
+  for (int c = 0; c < 127; ++c) {
+    const float v = float8e4m3fn_to_float(static_cast<uint8_t>(c)), next = float8e4m3fn_to_float(static_cast<uint8_t>(c + 1));
+    for (float x : {v, (v + next) / 2, next}) {
+      values.insert(values.end(), {x, -x, std::nextafter(x, kInf), std::nextafter(x, -kInf)});
+    }
+  }
+  values.insert(values.end(), {464.f, -464.f, 448.f, 480.f, kInf, -kInf, kNaN, -kNaN});
+  for (float x : values)
+    for (bool saturate : {true, false})
+      ASSERT_EQ(small_float_encode(e4m3fn, x, saturate), float_to_float8e4m3fn(x, saturate))
+          << "value " << x << " saturate " << saturate;
 }
 
 TEST(SubByteIntegers, PackUnpackAndWrap) {
