@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two kiln binaries on one GPU, in alternating rounds: is a change in speed the code or the machine?
 
-    python3 bench/ab_binaries.py --a OLD_KILN --b NEW_KILN --out DIR [--model resnet50]
+    python3 bench/ab_binaries.py --a OLD_KILN --b NEW_KILN --out DIR [--model resnet50] [--export-args="--size 224"]
                                  [--configs int8:1,int8:128,fp16:1] [--rounds 3] [--b-flags=--int8-all]
 
 ResNet-50's INT8 engines once measured slower on a later day than on an earlier one (batch 1:
@@ -9,7 +9,7 @@ ResNet-50's INT8 engines once measured slower on a later day than on an earlier 
 machine (docs/design/int8.md, "The same binary on another machine"). Build the older commit
 too (`git worktree add /tmp/old COMMIT && (cd /tmp/old && bash scripts/build_gpu.sh)`; carry
 both build-gpu/dist folders) and run this on the GPU machine: each binary calibrates once
-(`kiln calibrate`, 64 random images), builds every configuration (precision:batch) with -v (the
+when a configuration is quantized (`kiln calibrate`, 64 random images), builds every configuration (precision:batch) with -v (the
 build logs, with each layer's tactic, are kept in DIR), and the engines are timed by
 `kiln bench` in alternating rounds, the order of A and B swapped every round. Writes
 DIR/ab_binaries.json (mean of the rounds' medians per binary and configuration, their ratio,
@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--b", required=True, help="the second kiln binary")
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--export-args", default="--size 224",
+                    help="scripts/export_model.py's flags for the model (a transformer: --seq-len 128)")
     ap.add_argument("--configs", default="int8:1,int8:128,fp16:1")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--a-flags", default="", help="extra build flags for A's quantized builds")
@@ -60,15 +62,19 @@ def main() -> None:
     results: dict = {"meta": {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "binaries": binaries,
                               "versions": {k: gpu_bench.run([v, "--version"]).stdout.strip() for k, v in binaries.items()},
                               "machine": gpu_bench.machine(), "nvidia_smi_before": smi()}}
-    model = os.path.join(args.out, f"{args.model}-224.onnx")
-    gpu_bench.export(args.model, model)
+    model = os.path.join(args.out, f"{args.model}.onnx")
+    gpu_bench.run([sys.executable, os.path.join(gpu_bench.ROOT, "scripts", "export_model.py"), args.model,
+                   *args.export_args.split(), "-o", model])
+    quantized = any(prec in ("int8", "fp8") for prec, _ in configs)
     calib = os.path.join(args.out, "calib64.npy")
-    np.save(calib, export_model.input_maker(args.model, size=224)(64, seed=5)[0])
+    if quantized:
+        np.save(calib, export_model.input_maker(args.model, size=224)(64, seed=5)[0])
 
     engines: dict[tuple[str, str, int], str] = {}
     for side, kiln in binaries.items():
         cache = os.path.join(args.out, f"{side}.calib")
-        gpu_bench.run([kiln, "calibrate", model, "--calib", calib, "--batch", "32", "--device", "cuda", "-o", cache])
+        if quantized:
+            gpu_bench.run([kiln, "calibrate", model, "--calib", calib, "--batch", "32", "--device", "cuda", "-o", cache])
         for prec, batch in configs:
             path = os.path.join(args.out, f"{side}_{prec}_b{batch}.engine")
             extra = ["--calib-cache", cache] if prec in ("int8", "fp8") else []
@@ -87,8 +93,8 @@ def main() -> None:
         for prec, batch in configs:
             for side in order:
                 js = os.path.join(args.out, f"bench_{side}_{prec}_b{batch}_r{rnd}.json")
-                r = gpu_bench.run([binaries[side], "bench", engines[(side, prec, batch)], "--batches", str(batch),
-                                   "--json", js])
+                # (the engine was built for this batch: it runs at its own shapes)
+                r = gpu_bench.run([binaries[side], "bench", engines[(side, prec, batch)], "--json", js])
                 print(r.stdout, flush=True)
                 with open(js) as f:
                     medians.setdefault(f"{side}_{prec}_b{batch}", []).append(json.load(f)["results"][0]["latency_ms"]["median"])
