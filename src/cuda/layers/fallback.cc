@@ -2,9 +2,9 @@
 // the CPU engine's kernel inside the GPU engine. Its inputs go to pinned host memory, the kernel
 // runs in a host callback on the stream, and its outputs come back; all three are stream
 // operations (a plan with such a layer runs without a CUDA graph: CudaContext::enqueue says
-// why). It serializes the GPU around it: for coverage, not speed. The pinned staging and the kernel belong to the layer, and
-// every execution context builds its own layers (CudaEngine::context_plan), so contexts running
-// at once never share them. A kernel that fails poisons its outputs (NaN bytes) and keeps the
+// why). It serializes the GPU around it: for coverage, not speed. The pinned staging and the
+// kernel belong to the layer, and every execution context builds its own layers
+// (CudaEngine::context_plan), so contexts running at once never share them. A kernel that fails poisons its outputs (NaN bytes) and keeps the
 // error, which CudaContext::run throws once the run has finished (take_failure).
 #include <atomic>
 #include <cstdio>

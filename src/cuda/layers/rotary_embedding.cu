@@ -2,12 +2,12 @@
 // ONNX's reference define it: the first `rot` features of each head rotated pairwise by the
 // position's cos and sin, the pairs being (i, i + rot / 2), or (2i, 2i + 1) when interleaved; the
 // other features copied. One thread per output element. A position id outside the caches' rows
-// is an error on the CPU; here the kernel raises the layer's RunFlag and run() throws it.
+// is an error on the CPU; here the kernel raises the layer's run flag (make_checked_layer) and
+// run() throws it.
 #include <string>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/runtime/check.h"
-#include "cuda/runtime/run_flag.h"
 
 namespace kiln::cuda {
 
@@ -100,35 +100,6 @@ LayerFormats rotary_formats(const LayerRequest& r) {
   return f;
 }
 
-class RotaryLayer final : public Layer {
- public:
-  explicit RotaryLayer(const RotaryGeom& g) : g_(g) {}
-  size_t workspace_bytes() const override { return RunFlag::kWorkspaceBytes; }
-  std::string tactic() const override { return "kernel:rotary"; }
-
-  void enqueue(const LayerIO& io, cudaStream_t stream) const override {
-    int* out_of_range = flag_.clear(io.workspace, stream);
-    const int64_t n = g_.batch * g_.seq * g_.heads * g_.head;
-    if (n > 0) {
-      rotary_kernel<<<grid_for(n), 256, 0, stream>>>(
-          static_cast<const float*>(io.inputs[0]), static_cast<const float*>(io.inputs[1]), static_cast<const float*>(io.inputs[2]),
-          g_.positions ? static_cast<const int64_t*>(io.inputs[3]) : nullptr, static_cast<float*>(io.outputs[0]), g_, out_of_range);
-      KILN_CUDA_CHECK_LAUNCH();
-    }
-    flag_.report(out_of_range, stream);
-  }
-
-  std::optional<Error> take_failure() const override {
-    if (!flag_.take()) return std::nullopt;
-    return Error(ErrorKind::kInvalidArgument,
-                 "RotaryEmbedding: a position id is outside the caches' " + std::to_string(g_.cache_rows) + " rows");
-  }
-
- private:
-  RotaryGeom g_;
-  RunFlag flag_;  // a position id out of range
-};
-
 }  // namespace
 
 KILN_REGISTER_CUDA_LAYERS(rotary_embedding) {
@@ -140,7 +111,18 @@ KILN_REGISTER_CUDA_LAYERS(rotary_embedding) {
     RotaryGeom g;
     const std::string why = rotary_geom(r, g);
     if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
-    return std::make_unique<RotaryLayer>(g);
+    const int64_t n = g.batch * g.seq * g.heads * g.head;
+    return make_checked_layer(
+        "kernel:rotary",
+        [g, n](const LayerIO& io, cudaStream_t stream, int* out_of_range) {
+          if (n <= 0) return;
+          rotary_kernel<<<grid_for(n), 256, 0, stream>>>(
+              static_cast<const float*>(io.inputs[0]), static_cast<const float*>(io.inputs[1]),
+              static_cast<const float*>(io.inputs[2]), g.positions ? static_cast<const int64_t*>(io.inputs[3]) : nullptr,
+              static_cast<float*>(io.outputs[0]), g, out_of_range);
+          KILN_CUDA_CHECK_LAUNCH();
+        },
+        "RotaryEmbedding: a position id is outside the caches' " + std::to_string(g.cache_rows) + " rows");
   };
   e.dtypes = "float32";
   registry.add(std::move(e));

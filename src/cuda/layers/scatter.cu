@@ -8,12 +8,11 @@
 // none undefined; here one of the writes wins.
 //
 // An index outside its dimension is an error on the CPU. Here the kernel skips it and raises the
-// layer's RunFlag, which CudaContext::run throws once the run has finished.
+// layer's run flag (make_checked_layer), which CudaContext::run throws once the run has finished.
 #include <string>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/runtime/check.h"
-#include "cuda/runtime/run_flag.h"
 
 namespace kiln::cuda {
 
@@ -88,55 +87,33 @@ Reduction reduction_of(const std::string& r) {
 
 bool reducible(DType d) { return d == DType::kFloat32 || d == DType::kFloat64 || d == DType::kInt32 || d == DType::kInt64; }
 
-class ScatterNDLayer final : public Layer {
- public:
-  ScatterNDLayer(const ScatterGeom& g, Reduction r, DType storage, size_t data_bytes)
-      : geom_(g), reduction_(r), storage_(storage), data_bytes_(data_bytes) {}
-
-  size_t workspace_bytes() const override { return RunFlag::kWorkspaceBytes; }
-  std::string tactic() const override { return "kernel:scatter-nd"; }
-
-  void enqueue(const LayerIO& io, cudaStream_t stream) const override {
-    if (data_bytes_) KILN_CUDA_CHECK(cudaMemcpyAsync(io.outputs[0], io.inputs[0], data_bytes_, cudaMemcpyDeviceToDevice, stream));
-    int* out_of_range = flag_.clear(io.workspace, stream);
-    const int64_t n = geom_.tuples * geom_.slice;
-    if (n > 0) {
-      const auto* indices = static_cast<const int64_t*>(io.inputs[1]);
-      auto launch = [&](auto tag) {
-        using T = decltype(tag);
-        scatter_nd_kernel<T><<<grid_for(n), 256, 0, stream>>>(indices, static_cast<const T*>(io.inputs[2]),
-                                                              static_cast<T*>(io.outputs[0]), geom_, reduction_, out_of_range);
-      };
-      switch (storage_) {
-        case DType::kFloat32: launch(float{}); break;
-        case DType::kFloat64: launch(double{}); break;
-        case DType::kInt32: launch(int32_t{}); break;
-        case DType::kInt64: launch(int64_t{}); break;
-        default:  // reduction none moves raw elements
-          switch (element_size(storage_)) {
-            case 1: launch(uint8_t{}); break;
-            case 2: launch(uint16_t{}); break;
-            case 4: launch(uint32_t{}); break;
-            default: launch(uint64_t{}); break;
-          }
+// The data copied, then the updates written or combined; an index out of range raises `flag`.
+void enqueue_scatter_nd(const LayerIO& io, cudaStream_t stream, int* flag, const ScatterGeom& g, Reduction reduction,
+                        DType storage, size_t data_bytes) {
+  if (data_bytes) KILN_CUDA_CHECK(cudaMemcpyAsync(io.outputs[0], io.inputs[0], data_bytes, cudaMemcpyDeviceToDevice, stream));
+  const int64_t n = g.tuples * g.slice;
+  if (n <= 0) return;
+  const auto* indices = static_cast<const int64_t*>(io.inputs[1]);
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    scatter_nd_kernel<T><<<grid_for(n), 256, 0, stream>>>(indices, static_cast<const T*>(io.inputs[2]),
+                                                          static_cast<T*>(io.outputs[0]), g, reduction, flag);
+  };
+  switch (storage) {
+    case DType::kFloat32: launch(float{}); break;
+    case DType::kFloat64: launch(double{}); break;
+    case DType::kInt32: launch(int32_t{}); break;
+    case DType::kInt64: launch(int64_t{}); break;
+    default:  // reduction none moves raw elements
+      switch (element_size(storage)) {
+        case 1: launch(uint8_t{}); break;
+        case 2: launch(uint16_t{}); break;
+        case 4: launch(uint32_t{}); break;
+        default: launch(uint64_t{}); break;
       }
-      KILN_CUDA_CHECK_LAUNCH();
-    }
-    flag_.report(out_of_range, stream);
   }
-
-  std::optional<Error> take_failure() const override {
-    if (!flag_.take()) return std::nullopt;
-    return Error(ErrorKind::kInvalidArgument, "ScatterND: an index is outside the data's dimension (its slice was not updated)");
-  }
-
- private:
-  ScatterGeom geom_;
-  Reduction reduction_;
-  DType storage_;
-  size_t data_bytes_;
-  RunFlag flag_;  // an index out of range
-};
+  KILN_CUDA_CHECK_LAUNCH();
+}
 
 std::string check_scatter_nd(const LayerRequest& r) {
   if (!r.has_input(0) || !r.has_input(1) || !r.has_input(2)) return "data, indices and updates are required";
@@ -182,8 +159,14 @@ std::unique_ptr<Layer> create_scatter_nd(const LayerRequest& r, const LayerForma
   if (shape_numel(r.input_shape(2)) != g.tuples * g.slice)
     throw r.node.error(ErrorKind::kInvalidModel, "updates must have one slice per index tuple");
   const size_t bytes = static_cast<size_t>(shape_numel(data)) * element_size(f.outputs[0].dtype);
-  return std::make_unique<ScatterNDLayer>(g, reduction_of(r.node.attrs.get_string("reduction", "none")), f.outputs[0].dtype,
-                                          bytes);
+  const Reduction reduction = reduction_of(r.node.attrs.get_string("reduction", "none"));
+  const DType storage = f.outputs[0].dtype;
+  return make_checked_layer(
+      "kernel:scatter-nd",
+      [g, reduction, storage, bytes](const LayerIO& io, cudaStream_t stream, int* flag) {
+        enqueue_scatter_nd(io, stream, flag, g, reduction, storage, bytes);
+      },
+      "ScatterND: an index is outside the data's dimension (its slice was not updated)");
 }
 
 }  // namespace
