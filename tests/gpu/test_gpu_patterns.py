@@ -568,3 +568,32 @@ def test_gather_with_an_index_out_of_range_raises_instead_of_answering(tmp_path)
         assert np.array_equal(gpu.run(good)["y"], cpu.run(good)["y"])
         with pytest.raises(kiln.Error, match="Gather 'embed': an index is outside the data's axis of 50"):
             gpu.run({"ids": np.array([[0, 1, 50, 2, 7], [3, 3, 10, 4, 2]], dtype=np.int64)})
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_elements_with_an_index_out_of_range_raises_instead_of_answering(reduction, tmp_path):
+    """ScatterElements along axis 1 with runtime indices matches the CPU engine (the last of
+    several updates to one element wins without a reduction); an index past the axis makes run()
+    raise, naming the node, with and without a reduction, and the next valid run answers right."""
+    import kiln
+
+    nodes = [helper.make_node("ScatterElements", ["data", "indices", "updates"], ["y"], name="scatter", axis=1,
+                              reduction=reduction)]
+    graph = helper.make_graph(nodes, "scatter", [helper.make_tensor_value_info("data", TensorProto.FLOAT, [3, 7]),
+                                                 helper.make_tensor_value_info("indices", TensorProto.INT64, [3, 4]),
+                                                 helper.make_tensor_value_info("updates", TensorProto.FLOAT, [3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 7])])
+    path = str(tmp_path / f"scatter_elements_{reduction}.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    rng = np.random.default_rng(5)
+    feed = {"data": rng.standard_normal((3, 7)).astype(np.float32),
+            "indices": np.array([[0, 6, -1, 2], [3, 3, 3, 1], [5, 4, 0, -7]], dtype=np.int64),
+            "updates": rng.standard_normal((3, 4)).astype(np.float32)}
+    for _ in range(2):
+        got, want = gpu.run(feed)["y"], cpu.run(feed)["y"]
+        assert np.allclose(got, want, rtol=1e-6, atol=1e-6), np.abs(got - want).max()
+        bad = dict(feed, indices=np.array([[0, 1, 2, 3], [4, 7, 0, 1], [1, 1, 1, 1]], dtype=np.int64))
+        with pytest.raises(kiln.Error, match="ScatterElements 'scatter': an index is outside"):
+            gpu.run(bad)

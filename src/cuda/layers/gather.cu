@@ -6,7 +6,7 @@
 // kernel cannot, so here an out-of-range index has a defined result instead of a read or
 // write out of bounds: the gathers write zeros (all bytes 0) for the elements it selects and
 // raise their RunFlag, so that run() throws (the zeros never reach the caller as an answer);
-// ScatterElements skips that update (unflagged: its workspace holds the winner table).
+// ScatterElements skips that update and raises its flag the same way.
 //
 // ScatterElements without reduction is deterministic and matches the CPU, which applies the
 // updates in order: when several updates hit one element, the last one (highest update index)
@@ -114,11 +114,13 @@ __global__ void gather_elements_kernel(const U* __restrict__ data, const T* __re
 
 // Without reduction, pass 1: the highest update index (+1) per destination element.
 template <class T>
-__global__ void scatter_winner_kernel(const T* __restrict__ indices, unsigned int* __restrict__ winner, ElementsParams p) {
+__global__ void scatter_winner_kernel(const T* __restrict__ indices, unsigned int* __restrict__ winner, ElementsParams p,
+                                      int* __restrict__ out_of_range) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += step) {
     const int64_t off = element_offset(p, indices, i);
     if (off >= 0) atomicMax(winner + off, static_cast<unsigned int>(i + 1));
+    else *out_of_range = 1;
   }
 }
 
@@ -181,11 +183,12 @@ template <class T> __device__ __forceinline__ void atomic_reduce(T* addr, T u, i
 
 template <class V, class T>
 __global__ void scatter_reduce_kernel(const T* __restrict__ indices, const V* __restrict__ updates, V* __restrict__ out,
-                                      ElementsParams p, int op) {
+                                      ElementsParams p, int op, int* __restrict__ out_of_range) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n; i += step) {
     const int64_t off = element_offset(p, indices, i);
     if (off >= 0) atomic_reduce(out + off, updates[i], op);
+    else *out_of_range = 1;
   }
 }
 
@@ -442,9 +445,9 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
       const int64_t data_elements = shape_numel(r.inputs[0]->shape);
       const size_t data_bytes = static_cast<size_t>(data_elements) * es;
       const size_t workspace = op == Reduction::kNone ? static_cast<size_t>(data_elements) * sizeof(unsigned int) : 0;
-      return make_layer(
+      return make_checked_layer(
           op == Reduction::kNone ? "kernel:scatter_elements" : "kernel:scatter_elements(" + red + ")",
-          [=](const LayerIO& io, cudaStream_t stream) {
+          [=](const LayerIO& io, cudaStream_t stream, int* out_of_range) {
             if (data_bytes && io.outputs[0] != io.inputs[0])
               KILN_CUDA_CHECK(cudaMemcpyAsync(io.outputs[0], io.inputs[0], data_bytes, cudaMemcpyDeviceToDevice, stream));
             if (p.n == 0 || data_elements == 0) return;
@@ -455,7 +458,7 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
               if (op == Reduction::kNone) {
                 auto* winner = static_cast<unsigned int*>(io.workspace);
                 KILN_CUDA_CHECK(cudaMemsetAsync(winner, 0, workspace, stream));
-                scatter_winner_kernel<T><<<grid, kBlock, 0, stream>>>(indices, winner, p);
+                scatter_winner_kernel<T><<<grid, kBlock, 0, stream>>>(indices, winner, p, out_of_range);
                 KILN_CUDA_CHECK_LAUNCH();
                 with_unit(es, [&](auto utag) {
                   using U = decltype(utag);
@@ -468,7 +471,8 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
               auto launch = [&](auto vtag) {
                 using V = decltype(vtag);
                 scatter_reduce_kernel<V, T><<<grid, kBlock, 0, stream>>>(indices, static_cast<const V*>(io.inputs[2]),
-                                                                         static_cast<V*>(io.outputs[0]), p, static_cast<int>(op));
+                                                                         static_cast<V*>(io.outputs[0]), p, static_cast<int>(op),
+                                                                         out_of_range);
                 KILN_CUDA_CHECK_LAUNCH();
               };
               switch (dtype) {
@@ -480,7 +484,7 @@ KILN_REGISTER_CUDA_LAYERS(gather) {
               }
             });
           },
-          workspace);
+          "ScatterElements '" + r.node.name + "': an index is outside the data's dimension", workspace);
     };
     registry.add(std::move(e));
   }

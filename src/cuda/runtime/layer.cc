@@ -54,14 +54,10 @@ class LambdaLayer final : public Layer {
 };
 class CheckedLambdaLayer final : public Layer {
  public:
-  CheckedLambdaLayer(std::string tactic, CheckedEnqueueFn fn, std::string error)
-      : tactic_(std::move(tactic)), fn_(std::move(fn)), error_(std::move(error)) {}
-  void enqueue(const LayerIO& io, cudaStream_t stream) const override {
-    int* flag = flag_.clear(io.workspace, stream);
-    fn_(io, stream, flag);
-    flag_.report(flag, stream);
-  }
-  size_t workspace_bytes() const override { return RunFlag::kWorkspaceBytes; }
+  CheckedLambdaLayer(std::string tactic, CheckedEnqueueFn fn, std::string error, size_t workspace)
+      : tactic_(std::move(tactic)), fn_(std::move(fn)), error_(std::move(error)), workspace_(workspace) {}
+  void enqueue(const LayerIO& io, cudaStream_t stream) const override { fn_(io, stream, flag_.device()); }
+  size_t workspace_bytes() const override { return workspace_; }
   std::string tactic() const override { return tactic_; }
   std::optional<Error> take_failure() const override {
     if (!flag_.take()) return std::nullopt;
@@ -72,12 +68,14 @@ class CheckedLambdaLayer final : public Layer {
   std::string tactic_;
   CheckedEnqueueFn fn_;
   std::string error_;
+  size_t workspace_;
   RunFlag flag_;
 };
 }  // namespace
 
-std::unique_ptr<Layer> make_checked_layer(std::string tactic, CheckedEnqueueFn fn, std::string error) {
-  return std::make_unique<CheckedLambdaLayer>(std::move(tactic), std::move(fn), std::move(error));
+std::unique_ptr<Layer> make_checked_layer(std::string tactic, CheckedEnqueueFn fn, std::string error,
+                                          size_t workspace_bytes) {
+  return std::make_unique<CheckedLambdaLayer>(std::move(tactic), std::move(fn), std::move(error), workspace_bytes);
 }
 
 std::unique_ptr<Layer> make_layer(std::string tactic, EnqueueFn fn, size_t workspace_bytes) {

@@ -181,9 +181,10 @@ std::unique_ptr<Layer> make_layer(std::string tactic, EnqueueFn fn, size_t works
 
 // A layer from a lambda whose kernels may meet a value they cannot use (an index out of range):
 // fn gets the device address of the layer's RunFlag (run_flag.h) to raise, and CudaContext::run
-// throws kInvalidArgument `error` after a run that raised it. fn has no workspace of its own.
+// throws kInvalidArgument `error` after a run that raised it.
 using CheckedEnqueueFn = std::function<void(const LayerIO&, cudaStream_t, int* flag)>;
-std::unique_ptr<Layer> make_checked_layer(std::string tactic, CheckedEnqueueFn fn, std::string error);
+std::unique_ptr<Layer> make_checked_layer(std::string tactic, CheckedEnqueueFn fn, std::string error,
+                                          size_t workspace_bytes = 0);
 
 // The formats of an op that reads and writes every runtime tensor in one layout: float
 // tensors at float_storage() (or float32 when `float16_ok` is false), others unchanged;
