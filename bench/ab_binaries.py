@@ -3,6 +3,7 @@
 
     python3 bench/ab_binaries.py --a OLD_KILN --b NEW_KILN --out DIR [--model resnet50] [--export-args="--size 224"]
                                  [--configs int8:1,int8:128,fp16:1] [--rounds 3] [--b-flags=--int8-all]
+                                 [--shared-timing-cache]
 
 ResNet-50's INT8 engines once measured slower on a later day than on an earlier one (batch 1:
 0.349 against 0.275 ms on an H100) with unchanged INT8 code, and this script showed it was the
@@ -13,13 +14,16 @@ when a configuration is quantized (`kiln calibrate`, 64 random images), builds e
 build logs, with each layer's tactic, are kept in DIR), and the engines are timed by
 `kiln bench` in alternating rounds, the order of A and B swapped every round. Writes
 DIR/ab_binaries.json (mean of the rounds' medians per binary and configuration, their ratio,
-and nvidia-smi's clocks and throttle reasons before and after) and prints a table.
+and nvidia-smi's clocks and throttle reasons before and after, and the layers whose tactic differs
+between A's and B's engines) and prints a table. Tactics are chosen by timing, so two builds may
+differ by noise alone: --shared-timing-cache has B take A's timed tactics wherever their keys agree.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -37,6 +41,16 @@ def smi() -> str:
         return f"nvidia-smi: {e}"
 
 
+def layer_tactics(build_log: str) -> dict[str, str]:
+    """{layer: tactic} from a build's -v lines ("[12/80] name (Op): tactic")."""
+    out = {}
+    for line in build_log.splitlines():
+        m = re.search(r"\[\d+/\d+\] (.+?) \(([^()]+)\): (.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(3)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True, help="the first kiln binary (e.g. the older commit's)")
@@ -49,6 +63,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--a-flags", default="", help="extra build flags for A's quantized builds")
     ap.add_argument("--b-env", default="", help="KEY=VALUE,... set for B's builds only (e.g. KILN_GRAPH_TIMING=0)")
+    ap.add_argument("--shared-timing-cache", action="store_true",
+                    help="A builds with a timing cache that B then reads, so both take the same tactics where their "
+                    "keys agree (the binaries' code compared, not two timings' noise)")
     ap.add_argument("--b-flags", default="", help="extra build flags for B's quantized builds (e.g. --int8-all, which "
                     "a binary from before INT8 where-faster builds by default)")
     args = ap.parse_args()
@@ -71,6 +88,7 @@ def main() -> None:
         np.save(calib, export_model.input_maker(args.model, size=224)(64, seed=5)[0])
 
     engines: dict[tuple[str, str, int], str] = {}
+    tactics: dict[tuple[str, str, int], dict[str, str]] = {}
     for side, kiln in binaries.items():
         cache = os.path.join(args.out, f"{side}.calib")
         if quantized:
@@ -81,11 +99,23 @@ def main() -> None:
             flags = args.b_flags if side == "b" else args.a_flags
             if extra and flags:
                 extra += flags.split()
+            if args.shared_timing_cache:
+                extra += ["--timing-cache", os.path.join(args.out, f"timing_{prec}_b{batch}.cache")]
             env = dict(kv.split("=", 1) for kv in args.b_env.split(",") if kv) if side == "b" else {}
             r = gpu_bench.run([kiln, "build", model, f"--{prec}", "--batch", str(batch), "-v", "-o", path, *extra], env=env)
             with open(os.path.join(args.out, f"build_{side}_{prec}_b{batch}.log"), "w") as f:
                 f.write(r.stderr)
             engines[(side, prec, batch)] = path
+            tactics[(side, prec, batch)] = layer_tactics(r.stderr)
+    # Layers whose tactic differs between the two engines of a configuration (the build logs' lines).
+    results["meta"]["tactic_differences"] = {
+        f"{prec}_b{batch}": sorted(f"{name}: {tactics[('a', prec, batch)].get(name)} -> {tactics[('b', prec, batch)].get(name)}"
+                                   for name in set(tactics[("a", prec, batch)]) | set(tactics[("b", prec, batch)])
+                                   if tactics[("a", prec, batch)].get(name) != tactics[("b", prec, batch)].get(name))
+        for prec, batch in configs}
+    for config, differences in results["meta"]["tactic_differences"].items():
+        print(f"{config}: {len(differences)} layer(s) with another tactic in B" +
+              "".join(f"\n  {d}" for d in differences[:20]), flush=True)
 
     medians: dict[str, list[float]] = {}
     for rnd in range(args.rounds):

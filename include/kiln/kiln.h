@@ -130,6 +130,11 @@ class Context {
   // outside the current profile.
   void set_input_shape(const std::string& name, const std::vector<int64_t>& shape);
   std::vector<int64_t> input_shape(const std::string& name) const;
+  // The values of an input that sets parameters (BuildOptions::input_values) for the next
+  // enqueue() or profile() (the build's until set; run() takes them from its inputs): a plan of
+  // its own, made on first use. Throws kiln::Error for an input not planned by value, or values
+  // of another dtype or shape.
+  void set_input_values(const std::string& name, const Tensor& values);
   // The shape of an output at the current input shapes (plans them on first use).
   std::vector<int64_t> output_shape(const std::string& name);
   // The layers of the plan at the current input shapes, as Engine::info() describes them.

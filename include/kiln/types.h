@@ -92,6 +92,14 @@ struct BuildOptions {
   // GPU engines: dynamic shapes. Each profile gives ranges for some inputs; the others are
   // fixed as above. No profiles: one profile of the fixed shapes. (CPU engines run any shape.)
   std::vector<OptimizationProfile> profiles;
+  // GPU engines: inputs that set parameters (a Reduce's axes, Resize's scales or sizes, Slice's
+  // starts, TopK's k, a quantizer's scale; ir/parameter_inputs.h), with the values to plan for.
+  // Each such input must have a fixed shape; its values are constants of the plan, and a run that
+  // brings other values is planned for them on first use, as a new input shape is. Values of
+  // another numeric dtype are converted to the input's when exact; a 1-D list of the input's
+  // element count is reshaped to it. An input left out takes part in the plan as data (the layers
+  // that need it constant refuse it, or it runs on the CPU engine).
+  std::map<std::string, Tensor> input_values;
   // Tactics are timed at each profile's opt, min and max shapes, and at shapes between them
   // about this factor apart in elements (<= 1: none between); other shapes take the tactics of
   // the timed shape nearest to them. Smaller steps: longer builds, closer tactics.

@@ -302,6 +302,10 @@ PYBIND11_MODULE(_kiln, m) {
           [](BuildOptions& o, const std::string& p) { o.precision = parse_precision(p); })
       .def_readwrite("input_shapes", &BuildOptions::input_shapes)
       .def_readwrite("profiles", &BuildOptions::profiles, "list of {input name: ShapeRange} (GPU dynamic shapes)")
+      .def_property(
+          "input_values", [](const BuildOptions& o) { return to_dict(o.input_values); },
+          [](BuildOptions& o, const py::dict& values) { o.input_values = to_tensors(values); },
+          "GPU engines: {input name: array} for inputs that set parameters (axes, sizes, k, ...): planned for these values")
       .def_readwrite("profile_timing_step", &BuildOptions::profile_timing_step)
       .def_readwrite("timing_cache", &BuildOptions::timing_cache)
       .def_readwrite("allow_cpu_fallback", &BuildOptions::allow_cpu_fallback)
@@ -405,6 +409,15 @@ PYBIND11_MODULE(_kiln, m) {
       .def("set_input_shape", &Context::set_input_shape, py::arg("name"), py::arg("shape"),
            py::call_guard<py::gil_scoped_release>(), "The shape of an input for the next runs (within the profile)")
       .def("input_shape", &Context::input_shape, py::arg("name"))
+      .def(
+          "set_input_values",
+          [](Context& c, const std::string& name, const py::handle& values) {
+            Tensor t = to_tensor(values, "values for input '" + name + "'");
+            py::gil_scoped_release release;
+            c.set_input_values(name, t);
+          },
+          py::arg("name"), py::arg("values"),
+          "The values of an input planned by value (Builder(input_values=...)) for the next enqueue()s")
       .def("output_shape", &Context::output_shape, py::arg("name"), py::call_guard<py::gil_scoped_release>())
       .def_property("optimization_profile", &Context::optimization_profile, &Context::set_optimization_profile)
       .def("input_pointer", [](const Context& c, const std::string& name) {

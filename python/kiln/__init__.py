@@ -86,7 +86,9 @@ class Builder:
     precision: fp32, tf32, fp16, best, int8 or fp8; device: cpu or cuda; gpu: the GPU a cuda
     engine is built on and runs on (CUDA's device index in this process). shapes: {input: shape} fixes
     an input's shape; profiles: a list of {input: (min, opt, max)} (GPU engines then run any shape
-    within one profile). For int8 and fp8, call calibrate() first or pass int8_scales. int8 and fp8 on
+    within one profile). input_values: {input: array} for GPU engines, inputs that set parameters
+    (a Reduce's axes, Resize's sizes, TopK's k, ...) and the values to plan for (runs with other
+    values are planned for them on first use). For int8 and fp8, call calibrate() first or pass int8_scales. int8 and fp8 on
     the GPU keep a layer quantized only where timing shows it faster than fp16; quantize_all=True
     quantizes every eligible layer (`kiln build --int8-all`, `--fp8-all`).
     """
@@ -95,7 +97,8 @@ class Builder:
                  profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]] = (),
                  timing_cache: str | None = None, allow_cpu_fallback: bool = True,
                  int8_scales: Mapping[str, float] | None = None, float_layers: Sequence[str] = (),
-                 optimize: bool = True, verbose: bool = False, quantize_all: bool = False, gpu: int = 0):
+                 optimize: bool = True, verbose: bool = False, quantize_all: bool = False, gpu: int = 0,
+                 input_values: Mapping[str, Any] | None = None):
         self.options = BuildOptions()
         self.options.precision = precision
         self.options.device = device
@@ -104,6 +107,7 @@ class Builder:
         self.options.input_shapes = {k: [int(d) for d in v] for k, v in (shapes or {}).items()}
         self.options.profiles = [{name: r if isinstance(r, ShapeRange) else ShapeRange(*[[int(d) for d in s] for s in r])
                                   for name, r in p.items()} for p in profiles]
+        self.options.input_values = dict(input_values or {})
         self.options.timing_cache = timing_cache or ""
         self.options.allow_cpu_fallback = allow_cpu_fallback
         self.options.int8_scales = dict(int8_scales or {})

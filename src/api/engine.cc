@@ -160,6 +160,9 @@ void Context::set_input_shape(const std::string& name, const std::vector<int64_t
   impl_->context->set_input_shape(name, shape);
 }
 std::vector<int64_t> Context::input_shape(const std::string& name) const { return impl_->context->input_shape(name); }
+void Context::set_input_values(const std::string& name, const Tensor& values) {
+  impl_->context->set_input_values(name, values);
+}
 std::vector<int64_t> Context::output_shape(const std::string& name) { return impl_->context->output_shape(name); }
 std::vector<LayerInfo> Context::layers() { return impl_->context->layers(); }
 void* Context::input_buffer(const std::string& name) const { return impl_->context->input_buffer(name); }

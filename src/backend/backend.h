@@ -26,6 +26,7 @@ class Context {
   virtual int optimization_profile() const = 0;
   virtual void set_input_shape(const std::string& name, const std::vector<int64_t>& shape) = 0;
   virtual std::vector<int64_t> input_shape(const std::string& name) const = 0;
+  virtual void set_input_values(const std::string& name, const Tensor& values) = 0;
   virtual std::vector<int64_t> output_shape(const std::string& name) = 0;
   virtual std::vector<LayerInfo> layers() = 0;
   virtual void* input_buffer(const std::string& name) const = 0;

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "compiler/backends.h"
+#include "compiler/input_values.h"
 #include "compiler/profiles.h"
 #include "compiler/quantize_graph.h"
 #include "compiler/where_faster.h"
@@ -170,12 +171,14 @@ void quantize_for_precision(ir::Graph& graph, const std::string& name, const Bui
   }
 }
 
-std::function<ir::Graph(const Shapes&)> specializer(std::shared_ptr<const ir::Graph> graph, bool optimize_graph,
-                                                   std::string name) {
-  return [graph = std::move(graph), optimize_graph, name = std::move(name)](const Shapes& shapes) {
+std::function<ir::Graph(const Shapes&, const std::map<std::string, Tensor>&)> specializer(
+    std::shared_ptr<const ir::Graph> graph, bool optimize_graph, std::string name) {
+  return [graph = std::move(graph), optimize_graph, name = std::move(name)](const Shapes& shapes,
+                                                                            const std::map<std::string, Tensor>& values) {
     ir::Graph g = *graph;
     try {
       passes::bind_input_shapes(g, shapes);
+      passes::bind_input_values(g, values);
       if (optimize_graph) optimize(g);
     } catch (Error& e) {
       if (e.file_path().empty()) e.file(name);
@@ -196,16 +199,22 @@ CompiledEngine assemble(ir::Graph graph, const std::string& name, const BuildOpt
   for (const std::string& in : graph.inputs) c.inputs.push_back(describe(graph, in));
   for (const std::string& out : graph.outputs) c.outputs.push_back(describe(graph, out));
   try {
+    BuildOptions resolved = options;
     if (options.device == Device::kCpu) {
       if (!options.profiles.empty())
         throw Error(ErrorKind::kInvalidArgument, "optimization profiles are for GPU engines: the CPU engine runs any input shape")
             .hint("leave out --min-shapes/--opt-shapes/--max-shapes, or build for --device cuda");
+      if (!options.input_values.empty())
+        throw Error(ErrorKind::kInvalidArgument, "input values are for GPU engines: the CPU engine reads every input at run time")
+            .hint("leave out --input-values, or build for --device cuda");
     } else {
       if (profiles.empty()) profiles = resolve_profiles(c.inputs, options);
+      resolved.input_values = resolve_input_values(c.inputs, profiles, options.input_values);
+      c.options.input_values = resolved.input_values;
       c.inputs = profile_inputs(c.inputs, profiles);
       c.profiles = profiles;
     }
-    c.engine = build_backend_engine(std::move(graph), name, options, profiles, tactics);
+    c.engine = build_backend_engine(std::move(graph), name, resolved, profiles, tactics);
     c.outputs = c.engine->outputs(std::move(c.outputs));
   } catch (Error& e) {
     if (e.file_path().empty()) e.file(name);

@@ -54,10 +54,11 @@ void quantize_for_precision(ir::Graph& graph, const std::string& name, const Bui
 // Input shapes by input name: one binding of a graph's inputs.
 using Shapes = std::map<std::string, std::vector<int64_t>>;
 
-// A GPU plan's graph: `graph` at concrete input shapes, shape arithmetic folded (and anything
-// that folding opens up fused, when `optimize`).
-std::function<ir::Graph(const Shapes&)> specializer(std::shared_ptr<const ir::Graph> graph, bool optimize,
-                                                   std::string name);
+// A GPU plan's graph: `graph` at concrete input shapes, with the inputs planned by value bound
+// to their values (BuildOptions::input_values), shape arithmetic folded (and anything that
+// folding opens up fused, when `optimize`).
+std::function<ir::Graph(const Shapes&, const std::map<std::string, Tensor>&)> specializer(
+    std::shared_ptr<const ir::Graph> graph, bool optimize, std::string name);
 
 // A graph input's or output's description: dtype, dims (-1 where symbolic) and their names.
 TensorDesc describe(const ir::Graph& graph, const std::string& value);

@@ -1,8 +1,60 @@
 #include "engine/header.h"
 
+#include "ir/parameter_inputs.h"
+
 namespace kiln::engine_file {
 
 namespace {
+
+// Inputs planned by value (BuildOptions::input_values): dtype, shape and the bytes in hex, exact
+// for every dtype.
+constexpr int64_t kMaxInputValueElements = ir::kMaxParameterElements;
+
+nlohmann::json input_values_to_json(const std::map<std::string, Tensor>& values) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, t] : values) {
+    static const char* digits = "0123456789abcdef";
+    std::string hex;
+    const auto* bytes = static_cast<const unsigned char*>(t.raw());
+    for (size_t i = 0; i < t.nbytes(); ++i) hex += {digits[bytes[i] >> 4], digits[bytes[i] & 15]};
+    out[name] = {{"dtype", to_string(t.dtype())}, {"shape", t.shape()}, {"data", hex}};
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> input_values_from_json(const nlohmann::json& j) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, v] : j.items()) {
+    const std::string what = "the engine file's values of input '" + name + "'";
+    const std::string dtype_name = v.at("dtype").get<std::string>();
+    DType dtype = DType::kUndefined;
+    for (DType d : {DType::kBool, DType::kInt8, DType::kInt16, DType::kInt32, DType::kInt64, DType::kUInt8, DType::kUInt16,
+                    DType::kUInt32, DType::kUInt64, DType::kFloat16, DType::kFloat32, DType::kFloat64})
+      if (to_string(d) == dtype_name) dtype = d;
+    if (dtype == DType::kUndefined) throw Error(ErrorKind::kInvalidModel, what + " have dtype '" + dtype_name + "'");
+    const std::vector<int64_t> shape = v.at("shape").get<std::vector<int64_t>>();
+    int64_t count = 1;
+    for (int64_t d : shape) {
+      if (d < 0 || d > kMaxInputValueElements) throw Error(ErrorKind::kInvalidModel, what + " have shape " + shape_to_string(shape));
+      count *= d;
+      if (count > kMaxInputValueElements)
+        throw Error(ErrorKind::kInvalidModel, what + " have more than " + std::to_string(kMaxInputValueElements) + " elements");
+    }
+    const std::string hex = v.at("data").get<std::string>();
+    Tensor t(dtype, shape);
+    if (hex.size() != 2 * t.nbytes())
+      throw Error(ErrorKind::kInvalidModel, what + " hold " + std::to_string(hex.size() / 2) + " bytes, not " + std::to_string(t.nbytes()));
+    auto nibble = [&](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      throw Error(ErrorKind::kInvalidModel, what + " are not hexadecimal");
+    };
+    auto* bytes = static_cast<unsigned char*>(t.raw());
+    for (size_t i = 0; i < t.nbytes(); ++i) bytes[i] = static_cast<unsigned char>(nibble(hex[2 * i]) * 16 + nibble(hex[2 * i + 1]));
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
 
 BuildOptions options_from_json(const nlohmann::json& o) {
   BuildOptions options;
@@ -16,6 +68,7 @@ BuildOptions options_from_json(const nlohmann::json& o) {
   options.optimize = o.at("optimize").get<bool>();
   options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
   if (o.contains("profile_timing_step")) options.profile_timing_step = o.at("profile_timing_step").get<double>();
+  if (o.contains("input_values")) options.input_values = input_values_from_json(o.at("input_values"));
   if (o.contains("tactic_options")) {
     const nlohmann::json& t = o.at("tactic_options");
     TacticOptions& tactics = options.tactics;
@@ -80,6 +133,7 @@ nlohmann::json to_json(const Header& h) {
             {"optimize", h.options.optimize},
             {"allow_cpu_fallback", h.options.allow_cpu_fallback},
             {"profile_timing_step", h.options.profile_timing_step},
+            {"input_values", input_values_to_json(h.options.input_values)},
             {"int8_scales", h.options.int8_scales},
             {"float_layers", h.options.float_layers},
             {"tactic_options", tactic_options_to_json(h.options.tactics)}}},

@@ -83,4 +83,9 @@ int probe_symbolic_values(ir::Graph& graph, const NodeEvaluator& evaluate);
 // Throws kInvalidArgument naming the input on a contradiction or an unknown name.
 int bind_input_shapes(ir::Graph& graph, const std::map<std::string, std::vector<int64_t>>& shapes);
 
+// Makes each named input a constant of the given value (it leaves graph.inputs) and re-infers all
+// shapes. The dtype and shape must be the input's (after bind_input_shapes). Throws
+// kInvalidArgument naming the input otherwise.
+int bind_input_values(ir::Graph& graph, const std::map<std::string, Tensor>& values);
+
 }  // namespace kiln::passes

@@ -19,6 +19,8 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "compiler/input_values.h"
+#include "ir/parameter_inputs.h"
 #include "ir/small_types.h"
 #include "kiln/kiln.h"
 #include "onnx/importer.h"
@@ -166,12 +168,14 @@ Result run_case(const Case& c, const ConformanceOptions& o) {
   build.allow_cpu_fallback = o.allow_cpu_fallback;
   std::optional<Engine> engine;
   std::string on_cpu;  // the nodes of a GPU engine that ran on the CPU engine
-  std::vector<std::string> input_names;
+  std::vector<std::string> input_names, parameter_inputs;
   try {
     if (gpu) {
-      // GPU engines have fixed shapes: learn the input names now, build per data set below.
+      // GPU engines have fixed shapes: learn the input names now, build per data set below, planned
+      // for the data set's values of inputs that set parameters (a Reduce's axes, Resize's sizes).
       ir::Graph g = onnx_import::import_file((c.dir / "model.onnx").string());
       input_names = g.inputs;
+      parameter_inputs = ir::parameter_inputs(g, compiler::kMaxInputValueElements);
     } else {
       engine.emplace(Engine::from_onnx((c.dir / "model.onnx").string(), build));
     }
@@ -193,8 +197,13 @@ Result run_case(const Case& c, const ConformanceOptions& o) {
         return {Status::kFail, fmt::format("{}the test gives {} inputs, the model has {}", where, in_files.size(), input_names.size())};
       try {
         build.input_shapes.clear();
-        for (size_t i = 0; i < in_files.size(); ++i)
-          build.input_shapes[input_names[i]] = onnx_import::read_tensor_file(in_files[i].string()).shape();
+        build.input_values.clear();
+        for (size_t i = 0; i < in_files.size(); ++i) {
+          Tensor t = onnx_import::read_tensor_file(in_files[i].string());
+          build.input_shapes[input_names[i]] = t.shape();
+          if (std::find(parameter_inputs.begin(), parameter_inputs.end(), input_names[i]) != parameter_inputs.end())
+            build.input_values[input_names[i]] = t;
+        }
       } catch (const Error& e) {
         return classify(e, where + "reading test data");
       }

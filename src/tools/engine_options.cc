@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -78,6 +79,10 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
     cmd->add_option("--dim", dims, "Bind a dynamic dimension by name, e.g. --dim seq=128 (repeatable)");
+    cmd->add_option("--input-values", input_values,
+                    "GPU: plan for these values of an input that sets parameters (a Reduce's axes, Resize's sizes, "
+                    "TopK's k, ...), e.g. --input-values axes=1,2 (repeatable); runs with other values are planned "
+                    "for them on first use");
     cmd->add_option("--batch", batch, "The first dimension of inputs whose first dimension is dynamic")->check(CLI::PositiveNumber);
   }
   cmd->add_option("--timing-cache,--timingCacheFile", timing_cache, "Timing cache file: read if present, updated after the build");
@@ -127,6 +132,26 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   b.mark_outputs = mark_outputs;
   b.max_memory = max_memory_bytes();
   b.gpu = gpu;
+  for (const std::string& spec : input_values) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw Error(ErrorKind::kInvalidArgument, "--input-values '" + spec + "': expected NAME=V1,V2,... (e.g. axes=1,2)");
+    const std::string name = spec.substr(0, eq), list = spec.substr(eq + 1);
+    std::vector<double> numbers;
+    size_t start = 0;
+    while (start <= list.size()) {
+      const size_t comma = std::min(list.find(',', start), list.size());
+      const std::string item = list.substr(start, comma - start);
+      char* end = nullptr;
+      const double v = item.empty() ? 0 : std::strtod(item.c_str(), &end);
+      if (item.empty() || end != item.c_str() + item.size())
+        throw Error(ErrorKind::kInvalidArgument, "--input-values '" + spec + "': '" + item + "' is not a number");
+      numbers.push_back(v);
+      start = comma + 1;
+    }
+    if (!b.input_values.emplace(name, Tensor::from_vector<double>({static_cast<int64_t>(numbers.size())}, numbers)).second)
+      throw Error(ErrorKind::kInvalidArgument, "--input-values names input '" + name + "' twice");
+  }
   if (!int8 && !fp8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty() || accuracy_budget >= 0))
     throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache, --layer-precision and --accuracy-budget are for INT8 builds")
         .hint("add --int8 (or --fp8)");

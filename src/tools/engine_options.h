@@ -19,6 +19,7 @@ struct EngineOptions {
   bool fp16 = false, tf32 = false, fp32 = false, best = false;
   std::vector<std::string> shapes;  // --shapes input:1x3x224x224
   std::vector<std::string> dims;    // --dim N=8
+  std::vector<std::string> input_values;  // --input-values axes=1,2
   int64_t batch = -1;               // --batch: the first dim of inputs whose first dim is dynamic
   // Optimization profiles (GPU): the k-th occurrence of each flag makes profile k; one occurrence
   // names every input, as one comma-separated word or several words.

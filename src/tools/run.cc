@@ -14,6 +14,8 @@
 
 #include "io/image.h"
 #include "io/npy.h"
+#include "compiler/input_values.h"
+#include "ir/parameter_inputs.h"
 #include "ir/small_types.h"
 #include "kiln/kiln.h"
 #include "onnx/importer.h"
@@ -247,7 +249,8 @@ int run(const RunOptions& o) {
   const bool gpu_from_onnx = !engine_file && o.engine.device == "cuda";
   std::optional<Engine> engine;
   double build_ms = 0;
-  auto open_engine = [&](const std::map<std::string, std::vector<int64_t>>& shapes) {
+  auto open_engine = [&](const std::map<std::string, std::vector<int64_t>>& shapes,
+                         const std::map<std::string, Tensor>& values) {
     auto t0 = std::chrono::steady_clock::now();
     if (engine_file) {
       engine.emplace(Engine::load(o.model, o.engine.load_options()));
@@ -260,6 +263,7 @@ int run(const RunOptions& o) {
       eo.batch = -1;
       BuildOptions build = eo.build_options(o.model, unused);
       for (const auto& [name, shape] : shapes) build.input_shapes[name] = shape;
+      for (const auto& [name, v] : values) build.input_values.emplace(name, v);  // --input-values first
       engine.emplace(Engine::from_onnx(o.model, build));
     }
     build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -268,8 +272,11 @@ int run(const RunOptions& o) {
                              engine_file ? "loaded" : "built", build_ms);
   };
   std::vector<TensorDesc> declared;
+  // A GPU engine built here plans for the values given to inputs that set parameters.
+  std::vector<std::string> parameter_inputs;
   if (gpu_from_onnx) {
     ir::Graph g = onnx_import::import_file(o.model);
+    parameter_inputs = ir::parameter_inputs(g, compiler::kMaxInputValueElements);
     for (const std::string& in : g.inputs) {
       TensorDesc d;
       d.name = in;
@@ -283,7 +290,7 @@ int run(const RunOptions& o) {
       declared.push_back(d);
     }
   } else {
-    open_engine({});
+    open_engine({}, {});
     declared = engine->inputs();
   }
 
@@ -349,8 +356,12 @@ int run(const RunOptions& o) {
 
   if (gpu_from_onnx) {
     std::map<std::string, std::vector<int64_t>> shapes;
-    for (const auto& [name, t] : inputs) shapes[name] = t.shape();
-    open_engine(shapes);
+    std::map<std::string, Tensor> values;
+    for (const auto& [name, t] : inputs) {
+      shapes[name] = t.shape();
+      if (std::find(parameter_inputs.begin(), parameter_inputs.end(), name) != parameter_inputs.end()) values[name] = t;
+    }
+    open_engine(shapes, values);
   }
   auto t0 = std::chrono::steady_clock::now();
   std::map<std::string, Tensor> outputs = engine->run(inputs);

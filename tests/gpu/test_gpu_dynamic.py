@@ -4,7 +4,8 @@ static engines' shapes included, and a transformer takes a dynamic batch and seq
 profile; a shape outside every profile, a wrong rank or dtype is a clear error (a wrong dtype:
 tests/gpu/test_gpu_python.py; kiln run converts .npy data); the engine file keeps the profiles and
 the built graph (an INT8 file is under 30% of the float32 one); kiln inspect reports the profiles;
-kiln bench sweeps one engine over batches."""
+kiln bench sweeps one engine over batches. Inputs that set parameters (a Reduce's axes, a Resize's
+sizes) are planned by value: each distinct value is a plan of its own, as a shape is."""
 from __future__ import annotations
 
 import json
@@ -241,3 +242,82 @@ def test_transformer_with_dynamic_batch_and_sequence(kiln_bin, tmp_path):
     r = kiln(kiln_bin, "run", engine, *flags, "-o", tmp_path / "out_past")
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert "above the profile's max 64" in r.stderr, r.stderr
+
+
+def _reduce_and_resize_model(path):
+    """y = ReduceSum(Relu(x), axes) and r = Resize(x, sizes): both parameters are runtime inputs."""
+    from onnx import TensorProto, helper
+    import onnx
+
+    nodes = [helper.make_node("Relu", ["x"], ["rx"]),
+             helper.make_node("ReduceSum", ["rx", "axes"], ["y"], keepdims=0),
+             helper.make_node("Resize", ["x", "", "", "sizes"], ["r"], mode="nearest")]
+    graph = helper.make_graph(nodes, "params", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8]),
+                                                helper.make_tensor_value_info("axes", TensorProto.INT64, [1]),
+                                                helper.make_tensor_value_info("sizes", TensorProto.INT64, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("r", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+
+
+def test_inputs_that_set_parameters_are_planned_by_value(tmp_path):
+    """A Reduce's axes and a Resize's sizes given as runtime inputs: with their values given at build
+    time (input_values) the engine builds on the GPU's own layers (--strict) and matches the CPU
+    engine; a run with other values (another output shape) is planned for them and matches too, on
+    the engine, on a context, and on the engine saved and loaded; a context's enqueue() takes values
+    from set_input_values."""
+    import kiln
+
+    model = tmp_path / "params.onnx"
+    _reduce_and_resize_model(model)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False,
+                       input_values={"axes": [1], "sizes": [2, 3, 16, 16]}).build(str(model))
+    assert not any(l["cpu_fallback"] for l in gpu.info()["layers"])
+    cpu = kiln.Builder(device="cpu").build(str(model))
+    engine_path = tmp_path / "params.engine"
+    gpu.save(str(engine_path))
+    loaded = kiln.Engine.load(str(engine_path))
+    context = gpu.create_context()
+    for axes, sizes in [([1], [2, 3, 16, 16]), ([-1], [2, 3, 4, 12]), ([0], [1, 3, 8, 5]), ([1], [2, 3, 16, 16])]:
+        feed = {"x": x, "axes": np.array(axes, dtype=np.int64), "sizes": np.array(sizes, dtype=np.int64)}
+        want = cpu.run(feed)
+        for runner in (gpu, loaded, context):
+            got = runner.run(feed)
+            assert got["y"].shape == want["y"].shape and got["r"].shape == tuple(sizes)
+            assert np.allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5), (axes, np.abs(got["y"] - want["y"]).max())
+            assert np.array_equal(got["r"], want["r"]), sizes
+    with pytest.raises(kiln.Error, match="values for input 'axes' must be int64 1"):
+        context.set_input_values("axes", np.array([0, 1], dtype=np.int64))
+    with pytest.raises(kiln.Error, match="'x' is not planned by value"):
+        context.set_input_values("x", x)
+
+
+def test_kiln_run_plans_for_the_parameter_values_it_is_given(kiln_bin, tmp_path):
+    """kiln run on the GPU plans for the values of the --input files that set parameters (axes,
+    sizes): a --strict build succeeds and the outputs are the CPU engine's; --input-values on kiln
+    build names them up front, one that is no input of the model is a clear error, and a --strict
+    build without them says which inputs to give values for."""
+    model = tmp_path / "params.onnx"
+    _reduce_and_resize_model(model)
+    x = np.random.default_rng(12).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "axes.npy", np.array([2], dtype=np.int64))
+    np.save(tmp_path / "sizes.npy", np.array([2, 3, 5, 11], dtype=np.int64))
+    outs = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / f"out_{device}"
+        extra = ["--strict"] if device == "cuda" else []
+        ok(kiln(kiln_bin, "run", model, "--device", device, *extra, "--input", f"x={tmp_path / 'x.npy'}",
+                "--input", f"axes={tmp_path / 'axes.npy'}", "--input", f"sizes={tmp_path / 'sizes.npy'}", "-o", out))
+        outs[device] = {name: np.load(out / f"{name}.npy") for name in ("y", "r")}
+    assert outs["cuda"]["r"].shape == (2, 3, 5, 11)
+    assert np.array_equal(outs["cuda"]["r"], outs["cpu"]["r"])
+    assert np.allclose(outs["cuda"]["y"], outs["cpu"]["y"], rtol=1e-5, atol=1e-5)
+    ok(kiln(kiln_bin, "build", model, "--strict", "--input-values", "axes=1", "--input-values", "sizes=2,3,16,16",
+            "-o", tmp_path / "p.engine"))
+    r = kiln(kiln_bin, "build", model, "--input-values", "ax=1", "-o", tmp_path / "q.engine")
+    assert r.returncode != 0 and "'ax', which is not an input of the model" in r.stderr, r.stderr[-2000:]
+    r = kiln(kiln_bin, "build", model, "--strict", "-o", tmp_path / "s.engine")
+    assert r.returncode != 0 and "input(s) axes, sizes set parameters of the model" in r.stderr, r.stderr[-2000:]

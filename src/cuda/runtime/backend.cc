@@ -81,6 +81,7 @@ class CudaBackendContext final : public backend::Context {
     context_->set_input_shape(name, shape);
   }
   std::vector<int64_t> input_shape(const std::string& name) const override { return context_->input_shape(name); }
+  void set_input_values(const std::string& name, const Tensor& values) override { context_->set_input_values(name, values); }
   std::vector<int64_t> output_shape(const std::string& name) override {
     DeviceScope scope(gpu_);
     for (const EngineIO& out : context_->current_plan().outputs())
@@ -332,6 +333,7 @@ std::unique_ptr<backend::Engine> build_backend_engine(std::shared_ptr<const ir::
   config.log = options.log;
   config.tactics = options.tactics;
   for (const OptimizationProfile& p : profiles) config.profiles.push_back(lowered_profile(p));
+  config.input_values = options.input_values;
   DeviceScope scope(options.gpu);
   std::unique_ptr<CudaEngine> engine = CudaEngine::build(std::move(specialize), config);
   if (config.log) {

@@ -13,9 +13,10 @@
 
 namespace kiln::cuda {
 
-// The graph at concrete input shapes (input name -> shape), from the compiler: what each plan
-// is built from.
-using GraphAtShapes = std::function<ir::Graph(const std::map<std::string, std::vector<int64_t>>&)>;
+// The graph at concrete input shapes (input name -> shape) and input values (the inputs that set
+// parameters, BuildOptions::input_values), from the compiler: what each plan is built from.
+using GraphAtShapes = std::function<ir::Graph(const std::map<std::string, std::vector<int64_t>>&,
+                                              const std::map<std::string, Tensor>&)>;
 
 // The GPU engine of `graph` (the optimized graph, dynamic dimensions symbolic) over `profiles`
 // (each naming every input), timing tactics unless `tactics` (timing-cache entries, from an

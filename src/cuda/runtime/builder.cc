@@ -27,6 +27,7 @@
 #include "cuda/runtime/memory_plan.h"
 #include "cuda/runtime/timing_cache.h"
 #include "ir/op_schema.h"
+#include "ir/parameter_inputs.h"
 #include "ops/slice_params.h"
 
 namespace kiln::cuda {
@@ -114,7 +115,7 @@ class Builder final : public BuildServices {
   }
 
   // `graph` is the graph given to the constructor, kept by the plan.
-  std::unique_ptr<ShapePlan> build(const Shapes& shapes, std::shared_ptr<const ir::Graph> graph);
+  std::unique_ptr<ShapePlan> build(const Shapes& shapes, const Values& values, std::shared_ptr<const ir::Graph> graph);
 
   // --- BuildServices ----------------------------------------------------------------------
   const void* upload(const void* host, size_t bytes) override { return weights_.upload(host, bytes); }
@@ -519,9 +520,11 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
     if (!node.outputs[i].empty()) value_buffer_[node.outputs[i]] = outputs[i];
 }
 
-std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<const ir::Graph> graph) {
+std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, const Values& values,
+                                          std::shared_ptr<const ir::Graph> graph) {
   plan_.reset(new ShapePlan());
   plan_->shapes_ = shapes;
+  plan_->values_ = values;
   plan_->graph_ = std::move(graph);
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
@@ -551,17 +554,29 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<
     plan_->inputs_.push_back(EngineIO{name, v.type.dtype, buffers_[id].spec.shape, id});
   }
 
+  // Inputs left as data that set parameters: what a build refused for want of their values names.
+  std::string values_hint;
+  for (const std::string& name : ir::parameter_inputs(graph_, ir::kMaxParameterElements))
+    values_hint += (values_hint.empty() ? "" : ", ") + name;
+  if (!values_hint.empty())
+    values_hint = "input(s) " + values_hint + " set parameters of the model: give their values (--input-values NAME=V1,V2,..., "
+                  "BuildOptions::input_values) and the engine plans for them";
   std::vector<std::string> unsupported;
   const size_t total = graph_.nodes.size();
   auto started = std::chrono::steady_clock::now();
   for (size_t i = 0; i < total; ++i) {
     const ir::Node& node = graph_.nodes[i];
-    if (is_view_op(graph_, node) || slice_is_view(node)) {
-      lower_view(node);
-    } else if (is_shape_op(node) && value_buffer_.count(node.inputs[0])) {
-      lower_shape(node);
-    } else {
-      lower_node(node, unsupported);
+    try {
+      if (is_view_op(graph_, node) || slice_is_view(node)) {
+        lower_view(node);
+      } else if (is_shape_op(node) && value_buffer_.count(node.inputs[0])) {
+        lower_shape(node);
+      } else {
+        lower_node(node, unsupported);
+      }
+    } catch (Error& e) {
+      if (!values_hint.empty() && e.hint_text().empty()) e.hint(values_hint);
+      throw;
     }
     if (config_.log && !plan_->layers_.empty() && plan_->layers_.back().name == node.name)
       log("[" + std::to_string(i + 1) + "/" + std::to_string(total) + "] " + node.name + " (" + node.op +
@@ -571,7 +586,8 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<
     std::string msg = std::to_string(unsupported.size()) + " node(s) cannot run on the GPU:";
     for (const std::string& u : unsupported) msg += "\n  " + u;
     throw Error(ErrorKind::kUnsupported, msg)
-        .hint("without --strict (BuildOptions::allow_cpu_fallback) they run on the CPU engine inside the GPU engine (slow)");
+        .hint((values_hint.empty() ? "" : values_hint + "; ") +
+              "without --strict (BuildOptions::allow_cpu_fallback) they run on the CPU engine inside the GPU engine (slow)");
   }
 
   // Graph outputs: the logical dtype, row-major, one buffer each, in the context's output
@@ -626,11 +642,11 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, std::shared_ptr<
   return std::move(plan_);
 }
 
-std::unique_ptr<ShapePlan> build_plan(std::shared_ptr<const ir::Graph> graph, const Shapes& shapes, const BuildConfig& config,
-                                      TimingCache& cache, WeightMemory& weights,
+std::unique_ptr<ShapePlan> build_plan(std::shared_ptr<const ir::Graph> graph, const Shapes& shapes, const Values& values,
+                                      const BuildConfig& config, TimingCache& cache, WeightMemory& weights,
                                       const std::map<std::string, std::string>* hints, const CudnnSource& cudnn) {
   Builder builder(*graph, config, cache, weights, hints, cudnn);
-  return builder.build(shapes, std::move(graph));
+  return builder.build(shapes, values, std::move(graph));
 }
 
 }  // namespace kiln::cuda

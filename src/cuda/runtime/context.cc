@@ -99,6 +99,7 @@ CudaContext::CudaContext(const CudaEngine& engine, const ContextOptions& options
   // Memory for the largest plan the build made (every profile's max shape among them).
   reserve(engine.arena_bytes(), engine.workspace_bytes());
   set_profile(0);
+  for (const auto& [name, values] : engine.config().input_values) values_[name] = values.clone();
 }
 
 void CudaContext::check_memory() const {
@@ -207,6 +208,19 @@ void CudaContext::set_profile(int index) {
   shapes_ = engine_.profiles()[static_cast<size_t>(index)].opt();
 }
 
+void CudaContext::set_input_values(const std::string& name, const Tensor& values) {
+  engine_.io_index(name, true);  // names an input, or throws
+  auto it = values_.find(name);
+  if (it == values_.end())
+    throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' is not planned by value: its data goes in its input buffer")
+        .hint("give its values when building (BuildOptions::input_values, --input-values) to plan for them");
+  if (values.dtype() != it->second.dtype() || values.shape() != it->second.shape())
+    throw Error(ErrorKind::kInvalidArgument, "values for input '" + name + "' must be " + to_string(it->second.dtype()) + " " +
+                                                 shape_to_string(it->second.shape()) + ", not " + to_string(values.dtype()) +
+                                                 " " + shape_to_string(values.shape()));
+  it->second = values.clone();
+}
+
 void CudaContext::set_input_shape(const std::string& name, const std::vector<int64_t>& shape) {
   engine_.io_index(name, true);  // names an input, or throws
   Shapes next = shapes_;
@@ -265,10 +279,10 @@ void CudaContext::bind(Bound& b) {
 }
 
 CudaContext::Bound& CudaContext::bound() {
-  const std::string key = shapes_key(shapes_);
+  const std::string key = binding_key(shapes_, values_);
   auto it = bound_.find(key);
   if (it == bound_.end()) {
-    std::shared_ptr<const ShapePlan> plan = engine_.context_plan(shapes_, [this] {
+    std::shared_ptr<const ShapePlan> plan = engine_.context_plan(shapes_, values_, [this] {
       if (!cudnn_) KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
       return cudnn_;
     });
@@ -466,10 +480,20 @@ std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::
           .hint("build the engine for these shapes (--shapes, or a profile: --min-shapes/--opt-shapes/--max-shapes)");
     }
   }
+  // Inputs planned by value: this run's values choose the plan (a plan of its own on first use).
+  Values values = values_;
+  for (auto& [name, given] : values) {
+    const std::vector<Tensor>& list = pieces.at(name);
+    if (list.size() != 1 || zero_rows > 0)
+      throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' sets a parameter of the model (the engine plans for its "
+                                                   "values): it cannot be batched from several requests");
+    given = list.front().clone();
+  }
   shapes_ = shapes;
+  values_ = std::move(values);
   for (size_t i = 0; i < engine_.io().size(); ++i) {
     const IoSlot& slot = engine_.io()[i];
-    if (!slot.is_input) continue;
+    if (!slot.is_input || engine_.is_value_input(slot.name)) continue;
     // The shapes lie within a profile, so the pinned staging (sized for the largest) holds them.
     auto* staging = static_cast<unsigned char*>(pinned_[i]);
     size_t offset = 0;

@@ -22,6 +22,9 @@ namespace kiln::cuda {
 
 // Input shapes by input name: one binding of an engine's inputs.
 using Shapes = std::map<std::string, std::vector<int64_t>>;
+// The values of the inputs that set parameters (BuildOptions::input_values), by input name: the
+// rest of a binding. A plan treats them as constants.
+using Values = std::map<std::string, Tensor>;
 
 // The cuDNN handle a plan's layers are built with, made when the first layer asks for one (an
 // execution context's own; its plans run with the handle their cuDNN execution plans were
@@ -55,6 +58,8 @@ struct BuildConfig {
   size_t max_workspace_bytes = size_t{1} << 30;
   // The optimization profiles; at least one.
   std::vector<Profile> profiles;
+  // The values the profiles' plans are built for; a context starts with them.
+  Values input_values;
   // Besides each profile's opt, min and max shapes, tactics are timed at shapes spaced by about
   // this factor in elements between them (geometrically; <= 1: none), so that a shape planned
   // on first use starts from tactics timed near it.
@@ -112,6 +117,8 @@ class ShapePlan {
  public:
   ~ShapePlan();
   const Shapes& shapes() const { return shapes_; }
+  const Values& values() const { return values_; }
+  // The inputs the plan reads from device buffers (the value inputs are constants in it).
   const std::vector<EngineIO>& inputs() const { return inputs_; }
   const std::vector<EngineIO>& outputs() const { return outputs_; }
   const std::vector<PlannedLayer>& layers() const { return layers_; }
@@ -139,6 +146,7 @@ class ShapePlan {
   ShapePlan() = default;
   std::shared_ptr<const ir::Graph> graph_;
   Shapes shapes_;
+  Values values_;
   std::vector<EngineIO> inputs_, outputs_;
   std::vector<Buffer> buffers_;
   std::vector<PlannedLayer> layers_;
@@ -186,9 +194,10 @@ struct SharedActivations {
 // Thread-safe: plan() and context_plan() may be called from several threads at once.
 class CudaEngine {
  public:
-  // The graph specialized to input shapes (dims bound, shapes inferred, shape arithmetic
-  // folded): what a plan is built from. Called from plan() on any thread, one call at a time.
-  using Specializer = std::function<ir::Graph(const Shapes&)>;
+  // The graph specialized to input shapes and values (dims bound, value inputs made constants,
+  // shapes inferred, shape arithmetic folded): what a plan is built from. Called from plan() on
+  // any thread, one call at a time.
+  using Specializer = std::function<ir::Graph(const Shapes&, const Values&)>;
 
   // Builds for the current CUDA device. Throws kUnsupported naming every node without a GPU
   // layer (unless CPU fallback is on), kInvalidArgument for a malformed profile.
@@ -197,17 +206,22 @@ class CudaEngine {
 
   const std::vector<Profile>& profiles() const { return profiles_; }
   const std::vector<IoSlot>& io() const { return io_; }
-  // Index of an input (is_input) or output in io(); throws kInvalidArgument naming it.
+  // Index of an input (is_input) or output in io(); throws kInvalidArgument naming it. The value
+  // inputs come last among the slots (after the outputs).
   int io_index(const std::string& name, bool is_input) const;
-  // The engine's plan for `shapes` (every input named; the caller has checked them against a
-  // profile): what info() and the engine file describe. Contexts do not run it (below).
-  std::shared_ptr<const ShapePlan> plan(const Shapes& shapes) const;
+  // Whether an input is planned by value (BuildConfig::input_values).
+  bool is_value_input(const std::string& name) const { return config_.input_values.count(name) != 0; }
+  // The engine's plan for `shapes` and `values` (every input named; the caller has checked them
+  // against a profile): what info() and the engine file describe. Contexts do not run it (below).
+  std::shared_ptr<const ShapePlan> plan(const Shapes& shapes, const Values& values) const;
+  // The same at the values the engine was built for.
+  std::shared_ptr<const ShapePlan> plan(const Shapes& shapes) const { return plan(shapes, config_.input_values); }
   // A plan of one execution context's own at `shapes`, built with the tactics of plan(shapes),
   // so it computes the same, and with the context's cuDNN handle (`cudnn`): a cuDNN execution
   // plan keeps the handle it was finalized with, which must outlive it. Contexts never share
   // layers: a layer may keep state of its own on the device (cuDNN's runtime-compiled engines
   // do), and the weights are shared anyway.
-  std::shared_ptr<const ShapePlan> context_plan(const Shapes& shapes, const CudnnSource& cudnn) const;
+  std::shared_ptr<const ShapePlan> context_plan(const Shapes& shapes, const Values& values, const CudnnSource& cudnn) const;
   // The plan of a profile's opt shapes, built by build().
   std::shared_ptr<const ShapePlan> opt_plan(int profile) const;
   // The plan of a profile's max shapes (memory is planned for it), built by build().
@@ -231,8 +245,9 @@ class CudaEngine {
 
  private:
   CudaEngine() = default;
-  // The plan at `shapes` from `graph` (null: the graph specialized to `shapes` now).
-  std::shared_ptr<const ShapePlan> build_plan(const Shapes& shapes, const std::map<std::string, std::string>* hints,
+  // The plan at `shapes` and `values` from `graph` (null: the graph specialized to them now).
+  std::shared_ptr<const ShapePlan> build_plan(const Shapes& shapes, const Values& values,
+                                              const std::map<std::string, std::string>* hints,
                                          const BuildConfig& config, std::shared_ptr<const ir::Graph> graph = nullptr,
                                          const CudnnSource& cudnn = {}) const;
 
@@ -255,8 +270,10 @@ class CudaEngine {
   mutable std::shared_ptr<SharedActivations> shared_activations_;
 };
 
-// A printable key of a binding: "input=8x3x224x224;mask=8x16".
+// A printable key of a binding: "input=8x3x224x224;mask=8x16", then each value input's values
+// ("axes:=[1,2]"; floating-point ones to every digit).
 std::string shapes_key(const Shapes& shapes);
+std::string binding_key(const Shapes& shapes, const Values& values);
 
 // The shapes a profile's tactics are timed at: opt, min, max, then shapes on the geometric paths
 // min -> opt and opt -> max, about `step` apart in elements (every varying dimension moved by the
@@ -293,6 +310,10 @@ class CudaContext {
   void set_input_shape(const std::string& name, const std::vector<int64_t>& shape);
   const std::vector<int64_t>& input_shape(const std::string& name) const;
   const Shapes& input_shapes() const { return shapes_; }
+  // The values of an input planned by value (BuildConfig::input_values) for the next enqueue()s
+  // (the build's until set; run() sets them from its inputs). Throws kInvalidArgument for another
+  // input, or values of another dtype or shape.
+  void set_input_values(const std::string& name, const Tensor& values);
   // The plan for the current input shapes (built on first use).
   const ShapePlan& current_plan();
 
@@ -353,6 +374,7 @@ class CudaContext {
   bool use_cuda_graph_;
   int profile_ = 0;
   Shapes shapes_;
+  Values values_;
   void* arena_ = nullptr;
   size_t arena_capacity_ = 0;
   void* workspace_ = nullptr;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
@@ -15,8 +16,8 @@
 namespace kiln::cuda {
 
 std::string device_signature(const cudaDeviceProp& prop);
-std::unique_ptr<ShapePlan> build_plan(std::shared_ptr<const ir::Graph> graph, const Shapes& shapes, const BuildConfig& config,
-                                      TimingCache& cache, WeightMemory& weights,
+std::unique_ptr<ShapePlan> build_plan(std::shared_ptr<const ir::Graph> graph, const Shapes& shapes, const Values& values,
+                                      const BuildConfig& config, TimingCache& cache, WeightMemory& weights,
                                       const std::map<std::string, std::string>* hints, const CudnnSource& cudnn);
 
 std::string shapes_key(const Shapes& shapes) {
@@ -25,6 +26,41 @@ std::string shapes_key(const Shapes& shapes) {
     if (!key.empty()) key += ";";
     key += name + "=" + shape_to_string(shape);
   }
+  return key;
+}
+
+namespace {
+
+// The elements of a value input, exactly: integers as written, floating point to every digit,
+// other dtypes as their bytes in hex.
+std::string value_text(const Tensor& t) {
+  std::string out = "[";
+  char buf[32];
+  const auto* bytes = static_cast<const unsigned char*>(t.raw());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (i) out += ",";
+    switch (t.dtype()) {
+      case DType::kInt64: out += std::to_string(t.data<int64_t>()[i]); break;
+      case DType::kInt32: out += std::to_string(t.data<int32_t>()[i]); break;
+      case DType::kFloat32: std::snprintf(buf, sizeof buf, "%.9g", t.data<float>()[i]); out += buf; break;
+      case DType::kFloat64: std::snprintf(buf, sizeof buf, "%.17g", t.data<double>()[i]); out += buf; break;
+      default: {
+        const size_t size = element_size(t.dtype());
+        for (size_t b = 0; b < size; ++b) {
+          std::snprintf(buf, sizeof buf, "%02x", bytes[static_cast<size_t>(i) * size + b]);
+          out += buf;
+        }
+      }
+    }
+  }
+  return out + "]";
+}
+
+}  // namespace
+
+std::string binding_key(const Shapes& shapes, const Values& values) {
+  std::string key = shapes_key(shapes);
+  for (const auto& [name, tensor] : values) key += ";" + name + ":=" + value_text(tensor);
   return key;
 }
 
@@ -136,21 +172,22 @@ std::unique_ptr<CudaEngine> CudaEngine::build(Specializer specialize, const Buil
     const Profile& profile = e->profiles_[p];
     const std::vector<Shapes> timed = timed_shapes(profile, config.timed_shape_step);
     for (size_t i = 0; i < timed.size(); ++i) {
-      const std::string key = shapes_key(timed[i]);
+      const std::string key = binding_key(timed[i], config.input_values);
       if (e->pinned_.count(key)) continue;
       if (config.log)
         config.log("profile " + std::to_string(p) + (n > 1 ? " of " + std::to_string(n) : "") + ": planning " + key +
                    " (" + std::to_string(i + 1) + "/" + std::to_string(timed.size()) + ")");
-      e->pinned_[key] = e->build_plan(timed[i], nullptr, e->config_);
+      e->pinned_[key] = e->build_plan(timed[i], config.input_values, nullptr, e->config_);
     }
-    e->opt_plans_.push_back(e->pinned_.at(shapes_key(profile.opt())));
-    e->max_plans_.push_back(e->pinned_.at(shapes_key(profile.max())));
+    e->opt_plans_.push_back(e->pinned_.at(binding_key(profile.opt(), config.input_values)));
+    e->max_plans_.push_back(e->pinned_.at(binding_key(profile.max(), config.input_values)));
   }
 
   // Inputs and outputs, sized for the largest shape of any profile.
   const ShapePlan& first = *e->opt_plans_.front();
   for (const EngineIO& in : first.inputs()) e->io_.push_back(IoSlot{in.name, in.dtype, true, 0});
   for (const EngineIO& out : first.outputs()) e->io_.push_back(IoSlot{out.name, out.dtype, false, 0});
+  for (const auto& [name, tensor] : config.input_values) e->io_.push_back(IoSlot{name, tensor.dtype(), true, tensor.nbytes()});
   for (const auto& [key, plan] : e->pinned_) {
     size_t i = 0;
     for (const auto* list : {&plan->inputs(), &plan->outputs()})
@@ -166,11 +203,13 @@ std::unique_ptr<CudaEngine> CudaEngine::build(Specializer specialize, const Buil
   return e;
 }
 
-std::shared_ptr<const ShapePlan> CudaEngine::build_plan(const Shapes& shapes, const std::map<std::string, std::string>* hints,
+std::shared_ptr<const ShapePlan> CudaEngine::build_plan(const Shapes& shapes, const Values& values,
+                                                   const std::map<std::string, std::string>* hints,
                                                    const BuildConfig& config, std::shared_ptr<const ir::Graph> graph,
                                                    const CudnnSource& cudnn) const {
-  if (!graph) graph = std::make_shared<const ir::Graph>(specialize_(shapes));
-  std::shared_ptr<const ShapePlan> plan = cuda::build_plan(std::move(graph), shapes, config, *cache_, weights_, hints, cudnn);
+  if (!graph) graph = std::make_shared<const ir::Graph>(specialize_(shapes, values));
+  std::shared_ptr<const ShapePlan> plan =
+      cuda::build_plan(std::move(graph), shapes, values, config, *cache_, weights_, hints, cudnn);
   arena_bytes_ = std::max(arena_bytes_, plan->arena_bytes());
   workspace_bytes_ = std::max(workspace_bytes_, plan->workspace_bytes());
   return plan;
@@ -183,8 +222,8 @@ int CudaEngine::io_index(const std::string& name, bool is_input) const {
                                                " named '" + name + "'");
 }
 
-std::shared_ptr<const ShapePlan> CudaEngine::plan(const Shapes& shapes) const {
-  const std::string key = shapes_key(shapes);
+std::shared_ptr<const ShapePlan> CudaEngine::plan(const Shapes& shapes, const Values& values) const {
+  const std::string key = binding_key(shapes, values);
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = pinned_.find(key); it != pinned_.end()) return it->second;
   auto touch = [&] {
@@ -206,7 +245,7 @@ std::shared_ptr<const ShapePlan> CudaEngine::plan(const Shapes& shapes) const {
   // The engine's log belongs to the build; plans made while running stay quiet.
   BuildConfig quiet = config_;
   quiet.log = nullptr;
-  std::shared_ptr<const ShapePlan> plan = build_plan(shapes, nearest ? &nearest->node_tactics() : nullptr, quiet);
+  std::shared_ptr<const ShapePlan> plan = build_plan(shapes, values, nearest ? &nearest->node_tactics() : nullptr, quiet);
   cached_[key] = plan;
   touch();
   while (cached_order_.size() > config_.max_cached_plans) {
@@ -216,12 +255,13 @@ std::shared_ptr<const ShapePlan> CudaEngine::plan(const Shapes& shapes) const {
   return plan;
 }
 
-std::shared_ptr<const ShapePlan> CudaEngine::context_plan(const Shapes& shapes, const CudnnSource& cudnn) const {
-  std::shared_ptr<const ShapePlan> shared = plan(shapes);
+std::shared_ptr<const ShapePlan> CudaEngine::context_plan(const Shapes& shapes, const Values& values,
+                                                      const CudnnSource& cudnn) const {
+  std::shared_ptr<const ShapePlan> shared = plan(shapes, values);
   std::lock_guard<std::mutex> lock(mutex_);
   BuildConfig quiet = config_;
   quiet.log = nullptr;
-  return build_plan(shapes, &shared->node_tactics(), quiet, shared->graph(), cudnn);
+  return build_plan(shapes, values, &shared->node_tactics(), quiet, shared->graph(), cudnn);
 }
 
 std::shared_ptr<const ShapePlan> CudaEngine::opt_plan(int profile) const { return opt_plans_.at(static_cast<size_t>(profile)); }
