@@ -60,8 +60,10 @@ struct RowNorm {
   bool rms = false;  // RMSNormalization: no mean (0), the mean square for the variance
 };
 
-// GROUP threads per row: mean, variance, then y = (x - mean) * inv * scale + bias.
-template <class T, int GROUP>
+// GROUP threads per row: mean, variance, then y = (x - mean) * inv * scale + bias. RMS skips the
+// mean; it is a template parameter so that LayerNormalization's kernel has no branch of it
+// (docs/design/gpu-engine.md, "Failures a kernel finds at run time", measures the difference).
+template <class T, int GROUP, bool RMS>
 __global__ void __launch_bounds__(kBlock) norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y,
                                                            T* __restrict__ mean_out, T* __restrict__ inv_out,
                                                            const float* __restrict__ scale,
@@ -73,7 +75,7 @@ __global__ void __launch_bounds__(kBlock) norm_rows_kernel(const T* __restrict__
   for (int64_t row = int64_t{blockIdx.x} * kGroups + group; row < p.rows; row += int64_t{gridDim.x} * kGroups) {
     const int64_t base = row * p.cols;
     float mean = 0.f;
-    if (!p.rms) {
+    if constexpr (!RMS) {
       float sum = 0.f;
       for (int64_t c = lane; c < p.cols; c += GROUP) sum += load_float(x, base + c);
       mean = group_sum<GROUP>(sum, smem) / cols_f;
@@ -115,8 +117,13 @@ std::unique_ptr<Layer> norm_rows_layer(const RowNorm& p) {
     T* inv = io.outputs.size() > 2 ? static_cast<T*>(io.outputs[2]) : nullptr;
     const float* scale = static_cast<const float*>(io.inputs[1]);
     const float* bias = io.inputs.size() > 2 ? static_cast<const float*>(io.inputs[2]) : nullptr;
-    if (warp) norm_rows_kernel<T, 32><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
-    else norm_rows_kernel<T, kBlock><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+    if (p.rms) {
+      if (warp) norm_rows_kernel<T, 32, true><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+      else norm_rows_kernel<T, kBlock, true><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+    } else {
+      if (warp) norm_rows_kernel<T, 32, false><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+      else norm_rows_kernel<T, kBlock, false><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+    }
     KILN_CUDA_CHECK_LAUNCH();
   });
 }
