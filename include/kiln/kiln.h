@@ -141,7 +141,9 @@ class Context {
   std::vector<LayerInfo> layers();
   // Device pointers of an input or output buffer, large enough for the largest shapes of every
   // profile (valid as long as the context; they never move). Contents are row-major at the
-  // current shapes.
+  // current shapes. One exception: values set with set_input_values that make an output larger
+  // than at the build's values move that output's buffer when they are planned (output_shape()
+  // plans them); ask for output_buffer() after that.
   void* input_buffer(const std::string& name) const;
   void* output_buffer(const std::string& name) const;
   // Runs the engine at the current input shapes on a CUDA stream (a cudaStream_t; nullptr:

@@ -105,11 +105,13 @@ std::map<std::string, Tensor> resolve_input_values(const std::vector<TensorDesc>
       throw Error(ErrorKind::kInvalidArgument, "input values are given for '" + name + "', which is not an input of the model")
           .hint("the model's inputs: " + names);
     const std::string what = "input '" + name + "' (planned by value)";
-    if (!numeric(input->dtype))
-      throw Error(ErrorKind::kInvalidArgument, what + " is " + to_string(input->dtype) + ": only numeric inputs are planned by value");
-    if (!numeric(values.dtype()))
+    if (input->dtype == DType::kString || values.dtype() == DType::kString)
+      throw Error(ErrorKind::kInvalidArgument, what + ": string values are not planned by value");
+    // Values of another dtype are converted, between the types a double holds exactly.
+    if (values.dtype() != input->dtype && (!numeric(input->dtype) || !numeric(values.dtype())))
       throw Error(ErrorKind::kInvalidArgument, "the values given for " + what + " are " + to_string(values.dtype()) +
-                                                   ", not a number type");
+                                                   ", the input is " + to_string(input->dtype) + ": give them as " +
+                                                   to_string(input->dtype));
     std::vector<int64_t> shape;
     for (size_t p = 0; p < profiles.size(); ++p) {
       auto it = profiles[p].find(name);

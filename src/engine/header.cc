@@ -29,7 +29,9 @@ std::map<std::string, Tensor> input_values_from_json(const nlohmann::json& j) {
     const std::string dtype_name = v.at("dtype").get<std::string>();
     DType dtype = DType::kUndefined;
     for (DType d : {DType::kBool, DType::kInt8, DType::kInt16, DType::kInt32, DType::kInt64, DType::kUInt8, DType::kUInt16,
-                    DType::kUInt32, DType::kUInt64, DType::kFloat16, DType::kFloat32, DType::kFloat64})
+                    DType::kUInt32, DType::kUInt64, DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64,
+                    DType::kFloat8E4M3FN, DType::kFloat8E4M3FNUZ, DType::kFloat8E5M2, DType::kFloat8E5M2FNUZ, DType::kUInt4,
+                    DType::kInt4, DType::kFloat4E2M1, DType::kUInt2, DType::kInt2})
       if (to_string(d) == dtype_name) dtype = d;
     if (dtype == DType::kUndefined) throw Error(ErrorKind::kInvalidModel, what + " have dtype '" + dtype_name + "'");
     const std::vector<int64_t> shape = v.at("shape").get<std::vector<int64_t>>();

@@ -119,6 +119,20 @@ TEST(ResolveInputValues, RefusesWhatCannotBePlannedByValue) {
             std::string::npos);
 }
 
+TEST(ResolveInputValues, TypesADoubleCannotHoldAreTakenAsTheyAre) {
+  // A float8 zero point planned by value: its own dtype is kept, another is refused.
+  const std::vector<TensorDesc> inputs = {TensorDesc{"zp", DType::kFloat8E4M3FN, {}, {}}};
+  const std::vector<OptimizationProfile> profiles = {{{"zp", {{}, {}, {}}}}};
+  const auto out = compiler::resolve_input_values(inputs, profiles, {{"zp", Tensor(DType::kFloat8E4M3FN, {})}});
+  EXPECT_EQ(out.at("zp").dtype(), DType::kFloat8E4M3FN);
+  try {
+    compiler::resolve_input_values(inputs, profiles, {{"zp", Tensor::scalar<float>(0.f)}});
+    ADD_FAILURE() << "float32 values for a float8 input were taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("give them as float8e4m3fn"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ResolveInputValues, TheEngineFileKeepsThemExactly) {
   engine_file::Header h;
   h.kiln_version = KILN_VERSION;

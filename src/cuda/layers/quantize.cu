@@ -124,10 +124,15 @@ bool dispatch_quantized(DType dtype, Fn&& fn) {
   }
 }
 
-std::string check_request(const LayerRequest& r) {
+std::string check_request(const LayerRequest& r, bool quantize) {
   if (!r.is_constant(1)) return "the scale must be a constant";
   if (r.has_input(2) && !r.is_constant(2)) return "the zero point must be a constant";
   if (r.node.attrs.get_int("block_size", 0) != 0) return "blocked quantization (block_size) is not supported";
+  // The quantized types the kernels below have (the others run on the CPU engine when allowed).
+  const DType qtype = quantize ? r.output_dtypes[0] : r.input_dtypes[0];
+  const bool integer = dispatch_quantized(qtype, [](auto) {}) && !(quantize && qtype == DType::kInt32);
+  if (!integer && qtype != DType::kFloat8E4M3FN)
+    return std::string("cannot ") + (quantize ? "quantize to " : "dequantize ") + to_string(qtype);
   return "";
 }
 
@@ -261,7 +266,7 @@ KILN_REGISTER_CUDA_LAYERS(quantize) {
   for (bool quantize : {true, false}) {
     LayerEntry e;
     e.op = quantize ? "QuantizeLinear" : "DequantizeLinear";
-    e.check = check_request;
+    e.check = [quantize](const LayerRequest& r) { return check_request(r, quantize); };
     e.formats = [quantize](const LayerRequest& r) { return formats(r, quantize); };
     e.create = [quantize](const LayerRequest& r, const LayerFormats& f, BuildServices& s) { return create(r, f, s, quantize); };
     e.dtypes = quantize ? "float32 -> int8, uint8, int16, uint16, float8e4m3fn (constant scale)"

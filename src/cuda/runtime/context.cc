@@ -95,6 +95,7 @@ CudaContext::CudaContext(const CudaEngine& engine, const ContextOptions& options
     io_buffers_.push_back(device);
     KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(slot.capacity, 1)));
     pinned_.push_back(host);
+    io_capacity_.push_back(slot.capacity);
   }
   // Memory for the largest plan the build made (every profile's max shape among them).
   reserve(engine.arena_bytes(), engine.workspace_bytes());
@@ -200,6 +201,21 @@ void CudaContext::reserve(size_t arena_bytes, size_t workspace_bytes) {
   grow(workspace_, workspace_capacity_, workspace_bytes);
 }
 
+void CudaContext::grow_io(size_t slot, size_t bytes) {
+  // Work in flight may use the old buffer, and every bound plan points at it.
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  for (auto& [key, b] : bound_)
+    if (b.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(b.graph));
+  bound_.clear();
+  KILN_CUDA_CHECK(cudaFree(io_buffers_[slot]));
+  KILN_CUDA_CHECK(cudaFreeHost(pinned_[slot]));
+  io_buffers_[slot] = pinned_[slot] = nullptr;
+  io_capacity_[slot] = 0;
+  KILN_CUDA_CHECK(cudaMalloc(&io_buffers_[slot], bytes));
+  KILN_CUDA_CHECK(cudaMallocHost(&pinned_[slot], bytes));
+  io_capacity_[slot] = bytes;
+}
+
 void CudaContext::set_profile(int index) {
   if (index < 0 || index >= static_cast<int>(engine_.profiles().size()))
     throw Error(ErrorKind::kInvalidArgument, "optimization profile " + std::to_string(index) + " does not exist: the engine has " +
@@ -288,9 +304,13 @@ CudaContext::Bound& CudaContext::bound() {
     });
     for (const auto* list : {&plan->inputs(), &plan->outputs()})
       for (const EngineIO& x : *list) {
-        const IoSlot& slot = engine_.io()[static_cast<size_t>(engine_.io_index(x.name, list == &plan->inputs()))];
-        if (plan->buffers()[x.buffer].spec.bytes() > slot.capacity)
+        const size_t slot = static_cast<size_t>(engine_.io_index(x.name, list == &plan->inputs()));
+        const size_t bytes = plan->buffers()[x.buffer].spec.bytes();
+        if (bytes <= io_capacity_[slot]) continue;
+        // Values other than the build's may make an output larger than any shape in the profiles.
+        if (list == &plan->inputs() || !engine_.has_value_inputs())
           throw Error(ErrorKind::kInternal, "'" + x.name + "' at " + key + " needs more memory than at the profiles' max shapes");
+        grow_io(slot, bytes);
       }
     reserve(plan->arena_bytes(), plan->workspace_bytes());
     if (bound_.size() >= kMaxGraphs) {

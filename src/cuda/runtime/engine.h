@@ -211,6 +211,7 @@ class CudaEngine {
   int io_index(const std::string& name, bool is_input) const;
   // Whether an input is planned by value (BuildConfig::input_values).
   bool is_value_input(const std::string& name) const { return config_.input_values.count(name) != 0; }
+  bool has_value_inputs() const { return !config_.input_values.empty(); }
   // The engine's plan for `shapes` and `values` (every input named; the caller has checked them
   // against a profile): what info() and the engine file describe. Contexts do not run it (below).
   std::shared_ptr<const ShapePlan> plan(const Shapes& shapes, const Values& values) const;
@@ -318,7 +319,8 @@ class CudaContext {
   const ShapePlan& current_plan();
 
   // Device buffers of the engine's inputs and outputs (logical dtype, row-major), large
-  // enough for any shape of any profile; their addresses never change.
+  // enough for any shape of any profile; their addresses never change, but for an output of an
+  // engine with inputs planned by value whose values need more room than the build's (grow_io).
   void* input_buffer(const std::string& name) const;
   void* output_buffer(const std::string& name) const;
 
@@ -364,6 +366,9 @@ class CudaContext {
   // device's free memory.
   void check_memory() const;
   void reserve(size_t arena_bytes, size_t workspace_bytes);
+  // An output buffer (and its staging) reallocated to `bytes`, every bound plan dropped: an
+  // engine with inputs planned by value may need more at other values than at the build's.
+  void grow_io(size_t slot, size_t bytes);
   void enqueue_layers(const Bound& b, cudaStream_t stream);
   void enqueue_graph(Bound& b, cudaStream_t stream);
   // Leaves the shared activation memory for memory of this context's own (a plan needs more).
@@ -382,6 +387,7 @@ class CudaContext {
   std::shared_ptr<SharedActivations> shared_;  // arena_ and workspace_ are its memory, not ours
   std::vector<void*> io_buffers_;   // per CudaEngine::io() slot
   std::vector<void*> pinned_;       // host staging per slot
+  std::vector<size_t> io_capacity_;  // bytes of each slot's buffer and staging
   cudnnContext* cudnn_ = nullptr;
   cublasLtContext* cublaslt_ = nullptr;
   std::map<std::string, Bound> bound_;  // by shapes_key
