@@ -597,3 +597,42 @@ def test_scatter_elements_with_an_index_out_of_range_raises_instead_of_answering
         bad = dict(feed, indices=np.array([[0, 1, 2, 3], [4, 7, 0, 1], [1, 1, 1, 1]], dtype=np.int64))
         with pytest.raises(kiln.Error, match="ScatterElements 'scatter': an index is outside"):
             gpu.run(bad)
+
+
+@pytest.mark.parametrize("op", ["NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_losses_match_cpu_and_refuse_a_target_that_is_no_class(op, reduction, tmp_path):
+    """NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss over [N, C, D1, D2] scores with class
+    weights and an ignore_index, on the GPU's own layers (SoftmaxCrossEntropyLoss with its
+    log-probability output too) against the CPU engine, for each reduction; a target that is no
+    class makes run() raise, naming the node, and the next valid run answers right."""
+    import kiln
+
+    outputs = ["loss", "log_prob"] if op == "SoftmaxCrossEntropyLoss" else ["loss"]
+    scores = "x" if op == "SoftmaxCrossEntropyLoss" else "logp"
+    nodes = [helper.make_node("LogSoftmax", ["x"], ["logp"], axis=1)] if op == "NegativeLogLikelihoodLoss" else []
+    nodes.append(helper.make_node(op, [scores, "target", "w"], outputs, name="loss_node", reduction=reduction,
+                                  ignore_index=2))
+    graph = helper.make_graph(nodes, "loss", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5, 4, 2]),
+                                              helper.make_tensor_value_info("target", TensorProto.INT64, [3, 4, 2]),
+                                              helper.make_tensor_value_info("w", TensorProto.FLOAT, [5])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs])
+    path = str(tmp_path / f"{op}_{reduction}.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["name"] == "loss_node"] == \
+        [f"kernel:{'softmax-cross-entropy' if op == 'SoftmaxCrossEntropyLoss' else 'nll'}({reduction})"]
+    rng = np.random.default_rng(6)
+    feed = {"x": rng.standard_normal((3, 5, 4, 2)).astype(np.float32),
+            "target": rng.integers(0, 5, (3, 4, 2)).astype(np.int64),
+            "w": rng.uniform(0.5, 2.0, 5).astype(np.float32)}
+    for _ in range(2):
+        got, want = gpu.run(feed), cpu.run(feed)
+        for name in outputs:
+            assert got[name].shape == want[name].shape, name
+            assert np.allclose(got[name], want[name], rtol=1e-5, atol=1e-6), (name, np.abs(got[name] - want[name]).max())
+        bad = dict(feed, target=np.where(feed["target"] == 2, 7, feed["target"]))
+        bad["target"][0, 0, 0] = 5
+        with pytest.raises(kiln.Error, match=f"{op} 'loss_node': a target is not a class"):
+            gpu.run(bad)
