@@ -18,36 +18,6 @@ bool numeric(DType d) {
   }
 }
 
-// Element i as a double (every dtype numeric() admits; 64-bit integers beyond 2^53 are compared
-// exactly by the caller, which copies them without this when the dtypes agree).
-double element(const Tensor& t, int64_t i) {
-  const void* p = static_cast<const unsigned char*>(t.raw()) + static_cast<size_t>(i) * element_size(t.dtype());
-  auto read = [p](auto tag) {
-    decltype(tag) v;
-    std::memcpy(&v, p, sizeof v);
-    return static_cast<double>(v);
-  };
-  switch (t.dtype()) {
-    case DType::kBool: return read(uint8_t{}) != 0 ? 1.0 : 0.0;
-    case DType::kInt8: return read(int8_t{});
-    case DType::kInt16: return read(int16_t{});
-    case DType::kInt32: return read(int32_t{});
-    case DType::kInt64: return read(int64_t{});
-    case DType::kUInt8: return read(uint8_t{});
-    case DType::kUInt16: return read(uint16_t{});
-    case DType::kUInt32: return read(uint32_t{});
-    case DType::kUInt64: return read(uint64_t{});
-    case DType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p, sizeof h);
-      return half_to_float(h);
-    }
-    case DType::kFloat32: return read(float{});
-    case DType::kFloat64: return read(double{});
-    default: return 0;
-  }
-}
-
 // Writes `v` as element i of `t`; false when the dtype cannot hold it exactly.
 bool set_element(Tensor& t, int64_t i, double v) {
   void* p = static_cast<unsigned char*>(t.raw()) + static_cast<size_t>(i) * element_size(t.dtype());
@@ -136,7 +106,7 @@ std::map<std::string, Tensor> resolve_input_values(const std::vector<TensorDesc>
     }
     Tensor converted(input->dtype, shape);
     for (int64_t i = 0; i < count; ++i) {
-      const double v = element(values, i);
+      const double v = values.value_as_double(i);
       if (!set_element(converted, i, v))
         throw Error(ErrorKind::kInvalidArgument, "value " + std::to_string(v) + " given for " + what + " is not a " +
                                                      to_string(input->dtype));

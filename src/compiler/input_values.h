@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ir/parameter_inputs.h"
-#include "kiln/kiln.h"
+#include "kiln/types.h"
 
 namespace kiln::compiler {
 

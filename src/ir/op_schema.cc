@@ -175,6 +175,16 @@ std::optional<Dims> merge_symbolic(std::optional<Dims> inferred, const std::opti
 
 }  // namespace
 
+void reinfer_shapes(Graph& graph) {
+  for (const auto& [name, value] : graph.values())
+    if (!value.constant && std::find(graph.inputs.begin(), graph.inputs.end(), name) == graph.inputs.end()) {
+      Value& v = graph.value(name);
+      if (v.type.shape && !all_known(*v.type.shape)) v.type.shape.reset();
+      v.symbolic_value.reset();
+    }
+  infer_shapes(graph);
+}
+
 void infer_shapes(Graph& graph) {
   for (const Node& node : graph.nodes) {
     std::vector<const TensorType*> types;

@@ -84,6 +84,10 @@ InferContext infer_node(const Node& node, const std::vector<const TensorType*>& 
 // inference knows less. Called after import and by passes that change the graph.
 void infer_shapes(Graph& graph);
 
+// After a graph's inputs were bound to shapes or values: forgets what inference derived without
+// them (shapes not fully known, symbolic values of computed values), then infers every shape again.
+void reinfer_shapes(Graph& graph);
+
 // FLOPs of one node in a graph whose shapes have been inferred (0 if unknown).
 int64_t node_flops(const Graph& graph, const Node& node);
 

@@ -39,16 +39,7 @@ int bind_input_shapes(ir::Graph& graph, const std::map<std::string, std::vector<
       ++changed;
     }
   }
-  if (changed) {
-    // Shapes further down still name the symbols; inference replaces them.
-    for (const auto& [name, value] : graph.values())
-      if (!value.constant && std::find(graph.inputs.begin(), graph.inputs.end(), name) == graph.inputs.end()) {
-        ir::Value& v = graph.value(name);
-        if (v.type.shape && !ir::all_known(*v.type.shape)) v.type.shape.reset();
-        v.symbolic_value.reset();
-      }
-    ir::infer_shapes(graph);
-  }
+  if (changed) ir::reinfer_shapes(graph);  // shapes further down still name the symbols
   return changed;
 }
 

@@ -26,14 +26,7 @@ int bind_input_values(ir::Graph& graph, const std::map<std::string, Tensor>& val
     v.constant = tensor;
     graph.inputs.erase(it);
   }
-  // Shapes and symbolic values computed without the values are inferred again with them.
-  for (const auto& [name, value] : graph.values())
-    if (!value.constant && std::find(graph.inputs.begin(), graph.inputs.end(), name) == graph.inputs.end()) {
-      ir::Value& v = graph.value(name);
-      if (v.type.shape && !ir::all_known(*v.type.shape)) v.type.shape.reset();
-      v.symbolic_value.reset();
-    }
-  ir::infer_shapes(graph);
+  ir::reinfer_shapes(graph);  // what inference derived without the values
   return static_cast<int>(values.size());
 }
 
