@@ -305,12 +305,19 @@ def reduce_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: kiln debug reduce MODEL -o REDUCED.onnx [options] (kiln debug reduce --help)"
+    usage = ("usage: kiln debug reduce MODEL -o REDUCED.onnx [options] (kiln debug reduce --help)\n"
+             "       kiln debug precision MODEL --calib DATA [options] (kiln debug precision --help)")
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage + "\n\nreduce: shrink a failing model to a small subgraph that still fails, written as ONNX")
+        print(usage + "\n\nreduce: shrink a failing model to a small subgraph that still fails, written as ONNX"
+              "\nprecision: the fewest layers of an INT8 or FP8 model to keep in float for a tolerance, and every "
+              "layer's sensitivity")
         return 0 if argv else 1
+    if argv[0] == "precision":
+        from kiln import debug_precision
+
+        return debug_precision.main(argv[1:])
     if argv[0] != "reduce":
-        sys.stderr.write(f"kiln: error: kiln debug: no subcommand '{argv[0]}' (there is: reduce); {usage}\n")
+        sys.stderr.write(f"kiln: error: kiln debug: no subcommand '{argv[0]}' (there are: reduce, precision)\n{usage}\n")
         return 1
     return reduce_main(argv[1:])
 

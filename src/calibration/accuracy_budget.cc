@@ -109,7 +109,7 @@ std::vector<Feeds> heldout_batches(const std::string& model_path, const Calibrat
 
 BudgetReport fit_accuracy_budget(const std::string& model, const std::map<std::string, float>& scales,
                                  const std::vector<Feeds>& heldout, Precision precision, AccuracyMetric metric, double budget,
-                                 const std::function<void(const std::string&)>& log) {
+                                 const std::function<void(const std::string&)>& log, bool rank_every_layer) {
   if (precision != Precision::kInt8 && precision != Precision::kFp8)
     throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget is for INT8 and FP8 builds");
   BudgetReport report;
@@ -138,7 +138,8 @@ BudgetReport fit_accuracy_budget(const std::string& model, const std::map<std::s
   };
   report.quantized = report.final = measure({});
   say("accuracy budget: all " + format + ": " + figures(report.quantized));
-  if (report.quantized.within(metric, budget)) {
+  const bool within = report.quantized.within(metric, budget);
+  if (within && !rank_every_layer) {
     report.met = true;
     return report;
   }
@@ -157,6 +158,10 @@ BudgetReport fit_accuracy_budget(const std::string& model, const std::map<std::s
   }
   std::stable_sort(report.ranking.begin(), report.ranking.end(),
                    [](const LayerSensitivity& a, const LayerSensitivity& b) { return a.score.error < b.score.error; });
+  if (within) {
+    report.met = true;
+    return report;
+  }
   for (const LayerSensitivity& l : report.ranking) {
     report.float_layers.push_back(l.layer);
     const OutputScore s = measure(report.float_layers);

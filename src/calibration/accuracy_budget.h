@@ -60,9 +60,11 @@ struct BudgetReport {
 // `scales`: the calibrated scales; `heldout`: batches (every input's tensor), not used for
 // calibration; `precision`: kInt8 or kFp8. The model's first output is measured (top-1 takes
 // its last dimension for the classes).
+// `rank_every_layer`: the ranking even when the all-quantized model is within budget (a report of
+// every layer's sensitivity, `kiln debug precision`).
 BudgetReport fit_accuracy_budget(const std::string& model_path, const std::map<std::string, float>& scales,
                                  const std::vector<Feeds>& heldout, Precision precision, AccuracyMetric metric, double budget,
-                                 const std::function<void(const std::string&)>& log = nullptr);
+                                 const std::function<void(const std::string&)>& log = nullptr, bool rank_every_layer = false);
 
 // Splits calibration data (any source of calibration_data.h but the caller's) into its last
 // `heldout` batches (returned) and the number of batches before them (`calibration_batches`,

@@ -1,6 +1,7 @@
 #include "tools/engine_options.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -63,6 +64,10 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
                   "(1 - cosine similarity of the output) or relative-l2 (the output's relative L2 error)")
       ->capture_default_str()
       ->check(CLI::IsMember({"top1", "cosine", "relative-l2"}));
+  cmd->add_option("--budget-report", budget_report,
+                  "With --accuracy-budget: write the analysis as JSON to FILE: the all-quantized score, every "
+                  "quantized layer's score with it alone in float (ranked, even when none must stay float), the layers kept "
+                  "in float and the score with them (kiln debug precision reads it)");
   cmd->add_option("--budget-batches", budget_batches, "Calibration batches held out for --accuracy-budget (from the end)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -167,6 +172,9 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   if (fp8_all && !fp8) throw Error(ErrorKind::kInvalidArgument, "--fp8-all goes with --fp8").hint("add --fp8");
   if (int8_all && !int8) throw Error(ErrorKind::kInvalidArgument, "--int8-all goes with --int8").hint("add --int8");
   b.quantized_where_faster = !fp8_all && !int8_all;
+  if (!budget_report.empty() && accuracy_budget < 0)
+    throw Error(ErrorKind::kInvalidArgument, "--budget-report writes the analysis of --accuracy-budget, which is not given")
+        .hint("add --accuracy-budget, e.g. --accuracy-budget 0.5");
   if (accuracy_metric != "top1" && accuracy_budget < 0)
     throw Error(ErrorKind::kInvalidArgument, "--accuracy-metric " + accuracy_metric + " measures for --accuracy-budget, which is not given")
         .hint("add --accuracy-budget, e.g. --accuracy-budget 0.001 --accuracy-metric cosine");
@@ -239,6 +247,32 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   return b;
 }
 
+namespace {
+
+// --budget-report: the accuracy budget's analysis as JSON.
+void write_budget_report(const std::string& path, const std::string& model, Precision precision,
+                         const calibration::BudgetReport& r) {
+  auto score = [](const calibration::OutputScore& s) {
+    return nlohmann::json{{"top1_agreement_percent", s.agreement}, {"cosine", s.cosine}, {"relative_l2", s.error}};
+  };
+  nlohmann::json ranking = nlohmann::json::array();
+  for (const calibration::LayerSensitivity& l : r.ranking) ranking.push_back({{"layer", l.layer}, {"alone_in_float", score(l.score)}});
+  const nlohmann::json report = {{"model", model},
+                                 {"precision", to_string(precision)},
+                                 {"metric", calibration::to_string(r.metric)},
+                                 {"budget", r.budget},
+                                 {"met", r.met},
+                                 {"all_quantized", score(r.quantized)},
+                                 {"float_layers", r.float_layers},
+                                 {"with_float_layers", score(r.final)},
+                                 {"ranking", ranking}};
+  std::ofstream f(path);
+  f << report.dump(1) << "\n";
+  if (!f) throw Error(ErrorKind::kInvalidArgument, "cannot write the budget report " + path);
+}
+
+}  // namespace
+
 void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
   namespace q = calibration;
   // Held-out batches for the accuracy budget come off the end of the calibration data.
@@ -278,10 +312,13 @@ void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
   // else: none (a model with Q/DQ pairs has its own; otherwise the build says what is missing)
   if (accuracy_budget >= 0) {
     const q::AccuracyMetric metric = q::parse_accuracy_metric(accuracy_metric);
-    q::BudgetReport r = q::fit_accuracy_budget(model, b.int8_scales, heldout, b.precision, metric, accuracy_budget,
-                                               [&](const std::string& line) {
-                                                 if (verbose) std::cerr << "kiln: " << line << "\n";
-                                               });
+    q::BudgetReport r = q::fit_accuracy_budget(
+        model, b.int8_scales, heldout, b.precision, metric, accuracy_budget,
+        [&](const std::string& line) {
+          if (verbose) std::cerr << "kiln: " << line << "\n";
+        },
+        /*rank_every_layer=*/!budget_report.empty());
+    if (!budget_report.empty()) write_budget_report(budget_report, model, b.precision, r);
     const std::string format = b.precision == Precision::kFp8 ? "FP8" : "INT8";
     // Each score as the metric reads it, with the relative L2 error beside it.
     auto figure = [&](const q::OutputScore& s) {

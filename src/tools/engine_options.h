@@ -47,6 +47,7 @@ struct EngineOptions {
   double accuracy_budget = -1;  // in accuracy_metric's units; < 0: off
   std::string accuracy_metric = "top1";  // top1, cosine or relative-l2 (calibration/accuracy_budget.h)
   int budget_batches = 1;
+  std::string budget_report;  // --budget-report FILE: the accuracy budget's analysis as JSON
   // The preprocessing of a --calib folder of images: `kiln run`'s image flags (build and bench
   // add them with add_to; run passes its own, which also serve --input photo.jpg).
   ImageFlags image;

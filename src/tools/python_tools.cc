@@ -102,7 +102,8 @@ void add_python_commands(CLI::App& app, std::function<int()>& action) {
                      "Run a model in kiln and in ONNX Runtime on the same inputs, compare every output, and name the "
                      "first layer that diverges");
   add_python_command(app, action, "debug", "debug",
-                     "Shrink a failing model to a small subgraph that still fails (kiln debug reduce), written as ONNX");
+                     "Shrink a failing model to a small subgraph that still fails, written as ONNX (kiln debug reduce); find "
+                     "the fewest layers of an INT8/FP8 model to keep in float for a tolerance (kiln debug precision)");
   add_python_command(app, action, "serve", "serve",
                      "Serve models over the Open Inference Protocol (KServe v2 HTTP and gRPC; Triton's clients work) "
                      "with dynamic batching and metrics");
