@@ -13,6 +13,7 @@
 #include "compiler/pipeline.h"
 #include "passes/passes.h"
 #include "engine/engine_file.h"
+#include "engine/header.h"
 #include "kiln/kiln.h"
 #include "tools/commands.h"
 #include "tools/engine_options.h"
@@ -173,6 +174,14 @@ int inspect_engine(const InspectOptions& o) {
   std::cout << "outputs:\n";
   for (const TensorDesc& d : engine.outputs())
     std::cout << fmt::format("  {:<30} {}[{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));
+  // Inputs that set parameters, with the values the engine was planned for (others plan on first use).
+  const std::map<std::string, Tensor> planned = engine_file::header_from_json(header, o.model).options.input_values;
+  if (!planned.empty()) std::cout << "planned by value (other values are planned on first use):\n";
+  for (const auto& [name, values] : planned) {
+    std::string text;
+    for (int64_t i = 0; i < values.numel(); ++i) text += fmt::format("{}{}", i ? ", " : "", values.value_as_double(i));
+    std::cout << fmt::format("  {:<30} {}[{}] = [{}]\n", name, to_string(values.dtype()), shape_to_string(values.shape()), text);
+  }
   for (size_t p = 0; p < info.profiles.size(); ++p) {
     const ProfileInfo& pi = info.profiles[p];
     std::cout << fmt::format("profile {}:\n", p);

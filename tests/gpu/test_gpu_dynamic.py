@@ -297,7 +297,7 @@ def test_inputs_that_set_parameters_are_planned_by_value(tmp_path):
 def test_kiln_run_plans_for_the_parameter_values_it_is_given(kiln_bin, tmp_path):
     """kiln run on the GPU plans for the values of the --input files that set parameters (axes,
     sizes): a --strict build succeeds and the outputs are the CPU engine's; --input-values on kiln
-    build names them up front, one that is no input of the model is a clear error, and a --strict
+    build names them up front (kiln inspect shows them), one that is no input of the model is a clear error, and a --strict
     build without them says which inputs to give values for."""
     model = tmp_path / "params.onnx"
     _reduce_and_resize_model(model)
@@ -317,6 +317,8 @@ def test_kiln_run_plans_for_the_parameter_values_it_is_given(kiln_bin, tmp_path)
     assert np.allclose(outs["cuda"]["y"], outs["cpu"]["y"], rtol=1e-5, atol=1e-5)
     ok(kiln(kiln_bin, "build", model, "--strict", "--input-values", "axes=1", "--input-values", "sizes=2,3,16,16",
             "-o", tmp_path / "p.engine"))
+    shown = ok(kiln(kiln_bin, "inspect", tmp_path / "p.engine")).stdout
+    assert "planned by value" in shown and "= [2, 3, 16, 16]" in shown, shown
     r = kiln(kiln_bin, "build", model, "--input-values", "ax=1", "-o", tmp_path / "q.engine")
     assert r.returncode != 0 and "'ax', which is not an input of the model" in r.stderr, r.stderr[-2000:]
     r = kiln(kiln_bin, "build", model, "--strict", "-o", tmp_path / "s.engine")
