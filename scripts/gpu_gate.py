@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import hashlib
 import json
 import lzma
@@ -412,6 +413,18 @@ def write_index(index: dict) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+RECORD_COMPRESS_ABOVE = 64 * 1024
+
+
+def read_record(path: str) -> bytes:
+    """A recorded log or JUnit file's bytes, whether it was kept plain or gzip-compressed."""
+    if path.endswith(".gz"):
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def cmd_record(args) -> int:
     index = load_index()
     for d in args.dirs:
@@ -436,17 +449,27 @@ def cmd_record(args) -> int:
         # Runs of one day, commit and GPU share a folder: each run's summary is named by its start
         # time and suites (workers of one --gpus run start together), and a suite's JUnit XML or
         # log that another run left there already is kept, this run's named by its time.
+        # Logs and JUnit files above RECORD_COMPRESS_ABOVE bytes are kept gzip-compressed (the
+        # conformance ones are hundreds of KB each, and every GPU call uploads the whole tree).
         clock = run["date"][11:19].replace(":", "")
         for name in os.listdir(d):
             if name.startswith("junit-") or name.endswith(".log") or name == "run.json":
-                target = name if name != "run.json" else f"run-{clock}-{'-'.join(run['suites'])}.json"
                 source = os.path.join(d, name)
+                with open(source, "rb") as f:
+                    data = f.read()
+                target = name if name != "run.json" else f"run-{clock}-{'-'.join(run['suites'])}.json"
+                compress = name != "run.json" and len(data) > RECORD_COMPRESS_ABOVE
+                if compress:
+                    target += ".gz"
                 if name != "run.json" and os.path.exists(os.path.join(dest, target)):
-                    with open(source, "rb") as new, open(os.path.join(dest, target), "rb") as old:
-                        if new.read() != old.read():
-                            stem, ext = os.path.splitext(name)
-                            target = f"{stem}-{clock}{ext}"
-                shutil.copy(source, os.path.join(dest, target))
+                    if read_record(os.path.join(dest, target)) != data:
+                        stem, ext = os.path.splitext(name)
+                        target = f"{stem}-{clock}{ext}" + (".gz" if compress else "")
+                if compress:
+                    with gzip.GzipFile(os.path.join(dest, target), "wb", mtime=0) as f:
+                        f.write(data)
+                else:
+                    shutil.copy(source, os.path.join(dest, target))
     write_index(index)
     return 0
 
