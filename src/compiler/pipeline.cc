@@ -33,6 +33,7 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
     ir::infer_shapes(graph);
     if (options.fuse) {
       int bn = passes::fold_batchnorm(graph);
+      bn += passes::fold_channel_scale(graph);
       if (bn) ir::infer_shapes(graph);
       changes += bn;
     }

@@ -44,6 +44,11 @@ int remove_identity_and_dropout(ir::Graph& graph);
 // constant weights; a remaining BatchNormalization with constant parameters becomes Mul+Add.
 int fold_batchnorm(ir::Graph& graph);
 
+// Folds a Mul by a constant that scales only the columns of a product by constant weights
+// (through an optional bias Add and Transpose: a ConvNeXt-style layer scale) into the weights
+// and bias. Returns the number of Muls folded.
+int fold_channel_scale(ir::Graph& graph);
+
 // Conv [+ bias Add] [+ residual Add] [+ activation] -> kiln::FusedConv,
 // Gemm [+ activation] -> kiln::FusedGemm, MatMul [+ bias Add] [+ activation] -> kiln::FusedMatMul.
 // Does nothing for a fused op whose schema is not registered.

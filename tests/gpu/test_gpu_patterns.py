@@ -3,6 +3,7 @@ engine: each fused conv epilogue, depthwise and grouped convs, residual adds, sq
 excitation, channel counts that are and are not multiples of 8 (the vectorized paths)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -125,8 +126,6 @@ def leading_slice_model(batch: int, path: str):
 def engine_ops(kiln_bin, path, precision, tmp_path):
     """Builds `path` into a GPU engine file; its path and its layers' ops (the Attention layers'
     tactics are printed)."""
-    import json
-
     engine = str(tmp_path / "m.engine")
     r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "-o", engine],
                        capture_output=True, text=True, timeout=300)
@@ -381,8 +380,9 @@ def test_residual_adds_run_in_the_products_epilogue(precision, kiln_bin, tmp_pat
 def test_patch_embedding_transpose_reads_the_convolution_as_stored(precision, kiln_bin, tmp_path):
     """A vision transformer's patch embedding: Conv, flatten(2), transpose(1, 2). kiln transposes
     the Conv's 4-D output instead (transpose_before_merge), which reads a channels-last output as
-    it is stored: no Reformat between the Conv and the Transpose. Matches the unoptimized CPU
-    engine."""
+    it is stored: no Reformat between the Conv and the Transpose, and in float16 (channels-last
+    convolutions) no Transpose either, since NHWC bytes read row-major are the transpose. Matches
+    the unoptimized CPU engine."""
     rng = np.random.default_rng(2)
     w = numpy_helper.from_array((rng.standard_normal([64, 3, 8, 8]) * 0.1).astype(np.float32), "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[8, 8], strides=[8, 8]),
@@ -395,12 +395,74 @@ def test_patch_embedding_transpose_reads_the_convolution_as_stored(precision, ki
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     engine, ops = engine_ops(kiln_bin, path, precision, tmp_path)
     print(precision, ops)
-    conv, transpose = ops.index("Conv"), ops.index("Transpose")
-    assert transpose == conv + 1, ops
+    if precision == "fp16":
+        # The input into channels-last, the Conv, the float16 result cast to the float32 output.
+        assert ops == ["Reformat", "Conv", "Reformat"], ops
+    else:
+        assert "Reformat" not in ops, ops
+        if "Transpose" in ops:
+            assert ops.index("Transpose") == ops.index("Conv") + 1, ops
     x = rng.standard_normal([4, 3, 64, 64]).astype(np.float32)
     want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
     got = run_kiln(kiln_bin, engine, [x], ["x"], str(tmp_path / "gpu"))["y"]
     assert got.shape == want.shape == (4, 64, 64)
+    err = rel_l2(got, want)
+    assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{precision}: relative L2 error {err:.3g}"
+
+
+def convnext_block_model(path, channels=32, size=14, batch=2):
+    """A ConvNeXt block as torch.onnx writes it, after a 1x1 Conv stem (so that the block's
+    input, as inside a network, is a convolution's output): 7x7 depthwise Conv, Transpose to
+    channels-last, LayerNormalization, MatMul + bias, Gelu (erf form), MatMul + bias, Transpose
+    back, Mul by the layer scale, Add of the block's input."""
+    rng = np.random.default_rng(3)
+    c, hidden = channels, 4 * channels
+    f = lambda name, shape, scale=1.0: numpy_helper.from_array(  # noqa: E731
+        (rng.standard_normal(shape) * scale).astype(np.float32), name)
+    inits = [f("stem_w", [c, c, 1, 1], c ** -0.5), f("stem_b", [c], 0.1), f("dw_w", [c, 1, 7, 7], 0.2), f("dw_b", [c], 0.1), f("ln_s", [c]), f("ln_b", [c], 0.1),
+             f("w1", [c, hidden], c ** -0.5), f("b1", [hidden], 0.1), f("w2", [hidden, c], hidden ** -0.5),
+             f("b2", [c], 0.1), f("gamma", [c, 1, 1]),
+             numpy_helper.from_array(np.array(np.sqrt(0.5), np.float32), "rsqrt2"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    nodes = [helper.make_node("Conv", ["x", "stem_w", "stem_b"], ["h"]),
+             helper.make_node("Conv", ["h", "dw_w", "dw_b"], ["dw"], group=c, pads=[3] * 4),
+             helper.make_node("Transpose", ["dw"], ["t1"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t1", "ln_s", "ln_b"], ["ln"], axis=-1, epsilon=1e-6),
+             helper.make_node("MatMul", ["ln", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["a1"]),
+             helper.make_node("Mul", ["a1", "rsqrt2"], ["g0"]), helper.make_node("Erf", ["g0"], ["g1"]),
+             helper.make_node("Add", ["g1", "one"], ["g2"]), helper.make_node("Mul", ["a1", "g2"], ["g3"]),
+             helper.make_node("Mul", ["g3", "half"], ["gelu"]),
+             helper.make_node("MatMul", ["gelu", "w2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["a2"]),
+             helper.make_node("Transpose", ["a2"], ["t2"], perm=[0, 3, 1, 2]),
+             helper.make_node("Mul", ["t2", "gamma"], ["scaled"]), helper.make_node("Add", ["scaled", "h"], ["y"])]
+    graph = helper.make_graph(nodes, "convnext_block",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, c, size, size])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_convnext_block_transposes_move_no_bytes(precision, kiln_bin, tmp_path):
+    """The Transposes of a ConvNeXt block between NCHW and NHWC read the channels-last
+    convolution's output as it is stored and hand the block's end back channels-last: in float16
+    (channels-last convolutions) neither runs as a layer and no Reformat takes their place, and
+    the layer scale is folded into the second product (no Mul). The engine matches the
+    unoptimized CPU engine in both precisions."""
+    path = str(tmp_path / "m.onnx")
+    convnext_block_model(path)
+    engine, ops = engine_ops(kiln_bin, path, precision, tmp_path)
+    print(precision, ops)
+    if precision == "fp16":
+        # Reformats only at the edges: the input into channels-last, the result to float32.
+        assert "Transpose" not in ops and ops.count("Reformat") == 2 and ops[0] == ops[-1] == "Reformat", ops
+    assert "Mul" not in ops, ops
+    x = np.random.default_rng(5).standard_normal([2, 32, 14, 14]).astype(np.float32)
+    want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
+    got = run_kiln(kiln_bin, engine, [x], ["x"], str(tmp_path / "gpu"))["y"]
+    assert got.shape == want.shape == (2, 32, 14, 14)
     err = rel_l2(got, want)
     assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{precision}: relative L2 error {err:.3g}"
 
@@ -445,6 +507,56 @@ def test_patches_as_one_product(channels, size, kernel, stride, residual, kiln_b
     want = run_kiln(kiln_bin, path, feeds, names, str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
     got = run_kiln(kiln_bin, engine, feeds, names, str(tmp_path / "gpu"))["y"]
     assert got.shape == want.shape == (2, out_c, out_hw, out_hw)
+    err = rel_l2(got, want)
+    assert err <= 1e-2, f"relative L2 error {err:.3g}"
+
+
+@pytest.mark.parametrize("kernel,stride,size,residual", [(7, 1, 17, True), (7, 2, 19, False), (5, 2, 15, True),
+                                                         (3, 1, 10, False), (9, 1, 13, False)],
+                         ids=["7x7", "7x7-stride2", "5x5-stride2-residual", "3x3", "9x9-any-geometry"])
+def test_depthwise_tiles_are_offered_and_exact(kernel, stride, size, residual, kiln_bin, tmp_path):
+    """kiln's float16 channels-last depthwise kernel is timed at every tile of output pixels per
+    thread it has for the geometry (columns x rows, through the path for any filter and, for 3x3,
+    5x5 and 7x7 filters, the compile-time one, which also takes two rows of a square filter). The build checks each candidate against a direct
+    convolution (KILN_TACTIC_LOG shows each one's error): each expected tile must be offered and
+    correct, and the engine, whichever candidate won, must match the CPU engine. Sizes that are
+    not multiples of the tiles and a batch of 3 cover the edges of the last band and block."""
+    channels = 24
+    rng = np.random.default_rng(kernel * 10 + stride)
+    out_hw = (size + 2 * (kernel // 2) - kernel) // stride + 1
+    w = numpy_helper.from_array((rng.standard_normal([channels, 1, kernel, kernel]) * 0.2).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=channels, pads=[kernel // 2] * 4,
+                              strides=[stride, stride])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, channels, size, size])]
+    if residual:
+        nodes.append(helper.make_node("Add", ["c", "z"], ["y"]))
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, channels, out_hw, out_hw]))
+    else:
+        nodes[0].output[0] = "y"
+    graph = helper.make_graph(nodes, "depthwise", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [w, b])
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    engine = str(tmp_path / "m.engine")
+    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", "--fp16", "-o", engine],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_TACTIC_LOG": "1"})
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if ": kernel depthwise " in line]
+    print("\n".join(lines))
+    offered = {line.split(": kernel depthwise ")[1].split()[0] for line in lines}
+    expected = {"1x1/any", "2x1/any", "4x1/any"}
+    if kernel <= 7:
+        expected |= {"1x1/fixed", "2x1/fixed", "4x1/fixed", "2x2/fixed", "4x2/fixed"}
+    assert offered == expected, (offered, r.stderr[-3000:])
+    assert all("(rejected)" not in line for line in lines), lines
+    feeds = [rng.standard_normal([3, channels, size, size]).astype(np.float32)]
+    if residual:
+        feeds.append(rng.standard_normal([3, channels, out_hw, out_hw]).astype(np.float32))
+    names = ["x", "z"][:len(feeds)]
+    want = run_kiln(kiln_bin, path, feeds, names, str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
+    got = run_kiln(kiln_bin, engine, feeds, names, str(tmp_path / "gpu"))["y"]
+    assert got.shape == want.shape == (3, channels, out_hw, out_hw)
     err = rel_l2(got, want)
     assert err <= 1e-2, f"relative L2 error {err:.3g}"
 
@@ -496,12 +608,15 @@ def test_query_key_value_projections_run_as_one_product(precision, kiln_bin, tmp
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("cols,bias", [(768, True), (40, True), (2048, False), (1032, True), (12, False)],
-                         ids=["768", "40", "2048-no-bias", "1032", "12"])
+@pytest.mark.parametrize("cols,bias", [(768, True), (40, True), (2048, False), (1032, True), (12, False), (96, True),
+                                       (1024, False), (8, True)],
+                         ids=["768", "40", "2048-no-bias", "1032", "12", "96", "1024-no-bias", "8"])
 def test_layer_norm_rows_match_cpu(cols, bias, precision, kiln_bin, tmp_path):
-    """LayerNormalization over the last axis, a warp per row up to 1024 elements and a block per
-    row beyond, matches the CPU engine with and without B, on rows whose mean is far from 0 (the
-    variance is the mean of squared deviations, not E[x^2] - mean^2)."""
+    """LayerNormalization over the last axis matches the CPU engine with and without B, on rows
+    whose mean is far from 0 (the variance is the mean of squared deviations, not E[x^2] -
+    mean^2): float16 rows of a multiple of 8 up to 1024 elements held in registers by 4 to 32
+    lanes (96 is ConvNeXt's first stage), other rows a warp per row up to 1024 elements and a
+    block per row beyond."""
     rng = np.random.default_rng(cols)
     inits = [numpy_helper.from_array((1 + 0.1 * rng.standard_normal(cols)).astype(np.float32), "scale")]
     ins = ["x", "scale"]
@@ -514,8 +629,16 @@ def test_layer_norm_rows_match_cpu(cols, bias, precision, kiln_bin, tmp_path):
     path = str(tmp_path / "m.onnx")
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     x = (rng.standard_normal([3, 37, cols]) * 2 + 5).astype(np.float32)
+    engine = str(tmp_path / "m.engine")
+    subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "-o", engine], check=True,
+                   capture_output=True, timeout=300)
+    info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    tactic = next(layer["tactic"] for layer in info["layers"] if layer["op"] == "LayerNormalization")
+    vectorized = precision == "fp16" and cols % 8 == 0 and cols <= 1024
+    assert tactic.startswith("kernel:norm-vec") == vectorized, tactic
     want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu")["y"]
-    got = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "gpu"), "--device", "cuda", f"--{precision}")["y"]
+    got = run_kiln(kiln_bin, engine, [x], ["x"], str(tmp_path / "gpu"))["y"]
     err = rel_l2(got, want)
     assert err <= (1e-5 if precision == "fp32" else 3e-3), f"cols {cols} {precision}: relative L2 error {err:.3g}"
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "cuda/kernels/common.cuh"
@@ -310,8 +311,8 @@ class ConvLayer final : public Layer {
       gemm_->enqueue(io, stream);
       return;
     }
-    if (depthwise_outputs_) {
-      run_depthwise(io.inputs[0], z, io.outputs[0], depthwise_outputs_, stream);
+    if (depthwise_tile_) {
+      run_depthwise(io.inputs[0], z, io.outputs[0], *depthwise_tile_, stream);
       return;
     }
     if (graph_) {
@@ -322,10 +323,10 @@ class ConvLayer final : public Layer {
     run(io.cudnn, io.inputs[0], z, io.outputs[0], io.workspace, stream, fused_, algo_, workspace_);
   }
   size_t workspace_bytes() const override { return workspace_; }
-  bool uses_cudnn() const override { return !gemm_ && !depthwise_outputs_; }
+  bool uses_cudnn() const override { return !gemm_ && !depthwise_tile_; }
   std::string tactic() const override {
     if (gemm_) return "gemm(" + gemm_->tactic() + ")";
-    if (depthwise_outputs_) return "kernel:depthwise_nhwc x" + std::to_string(depthwise_outputs_);
+    if (depthwise_tile_) return "kernel:depthwise_nhwc " + depthwise_tile_->name();
     if (graph_) return "cudnn-graph:" + graph_->engine_name() + " #" + std::to_string(graph_->selected());
     return std::string("cudnn:") + (p_.transpose ? "bwd-data" : fused_ ? "fused" : "conv+epilogue") +
            " algo=" + std::to_string(algo_);
@@ -500,10 +501,21 @@ class ConvLayer final : public Layer {
            p_.format.layout == Layout::kNHWC && p_.group == p_.x[1] && p_.y[1] == p_.x[1] && p_.w[1] == 1 &&
            depthwise_supported(depthwise_geometry());
   }
-  void run_depthwise(const void* x, const void* z, void* y, int outputs_per_thread, cudaStream_t stream) const {
+  // The tiles kiln's depthwise kernel has for this convolution (each one is timed).
+  std::vector<DepthwiseTile> depthwise_tiles() const {
+    std::vector<DepthwiseTile> tiles;
+    for (bool fixed : {false, true})
+      for (int rows : {1, 2})
+        for (int columns : {1, 2, 4}) {
+          const DepthwiseTile tile{columns, rows, fixed};
+          if (depthwise_tile_supported(depthwise_geometry(), tile)) tiles.push_back(tile);
+        }
+    return tiles;
+  }
+  void run_depthwise(const void* x, const void* z, void* y, DepthwiseTile tile, cudaStream_t stream) const {
     launch_depthwise_nhwc(static_cast<const __half*>(x), depthwise_weights_, p_.has_bias ? bias32_ : nullptr,
                           static_cast<const __half*>(z), static_cast<__half*>(y), depthwise_geometry(), epilogue_act_,
-                          outputs_per_thread, stream);
+                          tile, stream);
   }
 
   // The checker for this convolution (2-D and 1-D forward convolutions), or nullptr.
@@ -549,9 +561,12 @@ class ConvLayer final : public Layer {
             return;
           }
         } else if (cached->rfind("depthwise:", 0) == 0 && depthwise_eligible()) {
-          depthwise_outputs_ = std::atoi(cached->c_str() + 10);
-          if (depthwise_outputs_ == 1 || depthwise_outputs_ == 2 || depthwise_outputs_ == 4) return;
-          depthwise_outputs_ = 0;
+          // "depthwise:" + DepthwiseTile::name(); anything else (an older binary's entry) is timed again.
+          for (DepthwiseTile tile : depthwise_tiles())
+            if (*cached == "depthwise:" + tile.name()) {
+              depthwise_tile_ = tile;
+              return;
+            }
         } else if (*cached == "gemm" && gemm_eligible()) {
           gemm_ = make_gemm(services);
           workspace_ = gemm_->workspace_bytes();
@@ -669,15 +684,15 @@ class ConvLayer final : public Layer {
         cudaGetLastError();
       }
     }
-    // kiln's depthwise kernel, at 1, 2 or 4 output pixels per thread.
-    int depthwise_outputs = 0;
+    // kiln's depthwise kernel, at each tile of output pixels per thread it has for this geometry.
+    DepthwiseTile depthwise_tile;
     if (depthwise_eligible()) {
-      for (int outputs : {1, 2, 4}) {
+      for (DepthwiseTile tile : depthwise_tiles()) {
         try {
-          if (consider("kernel depthwise x" + std::to_string(outputs),
-                       [&](cudaStream_t s) { run_depthwise(io.inputs[0], z, io.outputs[0], outputs, s); })) {
+          if (consider("kernel depthwise " + tile.name(),
+                       [&](cudaStream_t s) { run_depthwise(io.inputs[0], z, io.outputs[0], tile, s); })) {
             winner = Winner::kDepthwise;
-            depthwise_outputs = outputs;
+            depthwise_tile = tile;
           }
         } catch (const Error& e) {
           last_error = e.what();
@@ -706,9 +721,9 @@ class ConvLayer final : public Layer {
         services.record_tactic(key, choice);
         break;
       case Winner::kDepthwise:
-        depthwise_outputs_ = depthwise_outputs;
+        depthwise_tile_ = depthwise_tile;
         workspace_ = 0;
-        services.record_tactic(key, "depthwise:" + std::to_string(depthwise_outputs));
+        services.record_tactic(key, "depthwise:" + depthwise_tile.name());
         break;
     }
     if (log) {
@@ -735,7 +750,7 @@ class ConvLayer final : public Layer {
   size_t workspace_ = 0;
   std::unique_ptr<ConvGraph> graph_;  // set when a graph-API engine won
   std::unique_ptr<Layer> gemm_;       // set when cuBLASLt won (1x1 convolutions, patches)
-  int depthwise_outputs_ = 0;         // set when kiln's depthwise kernel won: outputs per thread
+  std::optional<DepthwiseTile> depthwise_tile_;  // set when kiln's depthwise kernel won
   const float* depthwise_weights_ = nullptr;
   Tensor weights_host_;               // float32 [K, C/g, R, S], for the GEMM form
   std::vector<float> bias_host_;

@@ -10,6 +10,7 @@
 // normalized dims through strides. LpNormalization works along one axis in any layout, like
 // Softmax: a warp or block per contiguous line, a thread per strided one.
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,7 +108,147 @@ __global__ void __launch_bounds__(kBlock) norm_rows_kernel(const T* __restrict__
 }
 
 template <class T>
+std::unique_ptr<Layer> norm_rows_scalar_layer(const RowNorm& p);
+
+// Rows of float16 whose length is a multiple of 8 and at most kVecRowMax, with Scale and B
+// per element (or B absent): GROUP lanes per row (4 to 32: about four 16-byte chunks each), the
+// row held in registers, so x is read once instead of three times and with 16-byte accesses.
+// The statistics are the same as the scalar kernel's (the mean, then the mean of squared
+// deviations, in float32), summed in another order. The scalar kernel reads 96-channel rows
+// (ConvNeXt's first stage) at about 0.9 TB/s (docs/design/gpu-engine.md, "Normalization").
+constexpr int kVecChunks = 4;                   // 16-byte chunks per lane at most
+constexpr int64_t kVecRowMax = 32 * kVecChunks * 8;  // 1024 elements
+
+template <int GROUP>
+__device__ __forceinline__ float group_allsum(float v) {
+#pragma unroll
+  for (int d = GROUP / 2; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d, GROUP);
+  return v;
+}
+
+template <int GROUP, bool RMS>
+__global__ void __launch_bounds__(kBlock) norm_rows_vec_kernel(const __half* __restrict__ x, __half* __restrict__ y,
+                                                               __half* __restrict__ mean_out,
+                                                               __half* __restrict__ inv_out,
+                                                               const float* __restrict__ scale,
+                                                               const float* __restrict__ bias, RowNorm p) {
+  constexpr int kRows = kBlock / GROUP;
+  const int lane = static_cast<int>(threadIdx.x) % GROUP, group = static_cast<int>(threadIdx.x) / GROUP;
+  const int chunks = static_cast<int>(p.cols / 8);
+  const float cols_f = static_cast<float>(p.cols);
+  // Every thread of the block runs the same iterations (the shuffles need whole warps); a
+  // group past the last row computes on zeros and stores nothing.
+  for (int64_t first = int64_t{blockIdx.x} * kRows; first < p.rows; first += int64_t{gridDim.x} * kRows) {
+    const int64_t row = first + group;
+    const bool active = row < p.rows;
+    const __half* xr = x + (active ? row : 0) * p.cols;
+    float v[kVecChunks][8];
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < kVecChunks; ++k) {
+      const int c = lane + k * GROUP;
+      if (active && c < chunks) {
+        load_float8(xr + c * 8, v[k]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[k][j] = 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum += v[k][j];
+    }
+    float mean = 0.f;
+    if constexpr (!RMS) mean = group_allsum<GROUP>(sum) / cols_f;
+    float sq = 0.f;
+#pragma unroll
+    for (int k = 0; k < kVecChunks; ++k) {
+      if (lane + k * GROUP >= chunks) continue;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float d = v[k][j] - mean;
+        sq += d * d;
+      }
+    }
+    const float inv = 1.f / sqrtf(group_allsum<GROUP>(sq) / cols_f + p.eps);
+    if (!active) continue;
+    if (lane == 0) {
+      if (mean_out) store_float(mean_out, row, mean);
+      if (inv_out) store_float(inv_out, row, inv);
+    }
+#pragma unroll
+    for (int k = 0; k < kVecChunks; ++k) {
+      const int c = lane + k * GROUP;
+      if (c >= chunks) continue;
+      float s[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      load_float8(scale + c * 8, s);
+      if (bias) load_float8(bias + c * 8, b);
+      float out[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[j] = (v[k][j] - mean) * inv * s[j] + b[j];
+      store_float8(y + row * p.cols + c * 8, out);
+    }
+  }
+}
+
+// Whether norm_rows_vec_kernel takes these rows (the pointers' alignment is checked at run time).
+bool vec_rows_eligible(const RowNorm& p) {
+  return p.channels == 0 && p.cols % 8 == 0 && p.cols <= kVecRowMax && p.scale.full && (!p.has_bias || p.bias.full);
+}
+
+// The lanes per row for rows of `cols` elements: about kVecChunks chunks each, 4 to 32.
+int vec_group(int64_t cols) {
+  const int64_t chunks = cols / 8;
+  int group = 4;
+  while (group < 32 && group * kVecChunks < chunks) group *= 2;
+  return group;
+}
+
+template <bool RMS>
+void launch_norm_rows_vec(int group, unsigned blocks, const __half* x, __half* y, __half* mean, __half* inv,
+                          const float* scale, const float* bias, const RowNorm& p, cudaStream_t stream) {
+  switch (group) {
+    case 4: norm_rows_vec_kernel<4, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p); break;
+    case 8: norm_rows_vec_kernel<8, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p); break;
+    case 16: norm_rows_vec_kernel<16, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p); break;
+    default: norm_rows_vec_kernel<32, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p); break;
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <class T>
 std::unique_ptr<Layer> norm_rows_layer(const RowNorm& p) {
+  if constexpr (std::is_same_v<T, __half>) {
+    if (vec_rows_eligible(p)) {
+      const int group = vec_group(p.cols);
+      const unsigned blocks = capped_blocks((p.rows + kBlock / group - 1) / (kBlock / group));
+      const bool warp = p.cols <= 1024;
+      const unsigned scalar_blocks = capped_blocks(warp ? (p.rows + kBlock / 32 - 1) / (kBlock / 32) : p.rows);
+      return make_layer("kernel:norm-vec" + std::to_string(group), [p, group, blocks, scalar_blocks](const LayerIO& io,
+                                                                                                 cudaStream_t stream) {
+        const __half* x = static_cast<const __half*>(io.inputs[0]);
+        __half* y = static_cast<__half*>(io.outputs[0]);
+        __half* mean = io.outputs.size() > 1 ? static_cast<__half*>(io.outputs[1]) : nullptr;
+        __half* inv = io.outputs.size() > 2 ? static_cast<__half*>(io.outputs[2]) : nullptr;
+        const float* scale = static_cast<const float*>(io.inputs[1]);
+        const float* bias = io.inputs.size() > 2 ? static_cast<const float*>(io.inputs[2]) : nullptr;
+        if (!aligned16(x) || !aligned16(y) || !aligned16(scale) || (bias && !aligned16(bias))) {
+          // A view at an odd offset: the scalar kernel.
+          if (p.rms) norm_rows_kernel<__half, 32, true><<<scalar_blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+          else norm_rows_kernel<__half, 32, false><<<scalar_blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+        } else if (p.rms) {
+          launch_norm_rows_vec<true>(group, blocks, x, y, mean, inv, scale, bias, p, stream);
+        } else {
+          launch_norm_rows_vec<false>(group, blocks, x, y, mean, inv, scale, bias, p, stream);
+        }
+        KILN_CUDA_CHECK_LAUNCH();
+      });
+    }
+  }
+  return norm_rows_scalar_layer<T>(p);
+}
+
+template <class T>
+std::unique_ptr<Layer> norm_rows_scalar_layer(const RowNorm& p) {
   const bool warp = p.cols <= 1024;
   const unsigned blocks = capped_blocks(warp ? (p.rows + kBlock / 32 - 1) / (kBlock / 32) : p.rows);
   return make_layer(warp ? "kernel:norm-warp" : "kernel:norm-block", [p, warp, blocks](const LayerIO& io, cudaStream_t stream) {

@@ -169,6 +169,8 @@ class Builder final : public BuildServices {
   void add_layer(PlannedLayer layer);
   void lower_view(const ir::Node& node);
   bool slice_is_view(const ir::Node& node) const;
+  std::optional<Layout> transpose_view_layout(const ir::Node& node) const;
+  void lower_transpose_view(const ir::Node& node, Layout layout);
   void lower_shape(const ir::Node& node);
   // Gives the outputs of a node that could not be lowered placeholder buffers, so the build
   // goes on and reports every unsupported node at once.
@@ -375,6 +377,38 @@ bool Builder::slice_is_view(const ir::Node& node) const {
   }
 }
 
+// A Transpose between NCHW and NHWC of a value already stored the other way moves no bytes:
+// perm (0,2,3,1) of a value stored NHWC is those bytes read row-major, and perm (0,3,1,2) of a
+// row-major value is its bytes read as NHWC. ConvNeXt-style blocks transpose to channels-last
+// and back around every LayerNorm and pair of products; as views those transposes cost nothing
+// and the values downstream keep the layout the convolutions want. The layout the output is
+// stored in, or nothing when the Transpose must copy.
+std::optional<Layout> Builder::transpose_view_layout(const ir::Node& node) const {
+  if (node.op != "Transpose" || !node.domain.empty() || node.inputs.size() != 1 || node.outputs.size() != 1)
+    return std::nullopt;
+  auto in = value_buffer_.find(node.inputs[0]);
+  if (in == value_buffer_.end()) return std::nullopt;
+  const TensorSpec& spec = buffers_[in->second].spec;
+  if (spec.shape.size() != 4) return std::nullopt;
+  const std::vector<int64_t> perm = node.attrs.get_ints("perm");
+  if (spec.format.layout == Layout::kNHWC && perm == std::vector<int64_t>{0, 2, 3, 1}) return Layout::kLinear;
+  if (spec.format.layout == Layout::kLinear && perm == std::vector<int64_t>{0, 3, 1, 2}) return Layout::kNHWC;
+  return std::nullopt;
+}
+
+void Builder::lower_transpose_view(const ir::Node& node, Layout layout) {
+  const int src = value_buffer_.at(node.inputs[0]);
+  Buffer b;
+  b.name = node.outputs[0];
+  b.spec = TensorSpec{ir::known_values(*graph_.value(node.outputs[0]).type.shape),
+                      Format{buffers_[src].spec.format.dtype, layout}};
+  if (b.spec.bytes() != buffers_[src].spec.bytes())
+    throw node.error(ErrorKind::kInternal, "a transposed view differs in size from its input");
+  b.kind = BufferKind::kView;
+  b.view_of = src;
+  value_buffer_[node.outputs[0]] = add_buffer(std::move(b));
+}
+
 void Builder::placeholder_outputs(const ir::Node& node) {
   for (const std::string& out : node.outputs) {
     if (out.empty()) continue;
@@ -569,6 +603,8 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, const Values& va
     try {
       if (is_view_op(graph_, node) || slice_is_view(node)) {
         lower_view(node);
+      } else if (std::optional<Layout> layout = transpose_view_layout(node)) {
+        lower_transpose_view(node, *layout);
       } else if (is_shape_op(node) && value_buffer_.count(node.inputs[0])) {
         lower_shape(node);
       } else {
