@@ -86,6 +86,10 @@ class Engine {
   // matches the declared one (CPU: dynamic dimensions may take any value, consistently; GPU:
   // the shapes must lie within a profile).
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const;
+  // CPU engines: run() once, timing every layer by the wall clock (its shape checks, output
+  // allocation and kernel), in the engine's layer order. GPU engines time their layers through
+  // a context (Context::profile) and throw kUnsupported here.
+  std::vector<LayerTiming> profile(const std::map<std::string, Tensor>& inputs) const;
 
   struct Impl;
 

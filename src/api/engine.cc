@@ -154,6 +154,10 @@ std::map<std::string, Tensor> Engine::run(const std::map<std::string, Tensor>& i
   return impl_->compiled.engine->run(inputs);
 }
 
+std::vector<LayerTiming> Engine::profile(const std::map<std::string, Tensor>& inputs) const {
+  return impl_->compiled.engine->profile(inputs);
+}
+
 void Context::set_optimization_profile(int index) { impl_->context->set_optimization_profile(index); }
 int Context::optimization_profile() const { return impl_->context->optimization_profile(); }
 void Context::set_input_shape(const std::string& name, const std::vector<int64_t>& shape) {

@@ -70,6 +70,9 @@ class Engine {
   virtual std::map<std::string, std::string> tactics() const { return {}; }
   // Throws kUnsupported where the backend has nothing to time.
   virtual std::unique_ptr<Timer> timer() const = 0;
+  // Runs once with `inputs`, timing every layer (Engine::profile). Throws kUnsupported where the
+  // backend times its layers through execution contexts.
+  virtual std::vector<LayerTiming> profile(const std::map<std::string, Tensor>& inputs) const = 0;
 };
 
 }  // namespace kiln::backend

@@ -46,6 +46,16 @@ class CpuBackendEngine final : public backend::Engine {
     throw Error(ErrorKind::kUnsupported, "the CPU engine has no tactics to time");
   }
 
+  std::vector<LayerTiming> profile(const std::map<std::string, Tensor>& inputs) const override {
+    std::vector<double> step_ms;
+    engine_.run(inputs, step_ms);
+    const ir::Graph& g = engine_.graph();
+    std::vector<LayerTiming> out;
+    for (size_t i = 0; i < step_ms.size() && i < g.nodes.size(); ++i)
+      out.push_back(LayerTiming{g.nodes[i].name, g.nodes[i].op, "cpu", static_cast<float>(step_ms[i])});
+    return out;
+  }
+
  private:
   CpuEngine engine_;
 };

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -188,6 +189,16 @@ void CpuEngine::check_inputs(const std::map<std::string, Tensor>& inputs) const 
 }
 
 std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>& inputs) const {
+  return run_steps(inputs, nullptr);
+}
+
+std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>& inputs,
+                                             std::vector<double>& step_ms) const {
+  return run_steps(inputs, &step_ms);
+}
+
+std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, Tensor>& inputs,
+                                                   std::vector<double>* step_ms) const {
   check_inputs(inputs);
   std::lock_guard<std::mutex> lock(run_mutex_);
   std::vector<Tensor> slots = constant_slots_;
@@ -198,8 +209,11 @@ std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>
   std::vector<const Tensor*> values;
   std::vector<const ir::Dims*> no_symbolic;
   std::vector<Tensor> outputs;
-  for (const Step& step : steps_) {
+  if (step_ms) step_ms->assign(steps_.size(), 0.0);
+  for (size_t step_index = 0; step_index < steps_.size(); ++step_index) {
+    const Step& step = steps_[step_index];
     const ir::Node& node = *step.node;
+    const auto step_start = step_ms ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     types.assign(step.inputs.size(), {});
     type_ptrs.assign(step.inputs.size(), nullptr);
     values.assign(step.inputs.size(), nullptr);
@@ -261,6 +275,9 @@ std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>
       pool_.give(slots[static_cast<size_t>(r)]);
       slots[static_cast<size_t>(r)] = Tensor();
     }
+    if (step_ms)
+      (*step_ms)[step_index] =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
   }
   std::map<std::string, Tensor> result;
   for (const std::string& o : graph_.outputs) result[o] = slots[static_cast<size_t>(slots_.at(o))];

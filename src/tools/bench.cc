@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -140,6 +141,41 @@ Tensor random_tensor(const TensorDesc& d, std::mt19937_64& rng) {
   return t;
 }
 
+// Median time per layer over kProfileRuns profiled runs (`profile_once` runs and times one):
+// prints the total and the slowest layers, returns the "profile" JSON (docs/bench.md).
+constexpr int kProfileRuns = 10;
+nlohmann::json profile_summary(const std::function<std::vector<LayerTiming>()>& profile_once,
+                               const std::vector<LayerInfo>& layer_info, const std::string& how) {
+  std::vector<std::vector<double>> per_layer;
+  std::vector<LayerTiming> first_profile;
+  for (int i = 0; i < kProfileRuns; ++i) {
+    std::vector<LayerTiming> t = profile_once();
+    if (per_layer.empty()) {
+      per_layer.resize(t.size());
+      first_profile = t;
+    }
+    for (size_t l = 0; l < t.size() && l < per_layer.size(); ++l) per_layer[l].push_back(t[l].ms);
+  }
+  nlohmann::json layers = nlohmann::json::array();
+  double total_ms = 0;
+  std::vector<std::pair<double, size_t>> order;
+  for (size_t l = 0; l < per_layer.size(); ++l) {
+    Stats ls = statistics(per_layer[l]);
+    total_ms += ls.median;
+    order.push_back({ls.median, l});
+    layers.push_back({{"name", first_profile[l].name}, {"op", first_profile[l].op}, {"tactic", first_profile[l].tactic},
+                      {"median_ms", ls.median}, {"flops", l < layer_info.size() ? layer_info[l].flops : 0.0}});
+  }
+  std::sort(order.rbegin(), order.rend());
+  std::cout << fmt::format("  profile (median of {} runs, {}): {:.4f} ms total\n", kProfileRuns, how, total_ms);
+  for (size_t i = 0; i < std::min<size_t>(order.size(), 25); ++i) {
+    const auto& l = first_profile[order[i].second];
+    std::cout << fmt::format("    {:>8.4f} ms {:>5.1f}%  {:<18} {:<40} {}\n", order[i].first,
+                             total_ms > 0 ? 100.0 * order[i].first / total_ms : 0.0, l.op, l.name.substr(0, 40), l.tactic);
+  }
+  return {{"total_ms", total_ms}, {"layers", layers}};
+}
+
 // The CPU engine: the wall-clock time of Engine::run (which waits for its result) per run.
 // Dynamic first dimensions take the batch size; other dynamic dimensions take --dim / --shapes.
 nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
@@ -185,7 +221,9 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
                            "| {:.1f} items/s | build {:.1f} s\n",
                            items, info.precision, s.median, s.mean, s.min, s.p90, s.p99, s.max,
                            1000.0 * static_cast<double>(items) / s.median, build_s);
-  return {{"batch", items},
+  nlohmann::json profile;
+  if (o.profile) profile = profile_summary([&] { return engine.profile(inputs); }, info.layers, "layer by layer, wall clock");
+  nlohmann::json r = {{"batch", items},
           {"precision", info.precision},
           {"device", "cpu"},
           {"layers", info.layers.size()},
@@ -198,6 +236,8 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
           {"int8_kept_float", info.int8_kept_float},
           {"times_ms", times},
           {"layer_info", layers_json(info.layers)}};
+  if (o.profile) r["profile"] = std::move(profile);
+  return r;
 }
 
 #if KILN_WITH_CUDA
@@ -395,37 +435,9 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
       format_bytes(static_cast<double>(used_between(free.engine, free.context))),
       format_bytes(static_cast<double>(used_between(free.context, free_after))));
   if (o.profile) {
-    // Median per layer over several profiled runs.
-    const int runs = 10;
-    std::vector<std::vector<double>> per_layer;
-    std::vector<LayerTiming> first_profile;
     const std::vector<LayerInfo> layer_info = context.layers();
-    for (int i = 0; i < runs; ++i) {
-      std::vector<LayerTiming> t = context.profile(stream);
-      if (per_layer.empty()) {
-        per_layer.resize(t.size());
-        first_profile = t;
-      }
-      for (size_t l = 0; l < t.size() && l < per_layer.size(); ++l) per_layer[l].push_back(t[l].ms);
-    }
-    nlohmann::json layers = nlohmann::json::array();
-    double total_ms = 0;
-    std::vector<std::pair<double, size_t>> order;
-    for (size_t l = 0; l < per_layer.size(); ++l) {
-      Stats ls = statistics(per_layer[l]);
-      total_ms += ls.median;
-      order.push_back({ls.median, l});
-      layers.push_back({{"name", first_profile[l].name}, {"op", first_profile[l].op}, {"tactic", first_profile[l].tactic},
-                        {"median_ms", ls.median}, {"flops", l < layer_info.size() ? layer_info[l].flops : 0.0}});
-    }
-    std::sort(order.rbegin(), order.rend());
-    std::cout << fmt::format("  profile (median of {} runs, layer by layer without a CUDA graph): {:.4f} ms total\n", runs, total_ms);
-    for (size_t i = 0; i < std::min<size_t>(order.size(), 25); ++i) {
-      const auto& l = first_profile[order[i].second];
-      std::cout << fmt::format("    {:>8.4f} ms {:>5.1f}%  {:<18} {:<40} {}\n", order[i].first, 100.0 * order[i].first / total_ms,
-                               l.op, l.name.substr(0, 40), l.tactic);
-    }
-    r["profile"] = {{"total_ms", total_ms}, {"layers", layers}};
+    r["profile"] = profile_summary([&] { return context.profile(stream); }, layer_info,
+                                   "layer by layer without a CUDA graph");
   }
   KILN_CUDA_CHECK(cudaEventDestroy(start));
   KILN_CUDA_CHECK(cudaEventDestroy(end));
@@ -473,9 +485,8 @@ int bench(const BenchOptions& o) {
   const JsonOutput json(o.json);
   std::vector<int64_t> batches = o.batches.empty() ? std::vector<int64_t>{o.engine.batch} : parse_batches(o.batches);
   const bool cpu = is_engine_file(o.model) ? engine_file_backend(o.model) == "cpu" : o.engine.device == "cpu";
-  if (cpu && (o.with_transfers || o.no_graph || o.profile || !o.export_profile.empty()))
-    throw Error(ErrorKind::kInvalidArgument,
-                "--with-transfers, --no-graph, --profile and --exportProfile are for GPU engines (--device cuda)");
+  if (cpu && (o.with_transfers || o.no_graph))
+    throw Error(ErrorKind::kInvalidArgument, "--with-transfers and --no-graph are for GPU engines (--device cuda)");
   nlohmann::json results = nlohmann::json::array();
   if (cpu) {
     for (int64_t b : batches) results.push_back(bench_cpu_one(o, b));
@@ -543,7 +554,7 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--exportTimes", o->export_times, "Write every run's time (ms), per batch, as JSON");
   cmd->add_option("--exportLayerInfo", o->export_layer_info, "Write the engine's layers (op, tactic, precision, shape), per batch, as JSON");
-  cmd->add_option("--exportProfile", o->export_profile, "Write the per-layer profile, per batch, as JSON (implies --profile; GPU)");
+  cmd->add_option("--exportProfile", o->export_profile, "Write the per-layer profile, per batch, as JSON (implies --profile)");
   cmd->callback([o, cmd, &action] {
     action = [o, cmd] {
       check_model_option(cmd, o->model);

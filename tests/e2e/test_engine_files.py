@@ -82,6 +82,27 @@ def test_cpu_engine_files_run_like_the_model(kiln_bin, engines, tmp_path):
     assert r.returncode == 0 and "cpu fp32" in r.stdout, r.stdout + r.stderr
 
 
+def test_cpu_bench_profiles_every_layer(kiln_bin, engines, tmp_path):
+    """`kiln bench --profile` on the CPU engine times each layer of the engine, by the wall clock,
+    in its order: the JSON (and --exportProfile's file) names every layer of `kiln inspect` once,
+    with a time each, adding up to about the run's latency."""
+    out = tmp_path / "bench.json"
+    r = kiln(kiln_bin, "bench", engines["fp32"], "--batches", "4", "--iterations", "5", "--warmup", "1", "--profile",
+             "--json", out, "--exportProfile", tmp_path / "profile.json")
+    assert r.returncode == 0, r.stderr
+    assert "profile (median of 10 runs, layer by layer, wall clock)" in r.stdout, r.stdout
+    result = json.loads(out.read_text())["results"][0]
+    profile = result["profile"]
+    layers = json.loads(kiln(kiln_bin, "inspect", engines["fp32"], "--json").stdout)["layers"]
+    assert [(p["name"], p["op"]) for p in profile["layers"]] == [(layer["name"], layer["op"]) for layer in layers]
+    assert all(p["median_ms"] > 0 for p in profile["layers"])
+    assert profile["total_ms"] == pytest.approx(sum(p["median_ms"] for p in profile["layers"]))
+    # Medians of other runs than the timed ones: the same order of magnitude as the latency.
+    assert 0.2 * result["latency_ms"]["median"] < profile["total_ms"] < 5 * result["latency_ms"]["median"]
+    exported = json.loads((tmp_path / "profile.json").read_text())
+    assert json.dumps(exported).count('"median_ms"') == len(layers), exported
+
+
 def test_inspect_an_engine_file(kiln_bin, engines):
     r = kiln(kiln_bin, "inspect", engines["int8"], "--json")
     assert r.returncode == 0, r.stderr

@@ -279,6 +279,11 @@ class CudaBackendEngine final : public backend::Engine {
 
   std::map<std::string, std::string> tactics() const override { return engine_->timing_entries(); }
 
+  std::vector<LayerTiming> profile(const std::map<std::string, Tensor>&) const override {
+    throw Error(ErrorKind::kUnsupported,
+                "a GPU engine times its layers through an execution context: Context::profile (kiln bench --profile)");
+  }
+
   std::unique_ptr<backend::Timer> timer() const override {
     DeviceScope scope(gpu_);
     return std::make_unique<CudaTimer>(*engine_, gpu_);
