@@ -211,6 +211,7 @@ struct EngineInfo {
 struct LayerTiming {
   std::string name, op, tactic;
   float ms = 0;
+  double flops = 0;  // CPU engines: the layer's FLOPs at the run's shapes (GPU: 0; LayerInfo::flops has them)
 };
 
 }  // namespace kiln

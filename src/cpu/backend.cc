@@ -47,12 +47,12 @@ class CpuBackendEngine final : public backend::Engine {
   }
 
   std::vector<LayerTiming> profile(const std::map<std::string, Tensor>& inputs) const override {
-    std::vector<double> step_ms;
-    engine_.run(inputs, step_ms);
+    CpuEngine::StepTimes times;
+    engine_.run(inputs, times);
     const ir::Graph& g = engine_.graph();
     std::vector<LayerTiming> out;
-    for (size_t i = 0; i < step_ms.size() && i < g.nodes.size(); ++i)
-      out.push_back(LayerTiming{g.nodes[i].name, g.nodes[i].op, "cpu", static_cast<float>(step_ms[i])});
+    for (size_t i = 0; i < times.ms.size() && i < g.nodes.size(); ++i)
+      out.push_back(LayerTiming{g.nodes[i].name, g.nodes[i].op, "cpu", static_cast<float>(times.ms[i]), times.flops[i]});
     return out;
   }
 

@@ -192,13 +192,11 @@ std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>
   return run_steps(inputs, nullptr);
 }
 
-std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>& inputs,
-                                             std::vector<double>& step_ms) const {
-  return run_steps(inputs, &step_ms);
+std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>& inputs, StepTimes& times) const {
+  return run_steps(inputs, &times);
 }
 
-std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, Tensor>& inputs,
-                                                   std::vector<double>* step_ms) const {
+std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, Tensor>& inputs, StepTimes* times) const {
   check_inputs(inputs);
   std::lock_guard<std::mutex> lock(run_mutex_);
   std::vector<Tensor> slots = constant_slots_;
@@ -209,11 +207,14 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
   std::vector<const Tensor*> values;
   std::vector<const ir::Dims*> no_symbolic;
   std::vector<Tensor> outputs;
-  if (step_ms) step_ms->assign(steps_.size(), 0.0);
+  if (times) {
+    times->ms.assign(steps_.size(), 0.0);
+    times->flops.assign(steps_.size(), 0.0);
+  }
   for (size_t step_index = 0; step_index < steps_.size(); ++step_index) {
     const Step& step = steps_[step_index];
     const ir::Node& node = *step.node;
-    const auto step_start = step_ms ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+    const auto step_start = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     types.assign(step.inputs.size(), {});
     type_ptrs.assign(step.inputs.size(), nullptr);
     values.assign(step.inputs.size(), nullptr);
@@ -275,9 +276,16 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
       pool_.give(slots[static_cast<size_t>(r)]);
       slots[static_cast<size_t>(r)] = Tensor();
     }
-    if (step_ms)
-      (*step_ms)[step_index] =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
+    if (times) {
+      times->ms[step_index] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
+      std::vector<const ir::TensorType*> out_types;
+      for (const ir::TensorType& t : ctx.output_types) out_types.push_back(&t);
+      try {
+        times->flops[step_index] = static_cast<double>(ir::node_flops(node, type_ptrs, out_types));
+      } catch (const Error&) {
+        // a count the schema cannot make at these shapes: left 0, as in EngineInfo
+      }
+    }
   }
   std::map<std::string, Tensor> result;
   for (const std::string& o : graph_.outputs) result[o] = slots[static_cast<size_t>(slots_.at(o))];

@@ -59,12 +59,17 @@ class CpuEngine {
   // must match, a symbolic dim must take one value across all inputs). Callers on several
   // threads run one at a time: kernels keep scratch buffers between runs.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const;
-  // run(), also timing each step (the node's shape inference, output allocation and kernel) by
-  // the wall clock: step_ms[i] is graph().nodes[i]'s time in milliseconds.
-  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, std::vector<double>& step_ms) const;
+  // Per step of one run, in graph().nodes' order: its wall-clock time in milliseconds (the
+  // node's shape inference, output allocation and kernel) and its FLOPs at the run's shapes.
+  struct StepTimes {
+    std::vector<double> ms;
+    std::vector<double> flops;
+  };
+  // run(), also timing each step.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, StepTimes& times) const;
 
  private:
-  std::map<std::string, Tensor> run_steps(const std::map<std::string, Tensor>& inputs, std::vector<double>* step_ms) const;
+  std::map<std::string, Tensor> run_steps(const std::map<std::string, Tensor>& inputs, StepTimes* times) const;
   struct Step {
     const ir::Node* node;
     std::unique_ptr<Kernel> kernel;

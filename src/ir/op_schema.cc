@@ -223,18 +223,22 @@ void infer_shapes(Graph& graph) {
 }
 
 int64_t node_flops(const Graph& graph, const Node& node) {
-  const OpSchema* schema = OpRegistry::instance().find(node.op, node.domain);
-  if (!schema || !schema->flops) return 0;
-  FlopsContext ctx{node, {}, {}};
+  std::vector<const TensorType*> inputs, outputs;
   for (const std::string& in : node.inputs) {
     const Value* v = in.empty() ? nullptr : graph.find_value(in);
-    ctx.input_types.push_back(v ? &v->type : nullptr);
+    inputs.push_back(v ? &v->type : nullptr);
   }
   for (const std::string& out : node.outputs) {
     const Value* v = out.empty() ? nullptr : graph.find_value(out);
-    ctx.output_types.push_back(v ? &v->type : nullptr);
+    outputs.push_back(v ? &v->type : nullptr);
   }
-  return schema->flops(ctx);
+  return node_flops(node, std::move(inputs), std::move(outputs));
+}
+
+int64_t node_flops(const Node& node, std::vector<const TensorType*> inputs, std::vector<const TensorType*> outputs) {
+  const OpSchema* schema = OpRegistry::instance().find(node.op, node.domain);
+  if (!schema || !schema->flops) return 0;
+  return schema->flops(FlopsContext{node, std::move(inputs), std::move(outputs)});
 }
 
 }  // namespace kiln::ir

@@ -90,6 +90,8 @@ void reinfer_shapes(Graph& graph);
 
 // FLOPs of one node in a graph whose shapes have been inferred (0 if unknown).
 int64_t node_flops(const Graph& graph, const Node& node);
+// The same for inputs and outputs of these types (a run's actual shapes).
+int64_t node_flops(const Node& node, std::vector<const TensorType*> inputs, std::vector<const TensorType*> outputs);
 
 // Helpers shared by schemas.
 // Ranks above this are refused: a model declaring one is corrupt, not large.

@@ -163,15 +163,19 @@ nlohmann::json profile_summary(const std::function<std::vector<LayerTiming>()>& 
     Stats ls = statistics(per_layer[l]);
     total_ms += ls.median;
     order.push_back({ls.median, l});
+    const double flops = first_profile[l].flops > 0 ? first_profile[l].flops : l < layer_info.size() ? layer_info[l].flops : 0.0;
     layers.push_back({{"name", first_profile[l].name}, {"op", first_profile[l].op}, {"tactic", first_profile[l].tactic},
-                      {"median_ms", ls.median}, {"flops", l < layer_info.size() ? layer_info[l].flops : 0.0}});
+                      {"median_ms", ls.median}, {"flops", flops}});
   }
   std::sort(order.rbegin(), order.rend());
   std::cout << fmt::format("  profile (median of {} runs, {}): {:.4f} ms total\n", kProfileRuns, how, total_ms);
   for (size_t i = 0; i < std::min<size_t>(order.size(), 25); ++i) {
     const auto& l = first_profile[order[i].second];
-    std::cout << fmt::format("    {:>8.4f} ms {:>5.1f}%  {:<18} {:<40} {}\n", order[i].first,
-                             total_ms > 0 ? 100.0 * order[i].first / total_ms : 0.0, l.op, l.name.substr(0, 40), l.tactic);
+    const double flops = layers[order[i].second]["flops"].get<double>();
+    const std::string rate = flops > 0 && order[i].first > 0 ? fmt::format("  {:.1f} GFLOP/s", flops / order[i].first / 1e6) : "";
+    std::cout << fmt::format("    {:>8.4f} ms {:>5.1f}%  {:<18} {:<40} {}{}\n", order[i].first,
+                             total_ms > 0 ? 100.0 * order[i].first / total_ms : 0.0, l.op, l.name.substr(0, 40), l.tactic,
+                             rate);
   }
   return {{"total_ms", total_ms}, {"layers", layers}};
 }

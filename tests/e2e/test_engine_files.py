@@ -85,7 +85,7 @@ def test_cpu_engine_files_run_like_the_model(kiln_bin, engines, tmp_path):
 def test_cpu_bench_profiles_every_layer(kiln_bin, engines, tmp_path):
     """`kiln bench --profile` on the CPU engine times each layer of the engine, by the wall clock,
     in its order: the JSON (and --exportProfile's file) names every layer of `kiln inspect` once,
-    with a time each, adding up to about the run's latency."""
+    with a time each, adding up to about the run's latency, and the convolutions' FLOPs."""
     out = tmp_path / "bench.json"
     r = kiln(kiln_bin, "bench", engines["fp32"], "--batches", "4", "--iterations", "5", "--warmup", "1", "--profile",
              "--json", out, "--exportProfile", tmp_path / "profile.json")
@@ -96,6 +96,9 @@ def test_cpu_bench_profiles_every_layer(kiln_bin, engines, tmp_path):
     layers = json.loads(kiln(kiln_bin, "inspect", engines["fp32"], "--json").stdout)["layers"]
     assert [(p["name"], p["op"]) for p in profile["layers"]] == [(layer["name"], layer["op"]) for layer in layers]
     assert all(p["median_ms"] > 0 for p in profile["layers"])
+    # FLOPs at the run's shapes (the engine's own layers have a symbolic batch).
+    convs = [p for p in profile["layers"] if p["op"] == "FusedConv"]
+    assert convs and all(p["flops"] > 0 for p in convs), convs
     assert profile["total_ms"] == pytest.approx(sum(p["median_ms"] for p in profile["layers"]))
     # Medians of other runs than the timed ones: the same order of magnitude as the latency.
     assert 0.2 * result["latency_ms"]["median"] < profile["total_ms"] < 5 * result["latency_ms"]["median"]
