@@ -1,11 +1,20 @@
 // CPU kernels of Gemm and kiln::FusedGemm (float32):
 //   Y = act(alpha * op(A) @ op(B) + beta * C + Z), C broadcast to M x N, Z a residual [M, N]
 //   (FusedGemm only).
-// Y is first filled with beta * C, then the GEMM accumulates into it (BLAS beta = 1).
+// A layer's product by constant weights (B constant, A not transposed, alpha 1: a classifier's
+// last layer) packs op(B) once, when the kernel is created, and runs on rows_sgemm (AVX-512),
+// with beta * C as the column bias when C is one value per column, as MatMul's kernel does:
+// OpenBLAS packs the weights again on every call (MobileNet-V2's 1280 x 1000 classifier at
+// batch 1: docs/design/cpu-gemm.md, "kiln's sgemm").
+// Otherwise Y is first filled with beta * C, then the GEMM accumulates into it (BLAS beta = 1).
+
+#include <optional>
+#include <vector>
 
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
+#include "cpu/sgemm.h"
 
 namespace kiln::cpu {
 
@@ -13,13 +22,25 @@ namespace {
 
 class GemmKernel final : public Kernel {
  public:
-  GemmKernel(const ir::Node& node, bool fused)
-      : alpha_(node.attrs.get_float("alpha", 1.f)),
-        beta_(node.attrs.get_float("beta", 1.f)),
-        trans_a_(node.attrs.get_int("transA", 0) != 0),
-        trans_b_(node.attrs.get_int("transB", 0) != 0),
-        epilogue_(fused ? ir::Activation::from_node(node) : ir::Activation{}) {
+  GemmKernel(const KernelInit& init, bool fused)
+      : alpha_(init.node.attrs.get_float("alpha", 1.f)),
+        beta_(init.node.attrs.get_float("beta", 1.f)),
+        trans_a_(init.node.attrs.get_int("transA", 0) != 0),
+        trans_b_(init.node.attrs.get_int("transB", 0) != 0),
+        epilogue_(fused ? ir::Activation::from_node(init.node) : ir::Activation{}) {
     use_single_threaded_blas();
+    const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
+    if (w && w->dtype() == DType::kFloat32 && w->rank() == 2 && w->numel() > 0 && !trans_a_ && alpha_ == 1.f &&
+        sgemm_isa() == SgemmIsa::kAvx512) {
+      const int64_t K = trans_b_ ? w->dim(1) : w->dim(0), N = trans_b_ ? w->dim(0) : w->dim(1);
+      if (!trans_b_) {
+        columns_.pack(w->data<float>(), K, N, N);
+      } else {
+        std::vector<float> wt(static_cast<size_t>(K * N));  // op(B) = B^T, [K x N]
+        transpose_floats(w->data<float>(), N, K, wt.data());
+        columns_.pack(wt.data(), K, N, N);
+      }
+    }
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
@@ -32,6 +53,14 @@ class GemmKernel final : public Kernel {
     const int64_t K = trans_a_ ? a.dim(0) : a.dim(1);
     float* y = yt.data<float>();
     if (M == 0 || N == 0) return;
+    if (!columns_.empty() && columns_.cols() == N && columns_.depth() == K) {
+      std::optional<std::vector<float>> bias = column_bias(c, N);
+      if (bias) {
+        rows_sgemm(columns_, M, a.data<float>(), K, y, N, bias->empty() ? nullptr : bias->data(), residual, N,
+                   &epilogue_, thread_count());
+        return;
+      }
+    }
     float gemm_beta = 0.f;
     if (c && beta_ != 0.f) {
       // Broadcast strides of C over the M x N output (0 along a dim of size 1 or missing).
@@ -54,9 +83,23 @@ class GemmKernel final : public Kernel {
   }
 
  private:
+  // beta * C as one value per column of the M x N output (empty: no C); nullopt when C varies
+  // along the rows (it is then added the general way).
+  std::optional<std::vector<float>> column_bias(const Tensor* c, int64_t n) const {
+    if (!c || beta_ == 0.f) return std::vector<float>();
+    if (c->rank() > 2 || (c->rank() == 2 && c->dim(0) != 1)) return std::nullopt;
+    const int64_t cols = c->rank() == 0 ? 1 : c->shape().back();
+    if (cols != 1 && cols != n) return std::nullopt;
+    std::vector<float> bias(static_cast<size_t>(n));
+    const float* cv = c->data<float>();
+    for (int64_t j = 0; j < n; ++j) bias[static_cast<size_t>(j)] = beta_ * cv[cols == 1 ? 0 : j];
+    return bias;
+  }
+
   float alpha_, beta_;
   bool trans_a_, trans_b_;
   Epilogue epilogue_;
+  PackedColumns columns_;  // op(B) in 32-column panels, when B is a constant matrix (AVX-512)
 };
 
 }  // namespace
@@ -69,7 +112,7 @@ KILN_REGISTER_CPU_KERNELS(gemm) {
     e.check = accept_dtypes({DType::kFloat32});
     e.dtypes = "float32";
     e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> {
-      return std::make_unique<GemmKernel>(init.node, init.node.op == "FusedGemm");
+      return std::make_unique<GemmKernel>(init, init.node.op == "FusedGemm");
     };
     registry.add(std::move(e));
   }

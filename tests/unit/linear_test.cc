@@ -98,6 +98,38 @@ TEST(Gemm, MatchesReference) {
   }
 }
 
+// A layer's product by constant weights (B constant, transA 0, alpha 1) runs on rows_sgemm with
+// beta * C as the column bias (AVX-512), FusedGemm's residual and activation in the same pass;
+// the general path (forced by another ISA, by C varying along the rows) gives the same values.
+TEST(Gemm, ConstantWeightsWithColumnBiasResidualAndActivation) {
+  uint32_t seed = 1500;
+  for (bool trans_b : {false, true})
+    for (std::vector<int64_t> c_shape : {std::vector<int64_t>{70}, std::vector<int64_t>{1, 70}, std::vector<int64_t>{},
+                                         std::vector<int64_t>{9, 1}}) {
+      SCOPED_TRACE(std::string("transB ") + (trans_b ? "1" : "0") + " C " + shape_to_string(c_shape));
+      Tensor a = random_tensor({9, 130}, seed++);
+      Tensor b = random_tensor(trans_b ? std::vector<int64_t>{70, 130} : std::vector<int64_t>{130, 70}, seed++);
+      Tensor c = random_tensor(c_shape, seed++);
+      Tensor z = random_tensor({9, 70}, seed++);
+      ir::Node node = make_node("FusedGemm", "kiln");
+      node.attrs.set("transB", int64_t{trans_b});
+      node.attrs.set("beta", 0.5f);
+      ir::Activation act = ir::Activation::named("Relu");
+      act.store(node);
+      Tensor want = reference_gemm(a, b, &c, false, trans_b, 1.f, 0.5f);
+      for (int64_t i = 0; i < want.numel(); ++i)
+        want.data<float>()[i] = act.apply(want.data<float>()[i] + z.data<float>()[i]);
+      std::vector<Tensor> results;
+      for (cpu::SgemmIsa isa : {cpu::SgemmIsa::kAvx512, cpu::SgemmIsa::kAvx2}) {
+        if (isa > cpu::sgemm_best_isa()) continue;
+        cpu::sgemm_force_isa(isa);
+        results.push_back(run_single_node(node, {{"A", a}, {"B", b, true}, {"C", c, true}, {"Z", z}}));
+        EXPECT_TRUE(all_close(results.back(), want)) << cpu::sgemm_isa_name(isa);
+      }
+      cpu::sgemm_reset_isa();
+    }
+}
+
 TEST(Gemm, ShapeErrorsNameTheNode) {
   ir::Node node = make_node("Gemm");
   node.name = "fc";
