@@ -467,6 +467,44 @@ def test_convnext_block_transposes_move_no_bytes(precision, kiln_bin, tmp_path):
     assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{precision}: relative L2 error {err:.3g}"
 
 
+def conv_with_residual_model(path, x_shape, w, b, out_shape, residual, **conv_attrs):
+    """Conv(x, w, b) with the attributes given, and Add of an input z of the output's shape when
+    `residual`, into `path`."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **conv_attrs)]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)]
+    if residual:
+        nodes.append(helper.make_node("Add", ["c", "z"], ["y"]))
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, out_shape))
+    else:
+        nodes[0].output[0] = "y"
+    graph = helper.make_graph(nodes, "conv", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def tactic_lines(kiln_bin, path, engine, marker):
+    """Builds `path` into an fp16 GPU engine with every tactic candidate logged (KILN_TACTIC_LOG):
+    the candidates' lines containing `marker`, none of them rejected by the build's check."""
+    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", "--fp16", "-o", engine],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_TACTIC_LOG": "1"})
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if marker in line]
+    print("\n".join(lines))
+    assert lines, r.stderr[-3000:]
+    assert all("(rejected)" not in line for line in lines), lines
+    return lines
+
+
+def engine_matches_cpu(kiln_bin, path, engine, feeds, out_shape, tmp_path):
+    """The engine's y against the unoptimized CPU engine's on the same inputs (x, then z if given)."""
+    names = ["x", "z"][:len(feeds)]
+    want = run_kiln(kiln_bin, path, feeds, names, str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
+    got = run_kiln(kiln_bin, engine, feeds, names, str(tmp_path / "gpu"))["y"]
+    assert got.shape == want.shape == tuple(out_shape)
+    err = rel_l2(got, want)
+    assert err <= 1e-2, f"relative L2 error {err:.3g}"
+
+
 @pytest.mark.parametrize("channels,size,kernel,stride,residual",
                          [(3, 64, 8, 8, False), (16, 24, 2, 3, True), (8, 20, 1, 2, False)],
                          ids=["patch-embedding", "stride-past-kernel-residual", "strided-1x1"])
@@ -479,36 +517,17 @@ def test_patches_as_one_product(channels, size, kernel, stride, residual, kiln_b
     rng = np.random.default_rng(channels)
     out_c = 32
     out_hw = (size - kernel) // stride + 1
-    w = numpy_helper.from_array((rng.standard_normal([out_c, channels, kernel, kernel]) * 0.2).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal(out_c).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kernel, kernel], strides=[stride, stride])]
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, channels, size, size])]
-    if residual:
-        nodes.append(helper.make_node("Add", ["c", "z"], ["y"]))
-        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, out_c, out_hw, out_hw]))
-    else:
-        nodes[0].output[0] = "y"
-    graph = helper.make_graph(nodes, "patches", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [w, b])
-    path = str(tmp_path / "m.onnx")
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    engine = str(tmp_path / "m.engine")
-    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", "--fp16", "-o", engine],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_TACTIC_LOG": "1"})
-    assert r.returncode == 0, r.stderr
-    lines = [line for line in r.stderr.splitlines() if ": gemm patches+" in line]
-    print(lines)
-    assert lines, r.stderr[-3000:]
-    assert all("(rejected)" not in line for line in lines), lines
+    out_shape = [2, out_c, out_hw, out_hw]
+    path, engine = str(tmp_path / "m.onnx"), str(tmp_path / "m.engine")
+    conv_with_residual_model(path, [2, channels, size, size],
+                             (rng.standard_normal([out_c, channels, kernel, kernel]) * 0.2).astype(np.float32),
+                             rng.standard_normal(out_c).astype(np.float32), out_shape, residual,
+                             kernel_shape=[kernel, kernel], strides=[stride, stride])
+    tactic_lines(kiln_bin, path, engine, ": gemm patches+")
     feeds = [rng.standard_normal([2, channels, size, size]).astype(np.float32)]
     if residual:
-        feeds.append(rng.standard_normal([2, out_c, out_hw, out_hw]).astype(np.float32))
-    names = ["x", "z"][:len(feeds)]
-    want = run_kiln(kiln_bin, path, feeds, names, str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
-    got = run_kiln(kiln_bin, engine, feeds, names, str(tmp_path / "gpu"))["y"]
-    assert got.shape == want.shape == (2, out_c, out_hw, out_hw)
-    err = rel_l2(got, want)
-    assert err <= 1e-2, f"relative L2 error {err:.3g}"
+        feeds.append(rng.standard_normal(out_shape).astype(np.float32))
+    engine_matches_cpu(kiln_bin, path, engine, feeds, out_shape, tmp_path)
 
 
 @pytest.mark.parametrize("kernel,stride,size,residual", [(7, 1, 17, True), (7, 2, 19, False), (5, 2, 15, True),
@@ -517,48 +536,30 @@ def test_patches_as_one_product(channels, size, kernel, stride, residual, kiln_b
 def test_depthwise_tiles_are_offered_and_exact(kernel, stride, size, residual, kiln_bin, tmp_path):
     """kiln's float16 channels-last depthwise kernel is timed at every tile of output pixels per
     thread it has for the geometry (columns x rows, through the path for any filter and, for 3x3,
-    5x5 and 7x7 filters, the compile-time one, which also takes two rows of a square filter). The build checks each candidate against a direct
-    convolution (KILN_TACTIC_LOG shows each one's error): each expected tile must be offered and
-    correct, and the engine, whichever candidate won, must match the CPU engine. Sizes that are
-    not multiples of the tiles and a batch of 3 cover the edges of the last band and block."""
+    5x5 and 7x7 filters, the compile-time one, which also takes two rows of a square filter). The
+    build checks each candidate against a direct convolution (KILN_TACTIC_LOG shows each one's
+    error): each expected tile must be offered and correct, and the engine, whichever candidate
+    won, must match the CPU engine. Sizes that are not multiples of the tiles and a batch of 3
+    cover the edges of the last band and block."""
     channels = 24
     rng = np.random.default_rng(kernel * 10 + stride)
     out_hw = (size + 2 * (kernel // 2) - kernel) // stride + 1
-    w = numpy_helper.from_array((rng.standard_normal([channels, 1, kernel, kernel]) * 0.2).astype(np.float32), "w")
-    b = numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=channels, pads=[kernel // 2] * 4,
-                              strides=[stride, stride])]
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, channels, size, size])]
-    if residual:
-        nodes.append(helper.make_node("Add", ["c", "z"], ["y"]))
-        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, channels, out_hw, out_hw]))
-    else:
-        nodes[0].output[0] = "y"
-    graph = helper.make_graph(nodes, "depthwise", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [w, b])
-    path = str(tmp_path / "m.onnx")
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    engine = str(tmp_path / "m.engine")
-    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", "--fp16", "-o", engine],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_TACTIC_LOG": "1"})
-    assert r.returncode == 0, r.stderr
-    lines = [line for line in r.stderr.splitlines() if ": kernel depthwise " in line]
-    print("\n".join(lines))
+    out_shape = [3, channels, out_hw, out_hw]
+    path, engine = str(tmp_path / "m.onnx"), str(tmp_path / "m.engine")
+    conv_with_residual_model(path, [3, channels, size, size],
+                             (rng.standard_normal([channels, 1, kernel, kernel]) * 0.2).astype(np.float32),
+                             rng.standard_normal(channels).astype(np.float32), out_shape, residual,
+                             group=channels, pads=[kernel // 2] * 4, strides=[stride, stride])
+    lines = tactic_lines(kiln_bin, path, engine, ": kernel depthwise ")
     offered = {line.split(": kernel depthwise ")[1].split()[0] for line in lines}
     expected = {"1x1/any", "2x1/any", "4x1/any"}
     if kernel <= 7:
         expected |= {"1x1/fixed", "2x1/fixed", "4x1/fixed", "2x2/fixed", "4x2/fixed"}
-    assert offered == expected, (offered, r.stderr[-3000:])
-    assert all("(rejected)" not in line for line in lines), lines
+    assert offered == expected, offered
     feeds = [rng.standard_normal([3, channels, size, size]).astype(np.float32)]
     if residual:
-        feeds.append(rng.standard_normal([3, channels, out_hw, out_hw]).astype(np.float32))
-    names = ["x", "z"][:len(feeds)]
-    want = run_kiln(kiln_bin, path, feeds, names, str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
-    got = run_kiln(kiln_bin, engine, feeds, names, str(tmp_path / "gpu"))["y"]
-    assert got.shape == want.shape == (3, channels, out_hw, out_hw)
-    err = rel_l2(got, want)
-    assert err <= 1e-2, f"relative L2 error {err:.3g}"
+        feeds.append(rng.standard_normal(out_shape).astype(np.float32))
+    engine_matches_cpu(kiln_bin, path, engine, feeds, out_shape, tmp_path)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
