@@ -97,8 +97,10 @@ SUITE_SECONDS = {"int8": 420, "contexts": 330, "models": 290, "dynamic": 240, "p
 
 def source_files() -> list[str]:
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "--", *SOURCE_PATHS], cwd=ROOT, capture_output=True,
-                             check=True).stdout.decode()
+        # Tracked files and untracked ones git does not ignore: what a build compiles (CMake globs
+        # src/) and what a device call uploads, so a file not yet added counts as it will once it is.
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *SOURCE_PATHS],
+                             cwd=ROOT, capture_output=True, check=True).stdout.decode()
         files = [f for f in out.split("\0") if f]
     except (OSError, subprocess.CalledProcessError):
         files = []
