@@ -102,6 +102,17 @@ py::dict to_dict(const std::map<std::string, Tensor>& tensors) {
   return out;
 }
 
+// Engine.profile and Context.profile: one dict per layer (name, op, tactic, ms, flops).
+py::list timing_rows(const std::vector<LayerTiming>& timings) {
+  py::list rows;
+  for (const LayerTiming& t : timings) {
+    py::dict d;
+    d["name"] = t.name, d["op"] = t.op, d["tactic"] = t.tactic, d["ms"] = t.ms, d["flops"] = t.flops;
+    rows.append(d);
+  }
+  return rows;
+}
+
 Precision parse_precision(const std::string& p) {
   for (Precision x : {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBest, Precision::kInt8, Precision::kFp8})
     if (p == to_string(x)) return x;
@@ -366,6 +377,15 @@ PYBIND11_MODULE(_kiln, m) {
           out = engine.run(in);
         }
         return to_dict(out);
+      })
+      .def("profile", [](const Engine& engine, const py::dict& inputs) {
+        std::map<std::string, Tensor> in = to_tensors(inputs, InputMemory::kCopy);
+        std::vector<LayerTiming> timings;
+        {
+          py::gil_scoped_release release;
+          timings = engine.profile(in);
+        }
+        return timing_rows(timings);
       });
 
   // The Context keeps its Engine alive (Engine's shared Impl): py::keep_alive ties the Python
@@ -435,18 +455,12 @@ PYBIND11_MODULE(_kiln, m) {
           [](py::object self, const Engine& engine, const std::string& name) { return buffer_dlpack(self, engine, name, true); },
           py::arg("engine"), py::arg("name"))
       .def("profile", [](Context& c, uintptr_t stream) {
-        py::list rows;
         std::vector<LayerTiming> timings;
         {
           py::gil_scoped_release release;
           timings = c.profile(reinterpret_cast<void*>(stream));
         }
-        for (const LayerTiming& t : timings) {
-          py::dict d;
-          d["name"] = t.name, d["op"] = t.op, d["tactic"] = t.tactic, d["ms"] = t.ms;
-          rows.append(d);
-        }
-        return rows;
+        return timing_rows(timings);
       }, py::arg("cuda_stream") = 0);
 
   m.def(

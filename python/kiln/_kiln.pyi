@@ -96,6 +96,9 @@ class Engine:
     def create_context(self, use_cuda_graph: bool = True, share_activation_memory: bool = False) -> Context: ...
     def run(self, inputs: Mapping[str, Any], /) -> dict[str, npt.NDArray[Any]]:
         """Numpy arrays (or CPU torch tensors) in, of the engine's dtypes; numpy arrays out."""
+    def profile(self, inputs: Mapping[str, Any], /) -> list[dict[str, Any]]:
+        """CPU engines: one run, each layer timed by the wall clock: name, op, tactic, ms, flops
+        (at the run's shapes). GPU engines time layers through Context.profile."""
 
 class Context:
     optimization_profile: int

@@ -54,6 +54,21 @@ def test_engine_matches_onnxruntime_on_numpy_and_torch_inputs():
         engine.create_context(share_activation_memory=True)
 
 
+def test_cpu_engine_profile_times_every_layer():
+    """Engine.profile runs a CPU engine once and times each of its layers, in its order, with the
+    layer's FLOPs at the run's shapes; bad inputs are the same errors as run()'s."""
+    engine = kiln.Engine.from_onnx(FASHION)
+    x = np.random.default_rng(3).standard_normal((4, 1, 28, 28)).astype(np.float32)
+    rows = engine.profile({"input": x})
+    layers = engine.info()["layers"]
+    assert [(r["name"], r["op"]) for r in rows] == [(layer["name"], layer["op"]) for layer in layers]
+    assert all(r["ms"] > 0 and r["tactic"] == "cpu" for r in rows)
+    convs = [r for r in rows if r["op"] == "FusedConv"]
+    assert convs and all(r["flops"] > 0 for r in convs)
+    with pytest.raises(kiln.Error, match="input"):
+        engine.profile({"input": x[:, :, :10]})
+
+
 def test_model_inputs_reads_the_declared_inputs_without_a_build(tmp_path):
     (declared,) = kiln.model_inputs(FASHION)
     assert declared.name == "input" and declared.shape == [-1, 1, 28, 28] and declared.dtype == "float32"
