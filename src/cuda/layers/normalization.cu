@@ -221,10 +221,10 @@ std::unique_ptr<Layer> norm_rows_layer(const RowNorm& p) {
     if (vec_rows_eligible(p)) {
       const int group = vec_group(p.cols);
       const unsigned blocks = capped_blocks((p.rows + kBlock / group - 1) / (kBlock / group));
-      const bool warp = p.cols <= 1024;
-      const unsigned scalar_blocks = capped_blocks(warp ? (p.rows + kBlock / 32 - 1) / (kBlock / 32) : p.rows);
-      return make_layer("kernel:norm-vec" + std::to_string(group), [p, group, blocks, scalar_blocks](const LayerIO& io,
-                                                                                                 cudaStream_t stream) {
+      // Pointers not 16-byte aligned (a view at an odd offset) take the scalar kernel.
+      std::shared_ptr<const Layer> scalar = norm_rows_scalar_layer<__half>(p);
+      return make_layer("kernel:norm-vec" + std::to_string(group), [p, group, blocks, scalar](const LayerIO& io,
+                                                                                          cudaStream_t stream) {
         const __half* x = static_cast<const __half*>(io.inputs[0]);
         __half* y = static_cast<__half*>(io.outputs[0]);
         __half* mean = io.outputs.size() > 1 ? static_cast<__half*>(io.outputs[1]) : nullptr;
@@ -232,10 +232,10 @@ std::unique_ptr<Layer> norm_rows_layer(const RowNorm& p) {
         const float* scale = static_cast<const float*>(io.inputs[1]);
         const float* bias = io.inputs.size() > 2 ? static_cast<const float*>(io.inputs[2]) : nullptr;
         if (!aligned16(x) || !aligned16(y) || !aligned16(scale) || (bias && !aligned16(bias))) {
-          // A view at an odd offset: the scalar kernel.
-          if (p.rms) norm_rows_kernel<__half, 32, true><<<scalar_blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
-          else norm_rows_kernel<__half, 32, false><<<scalar_blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
-        } else if (p.rms) {
+          scalar->enqueue(io, stream);
+          return;
+        }
+        if (p.rms) {
           launch_norm_rows_vec<true>(group, blocks, x, y, mean, inv, scale, bias, p, stream);
         } else {
           launch_norm_rows_vec<false>(group, blocks, x, y, mean, inv, scale, bias, p, stream);
