@@ -530,18 +530,21 @@ def test_patches_as_one_product(channels, size, kernel, stride, residual, kiln_b
     engine_matches_cpu(kiln_bin, path, engine, feeds, out_shape, tmp_path)
 
 
-@pytest.mark.parametrize("kernel,stride,size,residual", [(7, 1, 17, True), (7, 2, 19, False), (5, 2, 15, True),
-                                                         (3, 1, 10, False), (9, 1, 13, False)],
-                         ids=["7x7", "7x7-stride2", "5x5-stride2-residual", "3x3", "9x9-any-geometry"])
-def test_depthwise_tiles_are_offered_and_exact(kernel, stride, size, residual, kiln_bin, tmp_path):
-    """kiln's float16 channels-last depthwise kernel is timed at every tile of output pixels per
-    thread it has for the geometry (columns x rows, through the path for any filter and, for 3x3,
-    5x5 and 7x7 filters, the compile-time one, which also takes two rows of a square filter). The
-    build checks each candidate against a direct convolution (KILN_TACTIC_LOG shows each one's
-    error): each expected tile must be offered and correct, and the engine, whichever candidate
-    won, must match the CPU engine. Sizes that are not multiples of the tiles and a batch of 3
-    cover the edges of the last band and block."""
-    channels = 24
+@pytest.mark.parametrize("kernel,stride,size,residual,channels",
+                         [(7, 1, 17, True, 24), (7, 1, 23, False, 96), (7, 2, 19, False, 24), (5, 2, 15, True, 24),
+                          (3, 1, 10, False, 48), (9, 1, 13, False, 24)],
+                         ids=["7x7", "7x7-96-channels", "7x7-stride2", "5x5-stride2-residual", "3x3-48-channels",
+                              "9x9-any-geometry"])
+def test_depthwise_tiles_are_offered_and_exact(kernel, stride, size, residual, channels, kiln_bin, tmp_path):
+    """kiln's float16 channels-last depthwise kernel is timed at every tile it has for the
+    geometry: the path for any filter (1, 2 or 4 columns, 8 channels per thread), for 3x3, 5x5
+    and 7x7 filters the compile-time one (4 channels per thread at 1x1 to 4x1, 2 at 2x1 to 4x4),
+    and for those filters square at stride 1 the staged one (the input tile in shared memory, the
+    filters there too or in registers; a block's slice of 32, 16 or 8 channels where it divides
+    the channels; 8x2 or 4x2 outputs per thread). The build checks each candidate against a direct convolution (KILN_TACTIC_LOG shows
+    each one's error): each expected tile must be offered and correct, and the engine, whichever
+    candidate won, must match the CPU engine. Sizes that are not multiples of the tiles and a
+    batch of 3 cover the edges of the last band and block."""
     rng = np.random.default_rng(kernel * 10 + stride)
     out_hw = (size + 2 * (kernel // 2) - kernel) // stride + 1
     out_shape = [3, channels, out_hw, out_hw]
@@ -552,9 +555,13 @@ def test_depthwise_tiles_are_offered_and_exact(kernel, stride, size, residual, k
                              group=channels, pads=[kernel // 2] * 4, strides=[stride, stride])
     lines = tactic_lines(kiln_bin, path, engine, ": kernel depthwise ")
     offered = {line.split(": kernel depthwise ")[1].split()[0] for line in lines}
-    expected = {"1x1/any", "2x1/any", "4x1/any"}
+    expected = {"1x1/any/c8", "2x1/any/c8", "4x1/any/c8"}
     if kernel <= 7:
-        expected |= {"1x1/fixed", "2x1/fixed", "4x1/fixed", "2x2/fixed", "4x2/fixed"}
+        expected |= {"1x1/fixed/c4", "2x1/fixed/c4", "4x1/fixed/c4", "2x1/fixed/c2", "2x2/fixed/c2", "4x2/fixed/c2",
+                     "4x4/fixed/c2"}
+    if kernel <= 7 and stride == 1:
+        expected |= {f"{tile}/{path}/c{slice}" for tile in ("8x2", "4x2") for path in ("staged", "staged-rf")
+                     for slice in (32, 16, 8) if channels % slice == 0}
     assert offered == expected, offered
     feeds = [rng.standard_normal([3, channels, size, size]).astype(np.float32)]
     if residual:

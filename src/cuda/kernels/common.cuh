@@ -45,30 +45,59 @@ template <class T> __device__ __forceinline__ void store_float(T* p, int64_t i, 
 template <> __device__ __forceinline__ void store_float<__half>(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
 template <> __device__ __forceinline__ void store_float<__nv_bfloat16>(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
-// Eight neighbouring elements as float: one 16-byte access of float16 (p 16-byte aligned), two
-// read-only 16-byte loads of float32 (p 32-byte aligned).
-__device__ __forceinline__ void load_float8(const __half* p, float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+// N (2, 4 or 8) neighbouring elements as float: one access of 2N bytes of float16 (p aligned to
+// it), read-only 8- or 16-byte loads of float32 (p aligned to 4N bytes).
+template <int N> __device__ __forceinline__ void load_floats(const __half* p, float (&v)[N]) {
+  static_assert(N == 2 || N == 4 || N == 8, "2, 4 or 8 elements");
+  using Raw = std::conditional_t<N == 8, uint4, std::conditional_t<N == 4, uint2, uint32_t>>;
+  const Raw raw = *reinterpret_cast<const Raw*>(p);
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < N / 2; ++k) {
     const float2 f = __half22float2(h[k]);
     v[2 * k] = f.x;
     v[2 * k + 1] = f.y;
   }
 }
-__device__ __forceinline__ void load_float8(const float* p, float (&v)[8]) {
-  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
-  const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+template <int N> __device__ __forceinline__ void load_floats(const float* p, float (&v)[N]) {
+  static_assert(N == 2 || N == 4 || N == 8, "2, 4 or 8 elements");
+  if constexpr (N == 2) {
+    const float2 a = __ldg(reinterpret_cast<const float2*>(p));
+    v[0] = a.x, v[1] = a.y;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N / 4; ++k) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(p) + k);
+      v[4 * k] = a.x, v[4 * k + 1] = a.y, v[4 * k + 2] = a.z, v[4 * k + 3] = a.w;
+    }
+  }
 }
-__device__ __forceinline__ void store_float8(__half* p, const float (&v)[8]) {
-  uint4 raw;
+template <int N> __device__ __forceinline__ void store_floats(__half* p, const float (&v)[N]) {
+  static_assert(N == 2 || N == 4 || N == 8, "2, 4 or 8 elements");
+  using Raw = std::conditional_t<N == 8, uint4, std::conditional_t<N == 4, uint2, uint32_t>>;
+  Raw raw;
   __half2* h = reinterpret_cast<__half2*>(&raw);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) h[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
-  *reinterpret_cast<uint4*>(p) = raw;
+  for (int k = 0; k < N / 2; ++k) h[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+  *reinterpret_cast<Raw*>(p) = raw;
 }
+// Eight elements: one 16-byte access of float16.
+__device__ __forceinline__ void load_float8(const __half* p, float (&v)[8]) { load_floats<8>(p, v); }
+__device__ __forceinline__ void load_float8(const float* p, float (&v)[8]) { load_floats<8>(p, v); }
+__device__ __forceinline__ void store_float8(__half* p, const float (&v)[8]) { store_floats<8>(p, v); }
+
+// Asynchronous copies global -> shared memory (sm_80 and later), which overlap a block's next
+// loads with its arithmetic.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared, or 16 zero bytes when `valid` is false (src is not read then).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // The offset of output element `linear` (row-major over shape.dims) in an operand with
 // shape.strides.

@@ -21,6 +21,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "cuda/kernels/common.cuh"
 #include "cuda/kernels/int8_epilogue.cuh"
 #include "cuda/runtime/check.h"
 
@@ -35,17 +36,6 @@ constexpr int kBlockK = 64;  // bytes of K per pipeline stage (implicit GEMM)
 constexpr int kStages = 3;
 constexpr int kThreads = 256;
 constexpr int kRowPad = 16;  // bytes after each row of the residual and output tiles
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, or 16 zero bytes when `valid` is false (src is not read then).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Thread-block clusters (split K) and programmatic dependent launch are Hopper's (sm_90). Built
 // for an older architecture too (KILN_CUDA_ARCHITECTURES), the code that uses them compiles out

@@ -502,16 +502,7 @@ class ConvLayer final : public Layer {
            depthwise_supported(depthwise_geometry());
   }
   // The tiles kiln's depthwise kernel has for this convolution (each one is timed).
-  std::vector<DepthwiseTile> depthwise_tiles() const {
-    std::vector<DepthwiseTile> tiles;
-    for (bool fixed : {false, true})
-      for (int rows : {1, 2})
-        for (int columns : {1, 2, 4}) {
-          const DepthwiseTile tile{columns, rows, fixed};
-          if (depthwise_tile_supported(depthwise_geometry(), tile)) tiles.push_back(tile);
-        }
-    return tiles;
-  }
+  std::vector<DepthwiseTile> depthwise_tiles() const { return kiln::cuda::depthwise_tiles(depthwise_geometry()); }
   void run_depthwise(const void* x, const void* z, void* y, DepthwiseTile tile, cudaStream_t stream) const {
     launch_depthwise_nhwc(static_cast<const __half*>(x), depthwise_weights_, p_.has_bias ? bias32_ : nullptr,
                           static_cast<const __half*>(z), static_cast<__half*>(y), depthwise_geometry(), epilogue_act_,
