@@ -212,6 +212,10 @@ struct LayerTiming {
   std::string name, op, tactic;
   float ms = 0;
   double flops = 0;  // CPU engines: the layer's FLOPs at the run's shapes (GPU: 0; LayerInfo::flops has them)
+  // The bytes of the layer's activations at the run's shapes: the inputs it read and the outputs it
+  // wrote, in their storage types (constants such as weights not counted); bytes / ms is the
+  // layer's effective bandwidth, which for a memory-bound layer is to be set against the device's.
+  double bytes = 0;
 };
 
 }  // namespace kiln

@@ -102,12 +102,13 @@ py::dict to_dict(const std::map<std::string, Tensor>& tensors) {
   return out;
 }
 
-// Engine.profile and Context.profile: one dict per layer (name, op, tactic, ms, flops).
+// Engine.profile and Context.profile: one dict per layer (name, op, tactic, ms, flops, bytes).
 py::list timing_rows(const std::vector<LayerTiming>& timings) {
   py::list rows;
   for (const LayerTiming& t : timings) {
     py::dict d;
     d["name"] = t.name, d["op"] = t.op, d["tactic"] = t.tactic, d["ms"] = t.ms, d["flops"] = t.flops;
+    d["bytes"] = t.bytes;
     rows.append(d);
   }
   return rows;

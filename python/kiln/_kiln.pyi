@@ -98,7 +98,8 @@ class Engine:
         """Numpy arrays (or CPU torch tensors) in, of the engine's dtypes; numpy arrays out."""
     def profile(self, inputs: Mapping[str, Any], /) -> list[dict[str, Any]]:
         """CPU engines: one run, each layer timed by the wall clock: name, op, tactic, ms, flops
-        (at the run's shapes). GPU engines time layers through Context.profile."""
+        and bytes (its activations read and written), at the run's shapes. GPU engines time
+        layers through Context.profile."""
 
 class Context:
     optimization_profile: int

@@ -52,7 +52,8 @@ class CpuBackendEngine final : public backend::Engine {
     const ir::Graph& g = engine_.graph();
     std::vector<LayerTiming> out;
     for (size_t i = 0; i < times.ms.size() && i < g.nodes.size(); ++i)
-      out.push_back(LayerTiming{g.nodes[i].name, g.nodes[i].op, "cpu", static_cast<float>(times.ms[i]), times.flops[i]});
+      out.push_back(LayerTiming{g.nodes[i].name, g.nodes[i].op, "cpu", static_cast<float>(times.ms[i]), times.flops[i],
+                                times.bytes[i]});
     return out;
   }
 

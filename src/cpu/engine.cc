@@ -210,6 +210,7 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
   if (times) {
     times->ms.assign(steps_.size(), 0.0);
     times->flops.assign(steps_.size(), 0.0);
+    times->bytes.assign(steps_.size(), 0.0);
   }
   for (size_t step_index = 0; step_index < steps_.size(); ++step_index) {
     const Step& step = steps_[step_index];
@@ -265,6 +266,14 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
     } catch (Error& e) {
       if (e.node_name().empty()) e.node(node.name, node.op);
       throw;
+    }
+    if (times) {
+      double bytes = 0;
+      for (size_t i = 0; i < step.inputs.size(); ++i)
+        if (values[i] && !constant_slots_[static_cast<size_t>(step.inputs[i])].defined()) bytes += static_cast<double>(values[i]->nbytes());
+      for (const Tensor& out : outputs)
+        if (out.defined()) bytes += static_cast<double>(out.nbytes());
+      times->bytes[step_index] = bytes;
     }
     for (size_t o = 0; o < step.outputs.size(); ++o) {
       if (step.outputs[o] < 0) continue;

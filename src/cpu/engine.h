@@ -60,10 +60,12 @@ class CpuEngine {
   // threads run one at a time: kernels keep scratch buffers between runs.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const;
   // Per step of one run, in graph().nodes' order: its wall-clock time in milliseconds (the
-  // node's shape inference, output allocation and kernel) and its FLOPs at the run's shapes.
+  // node's shape inference, output allocation and kernel), its FLOPs at the run's shapes, and
+  // the bytes of its non-constant inputs and its outputs (LayerTiming::bytes).
   struct StepTimes {
     std::vector<double> ms;
     std::vector<double> flops;
+    std::vector<double> bytes;
   };
   // run(), also timing each step.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, StepTimes& times) const;

@@ -142,10 +142,12 @@ Tensor random_tensor(const TensorDesc& d, std::mt19937_64& rng) {
 }
 
 // Median time per layer over kProfileRuns profiled runs (`profile_once` runs and times one):
-// prints the total and the slowest layers, returns the "profile" JSON (docs/bench.md).
+// prints the total and the slowest layers with their FLOP rate and bandwidth (as a fraction of
+// `peak_bytes_per_s` where that is known), returns the "profile" JSON (docs/bench.md).
 constexpr int kProfileRuns = 10;
 nlohmann::json profile_summary(const std::function<std::vector<LayerTiming>()>& profile_once,
-                               const std::vector<LayerInfo>& layer_info, const std::string& how) {
+                               const std::vector<LayerInfo>& layer_info, const std::string& how,
+                               double peak_bytes_per_s = 0) {
   std::vector<std::vector<double>> per_layer;
   std::vector<LayerTiming> first_profile;
   for (int i = 0; i < kProfileRuns; ++i) {
@@ -164,15 +166,28 @@ nlohmann::json profile_summary(const std::function<std::vector<LayerTiming>()>& 
     total_ms += ls.median;
     order.push_back({ls.median, l});
     const double flops = first_profile[l].flops > 0 ? first_profile[l].flops : l < layer_info.size() ? layer_info[l].flops : 0.0;
-    layers.push_back({{"name", first_profile[l].name}, {"op", first_profile[l].op}, {"tactic", first_profile[l].tactic},
-                      {"median_ms", ls.median}, {"flops", flops}});
+    const double bytes = first_profile[l].bytes;
+    nlohmann::json layer = {{"name", first_profile[l].name}, {"op", first_profile[l].op},
+                            {"tactic", first_profile[l].tactic}, {"median_ms", ls.median}, {"flops", flops},
+                            {"bytes", bytes}};
+    if (bytes > 0 && ls.median > 0) {
+      layer["bytes_per_s"] = bytes / ls.median * 1e3;
+      if (peak_bytes_per_s > 0) layer["bandwidth_fraction"] = bytes / ls.median * 1e3 / peak_bytes_per_s;
+    }
+    layers.push_back(std::move(layer));
   }
   std::sort(order.rbegin(), order.rend());
-  std::cout << fmt::format("  profile (median of {} runs, {}): {:.4f} ms total\n", kProfileRuns, how, total_ms);
+  std::cout << fmt::format("  profile (median of {} runs, {}): {:.4f} ms total{}\n", kProfileRuns, how, total_ms,
+                           peak_bytes_per_s > 0 ? fmt::format("; device memory {:.0f} GB/s", peak_bytes_per_s / 1e9) : "");
   for (size_t i = 0; i < std::min<size_t>(order.size(), 25); ++i) {
     const auto& l = first_profile[order[i].second];
-    const double flops = layers[order[i].second]["flops"].get<double>();
-    const std::string rate = flops > 0 && order[i].first > 0 ? fmt::format("  {:.1f} GFLOP/s", flops / order[i].first / 1e6) : "";
+    const nlohmann::json& layer = layers[order[i].second];
+    const double flops = layer["flops"].get<double>();
+    std::string rate = flops > 0 && order[i].first > 0 ? fmt::format("  {:.1f} GFLOP/s", flops / order[i].first / 1e6) : "";
+    if (layer.contains("bytes_per_s")) {
+      rate += fmt::format("  {:.1f} GB/s", layer["bytes_per_s"].get<double>() / 1e9);
+      if (layer.contains("bandwidth_fraction")) rate += fmt::format(" ({:.0f}%)", 100.0 * layer["bandwidth_fraction"].get<double>());
+    }
     std::cout << fmt::format("    {:>8.4f} ms {:>5.1f}%  {:<18} {:<40} {}{}\n", order[i].first,
                              total_ms > 0 ? 100.0 * order[i].first / total_ms : 0.0, l.op, l.name.substr(0, 40), l.tactic,
                              rate);
@@ -315,6 +330,19 @@ void set_input_shapes(const Engine& engine, Context& context, int64_t batch, con
     throw Error(ErrorKind::kInvalidArgument, "batch " + std::to_string(batch) + ": no input of the engine has a dynamic first dimension");
 }
 
+// The current GPU's peak memory bandwidth in bytes per second (memory clock, double data rate,
+// bus width), against which --profile sets each layer's; 0 where the device does not say.
+double device_memory_bandwidth() {
+  int device = 0, clock_khz = 0, bus_bits = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return 2.0 * clock_khz * 1e3 * bus_bits / 8.0;
+}
+
 // Free device memory before the engine was opened, after, and after its context was made:
 // the GPU memory figures are differences of these, as a user of the engine sees them.
 struct FreeMemory {
@@ -441,7 +469,7 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
   if (o.profile) {
     const std::vector<LayerInfo> layer_info = context.layers();
     r["profile"] = profile_summary([&] { return context.profile(stream); }, layer_info,
-                                   "layer by layer without a CUDA graph");
+                                   "layer by layer without a CUDA graph", device_memory_bandwidth());
   }
   KILN_CUDA_CHECK(cudaEventDestroy(start));
   KILN_CUDA_CHECK(cudaEventDestroy(end));

@@ -99,6 +99,10 @@ def test_cpu_bench_profiles_every_layer(kiln_bin, engines, tmp_path):
     # FLOPs at the run's shapes (the engine's own layers have a symbolic batch).
     convs = [p for p in profile["layers"] if p["op"] == "FusedConv"]
     assert convs and all(p["flops"] > 0 for p in convs), convs
+    # Bandwidth: the activations' bytes over the median time; no device peak on the CPU.
+    assert all(p["bytes"] > 0 and p["bytes_per_s"] == pytest.approx(p["bytes"] / p["median_ms"] * 1e3) for p in convs), convs
+    assert not any("bandwidth_fraction" in p for p in profile["layers"])
+    assert " GB/s" in r.stdout, r.stdout
     assert profile["total_ms"] == pytest.approx(sum(p["median_ms"] for p in profile["layers"]))
     # Medians of other runs than the timed ones: the same order of magnitude as the latency.
     assert 0.2 * result["latency_ms"]["median"] < profile["total_ms"] < 5 * result["latency_ms"]["median"]

@@ -56,7 +56,8 @@ def test_engine_matches_onnxruntime_on_numpy_and_torch_inputs():
 
 def test_cpu_engine_profile_times_every_layer():
     """Engine.profile runs a CPU engine once and times each of its layers, in its order, with the
-    layer's FLOPs at the run's shapes; bad inputs are the same errors as run()'s."""
+    layer's FLOPs and the bytes of its activations at the run's shapes; bad inputs are the same
+    errors as run()'s."""
     engine = kiln.Engine.from_onnx(FASHION)
     x = np.random.default_rng(3).standard_normal((4, 1, 28, 28)).astype(np.float32)
     rows = engine.profile({"input": x})
@@ -65,6 +66,12 @@ def test_cpu_engine_profile_times_every_layer():
     assert all(r["ms"] > 0 and r["tactic"] == "cpu" for r in rows)
     convs = [r for r in rows if r["op"] == "FusedConv"]
     assert convs and all(r["flops"] > 0 for r in convs)
+    # Bytes: the stem reads the input and writes its feature map; the first block's first
+    # convolution reads that map and writes one of the same size (weights are not counted).
+    stem, block = rows[0], rows[1]
+    assert stem["op"] == block["op"] == "FusedConv"
+    assert stem["bytes"] > x.nbytes
+    assert block["bytes"] == 2 * (stem["bytes"] - x.nbytes)
     with pytest.raises(kiln.Error, match="input"):
         engine.profile({"input": x[:, :, :10]})
 

@@ -379,7 +379,8 @@ constexpr StagedShape kStagedShapes[] = {{8, 2, 8, 2, false}, {4, 2, 4, 2, false
 
 bool staged_path(const DepthwiseGeometry& g) {
   return (g.s == 3 || g.s == 5 || g.s == 7) && g.r == g.s && g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 &&
-         g.dil_w == 1 && g.c / 8 <= 65535;  // channel slices in the grid's y dimension
+         g.dil_w == 1 && g.c / 8 <= 65535 &&  // channel slices in the grid's y dimension
+         (int64_t(g.oh) / 8 + 1) * (int64_t(g.ow) / 8 + 1) < (int64_t{1} << 31);  // tiles in its x dimension
 }
 
 template <int KS, int CB, int I>

@@ -52,7 +52,7 @@ std::vector<LayerInfo> plan_layers(const ShapePlan& plan) {
 
 std::vector<LayerTiming> to_layer_timings(const std::vector<LayerTime>& times) {
   std::vector<LayerTiming> out;
-  for (const LayerTime& t : times) out.push_back(LayerTiming{t.name, t.op, t.tactic, t.ms});
+  for (const LayerTime& t : times) out.push_back(LayerTiming{t.name, t.op, t.tactic, t.ms, 0.0, t.bytes});
   return out;
 }
 

@@ -544,6 +544,20 @@ std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::
   return outputs;
 }
 
+namespace {
+
+// LayerTime::bytes: the layer's input and output buffers at the plan's shapes, weights not counted.
+double activation_bytes(const ShapePlan& plan, const PlannedLayer& layer) {
+  double bytes = 0;
+  for (const std::vector<int>* ids : {&layer.inputs, &layer.outputs})
+    for (int id : *ids)
+      if (id >= 0 && plan.buffers()[static_cast<size_t>(id)].kind != BufferKind::kWeight)
+        bytes += static_cast<double>(plan.buffers()[static_cast<size_t>(id)].spec.bytes());
+  return bytes;
+}
+
+}  // namespace
+
 std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
   Bound& b = bound();
   if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
@@ -566,6 +580,7 @@ std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
       t.name = layers[i].name;
       t.op = layers[i].op;
       t.tactic = layers[i].layer->tactic();
+      t.bytes = activation_bytes(*b.plan, layers[i]);
       KILN_CUDA_CHECK(cudaEventElapsedTime(&t.ms, events[i], events[i + 1]));
       times.push_back(t);
     }
@@ -593,6 +608,7 @@ std::vector<LayerTime> CudaContext::profile_in_graph(cudaStream_t stream, int la
     t.name = layers[i].name;
     t.op = layers[i].op;
     t.tactic = layers[i].layer->tactic();
+    t.bytes = activation_bytes(*b.plan, layers[i]);
     layers[i].layer->enqueue(b.io[i], stream);  // warm-up, outside the capture
     t.ms = graph_replay_ms(stream, [&](cudaStream_t s) { layers[i].layer->enqueue(b.io[i], s); }, launches);
     if (t.ms < 0) {  // a layer that cannot be captured: its time between events

@@ -285,6 +285,7 @@ std::vector<Shapes> timed_shapes(const Profile& profile, double step);
 struct LayerTime {
   std::string name, op, tactic;
   float ms = 0;
+  double bytes = 0;  // its activation buffers (inputs and outputs) at the bound shapes: LayerTiming::bytes
 };
 
 // One execution context: its own activation arena, workspace, input/output buffers,
