@@ -9,11 +9,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "cuda/runtime/check.h"
 #include "cuda/runtime/layer.h"
 
 namespace kiln::cuda {
@@ -81,10 +85,6 @@ template <int N> __device__ __forceinline__ void store_floats(__half* p, const f
   for (int k = 0; k < N / 2; ++k) h[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
   *reinterpret_cast<Raw*>(p) = raw;
 }
-// Eight elements: one 16-byte access of float16.
-__device__ __forceinline__ void load_float8(const __half* p, float (&v)[8]) { load_floats<8>(p, v); }
-__device__ __forceinline__ void load_float8(const float* p, float (&v)[8]) { load_floats<8>(p, v); }
-__device__ __forceinline__ void store_float8(__half* p, const float (&v)[8]) { store_floats<8>(p, v); }
 
 // Asynchronous copies global -> shared memory (sm_80 and later), which overlap a block's next
 // loads with its arithmetic.
@@ -98,6 +98,38 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// What a launch sizes its grid by: how many blocks of `threads` threads and `smem` bytes of
+// dynamic shared memory fit on one multiprocessor of the current device, and its
+// multiprocessors. The first call per kernel, size and device raises the kernel's shared-memory
+// limit to `smem` and, with `all_shared`, asks for all of L1 as shared memory (as cuDNN's
+// convolution kernels take it: a kernel that asks for another split makes the multiprocessors
+// drain and reconfigure between it and its neighbours, which isolated timing does not see;
+// ResNet-50's INT8 engine ran 20% slower at batch 1). Later calls look it up, so a launch asks
+// the device nothing; the first comes from the layer's build, outside graph capture. `what`
+// names the kernel in the error when it does not fit at all.
+struct KernelOccupancy {
+  int blocks_per_sm = 0;
+  int sms = 0;
+};
+template <class Kernel>
+KernelOccupancy prepare_kernel(Kernel kernel, int threads, int smem, bool all_shared, const char* what) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, int>, KernelOccupancy> known;
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  KernelOccupancy& info = known[{device, reinterpret_cast<const void*>(kernel), smem}];
+  if (info.sms == 0) {
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    if (all_shared)
+      KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kernel, threads, smem));
+    if (info.blocks_per_sm < 1) throw Error(ErrorKind::kDevice, std::string(what) + ": the kernel does not fit on this GPU");
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
+  }
+  return info;
+}
 
 // The offset of output element `linear` (row-major over shape.dims) in an operand with
 // shape.strides.

@@ -179,16 +179,13 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// The items (threads) of one band of output rows: this tile's blocks of a row times its
-// channel groups.
-int64_t row_items(const DepthwiseGeometry& g, DepthwiseTile tile) {
-  return int64_t((g.ow + tile.columns - 1) / tile.columns) * (g.c / tile.channels);
-}
 
 template <int CPT, int TW, int TH, int KS, int STRIDE>
 void launch(const __half* x, const float* w, const float* bias, const __half* z, __half* y, const DepthwiseGeometry& g,
             ir::Activation act, cudaStream_t stream) {
-  const int items = static_cast<int>(row_items(g, DepthwiseTile{DepthwisePath::kFixed, TW, TH, CPT}));
+  // The items (threads) of one band of output rows: blocks of TW outputs times channel groups
+  // (below 2^30: depthwise_supported).
+  const int items = ((g.ow + TW - 1) / TW) * (g.c / CPT);
   const int threads = std::min(256, std::max(64, (items + 31) / 32 * 32));
   const int64_t bands = int64_t(g.n) * ((g.oh + TH - 1) / TH);
   const dim3 grid(static_cast<unsigned>((items + threads - 1) / threads),
@@ -390,16 +387,13 @@ void launch_staged(const __half* x, const float* w, const float* bias, const __h
   using T = StagedTile<KS, CB, kShape.block_rows, kShape.block_cols, kShape.rows, kShape.columns, kShape.filter_in_registers>;
   auto kernel = depthwise_staged_kernel<KS, CB, kShape.block_rows, kShape.block_cols, kShape.rows, kShape.columns,
                                         kShape.filter_in_registers>;
-  if constexpr (T::kSharedBytes > 48 * 1024)
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(T::kSharedBytes)));
+  const KernelOccupancy occupancy =
+      prepare_kernel(kernel, T::kThreads, int(T::kSharedBytes), /*all_shared=*/false, "kiln depthwise convolution");
   const int tiles_w = (g.ow + T::kOutCols - 1) / T::kOutCols, tiles_h = (g.oh + T::kOutRows - 1) / T::kOutRows;
   // Images per block: enough blocks for about 16 per multiprocessor, and beyond that each block
   // takes several images, which reuses its filters and overlaps its loads with its arithmetic.
-  int device = 0, multiprocessors = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
   const int64_t blocks_per_image = int64_t(tiles_w) * tiles_h * (g.c / CB);
-  const int64_t image_blocks = std::clamp<int64_t>((int64_t(multiprocessors) * 16 + blocks_per_image - 1) / blocks_per_image, 1, g.n);
+  const int64_t image_blocks = std::clamp<int64_t>((int64_t(occupancy.sms) * 16 + blocks_per_image - 1) / blocks_per_image, 1, g.n);
   const dim3 grid(static_cast<unsigned>(tiles_w * tiles_h), static_cast<unsigned>(g.c / CB), static_cast<unsigned>(image_blocks));
   kernel<<<grid, T::kThreads, T::kSharedBytes, stream>>>(x, w, bias, z, y, g, act, tiles_w);
   KILN_CUDA_CHECK_LAUNCH();

@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <type_traits>
 
 #include "cuda/kernels/common.cuh"
@@ -621,32 +620,10 @@ __global__ void __launch_bounds__(kThreads) small_m_kernel(const KernelParams p)
 
 // ---- launching -----------------------------------------------------------------------------
 
-struct KernelInfo {
-  int blocks_per_sm = 0;
-  int sms = 0;
-};
-
-// Raises the kernel's shared-memory limit and reads its occupancy, once per kernel, size and
-// device (attributes and occupancy belong to the device the kernel runs on).
+// Every INT8 kernel takes all of L1 as shared memory (prepare_kernel, common.cuh, says why).
 template <class Kernel>
-const KernelInfo& prepare(Kernel kernel, int smem) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, const void*, int>, KernelInfo> known;
-  int device = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
-  std::lock_guard<std::mutex> lock(mutex);
-  KernelInfo& info = known[{device, reinterpret_cast<const void*>(kernel), smem}];
-  if (info.sms == 0) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    // All of L1 as shared memory, as cuDNN's convolution kernels take it: a kernel that asks
-    // for another split makes the multiprocessors drain and reconfigure between it and its
-    // neighbours, which isolated timing does not see (ResNet-50 at batch 1 ran 20% slower).
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kernel, kThreads, smem));
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
-    if (info.blocks_per_sm < 1) throw Error(ErrorKind::kDevice, "kiln INT8 convolution: the kernel does not fit on this GPU");
-  }
-  return info;
+KernelOccupancy prepare(Kernel kernel, int smem) {
+  return prepare_kernel(kernel, kThreads, smem, /*all_shared=*/true, "kiln INT8 convolution");
 }
 
 // Launches `blocks` blocks, in clusters of `splits` (the blocks that share a tile's K) when
@@ -685,7 +662,7 @@ template <int kC, int kBlockN, class YT, class ZT, int kAct>
 void launch_stream(const KernelParams& p, cudaStream_t stream) {
   auto kernel = stream1x1_kernel<kC, kBlockN, YT, ZT, kAct>;
   constexpr int smem = stream_layout<kC, kBlockN, YT, ZT>().total;
-  const KernelInfo& info = prepare(kernel, smem);
+  const KernelOccupancy info = prepare(kernel, smem);
   const int n_blocks = p.g.k / kBlockN;
   const int per_column = std::clamp(info.blocks_per_sm * info.sms / n_blocks, 1, p.m_tiles);
   launch_blocks(kernel, int64_t{per_column} * n_blocks, smem, 1, p.programmatic_launch, p, stream);

@@ -13,9 +13,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 
+#include "cuda/kernels/common.cuh"
 #include "cuda/kernels/int8_epilogue.cuh"
 #include "cuda/runtime/check.h"
 
@@ -204,32 +203,10 @@ int round16(int v) { return (v + 15) / 16 * 16; }
 template <int kBlockN, class YT, int kAct>
 void launch_typed(StemParams p, cudaStream_t stream) {
   auto kernel = stem_kernel<kBlockN, YT, kAct>;
-  // Blocks per multiprocessor and multiprocessors, by device and shared-memory size (attributes
-  // and occupancy belong to the device the kernel runs on).
-  static std::mutex mutex;
-  static std::map<std::pair<int, int>, std::pair<int, int>> occupancy;
-  int device = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
-  int per_sm = 0, sms = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = occupancy.find({device, p.smem});
-    if (it == occupancy.end()) {
-      // Raised once per size, outside graph capture (the layer's build launches it first).
-      KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, p.smem));
-      // All of L1 as shared memory, as kiln's other INT8 kernels and cuDNN's take it (int8_conv.cu).
-      KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-      int n = 0, count = 0;
-      KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, p.smem));
-      KILN_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-      if (n < 1) throw Error(ErrorKind::kDevice, "kiln INT8 stem convolution: the kernel does not fit on this GPU");
-      it = occupancy.emplace(std::make_pair(device, p.smem), std::make_pair(n, count)).first;
-    }
-    per_sm = it->second.first;
-    sms = it->second.second;
-  }
+  // All of L1 as shared memory, as kiln's other INT8 kernels and cuDNN's take it.
+  const KernelOccupancy info = prepare_kernel(kernel, kThreads, p.smem, /*all_shared=*/true, "kiln INT8 stem convolution");
   const int n_blocks = p.g.k / kBlockN;
-  const int64_t columns = std::clamp<int64_t>(int64_t{per_sm} * sms / n_blocks, 1, p.tiles);
+  const int64_t columns = std::clamp<int64_t>(int64_t{info.blocks_per_sm} * info.sms / n_blocks, 1, p.tiles);
   kernel<<<dim3(static_cast<unsigned>(columns), static_cast<unsigned>(n_blocks)), kThreads, p.smem, stream>>>(p);
   KILN_CUDA_CHECK_LAUNCH();
 }

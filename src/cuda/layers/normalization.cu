@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kBlock) norm_rows_vec_kernel(const __half* __r
     for (int k = 0; k < kVecChunks; ++k) {
       const int c = lane + k * GROUP;
       if (active && c < chunks) {
-        load_float8(xr + c * 8, v[k]);
+        load_floats<8>(xr + c * 8, v[k]);
       } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[k][j] = 0.f;
@@ -179,12 +179,12 @@ __global__ void __launch_bounds__(kBlock) norm_rows_vec_kernel(const __half* __r
       const int c = lane + k * GROUP;
       if (c >= chunks) continue;
       float s[8], b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      load_float8(scale + c * 8, s);
-      if (bias) load_float8(bias + c * 8, b);
+      load_floats<8>(scale + c * 8, s);
+      if (bias) load_floats<8>(bias + c * 8, b);
       float out[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) out[j] = (v[k][j] - mean) * inv * s[j] + b[j];
-      store_float8(y + row * p.cols + c * 8, out);
+      store_floats<8>(y + row * p.cols + c * 8, out);
     }
   }
 }
