@@ -61,7 +61,8 @@ SOURCE_PATHS = ["CMakeLists.txt", "include", "src", "python", "tests/gpu", "test
 # Suite -> pytest files (run serially, one pytest process each). "conformance" is kiln's own.
 SUITES = {
     "models": ["tests/gpu/test_gpu_models.py", "tests/gpu/test_gpu_real_data.py"],
-    "patterns": ["tests/gpu/test_gpu_patterns.py", "tests/gpu/test_gpu_random_chains.py"],
+    "patterns": ["tests/gpu/test_gpu_patterns.py", "tests/gpu/test_gpu_random_chains.py",
+                 "tests/gpu/test_gpu_fused_elementwise.py"],
     "dynamic": ["tests/gpu/test_gpu_dynamic.py"],
     "int8": ["tests/gpu/test_gpu_int8.py", "tests/gpu/test_gpu_quantize.py"],
     "python": ["tests/gpu/test_gpu_python.py"],

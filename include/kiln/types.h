@@ -174,6 +174,8 @@ struct LayerInfo {
   bool cpu_fallback = false;
   double flops = 0;
   std::vector<int64_t> shape;  // of its (first) output; -1 where dynamic (CPU engines)
+  // A fused group's (GPU engines' FusedElementwise): the names of the model's nodes it computes.
+  std::vector<std::string> members;
 };
 
 // A GPU engine's optimization profile as built: every input's range, and the plans of its

@@ -199,6 +199,7 @@ py::dict engine_info(const Engine& engine) {
     py::dict d;
     d["name"] = l.name, d["op"] = l.op, d["tactic"] = l.tactic, d["precision"] = l.precision;
     d["cpu_fallback"] = l.cpu_fallback, d["flops"] = l.flops;
+    d["members"] = l.members;  // a fused group's nodes (GPU FusedElementwise), else empty
     layers.append(d);
   }
   py::dict d;

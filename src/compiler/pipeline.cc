@@ -57,6 +57,10 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
       ir::infer_shapes(graph);
     }
   }
+  if (options.fuse && options.fuse_elementwise && passes::fuse_elementwise(graph)) {
+    passes::eliminate_dead_code(graph);
+    ir::infer_shapes(graph);
+  }
   ir::infer_shapes(graph);
 }
 
@@ -180,7 +184,9 @@ std::function<ir::Graph(const Shapes&, const std::map<std::string, Tensor>&)> sp
     try {
       passes::bind_input_shapes(g, shapes);
       passes::bind_input_values(g, values);
-      if (optimize_graph) optimize(g);
+      PassOptions options;
+      options.fuse_elementwise = true;  // every shape is known now
+      if (optimize_graph) optimize(g, options);
     } catch (Error& e) {
       if (e.file_path().empty()) e.file(name);
       throw;

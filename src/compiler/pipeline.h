@@ -30,6 +30,10 @@ struct PassOptions {
   // With fuse: also the epilogue fusion into kiln's own ops (FusedConv, ...). False keeps the
   // graph in ONNX ops (BatchNorm still folded), as `kiln export --simplify` writes it.
   bool fuse_epilogue = true;
+  // With fuse: groups of elementwise ops (and a Concat only they read) into kiln::FusedElementwise,
+  // once shapes are known. The CUDA engine's specialized graphs take it; the CPU engine runs
+  // each op on its own kernels, which are vectorized and threaded per op.
+  bool fuse_elementwise = false;
   // With fuse: scaled dot-product attention into ONNX's Attention (one layer on every backend).
   bool fuse_attention = true;
   // Where the passes say what they did not do and why (attention patterns not fused); may be null.

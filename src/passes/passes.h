@@ -54,6 +54,11 @@ int fold_channel_scale(ir::Graph& graph);
 // Does nothing for a fused op whose schema is not registered.
 int fuse_epilogue(ir::Graph& graph);
 
+// Groups of elementwise float ops whose inner values nothing else reads, with a Concat that only
+// such a group reads -> kiln::FusedElementwise (ops/fused_elementwise.h), one pass over memory
+// each. Needs every shape known; meant for graphs that the CUDA engine runs.
+int fuse_elementwise(ir::Graph& graph);
+
 // Scaled dot-product attention (MatMul, scalar scale, additive mask, Softmax, MatMul) ->
 // one ONNX Attention node. For each Softmax between two MatMuls that does not match, a line in
 // `notes` says which element of the pattern failed.

@@ -100,9 +100,11 @@ nlohmann::json stats_json(const Stats& s) {
 
 nlohmann::json layers_json(const std::vector<LayerInfo>& layers) {
   nlohmann::json out = nlohmann::json::array();
-  for (const LayerInfo& l : layers)
+  for (const LayerInfo& l : layers) {
     out.push_back({{"name", l.name}, {"op", l.op}, {"tactic", l.tactic}, {"precision", l.precision}, {"shape", l.shape},
                    {"flops", l.flops}, {"cpu_fallback", l.cpu_fallback}});
+    if (!l.members.empty()) out.back()["members"] = l.members;
+  }
   return out;
 }
 

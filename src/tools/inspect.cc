@@ -132,6 +132,7 @@ int inspect_engine(const InspectOptions& o) {
     for (int64_t d : l.shape) dynamic = dynamic || d < 0;
     j["layers"].push_back({{"name", l.name}, {"op", l.op}, {"tactic", l.tactic}, {"precision", l.precision},
                            {"shape", l.shape}, {"flops", l.flops}, {"cpu_fallback", l.cpu_fallback}});
+    if (!l.members.empty()) j["layers"].back()["members"] = l.members;
   }
   j["flops"] = dynamic ? nlohmann::json() : nlohmann::json(flops);
   // GPU engines: which layers run on the GPU and which on the CPU engine (no GPU layer).
@@ -196,6 +197,11 @@ int inspect_engine(const InspectOptions& o) {
     const LayerInfo& l = info.layers[i];
     std::cout << fmt::format("  {:<4} {:<18} {:<34} {:<9} {:<22} {}\n", i, l.op, l.name.substr(0, 34), l.precision,
                              "[" + shape_to_string(l.shape) + "]", l.tactic);
+    if (!l.members.empty()) {
+      std::string members;
+      for (const std::string& m : l.members) members += (members.empty() ? "" : ", ") + m;
+      std::cout << "         fuses: " << members << "\n";
+    }
   }
   if (info.device != "cpu") {
     std::string cpu_list;

@@ -238,24 +238,6 @@ __device__ __forceinline__ auto apply(const Op& op, A a, B b, C c) {
 
 // ---- index walk ----------------------------------------------------------------------------
 
-// n / d for n, d < 2^31 with a multiply and a shift (Granlund-Montgomery, as in PyTorch).
-struct FastDiv {
-  uint32_t mul = 1, shift = 0;
-};
-
-FastDiv make_fast_div(uint32_t d) {
-  FastDiv f;
-  uint32_t shift = 0;
-  while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
-  f.shift = shift;
-  f.mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
-  return f;
-}
-
-__device__ __forceinline__ uint32_t fast_div(const FastDiv& f, uint32_t n) {
-  return (__umulhi(n, f.mul) + n) >> f.shift;
-}
-
 template <int N>
 struct Walk {
   int rank = 1;

@@ -45,6 +45,7 @@ std::vector<LayerInfo> plan_layers(const ShapePlan& plan) {
     if (!l.outputs.empty() && l.outputs[0] >= 0) li.shape = plan.buffers()[l.outputs[0]].spec.shape;
     li.cpu_fallback = l.cpu_fallback;
     li.flops = l.flops;
+    li.members = l.members;
     out.push_back(li);
   }
   return out;

@@ -535,6 +535,7 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
   layer.name = node.name;
   layer.op = node.op;
   layer.cpu_fallback = fallback;
+  layer.members = node.attrs.get_strings("members");
   layer.layer = fallback ? make_cpu_fallback_layer(request, formats) : entry->create(request, formats, *this);
   current_request_ = nullptr;
   layer.inputs = inputs;

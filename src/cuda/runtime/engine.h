@@ -101,6 +101,7 @@ struct PlannedLayer {
   bool fp32_under_fp16 = false;  // a float layer that kept float32 in an fp16 build
   bool cpu_fallback = false;
   double flops = 0;
+  std::vector<std::string> members;  // a fused group's nodes (the node's "members" attribute)
 };
 
 // An input or output of one plan: its shape at that plan's binding.
