@@ -126,6 +126,14 @@ KILN_HOST_DEVICE float unary_float(float x, UnaryParams p) {
   else static_assert(kOp == UnaryOp::kRelu, "no float math for this op");
 }
 
+// Expands X(kOp) for every op with float math: what a switch instantiating unary_float per op
+// lists (with_float_unary_op below; the CUDA kernels' switches on the device).
+#define KILN_FLOAT_UNARY_OPS(X)                                                                                   \
+  X(kRelu) X(kSigmoid) X(kTanh) X(kExp) X(kLog) X(kSqrt) X(kReciprocal) X(kErf) X(kAbs) X(kNeg) X(kFloor)         \
+  X(kCeil) X(kRound) X(kSin) X(kCos) X(kTan) X(kAsin) X(kAcos) X(kAtan) X(kSinh) X(kCosh) X(kAsinh) X(kAcosh)      \
+  X(kAtanh) X(kSign) X(kSoftsign) X(kSoftplus) X(kMish) X(kElu) X(kCelu) X(kLeakyRelu) X(kThresholdedRelu)        \
+  X(kSelu) X(kHardSigmoid) X(kHardSwish) X(kGelu) X(kSwish) X(kGeluTanh)
+
 // Calls f(std::integral_constant<UnaryOp, op>{}) for an op with float math, so that the caller
 // instantiates its loop or kernel for that op's unary_float; throws kInternal for any other op.
 template <class F>
@@ -133,16 +141,7 @@ decltype(auto) with_float_unary_op(UnaryOp op, F&& f) {
   switch (op) {
 #define KILN_UNARY_CASE(k) \
   case UnaryOp::k: return f(std::integral_constant<UnaryOp, UnaryOp::k>{});
-    KILN_UNARY_CASE(kRelu) KILN_UNARY_CASE(kSigmoid) KILN_UNARY_CASE(kTanh) KILN_UNARY_CASE(kExp)
-    KILN_UNARY_CASE(kLog) KILN_UNARY_CASE(kSqrt) KILN_UNARY_CASE(kReciprocal) KILN_UNARY_CASE(kErf)
-    KILN_UNARY_CASE(kAbs) KILN_UNARY_CASE(kNeg) KILN_UNARY_CASE(kFloor) KILN_UNARY_CASE(kCeil)
-    KILN_UNARY_CASE(kRound) KILN_UNARY_CASE(kSin) KILN_UNARY_CASE(kCos) KILN_UNARY_CASE(kTan)
-    KILN_UNARY_CASE(kAsin) KILN_UNARY_CASE(kAcos) KILN_UNARY_CASE(kAtan) KILN_UNARY_CASE(kSinh)
-    KILN_UNARY_CASE(kCosh) KILN_UNARY_CASE(kAsinh) KILN_UNARY_CASE(kAcosh) KILN_UNARY_CASE(kAtanh)
-    KILN_UNARY_CASE(kSign) KILN_UNARY_CASE(kSoftsign) KILN_UNARY_CASE(kSoftplus) KILN_UNARY_CASE(kMish)
-    KILN_UNARY_CASE(kElu) KILN_UNARY_CASE(kCelu) KILN_UNARY_CASE(kLeakyRelu) KILN_UNARY_CASE(kThresholdedRelu)
-    KILN_UNARY_CASE(kSelu) KILN_UNARY_CASE(kHardSigmoid) KILN_UNARY_CASE(kHardSwish) KILN_UNARY_CASE(kGelu)
-    KILN_UNARY_CASE(kSwish) KILN_UNARY_CASE(kGeluTanh)
+    KILN_FLOAT_UNARY_OPS(KILN_UNARY_CASE)
 #undef KILN_UNARY_CASE
     default: break;
   }

@@ -83,6 +83,18 @@ struct PartTable {
   int64_t start[kMaxParts + 1];
 };
 
+// Every block copies the part table once before its threads look parts up.
+__device__ __forceinline__ void load_part_table(const Concat& c, PartTable& table) {
+  for (int k = threadIdx.x; k <= c.parts; k += blockDim.x) {
+    table.start[k] = c.start[k];
+    if (k < c.parts) {
+      table.data[k] = c.data[k];
+      table.width[k] = c.width[k];
+    }
+  }
+  __syncthreads();
+}
+
 template <class I> __device__ __forceinline__ I divide(I n, int64_t d, const FastDiv& f) {
   if constexpr (sizeof(I) == 4) return fast_div(f, n);
   else return n / d;
@@ -170,16 +182,7 @@ template <int V> __device__ __forceinline__ void apply_unary(ir::UnaryOp op, ir:
   switch (op) {
 #define KILN_FUSED_UNARY(k) \
   case ir::UnaryOp::k: unary<ir::UnaryOp::k, V>(v, params); return;
-    KILN_FUSED_UNARY(kRelu) KILN_FUSED_UNARY(kSigmoid) KILN_FUSED_UNARY(kTanh) KILN_FUSED_UNARY(kExp)
-    KILN_FUSED_UNARY(kLog) KILN_FUSED_UNARY(kSqrt) KILN_FUSED_UNARY(kReciprocal) KILN_FUSED_UNARY(kErf)
-    KILN_FUSED_UNARY(kAbs) KILN_FUSED_UNARY(kNeg) KILN_FUSED_UNARY(kFloor) KILN_FUSED_UNARY(kCeil)
-    KILN_FUSED_UNARY(kRound) KILN_FUSED_UNARY(kSin) KILN_FUSED_UNARY(kCos) KILN_FUSED_UNARY(kTan)
-    KILN_FUSED_UNARY(kAsin) KILN_FUSED_UNARY(kAcos) KILN_FUSED_UNARY(kAtan) KILN_FUSED_UNARY(kSinh)
-    KILN_FUSED_UNARY(kCosh) KILN_FUSED_UNARY(kAsinh) KILN_FUSED_UNARY(kAcosh) KILN_FUSED_UNARY(kAtanh)
-    KILN_FUSED_UNARY(kSign) KILN_FUSED_UNARY(kSoftsign) KILN_FUSED_UNARY(kSoftplus) KILN_FUSED_UNARY(kMish)
-    KILN_FUSED_UNARY(kElu) KILN_FUSED_UNARY(kCelu) KILN_FUSED_UNARY(kLeakyRelu) KILN_FUSED_UNARY(kThresholdedRelu)
-    KILN_FUSED_UNARY(kSelu) KILN_FUSED_UNARY(kHardSigmoid) KILN_FUSED_UNARY(kHardSwish) KILN_FUSED_UNARY(kGelu)
-    KILN_FUSED_UNARY(kSwish) KILN_FUSED_UNARY(kGeluTanh)
+    KILN_FLOAT_UNARY_OPS(KILN_FUSED_UNARY)
 #undef KILN_FUSED_UNARY
     default: return;  // the program accepts only ops with float math
   }
@@ -297,14 +300,7 @@ constexpr int kStaged = 4;
 template <class T, int V, class I, int R, bool kPipelined>
 __global__ void __launch_bounds__(256) fused_elementwise_kernel(const __grid_constant__ Program p) {
   __shared__ PartTable table;
-  for (int k = threadIdx.x; k <= p.concat.parts; k += blockDim.x) {
-    table.start[k] = p.concat.start[k];
-    if (k < p.concat.parts) {
-      table.data[k] = p.concat.data[k];
-      table.width[k] = p.concat.width[k];
-    }
-  }
-  __syncthreads();
+  load_part_table(p.concat, table);
   const I vectors = static_cast<I>(p.n / V);
   const I threads = static_cast<I>(gridDim.x) * blockDim.x;
   const I first = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -350,14 +346,7 @@ template <class T, int V, class I, int U>
 __global__ void __launch_bounds__(256) fused_chain_kernel(const __grid_constant__ Program p) {
   constexpr int N = U * V;
   __shared__ PartTable table;
-  for (int k = threadIdx.x; k <= p.concat.parts; k += blockDim.x) {
-    table.start[k] = p.concat.start[k];
-    if (k < p.concat.parts) {
-      table.data[k] = p.concat.data[k];
-      table.width[k] = p.concat.width[k];
-    }
-  }
-  __syncthreads();
+  load_part_table(p.concat, table);
   const I vectors = static_cast<I>(p.n / V);
   const I threads = static_cast<I>(gridDim.x) * blockDim.x;
   for (I base = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; base < vectors; base += threads * U) {

@@ -162,24 +162,6 @@ LayerFormats same_layout_formats(const LayerRequest& r, DType in_storage, DType 
 
 // ---- BatchNormalization ------------------------------------------------------------------
 
-// n / d for n, d < 2^31 with a multiply and a shift (Granlund-Montgomery, as in PyTorch).
-struct FastDiv {
-  uint32_t mul = 1, shift = 0;
-};
-
-FastDiv make_fast_div(uint32_t d) {
-  FastDiv f;
-  uint32_t shift = 0;
-  while (shift < 32 && (uint64_t{1} << shift) < d) ++shift;
-  f.shift = shift;
-  f.mul = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
-  return f;
-}
-
-__device__ __forceinline__ uint32_t fast_div(const FastDiv& f, uint32_t n) {
-  return (__umulhi(n, f.mul) + n) >> f.shift;
-}
-
 // y = x * s[c] + t[c] over physical memory seen as rows of `row` elements: with the channel
 // innermost (kNHWC, or nothing after dim 1) a row is one pixel's channels and c = column;
 // otherwise a row is one channel's plane and c = row % channels. Each thread takes V
