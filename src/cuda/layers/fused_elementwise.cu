@@ -3,17 +3,20 @@
 //
 // The program travels in the launch parameters and the kernel interprets it: every thread takes
 // V neighbouring output elements (8 of float16, 4 of float32) and runs the steps over them, each
-// step's operands read from memory (inputs) or from one of four register arrays (earlier steps'
-// results). The step, its op and its operands are the same for every thread, so the dispatch
-// is a uniform branch per step and V elements, not per element. One kernel serves every group:
-// nothing is compiled at build time or stored in the engine file.
+// step's operands read from memory (inputs), from the accumulator (the previous step's result)
+// or from one of four register arrays (results read later). The step, its op and its operands
+// are the same for every thread, so the dispatch is a uniform branch per step and V elements,
+// not per element. One kernel serves every group: nothing is compiled at build time or stored in
+// the engine file. Each group times the interpreter's variants (one loading ahead while it
+// computes; for chains, one running each step over 2 or 4 vectors) and keeps the fastest
+// (docs/design/gpu-engine.md, "Elementwise groups: one pass each").
 //
 // Inputs are read in the layout they are stored in. Each is classified against the output's
 // memory order: the output's own shape and layout (read as it is), a block repeated over the
-// leading dims (a per-channel vector of an NHWC output: offset = i % C), one value, or any
-// other broadcast (offsets from strides, element by element). A concatenation's parts are
-// read in place: the output's rows split at the concatenated axis, each piece from its part.
-// Constant inputs are uploaded as float32, whatever the storage.
+// leading dims (a per-channel vector: offset = (i / repeat) % count), one value, or any other
+// broadcast (offsets from strides, element by element). A concatenation's parts are read in
+// place: the output's rows split at the concatenated axis, each piece from its part. Constant
+// inputs are uploaded as float32, whatever the storage.
 #include <algorithm>
 #include <cstring>
 #include <string>
