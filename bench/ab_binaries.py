@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--configs", default="int8:1,int8:128,fp16:1")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--a-flags", default="", help="extra build flags for A's quantized builds")
+    ap.add_argument("--a-env", default="", help="KEY=VALUE,... set for A's builds only (e.g. KILN_NO_GENERATED_KERNELS=1)")
     ap.add_argument("--b-env", default="", help="KEY=VALUE,... set for B's builds only (e.g. KILN_GRAPH_TIMING=0)")
     ap.add_argument("--shared-timing-cache", action="store_true",
                     help="A builds with a timing cache that B then reads, so both take the same tactics where their "
@@ -101,7 +102,7 @@ def main() -> None:
                 extra += flags.split()
             if args.shared_timing_cache:
                 extra += ["--timing-cache", os.path.join(args.out, f"timing_{prec}_b{batch}.cache")]
-            env = dict(kv.split("=", 1) for kv in args.b_env.split(",") if kv) if side == "b" else {}
+            env = dict(kv.split("=", 1) for kv in (args.b_env if side == "b" else args.a_env).split(",") if kv)
             r = gpu_bench.run([kiln, "build", model, f"--{prec}", "--batch", str(batch), "-v", "-o", path, *extra], env=env)
             with open(os.path.join(args.out, f"build_{side}_{prec}_b{batch}.log"), "w") as f:
                 f.write(r.stderr)

@@ -28,18 +28,16 @@ g++ -O2 -fPIC -fvisibility=hidden -std=gnu++20 -DFMT_HEADER_ONLY -DKILN_VERSION=
   -Iinclude -Isrc -isystem "$INC/python$PYVER" -isystem "$INC" -isystem "$PYBIND11_INCLUDE" \
   -isystem /usr/local/cuda/include -isystem "$BUILD_DIR/proto" -isystem /usr/include/x86_64-linux-gnu/openblas-pthread \
   -c python/bindings/module.cc -o build-gpu/python-obj/module.o
-# Only objects whose source still exists: a build keeps those of files since removed or renamed.
+# Only objects whose source still exists (in the tree, or written into the build by CMake): a
+# build keeps those of files since removed or renamed.
 OBJECTS=()
 while read -r object; do
   source=${object#"$BUILD_DIR"/CMakeFiles/kiln_*.dir/}
-  [[ -f ${source%.o} ]] && OBJECTS+=("$object")
+  [[ -f ${source%.o} || -f $BUILD_DIR/${source%.o} ]] && OBJECTS+=("$object")
 done < <(find "$BUILD_DIR/CMakeFiles/kiln_core.dir" "$BUILD_DIR/CMakeFiles/kiln_cuda.dir" -name '*.o' | sort)
-# The cuDNN frontend's headers (the fused attention tactic) need NVRTC linked (CMakeLists.txt).
-NVRTC=()
-[[ " ${OBJECTS[*]} " == *attention_sdpa.cc.o* ]] && NVRTC=(-lnvrtc)
 g++ -shared -o "$OUT/_kiln.$TAG.so" build-gpu/python-obj/module.o "${OBJECTS[@]}" "$BUILD_DIR/libkiln_onnx_proto.a" \
   /usr/lib/x86_64-linux-gnu/libprotobuf.so /usr/lib/x86_64-linux-gnu/libopenblas.so -fopenmp -lz \
-  -L/usr/local/cuda/lib64 -lcudart_static -lcublasLt -lcudnn "${NVRTC[@]}" -ldl -lrt -lpthread -Wl,-s
+  -L/usr/local/cuda/lib64 -lcudart_static -lcublasLt -lcudnn -lnvrtc -ldl -lrt -lpthread -Wl,-s
 du -sh "$OUT/_kiln.$TAG.so"
 mkdir -p build-gpu/pyxz
 tar cf - -C build-gpu python | xz -T0 -3 > build-gpu/pyxz/python.tar.xz

@@ -70,13 +70,17 @@ struct TacticOptions {
   bool cudnn_graphs = true;      // cuDNN's graph API
   bool conv_as_gemm = true;      // 1x1 convolutions as cuBLASLt products
   bool depthwise_kernel = true;  // kiln's depthwise kernels
+  // Kernels kiln generates for a layer and compiles with NVRTC while it builds (elementwise
+  // groups), timed beside its compiled kernels.
+  bool generated_kernels = true;
   // Every candidate's time (and error) in the build log, not just the choice.
   bool log_candidates = false;
 
   bool operator==(const TacticOptions& o) const {
     return programmatic_launch == o.programmatic_launch && graph_timing == o.graph_timing &&
            quantized_conv == o.quantized_conv && int8_k_splits == o.int8_k_splits && cudnn_graphs == o.cudnn_graphs &&
-           conv_as_gemm == o.conv_as_gemm && depthwise_kernel == o.depthwise_kernel && log_candidates == o.log_candidates;
+           conv_as_gemm == o.conv_as_gemm && depthwise_kernel == o.depthwise_kernel &&
+           generated_kernels == o.generated_kernels && log_candidates == o.log_candidates;
   }
   // "" for the defaults, else the fields that differ ("graph_timing=0 quantized_conv=cudnn").
   std::string describe() const;

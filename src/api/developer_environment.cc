@@ -36,6 +36,7 @@ void apply_developer_environment(BuildOptions& options) {
   if (variable("KILN_NO_CUDNN_GRAPH")) t.cudnn_graphs = false;
   if (variable("KILN_NO_CONV_GEMM")) t.conv_as_gemm = false;
   if (variable("KILN_NO_DEPTHWISE_KERNEL")) t.depthwise_kernel = false;
+  if (variable("KILN_NO_GENERATED_KERNELS")) t.generated_kernels = false;
   if (variable("KILN_TACTIC_LOG")) {
     t.log_candidates = true;
     // The candidates' lines are for a developer's terminal even where the caller is quiet.

@@ -15,6 +15,7 @@ namespace kiln::api {
 //   KILN_NO_CUDNN_GRAPH        tactics.cudnn_graphs = false
 //   KILN_NO_CONV_GEMM          tactics.conv_as_gemm = false
 //   KILN_NO_DEPTHWISE_KERNEL   tactics.depthwise_kernel = false
+//   KILN_NO_GENERATED_KERNELS  tactics.generated_kernels = false
 //   KILN_TACTIC_LOG            tactics.log_candidates = true (and the build's log to stderr)
 //   KILN_POISON_OUTPUTS=1      poison_outputs = true
 // Throws kInvalidArgument for a value it cannot read, naming the variable.

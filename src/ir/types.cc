@@ -27,6 +27,7 @@ std::string TacticOptions::describe() const {
   if (cudnn_graphs != defaults.cudnn_graphs) add("cudnn_graphs", flag(cudnn_graphs));
   if (conv_as_gemm != defaults.conv_as_gemm) add("conv_as_gemm", flag(conv_as_gemm));
   if (depthwise_kernel != defaults.depthwise_kernel) add("depthwise_kernel", flag(depthwise_kernel));
+  if (generated_kernels != defaults.generated_kernels) add("generated_kernels", flag(generated_kernels));
   if (log_candidates != defaults.log_candidates) add("log_candidates", flag(log_candidates));
   return out;
 }

@@ -27,8 +27,6 @@
 
 namespace kiln::ir {
 
-enum class ElementwiseBinary : uint8_t { kAdd, kSub, kMul, kDiv, kMax, kMin };
-
 struct ElementwiseStep {
   bool binary = false;
   ElementwiseBinary binary_op = ElementwiseBinary::kAdd;
@@ -59,19 +57,5 @@ struct ElementwiseProgram {
 // The op of a step's spelling (true), or false when it is not one FusedElementwise computes.
 bool parse_elementwise_op(const std::string& name, ElementwiseStep& step);
 std::string elementwise_op_name(const ElementwiseStep& step);
-
-// The float math of the binary steps, as the CPU's binary kernels compute it (Max and Min
-// propagate NaN from either side).
-KILN_HOST_DEVICE float elementwise_binary(ElementwiseBinary op, float a, float b) {
-  switch (op) {
-    case ElementwiseBinary::kAdd: return a + b;
-    case ElementwiseBinary::kSub: return a - b;
-    case ElementwiseBinary::kMul: return a * b;
-    case ElementwiseBinary::kDiv: return a / b;
-    case ElementwiseBinary::kMax: return a >= b || a != a ? a : b;
-    case ElementwiseBinary::kMin: return a <= b || a != a ? a : b;
-  }
-  return a;
-}
 
 }  // namespace kiln::ir

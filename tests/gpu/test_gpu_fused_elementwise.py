@@ -6,10 +6,16 @@ members named) and which vector width the kernel took.
 The cases cover what the kernel tells apart: concatenated parts stored channels-last (convolution
 outputs) and row-major, parts whose widths do not allow 8- or 4-element vectors, inputs read as
 the output is, per-channel vectors, scalars, per-sample [N,C,1,1] scales, a full-shaped input
-stored in the other layout, and a tensor of a few million elements."""
+stored in the other layout, and a tensor of a few million elements.
+
+Every build logs its candidates (KILN_TACTIC_LOG): wherever the group allows vectors, its
+generated kernels (compiled with NVRTC during the build) are timed, none differs from the
+interpreter, and where the build keeps one the engine file holds its cubin."""
 from __future__ import annotations
 
 import json
+import os
+import struct
 import subprocess
 
 import numpy as np
@@ -102,6 +108,15 @@ def large(m):
 
 
 CASES = {"dense_block": dense_block, "odd_widths": odd_widths, "rows": rows, "broadcasts": broadcasts, "large": large}
+
+
+def engine_tactics(path):
+    """The header's timing-cache entries of an engine file (docs/engine-format.md)."""
+    with open(path, "rb") as f:
+        assert f.read(8) == b"KILNENG1"
+        f.read(4)
+        (size,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(size))["tactics"]
 PARAMS = [(name, precision) for name in CASES for precision in ("fp32", "fp16")]
 
 
@@ -112,14 +127,25 @@ def test_fused_group_matches_cpu(name, precision, kiln_bin, tmp_path):
     path, engine = str(tmp_path / f"{name}.onnx"), str(tmp_path / f"{name}.engine")
     m.save(path, out_shape)
     r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "-o", engine],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_TACTIC_LOG": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    assert "differs from the interpreter" not in log, log[-3000:]
+    assert "no generated kernel" not in log, log[-3000:]
+    generated = [line for line in log.splitlines() if "fused_elementwise/generated" in line and line.endswith(" ms")]
+    print("\n".join(generated))
     info = subprocess.run([kiln_bin, "inspect", engine, "--json", "-"], capture_output=True, text=True, timeout=120)
     assert info.returncode == 0, info.stderr[-3000:]
     fused = [layer for layer in json.loads(info.stdout)["layers"] if layer["op"] == "FusedElementwise"]
     assert len(fused) == 1, [(layer["op"], layer["name"]) for layer in json.loads(info.stdout)["layers"]]
     assert fused[0]["members"] == members
     print(f"{name} {precision}: {fused[0]['tactic']}")
+    # kernel:fused_elementwise/KERNEL/v8(...): v8 and v4 groups take vectors, v1 groups do not.
+    kernel, signature = fused[0]["tactic"].split("/")[1:3]
+    vectors = not signature.startswith("v1")
+    assert len(generated) == (3 if vectors else 0), log[-3000:]  # 1, 2 and 4 vectors a thread
+    cubins = [key for key in engine_tactics(engine) if key.startswith("fused_elementwise_cubin|")]
+    assert len(cubins) == (1 if kernel.startswith("generated") else 0), (kernel, cubins)
 
     rng = np.random.default_rng(7)
     names = [n for n, _ in m.inputs]

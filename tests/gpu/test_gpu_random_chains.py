@@ -11,6 +11,7 @@ arguments at least 1, exponentials of bounded values), so that a difference is t
 not the op's. A failing seed names itself, and its model is left in pytest's tmp_path."""
 from __future__ import annotations
 
+import os
 import subprocess
 
 import numpy as np
@@ -159,9 +160,13 @@ def test_random_chain_matches_cpu(precision, layout, seed, kiln_bin, tmp_path):
     shape = SHAPES[layout]
     path, engine = str(tmp_path / "chain.onnx"), str(tmp_path / "chain.engine")
     random_graph(seed * 7 + (layout == "rows"), shape, path)
+    # Every candidate logged: no elementwise group's kernel (compiled or generated) may differ
+    # from the interpreter's output, nor a generated kernel fail to compile.
     r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "-o", engine],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_TACTIC_LOG": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
+    for refusal in ("differs from the interpreter", "no generated kernel"):
+        assert refusal not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
     x = np.random.default_rng(100 + seed).standard_normal(shape).astype(np.float32)
     want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
     got = run_kiln(kiln_bin, engine, [x], ["x"], str(tmp_path / "gpu"))["y"]

@@ -38,6 +38,7 @@ TEST(TacticOptions, TheEngineFileKeepsThem) {
   options.tactics.quantized_conv = "cudnn";
   options.tactics.int8_k_splits = 2;
   options.tactics.depthwise_kernel = false;
+  options.tactics.generated_kernels = false;
   options.tactics.log_candidates = true;
   const engine_file::Header back = engine_file::header_from_json(engine_file::to_json(cuda_header(options)), "x.engine");
   EXPECT_TRUE(back.options.tactics == options.tactics);
@@ -83,7 +84,8 @@ TEST(DeveloperEnvironment, EachVariableSetsItsField) {
 
   ScopedVariable pdl("KILN_PDL", "0"), timing("KILN_GRAPH_TIMING", "0"), only("KILN_INT8_CONV_TACTIC", "kernel:stream1x1:64"),
       splits("KILN_INT8_K_SPLITS", "8"), graphs("KILN_NO_CUDNN_GRAPH", "1"), gemm("KILN_NO_CONV_GEMM", "1"),
-      depthwise("KILN_NO_DEPTHWISE_KERNEL", "1"), log("KILN_TACTIC_LOG", "1"), poison("KILN_POISON_OUTPUTS", "1");
+      depthwise("KILN_NO_DEPTHWISE_KERNEL", "1"), generated("KILN_NO_GENERATED_KERNELS", "1"), log("KILN_TACTIC_LOG", "1"),
+      poison("KILN_POISON_OUTPUTS", "1");
   BuildOptions o;
   api::apply_developer_environment(o);
   EXPECT_FALSE(o.tactics.programmatic_launch);
@@ -93,6 +95,7 @@ TEST(DeveloperEnvironment, EachVariableSetsItsField) {
   EXPECT_FALSE(o.tactics.cudnn_graphs);
   EXPECT_FALSE(o.tactics.conv_as_gemm);
   EXPECT_FALSE(o.tactics.depthwise_kernel);
+  EXPECT_FALSE(o.tactics.generated_kernels);
   EXPECT_TRUE(o.tactics.log_candidates);
   EXPECT_TRUE(static_cast<bool>(o.log)) << "the candidates' lines need a log to go to";
   EXPECT_TRUE(o.poison_outputs);

@@ -18,12 +18,15 @@
 // place: the output's rows split at the concatenated axis, each piece from its part. Constant
 // inputs are uploaded as float32, whatever the storage.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/layers/fused_elementwise_source.h"
 #include "cuda/runtime/check.h"
+#include "cuda/runtime/runtime_compiler.h"
 #include "ops/fused_elementwise.h"
 
 namespace kiln::cuda {
@@ -38,6 +41,8 @@ constexpr int kRegisters = 4;
 constexpr int8_t kAccumulator = 127;
 
 enum class Access : uint8_t { kFull, kBlock, kScalar, kStrided, kConcat };
+static_assert(static_cast<int>(Access::kConcat) == static_cast<int>(GeneratedOperand::Access::kConcat),
+              "the generated kernel's operand accesses are the interpreter's");
 
 struct Operand {
   const void* data = nullptr;
@@ -495,16 +500,25 @@ class FusedElementwiseLayer final : public Layer {
       o.float32 = !half_;
       first = static_cast<size_t>(program_.concat_parts);
       base_.operands = 1;
+      GeneratedOperand& g = generated_.operands.emplace_back();
+      g.access = GeneratedOperand::Access::kConcat;
+      generated_.concat.row = c.row;
+      generated_.concat.width.assign(c.width, c.width + c.parts);
     }
+    slot_constants_.assign(r.inputs.size(), nullptr);
     for (size_t i = first; i < r.inputs.size(); ++i) {
       Operand& o = base_.operand[base_.operands];
       const TensorSpec& spec = *r.inputs[i];
       std::vector<int64_t> strides;
+      GeneratedOperand& g = generated_.operands.emplace_back();
+      g.slot = static_cast<int>(i);
       if (r.is_constant(i)) {
         const Tensor& t = *r.constants[i];
         o.data = services.upload(t.raw(), t.nbytes());  // float32, row-major
         o.float32 = true;
         strides = TensorSpec{t.shape(), Format{DType::kFloat32, Layout::kLinear}}.logical_strides();
+        slot_constants_[i] = o.data;
+        if (t.numel() > 0) g.value = t.data<float>()[0];  // written into the code where it is a scalar
       } else {
         o.float32 = !half_;
         strides = spec.logical_strides();
@@ -519,6 +533,13 @@ class FusedElementwiseLayer final : public Layer {
         if (dims[k] == 1) stride[k] = 0;
       }
       classify(o, dims, stride, vector);
+      g.access = static_cast<GeneratedOperand::Access>(o.access);
+      g.float32 = o.float32;
+      g.repeat = o.repeat;
+      g.count = o.count;
+      if (o.access != Access::kScalar) g.value.reset();
+      for (size_t k = 0; k < dims.size(); ++k)
+        if (dims[k] > 1) g.dims.emplace_back(dims[k], stride[k]);
       ++base_.operands;
     }
     // The operand loaded ahead: the concatenation, else the first input read as the output is.
@@ -575,6 +596,10 @@ class FusedElementwiseLayer final : public Layer {
       signature_ += ir::elementwise_op_name(program_.steps[s]);
     }
     signature_ += ")";
+    generated_.half = half_;
+    generated_.n = base_.n;
+    generated_.slots = static_cast<int>(r.inputs.size());
+    generated_.signature = signature_;
     choose_kernel(r, services);
   }
 
@@ -582,17 +607,23 @@ class FusedElementwiseLayer final : public Layer {
     if (base_.n == 0) return;
     bool aligned = false;
     const Program p = bind(io, aligned);
-    launch(aligned ? kernel_ : Kernel::kInterpreter, p, aligned, stream);
+    launch(aligned ? kernel_ : Kernel::kInterpreter, p, io, aligned, stream);
   }
 
   std::string tactic() const override { return "kernel:fused_elementwise/" + std::string(kKernelNames[static_cast<int>(kernel_)]) + "/" + signature_; }
 
  private:
-  // The kernels a group may run on: the interpreter (any program), or a chain's kernel taking
-  // 2 or 4 vectors per thread a step (programs without registers, whose operands allow vectors).
-  enum class Kernel : uint8_t { kInterpreter, kPipelined, kChain2, kChain4 };
-  static constexpr int kKernels = 4;
-  static constexpr const char* kKernelNames[kKernels] = {"interpreter", "pipelined", "chain2", "chain4"};
+  // The kernels a group may run on: the interpreter (any program), a chain's kernel taking 2 or
+  // 4 vectors per thread a step (programs without registers, whose operands allow vectors), or
+  // the group's own generated kernel taking 1, 2 or 4 vectors per thread a pass (programs whose
+  // operands allow vectors; fused_elementwise_source.h).
+  enum class Kernel : uint8_t { kInterpreter, kPipelined, kChain2, kChain4, kGenerated1, kGenerated2, kGenerated4 };
+  static constexpr int kKernels = 7;
+  static constexpr const char* kKernelNames[kKernels] = {"interpreter", "pipelined", "chain2", "chain4",
+                                                         "generated1", "generated2", "generated4"};
+  static constexpr int kFirstGenerated = static_cast<int>(Kernel::kGenerated1);
+  static bool is_chain(Kernel k) { return k == Kernel::kChain2 || k == Kernel::kChain4; }
+  static bool is_generated(Kernel k) { return static_cast<int>(k) >= kFirstGenerated; }
 
   // The program with this run's addresses; `aligned`: every address allows 16-byte vectors.
   Program bind(const LayerIO& io, bool& aligned) const {
@@ -611,7 +642,22 @@ class FusedElementwiseLayer final : public Layer {
     return p;
   }
 
-  void launch(Kernel kernel, const Program& p, bool aligned, cudaStream_t stream) const {
+  void launch(Kernel kernel, const Program& p, const LayerIO& io, bool aligned, cudaStream_t stream) const {
+    if (is_generated(kernel)) {
+      // The kernel's one parameter: the addresses of the node's inputs (constants: where they
+      // were uploaded), then the output's.
+      const void* args[kMaxParts + kMaxOperands + 1] = {};
+      const size_t slots = slot_constants_.size();
+      for (size_t i = 0; i < slots; ++i) args[i] = slot_constants_[i] ? slot_constants_[i] : io.inputs[i];
+      args[std::max<size_t>(slots, 1)] = io.outputs[0];
+      const int unroll = kGeneratedUnrolls[static_cast<int>(kernel) - kFirstGenerated];
+      const int64_t vectors = p.n / (half_ ? 8 : 4);
+      const int64_t blocks = (vectors + int64_t{256} * unroll - 1) / (int64_t{256} * unroll);
+      void* params[] = {args};
+      KILN_CUDA_CHECK(cudaLaunchKernel(generated_kernels_[static_cast<int>(kernel) - kFirstGenerated], dim3(capped_blocks(blocks)),
+                                       dim3(256), params, 0, stream));
+      return;
+    }
     const bool narrow = p.n < (int64_t{1} << 31);
     // `per_thread` vectors per thread where the grid still fills the GPU several times over;
     // one per thread for small tensors (a batch-1 layer), which would otherwise run on a few
@@ -655,9 +701,10 @@ class FusedElementwiseLayer final : public Layer {
   }
 
   // A group times its kernels on this GPU (the timing cache keeps the choice): the interpreter
-  // with and without pipelining, and for a chain the chain's kernels. Each candidate's
-  // output must equal the interpreter's bit for bit: they compute the same operations in the
-  // same order, so a difference is a fault in one of them, and the candidate is refused.
+  // with and without pipelining, for a chain the chain's kernels, and the group's generated
+  // kernels. Each candidate's output must equal the interpreter's bit for bit: they compute the
+  // same operations in the same order, so a difference is a fault in one of them, and the
+  // candidate is refused.
   void choose_kernel(const LayerRequest& r, BuildServices& services) {
     kernel_ = Kernel::kInterpreter;
     if (!vector_ok_ || base_.n == 0) return;
@@ -665,37 +712,94 @@ class FusedElementwiseLayer final : public Layer {
     for (int k = 0; k < base_.operands; ++k)
       key += std::to_string(static_cast<int>(base_.operand[k].access)) + (k + 1 < base_.operands ? "," : "");
     if (auto cached = services.cached_tactic(key)) {
-      for (int k = 0; k < kKernels; ++k)
-        if (*cached == kKernelNames[k] && (registers_ == 0 || k < 2)) {
-          kernel_ = static_cast<Kernel>(k);
-          return;
+      for (int k = 0; k < kKernels; ++k) {
+        const Kernel kernel = static_cast<Kernel>(k);
+        if (*cached != kKernelNames[k] || (registers_ > 0 && is_chain(kernel))) continue;
+        if (is_generated(kernel)) {
+          if (!load_generated(r, services)) break;  // time the others instead
+          if (!compiled_.first.empty()) services.record_code(compiled_.first, compiled_.second);
         }
+        kernel_ = kernel;
+        return;
+      }
     }
     const LayerIO& io = services.scratch_io();
     bool aligned = false;
     const Program p = bind(io, aligned);
     if (!aligned) return;
+    const bool generated = load_generated(r, services);
     const size_t bytes = static_cast<size_t>(base_.n) * (half_ ? 2 : 4);
     cudaStream_t stream = services.stream();
     std::vector<unsigned char> want(bytes), got(bytes);
     float best = 1e30f;
-    const int candidates = registers_ > 0 ? 2 : kKernels;  // the chain's kernels hold no registers
-    for (int k = 0; k < candidates; ++k) {
+    for (int k = 0; k < kKernels; ++k) {
       const Kernel kernel = static_cast<Kernel>(k);
+      if ((registers_ > 0 && is_chain(kernel)) || (is_generated(kernel) && !generated)) continue;  // chains hold no registers
       KILN_CUDA_CHECK(cudaMemsetAsync(io.outputs[0], 0xff, bytes, stream));
-      launch(kernel, p, true, stream);
+      launch(kernel, p, io, true, stream);
       KILN_CUDA_CHECK(cudaMemcpyAsync((k == 0 ? want : got).data(), io.outputs[0], bytes, cudaMemcpyDeviceToHost, stream));
       KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
       if (k > 0 && want != got) {
-        services.log(r.node.name + ": fused_elementwise/" + kKernelNames[k] + " differs from the interpreter: refused");
+        services.log(r.node.name + ": fused_elementwise/" + kKernelNames[k] + " differs from the interpreter (" +
+                     first_difference(want, got) + "): refused");
         continue;
       }
-      const float ms = services.time_ms([&](cudaStream_t st) { launch(kernel, p, true, st); });
+      const float ms = services.time_ms([&](cudaStream_t st) { launch(kernel, p, io, true, st); });
       if (services.tactics().log_candidates)
         services.log(r.node.name + ": fused_elementwise/" + kKernelNames[k] + " " + std::to_string(ms) + " ms");
       if (ms < best) best = ms, kernel_ = kernel;
     }
+    // The engine file (and the timing cache) keeps the cubin only of a kernel the group runs.
+    if (is_generated(kernel_) && !compiled_.first.empty()) services.record_code(compiled_.first, compiled_.second);
     services.record_tactic(key, kKernelNames[static_cast<int>(kernel_)]);
+  }
+
+  // The group's generated kernels, from the cubin the timing cache or the engine file keeps for
+  // its source, else compiled now (`compiled_`: its key and code, for the cache if the group
+  // keeps it); false, with the reason in the build log, where the group has none (a
+  // concatenation too finely split, or a compiler failure).
+  bool load_generated(const LayerRequest& r, BuildServices& services) {
+    if (cubin_) return true;
+    if (!services.tactics().generated_kernels) return false;
+    const std::optional<std::string> source = fused_elementwise_source(program_, generated_);
+    if (!source) return false;
+    const cudaDeviceProp& device = services.device();
+    const std::string key = "fused_elementwise_cubin|sm_" + std::to_string(device.major) + std::to_string(device.minor) + "|nvrtc " +
+                            runtime_compiler_version() + "|" + source_hash(*source);
+    std::string cubin;
+    try {
+      if (std::optional<std::string> code = services.cached_code(key)) {
+        cubin = base64_decode(*code);
+      } else {
+        cubin = compile_to_cubin(*source, r.node.name, device);
+        compiled_ = {key, base64_encode(cubin)};
+      }
+      cubin_ = std::make_unique<LoadedCubin>(cubin);
+      for (size_t k = 0; k < std::size(kGeneratedUnrolls); ++k)
+        generated_kernels_[k] = cubin_->kernel(generated_kernel_name(kGeneratedUnrolls[k]).c_str());
+    } catch (const Error& e) {
+      cubin_.reset();
+      services.log(r.node.name + ": no generated kernel: " + e.what());
+      return false;
+    }
+    return true;
+  }
+
+  // Where two outputs differ: how many elements, and the first one's bits in each.
+  std::string first_difference(const std::vector<unsigned char>& want, const std::vector<unsigned char>& got) const {
+    const size_t size = half_ ? 2 : 4;
+    size_t count = 0, first = 0;
+    for (size_t e = want.size() / size; e-- > 0;)
+      if (std::memcmp(want.data() + e * size, got.data() + e * size, size) != 0) ++count, first = e;
+    auto bits = [&](const std::vector<unsigned char>& v) {
+      uint32_t b = 0;
+      std::memcpy(&b, v.data() + first * size, size);
+      char text[16];
+      std::snprintf(text, sizeof text, "0x%0*x", static_cast<int>(2 * size), b);
+      return std::string(text);
+    };
+    return std::to_string(count) + " of " + std::to_string(want.size() / size) + " elements, the first at " + std::to_string(first) +
+           ": " + bits(got) + " where the interpreter has " + bits(want);
   }
 
   std::string storage_name() const { return half_ ? "float16" : "float32"; }
@@ -758,6 +862,11 @@ class FusedElementwiseLayer final : public Layer {
 
   ir::ElementwiseProgram program_;
   bool half_;
+  GeneratedElementwise generated_;
+  std::vector<const void*> slot_constants_;  // per node input: its uploaded address (a constant) or null
+  std::unique_ptr<LoadedCubin> cubin_;
+  std::pair<std::string, std::string> compiled_;  // the cache key and code of a cubin compiled by this build
+  const void* generated_kernels_[std::size(kGeneratedUnrolls)] = {};
   Kernel kernel_ = Kernel::kInterpreter;
   int sms_ = 1;
   std::string signature_;  // vector width, registers, ops

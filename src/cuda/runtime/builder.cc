@@ -136,6 +136,16 @@ class Builder final : public BuildServices {
     cache_.set(key, tactic);
     note_tactic(key, tactic);
   }
+  // Code is no node's tactic: it neither becomes a hint nor takes one.
+  std::optional<std::string> cached_code(const std::string& key) override {
+    std::optional<std::string> code = cache_.find(key);
+    if (code) plan_->timing_entries_[key] = *code;
+    return code;
+  }
+  void record_code(const std::string& key, const std::string& code) override {
+    cache_.set(key, code);
+    plan_->timing_entries_[key] = code;
+  }
   // Made on first use: a cuDNN handle holds megabytes of device memory (docs/design/gpu-engine.md,
   // "Device memory"), which a build of kiln's kernels alone never needs. A plan that will run
   // (an execution context's) takes the handle it will run with from cudnn_source_: cuDNN's

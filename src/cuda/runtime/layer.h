@@ -149,6 +149,11 @@ class BuildServices {
   // The timing cache: the tactic recorded for `key` on this GPU, if any, and recording one.
   virtual std::optional<std::string> cached_tactic(const std::string& key) = 0;
   virtual void record_tactic(const std::string& key, const std::string& tactic) = 0;
+  // Code a layer generated and compiled (a cubin, as text) by a key naming its source: kept in
+  // the timing cache and the engine file beside the tactics, so that loading an engine, and
+  // rebuilding with the timing cache, compile nothing.
+  virtual std::optional<std::string> cached_code(const std::string& key) = 0;
+  virtual void record_code(const std::string& key, const std::string& code) = 0;
   virtual cudnnContext* cudnn() = 0;
   virtual cublasLtContext* cublaslt() = 0;
   virtual const cudaDeviceProp& device() = 0;
