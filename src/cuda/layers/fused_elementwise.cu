@@ -6,10 +6,13 @@
 // step's operands read from memory (inputs), from the accumulator (the previous step's result)
 // or from one of four register arrays (results read later). The step, its op and its operands
 // are the same for every thread, so the dispatch is a uniform branch per step and V elements,
-// not per element. One kernel serves every group: nothing is compiled at build time or stored in
-// the engine file. Each group times the interpreter's variants (one loading ahead while it
-// computes; for chains, one running each step over 2 or 4 vectors) and keeps the fastest
-// (docs/design/gpu-engine.md, "Elementwise groups: one pass each").
+// not per element. The interpreter serves every group. Each group also has kernels of its own,
+// generated as straight-line code and compiled with NVRTC while the engine builds
+// (fused_elementwise_source.h; their cubin goes into the engine file). Each group times the
+// interpreter's variants (one loading ahead while it computes; for chains, one running each step
+// over 2 or 4 vectors) and its generated kernels, each checked bit for bit against the
+// interpreter, and keeps the fastest (docs/design/gpu-engine.md, "Elementwise groups: one pass
+// each").
 //
 // Inputs are read in the layout they are stored in. Each is classified against the output's
 // memory order: the output's own shape and layout (read as it is), a block repeated over the
