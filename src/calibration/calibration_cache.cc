@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "ir/hash.h"
 #include "kiln/error.h"
 
 namespace kiln::calibration {
@@ -33,16 +34,7 @@ float checked_scale(double v, const std::string& name, int line, const std::stri
 
 }  // namespace
 
-std::string model_fingerprint(const std::string& bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-  return out;
-}
+std::string model_fingerprint(const std::string& bytes) { return ir::hex64(ir::fnv1a(bytes.data(), bytes.size())); }
 
 std::string to_kiln_text(const CalibrationCache& cache) {
   std::ostringstream s;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ir/hash.h"
 #include "kiln/error.h"
 
 namespace kiln::engine_file {
@@ -12,17 +13,7 @@ namespace {
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '1'};
 
-constexpr uint64_t kFnvOffset = 1469598103934665603ull;
-
-uint64_t fnv1a_continue(uint64_t h, const char* data, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    h ^= static_cast<unsigned char>(data[i]);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-uint64_t fnv1a(const char* data, size_t n) { return fnv1a_continue(kFnvOffset, data, n); }
+using ir::fnv1a;
 
 template <class T> void put(std::string& out, T v) {
   for (size_t i = 0; i < sizeof(T); ++i) out.push_back(static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xFF));
@@ -106,11 +97,11 @@ class Reader {
   void take(char* to, size_t n, const char* what) {
     need(n, what);
     source_.take(to, n);
-    hash_ = fnv1a_continue(hash_, to, n);
+    hash_ = fnv1a(to, n, hash_);
   }
   Source& source_;
   const std::string& name_;
-  uint64_t hash_ = kFnvOffset;
+  uint64_t hash_ = ir::kFnv1aOffset;
 };
 
 void check_magic(Reader& r, const std::string& name) {

@@ -12,6 +12,7 @@
 #include "cuda/kernels/int8_conv.h"
 #include "cuda/runtime/engine.h"
 #include "cuda/runtime/memory_plan.h"
+#include "cuda/runtime/runtime_compiler.h"
 #include "cuda/runtime/timing_cache.h"
 
 namespace kiln::cuda {
@@ -79,6 +80,26 @@ TEST(TimingCache, SavesLoadsAndIgnoresAnotherDevice) {
   EXPECT_EQ(other.size(), 0u);
   std::ofstream(path) << "something else\n";
   EXPECT_THROW(TimingCache("GPU A sm_90").load(path), Error);
+}
+
+// A generated kernel's cubin is an entry too (base64, tens of kilobytes on one line): it comes back
+// from the file byte for byte.
+TEST(TimingCache, KeepsGeneratedKernelsCode) {
+  std::string path = ::testing::TempDir() + "/kiln_timing_cache_code_test.txt";
+  std::remove(path.c_str());
+  std::string cubin(96 * 1024, '\0');
+  std::mt19937 rng(11);
+  for (char& c : cubin) c = static_cast<char>(rng() & 0xff);
+  const std::string key = "fused_elementwise_cubin|sm_90|nvrtc 13.0|" + source_hash("a kernel");
+  TimingCache a("GPU A sm_90");
+  a.set(key, base64_encode(cubin));
+  a.set("fused_elementwise|float16|n64|v8(Relu)|0", "generated4");
+  a.save(path);
+  TimingCache b("GPU A sm_90");
+  b.load(path);
+  ASSERT_TRUE(b.find(key));
+  EXPECT_EQ(base64_decode(*b.find(key)), cubin);
+  EXPECT_EQ(b.find("fused_elementwise|float16|n64|v8(Relu)|0").value_or(""), "generated4");
 }
 
 // Two builds load the same cache, time different layers and save one after the other: the file

@@ -2,11 +2,12 @@
 
 #include <nvrtc.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdio>
 
 #include "cuda/runtime/check.h"
+#include "ir/hash.h"
 #include "kiln/error.h"
 
 namespace kiln::cuda {
@@ -83,16 +84,7 @@ const void* LoadedCubin::kernel(const char* name) const {
   return reinterpret_cast<const void*>(k);
 }
 
-std::string source_hash(const std::string& text) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-  return out;
-}
+std::string source_hash(const std::string& text) { return ir::hex64(ir::fnv1a(text.data(), text.size())); }
 
 std::string base64_encode(const std::string& bytes) {
   std::string out;

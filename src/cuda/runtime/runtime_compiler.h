@@ -47,7 +47,7 @@ class LoadedCubin {
   cudaLibrary_t library_ = nullptr;
 };
 
-// A 64-bit FNV-1a hash of `text`, as 16 hex digits (cache keys of generated sources).
+// The hash of `text` (ir/hash.h), as 16 hex digits: the cache keys of generated sources.
 std::string source_hash(const std::string& text);
 // Base64 (RFC 4648, with padding) of bytes, and back; decoding throws kInvalidArgument on
 // anything that is not base64.

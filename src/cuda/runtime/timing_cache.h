@@ -6,6 +6,7 @@
 //   device <signature: GPU name, compute capability, cuDNN and cuBLASLt versions, and the
 //          build's tactic options where they are not the defaults (TacticOptions::describe)>
 //   <key>\t<tactic>
+// (a generated kernel's entry holds its cubin in base64: cuda/runtime/runtime_compiler.h)
 // A file written for another device signature is ignored (the build says so).
 #pragma once
 
