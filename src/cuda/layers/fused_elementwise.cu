@@ -43,9 +43,8 @@ constexpr int kRegisters = 4;
 // A step operand that is the previous step's result, still in the kernel's accumulator.
 constexpr int8_t kAccumulator = 127;
 
-enum class Access : uint8_t { kFull, kBlock, kScalar, kStrided, kConcat };
-static_assert(static_cast<int>(Access::kConcat) == static_cast<int>(GeneratedOperand::Access::kConcat),
-              "the generated kernel's operand accesses are the interpreter's");
+// How an operand is read: the interpreter and the generated kernels tell the same kinds apart.
+using Access = GeneratedOperand::Access;
 
 struct Operand {
   const void* data = nullptr;
@@ -504,7 +503,7 @@ class FusedElementwiseLayer final : public Layer {
       first = static_cast<size_t>(program_.concat_parts);
       base_.operands = 1;
       GeneratedOperand& g = generated_.operands.emplace_back();
-      g.access = GeneratedOperand::Access::kConcat;
+      g.access = Access::kConcat;
       generated_.concat.row = c.row;
       generated_.concat.width.assign(c.width, c.width + c.parts);
     }
@@ -536,7 +535,7 @@ class FusedElementwiseLayer final : public Layer {
         if (dims[k] == 1) stride[k] = 0;
       }
       classify(o, dims, stride, vector);
-      g.access = static_cast<GeneratedOperand::Access>(o.access);
+      g.access = o.access;
       g.float32 = o.float32;
       g.repeat = o.repeat;
       g.count = o.count;

@@ -19,7 +19,8 @@
 
 namespace kiln::cuda {
 
-// How the generated kernel reads one input register of the program.
+// How the generated kernel reads one input register of the program (the interpreter reads its
+// operands by the same kinds of access).
 struct GeneratedOperand {
   enum class Access : uint8_t { kFull, kBlock, kScalar, kStrided, kConcat };
   Access access = Access::kFull;
