@@ -3,7 +3,7 @@
 
     python3 bench/ab_binaries.py --a OLD_KILN --b NEW_KILN --out DIR [--model resnet50] [--export-args="--size 224"]
                                  [--configs int8:1,int8:128,fp16:1] [--rounds 3] [--b-flags=--int8-all]
-                                 [--shared-timing-cache]
+                                 [--shared-timing-cache] [--build-rounds 1]
 
 ResNet-50's INT8 engines once measured slower on a later day than on an earlier one (batch 1:
 0.349 against 0.275 ms on an H100) with unchanged INT8 code, and this script showed it was the
@@ -14,7 +14,7 @@ when a configuration is quantized (`kiln calibrate`, 64 random images), builds e
 build logs, with each layer's tactic, are kept in DIR), and the engines are timed by
 `kiln bench` in alternating rounds, the order of A and B swapped every round. Writes
 DIR/ab_binaries.json (mean of the rounds' medians per binary and configuration, their ratio,
-and nvidia-smi's clocks and throttle reasons before and after, and the layers whose tactic differs
+each build's wall time and engine file size, and nvidia-smi's clocks and throttle reasons before and after, and the layers whose tactic differs
 between A's and B's engines) and prints a table. Tactics are chosen by timing, so two builds may
 differ by noise alone: --shared-timing-cache has B take A's timed tactics wherever their keys agree.
 """
@@ -61,6 +61,8 @@ def main() -> None:
                     help="scripts/export_model.py's flags for the model (a transformer: --seq-len 128)")
     ap.add_argument("--configs", default="int8:1,int8:128,fp16:1")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--build-rounds", type=int, default=1,
+                    help="build each configuration this many times per binary, alternating (build-time A/Bs: 3)")
     ap.add_argument("--a-flags", default="", help="extra build flags for A's quantized builds")
     ap.add_argument("--a-env", default="", help="KEY=VALUE,... set for A's builds only (e.g. KILN_NO_GENERATED_KERNELS=1)")
     ap.add_argument("--b-env", default="", help="KEY=VALUE,... set for B's builds only (e.g. KILN_GRAPH_TIMING=0)")
@@ -89,25 +91,38 @@ def main() -> None:
         np.save(calib, export_model.input_maker(args.model, size=224)(64, seed=5)[0])
 
     engines: dict[tuple[str, str, int], str] = {}
+    build_seconds: dict[str, list[float]] = {}  # wall time of each `kiln build`, per side and configuration
+    engine_bytes: dict[str, int] = {}
     tactics: dict[tuple[str, str, int], dict[str, str]] = {}
     for side, kiln in binaries.items():
-        cache = os.path.join(args.out, f"{side}.calib")
         if quantized:
-            gpu_bench.run([kiln, "calibrate", model, "--calib", calib, "--batch", "32", "--device", "cuda", "-o", cache])
+            gpu_bench.run([kiln, "calibrate", model, "--calib", calib, "--batch", "32", "--device", "cuda", "-o",
+                           os.path.join(args.out, f"{side}.calib")])
+    # Builds in rounds, the order of A and B swapped every round: the first build of a model on a
+    # machine also pays for what the driver caches across processes (CUDA's JIT cache), which an
+    # A/B of build times must not charge to one side. The engines of the last round are timed.
+    for rnd in range(args.build_rounds):
         for prec, batch in configs:
-            path = os.path.join(args.out, f"{side}_{prec}_b{batch}.engine")
-            extra = ["--calib-cache", cache] if prec in ("int8", "fp8") else []
-            flags = args.b_flags if side == "b" else args.a_flags
-            if extra and flags:
-                extra += flags.split()
-            if args.shared_timing_cache:
-                extra += ["--timing-cache", os.path.join(args.out, f"timing_{prec}_b{batch}.cache")]
-            env = dict(kv.split("=", 1) for kv in (args.b_env if side == "b" else args.a_env).split(",") if kv)
-            r = gpu_bench.run([kiln, "build", model, f"--{prec}", "--batch", str(batch), "-v", "-o", path, *extra], env=env)
-            with open(os.path.join(args.out, f"build_{side}_{prec}_b{batch}.log"), "w") as f:
-                f.write(r.stderr)
-            engines[(side, prec, batch)] = path
-            tactics[(side, prec, batch)] = layer_tactics(r.stderr)
+            for side in (("a", "b") if rnd % 2 == 0 else ("b", "a")):
+                kiln = binaries[side]
+                path = os.path.join(args.out, f"{side}_{prec}_b{batch}.engine")
+                extra = ["--calib-cache", os.path.join(args.out, f"{side}.calib")] if prec in ("int8", "fp8") else []
+                flags = args.b_flags if side == "b" else args.a_flags
+                if extra and flags:
+                    extra += flags.split()
+                if args.shared_timing_cache:
+                    extra += ["--timing-cache", os.path.join(args.out, f"timing_{prec}_b{batch}.cache")]
+                env = dict(kv.split("=", 1) for kv in (args.b_env if side == "b" else args.a_env).split(",") if kv)
+                started = time.perf_counter()
+                r = gpu_bench.run([kiln, "build", model, f"--{prec}", "--batch", str(batch), "-v", "-o", path, *extra], env=env)
+                build_seconds.setdefault(f"{side}_{prec}_b{batch}", []).append(time.perf_counter() - started)
+                print(f"build round {rnd}: {side} {prec} batch {batch}: {build_seconds[f'{side}_{prec}_b{batch}'][-1]:.2f} s",
+                      flush=True)
+                engine_bytes[f"{side}_{prec}_b{batch}"] = os.path.getsize(path)
+                with open(os.path.join(args.out, f"build_{side}_{prec}_b{batch}.log"), "w") as f:
+                    f.write(r.stderr)
+                engines[(side, prec, batch)] = path
+                tactics[(side, prec, batch)] = layer_tactics(r.stderr)
     # Layers whose tactic differs between the two engines of a configuration (the build logs' lines).
     results["meta"]["tactic_differences"] = {
         f"{prec}_b{batch}": sorted(f"{name}: {tactics[('a', prec, batch)].get(name)} -> {tactics[('b', prec, batch)].get(name)}"
@@ -135,12 +150,16 @@ def main() -> None:
         table[f"{prec}_b{batch}"] = {"a_ms": a, "b_ms": b, "b_over_a": b / a,
                                      "a_medians": medians[f"a_{prec}_b{batch}"], "b_medians": medians[f"b_{prec}_b{batch}"]}
     results["latency"] = table
+    results["build_seconds"] = build_seconds
+    results["engine_bytes"] = engine_bytes
     results["meta"]["nvidia_smi_after"] = smi()
     with open(os.path.join(args.out, "ab_binaries.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(f"{'config':<14}{'A ms':>10}{'B ms':>10}{'B/A':>8}")
     for k, v in table.items():
         print(f"{k:<14}{v['a_ms']:>10.4f}{v['b_ms']:>10.4f}{v['b_over_a']:>8.3f}")
+    for k, v in build_seconds.items():
+        print(f"build {k}: " + ", ".join(f"{s:.2f}" for s in v) + " s")
 
 
 if __name__ == "__main__":

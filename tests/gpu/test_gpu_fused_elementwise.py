@@ -162,3 +162,87 @@ def test_fused_group_matches_cpu(name, precision, kiln_bin, tmp_path):
         err = rel_l2(got, want)
         print(f"  relative L2 error {err:.3g}")
         assert err <= 5e-3
+
+
+def dense_blocks(m, blocks=3, batch=2):
+    """DenseNet-style blocks one after another: one fused group each."""
+    x = m.input("x", [batch, 16, 8, 8])
+    for k in range(blocks):
+        m.node("Concat", [m.conv(x, 16, 8, f"c{k}a"), m.conv(x, 16, 8, f"c{k}b")], f"joined{k}", axis=1)
+        m.node("Mul", [f"joined{k}", m.const(f"scale{k}", m.rng.uniform(0.5, 1.5, [1, 16, 1, 1]))], f"scaled{k}")
+        m.node("Add", [f"scaled{k}", m.const(f"shift{k}", m.rng.uniform(-0.5, 0.5, [1, 16, 1, 1]))], f"shifted{k}")
+        x = m.node("Relu", [f"shifted{k}"], "y" if k == blocks - 1 else f"block{k}")
+    return [batch, 16, 8, 8]
+
+
+def test_generated_kernels_compile_beside_the_build_and_rebuild_from_the_cache(kiln_bin, tmp_path):
+    """A build compiles its groups' generated kernels on worker threads and times them once every
+    node is lowered; a rebuild with the timing cache compiles none and takes the same tactics and
+    cubins, and both engines compute what the CPU engine does."""
+    m = Model(seed=3)
+    out_shape = dense_blocks(m)
+    path, cache = str(tmp_path / "blocks.onnx"), str(tmp_path / "timing.cache")
+    m.save(path, out_shape)
+    engines, logs = [str(tmp_path / "first.engine"), str(tmp_path / "second.engine")], []
+    for engine in engines:
+        r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", "--fp16", "--timing-cache", cache, "-o", engine],
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_TACTIC_LOG": "1"})
+        assert r.returncode == 0, r.stderr[-3000:]
+        logs.append(r.stdout + r.stderr)
+    first, second = logs
+    assert "differs from the interpreter" not in first and "no generated kernel" not in first, first[-3000:]
+    # The three groups are alike (one source, compiled once; one tactic key): all wait for the
+    # compile, the first times its 3 generated kernels beside the interpreter's, and the others
+    # take its choice.
+    assert "timing the generated kernels of 3 layer(s)" in first, first[-3000:]
+    assert first.count("timed once its generated kernels compile") == 3, first[-3000:]
+    assert len([line for line in first.splitlines() if "fused_elementwise/generated" in line and line.endswith(" ms")]) == 3
+    # The rebuild takes every tactic and cubin from the cache: nothing compiles, nothing is timed.
+    assert "timing the generated kernels" not in second and "fused_elementwise/" not in second.replace("kernel:fused_elementwise/", ""), \
+        second[-3000:]
+
+    def fused_tactics(engine):
+        info = subprocess.run([kiln_bin, "inspect", engine, "--json", "-"], capture_output=True, text=True, timeout=120)
+        assert info.returncode == 0, info.stderr[-3000:]
+        return [layer["tactic"] for layer in json.loads(info.stdout)["layers"] if layer["op"] == "FusedElementwise"]
+
+    tactics = fused_tactics(engines[0])
+    assert len(tactics) == 3 and len(set(tactics)) == 1 and fused_tactics(engines[1]) == tactics, tactics
+    cubins = [sorted(k for k in engine_tactics(e) if k.startswith("fused_elementwise_cubin|")) for e in engines]
+    assert cubins[0] == cubins[1] and len(cubins[0]) == (1 if "/generated" in tactics[0] else 0), cubins
+
+    rng = np.random.default_rng(11)
+    inputs = [rng.standard_normal(s).astype(np.float32) for _, s in m.inputs]
+    names = [n for n, _ in m.inputs]
+    want = run_kiln(kiln_bin, path, inputs, names, str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
+    for k, engine in enumerate(engines):
+        got = run_kiln(kiln_bin, engine, inputs, names, str(tmp_path / f"gpu{k}"))["y"]
+        assert got.shape == want.shape == tuple(out_shape)
+        err = rel_l2(got, want)
+        print(f"{os.path.basename(engine)}: {tactics}, relative L2 error {err:.3g}")
+        assert err <= 5e-3
+
+
+def test_groups_of_a_dynamic_engine_match_the_cpu_at_every_batch(kiln_bin, tmp_path):
+    """An engine with a batch profile builds a plan per timed shape: the groups at the shapes after
+    the first start from the tactic they took there (a generated kernel, compiled again for the
+    new sizes, which are literals in its source) and must still compute what the CPU engine does."""
+    m = Model(seed=5)
+    dense_blocks(m, batch="N")
+    path, engine = str(tmp_path / "blocks.onnx"), str(tmp_path / "blocks.engine")
+    m.save(path, ["N", 16, 8, 8])
+    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", "--fp16", "--minShapes", "x:1x16x8x8", "--optShapes",
+                        "x:4x16x8x8", "--maxShapes", "x:8x16x8x8", "-o", engine],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_TACTIC_LOG": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    assert "differs from the interpreter" not in log and "no generated kernel" not in log, log[-3000:]
+    rng = np.random.default_rng(13)
+    for batch in (1, 3, 8):
+        inputs = [rng.standard_normal([batch, 16, 8, 8]).astype(np.float32)]
+        want = run_kiln(kiln_bin, path, inputs, ["x"], str(tmp_path / f"cpu{batch}"), "--device", "cpu", "--no-optimize")["y"]
+        got = run_kiln(kiln_bin, engine, inputs, ["x"], str(tmp_path / f"gpu{batch}"))["y"]
+        assert got.shape == want.shape == (batch, 16, 8, 8)
+        err = rel_l2(got, want)
+        print(f"batch {batch}: relative L2 error {err:.3g}")
+        assert err <= 5e-3

@@ -154,6 +154,30 @@ TEST(GeneratedElementwise, CompileErrorsNameTheKernelAndQuoteTheLog) {
   }
 }
 
+// Compiles on worker threads give each submission its own cubin, the same as a compile on the
+// caller's thread, or its own error; a queue destroyed with work waiting returns.
+TEST(GeneratedElementwise, CompileQueueCompilesInParallelAndCarriesErrors) {
+  auto kernel = [](int k) {
+    return "extern \"C\" __global__ void k" + std::to_string(k) + "(float* x) { x[threadIdx.x] *= " + std::to_string(k) +
+           ".5f; }";
+  };
+  std::vector<std::shared_future<std::string>> results;
+  {
+    CompileQueue queue(hopper(), 3);
+    for (int k = 0; k < 6; ++k) results.push_back(queue.submit(kernel(k), "group" + std::to_string(k)));
+    std::shared_future<std::string> broken = queue.submit("extern \"C\" __global__ void k() { nope(); }", "broken_group");
+    for (int k = 0; k < 6; ++k) EXPECT_EQ(results[static_cast<size_t>(k)].get(), compile_to_cubin(kernel(k), "serial", hopper())) << k;
+    try {
+      broken.get();
+      FAIL() << "compiled";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("broken_group"), std::string::npos) << e.what();
+    }
+  }
+  CompileQueue abandoned(hopper(), 1);
+  for (int k = 0; k < 4; ++k) abandoned.submit(kernel(k), "abandoned");
+}
+
 TEST(GeneratedElementwise, Base64RoundTripsAnyBytesAndRefusesOthers) {
   std::mt19937 rng(7);
   for (size_t n = 0; n < 40; ++n) {

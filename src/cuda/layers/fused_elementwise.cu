@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernels/bitwise_difference.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/layers/fused_elementwise_source.h"
 #include "cuda/runtime/check.h"
@@ -468,7 +469,7 @@ std::vector<int> memory_order(size_t rank, Layout layout) {
 class FusedElementwiseLayer final : public Layer {
  public:
   FusedElementwiseLayer(const LayerRequest& r, const LayerFormats& f, BuildServices& services)
-      : program_(ir::ElementwiseProgram::of(r.node)), half_(f.outputs[0].dtype == DType::kFloat16) {
+      : program_(ir::ElementwiseProgram::of(r.node)), half_(f.outputs[0].dtype == DType::kFloat16), name_(r.node.name) {
     const std::vector<int64_t>& out = r.output_shapes.at(0);
     const Layout layout = f.outputs[0].layout;
     const std::vector<int> order = memory_order(out.size(), layout);
@@ -602,7 +603,7 @@ class FusedElementwiseLayer final : public Layer {
     generated_.n = base_.n;
     generated_.slots = static_cast<int>(r.inputs.size());
     generated_.signature = signature_;
-    choose_kernel(r, services);
+    choose_kernel(services);
   }
 
   void enqueue(const LayerIO& io, cudaStream_t stream) const override {
@@ -706,102 +707,148 @@ class FusedElementwiseLayer final : public Layer {
   // with and without pipelining, for a chain the chain's kernels, and the group's generated
   // kernels. Each candidate's output must equal the interpreter's bit for bit: they compute the
   // same operations in the same order, so a difference is a fault in one of them, and the
-  // candidate is refused.
-  void choose_kernel(const LayerRequest& r, BuildServices& services) {
+  // candidate is refused. A group whose generated kernels compile on a worker thread times its
+  // candidates once every node is lowered (BuildServices::finish_later).
+  void choose_kernel(BuildServices& services) {
     kernel_ = Kernel::kInterpreter;
     if (!vector_ok_ || base_.n == 0) return;
-    std::string key = "fused_elementwise|" + storage_name() + "|n" + std::to_string(base_.n) + "|" + signature_ + "|";
+    tactic_key_ = "fused_elementwise|" + storage_name() + "|n" + std::to_string(base_.n) + "|" + signature_ + "|";
     for (int k = 0; k < base_.operands; ++k)
-      key += std::to_string(static_cast<int>(base_.operand[k].access)) + (k + 1 < base_.operands ? "," : "");
-    if (auto cached = services.cached_tactic(key)) {
-      for (int k = 0; k < kKernels; ++k) {
-        const Kernel kernel = static_cast<Kernel>(k);
-        if (*cached != kKernelNames[k] || (registers_ > 0 && is_chain(kernel))) continue;
-        if (is_generated(kernel)) {
-          if (!load_generated(r, services)) break;  // time the others instead
-          if (!compiled_.first.empty()) services.record_code(compiled_.first, compiled_.second);
-        }
+      tactic_key_ += std::to_string(static_cast<int>(base_.operand[k].access)) + (k + 1 < base_.operands ? "," : "");
+    if (take_cached(services, true)) return;
+    if (!request_generated(services)) return time_candidates(services, false);
+    if (cubin_) return time_candidates(services, true);
+    // A group of the same key that finished before this one has chosen for it.
+    services.finish_later([this](BuildServices& s) {
+      if (!take_cached(s, false)) time_candidates(s, generated_ready(s));
+    });
+  }
+
+  // Takes the tactic the timing cache (or a plan at other shapes) names for this group; false
+  // where there is none, or it is a generated kernel the group cannot have. A generated kernel
+  // still compiling is waited for once every node is lowered, or now where `may_defer` is false.
+  bool take_cached(BuildServices& services, bool may_defer) {
+    std::optional<std::string> cached = services.cached_tactic(tactic_key_);
+    if (!cached) return false;
+    for (int k = 0; k < kKernels; ++k) {
+      const Kernel kernel = static_cast<Kernel>(k);
+      if (*cached != kKernelNames[k] || (registers_ > 0 && is_chain(kernel))) continue;
+      if (!is_generated(kernel)) {
         kernel_ = kernel;
-        return;
+        return true;
       }
+      if (!request_generated(services)) return false;  // time the others instead
+      auto take = [this, kernel](BuildServices& s) {
+        if (!generated_ready(s)) return time_candidates(s, false);
+        if (!compiled_.first.empty()) s.record_code(compiled_.first, compiled_.second);
+        kernel_ = kernel;
+      };
+      if (cubin_ || !may_defer) take(services);
+      else services.finish_later(take);
+      return true;
     }
+    return false;
+  }
+
+  // Times the candidates on the scratch tensors, checking each against the interpreter on the
+  // device, and records the fastest.
+  void time_candidates(BuildServices& services, bool generated) {
     const LayerIO& io = services.scratch_io();
     bool aligned = false;
     const Program p = bind(io, aligned);
     if (!aligned) return;
-    const bool generated = load_generated(r, services);
-    const size_t bytes = static_cast<size_t>(base_.n) * (half_ ? 2 : 4);
+    const int element = half_ ? 2 : 4;
+    const size_t bytes = static_cast<size_t>(base_.n) * static_cast<size_t>(element);
+    // The interpreter's output, then the comparison's counters (8-byte aligned).
+    char* reference = static_cast<char*>(services.scratch((bytes + 255) / 256 * 256 + kBitwiseDifferenceScratch));
+    void* counters = reference + (bytes + 255) / 256 * 256;
     cudaStream_t stream = services.stream();
-    std::vector<unsigned char> want(bytes), got(bytes);
     float best = 1e30f;
     for (int k = 0; k < kKernels; ++k) {
       const Kernel kernel = static_cast<Kernel>(k);
       if ((registers_ > 0 && is_chain(kernel)) || (is_generated(kernel) && !generated)) continue;  // chains hold no registers
       KILN_CUDA_CHECK(cudaMemsetAsync(io.outputs[0], 0xff, bytes, stream));
       launch(kernel, p, io, true, stream);
-      KILN_CUDA_CHECK(cudaMemcpyAsync((k == 0 ? want : got).data(), io.outputs[0], bytes, cudaMemcpyDeviceToHost, stream));
-      KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
-      if (k > 0 && want != got) {
-        services.log(r.node.name + ": fused_elementwise/" + kKernelNames[k] + " differs from the interpreter (" +
-                     first_difference(want, got) + "): refused");
+      if (k == 0) {
+        KILN_CUDA_CHECK(cudaMemcpyAsync(reference, io.outputs[0], bytes, cudaMemcpyDeviceToDevice, stream));
+      } else if (const BitwiseDifference d = bitwise_difference(reference, io.outputs[0], base_.n, element, counters, stream);
+                 d.count > 0) {
+        services.log(name_ + ": fused_elementwise/" + kKernelNames[k] + " differs from the interpreter (" + describe(d) +
+                     "): refused");
         continue;
       }
       const float ms = services.time_ms([&](cudaStream_t st) { launch(kernel, p, io, true, st); });
       if (services.tactics().log_candidates)
-        services.log(r.node.name + ": fused_elementwise/" + kKernelNames[k] + " " + std::to_string(ms) + " ms");
+        services.log(name_ + ": fused_elementwise/" + kKernelNames[k] + " " + std::to_string(ms) + " ms");
       if (ms < best) best = ms, kernel_ = kernel;
     }
     // The engine file (and the timing cache) keeps the cubin only of a kernel the group runs.
     if (is_generated(kernel_) && !compiled_.first.empty()) services.record_code(compiled_.first, compiled_.second);
-    services.record_tactic(key, kKernelNames[static_cast<int>(kernel_)]);
+    services.record_tactic(tactic_key_, kKernelNames[static_cast<int>(kernel_)]);
   }
 
-  // The group's generated kernels, from the cubin the timing cache or the engine file keeps for
-  // its source, else compiled now (`compiled_`: its key and code, for the cache if the group
-  // keeps it); false, with the reason in the build log, where the group has none (a
-  // concatenation too finely split, or a compiler failure).
-  bool load_generated(const LayerRequest& r, BuildServices& services) {
-    if (cubin_) return true;
+  // Asks for the group's generated kernels: loaded now from the cubin the timing cache or the
+  // engine file keeps for its source, else compiling on a worker thread (`compiling_`); false,
+  // with the reason in the build log, where the group has none (generated kernels off, a
+  // concatenation too finely split, a cubin that does not load).
+  bool request_generated(BuildServices& services) {
+    if (cubin_ || compiling_.valid()) return true;
     if (!services.tactics().generated_kernels) return false;
     const std::optional<std::string> source = fused_elementwise_source(program_, generated_);
     if (!source) return false;
     const cudaDeviceProp& device = services.device();
-    const std::string key = "fused_elementwise_cubin|sm_" + std::to_string(device.major) + std::to_string(device.minor) + "|nvrtc " +
-                            runtime_compiler_version() + "|" + source_hash(*source);
-    std::string cubin;
-    try {
-      if (std::optional<std::string> code = services.cached_code(key)) {
-        cubin = base64_decode(*code);
-      } else {
-        cubin = compile_to_cubin(*source, r.node.name, device);
-        compiled_ = {key, base64_encode(cubin)};
+    code_key_ = "fused_elementwise_cubin|sm_" + std::to_string(device.major) + std::to_string(device.minor) + "|nvrtc " +
+                runtime_compiler_version() + "|" + source_hash(*source);
+    if (std::optional<std::string> code = services.cached_code(code_key_)) {
+      try {
+        load(base64_decode(*code));
+        return true;
+      } catch (const Error& e) {
+        services.log(name_ + ": the cached generated kernel does not load (" + e.what() + "): compiling it again");
       }
-      cubin_ = std::make_unique<LoadedCubin>(cubin);
-      for (size_t k = 0; k < std::size(kGeneratedUnrolls); ++k)
-        generated_kernels_[k] = cubin_->kernel(generated_kernel_name(kGeneratedUnrolls[k]).c_str());
+    }
+    compiling_ = services.compile(*source, name_);
+    return true;
+  }
+
+  // Whether the generated kernels are loaded, waiting for their compile if need be (`compiled_`
+  // then holds the cubin's cache key and code, for the cache if the group keeps it).
+  bool generated_ready(BuildServices& services) {
+    if (cubin_) return true;
+    try {
+      const std::string cubin = compiling_.get();
+      compiling_ = {};
+      load(cubin);
+      compiled_ = {code_key_, base64_encode(cubin)};
     } catch (const Error& e) {
-      cubin_.reset();
-      services.log(r.node.name + ": no generated kernel: " + e.what());
+      compiling_ = {};
+      services.log(name_ + ": no generated kernel: " + e.what());
       return false;
     }
     return true;
   }
 
-  // Where two outputs differ: how many elements, and the first one's bits in each.
-  std::string first_difference(const std::vector<unsigned char>& want, const std::vector<unsigned char>& got) const {
-    const size_t size = half_ ? 2 : 4;
-    size_t count = 0, first = 0;
-    for (size_t e = want.size() / size; e-- > 0;)
-      if (std::memcmp(want.data() + e * size, got.data() + e * size, size) != 0) ++count, first = e;
-    auto bits = [&](const std::vector<unsigned char>& v) {
-      uint32_t b = 0;
-      std::memcpy(&b, v.data() + first * size, size);
+  void load(const std::string& cubin) {
+    try {
+      cubin_ = std::make_unique<LoadedCubin>(cubin);
+      for (size_t k = 0; k < std::size(kGeneratedUnrolls); ++k)
+        generated_kernels_[k] = cubin_->kernel(generated_kernel_name(kGeneratedUnrolls[k]).c_str());
+    } catch (...) {
+      cubin_.reset();
+      throw;
+    }
+  }
+
+  // A difference from the interpreter: how many elements, and the first one's bits in each.
+  std::string describe(const BitwiseDifference& d) const {
+    const int digits = half_ ? 4 : 8;
+    auto bits = [&](uint32_t b) {
       char text[16];
-      std::snprintf(text, sizeof text, "0x%0*x", static_cast<int>(2 * size), b);
+      std::snprintf(text, sizeof text, "0x%0*x", digits, b);
       return std::string(text);
     };
-    return std::to_string(count) + " of " + std::to_string(want.size() / size) + " elements, the first at " + std::to_string(first) +
-           ": " + bits(got) + " where the interpreter has " + bits(want);
+    return std::to_string(d.count) + " of " + std::to_string(base_.n) + " elements, the first at " + std::to_string(d.first) +
+           ": " + bits(d.got) + " where the interpreter has " + bits(d.want);
   }
 
   std::string storage_name() const { return half_ ? "float16" : "float32"; }
@@ -864,8 +911,12 @@ class FusedElementwiseLayer final : public Layer {
 
   ir::ElementwiseProgram program_;
   bool half_;
+  std::string name_;  // the node's, for the build log
   GeneratedElementwise generated_;
   std::vector<const void*> slot_constants_;  // per node input: its uploaded address (a constant) or null
+  std::string tactic_key_;  // the group's timing-cache entry
+  std::string code_key_;    // its generated kernels' cubin's
+  std::shared_future<std::string> compiling_;  // their cubin, while it compiles
   std::unique_ptr<LoadedCubin> cubin_;
   std::pair<std::string, std::string> compiled_;  // the cache key and code of a cubin compiled by this build
   const void* generated_kernels_[std::size(kGeneratedUnrolls)] = {};

@@ -20,11 +20,13 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
 #include "cuda/runtime/graph_timing.h"
 #include "cuda/runtime/memory_plan.h"
+#include "cuda/runtime/runtime_compiler.h"
 #include "cuda/runtime/timing_cache.h"
 #include "ir/op_schema.h"
 #include "ir/parameter_inputs.h"
@@ -146,6 +148,23 @@ class Builder final : public BuildServices {
     cache_.set(key, code);
     plan_->timing_entries_[key] = code;
   }
+  // Groups alike (a network's repeated blocks) generate the same source: it compiles once.
+  std::shared_future<std::string> compile(const std::string& source, const std::string& name) override {
+    if (!compiler_) compiler_ = std::make_unique<CompileQueue>(prop_, compile_threads());
+    auto [it, added] = compiling_.try_emplace(source);
+    if (added) it->second = compiler_->submit(source, name);
+    return it->second;
+  }
+  void finish_later(std::function<void(BuildServices&)> finish) override {
+    Deferred d;
+    d.finish = std::move(finish);
+    d.request = std::make_unique<LayerRequest>(*current_request_);
+    d.formats = *current_formats_;
+    d.inputs = current_inputs_;
+    d.constant_specs = current_constant_specs_;
+    d.layer = current_layer_;
+    deferred_.push_back(std::move(d));
+  }
   // Made on first use: a cuDNN handle holds megabytes of device memory (docs/design/gpu-engine.md,
   // "Device memory"), which a build of kiln's kernels alone never needs. A plan that will run
   // (an execution context's) takes the handle it will run with from cudnn_source_: cuDNN's
@@ -192,6 +211,21 @@ class Builder final : public BuildServices {
     plan_->timing_entries_[key] = tactic;
     if (current_request_) plan_->node_tactics_[current_request_->node.name] = tactic;
   }
+  // Compiles run beside the build's own thread, one per core up to 16 (each NVRTC compile takes
+  // about 0.1 s of one core and some 100 MB).
+  static int compile_threads() { return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)); }
+  void finish_deferred_layers();
+
+  // A layer that chooses its tactic once every node is lowered (finish_later), with what its
+  // scratch_io() is made from.
+  struct Deferred {
+    std::function<void(BuildServices&)> finish;
+    std::unique_ptr<LayerRequest> request;
+    LayerFormats formats;
+    std::vector<int> inputs;
+    std::shared_ptr<std::deque<TensorSpec>> constant_specs;  // what request points at
+    size_t layer = 0;  // in plan_->layers_
+  };
 
   const ir::Graph& graph_;
   const BuildConfig& config_;
@@ -214,6 +248,11 @@ class Builder final : public BuildServices {
   const LayerRequest* current_request_ = nullptr;
   const LayerFormats* current_formats_ = nullptr;
   std::vector<int> current_inputs_;
+  std::shared_ptr<std::deque<TensorSpec>> current_constant_specs_;
+  size_t current_layer_ = 0;  // the index in plan_->layers_ the layer being created will have
+  std::unique_ptr<CompileQueue> compiler_;
+  std::map<std::string, std::shared_future<std::string>> compiling_;  // by source
+  std::vector<Deferred> deferred_;
   LayerIO scratch_io_;
   bool scratch_ready_ = false;
   ScratchMemory io_scratch_, workspace_scratch_;
@@ -456,8 +495,8 @@ void Builder::lower_shape(const ir::Node& node) {
 }
 
 void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsupported) {
-  // Logical specs of constants, kept alive while the request points at them.
-  std::deque<TensorSpec> constant_specs;
+  // Logical specs of constants, kept alive while the request (or a copy deferred) points at them.
+  auto constant_specs = std::make_shared<std::deque<TensorSpec>>();
   LayerRequest request{node, config_.precision, {}, {}, {}, {}, {}};
   for (size_t i = 0; i < node.inputs.size(); ++i) {
     if (!node.has_input(i)) {
@@ -469,8 +508,8 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
     const ir::Value& v = graph_.value(node.inputs[i]);
     request.input_dtypes.push_back(v.type.dtype);
     if (const Tensor* c = graph_.constant(node.inputs[i])) {
-      constant_specs.push_back(TensorSpec{c->shape(), Format{c->dtype(), Layout::kLinear}});
-      request.inputs.push_back(&constant_specs.back());
+      constant_specs->push_back(TensorSpec{c->shape(), Format{c->dtype(), Layout::kLinear}});
+      request.inputs.push_back(&constant_specs->back());
       request.constants.push_back(c);
     } else {
       request.inputs.push_back(&buffers_[value_buffer_.at(node.inputs[i])].spec);
@@ -540,6 +579,8 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
   current_request_ = &request;
   current_formats_ = &formats;
   current_inputs_ = inputs;
+  current_constant_specs_ = constant_specs;
+  current_layer_ = plan_->layers_.size();
   scratch_ready_ = false;
   PlannedLayer layer;
   layer.name = node.name;
@@ -548,6 +589,7 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
   layer.members = node.attrs.get_strings("members");
   layer.layer = fallback ? make_cpu_fallback_layer(request, formats) : entry->create(request, formats, *this);
   current_request_ = nullptr;
+  current_constant_specs_.reset();
   layer.inputs = inputs;
   layer.outputs = outputs;
   if (config_.precision == Precision::kFp16) {
@@ -563,6 +605,29 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
   add_layer(std::move(layer));
   for (size_t i = 0; i < node.outputs.size(); ++i)
     if (!node.outputs[i].empty()) value_buffer_[node.outputs[i]] = outputs[i];
+}
+
+void Builder::finish_deferred_layers() {
+  if (deferred_.empty()) return;
+  log("timing the generated kernels of " + std::to_string(deferred_.size()) + " layer(s), compiled on " +
+      std::to_string(compiler_ ? compiler_->threads() : 0) + " thread(s) while the others were lowered");
+  // By index, and each moved out first: a layer may defer again (appending) as it finishes.
+  for (size_t k = 0; k < deferred_.size(); ++k) {
+    Deferred d = std::move(deferred_[k]);
+    current_request_ = d.request.get();
+    current_formats_ = &d.formats;
+    current_inputs_ = d.inputs;
+    current_constant_specs_ = d.constant_specs;
+    current_layer_ = d.layer;
+    scratch_ready_ = false;
+    d.finish(*this);
+    current_request_ = nullptr;
+    current_constant_specs_.reset();
+    const PlannedLayer& layer = plan_->layers_.at(d.layer);
+    log("[" + std::to_string(k + 1) + "/" + std::to_string(deferred_.size()) + "] " + layer.name + " (" + layer.op +
+        "): " + layer.layer->tactic());
+  }
+  deferred_.clear();
 }
 
 std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, const Values& values,
@@ -625,9 +690,11 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, const Values& va
       if (!values_hint.empty() && e.hint_text().empty()) e.hint(values_hint);
       throw;
     }
-    if (config_.log && !plan_->layers_.empty() && plan_->layers_.back().name == node.name)
-      log("[" + std::to_string(i + 1) + "/" + std::to_string(total) + "] " + node.name + " (" + node.op +
-          "): " + plan_->layers_.back().layer->tactic());
+    if (config_.log && !plan_->layers_.empty() && plan_->layers_.back().name == node.name) {
+      const bool waiting = !deferred_.empty() && deferred_.back().layer + 1 == plan_->layers_.size();
+      log("[" + std::to_string(i + 1) + "/" + std::to_string(total) + "] " + node.name + " (" + node.op + "): " +
+          (waiting ? std::string("timed once its generated kernels compile") : plan_->layers_.back().layer->tactic()));
+    }
   }
   if (!unsupported.empty()) {
     std::string msg = std::to_string(unsupported.size()) + " node(s) cannot run on the GPU:";
@@ -636,6 +703,7 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, const Values& va
         .hint((values_hint.empty() ? "" : values_hint + "; ") +
               "without --strict (BuildOptions::allow_cpu_fallback) they run on the CPU engine inside the GPU engine (slow)");
   }
+  finish_deferred_layers();
 
   // Graph outputs: the logical dtype, row-major, one buffer each, in the context's output
   // buffers (kIo): the buffer whose memory an output is becomes that output's slot.

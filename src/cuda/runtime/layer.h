@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -154,6 +155,14 @@ class BuildServices {
   // rebuilding with the timing cache, compile nothing.
   virtual std::optional<std::string> cached_code(const std::string& key) = 0;
   virtual void record_code(const std::string& key, const std::string& code) = 0;
+  // Starts compiling generated CUDA C++ for this GPU (runtime_compiler.h) on a worker thread and
+  // returns at once: the future holds the cubin, or the compile's kiln::Error.
+  virtual std::shared_future<std::string> compile(const std::string& source, const std::string& name) = 0;
+  // Calls `finish` once every node is lowered, with scratch_io() and the tactic records
+  // (cached_tactic, record_tactic) of the layer being created now. A layer whose candidates
+  // include code still compiling times them then, so that its compile overlaps the lowering of
+  // the layers after it instead of stalling the build. No layer runs before every `finish` has.
+  virtual void finish_later(std::function<void(BuildServices&)> finish) = 0;
   virtual cudnnContext* cudnn() = 0;
   virtual cublasLtContext* cublaslt() = 0;
   virtual const cudaDeviceProp& device() = 0;

@@ -70,6 +70,45 @@ std::string compile_to_cubin(const std::string& source, const std::string& name,
   return cubin;
 }
 
+CompileQueue::CompileQueue(const cudaDeviceProp& device, int threads) : device_(device), threads_(std::max(threads, 1)) {}
+
+CompileQueue::~CompileQueue() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    waiting_.clear();  // their futures report a broken promise to anyone still holding one
+  }
+  ready_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+std::shared_future<std::string> CompileQueue::submit(std::string source, std::string name) {
+  std::packaged_task<std::string()> task(
+      [this, source = std::move(source), name = std::move(name)] { return compile_to_cubin(source, name, device_); });
+  std::shared_future<std::string> result = task.get_future().share();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_.push_back(std::move(task));
+    if (static_cast<int>(workers_.size()) < threads_) workers_.emplace_back([this] { work(); });
+  }
+  ready_.notify_one();
+  return result;
+}
+
+void CompileQueue::work() {
+  for (;;) {
+    std::packaged_task<std::string()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ready_.wait(lock, [this] { return stopping_ || !waiting_.empty(); });
+      if (stopping_) return;
+      task = std::move(waiting_.front());
+      waiting_.pop_front();
+    }
+    task();  // an exception goes into the task's future
+  }
+}
+
 LoadedCubin::LoadedCubin(const std::string& cubin) {
   KILN_CUDA_CHECK(cudaLibraryLoadData(&library_, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
 }

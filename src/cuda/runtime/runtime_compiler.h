@@ -10,7 +10,13 @@
 
 #include <cuda_runtime.h>
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace kiln::cuda {
@@ -30,6 +36,32 @@ std::string runtime_compiler_version();
 // and square root). Throws kiln::Error (kInternal) naming `name` with NVRTC's log when it does
 // not compile, and (kDevice) when NVRTC cannot be used.
 std::string compile_to_cubin(const std::string& source, const std::string& name, const cudaDeviceProp& device);
+
+// Compiles sources with compile_to_cubin on worker threads (NVRTC compiles programs in
+// parallel), so that a build goes on lowering and timing other layers meanwhile. A result's
+// future holds the cubin, or the compile's kiln::Error. The threads start with the first
+// submission; destroying the queue drops what has not started and waits for what has.
+class CompileQueue {
+ public:
+  CompileQueue(const cudaDeviceProp& device, int threads);
+  ~CompileQueue();
+  CompileQueue(const CompileQueue&) = delete;
+  CompileQueue& operator=(const CompileQueue&) = delete;
+
+  std::shared_future<std::string> submit(std::string source, std::string name);
+  int threads() const { return threads_; }
+
+ private:
+  void work();
+
+  const cudaDeviceProp device_;
+  const int threads_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::packaged_task<std::string()>> waiting_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
 
 // A loaded cubin whose kernels can be launched (cudaLaunchKernel takes them). Unloaded when
 // destroyed.
