@@ -52,7 +52,26 @@ struct BenchOptions {
   int avg_runs = 1;
   bool use_cuda_graph = false, no_data_transfers = false;  // kiln's defaults, accepted as trtexec spells them
   std::string export_times, export_layer_info, export_profile;
+  std::string save_engine;  // trtexec's --saveEngine: the engine built here, written to this file
 };
+
+// trtexec's --saveEngine: one engine built from an ONNX model, written before it is timed.
+void check_save_engine(const BenchOptions& o, size_t batches) {
+  if (o.save_engine.empty()) return;
+  if (is_engine_file(o.model))
+    throw Error(ErrorKind::kInvalidArgument, "--saveEngine writes the engine bench builds from an ONNX model; '" + o.model +
+                                                 "' is an engine file already");
+  if (batches > 1 && !o.engine.has_profiles())
+    throw Error(ErrorKind::kInvalidArgument, "--saveEngine writes one engine, and " + std::to_string(batches) +
+                                                 " batch sizes build one each")
+        .hint("give one batch size, or a profile (--minShapes/--optShapes/--maxShapes) for one engine that runs them all");
+}
+
+void save_built_engine(const BenchOptions& o, const Engine& engine) {
+  if (o.save_engine.empty()) return;
+  engine.save(o.save_engine);
+  std::cout << "saved the engine to " << o.save_engine << "\n";
+}
 
 // trtexec's --avgRuns: each sample the mean of `n` consecutive runs.
 std::vector<double> averaged(const std::vector<double>& times, int n) {
@@ -208,6 +227,7 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
   auto t0 = std::chrono::steady_clock::now();
   Engine engine = engine_file ? Engine::load(o.model, o.engine.load_options()) : Engine::from_onnx(o.model, build);
   const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  save_built_engine(o, engine);
   std::mt19937_64 rng(o.seed);
   std::map<std::string, Tensor> inputs;
   for (TensorDesc d : engine.inputs()) {
@@ -277,6 +297,7 @@ Engine open_gpu_engine(const BenchOptions& o, int64_t batch, double& build_s, si
     engine.emplace(Engine::from_onnx(o.model, eo.build_options(o.model, defaulted)));
   }
   build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  save_built_engine(o, *engine);
   return std::move(*engine);
 }
 
@@ -519,6 +540,7 @@ int bench(const BenchOptions& o) {
   const JsonOutput json(o.json);
   std::vector<int64_t> batches = o.batches.empty() ? std::vector<int64_t>{o.engine.batch} : parse_batches(o.batches);
   const bool cpu = is_engine_file(o.model) ? engine_file_backend(o.model) == "cpu" : o.engine.device == "cpu";
+  check_save_engine(o, batches.size());
   if (cpu && (o.with_transfers || o.no_graph))
     throw Error(ErrorKind::kInvalidArgument, "--with-transfers and --no-graph are for GPU engines (--device cuda)");
   nlohmann::json results = nlohmann::json::array();
@@ -589,6 +611,8 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--exportTimes", o->export_times, "Write every run's time (ms), per batch, as JSON");
   cmd->add_option("--exportLayerInfo", o->export_layer_info, "Write the engine's layers (op, tactic, precision, shape), per batch, as JSON");
   cmd->add_option("--exportProfile", o->export_profile, "Write the per-layer profile, per batch, as JSON (implies --profile)");
+  cmd->add_option("--saveEngine", o->save_engine,
+                  "Write the engine built from the ONNX model to FILE before timing it (one batch size, or a profile)");
   cmd->callback([o, cmd, &action] {
     action = [o, cmd] {
       check_model_option(cmd, o->model);
