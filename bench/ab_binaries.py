@@ -10,13 +10,16 @@ ResNet-50's INT8 engines once measured slower on a later day than on an earlier 
 machine (docs/design/int8.md, "The same binary on another machine"). Build the older commit
 too (`git worktree add /tmp/old COMMIT && (cd /tmp/old && bash scripts/build_gpu.sh)`; carry
 both build-gpu/dist folders) and run this on the GPU machine: each binary calibrates once
-when a configuration is quantized (`kiln calibrate`, 64 random images), builds every configuration (precision:batch) with -v (the
-build logs, with each layer's tactic, are kept in DIR), and the engines are timed by
-`kiln bench` in alternating rounds, the order of A and B swapped every round. Writes
-DIR/ab_binaries.json (mean of the rounds' medians per binary and configuration, their ratio,
-each build's wall time and engine file size, and nvidia-smi's clocks and throttle reasons before and after, and the layers whose tactic differs
-between A's and B's engines) and prints a table. Tactics are chosen by timing, so two builds may
-differ by noise alone: --shared-timing-cache has B take A's timed tactics wherever their keys agree.
+when a configuration is quantized (`kiln calibrate`, 64 random images), builds every
+configuration (precision:batch) with -v (the build logs, with each layer's tactic, are kept in
+DIR; --build-rounds N builds N times, alternating A and B, for build-time A/Bs), and the
+engines are timed by `kiln bench` in alternating rounds, the order of A and B swapped every
+round. Writes DIR/ab_binaries.json (mean of the rounds' medians per binary and configuration,
+their ratio, each build's wall time and engine file size, nvidia-smi's clocks and throttle
+reasons before and after, and the layers whose tactic differs between A's and B's engines) and
+prints a table. Tactics are chosen by timing, so two builds may differ by noise alone:
+--shared-timing-cache has B take A's timed tactics wherever their keys agree (and makes every
+build after the first take them from the cache: no build-time A/B with it).
 """
 from __future__ import annotations
 
