@@ -1,9 +1,9 @@
 // CPU kernel of ONNX's Attention (ops/attention_params.h has the semantics): float32 arithmetic
-// for float32 and float16 tensors, one query row at a time, the (batch, head) pairs in
-// parallel. It is the reference the GPU's fused attention is checked against, so it keeps the
-// plain steps: the logits of a row (each a sum in double), the bias every mask adds, a softmax
-// (its exponentials within 3 ulp of std::exp, its sum in double), the weighted sum of values;
-// each step runs 8 keys (or values) at a time.
+// for float32 and float16 tensors, one query row at a time (the logits of 4 together), the
+// (batch, head) pairs in parallel. It is the reference the GPU's fused attention is checked
+// against, so it keeps the plain steps: the logits of a row (each a sum in double), the bias
+// every mask adds, a softmax (its exponentials within 3 ulp of std::exp, its sum in double), the
+// weighted sum of values; each step runs 8 keys (or values) at a time.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -64,57 +64,71 @@ void store_heads(Tensor& out, const HeadView& v, int64_t batch) {
       }
 }
 
-// dots[j] = sum over d of double(q[d]) * double(kt[d * T + j]), added in the order of d (each
-// product is exact in double, so fused or not, every path gives the same sums).
-void row_dots_portable(const float* q, const float* kt, int64_t D, int64_t T, double* dots) {
-  std::fill(dots, dots + T, 0.0);
-  for (int64_t d = 0; d < D; ++d) {
-    const double qd = q[d];
-    const float* kd = kt + d * T;
-    for (int64_t j = 0; j < T; ++j) dots[j] += qd * double(kd[j]);
-  }
+// The query rows a task computes the logits of together: they share each load and conversion
+// of the keys.
+constexpr int64_t kDotRows = 4;
+
+// dots[r * T + j] = sum over d of double(q[r * D + d]) * double(kt[d * T + j]) for the `rows`
+// (at most kDotRows) query rows, added in the order of d (each product is exact in double, so
+// fused or not, every path gives the same sums).
+void row_dots_portable(const float* q, int64_t rows, const float* kt, int64_t D, int64_t T, double* dots) {
+  std::fill(dots, dots + rows * T, 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < D; ++d) {
+      const double qd = q[r * D + d];
+      const float* kd = kt + d * T;
+      for (int64_t j = 0; j < T; ++j) dots[r * T + j] += qd * double(kd[j]);
+    }
 }
 
 #pragma GCC diagnostic push
 // GCC 12's AVX-512 headers start some results from _mm512_undefined_*(), which it then reports
 // as maybe uninitialized once inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// The same with AVX-512: 32 keys at a time held in registers through the whole sum.
-__attribute__((target("avx512f"))) void row_dots_avx512(const float* q, const float* kt, int64_t D, int64_t T,
-                                                       double* dots) {
+// The same with AVX-512: 32 keys of up to kDotRows rows at a time held in registers through
+// the whole sum, each key vector loaded and widened once for all the rows.
+template <int Rows>
+__attribute__((target("avx512f"))) void rows_dots_avx512(const float* q, const float* kt, int64_t D, int64_t T,
+                                                        double* dots) {
   int64_t j = 0;
   for (; j + 32 <= T; j += 32) {
-    __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd(), acc2 = _mm512_setzero_pd(),
-            acc3 = _mm512_setzero_pd();
+    __m512d acc[Rows][4];
+    for (int r = 0; r < Rows; ++r)
+      for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_setzero_pd();
     for (int64_t d = 0; d < D; ++d) {
-      const __m512d qd = _mm512_set1_pd(q[d]);
       const float* kd = kt + d * T + j;
-      acc0 = _mm512_fmadd_pd(qd, _mm512_cvtps_pd(_mm256_loadu_ps(kd)), acc0);
-      acc1 = _mm512_fmadd_pd(qd, _mm512_cvtps_pd(_mm256_loadu_ps(kd + 8)), acc1);
-      acc2 = _mm512_fmadd_pd(qd, _mm512_cvtps_pd(_mm256_loadu_ps(kd + 16)), acc2);
-      acc3 = _mm512_fmadd_pd(qd, _mm512_cvtps_pd(_mm256_loadu_ps(kd + 24)), acc3);
+      __m512d keys[4];
+      for (int k = 0; k < 4; ++k) keys[k] = _mm512_cvtps_pd(_mm256_loadu_ps(kd + 8 * k));
+      for (int r = 0; r < Rows; ++r) {
+        const __m512d qd = _mm512_set1_pd(q[r * D + d]);
+        for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_fmadd_pd(qd, keys[k], acc[r][k]);
+      }
     }
-    _mm512_storeu_pd(dots + j, acc0);
-    _mm512_storeu_pd(dots + j + 8, acc1);
-    _mm512_storeu_pd(dots + j + 16, acc2);
-    _mm512_storeu_pd(dots + j + 24, acc3);
+    for (int r = 0; r < Rows; ++r)
+      for (int k = 0; k < 4; ++k) _mm512_storeu_pd(dots + r * T + j + 8 * k, acc[r][k]);
   }
-  for (; j < T; ++j) {
-    double dot = 0.0;
-    for (int64_t d = 0; d < D; ++d) dot += double(q[d]) * double(kt[d * T + j]);
-    dots[j] = dot;
-  }
+  for (; j < T; ++j)
+    for (int r = 0; r < Rows; ++r) {
+      double dot = 0.0;
+      for (int64_t d = 0; d < D; ++d) dot += double(q[r * D + d]) * double(kt[d * T + j]);
+      dots[r * T + j] = dot;
+    }
 }
 
 #pragma GCC diagnostic pop
 
-void row_dots(const float* q, const float* kt, int64_t D, int64_t T, double* dots) {
+void rows_dots(const float* q, int64_t rows, const float* kt, int64_t D, int64_t T, double* dots) {
   static const bool avx512 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") != 0;
   }();
-  if (avx512) row_dots_avx512(q, kt, D, T, dots);
-  else row_dots_portable(q, kt, D, T, dots);
+  if (!avx512) return row_dots_portable(q, rows, kt, D, T, dots);
+  switch (rows) {
+    case 1: return rows_dots_avx512<1>(q, kt, D, T, dots);
+    case 2: return rows_dots_avx512<2>(q, kt, D, T, dots);
+    case 3: return rows_dots_avx512<3>(q, kt, D, T, dots);
+    default: return rows_dots_avx512<4>(q, kt, D, T, dots);
+  }
 }
 
 // z[j] = x[j] + bias[j]; returns the largest z that is not NaN (-inf if none) and sets
@@ -301,16 +315,22 @@ class AttentionKernel : public Kernel {
     parallel_for_each(s.batch * s.q_heads, true, [&](int64_t task) {
       const int64_t b = task / s.q_heads, h = task % s.q_heads, kv = h / group;
       const float* kt = keys_t + (b * s.kv_heads + kv) * T * D;
-      std::vector<float> q_row(static_cast<size_t>(D)), logits(static_cast<size_t>(T)), bias(static_cast<size_t>(T)),
-          z(static_cast<size_t>(T)), probs(static_cast<size_t>(T)), raw(static_cast<size_t>(T)),
+      std::vector<float> q_rows(static_cast<size_t>(kDotRows * D)), logits(static_cast<size_t>(T)),
+          bias(static_cast<size_t>(T)), z(static_cast<size_t>(T)), probs(static_cast<size_t>(T)), raw(static_cast<size_t>(T)),
           y_row(static_cast<size_t>(Dv));
-      std::vector<double> dots(static_cast<size_t>(T));
+      std::vector<double> dots(static_cast<size_t>(kDotRows * T));
       for (int64_t i = 0; i < s.q_seq; ++i) {
-        const float* qi = Q.at(b, h, i);
-        for (int64_t d = 0; d < D; ++d) q_row[d] = qi[d] * factor;
-        row_dots(q_row.data(), kt, D, T, dots.data());
+        const int64_t r = i % kDotRows;  // this row's place in the block of rows whose logits are computed together
+        if (r == 0) {
+          const int64_t rows = std::min(kDotRows, s.q_seq - i);
+          for (int64_t k = 0; k < rows; ++k) {
+            const float* qi = Q.at(b, h, i + k);
+            for (int64_t d = 0; d < D; ++d) q_rows[k * D + d] = qi[d] * factor;
+          }
+          rows_dots(q_rows.data(), rows, kt, D, T, dots.data());
+        }
         const ir::AttentionKeyRange allowed = masking.keys(s, lengths, b, i);
-        for (int64_t j = 0; j < T; ++j) raw[j] = static_cast<float>(dots[j]);
+        for (int64_t j = 0; j < T; ++j) raw[j] = static_cast<float>(dots[r * T + j]);
         const float* x = raw.data();
         if (softcap > 0.f) {
           for (int64_t j = 0; j < T; ++j) logits[j] = softcap * std::tanh(raw[j] / softcap);
