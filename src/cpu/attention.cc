@@ -1,6 +1,6 @@
 // CPU kernel of ONNX's Attention (ops/attention_params.h has the semantics): float32 arithmetic
-// for float32 and float16 tensors, one query row at a time (the logits of 4 together), the
-// (batch, head) pairs in parallel. It is the reference the GPU's fused attention is checked
+// for float32 and float16 tensors, one query row at a time (the logits and the weighted sums of
+// 4 together), the (batch, head) pairs in parallel. It is the reference the GPU's fused attention is checked
 // against, so it keeps the plain steps: the logits of a row (each a sum in double), the bias
 // every mask adds, a softmax (its exponentials within 3 ulp of std::exp, its sum in double), the
 // weighted sum of values; each step runs 8 keys (or values) at a time.
@@ -117,12 +117,16 @@ __attribute__((target("avx512f"))) void rows_dots_avx512(const float* q, const f
 
 #pragma GCC diagnostic pop
 
-void rows_dots(const float* q, int64_t rows, const float* kt, int64_t D, int64_t T, double* dots) {
+bool has_avx512() {
   static const bool avx512 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") != 0;
   }();
-  if (!avx512) return row_dots_portable(q, rows, kt, D, T, dots);
+  return avx512;
+}
+
+void rows_dots(const float* q, int64_t rows, const float* kt, int64_t D, int64_t T, double* dots) {
+  if (!has_avx512()) return row_dots_portable(q, rows, kt, D, T, dots);
   switch (rows) {
     case 1: return rows_dots_avx512<1>(q, kt, D, T, dots);
     case 2: return rows_dots_avx512<2>(q, kt, D, T, dots);
@@ -205,10 +209,11 @@ bool softmax_numerators(const float* z, int64_t T, float max_logit, bool any_all
   return _mm256_movemask_ps(nan) != 0;
 }
 
-// y[d] = sum over keys j, in order, of p[j] * V[b, kv, j, d], one fused multiply-add per term and
-// keys of weight 0 left out; 64 columns at a time held in registers through the keys.
-void weighted_sum(const float* p, int64_t T, const HeadView& V, int64_t b, int64_t kv, int64_t Dv, float* y) {
-  int64_t d0 = 0;
+// y[d] for d in [d0, Dv) = sum over keys j, in order, of p[j] * V[b, kv, j, d], one fused
+// multiply-add per term and keys of weight 0 left out; 64 columns at a time held in registers
+// through the keys.
+void weighted_sum(const float* p, int64_t T, const HeadView& V, int64_t b, int64_t kv, int64_t Dv, float* y,
+                  int64_t d0 = 0) {
   for (; d0 + 64 <= Dv; d0 += 64) {
     __m256 acc[8];
     for (__m256& a : acc) a = _mm256_setzero_ps();
@@ -231,6 +236,54 @@ void weighted_sum(const float* p, int64_t T, const HeadView& V, int64_t b, int64
     for (int64_t j = 0; j < T; ++j)
       if (p[j] != 0.f) acc = std::fma(p[j], V.at(b, kv, j)[d0], acc);
     y[d0] = acc;
+  }
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as for rows_dots_avx512
+// weighted_sum for `Rows` query rows at once (p and y: Rows rows of T and Dv), the same terms in
+// the same order for each row: with AVX-512, 64 columns of every row held in registers through
+// the keys, each row of V loaded once for all the rows; the columns past the last 64 as
+// weighted_sum does them.
+template <int Rows>
+__attribute__((target("avx512f"))) void weighted_sums_avx512(const float* p, int64_t T, const HeadView& V, int64_t b,
+                                                            int64_t kv, int64_t Dv, float* y) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= Dv; d0 += 64) {
+    __m512 acc[Rows][4];
+    for (int r = 0; r < Rows; ++r)
+      for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < T; ++j) {
+      bool any = false;
+      for (int r = 0; r < Rows; ++r) any |= p[r * T + j] != 0.f;
+      if (!any) continue;
+      const float* v = V.at(b, kv, j) + d0;
+      __m512 values[4];
+      for (int k = 0; k < 4; ++k) values[k] = _mm512_loadu_ps(v + 16 * k);
+      for (int r = 0; r < Rows; ++r) {
+        if (p[r * T + j] == 0.f) continue;
+        const __m512 pj = _mm512_set1_ps(p[r * T + j]);
+        for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_fmadd_ps(pj, values[k], acc[r][k]);
+      }
+    }
+    for (int r = 0; r < Rows; ++r)
+      for (int k = 0; k < 4; ++k) _mm512_storeu_ps(y + r * Dv + d0 + 16 * k, acc[r][k]);
+  }
+  if (d0 < Dv)
+    for (int r = 0; r < Rows; ++r) weighted_sum(p + r * T, T, V, b, kv, Dv, y + r * Dv, d0);
+}
+#pragma GCC diagnostic pop
+
+void weighted_sums(const float* p, int64_t rows, int64_t T, const HeadView& V, int64_t b, int64_t kv, int64_t Dv, float* y) {
+  if (!has_avx512()) {
+    for (int64_t r = 0; r < rows; ++r) weighted_sum(p + r * T, T, V, b, kv, Dv, y + r * Dv);
+    return;
+  }
+  switch (rows) {
+    case 1: return weighted_sums_avx512<1>(p, T, V, b, kv, Dv, y);
+    case 2: return weighted_sums_avx512<2>(p, T, V, b, kv, Dv, y);
+    case 3: return weighted_sums_avx512<3>(p, T, V, b, kv, Dv, y);
+    default: return weighted_sums_avx512<4>(p, T, V, b, kv, Dv, y);
   }
 }
 
@@ -316,13 +369,14 @@ class AttentionKernel : public Kernel {
       const int64_t b = task / s.q_heads, h = task % s.q_heads, kv = h / group;
       const float* kt = keys_t + (b * s.kv_heads + kv) * T * D;
       std::vector<float> q_rows(static_cast<size_t>(kDotRows * D)), logits(static_cast<size_t>(T)),
-          bias(static_cast<size_t>(T)), z(static_cast<size_t>(T)), probs(static_cast<size_t>(T)), raw(static_cast<size_t>(T)),
-          y_row(static_cast<size_t>(Dv));
+          bias(static_cast<size_t>(T)), z(static_cast<size_t>(T)), probs_rows(static_cast<size_t>(kDotRows * T)),
+          raw(static_cast<size_t>(T)), y_rows(static_cast<size_t>(kDotRows * Dv));
       std::vector<double> dots(static_cast<size_t>(kDotRows * T));
       for (int64_t i = 0; i < s.q_seq; ++i) {
-        const int64_t r = i % kDotRows;  // this row's place in the block of rows whose logits are computed together
+        // This row's place in its block of rows, whose logits and weighted sums are computed together.
+        const int64_t r = i % kDotRows, rows = std::min(kDotRows, s.q_seq - (i - r));
+        float* const probs = probs_rows.data() + r * T;
         if (r == 0) {
-          const int64_t rows = std::min(kDotRows, s.q_seq - i);
           for (int64_t k = 0; k < rows; ++k) {
             const float* qi = Q.at(b, h, i + k);
             for (int64_t d = 0; d < D; ++d) q_rows[k * D + d] = qi[d] * factor;
@@ -349,21 +403,26 @@ class AttentionKernel : public Kernel {
         const float max_logit = biased_logits(x, bias.data(), T, z.data(), any_allowed);
         // Softmax of logits + bias; a row no key may be attended from is all zeros. NaN and
         // infinite logits give NaN, as a softmax computes them (the maximum skips NaN).
-        const bool nan = softmax_numerators(z.data(), T, max_logit, any_allowed, probs.data());
+        const bool nan = softmax_numerators(z.data(), T, max_logit, any_allowed, probs);
         double sum = 0;
         for (int64_t j = 0; j < T; ++j) sum += probs[j];
-        if (nan) std::fill(probs.begin(), probs.end(), std::numeric_limits<float>::quiet_NaN());
-        else if (!any_allowed) std::fill(probs.begin(), probs.end(), 0.f);
+        if (nan) std::fill(probs, probs + T, std::numeric_limits<float>::quiet_NaN());
+        else if (!any_allowed) std::fill(probs, probs + T, 0.f);
         else
           for (int64_t j = 0; j < T; ++j) probs[j] = static_cast<float>(probs[j] / sum);
-        weighted_sum(probs.data(), T, V, b, kv, Dv, y_row.data());
-        const int64_t y_base = s.three_d ? (b * s.q_seq + i) * s.q_heads * Dv + h * Dv
-                                         : ((b * s.q_heads + h) * s.q_seq + i) * Dv;
-        for (int64_t d = 0; d < Dv; ++d) store(*y, y_base + d, y_row[d]);
         if (qk_out) {
           const int64_t base = ((b * s.q_heads + h) * s.q_seq + i) * T;
           for (int64_t j = 0; j < T; ++j)
             store(*qk_out, base + j, mode == 3 ? probs[j] : mode == 2 ? z[j] : mode == 1 ? x[j] : raw[j]);
+        }
+        if (r + 1 < rows) continue;
+        // The block's last row: the weighted sums of all its rows.
+        weighted_sums(probs_rows.data(), rows, T, V, b, kv, Dv, y_rows.data());
+        for (int64_t k = 0; k < rows; ++k) {
+          const int64_t row = i - r + k;
+          const int64_t y_base = s.three_d ? (b * s.q_seq + row) * s.q_heads * Dv + h * Dv
+                                           : ((b * s.q_heads + h) * s.q_seq + row) * Dv;
+          for (int64_t d = 0; d < Dv; ++d) store(*y, y_base + d, y_rows[k * Dv + d]);
         }
       }
     });
