@@ -10,7 +10,7 @@ namespace kiln::cuda {
 
 namespace {
 
-// Each warp counts its differing elements with a ballot and adds them once; the first
+// Each warp sums its threads' counts by shuffles and adds them once; the first
 // difference is the minimum index any thread saw.
 template <typename Word>
 __global__ void bitwise_difference_kernel(const Word* __restrict__ a, const Word* __restrict__ b, int64_t n,
