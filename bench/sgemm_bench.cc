@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/conv_shape.h"
+#include "cpu/conv_winograd.h"
 #include "cpu/gemm_util.h"
 #include "cpu/parallel.h"
 #include "cpu/sgemm.h"
@@ -87,6 +89,72 @@ int main(int argc, char** argv) {
     std::printf("M %5ld N %5ld K %5ld   kiln %6.1f GFLOP/s   openblas %6.1f GFLOP/s", static_cast<long>(s.m),
                 static_cast<long>(s.n), static_cast<long>(s.k), flop / tk * 1e-9, flop / tb * 1e-9);
     if (t32 > 0) std::printf("   (32-column path %6.1f, transposed 7x32 path %6.1f)", flop / t32 * 1e-9, flop / t7 * 1e-9);
+    std::printf("\n");
+  }
+  // ResNet-50's convolutions at batch 1 as Conv runs them: B is the im2col matrix, packed from
+  // the image while the GEMM runs. "warm" repeats one set of weights; "cold" cycles through
+  // copies adding up to 512 MB, as an engine's layers each read their own weights once per run.
+  struct ConvShape {
+    int64_t c, m, in, k, stride, pad;
+  };
+  const ConvShape convs[] = {{3, 64, 224, 7, 2, 3},     {64, 64, 56, 3, 1, 1},    {128, 128, 56, 3, 2, 1},
+                             {128, 128, 28, 3, 1, 1},   {256, 256, 28, 3, 2, 1},  {256, 256, 14, 3, 1, 1},
+                             {512, 512, 14, 3, 2, 1},   {512, 512, 7, 3, 1, 1},   {256, 512, 56, 1, 2, 0},
+                             {512, 1024, 28, 1, 2, 0},  {1024, 2048, 14, 1, 2, 0}};
+  for (const ConvShape& s : convs) {
+    const int64_t out = (s.in + 2 * s.pad - s.k) / s.stride + 1, n = out * out, kk = s.c * s.k * s.k;
+    std::vector<float> x(static_cast<size_t>(s.c * s.in * s.in)), w(static_cast<size_t>(s.m * kk)),
+        y(static_cast<size_t>(s.m * n));
+    for (float& v : x) v = dist(rng);
+    for (float& v : w) v = dist(rng);
+    const int copies = static_cast<int>(std::max<int64_t>(1, (int64_t{512} << 20) / (s.m * kk * 4)));
+    std::vector<PackedA> packed(static_cast<size_t>(copies));
+    for (PackedA& p : packed) {
+      p.pack(w.data(), s.m, kk, kk);
+      if (n <= kNarrowN) p.add_wide_panels(w.data(), kk);
+    }
+    Im2col im;
+    im.x = x.data();
+    im.in[1] = im.in[2] = s.in;
+    im.out[1] = im.out[2] = out;
+    im.k[1] = im.k[2] = s.k;
+    im.s[1] = im.s[2] = s.stride;
+    im.p[1] = im.p[2] = s.pad;
+    SgemmB sb;
+    sb.conv = &im;
+    const double flop = 2.0 * static_cast<double>(s.m * n * kk);
+    const double warm = best_seconds(reps, [&] { packed_sgemm(packed[0], n, sb, y.data(), n, SgemmEpilogue{}, threads); });
+    int next = 0;
+    const double cold = best_seconds(reps, [&] {
+      packed_sgemm(packed[static_cast<size_t>(next)], n, sb, y.data(), n, SgemmEpilogue{}, threads);
+      next = (next + 1) % copies;
+    });
+    std::printf("conv C %4ld M %4ld in %3ld k %ld s %ld: M %5ld N %5ld K %5ld   warm %6.1f GFLOP/s   cold %6.1f GFLOP/s",
+                static_cast<long>(s.c), static_cast<long>(s.m), static_cast<long>(s.in), static_cast<long>(s.k),
+                static_cast<long>(s.stride), static_cast<long>(s.m), static_cast<long>(n), static_cast<long>(kk),
+                flop / warm * 1e-9, flop / cold * 1e-9);
+    // The same convolution by Winograd F(2x2, 3x3), in the direct convolution's FLOPs per second
+    // (warm), with the image's tiles in phases over the whole image and in blocks per thread.
+    const std::vector<int64_t> w_shape{s.m, s.c, s.k, s.k};
+    Geo3 geo;
+    geo.batch = 1;
+    geo.in_c = s.c;
+    geo.out_c = s.m;
+    geo.in[1] = geo.in[2] = s.in;
+    geo.out[1] = geo.out[2] = out;
+    geo.k[1] = geo.k[2] = s.k;
+    geo.s[1] = geo.s[2] = s.stride;
+    geo.p[1] = geo.p[2] = s.pad;
+    if (WinogradConv::available(w_shape, 1) && WinogradConv::runs_geometry(geo)) {
+      WinogradConv wino(w.data(), s.m, s.c);
+      const Epilogue none;
+      for (WinogradSchedule schedule : {WinogradSchedule::kImagePhases, WinogradSchedule::kThreadBlocks}) {
+        winograd_set_schedule(schedule);
+        const double t = best_seconds(reps, [&] { wino.run(geo, w.data(), x.data(), nullptr, nullptr, none, y.data()); });
+        std::printf("   winograd %s %6.1f", schedule == WinogradSchedule::kImagePhases ? "phases" : "blocks", flop / t * 1e-9);
+      }
+      winograd_set_schedule(WinogradSchedule::kAuto);
+    }
     std::printf("\n");
   }
   // MatMul by constant weights on AVX-512 (rows_sgemm): Y [tokens x out] = X [tokens x in] @ W.

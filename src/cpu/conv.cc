@@ -5,7 +5,8 @@
 // when the kernel is created (when W is a constant); col is never built as a whole: the GEMM
 // packs its panels straight from X (im2col while packing), or from X itself for a 1x1 stride-1
 // unpadded conv. The epilogue (bias, residual, activation) is applied on each output tile
-// while it is in registers / L1. Depthwise convs (one input channel per group) run a direct
+// while it is in registers / L1. Constant 3x3 filters of stride 1 run Winograd's F(2x2, 3x3)
+// instead on AVX-512 CPUs (conv_winograd.h): 16 GEMMs of transformed tiles. Depthwise convs (one input channel per group) run a direct
 // loop instead: their GEMMs would be 1 x k x OHW, too thin for a GEMM.
 //
 // Every conv runs as a 3-D one: 1-D and 2-D inputs get leading spatial dims of size 1.
@@ -14,14 +15,20 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cpu/conv_shape.h"
+#include "cpu/conv_winograd.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
 #include "cpu/sgemm.h"
 #include "ops/conv_geometry.h"
+
+#ifndef KILN_CPU_WINOGRAD
+#define KILN_CPU_WINOGRAD 1
+#endif
 
 namespace kiln::cpu {
 
@@ -36,6 +43,22 @@ inline void valid_range(int64_t off, int64_t s, int64_t in, int64_t out, int64_t
   hi = std::clamp(hi, lo, out);
 }
 
+// Constant 3x3 weights of a 2-D convolution of stride 1 and dilation 1 that Winograd's
+// F(2x2, 3x3) runs (conv_winograd.h); KILN_CPU_WINOGRAD=OFF, a build option, keeps every conv on
+// the direct GEMM.
+bool winograd_applies(const ir::Node& node, const std::vector<int64_t>& w_shape, int64_t group) {
+#if KILN_CPU_WINOGRAD
+  auto all_ones = [](const std::vector<int64_t>& v) {
+    return std::all_of(v.begin(), v.end(), [](int64_t e) { return e == 1; });
+  };
+  return WinogradConv::available(w_shape, group) && all_ones(node.attrs.get_ints("strides")) &&
+         all_ones(node.attrs.get_ints("dilations"));
+#else
+  (void)node, (void)w_shape, (void)group;
+  return false;
+#endif
+}
+
 class ConvKernel final : public Kernel {
  public:
   ConvKernel(const KernelInit& init, bool fused)
@@ -45,8 +68,13 @@ class ConvKernel final : public Kernel {
     const int64_t group = init.node.attrs.get_int("group", 1);
     if (w && w->dtype() == DType::kFloat32 && w->rank() >= 3 && group >= 1 && w->dim(0) > 0 &&
         w->dim(0) % group == 0 && !(w->dim(1) == 1 && group > 1)) {
-      pack_weights(w->data<float>(), w->dim(0), w->numel() / w->dim(0), group);
-      const_weights_ = true;
+      if (winograd_applies(init.node, w->shape(), group)) {
+        // The transformed filters replace the packed ones (one copy of the weights, not two).
+        winograd_ = std::make_unique<WinogradConv>(w->data<float>(), w->dim(0), w->dim(1));
+      } else {
+        pack_weights(w->data<float>(), w->dim(0), w->numel() / w->dim(0), group);
+        const_weights_ = true;
+      }
     }
   }
 
@@ -65,6 +93,10 @@ class ConvKernel final : public Kernel {
     const int64_t Cg = C / G, Mg = M / G;
     if (Cg == 1 && G > 1) {
       depthwise(g, x, w, bias, z, y);
+      return;
+    }
+    if (winograd_ && WinogradConv::runs_geometry(g)) {
+      winograd_->run(g, w, x, bias, z, epilogue_, y);
       return;
     }
     const int64_t K = Cg * g.kernel_size(), Nin = g.in_size(), N = g.out_size();
@@ -259,6 +291,7 @@ class ConvKernel final : public Kernel {
   Epilogue epilogue_;
   std::vector<PackedA> packed_;  // W per group, MR-row panels
   bool const_weights_ = false;   // packed_ holds the constant W (else it is packed per run)
+  std::unique_ptr<WinogradConv> winograd_;  // constant 3x3 filters of stride 1, transformed
 };
 
 // ConvTranspose as GEMM + col2im: col[M/G * k x HWin] = W_g^T @ X_g, then every column entry
