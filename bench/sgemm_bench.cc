@@ -95,16 +95,18 @@ int main(int argc, char** argv) {
   // the image while the GEMM runs. "warm" repeats one set of weights; "cold" cycles through
   // copies adding up to 512 MB, as an engine's layers each read their own weights once per run.
   struct ConvShape {
-    int64_t c, m, in, k, stride, pad;
+    int64_t c, m, in, k, stride, pad, batch = 1;
   };
   const ConvShape convs[] = {{3, 64, 224, 7, 2, 3},     {64, 64, 56, 3, 1, 1},    {128, 128, 56, 3, 2, 1},
                              {128, 128, 28, 3, 1, 1},   {256, 256, 28, 3, 2, 1},  {256, 256, 14, 3, 1, 1},
                              {512, 512, 14, 3, 2, 1},   {512, 512, 7, 3, 1, 1},   {256, 512, 56, 1, 2, 0},
-                             {512, 1024, 28, 1, 2, 0},  {1024, 2048, 14, 1, 2, 0}};
+                             {512, 1024, 28, 1, 2, 0},  {1024, 2048, 14, 1, 2, 0},
+                             // batch 8: images one per thread on the direct path, as Conv runs them
+                             {64, 64, 56, 3, 1, 1, 8},  {256, 256, 14, 3, 1, 1, 8}, {512, 512, 7, 3, 1, 1, 8}};
   for (const ConvShape& s : convs) {
     const int64_t out = (s.in + 2 * s.pad - s.k) / s.stride + 1, n = out * out, kk = s.c * s.k * s.k;
-    std::vector<float> x(static_cast<size_t>(s.c * s.in * s.in)), w(static_cast<size_t>(s.m * kk)),
-        y(static_cast<size_t>(s.m * n));
+    std::vector<float> x(static_cast<size_t>(s.batch * s.c * s.in * s.in)), w(static_cast<size_t>(s.m * kk)),
+        y(static_cast<size_t>(s.batch * s.m * n));
     for (float& v : x) v = dist(rng);
     for (float& v : w) v = dist(rng);
     const int copies = static_cast<int>(std::max<int64_t>(1, (int64_t{512} << 20) / (s.m * kk * 4)));
@@ -122,22 +124,35 @@ int main(int argc, char** argv) {
     im.p[1] = im.p[2] = s.pad;
     SgemmB sb;
     sb.conv = &im;
-    const double flop = 2.0 * static_cast<double>(s.m * n * kk);
-    const double warm = best_seconds(reps, [&] { packed_sgemm(packed[0], n, sb, y.data(), n, SgemmEpilogue{}, threads); });
+    const double flop = 2.0 * static_cast<double>(s.batch * s.m * n * kk);
+    auto direct = [&](const PackedA& pa) {
+      if (s.batch == 1) {
+        packed_sgemm(pa, n, sb, y.data(), n, SgemmEpilogue{}, threads);
+        return;
+      }
+      parallel_for_each(s.batch, true, [&](int64_t b) {
+        Im2col image = im;
+        image.x = x.data() + b * s.c * s.in * s.in;
+        SgemmB ib;
+        ib.conv = &image;
+        packed_sgemm(pa, n, ib, y.data() + b * s.m * n, n, SgemmEpilogue{}, 1);
+      }, 1);
+    };
+    const double warm = best_seconds(reps, [&] { direct(packed[0]); });
     int next = 0;
     const double cold = best_seconds(reps, [&] {
-      packed_sgemm(packed[static_cast<size_t>(next)], n, sb, y.data(), n, SgemmEpilogue{}, threads);
+      direct(packed[static_cast<size_t>(next)]);
       next = (next + 1) % copies;
     });
-    std::printf("conv C %4ld M %4ld in %3ld k %ld s %ld: M %5ld N %5ld K %5ld   warm %6.1f GFLOP/s   cold %6.1f GFLOP/s",
-                static_cast<long>(s.c), static_cast<long>(s.m), static_cast<long>(s.in), static_cast<long>(s.k),
-                static_cast<long>(s.stride), static_cast<long>(s.m), static_cast<long>(n), static_cast<long>(kk),
-                flop / warm * 1e-9, flop / cold * 1e-9);
+    std::printf("conv batch %ld C %4ld M %4ld in %3ld k %ld s %ld: M %5ld N %5ld K %5ld   warm %6.1f GFLOP/s   cold %6.1f GFLOP/s",
+                static_cast<long>(s.batch), static_cast<long>(s.c), static_cast<long>(s.m), static_cast<long>(s.in),
+                static_cast<long>(s.k), static_cast<long>(s.stride), static_cast<long>(s.m), static_cast<long>(n),
+                static_cast<long>(kk), flop / warm * 1e-9, flop / cold * 1e-9);
     // The same convolution by Winograd F(2x2, 3x3), in the direct convolution's FLOPs per second
     // (warm), with the image's tiles in phases over the whole image and in blocks per thread.
     const std::vector<int64_t> w_shape{s.m, s.c, s.k, s.k};
     Geo3 geo;
-    geo.batch = 1;
+    geo.batch = s.batch;
     geo.in_c = s.c;
     geo.out_c = s.m;
     geo.in[1] = geo.in[2] = s.in;

@@ -149,6 +149,10 @@ std::vector<float> transform_filters(const float* w, int64_t out_channels, int64
 // core's L2 on current x86 server cores (1 to 2 MiB), leaving the rest to U's panels.
 constexpr int64_t kBlockBytes = int64_t{512} << 10;
 
+// Phases over whole images take as many images at once as fit this many bytes of transforms and
+// sums (within a shared L3).
+constexpr int64_t kGroupBytes = int64_t{8} << 20;
+
 std::atomic<int> forced_schedule{static_cast<int>(WinogradSchedule::kAuto)};
 
 // The transforms and sums of one run, on the calling thread's buffer (the phases' threads share it).
@@ -189,27 +193,33 @@ void WinogradConv::run(const Geo3& g, const float* w, const float* x, const floa
   const int64_t blocks = (th + block_rows - 1) / block_rows;
   const int threads = thread_count();
   auto schedule = static_cast<WinogradSchedule>(forced_schedule.load());
+  const int64_t u_bytes = kValues * m_ * c_ * static_cast<int64_t>(sizeof(float));
   if (schedule == WinogradSchedule::kAuto)
-    // Blocks per thread pay when the whole image's transforms would not stay in a core's cache and
-    // there are blocks enough to share; otherwise phases over the image read U only once.
-    schedule = blocks > 1 && g.batch * blocks >= 4 * threads ? WinogradSchedule::kThreadBlocks
-                                                              : WinogradSchedule::kImagePhases;
-  const int64_t narrow_cols = schedule == WinogradSchedule::kThreadBlocks ? block_rows * tw : tiles;
+    // Blocks per thread pay when the whole image's transforms would not stay in a core's cache,
+    // there are blocks enough to share, and U, which every block reads again, stays in the
+    // core's cache too; otherwise phases over the images read U once (sgemm_bench: ResNet-50's
+    // 512-channel layer at batch 8, U 16 MiB, runs at half the speed in blocks).
+    schedule = blocks > 1 && g.batch * blocks >= 4 * threads && u_bytes <= kBlockBytes
+                   ? WinogradSchedule::kThreadBlocks
+                   : WinogradSchedule::kImagePhases;
+  // Phases take several images at once, up to kGroupBytes of transforms and sums: one GEMM over
+  // all their tiles reads U once for them.
+  const int64_t group = std::clamp<int64_t>(kGroupBytes / (row_bytes * th), 1, g.batch);
+  const int64_t narrow_cols = schedule == WinogradSchedule::kThreadBlocks ? block_rows * tw : tiles * group;
   if (narrow_cols <= kNarrowN && !u_[0].has_wide_panels()) {
     // Narrow products run transposed on 32-row panels of U, made the first time they are needed.
     const std::vector<float> u = transform_filters(w, m_, c_);
     for (int64_t xi = 0; xi < kValues; ++xi) u_[static_cast<size_t>(xi)].add_wide_panels(u.data() + xi * m_ * c_, c_);
   }
-  // Tile rows [ty0, ty1) of image b, on buffers v (transforms) and sums; `parallel`: the three
-  // steps each split over the threads.
-  auto rows = [&](int64_t b, int64_t ty0, int64_t ty1, float* v, float* sums, bool parallel) {
-    const int64_t nt = (ty1 - ty0) * tw;
-    const float* xb = x + b * c_ * h * wd;
-    float* yb = y + b * m_ * plane;
-    const float* zb = residual ? residual + b * m_ * plane : nullptr;
-    parallel_for_each(c_, parallel, [&](int64_t c) {
+  // Tile rows [ty0, ty1) of images [b0, b1), on buffers v (transforms) and sums, as one GEMM
+  // per xi over all their tiles; `parallel`: the three steps each split over the threads.
+  auto part = [&](int64_t b0, int64_t b1, int64_t ty0, int64_t ty1, float* v, float* sums, bool parallel) {
+    const int64_t image_tiles = (ty1 - ty0) * tw, nt = (b1 - b0) * image_tiles;
+    parallel_for_each((b1 - b0) * c_, parallel, [&](int64_t i) {
+      const int64_t b = b0 + i / c_, c = i % c_;
       thread_local AlignedFloats pad;
-      input_transform_rows(xb + c * h * wd, h, wd, g.p[1], g.p[2], ty0, ty1, tw, c_ * nt, v + c * nt, pad);
+      input_transform_rows(x + (b * c_ + c) * h * wd, h, wd, g.p[1], g.p[2], ty0, ty1, tw, c_ * nt,
+                           v + c * nt + (b - b0) * image_tiles, pad);
     });
     parallel_for_each(kValues, parallel, [&](int64_t xi) {
       SgemmB vb;
@@ -218,12 +228,13 @@ void WinogradConv::run(const Geo3& g, const float* w, const float* x, const floa
       packed_sgemm(u_[static_cast<size_t>(xi)], nt, vb, sums + xi * m_ * nt, nt, SgemmEpilogue{}, 1);
     }, 1);
     const int64_t r0 = 2 * ty0, r1 = std::min(oh, 2 * ty1), span = (r1 - r0) * ow;
-    parallel_for_each(m_, parallel, [&](int64_t m) {
-      float* ym = yb + m * plane;
-      output_transform_rows(sums + m * nt, m_ * nt, ty0, ty1, tw, oh, ow, ym);
+    parallel_for_each((b1 - b0) * m_, parallel, [&](int64_t i) {
+      const int64_t b = b0 + i / m_, m = i % m_;
+      float* ym = y + (b * m_ + m) * plane;
+      output_transform_rows(sums + m * nt + (b - b0) * image_tiles, m_ * nt, ty0, ty1, tw, oh, ow, ym);
       // Rows [r0, r1) of the plane are contiguous: one row of `span` for the epilogue.
-      act.apply(ym + r0 * ow, span, 1, span, bias ? bias + m : nullptr, nullptr, zb ? zb + m * plane + r0 * ow : nullptr,
-                span);
+      act.apply(ym + r0 * ow, span, 1, span, bias ? bias + m : nullptr, nullptr,
+                residual ? residual + (b * m_ + m) * plane + r0 * ow : nullptr, span);
     });
   };
   if (schedule == WinogradSchedule::kThreadBlocks) {
@@ -231,12 +242,15 @@ void WinogradConv::run(const Geo3& g, const float* w, const float* x, const floa
       const int64_t b = job / blocks, ty0 = job % blocks * block_rows, ty1 = std::min(th, ty0 + block_rows);
       thread_local AlignedFloats block;
       float* v = block.reserve(kValues * (c_ + m_) * (ty1 - ty0) * tw);
-      rows(b, ty0, ty1, v, v + kValues * c_ * (ty1 - ty0) * tw, false);
+      part(b, b + 1, ty0, ty1, v, v + kValues * c_ * (ty1 - ty0) * tw, false);
     }, 1);
     return;
   }
-  float* v = run_buffer().reserve(kValues * (c_ + m_) * tiles);
-  for (int64_t b = 0; b < g.batch; ++b) rows(b, 0, th, v, v + kValues * c_ * tiles, true);
+  float* v = run_buffer().reserve(kValues * (c_ + m_) * tiles * group);
+  for (int64_t b0 = 0; b0 < g.batch; b0 += group) {
+    const int64_t b1 = std::min(g.batch, b0 + group);
+    part(b0, b1, 0, th, v, v + kValues * c_ * tiles * (b1 - b0), true);
+  }
 }
 
 }  // namespace kiln::cpu

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "compute_test_util.h"
+#include "cpu/conv_winograd.h"
 #include "ir/activation.h"
 
 namespace kiln {
@@ -207,6 +208,27 @@ TEST(Conv, FusedConvAddsBiasResidualAndActivation) {
       Tensor got = run_single_node(node, {{"X", x}, {"W", w, true}, {"B", b, true}, {"Z", z}});
       EXPECT_TRUE(all_close(got, want));
     }
+}
+
+// Both ways Winograd shares an image among threads, with several images, a residual and Relu
+// (kAuto picks by the sizes, so each is forced here); 29x29 outputs make two blocks of tile rows
+// per image, the second of two rows, the last half a tile.
+TEST(Conv, WinogradSchedulesMatchReference) {
+  Geometry g{{1, 1}, {1, 1}, {1, 1, 0, 1}, 1};
+  Tensor x = random_tensor({3, 16, 30, 29}, 31), w = random_tensor({24, 16, 3, 3}, 32), b = random_tensor({24}, 33);
+  Tensor want = reference_conv(x, w, &b, g);
+  Tensor z = random_tensor(want.shape(), 34);
+  for (int64_t i = 0; i < want.numel(); ++i)
+    want.data<float>()[i] = std::max(0.f, want.data<float>()[i] + z.data<float>()[i]);
+  ir::Node node = conv_node("FusedConv", g);
+  ir::Activation{ir::ActivationKind::kRelu}.store(node);
+  for (cpu::WinogradSchedule schedule : {cpu::WinogradSchedule::kImagePhases, cpu::WinogradSchedule::kThreadBlocks}) {
+    SCOPED_TRACE(schedule == cpu::WinogradSchedule::kImagePhases ? "phases" : "blocks");
+    cpu::winograd_set_schedule(schedule);
+    Tensor got = run_single_node(node, {{"X", x}, {"W", w, true}, {"B", b, true}, {"Z", z}});
+    cpu::winograd_set_schedule(cpu::WinogradSchedule::kAuto);
+    EXPECT_TRUE(all_close(got, want));
+  }
 }
 
 TEST(Conv, FusedConvWithoutBiasTakesResidual) {
