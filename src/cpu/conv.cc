@@ -95,7 +95,7 @@ class ConvKernel final : public Kernel {
       depthwise(g, x, w, bias, z, y);
       return;
     }
-    if (winograd_ && WinogradConv::runs_geometry(g)) {
+    if (winograd_ && WinogradConv::runs_geometry(g) && WinogradConv::pays(g)) {
       winograd_->run(g, w, x, bias, z, epilogue_, y);
       return;
     }
@@ -105,7 +105,11 @@ class ConvKernel final : public Kernel {
     // packing read past it).
     const bool direct = g.kernel_size() == 1 && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && g.p[0] == 0 &&
                         g.p[1] == 0 && g.p[2] == 0 && N == Nin;
-    if (!const_weights_) pack_weights(w, M, K, G);
+    if (!const_weights_) {
+      pack_weights(w, M, K, G);
+      // Constant weights that Winograd did not take at these shapes: packed once, on first need.
+      const_weights_ = winograd_ != nullptr;
+    }
     if (N <= kNarrowN)  // the transposed product for narrow outputs reads A in 32-row panels
       for (int64_t gi = 0; gi < G; ++gi)
         if (!packed_[static_cast<size_t>(gi)].has_wide_panels())

@@ -145,6 +145,11 @@ std::vector<float> transform_filters(const float* w, int64_t out_channels, int64
   return u;
 }
 
+// Fewer tiles than this in a run (images times tiles) go to the direct GEMM: ResNet-50's 7x7
+// 512-channel layers, 16 tiles, took 1.67-1.70 ms by Winograd against 1.48-1.53 ms direct at
+// batch 1 (`kiln bench --exportProfile`, 2 threads), and 14x14 ones (49 tiles) 0.90 against 1.5.
+constexpr int64_t kMinTiles = 32;
+
 // Blocks of tile rows per thread hold about this many bytes of transforms and sums: half of a
 // core's L2 on current x86 server cores (1 to 2 MiB), leaving the rest to U's panels.
 constexpr int64_t kBlockBytes = int64_t{512} << 10;
@@ -172,6 +177,11 @@ bool WinogradConv::available(const std::vector<int64_t>& w_shape, int64_t group)
 bool WinogradConv::runs_geometry(const Geo3& g) {
   return g.group == 1 && g.in[0] == 1 && g.out[0] == 1 && g.k[0] == 1 && g.k[1] == 3 && g.k[2] == 3 &&
          g.s[1] == 1 && g.s[2] == 1 && g.d[1] == 1 && g.d[2] == 1 && g.out[1] >= 1 && g.out[2] >= 1;
+}
+
+bool WinogradConv::pays(const Geo3& g) {
+  const int64_t tiles = (g.out[1] + 1) / 2 * ((g.out[2] + 1) / 2);
+  return g.batch * tiles >= kMinTiles;
 }
 
 WinogradConv::WinogradConv(const float* w, int64_t out_channels, int64_t in_channels)

@@ -165,11 +165,12 @@ std::vector<ConvCase> conv_cases() {
       {"wide 1x1 (column split, direct)", {1, 16, 30, 30}, {12, 16, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"narrow output, many channels (row split)", {1, 32, 4, 4}, {70, 32, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}, true},
       {"narrow 1x1 (row split, direct)", {1, 64, 3, 3}, {33, 64, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, false},
-      // 3x3 stride 1 with 16 channels or more: Winograd F(2x2, 3x3) on AVX-512 (constant W).
-      {"Winograd odd sizes", {1, 16, 9, 11}, {16, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}, true},
+      // 3x3 stride 1 with 16 channels or more and 32 tiles of 2x2 outputs or more: Winograd
+      // F(2x2, 3x3) on AVX-512 (constant W).
+      {"Winograd odd sizes", {1, 16, 13, 11}, {16, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}, true},
       {"Winograd rows of more than 16 tiles, no pads", {2, 17, 5, 40}, {20, 17, 3, 3}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
-      {"Winograd asymmetric pads", {1, 16, 7, 6}, {24, 16, 3, 3}, {{1, 1}, {1, 1}, {2, 0, 1, 3}, 1}, false},
-      {"Winograd one output", {1, 16, 3, 3}, {16, 16, 3, 3}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
+      {"Winograd asymmetric pads", {1, 16, 11, 10}, {24, 16, 3, 3}, {{1, 1}, {1, 1}, {2, 0, 1, 3}, 1}, false},
+      {"3x3 of 16 channels, one output: too few tiles for Winograd", {1, 16, 3, 3}, {16, 16, 3, 3}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"Winograd wide output", {1, 16, 34, 35}, {33, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}, true},
       {"1-D", {2, 3, 20}, {4, 3, 5}, {{2}, {1}, {2, 1}, 1}, true},
       {"3-D", {1, 2, 5, 6, 7}, {3, 2, 3, 2, 3}, {{1, 2, 1}, {1, 1, 2}, {1, 0, 1, 1, 1, 0}, 1}, true},
