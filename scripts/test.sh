@@ -12,6 +12,11 @@ BUILD_DIR=${KILN_BUILD_DIR:-build}
 
 bash scripts/setup.sh --for-tests
 
+# The disk left for the builds and the tests' files, in the log: a run that fails for want of
+# space says so here first.
+free_disk() { df -h --output=avail . | tail -1 | tr -d ' '; }
+echo "==> disk free in $(pwd): $(free_disk)"
+
 # With no filter given, first: bounded, seeded libFuzzer runs of the ONNX importer (through passes
 # and the CPU engine), of generated graphs (fuzz_graph), of engine files and of the .npy reader,
 # and the fuzzers' regression tests, in a clang build with AddressSanitizer and UBSan; then the
@@ -26,6 +31,8 @@ if (($# == 0)); then
     { cat "$FUZZ_DIR/configure.log"; exit 1; }
   ninja -C "$FUZZ_DIR" fuzz_onnx_import fuzz_npy fuzz_engine_file fuzz_graph fuzz_regression_tests kiln
   ctest --test-dir "$FUZZ_DIR" -L fuzz --output-on-failure
+  # CI starts from a clean clone and needs this build no more: its space goes to the tests.
+  if [[ "${CI:-}" == "true" ]]; then rm -rf "$FUZZ_DIR"; fi
 
   # Then the tests of engines shared by threads, in a clang build with ThreadSanitizer.
   TSAN_DIR=${KILN_TSAN_BUILD_DIR:-build-tsan}
@@ -37,9 +44,10 @@ if (($# == 0)); then
     { cat "$TSAN_DIR/configure.log"; exit 1; }
   ninja -C "$TSAN_DIR" thread_safety_tests kiln_tsan_python
   ctest --test-dir "$TSAN_DIR" -L tsan --output-on-failure
+  if [[ "${CI:-}" == "true" ]]; then rm -rf "$TSAN_DIR"; fi
 fi
 
 echo
-echo "==> ctest in $BUILD_DIR"
+echo "==> ctest in $BUILD_DIR (disk free: $(free_disk))"
 # ctest's exit code is non-zero when any test fails; set -e passes it on.
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j"$(nproc)" "$@"

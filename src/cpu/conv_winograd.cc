@@ -145,9 +145,11 @@ std::vector<float> transform_filters(const float* w, int64_t out_channels, int64
   return u;
 }
 
-// Fewer tiles than this in a run (images times tiles) go to the direct GEMM: ResNet-50's 7x7
-// 512-channel layers, 16 tiles, took 1.67-1.70 ms by Winograd against 1.48-1.53 ms direct at
-// batch 1 (`kiln bench --exportProfile`, 2 threads), and 14x14 ones (49 tiles) 0.90 against 1.5.
+// Fewer tiles than this in a run (images times tiles) go to the direct GEMM. ResNet-50's 7x7
+// 512-channel layers at batch 1 (16 tiles) showed no clear gain from Winograd (1.67-1.70 ms
+// against 1.48-1.53 ms direct in one pair of `kiln bench --exportProfile` runs, either way
+// within a 2-core VM's noise in others), where its 14x14 ones (49 tiles) took 0.84-0.95 ms
+// against 1.44-1.62 ms.
 constexpr int64_t kMinTiles = 32;
 
 // Blocks of tile rows per thread hold about this many bytes of transforms and sums: half of a

@@ -37,8 +37,8 @@ class WinogradConv {
   static bool available(const std::vector<int64_t>& w_shape, int64_t group);
   // Does it run this geometry: 2-D, 3x3, stride 1, dilation 1, one group.
   static bool runs_geometry(const Geo3& g);
-  // Does it beat the direct GEMM here: not on a few tiles (ResNet-50's 7x7 layers at batch 1:
-  // 16 tiles, of which a quarter is past the edge, in products 16 columns wide).
+  // Is it worth it here: not on a few tiles (ResNet-50's 7x7 layers at batch 1: 16 tiles, of
+  // which a quarter is past the edge, in products 16 columns wide).
   static bool pays(const Geo3& g);
 
   // w: the constant weights [M, C, 3, 3].
