@@ -146,10 +146,10 @@ std::vector<float> transform_filters(const float* w, int64_t out_channels, int64
 }
 
 // Fewer tiles than this in a run (images times tiles) go to the direct GEMM. ResNet-50's 7x7
-// 512-channel layers at batch 1 (16 tiles) showed no clear gain from Winograd (1.67-1.70 ms
-// against 1.48-1.53 ms direct in one pair of `kiln bench --exportProfile` runs, either way
-// within a 2-core VM's noise in others), where its 14x14 ones (49 tiles) took 0.84-0.95 ms
-// against 1.44-1.62 ms.
+// 512-channel layers at batch 1 (16 tiles, a quarter past the edge) showed no clear gain from
+// Winograd in alternating `kiln bench --exportProfile` runs on a 2-core VM (slower in some pairs,
+// faster in others), where its 14x14 ones (49 tiles) took 0.83-0.95 ms against 1.46-2.09 ms
+// (docs/design/cpu-gemm.md, "Winograd F(2x2, 3x3) for 3x3 convolutions").
 constexpr int64_t kMinTiles = 32;
 
 // Blocks of tile rows per thread hold about this many bytes of transforms and sums: half of a
