@@ -91,6 +91,37 @@ int main(int argc, char** argv) {
     if (t32 > 0) std::printf("   (32-column path %6.1f, transposed 7x32 path %6.1f)", flop / t32 * 1e-9, flop / t7 * 1e-9);
     std::printf("\n");
   }
+  // The epilogue's cost on ResNet-50's stage-1 expansion (1x1, 64 -> 256 at 56x56, K = 64: the
+  // residual and output are 3.2 MB each): none, the bias, the bias and the residual, and Relu.
+  {
+    const int64_t m = 256, n = 3136, k = 64;
+    std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n)), c(static_cast<size_t>(m * n)),
+        z(static_cast<size_t>(m * n)), bias(static_cast<size_t>(m));
+    for (float& v : a) v = dist(rng);
+    for (float& v : b) v = dist(rng);
+    for (float& v : z) v = dist(rng);
+    for (float& v : bias) v = dist(rng);
+    PackedA pa(a.data(), m, k, k);
+    SgemmB sb;
+    sb.data = b.data();
+    sb.ld = n;
+    const Epilogue relu{kiln::ir::Activation{kiln::ir::ActivationKind::kRelu}};
+    const double flop = 2.0 * static_cast<double>(m * n * k);
+    std::printf("epilogue M %ld N %ld K %ld:", static_cast<long>(m), static_cast<long>(n), static_cast<long>(k));
+    for (int parts = 0; parts < 4; ++parts) {
+      SgemmEpilogue ep;
+      if (parts >= 1) ep.row_bias = bias.data();
+      if (parts >= 2) {
+        ep.residual = z.data();
+        ep.ld_residual = n;
+      }
+      if (parts >= 3) ep.act = &relu;
+      const double t = best_seconds(reps, [&] { packed_sgemm(pa, n, sb, c.data(), n, ep, threads); });
+      static const char* names[] = {"none", "+bias", "+residual", "+relu"};
+      std::printf("   %s %6.1f", names[parts], flop / t * 1e-9);
+    }
+    std::printf(" GFLOP/s\n");
+  }
   // ResNet-50's convolutions at batch 1 as Conv runs them: B is the im2col matrix, packed from
   // the image while the GEMM runs. "warm" repeats one set of weights; "cold" cycles through
   // copies adding up to 512 MB, as an engine's layers each read their own weights once per run.
