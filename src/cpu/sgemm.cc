@@ -484,6 +484,20 @@ void compute_block(const Problem& p, const float* b, int64_t panel_stride, int64
       t.c = p.c + i * p.ldc + j;
       t.bias = p.ep.row_bias ? p.ep.row_bias + i : nullptr;
       t.z = p.ep.residual ? p.ep.residual + i * p.ep.ld_residual + j : nullptr;
+      if (last && t.z) {
+        // The next tile's residual rows, while this tile computes: each row's 32 floats lie a
+        // whole row of C away from the next, which no hardware prefetcher follows, and a short K
+        // leaves the epilogue's loads waiting on memory (ResNet-50's 1x1 expansions, K = 64:
+        // 61-81 -> 92-102 GFLOP/s on one thread in sgemm_bench's epilogue row, 94-106 without a
+        // residual; docs/design/cpu-gemm.md, "The epilogue's residual, prefetched").
+        const bool down = i + mr < m1;
+        const float* zn = p.ep.residual + (down ? i + mr : m0) * p.ep.ld_residual + (down ? j : j + nr);
+        if (down || j + nr < n1)
+          for (int r = 0; r < mr; ++r) {
+            __builtin_prefetch(zn + r * p.ep.ld_residual);
+            __builtin_prefetch(zn + r * p.ep.ld_residual + 16);
+          }
+      }
       p.mk.fn(t);
       if (last && p.act_after) p.ep.act->apply(t.c, p.ldc, t.mr, t.nr, nullptr, nullptr, nullptr, 0);
     }
