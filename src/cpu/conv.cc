@@ -6,8 +6,9 @@
 // packs its panels straight from X (im2col while packing), or from X itself for a 1x1 stride-1
 // unpadded conv. The epilogue (bias, residual, activation) is applied on each output tile
 // while it is in registers / L1. Constant 3x3 filters of stride 1 run Winograd's F(2x2, 3x3)
-// instead on AVX-512 CPUs (conv_winograd.h): 16 GEMMs of transformed tiles. Depthwise convs (one input channel per group) run a direct
-// loop instead: their GEMMs would be 1 x k x OHW, too thin for a GEMM.
+// instead on AVX-512 CPUs (conv_winograd.h): 16 GEMMs of transformed tiles. Depthwise convs (one
+// input channel per group) run a direct loop: their GEMMs would be 1 x k x OHW, too thin for a
+// GEMM.
 //
 // Every conv runs as a 3-D one: 1-D and 2-D inputs get leading spatial dims of size 1.
 

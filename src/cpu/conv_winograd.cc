@@ -215,9 +215,12 @@ void WinogradConv::run(const Geo3& g, const float* w, const float* x, const floa
                    ? WinogradSchedule::kThreadBlocks
                    : WinogradSchedule::kImagePhases;
   // Phases take several images at once, up to kGroupBytes of transforms and sums: one GEMM over
-  // all their tiles reads U once for them.
+  // all their tiles reads U once for them. An image larger than that (a segmentation model's
+  // input) goes in parts of tile rows, so the buffers stay bounded whatever the image's size.
   const int64_t group = std::clamp<int64_t>(kGroupBytes / (row_bytes * th), 1, g.batch);
-  const int64_t narrow_cols = schedule == WinogradSchedule::kThreadBlocks ? block_rows * tw : tiles * group;
+  const int64_t part_rows = std::clamp<int64_t>(kGroupBytes / row_bytes, 1, th);
+  const int64_t narrow_cols =
+      schedule == WinogradSchedule::kThreadBlocks ? block_rows * tw : std::min(tiles * group, part_rows * tw);
   if (narrow_cols <= kNarrowN && !u_[0].has_wide_panels()) {
     // Narrow products run transposed on 32-row panels of U, made the first time they are needed.
     const std::vector<float> u = transform_filters(w, m_, c_);
@@ -256,6 +259,15 @@ void WinogradConv::run(const Geo3& g, const float* w, const float* x, const floa
       float* v = block.reserve(kValues * (c_ + m_) * (ty1 - ty0) * tw);
       part(b, b + 1, ty0, ty1, v, v + kValues * c_ * (ty1 - ty0) * tw, false);
     }, 1);
+    return;
+  }
+  if (part_rows < th) {
+    float* v = run_buffer().reserve(kValues * (c_ + m_) * part_rows * tw);
+    for (int64_t b = 0; b < g.batch; ++b)
+      for (int64_t ty0 = 0; ty0 < th; ty0 += part_rows) {
+        const int64_t ty1 = std::min(th, ty0 + part_rows);
+        part(b, b + 1, ty0, ty1, v, v + kValues * c_ * (ty1 - ty0) * tw, true);
+      }
     return;
   }
   float* v = run_buffer().reserve(kValues * (c_ + m_) * tiles * group);

@@ -232,6 +232,17 @@ TEST(Conv, WinogradSchedulesMatchReference) {
   }
 }
 
+// An image whose transforms pass 8 MiB runs in parts of tile rows (130x130 outputs of 16
+// channels: 4,225 tiles, 8.7 MB of transforms and sums), the last part shorter.
+TEST(Conv, WinogradLargeImageRunsInParts) {
+  Geometry g{{1, 1}, {1, 1}, {1, 1, 1, 1}, 1};
+  Tensor x = random_tensor({1, 16, 130, 130}, 41), w = random_tensor({16, 16, 3, 3}, 42), b = random_tensor({16}, 43);
+  cpu::winograd_set_schedule(cpu::WinogradSchedule::kImagePhases);
+  Tensor got = run_single_node(conv_node("Conv", g), {{"X", x}, {"W", w, true}, {"B", b, true}});
+  cpu::winograd_set_schedule(cpu::WinogradSchedule::kAuto);
+  EXPECT_TRUE(all_close(got, reference_conv(x, w, &b, g)));
+}
+
 TEST(Conv, FusedConvWithoutBiasTakesResidual) {
   Geometry g{{1, 1}, {1, 1}, {1, 1, 1, 1}, 1};
   Tensor x = random_tensor({1, 4, 6, 6}, 7), w = random_tensor({4, 4, 3, 3}, 8);
