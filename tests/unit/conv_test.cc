@@ -2,6 +2,9 @@
 // inputs, shape inference (auto_pad, symbolic batch), FLOPs and bad-input errors.
 #include <gtest/gtest.h>
 
+#include <random>
+#include <string>
+
 #include "compute_test_util.h"
 #include "cpu/conv_winograd.h"
 #include "ir/activation.h"
@@ -227,6 +230,42 @@ TEST(Conv, WinogradSchedulesMatchReference) {
     SCOPED_TRACE(schedule == cpu::WinogradSchedule::kImagePhases ? "phases" : "blocks");
     cpu::winograd_set_schedule(schedule);
     Tensor got = run_single_node(node, {{"X", x}, {"W", w, true}, {"B", b, true}, {"Z", z}});
+    cpu::winograd_set_schedule(cpu::WinogradSchedule::kAuto);
+    EXPECT_TRUE(all_close(got, want));
+  }
+}
+
+// Random shapes, pads, batches and epilogues through Winograd's path (and, below 32 tiles, the
+// direct one it falls back to), under both schedules, against the reference.
+TEST(Conv, WinogradRandomShapesMatchReference) {
+  std::mt19937 rng(2026);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const char* acts[] = {"", "Relu", "Clip", "LeakyRelu"};
+  for (int trial = 0; trial < 24; ++trial) {
+    const int64_t n = pick(1, 3), c = pick(16, 40), m = pick(16, 40), h = pick(2, 40), w = pick(2, 40);
+    Geometry g{{1, 1}, {1, 1}, {pick(0, 2), pick(0, 2), pick(0, 2), pick(0, 2)}, 1};
+    if (h + g.pads[0] + g.pads[2] < 3 || w + g.pads[1] + g.pads[3] < 3) continue;  // no output
+    const char* act = acts[pick(0, 3)];
+    const bool residual = pick(0, 1) == 1;
+    const auto schedule = pick(0, 1) ? cpu::WinogradSchedule::kImagePhases : cpu::WinogradSchedule::kThreadBlocks;
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": x " + std::to_string(n) + "x" + std::to_string(c) + "x" +
+                 std::to_string(h) + "x" + std::to_string(w) + ", " + std::to_string(m) + " filters, pads " +
+                 std::to_string(g.pads[0]) + std::to_string(g.pads[1]) + std::to_string(g.pads[2]) +
+                 std::to_string(g.pads[3]) + ", activation '" + act + "'" + (residual ? ", residual" : ""));
+    const uint32_t seed = static_cast<uint32_t>(1000 + 4 * trial);
+    Tensor x = random_tensor({n, c, h, w}, seed), wt = random_tensor({m, c, 3, 3}, seed + 1);
+    Tensor b = random_tensor({m}, seed + 2);
+    Tensor want = reference_conv(x, wt, &b, g);
+    Tensor z = random_tensor(want.shape(), seed + 3);
+    ir::Node node = conv_node("FusedConv", g);
+    ir::Activation a = ir::Activation::named(act, std::string(act) == "Clip" ? -0.25f : 0.1f, 0.5f);
+    a.store(node);
+    float* wv = want.data<float>();
+    for (int64_t i = 0; i < want.numel(); ++i) wv[i] = a.apply(wv[i] + (residual ? z.data<float>()[i] : 0.f));
+    std::vector<NodeInput> in{{"X", x}, {"W", wt, true}, {"B", b, true}};
+    if (residual) in.push_back({"Z", z});
+    cpu::winograd_set_schedule(schedule);
+    Tensor got = run_single_node(node, in);
     cpu::winograd_set_schedule(cpu::WinogradSchedule::kAuto);
     EXPECT_TRUE(all_close(got, want));
   }
