@@ -197,7 +197,7 @@ void winograd_set_schedule(WinogradSchedule schedule) { forced_schedule.store(st
 void WinogradConv::run(const Geo3& g, const float* w, const float* x, const float* bias, const float* residual,
                        const Epilogue& act, float* y) {
   const int64_t h = g.in[1], wd = g.in[2], oh = g.out[1], ow = g.out[2];
-  const int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2, tiles = th * tw;
+  const int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2;
   const int64_t plane = oh * ow;
   // Blocks of tile rows whose transforms and sums take about kBlockBytes.
   const int64_t row_bytes = kValues * (c_ + m_) * tw * static_cast<int64_t>(sizeof(float));
@@ -217,10 +217,10 @@ void WinogradConv::run(const Geo3& g, const float* w, const float* x, const floa
   // Phases take several images at once, up to kGroupBytes of transforms and sums: one GEMM over
   // all their tiles reads U once for them. An image larger than that (a segmentation model's
   // input) goes in parts of tile rows, so the buffers stay bounded whatever the image's size.
-  const int64_t group = std::clamp<int64_t>(kGroupBytes / (row_bytes * th), 1, g.batch);
   const int64_t part_rows = std::clamp<int64_t>(kGroupBytes / row_bytes, 1, th);
+  const int64_t images = part_rows < th ? 1 : std::clamp<int64_t>(kGroupBytes / (row_bytes * th), 1, g.batch);
   const int64_t narrow_cols =
-      schedule == WinogradSchedule::kThreadBlocks ? block_rows * tw : std::min(tiles * group, part_rows * tw);
+      schedule == WinogradSchedule::kThreadBlocks ? block_rows * tw : part_rows * tw * images;
   if (narrow_cols <= kNarrowN && !u_[0].has_wide_panels()) {
     // Narrow products run transposed on 32-row panels of U, made the first time they are needed.
     const std::vector<float> u = transform_filters(w, m_, c_);
@@ -261,20 +261,13 @@ void WinogradConv::run(const Geo3& g, const float* w, const float* x, const floa
     }, 1);
     return;
   }
-  if (part_rows < th) {
-    float* v = run_buffer().reserve(kValues * (c_ + m_) * part_rows * tw);
-    for (int64_t b = 0; b < g.batch; ++b)
-      for (int64_t ty0 = 0; ty0 < th; ty0 += part_rows) {
-        const int64_t ty1 = std::min(th, ty0 + part_rows);
-        part(b, b + 1, ty0, ty1, v, v + kValues * c_ * (ty1 - ty0) * tw, true);
-      }
-    return;
-  }
-  float* v = run_buffer().reserve(kValues * (c_ + m_) * tiles * group);
-  for (int64_t b0 = 0; b0 < g.batch; b0 += group) {
-    const int64_t b1 = std::min(g.batch, b0 + group);
-    part(b0, b1, 0, th, v, v + kValues * c_ * tiles * (b1 - b0), true);
-  }
+  // Parts of tile rows of one image past kGroupBytes, else groups of whole images.
+  float* v = run_buffer().reserve(kValues * (c_ + m_) * part_rows * tw * images);
+  for (int64_t b0 = 0; b0 < g.batch; b0 += images)
+    for (int64_t ty0 = 0; ty0 < th; ty0 += part_rows) {
+      const int64_t b1 = std::min(g.batch, b0 + images), ty1 = std::min(th, ty0 + part_rows);
+      part(b0, b1, ty0, ty1, v, v + kValues * c_ * (ty1 - ty0) * tw * (b1 - b0), true);
+    }
 }
 
 }  // namespace kiln::cpu
