@@ -18,7 +18,9 @@ machine. This script makes those runs evidence:
       machine call has a time limit, so a full run may be split across calls (--suites), or
       spread over the machine's GPUs (--gpus N: the suites go to N workers, each on one GPU of
       its own, longest first; each worker writes DIR/gpuI, then the suites that need several
-      GPUs run in DIR/gpus with all N; `record DIR/gpu*` files them). The serving suites take
+      GPUs run in DIR/gpus with all N; `record DIR/gpu*` files them). --workers-per-gpu K puts K
+      workers on each GPU (one suite's CPU work beside another's GPU work), and runs the suites
+      that measure free device memory after them in DIR/alone. The serving suites take
       KServe and tritonclient from build-gpu/serving-site.tar.xz or .whl/ (carry one;
       scripts/serving_wheels.sh makes both).
   scripts/gpu_gate.py record DIR [DIR...]
@@ -75,6 +77,10 @@ SUITES = {
 # Suites that need more than one GPU in view: `run --gpus N` runs them after the one-GPU workers,
 # in one worker that sees all N GPUs (and all cores); a plain `run` gives them what it sees.
 SUITE_GPUS = {"multigpu": 2}
+# Suites that measure the device's free memory (cudaMemGetInfo: engine and context footprints,
+# leak soaks), which another process on the same GPU would move: with --workers-per-gpu above 1
+# they run after the shared workers, alone.
+SUITE_ALONE = ("contexts",)
 # The serving suites' packages (KServe, Triton's client), which the GPU machine lacks:
 # scripts/serving_wheels.sh fetches them into .whl/ and packs them installed into
 # build-gpu/serving-site.tar.xz; `run` unpacks or installs them into a folder of its own.
@@ -262,25 +268,28 @@ def split_suites(suites: list[str], workers: int) -> list[list[str]]:
     return [g for g in groups if g]
 
 
-def run_on_gpus(out: str, suites: list[str], gpus: int) -> int:
-    """One worker process per GPU (CUDA_VISIBLE_DEVICES), each running its group of suites into
-    out/gpuI with a model cache and pytest temporary folder of its own, on a share of the CPU
+def run_on_gpus(out: str, suites: list[str], gpus: int, per_gpu: int = 1) -> int:
+    """per_gpu worker processes per GPU (CUDA_VISIBLE_DEVICES), each running its group of suites
+    into out/gpuI with a model cache and pytest temporary folder of its own, on a share of the CPU
     cores of its own (the suites' CPU references use every core they see: unpinned, four workers
-    ran each suite 1.4 times slower than one worker alone)."""
+    ran each suite 1.4 times slower than one worker alone). Workers sharing a GPU overlap one
+    suite's exports, CPU references and builds with another's GPU work; the suites that measure
+    the device's free memory then run after them, alone."""
     unpack_binary()  # once, checked, before the workers start
     several = [s for s in suites if SUITE_GPUS.get(s, 1) > 1]
-    groups = split_suites([s for s in suites if s not in several], gpus)
+    alone = [s for s in suites if per_gpu > 1 and s in SUITE_ALONE and s not in several]
+    groups = split_suites([s for s in suites if s not in several and s not in alone], gpus * per_gpu)
     cores = sorted(os.sched_getaffinity(0))
     share = max(1, len(cores) // len(groups))
     workers = []
     for i, group in enumerate(groups):
         mine = set(cores[i * share:(i + 1) * share]) or set(cores)
         threads = str(len(mine))
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i), OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads,
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i % gpus), OMP_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads,
                    MKL_NUM_THREADS=threads,
                    KILN_MODEL_CACHE=os.path.join(ROOT, "tests", "e2e", ".models", f"gate-gpu{i}"))
         log = open(os.path.join(out, f"gpu{i}.log"), "w")
-        print(f"==> GPU {i}: {', '.join(group)}", flush=True)
+        print(f"==> worker {i}, GPU {i % gpus}: {', '.join(group)}", flush=True)
         workers.append((i, log, subprocess.Popen([sys.executable, os.path.abspath(__file__), "run", "--out",
                                                   os.path.join(out, f"gpu{i}"), "--suites", ",".join(group)],
                                                  env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -290,7 +299,12 @@ def run_on_gpus(out: str, suites: list[str], gpus: int) -> int:
         status |= proc.wait() != 0
         log.close()
         with open(log.name) as f:
-            print(f"--- GPU {i}\n{f.read()}", end="", flush=True)
+            print(f"--- worker {i}\n{f.read()}", end="", flush=True)
+    if alone:
+        print(f"==> alone: {', '.join(alone)}", flush=True)
+        env = dict(os.environ, KILN_MODEL_CACHE=os.path.join(ROOT, "tests", "e2e", ".models", "gate-alone"))
+        status |= subprocess.run([sys.executable, os.path.abspath(__file__), "run", "--out", os.path.join(out, "alone"),
+                                  "--suites", ",".join(alone)], env=env).returncode != 0
     if several:
         print(f"==> GPUs 0-{gpus - 1}: {', '.join(several)}", flush=True)
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(gpus)),
@@ -324,12 +338,12 @@ def serving_site() -> str:
 def cmd_run(args) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    if args.gpus > 1:
+    if args.gpus > 1 or args.workers_per_gpu > 1:
         suites = args.suites.split(",") if args.suites else list(SUITES)
         for suite in suites:
             if suite not in SUITES:
                 sys.exit(f"gpu_gate: unknown suite '{suite}' (suites: {', '.join(SUITES)})")
-        return run_on_gpus(out, suites, args.gpus)
+        return run_on_gpus(out, suites, args.gpus, args.workers_per_gpu)
     kiln, build = unpack_binary()
     identity = gpu_identity()
     suites = args.suites.split(",") if args.suites else list(SUITES)
@@ -527,6 +541,8 @@ def main() -> int:
     r.add_argument("--out", required=True)
     r.add_argument("--suites", default="", help=f"comma-separated, of: {', '.join(SUITES)} (default: all)")
     r.add_argument("--gpus", type=int, default=1, help="spread the suites over this many GPUs, one worker each")
+    r.add_argument("--workers-per-gpu", type=int, default=1,
+                   help="this many workers share each GPU (suites in SUITE_ALONE then run after them, alone)")
     rec = sub.add_parser("record")
     rec.add_argument("dirs", nargs="+")
     u = sub.add_parser("unverified")
