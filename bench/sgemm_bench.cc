@@ -1,7 +1,12 @@
 // sgemm_bench: kiln's packed sgemm (cpu/sgemm.h) against OpenBLAS on ResNet-50's and BERT-base's
 // GEMM shapes.
 //
-//   sgemm_bench [--reps N] [--threads N]
+//   sgemm_bench [--reps N] [--threads N] [--only M,N,K[,residual]]
+//
+// --only times one GEMM shape alone (for a change to the kernel or its threading): kiln with B, C
+// and the residual (with ",residual": bias + residual + Relu, as a bottleneck's last 1x1 conv)
+// in cache ("warm") and cycled through copies adding up to 256 MB ("cold", as a model's layers
+// meet their activations), best of --reps.
 //
 // For each (M, N, K) prints GFLOP/s of kiln (A pre-packed, B a plain row-major matrix packed
 // per call) and of cblas_sgemm, both on --threads threads (default: the CPUs the process may run
@@ -37,6 +42,61 @@ double best_seconds(int reps, F&& f) {
   return best;
 }
 
+// --only M,N,K[,residual]: one shape, warm and cold (see the top of the file).
+int time_one_shape(const std::string& spec, int reps, int threads) {
+  long m = 0, n = 0, k = 0;
+  char extra[16] = {0};
+  const int fields = std::sscanf(spec.c_str(), "%ld,%ld,%ld,%15s", &m, &n, &k, extra);
+  const bool residual = fields == 4 && std::string(extra) == "residual";
+  if (fields < 3 || m <= 0 || n <= 0 || k <= 0 || (fields == 4 && !residual) || m * n > (1L << 26) || k * n > (1L << 26) ||
+      m * k > (1L << 26)) {
+    std::fprintf(stderr, "sgemm_bench: --only wants M,N,K[,residual] with each product of two at most 2^26, not '%s'\n",
+                 spec.c_str());
+    return 2;
+  }
+  std::mt19937 rng(0);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<float> a(static_cast<size_t>(m * k)), bias(static_cast<size_t>(m));
+  for (float& v : a) v = dist(rng);
+  for (float& v : bias) v = dist(rng);
+  PackedA pa(a.data(), m, k, k);
+  if (n <= kNarrowN) pa.add_wide_panels(a.data(), k);
+  // One set of B, C and residual per copy; enough copies that a cycle through them leaves the caches.
+  const int64_t set_floats = k * n + 2 * m * n;
+  const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / (set_floats * 4)));
+  std::vector<std::vector<float>> sets(static_cast<size_t>(copies));
+  for (auto& set : sets) {
+    set.resize(static_cast<size_t>(set_floats));
+    for (float& v : set) v = dist(rng);
+  }
+  const Epilogue relu{kiln::ir::Activation{kiln::ir::ActivationKind::kRelu}};
+  auto run = [&](int i) {
+    float* set = sets[static_cast<size_t>(i)].data();
+    SgemmB sb;
+    sb.data = set;
+    sb.ld = n;
+    SgemmEpilogue ep;
+    if (residual) {
+      ep.row_bias = bias.data();
+      ep.residual = set + k * n + m * n;
+      ep.ld_residual = n;
+      ep.act = &relu;
+    }
+    packed_sgemm(pa, n, sb, set + k * n, n, ep, threads);
+  };
+  const double flop = 2.0 * static_cast<double>(m * n * k);
+  const double warm = best_seconds(reps, [&] { run(0); });
+  int next = 0;
+  const double cold = best_seconds(reps, [&] {
+    run(next);
+    next = (next + 1) % copies;
+  });
+  std::printf("M %5ld N %5ld K %5ld%s, %d threads: warm %6.1f GFLOP/s (%.3f ms)   cold %6.1f GFLOP/s (%.3f ms)\n", m, n, k,
+              residual ? " + bias, residual, relu" : "", threads, flop / warm * 1e-9, warm * 1e3, flop / cold * 1e-9,
+              cold * 1e3);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -47,6 +107,8 @@ int main(int argc, char** argv) {
   }
   use_single_threaded_blas();
   const int threads = thread_count();
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--only") return time_one_shape(argv[i + 1], reps, threads);
   struct Shape {
     int64_t m, n, k;
   };

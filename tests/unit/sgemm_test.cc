@@ -202,10 +202,12 @@ TEST(Sgemm, Im2colPackingMatchesExplicitColumns) {
     int64_t c, h, w, kh, kw, s, d, p, m;
   };
   // Strides 1, 2 and 3 (the three packing loops), padding, dilation, rows that end inside a
-  // panel, and outputs narrow enough for the shared-B path.
+  // panel, outputs narrow enough for the shared-B path, and stride-2 output rows longer than
+  // one 16-lane copy, with taps cut off by the padding on either side.
   const ConvCase convs[] = {{3, 17, 19, 7, 7, 2, 1, 3, 10}, {5, 9, 9, 3, 3, 1, 1, 1, 9},  {4, 11, 13, 3, 3, 3, 1, 2, 7},
                             {2, 12, 12, 3, 3, 1, 2, 2, 8},  {16, 7, 7, 3, 3, 1, 1, 1, 40}, {8, 30, 30, 1, 1, 2, 1, 0, 12},
-                            {64, 4, 5, 3, 3, 1, 1, 1, 33}};
+                            {64, 4, 5, 3, 3, 1, 1, 1, 33}, {3, 40, 45, 7, 7, 2, 1, 3, 10}, {4, 21, 37, 3, 3, 2, 2, 2, 9},
+                            {6, 34, 34, 3, 3, 2, 1, 1, 16}};
   uint32_t seed = 900;
   for (SgemmIsa isa : available_isas()) {
     IsaScope scope(isa);
