@@ -349,7 +349,12 @@ def _kiln_model_class():
                     options.profiles = [profile]
             engine = kiln.Engine.from_onnx(self.path, options)
             if cached:
-                engine.save(cached)
+                # A model folder mounted read-only (KServe's /mnt/models) keeps no cache: the engine
+                # is built again at the next start, and the model serves all the same.
+                try:
+                    engine.save(cached)
+                except (OSError, kiln.Error) as e:
+                    log.warning("model %s: engine not cached (%s); it is built again at the next start", self.name, e)
             return engine
 
         def _engines(self) -> list:
