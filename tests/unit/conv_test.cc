@@ -7,6 +7,7 @@
 
 #include "compute_test_util.h"
 #include "cpu/conv_winograd.h"
+#include "cpu/sgemm.h"
 #include "ir/activation.h"
 
 namespace kiln {
@@ -212,6 +213,42 @@ TEST(Conv, FusedConvAddsBiasResidualAndActivation) {
       Tensor got = run_single_node(node, {{"X", x}, {"W", w, true}, {"B", b, true}, {"Z", z}});
       EXPECT_TRUE(all_close(got, want));
     }
+}
+
+// The 3x3 depthwise rows of stride 2 run 16 outputs at a time on AVX-512 and 8 on AVX2 (the
+// kernel follows sgemm_isa()): the same sums bit for bit, both against the reference, on rows
+// of one partial group, of several, and of exactly 16 and 32 outputs, with a residual and Relu.
+TEST(Conv, DepthwiseStride2RowsMatchOnEveryVectorWidth) {
+  struct Shape {
+    int64_t c, h, w;
+    std::vector<int64_t> pads;
+  };
+  const Shape shapes[] = {{3, 9, 37, {1, 1, 1, 1}}, {2, 12, 31, {1, 1, 1, 1}}, {2, 7, 65, {0, 1, 1, 0}},
+                          {4, 5, 12, {1, 0, 0, 1}}, {1, 40, 64, {1, 1, 1, 1}}};
+  uint32_t seed = 4100;
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE(std::to_string(sh.c) + " channels " + std::to_string(sh.h) + "x" + std::to_string(sh.w));
+    Geometry g{{2, 2}, {1, 1}, sh.pads, sh.c};
+    Tensor x = random_tensor({1, sh.c, sh.h, sh.w}, seed++), w = random_tensor({sh.c, 1, 3, 3}, seed++);
+    Tensor b = random_tensor({sh.c}, seed++);
+    Tensor want = reference_conv(x, w, &b, g);
+    Tensor z = random_tensor(want.shape(), seed++);
+    for (int64_t i = 0; i < want.numel(); ++i)
+      want.data<float>()[i] = std::max(0.f, want.data<float>()[i] + z.data<float>()[i]);
+    ir::Node node = conv_node("FusedConv", g);
+    ir::Activation{ir::ActivationKind::kRelu}.store(node);
+    std::vector<Tensor> got;
+    for (cpu::SgemmIsa isa : {cpu::SgemmIsa::kAvx2, cpu::SgemmIsa::kAvx512}) {
+      if (cpu::sgemm_best_isa() < isa) continue;  // a CPU without AVX-512 runs the AVX2 rows only
+      cpu::sgemm_force_isa(isa);
+      got.push_back(run_single_node(node, {{"X", x}, {"W", w, true}, {"B", b, true}, {"Z", z}}));
+      cpu::sgemm_reset_isa();
+      EXPECT_TRUE(all_close(got.back(), want)) << cpu::sgemm_isa_name(isa);
+    }
+    for (size_t i = 1; i < got.size(); ++i)
+      for (int64_t j = 0; j < want.numel(); ++j)
+        ASSERT_EQ(got[0].data<float>()[j], got[i].data<float>()[j]) << "output " << j;
+  }
 }
 
 // Both ways Winograd shares an image among threads, with several images, a residual and Relu
