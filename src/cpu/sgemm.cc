@@ -216,9 +216,9 @@ struct CopyTapsScalar {
 
 // The same with AVX-512 masks for strides 1 and 2: a masked load of the taps (masked-off lanes
 // read nothing, so src may point before the row) and a masked store of the run, 16 at a time.
-// Stride 2 loads the 32 floats under 16 taps and keeps the even ones with one permute: the
-// scalar loop's strided reads made packing the largest part of ResNet's stride-2 layers (the
-// 7x7 stem, the 3x3s and the 1x1 downsamples that halve the image).
+// Stride 2 loads the 32 floats under 16 taps and keeps the even ones with one permute, where
+// the scalar loop copied one float at a time (ResNet's 7x7 stem, its stride-2 3x3s and the 1x1
+// downsamples that halve the image pack this way).
 struct CopyTapsAvx512 {
   __attribute__((target("avx512f,bmi2"))) static inline void run(float* out, const float* src, int64_t sw,
                                                                  int64_t lo, int64_t hi, int64_t seg) {
