@@ -280,7 +280,7 @@ def run_on_gpus(out: str, suites: list[str], gpus: int, per_gpu: int = 1) -> int
     alone = [s for s in suites if per_gpu > 1 and s in SUITE_ALONE and s not in several]
     groups = split_suites([s for s in suites if s not in several and s not in alone], gpus * per_gpu)
     cores = sorted(os.sched_getaffinity(0))
-    share = max(1, len(cores) // len(groups))
+    share = max(1, len(cores) // max(1, len(groups)))
     workers = []
     for i, group in enumerate(groups):
         mine = set(cores[i * share:(i + 1) * share]) or set(cores)
@@ -300,17 +300,17 @@ def run_on_gpus(out: str, suites: list[str], gpus: int, per_gpu: int = 1) -> int
         log.close()
         with open(log.name) as f:
             print(f"--- worker {i}\n{f.read()}", end="", flush=True)
-    if alone:
-        print(f"==> alone: {', '.join(alone)}", flush=True)
-        env = dict(os.environ, KILN_MODEL_CACHE=os.path.join(ROOT, "tests", "e2e", ".models", "gate-alone"))
-        status |= subprocess.run([sys.executable, os.path.abspath(__file__), "run", "--out", os.path.join(out, "alone"),
-                                  "--suites", ",".join(alone)], env=env).returncode != 0
-    if several:
-        print(f"==> GPUs 0-{gpus - 1}: {', '.join(several)}", flush=True)
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(gpus)),
-                   KILN_MODEL_CACHE=os.path.join(ROOT, "tests", "e2e", ".models", "gate-gpus"))
-        status |= subprocess.run([sys.executable, os.path.abspath(__file__), "run", "--out", os.path.join(out, "gpus"),
-                                  "--suites", ",".join(several)], env=env).returncode != 0
+    # Then, one after the other with the machine to themselves: the suites that measure free
+    # device memory (on the GPUs as the caller sees them), and those that need every GPU.
+    for name, apart, visible in (("alone", alone, None), ("gpus", several, ",".join(str(i) for i in range(gpus)))):
+        if not apart:
+            continue
+        print(f"==> {name}: {', '.join(apart)}", flush=True)
+        env = dict(os.environ, KILN_MODEL_CACHE=os.path.join(ROOT, "tests", "e2e", ".models", f"gate-{name}"))
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        status |= subprocess.run([sys.executable, os.path.abspath(__file__), "run", "--out", os.path.join(out, name),
+                                  "--suites", ",".join(apart)], env=env).returncode != 0
     return status
 
 
