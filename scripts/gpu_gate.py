@@ -72,6 +72,7 @@ SUITES = {
     "serving": ["tests/gpu/test_gpu_serve.py"],
     "multigpu": ["tests/gpu/test_gpu_multi.py"],
     "partition": ["tests/gpu/test_gpu_partition.py"],
+    "tools": ["tests/gpu/test_gpu_tools.py"],
     "conformance": [],
 }
 # Suites that need more than one GPU in view: `run --gpus N` runs them after the one-GPU workers,
@@ -99,7 +100,8 @@ CPU_KNOWN_DIFFERENCES = (r"^(?!node/test_attention_(3d_causal|4d_attn_mask_causa
 # About how long each suite runs alone on an H100 (seconds): how --gpus balances the workers.
 # Beside three others on a four-GPU machine a suite runs 1.2 to 1.4 times longer.
 SUITE_SECONDS = {"int8": 420, "contexts": 330, "models": 290, "dynamic": 240, "patterns": 175, "python": 80,
-                 "serving": 90, "multigpu": 90, "partition": 120, "conformance": 40}
+                 "serving": 90, "multigpu": 90, "partition": 120, "tools": 60,
+                 "conformance": 40}
 
 
 def source_files() -> list[str]:

@@ -123,6 +123,11 @@ struct BuildOptions {
   // node names to keep in float (mixed precision).
   std::map<std::string, float> int8_scales;
   std::vector<std::string> float_layers;
+  // GPU builds at fp16 (and best, INT8, FP8): node names (as `kiln inspect` lists the layers)
+  // whose layers keep float32 storage and strict float32 math, their neighbours reformatting to
+  // and from them (TensorRT's layer precision constraints; what `kiln debug precision --fp16`
+  // finds). A name the optimized graph does not have fails the build.
+  std::vector<std::string> fp32_layers;
   // kInt8 and kFp8 GPU builds: quantized layers only where they are faster (TensorRT's --int8
   // and --fp8 with fp16 allowed). The build times the engine with every eligible layer quantized
   // and the fp16 one layer by layer at profile 0's opt shapes, keeps in fp16 the layers whose

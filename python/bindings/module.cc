@@ -329,6 +329,8 @@ PYBIND11_MODULE(_kiln, m) {
                      "GPU engines: the GPU built on and run on (CUDA's device index in this process)")
       .def_readwrite("int8_scales", &BuildOptions::int8_scales)
       .def_readwrite("float_layers", &BuildOptions::float_layers)
+      .def_readwrite("fp32_layers", &BuildOptions::fp32_layers,
+                     "GPU fp16 (best, int8, fp8) builds: layers kept in float32 storage and math, by name")
       .def_readwrite("quantized_where_faster", &BuildOptions::quantized_where_faster,
                      "int8 and fp8 GPU builds: quantized only in layers where it times faster than fp16 (else every "
                      "eligible layer)")

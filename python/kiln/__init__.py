@@ -90,14 +90,16 @@ class Builder:
     (a Reduce's axes, Resize's sizes, TopK's k, ...) and the values to plan for (runs with other
     values are planned for them on first use). For int8 and fp8, call calibrate() first or pass int8_scales. int8 and fp8 on
     the GPU keep a layer quantized only where timing shows it faster than fp16; quantize_all=True
-    quantizes every eligible layer (`kiln build --int8-all`, `--fp8-all`).
+    quantizes every eligible layer (`kiln build --int8-all`, `--fp8-all`). float_layers: nodes kept
+    out of int8/fp8; fp32_layers: nodes a GPU fp16 (best, int8, fp8) build keeps in float32
+    (`--layer-precision NAME=fp32`).
     """
 
     def __init__(self, precision: str = "fp32", device: str = "cpu", shapes: Mapping[str, Sequence[int]] | None = None,
                  profiles: Sequence[Mapping[str, Sequence[Sequence[int]]]] = (),
                  timing_cache: str | None = None, allow_cpu_fallback: bool = True,
                  int8_scales: Mapping[str, float] | None = None, float_layers: Sequence[str] = (),
-                 optimize: bool = True, verbose: bool = False, quantize_all: bool = False, gpu: int = 0,
+                 fp32_layers: Sequence[str] = (), optimize: bool = True, verbose: bool = False, quantize_all: bool = False, gpu: int = 0,
                  input_values: Mapping[str, Any] | None = None):
         self.options = BuildOptions()
         self.options.precision = precision
@@ -112,6 +114,7 @@ class Builder:
         self.options.allow_cpu_fallback = allow_cpu_fallback
         self.options.int8_scales = dict(int8_scales or {})
         self.options.float_layers = list(float_layers)
+        self.options.fp32_layers = list(fp32_layers)
         self.options.quantized_where_faster = not quantize_all
         if verbose:
             self.options.log = lambda line: print(line, flush=True)

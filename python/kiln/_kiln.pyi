@@ -64,6 +64,7 @@ class BuildOptions:
     gpu: int  # GPU engines: the GPU built on and run on (CUDA's device index in this process)
     int8_scales: dict[str, float]
     float_layers: list[str]
+    fp32_layers: list[str]  # GPU fp16 (best, int8, fp8) builds: layers kept in float32 storage and math, by name
     quantized_where_faster: bool
     log: Callable[[str], None] | None
     def __init__(self) -> None: ...

@@ -1,10 +1,14 @@
 // Accuracy-budgeted mixed precision (see accuracy_budget.h).
 #include "calibration/accuracy_budget.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <iterator>
+#include <limits>
 
 #include "calibration/calibration_data.h"
 
@@ -31,6 +35,14 @@ std::vector<float> outputs_of(const std::string& model, const BuildOptions& opti
 
 OutputScore score(const std::vector<float>& got, const std::vector<float>& want, int64_t classes) {
   OutputScore s;
+  // An output with an inf or NaN (fp16 overflow) is as far from the reference as can be, and
+  // compares so: the sums below would turn it into NaNs that no order or budget handles.
+  if (!std::all_of(got.begin(), got.end(), [](float v) { return std::isfinite(v); })) {
+    s.error = std::numeric_limits<double>::infinity();
+    s.cosine = -1;
+    s.agreement = 0;
+    return s;
+  }
   double err = 0, norm = 0, got_norm = 0, dot = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     const double d = double{got[i]} - want[i];
@@ -92,13 +104,17 @@ bool OutputScore::within(AccuracyMetric metric, double budget) const {
 }
 
 std::vector<Feeds> heldout_batches(const std::string& model_path, const CalibrationSource& source, int heldout,
-                                   int& calibration_batches) {
+                                   int& calibration_batches, bool leave_calibration) {
   CalibrationSource all = source;
   all.max_batches = 0;
   CalibrationData data(model_inputs(model_path), all);
   std::vector<Feeds> batches;
   for (Feeds b; data.next(b);) batches.push_back(std::move(b));
-  if (static_cast<int>(batches.size()) <= heldout)
+  if (!leave_calibration) {
+    if (batches.empty())
+      throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget has no batch to measure on in " + source.data);
+    heldout = std::min(heldout, static_cast<int>(batches.size()));
+  } else if (static_cast<int>(batches.size()) <= heldout)
     throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget holds out " + std::to_string(heldout) + " of the " +
                                                  std::to_string(batches.size()) + " calibration batches of " + source.data +
                                                  ", which leaves none to calibrate on")
@@ -107,28 +123,64 @@ std::vector<Feeds> heldout_batches(const std::string& model_path, const Calibrat
   return std::vector<Feeds>(std::make_move_iterator(batches.end() - heldout), std::make_move_iterator(batches.end()));
 }
 
-BudgetReport fit_accuracy_budget(const std::string& model, const std::map<std::string, float>& scales,
-                                 const std::vector<Feeds>& heldout, Precision precision, AccuracyMetric metric, double budget,
-                                 const std::function<void(const std::string&)>& log, bool rank_every_layer) {
+BudgetTarget quantized_budget_target(const std::map<std::string, float>& scales, Precision precision) {
   if (precision != Precision::kInt8 && precision != Precision::kFp8)
-    throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget is for INT8 and FP8 builds");
+    throw Error(ErrorKind::kInvalidArgument, "a quantized accuracy budget is for INT8 and FP8 builds");
+  BudgetTarget t;
+  t.reduced.precision = precision;
+  t.reduced.int8_scales = scales;
+  t.reduced.quantized_where_faster = false;  // the sensitivity of every quantized layer, not a timed mix
+  t.name = precision == Precision::kFp8 ? "FP8" : "INT8";
+  t.eligible = [](const LayerInfo& l) { return l.op == "QConv"; };
+  t.keep = [](BuildOptions& o, const std::vector<std::string>& layers) { o.float_layers = layers; };
+  return t;
+}
+
+BudgetTarget fp16_budget_target(const BuildOptions& fp16) {
+  if (fp16.device != Device::kCuda || (fp16.precision != Precision::kFp16 && fp16.precision != Precision::kBest))
+    throw Error(ErrorKind::kInvalidArgument, "an fp16 accuracy budget is for fp16 (or best) GPU builds");
+  BudgetTarget t;
+  t.reduced = fp16;
+  t.reduced.log = nullptr;
+  if (t.reduced.timing_cache.empty())
+    t.reduced.timing_cache = (std::filesystem::temp_directory_path() /
+                              ("kiln-accuracy-budget-" + std::to_string(::getpid()) + ".timing-cache")).string();
+  t.reference = t.reduced;
+  t.reference.precision = Precision::kFp32;
+  t.reference.fp32_layers.clear();
+  t.name = "fp16";
+  t.eligible = [](const LayerInfo& l) { return l.precision == "float16" && !l.cpu_fallback && l.op != "Reformat"; };
+  t.keep = [pinned = fp16.fp32_layers](BuildOptions& o, const std::vector<std::string>& layers) {
+    o.fp32_layers = pinned;
+    o.fp32_layers.insert(o.fp32_layers.end(), layers.begin(), layers.end());
+  };
+  return t;
+}
+
+BudgetReport fit_accuracy_budget(const std::string& model, const BudgetTarget& target, const std::vector<Feeds>& heldout,
+                                 AccuracyMetric metric, double budget, const std::function<void(const std::string&)>& log,
+                                 bool rank_every_layer) {
   BudgetReport report;
   report.budget = budget;
   report.metric = metric;
-  const std::string format = precision == Precision::kFp8 ? "FP8" : "INT8";
+  const std::string& format = target.name;
   auto say = [&](const std::string& line) {
     if (log) log(line);
   };
-  BuildOptions fp32;
+  // A timing cache the target made for its builds goes when the analysis ends.
+  struct RemoveOnExit {
+    std::string path;
+    ~RemoveOnExit() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove(path, ec);
+    }
+  } temporary_cache{target.reduced.timing_cache.find("kiln-accuracy-budget-") != std::string::npos
+                        ? target.reduced.timing_cache : std::string()};
   int64_t classes = 1;
-  const std::vector<float> reference = outputs_of(model, fp32, heldout, classes);
-  BuildOptions quantized = fp32;
-  quantized.precision = precision;
-  quantized.int8_scales = scales;
-  quantized.quantized_where_faster = false;  // the sensitivity of every quantized layer, not a timed mix
+  const std::vector<float> reference = outputs_of(model, target.reference, heldout, classes);
   auto measure = [&](const std::vector<std::string>& float_layers) {
-    BuildOptions o = quantized;
-    o.float_layers = float_layers;
+    BuildOptions o = target.reduced;
+    target.keep(o, float_layers);
     int64_t c = 1;
     return score(outputs_of(model, o, heldout, c), reference, classes);
   };
@@ -143,12 +195,13 @@ BudgetReport fit_accuracy_budget(const std::string& model, const std::map<std::s
     report.met = true;
     return report;
   }
-  // Sensitivity of each quantized layer.
+  // Sensitivity of each eligible layer.
   std::vector<std::string> layers;
   {
-    BuildOptions o = quantized;
+    BuildOptions o = target.reduced;
+    target.keep(o, {});
     for (const LayerInfo& l : Engine::from_onnx(model, o).info().layers)
-      if (l.op == "QConv") layers.push_back(l.name);
+      if (target.eligible(l)) layers.push_back(l.name);
   }
   for (size_t i = 0; i < layers.size(); ++i) {
     const OutputScore s = measure({layers[i]});

@@ -67,6 +67,7 @@ BuildOptions options_from_json(const nlohmann::json& o) {
                       : throw Error(ErrorKind::kInvalidModel, "the engine file names an unknown precision '" + precision + "'");
   if (o.contains("int8_scales")) options.int8_scales = o.at("int8_scales").get<std::map<std::string, float>>();
   if (o.contains("float_layers")) options.float_layers = o.at("float_layers").get<std::vector<std::string>>();
+  if (o.contains("fp32_layers")) options.fp32_layers = o.at("fp32_layers").get<std::vector<std::string>>();
   options.optimize = o.at("optimize").get<bool>();
   options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
   if (o.contains("profile_timing_step")) options.profile_timing_step = o.at("profile_timing_step").get<double>();
@@ -140,6 +141,7 @@ nlohmann::json to_json(const Header& h) {
             {"input_values", input_values_to_json(h.options.input_values)},
             {"int8_scales", h.options.int8_scales},
             {"float_layers", h.options.float_layers},
+            {"fp32_layers", h.options.fp32_layers},
             {"tactic_options", tactic_options_to_json(h.options.tactics)}}},
           {"model_name", h.model_name},
           {"inputs", descs_to_json(h.inputs)},

@@ -1,14 +1,22 @@
 // kiln bench: times an engine in the manner of trtexec. For each batch size: build the engine
 // for it (or set a dynamic engine's input shapes: an engine file, or a build with a profile),
-// warm up, then time iterations with CUDA events around each run (the engine's CUDA graph
-// replay, optionally with the host<->device copies), synchronizing after each, as the PyTorch
-// peers in bench/ are timed. Reports latency statistics, throughput, GPU memory
-// and engine size; --profile adds time per layer; --json writes everything (docs/bench.md).
+// warm up, then time runs. Two modes:
+//   latency (the default): CUDA events around each run (the engine's CUDA graph replay,
+//     optionally with the host<->device copies), synchronizing after each, as the PyTorch peers
+//     in bench/ are timed; throughput = batch / median latency.
+//   throughput (--throughput, or --streams N): N contexts, each on a stream of its own, runs
+//     enqueued ahead (two in flight per stream) as trtexec does; throughput = runs * batch over
+//     the wall clock. Each run's events still give its host latency (copies included) and GPU
+//     compute time.
+// Reports latency statistics, throughput, GPU memory and engine size; --profile adds time per
+// layer; --json writes everything (docs/bench.md).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -17,10 +25,12 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "tools/commands.h"
 #include "tools/engine_options.h"
 #include "tools/json_output.h"
+#include "tools/random_inputs.h"
 #include "tools/shapes.h"
 
 #if KILN_WITH_CUDA
@@ -53,7 +63,15 @@ struct BenchOptions {
   bool use_cuda_graph = false, no_data_transfers = false;  // kiln's defaults, accepted as trtexec spells them
   std::string export_times, export_layer_info, export_profile;
   std::string save_engine;  // trtexec's --saveEngine: the engine built here, written to this file
+  // Throughput mode: runs enqueued ahead on `streams` contexts, each on its own stream.
+  bool throughput = false;
+  int streams = 1;
+  bool pipelined() const { return throughput || streams > 1; }
 };
+
+// Runs a stream keeps enqueued at once in throughput mode: one running, the next queued behind
+// it, so the GPU never waits for the host between two runs.
+constexpr int kRunsInFlight = 2;
 
 // trtexec's --saveEngine: one engine built from an ONNX model, written before it is timed.
 void check_save_engine(const BenchOptions& o, size_t batches) {
@@ -147,21 +165,6 @@ std::vector<int64_t> parse_batches(const std::string& text) {
   return out;
 }
 
-Tensor random_tensor(const TensorDesc& d, std::mt19937_64& rng) {
-  Tensor t(d.dtype, d.shape);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    switch (d.dtype) {
-      case DType::kFloat32: t.data<float>()[i] = normal(rng); break;
-      case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(rng() % 10); break;
-      case DType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(rng() % 10); break;
-      case DType::kBool: t.data<bool>()[i] = rng() % 2; break;
-      default: break;  // zeros
-    }
-  }
-  return t;
-}
-
 // Median time per layer over kProfileRuns profiled runs (`profile_once` runs and times one):
 // prints the total and the slowest layers with their FLOP rate and bandwidth (as a fraction of
 // `peak_bytes_per_s` where that is known), returns the "profile" JSON (docs/bench.md).
@@ -239,7 +242,7 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
                                                        "; give its size with --dim NAME=SIZE or --shapes");
         d.shape[i] = batch > 0 ? batch : 1;
       }
-    inputs.emplace(d.name, random_tensor(d, rng));
+    inputs.emplace(d.name, random_input(d, d.shape, rng));
   }
   const int64_t items = inputs.empty() || inputs.begin()->second.rank() == 0 ? 1 : inputs.at(engine.inputs()[0].name).dim(0);
   auto iteration = [&]() {
@@ -380,68 +383,187 @@ size_t free_device_memory() {
 
 size_t used_between(size_t free_earlier, size_t free_later) { return free_earlier > free_later ? free_earlier - free_later : 0; }
 
-// Times the engine at the context's current input shapes.
-nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Context& context, double build_s,
+// One run's times: from CUDA events before the copies in, before the engine, after it and after
+// the copies out (host latency = H2D + GPU compute + D2H, as trtexec defines it), and the host's
+// time to enqueue it all.
+struct RunTimes {
+  double latency_ms = 0, h2d_ms = 0, compute_ms = 0, d2h_ms = 0, enqueue_ms = 0;
+};
+
+// A context on a stream of its own, with pinned host copies of its inputs and outputs and the
+// events of kRunsInFlight + 1 runs (a slot is reused once its run has been waited for).
+struct Lane {
+  Context& context;
+  cudaStream_t stream = nullptr;
+  std::vector<std::pair<void*, void*>> h2d, d2h;  // (pinned host, device)
+  std::vector<size_t> h2d_bytes, d2h_bytes;
+  struct Slot {
+    cudaEvent_t events[4] = {};
+    double enqueue_ms = 0;
+  };
+  std::vector<Slot> slots;
+  std::deque<int> pending;  // slots enqueued and not yet waited for, oldest first
+  int next_slot = 0;
+
+  Lane(const Engine& engine, Context& c, uint64_t seed) : context(c), slots(kRunsInFlight + 1) {
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (Slot& slot : slots)
+      for (cudaEvent_t& e : slot.events) KILN_CUDA_CHECK(cudaEventCreate(&e));
+    std::mt19937_64 rng(seed);
+    for (TensorDesc d : engine.inputs()) {
+      d.shape = context.input_shape(d.name);
+      Tensor t = random_input(d, d.shape, rng);
+      void* host = nullptr;
+      KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(t.nbytes(), 1)));
+      h2d.push_back({host, context.input_buffer(d.name)});
+      h2d_bytes.push_back(t.nbytes());
+      std::memcpy(host, t.raw(), t.nbytes());
+      KILN_CUDA_CHECK(cudaMemcpy(context.input_buffer(d.name), host, t.nbytes(), cudaMemcpyHostToDevice));
+    }
+    for (const TensorDesc& d : engine.outputs()) {
+      const size_t bytes = shape_bytes(context.output_shape(d.name), d.dtype);
+      void* host = nullptr;
+      KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(bytes, 1)));
+      d2h.push_back({host, context.output_buffer(d.name)});
+      d2h_bytes.push_back(bytes);
+    }
+  }
+  Lane(Lane&& other) noexcept
+      : context(other.context), stream(std::exchange(other.stream, nullptr)), h2d(std::move(other.h2d)),
+        d2h(std::move(other.d2h)), h2d_bytes(std::move(other.h2d_bytes)), d2h_bytes(std::move(other.d2h_bytes)),
+        slots(std::move(other.slots)), pending(std::move(other.pending)), next_slot(other.next_slot) {
+    other.slots.clear();
+    other.h2d.clear();
+    other.d2h.clear();
+  }
+  Lane(const Lane&) = delete;
+  ~Lane() {
+    if (stream) cudaStreamSynchronize(stream);
+    for (Slot& slot : slots)
+      for (cudaEvent_t e : slot.events) cudaEventDestroy(e);
+    for (auto& [host, dev] : h2d) cudaFreeHost(host);
+    for (auto& [host, dev] : d2h) cudaFreeHost(host);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  // Enqueues one run (with the copies when `transfers`); returns its slot.
+  int enqueue(bool transfers) {
+    const int s = next_slot;
+    next_slot = (next_slot + 1) % static_cast<int>(slots.size());
+    Slot& slot = slots[static_cast<size_t>(s)];
+    const auto start = std::chrono::steady_clock::now();
+    KILN_CUDA_CHECK(cudaEventRecord(slot.events[0], stream));
+    if (transfers)
+      for (size_t i = 0; i < h2d.size(); ++i)
+        KILN_CUDA_CHECK(cudaMemcpyAsync(h2d[i].second, h2d[i].first, h2d_bytes[i], cudaMemcpyHostToDevice, stream));
+    KILN_CUDA_CHECK(cudaEventRecord(slot.events[1], stream));
+    context.enqueue(stream);
+    KILN_CUDA_CHECK(cudaEventRecord(slot.events[2], stream));
+    if (transfers)
+      for (size_t i = 0; i < d2h.size(); ++i)
+        KILN_CUDA_CHECK(cudaMemcpyAsync(d2h[i].first, d2h[i].second, d2h_bytes[i], cudaMemcpyDeviceToHost, stream));
+    KILN_CUDA_CHECK(cudaEventRecord(slot.events[3], stream));
+    slot.enqueue_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    pending.push_back(s);
+    return s;
+  }
+
+  // Waits for the run in `slot` (the oldest pending one) and returns its times.
+  RunTimes wait(int s) {
+    Slot& slot = slots[static_cast<size_t>(s)];
+    KILN_CUDA_CHECK(cudaEventSynchronize(slot.events[3]));
+    if (pending.empty() || pending.front() != s)
+      throw Error(ErrorKind::kInternal, "kiln bench waited for a run out of the order it was enqueued");
+    pending.pop_front();
+    float ms[3] = {};
+    for (int i = 0; i < 3; ++i) KILN_CUDA_CHECK(cudaEventElapsedTime(&ms[i], slot.events[i], slot.events[i + 1]));
+    RunTimes t;
+    t.h2d_ms = ms[0];
+    t.compute_ms = ms[1];
+    t.d2h_ms = ms[2];
+    t.latency_ms = double{ms[0]} + ms[1] + ms[2];
+    t.enqueue_ms = slot.enqueue_ms;
+    return t;
+  }
+};
+
+std::string mode_label(const BenchOptions& o, size_t streams) {
+  if (!o.pipelined()) return "latency: one run at a time";
+  return fmt::format("throughput: {} stream{}, {} runs in flight each", streams, streams == 1 ? "" : "s", kRunsInFlight);
+}
+
+// Times the engine at the contexts' current input shapes (the same on each; one context but in
+// throughput mode).
+nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, const std::vector<Context*>& contexts, double build_s,
                              size_t engine_file_bytes, const FreeMemory& free) {
   nlohmann::json r;
   const std::vector<TensorDesc>& ins = engine.inputs();
+  Context& context = *contexts.front();
   const int64_t items = ins.empty() || context.input_shape(ins[0].name).empty() ? 1 : context.input_shape(ins[0].name)[0];
 
-  cudaStream_t stream = nullptr;
-  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::vector<std::pair<void*, void*>> h2d, d2h;  // (pinned host, device)
-  std::vector<size_t> h2d_bytes, d2h_bytes;
-  std::mt19937_64 rng(o.seed);
-  for (TensorDesc d : ins) {
-    d.shape = context.input_shape(d.name);
-    Tensor t = random_tensor(d, rng);
-    void* host = nullptr;
-    KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(t.nbytes(), 1)));
-    std::memcpy(host, t.raw(), t.nbytes());
-    KILN_CUDA_CHECK(cudaMemcpy(context.input_buffer(d.name), host, t.nbytes(), cudaMemcpyHostToDevice));
-    h2d.push_back({host, context.input_buffer(d.name)});
-    h2d_bytes.push_back(t.nbytes());
-  }
-  for (const TensorDesc& d : engine.outputs()) {
-    size_t bytes = static_cast<size_t>(shape_numel(context.output_shape(d.name))) * element_size(d.dtype);
-    void* host = nullptr;
-    KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(bytes, 1)));
-    d2h.push_back({host, context.output_buffer(d.name)});
-    d2h_bytes.push_back(bytes);
-  }
-  cudaEvent_t start, end;
-  KILN_CUDA_CHECK(cudaEventCreate(&start));
-  KILN_CUDA_CHECK(cudaEventCreate(&end));
-  auto iteration = [&]() -> double {
-    KILN_CUDA_CHECK(cudaEventRecord(start, stream));
-    if (o.with_transfers)
-      for (size_t i = 0; i < h2d.size(); ++i)
-        KILN_CUDA_CHECK(cudaMemcpyAsync(h2d[i].second, h2d[i].first, h2d_bytes[i], cudaMemcpyHostToDevice, stream));
-    context.enqueue(stream);
-    if (o.with_transfers)
-      for (size_t i = 0; i < d2h.size(); ++i)
-        KILN_CUDA_CHECK(cudaMemcpyAsync(d2h[i].first, d2h[i].second, d2h_bytes[i], cudaMemcpyDeviceToHost, stream));
-    KILN_CUDA_CHECK(cudaEventRecord(end, stream));
-    KILN_CUDA_CHECK(cudaEventSynchronize(end));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
-    return ms;
-  };
-  // The first run at a new shape plans it (dynamic engines) and captures its CUDA graph.
+  std::vector<Lane> lanes;
+  lanes.reserve(contexts.size());
+  for (size_t i = 0; i < contexts.size(); ++i) lanes.emplace_back(engine, *contexts[i], o.seed + i);
+  // The first run at a new shape plans it (dynamic engines) and captures its CUDA graph; each
+  // further context captures its own, untimed.
   auto first = std::chrono::steady_clock::now();
-  iteration();
+  lanes.front().wait(lanes.front().enqueue(o.with_transfers));
   const double first_run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - first).count();
-  warm_up(o, o.warmup - 1, iteration);
+  for (size_t i = 1; i < lanes.size(); ++i) lanes[i].wait(lanes[i].enqueue(o.with_transfers));
+  // Warm-up: one run at a time on each stream in latency mode, enqueued ahead in throughput mode.
+  const bool pipelined = o.pipelined();
+  size_t turn = 0;
+  std::vector<RunTimes> timed;
+  bool timing = false;
+  // One run: synchronized at once (latency), or enqueued behind the stream's earlier ones, the
+  // run kRunsInFlight before it waited for first (throughput).
+  auto run_once = [&]() {
+    Lane& lane = lanes[turn++ % lanes.size()];
+    const int slot = lane.enqueue(o.with_transfers);
+    if (!pipelined) {
+      RunTimes t = lane.wait(slot);
+      if (timing) timed.push_back(t);
+    } else if (lane.pending.size() > kRunsInFlight) {
+      RunTimes t = lane.wait(lane.pending.front());
+      if (timing) timed.push_back(t);
+    }
+  };
+  auto drain = [&]() {
+    for (Lane& lane : lanes)
+      while (!lane.pending.empty()) {
+        RunTimes t = lane.wait(lane.pending.front());
+        if (timing) timed.push_back(t);
+      }
+  };
+  warm_up(o, o.warmup - 1, run_once);
+  drain();
   const size_t free_after = free_device_memory();
-  std::vector<double> times;
-  const int iters = (o.iterations > 0 ? o.iterations : (items >= 64 ? 50 : 200)) * std::max(o.avg_runs, 1);
+  const size_t iters = static_cast<size_t>((o.iterations > 0 ? o.iterations : (items >= 64 ? 50 : 200)) * std::max(o.avg_runs, 1));
+  timing = true;
+  size_t enqueued = 0;
   auto bench_start = std::chrono::steady_clock::now();
   while (true) {
-    times.push_back(iteration());
+    run_once();
+    ++enqueued;
     double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
-    if (o.duration_s > 0 ? (elapsed >= o.duration_s && times.size() >= 10) : static_cast<int>(times.size()) >= iters) break;
+    if (o.duration_s > 0 ? (elapsed >= o.duration_s && enqueued >= 10) : enqueued >= iters) break;
+  }
+  drain();
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
+  std::vector<double> times, compute, h2d_ms, d2h_ms, enqueue_ms;
+  for (const RunTimes& t : timed) {
+    times.push_back(t.latency_ms);
+    compute.push_back(t.compute_ms);
+    h2d_ms.push_back(t.h2d_ms);
+    d2h_ms.push_back(t.d2h_ms);
+    enqueue_ms.push_back(t.enqueue_ms);
   }
   Stats s = statistics(averaged(times, o.avg_runs));
+  const Stats compute_stats = statistics(averaged(compute, o.avg_runs));
+  // Latency mode: batch / median latency, as the PyTorch peers are reported. Throughput mode:
+  // what the streams together got through, over the wall clock (trtexec's throughput).
+  const double throughput = pipelined ? static_cast<double>(items) * static_cast<double>(timed.size()) / wall_s
+                                      : 1000.0 * static_cast<double>(items) / s.median;
   EngineInfo info = engine.info();
   nlohmann::json shapes = nlohmann::json::object();
   for (const TensorDesc& d : ins) shapes[d.name] = context.input_shape(d.name);
@@ -458,11 +580,17 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
        {"first_run_ms", first_run_ms},
        {"iterations", times.size()},
        {"warmup", o.warmup},
+       {"mode", pipelined ? "throughput" : "latency"},
+       {"streams", lanes.size()},
+       {"runs_in_flight_per_stream", pipelined ? kRunsInFlight : 1},
+       {"wall_s", wall_s},
        {"cuda_graph", !o.no_graph},
        {"with_transfers", o.with_transfers},
        {"latency_ms", stats_json(s)},
-       {"throughput_per_s", 1000.0 * static_cast<double>(items) / s.median},
-       {"throughput_mean_per_s", 1000.0 * static_cast<double>(items) / s.mean},
+       {"gpu_compute_ms", stats_json(compute_stats)},
+       {"enqueue_ms", stats_json(statistics(enqueue_ms))},
+       {"throughput_per_s", throughput},
+       {"throughput_mean_per_s", pipelined ? throughput : 1000.0 * static_cast<double>(items) / s.mean},
        {"weights_bytes", info.weight_bytes},
        {"activation_bytes", info.activation_bytes},
        {"workspace_bytes", info.workspace_bytes},
@@ -478,28 +606,46 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, Contex
        {"int8_kept_float", info.int8_kept_float},
        {"cpu_fallback", info.has_cpu_fallback},
        {"times_ms", times},
+       {"gpu_compute_times_ms", compute},
        {"layer_info", layers_json(context.layers())}};
+  if (o.with_transfers) {
+    r["h2d_ms"] = stats_json(statistics(h2d_ms));
+    r["d2h_ms"] = stats_json(statistics(d2h_ms));
+  }
   if (engine_file_bytes) r["engine_file_bytes"] = engine_file_bytes;
   std::cout << fmt::format(
-      "batch {:>4}  {}: median {:.4f} ms  mean {:.4f}  min {:.4f}  p90 {:.4f}  p95 {:.4f}  p99 {:.4f}  max {:.4f}  sd {:.4f}  "
+      "batch {:>4}  {} [{}]: median {:.4f} ms  mean {:.4f}  min {:.4f}  p90 {:.4f}  p95 {:.4f}  p99 {:.4f}  max {:.4f}  sd {:.4f}  "
       "| {:.1f} items/s | {} {:.1f} s | GPU memory {} (engine {}, context {}, first runs {})\n",
-      items, info.precision, s.median, s.mean, s.min, s.p90, s.p95, s.p99, s.max, s.stddev,
-      1000.0 * static_cast<double>(items) / s.median, engine_file_bytes ? "load" : "build", build_s,
+      items, info.precision, mode_label(o, lanes.size()), s.median, s.mean, s.min, s.p90, s.p95, s.p99, s.max, s.stddev,
+      throughput, engine_file_bytes ? "load" : "build", build_s,
       format_bytes(static_cast<double>(used_between(free.before, free_after))),
       format_bytes(static_cast<double>(used_between(free.before, free.engine))),
       format_bytes(static_cast<double>(used_between(free.engine, free.context))),
       format_bytes(static_cast<double>(used_between(free.context, free_after))));
+  if (o.with_transfers || pipelined)
+    std::cout << fmt::format("            host latency median {:.4f} ms = H2D {:.4f} + GPU compute {:.4f} + D2H {:.4f}; "
+                             "enqueue {:.4f} ms (host)\n",
+                             s.median, statistics(h2d_ms).median, compute_stats.median, statistics(d2h_ms).median,
+                             statistics(enqueue_ms).median);
   if (o.profile) {
     const std::vector<LayerInfo> layer_info = context.layers();
-    r["profile"] = profile_summary([&] { return context.profile(stream); }, layer_info,
+    r["profile"] = profile_summary([&] { return context.profile(lanes.front().stream); }, layer_info,
                                    "layer by layer without a CUDA graph", device_memory_bandwidth());
   }
-  KILN_CUDA_CHECK(cudaEventDestroy(start));
-  KILN_CUDA_CHECK(cudaEventDestroy(end));
-  for (auto& [host, dev] : h2d) cudaFreeHost(host);
-  for (auto& [host, dev] : d2h) cudaFreeHost(host);
-  KILN_CUDA_CHECK(cudaStreamDestroy(stream));
   return r;
+}
+
+// The contexts a bench runs on: one, or --streams of them (each with its own stream).
+std::vector<Context> make_contexts(const BenchOptions& o, Engine& engine) {
+  std::vector<Context> contexts;
+  for (int i = 0; i < o.streams; ++i) contexts.push_back(engine.create_context(!o.no_graph));
+  return contexts;
+}
+
+std::vector<Context*> pointers(std::vector<Context>& contexts) {
+  std::vector<Context*> out;
+  for (Context& c : contexts) out.push_back(&c);
+  return out;
 }
 
 // One static engine per batch size (an ONNX model without profiles: each built for its batch),
@@ -515,11 +661,11 @@ nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batc
     size_t file_bytes = 0;
     Engine engine = open_gpu_engine(o, -1, build_s, file_bytes);
     free.engine = free_device_memory();
-    Context context = engine.create_context(!o.no_graph);
+    std::vector<Context> contexts = make_contexts(o, engine);
     free.context = free_device_memory();
     for (int64_t b : batches) {
-      set_input_shapes(engine, context, b, o.engine, is_engine_file(o.model));
-      results.push_back(bench_context(o, engine, context, build_s, file_bytes, free));
+      for (Context& context : contexts) set_input_shapes(engine, context, b, o.engine, is_engine_file(o.model));
+      results.push_back(bench_context(o, engine, pointers(contexts), build_s, file_bytes, free));
     }
     return results;
   }
@@ -528,9 +674,9 @@ nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batc
     size_t file_bytes = 0;
     Engine engine = open_gpu_engine(o, b, build_s, file_bytes);
     free.engine = free_device_memory();
-    Context context = engine.create_context(!o.no_graph);
+    std::vector<Context> contexts = make_contexts(o, engine);
     free.context = free_device_memory();
-    results.push_back(bench_context(o, engine, context, build_s, file_bytes, free));
+    results.push_back(bench_context(o, engine, pointers(contexts), build_s, file_bytes, free));
   }
   return results;
 }
@@ -543,6 +689,10 @@ int bench(const BenchOptions& o) {
   check_save_engine(o, batches.size());
   if (cpu && (o.with_transfers || o.no_graph))
     throw Error(ErrorKind::kInvalidArgument, "--with-transfers and --no-graph are for GPU engines (--device cuda)");
+  if (cpu && o.pipelined())
+    throw Error(ErrorKind::kInvalidArgument, "--throughput and --streams time GPU engines (--device cuda): the CPU engine's "
+                                             "runs return their outputs, so there is nothing to enqueue ahead")
+        .hint("the CPU engine's --threads sets how many cores one run takes");
   nlohmann::json results = nlohmann::json::array();
   if (cpu) {
     for (int64_t b : batches) results.push_back(bench_cpu_one(o, b));
@@ -554,25 +704,35 @@ int bench(const BenchOptions& o) {
 #endif
   }
   // trtexec's export files, per batch: the per-run times, the layers, the per-layer profile.
-  auto export_json = [&](const std::string& path, const char* key) {
+  auto export_json = [&](const std::string& path, std::initializer_list<const char*> keys) {
     if (path.empty()) return;
     nlohmann::json per_batch = nlohmann::json::array();
-    for (const nlohmann::json& r : results)
-      per_batch.push_back({{"batch", r.at("batch")}, {key, r.contains(key) ? r.at(key) : nlohmann::json()}});
+    for (const nlohmann::json& r : results) {
+      nlohmann::json entry = {{"batch", r.at("batch")}};
+      for (const char* key : keys)
+        if (r.contains(key) || key == *keys.begin()) entry[key] = r.contains(key) ? r.at(key) : nlohmann::json();
+      per_batch.push_back(std::move(entry));
+    }
     std::ofstream f(path);
     if (!f || !(f << per_batch.dump(1) << "\n")) throw Error(ErrorKind::kIo, "cannot write '" + path + "'");
   };
-  export_json(o.export_times, "times_ms");
-  export_json(o.export_layer_info, "layer_info");
-  export_json(o.export_profile, "profile");
+  // GPU: each run's GPU compute time beside its host latency.
+  export_json(o.export_times, {"times_ms", "gpu_compute_times_ms"});
+  export_json(o.export_layer_info, {"layer_info"});
+  export_json(o.export_profile, {"profile"});
   for (nlohmann::json& r : results) {
     r.erase("times_ms");
+    r.erase("gpu_compute_times_ms");
     r.erase("layer_info");
   }
   nlohmann::json out = {{"schema", "kiln-bench 1"},
                         {"model", o.model},
                         {"kiln_version", KILN_VERSION},
                         {"timing", cpu ? "wall clock around each Engine::run (which returns the outputs); throughput = batch / median latency"
+                                   : o.pipelined()
+                                       ? fmt::format("throughput mode: {} context(s) on streams of their own, {} runs enqueued ahead on "
+                                                     "each; CUDA events around each run's copies and compute; throughput = runs * "
+                                                     "batch / wall-clock time", o.streams, kRunsInFlight)
                                        : "CUDA events around each run, synchronized after each; throughput = batch / median latency"},
                         {"results", results}};
   json.write(out);
@@ -611,6 +771,14 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--exportTimes", o->export_times, "Write every run's time (ms), per batch, as JSON");
   cmd->add_option("--exportLayerInfo", o->export_layer_info, "Write the engine's layers (op, tactic, precision, shape), per batch, as JSON");
   cmd->add_option("--exportProfile", o->export_profile, "Write the per-layer profile, per batch, as JSON (implies --profile)");
+  cmd->add_flag("--throughput", o->throughput,
+                "Throughput mode: enqueue runs ahead (two in flight per stream) and report runs * batch over the wall clock, "
+                "as trtexec does; each run's host latency (copies included with --with-transfers) and GPU compute time are "
+                "still reported");
+  cmd->add_option("--streams,--infStreams", o->streams,
+                  "Throughput mode on this many contexts, each on a CUDA stream of its own, run concurrently (trtexec's "
+                  "--streams / --infStreams)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--saveEngine", o->save_engine,
                   "Write the engine built from the ONNX model to FILE before timing it (one batch size, or a profile)");
   cmd->callback([o, cmd, &action] {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -19,6 +20,7 @@
 #include "engine/engine_file.h"
 #include "calibration/calibrate_model.h"
 #include "tools/calibration_flags.h"
+#include "tools/random_inputs.h"
 #include "tools/shapes.h"
 
 namespace kiln::tools {
@@ -54,10 +56,32 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
       ->check(CLI::PositiveNumber);
   cmd->add_option("--calib-cache", calib_cache,
                   "Calibration cache: read when it exists (a cache of another model is refused), else written after calibrating");
-  cmd->add_option("--layer-precision", layer_precision, "Pin a layer's precision in an INT8 build: NAME=fp16 (repeatable)");
+  cmd->add_option("--layer-precision", layer_precision,
+                  "Pin a layer's precision (repeatable): in an INT8 or FP8 build NAME=fp16 keeps it out of INT8, NAME=fp32 "
+                  "too and in float32 on the GPU; in an fp16 or best GPU build NAME=fp32 keeps it in float32 (names as "
+                  "`kiln inspect --optimize` lists the layers)");
+  cmd->add_option_function<std::string>(
+      "--layerPrecisions",
+      [this](const std::string& specs) {
+        // trtexec's spelling: NAME:PRECISION[,NAME:PRECISION...]
+        size_t start = 0;
+        while (start <= specs.size()) {
+          const size_t comma = std::min(specs.find(',', start), specs.size());
+          std::string item = specs.substr(start, comma - start);
+          const size_t colon = item.rfind(':');
+          if (colon == std::string::npos)  // a CLI11 error: this runs while the command line is parsed
+            throw CLI::ValidationError("--layerPrecisions", specs + ": expected NAME:PRECISION[,NAME:PRECISION...]");
+          item[colon] = '=';
+          layer_precision.push_back(item);
+          start = comma + 1;
+        }
+      },
+      "trtexec's spelling of --layer-precision: NAME:fp32[,NAME:fp16...]");
   cmd->add_option("--accuracy-budget", accuracy_budget,
                   "INT8 / FP8: keep the fewest quantized layers in float so that the output on held-out calibration "
-                  "batches stays within this budget of float32's, by --accuracy-metric")
+                  "batches stays within this budget of float32's, by --accuracy-metric. fp16 / best GPU builds: keep the "
+                  "fewest layers in float32 so that the output (on --calib DATA, else on --budget-batches batches of random "
+                  "inputs) stays within it of the float32 engine's")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--accuracy-metric", accuracy_metric,
                   "What --accuracy-budget measures: top1 (points of top-1 agreement lost; classifiers), cosine "
@@ -157,9 +181,18 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     if (!b.input_values.emplace(name, Tensor::from_vector<double>({static_cast<int64_t>(numbers.size())}, numbers)).second)
       throw Error(ErrorKind::kInvalidArgument, "--input-values names input '" + name + "' twice");
   }
-  if (!int8 && !fp8 && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty() || accuracy_budget >= 0))
-    throw Error(ErrorKind::kInvalidArgument, "--calib, --calib-cache, --layer-precision and --accuracy-budget are for INT8 builds")
-        .hint("add --int8 (or --fp8)");
+  const bool quantized = int8 || fp8;
+  const bool half = !quantized && (b.precision == Precision::kFp16 || b.precision == Precision::kBest);
+  if (!quantized && !half && (!calib_data.empty() || !calib_cache.empty() || !layer_precision.empty() || accuracy_budget >= 0))
+    throw Error(ErrorKind::kInvalidArgument,
+                "--calib, --calib-cache, --layer-precision and --accuracy-budget are for INT8, FP8 and fp16 builds")
+        .hint("add --int8, --fp8 or --fp16");
+  if (half && !calib_cache.empty())
+    throw Error(ErrorKind::kInvalidArgument, "--calib-cache holds INT8 and FP8 scales; an fp16 build has none").hint("add --int8");
+  if (half && !calib_data.empty() && accuracy_budget < 0)
+    throw Error(ErrorKind::kInvalidArgument, "--calib in an fp16 build is the data --accuracy-budget measures on, and "
+                                             "--accuracy-budget is not given")
+        .hint("add --accuracy-budget, e.g. --accuracy-budget 0.001 --accuracy-metric cosine");
   // trtexec's --calib names a cache; kiln's names data. A file that is not .npy is taken for a cache.
   std::error_code ec;
   if (!calib_data.empty() && std::filesystem::is_regular_file(calib_data, ec) &&
@@ -183,7 +216,12 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     const std::string p = eq == std::string::npos ? "" : lp.substr(eq + 1);
     if (eq == std::string::npos || eq == 0 || (p != "fp16" && p != "fp32" && p != "int8"))
       throw Error(ErrorKind::kInvalidArgument, "--layer-precision " + lp + ": expected NAME=fp16, NAME=fp32 or NAME=int8");
-    if (p != "int8") b.float_layers.push_back(lp.substr(0, eq));
+    if (half && p != "fp32")
+      throw Error(ErrorKind::kInvalidArgument, "--layer-precision " + lp + ": every layer of an fp16 build is fp16 or float32")
+          .hint("NAME=fp32 keeps a layer in float32");
+    const std::string name = lp.substr(0, eq);
+    if (p == "fp32") b.fp32_layers.push_back(name);
+    if (quantized && p != "int8") b.float_layers.push_back(name);
   }
   // Progress: every layer with --verbose, else about every tenth of the layers.
   const bool all = verbose;
@@ -244,6 +282,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
     }
   }
   if (int8 || fp8) add_int8(model, b);
+  if (half && accuracy_budget >= 0) add_fp16_budget(model, b);
   return b;
 }
 
@@ -271,7 +310,52 @@ void write_budget_report(const std::string& path, const std::string& model, Prec
   if (!f) throw Error(ErrorKind::kInvalidArgument, "cannot write the budget report " + path);
 }
 
+// --accuracy-budget: fits `target` on `heldout`, says what it found and writes --budget-report;
+// returns the layers to keep in float.
+std::vector<std::string> fit_budget(const std::string& model, const EngineOptions& options,
+                                    const calibration::BudgetTarget& target, const std::vector<calibration::Feeds>& heldout) {
+  namespace q = calibration;
+  {
+    const q::AccuracyMetric metric = q::parse_accuracy_metric(options.accuracy_metric);
+    q::BudgetReport r = q::fit_accuracy_budget(
+        model, target, heldout, metric, options.accuracy_budget,
+        [&](const std::string& line) {
+          if (!options.quiet) std::cerr << "kiln: " << line << std::endl;  // progress: a line per build
+        },
+        /*rank_every_layer=*/!options.budget_report.empty());
+    if (!options.budget_report.empty()) write_budget_report(options.budget_report, model, target.reduced.precision, r);
+    const std::string& format = target.name;
+    // Each score as the metric reads it, with the relative L2 error beside it.
+    auto figure = [&](const q::OutputScore& s) {
+      switch (metric) {
+        case q::AccuracyMetric::kTop1: return fmt::format("{:.2f}% (error {:.4f})", s.agreement, s.error);
+        case q::AccuracyMetric::kCosine: return fmt::format("{:.8f} (error {:.4f})", s.cosine, s.error);
+        case q::AccuracyMetric::kRelativeL2: return fmt::format("{:.4f} (cosine {:.8f})", s.error, s.cosine);
+      }
+      return std::string();
+    };
+    const char* what = metric == q::AccuracyMetric::kTop1     ? "points: all-{} top-1 agreement with float32"
+                       : metric == q::AccuracyMetric::kCosine ? "(cosine): all-{} cosine similarity with float32"
+                                                              : "(relative L2): all-{} relative L2 error against float32";
+    std::cerr << fmt::format("kiln: accuracy budget {} ", options.accuracy_budget) << fmt::format(fmt::runtime(what), format) << " "
+              << figure(r.quantized);
+    if (r.float_layers.empty()) {
+      std::cerr << ", within budget\n";
+    } else {
+      std::cerr << fmt::format("; {} layer(s) kept in float -> {}{}\n", r.float_layers.size(), figure(r.final),
+                               r.met ? "" : ": budget NOT met with every layer in float");
+      for (size_t i = 0; i < r.float_layers.size(); ++i) {
+        const auto& l = *std::find_if(r.ranking.begin(), r.ranking.end(),
+                                      [&](const q::LayerSensitivity& s) { return s.layer == r.float_layers[i]; });
+        std::cerr << fmt::format("kiln:   {} (alone in float: {})\n", l.layer, figure(l.score));
+      }
+    }
+    return r.float_layers;
+  }
+}
+
 }  // namespace
+
 
 void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
   namespace q = calibration;
@@ -311,42 +395,41 @@ void EngineOptions::add_int8(const std::string& model, BuildOptions& b) const {
   }
   // else: none (a model with Q/DQ pairs has its own; otherwise the build says what is missing)
   if (accuracy_budget >= 0) {
-    const q::AccuracyMetric metric = q::parse_accuracy_metric(accuracy_metric);
-    q::BudgetReport r = q::fit_accuracy_budget(
-        model, b.int8_scales, heldout, b.precision, metric, accuracy_budget,
-        [&](const std::string& line) {
-          if (verbose) std::cerr << "kiln: " << line << "\n";
-        },
-        /*rank_every_layer=*/!budget_report.empty());
-    if (!budget_report.empty()) write_budget_report(budget_report, model, b.precision, r);
-    const std::string format = b.precision == Precision::kFp8 ? "FP8" : "INT8";
-    // Each score as the metric reads it, with the relative L2 error beside it.
-    auto figure = [&](const q::OutputScore& s) {
-      switch (metric) {
-        case q::AccuracyMetric::kTop1: return fmt::format("{:.2f}% (error {:.4f})", s.agreement, s.error);
-        case q::AccuracyMetric::kCosine: return fmt::format("{:.8f} (error {:.4f})", s.cosine, s.error);
-        case q::AccuracyMetric::kRelativeL2: return fmt::format("{:.4f} (cosine {:.8f})", s.error, s.cosine);
-      }
-      return std::string();
-    };
-    const char* what = metric == q::AccuracyMetric::kTop1     ? "points: all-{} top-1 agreement with float32"
-                       : metric == q::AccuracyMetric::kCosine ? "(cosine): all-{} cosine similarity with float32"
-                                                              : "(relative L2): all-{} relative L2 error against float32";
-    std::cerr << fmt::format("kiln: accuracy budget {} ", accuracy_budget) << fmt::format(fmt::runtime(what), format) << " "
-              << figure(r.quantized);
-    if (r.float_layers.empty()) {
-      std::cerr << ", within budget\n";
-    } else {
-      std::cerr << fmt::format("; {} layer(s) kept in float -> {}{}\n", r.float_layers.size(), figure(r.final),
-                               r.met ? "" : ": budget NOT met with every layer in float");
-      for (size_t i = 0; i < r.float_layers.size(); ++i) {
-        const auto& l = *std::find_if(r.ranking.begin(), r.ranking.end(),
-                                      [&](const q::LayerSensitivity& s) { return s.layer == r.float_layers[i]; });
-        std::cerr << fmt::format("kiln:   {} (alone in float: {})\n", l.layer, figure(l.score));
-      }
-    }
-    b.float_layers.insert(b.float_layers.end(), r.float_layers.begin(), r.float_layers.end());
+    const q::BudgetTarget target = q::quantized_budget_target(b.int8_scales, b.precision);
+    const std::vector<std::string> kept = fit_budget(model, *this, target, heldout);
+    b.float_layers.insert(b.float_layers.end(), kept.begin(), kept.end());
   }
+}
+
+void EngineOptions::add_fp16_budget(const std::string& model, BuildOptions& b) const {
+  namespace q = calibration;
+  // The data measured on: --calib DATA's last --budget-batches batches, else as many batches of
+  // random inputs (floats ~ N(0,1), integers in 0..9) at the engine's shapes (a profile's opt).
+  std::vector<q::Feeds> heldout;
+  if (!calib_data.empty()) {
+    q::CalibrationOptions c;
+    c.data = calib_data;
+    c.batch = calib_batch;
+    if (q::is_image_folder(calib_data)) c.image = image.options(q::image_input(model), calib_data);
+    int before = 0;
+    heldout = q::heldout_batches(model, c, budget_batches, before, /*leave_calibration=*/false);
+  } else {
+    BuildOptions quiet = b;
+    quiet.log = nullptr;
+    Engine engine = Engine::from_onnx(model, quiet);
+    Context context = engine.create_context();
+    std::mt19937_64 rng(0);
+    for (int i = 0; i < budget_batches; ++i) {
+      q::Feeds feeds;
+      for (const TensorDesc& d : engine.inputs()) feeds.emplace(d.name, random_input(d, context.input_shape(d.name), rng));
+      heldout.push_back(std::move(feeds));
+    }
+  }
+  if (!quiet)
+    std::cerr << "kiln: accuracy budget: fp16 against float32 on the GPU, on " << heldout.size() << " batch(es) of "
+              << (calib_data.empty() ? std::string("random inputs") : calib_data) << "; one build per layer ranked\n";
+  const std::vector<std::string> kept = fit_budget(model, *this, q::fp16_budget_target(b), heldout);
+  b.fp32_layers.insert(b.fp32_layers.end(), kept.begin(), kept.end());
 }
 
 size_t parse_byte_size(const std::string& text, const std::string& flag) {

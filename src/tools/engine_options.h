@@ -43,7 +43,7 @@ struct EngineOptions {
   std::string calib_data, calib_algo = "entropy", calib_cache;
   int calib_batches = 0, calib_batch = 8;
   double calib_percentile = 99.99;
-  std::vector<std::string> layer_precision;
+  std::vector<std::string> layer_precision;  // NAME=fp16|fp32|int8 (also from --layerPrecisions)
   double accuracy_budget = -1;  // in accuracy_metric's units; < 0: off
   std::string accuracy_metric = "top1";  // top1, cosine or relative-l2 (calibration/accuracy_budget.h)
   int budget_batches = 1;
@@ -67,6 +67,8 @@ struct EngineOptions {
   // that must stay float are added to the build's float layers (calibration/accuracy_budget.h).
   BuildOptions build_options(const std::string& model, std::vector<std::string>& defaulted) const;
   void add_int8(const std::string& model, BuildOptions& b) const;
+  // fp16 / best GPU builds with --accuracy-budget: adds the layers that must stay float32.
+  void add_fp16_budget(const std::string& model, BuildOptions& b) const;
   // --max-memory in bytes (0 when not given); throws kInvalidArgument for an unreadable size.
   size_t max_memory_bytes() const;
   // How an engine file is loaded: --max-memory and --gpu.

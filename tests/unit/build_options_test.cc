@@ -45,6 +45,18 @@ TEST(TacticOptions, TheEngineFileKeepsThem) {
   EXPECT_FALSE(back.options.tactics == TacticOptions{});
 }
 
+// Layers pinned to float32 in an fp16 build are part of what the engine is: a loaded engine plans
+// new shapes with them too. An engine file written before them has none.
+TEST(BuildOptionsHeader, TheEngineFileKeepsTheFloat32Layers) {
+  BuildOptions options;
+  options.precision = Precision::kFp16;
+  options.fp32_layers = {"/layer1/conv", "/head/Gemm"};
+  nlohmann::json j = engine_file::to_json(cuda_header(options));
+  EXPECT_EQ(engine_file::header_from_json(j, "x.engine").options.fp32_layers, options.fp32_layers);
+  j["options"].erase("fp32_layers");
+  EXPECT_TRUE(engine_file::header_from_json(j, "x.engine").options.fp32_layers.empty());
+}
+
 TEST(TacticOptions, AHeaderWithoutThemMeansTheDefaults) {
   nlohmann::json j = engine_file::to_json(cuda_header(BuildOptions{}));
   j["options"].erase("tactic_options");

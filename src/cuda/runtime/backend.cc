@@ -338,6 +338,7 @@ std::unique_ptr<backend::Engine> build_backend_engine(std::shared_ptr<const ir::
   config.max_memory = options.max_memory;
   config.log = options.log;
   config.tactics = options.tactics;
+  config.fp32_layers.insert(options.fp32_layers.begin(), options.fp32_layers.end());
   for (const OptimizationProfile& p : profiles) config.profiles.push_back(lowered_profile(p));
   config.input_values = options.input_values;
   DeviceScope scope(options.gpu);

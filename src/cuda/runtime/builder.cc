@@ -497,7 +497,10 @@ void Builder::lower_shape(const ir::Node& node) {
 void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsupported) {
   // Logical specs of constants, kept alive while the request (or a copy deferred) points at them.
   auto constant_specs = std::make_shared<std::deque<TensorSpec>>();
-  LayerRequest request{node, config_.precision, {}, {}, {}, {}, {}};
+  // A node pinned to float32 in an fp16 build: its layer picks float32 formats and math like an
+  // fp32 build's, and buffer_in_format reformats its neighbours' fp16 to and from them.
+  const bool pinned_fp32 = config_.precision == Precision::kFp16 && config_.fp32_layers.count(node.name);
+  LayerRequest request{node, pinned_fp32 ? Precision::kFp32 : config_.precision, {}, {}, {}, {}, {}};
   for (size_t i = 0; i < node.inputs.size(); ++i) {
     if (!node.has_input(i)) {
       request.inputs.push_back(nullptr);
@@ -593,6 +596,7 @@ void Builder::lower_node(const ir::Node& node, std::vector<std::string>& unsuppo
   layer.inputs = inputs;
   layer.outputs = outputs;
   if (config_.precision == Precision::kFp16) {
+    layer.fp32_under_fp16 = pinned_fp32;
     for (size_t i = 0; i < outputs.size(); ++i)
       if (request.output_dtypes[i] == DType::kFloat32 && formats.outputs[i].dtype == DType::kFloat32)
         layer.fp32_under_fp16 = true;
@@ -696,6 +700,10 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, const Values& va
           (waiting ? std::string("timed once its generated kernels compile") : plan_->layers_.back().layer->tactic()));
     }
   }
+  for (const std::string& name : config_.fp32_layers)
+    if (std::none_of(graph_.nodes.begin(), graph_.nodes.end(), [&](const ir::Node& n) { return n.name == name; }))
+      throw Error(ErrorKind::kInvalidArgument, "layer '" + name + "' is pinned to float32, and the optimized graph has no node of that name")
+          .hint("name a layer as `kiln inspect --optimize` (or `kiln build -v`) lists the engine's layers");
   if (!unsupported.empty()) {
     std::string msg = std::to_string(unsupported.size()) + " node(s) cannot run on the GPU:";
     for (const std::string& u : unsupported) msg += "\n  " + u;

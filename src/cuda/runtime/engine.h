@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,6 +72,8 @@ struct BuildConfig {
   size_t max_memory = 0;
   std::function<void(const std::string&)> log;  // progress lines; nullptr: quiet
   TacticOptions tactics;  // how tactics are chosen and launched (kiln/types.h)
+  // fp16 builds: nodes whose layers take Precision::kFp32 (BuildOptions::fp32_layers).
+  std::set<std::string> fp32_layers;
 };
 
 // Where a buffer's memory comes from.
