@@ -142,9 +142,11 @@ BudgetTarget fp16_budget_target(const BuildOptions& fp16) {
   BudgetTarget t;
   t.reduced = fp16;
   t.reduced.log = nullptr;
-  if (t.reduced.timing_cache.empty())
-    t.reduced.timing_cache = (std::filesystem::temp_directory_path() /
-                              ("kiln-accuracy-budget-" + std::to_string(::getpid()) + ".timing-cache")).string();
+  if (t.reduced.timing_cache.empty()) {
+    t.temporary_timing_cache = (std::filesystem::temp_directory_path() /
+                                ("kiln-accuracy-budget-" + std::to_string(::getpid()) + ".timing-cache")).string();
+    t.reduced.timing_cache = t.temporary_timing_cache;
+  }
   t.reference = t.reduced;
   t.reference.precision = Precision::kFp32;
   t.reference.fp32_layers.clear();
@@ -174,8 +176,7 @@ BudgetReport fit_accuracy_budget(const std::string& model, const BudgetTarget& t
       std::error_code ec;
       if (!path.empty()) std::filesystem::remove(path, ec);
     }
-  } temporary_cache{target.reduced.timing_cache.find("kiln-accuracy-budget-") != std::string::npos
-                        ? target.reduced.timing_cache : std::string()};
+  } temporary_cache{target.temporary_timing_cache};
   int64_t classes = 1;
   const std::vector<float> reference = outputs_of(model, target.reference, heldout, classes);
   auto measure = [&](const std::vector<std::string>& float_layers) {

@@ -61,6 +61,8 @@ struct BudgetTarget {
   std::function<bool(const LayerInfo&)> eligible;
   // Keeps `layers` in float in a copy of `reduced`.
   std::function<void(BuildOptions&, const std::vector<std::string>& layers)> keep;
+  // A timing cache file the target made for its builds (none given): removed when the analysis ends.
+  std::string temporary_timing_cache;
 };
 
 // INT8 or FP8 (`precision`) from calibrated `scales` on the CPU engine, every eligible layer

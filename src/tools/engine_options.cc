@@ -315,43 +315,41 @@ void write_budget_report(const std::string& path, const std::string& model, Prec
 std::vector<std::string> fit_budget(const std::string& model, const EngineOptions& options,
                                     const calibration::BudgetTarget& target, const std::vector<calibration::Feeds>& heldout) {
   namespace q = calibration;
-  {
-    const q::AccuracyMetric metric = q::parse_accuracy_metric(options.accuracy_metric);
-    q::BudgetReport r = q::fit_accuracy_budget(
-        model, target, heldout, metric, options.accuracy_budget,
-        [&](const std::string& line) {
-          if (!options.quiet) std::cerr << "kiln: " << line << std::endl;  // progress: a line per build
-        },
-        /*rank_every_layer=*/!options.budget_report.empty());
-    if (!options.budget_report.empty()) write_budget_report(options.budget_report, model, target.reduced.precision, r);
-    const std::string& format = target.name;
-    // Each score as the metric reads it, with the relative L2 error beside it.
-    auto figure = [&](const q::OutputScore& s) {
-      switch (metric) {
-        case q::AccuracyMetric::kTop1: return fmt::format("{:.2f}% (error {:.4f})", s.agreement, s.error);
-        case q::AccuracyMetric::kCosine: return fmt::format("{:.8f} (error {:.4f})", s.cosine, s.error);
-        case q::AccuracyMetric::kRelativeL2: return fmt::format("{:.4f} (cosine {:.8f})", s.error, s.cosine);
-      }
-      return std::string();
-    };
-    const char* what = metric == q::AccuracyMetric::kTop1     ? "points: all-{} top-1 agreement with float32"
-                       : metric == q::AccuracyMetric::kCosine ? "(cosine): all-{} cosine similarity with float32"
-                                                              : "(relative L2): all-{} relative L2 error against float32";
-    std::cerr << fmt::format("kiln: accuracy budget {} ", options.accuracy_budget) << fmt::format(fmt::runtime(what), format) << " "
-              << figure(r.quantized);
-    if (r.float_layers.empty()) {
-      std::cerr << ", within budget\n";
-    } else {
-      std::cerr << fmt::format("; {} layer(s) kept in float -> {}{}\n", r.float_layers.size(), figure(r.final),
-                               r.met ? "" : ": budget NOT met with every layer in float");
-      for (size_t i = 0; i < r.float_layers.size(); ++i) {
-        const auto& l = *std::find_if(r.ranking.begin(), r.ranking.end(),
-                                      [&](const q::LayerSensitivity& s) { return s.layer == r.float_layers[i]; });
-        std::cerr << fmt::format("kiln:   {} (alone in float: {})\n", l.layer, figure(l.score));
-      }
+  const q::AccuracyMetric metric = q::parse_accuracy_metric(options.accuracy_metric);
+  q::BudgetReport r = q::fit_accuracy_budget(
+      model, target, heldout, metric, options.accuracy_budget,
+      [&](const std::string& line) {
+        if (!options.quiet) std::cerr << "kiln: " << line << std::endl;  // progress: a line per build
+      },
+      /*rank_every_layer=*/!options.budget_report.empty());
+  if (!options.budget_report.empty()) write_budget_report(options.budget_report, model, target.reduced.precision, r);
+  const std::string& format = target.name;
+  // Each score as the metric reads it, with the relative L2 error beside it.
+  auto figure = [&](const q::OutputScore& s) {
+    switch (metric) {
+      case q::AccuracyMetric::kTop1: return fmt::format("{:.2f}% (error {:.4f})", s.agreement, s.error);
+      case q::AccuracyMetric::kCosine: return fmt::format("{:.8f} (error {:.4f})", s.cosine, s.error);
+      case q::AccuracyMetric::kRelativeL2: return fmt::format("{:.4f} (cosine {:.8f})", s.error, s.cosine);
     }
-    return r.float_layers;
+    return std::string();
+  };
+  const char* what = metric == q::AccuracyMetric::kTop1     ? "points: all-{} top-1 agreement with float32"
+                     : metric == q::AccuracyMetric::kCosine ? "(cosine): all-{} cosine similarity with float32"
+                                                            : "(relative L2): all-{} relative L2 error against float32";
+  std::cerr << fmt::format("kiln: accuracy budget {} ", options.accuracy_budget) << fmt::format(fmt::runtime(what), format) << " "
+            << figure(r.quantized);
+  if (r.float_layers.empty()) {
+    std::cerr << ", within budget\n";
+  } else {
+    std::cerr << fmt::format("; {} layer(s) kept in float -> {}{}\n", r.float_layers.size(), figure(r.final),
+                             r.met ? "" : ": budget NOT met with every layer in float");
+    for (size_t i = 0; i < r.float_layers.size(); ++i) {
+      const auto& l = *std::find_if(r.ranking.begin(), r.ranking.end(),
+                                    [&](const q::LayerSensitivity& s) { return s.layer == r.float_layers[i]; });
+      std::cerr << fmt::format("kiln:   {} (alone in float: {})\n", l.layer, figure(l.score));
+    }
   }
+  return r.float_layers;
 }
 
 }  // namespace
@@ -414,14 +412,22 @@ void EngineOptions::add_fp16_budget(const std::string& model, BuildOptions& b) c
     int before = 0;
     heldout = q::heldout_batches(model, c, budget_batches, before, /*leave_calibration=*/false);
   } else {
-    BuildOptions quiet = b;
-    quiet.log = nullptr;
-    Engine engine = Engine::from_onnx(model, quiet);
-    Context context = engine.create_context();
+    // The shapes the build fixes, or profile 0's opt shapes: what the engine runs first.
+    const std::vector<TensorDesc> inputs = model_inputs(model);
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const TensorDesc& d : inputs) {
+      if (auto fixed = b.input_shapes.find(d.name); fixed != b.input_shapes.end())
+        shapes[d.name] = fixed->second;
+      else if (!b.profiles.empty() && b.profiles[0].count(d.name))
+        shapes[d.name] = b.profiles[0].at(d.name).opt;
+      else
+        throw Error(ErrorKind::kInvalidArgument, "--accuracy-budget: input '" + d.name + "' has no shape to make random inputs of")
+            .hint("give its shape (--shapes, --dim) or measure on data (--calib DATA)");
+    }
     std::mt19937_64 rng(0);
     for (int i = 0; i < budget_batches; ++i) {
       q::Feeds feeds;
-      for (const TensorDesc& d : engine.inputs()) feeds.emplace(d.name, random_input(d, context.input_shape(d.name), rng));
+      for (const TensorDesc& d : inputs) feeds.emplace(d.name, random_input(d, shapes.at(d.name), rng));
       heldout.push_back(std::move(feeds));
     }
   }

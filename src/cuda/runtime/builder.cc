@@ -675,6 +675,10 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, const Values& va
   if (!values_hint.empty())
     values_hint = "input(s) " + values_hint + " set parameters of the model: give their values (--input-values NAME=V1,V2,..., "
                   "BuildOptions::input_values) and the engine plans for them";
+  for (const std::string& name : config_.fp32_layers)
+    if (std::none_of(graph_.nodes.begin(), graph_.nodes.end(), [&](const ir::Node& n) { return n.name == name; }))
+      throw Error(ErrorKind::kInvalidArgument, "layer '" + name + "' is pinned to float32, and the optimized graph has no node of that name")
+          .hint("name a layer as `kiln inspect --optimize` (or `kiln build -v`) lists the engine's layers");
   std::vector<std::string> unsupported;
   const size_t total = graph_.nodes.size();
   auto started = std::chrono::steady_clock::now();
@@ -700,10 +704,6 @@ std::unique_ptr<ShapePlan> Builder::build(const Shapes& shapes, const Values& va
           (waiting ? std::string("timed once its generated kernels compile") : plan_->layers_.back().layer->tactic()));
     }
   }
-  for (const std::string& name : config_.fp32_layers)
-    if (std::none_of(graph_.nodes.begin(), graph_.nodes.end(), [&](const ir::Node& n) { return n.name == name; }))
-      throw Error(ErrorKind::kInvalidArgument, "layer '" + name + "' is pinned to float32, and the optimized graph has no node of that name")
-          .hint("name a layer as `kiln inspect --optimize` (or `kiln build -v`) lists the engine's layers");
   if (!unsupported.empty()) {
     std::string msg = std::to_string(unsupported.size()) + " node(s) cannot run on the GPU:";
     for (const std::string& u : unsupported) msg += "\n  " + u;
