@@ -150,9 +150,21 @@ class Context {
   // plans them); ask for output_buffer() after that.
   void* input_buffer(const std::string& name) const;
   void* output_buffer(const std::string& name) const;
+  // Zero-copy I/O: enqueue() and profile() read an input from, or write an output to, memory of
+  // the caller's (`bytes` at `device_pointer`) instead of the context's buffer, until bound again
+  // or unbound (nullptr). The memory must be device memory of the engine's GPU, aligned to 256
+  // bytes as cudaMalloc's is, `bytes` within one allocation; enqueue() throws when `bytes` do not
+  // hold the tensor at the current shapes. The caller keeps it alive and unchanged while runs
+  // use it. run() leaves bound memory alone (it copies through the context's buffers).
+  void set_tensor_address(const std::string& name, void* device_pointer, size_t bytes);
+  // The memory enqueue() uses for an input or output: the caller's when bound, else the context's.
+  void* tensor_address(const std::string& name) const;
   // Runs the engine at the current input shapes on a CUDA stream (a cudaStream_t; nullptr:
   // the legacy default stream), asynchronously: the first call at a shape captures a CUDA graph
-  // (kept per shape, the 8 most recent), later ones replay it. Default streams cannot be
+  // (kept per shape, the 8 most recent), later ones replay it. Bound memory gets graphs of its
+  // own, up to 4 sets of addresses per shape, once its addresses come back (buffers used in
+  // turn, an input that stays put); memory met for the first time lately is copied in and out
+  // around the graph of the context's buffers instead, which costs less than a capture. Default streams cannot be
   // captured: there the graph runs on a stream of the context's, ordered after the caller's
   // earlier work and before its later work on that stream.
   void enqueue(void* cuda_stream);

@@ -5,7 +5,8 @@
 // Tensors cross as numpy arrays: inputs are copied in (C-contiguous, the engine's dtype:
 // a wrong dtype is kiln's own error, never a silent conversion), outputs are numpy arrays over
 // kiln's storage (no copy). GPU buffers of a Context leave as DLPack capsules, so
-// torch.from_dlpack() sees them without a copy.
+// torch.from_dlpack() sees them without a copy; Context.bind() takes the caller's GPU memory in
+// (any object with __dlpack__: a torch tensor, a CuPy or JAX array) for zero-copy runs.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -136,11 +137,19 @@ struct DLManagedTensor {
   DLTensor dl_tensor; void* manager_ctx; void (*deleter)(DLManagedTensor*);
 };
 constexpr int32_t kDLCUDA = 2;
+constexpr int32_t kDLCUDAManaged = 13;
+// DLPack 1.0's versioned form, which producers may hand out.
+struct DLPackVersion { uint32_t major; uint32_t minor; };
+struct DLManagedTensorVersioned {
+  DLPackVersion version; void* manager_ctx; void (*deleter)(DLManagedTensorVersioned*); uint64_t flags; DLTensor dl_tensor;
+};
+constexpr uint64_t kDLFlagReadOnly = 1;
 
 DLDataType dlpack_dtype(DType d) {
   enum : uint8_t { kInt = 0, kUInt = 1, kFloat = 2, kBool = 6 };
   const uint8_t bits = static_cast<uint8_t>(element_size(d) * 8);
   if (d == DType::kBool) return {kBool, 8, 1};
+  if (d == DType::kBFloat16) return {4, 16, 1};  // kDLBfloat
   if (is_float(d) && d != DType::kBFloat16) return {kFloat, bits, 1};
   if (d == DType::kUInt8 || d == DType::kUInt16 || d == DType::kUInt32 || d == DType::kUInt64) return {kUInt, bits, 1};
   if (is_integer(d)) return {kInt, bits, 1};
@@ -190,6 +199,124 @@ py::capsule buffer_dlpack(py::object self, const Engine& engine, const std::stri
                           c.output_shape(name), self);
   return dlpack_capsule(c.input_buffer(name), engine.gpu(), find_desc(engine.inputs(), name, "input").dtype,
                         c.input_shape(name), self);
+}
+
+// GPU memory that an object exports through DLPack, as Context.bind() takes it.
+struct ExportedMemory {
+  void* address = nullptr;
+  size_t bytes = 0;
+  std::vector<int64_t> shape;
+  DLDataType dtype{};
+  int device_type = 0, device = 0;
+  bool read_only = false;
+};
+
+// Reads an object's DLPack export (the protocol's __dlpack__, without stream synchronization:
+// the caller orders its work and the runs) and hands the capsule back to its producer at once;
+// the caller keeps `object` alive, and with it the memory. Throws naming `what` for memory that
+// is not dense row-major.
+ExportedMemory exported_memory(const py::handle& object, const std::string& what) {
+  if (!py::hasattr(object, "__dlpack__"))
+    throw Error(ErrorKind::kInvalidArgument, what + " is a " + py::str(py::type::of(object).attr("__name__")).cast<std::string>() +
+                                                 ", which has no __dlpack__")
+        .hint("give a CUDA tensor or array: torch, CuPy, JAX, or anything with __dlpack__");
+  py::object capsule;
+  try {
+    capsule = object.attr("__dlpack__")(py::arg("stream") = -1);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    capsule = object.attr("__dlpack__")();  // a producer without the stream argument
+  }
+  PyObject* c = capsule.ptr();
+  const DLTensor* t = nullptr;
+  std::function<void()> release;
+  ExportedMemory m;
+  if (PyCapsule_IsValid(c, "dltensor")) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(c, "dltensor"));
+    PyCapsule_SetName(c, "used_dltensor");
+    t = &managed->dl_tensor;
+    release = [managed] { if (managed->deleter) managed->deleter(managed); };
+  } else if (PyCapsule_IsValid(c, "dltensor_versioned")) {
+    auto* managed = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(c, "dltensor_versioned"));
+    PyCapsule_SetName(c, "used_dltensor_versioned");
+    t = &managed->dl_tensor;
+    m.read_only = (managed->flags & kDLFlagReadOnly) != 0;
+    release = [managed] { if (managed->deleter) managed->deleter(managed); };
+  } else {
+    throw Error(ErrorKind::kInvalidArgument, what + ": __dlpack__ returned no DLPack capsule");
+  }
+  struct Release {
+    std::function<void()> f;
+    ~Release() { f(); }
+  } released{release};
+  m.device_type = t->device.device_type;
+  m.device = t->device.device_id;
+  m.dtype = t->dtype;
+  if (t->ndim < 0 || t->ndim > 64)
+    throw Error(ErrorKind::kInvalidArgument, what + " has rank " + std::to_string(t->ndim));
+  m.shape.assign(t->shape, t->shape + t->ndim);
+  // Dense row-major: strides absent, or each the product of the dimensions after it (a
+  // dimension of size 1 may have any stride).
+  if (t->strides) {
+    int64_t expected = 1;
+    for (int i = t->ndim - 1; i >= 0; --i) {
+      if (m.shape[static_cast<size_t>(i)] != 1 && t->strides[i] != expected)
+        throw Error(ErrorKind::kInvalidArgument, what + " is not dense and row-major (dimension " + std::to_string(i) +
+                                                     " has stride " + std::to_string(t->strides[i]) + ", not " +
+                                                     std::to_string(expected) + ")")
+            .hint("bind a contiguous copy (tensor.contiguous())");
+      expected *= m.shape[static_cast<size_t>(i)];
+    }
+  }
+  if (t->dtype.lanes != 1 || t->dtype.bits % 8 != 0 || t->dtype.bits == 0)
+    throw Error(ErrorKind::kInvalidArgument, what + " has a DLPack dtype of " + std::to_string(t->dtype.bits) + " bits in " +
+                                                 std::to_string(t->dtype.lanes) + " lanes");
+  const size_t elements = static_cast<size_t>(shape_numel(m.shape));  // checked: throws past kiln's limits
+  m.bytes = elements * (t->dtype.bits / 8);
+  m.address = static_cast<char*>(t->data) + t->byte_offset;
+  return m;
+}
+
+// Context.bind(): `object`'s memory for an input or output of the context (`self`); an input
+// takes the object's shape. The Context keeps `object` (its `_bound` dict) until bound again.
+void bind_memory(py::object self, const std::string& name, const py::handle& object) {
+  Context& context = self.cast<Context&>();
+  const Engine& engine = self.attr("engine").cast<const Engine&>();
+  const TensorDesc* desc = nullptr;
+  bool is_input = false;
+  for (const TensorDesc& d : engine.inputs())
+    if (d.name == name) desc = &d, is_input = true;
+  if (!desc)
+    for (const TensorDesc& d : engine.outputs())
+      if (d.name == name) desc = &d;
+  if (!desc) throw Error(ErrorKind::kInvalidArgument, "the engine has no input or output named '" + name + "'");
+  const std::string what = std::string(is_input ? "input" : "output") + " '" + name + "'";
+  const ExportedMemory m = exported_memory(object, "memory for " + what);
+  if (m.device_type != kDLCUDA && m.device_type != kDLCUDAManaged)
+    throw Error(ErrorKind::kInvalidArgument, "memory for " + what + " is not on a CUDA device (DLPack device type " +
+                                                 std::to_string(m.device_type) + ")")
+        .hint("bind GPU memory; host data goes through run()");
+  if (m.device != engine.gpu())
+    throw Error(ErrorKind::kInvalidArgument, "memory for " + what + " is on GPU " + std::to_string(m.device) +
+                                                 ", the engine runs on GPU " + std::to_string(engine.gpu()));
+  const DLDataType want = dlpack_dtype(desc->dtype);
+  if (m.dtype.code != want.code || m.dtype.bits != want.bits)
+    throw Error(ErrorKind::kInvalidArgument, "memory for " + what + " holds DLPack dtype code " + std::to_string(m.dtype.code) +
+                                                 " of " + std::to_string(m.dtype.bits) + " bits; the engine's is " +
+                                                 to_string(desc->dtype));
+  if (!is_input && m.read_only)
+    throw Error(ErrorKind::kInvalidArgument, "memory for " + what + " is read-only");
+  {
+    py::gil_scoped_release release;
+    if (is_input && m.shape != context.input_shape(name)) context.set_input_shape(name, m.shape);
+    context.set_tensor_address(name, m.address, m.bytes);
+  }
+  py::object held = py::getattr(self, "_bound", py::none());
+  if (held.is_none()) {
+    held = py::dict();
+    py::setattr(self, "_bound", held);
+  }
+  held[py::str(name)] = object;
 }
 
 py::dict engine_info(const Engine& engine) {
@@ -458,6 +585,29 @@ PYBIND11_MODULE(_kiln, m) {
           "output_dlpack",
           [](py::object self, const Engine& engine, const std::string& name) { return buffer_dlpack(self, engine, name, true); },
           py::arg("engine"), py::arg("name"))
+      .def("bind", &bind_memory, py::arg("name"), py::arg("memory"),
+           "Zero-copy I/O: enqueue() reads the input, or writes the output, `name` in `memory` (a CUDA tensor or "
+           "array with __dlpack__: torch, CuPy, JAX; dense, row-major, the engine's dtype, on its GPU, 256-byte "
+           "aligned) instead of the context's buffer; an input takes memory's shape. The context holds `memory` "
+           "until bound again or unbind(name). The caller orders its work on the memory with the runs (streams).")
+      .def(
+          "unbind",
+          [](py::object self, const std::string& name) {
+            self.cast<Context&>().set_tensor_address(name, nullptr, 0);
+            py::object held = py::getattr(self, "_bound", py::none());
+            if (!held.is_none()) held.attr("pop")(py::str(name), py::none());
+          },
+          py::arg("name"), "The context's own buffer for `name` again")
+      .def(
+          "set_tensor_address",
+          [](Context& c, const std::string& name, uintptr_t pointer, size_t nbytes) {
+            c.set_tensor_address(name, reinterpret_cast<void*>(pointer), nbytes);
+          },
+          py::arg("name"), py::arg("pointer"), py::arg("nbytes"),
+          "bind() by raw device pointer (0 unbinds): the caller keeps the memory alive while runs use it")
+      .def("tensor_address", [](const Context& c, const std::string& name) {
+        return reinterpret_cast<uintptr_t>(c.tensor_address(name));
+      }, py::arg("name"), "The device address enqueue() uses for an input or output: the bound memory's, else the context's")
       .def("profile", [](Context& c, uintptr_t stream) {
         std::vector<LayerTiming> timings;
         {

@@ -12,6 +12,12 @@ On a GPU (the CUDA backend), a Context runs with torch CUDA tensors without copi
     context = engine.create_context()
     logits = context.run_torch({"input": x_cuda})["logits"]   # a torch view of the engine's buffer
 
+and binds CUDA memory of the caller's (torch, CuPy, JAX: anything with __dlpack__) to inputs
+and outputs, so that runs read and write it in place:
+
+    context.bind("input", x_cuda); context.bind("logits", out_cuda)
+    context.enqueue(torch.cuda.current_stream().cuda_stream)
+
 Engine, Context and BuildOptions mirror the C++ API (include/kiln/kiln.h); every failure is a
 kiln.Error with kiln's message (the file, node or input at fault, and why), of the subclass of its
 kind (kiln.UnsupportedError, kiln.InvalidArgumentError, ...) with the fields kiln::Error carries:
@@ -155,22 +161,43 @@ def _create_context(self: Engine, use_cuda_graph: bool = True, share_activation_
     return context
 
 
-def _run_torch(self: Context, inputs: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
-    """Runs a GPU context on torch CUDA tensors: inputs are copied device to device into the
-    context's buffers, outputs are torch views of its output buffers (no copy; overwritten by
-    the next run: clone() what you keep). Runs on `stream` (default: torch's current stream of the
-    engine's GPU), which must belong to the engine's GPU."""
+def _bindable(tensor: Any) -> Any:
+    """A torch tensor as bind() takes it: itself when dense, row-major and 256-byte aligned (a
+    tensor of its own storage is), else a copy that is."""
+    import torch
+
+    tensor = tensor.detach()
+    if tensor.is_contiguous() and tensor.data_ptr() % 256 == 0:
+        return tensor
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format).copy_(tensor)
+
+
+def _run_torch(self: Context, inputs: Mapping[str, Any], stream: Any = None,
+               outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Runs a GPU context on torch CUDA tensors without copies: inputs are read in place (bound
+    for this run; a tensor that is not dense and 256-byte aligned is copied first), the tensors in
+    `outputs` are written in place, and every other output is a torch view of the context's own
+    buffer (overwritten by the next run: clone() what you keep). Runs on `stream` (default: torch's
+    current stream of the engine's GPU), which must belong to the engine's GPU; the tensors are
+    recorded on it, so that their memory outlives the run."""
     import torch
 
     stream = stream or torch.cuda.current_stream(self.engine.gpu)
-    for name, tensor in inputs.items():  # dynamic engines run at the tensors' shapes
-        if list(tensor.shape) != self.input_shape(name):
-            self.set_input_shape(name, list(tensor.shape))
-    with torch.cuda.stream(stream):
-        for name, tensor in inputs.items():
-            torch.from_dlpack(self.input_dlpack(self.engine, name)).copy_(tensor, non_blocking=True)
-    self.enqueue(stream.cuda_stream)
-    return {d.name: torch.from_dlpack(self.output_dlpack(self.engine, d.name)) for d in self.engine.outputs}
+    outputs = dict(outputs or {})
+    bound = [(name, _bindable(t)) for name, t in inputs.items()] + list(outputs.items())
+    done = []
+    try:
+        for name, tensor in bound:  # an input's shape is the tensor's (dynamic engines)
+            self.bind(name, tensor)
+            done.append(name)
+        self.enqueue(stream.cuda_stream)
+    finally:
+        for name in done:
+            self.unbind(name)
+    for name, tensor in bound:
+        tensor.record_stream(stream)
+    return {d.name: outputs[d.name] if d.name in outputs else torch.from_dlpack(self.output_dlpack(self.engine, d.name))
+            for d in self.engine.outputs}
 
 
 Engine.create_context = _create_context

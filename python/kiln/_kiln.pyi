@@ -108,9 +108,19 @@ class Context:
     def run_concatenated(self, pieces: Mapping[str, Sequence[Any]], zero_rows: int = 0) -> dict[str, npt.NDArray[Any]]:
         """run() of each input given as arrays one after another along the first dimension, then
         zero_rows rows of zeros; each piece is copied once, into the context's transfer buffer."""
-    def run_torch(self, inputs: Mapping[str, Any], stream: Any = None) -> dict[str, Any]:
-        """torch CUDA tensors in; torch views of the context's output buffers out (no copy)."""
+    def run_torch(self, inputs: Mapping[str, Any], stream: Any = None,
+                  outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """torch CUDA tensors in, read in place; the given output tensors written in place, the
+        others torch views of the context's output buffers (no copy)."""
     def enqueue(self, cuda_stream: int = 0) -> None: ...
+    def bind(self, name: str, memory: Any) -> None:
+        """Zero-copy I/O: enqueue() reads the input, or writes the output, `name` in `memory` (a CUDA
+        tensor or array with __dlpack__; dense, row-major, the engine's dtype, on its GPU, 256-byte
+        aligned); an input takes memory's shape. Held until bound again or unbind(name)."""
+    def unbind(self, name: str) -> None: ...
+    def set_tensor_address(self, name: str, pointer: int, nbytes: int) -> None:
+        """bind() by raw device pointer (0 unbinds); the caller keeps the memory alive."""
+    def tensor_address(self, name: str) -> int: ...
     def set_input_shape(self, name: str, shape: Sequence[int]) -> None: ...
     def input_shape(self, name: str) -> list[int]: ...
     def set_input_values(self, name: str, values: Any) -> None:

@@ -13,9 +13,11 @@ export that fails, an operator kiln refuses, outputs that are not tensors, symbo
 in eager PyTorch instead, with one warning naming the reason; `kiln.torch_backend.stats` counts
 both.
 
-On the GPU the engine runs on torch's current stream through a context per engine: inputs
-are copied device to device into its buffers, outputs are cloned out of them (the next run
-overwrites them).
+On the GPU the engine runs on torch's current stream through a context per engine, without
+copies: the inputs are read where they are (a tensor that is not dense and 256-byte aligned is
+copied first), and each run writes new output tensors in place (Context.set_tensor_address). The
+context keeps a CUDA graph per set of addresses it has seen (a few per shape), so the outputs
+that torch's allocator hands out in turn, and inputs that stay where they are, replay graphs.
 """
 from __future__ import annotations
 
@@ -36,6 +38,10 @@ stats: Counter = Counter()  # "engines" built, "eager" graphs left to PyTorch, "
 _CACHE_ENTRIES = 32  # engines kept for reuse (each holds its model's parameters); the oldest go first
 _cache: OrderedDict[tuple, tuple[Callable, list]] = OrderedDict()
 _cache_lock = threading.Lock()
+# kiln's dtype names -> torch's, for the output tensors a GPU engine writes into.
+_TORCH_DTYPES = {name: getattr(torch, name) for name in
+                 ("float32", "float16", "bfloat16", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                  "uint32", "uint64", "bool") if hasattr(torch, name)}
 
 
 def _is_constant(t: Any) -> bool:
@@ -66,8 +72,10 @@ class _WithConstants(torch.nn.Module):
 
 def _key(gm: torch.fx.GraphModule, example_inputs: list, options: dict) -> tuple:
     code = hashlib.sha256(gm.code.encode()).hexdigest()
+    # Symbolic sizes (SymInt inputs, when TorchDynamo makes a graph dynamic) key by their text:
+    # such graphs run in eager PyTorch anyway (_build).
     shapes = tuple((tuple(t.shape), str(t.dtype), t.device.type, _is_constant(t), id(t) if _is_constant(t) else 0)
-                   for t in example_inputs)
+                   if isinstance(t, torch.Tensor) else ("value", repr(t)) for t in example_inputs)
     return code, shapes, tuple(sorted(options.items()))
 
 
@@ -101,6 +109,9 @@ def _build(gm: torch.fx.GraphModule, example_inputs: list, precision: str | None
             options = kiln.BuildOptions()
             options.device = device
             options.precision = precision
+            if device == "cuda":  # the GPU of the inputs
+                index = next((t.device.index for t in user if t.is_cuda), None)
+                options.gpu = torch.cuda.current_device() if index is None else index
             engine = kiln.Engine.from_onnx(path, options)
     except kiln.Error as e:
         return _eager(gm, f"kiln refuses it: {e}")
@@ -115,17 +126,27 @@ def _build(gm: torch.fx.GraphModule, example_inputs: list, precision: str | None
     input_names = [d.name for d in engine.inputs]
     output_names = [d.name for d in engine.outputs]
     output_dtypes = [t.dtype for t in expected]
+    if device == "cuda" and any(d.dtype not in _TORCH_DTYPES for d in engine.outputs):
+        return _eager(gm, "an output's dtype has no torch counterpart: " + ", ".join(d.dtype for d in engine.outputs))
     stats["engines"] += 1
 
     if device == "cuda":
         context = engine.create_context()
         lock = threading.Lock()
+        gpu = torch.device("cuda", engine.gpu)
+        # The engine's own output dtypes and shapes (fixed: an engine per input shape).
+        outputs = [(n, tuple(context.output_shape(n)), _TORCH_DTYPES[d.dtype]) for n, d in zip(output_names, engine.outputs)]
 
         def run(*args):
-            inputs = [a for i, a in enumerate(args) if i not in constants]
+            inputs = [kiln._bindable(a) for i, a in enumerate(args) if i not in constants]
+            results = [torch.empty(shape, dtype=dtype, device=gpu) for _, shape, dtype in outputs]
             with lock:
-                out = context.run_torch(dict(zip(input_names, inputs)))
-                return tuple(out[n].to(dt).clone() for n, dt in zip(output_names, output_dtypes))
+                for name, t in zip(input_names, inputs):
+                    context.set_tensor_address(name, t.data_ptr(), t.numel() * t.element_size())
+                for (name, _, _), t in zip(outputs, results):
+                    context.set_tensor_address(name, t.data_ptr(), t.numel() * t.element_size())
+                context.enqueue(torch.cuda.current_stream(gpu).cuda_stream)
+            return tuple(t if t.dtype == dt else t.to(dt) for t, dt in zip(results, output_dtypes))
         return run
 
     def run_cpu(*args):

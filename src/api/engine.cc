@@ -171,6 +171,10 @@ std::vector<int64_t> Context::output_shape(const std::string& name) { return imp
 std::vector<LayerInfo> Context::layers() { return impl_->context->layers(); }
 void* Context::input_buffer(const std::string& name) const { return impl_->context->input_buffer(name); }
 void* Context::output_buffer(const std::string& name) const { return impl_->context->output_buffer(name); }
+void Context::set_tensor_address(const std::string& name, void* device_pointer, size_t bytes) {
+  impl_->context->set_tensor_address(name, device_pointer, bytes);
+}
+void* Context::tensor_address(const std::string& name) const { return impl_->context->tensor_address(name); }
 void Context::enqueue(void* cuda_stream) { impl_->context->enqueue(cuda_stream); }
 std::map<std::string, Tensor> Context::run(const std::map<std::string, Tensor>& inputs) {
   return impl_->context->run(inputs);

@@ -1,6 +1,7 @@
 """The Python package on the GPU: a Builder's fp16 and INT8 engines against the CPU engine,
 Context.run_torch on torch CUDA tensors through DLPack (outputs are views of the context's own
-buffers: no copy), engine files saved and loaded from Python. Needs the extension module built
+buffers: no copy), caller memory bound to inputs and outputs (Context.bind), the torch.compile
+backend, engine files saved and loaded from Python. Needs the extension module built
 for the GPU machine's Python (scripts/build_gpu_python.sh; PYTHONPATH=build-gpu/python)."""
 from __future__ import annotations
 
@@ -162,3 +163,163 @@ def test_run_concatenated_is_run_of_the_joined_pieces(resnet18_64):
     with pytest.raises(kiln.Error, match="'input' is missing"):
         context.run_concatenated({"input": []})
     np.testing.assert_array_equal(context.run_concatenated({"input": parts}, zero_rows=2)["output"], want)
+
+
+class _DlpackOnly:
+    """Memory seen only through the DLPack protocol (what CuPy and JAX arrays offer), not as a
+    torch tensor: bind() must take any producer."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def __dlpack__(self, stream=None):
+        return self._tensor.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self._tensor.__dlpack_device__()
+
+
+def test_bound_memory_is_read_and_written_in_place(resnet18_64):
+    """Context.bind: runs read the caller's input and write the caller's output tensors (no
+    context buffer in between), on a stream of the caller's; buffers used in turn, and more sets of
+    addresses than a shape keeps graphs for, each get their own run's results; run() leaves bound
+    memory alone; unbind() returns to the context's buffers."""
+    import torch
+
+    path, spec = resnet18_64
+    cpu = kiln.Engine.from_onnx(path)
+    engine = kiln.Builder(precision="fp16", device="cuda",
+                          profiles=[{"input": ([1, 3, 64, 64], [4, 3, 64, 64], [8, 3, 64, 64])}]).build(path)
+    context = engine.create_context()
+    stream = torch.cuda.Stream()
+    xs = [spec.make_inputs(4, 100 + i)[0] for i in range(7)]
+    wants = [cpu.run({"input": x})["output"] for x in xs]
+    inputs = [torch.from_numpy(x).cuda() for x in xs]
+    outputs = [torch.full((4, 1000), float("nan"), device="cuda") for _ in xs]
+    torch.cuda.synchronize()
+    # Two rounds over 7 input/output pairs: 7 sets of addresses at one shape. The first round
+    # meets each for the first time (copies around the graph of the context's buffers); the
+    # second captures them, past the 4 graphs kept per shape, so graphs are updated in place; no
+    # run may write another run's buffer.
+    for _ in range(2):
+        for x, out in zip(inputs, outputs):
+            context.bind("input", _DlpackOnly(x) if out is outputs[3] else x)
+            context.bind("output", out)
+            assert context.tensor_address("output") == out.data_ptr()
+            assert context.tensor_address("input") == x.data_ptr()
+            with torch.cuda.stream(stream):
+                context.enqueue(stream.cuda_stream)
+        stream.synchronize()
+        for out, want in zip(outputs, wants):
+            assert rel_l2(out.cpu().numpy(), want) < 1e-2
+        for out in outputs:
+            out.fill_(float("nan"))
+        torch.cuda.synchronize()
+    # Addresses with a graph of their own: the run writes the caller's output alone (the
+    # context's buffer keeps what was put there).
+    own = torch.from_dlpack(context.output_dlpack(engine, "output"))
+    own.fill_(float("nan"))
+    context.bind("input", inputs[6])
+    context.bind("output", outputs[6])
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        context.enqueue(stream.cuda_stream)
+    stream.synchronize()
+    assert rel_l2(outputs[6].cpu().numpy(), wants[6]) < 1e-2
+    assert bool(own.isnan().all())
+
+    # run() goes through the context's buffers: the bound output keeps what it has.
+    context.bind("input", inputs[0])
+    context.bind("output", outputs[0])
+    context.enqueue(0)  # the legacy default stream: replayed on the context's own, joined to it
+    torch.cuda.synchronize()
+    kept = outputs[0].clone()
+    got = context.run({"input": xs[1]})["output"]
+    assert rel_l2(got, wants[1]) < 1e-2
+    torch.testing.assert_close(outputs[0], kept, rtol=0, atol=0)
+    assert rel_l2(kept.cpu().numpy(), wants[0]) < 1e-2
+
+    # An input takes the bound tensor's shape (within the profile); a larger output serves a smaller batch.
+    small = spec.make_inputs(2, 7)[0]
+    big_out = torch.zeros(8, 1000, device="cuda")
+    context.bind("input", torch.from_numpy(small).cuda())
+    context.bind("output", big_out)
+    assert context.input_shape("input") == [2, 3, 64, 64]
+    context.enqueue(0)
+    torch.cuda.synchronize()
+    assert rel_l2(big_out[:2].cpu().numpy(), cpu.run({"input": small})["output"]) < 1e-2
+    assert float(big_out[2:].abs().max()) == 0.0  # nothing written past the batch
+
+    # Unbound: the context's own buffers again.
+    context.unbind("input")
+    context.unbind("output")
+    assert context.tensor_address("output") == context.output_pointer("output")
+    assert context.tensor_address("input") == context.input_pointer("input")
+
+
+def test_bind_refuses_memory_it_cannot_use_and_the_context_runs_on(resnet18_64):
+    import torch
+
+    path, spec = resnet18_64
+    engine = kiln.Builder(precision="fp16", device="cuda", shapes={"input": [4, 3, 64, 64]}).build(path)
+    context = engine.create_context()
+    x = torch.from_numpy(spec.make_inputs(4, 3)[0]).cuda()
+    with pytest.raises(kiln.Error, match="not aligned to 256 bytes"):
+        context.bind("input", torch.zeros(4 * 3 * 64 * 64 + 1, device="cuda")[1:].view(4, 3, 64, 64))
+    with pytest.raises(kiln.Error, match="not dense and row-major"):
+        context.bind("input", torch.zeros(4, 3, 64, 64, device="cuda").transpose(2, 3))
+    with pytest.raises(kiln.Error, match="the engine's is float32"):
+        context.bind("input", x.half())
+    with pytest.raises(kiln.Error, match="not on a CUDA device"):
+        context.bind("input", x.cpu())
+    with pytest.raises(kiln.Error, match="has no __dlpack__"):
+        context.bind("input", [1.0, 2.0])
+    with pytest.raises(kiln.Error, match="no input or output named 'image'"):
+        context.bind("image", x)
+    with pytest.raises(kiln.Error, match="outside optimization profile|not the engine's|above"):
+        context.bind("input", torch.zeros(8, 3, 64, 64, device="cuda"))
+    # Raw pointers: host memory, and a size past the allocation, are refused.
+    pinned = torch.zeros(4, 3, 64, 64).pin_memory()
+    with pytest.raises(kiln.Error, match="not device memory"):
+        context.set_tensor_address("input", pinned.data_ptr(), pinned.numel() * 4)
+    with pytest.raises(kiln.Error, match="past the end of its allocation"):
+        context.set_tensor_address("input", x.data_ptr(), 1 << 40)
+    # An output too small for the shape is refused when the run is enqueued.
+    context.bind("input", x)
+    context.bind("output", torch.zeros(2, 1000, device="cuda"))
+    with pytest.raises(kiln.Error, match="output 'output' is bound to 8000 bytes; at shape 4x1000 float32 it takes 16000"):
+        context.enqueue(0)
+    out = torch.empty(4, 1000, device="cuda")
+    context.bind("output", out)
+    context.enqueue(0)
+    torch.cuda.synchronize()
+    want = kiln.Engine.from_onnx(path).run({"input": x.cpu().numpy()})["output"]
+    assert rel_l2(out.cpu().numpy(), want) < 1e-2
+    # run_torch reads its inputs in place and writes the outputs it is given.
+    given = torch.empty(4, 1000, device="cuda")
+    got = context.run_torch({"input": x}, outputs={"output": given})["output"]
+    torch.cuda.synchronize()
+    assert got.data_ptr() == given.data_ptr() and rel_l2(given.cpu().numpy(), want) < 1e-2
+
+
+def test_torch_compile_backend_writes_fresh_outputs_every_call():
+    """The backend binds the caller's inputs and new output tensors per call: outputs kept across
+    calls (each at a new address: copied out of the context's buffers) and outputs dropped
+    (addresses reused in turn: graphs of their own) all hold their own call's results."""
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().eval().cuda()
+    fast = torch.compile(model, backend="kiln", dynamic=False)  # a graph per strides too, none symbolic
+    xs = [torch.randn(2, 3, 64, 64, device="cuda") for _ in range(10)]
+    with torch.no_grad():
+        kept = [fast(x) for x in xs]
+        wants = [model(x) for x in xs]
+        for x, want in zip(xs, wants):  # results dropped at once
+            assert rel_l2(fast(x).cpu().numpy(), want.cpu().numpy()) < 1e-2
+        strided = torch.randn(2, 64, 64, 3, device="cuda").permute(0, 3, 1, 2)  # not row-major: copied in
+        assert rel_l2(fast(strided).cpu().numpy(), model(strided).cpu().numpy()) < 1e-2
+    assert len({t.data_ptr() for t in kept}) == len(kept)
+    for got, want in zip(kept, wants):
+        assert rel_l2(got.cpu().numpy(), want.cpu().numpy()) < 1e-2

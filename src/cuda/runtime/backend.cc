@@ -95,6 +95,11 @@ class CudaBackendContext final : public backend::Context {
   }
   void* input_buffer(const std::string& name) const override { return context_->input_buffer(name); }
   void* output_buffer(const std::string& name) const override { return context_->output_buffer(name); }
+  void set_tensor_address(const std::string& name, void* address, size_t bytes) override {
+    DeviceScope scope(gpu_);
+    context_->set_tensor_address(name, address, bytes);
+  }
+  void* tensor_address(const std::string& name) const override { return context_->tensor_address(name); }
   void enqueue(void* stream) override {
     DeviceScope scope(gpu_);
     context_->enqueue(static_cast<cudaStream_t>(stream));

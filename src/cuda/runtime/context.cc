@@ -1,6 +1,7 @@
 // The execution context: binds the plan of its current input shapes to this context's memory
 // and handles, and runs it on a stream, as a CUDA graph (one per shape) after the first run.
 #include <cublasLt.h>
+#include <cuda.h>
 #include <cudnn.h>
 
 #include <algorithm>
@@ -96,6 +97,8 @@ CudaContext::CudaContext(const CudaEngine& engine, const ContextOptions& options
     KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(slot.capacity, 1)));
     pinned_.push_back(host);
     io_capacity_.push_back(slot.capacity);
+    caller_address_.push_back(nullptr);
+    caller_bytes_.push_back(0);
   }
   // Memory for the largest plan the build made (every profile's max shape among them).
   reserve(engine.arena_bytes(), engine.workspace_bytes());
@@ -157,7 +160,7 @@ size_t CudaContext::predicted_bytes(const CudaEngine& engine) {
 CudaContext::~CudaContext() {
   cudaDeviceSynchronize();  // work in flight uses the layers and memory freed below
   for (auto& [key, b] : bound_)
-    if (b.graph) cudaGraphExecDestroy(b.graph);
+    for (Captured& g : b.graphs) cudaGraphExecDestroy(g.exec);
   if (side_stream_) cudaStreamDestroy(side_stream_);
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
@@ -186,9 +189,7 @@ void CudaContext::reserve(size_t arena_bytes, size_t workspace_bytes) {
   // contexts: this one takes memory of its own.
   stop_sharing();
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  for (auto& [key, b] : bound_)
-    if (b.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(b.graph));
-  bound_.clear();
+  drop_bound();
   auto grow = [](void*& memory, size_t& capacity, size_t bytes) {
     if (bytes <= capacity) return;
     if (memory) KILN_CUDA_CHECK(cudaFree(memory));
@@ -204,9 +205,7 @@ void CudaContext::reserve(size_t arena_bytes, size_t workspace_bytes) {
 void CudaContext::grow_io(size_t slot, size_t bytes) {
   // Work in flight may use the old buffer, and every bound plan points at it.
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  for (auto& [key, b] : bound_)
-    if (b.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(b.graph));
-  bound_.clear();
+  drop_bound();
   KILN_CUDA_CHECK(cudaFree(io_buffers_[slot]));
   KILN_CUDA_CHECK(cudaFreeHost(pinned_[slot]));
   io_buffers_[slot] = pinned_[slot] = nullptr;
@@ -214,6 +213,12 @@ void CudaContext::grow_io(size_t slot, size_t bytes) {
   KILN_CUDA_CHECK(cudaMalloc(&io_buffers_[slot], bytes));
   KILN_CUDA_CHECK(cudaMallocHost(&pinned_[slot], bytes));
   io_capacity_[slot] = bytes;
+}
+
+void CudaContext::drop_bound() {
+  for (auto& [key, b] : bound_)
+    for (Captured& g : b.graphs) KILN_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+  bound_.clear();
 }
 
 void CudaContext::set_profile(int index) {
@@ -262,9 +267,117 @@ void* CudaContext::address(const ShapePlan& plan, int buffer) const {
     case BufferKind::kArena: return static_cast<char*>(arena_) + b.offset;
     case BufferKind::kWeight: return const_cast<void*>(b.weight);
     case BufferKind::kView: return address(plan, b.view_of);
-    case BufferKind::kIo: return io_buffers_.at(static_cast<size_t>(b.io));
+    case BufferKind::kIo: return io_address(static_cast<size_t>(b.io));
   }
   return nullptr;
+}
+
+void* CudaContext::io_address(size_t slot) const {
+  return caller_address_.at(slot) && !own_io_ ? caller_address_[slot] : io_buffers_.at(slot);
+}
+
+std::vector<void*> CudaContext::io_addresses() const {
+  std::vector<void*> addresses(io_buffers_.size());
+  for (size_t i = 0; i < addresses.size(); ++i) addresses[i] = io_address(i);
+  return addresses;
+}
+
+size_t CudaContext::tensor_slot(const std::string& name) const {
+  const std::vector<IoSlot>& io = engine_.io();
+  for (bool is_input : {true, false})
+    for (size_t i = 0; i < io.size(); ++i)
+      if (io[i].name == name && io[i].is_input == is_input) {
+        if (is_input && engine_.is_value_input(name))
+          throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' is planned by value: the engine reads no memory for it")
+              .hint("give its values with set_input_values()");
+        return i;
+      }
+  throw Error(ErrorKind::kInvalidArgument, "the engine has no input or output named '" + name + "'");
+}
+
+namespace {
+
+// The driver's view of an allocation: where the one holding `address` starts and how long it
+// is. False where the driver call is missing (the check is then left out).
+bool allocation_range(void* address, uintptr_t& start, size_t& size) {
+  using GetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+  static const GetAttribute get = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &p, 12000, cudaEnableDefault, &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      return reinterpret_cast<GetAttribute>(p);
+    (void)cudaGetLastError();
+    return static_cast<GetAttribute>(nullptr);
+  }();
+  if (!get) return false;
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(address);
+  if (get(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, at) != CUDA_SUCCESS ||
+      get(&bytes, CU_POINTER_ATTRIBUTE_RANGE_SIZE, at) != CUDA_SUCCESS)
+    return false;
+  start = static_cast<uintptr_t>(base);
+  size = bytes;
+  return true;
+}
+
+}  // namespace
+
+void CudaContext::set_tensor_address(const std::string& name, void* address, size_t bytes) {
+  const size_t slot = tensor_slot(name);
+  const std::string what = std::string(engine_.io()[slot].is_input ? "input" : "output") + " '" + name + "'";
+  if (!address) {
+    caller_address_[slot] = nullptr;
+    caller_bytes_[slot] = 0;
+    return;
+  }
+  // kiln's kernels and the libraries' load 16-byte vectors and tiles; cudaMalloc aligns to 256.
+  constexpr uintptr_t kAlignment = 256;
+  if (reinterpret_cast<uintptr_t>(address) % kAlignment != 0)
+    throw Error(ErrorKind::kInvalidArgument, "memory for " + what + " at " + std::to_string(reinterpret_cast<uintptr_t>(address)) +
+                                                 " is not aligned to " + std::to_string(kAlignment) + " bytes")
+        .hint("bind memory as cudaMalloc returns it (a tensor's own storage, not a view at an offset)");
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, address) != cudaSuccess) {
+    (void)cudaGetLastError();
+    attributes.type = cudaMemoryTypeUnregistered;
+  }
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
+    throw Error(ErrorKind::kInvalidArgument, "memory for " + what + " is not device memory (" +
+                                                 (attributes.type == cudaMemoryTypeHost ? "pinned host memory" : "not CUDA memory") + ")")
+        .hint("bind memory of GPU " + std::to_string(device) + "; host data goes through run()");
+  if (attributes.device != device)
+    throw Error(ErrorKind::kInvalidArgument, "memory for " + what + " is on GPU " + std::to_string(attributes.device) +
+                                                 ", the engine runs on GPU " + std::to_string(device));
+  uintptr_t start = 0;
+  size_t size = 0;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(address);
+  if (allocation_range(address, start, size) && (bytes > size || at - start > size - bytes))
+    throw Error(ErrorKind::kInvalidArgument, "memory for " + what + " is said to be " + std::to_string(bytes) +
+                                                 " bytes, past the end of its allocation (" + std::to_string(start + size - at) +
+                                                 " bytes from the address)");
+  caller_address_[slot] = address;
+  caller_bytes_[slot] = bytes;
+}
+
+void* CudaContext::tensor_address(const std::string& name) const { return io_address(tensor_slot(name)); }
+
+void CudaContext::check_bound_bytes(const ShapePlan& plan) const {
+  if (own_io_) return;
+  for (const auto* list : {&plan.inputs(), &plan.outputs()})
+    for (const EngineIO& x : *list) {
+      const size_t slot = static_cast<size_t>(engine_.io_index(x.name, list == &plan.inputs()));
+      const size_t need = plan.buffers()[static_cast<size_t>(x.buffer)].spec.bytes();
+      if (caller_address_[slot] && caller_bytes_[slot] < need)
+        throw Error(ErrorKind::kInvalidArgument, std::string(list == &plan.inputs() ? "input" : "output") + " '" + x.name +
+                                                     "' is bound to " + std::to_string(caller_bytes_[slot]) + " bytes; at shape " +
+                                                     shape_to_string(x.shape) + " " + to_string(x.dtype) + " it takes " +
+                                                     std::to_string(need))
+            .hint("bind memory for the current shapes (set_tensor_address) or unbind it");
+    }
 }
 
 void* CudaContext::input_buffer(const std::string& name) const {
@@ -283,15 +396,39 @@ void CudaContext::bind(Bound& b) {
                              [](const PlannedLayer& l) { return l.layer->uses_cudnn(); }))
     KILN_CUDNN_CHECK(cudnnCreate(&cudnn_));
   b.io.clear();
-  for (const PlannedLayer& l : plan.layers()) {
+  b.io_uses.clear();
+  b.addresses = io_addresses();
+  // The slot whose memory a buffer is (views of it too: a view starts where its root does).
+  auto slot_of = [&](int id) -> int {
+    while (plan.buffers()[static_cast<size_t>(id)].kind == BufferKind::kView) id = plan.buffers()[static_cast<size_t>(id)].view_of;
+    const Buffer& root = plan.buffers()[static_cast<size_t>(id)];
+    return root.kind == BufferKind::kIo ? root.io : -1;
+  };
+  for (size_t i = 0; i < plan.layers().size(); ++i) {
+    const PlannedLayer& l = plan.layers()[i];
     LayerIO io;
     for (int id : l.inputs) io.inputs.push_back(id >= 0 ? address(plan, id) : nullptr);
     for (int id : l.outputs) io.outputs.push_back(id >= 0 ? address(plan, id) : nullptr);
+    for (bool output : {false, true}) {
+      const std::vector<int>& ids = output ? l.outputs : l.inputs;
+      for (size_t j = 0; j < ids.size(); ++j)
+        if (ids[j] >= 0 && slot_of(ids[j]) >= 0) b.io_uses.push_back({i, j, static_cast<size_t>(slot_of(ids[j])), output});
+    }
     io.workspace = l.layer->workspace_bytes() ? workspace_ : nullptr;
     io.cudnn = cudnn_;
     io.cublaslt = cublaslt_;
     b.io.push_back(std::move(io));
   }
+}
+
+void CudaContext::point_at(Bound& b, const std::vector<void*>& addresses) {
+  if (b.addresses == addresses) return;
+  for (const IoUse& use : b.io_uses)
+    if (use.output)
+      b.io[use.layer].outputs[use.index] = addresses[use.slot];
+    else
+      b.io[use.layer].inputs[use.index] = addresses[use.slot];
+  b.addresses = addresses;
 }
 
 CudaContext::Bound& CudaContext::bound() {
@@ -319,13 +456,15 @@ CudaContext::Bound& CudaContext::bound() {
       // Its layers (this context's own) go with it: the work they were given must be done (on
       // whichever streams the caller used; this happens at the ninth distinct shape only).
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      if (oldest->second.graph) KILN_CUDA_CHECK(cudaGraphExecDestroy(oldest->second.graph));
+      for (Captured& g : oldest->second.graphs) KILN_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
       bound_.erase(oldest);
     }
     Bound& b = bound_[key];
     b.plan = std::move(plan);
     bind(b);
     it = bound_.find(key);
+  } else {
+    point_at(it->second, io_addresses());  // caller memory bound or unbound since: the layers follow
   }
   it->second.last_used = ++clock_;
   return it->second;
@@ -373,6 +512,7 @@ void CudaContext::enqueue(cudaStream_t stream) {
     return;
   }
   Bound& b = bound();
+  check_bound_bytes(*b.plan);
   if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   ActivationTurn turn(shared_.get(), stream);
   // A plan with CPU fallback layers runs without a CUDA graph: while contexts replayed graphs
@@ -387,18 +527,90 @@ void CudaContext::enqueue(cudaStream_t stream) {
   turn.finish();
 }
 
+bool CudaContext::seen_recently(const std::vector<void*>& addresses) {
+  if (std::find(recent_addresses_.begin(), recent_addresses_.end(), addresses) != recent_addresses_.end()) return true;
+  if (recent_addresses_.size() >= kRecentAddressSets) recent_addresses_.erase(recent_addresses_.begin());
+  recent_addresses_.push_back(addresses);
+  return false;
+}
+
 void CudaContext::enqueue_graph(Bound& b, cudaStream_t stream) {
-  if (b.graph && b.graph_stream == stream) {
-    KILN_CUDA_CHECK(cudaGraphLaunch(b.graph, stream));
+  const std::vector<void*> wanted = b.addresses;  // bound() pointed the layers at them
+  const bool captured = std::any_of(b.graphs.begin(), b.graphs.end(), [&](const Captured& g) {
+    return g.stream == stream && g.addresses == wanted;
+  });
+  if (captured || wanted == io_buffers_ || seen_recently(wanted)) {
+    launch_graph(b, stream);
     return;
   }
-  // The first run on a stream runs eagerly (libraries load kernels and pick plans lazily, which
-  // a capture must not see), then the same work is captured for the next runs.
-  enqueue_layers(b, stream);
-  if (b.graph) {
-    KILN_CUDA_CHECK(cudaGraphExecDestroy(b.graph));
-    b.graph = nullptr;
+  // Caller memory met for the first time lately: capturing the plan again costs about as much
+  // as launching it layer by layer, so unless the addresses come back (buffers used in turn, an
+  // input that stays put), the run copies through the context's buffers around their graph.
+  const ShapePlan& plan = *b.plan;
+  for (const EngineIO& x : plan.inputs()) {
+    const size_t slot = static_cast<size_t>(engine_.io_index(x.name, true));
+    if (wanted[slot] != io_buffers_[slot])
+      KILN_CUDA_CHECK(cudaMemcpyAsync(io_buffers_[slot], wanted[slot], plan.buffers()[static_cast<size_t>(x.buffer)].spec.bytes(),
+                                      cudaMemcpyDeviceToDevice, stream));
   }
+  point_at(b, io_buffers_);
+  launch_graph(b, stream);
+  point_at(b, wanted);
+  for (const EngineIO& x : plan.outputs()) {
+    const size_t slot = static_cast<size_t>(engine_.io_index(x.name, false));
+    if (wanted[slot] != io_buffers_[slot])
+      KILN_CUDA_CHECK(cudaMemcpyAsync(wanted[slot], io_buffers_[slot], plan.buffers()[static_cast<size_t>(x.buffer)].spec.bytes(),
+                                      cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+void CudaContext::launch_graph(Bound& b, cudaStream_t stream) {
+  for (Captured& g : b.graphs)
+    if (g.stream == stream && g.addresses == b.addresses) {
+      g.last_used = ++clock_;
+      KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+      return;
+    }
+  // The first run of a plan on a stream runs eagerly (libraries load kernels and pick plans
+  // lazily, which a capture must not see), then the same work is captured for the next runs.
+  // Once warm, new addresses (caller memory bound since) are captured and the graph launched.
+  const bool warm = std::any_of(b.graphs.begin(), b.graphs.end(), [&](const Captured& g) { return g.stream == stream; });
+  if (!warm) enqueue_layers(b, stream);
+  cudaGraph_t graph = capture(b, stream);
+  Captured* slot = nullptr;
+  if (b.graphs.size() < kGraphsPerShape) {
+    slot = &b.graphs.emplace_back();
+  } else {
+    slot = &*std::min_element(b.graphs.begin(), b.graphs.end(),
+                              [](const Captured& x, const Captured& y) { return x.last_used < y.last_used; });
+    // The least recently used graph takes the new addresses: an update in place is cheaper than
+    // instantiating, and takes effect at the next launch (a launch in flight runs as it was).
+    cudaGraphExecUpdateResultInfo result{};
+    if (cudaGraphExecUpdate(slot->exec, graph, &result) != cudaSuccess) {
+      (void)cudaGetLastError();
+      const cudaError_t destroyed = cudaGraphExecDestroy(slot->exec);
+      slot->exec = nullptr;
+      if (destroyed != cudaSuccess) {
+        cudaGraphDestroy(graph);
+        b.graphs.erase(b.graphs.begin() + (slot - b.graphs.data()));
+        KILN_CUDA_CHECK(destroyed);
+      }
+    }
+  }
+  cudaError_t status = cudaSuccess;
+  if (!slot->exec) status = cudaGraphInstantiate(&slot->exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (status != cudaSuccess) {
+    b.graphs.erase(b.graphs.begin() + (slot - b.graphs.data()));
+    KILN_CUDA_CHECK(status);
+  }
+  slot->addresses = b.addresses;
+  slot->stream = stream;
+  slot->last_used = ++clock_;
+  if (warm) KILN_CUDA_CHECK(cudaGraphLaunch(slot->exec, stream));
+}
+
+cudaGraph_t CudaContext::capture(const Bound& b, cudaStream_t stream) {
   cudaGraph_t graph = nullptr;
   KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   // The captured nodes that end a layer before a library's layer: their programmatic edges go
@@ -420,17 +632,13 @@ void CudaContext::enqueue_graph(Bound& b, cudaStream_t stream) {
     throw;
   }
   KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  cudaError_t status = cudaSuccess;
   try {
     drop_programmatic_edges(graph, cut_after);
   } catch (...) {
     cudaGraphDestroy(graph);
     throw;
   }
-  status = cudaGraphInstantiate(&b.graph, graph, 0);
-  cudaGraphDestroy(graph);
-  KILN_CUDA_CHECK(status);
-  b.graph_stream = stream;
+  return graph;
 }
 
 std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tensor>& inputs, cudaStream_t stream) {
@@ -511,6 +719,13 @@ std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::
   }
   shapes_ = shapes;
   values_ = std::move(values);
+  // Host tensors go through the context's own buffers: caller memory bound for enqueue() is
+  // neither read nor overwritten.
+  struct OwnBuffers {
+    bool& own;
+    explicit OwnBuffers(bool& flag) : own(flag) { own = true; }
+    ~OwnBuffers() { own = false; }
+  } own_buffers(own_io_);
   for (size_t i = 0; i < engine_.io().size(); ++i) {
     const IoSlot& slot = engine_.io()[i];
     if (!slot.is_input || engine_.is_value_input(slot.name)) continue;
@@ -560,6 +775,7 @@ double activation_bytes(const ShapePlan& plan, const PlannedLayer& layer) {
 
 std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
   Bound& b = bound();
+  check_bound_bytes(*b.plan);
   if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   ActivationTurn turn(shared_.get(), stream);
   const std::vector<PlannedLayer>& layers = b.plan->layers();
@@ -594,6 +810,7 @@ std::vector<LayerTime> CudaContext::profile(cudaStream_t stream) {
 
 std::vector<LayerTime> CudaContext::profile_in_graph(cudaStream_t stream, int launches) {
   Bound& b = bound();
+  check_bound_bytes(*b.plan);
   if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
   const std::vector<PlannedLayer>& layers = b.plan->layers();
   std::vector<LayerTime> times, by_events;

@@ -329,13 +329,26 @@ class CudaContext {
   void* input_buffer(const std::string& name) const;
   void* output_buffer(const std::string& name) const;
 
-  // Runs the engine on `stream` at the current input shapes, reading input_buffer()s and
-  // writing output_buffer()s. Asynchronous; the first call at a shape on a stream captures a
-  // CUDA graph, later calls replay it.
+  // Caller memory for an input or output (zero-copy I/O): enqueue() reads or writes `bytes` at
+  // `address` instead of the context's own buffer until bound again or unbound (nullptr). The
+  // address must be device memory of this GPU, aligned to 256 bytes (as cudaMalloc's), with
+  // `bytes` inside one allocation; each enqueue() checks that `bytes` hold the tensor at the
+  // current shapes. Throws kInvalidArgument naming the tensor and the reason.
+  void set_tensor_address(const std::string& name, void* address, size_t bytes);
+  // The memory enqueue() uses for an input or output: the caller's when bound, else the context's.
+  void* tensor_address(const std::string& name) const;
+
+  // Runs the engine on `stream` at the current input shapes, reading the inputs' memory and
+  // writing the outputs' (tensor_address()). Asynchronous; the first call at a shape on a stream
+  // captures a CUDA graph, later calls replay it. Caller memory gets graphs of its own
+  // (kGraphsPerShape sets of addresses per shape, the least recently used updated in place) once
+  // its addresses come back (seen_recently()); before, the run copies it in and out around the
+  // graph of the context's buffers: a capture costs about what launching layer by layer does.
   void enqueue(cudaStream_t stream);
 
   // Sets the input shapes from the tensors (choosing a profile that holds them), copies them
-  // in (through pinned staging), runs, copies the outputs back, waits.
+  // in (through pinned staging) to the context's own buffers (bound caller memory is left
+  // alone), runs, copies the outputs back, waits.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs, cudaStream_t stream);
   // The same for inputs given in pieces: each input is its pieces one after another along the
   // first dimension, then `zero_rows` rows of zeros. Each piece is copied once, into the pinned
@@ -353,20 +366,54 @@ class CudaContext {
   // per-layer timing misleads at batch 1").
   std::vector<LayerTime> profile_in_graph(cudaStream_t stream, int launches);
 
-  // CUDA graphs kept per context (one per input shape; least recently used first out).
+  // Plans bound per context (one per input shape; least recently used first out), and CUDA
+  // graphs per plan (one per set of input and output addresses and stream).
   static constexpr size_t kMaxGraphs = 8;
+  static constexpr size_t kGraphsPerShape = 4;
+  static constexpr size_t kRecentAddressSets = 8;
 
  private:
-  // A plan bound to this context's memory and handles, with its CUDA graph once captured.
+  // One CUDA graph of a plan: the input and output addresses (per io slot) and the stream it
+  // was captured with.
+  struct Captured {
+    std::vector<void*> addresses;
+    cudaStream_t stream = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    uint64_t last_used = 0;
+  };
+  // A layer's pointer to an input or output slot's memory: io[layer].inputs/outputs[index].
+  struct IoUse {
+    size_t layer, index, slot;
+    bool output;
+  };
+  // A plan bound to this context's memory and handles, with its CUDA graphs once captured.
   struct Bound {
     std::shared_ptr<const ShapePlan> plan;
     std::vector<LayerIO> io;  // per layer
-    cudaGraphExec_t graph = nullptr;
-    cudaStream_t graph_stream = nullptr;
+    std::vector<IoUse> io_uses;
+    std::vector<void*> addresses;  // the io slots' memory that `io` points at
+    std::vector<Captured> graphs;  // at most kGraphsPerShape
     uint64_t last_used = 0;
   };
   Bound& bound();
   void bind(Bound& b);
+  // Points the plan's layers at `addresses` (per io slot).
+  static void point_at(Bound& b, const std::vector<void*>& addresses);
+  // The graph of `b` at its current addresses on `stream`, launched; captured first when there is
+  // none (the first run of a plan on a stream runs eagerly instead, before its capture).
+  void launch_graph(Bound& b, cudaStream_t stream);
+  // Whether caller memory at `addresses` was met in one of the last kRecentAddressSets runs that
+  // had no graph for it (and notes it, when not): only such addresses are worth a capture.
+  bool seen_recently(const std::vector<void*>& addresses);
+  // Destroys every bound plan's graphs and the plans (their work must be done).
+  void drop_bound();
+  // The memory of each io slot that the next run uses: the caller's where bound (but for run()).
+  std::vector<void*> io_addresses() const;
+  void* io_address(size_t slot) const;
+  // Throws when caller memory bound to an input or output of `plan` is smaller than it.
+  void check_bound_bytes(const ShapePlan& plan) const;
+  // The slot of a name that set_tensor_address() takes: an input's, else an output's.
+  size_t tensor_slot(const std::string& name) const;
   // Throws, before anything is allocated, when this context would pass the memory limit or the
   // device's free memory.
   void check_memory() const;
@@ -376,6 +423,8 @@ class CudaContext {
   void grow_io(size_t slot, size_t bytes);
   void enqueue_layers(const Bound& b, cudaStream_t stream);
   void enqueue_graph(Bound& b, cudaStream_t stream);
+  // The plan's layers captured on `stream` into a graph (not run).
+  cudaGraph_t capture(const Bound& b, cudaStream_t stream);
   // Leaves the shared activation memory for memory of this context's own (a plan needs more).
   void stop_sharing();
   void* address(const ShapePlan& plan, int buffer) const;
@@ -391,6 +440,11 @@ class CudaContext {
   size_t workspace_capacity_ = 0;
   std::shared_ptr<SharedActivations> shared_;  // arena_ and workspace_ are its memory, not ours
   std::vector<void*> io_buffers_;   // per CudaEngine::io() slot
+  // Caller memory bound per slot (nullptr: none) and its size; run() sets own_io_ to leave it alone.
+  std::vector<void*> caller_address_;
+  std::vector<size_t> caller_bytes_;
+  bool own_io_ = false;
+  std::vector<std::vector<void*>> recent_addresses_;  // seen_recently()'s memory, oldest first
   std::vector<void*> pinned_;       // host staging per slot
   std::vector<size_t> io_capacity_;  // bytes of each slot's buffer and staging
   cudnnContext* cudnn_ = nullptr;
