@@ -174,10 +174,11 @@ def _bindable(tensor: Any) -> Any:
 
 def _run_torch(self: Context, inputs: Mapping[str, Any], stream: Any = None,
                outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Runs a GPU context on torch CUDA tensors without copies: inputs are read in place (bound
-    for this run; a tensor that is not dense and 256-byte aligned is copied first), the tensors in
-    `outputs` are written in place, and every other output is a torch view of the context's own
-    buffer (overwritten by the next run: clone() what you keep). Runs on `stream` (default: torch's
+    """Runs a GPU context on torch CUDA tensors: the inputs and the tensors in `outputs` are bound
+    for this run (Context.bind; a tensor that is not dense and 256-byte aligned is copied first),
+    and every other output is a torch view of the context's own buffer (overwritten by the next
+    run: clone() what you keep). Addresses the context met lately run without copies; others
+    are copied in and out of its buffers (docs/python.md, "Zero-copy"). Runs on `stream` (default: torch's
     current stream of the engine's GPU), which must belong to the engine's GPU; the tensors are
     recorded on it, so that their memory outlives the run."""
     import torch

@@ -13,11 +13,12 @@ export that fails, an operator kiln refuses, outputs that are not tensors, symbo
 in eager PyTorch instead, with one warning naming the reason; `kiln.torch_backend.stats` counts
 both.
 
-On the GPU the engine runs on torch's current stream through a context per engine, without
-copies: the inputs are read where they are (a tensor that is not dense and 256-byte aligned is
-copied first), and each run writes new output tensors in place (Context.set_tensor_address). The
-context keeps a CUDA graph per set of addresses it has seen (a few per shape), so the outputs
-that torch's allocator hands out in turn, and inputs that stay where they are, replay graphs.
+On the GPU the engine runs on torch's current stream through a context per engine, with the
+input tensors and new output tensors bound to it (Context.set_tensor_address; a tensor that is
+not dense and 256-byte aligned is copied first). Addresses that come back (outputs that torch's
+allocator hands out in turn, inputs that stay where they are) get CUDA graphs of their own and
+run without copies; addresses met once run through the context's buffers, copied in and out
+(docs/design/gpu-engine.md, "Zero-copy inputs and outputs").
 """
 from __future__ import annotations
 
