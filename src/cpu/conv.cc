@@ -228,7 +228,8 @@ class ConvKernel final : public Kernel {
     float lo = 0.f, hi = 0.f;
   };
 
-  // One channel of a 3x3 depthwise convolution (dilation 1, 2-D, stride 1 or 2). The input plane
+  // One channel of a 3x3 depthwise convolution (dilation 1, 2-D, stride 1 or 2). Stride 2 on
+  // AVX-512 reads the input in place (depthwise3x3_stride2_rows_avx512); otherwise the input plane
   // is copied into a zero-padded buffer (the calling thread's), so every output, edges
   // included, adds its nine taps in registers, 8 outputs at a time, in the general loop's order
   // (kh, then kw) with the same fused multiply-adds. A tap in the padding adds w * 0, which the
@@ -239,6 +240,10 @@ class ConvKernel final : public Kernel {
                                  float* yc) {
     const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2], s = g.s[1];
     const int64_t top = g.p[1], left = g.p[2];
+    if (s == 2 && sgemm_isa() == SgemmIsa::kAvx512) {
+      depthwise3x3_stride2_rows_avx512(xc, H, W, top, left, OH, OW, w9, ep, yc);
+      return;
+    }
     // Padded row r holds input row r - top, column c input column c - left. The loads of a
     // row's last group of outputs reach past its last tap, into kPlaneSlack at the plane's end.
     const int64_t Hp = (OH - 1) * s + 3, Wp = (OW - 1) * s + 3;
@@ -249,10 +254,6 @@ class ConvKernel final : public Kernel {
     if (c1 > c0)
       for (int64_t r = std::max<int64_t>(0, top); r < std::min<int64_t>(Hp, H + top); ++r)
         std::memcpy(padded + r * Wp + c0, xc + (r - top) * W + (c0 - left), static_cast<size_t>(c1 - c0) * sizeof(float));
-    if (s == 2 && sgemm_isa() == SgemmIsa::kAvx512) {
-      depthwise3x3_stride2_rows_avx512(padded, Wp, OH, OW, w9, ep, yc);
-      return;
-    }
     __m256 w[9];
     for (int i = 0; i < 9; ++i) w[i] = _mm256_set1_ps(w9[i]);
     // [a0 a2 a4 a6 b0 b2 b4 b6] and [a1 a3 a5 a7 b1 b3 b5 b7] of a = x[0..7], b = x[8..15].
@@ -295,17 +296,30 @@ class ConvKernel final : public Kernel {
     }
   }
 
-  // Floats past the padded plane that the row loads may touch: a stride-2 group of 16 outputs
-  // reads up to 31 floats past the last tap of its row.
-  static constexpr int64_t kPlaneSlack = 48;
+  // Floats past the padded plane that the row loads may touch: a stride-2 group of 8 outputs
+  // reads up to 15 floats past the last tap of its row, a stride-1 group up to 7.
+  static constexpr int64_t kPlaneSlack = 16;
+
+  // 16 floats at `x`, input column c of a row of W (`whole`: all inside it): the lanes outside
+  // [0, W) are neither read nor faulted on, and read as zero, as the padding.
+  __attribute__((target("avx512f"))) static __m512 row_load16(const float* x, int64_t c, int64_t W, bool whole) {
+    if (whole) return _mm512_loadu_ps(x);
+    const int64_t first = std::max<int64_t>(0, -c), end = std::min<int64_t>(16, W - c);
+    if (end <= first) return _mm512_setzero_ps();
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>(((1u << end) - 1) & ~((1u << first) - 1)), x);
+  }
 
   // The stride-2 rows of depthwise3x3_plane on AVX-512, 16 outputs at a time: one permute of two
   // loads gives 16 even or odd inputs, where AVX2 takes two shuffles for 8 (the shuffles, not the
-  // FMAs, bound that loop). The same FMAs in the same order: the sums are bit for bit the AVX2
-  // path's.
+  // FMAs, bound that loop). The same FMAs in the same order as the AVX2 path, whose taps in the
+  // padding add w * 0; here the input is read in place, without a padded copy (four times the
+  // output's size at stride 2: on MobileNet's small planes it cost as much as the arithmetic): a
+  // row of padding is left out, and loads that reach past a row's ends are masked, their lanes
+  // zero. The sums are the AVX2 path's, up to the sign of a zero sum. (Stride 1 read in place
+  // 16 outputs at a time was slower than the AVX2 path with its copy: docs/design/cpu-gemm.md.)
   __attribute__((target("avx512f"))) static void depthwise3x3_stride2_rows_avx512(
-      const float* padded, int64_t Wp, int64_t OH, int64_t OW, const float* w9, const DepthwiseEpilogue& ep,
-      float* yc) {
+      const float* xc, int64_t H, int64_t W, int64_t top, int64_t left, int64_t OH, int64_t OW, const float* w9,
+      const DepthwiseEpilogue& ep, float* yc) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     __m512 w[9];
@@ -313,25 +327,30 @@ class ConvKernel final : public Kernel {
     const __m512 bias = _mm512_set1_ps(ep.bias), zero = _mm512_setzero_ps();
     const __m512 lo = _mm512_set1_ps(ep.lo), hi = _mm512_set1_ps(ep.hi);
     for (int64_t oh = 0; oh < OH; ++oh) {
-      const float* rows = padded + oh * 2 * Wp;
       float* yrow = yc + oh * OW;
       for (int64_t ow = 0; ow < OW; ow += 16) {
+        // Input columns c .. c + 33 feed these 16 outputs (the last lanes' past OW are not stored).
+        const int64_t c = ow * 2 - left;
+        const bool whole = c >= 0 && c + 34 <= W;
         __m512 acc = _mm512_setzero_ps();
         for (int kh = 0; kh < 3; ++kh) {
-          const float* x = rows + kh * Wp + ow * 2;
-          const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
-          const __m512 e2 = _mm512_permutex2var_ps(_mm512_loadu_ps(x + 2), even, _mm512_loadu_ps(x + 18));
+          const int64_t ih = oh * 2 - top + kh;
+          if (ih < 0 || ih >= H) continue;  // a row of padding: its taps add w * 0
+          const float* x = xc + ih * W + c;
+          const __m512 a = row_load16(x, c, W, whole), b = row_load16(x + 16, c + 16, W, whole);
           acc = _mm512_fmadd_ps(w[kh * 3], _mm512_permutex2var_ps(a, even, b), acc);
           acc = _mm512_fmadd_ps(w[kh * 3 + 1], _mm512_permutex2var_ps(a, odd, b), acc);
-          acc = _mm512_fmadd_ps(w[kh * 3 + 2], e2, acc);
+          const __m512 a2 = row_load16(x + 2, c + 2, W, whole), b2 = row_load16(x + 18, c + 18, W, whole);
+          acc = _mm512_fmadd_ps(w[kh * 3 + 2], _mm512_permutex2var_ps(a2, even, b2), acc);
         }
-        const int64_t left = OW - ow;
-        const __mmask16 inside = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+        const int64_t left_over = OW - ow;
+        const __mmask16 stored =
+            left_over >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left_over) - 1);
         acc = _mm512_add_ps(acc, bias);
-        if (ep.residual) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(inside, ep.residual + oh * OW + ow));
+        if (ep.residual) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(stored, ep.residual + oh * OW + ow));
         if (ep.clamp == 1) acc = _mm512_max_ps(acc, zero);  // Relu: NaN becomes 0, as Epilogue::apply
         else if (ep.clamp == 2) acc = _mm512_min_ps(hi, _mm512_max_ps(lo, acc));  // Clip keeps NaN
-        _mm512_mask_storeu_ps(yrow + ow, inside, acc);
+        _mm512_mask_storeu_ps(yrow + ow, stored, acc);
       }
     }
   }

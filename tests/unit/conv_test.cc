@@ -162,6 +162,13 @@ std::vector<ConvCase> conv_cases() {
       {"depthwise 3x3 stride 2 wide rows", {1, 3, 9, 37}, {3, 1, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 3}, true},
       {"depthwise 3x3 stride 1 wide rows", {2, 2, 5, 41}, {2, 1, 3, 3}, {{1, 1}, {1, 1}, {1, 0, 0, 1}, 2}, true},
       {"depthwise 3x3 strides 1 and 2", {1, 2, 7, 9}, {2, 1, 3, 3}, {{1, 2}, {1, 1}, {1, 1, 1, 1}, 2}, false},
+      // Stride 2 read in place (AVX-512): rows of one and two columns, pads wider than the input,
+      // no pads, and rows of two 16-output groups and a tail whose loads end inside and past the row.
+      {"depthwise 3x3 stride 2 one column", {1, 3, 7, 1}, {3, 1, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 3}, true},
+      {"depthwise 3x3 stride 2 two columns, wide pads", {1, 2, 2, 2}, {2, 1, 3, 3}, {{2, 2}, {1, 1}, {2, 3, 2, 3}, 2}, true},
+      {"depthwise 3x3 stride 2 no pads", {2, 3, 11, 35}, {3, 1, 3, 3}, {{2, 2}, {1, 1}, {0, 0, 0, 0}, 3}, false},
+      {"depthwise 3x3 stride 2 two groups and a tail", {1, 2, 6, 70}, {2, 1, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 0, 1}, 2}, true},
+      {"depthwise 3x3 stride 2 MobileNet's 56x56", {1, 2, 56, 56}, {2, 1, 3, 3}, {{2, 2}, {1, 1}, {0, 0, 1, 1}, 2}, true},
       {"1x1 direct", {1, 16, 9, 9}, {8, 16, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"1x1 direct batch 3", {3, 8, 5, 6}, {7, 8, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"1x1 stride 2", {1, 8, 10, 10}, {4, 8, 1, 1}, {{2, 2}, {1, 1}, {0, 0, 0, 0}, 1}, false},
@@ -215,20 +222,26 @@ TEST(Conv, FusedConvAddsBiasResidualAndActivation) {
     }
 }
 
-// The 3x3 depthwise rows of stride 2 run 16 outputs at a time on AVX-512 and 8 on AVX2 (the
-// kernel follows sgemm_isa()): the same sums bit for bit, both against the reference, on rows
-// of one partial group, of several, and of exactly 16 and 32 outputs, with a residual and Relu.
-TEST(Conv, DepthwiseStride2RowsMatchOnEveryVectorWidth) {
+// The 3x3 depthwise rows of stride 2 run 16 outputs at a time on AVX-512, reading the input in
+// place with masked loads at its edges, and 8 on AVX2 from a padded copy (the kernel follows
+// sgemm_isa(); stride 1 runs the AVX2 rows on both): the same sums bit for bit, both against
+// the reference, on rows of one partial group, of several, of exactly 16 and 32 outputs, of one
+// and two columns, with pads wider than the input and with none, with a residual and Relu.
+TEST(Conv, DepthwiseRowsMatchOnEveryVectorWidth) {
   struct Shape {
     int64_t c, h, w;
     std::vector<int64_t> pads;
   };
   const Shape shapes[] = {{3, 9, 37, {1, 1, 1, 1}}, {2, 12, 31, {1, 1, 1, 1}}, {2, 7, 65, {0, 1, 1, 0}},
-                          {4, 5, 12, {1, 0, 0, 1}}, {1, 40, 64, {1, 1, 1, 1}}};
+                          {4, 5, 12, {1, 0, 0, 1}}, {1, 40, 64, {1, 1, 1, 1}}, {3, 7, 1, {1, 1, 1, 1}},
+                          {2, 2, 2, {2, 3, 2, 3}}, {2, 11, 35, {0, 0, 0, 0}}, {2, 6, 70, {1, 1, 0, 1}},
+                          {2, 16, 16, {1, 1, 1, 1}}};
   uint32_t seed = 4100;
+  for (int64_t stride : {1, 2})
   for (const Shape& sh : shapes) {
-    SCOPED_TRACE(std::to_string(sh.c) + " channels " + std::to_string(sh.h) + "x" + std::to_string(sh.w));
-    Geometry g{{2, 2}, {1, 1}, sh.pads, sh.c};
+    SCOPED_TRACE("stride " + std::to_string(stride) + ", " + std::to_string(sh.c) + " channels " + std::to_string(sh.h) +
+                 "x" + std::to_string(sh.w));
+    Geometry g{{stride, stride}, {1, 1}, sh.pads, sh.c};
     Tensor x = random_tensor({1, sh.c, sh.h, sh.w}, seed++), w = random_tensor({sh.c, 1, 3, 3}, seed++);
     Tensor b = random_tensor({sh.c}, seed++);
     Tensor want = reference_conv(x, w, &b, g);
