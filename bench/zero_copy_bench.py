@@ -12,6 +12,9 @@ same engine and inputs, each call on torch's current stream:
   bound         the caller's input and output tensors bound once: a run alone
   alternating   two output tensors bound in turn (torch's allocator hands a loop's outputs out
                 so): from the third call each address set replays a graph of its own
+  rotation-6    each call binds one of 6 output tensors in turn: more sets than the 4 graphs a
+                shape keeps, few enough to be met again lately; three replay graphs of their
+                own (the fourth graph is the context's buffers'), the others copy through them
   new-address   each call binds one of 16 output tensors in turn, more sets of addresses than a
                 context remembers: every call copies through the context's buffers
   fresh-output  a new output tensor from torch's allocator every call, bound (what the
@@ -103,6 +106,7 @@ def main() -> None:
 
             bound_out = torch.empty(shape, device="cuda")
             pair = [torch.empty(shape, device="cuda") for _ in range(2)]
+            six = [torch.empty(shape, device="cuda") for _ in range(6)]
             many = [torch.empty(shape, device="cuda") for _ in range(16)]
             turn = [0]
 
@@ -126,7 +130,7 @@ def main() -> None:
                 return out
 
             variants = [("copy", copy_run), ("bound", bound_run), ("alternating", in_turn(pair)),
-                        ("new-address", in_turn(many)), ("fresh-output", fresh_run)]
+                        ("rotation-6", in_turn(six)), ("new-address", in_turn(many)), ("fresh-output", fresh_run)]
             reference = None
             for variant, fn in variants:
                 if variant == "copy":

@@ -163,11 +163,16 @@ class Context {
   // the legacy default stream), asynchronously: the first call at a shape captures a CUDA graph
   // (kept per shape, the 8 most recent), later ones replay it. Bound memory gets graphs of its
   // own, up to 4 sets of addresses per shape, once its addresses come back (buffers used in
-  // turn, an input that stays put); memory met for the first time lately is copied in and out
-  // around the graph of the context's buffers instead, which costs less than a capture. Default streams cannot be
-  // captured: there the graph runs on a stream of the context's, ordered after the caller's
-  // earlier work and before its later work on that stream.
+  // turn, an input that stays put), a graph unused in the last 8 runs giving way to new ones;
+  // other memory is copied in and out around the graph of the context's buffers instead, which
+  // costs less than a capture. Default streams cannot be captured: there the graph runs on a
+  // stream of the context's, ordered after the caller's earlier work and before its later work
+  // on that stream.
   void enqueue(void* cuda_stream);
+  // Makes work queued on `cuda_stream` from now on wait until the last enqueue() (or run()) has
+  // written its outputs, on whichever stream it ran: what a consumer of an output buffer on
+  // another stream needs (DLPack's __dlpack__(stream=...)). Nothing to wait for before a run.
+  void wait_for_last_run(void* cuda_stream);
   // Sets the input shapes from the tensors (the first profile that holds them, if the current
   // one does not), copies inputs in, runs, copies outputs out, waits.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);

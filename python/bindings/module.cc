@@ -15,6 +15,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <type_traits>
 
 #include "kiln/kiln.h"
 #include "calibration/calibrate_model.h"
@@ -156,32 +157,46 @@ DLDataType dlpack_dtype(DType d) {
   throw Error(ErrorKind::kUnsupported, "no DLPack form for dtype " + to_string(d));
 }
 
-// A capsule named "dltensor" over a device buffer; `keep` (the Context) outlives the capsule's
-// consumers because the managed tensor holds a reference to it.
+// A DLPack capsule over a device buffer: "dltensor" (DLPack 0.x, what every consumer reads) or
+// "dltensor_versioned" (1.0, for consumers that ask with max_version). `keep` (the Context)
+// outlives the capsule's consumers because the managed tensor holds a reference to it.
 struct DlpackOwner {
   std::vector<int64_t> shape;
   py::object keep;
 };
 
-py::capsule dlpack_capsule(void* data, int gpu, DType dtype, std::vector<int64_t> shape, py::object keep) {
-  auto* owner = new DlpackOwner{std::move(shape), std::move(keep)};
-  auto* m = new DLManagedTensor{};
-  m->dl_tensor = {data, {kDLCUDA, gpu}, static_cast<int32_t>(owner->shape.size()), dlpack_dtype(dtype),
-                  owner->shape.data(), nullptr, 0};
+template <class Managed>
+constexpr const char* capsule_name() {
+  return std::is_same_v<Managed, DLManagedTensorVersioned> ? "dltensor_versioned" : "dltensor";
+}
+
+template <class Managed>
+py::capsule owned_capsule(const DLTensor& tensor, DlpackOwner* owner) {
+  auto* m = new Managed{};
+  if constexpr (std::is_same_v<Managed, DLManagedTensorVersioned>) m->version = {1, 0};
+  m->dl_tensor = tensor;
   m->manager_ctx = owner;
-  m->deleter = [](DLManagedTensor* self) {
+  m->deleter = [](Managed* self) {
     py::gil_scoped_acquire gil;
     delete static_cast<DlpackOwner*>(self->manager_ctx);
     delete self;
   };
-  // The consumer renames a used capsule "used_dltensor" and calls the deleter itself; an unused
-  // one is freed here.
-  return py::capsule(m, "dltensor", [](PyObject* capsule) {
-    if (PyCapsule_IsValid(capsule, "dltensor")) {
-      auto* self = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  // The consumer renames a used capsule ("used_dltensor", "used_dltensor_versioned") and calls
+  // the deleter itself; an unused one is freed here.
+  return py::capsule(m, capsule_name<Managed>(), [](PyObject* capsule) {
+    if (PyCapsule_IsValid(capsule, capsule_name<Managed>())) {
+      auto* self = static_cast<Managed*>(PyCapsule_GetPointer(capsule, capsule_name<Managed>()));
       self->deleter(self);
     }
   });
+}
+
+py::capsule dlpack_capsule(void* data, int gpu, DType dtype, std::vector<int64_t> shape, py::object keep,
+                           bool versioned) {
+  auto* owner = new DlpackOwner{std::move(shape), std::move(keep)};
+  const DLTensor tensor{data, {kDLCUDA, gpu}, static_cast<int32_t>(owner->shape.size()), dlpack_dtype(dtype),
+                        owner->shape.data(), nullptr, 0};
+  return versioned ? owned_capsule<DLManagedTensorVersioned>(tensor, owner) : owned_capsule<DLManagedTensor>(tensor, owner);
 }
 
 const TensorDesc& find_desc(const std::vector<TensorDesc>& list, const std::string& name, const char* what) {
@@ -192,13 +207,13 @@ const TensorDesc& find_desc(const std::vector<TensorDesc>& list, const std::stri
 
 // A DLPack capsule over one of a Context's (`self`'s) input or output buffers, at the context's
 // current shapes.
-py::capsule buffer_dlpack(py::object self, const Engine& engine, const std::string& name, bool output) {
+py::capsule buffer_dlpack(py::object self, const Engine& engine, const std::string& name, bool output, bool versioned) {
   Context& c = self.cast<Context&>();
   if (output)
     return dlpack_capsule(c.output_buffer(name), engine.gpu(), find_desc(engine.outputs(), name, "output").dtype,
-                          c.output_shape(name), self);
+                          c.output_shape(name), self, versioned);
   return dlpack_capsule(c.input_buffer(name), engine.gpu(), find_desc(engine.inputs(), name, "input").dtype,
-                        c.input_shape(name), self);
+                        c.input_shape(name), self, versioned);
 }
 
 // GPU memory that an object exports through DLPack, as Context.bind() takes it.
@@ -579,12 +594,22 @@ PYBIND11_MODULE(_kiln, m) {
       })
       .def(
           "input_dlpack",
-          [](py::object self, const Engine& engine, const std::string& name) { return buffer_dlpack(self, engine, name, false); },
-          py::arg("engine"), py::arg("name"))
+          [](py::object self, const Engine& engine, const std::string& name, bool versioned) {
+            return buffer_dlpack(self, engine, name, false, versioned);
+          },
+          py::arg("engine"), py::arg("name"), py::arg("versioned") = false)
       .def(
           "output_dlpack",
-          [](py::object self, const Engine& engine, const std::string& name) { return buffer_dlpack(self, engine, name, true); },
-          py::arg("engine"), py::arg("name"))
+          [](py::object self, const Engine& engine, const std::string& name, bool versioned) {
+            return buffer_dlpack(self, engine, name, true, versioned);
+          },
+          py::arg("engine"), py::arg("name"), py::arg("versioned") = false)
+      .def(
+          "wait_for_last_run",
+          [](Context& context, uintptr_t stream) { context.wait_for_last_run(reinterpret_cast<void*>(stream)); },
+          py::arg("cuda_stream"), py::call_guard<py::gil_scoped_release>(),
+          "Makes work queued on a CUDA stream from now on wait until the last enqueue() or run() has written its "
+          "outputs")
       .def("bind", &bind_memory, py::arg("name"), py::arg("memory"),
            "Zero-copy I/O: enqueue() reads the input, or writes the output, `name` in `memory` (a CUDA tensor or "
            "array with __dlpack__: torch, CuPy, JAX; dense, row-major, the engine's dtype, on its GPU, 256-byte "

@@ -37,7 +37,7 @@ from ._kiln import (BuildOptions, Context, DeviceError, Engine, Error, InternalE
                     has_cuda, model_inputs, set_cpu_threads)
 from . import _kiln
 
-__all__ = ["Builder", "BuildOptions", "Context", "Engine", "Error", "InvalidModelError", "UnsupportedError",
+__all__ = ["Builder", "BuildOptions", "Context", "DeviceTensor", "Engine", "Error", "InvalidModelError", "UnsupportedError",
            "InvalidArgumentError", "IoError", "DeviceError", "InternalError", "InferenceSession", "ShapeRange",
            "TensorDesc", "calibrate", "simplify", "has_cuda", "model_inputs", "set_cpu_threads", "cpu_threads",
            "__version__"]
@@ -197,12 +197,77 @@ def _run_torch(self: Context, inputs: Mapping[str, Any], stream: Any = None,
             self.unbind(name)
     for name, tensor in bound:
         tensor.record_stream(stream)
-    return {d.name: outputs[d.name] if d.name in outputs else torch.from_dlpack(self.output_dlpack(self.engine, d.name))
+    return {d.name: outputs[d.name] if d.name in outputs else torch.from_dlpack(self.output_tensor(d.name))
             for d in self.engine.outputs}
+
+
+_KDL_CUDA = 2  # DLPack's device type of CUDA memory
+
+
+class DeviceTensor:
+    """An input or output buffer of a GPU Context, in place, at the context's current shapes: what
+    torch.from_dlpack, cupy.from_dlpack, jax.dlpack.from_dlpack and numpy-like consumers take
+    through the DLPack protocol (__dlpack__, __dlpack_device__), with the engine's GPU as its
+    device. The memory is the context's: the next run writes it again (copy what you keep).
+
+    A consumer passes its stream to __dlpack__; the stream then waits for the context's last run
+    (Context.wait_for_last_run), so reading on another stream than the run's is safe."""
+
+    def __init__(self, context: Context, name: str, output: bool):
+        engine = context.engine
+        descs = engine.outputs if output else engine.inputs
+        desc = next((d for d in descs if d.name == name), None)
+        if desc is None:
+            raise InvalidArgumentError(f"the engine has no {'output' if output else 'input'} '{name}'")
+        self.name = name
+        self.dtype = desc.dtype
+        self.shape = tuple(context.output_shape(name) if output else context.input_shape(name))
+        self.gpu = engine.gpu
+        self.data_ptr = context.output_pointer(name) if output else context.input_pointer(name)
+        self._context = context
+        self._output = output
+
+    def __repr__(self) -> str:
+        kind = "output" if self._output else "input"
+        return f"kiln.DeviceTensor({kind} '{self.name}', shape={list(self.shape)}, dtype={self.dtype}, cuda:{self.gpu})"
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_KDL_CUDA, self.gpu)
+
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """A DLPack capsule over the buffer (DLPack 1.0's versioned one when max_version allows).
+        stream: the consumer's CUDA stream (None: the legacy default stream, as the protocol says;
+        -1: no ordering, the caller synchronizes)."""
+        if copy:
+            raise BufferError(f"kiln.DeviceTensor '{self.name}' is exported in place: copy=True is not supported")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"kiln.DeviceTensor '{self.name}' lives on cuda:{self.gpu} (DLPack device "
+                              f"{self.__dlpack_device__()}), not on DLPack device {tuple(dl_device)}")
+        if stream is None:
+            stream = 1  # cudaStreamLegacy
+        if stream != -1:
+            self._context.wait_for_last_run(stream)
+        versioned = max_version is not None and tuple(max_version) >= (1, 0)
+        dlpack = self._context.output_dlpack if self._output else self._context.input_dlpack
+        return dlpack(self._context.engine, self.name, versioned=versioned)
+
+
+def _output_tensor(self: Context, name: str) -> DeviceTensor:
+    """The output `name` as a DLPack-exporting view of the context's buffer (DeviceTensor)."""
+    return DeviceTensor(self, name, output=True)
+
+
+def _input_tensor(self: Context, name: str) -> DeviceTensor:
+    """The input `name` as a DLPack-exporting view of the context's buffer (DeviceTensor): write
+    into it, then enqueue()."""
+    return DeviceTensor(self, name, output=False)
 
 
 Engine.create_context = _create_context
 Context.run_torch = _run_torch
+Context.output_tensor = _output_tensor
+Context.input_tensor = _input_tensor
 
 
 _engine_from_onnx = Engine.from_onnx  # the extension's, taking a path

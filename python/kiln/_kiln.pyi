@@ -2,13 +2,17 @@
 # editors. tests/e2e/test_python_package.py checks that every name here exists in the module and
 # every public name of the module is here, with the same parameters. The kiln package
 # (python/kiln/__init__.py) adds to the classes on import: Engine.from_onnx taking bytes or an
-# onnx.ModelProto too, Engine.serialize and deserialize, Context.run_torch.
+# onnx.ModelProto too, Engine.serialize and deserialize, Context.run_torch, output_tensor and
+# input_tensor.
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from kiln import DeviceTensor
 
 __version__: str
 has_cuda: bool
@@ -113,6 +117,13 @@ class Context:
         """torch CUDA tensors in, read in place; the given output tensors written in place, the
         others torch views of the context's output buffers (no copy)."""
     def enqueue(self, cuda_stream: int = 0) -> None: ...
+    def wait_for_last_run(self, cuda_stream: int) -> None:
+        """Makes work queued on the stream from now on wait until the last enqueue() or run() has
+        written its outputs."""
+    def output_tensor(self, name: str) -> DeviceTensor:
+        """The output buffer in place, exporting DLPack (__dlpack__, __dlpack_device__) on the engine's GPU."""
+    def input_tensor(self, name: str) -> DeviceTensor:
+        """The input buffer in place, exporting DLPack: write into it, then enqueue()."""
     def bind(self, name: str, memory: Any) -> None:
         """Zero-copy I/O: enqueue() reads the input, or writes the output, `name` in `memory` (a CUDA
         tensor or array with __dlpack__; dense, row-major, the engine's dtype, on its GPU, 256-byte
@@ -128,8 +139,8 @@ class Context:
     def output_shape(self, name: str) -> list[int]: ...
     def input_pointer(self, name: str, /) -> int: ...
     def output_pointer(self, name: str, /) -> int: ...
-    def input_dlpack(self, engine: Engine, name: str) -> Any: ...
-    def output_dlpack(self, engine: Engine, name: str) -> Any: ...
+    def input_dlpack(self, engine: Engine, name: str, versioned: bool = False) -> Any: ...
+    def output_dlpack(self, engine: Engine, name: str, versioned: bool = False) -> Any: ...
     def profile(self, cuda_stream: int = 0) -> list[dict[str, Any]]: ...
 
 def model_inputs(onnx_path: str) -> list[TensorDesc]:

@@ -176,6 +176,7 @@ void Context::set_tensor_address(const std::string& name, void* device_pointer, 
 }
 void* Context::tensor_address(const std::string& name) const { return impl_->context->tensor_address(name); }
 void Context::enqueue(void* cuda_stream) { impl_->context->enqueue(cuda_stream); }
+void Context::wait_for_last_run(void* cuda_stream) { impl_->context->wait_for_last_run(cuda_stream); }
 std::map<std::string, Tensor> Context::run(const std::map<std::string, Tensor>& inputs) {
   return impl_->context->run(inputs);
 }

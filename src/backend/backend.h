@@ -34,6 +34,7 @@ class Context {
   virtual void set_tensor_address(const std::string& name, void* address, size_t bytes) = 0;
   virtual void* tensor_address(const std::string& name) const = 0;
   virtual void enqueue(void* stream) = 0;
+  virtual void wait_for_last_run(void* stream) = 0;
   virtual std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) = 0;
   virtual std::map<std::string, Tensor> run_concatenated(const std::map<std::string, std::vector<Tensor>>& pieces,
                                                          int64_t zero_rows) = 0;

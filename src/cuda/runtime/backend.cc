@@ -104,6 +104,10 @@ class CudaBackendContext final : public backend::Context {
     DeviceScope scope(gpu_);
     context_->enqueue(static_cast<cudaStream_t>(stream));
   }
+  void wait_for_last_run(void* stream) override {
+    DeviceScope scope(gpu_);
+    context_->wait_for_last_run(static_cast<cudaStream_t>(stream));
+  }
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) override {
     DeviceScope scope(gpu_);
     return context_->run(inputs, stream_);

@@ -162,6 +162,7 @@ CudaContext::~CudaContext() {
   for (auto& [key, b] : bound_)
     for (Captured& g : b.graphs) cudaGraphExecDestroy(g.exec);
   if (side_stream_) cudaStreamDestroy(side_stream_);
+  if (last_run_) cudaEventDestroy(last_run_);
   if (fork_) cudaEventDestroy(fork_);
   if (join_) cudaEventDestroy(join_);
   for (void* p : pinned_) cudaFreeHost(p);
@@ -510,8 +511,10 @@ void CudaContext::enqueue(cudaStream_t stream) {
     enqueue(side_stream_);
     KILN_CUDA_CHECK(cudaEventRecord(join_, side_stream_));
     KILN_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
+    KILN_CUDA_CHECK(cudaEventRecord(last_run_, stream));
     return;
   }
+  if (!last_run_) KILN_CUDA_CHECK(cudaEventCreateWithFlags(&last_run_, cudaEventDisableTiming));
   Bound& b = bound();
   check_bound_bytes(*b.plan);
   if (cudnn_) KILN_CUDNN_CHECK(cudnnSetStream(cudnn_, stream));
@@ -526,6 +529,11 @@ void CudaContext::enqueue(cudaStream_t stream) {
   else
     enqueue_layers(b, stream);
   turn.finish();
+  KILN_CUDA_CHECK(cudaEventRecord(last_run_, stream));
+}
+
+void CudaContext::wait_for_last_run(cudaStream_t stream) {
+  if (last_run_) KILN_CUDA_CHECK(cudaStreamWaitEvent(stream, last_run_, 0));
 }
 
 bool CudaContext::seen_recently(const std::vector<void*>& addresses) {
@@ -540,13 +548,15 @@ void CudaContext::enqueue_graph(Bound& b, cudaStream_t stream) {
   const bool captured = std::any_of(b.graphs.begin(), b.graphs.end(), [&](const Captured& g) {
     return g.stream == stream && g.addresses == wanted;
   });
-  if (captured || wanted == io_buffers_ || seen_recently(wanted)) {
+  ++runs_;
+  if (captured || wanted == io_buffers_ || (seen_recently(wanted) && has_room_for_graph(b))) {
     launch_graph(b, stream);
     return;
   }
   // Caller memory met for the first time lately: capturing the plan again costs about as much
   // as launching it layer by layer, so unless the addresses come back (buffers used in turn, an
-  // input that stays put), the run copies through the context's buffers around their graph.
+  // input that stays put) and a graph slot is free or stale, the run copies through the
+  // context's buffers around their graph.
   const ShapePlan& plan = *b.plan;
   for (const EngineIO& x : plan.inputs()) {
     const size_t slot = static_cast<size_t>(engine_.io_index(x.name, true));
@@ -565,10 +575,16 @@ void CudaContext::enqueue_graph(Bound& b, cudaStream_t stream) {
   }
 }
 
+bool CudaContext::has_room_for_graph(const Bound& b) const {
+  if (b.graphs.size() < kGraphsPerShape) return true;
+  return std::any_of(b.graphs.begin(), b.graphs.end(),
+                     [&](const Captured& g) { return runs_ - g.last_run > kRecentAddressSets; });
+}
+
 void CudaContext::launch_graph(Bound& b, cudaStream_t stream) {
   for (Captured& g : b.graphs)
     if (g.stream == stream && g.addresses == b.addresses) {
-      g.last_used = ++clock_;
+      g.last_run = runs_;
       KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
       return;
     }
@@ -583,7 +599,7 @@ void CudaContext::launch_graph(Bound& b, cudaStream_t stream) {
     slot = &b.graphs.emplace_back();
   } else {
     slot = &*std::min_element(b.graphs.begin(), b.graphs.end(),
-                              [](const Captured& x, const Captured& y) { return x.last_used < y.last_used; });
+                              [](const Captured& x, const Captured& y) { return x.last_run < y.last_run; });
     // The least recently used graph takes the new addresses: an update in place is cheaper than
     // instantiating, and takes effect at the next launch (a launch in flight runs as it was).
     cudaGraphExecUpdateResultInfo result{};
@@ -607,7 +623,7 @@ void CudaContext::launch_graph(Bound& b, cudaStream_t stream) {
   }
   slot->addresses = b.addresses;
   slot->stream = stream;
-  slot->last_used = ++clock_;
+  slot->last_run = runs_;
   if (warm) KILN_CUDA_CHECK(cudaGraphLaunch(slot->exec, stream));
 }
 

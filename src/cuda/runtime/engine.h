@@ -341,10 +341,14 @@ class CudaContext {
   // Runs the engine on `stream` at the current input shapes, reading the inputs' memory and
   // writing the outputs' (tensor_address()). Asynchronous; the first call at a shape on a stream
   // captures a CUDA graph, later calls replay it. Caller memory gets graphs of its own
-  // (kGraphsPerShape sets of addresses per shape, the least recently used updated in place) once
-  // its addresses come back (seen_recently()); before, the run copies it in and out around the
-  // graph of the context's buffers: a capture costs about what launching layer by layer does.
+  // (kGraphsPerShape sets of addresses per shape, a stale one updated in place) once its
+  // addresses come back (seen_recently(), has_room_for_graph()); otherwise the run copies it in
+  // and out around the graph of the context's buffers: a capture costs about what launching
+  // layer by layer does.
   void enqueue(cudaStream_t stream);
+  // Makes later work on `stream` wait for the last enqueue() (an event recorded after each on
+  // the caller's stream; nothing before the first).
+  void wait_for_last_run(cudaStream_t stream);
 
   // Sets the input shapes from the tensors (choosing a profile that holds them), copies them
   // in (through pinned staging) to the context's own buffers (bound caller memory is left
@@ -379,7 +383,7 @@ class CudaContext {
     std::vector<void*> addresses;
     cudaStream_t stream = nullptr;
     cudaGraphExec_t exec = nullptr;
-    uint64_t last_used = 0;
+    uint64_t last_run = 0;  // runs_ at its last launch
   };
   // A layer's pointer to an input or output slot's memory: io[layer].inputs/outputs[index].
   struct IoUse {
@@ -405,6 +409,11 @@ class CudaContext {
   // Whether caller memory at `addresses` was met in one of the last kRecentAddressSets runs that
   // had no graph for it (and notes it, when not): only such addresses are worth a capture.
   bool seen_recently(const std::vector<void*>& addresses);
+  // Whether `b` may take one more graph: fewer than kGraphsPerShape, or one not launched in the
+  // last kRecentAddressSets runs. Without the second condition, a rotation of more buffer sets
+  // than graphs kept (but few enough to be seen recently) would evict a graph on every run, each
+  // run a capture; with it, the sets beyond the graphs copy through the context's buffers.
+  bool has_room_for_graph(const Bound& b) const;
   // Destroys every bound plan's graphs and the plans (their work must be done).
   void drop_bound();
   // The memory of each io slot that the next run uses: the caller's where bound (but for run()).
@@ -451,10 +460,12 @@ class CudaContext {
   cublasLtContext* cublaslt_ = nullptr;
   std::map<std::string, Bound> bound_;  // by shapes_key
   uint64_t clock_ = 0;
+  uint64_t runs_ = 0;  // runs enqueued with graphs: how stale a graph is
   // For callers on a default stream, which cannot be captured: the graph runs on this stream,
   // ordered after and before the caller's work by the two events.
   cudaStream_t side_stream_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  cudaEvent_t last_run_ = nullptr;  // recorded after each enqueue() on the caller's stream
 };
 
 // Throws kiln::Error naming both when kiln's kernels are not compiled for this GPU's
