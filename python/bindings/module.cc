@@ -4,9 +4,10 @@
 //
 // Tensors cross as numpy arrays: inputs are copied in (C-contiguous, the engine's dtype:
 // a wrong dtype is kiln's own error, never a silent conversion), outputs are numpy arrays over
-// kiln's storage (no copy). GPU buffers of a Context leave as DLPack capsules, so
-// torch.from_dlpack() sees them without a copy; Context.bind() takes the caller's GPU memory in
-// (any object with __dlpack__: a torch tensor, a CuPy or JAX array) for zero-copy runs.
+// kiln's storage (no copy). GPU buffers of a Context leave as DLPack capsules (the package's
+// DeviceTensor hands them out through the protocol), which torch, CuPy and JAX read without a
+// copy; Context.bind() takes the caller's GPU memory in (any object with __dlpack__: a torch
+// tensor, a CuPy or JAX array) for zero-copy runs.
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>

@@ -37,10 +37,10 @@ from ._kiln import (BuildOptions, Context, DeviceError, Engine, Error, InternalE
                     has_cuda, model_inputs, set_cpu_threads)
 from . import _kiln
 
-__all__ = ["Builder", "BuildOptions", "Context", "DeviceTensor", "Engine", "Error", "InvalidModelError", "UnsupportedError",
-           "InvalidArgumentError", "IoError", "DeviceError", "InternalError", "InferenceSession", "ShapeRange",
-           "TensorDesc", "calibrate", "simplify", "has_cuda", "model_inputs", "set_cpu_threads", "cpu_threads",
-           "__version__"]
+__all__ = ["Builder", "BuildOptions", "Context", "DeviceTensor", "Engine", "Error", "InvalidModelError",
+           "UnsupportedError", "InvalidArgumentError", "IoError", "DeviceError", "InternalError", "InferenceSession",
+           "ShapeRange", "TensorDesc", "calibrate", "simplify", "has_cuda", "model_inputs", "set_cpu_threads",
+           "cpu_threads", "__version__"]
 
 
 def _as_numpy(batch: Any):
@@ -206,9 +206,9 @@ _KDL_CUDA = 2  # DLPack's device type of CUDA memory
 
 class DeviceTensor:
     """An input or output buffer of a GPU Context, in place, at the context's current shapes: what
-    torch.from_dlpack, cupy.from_dlpack, jax.dlpack.from_dlpack and numpy-like consumers take
-    through the DLPack protocol (__dlpack__, __dlpack_device__), with the engine's GPU as its
-    device. The memory is the context's: the next run writes it again (copy what you keep).
+    torch.from_dlpack, cupy.from_dlpack and jax.dlpack.from_dlpack take through the DLPack
+    protocol (__dlpack__, __dlpack_device__), with the engine's GPU as its device. The memory is
+    the context's: the next run writes it again (copy what you keep).
 
     A consumer passes its stream to __dlpack__; the stream then waits for the context's last run
     (Context.wait_for_last_run), so reading on another stream than the run's is safe."""
