@@ -15,6 +15,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -228,14 +229,14 @@ class ConvKernel final : public Kernel {
     float lo = 0.f, hi = 0.f;
   };
 
-  // One channel of a 3x3 depthwise convolution (dilation 1, 2-D, stride 1 or 2). Stride 2 on
-  // AVX-512 reads the input in place (depthwise3x3_stride2_rows_avx512); otherwise the input plane
-  // is copied into a zero-padded buffer (the calling thread's), so every output, edges
-  // included, adds its nine taps in registers, 8 outputs at a time, in the general loop's order
-  // (kh, then kw) with the same fused multiply-adds. A tap in the padding adds w * 0, which the
-  // general loop skips: the sums are the same, up to the sign of a zero sum. Stride 2 splits the
-  // even and odd inputs out of two loads by shuffles (a loop over x[2 ow] makes GCC insert one
-  // value at a time).
+  // One channel of a 3x3 depthwise convolution (dilation 1, 2-D, stride 1 or 2), every output,
+  // edges included, adding its nine taps in registers in the general loop's order (kh, then kw)
+  // with the same fused multiply-adds. Stride 2 reads the input in place on AVX-512
+  // (depthwise3x3_stride2_rows_avx512), and on AVX2 where most of a row's groups of outputs read
+  // whole loads (depthwise3x3_stride2_rows_avx2); otherwise the input plane is copied into a
+  // zero-padded buffer (the calling thread's) and the rows run 8 outputs at a time. A tap in the
+  // padding adds w * 0, or is left out, where the general loop skips it: the sums are the same,
+  // up to the sign of a zero sum.
   static void depthwise3x3_plane(const Geo3& g, const float* xc, const float* w9, const DepthwiseEpilogue& ep,
                                  float* yc) {
     const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2], s = g.s[1];
@@ -244,33 +245,36 @@ class ConvKernel final : public Kernel {
       depthwise3x3_stride2_rows_avx512(xc, H, W, top, left, OH, OW, w9, ep, yc);
       return;
     }
+    if (s == 2 && mostly_whole_groups(W, left, OW)) {
+      depthwise3x3_stride2_rows_avx2(xc, H, W, top, left, OH, OW, w9, ep, yc);
+      return;
+    }
     // Padded row r holds input row r - top, column c input column c - left. The loads of a
     // row's last group of outputs reach past its last tap, into kPlaneSlack at the plane's end.
+    // The copy writes the same entries for every plane of one geometry and nothing else writes
+    // the buffer, so the padding is zeroed only when the geometry changes (once per layer and
+    // thread, not per channel: zeroing each plane cost a tenth of the layer).
     const int64_t Hp = (OH - 1) * s + 3, Wp = (OW - 1) * s + 3;
-    thread_local std::vector<float> padded_buffer;
-    padded_buffer.assign(static_cast<size_t>(Hp * Wp + kPlaneSlack), 0.f);
-    float* padded = padded_buffer.data();
     const int64_t c0 = std::max<int64_t>(0, left), c1 = std::min<int64_t>(Wp, W + left);  // columns inside
+    const int64_t r0 = std::max<int64_t>(0, top), r1 = std::min<int64_t>(Hp, H + top);     // rows inside
+    struct PaddedPlane {
+      std::vector<float> floats;
+      std::array<int64_t, 6> geometry{};
+    };
+    thread_local PaddedPlane plane;
+    const std::array<int64_t, 6> geometry{Hp, Wp, c0, c1, r0, r1};
+    if (plane.geometry != geometry || plane.floats.empty()) {
+      plane.floats.assign(static_cast<size_t>(Hp * Wp + kPlaneSlack), 0.f);
+      plane.geometry = geometry;
+    }
+    float* padded = plane.floats.data();
     if (c1 > c0)
-      for (int64_t r = std::max<int64_t>(0, top); r < std::min<int64_t>(Hp, H + top); ++r)
+      for (int64_t r = r0; r < r1; ++r)
         std::memcpy(padded + r * Wp + c0, xc + (r - top) * W + (c0 - left), static_cast<size_t>(c1 - c0) * sizeof(float));
     __m256 w[9];
     for (int i = 0; i < 9; ++i) w[i] = _mm256_set1_ps(w9[i]);
-    // [a0 a2 a4 a6 b0 b2 b4 b6] and [a1 a3 a5 a7 b1 b3 b5 b7] of a = x[0..7], b = x[8..15].
-    auto evens = [](const float* x) {
-      const __m256 e = _mm256_shuffle_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _MM_SHUFFLE(2, 0, 2, 0));
-      return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
-    };
-    auto odds = [](const float* x) {
-      const __m256 o = _mm256_shuffle_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _MM_SHUFFLE(3, 1, 3, 1));
-      return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
-    };
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256 bias = _mm256_set1_ps(ep.bias), zero = _mm256_setzero_ps();
-    const __m256 lo = _mm256_set1_ps(ep.lo), hi = _mm256_set1_ps(ep.hi);
     for (int64_t oh = 0; oh < OH; ++oh) {
       const float* rows = padded + oh * s * Wp;
-      float* yrow = yc + oh * OW;
       for (int64_t ow = 0; ow < OW; ow += 8) {
         __m256 acc = _mm256_setzero_ps();
         for (int kh = 0; kh < 3; ++kh) {
@@ -280,20 +284,99 @@ class ConvKernel final : public Kernel {
             acc = _mm256_fmadd_ps(w[kh * 3 + 1], _mm256_loadu_ps(x + 1), acc);
             acc = _mm256_fmadd_ps(w[kh * 3 + 2], _mm256_loadu_ps(x + 2), acc);
           } else {
-            acc = _mm256_fmadd_ps(w[kh * 3], evens(x), acc);
-            acc = _mm256_fmadd_ps(w[kh * 3 + 1], odds(x), acc);
-            acc = _mm256_fmadd_ps(w[kh * 3 + 2], evens(x + 2), acc);
+            const __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8);
+            acc = _mm256_fmadd_ps(w[kh * 3], evens8(a, b), acc);
+            acc = _mm256_fmadd_ps(w[kh * 3 + 1], odds8(a, b), acc);
+            acc = _mm256_fmadd_ps(w[kh * 3 + 2], evens8(_mm256_loadu_ps(x + 2), _mm256_loadu_ps(x + 10)), acc);
           }
         }
-        const __m256i inside = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(OW - ow)), lane);
-        acc = _mm256_add_ps(acc, bias);
-        if (ep.residual) acc = _mm256_add_ps(acc, _mm256_maskload_ps(ep.residual + oh * OW + ow, inside));
-        if (ep.clamp == 1) acc = _mm256_max_ps(acc, zero);  // Relu: NaN becomes 0, as Epilogue::apply
-        else if (ep.clamp == 2) acc = _mm256_min_ps(hi, _mm256_max_ps(lo, acc));  // Clip keeps NaN
-        if (ow + 8 <= OW) _mm256_storeu_ps(yrow + ow, acc);
-        else _mm256_maskstore_ps(yrow + ow, inside, acc);
+        store8(acc, ep, yc, oh, ow, OW);
       }
     }
+  }
+
+  // [a0 a2 a4 a6 b0 b2 b4 b6] and [a1 a3 a5 a7 b1 b3 b5 b7]: the even and odd inputs of two
+  // loads, by two shuffles and a permute each (a loop over x[2 ow] makes GCC insert one value at
+  // a time).
+  static __m256 evens8(__m256 a, __m256 b) {
+    const __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), _MM_SHUFFLE(3, 1, 2, 0)));
+  }
+  static __m256 odds8(__m256 a, __m256 b) {
+    const __m256 o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), _MM_SHUFFLE(3, 1, 2, 0)));
+  }
+
+  // Whether at least half of a stride-2 row's groups of 8 outputs read input columns c .. c + 17
+  // (c = 16 g - left) all inside the row of W, so that their loads need no masks. Masked loads
+  // cost more than the padded copy where most groups need them (MobileNet's 28 x 28 and 14 x 14
+  // planes: docs/design/cpu-gemm.md, "Stride 2 read in place").
+  static bool mostly_whole_groups(int64_t W, int64_t left, int64_t OW) {
+    const int64_t groups = (OW + 7) / 8;
+    int64_t whole = 0;
+    for (int64_t g = 0; g < groups; ++g) whole += 16 * g - left >= 0 && 16 * g - left + 18 <= W;
+    return 2 * whole >= groups;
+  }
+
+  // Adds the epilogue to 8 sums of outputs ow.. of row oh and stores those inside the row.
+  static void store8(__m256 acc, const DepthwiseEpilogue& ep, float* yc, int64_t oh, int64_t ow, int64_t OW) {
+    const __m256i inside =
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(OW - ow)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    acc = _mm256_add_ps(acc, _mm256_set1_ps(ep.bias));
+    if (ep.residual) acc = _mm256_add_ps(acc, _mm256_maskload_ps(ep.residual + oh * OW + ow, inside));
+    if (ep.clamp == 1) {
+      acc = _mm256_max_ps(acc, _mm256_setzero_ps());  // Relu: NaN becomes 0, as Epilogue::apply
+    } else if (ep.clamp == 2) {
+      acc = _mm256_min_ps(_mm256_set1_ps(ep.hi), _mm256_max_ps(_mm256_set1_ps(ep.lo), acc));  // Clip keeps NaN
+    }
+    float* y = yc + oh * OW + ow;
+    if (ow + 8 <= OW) _mm256_storeu_ps(y, acc);
+    else _mm256_maskstore_ps(y, inside, acc);
+  }
+
+  // The lanes of 8 floats at input column c of a row of W that lie inside the row [0, W).
+  static __m256i lanes_inside(int64_t c, int64_t W) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i from_start = _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(static_cast<int>(std::max<int64_t>(-9, -c - 1))));
+    const __m256i before_end = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(9, W - c))), lane);
+    return _mm256_and_si256(from_start, before_end);
+  }
+
+  // The stride-2 rows of depthwise3x3_plane on AVX2, 8 outputs at a time, reading the input in
+  // place as the AVX-512 rows below do (a copy into a padded plane, four times the output's size
+  // at stride 2, cost a quarter of the layer on wide planes). Loads that reach past a row's ends are masked (lanes outside read as zero, never touched),
+  // with the masks made once per group of outputs: made per load, they cost more than the copy.
+  // Rows in order, as the copy read them: walking the plane a column of groups at a time was
+  // twice as slow on MobileNet's 112 x 112 planes, which do not fit in L1.
+  static void depthwise3x3_stride2_rows_avx2(const float* xc, int64_t H, int64_t W, int64_t top, int64_t left,
+                                             int64_t OH, int64_t OW, const float* w9, const DepthwiseEpilogue& ep,
+                                             float* yc) {
+    __m256 w[9];
+    for (int i = 0; i < 9; ++i) w[i] = _mm256_set1_ps(w9[i]);
+    constexpr int64_t kLoadAt[4] = {0, 8, 2, 10};  // the columns a group's four loads start at, past c
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ow += 8) {
+        // Input columns c .. c + 17 feed these 8 outputs (the last lanes' past OW are not stored).
+        const int64_t c = ow * 2 - left;
+        const bool whole = c >= 0 && c + 18 <= W;
+        __m256i mask[4];
+        if (!whole)
+          for (int i = 0; i < 4; ++i) mask[i] = lanes_inside(c + kLoadAt[i], W);
+        const auto load = [&](const float* x, int i) {
+          return whole ? _mm256_loadu_ps(x + kLoadAt[i]) : _mm256_maskload_ps(x + kLoadAt[i], mask[i]);
+        };
+        __m256 acc = _mm256_setzero_ps();
+        for (int kh = 0; kh < 3; ++kh) {
+          const int64_t ih = oh * 2 - top + kh;
+          if (ih < 0 || ih >= H) continue;  // a row of padding: its taps add w * 0
+          const float* x = xc + ih * W + c;
+          const __m256 a = load(x, 0), b = load(x, 1);
+          acc = _mm256_fmadd_ps(w[kh * 3], evens8(a, b), acc);
+          acc = _mm256_fmadd_ps(w[kh * 3 + 1], odds8(a, b), acc);
+          acc = _mm256_fmadd_ps(w[kh * 3 + 2], evens8(load(x, 2), load(x, 3)), acc);
+        }
+        store8(acc, ep, yc, oh, ow, OW);
+      }
   }
 
   // Floats past the padded plane that the row loads may touch: a stride-2 group of 8 outputs
@@ -310,13 +393,13 @@ class ConvKernel final : public Kernel {
   }
 
   // The stride-2 rows of depthwise3x3_plane on AVX-512, 16 outputs at a time: one permute of two
-  // loads gives 16 even or odd inputs, where AVX2 takes two shuffles for 8 (the shuffles, not the
-  // FMAs, bound that loop). The same FMAs in the same order as the AVX2 path, whose taps in the
-  // padding add w * 0; here the input is read in place, without a padded copy (four times the
-  // output's size at stride 2: on MobileNet's small planes it cost as much as the arithmetic): a
-  // row of padding is left out, and loads that reach past a row's ends are masked, their lanes
-  // zero. The sums are the AVX2 path's, up to the sign of a zero sum. (Stride 1 read in place
-  // 16 outputs at a time was slower than the AVX2 path with its copy: docs/design/cpu-gemm.md.)
+  // loads gives 16 even or odd inputs, where AVX2 takes two shuffles and a permute for 8 (the
+  // shuffles, not the FMAs, bound that loop). The input is read in place, without a padded copy
+  // (four times the output's size at stride 2: on MobileNet's small planes it cost as much as
+  // the arithmetic): a row of padding is left out, and loads that reach past a row's ends are
+  // masked, their lanes zero. The same FMAs in the same order as the AVX2 rows: the same sums.
+  // (Stride 1 read in place 16 outputs at a time was slower than the AVX2 path with its copy:
+  // docs/design/cpu-gemm.md.)
   __attribute__((target("avx512f"))) static void depthwise3x3_stride2_rows_avx512(
       const float* xc, int64_t H, int64_t W, int64_t top, int64_t left, int64_t OH, int64_t OW, const float* w9,
       const DepthwiseEpilogue& ep, float* yc) {

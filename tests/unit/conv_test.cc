@@ -223,10 +223,12 @@ TEST(Conv, FusedConvAddsBiasResidualAndActivation) {
 }
 
 // The 3x3 depthwise rows of stride 2 run 16 outputs at a time on AVX-512, reading the input in
-// place with masked loads at its edges, and 8 on AVX2 from a padded copy (the kernel follows
-// sgemm_isa(); stride 1 runs the AVX2 rows on both): the same sums bit for bit, both against
-// the reference, on rows of one partial group, of several, of exactly 16 and 32 outputs, of one
-// and two columns, with pads wider than the input and with none, with a residual and Relu.
+// place with masked loads at its edges, and 8 on AVX2, in place where most of a row's groups
+// load whole (the 64-, 70- and 35-wide rows below) and from a padded copy otherwise (the kernel
+// follows sgemm_isa(); stride 1 runs the AVX2 rows on both): the same sums bit for bit, both
+// against the reference, on rows of one partial group, of several, of exactly 16 and 32
+// outputs, of one and two columns, with pads wider than the input and with none, with a
+// residual and Relu.
 TEST(Conv, DepthwiseRowsMatchOnEveryVectorWidth) {
   struct Shape {
     int64_t c, h, w;
