@@ -204,8 +204,11 @@ bool softmax_numerators(const float* z, int64_t T, float max_logit, bool any_all
     const __m256 zj = _mm256_maskload_ps(z + j, inside);
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(zj, zj, _CMP_UNORD_Q));
     const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(zj, neg_inf, _CMP_EQ_OQ), exp_nonpositive(_mm256_sub_ps(zj, largest)));
-    if (j + 8 <= T) _mm256_storeu_ps(probs + j, e);  // unmasked: a masked store is microcoded on AMD's Zen
-    else _mm256_maskstore_ps(probs + j, inside, e);
+    if (j + 8 <= T) {
+      _mm256_storeu_ps(probs + j, e);  // unmasked: a masked store is microcoded on AMD's Zen
+    } else {
+      _mm256_maskstore_ps(probs + j, inside, e);
+    }
   }
   return _mm256_movemask_ps(nan) != 0;
 }

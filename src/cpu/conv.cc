@@ -310,7 +310,7 @@ class ConvKernel final : public Kernel {
   // Whether at least half of a stride-2 row's groups of 8 outputs read input columns c .. c + 17
   // (c = 16 g - left) all inside the row of W, so that their loads need no masks. Masked loads
   // cost more than the padded copy where most groups need them (MobileNet's 28 x 28 and 14 x 14
-  // planes: docs/design/cpu-gemm.md, "Stride 2 read in place").
+  // planes: docs/design/cpu-gemm.md, "On AVX2: stride 2 in place where rows are wide").
   static bool mostly_whole_groups(int64_t W, int64_t left, int64_t OW) {
     const int64_t groups = (OW + 7) / 8;
     int64_t whole = 0;
@@ -337,17 +337,20 @@ class ConvKernel final : public Kernel {
   // The lanes of 8 floats at input column c of a row of W that lie inside the row [0, W).
   static __m256i lanes_inside(int64_t c, int64_t W) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i from_start = _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(static_cast<int>(std::max<int64_t>(-9, -c - 1))));
-    const __m256i before_end = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(9, W - c))), lane);
+    const int first = static_cast<int>(std::max<int64_t>(-9, -c - 1));
+    const int end = static_cast<int>(std::min<int64_t>(9, W - c));
+    const __m256i from_start = _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(first));
+    const __m256i before_end = _mm256_cmpgt_epi32(_mm256_set1_epi32(end), lane);
     return _mm256_and_si256(from_start, before_end);
   }
 
   // The stride-2 rows of depthwise3x3_plane on AVX2, 8 outputs at a time, reading the input in
   // place as the AVX-512 rows below do (a copy into a padded plane, four times the output's size
-  // at stride 2, cost a quarter of the layer on wide planes). Loads that reach past a row's ends are masked (lanes outside read as zero, never touched),
-  // with the masks made once per group of outputs: made per load, they cost more than the copy.
-  // Rows in order, as the copy read them: walking the plane a column of groups at a time was
-  // twice as slow on MobileNet's 112 x 112 planes, which do not fit in L1.
+  // at stride 2, cost a quarter of the layer on wide planes). Loads that reach past a row's ends
+  // are masked (lanes outside read as zero, never touched), with the masks made once per group
+  // of outputs: made per load, they cost more than the copy. Rows in order, as the copy read
+  // them: walking the plane a column of groups at a time was twice as slow on MobileNet's
+  // 112 x 112 planes, which do not fit in L1.
   static void depthwise3x3_stride2_rows_avx2(const float* xc, int64_t H, int64_t W, int64_t top, int64_t left,
                                              int64_t OH, int64_t OW, const float* w9, const DepthwiseEpilogue& ep,
                                              float* yc) {
@@ -397,7 +400,8 @@ class ConvKernel final : public Kernel {
   // shuffles, not the FMAs, bound that loop). The input is read in place, without a padded copy
   // (four times the output's size at stride 2: on MobileNet's small planes it cost as much as
   // the arithmetic): a row of padding is left out, and loads that reach past a row's ends are
-  // masked, their lanes zero. The same FMAs in the same order as the AVX2 rows: the same sums.
+  // masked, their lanes zero. The same FMAs in the same order as the AVX2 rows: the same sums,
+  // up to the sign of a zero sum (the AVX2 rows of a padded copy add w * 0 for a row of padding).
   // (Stride 1 read in place 16 outputs at a time was slower than the AVX2 path with its copy:
   // docs/design/cpu-gemm.md.)
   __attribute__((target("avx512f"))) static void depthwise3x3_stride2_rows_avx512(

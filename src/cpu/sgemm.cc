@@ -82,7 +82,9 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const Tile& t) {
   const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(t.nr), lane);
   const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(t.nr - 8), lane);
   const bool full = t.nr >= 16;
-  const auto load = [&](const float* p, __m256i mask) { return full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask); };
+  const auto load = [&](const float* p, __m256i mask) {
+    return full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask);
+  };
   __m256 c0[MR], c1[MR];
 #pragma GCC unroll 6
   for (int i = 0; i < MR; ++i) {
