@@ -12,6 +12,12 @@ BUILD_DIR=${KILN_BUILD_DIR:-build}
 [[ -f "$BUILD_DIR/build.ninja" ]] || { echo "build_gpu.sh: $BUILD_DIR/ is not configured: run scripts/setup.sh first" >&2; exit 1; }
 grep -q "kiln_cuda" "$BUILD_DIR/build.ninja" ||
   { echo "build_gpu.sh: $BUILD_DIR/ has no CUDA backend (is the CUDA toolkit in /usr/local/cuda?)" >&2; exit 1; }
+# A CI-style build holds PTX only (scripts/setup.sh): the GPU would compile every kernel at load.
+if grep -q "^KILN_CUDA_ARCHITECTURES:STRING=.*virtual" "$BUILD_DIR/CMakeCache.txt"; then
+  echo "build_gpu.sh: $BUILD_DIR/ compiles the CUDA kernels to PTX only; reconfigure it with machine code:" \
+       "cmake -S . -B $BUILD_DIR -DKILN_CUDA_ARCHITECTURES=90" >&2
+  exit 1
+fi
 ninja -C "$BUILD_DIR" kiln_portable
 mkdir -p build-gpu/dist
 strip -o build-gpu/dist/kiln "$BUILD_DIR/kiln_portable"

@@ -39,7 +39,7 @@ DEBIAN_PACKAGES=(
 # conformance`; clang and libclang-rt-14-dev build the fuzz targets and the ThreadSanitizer
 # build; chromium renders the HTML report in its test.
 if ((FOR_TESTS)); then
-  DEBIAN_PACKAGES+=(libgtest-dev libonnx-testdata clang libclang-rt-14-dev chromium)
+  DEBIAN_PACKAGES+=(libgtest-dev libonnx-testdata clang libclang-rt-14-dev chromium ccache)
 fi
 # The Python environments, every package pinned (requirements/*.lock, so that CI and every
 # developer run the same versions; the conformance floors count the cases of the pinned onnx):
@@ -119,26 +119,52 @@ install_headers() {  # install_headers VENV LOCK
     "$venv/bin/python" -m pip install --no-cache-dir --no-deps -r "$lock"
   fi
 }
-if ((FOR_TESTS)); then
-  # torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the CPU only.
-  install_lock .venv requirements/dev.lock 8
-  install_lock .venv-tf requirements/tf.lock 3
-  install_lock .venv-serve requirements/serve.lock 3
-else
-  install_lock .venv requirements/demo.lock 1
-fi
+# What the build needs (pybind11, the cuDNN frontend's headers) comes first.
+install_lock .venv requirements/demo.lock 1
 install_headers .venv requirements/build-headers.lock
+# The tests' packages download and unpack while the build compiles; their log follows the
+# build's. torch from PyPI brings its CUDA libraries (about 3 GB); kiln's tests use it on the
+# CPU only. dev.lock includes demo.lock, whose pins (pybind11's among them) it leaves as they are.
+if ((FOR_TESTS)); then
+  test_envs_log=$(mktemp)
+  (install_lock .venv requirements/dev.lock 8
+   install_lock .venv-tf requirements/tf.lock 3
+   install_lock .venv-serve requirements/serve.lock 3) > "$test_envs_log" 2>&1 &
+  test_envs=$!
+  trap 'kill "$test_envs" 2> /dev/null || true' EXIT
+  say "installing the tests' Python packages (.venv, .venv-tf, .venv-serve) in the background, beside the build"
+fi
 
 # --- 3. build -------------------------------------------------------------------------------
 # The tests are built with --for-tests; a build configured for the tests keeps them.
+# CI has no GPU: its CUDA build embeds the kernels as PTX only (compute_90), which checks that
+# they compile and link while skipping ptxas, most of the build's time. The GPU gate's build
+# (scripts/build_gpu.sh) carries the machine code that runs.
+CUDA_ARCHITECTURES=()
+if [[ "${CI:-}" == "true" ]]; then CUDA_ARCHITECTURES=(-DKILN_CUDA_ARCHITECTURES=90-virtual); fi
+# The wheel's test (tests/e2e/test_pip_install.py) compiles the CPU library once more, in a
+# build folder as deep as this one: through ccache, with paths made relative to the repository
+# (CCACHE_BASEDIR), its compiles of the same sources are cache hits.
+COMPILER_LAUNCHER=()
+if ((FOR_TESTS)) && command -v ccache > /dev/null; then
+  COMPILER_LAUNCHER=("-DCMAKE_CXX_COMPILER_LAUNCHER=env;CCACHE_BASEDIR=$PWD;CCACHE_NOHASHDIR=true;ccache")
+fi
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
   say "configuring $BUILD_DIR (Release; the CUDA backend too if the CUDA toolkit is installed)"
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_PYTHON="$PWD/.venv/bin/python" \
-    -DKILN_BUILD_TESTS=$( ((FOR_TESTS)) && echo ON || echo OFF)
+    -DKILN_BUILD_TESTS=$( ((FOR_TESTS)) && echo ON || echo OFF) "${CUDA_ARCHITECTURES[@]}" "${COMPILER_LAUNCHER[@]}"
 elif ((FOR_TESTS)) && ! grep -q "^KILN_BUILD_TESTS:BOOL=ON" "$BUILD_DIR/CMakeCache.txt"; then
   say "configuring $BUILD_DIR with the tests"
   cmake -S . -B "$BUILD_DIR" -DKILN_BUILD_TESTS=ON
 fi
 say "building $BUILD_DIR"
 ninja -C "$BUILD_DIR" -j"$(nproc)"
+if ((FOR_TESTS)); then
+  say "waiting for the tests' Python packages"
+  status=0
+  wait "$test_envs" || status=$?
+  cat "$test_envs_log"
+  rm -f "$test_envs_log"
+  if ((status)); then echo "setup.sh: installing the tests' Python packages failed (exit $status; the log is above)" >&2; exit 1; fi
+fi
 say "setup done: $BUILD_DIR/kiln --help"

@@ -30,7 +30,8 @@ if (($# == 0)); then
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ > "$FUZZ_DIR/configure.log" 2>&1 ||
     { cat "$FUZZ_DIR/configure.log"; exit 1; }
   ninja -C "$FUZZ_DIR" fuzz_onnx_import fuzz_npy fuzz_engine_file fuzz_graph fuzz_regression_tests kiln
-  ctest --test-dir "$FUZZ_DIR" -L fuzz --output-on-failure
+  # Each fuzzer and sanitized test runs on one core: two at a time on two cores.
+  ctest --test-dir "$FUZZ_DIR" -L fuzz --output-on-failure -j"$(nproc)"
   # CI starts from a clean clone and needs this build no more: its space goes to the tests.
   if [[ "${CI:-}" == "true" ]]; then rm -rf "$FUZZ_DIR"; fi
 
@@ -43,7 +44,7 @@ if (($# == 0)); then
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ > "$TSAN_DIR/configure.log" 2>&1 ||
     { cat "$TSAN_DIR/configure.log"; exit 1; }
   ninja -C "$TSAN_DIR" thread_safety_tests kiln_tsan_python
-  ctest --test-dir "$TSAN_DIR" -L tsan --output-on-failure
+  ctest --test-dir "$TSAN_DIR" -L tsan --output-on-failure -j"$(nproc)"
   if [[ "${CI:-}" == "true" ]]; then rm -rf "$TSAN_DIR"; fi
 fi
 

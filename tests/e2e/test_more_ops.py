@@ -839,6 +839,10 @@ def test_qlinear_conv_matches_onnxruntime(tmp_path, check_against_onnxruntime):
     node, inputs, inits, feed = _qlinear_conv_case(TensorProto.UINT8, TensorProto.INT8, True, True, 2,
                                                    {"pads": [1, 1, 1, 1]}, 7)
     inits["w_zero"] = np.zeros_like(inits["w_zero"])  # ONNX Runtime takes symmetric int8 weights only
+    # On x86 CPUs without VNNI, ONNX Runtime multiplies uint8 by int8 with vpmaddubsw, whose pairwise
+    # int16 sums saturate for 8-bit weights (255 * 127 * 2 > 32767): its answer then differs from
+    # ONNX's. Weights of 7 bits, as its quantizer's reduce_range writes, keep it exact on every CPU.
+    inits["w"] = (inits["w"] // 2).astype(np.int8)
     check_against_onnxruntime(_save(tmp_path, "qlinear_conv_ort", node, inputs, inits, 10, out_type=TensorProto.UINT8), feed)
 
 
