@@ -76,7 +76,7 @@ def test_cpu_engine_files_run_like_the_model(kiln_bin, engines, tmp_path):
     got8 = outputs(kiln_bin, engines["int8"], tmp_path / "x.npy", tmp_path / "int8")
     np.testing.assert_array_equal(got8, want8)
     assert not np.array_equal(got8, want)  # and it is INT8
-    r = kiln(kiln_bin, "eval", engines["int8"], "--dataset", "fashion-mnist", "--limit", "500", "--reference", MODEL)
+    r = kiln(kiln_bin, "eval", engines["int8"], "--dataset", "fashion-mnist", "--limit", "100", "--reference", MODEL)
     assert r.returncode == 0 and "int8 on cpu" in r.stdout, r.stdout + r.stderr
     r = kiln(kiln_bin, "bench", engines["fp32"], "--iterations", "3", "--warmup", "1")
     assert r.returncode == 0 and "cpu fp32" in r.stdout, r.stdout + r.stderr
