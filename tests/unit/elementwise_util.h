@@ -16,10 +16,10 @@
 
 namespace kiln::ew_test {
 
-// Path of a file in tests/data/ (found from this header's path, which CMake passes as absolute).
+// Path of a file in tests/data/. From KILN_SOURCE_DIR (tests/CMakeLists.txt), not __FILE__:
+// a build through ccache with CCACHE_BASEDIR (scripts/setup.sh) compiles with relative paths.
 inline std::string test_data(const std::string& name) {
-  std::string here = __FILE__;
-  return here.substr(0, here.rfind('/')) + "/../data/" + name;
+  return std::string(KILN_SOURCE_DIR) + "/tests/data/" + name;
 }
 
 inline Tensor random_floats(std::vector<int64_t> shape, uint32_t seed, float lo = -2.f, float hi = 2.f) {
