@@ -15,6 +15,7 @@
 
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
+#include "cpu/vector_exp.h"
 #include "ops/attention_params.h"
 
 namespace kiln::cpu {
@@ -161,32 +162,6 @@ float biased_logits(const float* x, const float* bias, int64_t T, float* z, bool
   return result;
 }
 
-// e^x for x <= 0 (a softmax's exponents), 8 at a time: x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2
-// in two parts, so r is exact), e^r by its Taylor polynomial of degree 7 (truncation below
-// 1e-8), times 2^n through the exponent bits. Within 3 ulp of std::exp down to -87; below, 0
-// (e^-87 is 1.6e-38, near float32's smallest normal: smaller results would be denormals, which
-// the CPU computes in slow microcode, and a padding mask of -3.4e38 sends a quarter of BERT's
-// keys there). NaN stays NaN.
-__m256 exp_nonpositive(__m256 x) {
-  const __m256 floor = _mm256_set1_ps(-87.f);
-  const __m256 below = _mm256_cmp_ps(x, floor, _CMP_LT_OQ);
-  x = _mm256_max_ps(floor, x);  // max(c, NaN) is NaN
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
-  __m256 p = _mm256_set1_ps(1.f / 5040);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)));
-}
-
 // probs[j] = e^(z[j] - max_logit), or 0 for a key that may not be attended (z = -inf) and for
 // every key of a row with none allowed; returns whether some z is NaN. 8 keys at a time.
 bool softmax_numerators(const float* z, int64_t T, float max_logit, bool any_allowed, float* probs) {
@@ -203,7 +178,7 @@ bool softmax_numerators(const float* z, int64_t T, float max_logit, bool any_all
     const __m256i inside = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(8, T - j))), lane);
     const __m256 zj = _mm256_maskload_ps(z + j, inside);
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(zj, zj, _CMP_UNORD_Q));
-    const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(zj, neg_inf, _CMP_EQ_OQ), exp_nonpositive(_mm256_sub_ps(zj, largest)));
+    const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(zj, neg_inf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(zj, largest)));
     if (j + 8 <= T) {
       _mm256_storeu_ps(probs + j, e);  // unmasked: a masked store is microcoded on AMD's Zen
     } else {

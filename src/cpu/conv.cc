@@ -175,6 +175,20 @@ class ConvKernel final : public Kernel {
     const int64_t jobs = g.batch * M;
     const bool three_by_three = D == 1 && OD == 1 && g.k[0] == 1 && g.k[1] == 3 && g.k[2] == 3 && g.d[1] == 1 &&
                                 g.d[2] == 1 && g.s[1] == g.s[2] && (g.s[1] == 1 || g.s[1] == 2);
+    if (channel_vectors_apply(g, three_by_three)) {
+      const int64_t groups = (M + kLanes - 1) / kLanes;
+      DepthwiseEpilogue ep;
+      ep.clamp = epilogue_.clamp_mode(ep.lo, ep.hi);
+      parallel_for_each(g.batch * groups, true, [&](int64_t j) {
+        const int64_t b = j / groups, m0 = j % groups * kLanes;
+        const int lanes = static_cast<int>(std::min<int64_t>(kLanes, M - m0));
+        float* yc = y + (b * M + m0) * N;
+        depthwise_channel_vectors(g, x + (b * C + m0) * Nin, w + m0 * kk, bias ? bias + m0 : nullptr,
+                                  z ? z + (b * M + m0) * N : nullptr, lanes, ep, yc);
+        if (ep.clamp < 0) epilogue_.apply(yc, N, lanes, N, nullptr, nullptr, nullptr, N);
+      });
+      return;
+    }
     parallel_for_each(jobs, true, [&](int64_t j) {
       const int64_t b = j / M, m = j % M;
       const float* xc = x + (b * C + m / Mg) * Nin;
@@ -228,6 +242,131 @@ class ConvKernel final : public Kernel {
     int clamp = 0;
     float lo = 0.f, hi = 0.f;
   };
+
+  static constexpr int kLanes = 16;  // channels per vector of depthwise_channel_vectors
+
+  // Whether depthwise_channel_vectors runs this depthwise convolution: 2-D, one output channel
+  // per input channel, on AVX-512, and either not the 3x3 kernel of the rows below (the general
+  // loop runs other kernels one scalar at a time) or rows of fewer than 16 outputs, which leave
+  // most of the rows' vectors empty (MobileNet's 7x7 and 14x14 planes: docs/design/cpu-gemm.md,
+  // "Depthwise convolutions across channels"). Planes up to 256 x 256 padded (a 4 MB buffer).
+  static bool channel_vectors_apply(const Geo3& g, bool three_by_three) {
+    if (sgemm_isa() != SgemmIsa::kAvx512 || g.in[0] != 1 || g.out[0] != 1 || g.k[0] != 1 || g.in_c != g.out_c)
+      return false;
+    const int64_t Hp = (g.out[1] - 1) * g.s[1] + (g.k[1] - 1) * g.d[1] + 1;
+    const int64_t Wp = (g.out[2] - 1) * g.s[2] + (g.k[2] - 1) * g.d[2] + 1;
+    if (Hp > 256 || Wp > 256) return false;
+    return !three_by_three || g.out[2] < 16;
+  }
+
+  // A depthwise convolution of `lanes` (<= 16) channels at once, one channel per vector lane:
+  // the planes are copied, transposed 16 x 16 in registers, into a zero-padded buffer (the
+  // calling thread's) of 16 floats per position, and every output is one vector of 16 channels,
+  // its taps added in the general loop's order (kh, then kw) with fused multiply-adds; the sums
+  // are transposed back, 16 positions at a time, and the bias, the residual and Relu/Clip added
+  // as depthwise3x3_stride2_rows_avx512 does. A tap in the padding adds w * 0 where the general
+  // loop skips it: the same sums, up to the sign of a zero sum. xc, w, bias, z and yc point at
+  // the first channel's plane, filter, bias, residual and output plane.
+  __attribute__((target("avx512f"))) static void depthwise_channel_vectors(const Geo3& g, const float* xc,
+                                                                            const float* w, const float* bias,
+                                                                            const float* z, int lanes,
+                                                                            const DepthwiseEpilogue& ep, float* yc) {
+    const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2];
+    const int64_t KH = g.k[1], KW = g.k[2], SH = g.s[1], SW = g.s[2], DH = g.d[1], DW = g.d[2];
+    const int64_t top = g.p[1], left = g.p[2], plane = H * W, N = OH * OW, taps = KH * KW;
+    const int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1, Wp = (OW - 1) * SW + (KW - 1) * DW + 1;
+    const int64_t c0 = std::max<int64_t>(0, left), c1 = std::min<int64_t>(Wp, W + left);  // columns inside
+    const int64_t r0 = std::max<int64_t>(0, top), r1 = std::min<int64_t>(Hp, H + top);     // rows inside
+    // The copy writes the same positions for every group of one geometry and nothing else
+    // writes the buffer, so the padding is zeroed only when the geometry changes. Lanes past
+    // `lanes` hold zeros: their sums are never stored.
+    struct Buffers {
+      std::vector<float> padded, sums, filters;
+      std::array<int64_t, 6> geometry{};
+    };
+    thread_local Buffers buf;
+    const std::array<int64_t, 6> geometry{Hp, Wp, c0, c1, r0, r1};
+    if (buf.geometry != geometry || buf.padded.empty()) {
+      buf.padded.assign(static_cast<size_t>(Hp * Wp * kLanes), 0.f);
+      buf.geometry = geometry;
+    }
+    if (static_cast<int64_t>(buf.sums.size()) < N * kLanes) buf.sums.resize(static_cast<size_t>(N * kLanes));
+    buf.filters.assign(static_cast<size_t>(taps * kLanes), 0.f);
+    float* padded = buf.padded.data();
+    float* sums = buf.sums.data();
+    float* filters = buf.filters.data();
+    for (int l = 0; l < lanes; ++l)
+      for (int64_t t = 0; t < taps; ++t) filters[t * kLanes + l] = w[l * taps + t];
+
+    // Input rows 16 columns at a time: a load per channel, transposed, a store per column.
+    __m512 v[kLanes];
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t q = c0 - left; q < c1 - left; q += kLanes) {
+        const int cols = static_cast<int>(std::min<int64_t>(kLanes, c1 - left - q));
+        const __mmask16 inside = static_cast<__mmask16>((1u << cols) - 1);
+        const float* src = xc + (r - top) * W + q;
+        for (int l = 0; l < kLanes; ++l)
+          v[l] = l < lanes ? _mm512_maskz_loadu_ps(inside, src + l * plane) : _mm512_setzero_ps();
+        transpose16x16(v);
+        float* dst = padded + (r * Wp + q + left) * kLanes;
+        for (int c = 0; c < cols; ++c) _mm512_storeu_ps(dst + c * kLanes, v[c]);
+      }
+
+    for (int64_t oh = 0; oh < OH; ++oh)
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const float* at = padded + (oh * SH * Wp + ow * SW) * kLanes;
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          const float* row = at + kh * DH * Wp * kLanes;
+          const float* f = filters + kh * KW * kLanes;
+          for (int64_t kw = 0; kw < KW; ++kw)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(f + kw * kLanes), _mm512_loadu_ps(row + kw * DW * kLanes), acc);
+        }
+        _mm512_storeu_ps(sums + (oh * OW + ow) * kLanes, acc);
+      }
+
+    const __m512 zero = _mm512_setzero_ps(), lo = _mm512_set1_ps(ep.lo), hi = _mm512_set1_ps(ep.hi);
+    for (int64_t p0 = 0; p0 < N; p0 += kLanes) {
+      const int count = static_cast<int>(std::min<int64_t>(kLanes, N - p0));
+      const __mmask16 stored = static_cast<__mmask16>((1u << count) - 1);
+      for (int i = 0; i < kLanes; ++i) v[i] = i < count ? _mm512_loadu_ps(sums + (p0 + i) * kLanes) : zero;
+      transpose16x16(v);
+      for (int l = 0; l < lanes; ++l) {
+        __m512 acc = _mm512_add_ps(v[l], _mm512_set1_ps(bias ? bias[l] : 0.f));
+        if (z) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(stored, z + l * N + p0));
+        if (ep.clamp == 1) acc = _mm512_max_ps(acc, zero);  // Relu: NaN becomes 0, as Epilogue::apply
+        else if (ep.clamp == 2) acc = _mm512_min_ps(hi, _mm512_max_ps(lo, acc));  // Clip keeps NaN
+        _mm512_mask_storeu_ps(yc + l * N + p0, stored, acc);
+      }
+    }
+  }
+
+  // v[c] becomes column c of the 16 x 16 matrix whose rows were v[0..15]: unpacks of pairs of
+  // floats, then of pairs of doubles, then two rounds of shuffles of 128-bit lanes.
+  __attribute__((target("avx512f"))) static void transpose16x16(__m512* v) {
+    __m512 t[kLanes];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+      const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+      const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+      v[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+      v[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+      v[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+      v[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int i = 0; i < 2; ++i)
+      for (int j = 0; j < 4; ++j) {
+        t[8 * i + j] = _mm512_shuffle_f32x4(v[8 * i + j], v[8 * i + 4 + j], 0x88);
+        t[8 * i + 4 + j] = _mm512_shuffle_f32x4(v[8 * i + j], v[8 * i + 4 + j], 0xdd);
+      }
+    for (int j = 0; j < 8; ++j) {
+      v[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+      v[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+    }
+  }
 
   // One channel of a 3x3 depthwise convolution (dilation 1, 2-D, stride 1 or 2), every output,
   // edges included, adding its nine taps in registers in the general loop's order (kh, then kw)

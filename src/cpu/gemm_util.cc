@@ -11,6 +11,7 @@
 #include <strings.h>
 
 #include "cpu/parallel.h"
+#include "cpu/vector_exp.h"
 
 // Present in OpenBLAS builds with DYNAMIC_ARCH (Debian's); weak so other builds still link.
 extern "C" __attribute__((weak)) void gotoblas_dynamic_init(void);
@@ -174,12 +175,54 @@ void gelu_erf_in_place(float* y, int64_t n) {
   }
 }
 
+void activation_in_place(const ir::Activation& act, float* y, int64_t n) {
+  using K = ir::ActivationKind;
+  const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps(), six = _mm256_set1_ps(6.f);
+  const __m256 half = _mm256_set1_ps(0.5f), alpha = _mm256_set1_ps(act.alpha), beta = _mm256_set1_ps(act.beta);
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  auto act8 = [&](__m256 x) {
+    switch (act.kind) {
+      case K::kSigmoid:
+        return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign))));
+      case K::kSiLU:
+        return _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign))));
+      case K::kHardSwish: {  // x * clamp(x / 6 + 0.5, 0, 1); max(NaN, 0) is 0, but x carries the NaN
+        const __m256 t = _mm256_add_ps(_mm256_div_ps(x, six), half);
+        return _mm256_mul_ps(x, _mm256_min_ps(_mm256_max_ps(t, zero), one));
+      }
+      case K::kHardSigmoid: {  // clamp(alpha x + beta, 0, 1), NaN kept as ir::clamp does
+        const __m256 t = _mm256_fmadd_ps(alpha, x, beta);
+        const __m256 c = _mm256_min_ps(_mm256_max_ps(t, zero), one);
+        return _mm256_blendv_ps(c, t, _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
+      }
+      default:
+        return x;
+    }
+  };
+  if (act.kind != K::kSigmoid && act.kind != K::kSiLU && act.kind != K::kHardSwish && act.kind != K::kHardSigmoid) {
+    for (int64_t i = 0; i < n; ++i) y[i] = act.apply(y[i]);
+    return;
+  }
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, act8(_mm256_loadu_ps(y + i)));
+  if (i < n) {  // the tail through the same arithmetic, so every element gets the same formula
+    alignas(32) float tail[8] = {};
+    std::memcpy(tail, y + i, static_cast<size_t>(n - i) * sizeof(float));
+    _mm256_store_ps(tail, act8(_mm256_load_ps(tail)));
+    std::memcpy(y + i, tail, static_cast<size_t>(n - i) * sizeof(float));
+  }
+}
+
 Epilogue::Epilogue(ir::Activation act) : act_(std::move(act)) {
   if (act_.none()) kind_ = Kind::kNone;
   else if (act_.kind == ir::ActivationKind::kRelu) kind_ = Kind::kRelu;
   else if (act_.kind == ir::ActivationKind::kClip) kind_ = Kind::kClip;
   else if (act_.kind == ir::ActivationKind::kLeakyRelu) kind_ = Kind::kLeakyRelu;
   else if (act_.kind == ir::ActivationKind::kGelu) kind_ = Kind::kGelu;
+  else if (act_.kind == ir::ActivationKind::kSigmoid) kind_ = Kind::kSigmoid;
+  else if (act_.kind == ir::ActivationKind::kSiLU) kind_ = Kind::kSiLU;
+  else if (act_.kind == ir::ActivationKind::kHardSwish) kind_ = Kind::kHardSwish;
+  else if (act_.kind == ir::ActivationKind::kHardSigmoid) kind_ = Kind::kHardSigmoid;
   else kind_ = Kind::kOther;
 }
 
@@ -224,6 +267,12 @@ void Epilogue::apply(float* y, int64_t ld, int64_t rows, int64_t cols, const flo
       }
       case Kind::kGelu:
         gelu_erf_in_place(row, cols);
+        break;
+      case Kind::kSigmoid:
+      case Kind::kSiLU:
+      case Kind::kHardSwish:
+      case Kind::kHardSigmoid:
+        activation_in_place(act_, row, cols);
         break;
       case Kind::kOther:
         for (int64_t c = 0; c < cols; ++c) row[c] = act_.apply(row[c]);

@@ -1,6 +1,8 @@
 // CPU kernels of pooling (MaxPool also on int8/uint8 and with its Indices output; the rest
 // float32). 1-D, 2-D and 3-D pooling share one loop nest: fewer spatial dims are padded to
 // three with size-1 dims.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -198,6 +200,32 @@ void sum_pool(const Window3& w, const float* x, float* y, PoolKind kind, bool co
   });
 }
 
+// The sum of n values in float32. Floats add in 32 running sums (four vectors of eight), which
+// a chain of one addition after another would keep waiting on the adder's latency (EfficientNet's
+// squeeze-and-excitation averages over 112 x 112 planes: docs/design/cpu-gemm.md, "EfficientNet's
+// activations and averages").
+template <class T>
+float sum_as_float(const T* v, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<float>(v[i]);
+  return s;
+}
+
+template <>
+float sum_as_float<float>(const float* v, int64_t n) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int a = 0; a < 4; ++a) acc[a] = _mm256_add_ps(acc[a], _mm256_loadu_ps(v + i + 8 * a));
+  const __m256 both = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, both);
+  float s = 0.f;
+  for (float lane : lanes) s += lane;
+  for (; i < n; ++i) s += v[i];
+  return s;
+}
+
 template <class T>
 void global_pool(const Tensor& x, Tensor& y, PoolKind kind, float p_norm) {
   const int64_t nc = x.dim(0) * x.dim(1);
@@ -211,8 +239,7 @@ void global_pool(const Tensor& x, Tensor& y, PoolKind kind, float p_norm) {
       for (int64_t i = 0; i < size; ++i) m = std::max(m, row[i]);
       py[c] = m;
     } else if (kind == PoolKind::kAverage) {
-      float s = 0.f;
-      for (int64_t i = 0; i < size; ++i) s += static_cast<float>(row[i]);
+      const float s = sum_as_float(row, size);
       py[c] = static_cast<T>(size ? s / static_cast<float>(size) : 0.f);
     } else {
       float s = 0.f;

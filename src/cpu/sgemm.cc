@@ -493,6 +493,16 @@ struct Problem {
 
 // Multiplies rows [m0, m1) (m0 a multiple of MR) of A's K block [k0, k0 + kc) with packed B
 // panels covering columns [n0, n1); panel q at b + q * panel_stride.
+// K blocks up to this depth run row tile by row tile, each sweeping its columns, rather than
+// column panel by panel: a short K leaves the tiles' stores to C (and epilogue loads of the
+// residual) waiting on memory, and the panel order spreads them over every row of C at once,
+// more streams than the hardware prefetchers follow, while the row order writes mr rows
+// front to back. sgemm_bench --only on one thread, cold: M 96 N 12544 K 16 2.45 -> 0.83 ms,
+// M 256 N 3136 K 64 + residual 3.12 -> 1.61 ms, K 96-160 even to 15 % faster; at K 288 the
+// panel order, which keeps each B panel in L1, is ahead (docs/design/cpu-gemm.md, "Short K:
+// row tiles sweep the columns").
+constexpr int64_t kRowsOuterMaxKc = 160;
+
 void compute_block(const Problem& p, const float* b, int64_t panel_stride, int64_t k0, int64_t kc, int64_t n0,
                    int64_t n1, int64_t m0, int64_t m1, bool first, bool last) {
   const int mr = p.mk.mr, nr = p.mk.nr;
@@ -505,32 +515,37 @@ void compute_block(const Problem& p, const float* b, int64_t panel_stride, int64
   t.clamp = p.clamp;
   t.lo = p.lo;
   t.hi = p.hi;
-  for (int64_t j = n0, q = 0; j < n1; j += nr, ++q) {
+  auto run_tile = [&](int64_t i, int64_t j, int64_t q, bool prefetch_residual) {
     t.b = b + q * panel_stride;
     t.nr = static_cast<int>(std::min<int64_t>(nr, n1 - j));
-    for (int64_t i = m0; i < m1; i += mr) {
-      t.mr = static_cast<int>(std::min<int64_t>(mr, m1 - i));
-      t.a = p.a.panel(i / mr) + k0 * mr;
-      t.c = p.c + i * p.ldc + j;
-      t.bias = p.ep.row_bias ? p.ep.row_bias + i : nullptr;
-      t.z = p.ep.residual ? p.ep.residual + i * p.ep.ld_residual + j : nullptr;
-      if (last && t.z) {
-        // The next tile's residual rows, while this tile computes: each row's 32 floats lie a
-        // whole row of C away from the next, which no hardware prefetcher follows, and a short K
-        // leaves the epilogue's loads waiting on memory (ResNet-50's 1x1 expansions, K = 64:
-        // 61-81 -> 92-102 GFLOP/s on one thread in sgemm_bench's epilogue row, 94-106 without a
-        // residual; docs/design/cpu-gemm.md, "The epilogue's residual, prefetched").
-        const bool down = i + mr < m1;
-        const float* zn = p.ep.residual + (down ? i + mr : m0) * p.ep.ld_residual + (down ? j : j + nr);
-        if (down || j + nr < n1)
-          for (int r = 0; r < mr; ++r) {
-            __builtin_prefetch(zn + r * p.ep.ld_residual);
-            __builtin_prefetch(zn + r * p.ep.ld_residual + 16);
-          }
-      }
-      p.mk.fn(t);
-      if (last && p.act_after) p.ep.act->apply(t.c, p.ldc, t.mr, t.nr, nullptr, nullptr, nullptr, 0);
+    t.mr = static_cast<int>(std::min<int64_t>(mr, m1 - i));
+    t.a = p.a.panel(i / mr) + k0 * mr;
+    t.c = p.c + i * p.ldc + j;
+    t.bias = p.ep.row_bias ? p.ep.row_bias + i : nullptr;
+    t.z = p.ep.residual ? p.ep.residual + i * p.ep.ld_residual + j : nullptr;
+    if (prefetch_residual && last && t.z) {
+      // The next tile's residual rows, while this tile computes: each row's 32 floats lie a
+      // whole row of C away from the next, which no hardware prefetcher follows, and a short K
+      // leaves the epilogue's loads waiting on memory (ResNet-50's 1x1 expansions, K = 64:
+      // 61-81 -> 92-102 GFLOP/s on one thread in sgemm_bench's epilogue row, 94-106 without a
+      // residual; docs/design/cpu-gemm.md, "The epilogue's residual, prefetched").
+      const bool down = i + mr < m1;
+      const float* zn = p.ep.residual + (down ? i + mr : m0) * p.ep.ld_residual + (down ? j : j + nr);
+      if (down || j + nr < n1)
+        for (int r = 0; r < mr; ++r) {
+          __builtin_prefetch(zn + r * p.ep.ld_residual);
+          __builtin_prefetch(zn + r * p.ep.ld_residual + 16);
+        }
     }
+    p.mk.fn(t);
+    if (last && p.act_after) p.ep.act->apply(t.c, p.ldc, t.mr, t.nr, nullptr, nullptr, nullptr, 0);
+  };
+  if (kc <= kRowsOuterMaxKc) {
+    for (int64_t i = m0; i < m1; i += mr)
+      for (int64_t j = n0, q = 0; j < n1; j += nr, ++q) run_tile(i, j, q, false);
+  } else {
+    for (int64_t j = n0, q = 0; j < n1; j += nr, ++q)
+      for (int64_t i = m0; i < m1; i += mr) run_tile(i, j, q, true);
   }
 }
 

@@ -169,6 +169,15 @@ std::vector<ConvCase> conv_cases() {
       {"depthwise 3x3 stride 2 no pads", {2, 3, 11, 35}, {3, 1, 3, 3}, {{2, 2}, {1, 1}, {0, 0, 0, 0}, 3}, false},
       {"depthwise 3x3 stride 2 two groups and a tail", {1, 2, 6, 70}, {2, 1, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 0, 1}, 2}, true},
       {"depthwise 3x3 stride 2 MobileNet's 56x56", {1, 2, 56, 56}, {2, 1, 3, 3}, {{2, 2}, {1, 1}, {0, 0, 1, 1}, 2}, true},
+      // Depthwise across channels (AVX-512): 16 channels a vector and a partial group, kernels
+      // other than 3x3, dilation, unequal strides, asymmetric pads, 3x3 rows of fewer than 16
+      // outputs, a batch of two and a plane too wide for the buffer (the general loop).
+      {"depthwise 5x5 37 channels batch 2", {2, 37, 9, 11}, {37, 1, 5, 5}, {{1, 1}, {1, 1}, {2, 2, 2, 2}, 37}, true},
+      {"depthwise 3x3 to 7x7, 20 channels", {1, 20, 14, 14}, {20, 1, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 20}, true},
+      {"depthwise 3x3 at 7x7, 33 channels", {1, 33, 7, 7}, {33, 1, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 33}, false},
+      {"depthwise 7x5 dilation 2, strides 2 and 1", {1, 18, 17, 12}, {18, 1, 7, 5}, {{2, 1}, {2, 2}, {3, 0, 5, 4}, 18}, true},
+      {"depthwise 5x5 stride 2 wide plane", {1, 17, 40, 45}, {17, 1, 5, 5}, {{2, 2}, {1, 1}, {1, 2, 2, 1}, 17}, false},
+      {"depthwise 1x7 over a 300-wide row", {1, 3, 2, 300}, {3, 1, 1, 7}, {{1, 1}, {1, 1}, {0, 3, 0, 3}, 3}, true},
       {"1x1 direct", {1, 16, 9, 9}, {8, 16, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"1x1 direct batch 3", {3, 8, 5, 6}, {7, 8, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"1x1 stride 2", {1, 8, 10, 10}, {4, 8, 1, 1}, {{2, 2}, {1, 1}, {0, 0, 0, 0}, 1}, false},
@@ -206,7 +215,7 @@ TEST(Conv, MatchesReference) {
 TEST(Conv, FusedConvAddsBiasResidualAndActivation) {
   uint32_t seed = 100;
   for (const ConvCase& c : conv_cases())
-    for (const char* act : {"Relu", "LeakyRelu", "Sigmoid", "Clip", ""}) {
+    for (const char* act : {"Relu", "LeakyRelu", "Sigmoid", "SiLU", "HardSwish", "HardSigmoid", "Clip", ""}) {
       SCOPED_TRACE(std::string(c.name) + " activation '" + act + "'");
       Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++);
       Tensor b = random_tensor({c.w[0]}, seed++);

@@ -1,0 +1,36 @@
+// e^x for 8 floats at a time (AVX2), for the softmax of attention and the sigmoid-shaped
+// activations of the GEMM epilogue, where libm's expf takes one value at a time.
+#pragma once
+
+#include <immintrin.h>
+
+namespace kiln::cpu {
+
+// x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2 in two parts, so r is exact), e^r by its Taylor
+// polynomial of degree 7 (truncation below 1e-8), times 2^n through the exponent bits. Within
+// 3 ulp of std::exp over [-87, 88.3]; below, 0 (e^-87 is 1.6e-38, near float32's smallest
+// normal: smaller results would be denormals, which the CPU computes in slow microcode, and a
+// padding mask of -3.4e38 sends a quarter of BERT's keys there); above, +inf (2^n must stay
+// below 2^128, and e^88.8 overflows float32 anyway). NaN stays NaN.
+inline __m256 exp8(__m256 x) {
+  const __m256 floor = _mm256_set1_ps(-87.f), ceiling = _mm256_set1_ps(88.3f);
+  const __m256 below = _mm256_cmp_ps(x, floor, _CMP_LT_OQ), above = _mm256_cmp_ps(x, ceiling, _CMP_GT_OQ);
+  x = _mm256_min_ps(ceiling, _mm256_max_ps(floor, x));  // min(c, NaN) and max(c, NaN) are NaN
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
+  __m256 p = _mm256_set1_ps(1.f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)));
+  return _mm256_blendv_ps(e, _mm256_set1_ps(__builtin_inff()), above);
+}
+
+}  // namespace kiln::cpu
