@@ -312,18 +312,21 @@ class ConvKernel final : public Kernel {
         for (int c = 0; c < cols; ++c) _mm512_storeu_ps(dst + c * kLanes, v[c]);
       }
 
-    for (int64_t oh = 0; oh < OH; ++oh)
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        const float* at = padded + (oh * SH * Wp + ow * SW) * kLanes;
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t kh = 0; kh < KH; ++kh) {
-          const float* row = at + kh * DH * Wp * kLanes;
-          const float* f = filters + kh * KW * kLanes;
-          for (int64_t kw = 0; kw < KW; ++kw)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(f + kw * kLanes), _mm512_loadu_ps(row + kw * DW * kLanes), acc);
-        }
-        _mm512_storeu_ps(sums + (oh * OW + ow) * kLanes, acc);
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const float* at = padded + oh * SH * Wp * kLanes;
+      float* out = sums + oh * OW * kLanes;
+      int64_t ow = 0;
+      for (; ow + 8 <= OW; ow += 8) channel_vector_outputs<8>(at + ow * SW * kLanes, filters, g, Wp, out + ow * kLanes);
+      if (ow + 4 <= OW) {  // rows of 7 and 14 outputs: 4 + 2 + 1 and 8 + 4 + 2
+        channel_vector_outputs<4>(at + ow * SW * kLanes, filters, g, Wp, out + ow * kLanes);
+        ow += 4;
       }
+      if (ow + 2 <= OW) {
+        channel_vector_outputs<2>(at + ow * SW * kLanes, filters, g, Wp, out + ow * kLanes);
+        ow += 2;
+      }
+      if (ow < OW) channel_vector_outputs<1>(at + ow * SW * kLanes, filters, g, Wp, out + ow * kLanes);
+    }
 
     const __m512 zero = _mm512_setzero_ps(), lo = _mm512_set1_ps(ep.lo), hi = _mm512_set1_ps(ep.hi);
     for (int64_t p0 = 0; p0 < N; p0 += kLanes) {
@@ -339,6 +342,27 @@ class ConvKernel final : public Kernel {
         _mm512_mask_storeu_ps(yc + l * N + p0, stored, acc);
       }
     }
+  }
+
+  // U neighbouring outputs of a row (16 channels each) of depthwise_channel_vectors, from the
+  // padded position of the first one's first tap: U independent sums, so the FMAs of one do not
+  // wait on the last one's latency (one output at a time took 4 cycles a tap), each filter
+  // vector loaded once for the U.
+  template <int U>
+  __attribute__((target("avx512f"), always_inline)) static inline void channel_vector_outputs(
+      const float* at, const float* filters, const Geo3& g, int64_t Wp, float* out) {
+    const int64_t KH = g.k[1], KW = g.k[2], SW = g.s[2] * kLanes, DH = g.d[1], DW = g.d[2] * kLanes;
+    __m512 acc[U];
+    for (int u = 0; u < U; ++u) acc[u] = _mm512_setzero_ps();
+    for (int64_t kh = 0; kh < KH; ++kh) {
+      const float* row = at + kh * DH * Wp * kLanes;
+      const float* f = filters + kh * KW * kLanes;
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        const __m512 fv = _mm512_loadu_ps(f + kw * kLanes);
+        for (int u = 0; u < U; ++u) acc[u] = _mm512_fmadd_ps(fv, _mm512_loadu_ps(row + kw * DW + u * SW), acc[u]);
+      }
+    }
+    for (int u = 0; u < U; ++u) _mm512_storeu_ps(out + u * kLanes, acc[u]);
   }
 
   // v[c] becomes column c of the 16 x 16 matrix whose rows were v[0..15]: unpacks of pairs of

@@ -1,4 +1,4 @@
-// e^x for 8 floats at a time (AVX2), for the softmax of attention and the sigmoid-shaped
+// e^x for 8 (AVX2) or 16 (AVX-512) floats at a time, for the softmax of attention and the sigmoid-shaped
 // activations of the GEMM epilogue, where libm's expf takes one value at a time.
 #pragma once
 
@@ -31,6 +31,28 @@ inline __m256 exp8(__m256 x) {
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 e = _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(scale)));
   return _mm256_blendv_ps(e, _mm256_set1_ps(__builtin_inff()), above);
+}
+
+// exp8's steps on 16 floats (AVX-512F): the same operations, so the same values.
+__attribute__((target("avx512f"))) inline __m512 exp16(__m512 x) {
+  const __m512 floor = _mm512_set1_ps(-87.f), ceiling = _mm512_set1_ps(88.3f);
+  const __mmask16 below = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ), above = _mm512_cmp_ps_mask(x, ceiling, _CMP_GT_OQ);
+  x = _mm512_min_ps(ceiling, _mm512_max_ps(floor, x));  // min(c, NaN) and max(c, NaN) are NaN
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 e = _mm512_maskz_mul_ps(static_cast<__mmask16>(~below), p, _mm512_castsi512_ps(scale));
+  return _mm512_mask_blend_ps(above, e, _mm512_set1_ps(__builtin_inff()));
 }
 
 }  // namespace kiln::cpu

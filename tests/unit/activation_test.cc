@@ -1,16 +1,18 @@
-// The CPU epilogue's vector activations (cpu/gemm_util.h, activation_in_place) against
-// ir::Activation::apply, the scalar formula every other path uses: ordinary values, the ends of
-// e^x's range, where exp overflows and flushes, signed zeros, infinities and NaN, and every
-// length of a vector tail.
+// The CPU epilogue's vector activations (cpu/gemm_util.h, activation_in_place), 16-wide and
+// 8-wide, against ir::Activation::apply, the scalar formula every other path uses: ordinary
+// values, the ends of e^x's range, where exp overflows and flushes, signed zeros, infinities and
+// NaN, and every length of a vector tail.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cpu/gemm_util.h"
+#include "cpu/sgemm.h"
 #include "ir/activation.h"
 
 namespace kiln {
@@ -30,8 +32,11 @@ TEST(ActivationVectors, MatchTheScalarFormula) {
                                -1.f, -1e-3f, -1e-30f, -0.f, 0.f, 1e-30f, 1e-3f, 0.5f, 1.f, 2.9f, 3.f, 10.f,
                                30.f, 86.9f, 87.f, 88.2f, 88.4f, 89.f, 200.f, 1e30f, inf, -inf, nan};
   for (int i = -400; i <= 400; ++i) values.push_back(static_cast<float>(i) * 0.0731f);
+  for (cpu::SgemmIsa isa : {cpu::SgemmIsa::kAvx2, cpu::SgemmIsa::kAvx512})
   for (const char* name : {"Sigmoid", "SiLU", "HardSwish", "HardSigmoid"}) {
-    SCOPED_TRACE(name);
+    if (cpu::sgemm_best_isa() < isa) continue;  // a CPU without AVX-512 runs the 8-wide forms only
+    SCOPED_TRACE(std::string(name) + " on " + cpu::sgemm_isa_name(isa));
+    cpu::sgemm_force_isa(isa);
     const ir::Activation act = ir::Activation::named(name, 0.2f, 0.5f);
     std::vector<float> got = values;
     cpu::activation_in_place(act, got.data(), static_cast<int64_t>(got.size()));
@@ -56,6 +61,7 @@ TEST(ActivationVectors, MatchTheScalarFormula) {
         if (!std::isnan(got[static_cast<size_t>(3 + i)]))
           EXPECT_EQ(part[static_cast<size_t>(i)], got[static_cast<size_t>(3 + i)]) << "length " << n << " element " << i;
     }
+    cpu::sgemm_reset_isa();
   }
 }
 
