@@ -71,6 +71,25 @@ def export(model: str, path: str) -> None:
                       dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
 
 
+def run_record(threads: int, runs: int, rounds: int, load_before) -> dict:
+    """What a result file says of its run: the command, kiln's commit, ONNX Runtime's version, the
+    machine, the timing settings, the load around the run and the date."""
+    import onnxruntime as ort
+
+    return {
+        "command": " ".join([os.path.relpath(sys.executable)] + sys.argv),
+        "kiln_commit": cpu_resnet50.kiln_commit(HERE),
+        "onnxruntime": ort.__version__,
+        "machine": cpu_resnet50.machine(),
+        "threads": threads,
+        "runs_per_round": runs,
+        "rounds": rounds,
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
 def bert_inputs(batch: int, seed: int):
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, 30522, (batch, BERT_SEQ), dtype=np.int64)
@@ -239,21 +258,10 @@ def main():
         if base:
             r["kiln_fp32_over_kiln_int8"] = base["kiln_ms"] / r["kiln_ms"]
 
-    import onnxruntime as ort
-
     report = {
         "benchmark": "kiln CPU engine against ONNX Runtime's CPU provider; random weights, opset 17",
-        "command": " ".join([os.path.relpath(sys.executable)] + sys.argv),
-        "kiln_commit": cpu_resnet50.kiln_commit(HERE),
+        **run_record(args.threads, args.runs, args.rounds, load_before),
         **({"baseline_commit": cpu_resnet50.kiln_commit(args.baseline)} if args.baseline else {}),
-        "onnxruntime": ort.__version__,
-        "machine": cpu_resnet50.machine(),
-        "threads": args.threads,
-        "runs_per_round": args.runs,
-        "rounds": args.rounds,
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "results": results,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -29,7 +29,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import cpu_compare  # noqa: E402  (export)
+import cpu_compare  # noqa: E402  (export, run_record)
 import cpu_resnet50  # noqa: E402  (stats, kiln_commit, machine)
 
 FUSED_ACTIVATIONS = {"Relu", "Clip"}
@@ -255,23 +255,12 @@ def main():
     print(f"{'sum of the layers':{width}}  {kiln_sum:7.3f}  {ort_sum:7.3f}  {kiln_sum / ort_sum:7.2f}x")
 
     if args.out:
-        import onnxruntime as ort
-
         report = {
             "benchmark": "each Conv of a model (with the Add and Relu/Clip after it) alone, kiln CPU engine "
                          "against ONNX Runtime's CPU provider",
-            "command": " ".join([os.path.relpath(sys.executable)] + sys.argv),
             "model": args.model or os.path.basename(args.onnx),
             "batch": args.batch,
-            "kiln_commit": cpu_resnet50.kiln_commit(HERE),
-            "onnxruntime": ort.__version__,
-            "machine": cpu_resnet50.machine(),
-            "threads": args.threads,
-            "runs_per_round": args.runs,
-            "rounds": args.rounds,
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            **cpu_compare.run_record(args.threads, args.runs, args.rounds, load_before),
             "call_overhead": overhead,
             "sum_kiln_ms": kiln_sum,
             "sum_ort_ms": ort_sum,
