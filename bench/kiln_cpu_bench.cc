@@ -1,14 +1,16 @@
 // kiln_cpu_bench: times kiln's CPU engine on one ONNX model.
 //
 //   kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--threads N] [--no-fuse]
-//                  [--no-optimize] [--dump-output file.bin] [--input file.bin]
+//                  [--no-optimize] [--dump-output file.bin] [--input file.bin] [--isa avx2|avx512|plain]
 //
 // Imports the model, runs compiler::optimize (unless --no-optimize), builds cpu::CpuEngine,
 // feeds every input random float32 data (seed 0; symbolic dims take --batch) or the raw
 // float32 contents of --input, times --runs runs after --warmup and prints one JSON object.
 // --dump-output writes the first output's raw float32 values, so a script can compare them
 // with another runtime on the same input. --threads sets the CPU engine's threads (default: the
-// CPUs the process may run on).
+// CPUs the process may run on). --isa runs the kernels that follow sgemm_isa() as on a CPU with
+// that instruction set (at most the best this CPU has), to time the AVX2 paths on an AVX-512
+// machine.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +24,7 @@
 
 #include "cpu/engine.h"
 #include "cpu/parallel.h"
+#include "cpu/sgemm.h"
 #include "onnx/importer.h"
 #include "compiler/pipeline.h"
 #include "passes/passes.h"
@@ -30,7 +33,7 @@ namespace {
 
 int usage() {
   std::cerr << "usage: kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--threads N] [--no-fuse]"
-               " [--no-optimize] [--dump-output file.bin] [--input file.bin]\n";
+               " [--no-optimize] [--dump-output file.bin] [--input file.bin] [--isa avx2|avx512|plain]\n";
   return 2;
 }
 
@@ -54,6 +57,18 @@ int main(int argc, char** argv) {
       else if (a == "--runs") runs = std::stoi(value());
       else if (a == "--warmup") warmup = std::stoi(value());
       else if (a == "--threads") kiln::cpu::set_thread_count(std::stoi(value()));
+      else if (a == "--isa") {
+        const std::string isa = value();
+        const kiln::cpu::SgemmIsa want = isa == "avx512" ? kiln::cpu::SgemmIsa::kAvx512
+                                         : isa == "avx2" ? kiln::cpu::SgemmIsa::kAvx2
+                                         : isa == "plain" ? kiln::cpu::SgemmIsa::kPlain
+                                                          : throw std::invalid_argument("--isa " + isa);
+        if (want > kiln::cpu::sgemm_best_isa()) {
+          std::cerr << "kiln_cpu_bench: this CPU has no " << isa << "\n";
+          return 2;
+        }
+        kiln::cpu::sgemm_force_isa(want);
+      }
       else if (a == "--no-fuse") fuse = false;
       else if (a == "--no-optimize") optimize = false;
       else if (a == "--dump-output") dump = value();

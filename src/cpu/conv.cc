@@ -176,15 +176,18 @@ class ConvKernel final : public Kernel {
     const bool three_by_three = D == 1 && OD == 1 && g.k[0] == 1 && g.k[1] == 3 && g.k[2] == 3 && g.d[1] == 1 &&
                                 g.d[2] == 1 && g.s[1] == g.s[2] && (g.s[1] == 1 || g.s[1] == 2);
     if (channel_vectors_apply(g, three_by_three)) {
-      const int64_t groups = (M + kLanes - 1) / kLanes;
+      const bool avx512 = sgemm_isa() == SgemmIsa::kAvx512;
+      const int lanes_per_vector = avx512 ? kLanes : 8;
+      const int64_t groups = (M + lanes_per_vector - 1) / lanes_per_vector;
       DepthwiseEpilogue ep;
       ep.clamp = epilogue_.clamp_mode(ep.lo, ep.hi);
       parallel_for_each(g.batch * groups, true, [&](int64_t j) {
-        const int64_t b = j / groups, m0 = j % groups * kLanes;
-        const int lanes = static_cast<int>(std::min<int64_t>(kLanes, M - m0));
+        const int64_t b = j / groups, m0 = j % groups * lanes_per_vector;
+        const int lanes = static_cast<int>(std::min<int64_t>(lanes_per_vector, M - m0));
         float* yc = y + (b * M + m0) * N;
-        depthwise_channel_vectors(g, x + (b * C + m0) * Nin, w + m0 * kk, bias ? bias + m0 : nullptr,
-                                  z ? z + (b * M + m0) * N : nullptr, lanes, ep, yc);
+        (avx512 ? depthwise_channel_vectors : depthwise_channel_vectors8)(
+            g, x + (b * C + m0) * Nin, w + m0 * kk, bias ? bias + m0 : nullptr, z ? z + (b * M + m0) * N : nullptr,
+            lanes, ep, yc);
         if (ep.clamp < 0) epilogue_.apply(yc, N, lanes, N, nullptr, nullptr, nullptr, N);
       });
       return;
@@ -245,17 +248,19 @@ class ConvKernel final : public Kernel {
 
   static constexpr int kLanes = 16;  // channels per vector of depthwise_channel_vectors
 
-  // Whether depthwise_channel_vectors runs this depthwise convolution: 2-D, one output channel
-  // per input channel, on AVX-512, and either not the 3x3 kernel of the rows below (the general
-  // loop runs other kernels one scalar at a time) or rows of fewer than 16 outputs, which leave
-  // most of the rows' vectors empty (MobileNet's 7x7 and 14x14 planes: docs/design/cpu-gemm.md,
-  // "Depthwise convolutions across channels"). Planes up to 256 x 256 padded (a 4 MB buffer).
+  // Whether depthwise_channel_vectors (AVX-512) or depthwise_channel_vectors8 (AVX2) runs this
+  // depthwise convolution: 2-D, one output channel per input channel, and either not the 3x3
+  // kernel of the rows below (the general loop runs other kernels one scalar at a time) or, on
+  // AVX-512, rows of fewer than 16 outputs, which leave most of the rows' vectors empty
+  // (MobileNet's 7x7 and 14x14 planes: docs/design/cpu-gemm.md, "Depthwise convolutions across
+  // channels"). Planes up to 256 x 256 padded (a 4 MB buffer).
   static bool channel_vectors_apply(const Geo3& g, bool three_by_three) {
-    if (sgemm_isa() != SgemmIsa::kAvx512 || g.in[0] != 1 || g.out[0] != 1 || g.k[0] != 1 || g.in_c != g.out_c)
-      return false;
+    const SgemmIsa isa = sgemm_isa();
+    if (isa == SgemmIsa::kPlain || g.in[0] != 1 || g.out[0] != 1 || g.k[0] != 1 || g.in_c != g.out_c) return false;
     const int64_t Hp = (g.out[1] - 1) * g.s[1] + (g.k[1] - 1) * g.d[1] + 1;
     const int64_t Wp = (g.out[2] - 1) * g.s[2] + (g.k[2] - 1) * g.d[2] + 1;
     if (Hp > 256 || Wp > 256) return false;
+    if (isa == SgemmIsa::kAvx2) return !three_by_three;
     return !three_by_three || g.out[2] < 16;
   }
 
@@ -363,6 +368,99 @@ class ConvKernel final : public Kernel {
       }
     }
     for (int u = 0; u < U; ++u) _mm512_storeu_ps(out + u * kLanes, acc[u]);
+  }
+
+  // depthwise_channel_vectors on AVX2, 8 channels a vector (kernels other than 3x3 only, which
+  // ran the general scalar loop there): the 8 x 8 blocks transposed by transpose_8x8, partial
+  // blocks (fewer than 8 channels or columns) one float at a time; the epilogue added per channel
+  // after the sums are transposed back, in Epilogue::apply's order.
+  static void depthwise_channel_vectors8(const Geo3& g, const float* xc, const float* w, const float* bias,
+                                         const float* z, int lanes, const DepthwiseEpilogue& ep, float* yc) {
+    constexpr int L = 8;
+    const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2];
+    const int64_t KH = g.k[1], KW = g.k[2], SH = g.s[1], SW = g.s[2], DH = g.d[1], DW = g.d[2];
+    const int64_t top = g.p[1], left = g.p[2], plane = H * W, N = OH * OW, taps = KH * KW;
+    const int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1, Wp = (OW - 1) * SW + (KW - 1) * DW + 1;
+    const int64_t c0 = std::max<int64_t>(0, left), c1 = std::min<int64_t>(Wp, W + left);  // columns inside
+    const int64_t r0 = std::max<int64_t>(0, top), r1 = std::min<int64_t>(Hp, H + top);     // rows inside
+    struct Buffers {  // as depthwise_channel_vectors's; lanes past `lanes` are written as zeros
+      std::vector<float> padded, sums, filters;
+      std::array<int64_t, 6> geometry{};
+    };
+    thread_local Buffers buf;
+    const std::array<int64_t, 6> geometry{Hp, Wp, c0, c1, r0, r1};
+    if (buf.geometry != geometry || buf.padded.empty()) {
+      buf.padded.assign(static_cast<size_t>(Hp * Wp * L), 0.f);
+      buf.geometry = geometry;
+    }
+    if (static_cast<int64_t>(buf.sums.size()) < N * L) buf.sums.resize(static_cast<size_t>(N * L));
+    buf.filters.assign(static_cast<size_t>(taps * L), 0.f);
+    float* padded = buf.padded.data();
+    float* sums = buf.sums.data();
+    float* filters = buf.filters.data();
+    for (int l = 0; l < lanes; ++l)
+      for (int64_t t = 0; t < taps; ++t) filters[t * L + l] = w[l * taps + t];
+
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t q = c0 - left; q < c1 - left; q += L) {
+        const int64_t cols = std::min<int64_t>(L, c1 - left - q);
+        const float* src = xc + (r - top) * W + q;
+        float* dst = padded + (r * Wp + q + left) * L;
+        if (lanes == L && cols == L) {
+          transpose_8x8(src, plane, dst, L);
+        } else {
+          for (int64_t c = 0; c < cols; ++c)
+            for (int l = 0; l < L; ++l) dst[c * L + l] = l < lanes ? src[l * plane + c] : 0.f;
+        }
+      }
+
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const float* at = padded + oh * SH * Wp * L;
+      float* out = sums + oh * OW * L;
+      int64_t ow = 0;
+      for (; ow + 4 <= OW; ow += 4) channel_vector_outputs8<4>(at + ow * SW * L, filters, g, Wp, out + ow * L);
+      for (; ow < OW; ++ow) channel_vector_outputs8<1>(at + ow * SW * L, filters, g, Wp, out + ow * L);
+    }
+
+    int64_t p0 = 0;
+    if (lanes == L)
+      for (; p0 + L <= N; p0 += L) transpose_8x8(sums + p0 * L, L, yc + p0, N);
+    for (int l = 0; l < lanes; ++l) {
+      for (int64_t p = p0; p < N; ++p) yc[l * N + p] = sums[p * L + l];
+      const float b = bias ? bias[l] : 0.f;
+      const float* zl = z ? z + l * N : nullptr;
+      float* y = yc + l * N;
+      for (int64_t p = 0; p < N; ++p) {
+        float v = y[p] + b;
+        if (zl) v += zl[p];
+        if (ep.clamp == 1) {
+          v = v > 0.f ? v : 0.f;  // NaN becomes 0, as Epilogue::apply
+        } else if (ep.clamp == 2) {  // Clip keeps NaN
+          if (v < ep.lo) v = ep.lo;
+          if (v > ep.hi) v = ep.hi;
+        }
+        y[p] = v;
+      }
+    }
+  }
+
+  // channel_vector_outputs on AVX2: U outputs of 8 channels each.
+  template <int U>
+  __attribute__((always_inline)) static inline void channel_vector_outputs8(const float* at, const float* filters,
+                                                                            const Geo3& g, int64_t Wp, float* out) {
+    constexpr int L = 8;
+    const int64_t KH = g.k[1], KW = g.k[2], SW = g.s[2] * L, DH = g.d[1], DW = g.d[2] * L;
+    __m256 acc[U];
+    for (int u = 0; u < U; ++u) acc[u] = _mm256_setzero_ps();
+    for (int64_t kh = 0; kh < KH; ++kh) {
+      const float* row = at + kh * DH * Wp * L;
+      const float* f = filters + kh * KW * L;
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        const __m256 fv = _mm256_loadu_ps(f + kw * L);
+        for (int u = 0; u < U; ++u) acc[u] = _mm256_fmadd_ps(fv, _mm256_loadu_ps(row + kw * DW + u * SW), acc[u]);
+      }
+    }
+    for (int u = 0; u < U; ++u) _mm256_storeu_ps(out + u * L, acc[u]);
   }
 
   // v[c] becomes column c of the 16 x 16 matrix whose rows were v[0..15]: unpacks of pairs of

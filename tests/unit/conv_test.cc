@@ -275,6 +275,45 @@ TEST(Conv, DepthwiseRowsMatchOnEveryVectorWidth) {
   }
 }
 
+// Depthwise convolutions across channels run 16 channels a vector on AVX-512 and 8 on AVX2 (the
+// kernel follows sgemm_isa()): kernels other than 3x3, dilation, unequal strides, asymmetric
+// pads, partial groups of channels, short and long rows, a batch of two, each with a bias, a
+// residual and Relu or Clip, against the reference on both widths.
+TEST(Conv, DepthwiseAcrossChannelsMatchesOnEveryVectorWidth) {
+  struct Case {
+    std::vector<int64_t> x, w;
+    Geometry g;
+  };
+  const Case cases[] = {
+      {{2, 37, 9, 11}, {37, 1, 5, 5}, {{1, 1}, {1, 1}, {2, 2, 2, 2}, 37}},
+      {{1, 8, 12, 12}, {8, 1, 5, 5}, {{2, 2}, {1, 1}, {2, 2, 2, 2}, 8}},
+      {{1, 18, 17, 12}, {18, 1, 7, 5}, {{2, 1}, {2, 2}, {3, 0, 5, 4}, 18}},
+      {{1, 17, 40, 45}, {17, 1, 5, 5}, {{2, 2}, {1, 1}, {1, 2, 2, 1}, 17}},
+      {{1, 20, 14, 14}, {20, 1, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 20}},
+      {{1, 5, 1, 30}, {5, 1, 1, 9}, {{1, 1}, {1, 1}, {0, 4, 0, 4}, 5}},
+  };
+  uint32_t seed = 5100;
+  for (const Case& c : cases)
+    for (const char* act : {"Relu", "Clip"}) {
+      SCOPED_TRACE(std::to_string(c.w[0]) + " channels, kernel " + std::to_string(c.w[2]) + "x" +
+                   std::to_string(c.w[3]) + ", " + act);
+      Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++), b = random_tensor({c.w[0]}, seed++);
+      Tensor want = reference_conv(x, w, &b, c.g);
+      Tensor z = random_tensor(want.shape(), seed++);
+      ir::Node node = conv_node("FusedConv", c.g);
+      const ir::Activation a = ir::Activation::named(act, -0.25f, 0.5f);
+      a.store(node);
+      for (int64_t i = 0; i < want.numel(); ++i) want.data<float>()[i] = a.apply(want.data<float>()[i] + z.data<float>()[i]);
+      for (cpu::SgemmIsa isa : {cpu::SgemmIsa::kAvx2, cpu::SgemmIsa::kAvx512}) {
+        if (cpu::sgemm_best_isa() < isa) continue;  // a CPU without AVX-512 runs the 8-channel form only
+        cpu::sgemm_force_isa(isa);
+        Tensor got = run_single_node(node, {{"X", x}, {"W", w, true}, {"B", b, true}, {"Z", z}});
+        cpu::sgemm_reset_isa();
+        EXPECT_TRUE(all_close(got, want)) << cpu::sgemm_isa_name(isa);
+      }
+    }
+}
+
 // Both ways Winograd shares an image among threads, with several images, a residual and Relu
 // (kAuto picks by the sizes, so each is forced here); 29x29 outputs make two blocks of tile rows
 // per image, the second of two rows, the last half a tile.
