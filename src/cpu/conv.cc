@@ -264,6 +264,47 @@ class ConvKernel final : public Kernel {
     return !three_by_three || g.out[2] < 16;
   }
 
+  // What depthwise_channel_vectors and depthwise_channel_vectors8 share: the plane's padded
+  // extent, the input rows and columns inside it, and the calling thread's buffers for L channels
+  // a vector, with the `lanes` channels' filters laid out a tap at a time. The copy writes the
+  // same positions for every group of one geometry and nothing else writes the padded buffer, so
+  // its padding is zeroed only when the geometry (or L) changes; lanes past `lanes` are written
+  // as zeros, and their sums are never stored.
+  struct ChannelVectorPlan {
+    int64_t Hp, Wp, c0, c1, r0, r1;  // padded extent; columns [c0, c1) and rows [r0, r1) inside
+    float* padded;                    // [Hp][Wp][L]
+    float* sums;                      // [OH * OW][L]
+    float* filters;                   // [taps][L]
+  };
+  static ChannelVectorPlan plan_channel_vectors(const Geo3& g, const float* w, int lanes, int L) {
+    const int64_t OH = g.out[1], OW = g.out[2], N = OH * OW, taps = g.k[1] * g.k[2];
+    ChannelVectorPlan plan;
+    plan.Hp = (OH - 1) * g.s[1] + (g.k[1] - 1) * g.d[1] + 1;
+    plan.Wp = (OW - 1) * g.s[2] + (g.k[2] - 1) * g.d[2] + 1;
+    plan.c0 = std::max<int64_t>(0, g.p[2]);
+    plan.c1 = std::min<int64_t>(plan.Wp, g.in[2] + g.p[2]);
+    plan.r0 = std::max<int64_t>(0, g.p[1]);
+    plan.r1 = std::min<int64_t>(plan.Hp, g.in[1] + g.p[1]);
+    struct Buffers {
+      std::vector<float> padded, sums, filters;
+      std::array<int64_t, 7> geometry{};
+    };
+    thread_local Buffers buf;
+    const std::array<int64_t, 7> geometry{plan.Hp, plan.Wp, plan.c0, plan.c1, plan.r0, plan.r1, L};
+    if (buf.geometry != geometry || buf.padded.empty()) {
+      buf.padded.assign(static_cast<size_t>(plan.Hp * plan.Wp * L), 0.f);
+      buf.geometry = geometry;
+    }
+    if (static_cast<int64_t>(buf.sums.size()) < N * L) buf.sums.resize(static_cast<size_t>(N * L));
+    buf.filters.assign(static_cast<size_t>(taps * L), 0.f);
+    for (int l = 0; l < lanes; ++l)
+      for (int64_t t = 0; t < taps; ++t) buf.filters[static_cast<size_t>(t * L + l)] = w[l * taps + t];
+    plan.padded = buf.padded.data();
+    plan.sums = buf.sums.data();
+    plan.filters = buf.filters.data();
+    return plan;
+  }
+
   // A depthwise convolution of `lanes` (<= 16) channels at once, one channel per vector lane:
   // the planes are copied, transposed 16 x 16 in registers, into a zero-padded buffer (the
   // calling thread's) of 16 floats per position, and every output is one vector of 16 channels,
@@ -276,32 +317,13 @@ class ConvKernel final : public Kernel {
                                                                             const float* w, const float* bias,
                                                                             const float* z, int lanes,
                                                                             const DepthwiseEpilogue& ep, float* yc) {
-    const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2];
-    const int64_t KH = g.k[1], KW = g.k[2], SH = g.s[1], SW = g.s[2], DH = g.d[1], DW = g.d[2];
-    const int64_t top = g.p[1], left = g.p[2], plane = H * W, N = OH * OW, taps = KH * KW;
-    const int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1, Wp = (OW - 1) * SW + (KW - 1) * DW + 1;
-    const int64_t c0 = std::max<int64_t>(0, left), c1 = std::min<int64_t>(Wp, W + left);  // columns inside
-    const int64_t r0 = std::max<int64_t>(0, top), r1 = std::min<int64_t>(Hp, H + top);     // rows inside
-    // The copy writes the same positions for every group of one geometry and nothing else
-    // writes the buffer, so the padding is zeroed only when the geometry changes. Lanes past
-    // `lanes` hold zeros: their sums are never stored.
-    struct Buffers {
-      std::vector<float> padded, sums, filters;
-      std::array<int64_t, 6> geometry{};
-    };
-    thread_local Buffers buf;
-    const std::array<int64_t, 6> geometry{Hp, Wp, c0, c1, r0, r1};
-    if (buf.geometry != geometry || buf.padded.empty()) {
-      buf.padded.assign(static_cast<size_t>(Hp * Wp * kLanes), 0.f);
-      buf.geometry = geometry;
-    }
-    if (static_cast<int64_t>(buf.sums.size()) < N * kLanes) buf.sums.resize(static_cast<size_t>(N * kLanes));
-    buf.filters.assign(static_cast<size_t>(taps * kLanes), 0.f);
-    float* padded = buf.padded.data();
-    float* sums = buf.sums.data();
-    float* filters = buf.filters.data();
-    for (int l = 0; l < lanes; ++l)
-      for (int64_t t = 0; t < taps; ++t) filters[t * kLanes + l] = w[l * taps + t];
+    const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2], SH = g.s[1], SW = g.s[2];
+    const int64_t top = g.p[1], left = g.p[2], plane = H * W, N = OH * OW;
+    const ChannelVectorPlan plan = plan_channel_vectors(g, w, lanes, kLanes);
+    const int64_t Wp = plan.Wp, c0 = plan.c0, c1 = plan.c1, r0 = plan.r0, r1 = plan.r1;
+    float* padded = plan.padded;
+    float* sums = plan.sums;
+    const float* filters = plan.filters;
 
     // Input rows 16 columns at a time: a load per channel, transposed, a store per column.
     __m512 v[kLanes];
@@ -377,29 +399,13 @@ class ConvKernel final : public Kernel {
   static void depthwise_channel_vectors8(const Geo3& g, const float* xc, const float* w, const float* bias,
                                          const float* z, int lanes, const DepthwiseEpilogue& ep, float* yc) {
     constexpr int L = 8;
-    const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2];
-    const int64_t KH = g.k[1], KW = g.k[2], SH = g.s[1], SW = g.s[2], DH = g.d[1], DW = g.d[2];
-    const int64_t top = g.p[1], left = g.p[2], plane = H * W, N = OH * OW, taps = KH * KW;
-    const int64_t Hp = (OH - 1) * SH + (KH - 1) * DH + 1, Wp = (OW - 1) * SW + (KW - 1) * DW + 1;
-    const int64_t c0 = std::max<int64_t>(0, left), c1 = std::min<int64_t>(Wp, W + left);  // columns inside
-    const int64_t r0 = std::max<int64_t>(0, top), r1 = std::min<int64_t>(Hp, H + top);     // rows inside
-    struct Buffers {  // as depthwise_channel_vectors's; lanes past `lanes` are written as zeros
-      std::vector<float> padded, sums, filters;
-      std::array<int64_t, 6> geometry{};
-    };
-    thread_local Buffers buf;
-    const std::array<int64_t, 6> geometry{Hp, Wp, c0, c1, r0, r1};
-    if (buf.geometry != geometry || buf.padded.empty()) {
-      buf.padded.assign(static_cast<size_t>(Hp * Wp * L), 0.f);
-      buf.geometry = geometry;
-    }
-    if (static_cast<int64_t>(buf.sums.size()) < N * L) buf.sums.resize(static_cast<size_t>(N * L));
-    buf.filters.assign(static_cast<size_t>(taps * L), 0.f);
-    float* padded = buf.padded.data();
-    float* sums = buf.sums.data();
-    float* filters = buf.filters.data();
-    for (int l = 0; l < lanes; ++l)
-      for (int64_t t = 0; t < taps; ++t) filters[t * L + l] = w[l * taps + t];
+    const int64_t H = g.in[1], W = g.in[2], OH = g.out[1], OW = g.out[2], SH = g.s[1], SW = g.s[2];
+    const int64_t top = g.p[1], left = g.p[2], plane = H * W, N = OH * OW;
+    const ChannelVectorPlan plan = plan_channel_vectors(g, w, lanes, L);
+    const int64_t Wp = plan.Wp, c0 = plan.c0, c1 = plan.c1, r0 = plan.r0, r1 = plan.r1;
+    float* padded = plan.padded;
+    float* sums = plan.sums;
+    const float* filters = plan.filters;
 
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t q = c0 - left; q < c1 - left; q += L) {
