@@ -229,7 +229,7 @@ __attribute__((target("avx512f"))) void activation16_block(const ir::Activation&
   }
 }
 
-// activation_in_place on AVX2, 8 at a time (a division for Sigmoid and SiLU); other kinds one
+// activation_block's rows on AVX2, 8 at a time (a division for Sigmoid and SiLU); other kinds one
 // value at a time. The tail through the same arithmetic, so every element gets the same formula.
 void activation8_in_place(const ir::Activation& act, float* y, int64_t n) {
   using K = ir::ActivationKind;
@@ -269,10 +269,7 @@ void activation8_in_place(const ir::Activation& act, float* y, int64_t n) {
   }
 }
 
-
 }  // namespace
-
-void activation_in_place(const ir::Activation& act, float* y, int64_t n) { activation_block(act, y, n, 1, n); }
 
 void activation_block(const ir::Activation& act, float* y, int64_t ld, int64_t rows, int64_t cols) {
   using K = ir::ActivationKind;

@@ -36,12 +36,10 @@ void transpose_8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst)
 // rational fit (relative error at most 4e-7 in float32 against erf; the Epilogue's Gelu).
 void gelu_erf_in_place(float* y, int64_t n);
 
-// y[i] = act(y[i]) for n floats in place, 16 at a time on AVX-512 and 8 on AVX2, for Sigmoid
-// (1 / (1 + e^-y)), SiLU (y / (1 + e^-y)), HardSwish and HardSigmoid; e^x within 3 ulp
-// (cpu/vector_exp.h), the rest as ir::Activation::apply. Other kinds one value at a time
-// through ir::Activation::apply.
-void activation_in_place(const ir::Activation& act, float* y, int64_t n);
-// The same over a rows x cols block, rows ld floats apart.
+// y = act(y) in place over a rows x cols block, rows ld floats apart: 16 floats at a time on
+// AVX-512 and 8 on AVX2 for Sigmoid (1 / (1 + e^-y)), SiLU (y / (1 + e^-y)), HardSwish and
+// HardSigmoid, e^x within 3 ulp (cpu/vector_exp.h), the rest as ir::Activation::apply; other
+// kinds one value at a time through ir::Activation::apply.
 void activation_block(const ir::Activation& act, float* y, int64_t ld, int64_t rows, int64_t cols);
 
 // y = act(y + row_bias[r] + col_bias[c] + residual[r, c]) over a rows x cols block.

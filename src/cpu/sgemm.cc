@@ -491,18 +491,18 @@ struct Problem {
   bool act_after;  // an activation the micro-kernel does not apply
 };
 
-// Multiplies rows [m0, m1) (m0 a multiple of MR) of A's K block [k0, k0 + kc) with packed B
-// panels covering columns [n0, n1); panel q at b + q * panel_stride.
 // K blocks up to this depth run row tile by row tile, each sweeping its columns, rather than
 // column panel by panel: a short K leaves the tiles' stores to C (and epilogue loads of the
 // residual) waiting on memory, and the panel order spreads them over every row of C at once,
 // more streams than the hardware prefetchers follow, while the row order writes mr rows
-// front to back. sgemm_bench --only on one thread, cold: M 96 N 12544 K 16 2.45 -> 0.83 ms,
-// M 256 N 3136 K 64 + residual 3.12 -> 1.61 ms, K 96-160 even to 15 % faster; at K 288 the
-// panel order, which keeps each B panel in L1, is ahead (docs/design/cpu-gemm.md, "Short K:
-// row tiles sweep the columns").
+// front to back. sgemm_bench --only on one thread, cold: M 96 N 12544 K 16 0.89-2.28 ->
+// 0.68-0.69 ms, M 256 N 3136 K 64 + residual 3.10-3.37 -> 1.23-1.67 ms; at K 288 the panel
+// order, which keeps each B panel in L1, is ahead (docs/design/cpu-gemm.md, "Short K: row tiles
+// sweep the columns").
 constexpr int64_t kRowsOuterMaxKc = 160;
 
+// Multiplies rows [m0, m1) (m0 a multiple of MR) of A's K block [k0, k0 + kc) with packed B
+// panels covering columns [n0, n1); panel q at b + q * panel_stride.
 void compute_block(const Problem& p, const float* b, int64_t panel_stride, int64_t k0, int64_t kc, int64_t n0,
                    int64_t n1, int64_t m0, int64_t m1, bool first, bool last) {
   const int mr = p.mk.mr, nr = p.mk.nr;

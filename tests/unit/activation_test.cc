@@ -1,4 +1,4 @@
-// The CPU epilogue's vector activations (cpu/gemm_util.h, activation_in_place), 16-wide and
+// The CPU epilogue's vector activations (cpu/gemm_util.h, activation_block), 16-wide and
 // 8-wide, against ir::Activation::apply, the scalar formula every other path uses: ordinary
 // values, the ends of e^x's range, where exp overflows and flushes, signed zeros, infinities and
 // NaN, and every length of a vector tail.
@@ -39,7 +39,7 @@ TEST(ActivationVectors, MatchTheScalarFormula) {
     cpu::sgemm_force_isa(isa);
     const ir::Activation act = ir::Activation::named(name, 0.2f, 0.5f);
     std::vector<float> got = values;
-    cpu::activation_in_place(act, got.data(), static_cast<int64_t>(got.size()));
+    cpu::activation_block(act, got.data(), static_cast<int64_t>(got.size()), 1, static_cast<int64_t>(got.size()));
     for (size_t i = 0; i < values.size(); ++i) {
       const float want = act.apply(values[i]);
       SCOPED_TRACE("x = " + std::to_string(values[i]));
@@ -56,7 +56,7 @@ TEST(ActivationVectors, MatchTheScalarFormula) {
     // Every tail length gives each element the same value as a whole vector does.
     for (int64_t n = 1; n <= 17; ++n) {
       std::vector<float> part(values.begin() + 3, values.begin() + 3 + n);
-      cpu::activation_in_place(act, part.data(), n);
+      cpu::activation_block(act, part.data(), n, 1, n);
       for (int64_t i = 0; i < n; ++i)
         if (!std::isnan(got[static_cast<size_t>(3 + i)]))
           EXPECT_EQ(part[static_cast<size_t>(i)], got[static_cast<size_t>(3 + i)]) << "length " << n << " element " << i;
