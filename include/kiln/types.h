@@ -216,6 +216,10 @@ struct EngineInfo {
   std::vector<std::string> fp32_layers;  // fp16 builds: float layers that kept float32
   std::vector<std::string> int8_kept_float;  // int8 builds: convolutions left in float, "name: why"
   bool has_cpu_fallback = false;
+  // GPU engines: the nodes whose output shapes depend on their data ("name (op)"). They and every
+  // node after them run on the CPU engine once the GPU's part has run; the outputs they compute
+  // come only from run() (Context::enqueue refuses such an engine).
+  std::vector<std::string> data_dependent_nodes;
 };
 
 // Per-layer time of one profiled run.

@@ -351,6 +351,7 @@ py::dict engine_info(const Engine& engine) {
   d["weight_bytes"] = info.weight_bytes, d["activation_bytes"] = info.activation_bytes;
   d["workspace_bytes"] = info.workspace_bytes, d["fp32_layers"] = info.fp32_layers;
   d["int8_kept_float"] = info.int8_kept_float, d["has_cpu_fallback"] = info.has_cpu_fallback;
+  d["data_dependent_nodes"] = info.data_dependent_nodes;
   d["io_bytes"] = info.io_bytes, d["planned_shapes"] = info.planned_shapes;
   d["device_memory_bytes"] = info.device_memory_bytes;
   py::list profiles;

@@ -137,14 +137,24 @@ class Builder:
         """The engine of `model` (a path, bytes or an onnx.ModelProto). An int8 or fp8 build takes
         the scales of calibrate() or int8_scales, or a QDQ model's own (kiln quantize's, or any
         QuantizeLinear/DequantizeLinear model) without calibration. A GPU engine with nodes that
-        have no GPU layer runs them on the CPU engine and warns, naming them
-        (allow_cpu_fallback=False refuses such a build instead)."""
+        have no GPU layer runs them on the CPU engine and warns, naming them, as it does when nodes
+        follow one whose output shapes depend on the data (detection models' box selection):
+        those run on the CPU engine after the GPU's part (allow_cpu_fallback=False refuses such a
+        build instead)."""
         engine = Engine.from_onnx(model, self.options)
         if self.options.device == "cuda":
-            on_cpu = [f"{l['name']} ({l['op']})" for l in engine.info()["layers"] if l["cpu_fallback"]]
+            info = engine.info()
+            on_cpu = [f"{l['name']} ({l['op']})" for l in info["layers"] if l["cpu_fallback"] and l["tactic"] == "cpu-fallback"]
             if on_cpu:
                 warnings.warn(f"{len(on_cpu)} node(s) have no GPU layer and run on the CPU engine (slow): "
                               + ", ".join(on_cpu) + "; Builder(allow_cpu_fallback=False) refuses them", stacklevel=2)
+            if info["data_dependent_nodes"]:
+                after = sum(l["cpu_fallback"] and l["tactic"] != "cpu-fallback" for l in info["layers"])
+                starts = info["data_dependent_nodes"]
+                named = ", ".join(starts[:4]) + (f", and {len(starts) - 4} more" if len(starts) > 4 else "")
+                warnings.warn(f"{after} node(s) follow {named}, whose output shapes "
+                              "depend on the data, and run on the CPU engine after the GPU's part; "
+                              "Builder(allow_cpu_fallback=False) refuses them", stacklevel=2)
         return engine
 
 

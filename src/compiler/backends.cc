@@ -1,5 +1,10 @@
 #include "compiler/backends.h"
 
+#include <algorithm>
+#include <optional>
+
+#include "compiler/data_dependent_split.h"
+#include "compiler/host_tail_engine.h"
 #include "compiler/pipeline.h"
 #include "cpu/backend.h"
 
@@ -14,6 +19,52 @@ namespace {
   throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend")
       .hint("rebuild with the CUDA toolkit installed (KILN_WITH_CUDA=ON), or use --device cpu");
 }
+
+#if KILN_WITH_CUDA
+// The split of a GPU build whose shapes depend on the data, found on the graph specialized to
+// profile 0's opt shapes (where every shape the inputs decide is known).
+std::optional<DataDependentSplit> split_for_gpu(const std::shared_ptr<const ir::Graph>& graph, const std::string& name,
+                                                const BuildOptions& options,
+                                                const std::vector<OptimizationProfile>& profiles) {
+  Shapes opt;
+  for (const auto& [input, range] : profiles.front()) opt[input] = range.opt;
+  return split_at_data_dependent_shapes(*graph, specializer(graph, options.optimize, name)(opt, options.input_values));
+}
+
+// The head on the GPU (profiles and input values of the inputs it reads), the tail on the CPU
+// engine, and the build's log line saying so.
+std::unique_ptr<backend::Engine> build_with_host_tail(std::shared_ptr<const ir::Graph> whole, DataDependentSplit split,
+                                                      const std::string& name, const BuildOptions& options,
+                                                      const std::vector<OptimizationProfile>& profiles,
+                                                      const std::map<std::string, std::string>& tactics) {
+  auto reads = [&](const std::string& input) {
+    return std::find(split.head.inputs.begin(), split.head.inputs.end(), input) != split.head.inputs.end();
+  };
+  std::vector<OptimizationProfile> head_profiles;
+  for (const OptimizationProfile& p : profiles) {
+    OptimizationProfile head;
+    for (const auto& [input, range] : p)
+      if (reads(input)) head.emplace(input, range);
+    head_profiles.push_back(std::move(head));
+  }
+  BuildOptions head_options = options;
+  head_options.input_values.clear();
+  for (const auto& [input, values] : options.input_values)
+    if (reads(input)) head_options.input_values.emplace(input, values);
+  if (options.log) {
+    options.log(std::to_string(split.tail.nodes.size()) + " node(s) follow " + named_nodes(split.starts) +
+                ", whose output shapes depend on the data, and run on the CPU engine after the GPU's part; each run "
+                "copies what the GPU hands them (" + named_nodes(split.handed, 8) +
+                ") to the host. --strict refuses the build instead");
+  }
+  auto head_graph = std::make_shared<const ir::Graph>(split.head);
+  std::unique_ptr<backend::Engine> head =
+      cuda::build_backend_engine(head_graph, specializer(head_graph, options.optimize, name), head_options, head_profiles, tactics);
+  std::unique_ptr<backend::Engine> tail = cpu::build_backend_engine(split.tail, options.max_memory, options.poison_outputs);
+  return make_host_tail_engine(std::move(whole), std::move(split), std::move(head), std::move(tail));
+}
+#endif
+
 }  // namespace
 
 std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, const std::string& name,
@@ -23,6 +74,9 @@ std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, const std
   if (options.device == Device::kCpu) return cpu::build_backend_engine(std::move(graph), options.max_memory, options.poison_outputs);
 #if KILN_WITH_CUDA
   auto shared = std::make_shared<const ir::Graph>(std::move(graph));
+  if (options.allow_cpu_fallback && may_have_data_dependent_shapes(*shared) && !profiles.empty())
+    if (std::optional<DataDependentSplit> split = split_for_gpu(shared, name, options, profiles))
+      return build_with_host_tail(std::move(shared), std::move(*split), name, options, profiles, tactics);
   return cuda::build_backend_engine(shared, specializer(shared, options.optimize, name), options, profiles, tactics);
 #else
   no_cuda();

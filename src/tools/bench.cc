@@ -27,6 +27,7 @@
 #include <set>
 #include <utility>
 
+#include "compiler/data_dependent_split.h"
 #include "tools/commands.h"
 #include "tools/engine_options.h"
 #include "tools/json_output.h"
@@ -221,6 +222,9 @@ nlohmann::json profile_summary(const std::function<std::vector<LayerTiming>()>& 
 
 // The CPU engine: the wall-clock time of Engine::run (which waits for its result) per run.
 // Dynamic first dimensions take the batch size; other dynamic dimensions take --dim / --shapes.
+nlohmann::json time_engine_runs(const BenchOptions& o, const Engine& engine, double build_s, int64_t batch,
+                                const std::map<std::string, std::vector<int64_t>>& input_shapes);
+
 nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
   std::vector<std::string> defaulted;
   EngineOptions eo = o.engine;
@@ -231,10 +235,17 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
   Engine engine = engine_file ? Engine::load(o.model, o.engine.load_options()) : Engine::from_onnx(o.model, build);
   const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   save_built_engine(o, engine);
+  return time_engine_runs(o, engine, build_s, batch, build.input_shapes);
+}
+
+// Engine::run timed by the wall clock: the CPU engine, and GPU engines whose last nodes run on the
+// CPU engine after data-dependent shapes (their outputs exist only once run() returns).
+nlohmann::json time_engine_runs(const BenchOptions& o, const Engine& engine, double build_s, int64_t batch,
+                                const std::map<std::string, std::vector<int64_t>>& input_shapes) {
   std::mt19937_64 rng(o.seed);
   std::map<std::string, Tensor> inputs;
   for (TensorDesc d : engine.inputs()) {
-    if (auto given = build.input_shapes.find(d.name); given != build.input_shapes.end()) d.shape = given->second;
+    if (auto given = input_shapes.find(d.name); given != input_shapes.end()) d.shape = given->second;
     for (size_t i = 0; i < d.shape.size(); ++i)
       if (d.shape[i] < 0) {
         if (i != 0)
@@ -261,15 +272,16 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
   }
   const Stats s = statistics(averaged(times, o.avg_runs));
   const EngineInfo info = engine.info();
-  std::cout << fmt::format("batch {:>4}  cpu {}: median {:.4f} ms  mean {:.4f}  min {:.4f}  p90 {:.4f}  p99 {:.4f}  max {:.4f}  "
+  std::cout << fmt::format("batch {:>4}  {} {}: median {:.4f} ms  mean {:.4f}  min {:.4f}  p90 {:.4f}  p99 {:.4f}  max {:.4f}  "
                            "| {:.1f} items/s | build {:.1f} s\n",
-                           items, info.precision, s.median, s.mean, s.min, s.p90, s.p99, s.max,
+                           items, engine.backend(), info.precision, s.median, s.mean, s.min, s.p90, s.p99, s.max,
                            1000.0 * static_cast<double>(items) / s.median, build_s);
   nlohmann::json profile;
-  if (o.profile) profile = profile_summary([&] { return engine.profile(inputs); }, info.layers, "layer by layer, wall clock");
+  if (o.profile && engine.backend() == "cpu")
+    profile = profile_summary([&] { return engine.profile(inputs); }, info.layers, "layer by layer, wall clock");
   nlohmann::json r = {{"batch", items},
           {"precision", info.precision},
-          {"device", "cpu"},
+          {"device", engine.backend()},
           {"layers", info.layers.size()},
           {"build_s", build_s},
           {"iterations", times.size()},
@@ -280,7 +292,11 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
           {"int8_kept_float", info.int8_kept_float},
           {"times_ms", times},
           {"layer_info", layers_json(info.layers)}};
-  if (o.profile) r["profile"] = std::move(profile);
+  if (o.profile && engine.backend() == "cpu") r["profile"] = std::move(profile);
+  if (!info.data_dependent_nodes.empty()) {
+    r["data_dependent_nodes"] = info.data_dependent_nodes;
+    r["mode"] = "run";
+  }
   return r;
 }
 
@@ -648,6 +664,29 @@ std::vector<Context*> pointers(std::vector<Context>& contexts) {
   return out;
 }
 
+// A GPU engine whose last nodes run on the CPU engine after data-dependent shapes (detection
+// models' box selection) runs only through run(): it is timed as Engine::run, wall clock.
+bool finishes_on_the_cpu(const BenchOptions& o, const Engine& engine) {
+  const std::vector<std::string> nodes = engine.info().data_dependent_nodes;
+  if (nodes.empty()) return false;
+  const std::string names = compiler::named_nodes(nodes);
+  if (o.pipelined() || o.profile)
+    throw Error(ErrorKind::kInvalidArgument, "--throughput, --streams and --profile time runs enqueued on a stream, and this "
+                                             "engine's last nodes run on the CPU engine after " + names +
+                                             ", whose output shapes depend on the data")
+        .hint("leave them out: kiln bench then times Engine::run, both parts and the copies between them");
+  std::cerr << "kiln bench: the engine's last nodes run on the CPU engine after " << names
+            << " (output shapes that depend on the data): timing Engine::run by the wall clock\n";
+  return true;
+}
+
+// --shapes as given, for an engine timed through Engine::run.
+std::map<std::string, std::vector<int64_t>> given_shapes(const BenchOptions& o) {
+  ShapeBindings given;
+  for (const std::string& s : o.engine.shapes) given.add_shapes_option(s);
+  return given.shapes;
+}
+
 // One static engine per batch size (an ONNX model without profiles: each built for its batch),
 // or one engine swept over the batches (an engine file, or a build with profiles).
 nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batches) {
@@ -660,6 +699,10 @@ nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batc
     double build_s = 0;
     size_t file_bytes = 0;
     Engine engine = open_gpu_engine(o, -1, build_s, file_bytes);
+    if (finishes_on_the_cpu(o, engine)) {
+      for (int64_t b : batches) results.push_back(time_engine_runs(o, engine, build_s, b, given_shapes(o)));
+      return results;
+    }
     free.engine = free_device_memory();
     std::vector<Context> contexts = make_contexts(o, engine);
     free.context = free_device_memory();
@@ -673,6 +716,10 @@ nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batc
     double build_s = 0;
     size_t file_bytes = 0;
     Engine engine = open_gpu_engine(o, b, build_s, file_bytes);
+    if (finishes_on_the_cpu(o, engine)) {
+      results.push_back(time_engine_runs(o, engine, build_s, b, given_shapes(o)));
+      continue;
+    }
     free.engine = free_device_memory();
     std::vector<Context> contexts = make_contexts(o, engine);
     free.context = free_device_memory();

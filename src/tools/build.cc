@@ -2,10 +2,12 @@
 // GPU) and writes the engine file; prints what it chose and the memory it needs.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
 
+#include "compiler/data_dependent_split.h"
 #include "tools/commands.h"
 #include "tools/engine_options.h"
 
@@ -25,7 +27,7 @@ void print_summary(const Engine& engine) {
   int fallback = 0;
   for (const LayerInfo& l : info.layers) {
     ++ops[l.op];
-    fallback += l.cpu_fallback;
+    fallback += l.cpu_fallback && l.tactic == "cpu-fallback";
   }
   std::cout << fmt::format("engine: {} layers on {} ({}), precision {}\n", info.layers.size(), info.device, info.backend,
                            info.precision);
@@ -48,8 +50,15 @@ void print_summary(const Engine& engine) {
   if (fallback) {
     std::cout << fmt::format("  {} layer(s) run on the CPU engine (no GPU layer; --strict refuses them):", fallback);
     for (const LayerInfo& l : info.layers)
-      if (l.cpu_fallback) std::cout << fmt::format(" {} ({})", l.name, l.op);
+      if (l.cpu_fallback && l.tactic == "cpu-fallback") std::cout << fmt::format(" {} ({})", l.name, l.op);
     std::cout << "\n";
+  }
+  if (!info.data_dependent_nodes.empty()) {
+    const auto after = std::count_if(info.layers.begin(), info.layers.end(),
+                                     [](const LayerInfo& l) { return l.cpu_fallback && l.tactic != "cpu-fallback"; });
+    std::cout << fmt::format("  {} layer(s) run on the CPU engine after the GPU's part, from {} on (output shapes that "
+                             "depend on the data; --strict refuses them)\n", after,
+                             compiler::named_nodes(info.data_dependent_nodes));
   }
   for (const TensorDesc& d : engine.inputs())
     std::cout << fmt::format("  input  '{}': {} [{}]\n", d.name, to_string(d.dtype), shape_to_string(d.shape));

@@ -10,6 +10,7 @@
 #include "cpu/evaluate.h"
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
+#include "compiler/data_dependent_split.h"
 #include "compiler/pipeline.h"
 #include "passes/passes.h"
 #include "engine/engine_file.h"
@@ -140,7 +141,8 @@ int inspect_engine(const InspectOptions& o) {
   for (const LayerInfo& l : info.layers)
     if (l.cpu_fallback) on_cpu.push_back(l.name + " (" + l.op + ")");
   if (info.device != "cpu")
-    j["partition"] = {{"gpu_layers", info.layers.size() - on_cpu.size()}, {"cpu_layers", on_cpu}};
+    j["partition"] = {{"gpu_layers", info.layers.size() - on_cpu.size()}, {"cpu_layers", on_cpu},
+                      {"data_dependent_nodes", info.data_dependent_nodes}};
   j["memory"] = {{"weight_bytes", info.weight_bytes}, {"activation_bytes", info.activation_bytes},
                  {"workspace_bytes", info.workspace_bytes}};
   j["fp32_layers"] = info.fp32_layers;
@@ -204,10 +206,16 @@ int inspect_engine(const InspectOptions& o) {
     }
   }
   if (info.device != "cpu") {
+    constexpr size_t kListed = 12;
     std::string cpu_list;
-    for (const std::string& n : on_cpu) cpu_list += (cpu_list.empty() ? ": " : ", ") + n;
+    for (size_t i = 0; i < on_cpu.size() && i < kListed; ++i) cpu_list += (cpu_list.empty() ? ": " : ", ") + on_cpu[i];
+    if (on_cpu.size() > kListed) cpu_list += fmt::format(", and {} more", on_cpu.size() - kListed);
     std::cout << fmt::format("partition: {} layer(s) on the GPU, {} on the CPU engine{}\n", info.layers.size() - on_cpu.size(),
                              on_cpu.size(), cpu_list);
+    if (!info.data_dependent_nodes.empty()) {
+      std::cout << "  from " << compiler::named_nodes(info.data_dependent_nodes) << " on, the CPU engine runs every node after the GPU's part (output shapes that "
+                << "depend on the data)\n";
+    }
   }
   if (info.device == "cpu")
     std::cout << fmt::format("memory: weights {} (activations are planned for each input shape as it runs)\n",
