@@ -84,14 +84,17 @@ def detections(outputs) -> dict:
             "labels": next(v for v in values if v.dtype == np.int64)}
 
 
-def found_share(reference: dict, got: dict, top: int = 20) -> float:
+def found_share(reference: dict, got: dict, top: int = 20) -> float | None:
+    """None when the reference has no detection to find."""
     order = np.argsort(-reference["scores"])[:top]
+    if len(order) == 0:
+        return None
     found = 0
     for i in order:
         close = ((got["labels"] == reference["labels"][i]) & (np.abs(got["scores"] - reference["scores"][i]) < 2e-2) &
                  (np.abs(got["boxes"] - reference["boxes"][i]).max(axis=1) < 1.0))
         found += bool(close.any())
-    return found / max(len(order), 1)
+    return found / len(order)
 
 
 def timed(call, runs: int) -> dict:
