@@ -42,9 +42,18 @@ KILN_REGISTER_CPU_KERNELS(constant) {
       const Tensor* v = init.node.attrs.get_tensor("value");
       Tensor value = v ? *v : Tensor::scalar<float>(0.f);
       return make_kernel([value](const std::vector<const Tensor*>&, std::vector<Tensor>& out) {
-        size_t es = element_size(value.dtype());
+        const size_t es = element_size(value.dtype()), bytes = out[0].nbytes();
         auto* y = static_cast<unsigned char*>(out[0].raw());
-        for (int64_t i = 0; i < out[0].numel(); ++i) std::memcpy(y + static_cast<size_t>(i) * es, value.raw(), es);
+        if (!bytes) return;
+        const auto* v = static_cast<const unsigned char*>(value.raw());
+        if (std::all_of(v, v + es, [](unsigned char b) { return b == 0; })) {
+          std::memset(y, 0, bytes);
+          return;
+        }
+        // The value once, then the filled part copied onto the rest, doubling: a copy per
+        // element cost 4 ns (a [150, 256, 7, 7] fill in a detection model: 8 ms).
+        std::memcpy(y, v, es);
+        for (size_t filled = es; filled < bytes; filled *= 2) std::memcpy(y + filled, y, std::min(filled, bytes - filled));
       });
     };
     registry.add(std::move(e));

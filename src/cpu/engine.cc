@@ -206,6 +206,7 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
   std::vector<const ir::TensorType*> type_ptrs;
   std::vector<const Tensor*> values;
   std::vector<const ir::Dims*> no_symbolic;
+  std::vector<const Tensor*> no_values;
   std::vector<Tensor> outputs;
   if (times) {
     times->ms.assign(steps_.size(), 0.0);
@@ -229,7 +230,11 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
       type_ptrs[i] = &types[i];
       values[i] = &t;
     }
-    ir::InferContext ctx = ir::infer_node(node, type_ptrs, values, no_symbolic);
+    // A kernel that makes its outputs sizes them itself: its schema only checks the inputs' types
+    // and shapes, without their data (NonMaxSuppression's would run the whole selection to count
+    // what it selects, then the kernel would run it again).
+    if (step.makes_outputs) no_values.assign(step.inputs.size(), nullptr);
+    ir::InferContext ctx = ir::infer_node(node, type_ptrs, step.makes_outputs ? no_values : values, no_symbolic);
     outputs.clear();
     for (size_t o = 0; o < node.outputs.size(); ++o) {
       const ir::TensorType& t = ctx.output_types[o];

@@ -45,8 +45,9 @@ struct KernelEntry {
   std::function<std::string(const KernelInit&)> check;
   std::function<std::unique_ptr<Kernel>(const KernelInit&)> create;
   std::string dtypes;  // for docs/operators.md, e.g. "float32, int64"
-  // The kernel makes its outputs itself (If: their shapes are known only once it has run); the
-  // engine hands it undefined tensors.
+  // The kernel makes its outputs itself (If, NonMaxSuppression: their shapes are known only once
+  // it has run); the engine hands it undefined tensors, and its schema sees the inputs' types and
+  // shapes but not their data.
   bool makes_outputs = false;
 };
 

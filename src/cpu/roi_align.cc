@@ -1,10 +1,12 @@
 // CPU kernel of RoiAlign (ops/roi_align_params.h), float32: each region's samples (positions and
-// weights, the same for every channel) once, then every channel's bins from them.
+// weights, the same for every channel) once, then every channel's bins from them, regions and
+// channels spread over the threads.
 #include <algorithm>
 #include <limits>
 #include <vector>
 
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 #include "ops/roi_align_params.h"
 
 namespace kiln::cpu {
@@ -22,49 +24,55 @@ void roi_align(const ir::Node& node, const ir::RoiAlignParams& p, const Tensor& 
   const int64_t bins = p.output_height * p.output_width;
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-  std::vector<BinSample> samples;
+  // Every region's samples first (checking its batch index and sample count), then the regions'
+  // channels in parallel: each writes its own bins.
+  std::vector<std::vector<BinSample>> samples(static_cast<size_t>(R));
+  std::vector<int64_t> counts(static_cast<size_t>(R), 0);
   for (int64_t r = 0; r < R; ++r) {
     const int64_t n = batch_indices.data<int64_t>()[r];
     if (n < 0 || n >= N)
       throw node.error(ErrorKind::kInvalidArgument, "batch_indices[" + std::to_string(r) + "] is " + std::to_string(n) +
                                                         ", outside X's batch of " + std::to_string(N));
-    if (H == 0 || W == 0) {  // nothing to sample: every bin reads 0
-      std::fill(yp + r * C * bins, yp + (r + 1) * C * bins, 0.0f);
-      continue;
-    }
-    samples.clear();
-    const int64_t count = ir::roi_align_samples(rois.data<float>() + r * 4, p, H, W, [&](int64_t ph, int64_t pw, const ir::RoiSample& s) {
-      samples.push_back({ph * p.output_width + pw, s});
-    });
-    if (count == 0)
+    if (H == 0 || W == 0) continue;  // nothing to sample: every bin reads 0
+    std::vector<BinSample>& list = samples[static_cast<size_t>(r)];
+    counts[static_cast<size_t>(r)] =
+        ir::roi_align_samples(rois.data<float>() + r * 4, p, H, W, [&](int64_t ph, int64_t pw, const ir::RoiSample& s) {
+          list.push_back({ph * p.output_width + pw, s});
+        });
+    if (counts[static_cast<size_t>(r)] == 0)
       throw node.error(ErrorKind::kUnsupported, "roi " + std::to_string(r) + " needs more than " +
                                                     std::to_string(ir::kMaxRoiSamplesPerAxis) +
                                                     " samples per bin along an axis (sampling_ratio 0)");
-    const float divisor = p.max_mode ? 1.0f : float(count);
-    for (int64_t c = 0; c < C; ++c) {
-      const float* plane = xp + (n * C + c) * H * W;
-      float* out = yp + (r * C + c) * bins;
-      if (p.max_mode) std::fill(out, out + bins, std::numeric_limits<float>::lowest());
-      else std::fill(out, out + bins, 0.0f);
-      std::vector<bool> sampled(p.max_mode ? static_cast<size_t>(bins) : 0, false);
-      for (const BinSample& b : samples) {
-        const ir::RoiSample& s = b.sample;
-        if (p.max_mode) {
-          const float v = std::max({s.weight[0] * plane[s.offset[0]], s.weight[1] * plane[s.offset[1]],
-                                    s.weight[2] * plane[s.offset[2]], s.weight[3] * plane[s.offset[3]]});
-          out[b.bin] = std::max(out[b.bin], v);
-          sampled[static_cast<size_t>(b.bin)] = true;
-        } else {
-          out[b.bin] += s.weight[0] * plane[s.offset[0]] + s.weight[1] * plane[s.offset[1]] +
-                        s.weight[2] * plane[s.offset[2]] + s.weight[3] * plane[s.offset[3]];
-        }
-      }
-      for (int64_t i = 0; i < bins; ++i) {
-        if (p.max_mode && !sampled[static_cast<size_t>(i)]) out[i] = 0.0f;  // a bin without samples reads 0
-        else out[i] /= divisor;
+  }
+  parallel_for_each(R * C, R * C * bins > 4096, [&](int64_t rc) {
+    const int64_t r = rc / C, c = rc % C;
+    float* out = yp + rc * bins;
+    if (H == 0 || W == 0) {
+      std::fill(out, out + bins, 0.0f);
+      return;
+    }
+    const float* plane = xp + (batch_indices.data<int64_t>()[r] * C + c) * H * W;
+    const float divisor = p.max_mode ? 1.0f : float(counts[static_cast<size_t>(r)]);
+    if (p.max_mode) std::fill(out, out + bins, std::numeric_limits<float>::lowest());
+    else std::fill(out, out + bins, 0.0f);
+    std::vector<bool> sampled(p.max_mode ? static_cast<size_t>(bins) : 0, false);
+    for (const BinSample& b : samples[static_cast<size_t>(r)]) {
+      const ir::RoiSample& s = b.sample;
+      if (p.max_mode) {
+        const float v = std::max({s.weight[0] * plane[s.offset[0]], s.weight[1] * plane[s.offset[1]],
+                                  s.weight[2] * plane[s.offset[2]], s.weight[3] * plane[s.offset[3]]});
+        out[b.bin] = std::max(out[b.bin], v);
+        sampled[static_cast<size_t>(b.bin)] = true;
+      } else {
+        out[b.bin] += s.weight[0] * plane[s.offset[0]] + s.weight[1] * plane[s.offset[1]] +
+                      s.weight[2] * plane[s.offset[2]] + s.weight[3] * plane[s.offset[3]];
       }
     }
-  }
+    for (int64_t i = 0; i < bins; ++i) {
+      if (p.max_mode && !sampled[static_cast<size_t>(i)]) out[i] = 0.0f;  // a bin without samples reads 0
+      else out[i] /= divisor;
+    }
+  });
 }
 
 }  // namespace

@@ -45,13 +45,60 @@ inline bool nms_suppresses(const std::array<float, 4>& a, const std::array<float
   return inter / (area_a + area_b - inter) > iou_threshold;
 }
 
+// The boxes a class keeps, as columns padded to whole blocks of kBlock with boxes of no area
+// (which suppress nothing): a candidate is tested against a block at a time without a branch
+// inside it, which the compiler vectorizes. A detection model's batched NMS (every class's boxes
+// offset apart, one call) keeps nearly every box, so this test runs about n^2 / 2 times.
+class NmsKept {
+ public:
+  static constexpr size_t kBlock = 16;
+
+  void clear() {
+    size_ = 0;
+    for (std::vector<float>* c : {&y1_, &x1_, &y2_, &x2_, &area_}) c->clear();
+  }
+  size_t size() const { return size_; }
+
+  void add(const std::array<float, 4>& box) {
+    if (size_ == area_.size())
+      for (std::vector<float>* c : {&y1_, &x1_, &y2_, &x2_, &area_}) c->resize(size_ + kBlock, 0.0f);
+    y1_[size_] = box[0], x1_[size_] = box[1], y2_[size_] = box[2], x2_[size_] = box[3];
+    area_[size_] = (box[2] - box[0]) * (box[3] - box[1]);
+    ++size_;
+  }
+
+  // nms_suppresses(kept, box, iou_threshold) for some kept box: the same arithmetic, box by box.
+  bool suppress(const std::array<float, 4>& b, float iou_threshold) const {
+    // The candidate in locals and the columns as plain pointers: nothing the loop reads may
+    // alias what it writes, so the compiler vectorizes it (with `b` read through its reference
+    // it did not).
+    const float b_y1 = b[0], b_x1 = b[1], b_y2 = b[2], b_x2 = b[3], area_b = (b_y2 - b_y1) * (b_x2 - b_x1);
+    if (!(area_b > 0)) return false;
+    const float *y1 = y1_.data(), *x1 = x1_.data(), *y2 = y2_.data(), *x2 = x2_.data(), *area = area_.data();
+    for (size_t start = 0; start < size_; start += kBlock) {
+      int hit = 0;
+      for (size_t j = start; j < start + kBlock; ++j) {
+        const float h = std::min(y2[j], b_y2) - std::max(y1[j], b_y1), w = std::min(x2[j], b_x2) - std::max(x1[j], b_x1);
+        const float inter = h * w;
+        hit |= (area[j] > 0) & (h > 0) & (w > 0) & (inter / (area[j] + area_b - inter) > iou_threshold);
+      }
+      if (hit) return true;
+    }
+    return false;
+  }
+
+ private:
+  size_t size_ = 0;
+  std::vector<float> y1_, x1_, y2_, x2_, area_;
+};
+
 // boxes [batches, spatial, 4], scores [batches, classes, spatial] (float32, contiguous).
 inline std::vector<std::array<int64_t, 3>> non_max_suppression(const float* boxes, const float* scores, int64_t batches,
                                                                int64_t classes, int64_t spatial, const NmsParams& p) {
   std::vector<std::array<int64_t, 3>> selected;
   if (p.max_per_class <= 0) return selected;
   std::vector<int64_t> order;
-  std::vector<std::array<float, 4>> kept;
+  NmsKept kept;
   for (int64_t b = 0; b < batches; ++b)
     for (int64_t c = 0; c < classes; ++c) {
       const float* s = scores + (b * classes + c) * spatial;
@@ -65,9 +112,8 @@ inline std::vector<std::array<int64_t, 3>> non_max_suppression(const float* boxe
       for (int64_t i : order) {
         if (static_cast<int64_t>(kept.size()) >= p.max_per_class) break;
         const std::array<float, 4> box = nms_corners(boxes + (b * spatial + i) * 4, p.center_point_box);
-        if (std::any_of(kept.begin(), kept.end(), [&](const auto& k) { return nms_suppresses(k, box, p.iou_threshold); }))
-          continue;
-        kept.push_back(box);
+        if (kept.suppress(box, p.iou_threshold)) continue;
+        kept.add(box);
         selected.push_back({b, c, i});
       }
     }

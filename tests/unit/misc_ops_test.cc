@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <random>
 #include <string>
 
 #include "cpu/engine.h"
 #include "graph_builder.h"
 #include "ops/einsum_params.h"
+#include "ops/non_max_suppression_params.h"
 
 namespace kiln {
 namespace {
@@ -179,6 +182,43 @@ TEST(Recurrent, SequenceLensMaskEachBatchEntry) {
     EXPECT_FLOAT_EQ(out.at("y_h").data<float>()[1 * 3 + j], ref.at("y_h").data<float>()[j]);
     EXPECT_EQ(out.at("y").data<float>()[((2 * 1 + 0) * 2 + 1) * 3 + j], 0.f) << "step 2 of entry 1 is past its length";
   }
+}
+
+// NonMaxSuppression tests a candidate against the kept boxes a block at a time: the same answer
+// as the definition (nms_suppresses against each kept box), on random boxes of every kind: corners
+// in either order, boxes of no area, NaN corners, and counts around the block size.
+TEST(NonMaxSuppression, BlockTestAgreesWithThePairTest) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> coord(0.f, 40.f);
+  std::uniform_int_distribution<int> kind(0, 19);
+  auto random_box = [&] {
+    std::array<float, 4> b{coord(rng), coord(rng), coord(rng), coord(rng)};
+    const int k = kind(rng);
+    if (k == 0) b[2] = b[0];                                      // no height
+    if (k == 1) b[1] = std::numeric_limits<float>::quiet_NaN();  // a NaN corner
+    return ir::nms_corners(b.data(), false);
+  };
+  int suppressed = 0, kept_count = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    ir::NmsKept kept;
+    std::vector<std::array<float, 4>> boxes;
+    const int n = trial % 40;
+    for (int i = 0; i < n; ++i) {
+      boxes.push_back(random_box());
+      kept.add(boxes.back());
+    }
+    ASSERT_EQ(kept.size(), static_cast<size_t>(n));
+    const float threshold = trial % 3 == 0 ? 0.f : 0.5f;
+    for (int c = 0; c < 20; ++c) {
+      const std::array<float, 4> candidate = random_box();
+      const bool want = std::any_of(boxes.begin(), boxes.end(),
+                                    [&](const auto& k) { return ir::nms_suppresses(k, candidate, threshold); });
+      ASSERT_EQ(kept.suppress(candidate, threshold), want) << "trial " << trial << ", candidate " << c;
+      (want ? suppressed : kept_count) += 1;
+    }
+  }
+  EXPECT_GT(suppressed, 500);  // both answers are common
+  EXPECT_GT(kept_count, 500);
 }
 
 }  // namespace

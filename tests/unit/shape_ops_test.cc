@@ -433,6 +433,61 @@ TEST(ShapeOps, GatherElementsAndScatterElements) {
   EXPECT_EQ(values<float>(s), (std::vector<float>{1, 2, 13, 24}));
 }
 
+// The kernels walk indices a row at a time; ONNX's definition walks every coordinate. Random
+// shapes with indices smaller than the data off the axis, every axis, negative indices, int32 and
+// int64 indices, and scatter's reductions in index order (repeated targets included).
+TEST(ShapeOps, GatherElementsAndScatterElementsMatchTheirDefinitionOnRandomShapes) {
+  std::mt19937 rng(11);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  for (int trial = 0; trial < 60; ++trial) {
+    const size_t rank = static_cast<size_t>(pick(1, 4));
+    std::vector<int64_t> data_shape(rank), idx_shape(rank);
+    for (size_t d = 0; d < rank; ++d) data_shape[d] = pick(1, 5);
+    const size_t axis = static_cast<size_t>(pick(0, static_cast<int64_t>(rank) - 1));
+    for (size_t d = 0; d < rank; ++d) idx_shape[d] = d == axis ? pick(1, 6) : pick(1, data_shape[d]);
+    const DType index_type = trial % 2 ? DType::kInt32 : DType::kInt64;
+    Tensor idx(index_type, idx_shape), upd(DType::kFloat32, idx_shape);
+    std::vector<int64_t> chosen(static_cast<size_t>(idx.numel()));
+    for (int64_t i = 0; i < idx.numel(); ++i) {
+      const int64_t v = pick(-data_shape[axis], data_shape[axis] - 1);
+      chosen[static_cast<size_t>(i)] = v < 0 ? v + data_shape[axis] : v;
+      if (index_type == DType::kInt32) idx.data<int32_t>()[i] = static_cast<int32_t>(v);
+      else idx.data<int64_t>()[i] = v;
+      upd.data<float>()[i] = static_cast<float>(pick(-50, 50));
+    }
+    Tensor x = iota_float(data_shape);
+    // Linear offset in data of idx element i: its coordinates, the axis' one replaced.
+    auto offset = [&](int64_t i) {
+      int64_t off = 0, stride = 1, rest = i;
+      std::vector<int64_t> c(rank);
+      for (size_t d = rank; d-- > 0;) {
+        c[d] = rest % idx_shape[d];
+        rest /= idx_shape[d];
+      }
+      for (size_t d = rank; d-- > 0;) {
+        off += (d == axis ? chosen[static_cast<size_t>(i)] : c[d]) * stride;
+        stride *= data_shape[d];
+      }
+      return off;
+    };
+    const ir::Attributes on_axis = attrs({{"axis", static_cast<int64_t>(axis)}});
+    Tensor g = run_one("GatherElements", x, {idx}, on_axis);
+    ASSERT_EQ(g.shape(), idx_shape);
+    for (int64_t i = 0; i < idx.numel(); ++i) ASSERT_EQ(g.data<float>()[i], x.data<float>()[offset(i)]) << "trial " << trial;
+    for (const char* reduction : {"none", "add", "max"}) {
+      std::vector<float> want = values<float>(x);
+      for (int64_t i = 0; i < idx.numel(); ++i) {
+        float& y = want[static_cast<size_t>(offset(i))];
+        const float u = upd.data<float>()[i];
+        y = std::string(reduction) == "none" ? u : std::string(reduction) == "add" ? y + u : std::max(y, u);
+      }
+      Tensor s = run_one("ScatterElements", x, {idx, upd},
+                         attrs({{"axis", static_cast<int64_t>(axis)}, {"reduction", std::string(reduction)}}));
+      ASSERT_EQ(values<float>(s), want) << "trial " << trial << ", reduction " << reduction;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln
 
