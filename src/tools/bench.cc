@@ -220,26 +220,9 @@ nlohmann::json profile_summary(const std::function<std::vector<LayerTiming>()>& 
   return {{"total_ms", total_ms}, {"layers", layers}};
 }
 
-// The CPU engine: the wall-clock time of Engine::run (which waits for its result) per run.
-// Dynamic first dimensions take the batch size; other dynamic dimensions take --dim / --shapes.
-nlohmann::json time_engine_runs(const BenchOptions& o, const Engine& engine, double build_s, int64_t batch,
-                                const std::map<std::string, std::vector<int64_t>>& input_shapes);
-
-nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
-  std::vector<std::string> defaulted;
-  EngineOptions eo = o.engine;
-  if (batch > 0) eo.batch = batch;
-  const bool engine_file = is_engine_file(o.model);
-  const BuildOptions build = engine_file ? BuildOptions{} : eo.build_options(o.model, defaulted);
-  auto t0 = std::chrono::steady_clock::now();
-  Engine engine = engine_file ? Engine::load(o.model, o.engine.load_options()) : Engine::from_onnx(o.model, build);
-  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  save_built_engine(o, engine);
-  return time_engine_runs(o, engine, build_s, batch, build.input_shapes);
-}
-
 // Engine::run timed by the wall clock: the CPU engine, and GPU engines whose last nodes run on the
-// CPU engine after data-dependent shapes (their outputs exist only once run() returns).
+// CPU engine after data-dependent shapes (their outputs exist only once run() returns). Dynamic
+// first dimensions take the batch size; other dynamic dimensions take --dim / --shapes.
 nlohmann::json time_engine_runs(const BenchOptions& o, const Engine& engine, double build_s, int64_t batch,
                                 const std::map<std::string, std::vector<int64_t>>& input_shapes) {
   std::mt19937_64 rng(o.seed);
@@ -299,6 +282,21 @@ nlohmann::json time_engine_runs(const BenchOptions& o, const Engine& engine, dou
   }
   return r;
 }
+
+// The CPU engine, built from the model or loaded from its engine file.
+nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
+  std::vector<std::string> defaulted;
+  EngineOptions eo = o.engine;
+  if (batch > 0) eo.batch = batch;
+  const bool engine_file = is_engine_file(o.model);
+  const BuildOptions build = engine_file ? BuildOptions{} : eo.build_options(o.model, defaulted);
+  auto t0 = std::chrono::steady_clock::now();
+  Engine engine = engine_file ? Engine::load(o.model, o.engine.load_options()) : Engine::from_onnx(o.model, build);
+  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  save_built_engine(o, engine);
+  return time_engine_runs(o, engine, build_s, batch, build.input_shapes);
+}
+
 
 #if KILN_WITH_CUDA
 // Opens the engine a GPU bench runs: the engine file, or the model built with the options (at
