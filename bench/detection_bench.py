@@ -3,7 +3,7 @@
 selection and what follows on the CPU engine) against PyTorch on the same GPU, in one run.
 
     python3 bench/detection_bench.py --out FILE [--models fasterrcnn_mobilenet_v3_large_320_fpn,...]
-                                     [--runs 20] [--work DIR]
+                                     [--variants torch-eager-fp32,...] [--runs 20] [--work DIR]
 
 Each model (random weights, torch.manual_seed(0); torchvision's score thresholds, or with
 --thresholds zero none, as tests/e2e/test_control_flow.py builds them, so that every box reaches
@@ -36,10 +36,14 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_MODELS = "fasterrcnn_mobilenet_v3_large_320_fpn,ssdlite320_mobilenet_v3_large,retinanet_resnet50_fpn"
+DEFAULT_MODELS = ("fasterrcnn_mobilenet_v3_large_320_fpn,ssdlite320_mobilenet_v3_large,retinanet_resnet50_fpn,"
+                  "fcos_resnet50_fpn,maskrcnn_resnet50_fpn")
 ZERO_THRESHOLDS = {"fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh": 0.0},
-              "retinanet_resnet50_fpn": {"score_thresh": 0.0}, "ssdlite320_mobilenet_v3_large": {"score_thresh": 0.0},
-              "maskrcnn_resnet50_fpn": {"box_score_thresh": 0.0}, "fasterrcnn_resnet50_fpn": {"box_score_thresh": 0.0}}
+                   "retinanet_resnet50_fpn": {"score_thresh": 0.0}, "ssdlite320_mobilenet_v3_large": {"score_thresh": 0.0},
+                   "maskrcnn_resnet50_fpn": {"box_score_thresh": 0.0}, "fasterrcnn_resnet50_fpn": {"box_score_thresh": 0.0},
+                   "fcos_resnet50_fpn": {"score_thresh": 0.0}}
+
+VARIANTS = ("torch-eager-fp32", "torch-eager-fp16", "torch-compile-fp16", "kiln-fp16", "kiln-fp32")
 
 
 def image_size(name: str) -> int:
@@ -138,6 +142,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", help="the JSON file to write")
     p.add_argument("--models", default=DEFAULT_MODELS)
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help="which of the variants to time (torch-eager-fp32, the reference, always runs first)")
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--work", default="/tmp/detection_bench", help="exported models")
     p.add_argument("--compile-timeout", type=float, default=240, help="seconds torch.compile's process may take")
@@ -150,6 +156,10 @@ def main() -> None:
         return
     if not args.out:
         p.error("--out is required")
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variant(s) {', '.join(unknown)}: the variants are {', '.join(VARIANTS)}")
 
     import torch
 
@@ -170,7 +180,7 @@ def main() -> None:
         print(f"{name}: exporting at {image_size(name)}x{image_size(name)}", flush=True)
         onnx_path = export(name, args.work, args.thresholds)
         reference = None
-        for variant in ("torch-eager-fp32", "torch-eager-fp16", "torch-compile-fp16", "kiln-fp16", "kiln-fp32"):
+        for variant in [v for v in VARIANTS if v == "torch-eager-fp32" or v in variants]:
             print(f"{name}: {variant}", flush=True)
             row = {"model": name, "image": [3, image_size(name), image_size(name)], "variant": variant}
             try:

@@ -2,7 +2,7 @@
 values read from the enclosing graphs, nested Ifs, engine files, malformed Ifs refused with a
 reason; loops with and without a trip count and condition, scan outputs, a carried value that
 grows; and torchvision's detection models (random weights; Faster R-CNN, RetinaNet, SSDlite,
-Mask R-CNN), whose box selection runs in an If and whose masks are pasted in a Loop, end to end."""
+Mask R-CNN, FCOS), whose box selection runs in an If and whose masks are pasted in a Loop, end to end."""
 from __future__ import annotations
 
 import os
@@ -260,7 +260,8 @@ def test_loop_matches_onnxruntime(run_kiln, tmp_path, trip_count, cond):
 # --- torchvision's detection models: their box selection (batched NMS) runs in an If --------------
 
 THRESHOLDS = {"fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh": 0.0}, "retinanet_resnet50_fpn": {"score_thresh": 0.0},
-              "ssdlite320_mobilenet_v3_large": {"score_thresh": 0.0}, "maskrcnn_resnet50_fpn": {"box_score_thresh": 0.0}}
+              "ssdlite320_mobilenet_v3_large": {"score_thresh": 0.0}, "maskrcnn_resnet50_fpn": {"box_score_thresh": 0.0},
+              "fcos_resnet50_fpn": {"score_thresh": 0.0}}
 
 
 def _export_detection(name: str, model_cache: str) -> str:

@@ -182,7 +182,7 @@ def _detections(outputs: dict) -> tuple:
 
 
 @pytest.mark.parametrize("name", ["fasterrcnn_mobilenet_v3_large_320_fpn", "retinanet_resnet50_fpn",
-                                  "ssdlite320_mobilenet_v3_large", "maskrcnn_resnet50_fpn"])
+                                  "ssdlite320_mobilenet_v3_large", "maskrcnn_resnet50_fpn", "fcos_resnet50_fpn"])
 def test_detection_models_run_their_backbones_on_the_gpu_and_box_selection_on_the_cpu(name, model_cache, tmp_path):
     """torchvision's detection models select boxes with NonMaxSuppression and data-dependent Ifs:
     a GPU build runs every node up to there on the GPU and the rest on the CPU engine, says so,
