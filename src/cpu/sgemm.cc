@@ -563,10 +563,15 @@ constexpr int64_t kMaxNc = 512;
 
 // The transposed product of narrow outputs stores its C^T tiles ([nt][32]: row j holds the
 // 32 rows m0.. of column n0 + j) into C with the epilogue: bias is a vector along m, the
-// residual and C are read and written 16 rows at a time with gathers/scatters.
-__attribute__((target("avx512f"))) void store_transposed(const float* tile, int nt, int mv, float* c, int64_t ldc,
+// residual and C are read and written 16 rows at a time with gathers/scatters. An activation
+// the clamp does not cover (`act`: SiLU, Sigmoid, ...) runs on the tile itself, between the sums
+// and the scatter: its rows are 32 contiguous floats, where C's are the tile's nt <= 7 columns,
+// which left 9 of each 16-lane vector idle (EfficientNet-B0's 1x1 convolutions at 14x14 and
+// 7x7 spent more in SiLU than in their products; docs/design/cpu-gemm.md, "Activations on
+// narrow outputs").
+__attribute__((target("avx512f"))) void store_transposed(float* tile, int nt, int mv, float* c, int64_t ldc,
                                                         const float* bias, const float* z, int64_t ldz, int clamp,
-                                                        float lo_v, float hi_v) {
+                                                        float lo_v, float hi_v, const Epilogue* act) {
   const unsigned m = static_cast<unsigned>(mv);
   const __mmask16 m0 = m >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << m) - 1);
   const __mmask16 m1 = m >= 32 ? 0xFFFF : m <= 16 ? 0 : static_cast<__mmask16>((1u << (m - 16)) - 1);
@@ -576,6 +581,25 @@ __attribute__((target("avx512f"))) void store_transposed(const float* tile, int 
   const __m512 zero = _mm512_setzero_ps(), lo = _mm512_set1_ps(lo_v), hi = _mm512_set1_ps(hi_v);
   const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : zero;
   const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : zero;
+  if (act) {
+    // Sums first, in place, then the activation over the tile; the scatter below adds nothing.
+    for (int j = 0; j < nt; ++j) {
+      __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(tile + j * 32), b0);
+      __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(tile + j * 32 + 16), b1);
+      if (z) {
+        v0 = _mm512_add_ps(v0, _mm512_mask_i32gather_ps(zero, m0, idx_z, z + j, 4));
+        if (m1) v1 = _mm512_add_ps(v1, _mm512_mask_i32gather_ps(zero, m1, idx_z, z + 16 * ldz + j, 4));
+      }
+      _mm512_storeu_ps(tile + j * 32, v0);
+      _mm512_storeu_ps(tile + j * 32 + 16, v1);
+    }
+    act->apply(tile, 32, nt, mv, nullptr, nullptr, nullptr, 0);
+    for (int j = 0; j < nt; ++j) {
+      _mm512_mask_i32scatter_ps(c + j, m0, idx_c, _mm512_loadu_ps(tile + j * 32), 4);
+      if (m1) _mm512_mask_i32scatter_ps(c + 16 * ldc + j, m1, idx_c, _mm512_loadu_ps(tile + j * 32 + 16), 4);
+    }
+    return;
+  }
   for (int j = 0; j < nt; ++j) {
     __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(tile + j * 32), b0);
     __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(tile + j * 32 + 16), b1);
@@ -664,8 +688,7 @@ void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
         store_transposed(acc + ((mp - mp0) * n_panels + q) * NT * MV, nt, mv, cb, p.ldc,
                          p.ep.row_bias ? p.ep.row_bias + m0 : nullptr,
                          p.ep.residual ? p.ep.residual + m0 * p.ep.ld_residual + n0 : nullptr, p.ep.ld_residual,
-                         p.clamp, p.lo, p.hi);
-        if (p.act_after) p.ep.act->apply(cb, p.ldc, mv, nt, nullptr, nullptr, nullptr, 0);
+                         p.clamp, p.lo, p.hi, p.act_after ? p.ep.act : nullptr);
       }
   }, 1);
 }

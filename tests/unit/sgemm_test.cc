@@ -126,7 +126,7 @@ TEST(Sgemm, EpilogueAddsBiasResidualAndActivation) {
   for (SgemmIsa isa : available_isas()) {
     IsaScope scope(isa);
     for (const Case& c : shapes)
-      for (const char* kind : {"", "Relu", "Clip", "LeakyRelu", "Sigmoid"})
+      for (const char* kind : {"", "Relu", "Clip", "LeakyRelu", "Sigmoid", "SiLU", "HardSwish"})
         for (bool with_bias : {false, true})
           for (bool with_residual : {false, true})
             for (bool wide : {false, true}) {
