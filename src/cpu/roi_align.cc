@@ -1,12 +1,22 @@
 // CPU kernel of RoiAlign (ops/roi_align_params.h), float32: each region's samples (positions and
 // weights, the same for every channel) once, then every channel's bins from them, regions and
-// channels spread over the threads.
+// channels spread over the threads. With AVX-512 and many samples for the size of X, X is first
+// transposed to channels last, and each sample then reads 16 channels with one load per corner
+// (roi_align_channels_last): a detection model's box head pools hundreds of regions from small
+// feature maps, where the channel-by-channel walk spent 20 of Faster R-CNN MobileNet's 100 ms on
+// the CPU engine. Both walks do the same float operations in the same order (per lane), so they
+// give the same bits.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <limits>
+#include <set>
 #include <vector>
 
+#include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
+#include "cpu/sgemm.h"
 #include "ops/roi_align_params.h"
 
 namespace kiln::cpu {
@@ -17,6 +27,85 @@ struct BinSample {
   int64_t bin;
   ir::RoiSample sample;
 };
+
+// Whether transposing X to channels last (H * W * C floats, once per batch index read) costs less
+// than it saves: the channel-by-channel walk makes about 8 scalar loads and 4 products a sample
+// and channel, the channels-last one a sixteenth of that.
+bool channels_last_pays(int64_t channels, int64_t plane, const std::vector<std::vector<BinSample>>& samples) {
+  if (sgemm_isa() != SgemmIsa::kAvx512 || channels < 8 || plane == 0) return false;
+  int64_t taken = 0;
+  for (const std::vector<BinSample>& list : samples) taken += static_cast<int64_t>(list.size());
+  return taken * 4 > plane;
+}
+
+// std::max(a, b) lane by lane: b where a < b, else a (so a NaN in b is not taken).
+__attribute__((target("avx512f"))) inline __m512 larger16(__m512 a, __m512 b) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), a, b);
+}
+
+// `acc` = the lanes' running values, `v` = a sample's: avg adds, max keeps the larger as
+// std::max does (a NaN in `v` is not taken, one already in `acc` stays).
+__attribute__((target("avx512f"))) inline __m512 sample16(const ir::RoiSample& s, const float* at, __mmask16 lanes,
+                                                         int64_t C, bool max_mode) {
+  const __m512 p0 = _mm512_maskz_loadu_ps(lanes, at + s.offset[0] * C), p1 = _mm512_maskz_loadu_ps(lanes, at + s.offset[1] * C);
+  const __m512 p2 = _mm512_maskz_loadu_ps(lanes, at + s.offset[2] * C), p3 = _mm512_maskz_loadu_ps(lanes, at + s.offset[3] * C);
+  const __m512 t0 = _mm512_mul_ps(_mm512_set1_ps(s.weight[0]), p0), t1 = _mm512_mul_ps(_mm512_set1_ps(s.weight[1]), p1);
+  const __m512 t2 = _mm512_mul_ps(_mm512_set1_ps(s.weight[2]), p2), t3 = _mm512_mul_ps(_mm512_set1_ps(s.weight[3]), p3);
+  if (!max_mode) return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(t0, t1), t2), t3);  // as the scalar a + b + c + d
+  return larger16(larger16(larger16(t0, t1), t2), t3);
+}
+
+// One region's bins for 16 channels (`lanes_used` of them) from channels-last X (`at`: the
+// region's image, at its first channel): bins x 16 running values, then y[channel][bin].
+__attribute__((target("avx512f"))) void pool_region16(const ir::RoiAlignParams& p, const std::vector<BinSample>& samples,
+                                                     int64_t count, const float* at, int lanes_used, int64_t C,
+                                                     int64_t bins, float* y) {
+  const __mmask16 lanes = static_cast<__mmask16>((1u << lanes_used) - 1);
+  thread_local std::vector<float> acc;
+  acc.assign(static_cast<size_t>(bins * 16), p.max_mode ? std::numeric_limits<float>::lowest() : 0.0f);
+  thread_local std::vector<char> sampled;
+  sampled.assign(static_cast<size_t>(bins), 0);
+  for (const BinSample& b : samples) {
+    float* out = acc.data() + b.bin * 16;
+    const __m512 v = sample16(b.sample, at, lanes, C, p.max_mode);
+    const __m512 o = _mm512_loadu_ps(out);
+    _mm512_storeu_ps(out, p.max_mode ? larger16(o, v) : _mm512_add_ps(o, v));
+    if (p.max_mode) sampled[static_cast<size_t>(b.bin)] = 1;
+  }
+  const float divisor = p.max_mode ? 1.0f : float(count);
+  for (int64_t i = 0; i < bins; ++i)
+    for (int c = 0; c < lanes_used; ++c) {
+      const float v = acc[static_cast<size_t>(i * 16 + c)];
+      y[c * bins + i] = p.max_mode ? (sampled[static_cast<size_t>(i)] ? v : 0.0f) : v / divisor;
+    }
+}
+
+// The channels-last walk: X transposed once per image that a region reads, then each region's
+// bins 16 channels at a time, regions and channel blocks spread over the threads.
+void roi_align_channels_last(const ir::RoiAlignParams& p, const Tensor& x, const Tensor& batch_indices,
+                             const std::vector<std::vector<BinSample>>& samples, const std::vector<int64_t>& counts,
+                             Tensor& y) {
+  const int64_t C = x.dim(1), H = x.dim(2), W = x.dim(3), R = static_cast<int64_t>(samples.size());
+  const int64_t bins = p.output_height * p.output_width, plane = H * W;
+  const int64_t* batch = batch_indices.data<int64_t>();
+  const std::set<int64_t> images(batch, batch + R);
+  std::vector<float> transposed(static_cast<size_t>(static_cast<int64_t>(images.size()) * plane * C));
+  std::vector<int64_t> slot(static_cast<size_t>(x.dim(0)), -1);
+  int64_t next = 0;
+  for (int64_t n : images) {
+    slot[static_cast<size_t>(n)] = next;
+    transpose_floats(x.data<float>() + n * C * plane, C, plane, transposed.data() + next * plane * C);
+    ++next;
+  }
+  const int64_t blocks = (C + 15) / 16;
+  float* yp = y.data<float>();
+  parallel_for_each(R * blocks, R * C * bins > 4096, [&](int64_t job) {
+    const int64_t r = job / blocks, c0 = job % blocks * 16;
+    pool_region16(p, samples[static_cast<size_t>(r)], counts[static_cast<size_t>(r)],
+                  transposed.data() + slot[static_cast<size_t>(batch[r])] * plane * C + c0,
+                  static_cast<int>(std::min<int64_t>(16, C - c0)), C, bins, yp + (r * C + c0) * bins);
+  });
+}
 
 void roi_align(const ir::Node& node, const ir::RoiAlignParams& p, const Tensor& x, const Tensor& rois,
                const Tensor& batch_indices, Tensor& y) {
@@ -43,6 +132,10 @@ void roi_align(const ir::Node& node, const ir::RoiAlignParams& p, const Tensor& 
       throw node.error(ErrorKind::kUnsupported, "roi " + std::to_string(r) + " needs more than " +
                                                     std::to_string(ir::kMaxRoiSamplesPerAxis) +
                                                     " samples per bin along an axis (sampling_ratio 0)");
+  }
+  if (channels_last_pays(C, H * W, samples)) {
+    roi_align_channels_last(p, x, batch_indices, samples, counts, y);
+    return;
   }
   parallel_for_each(R * C, R * C * bins > 4096, [&](int64_t rc) {
     const int64_t r = rc / C, c = rc % C;
