@@ -257,6 +257,38 @@ def test_loop_matches_onnxruntime(run_kiln, tmp_path, trip_count, cond):
         assert got["scans"].shape == (rows, 1, 4) and got["hist"].shape == (rows, 4)
 
 
+
+def test_a_loop_extending_a_value_by_a_piece_that_does_not_fit_is_refused(run_kiln, tmp_path):
+    """The engine appends what a body concatenates to its carried value (no copy of the whole value
+    each iteration): a piece of another width is an error naming the loop and both shapes, as the
+    body's Concat would have been."""
+    body = helper.make_graph(
+        [helper.make_node("Concat", ["hist_in", "piece"], ["hist_out"], axis=0),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("hist_in", TensorProto.FLOAT, [None, None])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("hist_out", TensorProto.FLOAT, [None, None])])
+    loop = helper.make_node("Loop", ["M", "", "hist0"], ["hist"], body=body, name="grow")
+    graph = helper.make_graph(
+        [loop], "grow", [helper.make_tensor_value_info("M", TensorProto.INT64, []),
+                         helper.make_tensor_value_info("hist0", TensorProto.FLOAT, [None, None])],
+        [helper.make_tensor_value_info("hist", TensorProto.FLOAT, [None, None])],
+        [numpy_helper.from_array(np.ones((1, 3), np.float32), "piece")])
+    path = tmp_path / "grow.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+    fits = {"M": np.array(4, np.int64), "hist0": np.zeros((2, 3), np.float32)}
+    got, want = run_both(run_kiln, tmp_path, path, fits)
+    assert got["hist"].shape == (6, 3)
+    assert_same(got, want)
+    np.save(tmp_path / "M.npy", np.array(2, np.int64))
+    np.save(tmp_path / "hist0.npy", np.zeros((0, 4), np.float32))
+    r = run_kiln("run", path, "-o", tmp_path / "bad", "--input", f"M={tmp_path / 'M.npy'}", "--input",
+                 f"hist0={tmp_path / 'hist0.npy'}")
+    assert r.returncode != 0 and "grow" in r.stderr and "1x3" in r.stderr and "0x4" in r.stderr, r.stderr
+
 # --- torchvision's detection models: their box selection (batched NMS) runs in an If --------------
 
 THRESHOLDS = {"fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh": 0.0}, "retinanet_resnet50_fpn": {"score_thresh": 0.0},
