@@ -146,6 +146,31 @@ void scatter_reduce(T* y, int64_t off, T u, const std::string& r) {
   else y[off] = std::min(y[off], u);
 }
 
+// ScatterElements along axis 0 whose indices hold one value per row (an index broadcast by
+// Expand over whole rows of data: torchvision's MultiScaleRoIAlign merges its levels' pooled
+// regions so) is ScatterND of whole rows: a copy per row, in index order. Checks every index
+// first and writes nothing unless they all qualify; false then, and the element walk runs.
+bool scatter_whole_rows(const Tensor& data, const Tensor& idx, const Tensor& upd, size_t axis, unsigned char* y) {
+  if (axis != 0 || idx.dtype() != DType::kInt64 || idx.rank() < 2 || idx.numel() == 0 ||
+      !std::equal(idx.shape().begin() + 1, idx.shape().end(), data.shape().begin() + 1))
+    return false;
+  const int64_t rows = idx.dim(0), width = idx.numel() / rows, dim = data.dim(0);
+  const int64_t* iv = idx.data<int64_t>();
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t* row = iv + i * width;
+    const int64_t first = row[0];
+    bool same = true;
+    for (int64_t j = 1; j < width; ++j) same &= row[j] == first;  // no early exit: the loop vectorizes
+    if (!same) return false;
+    checked_index(first, dim);  // an index out of range: the error, before anything is written
+  }
+  const size_t bytes = static_cast<size_t>(width) * element_size(data.dtype());
+  const auto* u = static_cast<const unsigned char*>(upd.raw());
+  for (int64_t i = 0; i < rows; ++i)
+    std::memcpy(y + static_cast<size_t>(checked_index(iv[i * width], dim)) * bytes, u + static_cast<size_t>(i) * bytes, bytes);
+  return true;
+}
+
 void scatter_elements(const ir::Node& node, const Tensor& data, const Tensor& idx, const Tensor& upd, Tensor& out) {
   if (idx.shape() != upd.shape())
     throw Error(ErrorKind::kInvalidArgument, "indices " + shape_to_string(idx.shape()) + " and updates " +
@@ -160,6 +185,7 @@ void scatter_elements(const ir::Node& node, const Tensor& data, const Tensor& id
   const auto* u = static_cast<const unsigned char*>(upd.raw());
   // In index order, so that a later update of the same element wins (reduction none) and
   // reductions apply in a fixed order.
+  if (r == "none" && scatter_whole_rows(data, idx, upd, axis, y)) return;
   if (r == "none") {
     for_each_element_offset(data, idx, axis, [&](int64_t i, int64_t off) {
       copy_element(y + static_cast<size_t>(off) * es, u + static_cast<size_t>(i) * es, es);

@@ -488,6 +488,42 @@ TEST(ShapeOps, GatherElementsAndScatterElementsMatchTheirDefinitionOnRandomShape
   }
 }
 
+// Indices that hold one value per row along axis 0 (an index broadcast over whole rows by
+// Expand, as torchvision's MultiScaleRoIAlign writes it) take the kernel's row-copy path; a row
+// with one index off falls back to the element walk. Both against the definition, with repeated
+// rows (the later update wins) and negative indices.
+TEST(ShapeOps, ScatterElementsOfWholeRowsMatchesItsDefinition) {
+  std::mt19937 rng(5);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  for (int trial = 0; trial < 40; ++trial) {
+    const size_t rank = static_cast<size_t>(pick(2, 4));
+    std::vector<int64_t> data_shape(rank);
+    for (size_t d = 0; d < rank; ++d) data_shape[d] = pick(1, 5);
+    std::vector<int64_t> idx_shape = data_shape;
+    idx_shape[0] = pick(1, 7);
+    Tensor idx(DType::kInt64, idx_shape), upd(DType::kFloat32, idx_shape);
+    const int64_t rows = idx_shape[0], width = idx.numel() / rows;
+    const bool one_off = trial % 4 == 3 && width > 1;
+    std::vector<float> want = values<float>(iota_float(data_shape));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t v = pick(-data_shape[0], data_shape[0] - 1);
+      for (int64_t j = 0; j < width; ++j) {
+        int64_t at = v;
+        if (one_off && r == rows - 1 && j == width - 1) at = (v + data_shape[0] + 1) % data_shape[0];
+        idx.data<int64_t>()[r * width + j] = at;
+        const float u = static_cast<float>(pick(-50, 50));
+        upd.data<float>()[r * width + j] = u;
+        want[static_cast<size_t>(((at % data_shape[0] + data_shape[0]) % data_shape[0]) * width + j)] = u;
+      }
+    }
+    Tensor s = run_one("ScatterElements", iota_float(data_shape), {idx, upd}, attrs({{"axis", int64_t{0}}}));
+    ASSERT_EQ(values<float>(s), want) << "trial " << trial << (one_off ? " (one index off its row)" : "");
+  }
+  // An index out of range is the error, with nothing written first.
+  Tensor idx = Tensor::from_vector<int64_t>({2, 2}, {0, 0, 5, 5});
+  EXPECT_THROW(run_one("ScatterElements", iota_float({2, 2}), {idx, iota_float({2, 2})}, attrs({{"axis", int64_t{0}}})), Error);
+}
+
 }  // namespace
 }  // namespace kiln
 
