@@ -188,6 +188,10 @@ class LoopKernel : public Kernel {
                          "carried value " + std::to_string(k) + " is extended along its first axis by a piece of " +
                              shape_to_string(piece.shape()) + " " + to_string(piece.dtype()) + ", which does not fit its " +
                              shape_to_string(shape()) + " " + to_string(dtype));
+      // Refused past the machine's memory, as the scan outputs are, not attempted.
+      if (bytes.size() + piece.nbytes() > physical_memory_bytes())
+        throw node.error(ErrorKind::kUnsupported, "carried value " + std::to_string(k) + " grows past the machine's memory (" +
+                                                      std::to_string(bytes.size() + piece.nbytes()) + " bytes)");
       const auto* at = static_cast<const unsigned char*>(piece.raw());
       bytes.insert(bytes.end(), at, at + piece.nbytes());
       rows += piece.dim(0);
@@ -209,7 +213,7 @@ class LoopKernel : public Kernel {
   // k, read by nothing else, and a piece. The body then gives the piece, and run() appends it.
   void find_appends(ir::Graph& body) {
     for (size_t k = 0; k < carried_; ++k) {
-      if (2 + k >= body.inputs.size() || 1 + k >= body.outputs.size()) return;
+      if (2 + k >= body.inputs.size() || 1 + k >= body.outputs.size()) break;
       const std::string& in = body.inputs[2 + k];
       const std::string& out = body.outputs[1 + k];
       const int producer = body.producer(out);

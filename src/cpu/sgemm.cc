@@ -581,31 +581,17 @@ __attribute__((target("avx512f"))) void store_transposed(float* tile, int nt, in
   const __m512 zero = _mm512_setzero_ps(), lo = _mm512_set1_ps(lo_v), hi = _mm512_set1_ps(hi_v);
   const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : zero;
   const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : zero;
-  if (act) {
-    // Sums first, in place, then the activation over the tile; the scatter below adds nothing.
-    for (int j = 0; j < nt; ++j) {
-      __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(tile + j * 32), b0);
-      __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(tile + j * 32 + 16), b1);
-      if (z) {
-        v0 = _mm512_add_ps(v0, _mm512_mask_i32gather_ps(zero, m0, idx_z, z + j, 4));
-        if (m1) v1 = _mm512_add_ps(v1, _mm512_mask_i32gather_ps(zero, m1, idx_z, z + 16 * ldz + j, 4));
-      }
-      _mm512_storeu_ps(tile + j * 32, v0);
-      _mm512_storeu_ps(tile + j * 32 + 16, v1);
-    }
-    act->apply(tile, 32, nt, mv, nullptr, nullptr, nullptr, 0);
-    for (int j = 0; j < nt; ++j) {
-      _mm512_mask_i32scatter_ps(c + j, m0, idx_c, _mm512_loadu_ps(tile + j * 32), 4);
-      if (m1) _mm512_mask_i32scatter_ps(c + 16 * ldc + j, m1, idx_c, _mm512_loadu_ps(tile + j * 32 + 16), 4);
-    }
-    return;
-  }
   for (int j = 0; j < nt; ++j) {
     __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(tile + j * 32), b0);
     __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(tile + j * 32 + 16), b1);
     if (z) {
       v0 = _mm512_add_ps(v0, _mm512_mask_i32gather_ps(zero, m0, idx_z, z + j, 4));
       if (m1) v1 = _mm512_add_ps(v1, _mm512_mask_i32gather_ps(zero, m1, idx_z, z + 16 * ldz + j, 4));
+    }
+    if (act) {  // the sums back into the tile, for the activation below
+      _mm512_storeu_ps(tile + j * 32, v0);
+      _mm512_storeu_ps(tile + j * 32 + 16, v1);
+      continue;
     }
     if (clamp == 1) {
       v0 = _mm512_max_ps(v0, zero);
@@ -616,6 +602,12 @@ __attribute__((target("avx512f"))) void store_transposed(float* tile, int nt, in
     }
     _mm512_mask_i32scatter_ps(c + j, m0, idx_c, v0, 4);
     if (m1) _mm512_mask_i32scatter_ps(c + 16 * ldc + j, m1, idx_c, v1, 4);
+  }
+  if (!act) return;
+  act->apply(tile, 32, nt, mv, nullptr, nullptr, nullptr, 0);
+  for (int j = 0; j < nt; ++j) {
+    _mm512_mask_i32scatter_ps(c + j, m0, idx_c, _mm512_loadu_ps(tile + j * 32), 4);
+    if (m1) _mm512_mask_i32scatter_ps(c + 16 * ldc + j, m1, idx_c, _mm512_loadu_ps(tile + j * 32 + 16), 4);
   }
 }
 
