@@ -185,8 +185,8 @@ void scatter_elements(const ir::Node& node, const Tensor& data, const Tensor& id
   const auto* u = static_cast<const unsigned char*>(upd.raw());
   // In index order, so that a later update of the same element wins (reduction none) and
   // reductions apply in a fixed order.
-  if (r == "none" && scatter_whole_rows(data, idx, upd, axis, y)) return;
   if (r == "none") {
+    if (scatter_whole_rows(data, idx, upd, axis, y)) return;
     for_each_element_offset(data, idx, axis, [&](int64_t i, int64_t off) {
       copy_element(y + static_cast<size_t>(off) * es, u + static_cast<size_t>(i) * es, es);
     });

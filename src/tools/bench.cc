@@ -297,7 +297,6 @@ nlohmann::json bench_cpu_one(const BenchOptions& o, int64_t batch) {
   return time_engine_runs(o, engine, build_s, batch, build.input_shapes);
 }
 
-
 #if KILN_WITH_CUDA
 // Opens the engine a GPU bench runs: the engine file, or the model built with the options (at
 // `batch` for a static build; batch <= 0: as the options say).
