@@ -20,9 +20,9 @@ On the GPU machine (carrying build-gpu/dist, build-gpu/pyxz and build-gpu/servin
    --seconds after a warm-up. On one GPU: requests of one image at each --concurrency, with the
    image in the request ("grpc") and, at the smallest and largest, in a system shared-memory region
    the client registered ("shm", perf_analyzer's --shared-memory system); requests of
-   --large-request-rows images both ways; and one gRPC stream (ModelStreamInfer) of one-image
-   frames with 1, 8 and 32 in flight ("grpc stream": a video's frames). On --gpus GPUs: the
-   largest concurrency of one image both ways, and the large requests. Throughput is answered
+   --large-request-rows images (one size or several) both ways; and one gRPC stream
+   (ModelStreamInfer) of one-image frames with 1, 8 and 32 in flight ("grpc stream": a video's
+   frames). On --gpus GPUs: the largest concurrency of one image both ways, and the large requests. Throughput is answered
    images per second; latencies are each request's (frame's), from send to answer.
 
 Step 4 runs before 2 and 3: those leave this process's CUDA state on every GPU, which no server
@@ -371,7 +371,8 @@ def main() -> int:
     p.add_argument("--max-queue-delay-us", type=int, default=0)
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--concurrency", default="1,4,16,64,256")
-    p.add_argument("--large-request-rows", type=int, default=16)
+    p.add_argument("--large-request-rows", default="16",
+                   help="images per large request, or several (16,64): each size at two concurrencies")
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--client-processes", type=int, default=8)
@@ -415,9 +416,8 @@ def main() -> int:
     else:
         engine = onnx
     top = max(concurrencies)
-    large_rows = args.large_request_rows
-    large = [(c, large_rows, t) for c in sorted({max(1, top // (4 * large_rows)), max(1, top // large_rows)})
-             for t in ("grpc", "shm")] if large_rows > 1 else []
+    large = [(c, rows, t) for rows in (int(r) for r in str(args.large_request_rows).split(",")) if rows > 1
+             for c in sorted({max(1, top // (4 * rows)), max(1, top // rows)}) for t in ("grpc", "shm")]
     one_gpu = ([(c, 1, "grpc") for c in concurrencies] + [(c, 1, "shm") for c in (1, top)] + large
                + [(w, 1, "stream") for w in (1, 8, 32)])
     result["server"] = serve_sweep(engine, args.model, name, args.size, args.device, [0], args.max_batch,

@@ -182,6 +182,8 @@ class Context {
   // context's transfer buffer: there is no concatenated copy on the host first.
   std::map<std::string, Tensor> run_concatenated(const std::map<std::string, std::vector<Tensor>>& pieces,
                                                  int64_t zero_rows = 0);
+  // (run() and run_concatenated(): an input, or a piece, that lies in page-locked host memory,
+  // such as a PinnedHostMemory's, is copied straight to the device instead.)
   // Times every layer of one run at the current shapes (no CUDA graph); waits.
   std::vector<LayerTiming> profile(void* cuda_stream);
 
@@ -191,6 +193,30 @@ class Context {
   friend class Engine;
   explicit Context(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
+};
+
+// Host memory the GPU copies from directly: page-locked for every GPU (cudaHostRegister) while this
+// object lives. A Context's run() and run_concatenated() copy an input lying in it straight to
+// the device, with no CPU copy into the context's transfer buffer first: what a server wants for
+// inputs a client leaves in shared memory. The caller keeps the memory mapped while the object
+// lives. `gpu`: the device current while it registers (the registration holds for every GPU).
+// Throws kiln::Error (kUnsupported without the CUDA backend, kDevice when the driver refuses: no
+// GPU, memory it cannot lock).
+class PinnedHostMemory {
+ public:
+  PinnedHostMemory(void* address, size_t bytes, int gpu = 0);
+  ~PinnedHostMemory();
+  PinnedHostMemory(PinnedHostMemory&& other) noexcept;
+  PinnedHostMemory& operator=(PinnedHostMemory&& other) noexcept;
+  PinnedHostMemory(const PinnedHostMemory&) = delete;
+  PinnedHostMemory& operator=(const PinnedHostMemory&) = delete;
+  void* data() const { return address_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* address_ = nullptr;
+  size_t bytes_ = 0;
+  int gpu_ = 0;
 };
 
 }  // namespace kiln

@@ -644,6 +644,45 @@ PYBIND11_MODULE(_kiln, m) {
         return timing_rows(timings);
       }, py::arg("cuda_stream") = 0);
 
+  // Host memory pinned for the GPU, read through the buffer protocol: arrays over it (numpy's
+  // frombuffer) keep it pinned, and it keeps the memory it was made from exported, so neither
+  // goes while a run may still copy from it.
+  struct PinnedBuffer {
+    py::buffer owner;
+    py::buffer_info view;
+    std::unique_ptr<PinnedHostMemory> pin;  // last: unregistered before the view is released
+  };
+  py::class_<PinnedBuffer>(m, "PinnedHostMemory", py::buffer_protocol(),
+                           "Host memory page-locked for the GPU while this object lives: Context.run and "
+                           "run_concatenated copy inputs lying in it (arrays over it: numpy.frombuffer) straight to "
+                           "the device. Made from a writable buffer (an mmap, a bytearray, a numpy array); it reads "
+                           "as that buffer's bytes")
+      .def(py::init([](py::buffer memory, int gpu) {
+             auto b = std::make_unique<PinnedBuffer>();
+             b->owner = memory;
+             b->view = memory.request(true);
+             const size_t bytes = static_cast<size_t>(b->view.size) * static_cast<size_t>(b->view.itemsize);
+             bool dense = true;
+             ssize_t stride = b->view.itemsize;
+             for (ssize_t d = b->view.ndim - 1; d >= 0; --d) {
+               if (b->view.shape[static_cast<size_t>(d)] > 1 && b->view.strides[static_cast<size_t>(d)] != stride) dense = false;
+               stride *= b->view.shape[static_cast<size_t>(d)];
+             }
+             if (!dense) throw Error(ErrorKind::kInvalidArgument, "memory to pin must be contiguous");
+             {
+               py::gil_scoped_release release;
+               b->pin = std::make_unique<PinnedHostMemory>(b->view.ptr, bytes, gpu);
+             }
+             return b;
+           }),
+           py::arg("memory"), py::arg("gpu") = 0)
+      .def_buffer([](PinnedBuffer& b) {
+        return py::buffer_info(b.pin->data(), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<ssize_t>(b.pin->size())}, {static_cast<ssize_t>(1)}, false);
+      })
+      .def("__len__", [](const PinnedBuffer& b) { return b.pin->size(); })
+      .def_property_readonly("address", [](const PinnedBuffer& b) { return reinterpret_cast<uintptr_t>(b.pin->data()); });
+
   m.def(
       "model_inputs",
       [](const std::string& path) {

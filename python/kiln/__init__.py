@@ -33,13 +33,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ._kiln import (BuildOptions, Context, DeviceError, Engine, Error, InternalError, InvalidArgumentError,  # noqa: F401
-                    InvalidModelError, IoError, ShapeRange, TensorDesc, UnsupportedError, __version__, cpu_threads,
-                    has_cuda, model_inputs, set_cpu_threads)
+                    InvalidModelError, IoError, PinnedHostMemory, ShapeRange, TensorDesc, UnsupportedError, __version__,
+                    cpu_threads, has_cuda, model_inputs, set_cpu_threads)
 from . import _kiln
 
 __all__ = ["Builder", "BuildOptions", "Context", "DeviceTensor", "Engine", "Error", "InvalidModelError",
            "UnsupportedError", "InvalidArgumentError", "IoError", "DeviceError", "InternalError", "InferenceSession",
-           "ShapeRange", "TensorDesc", "calibrate", "simplify", "has_cuda", "model_inputs", "set_cpu_threads",
+           "PinnedHostMemory", "ShapeRange", "TensorDesc", "calibrate", "simplify", "has_cuda", "model_inputs", "set_cpu_threads",
            "cpu_threads", "__version__"]
 
 

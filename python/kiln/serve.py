@@ -133,7 +133,8 @@ def planned_batch_sizes(max_batch: int) -> list[int]:
 
 class _Run:
     """One engine run a batch can go to. A GPU context takes a batch's requests as pieces
-    (Context.run_concatenated copies each once, into its pinned transfer buffer); another run gets
+    (Context.run_concatenated copies each once, into its pinned transfer buffer, or straight to the
+    device from a pinned shared-memory region); another run gets
     them gathered in arrays of its own, reused from batch to batch (no fresh memory, so no page
     faults, for every batch)."""
 
@@ -1024,6 +1025,11 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.write(f"kiln: error: kiln serve: model '{name}' ({path}) cannot be served: {e}\n")
                 return 1
             models.append(m)
+        # Inputs clients leave in shared memory go from there to a GPU directly: the objects are
+        # pinned as they are registered (the registration holds for every GPU).
+        gpu_models = [m for m in models if m.kiln_engine.backend == "cuda"]
+        if gpu_models:
+            shared_memory.REGIONS.pin_gpu = gpu_models[0].config.gpus[0]
     from kserve.model_server import app
 
     # A JSON body spells each value in several bytes: it may be 8 times --max-request-mb, and a

@@ -11,9 +11,14 @@ The server maps objects of /dev/shm only: a key is one name (a leading '/' allow
 object must be a regular file (no link followed) at least offset + byte_size long, and every read or
 write stays inside its region. A region unregistered while requests still read it stays mapped
 until they finish.
+
+A server that runs models on a GPU pins each object it maps for the GPU (kiln.PinnedHostMemory), so
+an engine's context copies inputs from the region straight to the device; an object the driver
+will not pin is served unpinned (its inputs copied by the CPU first), with a warning.
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import re
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 SHM_FOLDER = "/dev/shm"
+log = logging.getLogger("kiln.serve")
 _KEY = re.compile(r"^/?[A-Za-z0-9._-]+$")
 
 
@@ -41,7 +47,7 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    memory: mmap.mmap  # the whole object, mapped
+    memory: object  # the whole object, mapped: an mmap, or a kiln.PinnedHostMemory over it
 
     def status(self) -> dict:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -59,6 +65,8 @@ class Regions:
     def __init__(self):
         self._regions: dict[str, Region] = {}
         self._lock = threading.Lock()
+        # The GPU to pin mapped objects with (kiln.PinnedHostMemory); None: not pinned (CPU models).
+        self.pin_gpu: int | None = None
 
     def register(self, name: str, key: str, offset, byte_size) -> None:
         if not isinstance(name, str) or not name:
@@ -88,9 +96,10 @@ class Regions:
             memory = mmap.mmap(fd, info.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+        if self.pin_gpu is not None:
+            memory = _pinned(memory, self.pin_gpu, name)
         with self._lock:
             if name in self._regions:
-                memory.close()
                 raise SharedMemoryError(f"shared-memory region '{name}' is already registered")
             self._regions[name] = Region(name, key, offset, byte_size, memory)
 
@@ -145,6 +154,18 @@ class Regions:
             raise SharedMemoryError(f"{what}: the output is {array.nbytes} bytes; its region holds {size}")
         target = np.frombuffer(region.memory, dtype=np.uint8, count=array.nbytes, offset=start)
         target[:] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def _pinned(memory: mmap.mmap, gpu: int, name: str):
+    """The mapping pinned for the GPU, or itself when the driver refuses (said once per region)."""
+    import kiln
+
+    try:
+        return kiln.PinnedHostMemory(memory, gpu=gpu)
+    except kiln.Error as e:
+        log.warning("shared-memory region '%s' is not pinned for the GPU (%s): its inputs are copied by the CPU first",
+                    name, e)
+        return memory
 
 
 # The regions clients registered with this server process (every model reads them). Code that Ray

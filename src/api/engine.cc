@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "api/developer_environment.h"
 #include "compiler/backends.h"
@@ -193,5 +194,27 @@ void set_cpu_threads(int threads) {
 }
 
 int cpu_threads() { return cpu::thread_count(); }
+
+PinnedHostMemory::PinnedHostMemory(void* address, size_t bytes, int gpu) {
+  compiler::register_host_memory(address, bytes, gpu);
+  address_ = address;
+  bytes_ = bytes;
+  gpu_ = gpu;
+}
+
+PinnedHostMemory::~PinnedHostMemory() { compiler::unregister_host_memory(address_, gpu_); }
+
+PinnedHostMemory::PinnedHostMemory(PinnedHostMemory&& other) noexcept
+    : address_(std::exchange(other.address_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), gpu_(other.gpu_) {}
+
+PinnedHostMemory& PinnedHostMemory::operator=(PinnedHostMemory&& other) noexcept {
+  if (this != &other) {
+    compiler::unregister_host_memory(address_, gpu_);
+    address_ = std::exchange(other.address_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    gpu_ = other.gpu_;
+  }
+  return *this;
+}
 
 }  // namespace kiln

@@ -102,4 +102,24 @@ void check_device(Device device, int gpu, const nlohmann::json& recorded, const 
 #endif
 }
 
+void register_host_memory(void* address, size_t bytes, int gpu) {
+#if KILN_WITH_CUDA
+  cuda::register_host_memory(address, bytes, gpu);
+#else
+  (void)address;
+  (void)bytes;
+  (void)gpu;
+  no_cuda();
+#endif
+}
+
+void unregister_host_memory(void* address, int gpu) noexcept {
+#if KILN_WITH_CUDA
+  cuda::unregister_host_memory(address, gpu);
+#else
+  (void)address;
+  (void)gpu;
+#endif
+}
+
 }  // namespace kiln::compiler

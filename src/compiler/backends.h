@@ -29,4 +29,9 @@ nlohmann::json device_identity(Device device, int gpu);
 // an engine built for `device` where `recorded` (device_identity() there) was taken.
 void check_device(Device device, int gpu, const nlohmann::json& recorded, const std::string& engine_path);
 
+// Page-locks host memory for the GPUs (the CUDA backend's register_host_memory); throws
+// kUnsupported without the CUDA backend.
+void register_host_memory(void* address, size_t bytes, int gpu);
+void unregister_host_memory(void* address, int gpu) noexcept;
+
 }  // namespace kiln::compiler

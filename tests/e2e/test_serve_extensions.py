@@ -1,7 +1,8 @@
 """`kiln serve`'s protocol extensions through Triton's clients: system shared memory (inputs read
 and outputs written in a region the client registered, over HTTP and gRPC, hostile registrations
 and requests refused while the server keeps serving) and gRPC stream inference (ModelStreamInfer:
-each request of a stream answered, in order, an error answering only its own request).
+each request of a stream answered, in order, an error answering only its own request), and a
+region the GPU cannot pin served unpinned.
 
 Runs in the serving environment (.venv-serve) as tests/e2e/test_serve.py, whose Server it uses.
 """
@@ -144,6 +145,28 @@ def test_hostile_registrations_and_requests_are_refused_and_the_server_keeps_ser
         inp.set_data_from_numpy(image)
         np.testing.assert_allclose(client.infer("image_means", [inp]).as_numpy("mean"), image.mean(axis=(2, 3)),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_a_region_the_gpu_cannot_pin_is_served_unpinned(regions, caplog):
+    """A server of GPU models pins each object a client registers; where the driver refuses (here a
+    GPU that does not exist: no machine has GPU 99), the region is still registered, a warning names
+    it, and inputs read from it are what the client wrote."""
+    from kiln import shared_memory
+
+    with pytest.raises(kiln.Error, match="GPU 99|CUDA"):
+        kiln.PinnedHostMemory(bytearray(4096), gpu=99)
+    images = _images(5, 2)
+    region = regions(images.nbytes)
+    region.put(images)
+    served = shared_memory.Regions()
+    served.pin_gpu = 99
+    with caplog.at_level("WARNING", logger="kiln.serve"):
+        served.register("frames", region.key, 0, images.nbytes)
+    assert any("'frames' is not pinned for the GPU" in r.getMessage() for r in caplog.records)
+    got = served.read({"shared_memory_region": "frames", "shared_memory_byte_size": images.nbytes},
+                      np.dtype(np.float32), list(images.shape), "input 'image'")
+    np.testing.assert_array_equal(got, images)
+    served.unregister()
 
 
 def test_a_stream_of_requests_is_answered_in_order(kiln_bin, tmp_path):

@@ -163,6 +163,45 @@ def test_run_concatenated_is_run_of_the_joined_pieces(resnet18_64):
         context.run_concatenated({"input": parts}, zero_rows=3)
     with pytest.raises(kiln.Error, match="'input' is missing"):
         context.run_concatenated({"input": []})
+
+
+def test_pinned_host_memory_goes_to_the_device_directly(resnet18_64):
+    """Pieces lying in kiln.PinnedHostMemory (a server's shared-memory regions) are copied to the
+    device from where they lie, between pieces that go through the transfer buffer: the outputs
+    equal run() of the pieces joined; what the memory holds at each run is what runs (nothing
+    kept from the run before); an unaligned piece and an mmap work alike; the pin holds while
+    arrays over it live."""
+    import mmap
+
+    path, spec = resnet18_64
+    engine = kiln.Builder(precision="fp16", device="cuda",
+                          profiles=[{"input": ([1, 3, 64, 64], [8, 3, 64, 64], [8, 3, 64, 64])}]).build(path)
+    context = engine.create_context()
+    image_bytes = 3 * 64 * 64 * 4
+    region = mmap.mmap(-1, 6 * image_bytes + 4)
+    pinned = kiln.PinnedHostMemory(region)
+    assert len(pinned) == len(region) and pinned.address != 0
+    memory = np.frombuffer(pinned, dtype=np.uint8)
+    first = np.frombuffer(pinned, dtype=np.float32, count=3 * 3 * 64 * 64).reshape(3, 3, 64, 64)
+    # (4 bytes in: a piece that starts off any 16-byte boundary.)
+    second = np.frombuffer(pinned, dtype=np.float32, count=2 * 3 * 64 * 64, offset=3 * image_bytes + 4).reshape(2, 3, 64, 64)
+    unpinned = spec.make_inputs(1, 70)[0]
+    for seed in (1, 2):
+        first[:] = spec.make_inputs(3, 10 * seed)[0]
+        second[:] = spec.make_inputs(2, 10 * seed + 1)[0]
+        pieces = [first, unpinned, second]
+        want = context.run({"input": np.concatenate(pieces + [np.zeros((2, 3, 64, 64), np.float32)])})["output"]
+        got = context.run_concatenated({"input": pieces}, zero_rows=2)["output"]
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(context.run({"input": first})["output"], want[:3])
+    del pinned, region  # the arrays keep the pin and the mapping
+    np.testing.assert_array_equal(context.run_concatenated({"input": [second]})["output"],
+                                  context.run({"input": second.copy()})["output"])
+    assert memory.size == 6 * image_bytes + 4
+    with pytest.raises(BufferError):
+        kiln.PinnedHostMemory(bytes(64))  # read-only
+    with pytest.raises(kiln.Error, match="contiguous"):
+        kiln.PinnedHostMemory(np.zeros((4, 4), np.float32)[:, ::2])
     np.testing.assert_array_equal(context.run_concatenated({"input": parts}, zero_rows=2)["output"], want)
 
 

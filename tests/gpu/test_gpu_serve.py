@@ -1,7 +1,7 @@
 """`kiln serve --device cuda` on one GPU: an fp16 engine built from ONNX with a profile up to
 --max-batch, cached beside the model and loaded from there next time; requests of any row count
 answered like the CPU engine (batches padded to the planned sizes); many clients at once batched
-over two contexts; a GPU the machine does not have refused with one line (kiln serve, kiln build
+over two contexts; inputs in a shared-memory region, which the server pins for the GPU; a GPU the machine does not have refused with one line (kiln serve, kiln build
 and the Python API).
 
 Needs the serving packages (KServe, tritonclient) on the GPU machine's Python: they travel as
@@ -59,6 +59,43 @@ def test_many_clients_are_batched_and_each_gets_its_rows(served):
     runs = runs_by_device(server, "resnet18")
     assert set(runs) == {"0"}
     assert 0 < runs["0"] - before < len(requests)  # batched: fewer engine runs than requests
+
+
+def test_inputs_in_shared_memory_go_to_the_gpu_from_the_region(served):
+    """Inputs a client leaves in a system shared-memory region (pinned for the GPU at registration,
+    so contexts copy them from there): each request, alone and batched with others, is answered
+    like the CPU engine; the region is rewritten between rounds and the answers follow it."""
+    import tritonclient.grpc as grpc
+    import tritonclient.utils.shared_memory as shm
+
+    server, _, spec, cpu = served
+    client = grpc.InferenceServerClient(f"localhost:{server.grpc_port}")
+    rows = [1, 2, 3, 1, 4, 2, 1, 2]
+    image_bytes = 3 * 64 * 64 * 4
+    offsets = [sum(rows[:i]) * image_bytes for i in range(len(rows))]
+    key = f"/kiln_gpu_test_{os.getpid()}"
+    handle = shm.create_shared_memory_region(key.strip("/"), key, sum(rows) * image_bytes)
+    try:
+        client.register_system_shared_memory("images", key, sum(rows) * image_bytes)
+
+        def infer(i):
+            inp = grpc.InferInput("input", [rows[i], 3, 64, 64], "FP32")
+            inp.set_shared_memory("images", rows[i] * image_bytes, offset=offsets[i])
+            return client.infer("resnet18", [inp]).as_numpy("output")
+
+        for round_ in range(2):
+            xs = [spec.make_inputs(r, 200 + 10 * round_ + i)[0] for i, r in enumerate(rows)]
+            for x, offset in zip(xs, offsets):
+                shm.set_shared_memory_region(handle, [x], offset=offset)
+            with concurrent.futures.ThreadPoolExecutor(len(rows)) as pool:
+                answers = list(pool.map(infer, range(len(rows))))
+            for x, got in zip(xs, answers):
+                assert got.shape == (len(x), 1000)
+                assert rel_l2(got, cpu.run({"input": x})["output"]) < 1e-2
+        client.unregister_system_shared_memory("images")
+    finally:
+        shm.destroy_shared_memory_region(handle)
+    assert "not pinned" not in server.output()
 
 
 def test_the_engine_is_cached_beside_the_model_and_loaded_from_there(served, kiln_bin, tmp_path):

@@ -388,4 +388,21 @@ void check_device(int gpu, const nlohmann::json& built, const std::string& engin
   check_gpu_architecture(prop);
 }
 
+void register_host_memory(void* address, size_t bytes, int gpu) {
+  if (!address || bytes == 0) throw Error(ErrorKind::kInvalidArgument, "host memory to pin is empty");
+  DeviceScope on(gpu);
+  const cudaError_t status = cudaHostRegister(address, bytes, cudaHostRegisterPortable);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw Error(ErrorKind::kDevice, "cannot pin " + std::to_string(bytes) + " bytes of host memory for the GPU: " +
+                                         cudaGetErrorString(status));
+  }
+}
+
+void unregister_host_memory(void* address, int gpu) noexcept {
+  if (!address) return;
+  DeviceScope on(gpu, false);
+  if (cudaHostUnregister(address) != cudaSuccess) (void)cudaGetLastError();
+}
+
 }  // namespace kiln::cuda

@@ -35,4 +35,11 @@ nlohmann::json device_identity(int gpu);
 // cuBLASLt), or when there is no GPU `gpu`.
 void check_device(int gpu, const nlohmann::json& built, const std::string& engine_path);
 
+// Page-locks `bytes` of host memory at `address` for every GPU (cudaHostRegister, portable; the
+// registration made with GPU `gpu` current), so copies from it go to a device directly; throws
+// kiln::Error with the driver's reason when it refuses. unregister_host_memory() undoes it (the
+// memory must stay mapped until then).
+void register_host_memory(void* address, size_t bytes, int gpu);
+void unregister_host_memory(void* address, int gpu) noexcept;
+
 }  // namespace kiln::cuda

@@ -658,6 +658,20 @@ cudaGraph_t CudaContext::capture(const Bound& b, cudaStream_t stream) {
   return graph;
 }
 
+namespace {
+
+// Host memory the GPU reads directly: cudaHostAlloc's, or registered (PinnedHostMemory).
+bool is_page_locked(const void* address) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, address) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeHost;
+}
+
+}  // namespace
+
 std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tensor>& inputs, cudaStream_t stream) {
   std::map<std::string, std::vector<Tensor>> pieces;
   for (const auto& [name, t] : inputs) pieces[name].push_back(t);
@@ -747,15 +761,32 @@ std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::
     const IoSlot& slot = engine_.io()[i];
     if (!slot.is_input || engine_.is_value_input(slot.name)) continue;
     // The shapes lie within a profile, so the pinned staging (sized for the largest) holds them.
+    // A piece in page-locked memory (PinnedHostMemory) goes to the device directly; the others
+    // are copied into the staging at their offsets, each run of them sent by one copy.
     auto* staging = static_cast<unsigned char*>(pinned_[i]);
+    auto* device = static_cast<unsigned char*>(io_buffers_[i]);
     size_t offset = 0;
+    size_t staged_from = 0;  // the start of the staged run not yet sent
+    auto send_staged = [&] {
+      if (offset > staged_from)
+        KILN_CUDA_CHECK(cudaMemcpyAsync(device + staged_from, staging + staged_from, offset - staged_from,
+                                        cudaMemcpyHostToDevice, stream));
+    };
     for (const Tensor& t : pieces.at(slot.name)) {
-      if (t.nbytes()) std::memcpy(staging + offset, t.raw(), t.nbytes());
-      offset += t.nbytes();
+      if (!t.nbytes()) continue;
+      if (is_page_locked(t.raw())) {
+        send_staged();
+        KILN_CUDA_CHECK(cudaMemcpyAsync(device + offset, t.raw(), t.nbytes(), cudaMemcpyHostToDevice, stream));
+        offset += t.nbytes();
+        staged_from = offset;
+      } else {
+        std::memcpy(staging + offset, t.raw(), t.nbytes());
+        offset += t.nbytes();
+      }
     }
+    send_staged();
     const size_t bytes = shape_bytes(shapes.at(slot.name), slot.dtype);
-    std::memset(staging + offset, 0, bytes - offset);
-    KILN_CUDA_CHECK(cudaMemcpyAsync(io_buffers_[i], pinned_[i], bytes, cudaMemcpyHostToDevice, stream));
+    if (bytes > offset) KILN_CUDA_CHECK(cudaMemsetAsync(device + offset, 0, bytes - offset, stream));
   }
   const ShapePlan& plan = *bound().plan;
   for (const PlannedLayer& l : plan.layers()) l.layer->take_failure();  // of an enqueue() before: not this run's
