@@ -163,14 +163,15 @@ def test_run_concatenated_is_run_of_the_joined_pieces(resnet18_64):
         context.run_concatenated({"input": parts}, zero_rows=3)
     with pytest.raises(kiln.Error, match="'input' is missing"):
         context.run_concatenated({"input": []})
+    np.testing.assert_array_equal(context.run_concatenated({"input": parts}, zero_rows=2)["output"], want)
 
 
 def test_pinned_host_memory_goes_to_the_device_directly(resnet18_64):
     """Pieces lying in kiln.PinnedHostMemory (a server's shared-memory regions) are copied to the
     device from where they lie, between pieces that go through the transfer buffer: the outputs
-    equal run() of the pieces joined; what the memory holds at each run is what runs (nothing
-    kept from the run before); an unaligned piece and an mmap work alike; the pin holds while
-    arrays over it live."""
+    equal run() of the pieces joined, a run of one pinned array that of its copy; what the memory
+    holds at each run is what runs (nothing kept from the run before); an unaligned piece and an
+    mmap work alike; the pin holds while arrays over it live."""
     import mmap
 
     path, spec = resnet18_64
@@ -193,7 +194,8 @@ def test_pinned_host_memory_goes_to_the_device_directly(resnet18_64):
         want = context.run({"input": np.concatenate(pieces + [np.zeros((2, 3, 64, 64), np.float32)])})["output"]
         got = context.run_concatenated({"input": pieces}, zero_rows=2)["output"]
         np.testing.assert_array_equal(got, want)
-        np.testing.assert_array_equal(context.run({"input": first})["output"], want[:3])
+        np.testing.assert_array_equal(context.run({"input": first})["output"],
+                                      context.run({"input": first.copy()})["output"])  # the same plan
     del pinned, region  # the arrays keep the pin and the mapping
     np.testing.assert_array_equal(context.run_concatenated({"input": [second]})["output"],
                                   context.run({"input": second.copy()})["output"])
@@ -202,7 +204,6 @@ def test_pinned_host_memory_goes_to_the_device_directly(resnet18_64):
         kiln.PinnedHostMemory(bytes(64))  # read-only
     with pytest.raises(kiln.Error, match="contiguous"):
         kiln.PinnedHostMemory(np.zeros((4, 4), np.float32)[:, ::2])
-    np.testing.assert_array_equal(context.run_concatenated({"input": parts}, zero_rows=2)["output"], want)
 
 
 class _DlpackOnly:
