@@ -22,8 +22,13 @@ On the GPU machine (carrying build-gpu/dist, build-gpu/pyxz and build-gpu/servin
    the client registered ("shm", perf_analyzer's --shared-memory system); requests of
    --large-request-rows images (one size or several) both ways; and one gRPC stream
    (ModelStreamInfer) of one-image frames with 1, 8 and 32 in flight ("grpc stream": a video's
-   frames). On --gpus GPUs: the largest concurrency of one image both ways, and the large requests. Throughput is answered
-   images per second; latencies are each request's (frame's), from send to answer.
+   frames). On --gpus GPUs: the largest concurrency of one image both ways, and the large requests.
+   Throughput is answered images per second; latencies are each request's (frame's), from send to
+   answer. Each row also has, from the server's metrics, its mean engine run (mean_run_ms: the
+   batch copied in, run and copied out; kiln_compute_seconds), a request's mean wait to be batched
+   (mean_queue_ms) and its mean time in the model's predict (mean_predict_ms: checks, queue, run,
+   the answer built; KServe's request_predict_seconds); the rest of a latency is the protocol
+   front (KServe's gRPC server, decoding and encoding), the socket and the client.
 
 Step 4 runs before 2 and 3: those leave this process's CUDA state on every GPU, which no server
 should share a GPU with while it is measured.
@@ -265,7 +270,13 @@ class Served:
             if labels.get("model") == model:
                 runs[labels["device"]] = float(count)
         return {"batch_rows_sum": value(rf'^kiln_batch_size_sum{{model="{model}"}} (\S+)$'),
-                "batches": value(rf'^kiln_batch_size_count{{model="{model}"}} (\S+)$'), "runs_by_device": runs}
+                "batches": value(rf'^kiln_batch_size_count{{model="{model}"}} (\S+)$'),
+                "compute_seconds_sum": value(rf'^kiln_compute_seconds_sum{{model="{model}"}} (\S+)$'),
+                "queue_seconds_sum": value(rf'^kiln_queue_seconds_sum{{model="{model}"}} (\S+)$'),
+                "queued": value(rf'^kiln_queue_seconds_count{{model="{model}"}} (\S+)$'),
+                "predict_seconds_sum": value(rf'^request_predict_seconds_sum{{model_name="{model}"}} (\S+)$'),
+                "predicts": value(rf'^request_predict_seconds_count{{model_name="{model}"}} (\S+)$'),
+                "runs_by_device": runs}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -301,10 +312,23 @@ def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus
             batches = after["batches"] - before["batches"]
             r["gpus"] = gpus if device == "cuda" else []
             r["mean_batch_rows"] = (after["batch_rows_sum"] - before["batch_rows_sum"]) / batches if batches else 0.0
+            # Where a request's time goes inside the server: an engine run (the batch gathered and
+            # copied in, run, copied out: kiln_compute_seconds) and the wait to be batched; the
+            # rest of its latency is the protocol, Python and the client.
+            queued = after["queued"] - before["queued"]
+            r["mean_run_ms"] = 1000 * (after["compute_seconds_sum"] - before["compute_seconds_sum"]) / batches \
+                if batches else 0.0
+            r["mean_queue_ms"] = 1000 * (after["queue_seconds_sum"] - before["queue_seconds_sum"]) / queued \
+                if queued else 0.0
+            predicts = after["predicts"] - before["predicts"]
+            r["mean_predict_ms"] = 1000 * (after["predict_seconds_sum"] - before["predict_seconds_sum"]) / predicts \
+                if predicts else 0.0
             r["runs_by_device"] = {d: v - before["runs_by_device"].get(d, 0.0) for d, v in after["runs_by_device"].items()}
             print(f"  {label} {r['transport']:11s} {c:4d} in flight x {rows_per_request:3d} images: "
                   f"{r['throughput_per_s']:9.1f} img/s  p50 {r['latency_ms']['p50']:8.3f} ms  "
-                  f"p99 {r['latency_ms']['p99']:8.3f} ms  mean batch {r['mean_batch_rows']:.1f}  errors {r['errors']}",
+                  f"p99 {r['latency_ms']['p99']:8.3f} ms  mean batch {r['mean_batch_rows']:.1f}  run "
+                  f"{r['mean_run_ms']:.2f} ms  queued {r['mean_queue_ms']:.2f} ms  in the model "
+                  f"{r['mean_predict_ms']:.2f} ms  errors {r['errors']}",
                   flush=True)
             rows.append(r)
     finally:

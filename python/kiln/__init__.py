@@ -39,8 +39,8 @@ from . import _kiln
 
 __all__ = ["Builder", "BuildOptions", "Context", "DeviceTensor", "Engine", "Error", "InvalidModelError",
            "UnsupportedError", "InvalidArgumentError", "IoError", "DeviceError", "InternalError", "InferenceSession",
-           "PinnedHostMemory", "ShapeRange", "TensorDesc", "calibrate", "simplify", "has_cuda", "model_inputs", "set_cpu_threads",
-           "cpu_threads", "__version__"]
+           "PinnedHostMemory", "ShapeRange", "TensorDesc", "calibrate", "simplify", "has_cuda", "model_inputs",
+           "set_cpu_threads", "cpu_threads", "__version__"]
 
 
 def _as_numpy(batch: Any):

@@ -134,9 +134,8 @@ def planned_batch_sizes(max_batch: int) -> list[int]:
 class _Run:
     """One engine run a batch can go to. A GPU context takes a batch's requests as pieces
     (Context.run_concatenated copies each once, into its pinned transfer buffer, or straight to the
-    device from a pinned shared-memory region); another run gets
-    them gathered in arrays of its own, reused from batch to batch (no fresh memory, so no page
-    faults, for every batch)."""
+    device from a pinned shared-memory region); another run gets them gathered in arrays of its
+    own, reused from batch to batch (no fresh memory, so no page faults, for every batch)."""
 
     def __init__(self, device: str, run, run_pieces=None):
         self.device = device

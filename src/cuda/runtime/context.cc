@@ -661,13 +661,19 @@ cudaGraph_t CudaContext::capture(const Bound& b, cudaStream_t stream) {
 namespace {
 
 // Host memory the GPU reads directly: cudaHostAlloc's, or registered (PinnedHostMemory).
-bool is_page_locked(const void* address) {
+bool is_page_locked_byte(const void* address) {
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, address) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
   return attributes.type == cudaMemoryTypeHost;
+}
+
+// Both ends: a tensor that runs past the end of a pinned range goes through the staging buffer.
+bool is_page_locked(const Tensor& t) {
+  const auto* bytes = static_cast<const unsigned char*>(t.raw());
+  return is_page_locked_byte(bytes) && is_page_locked_byte(bytes + t.nbytes() - 1);
 }
 
 }  // namespace
@@ -774,7 +780,7 @@ std::map<std::string, Tensor> CudaContext::run_concatenated(const std::map<std::
     };
     for (const Tensor& t : pieces.at(slot.name)) {
       if (!t.nbytes()) continue;
-      if (is_page_locked(t.raw())) {
+      if (is_page_locked(t)) {
         send_staged();
         KILN_CUDA_CHECK(cudaMemcpyAsync(device + offset, t.raw(), t.nbytes(), cudaMemcpyHostToDevice, stream));
         offset += t.nbytes();
