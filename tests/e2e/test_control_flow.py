@@ -289,6 +289,57 @@ def test_a_loop_extending_a_value_by_a_piece_that_does_not_fit_is_refused(run_ki
                  f"hist0={tmp_path / 'hist0.npy'}")
     assert r.returncode != 0 and "grow" in r.stderr and "1x3" in r.stderr and "0x4" in r.stderr, r.stderr
 
+def _growing_loop(path, piece_rows_grow: bool) -> None:
+    """Loop(M, go, hist0) whose body appends to hist a piece of value i: 2 rows each iteration, or
+    i + 1 rows when piece_rows_grow; it stops once i reaches `stop` (an outer-scope input)."""
+    two = numpy_helper.from_array(np.array([2], np.int64), "two")
+    width = numpy_helper.from_array(np.array([3], np.int64), "width")
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    rows = [helper.make_node("Add", ["i", "one"], ["i1"]), helper.make_node("Unsqueeze", ["i1", "axis0"], ["rows"])] \
+        if piece_rows_grow else [helper.make_node("Identity", ["two"], ["rows"])]
+    body = helper.make_graph(
+        rows + [helper.make_node("Concat", ["rows", "width"], ["shape"], axis=0),
+                helper.make_node("ConstantOfShape", ["shape"], ["ones"],
+                                 value=numpy_helper.from_array(np.array([1], np.float32))),
+                helper.make_node("Cast", ["i"], ["i_float"], to=TensorProto.FLOAT),
+                helper.make_node("Mul", ["ones", "i_float"], ["piece"]),
+                helper.make_node("Concat", ["hist_in", "piece"], ["hist_out"], axis=0),
+                helper.make_node("Add", ["i", "one"], ["next"]),
+                helper.make_node("Less", ["next", "stop"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("hist_in", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("hist_out", TensorProto.FLOAT, [None, 3])],
+        [two, width, one, numpy_helper.from_array(np.array([0], np.int64), "axis0")])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "go", "hist0"], ["hist"], body=body)], "grow",
+        [helper.make_tensor_value_info("M", TensorProto.INT64, []), helper.make_tensor_value_info("go", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("stop", TensorProto.INT64, []),
+         helper.make_tensor_value_info("hist0", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info("hist", TensorProto.FLOAT, [None, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+
+
+@pytest.mark.parametrize("piece_rows_grow", [False, True], ids=["equal_pieces", "growing_pieces"])
+def test_a_loop_extending_a_value_matches_onnxruntime_however_it_ends(run_kiln, tmp_path, piece_rows_grow):
+    """The appended value's buffer is reserved for the trip count at the first piece's size: the
+    loop that runs all its trips (the buffer becomes the value), the one its condition stops after
+    a few of many trips (most of the room unused: copied out), pieces that grow each iteration
+    (doubling past the reservation) and an initial value of rows or none all match ONNX Runtime."""
+    path = tmp_path / "grow.onnx"
+    _growing_loop(path, piece_rows_grow)
+    for m, stop, initial_rows in ((40, 1000, 0), (40, 1000, 3), (100000, 5, 1), (1, 1000, 0), (0, 1000, 2)):
+        feed = {"M": np.array(m, np.int64), "go": np.array(True), "stop": np.array(stop, np.int64),
+                "hist0": np.arange(initial_rows * 3, dtype=np.float32).reshape(initial_rows, 3) - 7}
+        got, want = run_both(run_kiln, tmp_path, path, feed)
+        iterations = min(m, stop)
+        pieces = sum(i + 1 for i in range(iterations)) if piece_rows_grow else 2 * iterations
+        assert got["hist"].shape == (initial_rows + pieces, 3), (m, stop, initial_rows)
+        np.testing.assert_array_equal(got["hist"], want["hist"])
+
+
 # --- torchvision's detection models: their box selection (batched NMS) runs in an If --------------
 
 THRESHOLDS = {"fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh": 0.0}, "retinanet_resnet50_fpn": {"score_thresh": 0.0},
