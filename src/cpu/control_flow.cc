@@ -7,6 +7,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <new>
 
 #include "cpu/engine.h"
 #include "cpu/kernel.h"
@@ -209,12 +210,20 @@ class LoopKernel : public Kernel {
       ++pieces;
       if (used + bytes > capacity()) {
         size_t want = std::max(used + bytes, 2 * capacity());
-        // The pieces still to come, if they are of this one's size (each at most what fits).
+        // The pieces still to come, if they are of this one's size, while that is at most a
+        // quarter of the machine's memory (a condition may end the loop long before its trip
+        // count; past that the buffer doubles).
         const int64_t left = pieces_expected - pieces;
-        if (left > 0 && bytes > 0 && static_cast<size_t>(left) <= (memory - used - bytes) / bytes)
+        if (left > 0 && bytes > 0 && static_cast<size_t>(left) <= (memory / 4 - std::min(memory / 4, used + bytes)) / bytes)
           want = std::max(want, used + bytes * (static_cast<size_t>(left) + 1));
         want = std::min(want, memory);
-        Tensor grown = Tensor::uninitialized(DType::kUInt8, {static_cast<int64_t>(want)});
+        Tensor grown;
+        try {
+          grown = Tensor::uninitialized(DType::kUInt8, {static_cast<int64_t>(want)});
+        } catch (const std::bad_alloc&) {
+          throw node.error(ErrorKind::kUnsupported, "carried value " + std::to_string(k) + " cannot grow to " +
+                                                        std::to_string(want) + " bytes: out of memory");
+        }
         if (used) std::memcpy(grown.raw(), buffer.raw(), used);
         buffer = std::move(grown);
       }
