@@ -131,7 +131,7 @@ class LoopKernel : public Kernel {
     size_t scan_bytes = 0;
     std::vector<Appended> grown(carried_);
     for (size_t k = 0; k < carried_; ++k)
-      if (appended_[k]) grown[k].start(node_, k, feed[2 + k], inputs[0] ? std::max<int64_t>(trips, 0) : 0);
+      if (appended_[k]) grown[k].start(node_, k, feed[2 + k]);
     for (int64_t i = 0; i < trips && cond; ++i) {
       if (i == kMaxLoopIterations)
         throw node_.error(ErrorKind::kUnsupported, "ran " + std::to_string(kMaxLoopIterations) + " iterations without stopping");
@@ -140,8 +140,9 @@ class LoopKernel : public Kernel {
       std::map<std::string, Tensor> result = body_.run(feed);
       cond = result.at(body_.outputs[0]).value_as_double(0) != 0;
       // Appended pieces first: a piece may also be another output of the body, moved out below.
+      // (With a trip count, the iterations after this one bound the pieces still to come.)
       for (size_t k = 0; k < carried_; ++k)
-        if (appended_[k]) grown[k].append(node_, k, result.at(body_.outputs[1 + k]));
+        if (appended_[k]) grown[k].append(node_, k, result.at(body_.outputs[1 + k]), inputs[0] ? trips - i - 1 : 0);
       for (size_t k = 0; k < carried_; ++k)
         if (!appended_[k]) feed[2 + k] = std::move(result.at(body_.outputs[1 + k]));
       for (size_t k = 0; k < scan_count; ++k) {
@@ -174,12 +175,10 @@ class LoopKernel : public Kernel {
     int64_t rows = 0;
     Tensor buffer;  // uint8 bytes, `used` of them filled
     size_t used = 0;
-    int64_t pieces_expected = 0;  // the trip count, 0 without one
-    int64_t pieces = 0;
 
     size_t capacity() const { return static_cast<size_t>(buffer.nbytes()); }
 
-    void start(const ir::Node& node, size_t k, const Tensor& initial, int64_t trips) {
+    void start(const ir::Node& node, size_t k, const Tensor& initial) {
       if (initial.rank() == 0)
         throw node.error(ErrorKind::kInvalidArgument, "carried value " + std::to_string(k) +
                                                           " is a scalar, which its body's Concat cannot extend");
@@ -188,13 +187,10 @@ class LoopKernel : public Kernel {
       rows = 0;
       buffer = Tensor();
       used = 0;
-      pieces_expected = 0;
-      pieces = 0;
-      append(node, k, initial);
-      pieces_expected = trips;
-      pieces = 0;
+      append(node, k, initial, 0);
     }
-    void append(const ir::Node& node, size_t k, const Tensor& piece) {
+    // `pieces_after`: how many pieces may still come (0: unknown).
+    void append(const ir::Node& node, size_t k, const Tensor& piece, int64_t pieces_after) {
       if (piece.dtype() != dtype || piece.rank() != static_cast<int>(row_shape.size()) + 1 ||
           !std::equal(row_shape.begin(), row_shape.end(), piece.shape().begin() + 1))
         throw node.error(ErrorKind::kInvalidArgument,
@@ -207,15 +203,14 @@ class LoopKernel : public Kernel {
       if (used + bytes > memory)
         throw node.error(ErrorKind::kUnsupported, "carried value " + std::to_string(k) + " grows past the machine's memory (" +
                                                       std::to_string(used + bytes) + " bytes)");
-      ++pieces;
       if (used + bytes > capacity()) {
         size_t want = std::max(used + bytes, 2 * capacity());
         // The pieces still to come, if they are of this one's size, while that is at most a
         // quarter of the machine's memory (a condition may end the loop long before its trip
         // count; past that the buffer doubles).
-        const int64_t left = pieces_expected - pieces;
-        if (left > 0 && bytes > 0 && static_cast<size_t>(left) <= (memory / 4 - std::min(memory / 4, used + bytes)) / bytes)
-          want = std::max(want, used + bytes * (static_cast<size_t>(left) + 1));
+        if (pieces_after > 0 && bytes > 0 &&
+            static_cast<size_t>(pieces_after) <= (memory / 4 - std::min(memory / 4, used + bytes)) / bytes)
+          want = std::max(want, used + bytes * (static_cast<size_t>(pieces_after) + 1));
         want = std::min(want, memory);
         Tensor grown;
         try {

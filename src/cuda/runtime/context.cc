@@ -323,6 +323,24 @@ bool allocation_range(void* address, uintptr_t& start, size_t& size) {
   return true;
 }
 
+// The runtime's view of `address`: type cudaMemoryTypeUnregistered where it knows nothing of it.
+cudaPointerAttributes pointer_attributes(const void* address) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, address) != cudaSuccess) {
+    (void)cudaGetLastError();
+    attributes.type = cudaMemoryTypeUnregistered;
+  }
+  return attributes;
+}
+
+// Host memory the GPU reads directly (cudaHostAlloc's, or registered: PinnedHostMemory) at both
+// ends: a tensor that runs past the end of a pinned range goes through the staging buffer.
+bool is_page_locked(const Tensor& t) {
+  const auto* bytes = static_cast<const unsigned char*>(t.raw());
+  return pointer_attributes(bytes).type == cudaMemoryTypeHost &&
+         pointer_attributes(bytes + t.nbytes() - 1).type == cudaMemoryTypeHost;
+}
+
 }  // namespace
 
 void CudaContext::set_tensor_address(const std::string& name, void* address, size_t bytes) {
@@ -339,11 +357,7 @@ void CudaContext::set_tensor_address(const std::string& name, void* address, siz
     throw Error(ErrorKind::kInvalidArgument, "memory for " + what + " at " + std::to_string(reinterpret_cast<uintptr_t>(address)) +
                                                  " is not aligned to " + std::to_string(kAlignment) + " bytes")
         .hint("bind memory as cudaMalloc returns it (a tensor's own storage, not a view at an offset)");
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, address) != cudaSuccess) {
-    (void)cudaGetLastError();
-    attributes.type = cudaMemoryTypeUnregistered;
-  }
+  const cudaPointerAttributes attributes = pointer_attributes(address);
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
@@ -657,26 +671,6 @@ cudaGraph_t CudaContext::capture(const Bound& b, cudaStream_t stream) {
   }
   return graph;
 }
-
-namespace {
-
-// Host memory the GPU reads directly: cudaHostAlloc's, or registered (PinnedHostMemory).
-bool is_page_locked_byte(const void* address) {
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, address) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return attributes.type == cudaMemoryTypeHost;
-}
-
-// Both ends: a tensor that runs past the end of a pinned range goes through the staging buffer.
-bool is_page_locked(const Tensor& t) {
-  const auto* bytes = static_cast<const unsigned char*>(t.raw());
-  return is_page_locked_byte(bytes) && is_page_locked_byte(bytes + t.nbytes() - 1);
-}
-
-}  // namespace
 
 std::map<std::string, Tensor> CudaContext::run(const std::map<std::string, Tensor>& inputs, cudaStream_t stream) {
   std::map<std::string, std::vector<Tensor>> pieces;
