@@ -49,6 +49,10 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
       for (const std::string& note : notes) options.log(note);
   }
   if (options.fuse && passes::transpose_before_merge(graph)) ir::infer_shapes(graph);
+  if (options.fuse && passes::fuse_group_norm(graph)) {
+    passes::eliminate_dead_code(graph);
+    ir::infer_shapes(graph);
+  }
   if (options.fuse && options.fuse_epilogue) {
     for (int round = 0; round < 4; ++round) {
       int fused = passes::fuse_epilogue(graph);

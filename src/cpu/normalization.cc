@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu/broadcast.h"
+#include "ir/activation.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
 
@@ -179,30 +180,37 @@ void rms_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::v
 }
 
 // GroupNormalization (opset 21): statistics over each group of C / num_groups channels and the
-// spatial dims, in double; scale and bias per channel.
-void group_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+// spatial dims, in double; scale and bias per channel; then `act` (kiln::FusedGroupNorm's).
+void group_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::vector<Tensor>& out,
+                const ir::Activation& act) {
   const Tensor& x = *in[0];
   const int64_t n = x.dim(0), c = x.dim(1), groups = node.attrs.get_int("num_groups", 1);
+  if (groups < 1 || c % groups != 0)
+    throw node.error(ErrorKind::kInvalidArgument,
+                     std::to_string(c) + " channels do not split into " + std::to_string(groups) + " groups");
+  if (in[1]->numel() != c || in[2]->numel() != c)
+    throw node.error(ErrorKind::kInvalidArgument, "scale and bias must have C = " + std::to_string(c) + " elements");
   const float eps = node.attrs.get_float("epsilon", 1e-5f);
   const int64_t inner = n * c != 0 ? x.numel() / (n * c) : 0, per_group = c / groups * inner;
   const float* xp = x.data<float>();
   const float* scale = in[1]->data<float>();
   const float* bias = in[2]->data<float>();
   float* yp = out[0].data<float>();
-  for (int64_t b = 0; b < n; ++b)
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t start = (b * c + g * (c / groups)) * inner;
-      double sum = 0.0;
-      for (int64_t i = 0; i < per_group; ++i) sum += xp[start + i];
-      const double mean = per_group ? sum / static_cast<double>(per_group) : 0.0;
-      double sq = 0.0;
-      for (int64_t i = 0; i < per_group; ++i) sq += (xp[start + i] - mean) * (xp[start + i] - mean);
-      const double inv = 1.0 / std::sqrt((per_group ? sq / static_cast<double>(per_group) : 0.0) + eps);
-      for (int64_t i = 0; i < per_group; ++i) {
-        const int64_t ch = g * (c / groups) + i / inner;
-        yp[start + i] = static_cast<float>((xp[start + i] - mean) * inv * scale[ch] + bias[ch]);
-      }
+  parallel_for_each(n * groups, x.numel() > 65536, [&](int64_t row) {
+    const int64_t g = row % groups;
+    const float* xr = xp + row * per_group;
+    float* yr = yp + row * per_group;
+    double sum = 0.0;
+    for (int64_t i = 0; i < per_group; ++i) sum += xr[i];
+    const double mean = per_group ? sum / static_cast<double>(per_group) : 0.0;
+    double sq = 0.0;
+    for (int64_t i = 0; i < per_group; ++i) sq += (xr[i] - mean) * (xr[i] - mean);
+    const double inv = 1.0 / std::sqrt((per_group ? sq / static_cast<double>(per_group) : 0.0) + eps);
+    for (int64_t i = 0; i < per_group; ++i) {
+      const int64_t ch = g * (c / groups) + i / inner;
+      yr[i] = act.apply(static_cast<float>((xr[i] - mean) * inv * scale[ch] + bias[ch]));
     }
+  });
 }
 
 // MeanVarianceNormalization: (x - mean) / (standard deviation + 1e-9) over `axes` (ONNX's
@@ -316,7 +324,24 @@ KILN_REGISTER_CPU_KERNELS(normalization) {
     e.dtypes = "float32";
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
-      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) { group_norm(*node, in, out); });
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        group_norm(*node, in, out, ir::Activation{});
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "FusedGroupNorm";
+    e.domain = "kiln";
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      const ir::Activation act = ir::Activation::from_node(init.node);
+      return make_kernel([node, act](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        group_norm(*node, in, out, act);
+      });
     };
     registry.add(std::move(e));
   }

@@ -2,6 +2,16 @@
 // GroupNormalization (opset 21: scale and bias per channel), MeanVarianceNormalization and
 // LpNormalization. Softmax (and Hardmax) here has opset 13's per-axis meaning; the importer rewrites the
 // older "flatten to 2-D at axis" form.
+//
+// And kiln's fused form of the channel-group normalizations (passes/fuse_group_norm.cc makes it):
+//   kiln::FusedGroupNorm(X, scale, bias) -> Y
+//     GroupNormalization of opset 21 (statistics over each group of C / num_groups channels and
+//     the spatial dims; scale and bias per channel [C]), then the activation of
+//     src/ir/activation.h. InstanceNormalization is num_groups = C.
+//     Attributes: num_groups (int), epsilon (float, 1e-5), activation, activation_alpha,
+//     activation_beta; members (strings: the nodes it replaced, for inspection).
+//     Y = act((X - mean) / sqrt(var + epsilon) * scale[c] + bias[c])
+#include "ir/activation.h"
 #include "ir/op_schema.h"
 
 namespace kiln::ir {
@@ -102,6 +112,12 @@ void infer_group_norm(InferContext& ctx) {
   ctx.set_output(0, x.dtype, x.shape);
 }
 
+void infer_fused_group_norm(InferContext& ctx) {
+  const std::string activation = ctx.node.attrs.get_string("activation", "");
+  if (!Activation::is_known(activation)) ctx.unsupported("unknown activation '" + activation + "'");
+  infer_group_norm(ctx);
+}
+
 void infer_mean_variance_norm(InferContext& ctx) {
   const TensorType& x = ctx.type(0);
   if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
@@ -165,6 +181,15 @@ KILN_REGISTER_OPS(normalization) {
     s.infer = infer_group_norm;
     s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 8); };
     s.limits = "opset 21's form (scale and bias per channel; opset 18's per-group form is refused)";
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s;
+    s.op = "FusedGroupNorm";
+    s.domain = "kiln";
+    s.min_inputs = s.max_inputs = 3;
+    s.infer = infer_fused_group_norm;
+    s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 9); };
     registry.add(std::move(s));
   }
   {

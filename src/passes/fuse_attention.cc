@@ -29,8 +29,6 @@ namespace kiln::passes {
 
 namespace {
 
-bool is_onnx(const ir::Node* n, const char* op) { return n && n->domain.empty() && n->op == op; }
-
 // The element of a float constant holding one element (of any rank), or nullopt.
 std::optional<double> scalar_of(const ir::Graph& g, const std::string& name) {
   const Tensor* t = name.empty() ? nullptr : g.constant(name);

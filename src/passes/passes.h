@@ -54,6 +54,11 @@ int fold_channel_scale(ir::Graph& graph);
 // Does nothing for a fused op whose schema is not registered.
 int fuse_epilogue(ir::Graph& graph);
 
+// GroupNormalization, InstanceNormalization and torch.onnx's GroupNorm written out around an
+// InstanceNormalization (Reshape, InstanceNormalization, Reshape, Mul, Add), with the activation
+// after them -> kiln::FusedGroupNorm, one pass over memory.
+int fuse_group_norm(ir::Graph& graph);
+
 // Groups of elementwise float ops whose inner values nothing else reads, with a Concat that only
 // such a group reads -> kiln::FusedElementwise (ops/fused_elementwise.h), one pass over memory
 // each. Needs every shape known; meant for graphs that the CUDA engine runs.

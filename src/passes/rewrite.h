@@ -1,6 +1,7 @@
 // Small helpers the passes share for reading and rewriting a graph.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,30 @@ inline int sole_consumer(const ir::Graph& g, const std::string& value) {
 inline const Tensor* float_constant(const ir::Graph& g, const std::string& name) {
   const Tensor* t = name.empty() ? nullptr : g.constant(name);
   return t && t->dtype() == DType::kFloat32 ? t : nullptr;
+}
+
+// The node at index i, or nullptr for -1.
+inline const ir::Node* node_at(const ir::Graph& g, int i) { return i < 0 ? nullptr : &g.nodes[static_cast<size_t>(i)]; }
+
+// Whether n is the ONNX operator `op`.
+inline bool is_onnx(const ir::Node* n, const char* op) { return n && n->domain.empty() && n->op == op; }
+
+// For a binary node reading `x` on one side: the other input; "" if `x` is not an input.
+inline std::string other_input(const ir::Node& n, const std::string& x) {
+  if (n.inputs.size() != 2) return "";
+  if (n.inputs[0] == x) return n.inputs[1];
+  if (n.inputs[1] == x) return n.inputs[0];
+  return "";
+}
+
+// The value of a single-output node, or "".
+inline std::string out0(const ir::Node* n) { return n && n->outputs.size() == 1 ? n->outputs[0] : std::string(); }
+
+// The one element of a float constant of a single element, or nullopt.
+inline std::optional<float> scalar_constant(const ir::Graph& g, const std::string& name) {
+  const Tensor* t = name.empty() ? nullptr : g.constant(name);
+  if (!t || !is_float(t->dtype()) || t->numel() != 1) return std::nullopt;
+  return static_cast<float>(t->value_as_double(0));
 }
 
 // Removes the nodes whose flag is set, keeping the order of the others.

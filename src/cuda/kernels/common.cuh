@@ -173,6 +173,24 @@ __device__ __forceinline__ float warp_sum(float v) {
   return warp_all(v, [](float a, float b) { return a + b; });
 }
 
+// The sum of v over GROUP threads: a warp (32), or the whole block (GROUP = blockDim.x, a
+// multiple of 32; smem holds GROUP / 32 floats, and every thread of the block must call it).
+template <int GROUP>
+__device__ __forceinline__ float group_sum(float v, float* smem) {
+  v = warp_sum(v);
+  if constexpr (GROUP == 32) {
+    return v;
+  } else {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    float r = smem[0];
+    for (int w = 1; w < GROUP / 32; ++w) r += smem[w];
+    __syncthreads();
+    return r;
+  }
+}
+
 // (size, stride) dims in iteration order -> a StridedShape, size-1 dims dropped and runs that
 // are contiguous in memory (stride-0 runs too) merged. False when more than kMaxKernelRank dims
 // remain.

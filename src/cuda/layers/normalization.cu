@@ -24,22 +24,6 @@ namespace {
 
 constexpr int kBlock = 256;
 
-template <int GROUP>
-__device__ __forceinline__ float group_sum(float v, float* smem) {
-  v = warp_sum(v);
-  if constexpr (GROUP == 32) {
-    return v;
-  } else {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) smem[warp] = v;
-    __syncthreads();
-    float r = smem[0];
-    for (int w = 1; w < GROUP / 32; ++w) r += smem[w];
-    __syncthreads();
-    return r;
-  }
-}
-
 // --- LayerNormalization / InstanceNormalization --------------------------------------------
 
 // Where column c of a row finds its Scale or B element.

@@ -1,0 +1,337 @@
+// CUDA layers of kiln::FusedGroupNorm (a channel-group normalization and the activation after
+// it: passes/fuse_group_norm.cc) and GroupNormalization (opset 21): X stored as float32 or
+// float16, statistics in float32, scale and bias as float32 on the device.
+//
+// One row is one group of one sample: C / num_groups channels by the spatial dims, contiguous
+// in NCHW. Two tactics, timed against each other:
+// - "rows": GROUP threads per row (a warp up to 1024 columns, the block beyond), the mean, the
+//   mean of squared deviations, then the output, as the LayerNormalization kernels do. Rows are
+//   read three times, from L1 when they are short; a long row keeps one block busy alone, so
+//   few long rows (a diffusion model's 32 groups at batch 1) leave most of the GPU idle.
+// - "split": each row in chunks of a few thousand columns, a block per chunk, in two kernels.
+//   The first writes each chunk's mean and sum of squared deviations; the second combines a
+//   row's chunks (Chan et al.'s pairwise update, so no sum of squares loses the variance to
+//   cancellation) and writes act((x - mean) * inv * scale + bias) over its chunk, 16 bytes a
+//   thread where the channels allow. X is read twice and Y written once, by every SM.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/kernels/common.cuh"
+#include "cuda/runtime/check.h"
+#include "ir/activation.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct GroupNormShape {
+  int64_t rows = 0;      // N * groups
+  int64_t cols = 0;      // C / groups * spatial
+  int64_t spatial = 1;   // elements per channel
+  int64_t groups = 1;
+  int64_t channels_per_group = 1;
+  float eps = 1e-5f;
+  ir::Activation act;
+  int64_t chunk = 1, splits = 1;  // "split": a row's columns in `splits` chunks of `chunk`
+};
+
+__device__ __forceinline__ int64_t channel_of(const GroupNormShape& p, int64_t row, int64_t col) {
+  return (row % p.groups) * p.channels_per_group + col / p.spatial;
+}
+
+// --- "rows" -----------------------------------------------------------------------------------
+
+template <class T, int GROUP>
+__global__ void __launch_bounds__(kThreads) group_norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                                   const float* __restrict__ scale,
+                                                                   const float* __restrict__ bias, GroupNormShape p) {
+  __shared__ float smem[kThreads / 32];
+  constexpr int kRowsPerBlock = kThreads / GROUP;
+  const int lane = static_cast<int>(threadIdx.x) % GROUP, group = static_cast<int>(threadIdx.x) / GROUP;
+  const float cols_f = static_cast<float>(p.cols);
+  for (int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + group; row < p.rows;
+       row += int64_t{gridDim.x} * kRowsPerBlock) {
+    const T* xr = x + row * p.cols;
+    T* yr = y + row * p.cols;
+    float sum = 0.f;
+    for (int64_t c = lane; c < p.cols; c += GROUP) sum += load_float(xr, c);
+    const float mean = group_sum<GROUP>(sum, smem) / cols_f;
+    float sq = 0.f;
+    for (int64_t c = lane; c < p.cols; c += GROUP) {
+      const float d = load_float(xr, c) - mean;
+      sq += d * d;
+    }
+    const float inv = 1.f / sqrtf(group_sum<GROUP>(sq, smem) / cols_f + p.eps);
+    for (int64_t c = lane; c < p.cols; c += GROUP) {
+      const int64_t ch = channel_of(p, row, c);
+      store_float(yr, c, p.act.apply((load_float(xr, c) - mean) * inv * scale[ch] + bias[ch]));
+    }
+  }
+}
+
+// --- "split" ----------------------------------------------------------------------------------
+
+// VEC neighbouring elements as float (VEC 1, or 8 of float16 / 4 of float32 in one 16-byte access).
+template <int VEC, class T> __device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
+  if constexpr (VEC == 1) v[0] = load_float(p, 0);
+  else load_floats<VEC>(p, v);
+}
+template <int VEC> __device__ __forceinline__ void store_vec(float* p, const float (&v)[VEC]) {
+  if constexpr (VEC == 1) *p = v[0];
+  else *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+template <int VEC> __device__ __forceinline__ void store_vec(__half* p, const float (&v)[VEC]) {
+  if constexpr (VEC == 1) *p = __float2half_rn(v[0]);
+  else store_floats<VEC>(p, v);
+}
+
+__device__ __forceinline__ int64_t chunk_begin(const GroupNormShape& p, int64_t split) { return split * p.chunk; }
+__device__ __forceinline__ int64_t chunk_end(const GroupNormShape& p, int64_t split) {
+  return min(p.cols, (split + 1) * p.chunk);
+}
+
+// Each chunk's mean and sum of squared deviations from it (`partials`, row-major [rows, splits]).
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads) group_norm_partials_kernel(const T* __restrict__ x,
+                                                                       float2* __restrict__ partials, GroupNormShape p) {
+  __shared__ float smem[kThreads / 32];
+  for (int64_t b = blockIdx.x; b < p.rows * p.splits; b += gridDim.x) {
+    const int64_t row = b / p.splits, split = b % p.splits;
+    const int64_t begin = chunk_begin(p, split), end = chunk_end(p, split);
+    const T* xr = x + row * p.cols;
+    float sum = 0.f;
+    for (int64_t c = begin + int64_t{threadIdx.x} * VEC; c < end; c += kThreads * VEC) {
+      float v[VEC];
+      load_vec<VEC>(xr + c, v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += v[j];
+    }
+    const float mean = group_sum<kThreads>(sum, smem) / static_cast<float>(end - begin);
+    float sq = 0.f;
+    for (int64_t c = begin + int64_t{threadIdx.x} * VEC; c < end; c += kThreads * VEC) {
+      float v[VEC];
+      load_vec<VEC>(xr + c, v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = v[j] - mean;
+        sq += d * d;
+      }
+    }
+    const float m2 = group_sum<kThreads>(sq, smem);
+    if (threadIdx.x == 0) partials[b] = make_float2(mean, m2);
+  }
+}
+
+// (count, mean, sum of squared deviations) of two parts -> of both (Chan, Golub and LeVeque).
+__device__ __forceinline__ void combine(float& n, float& mean, float& m2, float nb, float meanb, float m2b) {
+  const float total = n + nb;
+  if (total == 0.f) return;
+  const float delta = meanb - mean;
+  mean += delta * (nb / total);
+  m2 += m2b + delta * delta * (n * nb / total);
+  n = total;
+}
+
+// A row's mean and 1 / sqrt(var + eps) from its chunks' partials, by the block's first warp
+// into stats[0..1] (the caller synchronizes).
+__device__ __forceinline__ void row_statistics(const float2* __restrict__ partials, const GroupNormShape& p,
+                                               int64_t row, float* stats) {
+  if (threadIdx.x >= 32) return;
+  float n = 0.f, mean = 0.f, m2 = 0.f;
+  for (int64_t s = threadIdx.x; s < p.splits; s += 32) {
+    const float2 part = partials[row * p.splits + s];
+    combine(n, mean, m2, static_cast<float>(chunk_end(p, s) - chunk_begin(p, s)), part.x, part.y);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    const float nb = __shfl_xor_sync(0xffffffffu, n, d);
+    const float meanb = __shfl_xor_sync(0xffffffffu, mean, d);
+    const float m2b = __shfl_xor_sync(0xffffffffu, m2, d);
+    combine(n, mean, m2, nb, meanb, m2b);
+  }
+  if (threadIdx.x == 0) {
+    stats[0] = mean;
+    stats[1] = 1.f / sqrtf(m2 / static_cast<float>(p.cols) + p.eps);
+  }
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads) group_norm_apply_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                                    const float2* __restrict__ partials,
+                                                                    const float* __restrict__ scale,
+                                                                    const float* __restrict__ bias, GroupNormShape p) {
+  __shared__ float stats[2];
+  for (int64_t b = blockIdx.x; b < p.rows * p.splits; b += gridDim.x) {
+    const int64_t row = b / p.splits, split = b % p.splits;
+    row_statistics(partials, p, row, stats);
+    __syncthreads();
+    const float mean = stats[0], inv = stats[1];
+    const int64_t end = chunk_end(p, split);
+    const T* xr = x + row * p.cols;
+    T* yr = y + row * p.cols;
+    for (int64_t c = chunk_begin(p, split) + int64_t{threadIdx.x} * VEC; c < end; c += kThreads * VEC) {
+      // VEC > 1 only where the spatial size is a multiple of VEC: the elements share a channel.
+      const int64_t ch = channel_of(p, row, c);
+      const float s = scale[ch] * inv, t = bias[ch];
+      float v[VEC];
+      load_vec<VEC>(xr + c, v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = p.act.apply((v[j] - mean) * s + t);
+      store_vec<VEC>(yr + c, v);
+    }
+    __syncthreads();  // stats is rewritten for the next chunk
+  }
+}
+
+// --- the layers -------------------------------------------------------------------------------
+
+template <class T>
+std::unique_ptr<Layer> rows_layer(const GroupNormShape& p) {
+  const bool warp = p.cols <= 1024;
+  const unsigned blocks = capped_blocks(warp ? (p.rows + kThreads / 32 - 1) / (kThreads / 32) : p.rows);
+  return make_layer(warp ? "kernel:group-norm-warp" : "kernel:group-norm-block",
+                    [p, warp, blocks](const LayerIO& io, cudaStream_t stream) {
+    const T* x = static_cast<const T*>(io.inputs[0]);
+    T* y = static_cast<T*>(io.outputs[0]);
+    const float* scale = static_cast<const float*>(io.inputs[1]);
+    const float* bias = static_cast<const float*>(io.inputs[2]);
+    if (warp) group_norm_rows_kernel<T, 32><<<blocks, kThreads, 0, stream>>>(x, y, scale, bias, p);
+    else group_norm_rows_kernel<T, kThreads><<<blocks, kThreads, 0, stream>>>(x, y, scale, bias, p);
+    KILN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Chunks of at least 2,048 columns (a multiple of what a block reads in one step), as many as
+// give the GPU about eight blocks per SM.
+GroupNormShape with_chunks(GroupNormShape p, int sms) {
+  constexpr int64_t kMinChunk = 2048;
+  const int64_t wanted = std::max<int64_t>(1, int64_t{sms} * 8 / std::max<int64_t>(1, p.rows));
+  const int64_t most = std::max<int64_t>(1, (p.cols + kMinChunk - 1) / kMinChunk);
+  const int64_t splits = std::min(wanted, most);
+  p.chunk = ((p.cols + splits - 1) / splits + kMinChunk - 1) / kMinChunk * kMinChunk;
+  p.splits = (p.cols + p.chunk - 1) / p.chunk;
+  return p;
+}
+
+template <class T>
+std::unique_ptr<Layer> split_layer(const GroupNormShape& p) {
+  constexpr int kVec = sizeof(T) == 2 ? 8 : 4;
+  const bool vector = p.spatial % kVec == 0;  // (chunk is a multiple of kVec)
+  const unsigned blocks = capped_blocks(p.rows * p.splits);
+  const size_t workspace = static_cast<size_t>(p.rows * p.splits) * sizeof(float2);
+  return make_layer("kernel:group-norm-split" + std::to_string(p.splits), [p, vector, blocks](const LayerIO& io,
+                                                                                           cudaStream_t stream) {
+    const T* x = static_cast<const T*>(io.inputs[0]);
+    T* y = static_cast<T*>(io.outputs[0]);
+    const float* scale = static_cast<const float*>(io.inputs[1]);
+    const float* bias = static_cast<const float*>(io.inputs[2]);
+    float2* partials = static_cast<float2*>(io.workspace);
+    // A view at an odd offset takes the one-element kernels.
+    if (vector && aligned16(x) && aligned16(y)) {
+      group_norm_partials_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(x, partials, p);
+      KILN_CUDA_CHECK_LAUNCH();
+      group_norm_apply_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(x, y, partials, scale, bias, p);
+    } else {
+      group_norm_partials_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(x, partials, p);
+      KILN_CUDA_CHECK_LAUNCH();
+      group_norm_apply_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(x, y, partials, scale, bias, p);
+    }
+    KILN_CUDA_CHECK_LAUNCH();
+  }, workspace);
+}
+
+std::string group_norm_check(const LayerRequest& r) {
+  if (r.input_dtypes[0] != DType::kFloat32)
+    return "input type " + to_string(r.input_dtypes[0]) + " is not supported (supported: float32)";
+  for (size_t i = 1; i < 3; ++i)
+    if (!r.has_input(i) || r.input_dtypes[i] != DType::kFloat32) return "scale and bias must be float32";
+  const std::vector<int64_t>& shape = r.input_shape(0);
+  if (shape.size() < 2) return "the input must have rank 2 or more";
+  const int64_t groups = r.node.attrs.get_int("num_groups", 1);
+  if (groups < 1 || shape[1] % groups != 0)
+    return std::to_string(shape[1]) + " channels do not split into " + std::to_string(groups) + " groups";
+  if (shape_numel(r.input_shape(1)) != shape[1] || shape_numel(r.input_shape(2)) != shape[1])
+    return "scale and bias must have C = " + std::to_string(shape[1]) + " elements";
+  try {
+    (void)ir::Activation::from_node(r.node);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+LayerFormats group_norm_formats(const LayerRequest& r) {
+  LayerFormats f;
+  f.inputs = {Format{r.float_storage(), Layout::kLinear}, Format{DType::kFloat32, Layout::kLinear},
+              Format{DType::kFloat32, Layout::kLinear}};
+  f.outputs = {Format{r.float_storage(), Layout::kLinear}};
+  return f;
+}
+
+template <class T>
+std::unique_ptr<Layer> fastest(const GroupNormShape& p, const std::string& storage, BuildServices& services) {
+  const GroupNormShape split = with_chunks(p, services.device().multiProcessorCount);
+  const std::string key = "group_norm|" + storage + "|r" + std::to_string(p.rows) + "|c" + std::to_string(p.cols) + "|s" +
+                          std::to_string(p.spatial) + "|" + p.act.name();
+  if (std::optional<std::string> cached = services.cached_tactic(key)) {
+    if (*cached == "rows") return rows_layer<T>(p);
+    if (*cached == "split") return split_layer<T>(split);
+  }
+  std::unique_ptr<Layer> candidates[2] = {rows_layer<T>(p), split_layer<T>(split)};
+  const char* names[2] = {"rows", "split"};
+  LayerIO io = services.scratch_io();
+  float best_ms = 0.f;
+  int best = 0;
+  for (int k = 0; k < 2; ++k) {
+    io.workspace = candidates[k]->workspace_bytes() ? services.scratch(candidates[k]->workspace_bytes()) : nullptr;
+    const float ms = services.time_ms([&](cudaStream_t stream) { candidates[k]->enqueue(io, stream); });
+    if (services.tactics().log_candidates) services.log("group_norm/" + std::string(names[k]) + " " + std::to_string(ms) + " ms");
+    if (k == 0 || ms < best_ms) best_ms = ms, best = k;
+  }
+  services.record_tactic(key, names[best]);
+  return std::move(candidates[best]);
+}
+
+std::unique_ptr<Layer> group_norm_create(const LayerRequest& r, const LayerFormats& f, BuildServices& services) {
+  const std::string why = group_norm_check(r);
+  if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
+  const std::vector<int64_t>& shape = r.input_shape(0);
+  GroupNormShape p;
+  p.groups = r.node.attrs.get_int("num_groups", 1);
+  p.channels_per_group = shape[1] / p.groups;
+  p.spatial = shape[0] * shape[1] ? shape_numel(shape) / (shape[0] * shape[1]) : 0;
+  p.rows = shape[0] * p.groups;
+  p.cols = p.channels_per_group * p.spatial;
+  p.eps = r.node.attrs.get_float("epsilon", 1e-5f);
+  p.act = ir::Activation::from_node(r.node);
+  if (p.rows == 0 || p.cols == 0) return make_layer("kernel:none", [](const LayerIO&, cudaStream_t) {});
+  switch (f.inputs[0].dtype) {
+    case DType::kFloat32: return fastest<float>(p, "f32", services);
+    case DType::kFloat16: return fastest<__half>(p, "f16", services);
+    default: break;
+  }
+  throw r.node.error(ErrorKind::kUnsupported, "storage type " + to_string(f.inputs[0].dtype) + " is not supported");
+}
+
+}  // namespace
+
+KILN_REGISTER_CUDA_LAYERS(group_norm) {
+  for (const char* op : {"FusedGroupNorm", "GroupNormalization"}) {
+    LayerEntry e;
+    e.op = op;
+    e.domain = std::string(op) == "FusedGroupNorm" ? "kiln" : "";
+    e.check = group_norm_check;
+    e.formats = group_norm_formats;
+    e.create = group_norm_create;
+    e.dtypes = "float32, float16 storage (float32 statistics)";
+    registry.add(std::move(e));
+  }
+}
+
+}  // namespace kiln::cuda
