@@ -767,3 +767,93 @@ def test_losses_match_cpu_and_refuse_a_target_that_is_no_class(op, reduction, tm
         bad["target"][0, 0, 0] = 5
         with pytest.raises(kiln.Error, match=f"{op} 'loss_node': a target is not a class"):
             gpu.run(bad)
+
+
+def group_norm_model(path: str, shape: list[int], groups: int, form: str, act: str, seed: int):
+    """A channel-group normalization of x [N, C, ...] and an activation, in one of the forms
+    exporters write: "group" (GroupNormalization, opset 21), "exported" (torch.onnx's GroupNorm
+    below opset 21: Reshape, InstanceNormalization of ones and zeros, Reshape, Mul, Add) or
+    "instance" (InstanceNormalization)."""
+    rng = np.random.default_rng(seed)
+    c, rank = shape[1], len(shape)
+    gamma = (1 + 0.3 * rng.standard_normal(c)).astype(np.float32)
+    beta = (0.5 * rng.standard_normal(c)).astype(np.float32)
+    per_channel = [c] + [1] * (rank - 2)
+    inits, opset = [], 17
+    if form == "group":
+        opset = 21
+        inits += [numpy_helper.from_array(gamma, "gamma"), numpy_helper.from_array(beta, "beta")]
+        nodes = [helper.make_node("GroupNormalization", ["x", "gamma", "beta"], ["n"], num_groups=groups, epsilon=1e-5)]
+    elif form == "instance":
+        inits += [numpy_helper.from_array(gamma, "gamma"), numpy_helper.from_array(beta, "beta")]
+        nodes = [helper.make_node("InstanceNormalization", ["x", "gamma", "beta"], ["n"], epsilon=1e-5)]
+    else:
+        inits += [numpy_helper.from_array(np.array([0, groups, -1], np.int64), "grouped_shape"),
+                  numpy_helper.from_array(np.ones(groups, np.float32), "ones"),
+                  numpy_helper.from_array(np.zeros(groups, np.float32), "zeros"),
+                  numpy_helper.from_array(gamma.reshape(per_channel), "gamma"),
+                  numpy_helper.from_array(beta.reshape(per_channel), "beta")]
+        nodes = [helper.make_node("Reshape", ["x", "grouped_shape"], ["grouped"]),
+                 helper.make_node("InstanceNormalization", ["grouped", "ones", "zeros"], ["normalized"], epsilon=1e-5),
+                 helper.make_node("Shape", ["x"], ["x_shape"]),
+                 helper.make_node("Reshape", ["normalized", "x_shape"], ["restored"]),
+                 helper.make_node("Mul", ["restored", "gamma"], ["scaled"]),
+                 helper.make_node("Add", ["scaled", "beta"], ["n"])]
+    if act == "none":
+        nodes.append(helper.make_node("Identity", ["n"], ["y"]))
+    else:
+        nodes += activation(act, "n", "y")
+    graph = helper.make_graph(nodes, "gn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), path)
+
+
+GROUP_NORM_CASES = {
+    # few long groups (a diffusion model's at batch 1): 16-byte accesses
+    "group-32-silu-64x40x40": ([1, 64, 40, 40], 32, "group", "silu"),
+    "exported-8-relu-32x96x96": ([1, 32, 96, 96], 8, "exported", "relu"),
+    # channels of an odd size: one element a thread
+    "exported-3-sigmoid-12x7x9": ([3, 12, 7, 9], 3, "exported", "sigmoid"),
+    "group-4-tanh-8x33x35": ([2, 8, 33, 35], 4, "group", "tanh"),
+    # many short rows, rank 3 and rank 5
+    "instance-none-16x1023": ([2, 16, 1023], 16, "instance", "none"),
+    "instance-relu-6x3x4x5": ([4, 6, 3, 4, 5], 6, "instance", "relu"),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("case", list(GROUP_NORM_CASES))
+def test_group_norm_tactics_match_cpu(case, precision, kiln_bin, tmp_path):
+    """Each form of channel-group normalization becomes one FusedGroupNorm layer with its
+    activation, and both of its tactics ("rows": a warp or block per group; "split": each group
+    over several blocks, chunk statistics combined) match the CPU engine on inputs whose mean is
+    far from 0. The timing cache names the tactic each build takes."""
+    shape, groups, form, act = GROUP_NORM_CASES[case]
+    path = str(tmp_path / "m.onnx")
+    group_norm_model(path, shape, groups, form, act, seed=len(case))
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(shape) * 3 + 4).astype(np.float32)
+    want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
+    cache = str(tmp_path / "timing.cache")
+    subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "--timing-cache", cache,
+                    "-o", str(tmp_path / "first.engine")], check=True, capture_output=True, timeout=300)
+    with open(cache) as f:
+        lines = f.read().splitlines()
+    keys = [line.split("\t")[0] for line in lines if line.startswith("group_norm|")]
+    assert len(keys) == 1, lines
+    for tactic, kernel in (("rows", "kernel:group-norm-"), ("split", "kernel:group-norm-split")):
+        with open(cache, "w") as f:
+            f.write("\n".join([line for line in lines if not line.startswith("group_norm|")] + [f"{keys[0]}\t{tactic}"]) + "\n")
+        engine = str(tmp_path / f"{tactic}.engine")
+        subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "--timing-cache", cache,
+                        "-o", engine], check=True, capture_output=True, timeout=300)
+        info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
+                                         check=True).stdout)
+        layers = [layer for layer in info["layers"] if layer["op"] not in ("Reformat",)]
+        assert [layer["op"] for layer in layers] == ["FusedGroupNorm"], layers
+        used = layers[0]["tactic"]
+        assert used.startswith(kernel) and (tactic == "split") == ("split" in used), (tactic, used)
+        got = run_kiln(kiln_bin, engine, [x], ["x"], str(tmp_path / tactic))["y"]
+        assert got.shape == want.shape
+        err = rel_l2(got, want)
+        assert err <= (1e-5 if precision == "fp32" else 3e-3), f"{case} {precision} {tactic}: relative L2 {err:.3g}"
