@@ -30,50 +30,15 @@ constexpr int kThreads = 256;
 
 struct GroupNormShape {
   int64_t rows = 0;      // N * groups
-  int64_t cols = 0;      // C / groups * spatial
+  int64_t cols = 0;      // C / groups * spatial (below 2^31)
   int64_t spatial = 1;   // elements per channel
   int64_t groups = 1;
   int64_t channels_per_group = 1;
+  FastDiv by_spatial;    // a column's channel within its group
   float eps = 1e-5f;
   ir::Activation act;
   int64_t chunk = 1, splits = 1;  // "split": a row's columns in `splits` chunks of `chunk`
 };
-
-__device__ __forceinline__ int64_t channel_of(const GroupNormShape& p, int64_t row, int64_t col) {
-  return (row % p.groups) * p.channels_per_group + col / p.spatial;
-}
-
-// --- "rows" -----------------------------------------------------------------------------------
-
-template <class T, int GROUP>
-__global__ void __launch_bounds__(kThreads) group_norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y,
-                                                                   const float* __restrict__ scale,
-                                                                   const float* __restrict__ bias, GroupNormShape p) {
-  __shared__ float smem[kThreads / 32];
-  constexpr int kRowsPerBlock = kThreads / GROUP;
-  const int lane = static_cast<int>(threadIdx.x) % GROUP, group = static_cast<int>(threadIdx.x) / GROUP;
-  const float cols_f = static_cast<float>(p.cols);
-  for (int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + group; row < p.rows;
-       row += int64_t{gridDim.x} * kRowsPerBlock) {
-    const T* xr = x + row * p.cols;
-    T* yr = y + row * p.cols;
-    float sum = 0.f;
-    for (int64_t c = lane; c < p.cols; c += GROUP) sum += load_float(xr, c);
-    const float mean = group_sum<GROUP>(sum, smem) / cols_f;
-    float sq = 0.f;
-    for (int64_t c = lane; c < p.cols; c += GROUP) {
-      const float d = load_float(xr, c) - mean;
-      sq += d * d;
-    }
-    const float inv = 1.f / sqrtf(group_sum<GROUP>(sq, smem) / cols_f + p.eps);
-    for (int64_t c = lane; c < p.cols; c += GROUP) {
-      const int64_t ch = channel_of(p, row, c);
-      store_float(yr, c, p.act.apply((load_float(xr, c) - mean) * inv * scale[ch] + bias[ch]));
-    }
-  }
-}
-
-// --- "split" ----------------------------------------------------------------------------------
 
 // VEC neighbouring elements as float (VEC 1, or 8 of float16 / 4 of float32 in one 16-byte access).
 template <int VEC, class T> __device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
@@ -89,6 +54,77 @@ template <int VEC> __device__ __forceinline__ void store_vec(__half* p, const fl
   else store_floats<VEC>(p, v);
 }
 
+// The sum and the sum of squared deviations from `mean` (two passes when `mean` is given) of
+// columns [begin, end) of a row, VEC a thread at a time, STEP threads.
+template <int VEC, int STEP, class T>
+__device__ __forceinline__ float row_sum(const T* __restrict__ xr, int64_t begin, int64_t end) {
+  float sum = 0.f;
+  for (int64_t c = begin; c < end; c += STEP * VEC) {
+    float v[VEC];
+    load_vec<VEC>(xr + c, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sum += v[j];
+  }
+  return sum;
+}
+template <int VEC, int STEP, class T>
+__device__ __forceinline__ float row_squares(const T* __restrict__ xr, int64_t begin, int64_t end, float mean) {
+  float sq = 0.f;
+  for (int64_t c = begin; c < end; c += STEP * VEC) {
+    float v[VEC];
+    load_vec<VEC>(xr + c, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float d = v[j] - mean;
+      sq += d * d;
+    }
+  }
+  return sq;
+}
+
+// act((x - mean) * inv * scale + bias) over columns [begin, end) of row `row`, VEC a thread at a
+// time, STEP threads (VEC > 1 only where the spatial size is a multiple of VEC: the VEC elements
+// share a channel).
+template <int VEC, int STEP, class T>
+__device__ __forceinline__ void normalize_columns(const T* __restrict__ xr, T* __restrict__ yr,
+                                                  const float* __restrict__ scale, const float* __restrict__ bias,
+                                                  const GroupNormShape& p, int64_t row, int64_t begin, int64_t end,
+                                                  float mean, float inv) {
+  const int64_t first_channel = (row % p.groups) * p.channels_per_group;
+  for (int64_t c = begin; c < end; c += STEP * VEC) {
+    const int64_t ch = first_channel + fast_div(p.by_spatial, static_cast<uint32_t>(c));
+    const float s = scale[ch] * inv, t = bias[ch];
+    float v[VEC];
+    load_vec<VEC>(xr + c, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = p.act.apply((v[j] - mean) * s + t);
+    store_vec<VEC>(yr + c, v);
+  }
+}
+
+// --- "rows" -----------------------------------------------------------------------------------
+
+template <class T, int GROUP, int VEC>
+__global__ void __launch_bounds__(kThreads) group_norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                                   const float* __restrict__ scale,
+                                                                   const float* __restrict__ bias, GroupNormShape p) {
+  __shared__ float smem[kThreads / 32];
+  constexpr int kRowsPerBlock = kThreads / GROUP;
+  const int lane = static_cast<int>(threadIdx.x) % GROUP, group = static_cast<int>(threadIdx.x) / GROUP;
+  const float cols_f = static_cast<float>(p.cols);
+  for (int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + group; row < p.rows;
+       row += int64_t{gridDim.x} * kRowsPerBlock) {
+    const T* xr = x + row * p.cols;
+    const int64_t first = int64_t{lane} * VEC;
+    const float mean = group_sum<GROUP>(row_sum<VEC, GROUP>(xr, first, p.cols), smem) / cols_f;
+    const float var = group_sum<GROUP>(row_squares<VEC, GROUP>(xr, first, p.cols, mean), smem) / cols_f;
+    normalize_columns<VEC, GROUP>(xr, y + row * p.cols, scale, bias, p, row, first, p.cols, mean,
+                                  1.f / sqrtf(var + p.eps));
+  }
+}
+
+// --- "split" ----------------------------------------------------------------------------------
+
 __device__ __forceinline__ int64_t chunk_begin(const GroupNormShape& p, int64_t split) { return split * p.chunk; }
 __device__ __forceinline__ int64_t chunk_end(const GroupNormShape& p, int64_t split) {
   return min(p.cols, (split + 1) * p.chunk);
@@ -102,26 +138,10 @@ __global__ void __launch_bounds__(kThreads) group_norm_partials_kernel(const T* 
   for (int64_t b = blockIdx.x; b < p.rows * p.splits; b += gridDim.x) {
     const int64_t row = b / p.splits, split = b % p.splits;
     const int64_t begin = chunk_begin(p, split), end = chunk_end(p, split);
+    const int64_t first = begin + int64_t{threadIdx.x} * VEC;
     const T* xr = x + row * p.cols;
-    float sum = 0.f;
-    for (int64_t c = begin + int64_t{threadIdx.x} * VEC; c < end; c += kThreads * VEC) {
-      float v[VEC];
-      load_vec<VEC>(xr + c, v);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += v[j];
-    }
-    const float mean = group_sum<kThreads>(sum, smem) / static_cast<float>(end - begin);
-    float sq = 0.f;
-    for (int64_t c = begin + int64_t{threadIdx.x} * VEC; c < end; c += kThreads * VEC) {
-      float v[VEC];
-      load_vec<VEC>(xr + c, v);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float d = v[j] - mean;
-        sq += d * d;
-      }
-    }
-    const float m2 = group_sum<kThreads>(sq, smem);
+    const float mean = group_sum<kThreads>(row_sum<VEC, kThreads>(xr, first, end), smem) / static_cast<float>(end - begin);
+    const float m2 = group_sum<kThreads>(row_squares<VEC, kThreads>(xr, first, end, mean), smem);
     if (threadIdx.x == 0) partials[b] = make_float2(mean, m2);
   }
 }
@@ -169,20 +189,9 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_kernel(const T* __r
     const int64_t row = b / p.splits, split = b % p.splits;
     row_statistics(partials, p, row, stats);
     __syncthreads();
-    const float mean = stats[0], inv = stats[1];
-    const int64_t end = chunk_end(p, split);
-    const T* xr = x + row * p.cols;
-    T* yr = y + row * p.cols;
-    for (int64_t c = chunk_begin(p, split) + int64_t{threadIdx.x} * VEC; c < end; c += kThreads * VEC) {
-      // VEC > 1 only where the spatial size is a multiple of VEC: the elements share a channel.
-      const int64_t ch = channel_of(p, row, c);
-      const float s = scale[ch] * inv, t = bias[ch];
-      float v[VEC];
-      load_vec<VEC>(xr + c, v);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = p.act.apply((v[j] - mean) * s + t);
-      store_vec<VEC>(yr + c, v);
-    }
+    normalize_columns<VEC, kThreads>(x + row * p.cols, y + row * p.cols, scale, bias, p, row,
+                                     chunk_begin(p, split) + int64_t{threadIdx.x} * VEC, chunk_end(p, split), stats[0],
+                                     stats[1]);
     __syncthreads();  // stats is rewritten for the next chunk
   }
 }
@@ -190,22 +199,35 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_kernel(const T* __r
 // --- the layers -------------------------------------------------------------------------------
 
 template <class T>
-std::unique_ptr<Layer> rows_layer(const GroupNormShape& p) {
-  const bool warp = p.cols <= 1024;
-  const unsigned blocks = capped_blocks(warp ? (p.rows + kThreads / 32 - 1) / (kThreads / 32) : p.rows);
-  return make_layer(warp ? "kernel:group-norm-warp" : "kernel:group-norm-block",
-                    [p, warp, blocks](const LayerIO& io, cudaStream_t stream) {
-    const T* x = static_cast<const T*>(io.inputs[0]);
-    T* y = static_cast<T*>(io.outputs[0]);
-    const float* scale = static_cast<const float*>(io.inputs[1]);
-    const float* bias = static_cast<const float*>(io.inputs[2]);
-    if (warp) group_norm_rows_kernel<T, 32><<<blocks, kThreads, 0, stream>>>(x, y, scale, bias, p);
-    else group_norm_rows_kernel<T, kThreads><<<blocks, kThreads, 0, stream>>>(x, y, scale, bias, p);
-    KILN_CUDA_CHECK_LAUNCH();
-  });
-}
+constexpr int kVec = sizeof(T) == 2 ? 8 : 4;
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <class T, int GROUP>
+void launch_rows(bool vector, unsigned blocks, const LayerIO& io, const GroupNormShape& p, cudaStream_t stream) {
+  const T* x = static_cast<const T*>(io.inputs[0]);
+  T* y = static_cast<T*>(io.outputs[0]);
+  const float* scale = static_cast<const float*>(io.inputs[1]);
+  const float* bias = static_cast<const float*>(io.inputs[2]);
+  // A view at an odd offset takes the one-element kernel.
+  if (vector && aligned16(x) && aligned16(y))
+    group_norm_rows_kernel<T, GROUP, kVec<T>><<<blocks, kThreads, 0, stream>>>(x, y, scale, bias, p);
+  else
+    group_norm_rows_kernel<T, GROUP, 1><<<blocks, kThreads, 0, stream>>>(x, y, scale, bias, p);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+std::unique_ptr<Layer> rows_layer(const GroupNormShape& p) {
+  const bool vector = p.spatial % kVec<T> == 0;
+  const bool warp = p.cols <= (vector ? 32 * 4 * kVec<T> : 1024);
+  const unsigned blocks = capped_blocks(warp ? (p.rows + kThreads / 32 - 1) / (kThreads / 32) : p.rows);
+  return make_layer(warp ? "kernel:group-norm-warp" : "kernel:group-norm-block",
+                    [p, warp, vector, blocks](const LayerIO& io, cudaStream_t stream) {
+    if (warp) launch_rows<T, 32>(vector, blocks, io, p, stream);
+    else launch_rows<T, kThreads>(vector, blocks, io, p, stream);
+  });
+}
 
 // Chunks of at least 2,048 columns (a multiple of what a block reads in one step), as many as
 // give the GPU about eight blocks per SM.
@@ -221,8 +243,7 @@ GroupNormShape with_chunks(GroupNormShape p, int sms) {
 
 template <class T>
 std::unique_ptr<Layer> split_layer(const GroupNormShape& p) {
-  constexpr int kVec = sizeof(T) == 2 ? 8 : 4;
-  const bool vector = p.spatial % kVec == 0;  // (chunk is a multiple of kVec)
+  const bool vector = p.spatial % kVec<T> == 0;  // (chunk is a multiple of kVec)
   const unsigned blocks = capped_blocks(p.rows * p.splits);
   const size_t workspace = static_cast<size_t>(p.rows * p.splits) * sizeof(float2);
   return make_layer("kernel:group-norm-split" + std::to_string(p.splits), [p, vector, blocks](const LayerIO& io,
@@ -232,11 +253,10 @@ std::unique_ptr<Layer> split_layer(const GroupNormShape& p) {
     const float* scale = static_cast<const float*>(io.inputs[1]);
     const float* bias = static_cast<const float*>(io.inputs[2]);
     float2* partials = static_cast<float2*>(io.workspace);
-    // A view at an odd offset takes the one-element kernels.
     if (vector && aligned16(x) && aligned16(y)) {
-      group_norm_partials_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(x, partials, p);
+      group_norm_partials_kernel<T, kVec<T>><<<blocks, kThreads, 0, stream>>>(x, partials, p);
       KILN_CUDA_CHECK_LAUNCH();
-      group_norm_apply_kernel<T, kVec><<<blocks, kThreads, 0, stream>>>(x, y, partials, scale, bias, p);
+      group_norm_apply_kernel<T, kVec<T>><<<blocks, kThreads, 0, stream>>>(x, y, partials, scale, bias, p);
     } else {
       group_norm_partials_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(x, partials, p);
       KILN_CUDA_CHECK_LAUNCH();
@@ -256,6 +276,8 @@ std::string group_norm_check(const LayerRequest& r) {
   const int64_t groups = r.node.attrs.get_int("num_groups", 1);
   if (groups < 1 || shape[1] % groups != 0)
     return std::to_string(shape[1]) + " channels do not split into " + std::to_string(groups) + " groups";
+  if (shape[0] * shape[1] > 0 && shape_numel(shape) / (shape[0] * shape[1]) * (shape[1] / groups) >= (int64_t{1} << 31))
+    return "a group of 2^31 elements or more";
   if (shape_numel(r.input_shape(1)) != shape[1] || shape_numel(r.input_shape(2)) != shape[1])
     return "scale and bias must have C = " + std::to_string(shape[1]) + " elements";
   try {
@@ -305,9 +327,10 @@ std::unique_ptr<Layer> group_norm_create(const LayerRequest& r, const LayerForma
   GroupNormShape p;
   p.groups = r.node.attrs.get_int("num_groups", 1);
   p.channels_per_group = shape[1] / p.groups;
-  p.spatial = shape[0] * shape[1] ? shape_numel(shape) / (shape[0] * shape[1]) : 0;
+  p.spatial = shape[0] * shape[1] > 0 ? shape_numel(shape) / (shape[0] * shape[1]) : 0;
   p.rows = shape[0] * p.groups;
   p.cols = p.channels_per_group * p.spatial;
+  p.by_spatial = make_fast_div(static_cast<uint32_t>(std::max<int64_t>(p.spatial, 1)));
   p.eps = r.node.attrs.get_float("epsilon", 1e-5f);
   p.act = ir::Activation::from_node(r.node);
   if (p.rows == 0 || p.cols == 0) return make_layer("kernel:none", [](const LayerIO&, cudaStream_t) {});
