@@ -857,3 +857,54 @@ def test_group_norm_tactics_match_cpu(case, precision, kiln_bin, tmp_path):
         assert got.shape == want.shape
         err = rel_l2(got, want)
         assert err <= (1e-5 if precision == "fp32" else 3e-3), f"{case} {precision} {tactic}: relative L2 {err:.3g}"
+
+
+GROUP_NORM_NHWC_CASES = {
+    # (channels, groups, size, batch, activation): groups of 2 channels inside one 8-channel vector,
+    # 10-channel groups (40 vectors a pixel), channels not a multiple of 8, instance norm, 7x7 maps
+    "64ch-32g": (64, 32, 20, 2, "silu"),
+    "320ch-32g": (320, 32, 16, 1, "silu"),
+    "12ch-3g": (12, 3, 9, 2, "relu"),
+    "32ch-instance": (32, 32, 12, 2, "none"),
+    "256ch-8g-7x7": (256, 8, 7, 3, "sigmoid"),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("case", list(GROUP_NORM_NHWC_CASES))
+def test_group_norm_between_convolutions_reads_their_layout(case, precision, kiln_bin, tmp_path):
+    """Conv -> GroupNorm (+ activation) -> Conv: in fp16 the convolutions store channels-last and
+    the FusedGroupNorm layer reads and writes that layout itself ("kernel:group-norm-nhwc"), with no
+    Reformat between the three layers; in both precisions the output matches the CPU engine."""
+    c, groups, size, batch, act = GROUP_NORM_NHWC_CASES[case]
+    rng = np.random.default_rng(c + groups)
+    n1, i1 = conv("c1", "x", 8, c, rng=rng)
+    n2, i2 = conv("c2", "y1", c, 8, rng=rng)
+    gamma = (1 + 0.3 * rng.standard_normal(c)).astype(np.float32)
+    beta = (0.5 * rng.standard_normal(c)).astype(np.float32)
+    inits = i1 + i2 + [numpy_helper.from_array(gamma, "gamma"), numpy_helper.from_array(beta, "beta")]
+    nodes = n1 + [helper.make_node("GroupNormalization", ["c1", "gamma", "beta"], ["n"], num_groups=groups)]
+    nodes += [helper.make_node("Identity", ["n"], ["y1"])] if act == "none" else activation(act, "n", "y1")
+    nodes += n2
+    nodes[-1].output[0] = "y"
+    graph = helper.make_graph(nodes, "conv_gn_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                    [batch, 8, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    engine = str(tmp_path / "m.engine")
+    subprocess.run([kiln_bin, "build", path, "--device", "cuda", f"--{precision}", "-o", engine], check=True,
+                   capture_output=True, timeout=300)
+    info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True,
+                                     check=True).stdout)
+    layers = [(layer["op"], layer["tactic"]) for layer in info["layers"]]
+    norm = [tactic for op, tactic in layers if op == "FusedGroupNorm"]
+    assert len(norm) == 1, layers
+    if precision == "fp16":
+        inner = [op for op, _ in layers][[op for op, _ in layers].index("FusedGroupNorm") - 1:][:3]
+        assert norm[0].startswith("kernel:group-norm-nhwc") and "Reformat" not in inner, layers
+    x = (rng.standard_normal([batch, 8, size, size]) * 2 + 3).astype(np.float32)
+    want = run_kiln(kiln_bin, path, [x], ["x"], str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["y"]
+    got = run_kiln(kiln_bin, engine, [x], ["x"], str(tmp_path / "gpu"))["y"]
+    err = rel_l2(got, want)
+    assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{case} {precision}: relative L2 {err:.3g}, layers {layers}"

@@ -196,6 +196,152 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_kernel(const T* __r
   }
 }
 
+// --- "nhwc": X stored channels-last --------------------------------------------------------------
+//
+// Where the producer stores X channels-last (fp16 convolutions do), a group is C / G neighbouring
+// channels of every pixel. Blocks take chunks of one sample's pixels, threads neighbouring
+// channel vectors of `rows` pixels at a time (coalesced), so no transpose runs before or after
+// the layer. The first kernel writes each chunk's mean and sum of squared deviations per group
+// (per-channel sums over the block's pixel rows in shared memory, then per group); the second
+// combines a sample's chunks per group and writes the output.
+
+struct NhwcShape {
+  int64_t batch = 0, pixels = 0;
+  int channels = 0, groups = 1, channels_per_group = 1;
+  int vectors = 0;     // channel vectors of VEC per pixel
+  int rows = 1;        // pixels a block reads at once (blockDim.y); blockDim.x = min(vectors, 256)
+  int64_t chunk = 1, splits = 1;  // a sample's pixels in `splits` chunks of `chunk`
+  float eps = 1e-5f;
+  ir::Activation act;
+
+  int threads_x() const { return std::min(vectors, kThreads); }
+  // Dynamic shared memory of the statistics kernel: per-row channel sums, channel totals, group means.
+  size_t partial_smem() const {
+    return (static_cast<size_t>(rows) * channels + channels + groups) * sizeof(float);
+  }
+};
+
+__device__ __forceinline__ int64_t nhwc_chunk_end(const NhwcShape& p, int64_t split) {
+  return min(p.pixels, (split + 1) * p.chunk);
+}
+
+// Sums over the block's pixel rows of what each thread left in rows[y][channel] -> totals[channel].
+__device__ __forceinline__ void channel_totals(const NhwcShape& p, const float* rows, float* totals) {
+  const int threads = blockDim.x * blockDim.y, t = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int c = t; c < p.channels; c += threads) {
+    float sum = 0.f;
+    for (int y = 0; y < p.rows; ++y) sum += rows[y * p.channels + c];
+    totals[c] = sum;
+  }
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads) nhwc_partials_kernel(const T* __restrict__ x, float2* __restrict__ partials,
+                                                                 NhwcShape p) {
+  extern __shared__ float smem[];
+  float* rows = smem;                            // [rows][channels]
+  float* totals = rows + p.rows * p.channels;    // [channels]
+  float* group_mean = totals + p.channels;       // [groups]
+  const int threads = blockDim.x * blockDim.y, t = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int64_t b = blockIdx.x; b < p.batch * p.splits; b += gridDim.x) {
+    const int64_t n = b / p.splits, split = b % p.splits;
+    const int64_t begin = split * p.chunk, end = nhwc_chunk_end(p, split);
+    const T* xs = x + n * p.pixels * p.channels;
+    for (int v = threadIdx.x; v < p.vectors; v += blockDim.x) {
+      float acc[VEC] = {};
+      for (int64_t q = begin + threadIdx.y; q < end; q += p.rows) {
+        float vals[VEC];
+        load_vec<VEC>(xs + q * p.channels + v * VEC, vals);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] += vals[j];
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) rows[threadIdx.y * p.channels + v * VEC + j] = acc[j];
+    }
+    __syncthreads();
+    channel_totals(p, rows, totals);
+    __syncthreads();
+    const float count = static_cast<float>((end - begin) * p.channels_per_group);
+    for (int g = t; g < p.groups; g += threads) {
+      float sum = 0.f;
+      for (int k = 0; k < p.channels_per_group; ++k) sum += totals[g * p.channels_per_group + k];
+      group_mean[g] = sum / count;
+    }
+    __syncthreads();
+    for (int v = threadIdx.x; v < p.vectors; v += blockDim.x) {
+      float mean[VEC], acc[VEC] = {};
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) mean[j] = group_mean[(v * VEC + j) / p.channels_per_group];
+      for (int64_t q = begin + threadIdx.y; q < end; q += p.rows) {
+        float vals[VEC];
+        load_vec<VEC>(xs + q * p.channels + v * VEC, vals);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float d = vals[j] - mean[j];
+          acc[j] += d * d;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) rows[threadIdx.y * p.channels + v * VEC + j] = acc[j];
+    }
+    __syncthreads();
+    channel_totals(p, rows, totals);
+    __syncthreads();
+    for (int g = t; g < p.groups; g += threads) {
+      float m2 = 0.f;
+      for (int k = 0; k < p.channels_per_group; ++k) m2 += totals[g * p.channels_per_group + k];
+      partials[b * p.groups + g] = make_float2(group_mean[g], m2);
+    }
+    __syncthreads();  // the shared arrays are rewritten for the next chunk
+  }
+}
+
+template <class T, int VEC>
+__global__ void __launch_bounds__(kThreads) nhwc_apply_kernel(const T* __restrict__ x, T* __restrict__ y,
+                                                              const float2* __restrict__ partials,
+                                                              const float* __restrict__ scale,
+                                                              const float* __restrict__ bias, NhwcShape p) {
+  extern __shared__ float smem[];
+  float* group_mean = smem;              // [groups]
+  float* group_inv = smem + p.groups;    // [groups]
+  const int threads = blockDim.x * blockDim.y, t = threadIdx.y * blockDim.x + threadIdx.x;
+  const float group_size = static_cast<float>(p.pixels * p.channels_per_group);
+  for (int64_t b = blockIdx.x; b < p.batch * p.splits; b += gridDim.x) {
+    const int64_t n = b / p.splits, split = b % p.splits;
+    for (int g = t; g < p.groups; g += threads) {
+      float count = 0.f, mean = 0.f, m2 = 0.f;
+      for (int64_t k = 0; k < p.splits; ++k) {
+        const float2 part = partials[(n * p.splits + k) * p.groups + g];
+        combine(count, mean, m2, static_cast<float>((nhwc_chunk_end(p, k) - k * p.chunk) * p.channels_per_group),
+                part.x, part.y);
+      }
+      group_mean[g] = mean;
+      group_inv[g] = 1.f / sqrtf(m2 / group_size + p.eps);
+    }
+    __syncthreads();
+    const int64_t begin = split * p.chunk, end = nhwc_chunk_end(p, split);
+    const int64_t base = n * p.pixels * p.channels;
+    for (int v = threadIdx.x; v < p.vectors; v += blockDim.x) {
+      float mean[VEC], s[VEC], shift[VEC];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const int c = v * VEC + j, g = c / p.channels_per_group;
+        mean[j] = group_mean[g];
+        s[j] = scale[c] * group_inv[g];
+        shift[j] = bias[c];
+      }
+      for (int64_t q = begin + threadIdx.y; q < end; q += p.rows) {
+        float vals[VEC];
+        load_vec<VEC>(x + base + q * p.channels + v * VEC, vals);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) vals[j] = p.act.apply((vals[j] - mean[j]) * s[j] + shift[j]);
+        store_vec<VEC>(y + base + q * p.channels + v * VEC, vals);
+      }
+    }
+    __syncthreads();  // the group statistics are rewritten for the next chunk
+  }
+}
+
 // --- the layers -------------------------------------------------------------------------------
 
 template <class T>
@@ -266,6 +412,60 @@ std::unique_ptr<Layer> split_layer(const GroupNormShape& p) {
   }, workspace);
 }
 
+// Channels-last layers take C up to this (their shared memory holds a row of channels per
+// pixel row); wider tensors are transposed to NCHW for the other kernels.
+constexpr int kMaxNhwcChannels = 2048;
+
+// The shape of the channels-last kernels for vectors of `vec` channels, and a chunking that gives
+// every SM about four blocks (each thread row at least two pixels a chunk).
+NhwcShape nhwc_shape(const GroupNormShape& g, int64_t batch, int channels, int vec, int sms) {
+  NhwcShape p;
+  p.batch = batch;
+  p.pixels = g.spatial;
+  p.channels = channels;
+  p.groups = static_cast<int>(g.groups);
+  p.channels_per_group = static_cast<int>(g.channels_per_group);
+  p.vectors = channels / vec;
+  p.rows = std::max(1, kThreads / p.threads_x());
+  p.eps = g.eps;
+  p.act = g.act;
+  const int64_t wanted = std::max<int64_t>(1, int64_t{sms} * 4 / std::max<int64_t>(1, batch));
+  const int64_t most = std::max<int64_t>(1, p.pixels / (int64_t{p.rows} * 2));
+  const int64_t splits = std::min(wanted, most);
+  p.chunk = std::max<int64_t>(1, (p.pixels + splits - 1) / splits);
+  p.splits = (p.pixels + p.chunk - 1) / p.chunk;
+  return p;
+}
+
+template <class T, int VEC>
+void launch_nhwc(const NhwcShape& p, const LayerIO& io, cudaStream_t stream) {
+  const T* x = static_cast<const T*>(io.inputs[0]);
+  T* y = static_cast<T*>(io.outputs[0]);
+  float2* partials = static_cast<float2*>(io.workspace);
+  const dim3 block(p.threads_x(), p.rows);
+  const unsigned blocks = capped_blocks(p.batch * p.splits);
+  nhwc_partials_kernel<T, VEC><<<blocks, block, p.partial_smem(), stream>>>(x, partials, p);
+  KILN_CUDA_CHECK_LAUNCH();
+  nhwc_apply_kernel<T, VEC><<<blocks, block, 2 * p.groups * sizeof(float), stream>>>(
+      x, y, partials, static_cast<const float*>(io.inputs[1]), static_cast<const float*>(io.inputs[2]), p);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+std::unique_ptr<Layer> nhwc_layer(const GroupNormShape& g, int64_t batch, int channels, int sms) {
+  const bool vector = channels % kVec<T> == 0;
+  const NhwcShape wide = nhwc_shape(g, batch, channels, vector ? kVec<T> : 1, sms);
+  const NhwcShape narrow = nhwc_shape(g, batch, channels, 1, sms);
+  const size_t workspace =
+      static_cast<size_t>(std::max(wide.batch * wide.splits, narrow.batch * narrow.splits) * wide.groups) * sizeof(float2);
+  return make_layer("kernel:group-norm-nhwc" + std::to_string(wide.splits), [vector, wide, narrow](const LayerIO& io,
+                                                                                              cudaStream_t stream) {
+    // A view at an odd offset takes one channel a thread.
+    if (vector && aligned16(io.inputs[0]) && aligned16(io.outputs[0])) launch_nhwc<T, kVec<T>>(wide, io, stream);
+    else launch_nhwc<T, 1>(narrow, io, stream);
+  }, workspace);
+}
+
 std::string group_norm_check(const LayerRequest& r) {
   if (r.input_dtypes[0] != DType::kFloat32)
     return "input type " + to_string(r.input_dtypes[0]) + " is not supported (supported: float32)";
@@ -288,11 +488,17 @@ std::string group_norm_check(const LayerRequest& r) {
   return "";
 }
 
+// X and Y channels-last where the producer stores X so (a 4-D tensor of at most
+// kMaxNhwcChannels channels), else row-major; scale and bias float32.
 LayerFormats group_norm_formats(const LayerRequest& r) {
+  const std::vector<int64_t>& shape = r.input_shape(0);
+  const bool nhwc = !r.is_constant(0) && r.inputs[0]->format.layout == Layout::kNHWC && shape.size() == 4 &&
+                    shape[1] <= kMaxNhwcChannels;
+  const Layout layout = nhwc ? Layout::kNHWC : Layout::kLinear;
   LayerFormats f;
-  f.inputs = {Format{r.float_storage(), Layout::kLinear}, Format{DType::kFloat32, Layout::kLinear},
+  f.inputs = {Format{r.float_storage(), layout}, Format{DType::kFloat32, Layout::kLinear},
               Format{DType::kFloat32, Layout::kLinear}};
-  f.outputs = {Format{r.float_storage(), Layout::kLinear}};
+  f.outputs = {Format{r.float_storage(), layout}};
   return f;
 }
 
@@ -334,6 +540,15 @@ std::unique_ptr<Layer> group_norm_create(const LayerRequest& r, const LayerForma
   p.eps = r.node.attrs.get_float("epsilon", 1e-5f);
   p.act = ir::Activation::from_node(r.node);
   if (p.rows == 0 || p.cols == 0) return make_layer("kernel:none", [](const LayerIO&, cudaStream_t) {});
+  if (f.inputs[0].layout == Layout::kNHWC) {
+    const int sms = services.device().multiProcessorCount, channels = static_cast<int>(shape[1]);
+    switch (f.inputs[0].dtype) {
+      case DType::kFloat32: return nhwc_layer<float>(p, shape[0], channels, sms);
+      case DType::kFloat16: return nhwc_layer<__half>(p, shape[0], channels, sms);
+      default: break;
+    }
+    throw r.node.error(ErrorKind::kUnsupported, "storage type " + to_string(f.inputs[0].dtype) + " is not supported");
+  }
   switch (f.inputs[0].dtype) {
     case DType::kFloat32: return fastest<float>(p, "f32", services);
     case DType::kFloat16: return fastest<__half>(p, "f16", services);
