@@ -415,6 +415,13 @@ std::unique_ptr<Layer> split_layer(const GroupNormShape& p) {
 // Channels-last layers take C up to this (their shared memory holds a row of channels per
 // pixel row); wider tensors are transposed to NCHW for the other kernels.
 constexpr int kMaxNhwcChannels = 2048;
+// The statistics kernel's thread for a group combines its sample's chunks one after another:
+// at batch 1 a sample in 64 to 128 chunks made ResNet-50-GN and the UNet blocks of
+// bench/group_norm_models.py 1.7x slower than transposing to NCHW (H200, docs/design/gpu-engine.md),
+// so a sample takes at most this many chunks, and batches below kMinNhwcBatch (where that leaves
+// SMs idle) keep the NCHW kernels.
+constexpr int64_t kMaxNhwcChunks = 16;
+constexpr int64_t kMinNhwcBatch = 8;
 
 // The shape of the channels-last kernels for vectors of `vec` channels, and a chunking that gives
 // every SM about four blocks (each thread row at least two pixels a chunk).
@@ -431,7 +438,7 @@ NhwcShape nhwc_shape(const GroupNormShape& g, int64_t batch, int channels, int v
   p.act = g.act;
   const int64_t wanted = std::max<int64_t>(1, int64_t{sms} * 4 / std::max<int64_t>(1, batch));
   const int64_t most = std::max<int64_t>(1, p.pixels / (int64_t{p.rows} * 2));
-  const int64_t splits = std::min(wanted, most);
+  const int64_t splits = std::min({wanted, most, kMaxNhwcChunks});
   p.chunk = std::max<int64_t>(1, (p.pixels + splits - 1) / splits);
   p.splits = (p.pixels + p.chunk - 1) / p.chunk;
   return p;
@@ -489,11 +496,12 @@ std::string group_norm_check(const LayerRequest& r) {
 }
 
 // X and Y channels-last where the producer stores X so (a 4-D tensor of at most
-// kMaxNhwcChannels channels), else row-major; scale and bias float32.
+// kMaxNhwcChannels channels and a batch of kMinNhwcBatch or more), else row-major; scale and
+// bias float32.
 LayerFormats group_norm_formats(const LayerRequest& r) {
   const std::vector<int64_t>& shape = r.input_shape(0);
   const bool nhwc = !r.is_constant(0) && r.inputs[0]->format.layout == Layout::kNHWC && shape.size() == 4 &&
-                    shape[1] <= kMaxNhwcChannels;
+                    shape[1] <= kMaxNhwcChannels && shape[0] >= kMinNhwcBatch;
   const Layout layout = nhwc ? Layout::kNHWC : Layout::kLinear;
   LayerFormats f;
   f.inputs = {Format{r.float_storage(), layout}, Format{DType::kFloat32, Layout::kLinear},
