@@ -415,7 +415,7 @@ std::unique_ptr<Layer> split_layer(const GroupNormShape& p) {
 // Channels-last layers take C up to this (their shared memory holds a row of channels per
 // pixel row); wider tensors are transposed to NCHW for the other kernels.
 constexpr int kMaxNhwcChannels = 2048;
-// The statistics kernel's thread for a group combines its sample's chunks one after another:
+// The second kernel's thread for a group combines its sample's chunks one after another:
 // at batch 1 a sample in 64 to 128 chunks made ResNet-50-GN and the UNet blocks of
 // bench/group_norm_models.py 1.7x slower than transposing to NCHW (H200, docs/design/gpu-engine.md),
 // so a sample takes at most this many chunks, and batches below kMinNhwcBatch (where that leaves
