@@ -16,7 +16,10 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "kiln/kiln.h"
 #include "calibration/calibrate_model.h"
@@ -59,6 +62,47 @@ DType dtype_of_numpy(const py::dtype& dt, const std::string& what) {
 // a GPU engine's). A borrowed tensor holds a reference to the array until the run ends.
 enum class InputMemory { kCopy, kBorrow };
 
+// The memory of input copies, reused from run to run. Fresh memory for a large input costs a page
+// fault every 4 KB on each run: a CPU engine's run of a 38 MB batch of images spent about two
+// thirds of its 33 to 41 ms in them and the copy on a 2-core VM (bench/cpu_run_input_sizes.py). A
+// buffer is handed out again only once no Tensor holds it (a run in flight on another thread, an
+// output over an input's memory), and free buffers beyond kKeptBytes in all go back.
+class InputBuffers {
+ public:
+  // A Tensor over a free kept buffer of exactly `bytes`, or over new memory.
+  Tensor take(DType dtype, std::vector<int64_t> shape, size_t bytes) {
+    if (bytes < kSmallest) return Tensor::uninitialized(dtype, std::move(shape));
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [size, storage] : buffers_)
+      if (size == bytes && storage.use_count() == 1) return Tensor::over_storage(dtype, std::move(shape), storage);
+    Tensor t = Tensor::uninitialized(dtype, std::move(shape));
+    // Keep it, after letting go of free buffers (the oldest first) past kKeptBytes in all.
+    size_t kept = bytes;
+    for (const auto& b : buffers_) kept += b.first;
+    for (auto it = buffers_.begin(); kept > kKeptBytes && it != buffers_.end();) {
+      if (it->second.use_count() == 1) {
+        kept -= it->first;
+        it = buffers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    buffers_.emplace_back(bytes, t.storage());
+    return t;
+  }
+
+ private:
+  static constexpr size_t kSmallest = size_t{1} << 20;  // smaller copies come from malloc's own free lists
+  static constexpr size_t kKeptBytes = size_t{1} << 30;
+  std::mutex mutex_;
+  std::vector<std::pair<size_t, std::shared_ptr<unsigned char[]>>> buffers_;
+};
+
+InputBuffers& input_buffers() {
+  static auto* buffers = new InputBuffers;  // never destroyed: Tensors may outlive static destruction
+  return *buffers;
+}
+
 Tensor to_tensor(const py::handle& object, const std::string& what, InputMemory memory = InputMemory::kCopy) {
   // np.ascontiguousarray: numpy arrays as they are, CPU torch tensors and lists through __array__.
   py::array array = py::module_::import("numpy").attr("ascontiguousarray")(object);
@@ -74,7 +118,7 @@ Tensor to_tensor(const py::handle& object, const std::string& what, InputMemory 
         });
     return Tensor::over_storage(dtype, std::move(shape), std::move(storage));
   }
-  Tensor t = Tensor::uninitialized(dtype, shape);
+  Tensor t = input_buffers().take(dtype, std::move(shape), static_cast<size_t>(array.nbytes()));
   if (t.nbytes()) std::memcpy(t.raw(), array.data(), t.nbytes());
   return t;
 }
