@@ -16,14 +16,12 @@
 #include <cstring>
 #include <iostream>
 #include <map>
-#include <mutex>
 #include <type_traits>
-#include <utility>
-#include <vector>
 
 #include "kiln/kiln.h"
 #include "calibration/calibrate_model.h"
 #include "calibration/calibration_cache.h"
+#include "cpu/engine.h"
 
 namespace py = pybind11;
 
@@ -62,46 +60,17 @@ DType dtype_of_numpy(const py::dtype& dt, const std::string& what) {
 // a GPU engine's). A borrowed tensor holds a reference to the array until the run ends.
 enum class InputMemory { kCopy, kBorrow };
 
-// The memory of input copies, reused from run to run. Fresh memory for a large input costs a page
-// fault every 4 KB on each run: a CPU engine's run of a 38 MB batch of images spent about two
-// thirds of its 33 to 41 ms in them and the copy on a 2-core VM (bench/cpu_run_input_sizes.py). A
-// buffer is handed out again only once no Tensor holds it (a run in flight on another thread, an
-// output over an input's memory), and free buffers beyond kKeptBytes in all go back.
-class InputBuffers {
- public:
-  // A Tensor over a free kept buffer of exactly `bytes`, or over new memory.
-  Tensor take(DType dtype, std::vector<int64_t> shape, size_t bytes) {
-    if (bytes < kSmallest) return Tensor::uninitialized(dtype, std::move(shape));
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [size, storage] : buffers_)
-      if (size == bytes && storage.use_count() == 1) return Tensor::over_storage(dtype, std::move(shape), storage);
-    Tensor t = Tensor::uninitialized(dtype, std::move(shape));
-    // Keep it, after letting go of free buffers (the oldest first) past kKeptBytes in all.
-    size_t kept = bytes;
-    for (const auto& b : buffers_) kept += b.first;
-    for (auto it = buffers_.begin(); kept > kKeptBytes && it != buffers_.end();) {
-      if (it->second.use_count() == 1) {
-        kept -= it->first;
-        it = buffers_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    buffers_.emplace_back(bytes, t.storage());
-    return t;
-  }
-
- private:
-  static constexpr size_t kSmallest = size_t{1} << 20;  // smaller copies come from malloc's own free lists
-  static constexpr size_t kKeptBytes = size_t{1} << 30;
-  std::mutex mutex_;
-  std::vector<std::pair<size_t, std::shared_ptr<unsigned char[]>>> buffers_;
-};
-
-InputBuffers& input_buffers() {
-  static auto* buffers = new InputBuffers;  // never destroyed: Tensors may outlive static destruction
-  return *buffers;
+// The memory of a CPU engine's input copies, reused from run to run (cpu::BufferPool, as the
+// engine's intermediates are). Fresh memory for a large input costs a page fault every 4 KB on
+// each run: a run over a 38 MB batch of images took 35 to 41 ms with fresh copies and 10 to 11 ms
+// with reused ones on a 2-core VM (bench/cpu_run_input_sizes.py). Engine.run gives its copies
+// back after the run; the pool takes only buffers nothing else holds (an output over an input's
+// memory keeps it).
+cpu::BufferPool& input_pool() {
+  static auto* pool = new cpu::BufferPool(0);  // never destroyed: Tensors may outlive static destruction
+  return *pool;
 }
+constexpr size_t kPooledInputBytes = size_t{1} << 20;  // smaller copies come from malloc's own free lists
 
 Tensor to_tensor(const py::handle& object, const std::string& what, InputMemory memory = InputMemory::kCopy) {
   // np.ascontiguousarray: numpy arrays as they are, CPU torch tensors and lists through __array__.
@@ -118,9 +87,16 @@ Tensor to_tensor(const py::handle& object, const std::string& what, InputMemory 
         });
     return Tensor::over_storage(dtype, std::move(shape), std::move(storage));
   }
-  Tensor t = input_buffers().take(dtype, std::move(shape), static_cast<size_t>(array.nbytes()));
+  const size_t bytes = static_cast<size_t>(array.nbytes());
+  Tensor t = bytes >= kPooledInputBytes ? Tensor::over_storage(dtype, std::move(shape), input_pool().take(bytes))
+                                        : Tensor::uninitialized(dtype, std::move(shape));
   if (t.nbytes()) std::memcpy(t.raw(), array.data(), t.nbytes());
   return t;
+}
+
+// Returns a run's input copies to input_pool() (those nothing else holds: see BufferPool::give).
+void give_back(std::map<std::string, Tensor>& inputs) {
+  for (auto& [name, t] : inputs) input_pool().give(t);
 }
 
 py::array to_numpy(const Tensor& t) {
@@ -568,6 +544,7 @@ PYBIND11_MODULE(_kiln, m) {
           py::gil_scoped_release release;
           out = engine.run(in);
         }
+        give_back(in);
         return to_dict(out);
       })
       .def("profile", [](const Engine& engine, const py::dict& inputs) {
@@ -577,6 +554,7 @@ PYBIND11_MODULE(_kiln, m) {
           py::gil_scoped_release release;
           timings = engine.profile(in);
         }
+        give_back(in);
         return timing_rows(timings);
       });
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -111,6 +112,56 @@ def test_threads_sharing_one_cpu_engine_match_serial_runs_bit_for_bit():
         th.join()
     assert not errors, errors[:3]
     assert not mismatches, f"{len(mismatches)} of 72 concurrent runs differ from serial runs: {mismatches[:5]}"
+
+
+def test_large_inputs_reuse_memory_without_touching_earlier_outputs(tmp_path):
+    """The binding copies a CPU engine's inputs into memory it reuses from run to run (inputs of
+    1 MiB and more). An output that is the input itself keeps that memory: later runs, serial or
+    from several threads at once, must neither change it nor see each other's inputs."""
+    import threading
+
+    from onnx import TensorProto, helper
+
+    shape = [4, 3, 128, 128]  # 786 KB a row: 3 MB an input
+    # Neg 21 times: runs long enough that other threads copy their inputs while one runs.
+    chain = [helper.make_node("Neg", ["x" if k == 0 else f"n{k}"], [f"n{k + 1}" if k < 20 else "neg"]) for k in range(21)]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["same"])] + chain,
+                              "alias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("same", TensorProto.FLOAT, shape),
+                               helper.make_tensor_value_info("neg", TensorProto.FLOAT, shape)])
+    path = str(tmp_path / "alias.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    engine = kiln.Builder(device="cpu").build(path)
+    rng = np.random.default_rng(5)
+    inputs = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+    kept = [engine.run({"x": x}) for x in inputs]  # every output alive at once
+    for _ in range(3):
+        for x in inputs[::-1]:
+            out = engine.run({"x": x})
+            np.testing.assert_array_equal(out["same"], x)
+            np.testing.assert_array_equal(out["neg"], -x)
+    for x, out in zip(inputs, kept):
+        np.testing.assert_array_equal(out["same"], x)
+        np.testing.assert_array_equal(out["neg"], -x)
+    del kept
+    errors = []
+
+    def worker(t: int) -> None:
+        try:
+            for r in range(20):
+                x = inputs[(t + r) % len(inputs)]
+                out = engine.run({"x": x})
+                if not (np.array_equal(out["same"], x) and np.array_equal(out["neg"], -x)):
+                    errors.append((t, r))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[:5]
 
 
 def test_cpu_threads_can_be_set_and_every_count_computes_the_same():

@@ -114,6 +114,25 @@ TEST(Sizes, BufferPoolLetsFreeBuffersGoBeforeRefusing) {
   EXPECT_NE(big, nullptr);
 }
 
+TEST(Sizes, BufferPoolReusesOnlyBuffersNothingElseHolds) {
+  // (The Python binding keeps a CPU engine's input copies in a BufferPool: a buffer an output or
+  // another run still holds must not be handed out again.)
+  cpu::BufferPool pool(0);
+  Tensor first = Tensor::over_storage(DType::kFloat32, {1 << 18}, pool.take(1 << 20));
+  const unsigned char* address = first.storage().get();
+  Tensor alias = first;  // an output over the input's memory
+  pool.give(first);      // held twice: not taken back
+  first = Tensor();
+  auto other = pool.take(1 << 20);
+  EXPECT_NE(other.get(), address);
+  pool.give(alias);  // now the only holder: taken back, and handed out next
+  alias = Tensor();
+  EXPECT_EQ(pool.take(1 << 20).get(), address);
+  Tensor foreign(DType::kFloat32, {1 << 18});  // memory the pool did not make is never taken
+  pool.give(foreign);
+  EXPECT_NE(pool.take(1 << 20).get(), foreign.storage().get());
+}
+
 TEST(Sizes, CpuEngineRefusesARunPastItsMemoryLimitNamingTheTensorAndNode) {
   GraphBuilder b;
   b.input("x", {ir::Dim::named("N"), 1024});
