@@ -13,6 +13,8 @@
 //   row's chunks (Chan et al.'s pairwise update, so no sum of squares loses the variance to
 //   cancellation) and writes act((x - mean) * inv * scale + bias) over its chunk, 16 bytes a
 //   thread where the channels allow. X is read twice and Y written once, by every SM.
+// Where the producer stores X channels-last (fp16 convolutions) and the batch is 8 or more, the
+// layer reads and writes that layout itself instead ("nhwc", below), so no transposes surround it.
 #include <algorithm>
 #include <cstdint>
 #include <string>
