@@ -232,6 +232,9 @@ inline size_t widest_unit(size_t es, std::initializer_list<uint64_t> byte_quanti
   return unit;
 }
 
+// Whether p may be read and written 16 bytes at a time (a view at an odd offset may not).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 inline size_t pointer_unit(size_t unit, const void* a, const void* b) {
   const auto bits = reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b);
   while (unit > 1 && bits % unit) unit /= 2;

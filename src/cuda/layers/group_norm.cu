@@ -349,8 +349,6 @@ __global__ void __launch_bounds__(kThreads) nhwc_apply_kernel(const T* __restric
 template <class T>
 constexpr int kVec = sizeof(T) == 2 ? 8 : 4;
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <class T, int GROUP>
 void launch_rows(bool vector, unsigned blocks, const LayerIO& io, const GroupNormShape& p, cudaStream_t stream) {
   const T* x = static_cast<const T*>(io.inputs[0]);

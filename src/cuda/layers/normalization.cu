@@ -197,8 +197,6 @@ void launch_norm_rows_vec(int group, unsigned blocks, const __half* x, __half* y
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <class T>
 std::unique_ptr<Layer> norm_rows_layer(const RowNorm& p) {
   if constexpr (std::is_same_v<T, __half>) {

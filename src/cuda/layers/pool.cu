@@ -478,8 +478,6 @@ const char* kind_name(PoolKind k) {
 // Elements of 16 bytes.
 int full_vec(DType dtype) { return 16 / static_cast<int>(element_size(dtype)); }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 std::string pool_check(const LayerRequest& r) {
   const std::string& op = r.node.op;
   const PoolKind kind = kind_of(op);
