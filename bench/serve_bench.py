@@ -397,6 +397,9 @@ def main() -> int:
     p.add_argument("--concurrency", default="1,4,16,64,256")
     p.add_argument("--large-request-rows", default="16",
                    help="images per large request, or several (16,64): each size at two concurrencies")
+    p.add_argument("--large-request-in-flight", default="",
+                   help="large requests kept in flight, e.g. 4,8,16 (default: the top concurrency over 4x the "
+                        "rows and over the rows)")
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--client-processes", type=int, default=8)
@@ -440,8 +443,13 @@ def main() -> int:
     else:
         engine = onnx
     top = max(concurrencies)
+    def large_in_flight(rows: int) -> list[int]:
+        if args.large_request_in_flight:
+            return sorted({int(c) for c in args.large_request_in_flight.split(",")})
+        return sorted({max(1, top // (4 * rows)), max(1, top // rows)})
+
     large = [(c, rows, t) for rows in (int(r) for r in str(args.large_request_rows).split(",")) if rows > 1
-             for c in sorted({max(1, top // (4 * rows)), max(1, top // rows)}) for t in ("grpc", "shm")]
+             for c in large_in_flight(rows) for t in ("grpc", "shm")]
     one_gpu = ([(c, 1, "grpc") for c in concurrencies] + [(c, 1, "shm") for c in (1, top)] + large
                + [(w, 1, "stream") for w in (1, 8, 32)])
     result["server"] = serve_sweep(engine, args.model, name, args.size, args.device, [0], args.max_batch,

@@ -862,13 +862,16 @@ def test_group_norm_tactics_match_cpu(case, precision, kiln_bin, tmp_path):
 GROUP_NORM_NHWC_CASES = {
     # (channels, groups, size, batch, activation): groups of 2 channels inside one 8-channel vector,
     # 10-channel groups (40 vectors a pixel), channels not a multiple of 8, instance norm, 7x7 maps;
-    # below batch 8 the layer keeps NCHW (cuda/layers/group_norm.cu, kMinNhwcBatch)
+    # a sample in more chunks than a warp has lanes (48x48 at batch 8); below batch 8 the layer keeps
+    # NCHW (KILN_GROUP_NORM_NHWC_MIN_BATCH, a build option, 8 by default)
     "64ch-32g": (64, 32, 20, 8, "silu"),
     "320ch-32g": (320, 32, 16, 8, "silu"),
     "12ch-3g": (12, 3, 9, 8, "relu"),
     "32ch-instance": (32, 32, 12, 8, "none"),
     "256ch-8g-7x7": (256, 8, 7, 9, "sigmoid"),
     "64ch-32g-batch-1": (64, 32, 20, 1, "silu"),
+    "64ch-32g-48x48": (64, 32, 48, 8, "silu"),
+    "96ch-24g-40x40-batch-2": (96, 24, 40, 2, "relu"),
 }
 
 
@@ -906,6 +909,8 @@ def test_group_norm_between_convolutions_reads_their_layout(case, precision, kil
     if precision == "fp16" and batch >= 8:
         inner = [op for op, _ in layers][[op for op, _ in layers].index("FusedGroupNorm") - 1:][:3]
         assert norm[0].startswith("kernel:group-norm-nhwc") and "Reformat" not in inner, layers
+        if size * size >= 48 * 48:  # the chunks' statistics combined by a warp's lanes, more than once each
+            assert int(norm[0].removeprefix("kernel:group-norm-nhwc")) > 32, layers
     else:
         assert not norm[0].startswith("kernel:group-norm-nhwc"), layers
     x = (rng.standard_normal([batch, 8, size, size]) * 2 + 3).astype(np.float32)

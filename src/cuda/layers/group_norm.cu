@@ -24,6 +24,15 @@
 #include "cuda/runtime/check.h"
 #include "ir/activation.h"
 
+// Build options (CMakeLists.txt): the smallest batch whose channels-last group norms skip the
+// transposes, and the most chunks of a sample they take.
+#ifndef KILN_GROUP_NORM_NHWC_MIN_BATCH
+#define KILN_GROUP_NORM_NHWC_MIN_BATCH 8
+#endif
+#ifndef KILN_GROUP_NORM_NHWC_MAX_CHUNKS
+#define KILN_GROUP_NORM_NHWC_MAX_CHUNKS 256
+#endif
+
 namespace kiln::cuda {
 
 namespace {
@@ -205,7 +214,9 @@ __global__ void __launch_bounds__(kThreads) group_norm_apply_kernel(const T* __r
 // channel vectors of `rows` pixels at a time (coalesced), so no transpose runs before or after
 // the layer. The first kernel writes each chunk's mean and sum of squared deviations per group
 // (per-channel sums over the block's pixel rows in shared memory, then per group); the second
-// combines a sample's chunks per group and writes the output.
+// combines a sample's chunks per group and writes the output. A sample in more than
+// kMaxSerialChunks chunks has its chunks combined once, by a warp per group in a kernel between
+// the two, instead of by a thread per group in every block of the second.
 
 struct NhwcShape {
   int64_t batch = 0, pixels = 0;
@@ -298,9 +309,38 @@ __global__ void __launch_bounds__(kThreads) nhwc_partials_kernel(const T* __rest
   }
 }
 
+// Each (sample, group)'s mean and 1 / sqrt(var + eps) from its chunks' partials: a warp per
+// group, lanes over the chunks, Chan's update across lanes by shuffles.
+__global__ void __launch_bounds__(kThreads) nhwc_statistics_kernel(const float2* __restrict__ partials,
+                                                                   float2* __restrict__ stats, NhwcShape p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t warps = int64_t{gridDim.x} * (kThreads / 32);
+  const float group_size = static_cast<float>(p.pixels * p.channels_per_group);
+  for (int64_t w = int64_t{blockIdx.x} * (kThreads / 32) + threadIdx.x / 32; w < p.batch * p.groups; w += warps) {
+    const int64_t n = w / p.groups, g = w % p.groups;
+    float count = 0.f, mean = 0.f, m2 = 0.f;
+    for (int64_t k = lane; k < p.splits; k += 32) {
+      const float2 part = partials[(n * p.splits + k) * p.groups + g];
+      combine(count, mean, m2, static_cast<float>((nhwc_chunk_end(p, k) - k * p.chunk) * p.channels_per_group), part.x,
+              part.y);
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      const float nb = __shfl_xor_sync(0xffffffffu, count, d);
+      const float meanb = __shfl_xor_sync(0xffffffffu, mean, d);
+      const float m2b = __shfl_xor_sync(0xffffffffu, m2, d);
+      combine(count, mean, m2, nb, meanb, m2b);
+    }
+    if (lane == 0) stats[w] = make_float2(mean, 1.f / sqrtf(m2 / group_size + p.eps));
+  }
+}
+
+// `stats` null: each block's threads combine its sample's chunks from `partials`, a thread per
+// group; else `stats` holds every (sample, group)'s mean and inverse deviation.
 template <class T, int VEC>
 __global__ void __launch_bounds__(kThreads) nhwc_apply_kernel(const T* __restrict__ x, T* __restrict__ y,
                                                               const float2* __restrict__ partials,
+                                                              const float2* __restrict__ stats,
                                                               const float* __restrict__ scale,
                                                               const float* __restrict__ bias, NhwcShape p) {
   extern __shared__ float smem[];
@@ -311,6 +351,12 @@ __global__ void __launch_bounds__(kThreads) nhwc_apply_kernel(const T* __restric
   for (int64_t b = blockIdx.x; b < p.batch * p.splits; b += gridDim.x) {
     const int64_t n = b / p.splits, split = b % p.splits;
     for (int g = t; g < p.groups; g += threads) {
+      if (stats) {
+        const float2 st = stats[n * p.groups + g];
+        group_mean[g] = st.x;
+        group_inv[g] = st.y;
+        continue;
+      }
       float count = 0.f, mean = 0.f, m2 = 0.f;
       for (int64_t k = 0; k < p.splits; ++k) {
         const float2 part = partials[(n * p.splits + k) * p.groups + g];
@@ -415,13 +461,16 @@ std::unique_ptr<Layer> split_layer(const GroupNormShape& p) {
 // Channels-last layers take C up to this (their shared memory holds a row of channels per
 // pixel row); wider tensors are transposed to NCHW for the other kernels.
 constexpr int kMaxNhwcChannels = 2048;
-// The second kernel's thread for a group combines its sample's chunks one after another:
-// at batch 1 a sample in 64 to 128 chunks made ResNet-50-GN and the UNet blocks of
-// bench/group_norm_models.py 1.7x slower than transposing to NCHW (H200, docs/design/gpu-engine.md),
-// so a sample takes at most this many chunks, and batches below kMinNhwcBatch (where that leaves
-// SMs idle) keep the NCHW kernels.
-constexpr int64_t kMaxNhwcChunks = 16;
-constexpr int64_t kMinNhwcBatch = 8;
+// Batches below this keep the NCHW kernels, with transposes around them: at batch 1 the
+// channels-last kernels, a sample cut into 50 to 130 chunks, made ResNet-50-GN and the UNet blocks
+// of bench/group_norm_models.py 1.2x to 1.8x slower (H200, docs/design/gpu-engine.md).
+constexpr int64_t kMinNhwcBatch = KILN_GROUP_NORM_NHWC_MIN_BATCH;
+// A sample takes at most this many chunks.
+constexpr int64_t kMaxNhwcChunks = KILN_GROUP_NORM_NHWC_MAX_CHUNKS;
+// Up to this many chunks a sample, every block of the second kernel combines them itself, a
+// thread per group, one chunk after another; beyond it a warp per group combines them once, in a
+// kernel of its own (one launch more, which costs batches 32 and 128 more than it saves them).
+constexpr int64_t kMaxSerialChunks = 16;
 
 // The shape of the channels-last kernels for vectors of `vec` channels, and a chunking that gives
 // every SM about four blocks (each thread row at least two pixels a chunk).
@@ -444,17 +493,31 @@ NhwcShape nhwc_shape(const GroupNormShape& g, int64_t batch, int channels, int v
   return p;
 }
 
+// The workspace: every chunk's partials, then (beyond kMaxSerialChunks) every group's statistics.
+size_t nhwc_partials_bytes(const NhwcShape& p) { return static_cast<size_t>(p.batch * p.splits * p.groups) * sizeof(float2); }
+size_t nhwc_workspace_bytes(const NhwcShape& p) {
+  return nhwc_partials_bytes(p) + (p.splits > kMaxSerialChunks ? static_cast<size_t>(p.batch * p.groups) * sizeof(float2) : 0);
+}
+
 template <class T, int VEC>
 void launch_nhwc(const NhwcShape& p, const LayerIO& io, cudaStream_t stream) {
   const T* x = static_cast<const T*>(io.inputs[0]);
   T* y = static_cast<T*>(io.outputs[0]);
   float2* partials = static_cast<float2*>(io.workspace);
+  float2* stats = nullptr;
   const dim3 block(p.threads_x(), p.rows);
   const unsigned blocks = capped_blocks(p.batch * p.splits);
   nhwc_partials_kernel<T, VEC><<<blocks, block, p.partial_smem(), stream>>>(x, partials, p);
   KILN_CUDA_CHECK_LAUNCH();
+  if (p.splits > kMaxSerialChunks) {
+    stats = reinterpret_cast<float2*>(static_cast<char*>(io.workspace) + nhwc_partials_bytes(p));
+    constexpr int64_t kWarps = kThreads / 32;
+    nhwc_statistics_kernel<<<capped_blocks((p.batch * p.groups + kWarps - 1) / kWarps), kThreads, 0, stream>>>(partials,
+                                                                                                             stats, p);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
   nhwc_apply_kernel<T, VEC><<<blocks, block, 2 * p.groups * sizeof(float), stream>>>(
-      x, y, partials, static_cast<const float*>(io.inputs[1]), static_cast<const float*>(io.inputs[2]), p);
+      x, y, partials, stats, static_cast<const float*>(io.inputs[1]), static_cast<const float*>(io.inputs[2]), p);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
@@ -463,8 +526,7 @@ std::unique_ptr<Layer> nhwc_layer(const GroupNormShape& g, int64_t batch, int ch
   const bool vector = channels % kVec<T> == 0;
   const NhwcShape wide = nhwc_shape(g, batch, channels, vector ? kVec<T> : 1, sms);
   const NhwcShape narrow = nhwc_shape(g, batch, channels, 1, sms);
-  const size_t workspace =
-      static_cast<size_t>(std::max(wide.batch * wide.splits, narrow.batch * narrow.splits) * wide.groups) * sizeof(float2);
+  const size_t workspace = std::max(nhwc_workspace_bytes(wide), nhwc_workspace_bytes(narrow));
   return make_layer("kernel:group-norm-nhwc" + std::to_string(wide.splits), [vector, wide, narrow](const LayerIO& io,
                                                                                               cudaStream_t stream) {
     // A view at an odd offset takes one channel a thread.
