@@ -619,8 +619,15 @@ AlignedFloats& thread_tile_buffer() {
 // Narrow outputs (the 7x7 and 14x14 ResNet layers) with AVX-512: C^T [N x M] = B^T @ A^T on the
 // 7 x 32 kernel. B's columns are the broadcast side, in 7-column panels, so N = 49 and
 // N = 196 fill every tile (32-column panels would compute 64 and 224 columns); A's wide
-// 32-row panels are the vector side. B is packed once by all threads, then the threads split
-// A's rows; partial sums stay in a per-task buffer of C^T tiles across K blocks.
+// 32-row panels are the vector side. Partial sums stay in a per-task buffer of C^T tiles across
+// K blocks. Threads share the work one of two ways:
+// - A at least as large as B (ResNet's 256 to 2048 rows): B is packed once, by all threads, and
+//   the tasks split A's rows.
+// - A smaller than B (a mobile network's projections, 24 to 160 rows by 49 or 196 columns): each
+//   task packs its own columns of B and runs all of A over them. Packing B together and then
+//   reading it all from every core moved B between the cores' caches, and A's one to five row
+//   panels left threads idle: 2 threads ran M 64 N 196 K 384 in 0.056 ms against 0.069 on one
+//   (docs/design/cpu-gemm.md, "Narrow outputs on two threads").
 void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
   constexpr int NT = 7, MV = 32;
   constexpr int64_t kKc = 256;  // a 32 x kc A panel (32 KB) stays in L1 across B's panels
@@ -628,6 +635,55 @@ void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
   const int64_t M = a.rows(), K = a.depth(), n = p.n;
   const int64_t n_panels = (n + NT - 1) / NT, m_panels = (M + MV - 1) / MV;
   const int64_t kblocks = (K + kKc - 1) / kKc, kc_max = (K + kblocks - 1) / kblocks;
+  // Below about 3M multiply-adds (0.02 to 0.04 ms on one core) a second thread costs more than it
+  // takes: M 64 N 196 K 192 ran in 0.034 ms on one thread and 0.039 on two.
+  if (M * n * K < (int64_t{3} << 20)) threads = 1;
+
+  // Row panels [mp0, mp1) of A against B's column panels [q0, q1), which lie in `panels`
+  // (panel q at panels + (q - q0) * K * NT): computed, then stored with the epilogue.
+  auto run_tiles = [&](int64_t mp0, int64_t mp1, int64_t q0, int64_t q1, const float* panels) {
+    const int64_t nq = q1 - q0;
+    float* acc = thread_tile_buffer().reserve((mp1 - mp0) * nq * NT * MV);
+    Tile t;
+    t.ldc = MV;
+    for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+      t.kc = std::min(kc_max, K - k0);
+      t.first = k0 == 0;
+      for (int64_t mp = mp0; mp < mp1; ++mp) {
+        t.b = a.wide_panel(mp) + k0 * MV;
+        t.nr = static_cast<int>(std::min<int64_t>(MV, M - mp * MV));
+        for (int64_t q = q0; q < q1; ++q) {
+          t.a = panels + (q - q0) * K * NT + k0 * NT;
+          t.mr = static_cast<int>(std::min<int64_t>(NT, n - q * NT));
+          t.c = acc + ((mp - mp0) * nq + (q - q0)) * NT * MV;
+          tile_avx512<NT>(t);
+        }
+      }
+    }
+    for (int64_t mp = mp0; mp < mp1; ++mp)
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t m0 = mp * MV, n0 = q * NT;
+        const int nt = static_cast<int>(std::min<int64_t>(NT, n - n0));
+        const int mv = static_cast<int>(std::min<int64_t>(MV, M - m0));
+        float* cb = p.c + m0 * p.ldc + n0;
+        store_transposed(acc + ((mp - mp0) * nq + (q - q0)) * NT * MV, nt, mv, cb, p.ldc,
+                         p.ep.row_bias ? p.ep.row_bias + m0 : nullptr,
+                         p.ep.residual ? p.ep.residual + m0 * p.ep.ld_residual + n0 : nullptr, p.ep.ld_residual,
+                         p.clamp, p.lo, p.hi, p.act_after ? p.ep.act : nullptr);
+      }
+  };
+
+  if (threads > 1 && M < n) {
+    const int64_t tasks = std::min<int64_t>(n_panels, 2 * threads);
+    parallel_for_each(tasks, true, [&](int64_t ti) {
+      const int64_t q0 = ti * n_panels / tasks, q1 = (ti + 1) * n_panels / tasks;
+      float* panels = thread_buffer().reserve(K * (q1 - q0) * NT);
+      pack_b(b, NT, true, 0, K, q0 * NT, std::min(n, q1 * NT), panels, K * NT);
+      run_tiles(0, m_panels, q0, q1, panels);
+    }, 1);
+    return;
+  }
+
   float* bbuf = thread_buffer().reserve(K * n_panels * NT);
   const int64_t m_chunk = std::max<int64_t>(1, (m_panels + 4 * threads - 1) / (4 * threads));
   const int64_t tasks = (m_panels + m_chunk - 1) / m_chunk;
@@ -654,34 +710,7 @@ void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
   });
   parallel_for_each(tasks, threads > 1, [&](int64_t ti) {
     const int64_t mp0 = ti * m_chunk, mp1 = std::min(m_panels, mp0 + m_chunk);
-    float* acc = thread_tile_buffer().reserve((mp1 - mp0) * n_panels * NT * MV);
-    Tile t;
-    t.ldc = MV;
-    for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
-      t.kc = std::min(kc_max, K - k0);
-      t.first = k0 == 0;
-      for (int64_t mp = mp0; mp < mp1; ++mp) {
-        t.b = a.wide_panel(mp) + k0 * MV;
-        t.nr = static_cast<int>(std::min<int64_t>(MV, M - mp * MV));
-        for (int64_t q = 0; q < n_panels; ++q) {
-          t.a = bbuf + q * K * NT + k0 * NT;
-          t.mr = static_cast<int>(std::min<int64_t>(NT, n - q * NT));
-          t.c = acc + ((mp - mp0) * n_panels + q) * NT * MV;
-          tile_avx512<NT>(t);
-        }
-      }
-    }
-    for (int64_t mp = mp0; mp < mp1; ++mp)
-      for (int64_t q = 0; q < n_panels; ++q) {
-        const int64_t m0 = mp * MV, n0 = q * NT;
-        const int nt = static_cast<int>(std::min<int64_t>(NT, n - n0));
-        const int mv = static_cast<int>(std::min<int64_t>(MV, M - m0));
-        float* cb = p.c + m0 * p.ldc + n0;
-        store_transposed(acc + ((mp - mp0) * n_panels + q) * NT * MV, nt, mv, cb, p.ldc,
-                         p.ep.row_bias ? p.ep.row_bias + m0 : nullptr,
-                         p.ep.residual ? p.ep.residual + m0 * p.ep.ld_residual + n0 : nullptr, p.ep.ld_residual,
-                         p.clamp, p.lo, p.hi, p.act_after ? p.ep.act : nullptr);
-      }
+    run_tiles(mp0, mp1, 0, n_panels, bbuf);
   }, 1);
 }
 

@@ -19,7 +19,8 @@
 // PackedA also holds 32-row panels (add_wide_panels) and a cost model says it pays.
 //
 // Threads: wide outputs are split by column chunks, each thread packing its own B; narrow ones
-// pack B once, together, and split the rows of A.
+// pack B once, together, and split the rows of A, or, where A is the smaller, each pack and
+// compute columns of their own.
 #pragma once
 
 #include <cstdint>

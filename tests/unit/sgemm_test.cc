@@ -86,6 +86,12 @@ std::vector<Case> cases() {
   cs.push_back({64, 1100, 147});  // wide: column chunks over threads
   cs.push_back({70, 49, 700});    // narrow: shared B, rows split, three K blocks
   cs.push_back({130, 196, 97});
+  // narrow on two threads: A smaller than B, each task packing its own columns (the last
+  // panel 5 columns wide), and A the larger, B packed together and A's rows split
+  cs.push_back({96, 196, 576});
+  cs.push_back({40, 250, 400});
+  cs.push_back({160, 49, 960});
+  cs.push_back({256, 196, 100});
   return cs;
 }
 
@@ -122,7 +128,7 @@ TEST(Sgemm, MatchesNaiveLoopOnEveryKernel) {
 
 TEST(Sgemm, EpilogueAddsBiasResidualAndActivation) {
   uint32_t seed = 500;
-  const std::vector<Case> shapes{{9, 33, 5}, {17, 49, 321}, {40, 700, 30}, {8, 32, 16}, {70, 196, 300}, {33, 49, 600}};
+  const std::vector<Case> shapes{{9, 33, 5}, {17, 49, 321}, {40, 700, 30}, {8, 32, 16}, {70, 196, 300}, {33, 49, 600}, {96, 196, 576}, {160, 49, 960}};
   for (SgemmIsa isa : available_isas()) {
     IsaScope scope(isa);
     for (const Case& c : shapes)
