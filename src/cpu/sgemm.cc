@@ -635,9 +635,11 @@ void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
   const int64_t M = a.rows(), K = a.depth(), n = p.n;
   const int64_t n_panels = (n + NT - 1) / NT, m_panels = (M + MV - 1) / MV;
   const int64_t kblocks = (K + kKc - 1) / kKc, kc_max = (K + kblocks - 1) / kblocks;
-  // Below about 3M multiply-adds (0.02 to 0.04 ms on one core) a second thread costs more than it
-  // takes: M 64 N 196 K 192 ran in 0.034 ms on one thread and 0.039 on two.
-  if (M * n * K < (int64_t{3} << 20)) threads = 1;
+  // A smaller than B and below about 3M multiply-adds (0.02 to 0.04 ms on one core): a second
+  // thread costs more than it takes (M 64 N 196 K 192: 0.034 ms on one thread, 0.039 on two).
+  // Where A is the larger, its rows stream from memory (a squeeze-excitation's 960 x 240 weights
+  // against one column), and two cores read them faster than one even for small products.
+  if (M < n && M * n * K < (int64_t{3} << 20)) threads = 1;
 
   // Row panels [mp0, mp1) of A against B's column panels [q0, q1), which lie in `panels`
   // (panel q at panels + (q - q0) * K * NT): computed, then stored with the epilogue.
