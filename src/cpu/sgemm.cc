@@ -626,8 +626,8 @@ AlignedFloats& thread_tile_buffer() {
 // - A smaller than B (a mobile network's projections, 24 to 160 rows by 49 or 196 columns): each
 //   task packs its own columns of B and runs all of A over them. Packing B together and then
 //   reading it all from every core moved B between the cores' caches, and A's one to five row
-//   panels left threads idle: 2 threads ran M 64 N 196 K 384 in 0.056 ms against 0.069 on one
-//   (docs/design/cpu-gemm.md, "Narrow outputs on two threads").
+//   panels left threads idle (M 96 N 196 K 576 on two threads: 0.117 to 0.130 ms that way, 0.082
+//   this way; docs/design/cpu-gemm.md, "Narrow outputs on two threads").
 void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
   constexpr int NT = 7, MV = 32;
   constexpr int64_t kKc = 256;  // a 32 x kc A panel (32 KB) stays in L1 across B's panels
@@ -635,11 +635,6 @@ void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
   const int64_t M = a.rows(), K = a.depth(), n = p.n;
   const int64_t n_panels = (n + NT - 1) / NT, m_panels = (M + MV - 1) / MV;
   const int64_t kblocks = (K + kKc - 1) / kKc, kc_max = (K + kblocks - 1) / kblocks;
-  // A smaller than B and below about 3M multiply-adds (0.02 to 0.04 ms on one core): a second
-  // thread costs more than it takes (M 64 N 196 K 192: 0.034 ms on one thread, 0.039 on two).
-  // Where A is the larger, its rows stream from memory (a squeeze-excitation's 960 x 240 weights
-  // against one column), and two cores read them faster than one even for small products.
-  if (M < n && M * n * K < (int64_t{3} << 20)) threads = 1;
 
   // Row panels [mp0, mp1) of A against B's column panels [q0, q1), which lie in `panels`
   // (panel q at panels + (q - q0) * K * NT): computed, then stored with the epilogue.

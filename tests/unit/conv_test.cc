@@ -185,6 +185,11 @@ std::vector<ConvCase> conv_cases() {
       {"wide 1x1 (column split, direct)", {1, 16, 30, 30}, {12, 16, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, true},
       {"narrow output, many channels (row split)", {1, 32, 4, 4}, {70, 32, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}, true},
       {"narrow 1x1 (row split, direct)", {1, 64, 3, 3}, {33, 64, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, false},
+      // Narrow outputs with fewer output channels than outputs: on two threads each task packs
+      // its own columns of the im2col matrix (or of X, 1x1) and runs every row of W over them.
+      {"narrow, few channels (columns per thread)", {1, 64, 15, 15}, {24, 64, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}, true},
+      {"narrow stride 2, few channels (columns per thread)", {1, 48, 27, 27}, {20, 48, 3, 3}, {{2, 2}, {1, 1}, {1, 1, 1, 1}, 1}, true},
+      {"narrow 1x1, few channels (columns per thread, direct)", {1, 384, 14, 14}, {64, 384, 1, 1}, {{1, 1}, {1, 1}, {0, 0, 0, 0}, 1}, false},
       // 3x3 stride 1 with 16 channels or more and 32 tiles of 2x2 outputs or more: Winograd
       // F(2x2, 3x3) on AVX-512 (constant W).
       {"Winograd odd sizes", {1, 16, 13, 11}, {16, 16, 3, 3}, {{1, 1}, {1, 1}, {1, 1, 1, 1}, 1}, true},
