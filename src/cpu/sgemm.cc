@@ -624,10 +624,11 @@ AlignedFloats& thread_tile_buffer() {
 // - A at least as large as B (ResNet's 256 to 2048 rows): B is packed once, by all threads, and
 //   the tasks split A's rows.
 // - A smaller than B (a mobile network's projections, 24 to 160 rows by 49 or 196 columns): each
-//   task packs its own columns of B and runs all of A over them. Packing B together and then
-//   reading it all from every core moved B between the cores' caches, and A's one to five row
-//   panels left threads idle (M 96 N 196 K 576 on two threads: 0.117 to 0.130 ms that way, 0.082
-//   this way; docs/design/cpu-gemm.md, "Narrow outputs on two threads").
+//   task packs its own columns of B and runs all of A over them, as the 32-column path does
+//   (packed_sgemm). Packing B together and then reading it all from every core moved B between
+//   the cores' caches, and A's one to five row panels left threads idle (M 96 N 196 K 576 on two
+//   threads: 0.117 to 0.130 ms that way, 0.082 this way; docs/design/cpu-gemm.md, "Narrow
+//   outputs on two threads").
 void narrow_transposed(const Problem& p, const SgemmB& b, int threads) {
   constexpr int NT = 7, MV = 32;
   constexpr int64_t kKc = 256;  // a 32 x kc A panel (32 KB) stays in L1 across B's panels
@@ -898,7 +899,11 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
     return;
   }
 
-  if (threads == 1 || panels >= 4 * threads) {
+  // Column chunks also where the output is narrow but A is smaller than B (a mobile network's
+  // projections at 14x14): packing B together and reading it from every core, with A's few row
+  // tiles split, made two threads slower than one (M 32 N 196 K 192: 0.031 ms against 0.020;
+  // docs/design/cpu-gemm.md, "Narrow outputs on two threads").
+  if (threads == 1 || panels >= 4 * threads || (M < n && panels >= threads)) {
     // Wide: tasks are column chunks; each packs its own B, K block by K block, and runs every
     // row of A against it. Several chunks per thread let a thread that got ahead take more.
     // Tasks get floor or ceil of panels / tasks panels each, and their number is a multiple of
@@ -929,7 +934,7 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
     return;
   }
 
-  // Narrow: pack all of B once, the threads sharing the rows, then split the rows of A.
+  // Narrow, A the larger: pack all of B once, the threads sharing the rows, then split the rows of A.
   float* buf = thread_buffer().reserve(K * panels * nr);
   const int64_t panel_stride = K * nr;
   const int64_t m_panels = (M + mr - 1) / mr;

@@ -18,9 +18,8 @@
 // AVX-512: C^T = B^T A^T on a 7 x 32 kernel, so N = 49 or 196 fill every tile, when the
 // PackedA also holds 32-row panels (add_wide_panels) and a cost model says it pays.
 //
-// Threads: wide outputs are split by column chunks, each thread packing its own B; narrow ones
-// pack B once, together, and split the rows of A, or, where A is the smaller, each pack and
-// compute columns of their own.
+// Threads: wide outputs, and narrow ones where A is smaller than B, are split by column chunks,
+// each thread packing its own B; other narrow ones pack B once, together, and split the rows of A.
 #pragma once
 
 #include <cstdint>

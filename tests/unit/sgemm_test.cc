@@ -92,6 +92,9 @@ std::vector<Case> cases() {
   cs.push_back({40, 250, 400});
   cs.push_back({160, 49, 960});
   cs.push_back({256, 196, 100});
+  // narrow on the 32-column path with A smaller than B: column chunks on two threads
+  cs.push_back({40, 196, 200});
+  cs.push_back({100, 150, 90});
   return cs;
 }
 
