@@ -167,6 +167,17 @@ __device__ __forceinline__ void combine(float& n, float& mean, float& m2, float 
   n = total;
 }
 
+// Every lane's (count, mean, sum of squared deviations) -> of the whole warp, in every lane.
+__device__ __forceinline__ void warp_combine(float& n, float& mean, float& m2) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    const float nb = __shfl_xor_sync(0xffffffffu, n, d);
+    const float meanb = __shfl_xor_sync(0xffffffffu, mean, d);
+    const float m2b = __shfl_xor_sync(0xffffffffu, m2, d);
+    combine(n, mean, m2, nb, meanb, m2b);
+  }
+}
+
 // A row's mean and 1 / sqrt(var + eps) from its chunks' partials, by the block's first warp
 // into stats[0..1] (the caller synchronizes).
 __device__ __forceinline__ void row_statistics(const float2* __restrict__ partials, const GroupNormShape& p,
@@ -177,13 +188,7 @@ __device__ __forceinline__ void row_statistics(const float2* __restrict__ partia
     const float2 part = partials[row * p.splits + s];
     combine(n, mean, m2, static_cast<float>(chunk_end(p, s) - chunk_begin(p, s)), part.x, part.y);
   }
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-    const float nb = __shfl_xor_sync(0xffffffffu, n, d);
-    const float meanb = __shfl_xor_sync(0xffffffffu, mean, d);
-    const float m2b = __shfl_xor_sync(0xffffffffu, m2, d);
-    combine(n, mean, m2, nb, meanb, m2b);
-  }
+  warp_combine(n, mean, m2);
   if (threadIdx.x == 0) {
     stats[0] = mean;
     stats[1] = 1.f / sqrtf(m2 / static_cast<float>(p.cols) + p.eps);
@@ -324,13 +329,7 @@ __global__ void __launch_bounds__(kThreads) nhwc_statistics_kernel(const float2*
       combine(count, mean, m2, static_cast<float>((nhwc_chunk_end(p, k) - k * p.chunk) * p.channels_per_group), part.x,
               part.y);
     }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) {
-      const float nb = __shfl_xor_sync(0xffffffffu, count, d);
-      const float meanb = __shfl_xor_sync(0xffffffffu, mean, d);
-      const float m2b = __shfl_xor_sync(0xffffffffu, m2, d);
-      combine(count, mean, m2, nb, meanb, m2b);
-    }
+    warp_combine(count, mean, m2);
     if (lane == 0) stats[w] = make_float2(mean, 1.f / sqrtf(m2 / group_size + p.eps));
   }
 }
@@ -463,10 +462,13 @@ std::unique_ptr<Layer> split_layer(const GroupNormShape& p) {
 constexpr int kMaxNhwcChannels = 2048;
 // Batches below this keep the NCHW kernels, with transposes around them: at batch 1 the
 // channels-last kernels, a sample cut into 50 to 130 chunks, made ResNet-50-GN and the UNet blocks
-// of bench/group_norm_models.py 1.2x to 1.8x slower (H200, docs/design/gpu-engine.md).
+// of bench/group_norm_models.py 1.05x to 1.8x slower however the chunks were combined (H200,
+// docs/design/gpu-engine.md).
 constexpr int64_t kMinNhwcBatch = KILN_GROUP_NORM_NHWC_MIN_BATCH;
 // A sample takes at most this many chunks.
 constexpr int64_t kMaxNhwcChunks = KILN_GROUP_NORM_NHWC_MAX_CHUNKS;
+static_assert(kMinNhwcBatch >= 1 && kMaxNhwcChunks >= 1,
+              "KILN_GROUP_NORM_NHWC_MIN_BATCH and KILN_GROUP_NORM_NHWC_MAX_CHUNKS must be 1 or more");
 // Up to this many chunks a sample, every block of the second kernel combines them itself, a
 // thread per group, one chunk after another; beyond it a warp per group combines them once, in a
 // kernel of its own (one launch more, which costs batches 32 and 128 more than it saves them).
