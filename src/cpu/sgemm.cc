@@ -934,7 +934,8 @@ void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_
     return;
   }
 
-  // Narrow, A the larger: pack all of B once, the threads sharing the rows, then split the rows of A.
+  // Narrow, A the larger (or fewer column panels than threads): pack all of B once, the threads
+  // sharing the rows, then split the rows of A.
   float* buf = thread_buffer().reserve(K * panels * nr);
   const int64_t panel_stride = K * nr;
   const int64_t m_panels = (M + mr - 1) / mr;
