@@ -1,15 +1,20 @@
 // CPU kernels of pooling (MaxPool also on int8/uint8 and with its Indices output; the rest
 // float32). 1-D, 2-D and 3-D pooling share one loop nest: fewer spatial dims are padded to
 // three with size-1 dims.
+// GCC 12's AVX-512 intrinsics start from an "undefined" vector and trip -Wmaybe-uninitialized
+// when inlined here; the warning is about the header, not this code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
+#include "cpu/sgemm.h"
 #include "ops/pool.h"
 
 namespace kiln::cpu {
@@ -108,18 +113,57 @@ void max_pool(const Window3& w, const T* x, T* y, int64_t* indices, bool column_
   });
 }
 
+// Tap kw of 16 neighbouring outputs of a float32 row: rm[base + stride * i + kw], stride 1 or 2
+// (two loads and the even lanes of both).
+__attribute__((target("avx512f"), always_inline)) inline __m512 column_taps(const float* base, int64_t stride,
+                                                                           int64_t kw) {
+  if (stride == 1) return _mm512_loadu_ps(base + kw);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  return _mm512_permutex2var_ps(_mm512_loadu_ps(base + kw), even, _mm512_loadu_ps(base + kw + 16));
+}
+
+// The window's columns of `count` outputs whose taps all lie inside the row, 16 at a time:
+// y[j] = max over kw < k of rm[start + stride * j + kw] (dilation 1), in the scalar loop's order
+// (the first tap, then each greater one replacing it: _mm512_max_ps(v, best) keeps best unless v
+// is greater, NaN included). rm holds at least 31 floats past the row.
+__attribute__((target("avx512f"))) void max_columns_avx512(const float* rm, int64_t stride, int64_t k, int64_t start,
+                                                          int64_t count, float* y) {
+  for (int64_t j0 = 0; j0 < count; j0 += 16) {
+    const uint32_t n = static_cast<uint32_t>(std::min<int64_t>(16, count - j0));
+    const float* base = rm + start + stride * j0;
+    __m512 best = column_taps(base, stride, 0);
+    for (int64_t kw = 1; kw < k; ++kw) best = _mm512_max_ps(column_taps(base, stride, kw), best);
+    _mm512_mask_storeu_ps(y + j0, static_cast<__mmask16>(n == 16 ? 0xFFFFu : (1u << n) - 1), best);
+  }
+}
+
 // MaxPool over 1-D/2-D windows without Indices (ResNet's stem, float32 or int8): per output row, the
 // max over the window's rows of every input column (a loop that vectorizes), then the max
-// over the window's columns of that. Same result as max_pool, NaN included: both start from
-// the window's first tap and only let a greater value replace it.
+// over the window's columns of that, for float32 on AVX-512 16 outputs at a time where the
+// window lies inside the row (stride 1 or 2, dilation 1: ResNet's 3x3 stride-2 pool ran its
+// columns one output at a time, 0.40 ms against ONNX Runtime's 0.14 on two threads). Same result
+// as max_pool, NaN included: both start from the window's first tap and only let a greater value
+// replace it.
 template <class T>
 void max_pool_2d(const Window3& w, const T* x, T* y) {
   const int64_t H = w.in[1], W = w.in[2], OH = w.out[1], OW = w.out[2];
   std::vector<Taps> tw(static_cast<size_t>(OW));
   for (int64_t ow = 0; ow < OW; ++ow) tw[static_cast<size_t>(ow)] = taps(w, 2, ow);
+  // Outputs [inner_lo, inner_hi) have every column tap inside the row (a contiguous range).
+  int64_t inner_lo = OW, inner_hi = OW;
+  const bool vector_columns = std::is_same_v<T, float> && w.d[2] == 1 && (w.s[2] == 1 || w.s[2] == 2) &&
+                              sgemm_isa() == SgemmIsa::kAvx512;
+  if (vector_columns) {
+    for (int64_t ow = 0; ow < OW; ++ow) {
+      const Taps& t = tw[static_cast<size_t>(ow)];
+      if (t.k0 != 0 || t.k1 != w.k[2]) continue;
+      if (inner_lo == OW) inner_lo = ow;
+      inner_hi = ow + 1;
+    }
+  }
   const T lowest = std::numeric_limits<T>::lowest();
   parallel_for(w.nc, [&](int64_t first, int64_t last) {
-    std::vector<T> rowmax(static_cast<size_t>(W));
+    std::vector<T> rowmax(static_cast<size_t>(W + 48));  // the vector loads read up to 31 past the row
     T* rm = rowmax.data();
     for (int64_t c = first; c < last; ++c) {
       const T* xc = x + c * H * W;
@@ -137,7 +181,13 @@ void max_pool_2d(const Window3& w, const T* x, T* y) {
           const T* r = xc + (th.start + kh * w.d[1]) * W;
           for (int64_t i = 0; i < W; ++i) rm[i] = r[i] > rm[i] ? r[i] : rm[i];
         }
+        if constexpr (std::is_same_v<T, float>)
+          if (inner_lo < inner_hi)
+            max_columns_avx512(rm, w.s[2], w.k[2], tw[static_cast<size_t>(inner_lo)].start, inner_hi - inner_lo,
+                               yrow + inner_lo);
         for (int64_t ow = 0; ow < OW; ++ow) {
+          if (ow == inner_lo) ow = inner_hi;  // done above
+          if (ow == OW) break;
           const Taps& t = tw[static_cast<size_t>(ow)];
           if (t.k1 <= t.k0) {
             yrow[ow] = lowest;

@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
+#include "cpu/sgemm.h"
 #include "elementwise_util.h"
 
 namespace kiln {
@@ -121,6 +123,43 @@ TEST(Pool, MaxPoolOfBytesMatchesReference) {
         const float expected = std::isinf(want[static_cast<size_t>(i)]) ? lowest : want[static_cast<size_t>(i)];
         ASSERT_EQ(got, expected) << to_string(dtype) << " output " << i;
       }
+    }
+}
+
+// float32 MaxPool's column pass runs 16 outputs at a time on AVX-512 where a window lies inside
+// the row (stride 1 or 2, dilation 1): bit for bit the plain loop's outputs (NaN and -inf
+// included, in the same order of taps), on rows wide enough for several vectors and a partial
+// one, with windows reaching into the pads on either side.
+TEST(Pool, MaxPoolVectorColumnsMatchThePlainLoop) {
+  const Pool2d cases[] = {
+      {3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false},  // ResNet's stem pool
+      {2, 2, 2, 2, 1, 1, 0, 0, 0, 0, false},
+      {3, 5, 1, 1, 1, 1, 1, 2, 1, 2, false},  // stride 1, pads on both sides
+      {1, 4, 1, 2, 1, 1, 0, 3, 0, 0, true},   // stride 2, wide kernel, left pad only, ceil mode
+      {3, 3, 2, 2, 1, 2, 1, 1, 1, 1, false},  // dilation 2: the plain loop
+  };
+  uint32_t seed = 70;
+  for (const Pool2d& p : cases)
+    for (const int64_t width : {7, 40, 83}) {
+      Tensor x = ew_test::random_floats({1, 3, 6, width}, seed++);
+      float* xv = x.data<float>();
+      xv[5] = std::numeric_limits<float>::quiet_NaN();
+      xv[width + 20 < x.numel() ? width + 20 : 1] = -std::numeric_limits<float>::infinity();
+      xv[x.numel() - 3] = std::numeric_limits<float>::quiet_NaN();
+      Tensor fast = run_node(pool_node("MaxPool", p), {{x}})[0];
+      cpu::sgemm_force_isa(cpu::SgemmIsa::kPlain);
+      Tensor plain = run_node(pool_node("MaxPool", p), {{x}})[0];
+      cpu::sgemm_reset_isa();
+      ASSERT_EQ(fast.shape(), plain.shape());
+      for (int64_t i = 0; i < fast.numel(); ++i) {
+        const float a = fast.data<float>()[i], b = plain.data<float>()[i];
+        ASSERT_TRUE(std::isnan(a) ? std::isnan(b) : std::memcmp(&a, &b, sizeof a) == 0)
+            << "case " << p.kh << "x" << p.kw << " s" << p.sw << " width " << width << " output " << i << ": " << a
+            << " against " << b;
+      }
+      std::vector<int64_t> want_shape = {1, 3, expected_size(6, p.kh, p.sh, p.dh, p.pt, p.pb, p.ceil),
+                                         expected_size(width, p.kw, p.sw, p.dw, p.pl, p.pr, p.ceil)};
+      ASSERT_EQ(fast.shape(), want_shape);
     }
 }
 
