@@ -498,8 +498,8 @@ class ConvKernel final : public Kernel {
 
   // One channel of a 3x3 depthwise convolution (dilation 1, 2-D, stride 1 or 2), every output,
   // edges included, adding its nine taps in registers in the general loop's order (kh, then kw)
-  // with the same fused multiply-adds. Stride 2 reads the input in place on AVX-512
-  // (depthwise3x3_stride2_rows_avx512), and on AVX2 where most of a row's groups of outputs read
+  // with the same fused multiply-adds. Both strides read the input in place on AVX-512
+  // (depthwise3x3_stride{1,2}_rows_avx512); stride 2 also on AVX2 where most of a row's groups of outputs read
   // whole loads (depthwise3x3_stride2_rows_avx2); otherwise the input plane is copied into a
   // zero-padded buffer (the calling thread's) and the rows run 8 outputs at a time. A tap in the
   // padding adds w * 0, or is left out, where the general loop skips it: the sums are the same,
@@ -510,6 +510,10 @@ class ConvKernel final : public Kernel {
     const int64_t top = g.p[1], left = g.p[2];
     if (s == 2 && sgemm_isa() == SgemmIsa::kAvx512) {
       depthwise3x3_stride2_rows_avx512(xc, H, W, top, left, OH, OW, w9, ep, yc);
+      return;
+    }
+    if (s == 1 && sgemm_isa() == SgemmIsa::kAvx512) {
+      depthwise3x3_stride1_rows_avx512(xc, H, W, top, left, OH, OW, w9, ep, yc);
       return;
     }
     if (s == 2 && mostly_whole_groups(W, left, OW)) {
@@ -655,11 +659,12 @@ class ConvKernel final : public Kernel {
 
   // 16 floats at `x`, input column c of a row of W (`whole`: all inside it): the lanes outside
   // [0, W) are neither read nor faulted on, and read as zero, as the padding.
-  __attribute__((target("avx512f"))) static __m512 row_load16(const float* x, int64_t c, int64_t W, bool whole) {
-    if (whole) return _mm512_loadu_ps(x);
+  // The lanes of 16 floats from input column c on that lie inside a row of W (masked-off lanes
+  // are neither read nor faulted on, and read as zero).
+  static __mmask16 row_mask16(int64_t c, int64_t W) {
     const int64_t first = std::max<int64_t>(0, -c), end = std::min<int64_t>(16, W - c);
-    if (end <= first) return _mm512_setzero_ps();
-    return _mm512_maskz_loadu_ps(static_cast<__mmask16>(((1u << end) - 1) & ~((1u << first) - 1)), x);
+    if (end <= first) return 0;
+    return static_cast<__mmask16>(((1u << end) - 1) & ~((1u << first) - 1));
   }
 
   // The stride-2 rows of depthwise3x3_plane on AVX-512, 16 outputs at a time: one permute of two
@@ -669,8 +674,9 @@ class ConvKernel final : public Kernel {
   // the arithmetic): a row of padding is left out, and loads that reach past a row's ends are
   // masked, their lanes zero. The same FMAs in the same order as the AVX2 rows: the same sums,
   // up to the sign of a zero sum (the AVX2 rows of a padded copy add w * 0 for a row of padding).
-  // (Stride 1 read in place 16 outputs at a time was slower than the AVX2 path with its copy:
-  // docs/design/cpu-gemm.md.)
+  // (Stride 1 read in place 16 outputs at a time was slower than the AVX2 path with its copy
+  // while each load made its own mask; with the masks made once per group it is faster:
+  // docs/design/cpu-gemm.md, "Stride 2 read in place".)
   __attribute__((target("avx512f"))) static void depthwise3x3_stride2_rows_avx512(
       const float* xc, int64_t H, int64_t W, int64_t top, int64_t left, int64_t OH, int64_t OW, const float* w9,
       const DepthwiseEpilogue& ep, float* yc) {
@@ -680,22 +686,82 @@ class ConvKernel final : public Kernel {
     for (int i = 0; i < 9; ++i) w[i] = _mm512_set1_ps(w9[i]);
     const __m512 bias = _mm512_set1_ps(ep.bias), zero = _mm512_setzero_ps();
     const __m512 lo = _mm512_set1_ps(ep.lo), hi = _mm512_set1_ps(ep.hi);
+    // A group of 16 outputs loads input columns c, c + 16, c + 2 and c + 18 of each of its rows
+    // (c = 2 ow - left): the four masks are the same in every row, so they are made once per
+    // group here, not per load (MobileNet's rows of 28 and 14 outputs mask every group, and the
+    // masks cost more than the arithmetic).
+    constexpr int64_t kMaxGroups = 64;
+    const int64_t groups = (OW + 15) / 16;
+    __mmask16 group_masks[kMaxGroups][4];
+    const bool masks_made = groups <= kMaxGroups;
+    if (masks_made)
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        const int64_t c = gi * 32 - left;
+        const int64_t offsets[4] = {0, 16, 2, 18};
+        for (int i = 0; i < 4; ++i) group_masks[gi][i] = row_mask16(c + offsets[i], W);
+      }
     for (int64_t oh = 0; oh < OH; ++oh) {
       float* yrow = yc + oh * OW;
       for (int64_t ow = 0; ow < OW; ow += 16) {
         // Input columns c .. c + 33 feed these 16 outputs (the last lanes' past OW are not stored).
         const int64_t c = ow * 2 - left;
-        const bool whole = c >= 0 && c + 34 <= W;
+        __mmask16 m[4];
+        for (int i = 0; i < 4; ++i)
+          m[i] = masks_made ? group_masks[ow / 16][i] : row_mask16(c + (i == 1 ? 16 : i == 2 ? 2 : i == 3 ? 18 : 0), W);
         __m512 acc = _mm512_setzero_ps();
         for (int kh = 0; kh < 3; ++kh) {
           const int64_t ih = oh * 2 - top + kh;
           if (ih < 0 || ih >= H) continue;  // a row of padding: its taps add w * 0
           const float* x = xc + ih * W + c;
-          const __m512 a = row_load16(x, c, W, whole), b = row_load16(x + 16, c + 16, W, whole);
+          const __m512 a = _mm512_maskz_loadu_ps(m[0], x), b = _mm512_maskz_loadu_ps(m[1], x + 16);
           acc = _mm512_fmadd_ps(w[kh * 3], _mm512_permutex2var_ps(a, even, b), acc);
           acc = _mm512_fmadd_ps(w[kh * 3 + 1], _mm512_permutex2var_ps(a, odd, b), acc);
-          const __m512 a2 = row_load16(x + 2, c + 2, W, whole), b2 = row_load16(x + 18, c + 18, W, whole);
+          const __m512 a2 = _mm512_maskz_loadu_ps(m[2], x + 2), b2 = _mm512_maskz_loadu_ps(m[3], x + 18);
           acc = _mm512_fmadd_ps(w[kh * 3 + 2], _mm512_permutex2var_ps(a2, even, b2), acc);
+        }
+        const int64_t left_over = OW - ow;
+        const __mmask16 stored =
+            left_over >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left_over) - 1);
+        acc = _mm512_add_ps(acc, bias);
+        if (ep.residual) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(stored, ep.residual + oh * OW + ow));
+        if (ep.clamp == 1) acc = _mm512_max_ps(acc, zero);  // Relu: NaN becomes 0, as Epilogue::apply
+        else if (ep.clamp == 2) acc = _mm512_min_ps(hi, _mm512_max_ps(lo, acc));  // Clip keeps NaN
+        _mm512_mask_storeu_ps(yrow + ow, stored, acc);
+      }
+    }
+  }
+
+  // The stride-1 rows on AVX-512, read in place the same way: a group of 16 outputs loads input
+  // columns c, c + 1 and c + 2 of each of its rows (c = ow - left), with the three masks made
+  // once per group and plane.
+  __attribute__((target("avx512f"))) static void depthwise3x3_stride1_rows_avx512(
+      const float* xc, int64_t H, int64_t W, int64_t top, int64_t left, int64_t OH, int64_t OW, const float* w9,
+      const DepthwiseEpilogue& ep, float* yc) {
+    __m512 w[9];
+    for (int i = 0; i < 9; ++i) w[i] = _mm512_set1_ps(w9[i]);
+    const __m512 bias = _mm512_set1_ps(ep.bias), zero = _mm512_setzero_ps();
+    const __m512 lo = _mm512_set1_ps(ep.lo), hi = _mm512_set1_ps(ep.hi);
+    constexpr int64_t kMaxGroups = 64;
+    const int64_t groups = (OW + 15) / 16;
+    __mmask16 group_masks[kMaxGroups][3];
+    const bool masks_made = groups <= kMaxGroups;
+    if (masks_made)
+      for (int64_t gi = 0; gi < groups; ++gi)
+        for (int kw = 0; kw < 3; ++kw) group_masks[gi][kw] = row_mask16(gi * 16 - left + kw, W);
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      float* yrow = yc + oh * OW;
+      for (int64_t ow = 0; ow < OW; ow += 16) {
+        const int64_t c = ow - left;
+        __mmask16 m[3];
+        for (int kw = 0; kw < 3; ++kw) m[kw] = masks_made ? group_masks[ow / 16][kw] : row_mask16(c + kw, W);
+        __m512 acc = _mm512_setzero_ps();
+        for (int kh = 0; kh < 3; ++kh) {
+          const int64_t ih = oh - top + kh;
+          if (ih < 0 || ih >= H) continue;  // a row of padding: its taps add w * 0
+          const float* x = xc + ih * W + c;
+          acc = _mm512_fmadd_ps(w[kh * 3], _mm512_maskz_loadu_ps(m[0], x), acc);
+          acc = _mm512_fmadd_ps(w[kh * 3 + 1], _mm512_maskz_loadu_ps(m[1], x + 1), acc);
+          acc = _mm512_fmadd_ps(w[kh * 3 + 2], _mm512_maskz_loadu_ps(m[2], x + 2), acc);
         }
         const int64_t left_over = OW - ow;
         const __mmask16 stored =

@@ -238,10 +238,12 @@ TEST(Conv, FusedConvAddsBiasResidualAndActivation) {
 
 // The 3x3 depthwise rows of stride 2 run 16 outputs at a time on AVX-512, reading the input in
 // place with masked loads at its edges, and 8 on AVX2, in place where most of a row's groups
-// load whole (the 64-, 70- and 35-wide rows below) and from a padded copy otherwise (the kernel
-// follows sgemm_isa(); stride 1 runs the AVX2 rows on both): the same sums bit for bit, both
+// load whole (the 64-, 70- and 35-wide rows below) and from a padded copy otherwise; stride 1
+// runs 16 outputs at a time in place on AVX-512 and from the padded copy on AVX2 (the kernel
+// follows sgemm_isa()): the same sums bit for bit, both
 // against the reference, on rows of one partial group, of several, of exactly 16 and 32
-// outputs, of one and two columns, with pads wider than the input and with none, with a
+// outputs, of one and two columns, with pads wider than the input and with none, of more than
+// the 64 groups whose load masks the stride-2 rows make once per plane (2,086 columns), with a
 // residual and Relu.
 TEST(Conv, DepthwiseRowsMatchOnEveryVectorWidth) {
   struct Shape {
@@ -251,7 +253,7 @@ TEST(Conv, DepthwiseRowsMatchOnEveryVectorWidth) {
   const Shape shapes[] = {{3, 9, 37, {1, 1, 1, 1}}, {2, 12, 31, {1, 1, 1, 1}}, {2, 7, 65, {0, 1, 1, 0}},
                           {4, 5, 12, {1, 0, 0, 1}}, {1, 40, 64, {1, 1, 1, 1}}, {3, 7, 1, {1, 1, 1, 1}},
                           {2, 2, 2, {2, 3, 2, 3}}, {2, 11, 35, {0, 0, 0, 0}}, {2, 6, 70, {1, 1, 0, 1}},
-                          {2, 16, 16, {1, 1, 1, 1}}};
+                          {2, 16, 16, {1, 1, 1, 1}}, {2, 3, 2086, {1, 1, 1, 1}}};
   uint32_t seed = 4100;
   for (int64_t stride : {1, 2})
   for (const Shape& sh : shapes) {
