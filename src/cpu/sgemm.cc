@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <atomic>
 #include <cstring>
 #include <new>
@@ -34,7 +35,7 @@ struct Tile {
   int64_t ldz = 0;
   int clamp = 0;  // 0 none, 1 Relu, 2 Clip to [lo, hi] (Epilogue::clamp_mode)
   float lo = 0.f, hi = 0.f;
-  const char* prefetch = nullptr;  // tile_avx512: lines to bring into L2 while it runs, one a k
+  const char* prefetch = nullptr;  // tile_avx512: lines to bring into L2 while it runs (at most 2 kc)
   int64_t prefetch_lines = 0;
 };
 
@@ -165,6 +166,7 @@ __attribute__((target("avx512f,fma"))) void tile_avx512(const Tile& t) {
   const float* b = t.b;
   for (int64_t k = 0; k < t.kc; ++k, a += MR, b += 32) {
     if (k < t.prefetch_lines) _mm_prefetch(t.prefetch + k * 64, _MM_HINT_T1);
+    if (k + t.kc < t.prefetch_lines) _mm_prefetch(t.prefetch + (k + t.kc) * 64, _MM_HINT_T1);  // up to 2 a k
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
@@ -826,7 +828,7 @@ void rows_sgemm(const PackedColumns& w, int64_t rows, const float* x, int64_t ld
     ep.apply(y, ldy, rows, N, nullptr, col_bias, residual, ld_residual);
     return;
   }
-  constexpr int MR = 8, NV = 32;
+  constexpr int NV = 32;
   Tile base;
   base.ldc = ldy;
   base.ldz = ld_residual;
@@ -834,50 +836,63 @@ void rows_sgemm(const PackedColumns& w, int64_t rows, const float* x, int64_t ld
   const bool act_after = base.clamp < 0;  // the micro-kernel applies Relu/Clip itself
   if (act_after) base.clamp = 0;
   const int64_t kblocks = (K + kMaxKc - 1) / kMaxKc, kc_max = (K + kblocks - 1) / kblocks;
-  const int64_t row_panels = (rows + MR - 1) / MR, col_panels = (N + NV - 1) / NV;
+  const int64_t col_panels = (N + NV - 1) / NV;
   if (rows * N * K < (int64_t{1} << 17)) threads = 1;  // not worth waking threads
-  // X in MR-row panels, K-major (panel p, row k: X[p*MR + i][k] for i < MR; rows past `rows`
-  // zero), transposed 8 x 8 at a time. The calling thread's buffer, read by every task.
-  float* const xp = thread_buffer().reserve(row_panels * K * MR);
-  parallel_for_each(row_panels, threads > 1, [&](int64_t p) {
-    float* dst = xp + p * K * MR;
-    const int64_t r0 = p * MR, height = std::min<int64_t>(MR, rows - r0);
-    int64_t k = 0;
-    if (height == MR)
-      for (; k + 8 <= K; k += 8) transpose_8x8(x + r0 * ldx + k, ldx, dst + k * MR, MR);
-    for (; k < K; ++k)
-      for (int i = 0; i < MR; ++i) dst[k * MR + i] = i < height ? x[(r0 + i) * ldx + k] : 0.f;
-  });
-  // Tasks are column panels: a K-block of one (32 x kc floats) stays in L1 while every row
-  // panel meets it, and the tiles bring the next K-block into L2 meanwhile. sgemm_bench, which
-  // repeats one product, showed no gain from that; in a model, where each product's weights
-  // were last read a whole run ago, BERT-base at batch 1 runs 8% faster with it
-  // (docs/design/cpu-gemm.md, "Weights brought into L2 ahead").
-  parallel_for_each(col_panels, threads > 1, [&](int64_t q) {
-    Tile t = base;
-    t.nr = static_cast<int>(std::min<int64_t>(NV, N - q * NV));
-    t.col_bias = col_bias ? col_bias + q * NV : nullptr;
-    for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
-      t.kc = std::min(kc_max, K - k0);
-      t.first = k0 == 0;
-      t.last = k0 + t.kc == K;
-      t.b = w.panel(q) + k0 * NV;
-      // The panel's next K block (or the next panel's first), into L2 a slice per row panel.
-      const float* next = k0 + t.kc < K ? t.b + t.kc * NV : q + 1 < col_panels ? w.panel(q + 1) : nullptr;
-      const int64_t next_lines = next ? std::min(kc_max, k0 + t.kc < K ? K - k0 - t.kc : K) * NV * 4 / 64 : 0;
-      const int64_t lines_per_tile = (next_lines + row_panels - 1) / row_panels;
-      for (int64_t p = 0; p < row_panels; ++p) {
-        t.prefetch = next ? reinterpret_cast<const char*>(next) + p * lines_per_tile * 64 : nullptr;
-        t.prefetch_lines = std::clamp<int64_t>(next_lines - p * lines_per_tile, 0, lines_per_tile);
-        t.mr = static_cast<int>(std::min<int64_t>(MR, rows - p * MR));
-        t.a = xp + p * K * MR + k0 * MR;
-        t.c = y + p * MR * ldy + q * NV;
-        t.z = residual ? residual + p * MR * ld_residual + q * NV : nullptr;
-        tile_avx512<MR>(t);
-        if (t.last && act_after) ep.apply(t.c, ldy, t.mr, t.nr, nullptr, nullptr, nullptr, 0);
+  // Panels of MR rows and the kernel of that height: 8, or 1, 2 or 4 for fewer than five rows (a
+  // classifier at batch 1, a pooler), whose weights the 8-row kernel streamed at the pace of 16
+  // FMAs a k step, 14 of them on zero rows (docs/design/cpu-gemm.md, "Weights brought into L2
+  // ahead").
+  auto run = [&](auto mr_tag) {
+    constexpr int MR = decltype(mr_tag)::value;
+    const int64_t row_panels = (rows + MR - 1) / MR;
+    // X in MR-row panels, K-major (panel p, row k: X[p*MR + i][k] for i < MR; rows past `rows`
+    // zero), transposed 8 x 8 at a time. The calling thread's buffer, read by every task.
+    float* const xp = thread_buffer().reserve(row_panels * K * MR);
+    parallel_for_each(row_panels, threads > 1, [&](int64_t p) {
+      float* dst = xp + p * K * MR;
+      const int64_t r0 = p * MR, height = std::min<int64_t>(MR, rows - r0);
+      int64_t k = 0;
+      if constexpr (MR == 8)
+        if (height == MR)
+          for (; k + 8 <= K; k += 8) transpose_8x8(x + r0 * ldx + k, ldx, dst + k * MR, MR);
+      for (; k < K; ++k)
+        for (int i = 0; i < MR; ++i) dst[k * MR + i] = i < height ? x[(r0 + i) * ldx + k] : 0.f;
+    });
+    // Tasks are column panels: a K-block of one (32 x kc floats) stays in L1 while every row
+    // panel meets it, and the tiles bring the next K-block into L2 meanwhile. sgemm_bench, which
+    // repeats one product, showed no gain from that; in a model, where each product's weights
+    // were last read a whole run ago, BERT-base at batch 1 runs 8% faster with it
+    // (docs/design/cpu-gemm.md, "Weights brought into L2 ahead").
+    parallel_for_each(col_panels, threads > 1, [&](int64_t q) {
+      Tile t = base;
+      t.nr = static_cast<int>(std::min<int64_t>(NV, N - q * NV));
+      t.col_bias = col_bias ? col_bias + q * NV : nullptr;
+      for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
+        t.kc = std::min(kc_max, K - k0);
+        t.first = k0 == 0;
+        t.last = k0 + t.kc == K;
+        t.b = w.panel(q) + k0 * NV;
+        // The panel's next K block (or the next panel's first), into L2 a slice per row panel.
+        const float* next = k0 + t.kc < K ? t.b + t.kc * NV : q + 1 < col_panels ? w.panel(q + 1) : nullptr;
+        const int64_t next_lines = next ? std::min(kc_max, k0 + t.kc < K ? K - k0 - t.kc : K) * NV * 4 / 64 : 0;
+        const int64_t lines_per_tile = (next_lines + row_panels - 1) / row_panels;
+        for (int64_t p = 0; p < row_panels; ++p) {
+          t.prefetch = next ? reinterpret_cast<const char*>(next) + p * lines_per_tile * 64 : nullptr;
+          t.prefetch_lines = std::clamp<int64_t>(next_lines - p * lines_per_tile, 0, lines_per_tile);
+          t.mr = static_cast<int>(std::min<int64_t>(MR, rows - p * MR));
+          t.a = xp + p * K * MR + k0 * MR;
+          t.c = y + p * MR * ldy + q * NV;
+          t.z = residual ? residual + p * MR * ld_residual + q * NV : nullptr;
+          tile_avx512<MR>(t);
+          if (t.last && act_after) ep.apply(t.c, ldy, t.mr, t.nr, nullptr, nullptr, nullptr, 0);
+        }
       }
-    }
-  }, 1);
+    }, 1);
+  };
+  if (rows == 1) run(std::integral_constant<int, 1>{});
+  else if (rows == 2) run(std::integral_constant<int, 2>{});
+  else if (rows <= 4) run(std::integral_constant<int, 4>{});
+  else run(std::integral_constant<int, 8>{});
 }
 
 void packed_sgemm(const PackedA& a, int64_t n, const SgemmB& b, float* c, int64_t ldc, const SgemmEpilogue& ep,

@@ -228,7 +228,7 @@ TEST(MatMul, FusedMatMulAddsBiasAndActivation) {
 
 // Constant 2-D weights run on kiln's sgemm, packed when the kernel is made: sizes off the
 // kernel's 8 x 32 tiles, a residual, an activation in and after the micro-kernel, A with batch
-// dims. On every kernel the CPU has: AVX-512's rows_sgemm (Y row-major) and the others'
+// dims, one, two and four rows (rows_sgemm's 1-, 2- and 4-row kernels; K over two blocks). On every kernel the CPU has: AVX-512's rows_sgemm (Y row-major) and the others'
 // transposed product (Y^T = B^T A^T). All give the same bytes: each sum starts from the bias
 // and adds the products in the order of k.
 TEST(MatMul, ConstantWeightsWithResidualAndActivation) {
@@ -239,7 +239,8 @@ TEST(MatMul, ConstantWeightsWithResidualAndActivation) {
     uint32_t seed = 900;
     for (auto [as, bs] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
              {{1, 37, 50}, {50, 23}}, {{2, 130, 96}, {96, 200}}, {{5, 8}, {8, 1}}, {{3, 1, 300}, {300, 33}},
-             {{16, 64}, {64, 64}}, {{9, 700}, {700, 40}}}) {
+             {{16, 64}, {64, 64}}, {{9, 700}, {700, 40}}, {{1, 700}, {700, 90}}, {{2, 33}, {33, 65}},
+             {{4, 130}, {130, 40}}}) {
       for (const char* activation : {"Relu", "Gelu"}) {
         const std::string label = std::string(cpu::sgemm_isa_name(isa)) + " A " + shape_to_string(as) + " B " +
                                   shape_to_string(bs) + " " + activation;
