@@ -499,8 +499,8 @@ class ConvKernel final : public Kernel {
   // One channel of a 3x3 depthwise convolution (dilation 1, 2-D, stride 1 or 2), every output,
   // edges included, adding its nine taps in registers in the general loop's order (kh, then kw)
   // with the same fused multiply-adds. Both strides read the input in place on AVX-512
-  // (depthwise3x3_stride{1,2}_rows_avx512); stride 2 also on AVX2 where most of a row's groups of outputs read
-  // whole loads (depthwise3x3_stride2_rows_avx2); otherwise the input plane is copied into a
+  // (depthwise3x3_stride{1,2}_rows_avx512); stride 2 also on AVX2 where most of a row's groups of
+  // outputs read whole loads (depthwise3x3_stride2_rows_avx2); otherwise the input plane is copied into a
   // zero-padded buffer (the calling thread's) and the rows run 8 outputs at a time. A tap in the
   // padding adds w * 0, or is left out, where the general loop skips it: the sums are the same,
   // up to the sign of a zero sum.
@@ -667,6 +667,21 @@ class ConvKernel final : public Kernel {
     return static_cast<__mmask16>(((1u << end) - 1) & ~((1u << first) - 1));
   }
 
+  // The bias, residual and Relu/Clip of the 16 sums of a row's group of outputs (from ow), stored
+  // without the lanes past OW.
+  __attribute__((target("avx512f"), always_inline)) static inline void store_row_group(
+      __m512 acc, const DepthwiseEpilogue& ep, int64_t oh, int64_t OW, int64_t ow, float* yrow) {
+    const int64_t left_over = OW - ow;
+    const __mmask16 stored =
+        left_over >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left_over) - 1);
+    acc = _mm512_add_ps(acc, _mm512_set1_ps(ep.bias));
+    if (ep.residual) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(stored, ep.residual + oh * OW + ow));
+    if (ep.clamp == 1) acc = _mm512_max_ps(acc, _mm512_setzero_ps());  // Relu: NaN becomes 0, as Epilogue::apply
+    else if (ep.clamp == 2)  // Clip keeps NaN
+      acc = _mm512_min_ps(_mm512_set1_ps(ep.hi), _mm512_max_ps(_mm512_set1_ps(ep.lo), acc));
+    _mm512_mask_storeu_ps(yrow + ow, stored, acc);
+  }
+
   // The stride-2 rows of depthwise3x3_plane on AVX-512, 16 outputs at a time: one permute of two
   // loads gives 16 even or odd inputs, where AVX2 takes two shuffles and a permute for 8 (the
   // shuffles, not the FMAs, bound that loop). The input is read in place, without a padded copy
@@ -684,8 +699,6 @@ class ConvKernel final : public Kernel {
     const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     __m512 w[9];
     for (int i = 0; i < 9; ++i) w[i] = _mm512_set1_ps(w9[i]);
-    const __m512 bias = _mm512_set1_ps(ep.bias), zero = _mm512_setzero_ps();
-    const __m512 lo = _mm512_set1_ps(ep.lo), hi = _mm512_set1_ps(ep.hi);
     // A group of 16 outputs loads input columns c, c + 16, c + 2 and c + 18 of each of its rows
     // (c = 2 ow - left): the four masks are the same in every row, so they are made once per
     // group here, not per load (MobileNet's rows of 28 and 14 outputs mask every group, and the
@@ -719,14 +732,7 @@ class ConvKernel final : public Kernel {
           const __m512 a2 = _mm512_maskz_loadu_ps(m[2], x + 2), b2 = _mm512_maskz_loadu_ps(m[3], x + 18);
           acc = _mm512_fmadd_ps(w[kh * 3 + 2], _mm512_permutex2var_ps(a2, even, b2), acc);
         }
-        const int64_t left_over = OW - ow;
-        const __mmask16 stored =
-            left_over >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left_over) - 1);
-        acc = _mm512_add_ps(acc, bias);
-        if (ep.residual) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(stored, ep.residual + oh * OW + ow));
-        if (ep.clamp == 1) acc = _mm512_max_ps(acc, zero);  // Relu: NaN becomes 0, as Epilogue::apply
-        else if (ep.clamp == 2) acc = _mm512_min_ps(hi, _mm512_max_ps(lo, acc));  // Clip keeps NaN
-        _mm512_mask_storeu_ps(yrow + ow, stored, acc);
+        store_row_group(acc, ep, oh, OW, ow, yrow);
       }
     }
   }
@@ -739,8 +745,6 @@ class ConvKernel final : public Kernel {
       const DepthwiseEpilogue& ep, float* yc) {
     __m512 w[9];
     for (int i = 0; i < 9; ++i) w[i] = _mm512_set1_ps(w9[i]);
-    const __m512 bias = _mm512_set1_ps(ep.bias), zero = _mm512_setzero_ps();
-    const __m512 lo = _mm512_set1_ps(ep.lo), hi = _mm512_set1_ps(ep.hi);
     constexpr int64_t kMaxGroups = 64;
     const int64_t groups = (OW + 15) / 16;
     __mmask16 group_masks[kMaxGroups][3];
@@ -763,14 +767,7 @@ class ConvKernel final : public Kernel {
           acc = _mm512_fmadd_ps(w[kh * 3 + 1], _mm512_maskz_loadu_ps(m[1], x + 1), acc);
           acc = _mm512_fmadd_ps(w[kh * 3 + 2], _mm512_maskz_loadu_ps(m[2], x + 2), acc);
         }
-        const int64_t left_over = OW - ow;
-        const __mmask16 stored =
-            left_over >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left_over) - 1);
-        acc = _mm512_add_ps(acc, bias);
-        if (ep.residual) acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(stored, ep.residual + oh * OW + ow));
-        if (ep.clamp == 1) acc = _mm512_max_ps(acc, zero);  // Relu: NaN becomes 0, as Epilogue::apply
-        else if (ep.clamp == 2) acc = _mm512_min_ps(hi, _mm512_max_ps(lo, acc));  // Clip keeps NaN
-        _mm512_mask_storeu_ps(yrow + ow, stored, acc);
+        store_row_group(acc, ep, oh, OW, ow, yrow);
       }
     }
   }

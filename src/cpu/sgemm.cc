@@ -6,10 +6,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <atomic>
 #include <cstring>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/parallel.h"
