@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -405,6 +406,13 @@ def main() -> int:
     p.add_argument("--client-processes", type=int, default=8)
     p.add_argument("--gpus", type=int, default=2, help="GPUs of the multi-GPU rows (the machine's, 0 to N-1)")
     args = p.parse_args()
+    # The server (KServe) and the load generator (tritonclient) must import here before any time
+    # goes into exports, builds and the engine's own runs: `kiln serve` starts with this Python.
+    missing = [module for module in ("kserve", "tritonclient") if importlib.util.find_spec(module) is None]
+    if missing:
+        sys.exit(f"serve_bench.py: {sys.executable} cannot import {', '.join(missing)}; on the GPU machine: "
+                 "source scripts/gpu_env.sh && PYTHONPATH=/tmp/kiln-gate-serving-site:$PYTHONPATH "
+                 "python3 bench/serve_bench.py ...")
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
