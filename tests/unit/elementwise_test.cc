@@ -284,6 +284,59 @@ TEST(Normalization, LayerNormalizationRowStatisticsOnEveryIsa) {
   }
 }
 
+// GroupNormalization (opset 21) on AVX-512 (statistics in partial double sums, the
+// normalization 8 values a step, the activation as a vector pass) and in the plain loop, both
+// against the formula in double: channels' spatial sizes around the vector's 8 (tails),
+// groups of one and several channels, a mean far from zero, with and without SiLU (kiln's fused
+// form, FusedGroupNorm).
+TEST(Normalization, GroupNormalizationOnEveryIsa) {
+  struct Case {
+    std::vector<int64_t> shape;
+    int64_t groups;
+    const char* op;
+  };
+  const Case cases[] = {{{2, 6, 5, 3}, 3, "GroupNormalization"}, {{1, 8, 4, 4}, 2, "GroupNormalization"},
+                        {{1, 4, 9}, 4, "GroupNormalization"}, {{2, 12, 7, 9}, 4, "FusedGroupNorm"},
+                        {{1, 64, 17}, 32, "FusedGroupNorm"}};
+  uint32_t seed = 300;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.op) + " " + std::to_string(c.shape[1]) + " channels, " + std::to_string(c.groups) +
+                 " groups");
+    Tensor x = ew_test::random_floats(c.shape, seed++);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 500.f + 2.f * x.data<float>()[i];
+    const int64_t C = c.shape[1];
+    Tensor scale = ew_test::random_floats({C}, seed++), bias = ew_test::random_floats({C}, seed++);
+    const bool fused = std::string(c.op) == "FusedGroupNorm";
+    ir::Node n = make_node(c.op);
+    if (fused) n.domain = "kiln";
+    n.attrs.set("num_groups", c.groups);
+    if (fused) ir::Activation::named("SiLU").store(n);
+    const int64_t inner = x.numel() / (c.shape[0] * C), per_group = C / c.groups * inner;
+    std::vector<float> want;
+    for (int64_t row = 0; row < c.shape[0] * c.groups; ++row) {
+      const float* xr = x.data<float>() + row * per_group;
+      double m = 0, v = 0;
+      for (int64_t i = 0; i < per_group; ++i) m += xr[i];
+      m /= double(per_group);
+      for (int64_t i = 0; i < per_group; ++i) v += (xr[i] - m) * (xr[i] - m);
+      const double inv = 1.0 / std::sqrt(v / double(per_group) + 1e-5);
+      for (int64_t i = 0; i < per_group; ++i) {
+        const int64_t ch = row % c.groups * (C / c.groups) + i / inner;
+        double y = (xr[i] - m) * inv * scale.data<float>()[ch] + bias.data<float>()[ch];
+        if (fused) y = y / (1.0 + std::exp(-y));
+        want.push_back(float(y));
+      }
+    }
+    for (cpu::SgemmIsa isa : {cpu::SgemmIsa::kPlain, cpu::SgemmIsa::kAvx512}) {
+      if (cpu::sgemm_best_isa() < isa) continue;
+      cpu::sgemm_force_isa(isa);
+      Tensor y = run_node(n, {{x}, {scale, true}, {bias, true}})[0];
+      cpu::sgemm_reset_isa();
+      ew_test::expect_close(y, want, 1e-4f);
+    }
+  }
+}
+
 TEST(Normalization, InstanceNormalization) {
   Tensor x = ew_test::random_floats({2, 3, 5}, 16);
   Tensor scale = Tensor::from_vector<float>({3}, {1, 2, 3}), bias = Tensor::from_vector<float>({3}, {0, 1, -1});
