@@ -337,6 +337,32 @@ TEST(Normalization, GroupNormalizationOnEveryIsa) {
   }
 }
 
+// RMSNormalization's sum of squares on AVX-512 (partial double sums) and in the plain loop, both
+// against the formula in double, on rows of every tail length around 16 and 32.
+TEST(Normalization, RmsNormalizationOnEveryIsa) {
+  for (const int64_t cols : {1, 15, 16, 17, 33, 768}) {
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    Tensor x = ew_test::random_floats({3, cols}, static_cast<uint32_t>(90 + cols));
+    Tensor scale = ew_test::random_floats({cols}, 91);
+    ir::Node n = make_node("RMSNormalization");
+    std::vector<float> want;
+    for (int64_t r = 0; r < 3; ++r) {
+      const float* row = x.data<float>() + r * cols;
+      double sq = 0;
+      for (int64_t i = 0; i < cols; ++i) sq += double(row[i]) * row[i];
+      const double inv = 1.0 / std::sqrt(sq / double(cols) + 1e-5);
+      for (int64_t i = 0; i < cols; ++i) want.push_back(float(row[i] * inv * scale.data<float>()[i]));
+    }
+    for (cpu::SgemmIsa isa : {cpu::SgemmIsa::kPlain, cpu::SgemmIsa::kAvx512}) {
+      if (cpu::sgemm_best_isa() < isa) continue;
+      cpu::sgemm_force_isa(isa);
+      Tensor y = run_node(n, {{x}, {scale, true}})[0];
+      cpu::sgemm_reset_isa();
+      ew_test::expect_close(y, want, 1e-5f);
+    }
+  }
+}
+
 TEST(Normalization, InstanceNormalization) {
   Tensor x = ew_test::random_floats({2, 3, 5}, 16);
   Tensor scale = Tensor::from_vector<float>({3}, {1, 2, 3}), bias = Tensor::from_vector<float>({3}, {0, 1, -1});
