@@ -117,52 +117,32 @@ std::vector<float> expand_to(const Tensor& param, const std::vector<int64_t>& ta
   return out;
 }
 
-// A row's sum, and its sum of squared deviations (x - mean in float, squared in double), in
-// double on AVX-512: 16 floats a step into four accumulators of 8 doubles. One chain of double
-// additions took 4 cycles an element, and BERT-base's LayerNorms (rows of 768) ran at about
-// 3 GB/s (docs/design/cpu-gemm.md, "Transformers on the CPU"). The partial sums change the
-// order of the additions, not their precision.
+// Sums in double on AVX-512, 8 floats a step into four accumulators: one chain of double
+// additions took 4 cycles an element, and BERT-base's LayerNorms (rows of 768) ran at about 3 GB/s
+// (docs/design/cpu-gemm.md, "Transformers on the CPU"). The partial sums change the order of the
+// additions, not their precision.
+
+// Floats [i, i + 8) of x[0, n) widened to double; those past n read 0.
+__attribute__((target("avx512f"), always_inline)) inline __m512d load8_as_double(const float* x, int64_t i, int64_t n) {
+  const __mmask16 lanes = static_cast<__mmask16>((1u << std::clamp<int64_t>(n - i, 0, 8)) - 1);
+  return _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(lanes, x + i)));
+}
+
 __attribute__((target("avx512f"))) double row_sum_avx512(const float* x, int64_t n) {
   __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
   for (int64_t i = 0; i < n; i += 32)
-    for (int h = 0; h < 2; ++h) {
-      const int64_t left = std::clamp<int64_t>(n - i - 16 * h, 0, 16);
-      const __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>(left == 16 ? 0xFFFFu : (1u << left) - 1),
-                                             x + i + 16 * h);
-      acc[2 * h] = _mm512_add_pd(acc[2 * h], _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
-      acc[2 * h + 1] = _mm512_add_pd(acc[2 * h + 1],
-                                     _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
-    }
+    for (int q = 0; q < 4; ++q) acc[q] = _mm512_add_pd(acc[q], load8_as_double(x, i + 8 * q, n));
   return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3])));
 }
 
-__attribute__((target("avx512f"))) double row_squares_avx512(const float* x, int64_t n, float mean) {
-  __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
-  const __m512 m = _mm512_set1_ps(mean);
-  for (int64_t i = 0; i < n; i += 32)
-    for (int h = 0; h < 2; ++h) {
-      const int64_t left = std::clamp<int64_t>(n - i - 16 * h, 0, 16);
-      const __mmask16 lanes = static_cast<__mmask16>(left == 16 ? 0xFFFFu : (1u << left) - 1);
-      const __m512 d = _mm512_maskz_sub_ps(lanes, _mm512_maskz_loadu_ps(lanes, x + i + 16 * h), m);
-      const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(d));
-      const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(d), 1)));
-      acc[2 * h] = _mm512_fmadd_pd(lo, lo, acc[2 * h]);
-      acc[2 * h + 1] = _mm512_fmadd_pd(hi, hi, acc[2 * h + 1]);
-    }
-  return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3])));
-}
-
-// A group's sum of squared deviations from its mean in double (x - mean in double, as
-// group_norm's plain loop), 8 floats a step into four accumulators.
-__attribute__((target("avx512f"))) double group_squares_avx512(const float* x, int64_t n, double mean) {
+// The sum of squared deviations from `mean`, x - mean in double.
+__attribute__((target("avx512f"))) double row_squares_avx512(const float* x, int64_t n, double mean) {
   __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
   const __m512d m = _mm512_set1_pd(mean);
   for (int64_t i = 0; i < n; i += 32)
     for (int q = 0; q < 4; ++q) {
-      const int64_t left = std::clamp<int64_t>(n - i - 8 * q, 0, 8);
-      const __mmask8 lanes = static_cast<__mmask8>((1u << left) - 1);
-      const __m256 v = _mm512_castps512_ps256(_mm512_maskz_loadu_ps(lanes, x + i + 8 * q));
-      const __m512d d = _mm512_maskz_sub_pd(lanes, _mm512_cvtps_pd(v), m);
+      const __mmask8 lanes = static_cast<__mmask8>((1u << std::clamp<int64_t>(n - i - 8 * q, 0, 8)) - 1);
+      const __m512d d = _mm512_maskz_sub_pd(lanes, load8_as_double(x, i + 8 * q, n), m);
       acc[q] = _mm512_fmadd_pd(d, d, acc[q]);
     }
   return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3])));
@@ -173,10 +153,10 @@ __attribute__((target("avx512f"))) void group_normalize_avx512(const float* x, f
                                                               double inv, double scale, double bias) {
   const __m512d m = _mm512_set1_pd(mean), v = _mm512_set1_pd(inv), s = _mm512_set1_pd(scale), b = _mm512_set1_pd(bias);
   for (int64_t i = 0; i < n; i += 8) {
-    const __mmask8 lanes = static_cast<__mmask8>((1u << std::min<int64_t>(8, n - i)) - 1);
-    const __m512d d = _mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(lanes, x + i))), m);
+    const __m512d d = _mm512_sub_pd(load8_as_double(x, i, n), m);
     const __m256 r = _mm512_cvtpd_ps(_mm512_add_pd(_mm512_mul_pd(_mm512_mul_pd(d, v), s), b));
-    _mm512_mask_storeu_ps(y + i, lanes, _mm512_castps256_ps512(r));
+    _mm512_mask_storeu_ps(y + i, static_cast<__mmask16>((1u << std::min<int64_t>(8, n - i)) - 1),
+                          _mm512_castps256_ps512(r));
   }
 }
 
@@ -251,7 +231,7 @@ void rms_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std::v
     const float* xr = xp + r * cols;
     float* yr = yp + r * cols;
     double squares = 0;
-    if (avx512) squares = row_squares_avx512(xr, cols, 0.f);  // x - 0 is x: the same squares
+    if (avx512) squares = row_squares_avx512(xr, cols, 0.0);  // x - 0 is x: the same squares
     else
       for (int64_t i = 0; i < cols; ++i) squares += double(xr[i]) * xr[i];
     const float inv = static_cast<float>(1.0 / std::sqrt(squares / double(cols) + eps));
@@ -293,7 +273,7 @@ void group_norm(const ir::Node& node, const std::vector<const Tensor*>& in, std:
       for (int64_t i = 0; i < per_group; ++i) sum += xr[i];
     const double mean = per_group ? sum / static_cast<double>(per_group) : 0.0;
     double sq = 0.0;
-    if (avx512) sq = group_squares_avx512(xr, per_group, mean);
+    if (avx512) sq = row_squares_avx512(xr, per_group, mean);
     else
       for (int64_t i = 0; i < per_group; ++i) sq += (xr[i] - mean) * (xr[i] - mean);
     const double inv = 1.0 / std::sqrt((per_group ? sq / static_cast<double>(per_group) : 0.0) + eps);
