@@ -45,7 +45,7 @@ void infer_roi_align(InferContext& ctx) {
 
 KILN_REGISTER_OPS(roi_align) {
   registry.add({"RoiAlign", "", 3, 3, 1, 1, infer_roi_align, nullptr,
-                "float32 on the CPU engine; at most 1024 samples per bin along an axis"});
+                "float32; at most 1024 samples per bin along an axis"});
 }
 
 }  // namespace kiln::ir

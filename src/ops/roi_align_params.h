@@ -9,9 +9,11 @@
 // takes, as it does, the largest of the four weighted neighbours of each sample.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
+#include <math.h>
+
 #include <cstdint>
+
+#include "ir/host_device.h"
 
 namespace kiln::ir {
 
@@ -28,11 +30,36 @@ struct RoiSample {
   float weight[4] = {0, 0, 0, 0};
 };
 
-inline RoiSample roi_bilinear_sample(float y, float x, int64_t height, int64_t width) {
+// a * b, a + b and a - b each rounded on its own, on the device too, where nvcc would otherwise
+// fuse a product and a sum into one FMA: the CPU engine and the GPU then compute the same sample
+// positions, weights and sums, bit for bit.
+KILN_HOST_DEVICE float roi_mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+KILN_HOST_DEVICE float roi_add(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+KILN_HOST_DEVICE float roi_sub(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+KILN_HOST_DEVICE RoiSample roi_bilinear_sample(float y, float x, int64_t height, int64_t width) {
   RoiSample s;
   if (!(y >= -1.0f && y <= float(height) && x >= -1.0f && x <= float(width))) return s;  // NaN too
-  y = std::max(y, 0.0f);
-  x = std::max(x, 0.0f);
+  y = y < 0.0f ? 0.0f : y;
+  x = x < 0.0f ? 0.0f : x;
   int64_t y_low = static_cast<int64_t>(y), x_low = static_cast<int64_t>(x), y_high, x_high;
   if (y_low >= height - 1) y_high = y_low = height - 1, y = float(y_low);
   else y_high = y_low + 1;
@@ -41,7 +68,7 @@ inline RoiSample roi_bilinear_sample(float y, float x, int64_t height, int64_t w
   const float ly = y - float(y_low), lx = x - float(x_low), hy = 1 - ly, hx = 1 - lx;
   s.offset[0] = y_low * width + x_low, s.offset[1] = y_low * width + x_high;
   s.offset[2] = y_high * width + x_low, s.offset[3] = y_high * width + x_high;
-  s.weight[0] = hy * hx, s.weight[1] = hy * lx, s.weight[2] = ly * hx, s.weight[3] = ly * lx;
+  s.weight[0] = roi_mul(hy, hx), s.weight[1] = roi_mul(hy, lx), s.weight[2] = roi_mul(ly, hx), s.weight[3] = roi_mul(ly, lx);
   return s;
 }
 
@@ -49,35 +76,60 @@ inline RoiSample roi_bilinear_sample(float y, float x, int64_t height, int64_t w
 // one would sample for hours.
 constexpr int64_t kMaxRoiSamplesPerAxis = 1024;
 
+// One region's bins: where they start, how large they are, and the samples per bin along each
+// axis (0 for an empty, inverted or NaN region, whose bins read 0).
+struct RoiGrid {
+  float start_h = 0, start_w = 0, bin_h = 0, bin_w = 0;
+  int64_t grid_h = 0, grid_w = 0;
+  bool too_many = false;  // an axis would need more than kMaxRoiSamplesPerAxis samples per bin
+
+  // The average's divisor: the samples per bin, at least 1.
+  KILN_HOST_DEVICE int64_t count() const { return grid_h * grid_w > 1 ? grid_h * grid_w : 1; }
+  // The position of sample (iy, ix) of bin (ph, pw).
+  KILN_HOST_DEVICE float y(int64_t ph, int64_t iy) const {
+    return roi_add(roi_add(start_h, roi_mul(float(ph), bin_h)), roi_mul(float(iy) + 0.5f, bin_h) / float(grid_h));
+  }
+  KILN_HOST_DEVICE float x(int64_t pw, int64_t ix) const {
+    return roi_add(roi_add(start_w, roi_mul(float(pw), bin_w)), roi_mul(float(ix) + 0.5f, bin_w) / float(grid_w));
+  }
+};
+
+KILN_HOST_DEVICE int64_t roi_samples_per_bin(float extent, int64_t bins, int64_t sampling_ratio) {
+  if (sampling_ratio > 0) return sampling_ratio;
+  const float n = ceilf(extent / float(bins));
+  return n > float(kMaxRoiSamplesPerAxis) ? kMaxRoiSamplesPerAxis + 1 : n >= 1 ? static_cast<int64_t>(n) : 0;
+}
+
+KILN_HOST_DEVICE RoiGrid roi_grid(const float* roi, const RoiAlignParams& p) {
+  const float offset = p.half_pixel ? 0.5f : 0.0f;
+  RoiGrid g;
+  g.start_w = roi_sub(roi_mul(roi[0], p.spatial_scale), offset);
+  g.start_h = roi_sub(roi_mul(roi[1], p.spatial_scale), offset);
+  const float end_w = roi_sub(roi_mul(roi[2], p.spatial_scale), offset);
+  const float end_h = roi_sub(roi_mul(roi[3], p.spatial_scale), offset);
+  float roi_w = end_w - g.start_w, roi_h = end_h - g.start_h;
+  if (!p.half_pixel) roi_w = roi_w < 1.0f ? 1.0f : roi_w, roi_h = roi_h < 1.0f ? 1.0f : roi_h;
+  g.bin_h = roi_h / float(p.output_height), g.bin_w = roi_w / float(p.output_width);
+  g.grid_h = roi_samples_per_bin(roi_h, p.output_height, p.sampling_ratio);
+  g.grid_w = roi_samples_per_bin(roi_w, p.output_width, p.sampling_ratio);
+  g.too_many = g.grid_h > kMaxRoiSamplesPerAxis || g.grid_w > kMaxRoiSamplesPerAxis;
+  return g;
+}
+
 // Calls sample(bin_y, bin_x, RoiSample) for every sample of every bin of one region, and
 // returns the number of samples per bin (at least 1: the average's divisor), or 0 without
 // sampling when an axis would need more than kMaxRoiSamplesPerAxis.
 template <class F>
 int64_t roi_align_samples(const float* roi, const RoiAlignParams& p, int64_t height, int64_t width, F&& sample) {
-  const float offset = p.half_pixel ? 0.5f : 0.0f;
-  const float start_w = roi[0] * p.spatial_scale - offset, start_h = roi[1] * p.spatial_scale - offset;
-  const float end_w = roi[2] * p.spatial_scale - offset, end_h = roi[3] * p.spatial_scale - offset;
-  float roi_w = end_w - start_w, roi_h = end_h - start_h;
-  if (!p.half_pixel) roi_w = std::max(roi_w, 1.0f), roi_h = std::max(roi_h, 1.0f);
-  const float bin_h = roi_h / float(p.output_height), bin_w = roi_w / float(p.output_width);
-  // An empty, inverted or NaN region has no samples: its bins read 0.
-  auto grid = [&](float extent, int64_t bins) -> int64_t {
-    if (p.sampling_ratio > 0) return p.sampling_ratio;
-    const float n = std::ceil(extent / float(bins));
-    return n > float(kMaxRoiSamplesPerAxis) ? kMaxRoiSamplesPerAxis + 1 : n >= 1 ? static_cast<int64_t>(n) : 0;
-  };
-  const int64_t grid_h = grid(roi_h, p.output_height), grid_w = grid(roi_w, p.output_width);
-  if (grid_h > kMaxRoiSamplesPerAxis || grid_w > kMaxRoiSamplesPerAxis) return 0;
+  const RoiGrid g = roi_grid(roi, p);
+  if (g.too_many) return 0;
   for (int64_t ph = 0; ph < p.output_height; ++ph)
     for (int64_t pw = 0; pw < p.output_width; ++pw)
-      for (int64_t iy = 0; iy < grid_h; ++iy) {
-        const float y = start_h + float(ph) * bin_h + (float(iy) + 0.5f) * bin_h / float(grid_h);
-        for (int64_t ix = 0; ix < grid_w; ++ix) {
-          const float x = start_w + float(pw) * bin_w + (float(ix) + 0.5f) * bin_w / float(grid_w);
-          sample(ph, pw, roi_bilinear_sample(y, x, height, width));
-        }
+      for (int64_t iy = 0; iy < g.grid_h; ++iy) {
+        const float y = g.y(ph, iy);
+        for (int64_t ix = 0; ix < g.grid_w; ++ix) sample(ph, pw, roi_bilinear_sample(y, g.x(pw, ix), height, width));
       }
-  return std::max<int64_t>(grid_h * grid_w, 1);
+  return g.count();
 }
 
 }  // namespace kiln::ir

@@ -128,28 +128,30 @@ def test_command_line_names_the_partition_and_strict_refuses(kiln_bin, model, tm
 
 
 def test_a_cpu_node_that_fails_at_run_time_raises_and_the_next_run_is_clean(tmp_path):
-    """ReverseSequence has no GPU layer; its CPU kernel refuses a sequence length longer than the
-    time axis when it runs. The partitioned engine raises that error from run() (eager and CUDA
-    graph replays alike) instead of returning the poisoned outputs, and a valid run after it
-    answers right."""
+    """MaxUnpool has no GPU layer; its CPU kernel refuses an index outside the unpooled tensor
+    when it runs. The partitioned engine raises that error from run() (eager and CUDA graph
+    replays alike) instead of returning the poisoned outputs, and a valid run after it answers
+    right."""
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("ReverseSequence", ["r", "lens"], ["y"], name="reverse", batch_axis=1, time_axis=0)]
-    graph = helper.make_graph(nodes, "reverse", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 2, 3]),
-                                                 helper.make_tensor_value_info("lens", TensorProto.INT64, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2, 3])])
-    path = str(tmp_path / "reverse.onnx")
+             helper.make_node("MaxUnpool", ["r", "at"], ["y"], name="unpool", kernel_shape=[2, 2], strides=[2, 2])]
+    graph = helper.make_graph(nodes, "unpool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 2, 2]),
+                                                helper.make_tensor_value_info("at", TensorProto.INT64, [1, 2, 2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])])
+    path = str(tmp_path / "unpool.onnx")
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    with pytest.warns(UserWarning, match=r"reverse \(ReverseSequence\)"):
+    with pytest.warns(UserWarning, match=r"unpool \(MaxUnpool\)"):
         engine = kiln.Builder(device="cuda").build(path)
-    x = np.random.default_rng(5).standard_normal((4, 2, 3)).astype(np.float32)
-    good = np.array([3, 4], dtype=np.int64)
-    want = np.maximum(x, 0)
-    want[:3, 0] = want[:3, 0][::-1].copy()
-    want[:4, 1] = want[:4, 1][::-1].copy()
+    x = np.random.default_rng(5).standard_normal((1, 2, 2, 2)).astype(np.float32)
+    good = np.array([0, 3, 9, 14, 17, 20, 26, 31], dtype=np.int64).reshape(1, 2, 2, 2)
+    want = np.zeros(32, dtype=np.float32)
+    want[good.ravel()] = np.maximum(x, 0).ravel()
+    want = want.reshape(1, 2, 4, 4)
+    bad = good.copy()
+    bad[0, 1, 1, 1] = 32
     for _ in range(3):
-        assert np.array_equal(engine.run({"x": x, "lens": good})["y"], want)
-        with pytest.raises(kiln.Error, match=r"sequence_lens\[1\] = 5 is outside \[0, 4\]"):
-            engine.run({"x": x, "lens": np.array([3, 5], dtype=np.int64)})
+        assert np.array_equal(engine.run({"x": x, "at": good})["y"], want)
+        with pytest.raises(kiln.Error, match=r"index 32 is outside the unpooled tensor of 32 elements"):
+            engine.run({"x": x, "at": bad})
 
 
 def test_swin_transformer_runs_on_gpu_layers_alone_and_matches_the_cpu_engine(kiln_bin, model_cache):

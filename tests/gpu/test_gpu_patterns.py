@@ -701,6 +701,125 @@ def test_gather_with_an_index_out_of_range_raises_instead_of_answering(tmp_path)
             gpu.run({"ids": np.array([[0, 1, 50, 2, 7], [3, 3, 10, 4, 2]], dtype=np.int64)})
 
 
+@pytest.mark.parametrize("mode,coordinates,ratio", [("avg", "half_pixel", 0), ("avg", "output_half_pixel", 2),
+                                                     ("max", "half_pixel", 2), ("max", "output_half_pixel", 0)])
+def test_roi_align_matches_the_cpu_engine_bit_for_bit_and_refuses_a_batch_index_out_of_range(mode, coordinates, ratio,
+                                                                                          tmp_path):
+    """RoiAlign on its GPU layer against the CPU engine, which share their arithmetic
+    (src/ops/roi_align_params.h): the same bits for regions inside, across and outside the
+    feature map, an empty one and one of many samples per bin; under --fp16 (X arrives in
+    float16 storage and RoiAlign keeps float32) within float16's rounding. A batch index past X's
+    batch makes run() raise, naming the node, and the next valid run answers right."""
+    import kiln
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("RoiAlign", ["r", "rois", "batch"], ["y"], name="pool", mode=mode,
+                              coordinate_transformation_mode=coordinates, output_height=5, output_width=4,
+                              sampling_ratio=ratio, spatial_scale=0.25)]
+    graph = helper.make_graph(nodes, "roi", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 20, 24]),
+                                             helper.make_tensor_value_info("rois", TensorProto.FLOAT, [6, 4]),
+                                             helper.make_tensor_value_info("batch", TensorProto.INT64, [6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 16, 5, 4])])
+    path = str(tmp_path / "roi.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    half = kiln.Builder(device="cuda", precision="fp16", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "RoiAlign"] == ["kernel:roi-align"]
+    rng = np.random.default_rng(11)
+    rois = np.array([[4, 8, 60, 70], [-20, -10, 30, 40], [70, 60, 120, 100], [10, 10, 10, 10], [0, 0, 96, 80],
+                     [33.3, 17.1, 41.9, 29.5]], dtype=np.float32)
+    feed = {"x": rng.standard_normal((2, 16, 20, 24)).astype(np.float32), "rois": rois,
+            "batch": np.array([0, 1, 1, 0, 1, 0], dtype=np.int64)}
+    for _ in range(2):
+        want = cpu.run(feed)["y"]
+        assert np.array_equal(gpu.run(feed)["y"], want)
+        assert rel_l2(half.run(feed)["y"], want) < 2e-3
+        with pytest.raises(kiln.Error, match="RoiAlign 'pool': a batch index is outside X's batch of 2"):
+            gpu.run(dict(feed, batch=np.array([0, 1, 2, 0, 1, 0], dtype=np.int64)))
+
+
+@pytest.mark.parametrize("batch_axis,dtype", [(0, np.float32), (1, np.float32), (1, np.int64), (0, np.float16)])
+def test_reverse_sequence_matches_the_cpu_engine_and_refuses_a_length_past_the_time_axis(batch_axis, dtype, tmp_path):
+    """ReverseSequence on its GPU layer against the CPU engine, batch first or time first, for
+    float and integer data; a sequence length past the time axis makes run() raise, naming the
+    node, and the next valid run answers right."""
+    import kiln
+
+    elem = {np.float32: TensorProto.FLOAT, np.int64: TensorProto.INT64, np.float16: TensorProto.FLOAT16}[dtype]
+    shape = [3, 7, 5, 2] if batch_axis == 0 else [7, 3, 5, 2]
+    nodes = [helper.make_node("ReverseSequence", ["x", "lens"], ["y"], name="reverse", batch_axis=batch_axis,
+                              time_axis=1 - batch_axis)]
+    graph = helper.make_graph(nodes, "reverse", [helper.make_tensor_value_info("x", elem, shape),
+                                                 helper.make_tensor_value_info("lens", TensorProto.INT64, [3])],
+                              [helper.make_tensor_value_info("y", elem, shape)])
+    path = str(tmp_path / "reverse.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    x = (np.random.default_rng(6).standard_normal(shape) * 100).astype(dtype)
+    good = np.array([7, 0, 4], dtype=np.int64)
+    for _ in range(2):
+        got, want = gpu.run({"x": x, "lens": good})["y"], cpu.run({"x": x, "lens": good})["y"]
+        assert np.array_equal(got, want)
+        with pytest.raises(kiln.Error, match=r"ReverseSequence 'reverse': a sequence_lens value is outside \[0, 7\]"):
+            gpu.run({"x": x, "lens": np.array([7, 8, 1], dtype=np.int64)})
+
+
+@pytest.mark.parametrize("equation,shapes,dtype", [
+    ("bij,bjk->bik", [(3, 4, 5), (3, 5, 6)], np.float32),
+    ("ij->ji", [(4, 7)], np.float32),
+    ("ii->i", [(5, 5)], np.float64),
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (5, 4, 2)], np.float32),
+    ("ij,ij->", [(6, 9), (6, 9)], np.float32),
+    ("bhqd,bhkd->bhqk", [(2, 3, 8, 16), (2, 3, 10, 16)], np.float32),
+    ("i,j,k->ijk", [(3,), (4,), (2,)], np.int64),
+    ("ij,jk", [(3, 4), (4, 2)], np.int32),
+])
+def test_einsum_matches_the_cpu_engine_bit_for_bit(equation, shapes, dtype, tmp_path):
+    """Einsum on its GPU layer against the CPU engine, which sum the same products in the same
+    order and types: equal bits for contractions, transposes, diagonals, broadcast ellipses,
+    full sums, outer products and implicit outputs, in float and integer types."""
+    import kiln
+
+    elem = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE, np.int64: TensorProto.INT64,
+            np.int32: TensorProto.INT32}[dtype]
+    names = [f"x{i}" for i in range(len(shapes))]
+    graph = helper.make_graph([helper.make_node("Einsum", names, ["y"], name="einsum", equation=equation)], "einsum",
+                              [helper.make_tensor_value_info(n, elem, list(s)) for n, s in zip(names, shapes)],
+                              [helper.make_tensor_value_info("y", elem, None)])
+    path = str(tmp_path / "einsum.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "Einsum"] == ["kernel:einsum-direct"]
+    rng = np.random.default_rng(7)
+    feed = {n: (rng.standard_normal(s) * 10).astype(dtype) for n, s in zip(names, shapes)}
+    got, want = gpu.run(feed)["y"], cpu.run(feed)["y"]
+    assert got.shape == want.shape and np.array_equal(got, want)
+
+
+def test_einsum_too_large_for_the_gpu_layer_is_refused_by_name_and_runs_partitioned(tmp_path):
+    """An Einsum of more than 2^24 products per output element is not taken by the GPU layer: a
+    --strict build names the node and the reason, and the default build runs it on the CPU
+    engine."""
+    import kiln
+
+    n = (1 << 24) + 1
+    graph = helper.make_graph([helper.make_node("Einsum", ["a", "b"], ["y"], name="dot", equation="i,i->")], "dot",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n]),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, [n])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])])
+    path = str(tmp_path / "dot.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(kiln.Error, match=r"dot \(Einsum\).*more than 2\^24 products per output element"):
+        kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    with pytest.warns(UserWarning, match=r"dot \(Einsum\)"):
+        engine = kiln.Builder(device="cuda").build(path)
+    a = np.ones(n, dtype=np.float32)
+    assert engine.run({"a": a, "b": a})["y"] == np.float32(n)
+
+
 @pytest.mark.parametrize("reduction", ["none", "add"])
 def test_scatter_elements_with_an_index_out_of_range_raises_instead_of_answering(reduction, tmp_path):
     """ScatterElements along axis 1 with runtime indices matches the CPU engine (the last of
