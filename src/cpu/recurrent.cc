@@ -16,61 +16,11 @@
 #include <vector>
 
 #include "cpu/kernel.h"
+#include "ops/recurrent_params.h"
 
 namespace kiln::cpu {
 
 namespace {
-
-struct ActivationFn {
-  std::string name;
-  float alpha = 0.f, beta = 0.f;
-
-  float operator()(float x) const {
-    if (name == "Sigmoid") return 1.f / (1.f + std::exp(-x));
-    if (name == "Tanh") return std::tanh(x);
-    if (name == "Relu") return std::max(x, 0.f);
-    if (name == "LeakyRelu") return x >= 0.f ? x : alpha * x;
-    if (name == "ThresholdedRelu") return x > alpha ? x : 0.f;
-    if (name == "ScaledTanh") return alpha * std::tanh(beta * x);
-    if (name == "HardSigmoid") return std::max(0.f, std::min(1.f, alpha * x + beta));
-    if (name == "Elu") return x >= 0.f ? x : alpha * (std::exp(x) - 1.f);
-    if (name == "Softsign") return x / (1.f + std::fabs(x));
-    if (name == "Softplus") return std::log1p(std::exp(-std::fabs(x))) + std::max(x, 0.f);
-    return alpha * x + beta;  // Affine
-  }
-};
-
-// The activations of each direction: the attribute's list (the forward direction's first), with
-// alpha and beta taken in order by those that use them; ONNX's defaults where absent.
-std::vector<std::vector<ActivationFn>> activations_of(const ir::Node& node, int per_direction, int dirs) {
-  static const char* const kKnown[] = {"Sigmoid", "Tanh", "Relu", "LeakyRelu", "ThresholdedRelu", "ScaledTanh",
-                                       "HardSigmoid", "Elu", "Softsign", "Softplus", "Affine"};
-  std::vector<std::string> names = node.attrs.get_strings("activations");
-  if (names.empty()) {
-    const std::vector<std::string> defaults = node.op == "RNN"   ? std::vector<std::string>{"Tanh"}
-                                              : node.op == "GRU" ? std::vector<std::string>{"Sigmoid", "Tanh"}
-                                                                 : std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"};
-    for (int d = 0; d < dirs; ++d) names.insert(names.end(), defaults.begin(), defaults.end());
-  }
-  if (static_cast<int>(names.size()) != per_direction * dirs)
-    throw node.error(ErrorKind::kInvalidModel, "activations lists " + std::to_string(names.size()) + " functions, " +
-                                                   std::to_string(per_direction * dirs) + " are needed");
-  const std::vector<float> alphas = node.attrs.get_floats("activation_alpha"), betas = node.attrs.get_floats("activation_beta");
-  size_t next_alpha = 0, next_beta = 0;
-  std::vector<std::vector<ActivationFn>> out(static_cast<size_t>(dirs));
-  for (size_t k = 0; k < names.size(); ++k) {
-    ActivationFn fn{names[k]};
-    if (std::find(std::begin(kKnown), std::end(kKnown), fn.name) == std::end(kKnown))
-      throw node.error(ErrorKind::kUnsupported, "activation '" + fn.name + "' is not supported");
-    const bool uses_alpha = fn.name == "LeakyRelu" || fn.name == "ThresholdedRelu" || fn.name == "ScaledTanh" ||
-                            fn.name == "HardSigmoid" || fn.name == "Elu" || fn.name == "Affine";
-    const bool uses_beta = fn.name == "ScaledTanh" || fn.name == "HardSigmoid" || fn.name == "Affine";
-    if (uses_alpha) fn.alpha = next_alpha < alphas.size() ? alphas[next_alpha++] : (fn.name == "LeakyRelu" ? 0.01f : fn.name == "HardSigmoid" ? 0.2f : 1.f);
-    if (uses_beta) fn.beta = next_beta < betas.size() ? betas[next_beta++] : (fn.name == "HardSigmoid" ? 0.5f : fn.name == "Affine" ? 0.f : 1.f);
-    out[k / static_cast<size_t>(per_direction)].push_back(fn);
-  }
-  return out;
-}
 
 class RecurrentKernel : public Kernel {
  public:
@@ -83,7 +33,7 @@ class RecurrentKernel : public Kernel {
         linear_before_reset_(node_.attrs.get_int("linear_before_reset", 0) != 0),
         input_forget_(node_.attrs.get_int("input_forget", 0) != 0),
         clip_(node_.attrs.has("clip") ? node_.attrs.get_float("clip", 0.f) : -1.f),
-        acts_(activations_of(node_, node_.op == "LSTM" ? 3 : node_.op == "GRU" ? 2 : 1, dirs_)) {}
+        acts_(ir::recurrent_activations(node_, static_cast<int>(dirs_))) {}
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
     auto input = [&](size_t i) -> const Tensor* { return i < in.size() && in[i] && in[i]->defined() ? in[i] : nullptr; };
@@ -125,14 +75,14 @@ class RecurrentKernel : public Kernel {
       const float* wb = bias ? bias->data<float>() + d * 2 * gh : nullptr;
       const float* rb = bias ? wb + gh : nullptr;
       const float* p = peep ? peep->data<float>() + d * 3 * hidden : nullptr;
-      const std::vector<ActivationFn>& act = acts_[static_cast<size_t>(d)];
+      const std::vector<ir::RecurrentActivation>& act = acts_[static_cast<size_t>(d)];
       for (int64_t b = 0; b < batch; ++b) {
         const int64_t len = lens ? lens->value_as_int(b) : seq;
         if (len < 0 || len > seq)
           throw node_.error(ErrorKind::kInvalidArgument, "sequence_lens[" + std::to_string(b) + "] = " + std::to_string(len) + " is outside [0, " + std::to_string(seq) + "]");
         for (int64_t j = 0; j < hidden; ++j) {
-          h[static_cast<size_t>(j)] = h0 ? h0->data<float>()[(d * batch + b) * hidden + j] : 0.f;
-          c[static_cast<size_t>(j)] = c0 ? c0->data<float>()[(d * batch + b) * hidden + j] : 0.f;
+          h[static_cast<size_t>(j)] = h0 ? h0->data<float>()[state_at(d, b) + j] : 0.f;
+          c[static_cast<size_t>(j)] = c0 ? c0->data<float>()[state_at(d, b) + j] : 0.f;
         }
         for (int64_t s = 0; s < len; ++s) {
           const int64_t t = reverse ? len - 1 - s : s;
@@ -158,7 +108,7 @@ class RecurrentKernel : public Kernel {
 
   // One step from pre = W x + Wb and rh = R h + Rb (per gate row): updates h (and c). R and Rb
   // again for GRU's candidate without linear_before_reset, which multiplies R by r * h.
-  void step(const std::vector<ActivationFn>& act, const float* r, const float* rb, const float* p, int64_t hidden,
+  void step(const std::vector<ir::RecurrentActivation>& act, const float* r, const float* rb, const float* p, int64_t hidden,
             std::vector<float>& h, std::vector<float>& c, const std::vector<float>& pre, const std::vector<float>& rh,
             std::vector<float>& next) const {
     const auto H = static_cast<size_t>(hidden);
@@ -199,7 +149,7 @@ class RecurrentKernel : public Kernel {
   int64_t gates_, dirs_;
   bool reverse_only_, batch_first_, linear_before_reset_, input_forget_;
   float clip_;
-  std::vector<std::vector<ActivationFn>> acts_;
+  std::vector<std::vector<ir::RecurrentActivation>> acts_;
 };
 
 }  // namespace

@@ -799,6 +799,68 @@ def test_einsum_matches_the_cpu_engine_bit_for_bit(equation, shapes, dtype, tmp_
     assert got.shape == want.shape and np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("op,direction,layout,extras", [
+    ("LSTM", "bidirectional", 0, {"peepholes": True, "clip": 2.5}),
+    ("LSTM", "reverse", 1, {"input_forget": 1}),
+    ("GRU", "bidirectional", 1, {"linear_before_reset": 1}),
+    ("GRU", "forward", 0, {"activations": ["HardSigmoid", "Softsign"], "activation_alpha": [0.3], "activation_beta": [0.4]}),
+    ("RNN", "bidirectional", 0, {"activations": ["Relu", "LeakyRelu"], "activation_alpha": [0.05]}),
+])
+def test_recurrent_layers_match_the_cpu_engine_and_refuse_a_length_past_the_sequence(op, direction, layout, extras,
+                                                                                     tmp_path):
+    """RNN, GRU and LSTM on their GPU layer against the CPU engine with every input (bias,
+    sequence_lens with entries of different lengths, initial states, LSTM's peepholes) and the
+    attributes that change the arithmetic (directions, batch-first layout, clip, activations,
+    GRU's linear_before_reset, LSTM's input_forget): Y, Y_h and Y_c agree within float32 rounding of
+    the activations, and under --fp16 (the layer keeps float32 state) within float16's rounding of
+    what reaches it. A sequence length
+    past seq_length makes run() raise, naming the node, and the next valid run answers right."""
+    import kiln
+
+    seq, batch, feat, hidden = 9, 3, 5, 16
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    dirs = 2 if direction == "bidirectional" else 1
+    rng = np.random.default_rng(8)
+    weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.4).astype(np.float32), name) for name, shape in
+               [("w", (dirs, gates * hidden, feat)), ("r", (dirs, gates * hidden, hidden)), ("b", (dirs, 2 * gates * hidden))]]
+    inputs = ["x", "w", "r", "b", "lens", "h0"]
+    state = [batch, dirs, hidden] if layout else [dirs, batch, hidden]
+    graph_inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, feat] if layout else [seq, batch, feat]),
+                    helper.make_tensor_value_info("lens", TensorProto.INT32, [batch]),
+                    helper.make_tensor_value_info("h0", TensorProto.FLOAT, state)]
+    outputs = ["y", "y_h"]
+    attrs = {k: v for k, v in extras.items() if k != "peepholes"}
+    if op == "LSTM":
+        inputs.append("c0")
+        graph_inputs.append(helper.make_tensor_value_info("c0", TensorProto.FLOAT, state))
+        outputs.append("y_c")
+        if extras.get("peepholes"):
+            inputs.append("p")
+            weights.append(numpy_helper.from_array((rng.standard_normal((dirs, 3 * hidden)) * 0.4).astype(np.float32), "p"))
+    node = helper.make_node(op, inputs, outputs, name="cell", hidden_size=hidden, direction=direction, layout=layout, **attrs)
+    graph = helper.make_graph([node], "recurrent", graph_inputs,
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], weights)
+    path = str(tmp_path / "recurrent.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    half = kiln.Builder(device="cuda", precision="fp16", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == op] == ["kernel:recurrent"]
+    feed = {"x": rng.standard_normal([batch, seq, feat] if layout else [seq, batch, feat]).astype(np.float32),
+            "lens": np.array([seq, 4, 0], dtype=np.int32), "h0": (rng.standard_normal(state) * 0.5).astype(np.float32)}
+    if op == "LSTM":
+        feed["c0"] = (rng.standard_normal(state) * 0.5).astype(np.float32)
+    for _ in range(2):
+        want = cpu.run(feed)
+        for engine, tolerance in ((gpu, 1e-5), (half, 3e-3)):
+            got = engine.run(feed)
+            for name in outputs:
+                assert got[name].shape == want[name].shape, name
+                assert np.allclose(got[name], want[name], rtol=tolerance, atol=tolerance), (name, np.abs(got[name] - want[name]).max())
+        with pytest.raises(kiln.Error, match=rf"{op} 'cell': a sequence_lens value is outside \[0, 9\]"):
+            gpu.run(dict(feed, lens=np.array([seq, 10, 1], dtype=np.int32)))
+
+
 def test_einsum_too_large_for_the_gpu_layer_is_refused_by_name_and_runs_partitioned(tmp_path):
     """An Einsum of more than 2^24 products per output element is not taken by the GPU layer: a
     --strict build names the node and the reason, and the default build runs it on the CPU

@@ -184,6 +184,73 @@ TEST(Recurrent, SequenceLensMaskEachBatchEntry) {
   }
 }
 
+// layout 1 (batch first) is layout 0 with X, initial_h, initial_c, Y, Y_h and Y_c transposed:
+// a bidirectional GRU and LSTM over two batch entries with initial states give the same numbers
+// either way (initial_h is [batch, directions, hidden] under layout 1).
+TEST(Recurrent, BatchFirstLayoutTransposesInputsStatesAndOutputs) {
+  constexpr int64_t seq = 3, batch = 2, feat = 2, hidden = 3, dirs = 2;
+  for (const std::string op : {"GRU", "LSTM"}) {
+    const int64_t gates = op == "LSTM" ? 4 : 3;
+    auto model = [&](bool batch_first) {
+      GraphBuilder b;
+      if (batch_first) b.input("x", {batch, seq, feat});
+      else b.input("x", {seq, batch, feat});
+      const ir::Dims state = batch_first ? ir::Dims{batch, dirs, hidden} : ir::Dims{dirs, batch, hidden};
+      b.input("h0", state);
+      b.random("w", {dirs, gates * hidden, feat});
+      b.random("r", {dirs, gates * hidden, hidden});
+      b.random("bias", {dirs, 2 * gates * hidden});
+      std::vector<std::string> inputs = {"x", "w", "r", "bias", "", "h0"};
+      if (op == "LSTM") {
+        b.input("c0", state);
+        inputs.push_back("c0");
+      }
+      b.node(op, inputs, "y", {{"hidden_size", hidden}, {"direction", std::string("bidirectional")},
+                               {"layout", int64_t{batch_first ? 1 : 0}}});
+      b.last().outputs = {"y", "y_h"};
+      b.output("y");
+      b.output("y_h");
+      return b;
+    };
+    auto values = [](std::vector<int64_t> shape, float step) {
+      Tensor t(DType::kFloat32, shape);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = step * static_cast<float>(i % 11) - 0.4f;
+      return t;
+    };
+    const Tensor x = values({seq, batch, feat}, 0.13f), h0 = values({dirs, batch, hidden}, 0.07f),
+                 c0 = values({dirs, batch, hidden}, -0.05f);
+    // The same values, batch first.
+    Tensor xt(DType::kFloat32, {batch, seq, feat}), h0t(DType::kFloat32, {batch, dirs, hidden}),
+        c0t(DType::kFloat32, {batch, dirs, hidden});
+    for (int64_t t = 0; t < seq; ++t)
+      for (int64_t n = 0; n < batch; ++n)
+        for (int64_t k = 0; k < feat; ++k) xt.data<float>()[(n * seq + t) * feat + k] = x.data<float>()[(t * batch + n) * feat + k];
+    for (int64_t d = 0; d < dirs; ++d)
+      for (int64_t n = 0; n < batch; ++n)
+        for (int64_t j = 0; j < hidden; ++j) {
+          h0t.data<float>()[(n * dirs + d) * hidden + j] = h0.data<float>()[(d * batch + n) * hidden + j];
+          c0t.data<float>()[(n * dirs + d) * hidden + j] = c0.data<float>()[(d * batch + n) * hidden + j];
+        }
+    GraphBuilder seq_first = model(false), batch_first = model(true);
+    std::map<std::string, Tensor> in0 = {{"x", x}, {"h0", h0}}, in1 = {{"x", xt}, {"h0", h0t}};
+    if (op == "LSTM") in0.emplace("c0", c0), in1.emplace("c0", c0t);
+    const auto a = cpu::CpuEngine(seq_first.build()).run(in0);
+    const auto b = cpu::CpuEngine(batch_first.build()).run(in1);
+    for (int64_t t = 0; t < seq; ++t)
+      for (int64_t d = 0; d < dirs; ++d)
+        for (int64_t n = 0; n < batch; ++n)
+          for (int64_t j = 0; j < hidden; ++j)
+            ASSERT_EQ(a.at("y").data<float>()[((t * dirs + d) * batch + n) * hidden + j],
+                      b.at("y").data<float>()[((n * seq + t) * dirs + d) * hidden + j])
+                << op << " Y at t " << t << " d " << d << " n " << n << " j " << j;
+    for (int64_t d = 0; d < dirs; ++d)
+      for (int64_t n = 0; n < batch; ++n)
+        for (int64_t j = 0; j < hidden; ++j)
+          ASSERT_EQ(a.at("y_h").data<float>()[(d * batch + n) * hidden + j], b.at("y_h").data<float>()[(n * dirs + d) * hidden + j])
+              << op << " Y_h at d " << d << " n " << n << " j " << j;
+  }
+}
+
 // NonMaxSuppression tests a candidate against the kept boxes a block at a time: the same answer
 // as the definition (nms_suppresses against each kept box), on random boxes of every kind: corners
 // in either order, boxes of no area, NaN corners, and counts around the block size.

@@ -102,7 +102,9 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile(
 // What a launch sizes its grid by: how many blocks of `threads` threads and `smem` bytes of
 // dynamic shared memory fit on one multiprocessor of the current device, and its
 // multiprocessors. The first call per kernel, size and device raises the kernel's shared-memory
-// limit to `smem` and, with `all_shared`, asks for all of L1 as shared memory (as cuDNN's
+// limit to the most a block may have on the device (the limit belongs to the function, so one
+// raised to each caller's `smem` would refuse the launches of a larger size made before it) and,
+// with `all_shared`, asks for all of L1 as shared memory (as cuDNN's
 // convolution kernels take it: a kernel that asks for another split makes the multiprocessors
 // drain and reconfigure between it and its neighbours, which isolated timing does not see;
 // ResNet-50's INT8 engine ran 20% slower at batch 1). Later calls look it up, so a launch asks
@@ -121,7 +123,10 @@ KernelOccupancy prepare_kernel(Kernel kernel, int threads, int smem, bool all_sh
   std::lock_guard<std::mutex> lock(mutex);
   KernelOccupancy& info = known[{device, reinterpret_cast<const void*>(kernel), smem}];
   if (info.sms == 0) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int most = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (smem > most) throw Error(ErrorKind::kDevice, std::string(what) + ": needs more shared memory than a block has on this GPU");
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     if (all_shared)
       KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&info.blocks_per_sm, kernel, threads, smem));
