@@ -73,8 +73,10 @@ cpu::BufferPool& input_pool() {
 constexpr size_t kPooledInputBytes = size_t{1} << 20;  // smaller copies come from malloc's own free lists
 
 Tensor to_tensor(const py::handle& object, const std::string& what, InputMemory memory = InputMemory::kCopy) {
-  // np.ascontiguousarray: numpy arrays as they are, CPU torch tensors and lists through __array__.
-  py::array array = py::module_::import("numpy").attr("ascontiguousarray")(object);
+  // np.asarray(order="C"): numpy arrays as they are (a copy where not C-contiguous), CPU torch
+  // tensors and lists through __array__, and 0-d arrays kept 0-d (np.ascontiguousarray makes them
+  // 1-d, which a scalar input then refuses).
+  py::array array = py::module_::import("numpy").attr("asarray")(object, py::arg("order") = "C");
   const DType dtype = dtype_of_numpy(array.dtype(), what);
   std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
   if (memory == InputMemory::kBorrow && array.nbytes() > 0) {

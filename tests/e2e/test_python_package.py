@@ -164,6 +164,27 @@ def test_large_inputs_reuse_memory_without_touching_earlier_outputs(tmp_path):
     assert not errors, errors[:5]
 
 
+def test_scalar_and_strided_inputs_keep_their_shapes(tmp_path):
+    """0-d arrays (a scale or a zero point given as a runtime input) reach the engine as scalars,
+    numpy scalars too, and a strided view is copied in row-major order: the
+    answers are ONNX Runtime's."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "s"], ["xs"]), helper.make_node("Add", ["xs", "b"], ["y"])],
+                              "scalars", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4]),
+                                          helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+                                          helper.make_tensor_value_info("b", TensorProto.FLOAT, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])])
+    path = str(tmp_path / "scalars.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    engine = kiln.Builder(device="cpu").build(path)
+    wide = np.arange(24, dtype=np.float32).reshape(3, 8)
+    x = wide[:, ::2]  # not contiguous
+    for s, b in ((np.array(1.5, dtype=np.float32), np.array(-2.0, dtype=np.float32)), (np.float32(0.25), np.float32(3.0))):
+        want = ort_run(path, {"x": np.ascontiguousarray(x), "s": np.asarray(s), "b": np.asarray(b)})[0]
+        np.testing.assert_array_equal(engine.run({"x": x, "s": s, "b": b})["y"], want)
+
+
 def test_cpu_threads_can_be_set_and_every_count_computes_the_same():
     """kiln.set_cpu_threads sets the CPU engine's threads for the process: a count of 1, 2 and 3
     gives the same outputs bit for bit (each output element is summed in one fixed order,

@@ -861,6 +861,129 @@ def test_recurrent_layers_match_the_cpu_engine_and_refuse_a_length_past_the_sequ
             gpu.run(dict(feed, lens=np.array([seq, 10, 1], dtype=np.int32)))
 
 
+def _byte_array(rng, shape, dtype):
+    lo, hi = (-128, 128) if dtype == np.int8 else (0, 256)
+    return rng.integers(lo, hi, size=shape).astype(dtype)
+
+
+@pytest.mark.parametrize("a_type,b_type,zero_kind", [(np.uint8, np.int8, "row_column"), (np.int8, np.int8, "tensor"),
+                                                     (np.uint8, np.uint8, "none")])
+def test_matmul_integer_and_dynamic_quantize_match_the_cpu_engine(a_type, b_type, zero_kind, tmp_path):
+    """ONNX Runtime's dynamic quantization as it writes it (DynamicQuantizeLinear of the
+    activations, MatMulInteger by int8 weights with zero points, then a float rescale) and
+    MatMulInteger alone with batch dims that broadcast and zero points per tensor or per row and
+    column: the GPU's own layers give the CPU engine's integers and scales exactly."""
+    import kiln
+
+    rng = np.random.default_rng(12)
+    a_elem = TensorProto.INT8 if a_type == np.int8 else TensorProto.UINT8
+    b_elem = TensorProto.INT8 if b_type == np.int8 else TensorProto.UINT8
+    inputs, feed, names = [], {}, ["a", "b"]
+    a = _byte_array(rng, (2, 1, 6, 40), a_type)
+    b = _byte_array(rng, (3, 40, 7), b_type)
+    feed.update(a=a, b=b)
+    inputs += [helper.make_tensor_value_info("a", a_elem, list(a.shape)), helper.make_tensor_value_info("b", b_elem, list(b.shape))]
+    if zero_kind != "none":
+        za = _byte_array(rng, (6,) if zero_kind == "row_column" else (), a_type)
+        zb = _byte_array(rng, (7,) if zero_kind == "row_column" else (), b_type)
+        feed.update(za=za, zb=zb)
+        inputs += [helper.make_tensor_value_info("za", a_elem, list(za.shape)), helper.make_tensor_value_info("zb", b_elem, list(zb.shape))]
+        names += ["za", "zb"]
+    weights = numpy_helper.from_array(_byte_array(rng, (16, 5), np.int8), "w")
+    w_zero = numpy_helper.from_array(np.array(3, dtype=np.int8), "w_zero")
+    nodes = [helper.make_node("MatMulInteger", names, ["y"], name="product"),
+             helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zero"], name="dynamic"),
+             helper.make_node("MatMulInteger", ["xq", "w", "x_zero", "w_zero"], ["xw"], name="projection")]
+    x = (rng.standard_normal((4, 16)) * 3 + 0.5).astype(np.float32)
+    feed["x"] = x
+    inputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16]))
+    outputs = [helper.make_tensor_value_info(n, t, None) for n, t in
+               [("y", TensorProto.INT32), ("xq", TensorProto.UINT8), ("x_scale", TensorProto.FLOAT),
+                ("x_zero", TensorProto.UINT8), ("xw", TensorProto.INT32)]]
+    graph = helper.make_graph(nodes, "integer", inputs, outputs, [weights, w_zero])
+    path = str(tmp_path / "integer.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert sorted(l["tactic"] for l in gpu.info()["layers"] if l["op"] in ("MatMulInteger", "DynamicQuantizeLinear")) == \
+        ["kernel:dynamic-quantize", "kernel:integer-matmul", "kernel:integer-matmul"]
+    got, want = gpu.run(feed), cpu.run(feed)
+    for name in ("y", "xq", "x_scale", "x_zero", "xw"):
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("y_type,scale_type", [(np.int8, np.float32), (np.uint8, np.float16)])
+def test_qlinear_matmul_matches_the_cpu_engine(y_type, scale_type, tmp_path):
+    """QLinearMatMul with float32 and float16 scales given as runtime inputs: the GPU layer
+    requantizes to the CPU engine's integers exactly."""
+    import kiln
+
+    rng = np.random.default_rng(13)
+    q_elem = TensorProto.INT8 if y_type == np.int8 else TensorProto.UINT8
+    s_elem = TensorProto.FLOAT if scale_type == np.float32 else TensorProto.FLOAT16
+    feed = {"a": _byte_array(rng, (5, 33), y_type), "a_scale": np.array(0.021, dtype=scale_type),
+            "a_zero": _byte_array(rng, (), y_type), "b": _byte_array(rng, (33, 9), y_type),
+            "b_scale": np.array(0.013, dtype=scale_type), "b_zero": _byte_array(rng, (), y_type),
+            "y_scale": np.array(0.37, dtype=scale_type), "y_zero": _byte_array(rng, (), y_type)}
+    elem = {"a": q_elem, "b": q_elem, "a_zero": q_elem, "b_zero": q_elem, "y_zero": q_elem, "a_scale": s_elem,
+            "b_scale": s_elem, "y_scale": s_elem}
+    order = ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "y_scale", "y_zero"]
+    graph = helper.make_graph([helper.make_node("QLinearMatMul", order, ["y"], name="product")], "qlinear",
+                              [helper.make_tensor_value_info(n, elem[n], list(feed[n].shape)) for n in order],
+                              [helper.make_tensor_value_info("y", q_elem, [5, 9])])
+    path = str(tmp_path / "qlinear.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    got, want = gpu.run(feed)["y"], cpu.run(feed)["y"]
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert len(np.unique(want)) > 20  # a spread of values, not all saturated
+
+
+@pytest.mark.parametrize("op,group,stride,pads,w_zero_kind", [("ConvInteger", 1, 1, [1, 1, 1, 1], "channel"),
+                                                               ("ConvInteger", 2, 2, [0, 1, 2, 0], "tensor"),
+                                                               ("QLinearConv", 1, 2, [1, 1, 1, 1], "tensor"),
+                                                               ("QLinearConv", 4, 1, [1, 0, 1, 0], "tensor")])
+def test_integer_convolutions_match_the_cpu_engine(op, group, stride, pads, w_zero_kind, tmp_path):
+    """ConvInteger and QLinearConv (per-channel weight zero points or scales, int32 bias, groups,
+    strides, asymmetric pads) on their GPU layer: the CPU engine's integers exactly."""
+    import kiln
+
+    rng = np.random.default_rng(14)
+    c, m = 8, 12
+    x = _byte_array(rng, (2, c, 9, 11), np.uint8)
+    w = _byte_array(rng, (m, c // group, 3, 3), np.int8)
+    init = [numpy_helper.from_array(w, "w")]
+    if op == "ConvInteger":
+        w_zero = _byte_array(rng, (m,) if w_zero_kind == "channel" else (), np.int8)
+        init += [numpy_helper.from_array(np.array(7, dtype=np.uint8), "x_zero"), numpy_helper.from_array(w_zero, "w_zero")]
+        node = helper.make_node(op, ["x", "w", "x_zero", "w_zero"], ["y"], name="conv", group=group, strides=[stride, stride],
+                                pads=pads, kernel_shape=[3, 3])
+        y_elem = TensorProto.INT32
+    else:
+        init += [numpy_helper.from_array(np.array(0.02, dtype=np.float32), "x_scale"),
+                 numpy_helper.from_array(np.array(9, dtype=np.uint8), "x_zero"),
+                 numpy_helper.from_array((rng.random(m) * 0.01 + 0.001).astype(np.float32), "w_scale"),
+                 numpy_helper.from_array(np.array(0, dtype=np.int8), "w_zero"),
+                 numpy_helper.from_array(np.array(0.5, dtype=np.float32), "y_scale"),
+                 numpy_helper.from_array(np.array(120, dtype=np.uint8), "y_zero"),
+                 numpy_helper.from_array(rng.integers(-3000, 3000, size=m).astype(np.int32), "bias")]
+        node = helper.make_node(op, ["x", "x_scale", "x_zero", "w", "w_scale", "w_zero", "y_scale", "y_zero", "bias"], ["y"],
+                                name="conv", group=group, strides=[stride, stride], pads=pads)
+        y_elem = TensorProto.UINT8
+    graph = helper.make_graph([node], "integer_conv", [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))],
+                              [helper.make_tensor_value_info("y", y_elem, None)], init)
+    path = str(tmp_path / "conv.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == op] == ["kernel:integer-conv"]
+    got, want = gpu.run({"x": x})["y"], cpu.run({"x": x})["y"]
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    if op == "QLinearConv":
+        assert len(np.unique(want)) > 20
+
+
 def test_einsum_too_large_for_the_gpu_layer_is_refused_by_name_and_runs_partitioned(tmp_path):
     """An Einsum of more than 2^24 products per output element is not taken by the GPU layer: a
     --strict build names the node and the reason, and the default build runs it on the CPU
