@@ -984,6 +984,89 @@ def test_integer_convolutions_match_the_cpu_engine(op, group, stride, pads, w_ze
         assert len(np.unique(want)) > 20
 
 
+@pytest.mark.parametrize("with_past,with_bias,activation,length", [(True, True, "silu", 37), (False, False, "none", 5),
+                                                                    (True, False, "swish", 1)])
+def test_causal_conv_with_state_matches_the_cpu_engine(with_past, with_bias, activation, length, tmp_path):
+    """CausalConvWithState (a Mamba-style decoder's causal depthwise convolution) on its GPU layer
+    against the CPU engine: the output and the state it hands to the next call, with and without
+    a carried state and bias, SiLU or none, for a prefill and a one-token decode step."""
+    import kiln
+
+    rng = np.random.default_rng(15)
+    batch, channels, kernel = 3, 24, 4
+    feed = {"x": rng.standard_normal((batch, channels, length)).astype(np.float32)}
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, length])]
+    init = [numpy_helper.from_array(rng.standard_normal((channels, 1, kernel)).astype(np.float32), "w")]
+    names = ["x", "w", "", ""]
+    if with_bias:
+        init.append(numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "bias"))
+        names[2] = "bias"
+    if with_past:
+        feed["past"] = rng.standard_normal((batch, channels, kernel - 1)).astype(np.float32)
+        inputs.append(helper.make_tensor_value_info("past", TensorProto.FLOAT, [batch, channels, kernel - 1]))
+        names[3] = "past"
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("CausalConvWithState", names, ["y", "state"], name="conv", activation=activation)
+    graph = helper.make_graph([node], "causal", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                                                         helper.make_tensor_value_info("state", TensorProto.FLOAT, None)], init)
+    path = str(tmp_path / "causal.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 27)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "CausalConvWithState"] == ["kernel:causal-conv"]
+    got, want = gpu.run(feed), cpu.run(feed)
+    for name in ("y", "state"):
+        assert got[name].shape == want[name].shape and np.allclose(got[name], want[name], rtol=1e-5, atol=1e-6), name
+
+
+@pytest.mark.parametrize("rule,q_heads,kv_heads,decay_per_key_dim,beta_per_head,with_past", [
+    ("gated_delta", 8, 4, False, True, True), ("gated_delta", 4, 4, True, False, False), ("delta", 6, 2, False, True, True),
+    ("gated", 4, 2, True, False, True), ("linear", 2, 2, False, False, False)])
+def test_linear_attention_matches_the_cpu_engine(rule, q_heads, kv_heads, decay_per_key_dim, beta_per_head, with_past,
+                                                 tmp_path):
+    """LinearAttention (Gated DeltaNet and its relatives) on its GPU layer against the CPU engine
+    for every update rule, grouped query heads, decay per head or per key dim, beta per head or
+    one for all, with and without a carried state: the output and the state after the last step."""
+    import kiln
+
+    rng = np.random.default_rng(16)
+    batch, length, dk, dv = 2, 11, 32, 48
+    shapes = {"q": [batch, length, q_heads * dk], "k": [batch, length, kv_heads * dk], "v": [batch, length, kv_heads * dv]}
+    feed = {"q": rng.standard_normal(shapes["q"]).astype(np.float32) * 0.3,
+            "k": rng.standard_normal(shapes["k"]).astype(np.float32) * 0.3,
+            "v": rng.standard_normal(shapes["v"]).astype(np.float32)}
+    names = ["q", "k", "v", "", "", ""]
+    if with_past:
+        shapes["past"] = [batch, kv_heads, dk, dv]
+        feed["past"] = rng.standard_normal(shapes["past"]).astype(np.float32) * 0.1
+        names[3] = "past"
+    if "gated" in rule:
+        shapes["decay"] = [batch, length, kv_heads * dk if decay_per_key_dim else kv_heads]
+        feed["decay"] = -rng.random(shapes["decay"]).astype(np.float32) * 0.2
+        names[4] = "decay"
+    if "delta" in rule:
+        shapes["beta"] = [batch, length, kv_heads if beta_per_head else 1]
+        feed["beta"] = rng.random(shapes["beta"]).astype(np.float32)
+        names[5] = "beta"
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("LinearAttention", names, ["y", "state"], name="attention", update_rule=rule,
+                            q_num_heads=q_heads, kv_num_heads=kv_heads)
+    graph = helper.make_graph([node], "linear", [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes[n]) for n in feed],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("state", TensorProto.FLOAT, None)])
+    path = str(tmp_path / "linear.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 27)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "LinearAttention"] == ["kernel:linear-attention"]
+    got, want = gpu.run(feed), cpu.run(feed)
+    for name in ("y", "state"):
+        assert got[name].shape == want[name].shape, name
+        assert rel_l2(got[name], want[name]) < 1e-5, (name, rel_l2(got[name], want[name]))
+
+
 def test_einsum_too_large_for_the_gpu_layer_is_refused_by_name_and_runs_partitioned(tmp_path):
     """An Einsum of more than 2^24 products per output element is not taken by the GPU layer: a
     --strict build names the node and the reason, and the default build runs it on the CPU
