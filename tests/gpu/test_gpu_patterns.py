@@ -1067,6 +1067,60 @@ def test_linear_attention_matches_the_cpu_engine(rule, q_heads, kv_heads, decay_
         assert rel_l2(got[name], want[name]) < 1e-5, (name, rel_l2(got[name], want[name]))
 
 
+@pytest.mark.parametrize("mode,dtype", [("linear", np.float32), ("circular", np.float16), ("circular", np.int64)])
+def test_tensor_scatter_matches_the_cpu_engine_and_refuses_a_write_outside_the_cache(mode, dtype, tmp_path):
+    """TensorScatter (a KV cache updated in place of a Concat) on its GPU layer against the CPU
+    engine, each batch entry at its own write index; circularly, rows past the cache's end wrap
+    to its start, and an index past the length wraps too. A write index that puts rows outside a linear cache (or a
+    negative one) makes run() raise, naming the node, and the next valid run answers right."""
+    import kiln
+
+    elem = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16, np.int64: TensorProto.INT64}[dtype]
+    batch, heads, length, dim = 3, 2, 10, 8
+    rows = 4 if mode == "linear" else 6
+    cache_shape, update_shape = [batch, heads, length, dim], [batch, heads, rows, dim]
+    node = helper.make_node("TensorScatter", ["cache", "update", "at"], ["y"], name="kv", mode=mode, axis=2)
+    graph = helper.make_graph([node], "kv", [helper.make_tensor_value_info("cache", elem, cache_shape),
+                                             helper.make_tensor_value_info("update", elem, update_shape),
+                                             helper.make_tensor_value_info("at", TensorProto.INT64, [batch])],
+                              [helper.make_tensor_value_info("y", elem, cache_shape)])
+    path = str(tmp_path / "kv.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    rng = np.random.default_rng(17)
+    feed = {"cache": (rng.standard_normal(cache_shape) * 50).astype(dtype),
+            "update": (rng.standard_normal(update_shape) * 50).astype(dtype),
+            "at": np.array([0, 6, 3] if mode == "linear" else [7, 0, 25], dtype=np.int64)}
+    for _ in range(2):
+        got, want = gpu.run(feed)["y"], cpu.run(feed)["y"]
+        assert np.array_equal(got, want)
+        with pytest.raises(kiln.Error, match="TensorScatter 'kv': a write index puts the update's rows outside the cache"):
+            gpu.run(dict(feed, at=np.array([0, 7 if mode == "linear" else -1, 1], dtype=np.int64)))
+
+
+def test_swiglu_matches_the_cpu_engine(tmp_path):
+    """SwiGLU (opset 28) on its GPU layer against the CPU engine, alpha given, under fp32 and
+    fp16 storage."""
+    import kiln
+
+    shape = [4, 7, 96]
+    graph = helper.make_graph([helper.make_node("SwiGLU", ["a", "b"], ["y"], name="glu", alpha=1.702)], "glu",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, shape),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    path = str(tmp_path / "glu.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 28)]), path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    rng = np.random.default_rng(18)
+    feed = {"a": rng.standard_normal(shape).astype(np.float32) * 3, "b": rng.standard_normal(shape).astype(np.float32)}
+    want = cpu.run(feed)["y"]
+    for precision, tolerance in (("fp32", 1e-6), ("fp16", 3e-3)):
+        gpu = kiln.Builder(device="cuda", precision=precision, allow_cpu_fallback=False).build(path)
+        assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "SwiGLU"] == ["kernel:swiglu"]
+        assert rel_l2(gpu.run(feed)["y"], want) < tolerance, precision
+
+
 def test_einsum_too_large_for_the_gpu_layer_is_refused_by_name_and_runs_partitioned(tmp_path):
     """An Einsum of more than 2^24 products per output element is not taken by the GPU layer: a
     --strict build names the node and the reason, and the default build runs it on the CPU
