@@ -1121,6 +1121,66 @@ def test_swiglu_matches_the_cpu_engine(tmp_path):
         assert rel_l2(gpu.run(feed)["y"], want) < tolerance, precision
 
 
+@pytest.mark.parametrize("length,inverse,onesided,axis,complex_input", [(None, 0, 0, 1, True), (12, 0, 1, 1, False),
+                                                                       (16, 1, 1, 2, True), (7, 1, 0, 2, True)])
+def test_dft_matches_the_cpu_engine(length, inverse, onesided, axis, complex_input, tmp_path):
+    """DFT on its GPU layer (direct sums in double) against the CPU engine (a radix-2 FFT for
+    powers of two, else direct): forward, one-sided, inverse and the one-sided inverse's real
+    output, padded and truncated lengths, along either axis; within float32 rounding."""
+    import kiln
+
+    shape = [2, 10, 9, 2 if complex_input else 1]
+    init = [numpy_helper.from_array(np.array(axis, dtype=np.int64), "axis")]
+    names = ["x", "", "axis"]
+    if length is not None:
+        init.append(numpy_helper.from_array(np.array(length, dtype=np.int64), "length"))
+        names[1] = "length"
+    node = helper.make_node("DFT", names, ["y"], name="dft", inverse=inverse, onesided=onesided)
+    graph = helper.make_graph([node], "dft", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    path = str(tmp_path / "dft.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "DFT"] == ["kernel:dft-direct"]
+    x = np.random.default_rng(19).standard_normal(shape).astype(np.float32)
+    got, want = gpu.run({"x": x})["y"], cpu.run({"x": x})["y"]
+    assert got.shape == want.shape and rel_l2(got, want) < 1e-6, rel_l2(got, want)
+
+
+@pytest.mark.parametrize("with_window,onesided", [(True, 1), (False, 0)])
+def test_stft_and_det_match_the_cpu_engine(with_window, onesided, tmp_path):
+    """STFT (frames of a signal, a Hann window or none, one-sided or full) and Det (a batch of
+    matrices, singular ones among them) on their GPU layers against the CPU engine: STFT within
+    float32 rounding, Det (the CPU's elimination, step by step) bit for bit."""
+    import kiln
+
+    rng = np.random.default_rng(20)
+    frame = 24
+    init = [numpy_helper.from_array(np.array(5, dtype=np.int64), "step"),
+            numpy_helper.from_array(np.array(frame, dtype=np.int64), "frame")]
+    names = ["signal", "step", "", "frame"]
+    if with_window:
+        init.append(numpy_helper.from_array(np.hanning(frame).astype(np.float32), "window"))
+        names[2] = "window"
+    nodes = [helper.make_node("STFT", names, ["spectrum"], name="stft", onesided=onesided),
+             helper.make_node("Det", ["m"], ["det"], name="det")]
+    graph = helper.make_graph(nodes, "stft", [helper.make_tensor_value_info("signal", TensorProto.FLOAT, [3, 200, 1]),
+                                              helper.make_tensor_value_info("m", TensorProto.FLOAT, [4, 3, 6, 6])],
+                              [helper.make_tensor_value_info("spectrum", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("det", TensorProto.FLOAT, None)], init)
+    path = str(tmp_path / "stft.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    m = rng.standard_normal((4, 3, 6, 6)).astype(np.float32)
+    m[1, 2, 3] = m[1, 2, 1]  # a singular matrix
+    feed = {"signal": rng.standard_normal((3, 200, 1)).astype(np.float32), "m": m}
+    got, want = gpu.run(feed), cpu.run(feed)
+    assert got["spectrum"].shape == want["spectrum"].shape and rel_l2(got["spectrum"], want["spectrum"]) < 1e-6
+    assert np.array_equal(got["det"], want["det"])
+
+
 def test_einsum_too_large_for_the_gpu_layer_is_refused_by_name_and_runs_partitioned(tmp_path):
     """An Einsum of more than 2^24 products per output element is not taken by the GPU layer: a
     --strict build names the node and the reason, and the default build runs it on the CPU
