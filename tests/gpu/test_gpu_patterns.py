@@ -1181,6 +1181,35 @@ def test_stft_and_det_match_the_cpu_engine(with_window, onesided, tmp_path):
     assert np.array_equal(got["det"], want["det"])
 
 
+@pytest.mark.parametrize("dims,align_corners", [(2, 0), (3, 1)])
+def test_center_crop_pad_and_affine_grid_match_the_cpu_engine(dims, align_corners, tmp_path):
+    """CenterCropPad (cropping one axis, padding another, odd differences) and AffineGrid (2-D and
+    3-D, with and without align_corners) with constant shapes, on their GPU layers: the CPU
+    engine's values bit for bit."""
+    import kiln
+
+    sizes = [5, 7, 4] if dims == 3 else [6, 9]
+    init = [numpy_helper.from_array(np.array([1, 3] + sizes, dtype=np.int64), "size"),
+            numpy_helper.from_array(np.array([4, 11], dtype=np.int64), "crop")]
+    nodes = [helper.make_node("AffineGrid", ["theta", "size"], ["grid"], name="affine", align_corners=align_corners),
+             helper.make_node("CenterCropPad", ["x", "crop"], ["cropped"], name="crop", axes=[1, 2])]
+    graph = helper.make_graph(nodes, "shapes", [helper.make_tensor_value_info("theta", TensorProto.FLOAT, [1, dims, dims + 1]),
+                                                helper.make_tensor_value_info("x", TensorProto.INT32, [2, 7, 8, 3])],
+                              [helper.make_tensor_value_info("grid", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("cropped", TensorProto.INT32, None)], init)
+    path = str(tmp_path / "shapes.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    rng = np.random.default_rng(21)
+    feed = {"theta": rng.standard_normal((1, dims, dims + 1)).astype(np.float32),
+            "x": rng.integers(-1000, 1000, size=(2, 7, 8, 3)).astype(np.int32)}
+    got, want = gpu.run(feed), cpu.run(feed)
+    for name in ("grid", "cropped"):
+        assert got[name].shape == want[name].shape and np.array_equal(got[name], want[name]), name
+    assert want["cropped"].shape == (2, 4, 11, 3)
+
+
 def test_einsum_too_large_for_the_gpu_layer_is_refused_by_name_and_runs_partitioned(tmp_path):
     """An Einsum of more than 2^24 products per output element is not taken by the GPU layer: a
     --strict build names the node and the reason, and the default build runs it on the CPU
