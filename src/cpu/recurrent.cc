@@ -9,18 +9,51 @@
 // with the gates in ONNX's order (GRU z, r, h; LSTM i, o, f, c), optional clipping of the gates'
 // inputs, the activations of the `activations` attribute, and sequence_lens: a batch entry's
 // steps past its length leave Y zero and its state as it was (a reverse pass starts at its last
-// step). Sums of products in double.
+// step).
+//
+// Two paths. With AVX-512 and constant W and R (the usual case) the products run on kiln's sgemm
+// (src/cpu/sgemm.h): W^T and R^T are packed once, when the kernel is made; every step's input
+// projection X W^T + Wb is one product over all steps; each step's R h + Rb is one product over
+// the batch (its columns split over the threads, so each core keeps its share of R in L2); the
+// gates' sigmoids and tanhs run 16 at a time. Sums in float32, as ONNX Runtime takes them.
+// Otherwise the reference loops run: every sum of products in double, one gate row at a time.
+// GCC 12's own AVX-512 intrinsics start from an "undefined" vector and trip
+// -Wmaybe-uninitialized when inlined here; the warning is about the header, not this code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
+#include "cpu/sgemm.h"
+#include "cpu/vector_exp.h"
 #include "ops/recurrent_params.h"
 
 namespace kiln::cpu {
 
 namespace {
+
+// v[i] = f(v[i]): Sigmoid and Tanh 16 at a time, the other functions one by one.
+__attribute__((target("avx512f"))) void activate(const ir::RecurrentActivation& f, float* v, int64_t n) {
+  using Kind = ir::RecurrentActivationKind;
+  int64_t i = 0;
+  if (f.kind == Kind::kSigmoid) {
+    const __m512 one = _mm512_set1_ps(1.f);
+    for (; i + 16 <= n; i += 16) {
+      const __m512 x = _mm512_loadu_ps(v + i);
+      _mm512_storeu_ps(v + i, _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x)))));
+    }
+  } else if (f.kind == Kind::kTanh) {
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(v + i, tanh16(_mm512_loadu_ps(v + i)));
+  }
+  for (; i < n; ++i) v[i] = f(v[i]);
+}
 
 class RecurrentKernel : public Kernel {
  public:
@@ -33,7 +66,27 @@ class RecurrentKernel : public Kernel {
         linear_before_reset_(node_.attrs.get_int("linear_before_reset", 0) != 0),
         input_forget_(node_.attrs.get_int("input_forget", 0) != 0),
         clip_(node_.attrs.has("clip") ? node_.attrs.get_float("clip", 0.f) : -1.f),
-        acts_(ir::recurrent_activations(node_, static_cast<int>(dirs_))) {}
+        acts_(ir::recurrent_activations(node_, static_cast<int>(dirs_))) {
+    const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
+    const Tensor* r = init.constants.size() > 2 ? init.constants[2] : nullptr;
+    if (sgemm_isa() != SgemmIsa::kAvx512 || !w || !r || w->dtype() != DType::kFloat32 || r->dtype() != DType::kFloat32 ||
+        w->rank() != 3 || r->rank() != 3 || w->dim(0) != dirs_ || r->dim(0) != dirs_ || r->dim(2) <= 0 ||
+        w->dim(1) != gates_ * r->dim(2) || r->dim(1) != w->dim(1))
+      return;  // the reference loops check and report the shapes
+    const int64_t feat = w->dim(2), hidden = r->dim(2), gh = gates_ * hidden;
+    // GRU without linear_before_reset multiplies Rh by r * h, not h: its columns get a product
+    // of their own.
+    const int64_t joint = split_candidate() ? 2 * hidden : gh;
+    std::vector<float> t;
+    for (int64_t d = 0; d < dirs_; ++d) {
+      t.resize(static_cast<size_t>(std::max(feat, hidden) * gh));
+      transpose_floats(w->data<float>() + d * gh * feat, gh, feat, t.data());  // W^T [feat x gh]
+      input_weights_.emplace_back().pack(t.data(), feat, gh, gh);
+      transpose_floats(r->data<float>() + d * gh * hidden, gh, hidden, t.data());  // R^T [hidden x gh]
+      state_weights_.emplace_back().pack(t.data(), hidden, joint, gh);
+      if (split_candidate()) candidate_weights_.emplace_back().pack(t.data() + 2 * hidden, hidden, hidden, gh);
+    }
+  }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
     auto input = [&](size_t i) -> const Tensor* { return i < in.size() && in[i] && in[i]->defined() ? in[i] : nullptr; };
@@ -65,6 +118,20 @@ class RecurrentKernel : public Kernel {
     float* y_h = out.size() > 1 && out[1].defined() ? out[1].data<float>() : nullptr;
     float* y_c = out.size() > 2 && out[2].defined() ? out[2].data<float>() : nullptr;
     if (y) std::fill(y, y + out[0].numel(), 0.f);
+    std::vector<int64_t> lengths(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) {
+      lengths[static_cast<size_t>(b)] = lens ? lens->value_as_int(b) : seq;
+      if (lengths[static_cast<size_t>(b)] < 0 || lengths[static_cast<size_t>(b)] > seq)
+        throw node_.error(ErrorKind::kInvalidArgument, "sequence_lens[" + std::to_string(b) + "] = " +
+                                                           std::to_string(lengths[static_cast<size_t>(b)]) + " is outside [0, " +
+                                                           std::to_string(seq) + "]");
+    }
+    if (!input_weights_.empty() && input_weights_[0].depth() == feat && input_weights_[0].cols() == gh &&
+        state_weights_[0].depth() == hidden) {
+      Sizes z{seq, batch, feat, hidden};
+      run_packed(z, x.data<float>(), bias, lengths, h0, c0, peep, y, y_h, y_c);
+      return;
+    }
     const float* xv = x.data<float>();
     std::vector<float> h(static_cast<size_t>(hidden)), c(static_cast<size_t>(hidden)), pre(static_cast<size_t>(gh)),
         rh(static_cast<size_t>(gh)), next(static_cast<size_t>(hidden));
@@ -77,9 +144,7 @@ class RecurrentKernel : public Kernel {
       const float* p = peep ? peep->data<float>() + d * 3 * hidden : nullptr;
       const std::vector<ir::RecurrentActivation>& act = acts_[static_cast<size_t>(d)];
       for (int64_t b = 0; b < batch; ++b) {
-        const int64_t len = lens ? lens->value_as_int(b) : seq;
-        if (len < 0 || len > seq)
-          throw node_.error(ErrorKind::kInvalidArgument, "sequence_lens[" + std::to_string(b) + "] = " + std::to_string(len) + " is outside [0, " + std::to_string(seq) + "]");
+        const int64_t len = lengths[static_cast<size_t>(b)];
         for (int64_t j = 0; j < hidden; ++j) {
           h[static_cast<size_t>(j)] = h0 ? h0->data<float>()[state_at(d, b) + j] : 0.f;
           c[static_cast<size_t>(j)] = c0 ? c0->data<float>()[state_at(d, b) + j] : 0.f;
@@ -104,7 +169,147 @@ class RecurrentKernel : public Kernel {
   }
 
  private:
+  struct Sizes {
+    int64_t seq, batch, feat, hidden;
+  };
+
+  bool split_candidate() const { return gates_ == 3 && !linear_before_reset_; }
+
   float clipped(float v) const { return clip_ >= 0.f ? std::max(-clip_, std::min(clip_, v)) : v; }
+  void clip_all(float* v, int64_t n) const {
+    if (clip_ >= 0.f)
+      for (int64_t i = 0; i < n; ++i) v[i] = clipped(v[i]);
+  }
+
+  // The AVX-512 path (the file's comment): per direction, the input projection of every step,
+  // then per step the state product over the batch and the gates of the entries still running.
+  void run_packed(const Sizes& z, const float* x, const Tensor* bias, const std::vector<int64_t>& lengths, const Tensor* h0,
+                  const Tensor* c0, const Tensor* peep, float* y, float* y_h, float* y_c) const {
+    const int64_t H = z.hidden, gh = gates_ * H, B = z.batch, joint = split_candidate() ? 2 * H : gh;
+    // The two directions of a bidirectional layer are independent: each runs on a core of its
+    // own, its products on that core, instead of both cores meeting at every step of each.
+    const bool directions_apart = dirs_ == 2 && thread_count() >= 2;
+    const int threads = directions_apart ? 1 : thread_count();
+    auto y_at = [&](int64_t t, int64_t d, int64_t b) {
+      return batch_first_ ? ((b * z.seq + t) * dirs_ + d) * H : ((t * dirs_ + d) * B + b) * H;
+    };
+    auto state_at = [&](int64_t d, int64_t b) { return batch_first_ ? (b * dirs_ + d) * H : (d * B + b) * H; };
+    auto x_row = [&](int64_t t, int64_t b) { return batch_first_ ? b * z.seq + t : t * B + b; };
+    int64_t longest = 0;
+    for (int64_t len : lengths) longest = std::max(longest, len);
+    auto direction = [&](int64_t d) {
+      std::vector<float> pre(static_cast<size_t>(z.seq * B * gh)), rh(static_cast<size_t>(B * joint)),
+          h(static_cast<size_t>(B * H)), c(static_cast<size_t>(B * H)), gate(static_cast<size_t>(4 * H));
+      std::vector<float> reset_h(split_candidate() ? static_cast<size_t>(B * H) : 0), rn(reset_h.size());
+      const bool reverse = reverse_only_ || d == 1;
+      const float* wb = bias ? bias->data<float>() + d * 2 * gh : nullptr;
+      const float* rb = bias ? wb + gh : nullptr;
+      const float* p = peep ? peep->data<float>() + d * 3 * H : nullptr;
+      const std::vector<ir::RecurrentActivation>& act = acts_[static_cast<size_t>(d)];
+      rows_sgemm(input_weights_[static_cast<size_t>(d)], z.seq * B, x, z.feat, pre.data(), gh, wb, nullptr, 0, nullptr, threads);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < H; ++j) {
+          h[static_cast<size_t>(b * H + j)] = h0 ? h0->data<float>()[state_at(d, b) + j] : 0.f;
+          c[static_cast<size_t>(b * H + j)] = c0 ? c0->data<float>()[state_at(d, b) + j] : 0.f;
+        }
+      for (int64_t s = 0; s < longest; ++s) {
+        // R h + Rb for every entry (those already finished are computed and not used).
+        rows_sgemm(state_weights_[static_cast<size_t>(d)], B, h.data(), H, rh.data(), joint, rb, nullptr, 0, nullptr, threads);
+        if (split_candidate()) {
+          // The reset gate of every running entry, then Rh (r * h) + Rbh.
+          for (int64_t b = 0; b < B; ++b) {
+            float* rr = reset_h.data() + b * H;
+            if (s >= lengths[static_cast<size_t>(b)]) {
+              std::fill(rr, rr + H, 0.f);
+              continue;
+            }
+            const int64_t t = reverse ? lengths[static_cast<size_t>(b)] - 1 - s : s;
+            const float* pt = pre.data() + x_row(t, b) * gh;
+            const float* rt = rh.data() + b * joint;
+            for (int64_t k = 0; k < H; ++k) rr[k] = pt[H + k] + rt[H + k];
+            clip_all(rr, H);
+            activate(act[0], rr, H);
+            for (int64_t k = 0; k < H; ++k) rr[k] *= h[static_cast<size_t>(b * H + k)];
+          }
+          rows_sgemm(candidate_weights_[static_cast<size_t>(d)], B, reset_h.data(), H, rn.data(), H, rb ? rb + 2 * H : nullptr,
+                     nullptr, 0, nullptr, threads);
+        }
+        for (int64_t b = 0; b < B; ++b) {
+          if (s >= lengths[static_cast<size_t>(b)]) continue;
+          const int64_t t = reverse ? lengths[static_cast<size_t>(b)] - 1 - s : s;
+          step_packed(act, p, H, pre.data() + x_row(t, b) * gh, rh.data() + b * joint,
+                      split_candidate() ? rn.data() + b * H : nullptr, h.data() + b * H, c.data() + b * H, gate.data());
+          if (y) std::copy(h.begin() + b * H, h.begin() + (b + 1) * H, y + y_at(t, d, b));
+        }
+      }
+      for (int64_t b = 0; b < B; ++b) {
+        if (y_h) std::copy(h.begin() + b * H, h.begin() + (b + 1) * H, y_h + state_at(d, b));
+        if (y_c) std::copy(c.begin() + b * H, c.begin() + (b + 1) * H, y_c + state_at(d, b));
+      }
+    };
+    if (directions_apart) {
+      parallel_for_each(2, true, direction, 1);
+    } else {
+      for (int64_t d = 0; d < dirs_; ++d) direction(d);
+    }
+  }
+
+  // One entry's step on the AVX-512 path: pt = W x + Wb and rt = R h + Rb (its first 2H columns
+  // for GRU without linear_before_reset, whose rn = Rh (r * h) + Rbh); updates h (and c).
+  void step_packed(const std::vector<ir::RecurrentActivation>& act, const float* p, int64_t H, const float* pt,
+                   const float* rt, const float* rn, float* h, float* c, float* gate) const {
+    if (gates_ == 1) {
+      for (int64_t j = 0; j < H; ++j) gate[j] = pt[j] + rt[j];
+      clip_all(gate, H);
+      activate(act[0], gate, H);
+      std::copy(gate, gate + H, h);
+      return;
+    }
+    if (gates_ == 3) {
+      float* zg = gate;
+      float* rg = gate + H;
+      float* ng = gate + 2 * H;
+      for (int64_t j = 0; j < 2 * H; ++j) gate[j] = pt[j] + rt[j];
+      clip_all(gate, 2 * H);
+      activate(act[0], gate, 2 * H);
+      if (linear_before_reset_)
+        for (int64_t j = 0; j < H; ++j) ng[j] = pt[2 * H + j] + rg[j] * rt[2 * H + j];
+      else
+        for (int64_t j = 0; j < H; ++j) ng[j] = pt[2 * H + j] + rn[j];
+      clip_all(ng, H);
+      activate(act[1], ng, H);
+      for (int64_t j = 0; j < H; ++j) h[j] = (1.f - zg[j]) * ng[j] + zg[j] * h[j];
+      return;
+    }
+    float* ig = gate;
+    float* og = gate + H;
+    float* fg = gate + 2 * H;
+    float* cg = gate + 3 * H;
+    for (int64_t j = 0; j < H; ++j) {
+      ig[j] = pt[j] + rt[j] + (p ? p[j] * c[j] : 0.f);
+      fg[j] = pt[2 * H + j] + rt[2 * H + j] + (p ? p[2 * H + j] * c[j] : 0.f);
+      cg[j] = pt[3 * H + j] + rt[3 * H + j];
+    }
+    clip_all(ig, H);
+    activate(act[0], ig, H);
+    if (input_forget_) {
+      for (int64_t j = 0; j < H; ++j) fg[j] = 1.f - ig[j];
+    } else {
+      clip_all(fg, H);
+      activate(act[0], fg, H);
+    }
+    clip_all(cg, H);
+    activate(act[1], cg, H);
+    for (int64_t j = 0; j < H; ++j) {
+      c[j] = fg[j] * c[j] + ig[j] * cg[j];
+      og[j] = pt[H + j] + rt[H + j] + (p ? p[H + j] * c[j] : 0.f);
+    }
+    clip_all(og, H);
+    activate(act[0], og, H);
+    std::copy(c, c + H, cg);  // h(c) on a copy: c is the state
+    activate(act[2], cg, H);
+    for (int64_t j = 0; j < H; ++j) h[j] = og[j] * cg[j];
+  }
 
   // One step from pre = W x + Wb and rh = R h + Rb (per gate row): updates h (and c). R and Rb
   // again for GRU's candidate without linear_before_reset, which multiplies R by r * h.
@@ -150,6 +355,9 @@ class RecurrentKernel : public Kernel {
   bool reverse_only_, batch_first_, linear_before_reset_, input_forget_;
   float clip_;
   std::vector<std::vector<ir::RecurrentActivation>> acts_;
+  // The AVX-512 path's packed weights, per direction (empty: the reference loops run): W^T,
+  // R^T (for GRU without linear_before_reset its z and r columns) and that GRU's Rh^T.
+  std::vector<PackedColumns> input_weights_, state_weights_, candidate_weights_;
 };
 
 }  // namespace
