@@ -1,10 +1,23 @@
 // CPU kernels of MatMulInteger and QLinearMatMul as ONNX's reference computes them: int32 sums of
 // (a - a_zero) * (b - b_zero); QLinearMatMul then scales by a_scale * b_scale / y_scale (in the
 // scales' type), adds y_zero, rounds half to even and saturates. Batch dims broadcast.
+//
+// A product by constant 2-D weights (ONNX Runtime's dynamic quantization writes every projection
+// so, after a DynamicQuantizeLinear) runs on kiln's int8 GEMM (src/cpu/int8_gemm.h, AVX-512 VNNI
+// or AMX): Y^T = B^T A^T with B^T packed once as the kernel's weights (uint8 weights shifted to
+// int8) and A's rows packed as its input each run, the zero points applied after the sums as
+// sum (a - za)(b - zb) = sum a b - za sum b - zb sum a + K za zb, in int64, then wrapped to int32
+// as the reference wraps: the same integers. Other products run the reference loops.
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
+#include "cpu/int8_gemm.h"
 #include "cpu/kernel.h"
+#include "cpu/parallel.h"
 
 namespace kiln::cpu {
 
@@ -68,6 +81,168 @@ void integer_products(const ir::Node& node, const Tensor& a, const Tensor& b, co
 
 float as_half(float v) { return half_to_float(float_to_half(v)); }
 
+// Constant weights B [K x N] in the int8 GEMM's layout, for products whose B and b_zero are
+// constants (fast_weights says when).
+struct PackedWeights {
+  Int8PackedA packed;                 // B' = B as int8 (uint8 weights minus 128), transposed: [N x K]
+  std::vector<int64_t> column_sum;    // sum over k of B'[k, n]
+  std::vector<int64_t> column_zero;   // b_zero in B' terms (minus 128 for uint8 weights), per column
+  std::vector<int32_t> column_sum32, column_zero32;  // the same modulo 2^32, padded to a panel of rows
+  int64_t k = 0, n = 0;
+};
+
+// The packed weights of B (input `b`) with zero point input `b_zero` (or none), when the int8
+// GEMM runs on this CPU and both are constants of a shape it takes; else nothing.
+std::optional<PackedWeights> fast_weights(const KernelInit& init, size_t b, size_t b_zero) {
+  const Tensor* w = init.constants.size() > b ? init.constants[b] : nullptr;
+  if (int8_gemm_isa() == Int8GemmIsa::kNone || !w || w->rank() != 2 ||
+      (w->dtype() != DType::kInt8 && w->dtype() != DType::kUInt8))
+    return std::nullopt;
+  const Tensor* z = init.has_input(b_zero) ? (init.constants.size() > b_zero ? init.constants[b_zero] : nullptr) : nullptr;
+  if (init.has_input(b_zero) && (!z || z->dtype() != w->dtype())) return std::nullopt;  // a zero point computed at run time
+  const int64_t K = w->dim(0), N = w->dim(1);
+  if (K == 0 || N == 0 || K >= kInt8GemmMaxK || (z && z->numel() > 1 && z->numel() != N)) return std::nullopt;
+  const bool unsigned_weights = w->dtype() == DType::kUInt8;
+  PackedWeights p;
+  p.k = K, p.n = N;
+  std::vector<int8_t> transposed(static_cast<size_t>(N * K));
+  p.column_sum.assign(static_cast<size_t>(N), 0);
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t v = w->value_as_int(k * N + n) - (unsigned_weights ? 128 : 0);
+      transposed[static_cast<size_t>(n * K + k)] = static_cast<int8_t>(v);
+      p.column_sum[static_cast<size_t>(n)] += v;
+    }
+  p.column_zero.assign(static_cast<size_t>(N), 0);
+  for (int64_t n = 0; n < N; ++n)
+    p.column_zero[static_cast<size_t>(n)] =
+        (z && z->numel() ? z->value_as_int(z->numel() == 1 ? 0 : n) : 0) - (unsigned_weights ? 128 : 0);
+  p.packed = int8_pack_a(int8_gemm_isa(), transposed.data(), N, K, K);
+  const size_t padded = static_cast<size_t>(p.packed.panel_count() * p.packed.rows);
+  p.column_sum32.assign(padded, 0);
+  p.column_zero32.assign(padded, 0);
+  for (size_t n = 0; n < static_cast<size_t>(N); ++n) {
+    p.column_sum32[n] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(p.column_sum[n])));
+    p.column_zero32[n] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(p.column_zero[n])));
+  }
+  return p;
+}
+
+// The products of A [..., M, K] (int8 or uint8) by the packed weights: emit(index, int32 sum) for
+// every output element, as integer_products gives them. a_zero: none, one, or one per row of A.
+// The zero points' terms of a tile: y = sum - Sw[n] Za[m] - Zb[n] (Su[m] - K Za[m]) modulo 2^32
+// (int32's wrap-around, which the exact int64 value wrapped to int32 equals), 16 rows of A a
+// step. tile[r * 32 + j] holds column n0 + r of row m0 + j; row_zero and row_term are Za and
+// Su - K Za of rows m0.., as int32.
+__attribute__((target("avx512f"))) void correct_tile(int32_t* tile, int64_t ns, const int32_t* row_zero,
+                                                   const int32_t* row_term, const int32_t* column_sum,
+                                                   const int32_t* column_zero) {
+  const __m512i za0 = _mm512_loadu_si512(row_zero), za1 = _mm512_loadu_si512(row_zero + 16);
+  const __m512i t0 = _mm512_loadu_si512(row_term), t1 = _mm512_loadu_si512(row_term + 16);
+  for (int64_t r = 0; r < ns; ++r) {
+    const __m512i sw = _mm512_set1_epi32(column_sum[r]), zb = _mm512_set1_epi32(column_zero[r]);
+    int32_t* row = tile + r * kInt8GemmCols;
+    __m512i v0 = _mm512_loadu_si512(row), v1 = _mm512_loadu_si512(row + 16);
+    v0 = _mm512_sub_epi32(_mm512_sub_epi32(v0, _mm512_mullo_epi32(sw, za0)), _mm512_mullo_epi32(zb, t0));
+    v1 = _mm512_sub_epi32(_mm512_sub_epi32(v1, _mm512_mullo_epi32(sw, za1)), _mm512_mullo_epi32(zb, t1));
+    _mm512_storeu_si512(row, v0);
+    _mm512_storeu_si512(row + 16, v1);
+  }
+}
+
+// The products of A [..., M, K] (int8 or uint8) by the packed weights: emit(index, int32 sum) for
+// every output element, as integer_products gives them, or with `y` given, those sums written
+// there (MatMulInteger's output). a_zero: none, one, or one per row of A.
+template <class Emit>
+void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor& a, const Tensor* a_zero, Emit emit,
+                     int32_t* y = nullptr) {
+  const int64_t K = w.k, N = w.n;
+  if (a.rank() < 1 || a.shape().back() != K) throw node.error(ErrorKind::kInvalidArgument, "inner dims differ");
+  const int64_t rows = K ? a.numel() / K : 0, M = a.rank() >= 2 ? a.dim(a.rank() - 2) : 1;
+  if (a_zero && a_zero->numel() > 1 && a_zero->numel() != M)
+    throw node.error(ErrorKind::kUnsupported, "a_zero_point must have one element or one per row of A");
+  // The bytes the GEMM packs as B: it adds 128 to int8 values; uint8 values are flipped first so
+  // that it packs them as they are. `offset` is then what the packed value exceeds a by.
+  const bool is_unsigned = a.dtype() == DType::kUInt8;
+  const int64_t offset = is_unsigned ? 0 : 128;
+  thread_local std::vector<int8_t> flipped;
+  const auto* bytes = static_cast<const int8_t*>(a.raw());
+  if (is_unsigned) {
+    flipped.resize(std::max(flipped.size(), static_cast<size_t>(a.numel())));
+    for (int64_t i = 0; i < a.numel(); ++i) flipped[static_cast<size_t>(i)] = static_cast<int8_t>(bytes[i] ^ 0x80);
+    bytes = flipped.data();
+  }
+  // Per row: sum over k of the packed value (a + offset), and a_zero + offset.
+  std::vector<int64_t> row_sum(static_cast<size_t>(rows), 0), row_zero(static_cast<size_t>(rows), offset);
+  const auto* raw = static_cast<const unsigned char*>(a.raw());
+  const unsigned char flip = is_unsigned ? 0 : 0x80;  // a + 128 of an int8 byte is the byte with its sign bit flipped
+  parallel_for_each(rows, rows * K > 65536, [&](int64_t r) {
+    const unsigned char* row = raw + r * K;
+    // Sums of 32 bytes a step: sad_epu8 against zero adds each 8 into a 64-bit lane.
+    const __m256i flips = _mm256_set1_epi8(static_cast<char>(flip));
+    __m256i lanes = _mm256_setzero_si256();
+    int64_t k = 0;
+    for (; k + 32 <= K; k += 32) {
+      const __m256i v = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k)), flips);
+      lanes = _mm256_add_epi64(lanes, _mm256_sad_epu8(v, _mm256_setzero_si256()));
+    }
+    alignas(32) int64_t parts[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(parts), lanes);
+    int64_t sum = parts[0] + parts[1] + parts[2] + parts[3];
+    for (; k < K; ++k) sum += row[k] ^ flip;
+    row_sum[static_cast<size_t>(r)] = sum;
+    if (a_zero && a_zero->numel()) row_zero[static_cast<size_t>(r)] += a_zero->value_as_int(a_zero->numel() == 1 ? 0 : r % M);
+  });
+  const Int8PackedA& pa = w.packed;
+  const int64_t panels = (rows + kInt8GemmCols - 1) / kInt8GemmCols, panel_bytes = int8_b_panel_bytes(pa);
+  thread_local std::vector<uint8_t> packed;
+  packed.resize(std::max(packed.size(), static_cast<size_t>(panels * panel_bytes)));
+  uint8_t* packed_data = packed.data();
+  parallel_for(panels, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p)
+      int8_pack_b_panel_transposed(bytes, K, K, pa.k_padded, p * kInt8GemmCols,
+                                   std::min<int64_t>(kInt8GemmCols, rows - p * kInt8GemmCols), packed_data + p * panel_bytes);
+  });
+  const int64_t a_panels = pa.panel_count();
+  // MatMulInteger's output: the zero points' terms in int32, 16 lanes at a time (correct_tile).
+  std::vector<int32_t> row_zero32, row_term32;
+  if (y) {
+    row_zero32.assign(static_cast<size_t>(panels * kInt8GemmCols), 0);
+    row_term32.assign(row_zero32.size(), 0);
+    for (int64_t m = 0; m < rows; ++m) {
+      row_zero32[static_cast<size_t>(m)] = static_cast<int32_t>(static_cast<uint32_t>(row_zero[static_cast<size_t>(m)]));
+      row_term32[static_cast<size_t>(m)] = static_cast<int32_t>(
+          static_cast<uint32_t>(static_cast<uint64_t>(row_sum[static_cast<size_t>(m)] - K * row_zero[static_cast<size_t>(m)])));
+    }
+  }
+  parallel_for(panels * a_panels, [&](int64_t first, int64_t last) {
+    alignas(64) int32_t tile[kInt8GemmMaxRows * kInt8GemmCols];
+    Int8TileScope scope(pa.isa);
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t p = t / a_panels, ap = t % a_panels;
+      int8_tile(pa, ap, packed_data + p * panel_bytes, tile);  // tile[r * 32 + j]: column n0 + r of row m0 + j
+      const int64_t m0 = p * kInt8GemmCols, n0 = ap * pa.rows;
+      const int64_t ms = std::min<int64_t>(kInt8GemmCols, rows - m0), ns = std::min<int64_t>(pa.rows, N - n0);
+      if (y) {
+        correct_tile(tile, ns, row_zero32.data() + m0, row_term32.data() + m0, w.column_sum32.data() + n0,
+                     w.column_zero32.data() + n0);
+        for (int64_t j = 0; j < ms; ++j)
+          for (int64_t r = 0; r < ns; ++r) y[(m0 + j) * N + n0 + r] = tile[r * kInt8GemmCols + j];
+        continue;
+      }
+      for (int64_t j = 0; j < ms; ++j) {
+        const int64_t m = m0 + j, za = row_zero[static_cast<size_t>(m)], su = row_sum[static_cast<size_t>(m)];
+        for (int64_t r = 0; r < ns; ++r) {
+          const size_t n = static_cast<size_t>(n0 + r);
+          const int64_t zb = w.column_zero[n];
+          const int64_t exact = tile[r * kInt8GemmCols + j] - za * w.column_sum[n] - zb * su + K * za * zb;
+          emit(m * N + n0 + r, static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(exact))));
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 KILN_REGISTER_CPU_KERNELS(integer_matmul) {
@@ -77,10 +252,16 @@ KILN_REGISTER_CPU_KERNELS(integer_matmul) {
     e.dtypes = "int8, uint8 (int32 output)";
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
-      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+      std::optional<PackedWeights> fast = fast_weights(init, 1, 3);
+      return make_kernel([node, fast](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         int32_t* y = out[0].data<int32_t>();
-        integer_products(*node, *in[0], *in[1], in.size() > 2 ? in[2] : nullptr, in.size() > 3 ? in[3] : nullptr,
-                         out[0].numel(), [&](int64_t o, int32_t v) { y[o] = v; });
+        const Tensor* a_zero = in.size() > 2 ? in[2] : nullptr;
+        if (fast && in[0]->rank() >= 2) {
+          packed_products(*node, *fast, *in[0], a_zero, [](int64_t, int32_t) {}, y);
+          return;
+        }
+        integer_products(*node, *in[0], *in[1], a_zero, in.size() > 3 ? in[3] : nullptr, out[0].numel(),
+                         [&](int64_t o, int32_t v) { y[o] = v; });
       });
     };
     registry.add(std::move(e));
@@ -91,7 +272,8 @@ KILN_REGISTER_CPU_KERNELS(integer_matmul) {
     e.dtypes = "int8, uint8; scales float32, float16";
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
-      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+      std::optional<PackedWeights> fast = fast_weights(init, 3, 5);
+      return make_kernel([node, fast](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         for (size_t i : {1, 2, 4, 5, 6, 7})
           if (in[i]->numel() != 1) throw node->error(ErrorKind::kUnsupported, "scales and zero points must be per tensor");
         // The factor in the scales' own type, as the reference computes it.
@@ -106,11 +288,13 @@ KILN_REGISTER_CPU_KERNELS(integer_matmul) {
         const bool is_signed = out[0].dtype() == DType::kInt8;
         const double lo = is_signed ? -128 : 0, hi = is_signed ? 127 : 255;
         void* y = out[0].raw();
-        integer_products(*node, *in[0], *in[3], in[2], in[5], out[0].numel(), [&](int64_t o, int32_t v) {
+        auto requantize = [&](int64_t o, int32_t v) {
           const double q = std::min(hi, std::max(lo, std::nearbyint(static_cast<double>(v) * factor + y_zero)));
           if (is_signed) static_cast<int8_t*>(y)[o] = static_cast<int8_t>(q);
           else static_cast<uint8_t*>(y)[o] = static_cast<uint8_t>(q);
-        });
+        };
+        if (fast && in[0]->rank() >= 2) packed_products(*node, *fast, *in[0], in[2], requantize);
+        else integer_products(*node, *in[0], *in[3], in[2], in[5], out[0].numel(), requantize);
       });
     };
     registry.add(std::move(e));

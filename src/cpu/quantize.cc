@@ -170,12 +170,28 @@ KILN_REGISTER_CPU_KERNELS(quantize) {
       return make_kernel([](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         const float* x = in[0]->data<float>();
         const int64_t n = in[0]->numel();
+        // The range, 8 at a time: max_ps(v, m) and min_ps(v, m) return m where v is NaN, as
+        // std::max(m, v) and std::min(m, v) do; the largest and smallest are exact in any order.
+        __m256 his = _mm256_setzero_ps(), los = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+          const __m256 v = _mm256_loadu_ps(x + i);
+          his = _mm256_max_ps(v, his);
+          los = _mm256_min_ps(v, los);
+        }
+        alignas(32) float lanes_hi[8], lanes_lo[8];
+        _mm256_store_ps(lanes_hi, his);
+        _mm256_store_ps(lanes_lo, los);
         float hi = 0.f, lo = 0.f;
-        for (int64_t i = 0; i < n; ++i) hi = std::max(hi, x[i]), lo = std::min(lo, x[i]);
+        for (int k = 0; k < 8; ++k) hi = std::max(hi, lanes_hi[k]), lo = std::min(lo, lanes_lo[k]);
+        for (; i < n; ++i) hi = std::max(hi, x[i]), lo = std::min(lo, x[i]);
         const float scale = (hi == lo ? 1.f : hi - lo) / 255.f;
         const float zero = std::nearbyint(std::min(255.f, std::max(0.f, 0.f - lo / scale)));
-        uint8_t* y = out[0].data<uint8_t>();
-        for (int64_t i = 0; i < n; ++i) y[i] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, std::nearbyint(x[i] / scale) + zero)));
+        // min(255, max(0, nearbyint(x / scale) + zero)), NaN giving 0: quantize_bytes' arithmetic.
+        int8_t* y = reinterpret_cast<int8_t*>(out[0].data<uint8_t>());
+        parallel_for(n, [&](int64_t first, int64_t last) {
+          quantize_bytes(x + first, last - first, scale, zero, 0.f, 255.f, true, y + first);
+        }, n > 65536);
         out[1].data<float>()[0] = scale;
         out[2].data<uint8_t>()[0] = static_cast<uint8_t>(zero);
       });

@@ -5,11 +5,15 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <map>
+#include <set>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 
 #include "cpu/engine.h"
+#include "cpu/int8_gemm.h"
 #include "cpu/sgemm.h"
 #include "cpu/vector_exp.h"
 #include "graph_builder.h"
@@ -363,6 +367,108 @@ TEST(Recurrent, PackedPathMatchesTheReferenceLoops) {
       for (int64_t i = 0; i < want.numel(); ++i)
         ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i], 2e-5f + 2e-5f * std::fabs(want.data<float>()[i]))
             << c.op << " " << c.direction << " layout " << c.layout << " " << name << "[" << i << "]";
+    }
+  }
+}
+
+// MatMulInteger and QLinearMatMul by constant weights on the int8 GEMM (zero points applied after
+// the sums) against the reference loops, which run where the GEMM is forced off: the same
+// integers for int8 and uint8 activations and weights, zero points absent, per tensor, per
+// column of B and per row of A, A with batch dims, and K past one GEMM step.
+TEST(IntegerMatMul, PackedWeightsGiveTheReferenceIntegers) {
+  if (cpu::int8_gemm_best_isa() == cpu::Int8GemmIsa::kNone) GTEST_SKIP() << "no int8 GEMM on this CPU";
+  std::mt19937 rng(11);
+  auto bytes = [&](DType type, std::vector<int64_t> shape) {
+    Tensor t(type, shape);
+    std::uniform_int_distribution<int> value(type == DType::kInt8 ? -128 : 0, type == DType::kInt8 ? 127 : 255);
+    for (int64_t i = 0; i < t.numel(); ++i) static_cast<uint8_t*>(t.raw())[i] = static_cast<uint8_t>(value(rng));
+    return t;
+  };
+  struct Case {
+    DType a, b;
+    std::string zeros;  // "none", "tensor", "rows_columns"
+    bool qlinear;
+  };
+  const std::vector<Case> cases = {{DType::kUInt8, DType::kInt8, "tensor", false}, {DType::kInt8, DType::kInt8, "none", false},
+                                   {DType::kUInt8, DType::kUInt8, "rows_columns", false},
+                                   {DType::kInt8, DType::kUInt8, "tensor", false}, {DType::kUInt8, DType::kInt8, "tensor", true},
+                                   {DType::kInt8, DType::kInt8, "tensor", true}};
+  constexpr int64_t batch = 3, M = 37, K = 70, N = 45;
+  for (const Case& c : cases) {
+    const Tensor a = bytes(c.a, {batch, M, K}), w = bytes(c.b, {K, N});
+    const Tensor a_zero = bytes(c.a, c.zeros == "rows_columns" ? std::vector<int64_t>{M} : std::vector<int64_t>{});
+    const Tensor b_zero = bytes(c.b, c.zeros == "rows_columns" ? std::vector<int64_t>{N} : std::vector<int64_t>{});
+    const Tensor y_zero = bytes(c.a, {});
+    auto model = [&] {
+      GraphBuilder g;
+      g.input("a", {batch, M, K}, c.a);
+      g.constant("w", w);
+      if (c.qlinear) {
+        g.input("a_zero", {}, c.a);
+        g.constant("a_scale", Tensor::scalar<float>(0.02f));
+        g.constant("w_scale", Tensor::scalar<float>(0.01f));
+        g.constant("w_zero", b_zero);
+        g.constant("y_scale", Tensor::scalar<float>(1.7f));
+        g.constant("y_zero", y_zero);
+        g.node("QLinearMatMul", {"a", "a_scale", "a_zero", "w", "w_scale", "w_zero", "y_scale", "y_zero"}, "y");
+      } else if (c.zeros == "none") {
+        g.node("MatMulInteger", {"a", "w"}, "y");
+      } else {
+        g.input("a_zero", c.zeros == "rows_columns" ? ir::Dims{M} : ir::Dims{}, c.a);
+        g.constant("w_zero", b_zero);
+        g.node("MatMulInteger", {"a", "w", "a_zero", "w_zero"}, "y");
+      }
+      g.output("y");
+      return g;
+    };
+    std::map<std::string, Tensor> in = {{"a", a}};
+    if (c.qlinear || c.zeros != "none") in.emplace("a_zero", a_zero);
+    GraphBuilder packed_model = model();
+    const Tensor packed = cpu::CpuEngine(packed_model.build()).run(in).at("y");
+    cpu::int8_gemm_force_isa(cpu::Int8GemmIsa::kNone);
+    GraphBuilder reference_model = model();
+    const Tensor reference = cpu::CpuEngine(reference_model.build()).run(in).at("y");
+    cpu::int8_gemm_reset_isa();
+    ASSERT_EQ(packed.shape(), reference.shape());
+    ASSERT_EQ(packed.dtype(), reference.dtype());
+    EXPECT_EQ(std::memcmp(packed.raw(), reference.raw(), static_cast<size_t>(packed.nbytes())), 0)
+        << "zeros " << c.zeros << (c.qlinear ? " QLinearMatMul" : " MatMulInteger");
+    if (c.qlinear) {  // a spread of values, not all saturated
+      std::set<int64_t> distinct;
+      for (int64_t i = 0; i < packed.numel(); ++i) distinct.insert(packed.value_as_int(i));
+      EXPECT_GT(distinct.size(), 20u);
+    }
+  }
+}
+
+// DynamicQuantizeLinear's vector range and quantization against ONNX's formulas evaluated one
+// value at a time: the same scale, zero point and bytes, NaN (left out of the range, quantized
+// to 0), values past the range's rounding and a tail past the last vector.
+TEST(DynamicQuantizeLinear, VectorPassesGiveTheReferenceBytes) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.5f, 3.f);
+  for (const int64_t n : {int64_t{1}, int64_t{37}, int64_t{1003}}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = normal(rng);
+    x[0] = n > 1 ? std::numeric_limits<float>::quiet_NaN() : x[0];
+    if (n > 10) x[7] = -1e30f, x[9] = 2.5f;
+    GraphBuilder b;
+    b.input("x", {n});
+    b.node("DynamicQuantizeLinear", {"x"}, "y");
+    b.last().outputs = {"y", "scale", "zero"};
+    b.output("y");
+    b.output("scale");
+    b.output("zero");
+    const auto out = cpu::CpuEngine(b.build()).run({{"x", Tensor::from_vector<float>({n}, x)}});
+    float hi = 0.f, lo = 0.f;
+    for (float v : x) hi = std::max(hi, v), lo = std::min(lo, v);
+    const float scale = (hi == lo ? 1.f : hi - lo) / 255.f;
+    const float zero = std::nearbyint(std::min(255.f, std::max(0.f, 0.f - lo / scale)));
+    ASSERT_EQ(out.at("scale").data<float>()[0], scale);
+    ASSERT_EQ(out.at("zero").data<uint8_t>()[0], static_cast<uint8_t>(zero));
+    for (int64_t i = 0; i < n; ++i) {
+      const auto want = static_cast<uint8_t>(std::min(255.f, std::max(0.f, std::nearbyint(x[static_cast<size_t>(i)] / scale) + zero)));
+      ASSERT_EQ(out.at("y").data<uint8_t>()[i], want) << "x[" << i << "] = " << x[static_cast<size_t>(i)];
     }
   }
 }
