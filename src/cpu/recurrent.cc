@@ -14,16 +14,17 @@
 // Two paths. With AVX-512 and constant W and R (the usual case) the products run on kiln's sgemm
 // (src/cpu/sgemm.h): W^T and R^T are packed once, when the kernel is made; every step's input
 // projection X W^T + Wb is one product over all steps; each step's R h + Rb is one product over
-// the batch (its columns split over the threads, so each core keeps its share of R in L2); the
-// gates' sigmoids and tanhs run 16 at a time. Sums in float32, as ONNX Runtime takes them.
-// Otherwise the reference loops run: every sum of products in double, one gate row at a time.
+// the batch (its columns split over the threads, so each core keeps its share of R in L2; a
+// bidirectional layer's two directions instead run on a core each); the gates' sigmoids and
+// tanhs run 16 at a time. Sums in float32, as ONNX Runtime takes them. Otherwise the reference
+// loops run: every sum of products in double, one gate row at a time.
+
 // GCC 12's own AVX-512 intrinsics start from an "undefined" vector and trip
 // -Wmaybe-uninitialized when inlined here; the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <string>
 #include <vector>
