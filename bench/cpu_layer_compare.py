@@ -9,9 +9,19 @@ ONNX Runtime's own node profile overstates its nodes (tens of microseconds each;
 docs/design/cpu-gemm.md). Here every Conv of the model becomes a model of its own, with what
 both engines fuse into it (a following Add of another activation, then Relu or Clip), its
 inputs fixed at the shapes the layer sees in the whole model, and both engines time that model
-alone, in alternating rounds, in processes of their own, with the same inputs; the outputs are
-compared. Each engine's cost of one call on a tiny model (a Relu of one float) is measured the
-same way and reported beside the layers, since every layer's time includes it.
+alone, in alternating rounds, in processes of their own; the outputs of the same inputs are
+compared. Each side times its engine and nothing around it: kiln's through `kiln bench
+--exportTimes` (C++, inputs made once; kiln's Python binding copies every input on every run),
+ONNX Runtime's through IO binding with the inputs and a preallocated output bound once (a fresh
+output costs a page fault every 4 KB). Each engine's cost of one call on a tiny model (a Relu of
+one float) is measured the same way and reported beside the layers, since every layer's time
+includes it.
+
+What a layer's ONNX Runtime time holds: ONNX Runtime runs convolutions in its blocked NCHWc
+layout, so an isolated layer runs ReorderInput, the NCHWc Conv and ReorderOutput, where the
+whole model reorders once at each end. Its layers here are slower than in the whole model, and
+the sum of the layers is no whole-model comparison (docs/design/cpu-gemm.md, "Layer by layer,
+each engine alone").
 
 --model takes a torchvision model name (seeded random weights, as bench/cpu_compare.py exports
 them) or --onnx a model file. The JSON has a row per layer: its nodes, shapes, kiln_ms, ort_ms
@@ -35,9 +45,9 @@ import cpu_resnet50  # noqa: E402  (stats, kiln_commit, machine)
 FUSED_ACTIVATIONS = {"Relu", "Clip"}
 
 WORKER = r"""
-import json, sys, time
+import json, os, subprocess, sys, tempfile, time
 import numpy as np
-kind, plan_path, threads, runs, warmup = sys.argv[1:6]
+kind, plan_path, threads, runs, warmup, kiln_cli = sys.argv[1:7]
 plan = json.load(open(plan_path))
 if kind == "kiln":
     import kiln
@@ -51,18 +61,31 @@ result = []
 for layer in plan:
     feeds = dict(np.load(layer["inputs"]))
     if kind == "kiln":
-        engine = kiln.Engine.load(layer["engine"])
-        call = lambda: next(iter(engine.run(feeds).values()))
+        # The engine alone: `kiln bench` runs it from C++ on inputs it made once (the Python
+        # binding copies every input on every run); the output to compare comes from one run here.
+        with tempfile.TemporaryDirectory() as tmp:
+            times_path = os.path.join(tmp, "times.json")
+            subprocess.run([kiln_cli, "bench", layer["engine"], "--device", "cpu", "--threads", threads, "--iterations", runs,
+                            "--warmup", warmup, "--exportTimes", times_path], check=True, capture_output=True)
+            times = json.load(open(times_path))[0]["times_ms"]
+        out = next(iter(kiln.Engine.load(layer["engine"]).run(feeds).values()))
     else:
+        # The session alone: inputs and the output bound once (IO binding), so that a run
+        # allocates nothing (a fresh output costs a page fault every 4 KB).
         session = ort.InferenceSession(layer["onnx"], so, providers=["CPUExecutionProvider"])
-        call = lambda: session.run(None, feeds)[0]
-    for _ in range(int(warmup)):
-        out = call()
-    times = []
-    for _ in range(int(runs)):
-        t0 = time.perf_counter()
-        out = call()
-        times.append((time.perf_counter() - t0) * 1e3)
+        binding = session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value))
+        expected = session.run(None, feeds)[0]
+        out = np.empty_like(expected)
+        binding.bind_ortvalue_output(session.get_outputs()[0].name, ort.OrtValue.ortvalue_from_numpy(out))
+        for _ in range(int(warmup)):
+            session.run_with_iobinding(binding)
+        times = []
+        for _ in range(int(runs)):
+            t0 = time.perf_counter()
+            session.run_with_iobinding(binding)
+            times.append((time.perf_counter() - t0) * 1e3)
     np.save(layer["output_" + kind], np.asarray(out, dtype=np.float32))
     result.append(times)
 print(json.dumps(result))
@@ -230,7 +253,7 @@ def main():
     for round_index in range(args.rounds):
         for kind in ("kiln", "ort") if round_index % 2 == 0 else ("ort", "kiln"):
             r = subprocess.run([sys.executable, "-c", WORKER, kind, plan_path, str(args.threads), str(args.runs),
-                                str(args.warmup)], capture_output=True, text=True, env=env)
+                                str(args.warmup), kiln], capture_output=True, text=True, env=env)
             if r.returncode != 0:
                 raise SystemExit(f"{kind} worker failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
             for i, t in enumerate(json.loads(r.stdout.strip().splitlines()[-1])):
