@@ -179,22 +179,6 @@ void gelu_erf_in_place(float* y, int64_t n) {
 
 namespace {
 
-// 1 / d on AVX-512 by vrcp14ps and a Newton step (within 2 ulp) instead of a division, whose
-// throughput bounds Sigmoid and SiLU otherwise; d = +inf (e^-x overflowed) gives 0 as the
-// division does.
-__attribute__((target("avx512f"))) inline __m512 reciprocal16(__m512 d) {
-  const __m512 r = _mm512_rcp14_ps(d);
-  const __m512 refined = _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.f)), r);
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(d, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ), refined,
-                              _mm512_setzero_ps());
-}
-
-// 1 / (1 + e^-x), 16 at a time.
-__attribute__((target("avx512f"))) inline __m512 sigmoid16(__m512 x) {
-  const __m512 minus_x = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
-  return reciprocal16(_mm512_add_ps(_mm512_set1_ps(1.f), exp16(minus_x)));
-}
-
 template <ir::ActivationKind kKind>
 __attribute__((target("avx512f"), always_inline)) inline __m512 act16(__m512 x, __m512 alpha, __m512 beta) {
   using K = ir::ActivationKind;

@@ -45,11 +45,7 @@ __attribute__((target("avx512f"))) void activate(const ir::RecurrentActivation& 
   using Kind = ir::RecurrentActivationKind;
   int64_t i = 0;
   if (f.kind == Kind::kSigmoid) {
-    const __m512 one = _mm512_set1_ps(1.f);
-    for (; i + 16 <= n; i += 16) {
-      const __m512 x = _mm512_loadu_ps(v + i);
-      _mm512_storeu_ps(v + i, _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), x)))));
-    }
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(v + i, sigmoid16(_mm512_loadu_ps(v + i)));
   } else if (f.kind == Kind::kTanh) {
     for (; i + 16 <= n; i += 16) _mm512_storeu_ps(v + i, tanh16(_mm512_loadu_ps(v + i)));
   }
