@@ -81,13 +81,16 @@ void integer_products(const ir::Node& node, const Tensor& a, const Tensor& b, co
 
 float as_half(float v) { return half_to_float(float_to_half(v)); }
 
+// v modulo 2^32 as int32: int32's wrap-around, which the reference's int64 sums take when cast.
+int32_t wrap32(int64_t v) { return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(v))); }
+
 // Constant weights B [K x N] in the int8 GEMM's layout, for products whose B and b_zero are
 // constants (fast_weights says when).
 struct PackedWeights {
   Int8PackedA packed;                 // B' = B as int8 (uint8 weights minus 128), transposed: [N x K]
-  std::vector<int64_t> column_sum;    // sum over k of B'[k, n]
-  std::vector<int64_t> column_zero;   // b_zero in B' terms (minus 128 for uint8 weights), per column
-  std::vector<int32_t> column_sum32, column_zero32;  // the same modulo 2^32, padded to a panel of rows
+  // Per column, modulo 2^32 and padded to a panel of rows: sum over k of B'[k, n], and b_zero in
+  // B' terms (minus 128 for uint8 weights).
+  std::vector<int32_t> column_sum, column_zero;
   int64_t k = 0, n = 0;
 };
 
@@ -106,30 +109,23 @@ std::optional<PackedWeights> fast_weights(const KernelInit& init, size_t b, size
   PackedWeights p;
   p.k = K, p.n = N;
   std::vector<int8_t> transposed(static_cast<size_t>(N * K));
-  p.column_sum.assign(static_cast<size_t>(N), 0);
   for (int64_t k = 0; k < K; ++k)
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t v = w->value_as_int(k * N + n) - (unsigned_weights ? 128 : 0);
-      transposed[static_cast<size_t>(n * K + k)] = static_cast<int8_t>(v);
-      p.column_sum[static_cast<size_t>(n)] += v;
-    }
-  p.column_zero.assign(static_cast<size_t>(N), 0);
-  for (int64_t n = 0; n < N; ++n)
-    p.column_zero[static_cast<size_t>(n)] =
-        (z && z->numel() ? z->value_as_int(z->numel() == 1 ? 0 : n) : 0) - (unsigned_weights ? 128 : 0);
+    for (int64_t n = 0; n < N; ++n)
+      transposed[static_cast<size_t>(n * K + k)] = static_cast<int8_t>(w->value_as_int(k * N + n) - (unsigned_weights ? 128 : 0));
   p.packed = int8_pack_a(int8_gemm_isa(), transposed.data(), N, K, K);
   const size_t padded = static_cast<size_t>(p.packed.panel_count() * p.packed.rows);
-  p.column_sum32.assign(padded, 0);
-  p.column_zero32.assign(padded, 0);
-  for (size_t n = 0; n < static_cast<size_t>(N); ++n) {
-    p.column_sum32[n] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(p.column_sum[n])));
-    p.column_zero32[n] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(p.column_zero[n])));
+  p.column_sum.assign(padded, 0);
+  p.column_zero.assign(padded, 0);
+  for (int64_t n = 0; n < N; ++n) {
+    int64_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += transposed[static_cast<size_t>(n * K + k)];
+    p.column_sum[static_cast<size_t>(n)] = wrap32(sum);
+    p.column_zero[static_cast<size_t>(n)] =
+        wrap32((z && z->numel() ? z->value_as_int(z->numel() == 1 ? 0 : n) : 0) - (unsigned_weights ? 128 : 0));
   }
   return p;
 }
 
-// The products of A [..., M, K] (int8 or uint8) by the packed weights: emit(index, int32 sum) for
-// every output element, as integer_products gives them. a_zero: none, one, or one per row of A.
 // The zero points' terms of a tile: y = sum - Sw[n] Za[m] - Zb[n] (Su[m] - K Za[m]) modulo 2^32
 // (int32's wrap-around, which the exact int64 value wrapped to int32 equals), 16 rows of A a
 // step. tile[r * 32 + j] holds column n0 + r of row m0 + j; row_zero and row_term are Za and
@@ -150,12 +146,11 @@ __attribute__((target("avx512f"))) void correct_tile(int32_t* tile, int64_t ns, 
   }
 }
 
-// The products of A [..., M, K] (int8 or uint8) by the packed weights: emit(index, int32 sum) for
-// every output element, as integer_products gives them, or with `y` given, those sums written
-// there (MatMulInteger's output). a_zero: none, one, or one per row of A.
+// The products of A [..., M, K] (int8 or uint8) by the packed weights: emit(m0, n0, ms, ns, tile)
+// for every tile of them, tile[r * 32 + j] the int32 sum of row m0 + j and column
+// n0 + r, as integer_products gives it. a_zero: none, one, or one per row of A.
 template <class Emit>
-void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor& a, const Tensor* a_zero, Emit emit,
-                     int32_t* y = nullptr) {
+void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor& a, const Tensor* a_zero, Emit emit) {
   const int64_t K = w.k, N = w.n;
   if (a.rank() < 1 || a.shape().back() != K) throw node.error(ErrorKind::kInvalidArgument, "inner dims differ");
   const int64_t rows = K ? a.numel() / K : 0, M = a.rank() >= 2 ? a.dim(a.rank() - 2) : 1;
@@ -172,8 +167,10 @@ void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor&
     for (int64_t i = 0; i < a.numel(); ++i) flipped[static_cast<size_t>(i)] = static_cast<int8_t>(bytes[i] ^ 0x80);
     bytes = flipped.data();
   }
-  // Per row: sum over k of the packed value (a + offset), and a_zero + offset.
-  std::vector<int64_t> row_sum(static_cast<size_t>(rows), 0), row_zero(static_cast<size_t>(rows), offset);
+  const int64_t panels = (rows + kInt8GemmCols - 1) / kInt8GemmCols;
+  // Per row, modulo 2^32 and padded to a panel (correct_tile): Za = a_zero + offset and
+  // Su - K Za, Su the sum over k of the packed value (a + offset).
+  std::vector<int32_t> row_zero(static_cast<size_t>(panels * kInt8GemmCols), 0), row_term(row_zero.size(), 0);
   const auto* raw = static_cast<const unsigned char*>(a.raw());
   const unsigned char flip = is_unsigned ? 0 : 0x80;  // a + 128 of an int8 byte is the byte with its sign bit flipped
   parallel_for_each(rows, rows * K > 65536, [&](int64_t r) {
@@ -190,11 +187,12 @@ void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor&
     _mm256_store_si256(reinterpret_cast<__m256i*>(parts), lanes);
     int64_t sum = parts[0] + parts[1] + parts[2] + parts[3];
     for (; k < K; ++k) sum += row[k] ^ flip;
-    row_sum[static_cast<size_t>(r)] = sum;
-    if (a_zero && a_zero->numel()) row_zero[static_cast<size_t>(r)] += a_zero->value_as_int(a_zero->numel() == 1 ? 0 : r % M);
+    const int64_t za = offset + (a_zero && a_zero->numel() ? a_zero->value_as_int(a_zero->numel() == 1 ? 0 : r % M) : 0);
+    row_zero[static_cast<size_t>(r)] = wrap32(za);
+    row_term[static_cast<size_t>(r)] = wrap32(sum - K * za);
   });
   const Int8PackedA& pa = w.packed;
-  const int64_t panels = (rows + kInt8GemmCols - 1) / kInt8GemmCols, panel_bytes = int8_b_panel_bytes(pa);
+  const int64_t panel_bytes = int8_b_panel_bytes(pa);
   thread_local std::vector<uint8_t> packed;
   packed.resize(std::max(packed.size(), static_cast<size_t>(panels * panel_bytes)));
   uint8_t* packed_data = packed.data();
@@ -204,17 +202,6 @@ void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor&
                                    std::min<int64_t>(kInt8GemmCols, rows - p * kInt8GemmCols), packed_data + p * panel_bytes);
   });
   const int64_t a_panels = pa.panel_count();
-  // MatMulInteger's output: the zero points' terms in int32, 16 lanes at a time (correct_tile).
-  std::vector<int32_t> row_zero32, row_term32;
-  if (y) {
-    row_zero32.assign(static_cast<size_t>(panels * kInt8GemmCols), 0);
-    row_term32.assign(row_zero32.size(), 0);
-    for (int64_t m = 0; m < rows; ++m) {
-      row_zero32[static_cast<size_t>(m)] = static_cast<int32_t>(static_cast<uint32_t>(row_zero[static_cast<size_t>(m)]));
-      row_term32[static_cast<size_t>(m)] = static_cast<int32_t>(
-          static_cast<uint32_t>(static_cast<uint64_t>(row_sum[static_cast<size_t>(m)] - K * row_zero[static_cast<size_t>(m)])));
-    }
-  }
   parallel_for(panels * a_panels, [&](int64_t first, int64_t last) {
     alignas(64) int32_t tile[kInt8GemmMaxRows * kInt8GemmCols];
     Int8TileScope scope(pa.isa);
@@ -223,22 +210,8 @@ void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor&
       int8_tile(pa, ap, packed_data + p * panel_bytes, tile);  // tile[r * 32 + j]: column n0 + r of row m0 + j
       const int64_t m0 = p * kInt8GemmCols, n0 = ap * pa.rows;
       const int64_t ms = std::min<int64_t>(kInt8GemmCols, rows - m0), ns = std::min<int64_t>(pa.rows, N - n0);
-      if (y) {
-        correct_tile(tile, ns, row_zero32.data() + m0, row_term32.data() + m0, w.column_sum32.data() + n0,
-                     w.column_zero32.data() + n0);
-        for (int64_t j = 0; j < ms; ++j)
-          for (int64_t r = 0; r < ns; ++r) y[(m0 + j) * N + n0 + r] = tile[r * kInt8GemmCols + j];
-        continue;
-      }
-      for (int64_t j = 0; j < ms; ++j) {
-        const int64_t m = m0 + j, za = row_zero[static_cast<size_t>(m)], su = row_sum[static_cast<size_t>(m)];
-        for (int64_t r = 0; r < ns; ++r) {
-          const size_t n = static_cast<size_t>(n0 + r);
-          const int64_t zb = w.column_zero[n];
-          const int64_t exact = tile[r * kInt8GemmCols + j] - za * w.column_sum[n] - zb * su + K * za * zb;
-          emit(m * N + n0 + r, static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(exact))));
-        }
-      }
+      correct_tile(tile, ns, row_zero.data() + m0, row_term.data() + m0, w.column_sum.data() + n0, w.column_zero.data() + n0);
+      emit(m0, n0, ms, ns, tile);
     }
   });
 }
@@ -257,7 +230,11 @@ KILN_REGISTER_CPU_KERNELS(integer_matmul) {
         int32_t* y = out[0].data<int32_t>();
         const Tensor* a_zero = in.size() > 2 ? in[2] : nullptr;
         if (fast && in[0]->rank() >= 2) {
-          packed_products(*node, *fast, *in[0], a_zero, [](int64_t, int32_t) {}, y);
+          const int64_t N = fast->n;
+          packed_products(*node, *fast, *in[0], a_zero, [&](int64_t m0, int64_t n0, int64_t ms, int64_t ns, const int32_t* tile) {
+            for (int64_t j = 0; j < ms; ++j)
+              for (int64_t r = 0; r < ns; ++r) y[(m0 + j) * N + n0 + r] = tile[r * kInt8GemmCols + j];
+          });
           return;
         }
         integer_products(*node, *in[0], *in[1], a_zero, in.size() > 3 ? in[3] : nullptr, out[0].numel(),
@@ -293,8 +270,16 @@ KILN_REGISTER_CPU_KERNELS(integer_matmul) {
           if (is_signed) static_cast<int8_t*>(y)[o] = static_cast<int8_t>(q);
           else static_cast<uint8_t*>(y)[o] = static_cast<uint8_t>(q);
         };
-        if (fast && in[0]->rank() >= 2) packed_products(*node, *fast, *in[0], in[2], requantize);
-        else integer_products(*node, *in[0], *in[3], in[2], in[5], out[0].numel(), requantize);
+        if (fast && in[0]->rank() >= 2) {
+          const int64_t N = fast->n;
+          packed_products(*node, *fast, *in[0], in[2], [&](int64_t m0, int64_t n0, int64_t ms, int64_t ns, const int32_t* tile) {
+            for (int64_t j = 0; j < ms; ++j)
+              for (int64_t r = 0; r < ns; ++r) requantize((m0 + j) * N + n0 + r, tile[r * kInt8GemmCols + j]);
+          });
+        }
+        else {
+          integer_products(*node, *in[0], *in[3], in[2], in[5], out[0].numel(), requantize);
+        }
       });
     };
     registry.add(std::move(e));
