@@ -144,18 +144,16 @@ __global__ void __launch_bounds__(kRecurrentThreads)
 
 int64_t recurrence_shared_bytes(int gates, int64_t hidden) { return (4 + gates) * hidden * 4; }
 
-bool input_given(const LayerRequest& r, size_t i) { return r.has_input(i) && !r.node.inputs[i].empty(); }
-
 std::string check_recurrent(const LayerRequest& r) {
   const bool lstm = r.node.op == "LSTM";
   const size_t last_float = lstm ? 8 : 6;
   for (size_t i = 0; i < std::min(r.inputs.size(), last_float); ++i)
-    if (i != 4 && input_given(r, i) && r.input_dtypes[i] != DType::kFloat32)
+    if (i != 4 && r.has_input(i) && r.input_dtypes[i] != DType::kFloat32)
       return "input type " + to_string(r.input_dtypes[i]) + " is not supported (supported: float32)";
-  if (input_given(r, 4) && r.input_dtypes[4] != DType::kInt32 && r.input_dtypes[4] != DType::kInt64)
+  if (r.has_input(4) && r.input_dtypes[4] != DType::kInt32 && r.input_dtypes[4] != DType::kInt64)
     return "sequence_lens must be int32, is " + to_string(r.input_dtypes[4]);
   for (size_t i = 0; i < 3; ++i)
-    if (!input_given(r, i) || r.input_shape(i).size() != 3) return "X, W and R must be given, of rank 3";
+    if (!r.has_input(i) || r.input_shape(i).size() != 3) return "X, W and R must be given, of rank 3";
   const int gates = lstm ? 4 : r.node.op == "GRU" ? 3 : 1;
   const std::vector<int64_t>& w = r.input_shape(1);
   const int64_t hidden = w[1] / gates;
@@ -175,7 +173,7 @@ std::string check_recurrent(const LayerRequest& r) {
 LayerFormats recurrent_formats(const LayerRequest& r) {
   LayerFormats f;
   for (size_t i = 0; i < r.inputs.size(); ++i) {
-    if (!input_given(r, i)) f.inputs.emplace_back();
+    if (!r.has_input(i)) f.inputs.emplace_back();
     else if (i == 4) f.inputs.push_back(Format{r.input_dtypes[i], Layout::kLinear});
     else f.inputs.push_back(Format{DType::kFloat32, Layout::kLinear});
   }
@@ -209,7 +207,7 @@ std::unique_ptr<Layer> create_recurrent(const LayerRequest& r, const LayerFormat
   if (w[0] != g.dirs || w[2] != g.feat || rs[0] != g.dirs || rs[1] != gh || rs[2] != g.hidden)
     fail("W must be [directions, " + std::to_string(g.gates) + " x hidden, input] and R [directions, " +
          std::to_string(g.gates) + " x hidden, hidden], matching X");
-  auto numel_of = [&](size_t i) { return input_given(r, i) ? shape_numel(r.input_shape(i)) : -1; };
+  auto numel_of = [&](size_t i) { return r.has_input(i) ? shape_numel(r.input_shape(i)) : -1; };
   if (numel_of(3) >= 0 && numel_of(3) != g.dirs * 2 * gh)
     fail("B must be [directions, " + std::to_string(2 * g.gates) + " x hidden]");
   if (numel_of(4) >= 0 && numel_of(4) != g.batch) fail("sequence_lens must have one element per batch entry");
@@ -217,8 +215,8 @@ std::unique_ptr<Layer> create_recurrent(const LayerRequest& r, const LayerFormat
     if ((i == 5 || lstm) && numel_of(i) >= 0 && numel_of(i) != g.dirs * g.batch * g.hidden)
       fail("initial_h and initial_c must be [directions, batch, hidden]");
   if (lstm && numel_of(7) >= 0 && numel_of(7) != g.dirs * 3 * g.hidden) fail("P must be [directions, 3 x hidden]");
-  g.lens64 = input_given(r, 4) && f.inputs[4].dtype == DType::kInt64;
-  const bool has_lens = input_given(r, 4);
+  g.lens64 = r.has_input(4) && f.inputs[4].dtype == DType::kInt64;
+  const bool has_lens = r.has_input(4);
   const int64_t shared = recurrence_shared_bytes(g.gates, g.hidden);
   if (shared > static_cast<int64_t>(services.device().sharedMemPerBlockOptin))
     throw node.error(ErrorKind::kUnsupported, "hidden size " + std::to_string(g.hidden) + " needs " + std::to_string(shared) +
