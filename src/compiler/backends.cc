@@ -7,6 +7,9 @@
 #include "compiler/host_tail_engine.h"
 #include "compiler/pipeline.h"
 #include "cpu/backend.h"
+#include "cpu/conv_channels_last.h"
+#include "ir/op_schema.h"
+#include "passes/passes.h"
 
 #if KILN_WITH_CUDA
 #include "cuda/runtime/backend.h"
@@ -15,6 +18,16 @@
 namespace kiln::compiler {
 
 namespace {
+
+// The CPU engine's graph: chains of convolutions channels-last where its kernels read them in
+// place (passes::channels_last_convs). An engine file holds the graph after this; loading it
+// runs the pass again, which finds nothing left to rewrite.
+ir::Graph laid_out_for_cpu(ir::Graph graph) {
+  if (passes::channels_last_convs(graph, cpu::channels_last_conv_runs, cpu::conv_prefers_channels_first) > 0)
+    ir::infer_shapes(graph);
+  return graph;
+}
+
 [[noreturn]] void no_cuda() {
   throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend")
       .hint("rebuild with the CUDA toolkit installed (KILN_WITH_CUDA=ON), or use --device cpu");
@@ -71,7 +84,8 @@ std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, const std
                                                       const BuildOptions& options,
                                                       const std::vector<OptimizationProfile>& profiles,
                                                       const std::map<std::string, std::string>& tactics) {
-  if (options.device == Device::kCpu) return cpu::build_backend_engine(std::move(graph), options.max_memory, options.poison_outputs);
+  if (options.device == Device::kCpu)
+    return cpu::build_backend_engine(laid_out_for_cpu(std::move(graph)), options.max_memory, options.poison_outputs);
 #if KILN_WITH_CUDA
   auto shared = std::make_shared<const ir::Graph>(std::move(graph));
   if (options.allow_cpu_fallback && may_have_data_dependent_shapes(*shared) && !profiles.empty())

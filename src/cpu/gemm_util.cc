@@ -118,18 +118,22 @@ void transpose_8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst)
 }
 
 void transpose_floats(const float* src, int64_t rows, int64_t cols, float* dst) {
-  constexpr int64_t kStrip = 32;  // rows per task: 32 x 8 blocks stay in L1
-  const int64_t strips = (rows + kStrip - 1) / kStrip;
-  parallel_for_each(strips, rows * cols > 65536, [&](int64_t si) {
-    const int64_t r0 = si * kStrip, r1 = std::min(rows, r0 + kStrip);
-    int64_t c = 0;
-    for (; c + 8 <= cols; c += 8) {
-      int64_t r = r0;
-      for (; r + 8 <= r1; r += 8) transpose_8x8(src + r * cols + c, cols, dst + c * rows + r, rows);
-      for (; r < r1; ++r)
-        for (int64_t j = c; j < c + 8; ++j) dst[j * rows + r] = src[r * cols + j];
-    }
-    for (; c < cols; ++c)
+  // Tasks are strips of 32 rows (32 x 8 blocks stay in L1) by runs of 1024 columns, so a matrix
+  // of few rows (a 3-channel image's planes turned channels-last) still spreads over the threads.
+  constexpr int64_t kStrip = 32, kRun = 1024;
+  const int64_t strips = (rows + kStrip - 1) / kStrip, runs = (cols + kRun - 1) / kRun;
+  parallel_for_each(strips * runs, rows * cols > 65536, [&](int64_t task) {
+    const int64_t r0 = task / runs * kStrip, r1 = std::min(rows, r0 + kStrip);
+    const int64_t c0 = task % runs * kRun, c1 = std::min(cols, c0 + kRun);
+    int64_t c = c0;
+    if (r1 - r0 >= 8)
+      for (; c + 8 <= c1; c += 8) {
+        int64_t r = r0;
+        for (; r + 8 <= r1; r += 8) transpose_8x8(src + r * cols + c, cols, dst + c * rows + r, rows);
+        for (; r < r1; ++r)
+          for (int64_t j = c; j < c + 8; ++j) dst[j * rows + r] = src[r * cols + j];
+      }
+    for (; c < c1; ++c)
       for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * cols + c];
   });
 }

@@ -1,0 +1,199 @@
+// Chains of convolutions -> kiln::ChannelsLastConv, with Transposes only where a chain meets
+// the rest of the graph:
+//
+//   X -> Conv -> FusedConv(Z = ...) -> ...            (each reads and writes [N, C, H, W])
+//   X -> Transpose(0,2,3,1) -> ChannelsLastConv -> ChannelsLastConv -> ... -> Transpose(0,3,1,2)
+//
+// A chain ("region") is the convolutions that `runs` accepts, joined where one's output is
+// another's input X or residual Z. A region is rewritten when it has two convolutions or more,
+// none that `prefers_channels_first`, and the values its Transposes move add up to at most an
+// eighth of what its convolutions write (per image: symbolic dims count as 1); other regions
+// stay as they are. (A chain of nine convolutions whose two Transposes moved two ninths of that
+// ran 7% slower on one thread than channels-first; MobileNet-V2, a twenty-fifth, 3-6% faster on
+// two: docs/design/cpu-gemm.md, "Channels-last convolutions".) The channels-first outputs stay in the graph where something else reads them
+// (a Transpose each), under their names, so graph outputs and every other reader are unchanged.
+// A model's own Transpose(0,2,3,1) of a rewritten convolution's output (ConvNeXt writes one after
+// each depthwise convolution) then reads the channels-last output directly.
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+#include "passes/passes.h"
+#include "passes/rewrite.h"
+
+namespace kiln::passes {
+
+namespace {
+
+const std::vector<int64_t> kToChannelsLast = {0, 2, 3, 1};
+const std::vector<int64_t> kToChannelsFirst = {0, 3, 1, 2};
+
+// Elements of one image of a rank-4 value (dims past the first; unknown ones count as 1).
+int64_t image_elements(const ir::Graph& graph, const std::string& value) {
+  const ir::TensorType* t = type_of(graph, value);
+  if (!t || !t->shape) return 0;
+  int64_t n = 1;
+  for (size_t i = 1; i < t->shape->size(); ++i) n *= (*t->shape)[i].known() ? (*t->shape)[i].value : 1;
+  return n;
+}
+
+std::optional<ir::Dims> permuted(const ir::Graph& graph, const std::string& value, const std::vector<int64_t>& perm) {
+  const ir::TensorType* t = type_of(graph, value);
+  if (!t || !t->shape || t->shape->size() != 4) return std::nullopt;
+  ir::Dims d;
+  for (int64_t p : perm) d.push_back((*t->shape)[static_cast<size_t>(p)]);
+  return d;
+}
+
+// The convolution inputs that carry activations: X, and FusedConv's residual Z.
+std::vector<size_t> activation_inputs(const ir::Node& conv) {
+  std::vector<size_t> idx{0};
+  if (conv.op == "FusedConv" && conv.has_input(3)) idx.push_back(3);
+  return idx;
+}
+
+// Whether every input of `reader` that is `v` is an activation input.
+bool reads_only_as_activation(const ir::Node& reader, const std::string& v) {
+  const std::vector<size_t> act = activation_inputs(reader);
+  for (size_t k = 0; k < reader.inputs.size(); ++k)
+    if (reader.inputs[k] == v && std::find(act.begin(), act.end(), k) == act.end()) return false;
+  return true;
+}
+
+int find_root(std::vector<int>& parent, int i) {
+  while (parent[static_cast<size_t>(i)] != i) i = parent[static_cast<size_t>(i)] = parent[static_cast<size_t>(parent[static_cast<size_t>(i)])];
+  return i;
+}
+
+bool is_transpose(const ir::Node& n, const std::vector<int64_t>& perm) {
+  return n.domain.empty() && n.op == "Transpose" && n.inputs.size() == 1 && n.outputs.size() == 1 &&
+         n.attrs.get_ints("perm") == perm;
+}
+
+}  // namespace
+
+int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, const ConvLayoutQuery& prefers_channels_first) {
+  const size_t count = graph.nodes.size();
+  std::vector<bool> candidate(count, false);
+  std::vector<int> parent(count);
+  std::iota(parent.begin(), parent.end(), 0);
+  for (size_t i = 0; i < count; ++i) {
+    const ir::Node& n = graph.nodes[i];
+    candidate[i] = runs(graph, n) && n.outputs.size() == 1 && permuted(graph, n.outputs[0], kToChannelsLast);
+    for (size_t in : activation_inputs(n)) candidate[i] = candidate[i] && permuted(graph, n.inputs[in], kToChannelsLast);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (!candidate[i]) continue;
+    for (size_t in : activation_inputs(graph.nodes[i])) {
+      const int p = graph.producer(graph.nodes[i].inputs[in]);
+      if (p >= 0 && candidate[static_cast<size_t>(p)]) parent[static_cast<size_t>(find_root(parent, p))] = find_root(parent, static_cast<int>(i));
+    }
+  }
+
+  // Per region: convolutions, whether one prefers channels-first, what its Transposes and its
+  // convolutions move.
+  struct Region {
+    int convs = 0;
+    bool keep = false;
+    int64_t boundary = 0, interior = 0;
+    std::set<std::string> inputs_seen;
+  };
+  std::map<int, Region> regions;
+  auto in_region = [&](int node, int root) { return node >= 0 && candidate[static_cast<size_t>(node)] && find_root(parent, node) == root; };
+  for (size_t i = 0; i < count; ++i) {
+    if (!candidate[i]) continue;
+    const int root = find_root(parent, static_cast<int>(i));
+    Region& r = regions[root];
+    const ir::Node& conv = graph.nodes[i];
+    ++r.convs;
+    r.keep = r.keep || prefers_channels_first(graph, conv);
+    const std::string& y = conv.outputs[0];
+    r.interior += image_elements(graph, y);
+    for (size_t in : activation_inputs(conv)) {
+      const std::string& v = conv.inputs[in];
+      if (!in_region(graph.producer(v), root) && r.inputs_seen.insert(v).second) r.boundary += image_elements(graph, v);
+    }
+    bool read_outside = graph.is_graph_output(y);
+    for (int c : graph.consumers(y)) {
+      const ir::Node& reader = graph.nodes[static_cast<size_t>(c)];
+      if (is_transpose(reader, kToChannelsLast) && !graph.is_graph_output(reader.outputs[0])) continue;  // folded below
+      read_outside = read_outside || !in_region(c, root) || !reads_only_as_activation(reader, y);
+    }
+    if (read_outside) r.boundary += image_elements(graph, y);
+  }
+  std::vector<bool> rewrite(count, false);
+  int rewritten = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (!candidate[i]) continue;
+    const Region& r = regions[find_root(parent, static_cast<int>(i))];
+    rewrite[i] = r.convs >= 2 && !r.keep && r.boundary * 8 <= r.interior;
+  }
+
+  std::map<std::string, std::string> channels_last;  // value -> its channels-last copy
+  std::vector<ir::Node> nodes;
+  nodes.reserve(count + 8);
+  auto typed = [&](const std::string& hint, const ir::TensorType& like, std::optional<ir::Dims> dims) {
+    ir::Value v;
+    v.name = graph.unique_name(hint);
+    v.type.dtype = like.dtype;
+    v.type.shape = std::move(dims);
+    graph.set_value(v);
+    return v.name;
+  };
+  // Node names in use (graph.unique_name cannot see the nodes moved out of graph.nodes below).
+  std::set<std::string> node_names;
+  for (const ir::Node& n : graph.nodes) node_names.insert(n.name);
+  auto transpose = [&](const std::string& name, const std::string& in, const std::string& out, const std::vector<int64_t>& perm) {
+    ir::Node t;
+    t.name = name;
+    for (int k = 1; node_names.count(t.name) || graph.has_value(t.name); ++k) t.name = name + "__" + std::to_string(k);
+    node_names.insert(t.name);
+    t.op = "Transpose";
+    t.inputs = {in};
+    t.outputs = {out};
+    t.attrs.set("perm", perm);
+    return t;
+  };
+  for (size_t i = 0; i < count; ++i) {
+    if (!rewrite[i]) {
+      nodes.push_back(std::move(graph.nodes[i]));
+      continue;
+    }
+    ir::Node conv = std::move(graph.nodes[i]);
+    for (size_t in : activation_inputs(conv)) {
+      std::string& v = conv.inputs[in];
+      auto it = channels_last.find(v);
+      if (it == channels_last.end()) {
+        const std::string nhwc = typed(v + "_channels_last", *type_of(graph, v), permuted(graph, v, kToChannelsLast));
+        nodes.push_back(transpose(v + "_to_channels_last", v, nhwc, kToChannelsLast));
+        it = channels_last.emplace(v, nhwc).first;
+      }
+      v = it->second;
+    }
+    const std::string y = conv.outputs[0];
+    const std::string y_nhwc = typed(y + "_channels_last", *type_of(graph, y), permuted(graph, y, kToChannelsLast));
+    channels_last[y] = y_nhwc;
+    conv.op = "ChannelsLastConv";
+    conv.domain = "kiln";
+    conv.outputs = {y_nhwc};
+    const std::string conv_name = conv.name;
+    nodes.push_back(std::move(conv));
+    nodes.push_back(transpose(conv_name + "_to_channels_first", y_nhwc, y, kToChannelsFirst));
+    ++rewritten;
+  }
+  graph.nodes = std::move(nodes);
+  if (rewritten == 0) return 0;
+
+  // A Transpose(0,2,3,1) of a rewritten output reads the channels-last copy itself.
+  for (const ir::Node& n : graph.nodes) {
+    if (!is_transpose(n, kToChannelsLast) || graph.is_graph_output(n.outputs[0])) continue;
+    auto it = channels_last.find(n.inputs[0]);
+    const int p = graph.producer(n.inputs[0]);
+    if (it != channels_last.end() && p >= 0 && is_transpose(graph.nodes[static_cast<size_t>(p)], kToChannelsFirst))
+      graph.replace_uses(n.outputs[0], it->second);
+  }
+  eliminate_dead_code(graph);
+  return rewritten;
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,158 @@
+// kiln::ChannelsLastConv on the CPU: against kiln::FusedConv (channels-first, itself tested
+// against the definition in conv_test.cc) on the same tensors transposed, for one group and
+// depthwise, pointwise and strided, padded, dilated and rectangular kernels, channel and pixel
+// counts off the 8 x 32 tiles and the 16-channel vectors, with bias, residual and activations;
+// the AVX-512 kernels against the plain loops bit for bit; and the nodes it refuses.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "compute_test_util.h"
+#include "cpu/sgemm.h"
+#include "ir/activation.h"
+
+namespace kiln {
+namespace {
+
+using testing::all_close;
+using testing::NodeInput;
+using testing::random_tensor;
+using testing::run_single_node;
+
+// x [N, A, B, C] with axes permuted by `perm`.
+Tensor permute4(const Tensor& x, const std::vector<int64_t>& perm) {
+  std::vector<int64_t> shape(4);
+  for (size_t i = 0; i < 4; ++i) shape[i] = x.dim(static_cast<int>(perm[i]));
+  Tensor y(DType::kFloat32, shape);
+  const float* src = x.data<float>();
+  float* dst = y.data<float>();
+  int64_t in_stride[4];
+  in_stride[3] = 1;
+  for (int i = 2; i >= 0; --i) in_stride[i] = in_stride[i + 1] * x.dim(i + 1);
+  int64_t idx[4];
+  for (idx[0] = 0; idx[0] < shape[0]; ++idx[0])
+    for (idx[1] = 0; idx[1] < shape[1]; ++idx[1])
+      for (idx[2] = 0; idx[2] < shape[2]; ++idx[2])
+        for (idx[3] = 0; idx[3] < shape[3]; ++idx[3]) {
+          int64_t off = 0;
+          for (int i = 0; i < 4; ++i) off += idx[i] * in_stride[perm[static_cast<size_t>(i)]];
+          *dst++ = src[off];
+        }
+  return y;
+}
+
+Tensor to_channels_last(const Tensor& x) { return permute4(x, {0, 2, 3, 1}); }
+Tensor to_channels_first(const Tensor& x) { return permute4(x, {0, 3, 1, 2}); }
+
+struct Case {
+  const char* name;
+  std::vector<int64_t> x, w;  // channels-first X [N, C, H, W], W [M, C/group, kH, kW]
+  std::vector<int64_t> strides, dilations, pads;
+  int64_t group;
+};
+
+std::vector<Case> cases() {
+  return {
+      {"pointwise, 3 x 5 pixels", {1, 17, 3, 5}, {33, 17, 1, 1}, {1, 1}, {1, 1}, {0, 0, 0, 0}, 1},
+      {"pointwise, 2 images, 70 channels out", {2, 40, 7, 7}, {70, 40, 1, 1}, {1, 1}, {1, 1}, {0, 0, 0, 0}, 1},
+      {"pointwise stride 2", {1, 24, 9, 10}, {32, 24, 1, 1}, {2, 2}, {1, 1}, {0, 0, 0, 0}, 1},
+      {"pointwise with end pads", {1, 8, 5, 5}, {5, 8, 1, 1}, {1, 1}, {1, 1}, {0, 0, 1, 1}, 1},
+      {"3x3 pad 1", {1, 16, 9, 11}, {40, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 1},
+      {"3-channel stem, 3x3 stride 2", {2, 3, 15, 16}, {32, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 1},
+      {"7x7 stride 2 pad 3", {1, 3, 20, 18}, {8, 3, 7, 7}, {2, 2}, {1, 1}, {3, 3, 3, 3}, 1},
+      {"dilation 2, asymmetric pads", {1, 6, 12, 10}, {9, 6, 3, 3}, {1, 1}, {2, 2}, {2, 1, 0, 2}, 1},
+      {"rectangular kernel, strides 1x3", {1, 5, 8, 13}, {5, 5, 2, 4}, {1, 3}, {1, 1}, {0, 1, 1, 0}, 1},
+      {"pads wider than the input", {1, 4, 2, 3}, {6, 4, 3, 3}, {1, 1}, {1, 1}, {3, 2, 3, 2}, 1},
+      {"depthwise 3x3, 5 channels", {1, 5, 11, 11}, {5, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 5},
+      {"depthwise 3x3 stride 2, 40 channels", {2, 40, 12, 13}, {40, 1, 3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 40},
+      {"depthwise 3x3, 70 channels, 16 columns", {1, 70, 6, 16}, {70, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 70},
+      {"depthwise 5x5 stride 2", {1, 17, 13, 17}, {17, 1, 5, 5}, {2, 2}, {1, 1}, {2, 2, 2, 2}, 17},
+      {"depthwise 7x7, dilation 2", {1, 32, 16, 15}, {32, 1, 7, 7}, {1, 1}, {2, 2}, {6, 6, 6, 6}, 32},
+      {"depthwise narrower than the kernel", {1, 16, 4, 2}, {16, 1, 3, 3}, {1, 1}, {1, 1}, {0, 1, 0, 1}, 16},
+  };
+}
+
+ir::Node conv_node(const std::string& op, const Case& c) {
+  ir::Node node;
+  node.name = "node0";
+  node.op = op;
+  node.domain = "kiln";
+  node.attrs.set("strides", c.strides);
+  node.attrs.set("dilations", c.dilations);
+  node.attrs.set("pads", c.pads);
+  node.attrs.set("group", c.group);
+  return node;
+}
+
+// The channels-last kernel's output for channels-first inputs, back in channels-first.
+Tensor run_channels_last(const Case& c, const ir::Activation& act, const Tensor& x, const Tensor& w, const Tensor& b,
+                         const Tensor& z) {
+  ir::Node node = conv_node("ChannelsLastConv", c);
+  act.store(node);
+  return to_channels_first(
+      run_single_node(node, {{"X", to_channels_last(x)}, {"W", w, true}, {"B", b, true}, {"Z", to_channels_last(z)}}));
+}
+
+TEST(ChannelsLastConv, MatchesTheChannelsFirstKernel) {
+  uint32_t seed = 7000;
+  for (const Case& c : cases())
+    for (const char* act : {"Relu", "Clip", "SiLU", ""}) {
+      SCOPED_TRACE(std::string(c.name) + ", activation '" + act + "'");
+      Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++), b = random_tensor({c.w[0]}, seed++);
+      ir::Node fused = conv_node("FusedConv", c);
+      const ir::Activation a = ir::Activation::named(act, std::string(act) == "Clip" ? -0.25f : 0.1f, 0.5f);
+      a.store(fused);
+      // The output's shape, from the channels-first kernel without a residual.
+      Tensor shape_probe = run_single_node(fused, {{"X", x}, {"W", w, true}, {"B", b, true}});
+      Tensor z = random_tensor(shape_probe.shape(), seed++);
+      Tensor want = run_single_node(fused, {{"X", x}, {"W", w, true}, {"B", b, true}, {"Z", z}});
+      EXPECT_TRUE(all_close(run_channels_last(c, a, x, w, b, z), want));
+    }
+}
+
+TEST(ChannelsLastConv, VectorKernelsGiveThePlainLoopsBits) {
+  if (cpu::sgemm_best_isa() != cpu::SgemmIsa::kAvx512) GTEST_SKIP() << "this CPU has no AVX-512";
+  uint32_t seed = 7500;
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++), b = random_tensor({c.w[0]}, seed++);
+    ir::Node probe = conv_node("FusedConv", c);
+    Tensor z = random_tensor(run_single_node(probe, {{"X", x}, {"W", w, true}}).shape(), seed++);
+    const ir::Activation relu{ir::ActivationKind::kRelu};
+    Tensor vector = run_channels_last(c, relu, x, w, b, z);
+    cpu::sgemm_force_isa(cpu::SgemmIsa::kPlain);
+    Tensor plain = run_channels_last(c, relu, x, w, b, z);
+    cpu::sgemm_reset_isa();
+    ASSERT_EQ(vector.numel(), plain.numel());
+    for (int64_t i = 0; i < vector.numel(); ++i)
+      ASSERT_EQ(vector.data<float>()[i], plain.data<float>()[i]) << "element " << i;
+  }
+}
+
+TEST(ChannelsLastConv, RefusesWhatItHasNoKernelFor) {
+  const Case grouped{"groups 2", {1, 4, 5, 5}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 2};
+  Tensor x = to_channels_last(random_tensor(grouped.x, 1)), w = random_tensor(grouped.w, 2);
+  try {
+    run_single_node(conv_node("ChannelsLastConv", grouped), {{"X", x}, {"W", w, true}});
+    FAIL() << "a grouped convolution ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("group 2"), std::string::npos) << e.what();
+  }
+  const Case plain{"3x3", {1, 4, 5, 5}, {6, 4, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 1};
+  try {
+    run_single_node(conv_node("ChannelsLastConv", plain), {{"X", to_channels_last(random_tensor(plain.x, 3))}, {"W", random_tensor(plain.w, 4)}});
+    FAIL() << "weights given at run time ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a constant"), std::string::npos) << e.what();
+  }
+  // X's channels (the last axis) must be W's.
+  try {
+    run_single_node(conv_node("ChannelsLastConv", plain), {{"X", random_tensor({1, 4, 5, 5}, 5)}, {"W", random_tensor(plain.w, 6), true}});
+    FAIL() << "5 channels ran against weights of 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("channels"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln

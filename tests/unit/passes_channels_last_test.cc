@@ -1,0 +1,122 @@
+// Tests of channels_last_convs: chains of convolutions become kiln::ChannelsLastConv with
+// Transposes only at their ends and compute the same; single convolutions, chains with one that
+// prefers channels-first, and chains whose Transposes would move more than they save stay;
+// outputs read elsewhere keep a Transpose and their names; a model's own Transpose to
+// channels-last reads the rewritten output directly.
+#include <gtest/gtest.h>
+
+#include "graph_builder.h"
+#include "passes/passes.h"
+
+namespace kiln::testing {
+namespace {
+
+bool any_conv(const ir::Graph&, const ir::Node& n) {
+  return (n.op == "Conv" && n.domain.empty()) || (n.op == "FusedConv" && n.domain == "kiln");
+}
+bool never(const ir::Graph&, const ir::Node&) { return false; }
+
+std::vector<std::pair<std::string, ir::AttrValue>> conv_attrs(int64_t k, int64_t group = 1, int64_t stride = 1) {
+  return {{"kernel_shape", std::vector<int64_t>{k, k}},
+          {"pads", std::vector<int64_t>(4, k / 2)},
+          {"strides", std::vector<int64_t>{stride, stride}},
+          {"group", group}};
+}
+
+// An inverted residual block, as MobileNet-V2's: 1x1 expansion, 3x3 depthwise, 1x1 projection
+// plus the block's input (a FusedConv residual), on a symbolic batch.
+ir::Graph inverted_residual(GraphBuilder& b) {
+  b.input("x", {ir::Dim::named("N"), 8, 9, 7});
+  b.node("Conv", {"x", b.random("w0", {8, 8, 1, 1}), b.random("b0", {8})}, "c0", conv_attrs(1));
+  b.node("Conv", {"c0", b.random("w1", {64, 8, 1, 1}), b.random("b1", {64})}, "c1", conv_attrs(1));
+  b.node("Conv", {"c1", b.random("w2", {64, 1, 3, 3})}, "c2", conv_attrs(3, 64, 2));
+  b.node("Conv", {"c2", b.random("w3", {8, 64, 1, 1})}, "c3", conv_attrs(1));
+  b.node("Conv", {"c3", b.random("w4", {8, 8, 3, 3}), b.random("b4", {8})}, "c4", conv_attrs(3));
+  b.node("FusedConv", {"c4", b.random("w5", {8, 8, 1, 1}), "", "c3"}, "y", conv_attrs(1));
+  b.last().domain = "kiln";
+  b.last().attrs.set("activation", std::string("Relu"));
+  b.output("y");
+  return b.build();
+}
+
+TEST(ChannelsLastConvs, AChainRunsChannelsLastBetweenTwoTransposes) {
+  GraphBuilder b;
+  ir::Graph before = inverted_residual(b);
+  ir::Graph after = before;
+  EXPECT_EQ(passes::channels_last_convs(after, any_conv, never), 6);
+  ir::infer_shapes(after);
+  EXPECT_EQ(count_ops(after, "ChannelsLastConv"), 6);
+  EXPECT_EQ(count_ops(after, "Transpose"), 2);
+  EXPECT_EQ(after.nodes.front().op, "Transpose");
+  EXPECT_EQ(after.nodes.front().inputs[0], "x");
+  EXPECT_EQ(after.nodes.back().op, "Transpose");
+  EXPECT_EQ(after.nodes.back().outputs[0], "y");
+  // The residual reads the channels-last copy of c3, not a Transpose of its own.
+  const ir::Node& last_conv = after.nodes[after.nodes.size() - 2];
+  EXPECT_EQ(last_conv.op, "ChannelsLastConv");
+  EXPECT_EQ(last_conv.inputs[3], after.nodes[after.nodes.size() - 4].outputs[0]);
+  EXPECT_EQ(last_conv.attrs.get_string("activation", ""), "Relu");
+  expect_same_outputs(before, after);
+  // Once more: nothing left to rewrite (an engine file's graph is laid out again when loaded).
+  EXPECT_EQ(passes::channels_last_convs(after, any_conv, never), 0);
+}
+
+TEST(ChannelsLastConvs, ChainsItShouldNotTakeStay) {
+  GraphBuilder b;
+  const ir::Graph chain = inverted_residual(b);
+  ir::Graph kept = chain;
+  auto prefers_3x3 = [](const ir::Graph&, const ir::Node& n) { return n.attrs.get_ints("kernel_shape") == std::vector<int64_t>{3, 3} && n.attrs.get_int("group", 1) == 1; };
+  EXPECT_EQ(passes::channels_last_convs(kept, any_conv, prefers_3x3), 0);
+  EXPECT_EQ(count_ops(kept, "ChannelsLastConv"), 0);
+  EXPECT_EQ(kept.nodes.size(), chain.nodes.size());
+
+  GraphBuilder one;
+  one.input("x", {1, 4, 6, 6});
+  one.node("Conv", {"x", one.random("w", {4, 4, 3, 3})}, "y", conv_attrs(3));
+  one.output("y");
+  ir::Graph single = one.build();
+  EXPECT_EQ(passes::channels_last_convs(single, any_conv, never), 0);
+
+  // Two convolutions whose every output is read by something else: the Transposes would move
+  // as much as the convolutions write.
+  GraphBuilder split;
+  split.input("x", {1, 4, 6, 6});
+  split.node("Conv", {"x", split.random("w0", {4, 4, 1, 1})}, "c0", conv_attrs(1));
+  split.node("Sigmoid", {"c0"}, "s0");
+  split.node("Conv", {"c0", split.random("w1", {4, 4, 1, 1})}, "c1", conv_attrs(1));
+  split.node("Add", {"c1", "s0"}, "y");
+  split.output("y");
+  ir::Graph busy = split.build();
+  EXPECT_EQ(passes::channels_last_convs(busy, any_conv, never), 0);
+}
+
+TEST(ChannelsLastConvs, OutputsReadElsewhereKeepTheirNamesAndValues) {
+  GraphBuilder b;
+  b.input("x", {2, 6, 10, 10});
+  std::string prev = "x";
+  for (int i = 0; i < 20; ++i) {  // alternately 3x3 and 1x1, 32 channels
+    const std::string c = "c" + std::to_string(i);
+    b.node("Conv", {prev, b.random("w" + std::to_string(i), {32, i == 0 ? 6 : 32, i % 2 ? 1 : 3, i % 2 ? 1 : 3})}, c,
+           conv_attrs(i % 2 ? 1 : 3));
+    prev = c;
+  }
+  b.node("ReduceMean", {"c1", b.ints("axes", {2, 3})}, "side");  // c1 read outside the chain
+  b.node("Transpose", {"c19"}, "c19_nhwc", {{"perm", std::vector<int64_t>{0, 2, 3, 1}}});  // the model's own
+  b.node("Relu", {"c19_nhwc"}, "y");
+  b.output("y");
+  b.output("side");
+  b.output("c2");  // a graph output inside the chain
+  ir::Graph before = b.build();
+  ir::Graph after = before;
+  EXPECT_EQ(passes::channels_last_convs(after, any_conv, never), 20);
+  ir::infer_shapes(after);
+  // Into the chain: x. Out of it: c1 (ReduceMean) and c2 (a graph output). The model's Transpose
+  // of c19 is gone: Relu reads the channels-last c19.
+  EXPECT_EQ(count_ops(after, "Transpose"), 3);
+  for (const ir::Node& n : after.nodes) EXPECT_NE(n.outputs[0], "c19") << n.name;
+  EXPECT_EQ(find_op(after, "Relu")->inputs[0], after.value("c19_channels_last").name);
+  expect_same_outputs(before, after);
+}
+
+}  // namespace
+}  // namespace kiln::testing
