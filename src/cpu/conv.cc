@@ -20,7 +20,6 @@
 #include <memory>
 #include <vector>
 
-#include "cpu/conv_channels_last.h"
 #include "cpu/conv_shape.h"
 #include "cpu/conv_winograd.h"
 #include "cpu/gemm_util.h"
@@ -61,16 +60,6 @@ bool winograd_applies(const ir::Node& node, const std::vector<int64_t>& w_shape,
   return false;
 #endif
 }
-
-}  // namespace
-
-bool conv_prefers_channels_first(const ir::Graph& graph, const ir::Node& conv) {
-  const ir::Value* w = conv.inputs.size() > 1 ? graph.find_value(conv.inputs[1]) : nullptr;
-  if (!w || !w->constant) return false;
-  return winograd_applies(conv, w->constant->shape(), conv.attrs.get_int("group", 1));
-}
-
-namespace {
 
 class ConvKernel final : public Kernel {
  public:

@@ -22,6 +22,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/conv_shape.h"
+#include "cpu/conv_winograd.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
@@ -63,6 +65,9 @@ Geometry make_geometry(const ir::Node& node, const std::vector<int64_t>& x, cons
 
 bool is_depthwise(int64_t group, const std::vector<int64_t>& w) { return group > 1 && w[1] == 1 && w[0] == group; }
 
+// KILN_CPU_WINOGRAD=OFF, a build option, keeps 3x3 convolutions on the direct kernel here too.
+constexpr bool kWinograd = KILN_CPU_WINOGRAD;
+
 constexpr int kTileRows = 8;   // output pixels per tile
 constexpr int kPanelCols = 32; // output channels per weight panel
 
@@ -75,6 +80,13 @@ struct TileOutput {
   int rows = 0, cols = 0;    // pixels and channels of the tile that exist
   int clamp = 0;             // Epilogue::clamp_mode
   float lo = 0.f, hi = 0.f;
+  // A product split into K blocks: later blocks start from y's partial sums (not the bias), and
+  // only the last adds the residual and clamps.
+  bool accumulate = false, last = true;
+  // Lines to bring into L2 while the tile runs, up to two per K step (the panel's next block: weights
+  // that come from memory meet only a few tiles at a 7 x 7 layer, too few to hide their reads).
+  const char* prefetch = nullptr;
+  int64_t prefetch_lines = 0;
 };
 
 // Residual, Relu/Clip and the masked store of 16 outputs: the last step of every vector kernel
@@ -98,8 +110,9 @@ __attribute__((target("avx512f,fma"))) void dense_tile_avx512(const float* const
   __m512 c0[kTileRows], c1[kTileRows];
 #pragma GCC unroll 8
   for (int i = 0; i < kTileRows; ++i) {
-    c0[i] = bias0;
-    c1[i] = bias1;
+    const bool partial = o.accumulate && i < o.rows;
+    c0[i] = partial ? _mm512_maskz_loadu_ps(m0, o.y + i * o.ldy) : bias0;
+    c1[i] = partial ? _mm512_maskz_loadu_ps(m1, o.y + i * o.ldy + 16) : bias1;
   }
   const float* w = panel;
   for (int64_t t = 0; t < taps; ++t) {
@@ -107,6 +120,8 @@ __attribute__((target("avx512f,fma"))) void dense_tile_avx512(const float* const
 #pragma GCC unroll 8
     for (int i = 0; i < kTileRows; ++i) r[i] = rows[t * kTileRows + i];
     for (int64_t k = 0; k < c; ++k, w += kPanelCols) {
+      if (k < o.prefetch_lines) _mm_prefetch(o.prefetch + k * 64, _MM_HINT_T1);
+      if (k + c < o.prefetch_lines) _mm_prefetch(o.prefetch + (k + c) * 64, _MM_HINT_T1);  // up to 2 a k
       const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);
 #pragma GCC unroll 8
       for (int i = 0; i < kTileRows; ++i) {
@@ -120,8 +135,8 @@ __attribute__((target("avx512f,fma"))) void dense_tile_avx512(const float* const
   for (int i = 0; i < kTileRows; ++i) {
     if (i >= o.rows) break;
     const float* z = o.z ? o.z + i * o.ldy : nullptr;
-    finish_avx512(c0[i], m0, z, o.y + i * o.ldy, o.clamp, o.lo, o.hi);
-    finish_avx512(c1[i], m1, z ? z + 16 : nullptr, o.y + i * o.ldy + 16, o.clamp, o.lo, o.hi);
+    finish_avx512(c0[i], m0, o.last ? z : nullptr, o.y + i * o.ldy, o.last ? o.clamp : 0, o.lo, o.hi);
+    finish_avx512(c1[i], m1, o.last && z ? z + 16 : nullptr, o.y + i * o.ldy + 16, o.last ? o.clamp : 0, o.lo, o.hi);
   }
 }
 
@@ -138,7 +153,7 @@ __attribute__((target("avx512f,fma"))) void dense_tile_pair_narrow_avx512(const 
   const __m512 bias0 = o.bias ? _mm512_maskz_loadu_ps(m0, o.bias) : _mm512_setzero_ps();
   __m512 acc[2 * kTileRows];
 #pragma GCC unroll 16
-  for (int i = 0; i < 2 * kTileRows; ++i) acc[i] = bias0;
+  for (int i = 0; i < 2 * kTileRows; ++i) acc[i] = o.accumulate && i < o.rows ? _mm512_maskz_loadu_ps(m0, o.y + i * o.ldy) : bias0;
   const float* w = panel;
   for (int64_t t = 0; t < taps; ++t) {
     const float* r[2 * kTileRows];
@@ -156,7 +171,7 @@ __attribute__((target("avx512f,fma"))) void dense_tile_pair_narrow_avx512(const 
 #pragma GCC unroll 16
   for (int i = 0; i < 2 * kTileRows; ++i) {
     if (i >= o.rows) break;
-    finish_avx512(acc[i], m0, o.z ? o.z + i * o.ldy : nullptr, o.y + i * o.ldy, o.clamp, o.lo, o.hi);
+    finish_avx512(acc[i], m0, o.last && o.z ? o.z + i * o.ldy : nullptr, o.y + i * o.ldy, o.last ? o.clamp : 0, o.lo, o.hi);
   }
 }
 
@@ -165,15 +180,15 @@ __attribute__((target("avx512f,fma"))) void dense_tile_pair_narrow_avx512(const 
 void dense_tile_plain(const float* const* rows, int64_t taps, int64_t c, const float* panel, const TileOutput& o) {
   for (int i = 0; i < o.rows; ++i)
     for (int j = 0; j < o.cols; ++j) {
-      float acc = o.bias ? o.bias[j] : 0.f;
+      float acc = o.accumulate ? o.y[i * o.ldy + j] : o.bias ? o.bias[j] : 0.f;
       for (int64_t t = 0; t < taps; ++t) {
         const float* r = rows[t * kTileRows + i];
         const float* w = panel + t * c * kPanelCols + j;
         for (int64_t k = 0; k < c; ++k) acc = std::fma(r[k], w[k * kPanelCols], acc);
       }
-      if (o.z) acc += o.z[i * o.ldy + j];
-      if (o.clamp == 1) acc = acc > 0.f ? acc : 0.f;
-      else if (o.clamp == 2) acc = std::min(std::max(acc, o.lo), o.hi);
+      if (o.last && o.z) acc += o.z[i * o.ldy + j];
+      if (o.last && o.clamp == 1) acc = acc > 0.f ? acc : 0.f;
+      else if (o.last && o.clamp == 2) acc = std::min(std::max(acc, o.lo), o.hi);
       o.y[i * o.ldy + j] = acc;
     }
 }
@@ -288,6 +303,70 @@ void depthwise_row_plain(const DepthwiseRow& r) {
   }
 }
 
+// Winograd F(2x2, 3x3) channels-last (the transforms of conv_winograd.cc, 16 channels per
+// vector instead of 16 tiles): V_xi [tiles x C] = (B^T d B)_xi of each tile's 4x4 input block,
+// S_xi [tiles x M] = V_xi U_xi on the 8 x 32 tile kernel (U_xi [C x M] packed once), and each
+// tile's 2x2 outputs (A^T S A). Positions outside the image read 0.
+__attribute__((target("avx512f"))) void winograd_input_tile(const float* image, int64_t h, int64_t w, int64_t c,
+                                                           int64_t iy0, int64_t ix0, float* v, int64_t xi_stride) {
+  for (int64_t c0 = 0; c0 < c; c0 += 16) {
+    const int64_t n = std::min<int64_t>(16, c - c0);
+    const __mmask16 m = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+    __m512 d[4][4], u[4][4];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 4; ++j) {
+        const int64_t iy = iy0 + i, ix = ix0 + j;
+        d[i][j] = iy >= 0 && iy < h && ix >= 0 && ix < w ? _mm512_maskz_loadu_ps(m, image + (iy * w + ix) * c + c0)
+                                                         : _mm512_setzero_ps();
+      }
+    for (int j = 0; j < 4; ++j) {  // B^T d
+      u[0][j] = _mm512_sub_ps(d[0][j], d[2][j]);
+      u[1][j] = _mm512_add_ps(d[1][j], d[2][j]);
+      u[2][j] = _mm512_sub_ps(d[2][j], d[1][j]);
+      u[3][j] = _mm512_sub_ps(d[1][j], d[3][j]);
+    }
+    float* out = v + c0;
+    for (int i = 0; i < 4; ++i) {  // (B^T d) B
+      _mm512_mask_storeu_ps(out + (4 * i + 0) * xi_stride, m, _mm512_sub_ps(u[i][0], u[i][2]));
+      _mm512_mask_storeu_ps(out + (4 * i + 1) * xi_stride, m, _mm512_add_ps(u[i][1], u[i][2]));
+      _mm512_mask_storeu_ps(out + (4 * i + 2) * xi_stride, m, _mm512_sub_ps(u[i][2], u[i][1]));
+      _mm512_mask_storeu_ps(out + (4 * i + 3) * xi_stride, m, _mm512_sub_ps(u[i][1], u[i][3]));
+    }
+  }
+}
+
+// One tile's 2x2 outputs (pixel (oy0 + a, ox0 + b) of y, those inside [oh, ow]) from its sums
+// s[xi * xi_stride + channel], with bias, residual and Relu/Clip.
+__attribute__((target("avx512f,fma"))) void winograd_output_tile(const float* s, int64_t xi_stride, int64_t m_channels,
+                                                                const float* bias, const float* z, float* y,
+                                                                int64_t oy0, int64_t ox0, int64_t oh, int64_t ow,
+                                                                int clamp, float lo, float hi) {
+  for (int64_t c0 = 0; c0 < m_channels; c0 += 16) {
+    const int64_t n = std::min<int64_t>(16, m_channels - c0);
+    const __mmask16 m = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+    __m512 r[2][4];  // A^T S
+    for (int j = 0; j < 4; ++j) {
+      const __m512 m0 = _mm512_maskz_loadu_ps(m, s + (0 + j) * xi_stride + c0);
+      const __m512 m1 = _mm512_maskz_loadu_ps(m, s + (4 + j) * xi_stride + c0);
+      const __m512 m2 = _mm512_maskz_loadu_ps(m, s + (8 + j) * xi_stride + c0);
+      const __m512 m3 = _mm512_maskz_loadu_ps(m, s + (12 + j) * xi_stride + c0);
+      r[0][j] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+      r[1][j] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+    }
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + c0) : _mm512_setzero_ps();
+    for (int a = 0; a < 2; ++a) {
+      if (oy0 + a >= oh) break;
+      const __m512 out[2] = {_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(r[a][0], r[a][1]), r[a][2]), b),
+                             _mm512_add_ps(_mm512_sub_ps(_mm512_sub_ps(r[a][1], r[a][2]), r[a][3]), b)};
+      for (int bx = 0; bx < 2; ++bx) {
+        if (ox0 + bx >= ow) break;
+        const int64_t at = ((oy0 + a) * ow + ox0 + bx) * m_channels + c0;
+        finish_avx512(out[bx], m, z ? z + at : nullptr, y + at, clamp, lo, hi);
+      }
+    }
+  }
+}
+
 class ChannelsLastConvKernel final : public Kernel {
  public:
   explicit ChannelsLastConvKernel(const KernelInit& init)
@@ -304,14 +383,23 @@ class ChannelsLastConvKernel final : public Kernel {
         for (int64_t t = 0; t < taps; ++t) weights_[static_cast<size_t>(t * m + ch)] = src[ch * taps + t];
       return;
     }
-    // [M, C, kH, kW] -> K x M with K = (tap, c), then 32-column panels.
-    const int64_t k = taps * cg;
-    std::vector<float> kxm(static_cast<size_t>(k * m));
-    for (int64_t o = 0; o < m; ++o)
-      for (int64_t ci = 0; ci < cg; ++ci)
-        for (int64_t t = 0; t < taps; ++t) kxm[static_cast<size_t>((t * cg + ci) * m + o)] = src[(o * cg + ci) * taps + t];
-    packed_.pack(kxm.data(), k, m, m);
     zeros_.assign(static_cast<size_t>(std::max<int64_t>(w_shape_[3] * cg, 1)), 0.f);  // a kernel row's worth
+    const std::vector<int64_t> strides = init.node.attrs.get_ints("strides"), dilations = init.node.attrs.get_ints("dilations");
+    auto ones = [](const std::vector<int64_t>& v) { return std::all_of(v.begin(), v.end(), [](int64_t e) { return e == 1; }); };
+    if (kWinograd && WinogradConv::available(w_shape_, init.node.attrs.get_int("group", 1)) && ones(strides) && ones(dilations)) {
+      // The transformed filters U_xi [C x M], in place of the direct kernel's packing (made only
+      // if a run has too few tiles for Winograd).
+      const std::vector<float> u = winograd_filters(src, m, cg);  // [16][M][C]
+      std::vector<float> cxm(static_cast<size_t>(cg * m));
+      winograd_u_.resize(16);
+      for (int64_t xi = 0; xi < 16; ++xi) {
+        for (int64_t o = 0; o < m; ++o)
+          for (int64_t ci = 0; ci < cg; ++ci) cxm[static_cast<size_t>(ci * m + o)] = u[static_cast<size_t>((xi * m + o) * cg + ci)];
+        winograd_u_[static_cast<size_t>(xi)].pack(cxm.data(), cg, m, m);
+      }
+      return;
+    }
+    pack_direct(src);
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
@@ -321,11 +409,124 @@ class ChannelsLastConvKernel final : public Kernel {
     const float* bias = in.size() > 2 && in[2] ? in[2]->data<float>() : nullptr;
     const float* z = in.size() > 3 && in[3] ? in[3]->data<float>() : nullptr;
     float* y = out[0].data<float>();
-    if (depthwise_) depthwise(g, x, bias, z, y);
-    else dense(g, x, bias, z, y);
+    if (depthwise_) {
+      depthwise(g, x, bias, z, y);
+      return;
+    }
+    if (!winograd_u_.empty() && sgemm_isa() == SgemmIsa::kAvx512) {
+      Geo3 tiles;
+      tiles.batch = g.batch;
+      tiles.out[1] = g.oh;
+      tiles.out[2] = g.ow;
+      if (WinogradConv::pays(tiles)) {
+        winograd(g, x, bias, z, y);
+        return;
+      }
+    }
+    if (packed_.empty()) pack_direct(in[1]->data<float>());
+    dense(g, x, bias, z, y);
   }
 
  private:
+  // [M, C, kH, kW] -> K x M with K = (tap, c), then 32-column panels.
+  void pack_direct(const float* src) {
+    const int64_t m = w_shape_[0], cg = w_shape_[1], taps = w_shape_[2] * w_shape_[3], k = taps * cg;
+    std::vector<float> kxm(static_cast<size_t>(k * m));
+    for (int64_t o = 0; o < m; ++o)
+      for (int64_t ci = 0; ci < cg; ++ci)
+        for (int64_t t = 0; t < taps; ++t) kxm[static_cast<size_t>((t * cg + ci) * m + o)] = src[(o * cg + ci) * taps + t];
+    packed_.pack(kxm.data(), k, m, m);
+  }
+
+  // Two schedules, as the channels-first kernel's (conv_winograd.h). Where U (16 x C x M floats)
+  // is smaller than the tiles' V and S (16 x tiles x (C + M)): blocks of tiles, each transformed,
+  // multiplied and transformed back by one thread while its V and S (at most 512 KiB) stay in that
+  // core's L2, U read once per block. Otherwise (few tiles: a 14 x 14 layer of 256 channels at
+  // batch 1 has 49 tiles and 4 MiB of U): three loops over all the tiles (up to 8 MiB of V and S
+  // at a time), the products split by U's panels, so each panel is read once.
+  void winograd(const Geometry& g, const float* x, const float* bias, const float* z, float* y) const {
+    float lo = 0.f, hi = 0.f;
+    int clamp = epilogue_.clamp_mode(lo, hi);
+    const bool act_after = clamp < 0;
+    if (act_after) clamp = 0;
+    const int64_t th = (g.oh + 1) / 2, tw = (g.ow + 1) / 2, image_tiles = th * tw, tiles = g.batch * image_tiles;
+    const int64_t panels = (g.m + kPanelCols - 1) / kPanelCols;
+    const int threads = thread_count();
+    const float* zero_row = zeros_.data();
+    // Tiles [t0, t0 + n) of the batch, their V and S at v and sums (xi_stride tiles apart).
+    auto transform_in = [&](int64_t t0, int64_t t, float* v, int64_t stride) {
+      const int64_t tile = t0 + t, n = tile / image_tiles, ty = tile % image_tiles / tw, tx = tile % tw;
+      winograd_input_tile(x + n * g.h * g.w * g.c, g.h, g.w, g.c, 2 * ty - g.ph, 2 * tx - g.pw, v + t * g.c, stride * g.c);
+    };
+    // S_xi's panel q over nt tiles, bringing `next` (the panel a task multiplies after this one, or
+    // null) into L2 a slice per tile row.
+    auto multiply = [&](int64_t xi, int64_t q, int64_t nt, const float* v, float* sums, int64_t stride, const float* next) {
+      const float* vx = v + xi * stride * g.c;
+      const int64_t next_lines = next ? g.c * kPanelCols * 4 / 64 : 0, calls = (nt + kTileRows - 1) / kTileRows;
+      const int64_t lines_per_call = (next_lines + calls - 1) / calls;
+      for (int64_t t = 0; t < nt; t += kTileRows) {
+        const float* rows[kTileRows];
+        for (int i = 0; i < kTileRows; ++i) rows[i] = t + i < nt ? vx + (t + i) * g.c : zero_row;
+        TileOutput o;
+        o.y = sums + (xi * stride + t) * g.m + q * kPanelCols;
+        o.ldy = g.m;
+        o.rows = static_cast<int>(std::min<int64_t>(kTileRows, nt - t));
+        o.cols = static_cast<int>(std::min<int64_t>(kPanelCols, g.m - q * kPanelCols));
+        const int64_t first_line = t / kTileRows * lines_per_call;
+        o.prefetch = next ? reinterpret_cast<const char*>(next) + first_line * 64 : nullptr;
+        o.prefetch_lines = std::clamp<int64_t>(next_lines - first_line, 0, lines_per_call);
+        dense_tile_avx512(rows, 1, g.c, winograd_u_[static_cast<size_t>(xi)].panel(q), o);
+      }
+    };
+    auto transform_out = [&](int64_t t0, int64_t t, const float* sums, int64_t stride) {
+      const int64_t tile = t0 + t, n = tile / image_tiles, ty = tile % image_tiles / tw, tx = tile % tw;
+      const int64_t image = n * g.oh * g.ow * g.m;
+      winograd_output_tile(sums + t * g.m, stride * g.m, g.m, bias, z ? z + image : nullptr, y + image, 2 * ty, 2 * tx, g.oh,
+                           g.ow, clamp, lo, hi);
+      if (act_after)
+        for (int64_t a = 0; a < 2 && 2 * ty + a < g.oh; ++a)
+          epilogue_.apply(y + image + ((2 * ty + a) * g.ow + 2 * tx) * g.m, g.m, std::min<int64_t>(2, g.ow - 2 * tx), g.m,
+                          nullptr, nullptr, nullptr, 0);
+    };
+
+    const int64_t per_tile = 16 * (g.c + g.m);
+    if (16 * g.c * g.m > tiles * per_tile) {
+      const int64_t chunk = std::max<int64_t>(kTileRows, (int64_t{2} << 20) / per_tile / kTileRows * kTileRows);
+      for (int64_t t0 = 0; t0 < tiles; t0 += chunk) {
+        const int64_t nt = std::min(chunk, tiles - t0);
+        float* v = run_v_.reserve(16 * chunk * g.c);
+        float* sums = run_s_.reserve(16 * chunk * g.m);
+        parallel_for_each(nt, threads > 1, [&](int64_t t) { transform_in(t0, t, v, chunk); });
+        // Runs of (xi, panel) pairs, each reading its panels of U once, the next one brought
+        // into L2 while the current one meets the tiles.
+        const int64_t pairs = 16 * panels, tasks = std::min<int64_t>(pairs, 4 * threads);
+        parallel_for_each(tasks, threads > 1, [&](int64_t task) {
+          const int64_t p0 = task * pairs / tasks, p1 = (task + 1) * pairs / tasks;
+          for (int64_t p = p0; p < p1; ++p) {
+            const float* next = p + 1 < p1 ? winograd_u_[static_cast<size_t>((p + 1) / panels)].panel((p + 1) % panels) : nullptr;
+            multiply(p / panels, p % panels, nt, v, sums, chunk, next);
+          }
+        }, 1);
+        parallel_for_each(nt, threads > 1, [&](int64_t t) { transform_out(t0, t, sums, chunk); });
+      }
+      return;
+    }
+    const int64_t fit = std::max<int64_t>(kTileRows, (int64_t{128} << 10) / per_tile / kTileRows * kTileRows);
+    const int64_t share = (tiles + 4 * threads - 1) / (4 * threads);
+    const int64_t block = std::min(fit, std::max<int64_t>(kTileRows, (share + kTileRows - 1) / kTileRows * kTileRows));
+    const int64_t blocks = (tiles + block - 1) / block;
+    parallel_for_each(blocks, threads > 1 && blocks > 1, [&](int64_t bi) {
+      const int64_t t0 = bi * block, nt = std::min(block, tiles - t0);
+      thread_local AlignedFloats v_buffer, s_buffer;
+      float* v = v_buffer.reserve(16 * block * g.c);
+      float* sums = s_buffer.reserve(16 * block * g.m);
+      for (int64_t t = 0; t < nt; ++t) transform_in(t0, t, v, block);
+      for (int64_t xi = 0; xi < 16; ++xi)
+        for (int64_t q = 0; q < panels; ++q) multiply(xi, q, nt, v, sums, block, nullptr);
+      for (int64_t t = 0; t < nt; ++t) transform_out(t0, t, sums, block);
+    }, 1);
+  }
+
   void dense(const Geometry& g, const float* x, const float* bias, const float* z, float* y) const {
     const bool avx512 = sgemm_isa() == SgemmIsa::kAvx512;
     float lo = 0.f, hi = 0.f;
@@ -350,6 +551,24 @@ class ChannelsLastConvKernel final : public Kernel {
     // sums run over kW * C at a time (a 3-channel stem: 21, not 3).
     const bool by_rows = g.dw == 1;
     const int64_t segments = by_rows ? g.kh : taps, segment = by_rows ? g.kw * g.c : g.c;
+    // K in blocks of about 256 rows (a panel's block, 32 KB, stays in L1 while every tile of the
+    // task uses it) where a panel is larger than 512 rows: a 7x7 layer's few tiles read a 3x3
+    // 512-channel panel (590 KB) once from memory instead of once per tile from L2. A block is
+    // whole segments (one kernel call over them), or a part of one segment longer than 256.
+    struct KBlock {
+      int64_t s0, count, off, len;  // segments [s0, s0 + count) from offset off, len rows of each
+    };
+    std::vector<KBlock> kblocks;
+    const int64_t k_total = segments * segment;
+    if (k_total <= 512) {
+      kblocks.push_back({0, segments, 0, segment});
+    } else if (segment <= 256) {
+      const int64_t per = 256 / segment;
+      for (int64_t s0 = 0; s0 < segments; s0 += per) kblocks.push_back({s0, std::min(per, segments - s0), 0, segment});
+    } else {
+      for (int64_t s0 = 0; s0 < segments; ++s0)
+        for (int64_t off = 0; off < segment; off += 256) kblocks.push_back({s0, 1, off, std::min<int64_t>(256, segment - off)});
+    }
     parallel_for_each(tasks, threads > 1 && pixels * g.m * taps * g.c >= (int64_t{1} << 17), [&](int64_t task) {
       const int64_t t0 = task / panel_tasks * tile_run, t1 = std::min(tiles, t0 + tile_run);
       const int64_t pt = task % panel_tasks;
@@ -425,24 +644,50 @@ class ChannelsLastConvKernel final : public Kernel {
         const int64_t c0 = q * kPanelCols;
         const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, g.m - c0));
         const int64_t per_call = avx512 && cols <= 16 ? 2 : 1;  // two tiles at once on a narrow panel
-        for (int64_t tile = t0; tile < t1; tile += per_call) {
-          const int64_t p0 = tile * kTileRows;
-          const bool pair = per_call == 2 && tile + 1 < t1;
-          TileOutput o;
-          o.y = y + p0 * g.m + c0;
-          o.ldy = g.m;
-          o.z = z ? z + p0 * g.m + c0 : nullptr;
-          o.bias = bias ? bias + c0 : nullptr;
-          o.rows = static_cast<int>(std::min<int64_t>((pair ? 2 : 1) * kTileRows, pixels - p0));
-          o.cols = cols;
-          o.clamp = clamp;
-          o.lo = lo;
-          o.hi = hi;
-          const float* const* tile_rows = rows.data() + (tile - t0) * segments * kTileRows;
-          if (pair) dense_tile_pair_narrow_avx512(tile_rows, tile_rows + segments * kTileRows, segments, segment, packed_.panel(q), o);
-          else if (avx512) dense_tile_avx512(tile_rows, segments, segment, packed_.panel(q), o);
-          else dense_tile_plain(tile_rows, segments, segment, packed_.panel(q), o);
-          if (act_after) epilogue_.apply(o.y, g.m, o.rows, o.cols, nullptr, nullptr, nullptr, 0);
+        for (size_t bi = 0; bi < kblocks.size(); ++bi) {
+          const KBlock& kb = kblocks[bi];
+          const int64_t k0 = kb.s0 * segment + kb.off, k1 = k0 + (kb.count - 1) * segment + kb.len;
+          // The next K block of this panel (or the next panel's first), a slice per tile.
+          const float* next = k1 < k_total ? packed_.panel(q) + k1 * kPanelCols : q + 1 < q1 ? packed_.panel(q + 1) : nullptr;
+          const int64_t next_rows = bi + 1 < kblocks.size() ? (kblocks[bi + 1].count - 1) * segment + kblocks[bi + 1].len
+                                                            : (kblocks[0].count - 1) * segment + kblocks[0].len;
+          const int64_t next_lines = next ? next_rows * kPanelCols * 4 / 64 : 0;
+          const int64_t calls = (t1 - t0 + per_call - 1) / per_call, lines_per_call = (next_lines + calls - 1) / calls;
+          for (int64_t tile = t0; tile < t1; tile += per_call) {
+            const int64_t p0 = tile * kTileRows;
+            const bool pair = per_call == 2 && tile + 1 < t1;
+            TileOutput o;
+            o.y = y + p0 * g.m + c0;
+            o.ldy = g.m;
+            o.z = z ? z + p0 * g.m + c0 : nullptr;
+            o.bias = bias ? bias + c0 : nullptr;
+            o.rows = static_cast<int>(std::min<int64_t>((pair ? 2 : 1) * kTileRows, pixels - p0));
+            o.cols = cols;
+            o.clamp = clamp;
+            o.lo = lo;
+            o.hi = hi;
+            o.accumulate = k0 > 0;
+            o.last = k1 == k_total;
+            const int64_t first_line = (tile - t0) / per_call * lines_per_call;
+            o.prefetch = next ? reinterpret_cast<const char*>(next) + first_line * 64 : nullptr;
+            o.prefetch_lines = std::clamp<int64_t>(next_lines - first_line, 0, lines_per_call);
+            const float* const* tile_rows = rows.data() + (tile - t0) * segments * kTileRows + kb.s0 * kTileRows;
+            const float* const* pair_rows = tile_rows + segments * kTileRows;  // the next tile's
+            const float* part_rows[2 * kTileRows];  // a part of a segment: its pointers moved to the part
+            if (kb.off > 0 || kb.len < segment) {
+              for (int i = 0; i < kTileRows; ++i) {
+                part_rows[i] = tile_rows[i] + kb.off;
+                if (pair) part_rows[kTileRows + i] = pair_rows[i] + kb.off;
+              }
+              tile_rows = part_rows;
+              pair_rows = part_rows + kTileRows;
+            }
+            const float* panel = packed_.panel(q) + k0 * kPanelCols;
+            if (pair) dense_tile_pair_narrow_avx512(tile_rows, pair_rows, kb.count, kb.len, panel, o);
+            else if (avx512) dense_tile_avx512(tile_rows, kb.count, kb.len, panel, o);
+            else dense_tile_plain(tile_rows, kb.count, kb.len, panel, o);
+            if (act_after && o.last) epilogue_.apply(o.y, g.m, o.rows, o.cols, nullptr, nullptr, nullptr, 0);
+          }
         }
       }
     }, 1);
@@ -486,7 +731,9 @@ class ChannelsLastConvKernel final : public Kernel {
   std::vector<int64_t> w_shape_;
   bool depthwise_ = false;
   std::vector<float> weights_;  // depthwise: [taps, M]
-  PackedColumns packed_;        // one group: K x M in 32-column panels
+  PackedColumns packed_;        // one group: K x M in 32-column panels (made on first need after Winograd)
+  std::vector<PackedColumns> winograd_u_;  // 3x3 stride 1: U_xi [C x M], the 16 transformed filters
+  mutable AlignedFloats run_v_, run_s_;    // Winograd over all tiles: V and S, shared by the threads
   std::vector<float> zeros_;    // one group: kW * C zeros, the input of taps in the padding
 };
 

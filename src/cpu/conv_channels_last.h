@@ -12,8 +12,4 @@ namespace kiln::cpu {
 // CPU with AVX-512.
 bool channels_last_conv_runs(const ir::Graph& graph, const ir::Node& conv);
 
-// Does this node run faster channels-first: a 3x3 convolution of stride 1 that the Winograd
-// kernel takes (src/cpu/conv.cc; none when KILN_CPU_WINOGRAD is OFF).
-bool conv_prefers_channels_first(const ir::Graph& graph, const ir::Node& conv);
-
 }  // namespace kiln::cpu

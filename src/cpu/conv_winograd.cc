@@ -122,28 +122,6 @@ __attribute__((target("avx512f"))) void output_transform_rows(const float* m, in
     }
 }
 
-// U [16][M][C] = G g G^T of every filter g of w [M, C, 3, 3].
-std::vector<float> transform_filters(const float* w, int64_t out_channels, int64_t in_channels) {
-  const int64_t mc = out_channels * in_channels;
-  std::vector<float> u(static_cast<size_t>(kValues * mc));
-  for (int64_t f = 0; f < mc; ++f) {
-    const float* g = w + f * 9;
-    float t[4][3];  // G g
-    for (int j = 0; j < 3; ++j) {
-      t[0][j] = g[j];
-      t[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
-      t[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
-      t[3][j] = g[6 + j];
-    }
-    for (int i = 0; i < 4; ++i) {  // (G g) G^T
-      u[static_cast<size_t>((4 * i + 0) * mc + f)] = t[i][0];
-      u[static_cast<size_t>((4 * i + 1) * mc + f)] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-      u[static_cast<size_t>((4 * i + 2) * mc + f)] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-      u[static_cast<size_t>((4 * i + 3) * mc + f)] = t[i][2];
-    }
-  }
-  return u;
-}
 
 // Fewer tiles than this in a run (images times tiles) go to the direct GEMM. ResNet-50's 7x7
 // 512-channel layers at batch 1 (16 tiles, a quarter past the edge) showed no clear gain from
@@ -181,6 +159,28 @@ bool WinogradConv::runs_geometry(const Geo3& g) {
          g.s[1] == 1 && g.s[2] == 1 && g.d[1] == 1 && g.d[2] == 1 && g.out[1] >= 1 && g.out[2] >= 1;
 }
 
+std::vector<float> winograd_filters(const float* w, int64_t out_channels, int64_t in_channels) {
+  const int64_t mc = out_channels * in_channels;
+  std::vector<float> u(static_cast<size_t>(kValues * mc));
+  for (int64_t f = 0; f < mc; ++f) {
+    const float* g = w + f * 9;
+    float t[4][3];  // G g
+    for (int j = 0; j < 3; ++j) {
+      t[0][j] = g[j];
+      t[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
+      t[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
+      t[3][j] = g[6 + j];
+    }
+    for (int i = 0; i < 4; ++i) {  // (G g) G^T
+      u[static_cast<size_t>((4 * i + 0) * mc + f)] = t[i][0];
+      u[static_cast<size_t>((4 * i + 1) * mc + f)] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+      u[static_cast<size_t>((4 * i + 2) * mc + f)] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+      u[static_cast<size_t>((4 * i + 3) * mc + f)] = t[i][2];
+    }
+  }
+  return u;
+}
+
 bool WinogradConv::pays(const Geo3& g) {
   const int64_t tiles = (g.out[1] + 1) / 2 * ((g.out[2] + 1) / 2);
   return g.batch * tiles >= kMinTiles;
@@ -188,7 +188,7 @@ bool WinogradConv::pays(const Geo3& g) {
 
 WinogradConv::WinogradConv(const float* w, int64_t out_channels, int64_t in_channels)
     : m_(out_channels), c_(in_channels), u_(static_cast<size_t>(kValues)) {
-  const std::vector<float> u = transform_filters(w, m_, c_);
+  const std::vector<float> u = winograd_filters(w, m_, c_);
   for (int64_t xi = 0; xi < kValues; ++xi) u_[static_cast<size_t>(xi)].pack(u.data() + xi * m_ * c_, m_, c_, c_);
 }
 
@@ -223,7 +223,7 @@ void WinogradConv::run(const Geo3& g, const float* w, const float* x, const floa
       schedule == WinogradSchedule::kThreadBlocks ? block_rows * tw : part_rows * tw * images;
   if (narrow_cols <= kNarrowN && !u_[0].has_wide_panels()) {
     // Narrow products run transposed on 32-row panels of U, made the first time they are needed.
-    const std::vector<float> u = transform_filters(w, m_, c_);
+    const std::vector<float> u = winograd_filters(w, m_, c_);
     for (int64_t xi = 0; xi < kValues; ++xi) u_[static_cast<size_t>(xi)].add_wide_panels(u.data() + xi * m_ * c_, c_);
   }
   // Tile rows [ty0, ty1) of images [b0, b1), on buffers v (transforms) and sums, as one GEMM

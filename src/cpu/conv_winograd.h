@@ -30,6 +30,10 @@ namespace kiln::cpu {
 enum class WinogradSchedule { kAuto, kImagePhases, kThreadBlocks };
 void winograd_set_schedule(WinogradSchedule schedule);
 
+// U [16][M][C] = G g G^T of every filter g of w [M, C, 3, 3]: the transformed filters, position
+// xi = 4 i + j of the 4x4 values first.
+std::vector<float> winograd_filters(const float* w, int64_t out_channels, int64_t in_channels);
+
 class WinogradConv {
  public:
   // Does the kernel exist for a convolution of `group` groups by these weights [M, C, kh, kw]

@@ -5,9 +5,8 @@
 //   X -> Transpose(0,2,3,1) -> ChannelsLastConv -> ChannelsLastConv -> ... -> Transpose(0,3,1,2)
 //
 // A chain ("region") is the convolutions that `runs` accepts, joined where one's output is
-// another's input X or residual Z. A region is rewritten when it has two convolutions or more,
-// none that `prefers_channels_first`, and the values its Transposes move add up to at most an
-// eighth of what its convolutions write (per image: symbolic dims count as 1); other regions
+// another's input X or residual Z. A region is rewritten when it has two convolutions or more
+// and the values its Transposes move add up to at most an eighth of what its convolutions write (per image: symbolic dims count as 1); other regions
 // stay as they are. (A chain of nine convolutions whose two Transposes moved two ninths of that
 // ran 7% slower on one thread than channels-first; MobileNet-V2, a twenty-fifth, 3-6% faster on
 // two: docs/design/cpu-gemm.md, "Channels-last convolutions".) The channels-first outputs stay in the graph where something else reads them
@@ -72,7 +71,7 @@ bool is_transpose(const ir::Node& n, const std::vector<int64_t>& perm) {
 
 }  // namespace
 
-int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, const ConvLayoutQuery& prefers_channels_first) {
+int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs) {
   const size_t count = graph.nodes.size();
   std::vector<bool> candidate(count, false);
   std::vector<int> parent(count);
@@ -90,11 +89,9 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, const Con
     }
   }
 
-  // Per region: convolutions, whether one prefers channels-first, what its Transposes and its
-  // convolutions move.
+  // Per region: convolutions, what its Transposes and its convolutions move.
   struct Region {
     int convs = 0;
-    bool keep = false;
     int64_t boundary = 0, interior = 0;
     std::set<std::string> inputs_seen;
   };
@@ -106,7 +103,6 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, const Con
     Region& r = regions[root];
     const ir::Node& conv = graph.nodes[i];
     ++r.convs;
-    r.keep = r.keep || prefers_channels_first(graph, conv);
     const std::string& y = conv.outputs[0];
     r.interior += image_elements(graph, y);
     for (size_t in : activation_inputs(conv)) {
@@ -126,7 +122,7 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, const Con
   for (size_t i = 0; i < count; ++i) {
     if (!candidate[i]) continue;
     const Region& r = regions[find_root(parent, static_cast<int>(i))];
-    rewrite[i] = r.convs >= 2 && !r.keep && r.boundary * 8 <= r.interior;
+    rewrite[i] = r.convs >= 2 && r.boundary * 8 <= r.interior;
   }
 
   std::map<std::string, std::string> channels_last;  // value -> its channels-last copy

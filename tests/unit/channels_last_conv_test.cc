@@ -1,7 +1,8 @@
 // kiln::ChannelsLastConv on the CPU: against kiln::FusedConv (channels-first, itself tested
 // against the definition in conv_test.cc) on the same tensors transposed, for one group and
 // depthwise, pointwise and strided, padded, dilated and rectangular kernels, channel and pixel
-// counts off the 8 x 32 tiles and the 16-channel vectors, with bias, residual and activations;
+// counts off the 8 x 32 tiles and the 16-channel vectors, K in blocks, Winograd's two schedules,
+// with bias, residual and activations;
 // the AVX-512 kernels against the plain loops bit for bit; and the nodes it refuses.
 #include <gtest/gtest.h>
 
@@ -49,6 +50,7 @@ struct Case {
   std::vector<int64_t> x, w;  // channels-first X [N, C, H, W], W [M, C/group, kH, kW]
   std::vector<int64_t> strides, dilations, pads;
   int64_t group;
+  bool winograd = false;  // 3x3 of stride 1 with enough tiles: the AVX-512 kernel runs Winograd here
 };
 
 std::vector<Case> cases() {
@@ -69,6 +71,16 @@ std::vector<Case> cases() {
       {"depthwise 5x5 stride 2", {1, 17, 13, 17}, {17, 1, 5, 5}, {2, 2}, {1, 1}, {2, 2, 2, 2}, 17},
       {"depthwise 7x7, dilation 2", {1, 32, 16, 15}, {32, 1, 7, 7}, {1, 1}, {2, 2}, {6, 6, 6, 6}, 32},
       {"depthwise narrower than the kernel", {1, 16, 4, 2}, {16, 1, 3, 3}, {1, 1}, {1, 1}, {0, 1, 0, 1}, 16},
+      // K past 512 rows runs in blocks of 256: across kernel rows (3 x 70 = 210 each), inside one
+      // pointwise row, and across dilated taps.
+      {"3x3 stride 2, 70 channels in", {1, 70, 9, 8}, {20, 70, 3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 1},
+      {"pointwise, 600 channels in", {1, 600, 3, 4}, {40, 600, 1, 1}, {1, 1}, {1, 1}, {0, 0, 0, 0}, 1},
+      {"dilated 3x3, 100 channels in", {1, 100, 7, 7}, {24, 100, 3, 3}, {1, 1}, {2, 2}, {2, 2, 2, 2}, 1},
+      // Winograd F(2x2, 3x3): blocks of tiles, odd sizes over two images, and (U larger than
+      // the tiles' transforms) the three loops over all tiles.
+      {"Winograd, 16 x 18 pixels", {1, 16, 16, 18}, {24, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 1, true},
+      {"Winograd, 2 images of 9 x 13, 33 channels out", {2, 20, 9, 13}, {33, 20, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 1, true},
+      {"Winograd over all tiles, 128 channels", {1, 128, 12, 12}, {128, 128, 3, 3}, {1, 1}, {1, 1}, {0, 1, 1, 0}, 1, true},
   };
 }
 
@@ -114,6 +126,7 @@ TEST(ChannelsLastConv, VectorKernelsGiveThePlainLoopsBits) {
   if (cpu::sgemm_best_isa() != cpu::SgemmIsa::kAvx512) GTEST_SKIP() << "this CPU has no AVX-512";
   uint32_t seed = 7500;
   for (const Case& c : cases()) {
+    if (c.winograd) continue;  // the plain loops run the direct convolution
     SCOPED_TRACE(c.name);
     Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++), b = random_tensor({c.w[0]}, seed++);
     ir::Node probe = conv_node("FusedConv", c);
