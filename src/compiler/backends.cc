@@ -23,7 +23,7 @@ namespace {
 // place (passes::channels_last_convs). An engine file holds the graph after this; loading it
 // runs the pass again, which finds nothing left to rewrite.
 ir::Graph laid_out_for_cpu(ir::Graph graph) {
-  if (passes::channels_last_convs(graph, cpu::channels_last_conv_runs) > 0)
+  if (passes::channels_last_convs(graph, cpu::channels_last_conv_runs, cpu::kChannelsLastMinFlopsPerMovedElement) > 0)
     ir::infer_shapes(graph);
   return graph;
 }

@@ -12,4 +12,13 @@ namespace kiln::cpu {
 // CPU with AVX-512.
 bool channels_last_conv_runs(const ir::Graph& graph, const ir::Node& conv);
 
+// A chain of convolutions goes channels-last when its arithmetic is at least this many FLOPs per
+// element its Transposes move. A Transpose reads and writes 8 bytes an element (about 10 GB/s on
+// a core), the convolutions run at about 150 GFLOP/s a core and channels-last saves 10-30% of
+// their time: a few thousand FLOPs per element keep the Transposes to a few percent. Measured
+// (docs/design/cpu-gemm.md, "Channels-last convolutions"): chains at 890 (1x1 and depthwise
+// layers) and 1,290 (two of GoogLeNet's inception branches) ran slower channels-last, MobileNet-V2
+// (2,800) as fast or faster, ResNet-18 (15,000) and ResNet-50 (26,000) faster.
+constexpr double kChannelsLastMinFlopsPerMovedElement = 2000;
+
 }  // namespace kiln::cpu

@@ -6,10 +6,9 @@
 //
 // A chain ("region") is the convolutions that `runs` accepts, joined where one's output is
 // another's input X or residual Z. A region is rewritten when it has two convolutions or more
-// and the values its Transposes move add up to at most an eighth of what its convolutions write (per image: symbolic dims count as 1); other regions
-// stay as they are. (A chain of nine convolutions whose two Transposes moved two ninths of that
-// ran 7% slower on one thread than channels-first; MobileNet-V2, a twenty-fifth, 3-6% faster on
-// two: docs/design/cpu-gemm.md, "Channels-last convolutions".) The channels-first outputs stay in the graph where something else reads them
+// and its convolutions' arithmetic (FLOPs per image: symbolic dims count as 1) is at least
+// `min_flops_per_moved_element` times the elements its Transposes move; other regions stay as
+// they are. The channels-first outputs stay in the graph where something else reads them
 // (a Transpose each), under their names, so graph outputs and every other reader are unchanged.
 // A model's own Transpose(0,2,3,1) of a rewritten convolution's output (ConvNeXt writes one after
 // each depthwise convolution) then reads the channels-last output directly.
@@ -71,7 +70,7 @@ bool is_transpose(const ir::Node& n, const std::vector<int64_t>& perm) {
 
 }  // namespace
 
-int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs) {
+int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double min_flops_per_moved_element) {
   const size_t count = graph.nodes.size();
   std::vector<bool> candidate(count, false);
   std::vector<int> parent(count);
@@ -92,7 +91,8 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs) {
   // Per region: convolutions, what its Transposes and its convolutions move.
   struct Region {
     int convs = 0;
-    int64_t boundary = 0, interior = 0;
+    int64_t boundary = 0;  // elements the Transposes move, per image
+    double flops = 0;      // the convolutions' arithmetic, per image
     std::set<std::string> inputs_seen;
   };
   std::map<int, Region> regions;
@@ -104,7 +104,9 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs) {
     const ir::Node& conv = graph.nodes[i];
     ++r.convs;
     const std::string& y = conv.outputs[0];
-    r.interior += image_elements(graph, y);
+    const Tensor* w = graph.constant(conv.inputs[1]);
+    const int64_t fan_in = w && w->rank() == 4 ? w->dim(1) * w->dim(2) * w->dim(3) : 0;  // multiply-adds per output
+    r.flops += 2.0 * static_cast<double>(image_elements(graph, y)) * static_cast<double>(fan_in);
     for (size_t in : activation_inputs(conv)) {
       const std::string& v = conv.inputs[in];
       if (!in_region(graph.producer(v), root) && r.inputs_seen.insert(v).second) r.boundary += image_elements(graph, v);
@@ -122,7 +124,7 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs) {
   for (size_t i = 0; i < count; ++i) {
     if (!candidate[i]) continue;
     const Region& r = regions[find_root(parent, static_cast<int>(i))];
-    rewrite[i] = r.convs >= 2 && r.boundary * 8 <= r.interior;
+    rewrite[i] = r.convs >= 2 && r.flops >= min_flops_per_moved_element * static_cast<double>(r.boundary);
   }
 
   std::map<std::string, std::string> channels_last;  // value -> its channels-last copy

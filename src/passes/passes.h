@@ -89,10 +89,10 @@ using ConvLayoutQuery = std::function<bool(const ir::Graph&, const ir::Node&)>;
 
 // The CPU engine's layout: chains of Conv / kiln::FusedConv nodes that `runs` accepts ->
 // kiln::ChannelsLastConv on [N, H, W, C] activations, with Transposes where a chain meets the rest
-// of the graph. Chains of one convolution and chains whose Transposes would move more than an
-// eighth of what they write stay as they are (src/passes/channels_last_convs.cc). Returns the
-// number of convolutions rewritten.
-int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs);
+// of the graph. Chains of one convolution, and chains whose arithmetic is less than
+// `min_flops_per_moved_element` FLOPs per element their Transposes would move, stay as they are
+// (src/passes/channels_last_convs.cc). Returns the number of convolutions rewritten.
+int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double min_flops_per_moved_element);
 
 // Gives Reshape / Expand nodes whose shape input is computed (Shape -> Gather -> Concat ...)
 // but whose symbolic value is known a constant shape input instead, so the chain dies.

@@ -1,6 +1,6 @@
 // Tests of channels_last_convs: chains of convolutions become kiln::ChannelsLastConv with
-// Transposes only at their ends and compute the same; single convolutions and chains whose
-// Transposes would move more than they save stay;
+// Transposes only at their ends and compute the same; single convolutions, convolutions the
+// backend has no kernel for, and chains too light for what their Transposes move stay;
 // outputs read elsewhere keep a Transpose and their names; a model's own Transpose to
 // channels-last reads the rewritten output directly.
 #include <gtest/gtest.h>
@@ -10,6 +10,9 @@
 
 namespace kiln::testing {
 namespace {
+
+// Every chain's arithmetic is enough (the tests of the mechanics); the threshold has a test of its own.
+constexpr double kAnyArithmetic = 0;
 
 bool any_conv(const ir::Graph&, const ir::Node& n) {
   return (n.op == "Conv" && n.domain.empty()) || (n.op == "FusedConv" && n.domain == "kiln");
@@ -42,7 +45,7 @@ TEST(ChannelsLastConvs, AChainRunsChannelsLastBetweenTwoTransposes) {
   GraphBuilder b;
   ir::Graph before = inverted_residual(b);
   ir::Graph after = before;
-  EXPECT_EQ(passes::channels_last_convs(after, any_conv), 6);
+  EXPECT_EQ(passes::channels_last_convs(after, any_conv, kAnyArithmetic), 6);
   ir::infer_shapes(after);
   EXPECT_EQ(count_ops(after, "ChannelsLastConv"), 6);
   EXPECT_EQ(count_ops(after, "Transpose"), 2);
@@ -57,17 +60,23 @@ TEST(ChannelsLastConvs, AChainRunsChannelsLastBetweenTwoTransposes) {
   EXPECT_EQ(last_conv.attrs.get_string("activation", ""), "Relu");
   expect_same_outputs(before, after);
   // Once more: nothing left to rewrite (an engine file's graph is laid out again when loaded).
-  EXPECT_EQ(passes::channels_last_convs(after, any_conv), 0);
+  EXPECT_EQ(passes::channels_last_convs(after, any_conv, kAnyArithmetic), 0);
 }
 
-TEST(ChannelsLastConvs, ChainsItShouldNotTakeStay) {
-  // A chain the backend has no channels-last kernel for.
+TEST(ChannelsLastConvs, ConvolutionsWithoutAKernelAndSingleOnesStay) {
+  // Without a kernel for the 3x3 convolutions the chain splits in two: c0 -> c1, and c3 -> y
+  // (y's residual); c2 and c4 stay channels-first between them.
   GraphBuilder b;
   const ir::Graph chain = inverted_residual(b);
   ir::Graph kept = chain;
   auto only_pointwise = [](const ir::Graph&, const ir::Node& n) { return n.attrs.get_ints("kernel_shape") == std::vector<int64_t>{1, 1}; };
-  EXPECT_EQ(passes::channels_last_convs(kept, only_pointwise), 0);  // c0 -> c1 alone: its Transposes move too much
-  EXPECT_EQ(count_ops(kept, "ChannelsLastConv"), 0);
+  EXPECT_EQ(passes::channels_last_convs(kept, only_pointwise, kAnyArithmetic), 4);
+  EXPECT_EQ(count_ops(kept, "ChannelsLastConv"), 4);
+  EXPECT_EQ(count_ops(kept, "Conv"), 2);
+  ir::infer_shapes(kept);
+  expect_same_outputs(chain, kept);
+  kept = chain;
+  EXPECT_EQ(passes::channels_last_convs(kept, [](const ir::Graph&, const ir::Node&) { return false; }, kAnyArithmetic), 0);
   EXPECT_EQ(kept.nodes.size(), chain.nodes.size());
 
   GraphBuilder one;
@@ -75,10 +84,12 @@ TEST(ChannelsLastConvs, ChainsItShouldNotTakeStay) {
   one.node("Conv", {"x", one.random("w", {4, 4, 3, 3})}, "y", conv_attrs(3));
   one.output("y");
   ir::Graph single = one.build();
-  EXPECT_EQ(passes::channels_last_convs(single, any_conv), 0);
+  EXPECT_EQ(passes::channels_last_convs(single, any_conv, kAnyArithmetic), 0);
+}
 
-  // Two convolutions whose every output is read by something else: the Transposes would move
-  // as much as the convolutions write.
+TEST(ChannelsLastConvs, ChainsTooLightForTheirTransposesStay) {
+  // Two 1x1 convolutions of 4 x 4 channels on 6 x 6 pixels: 2 x 36 x 16 x 2 = 2304 FLOPs per
+  // image; their Transposes move x (144 elements), c0 (read by Sigmoid, 144) and c1 (144).
   GraphBuilder split;
   split.input("x", {1, 4, 6, 6});
   split.node("Conv", {"x", split.random("w0", {4, 4, 1, 1})}, "c0", conv_attrs(1));
@@ -86,8 +97,13 @@ TEST(ChannelsLastConvs, ChainsItShouldNotTakeStay) {
   split.node("Conv", {"c0", split.random("w1", {4, 4, 1, 1})}, "c1", conv_attrs(1));
   split.node("Add", {"c1", "s0"}, "y");
   split.output("y");
-  ir::Graph busy = split.build();
-  EXPECT_EQ(passes::channels_last_convs(busy, any_conv), 0);
+  const ir::Graph busy = split.build();
+  ir::Graph at_threshold = busy, past_threshold = busy;
+  EXPECT_EQ(passes::channels_last_convs(at_threshold, any_conv, 2304.0 / 432), 2);
+  EXPECT_EQ(passes::channels_last_convs(past_threshold, any_conv, 2304.0 / 432 * 1.01), 0);
+  EXPECT_EQ(count_ops(past_threshold, "ChannelsLastConv"), 0);
+  ir::infer_shapes(at_threshold);
+  expect_same_outputs(busy, at_threshold);
 }
 
 TEST(ChannelsLastConvs, OutputsReadElsewhereKeepTheirNamesAndValues) {
@@ -108,7 +124,7 @@ TEST(ChannelsLastConvs, OutputsReadElsewhereKeepTheirNamesAndValues) {
   b.output("c2");  // a graph output inside the chain
   ir::Graph before = b.build();
   ir::Graph after = before;
-  EXPECT_EQ(passes::channels_last_convs(after, any_conv), 20);
+  EXPECT_EQ(passes::channels_last_convs(after, any_conv, kAnyArithmetic), 20);
   ir::infer_shapes(after);
   // Into the chain: x. Out of it: c1 (ReduceMean) and c2 (a graph output). The model's Transpose
   // of c19 is gone: Relu reads the channels-last c19.
