@@ -61,18 +61,52 @@ thread_local bool t_in_loop = false;
 struct Job {
   const RangeBody* body = nullptr;
   int64_t n = 0, chunk = 1, chunks = 0;
-  std::atomic<int64_t> next{0}, finished{0};
+  // The chunks not claimed yet, [front, back): the calling thread claims from the front, the
+  // workers from the back, so with two threads each runs one end of the loop. Consecutive
+  // layers split their outputs the same way (rows, pixels), so what a core wrote it mostly reads
+  // again from its own L2: claimed in turn from one counter, a layer's inputs came from the
+  // other core's cache about half the time, and a 14x14 depthwise layer, which does little
+  // arithmetic per byte, ran no faster on two threads than on one (docs/design/cpu-gemm.md,
+  // "Threads"). Packed front | back << 32; loops of 2^31 chunks or more claim from the front only.
+  std::atomic<uint64_t> ends{0};
+  std::atomic<int64_t> finished{0};
   std::atomic<bool> failed{false};
   std::mutex error_mutex;
   std::exception_ptr error;
 
+  void set_chunks(int64_t count) {
+    chunks = count;
+    ends.store(static_cast<uint64_t>(std::min<int64_t>(count, int64_t{1} << 31)) << 32, std::memory_order_relaxed);
+  }
+
+  // The next chunk from the front or the back; false when none is left.
+  bool claim(bool from_back, int64_t& c) {
+    uint64_t e = ends.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t front = static_cast<int64_t>(e & 0xFFFFFFFFu), back = static_cast<int64_t>(e >> 32);
+      if (front >= back) {
+        if (chunks < (int64_t{1} << 31)) return false;
+        // Past 2^31 chunks: the rest from a plain counter above the packed range.
+        c = overflow.fetch_add(1, std::memory_order_relaxed);
+        return c < chunks;
+      }
+      const bool back_end = from_back && chunks < (int64_t{1} << 31);
+      const uint64_t claimed = back_end ? (static_cast<uint64_t>(back - 1) << 32) | static_cast<uint64_t>(front)
+                                        : (static_cast<uint64_t>(back) << 32) | static_cast<uint64_t>(front + 1);
+      if (ends.compare_exchange_weak(e, claimed, std::memory_order_relaxed)) {
+        c = back_end ? back - 1 : front;
+        return true;
+      }
+    }
+  }
+  std::atomic<int64_t> overflow{int64_t{1} << 31};
+
   // Claims and runs chunks until none is left.
-  void work() {
+  void work(bool from_back) {
     const bool was_in_loop = t_in_loop;
     t_in_loop = true;
-    for (;;) {
-      const int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= chunks) break;
+    int64_t c = 0;
+    while (claim(from_back, c)) {
       if (!failed.load(std::memory_order_relaxed)) {
         try {
           (*body)(c * chunk, std::min(n, (c + 1) * chunk));
@@ -117,7 +151,7 @@ class Pool {
     job.body = &body;
     job.n = n;
     job.chunk = chunk > 0 ? chunk : std::max<int64_t>(1, (n + 4 * threads_ - 1) / (4 * threads_));
-    job.chunks = (n + job.chunk - 1) / job.chunk;
+    job.set_chunks((n + job.chunk - 1) / job.chunk);
     bool sleepers;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -126,7 +160,7 @@ class Pool {
       sleepers = sleeping_ > 0;
     }
     if (sleepers) wake_.notify_all();
-    job.work();
+    job.work(/*from_back=*/false);
     wait_until([&] { return job.finished.load(std::memory_order_acquire) == job.chunks; });
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -178,7 +212,7 @@ class Pool {
         if (job) holders_.fetch_add(1, std::memory_order_relaxed);
       }
       if (job) {
-        job->work();
+        job->work(/*from_back=*/true);
         holders_.fetch_sub(1, std::memory_order_release);
       }
     }

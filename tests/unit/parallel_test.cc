@@ -1,10 +1,12 @@
 // The CPU engine's thread pool (src/cpu/parallel.h): every index runs once, exceptions reach the
 // caller, loops inside loops and loops started on several threads at once finish, the thread
-// count can change between loops, and the work really spreads over the pool's threads.
+// count can change between loops, the work really spreads over the pool's threads, and with two
+// threads each runs one end of a loop.
 #include "cpu/parallel.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -116,6 +118,30 @@ TEST(Parallel, WorkSpreadsOverThePoolsThreadsAndTheCountCanChange) {
   EXPECT_EQ(*alone.begin(), std::this_thread::get_id());
   set_thread_count(0);
   EXPECT_GE(thread_count(), 1);
+}
+
+// With two threads the caller runs the loop's first chunks and the worker its last: each thread's
+// chunks are one run, the caller's from index 0, so consecutive layers split their outputs alike
+// and each core reads what it wrote. Whatever the timing: with a slow worker the caller's run is
+// just longer.
+TEST(Parallel, TheCallerRunsTheFrontAndTheWorkerTheBack) {
+  ThreadCountGuard guard;
+  set_thread_count(2);
+  for (int round = 0; round < 20; ++round) {
+    std::mutex m;
+    std::vector<std::pair<int64_t, std::thread::id>> ran;
+    parallel_for_each(16, true, [&](int64_t i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      std::lock_guard<std::mutex> lock(m);
+      ran.push_back({i, std::this_thread::get_id()});
+    }, 1);
+    ASSERT_EQ(ran.size(), 16u);
+    std::sort(ran.begin(), ran.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    EXPECT_EQ(ran.front().second, std::this_thread::get_id());
+    int switches = 0;
+    for (size_t i = 1; i < ran.size(); ++i) switches += ran[i].second != ran[i - 1].second;
+    EXPECT_LE(switches, 1) << "round " << round;
+  }
 }
 
 TEST(Parallel, AnUnparallelLoopRunsAsOneRangeOnTheCaller) {
