@@ -66,8 +66,9 @@ struct Job {
   // layers split their outputs the same way (rows, pixels), so what a core wrote it mostly reads
   // again from its own L2: claimed in turn from one counter, a layer's inputs came from the
   // other core's cache about half the time, and a 14x14 depthwise layer, which does little
-  // arithmetic per byte, ran no faster on two threads than on one (docs/design/cpu-gemm.md,
-  // "Threads"). Packed front | back << 32; loops of 2^31 chunks or more claim from the front only.
+  // arithmetic per byte, ran no faster on two threads than on one (docs/design/cpu-gemm.md, "Each
+  // thread one end of a loop"). Packed front | back << 32; loops of 2^31 chunks or more claim
+  // from the front only.
   std::atomic<uint64_t> ends{0};
   std::atomic<int64_t> finished{0};
   std::atomic<bool> failed{false};
