@@ -28,10 +28,6 @@
 #include "cpu/sgemm.h"
 #include "ops/conv_geometry.h"
 
-#ifndef KILN_CPU_WINOGRAD
-#define KILN_CPU_WINOGRAD 1
-#endif
-
 namespace kiln::cpu {
 
 namespace {
@@ -45,22 +41,6 @@ inline void valid_range(int64_t off, int64_t s, int64_t in, int64_t out, int64_t
   hi = std::clamp(hi, lo, out);
 }
 
-// Constant 3x3 weights of a 2-D convolution of stride 1 and dilation 1 that Winograd's
-// F(2x2, 3x3) runs (conv_winograd.h); KILN_CPU_WINOGRAD=OFF, a build option, keeps every conv on
-// the direct GEMM.
-bool winograd_applies(const ir::Node& node, const std::vector<int64_t>& w_shape, int64_t group) {
-#if KILN_CPU_WINOGRAD
-  auto all_ones = [](const std::vector<int64_t>& v) {
-    return std::all_of(v.begin(), v.end(), [](int64_t e) { return e == 1; });
-  };
-  return WinogradConv::available(w_shape, group) && all_ones(node.attrs.get_ints("strides")) &&
-         all_ones(node.attrs.get_ints("dilations"));
-#else
-  (void)node, (void)w_shape, (void)group;
-  return false;
-#endif
-}
-
 class ConvKernel final : public Kernel {
  public:
   ConvKernel(const KernelInit& init, bool fused)
@@ -70,7 +50,7 @@ class ConvKernel final : public Kernel {
     const int64_t group = init.node.attrs.get_int("group", 1);
     if (w && w->dtype() == DType::kFloat32 && w->rank() >= 3 && group >= 1 && w->dim(0) > 0 &&
         w->dim(0) % group == 0 && !(w->dim(1) == 1 && group > 1)) {
-      if (winograd_applies(init.node, w->shape(), group)) {
+      if (WinogradConv::applies(init.node, w->shape(), group)) {
         // The transformed filters replace the packed ones (one copy of the weights, not two).
         winograd_ = std::make_unique<WinogradConv>(w->data<float>(), w->dim(0), w->dim(1));
       } else {

@@ -5,16 +5,20 @@
 // that have left the caches; channels-last, a pixel's C channels lie next to each other, so the
 // input needs no packing:
 // - One group: an "indirect" GEMM (as XNNPACK's). A tile of 8 output pixels by 32 output channels
-//   takes, for each tap of the kernel, a pointer to each pixel's C input channels (a row of zeros
-//   for taps in the padding) and broadcasts them one channel at a time against a row of the
-//   weights, packed once into 32-column panels of K = kH * kW * C rows (tap-major). Bias, residual
-//   and Relu/Clip in registers; other activations on the finished tile.
-// - Depthwise (one input channel per group): each output pixel's channels 16 at a time, the taps'
+//   takes a pointer per pixel and kernel row to its kW * C consecutive inputs (per tap where the
+//   kernel is dilated across the row; a zero-padded copy or a row of zeros past the image's edge)
+//   and broadcasts them one at a time against a row of the weights, packed once into 32-column
+//   panels of K = kH * kW * C rows (tap-major). K runs in blocks where a panel passes L1, the
+//   panel's next block prefetched into L2. Bias, residual and Relu/Clip in registers; other
+//   activations on the finished tile.
+// - 3x3 of stride 1: Winograd F(2x2, 3x3) (conv_winograd.h's transforms, 16 channels a vector),
+//   its 16 products on the same tile kernel.
+// - Depthwise (one input channel per group): 16 channels by 4 pixels at a time, the taps'
 //   weights a vector each ([kH * kW, C], packed once).
 // Sums run tap by tap, channel by channel within a tap: another order than the channels-first
 // kernel's (channel, then tap), so the two agree to rounding, not bit for bit. The plain loops
 // below (CPUs without AVX-512, which the layout pass does not convert for, but whose engine files
-// may be loaded there) sum in the same order as the vector kernels.
+// may be loaded there) run the direct convolution in the vector kernels' order.
 #include "cpu/conv_channels_last.h"
 
 #include <immintrin.h>
@@ -41,32 +45,36 @@ struct Geometry {
   int64_t taps() const { return kh * kw; }
 };
 
+// conv_shape.h's geometry of the same convolution, channels-first, under the names used here.
 Geometry make_geometry(const ir::Node& node, const std::vector<int64_t>& x, const std::vector<int64_t>& w) {
-  const ir::ConvGeometry g = ir::conv_geometry(node, 2, {w[2], w[3]}, {x[1], x[2]}, false);
+  const Geo3 g = make_geo3(node, {x[0], x[3], x[1], x[2]}, w, false);
   Geometry r;
-  r.batch = x[0];
-  r.h = x[1];
-  r.w = x[2];
-  r.c = x[3];
-  r.m = w[0];
-  r.oh = ir::conv_output_size(node, g, 0, x[1], false);
-  r.ow = ir::conv_output_size(node, g, 1, x[2], false);
-  r.kh = g.kernel[0];
-  r.kw = g.kernel[1];
-  r.sh = g.strides[0];
-  r.sw = g.strides[1];
-  r.dh = g.dilations[0];
-  r.dw = g.dilations[1];
-  r.ph = g.pad_begin[0];
-  r.pw = g.pad_begin[1];
+  r.batch = g.batch;
+  r.h = g.in[1];
+  r.w = g.in[2];
+  r.c = g.in_c;
+  r.m = g.out_c;
+  r.oh = g.out[1];
+  r.ow = g.out[2];
+  r.kh = g.k[1];
+  r.kw = g.k[2];
+  r.sh = g.s[1];
+  r.sw = g.s[2];
+  r.dh = g.d[1];
+  r.dw = g.d[2];
+  r.ph = g.p[1];
+  r.pw = g.p[2];
   r.group = g.group;
   return r;
 }
 
 bool is_depthwise(int64_t group, const std::vector<int64_t>& w) { return group > 1 && w[1] == 1 && w[0] == group; }
 
-// KILN_CPU_WINOGRAD=OFF, a build option, keeps 3x3 convolutions on the direct kernel here too.
-constexpr bool kWinograd = KILN_CPU_WINOGRAD;
+// The first n of 16 lanes (n past 16: all).
+inline __mmask16 lanes(int64_t n) {
+  if (n <= 0) return 0;
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
 
 constexpr int kTileRows = 8;   // output pixels per tile
 constexpr int kPanelCols = 32; // output channels per weight panel
@@ -102,9 +110,7 @@ __attribute__((target("avx512f,fma"), always_inline)) inline void finish_avx512(
 // One 8-pixel x 32-channel tile: rows[t * 8 + i] is pixel i's input at tap t (c floats).
 __attribute__((target("avx512f,fma"))) void dense_tile_avx512(const float* const* rows, int64_t taps, int64_t c,
                                                               const float* panel, const TileOutput& o) {
-  const unsigned nr = static_cast<unsigned>(o.cols);
-  const __mmask16 m0 = nr >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << nr) - 1);
-  const __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : static_cast<__mmask16>((1u << (nr - 16)) - 1);
+  const __mmask16 m0 = lanes(o.cols), m1 = lanes(o.cols - 16);
   const __m512 bias0 = o.bias ? _mm512_maskz_loadu_ps(m0, o.bias) : _mm512_setzero_ps();
   const __m512 bias1 = o.bias ? _mm512_maskz_loadu_ps(m1, o.bias + 16) : _mm512_setzero_ps();
   __m512 c0[kTileRows], c1[kTileRows];
@@ -140,7 +146,6 @@ __attribute__((target("avx512f,fma"))) void dense_tile_avx512(const float* const
   }
 }
 
-
 // Two tiles' 16 pixels by at most 16 channels (a layer's last panel where M is 16 past a
 // multiple of 32, such as 144: the 8 x 32 kernel would compute 16 zero columns there).
 // rows_a and rows_b are the two tiles' input pointers; o.rows counts the 16 pixels.
@@ -148,8 +153,7 @@ __attribute__((target("avx512f,fma"))) void dense_tile_pair_narrow_avx512(const 
                                                                           const float* const* rows_b, int64_t taps,
                                                                           int64_t c, const float* panel,
                                                                           const TileOutput& o) {
-  const unsigned nr = static_cast<unsigned>(o.cols);
-  const __mmask16 m0 = nr >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << nr) - 1);
+  const __mmask16 m0 = lanes(o.cols);
   const __m512 bias0 = o.bias ? _mm512_maskz_loadu_ps(m0, o.bias) : _mm512_setzero_ps();
   __m512 acc[2 * kTileRows];
 #pragma GCC unroll 16
@@ -174,7 +178,6 @@ __attribute__((target("avx512f,fma"))) void dense_tile_pair_narrow_avx512(const 
     finish_avx512(acc[i], m0, o.last && o.z ? o.z + i * o.ldy : nullptr, o.y + i * o.ldy, o.last ? o.clamp : 0, o.lo, o.hi);
   }
 }
-
 
 // The same sums in the same order, one float at a time.
 void dense_tile_plain(const float* const* rows, int64_t taps, int64_t c, const float* panel, const TileOutput& o) {
@@ -249,19 +252,15 @@ __attribute__((target("avx512f,fma"))) void depthwise_row_avx512(const Depthwise
   const int64_t in0 = std::min(ow, (r.pw + sw - 1) / sw);
   const int64_t last_in = r.in_w - 1 - (kw - 1) * r.dw + r.pw;  // the largest ox * sw allowed
   const int64_t in1 = std::max(in0, std::min(ow, last_in < 0 ? 0 : last_in / sw + 1));
-  auto mask_at = [C](int64_t c0) {
-    const int64_t n = std::min<int64_t>(16, C - c0);
-    return n == 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
-  };
   int64_t ox = 0;
   for (; ox < in0; ++ox)
-    for (int64_t c0 = 0; c0 < C; c0 += 16) depthwise_pixel_avx512(r, mask_at(c0), ox, c0);
+    for (int64_t c0 = 0; c0 < C; c0 += 16) depthwise_pixel_avx512(r, lanes(C - c0), ox, c0);
   // Pixels outer, channels inner: each pixel's C inputs are used whole while they are in L1.
   const int64_t step = sw * C;
   for (; ox + 4 <= in1; ox += 4) {
     const float* xp = x + (ox * sw - r.pw) * C;
     for (int64_t c0 = 0; c0 < C; c0 += 16) {
-      const __mmask16 m = mask_at(c0);
+      const __mmask16 m = lanes(C - c0);
       const __m512 b = r.bias ? _mm512_maskz_loadu_ps(m, r.bias + c0) : zero;
       __m512 a0 = b, a1 = b, a2 = b, a3 = b;
       for (int64_t ky = ky0; ky < ky1; ++ky) {
@@ -282,7 +281,7 @@ __attribute__((target("avx512f,fma"))) void depthwise_row_avx512(const Depthwise
     }
   }
   for (; ox < ow; ++ox)
-    for (int64_t c0 = 0; c0 < C; c0 += 16) depthwise_pixel_avx512(r, mask_at(c0), ox, c0);
+    for (int64_t c0 = 0; c0 < C; c0 += 16) depthwise_pixel_avx512(r, lanes(C - c0), ox, c0);
 }
 
 void depthwise_row_plain(const DepthwiseRow& r) {
@@ -310,8 +309,7 @@ void depthwise_row_plain(const DepthwiseRow& r) {
 __attribute__((target("avx512f"))) void winograd_input_tile(const float* image, int64_t h, int64_t w, int64_t c,
                                                            int64_t iy0, int64_t ix0, float* v, int64_t xi_stride) {
   for (int64_t c0 = 0; c0 < c; c0 += 16) {
-    const int64_t n = std::min<int64_t>(16, c - c0);
-    const __mmask16 m = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+    const __mmask16 m = lanes(c - c0);
     __m512 d[4][4], u[4][4];
     for (int i = 0; i < 4; ++i)
       for (int j = 0; j < 4; ++j) {
@@ -342,8 +340,7 @@ __attribute__((target("avx512f,fma"))) void winograd_output_tile(const float* s,
                                                                 int64_t oy0, int64_t ox0, int64_t oh, int64_t ow,
                                                                 int clamp, float lo, float hi) {
   for (int64_t c0 = 0; c0 < m_channels; c0 += 16) {
-    const int64_t n = std::min<int64_t>(16, m_channels - c0);
-    const __mmask16 m = n == 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
+    const __mmask16 m = lanes(m_channels - c0);
     __m512 r[2][4];  // A^T S
     for (int j = 0; j < 4; ++j) {
       const __m512 m0 = _mm512_maskz_loadu_ps(m, s + (0 + j) * xi_stride + c0);
@@ -384,9 +381,7 @@ class ChannelsLastConvKernel final : public Kernel {
       return;
     }
     zeros_.assign(static_cast<size_t>(std::max<int64_t>(w_shape_[3] * cg, 1)), 0.f);  // a kernel row's worth
-    const std::vector<int64_t> strides = init.node.attrs.get_ints("strides"), dilations = init.node.attrs.get_ints("dilations");
-    auto ones = [](const std::vector<int64_t>& v) { return std::all_of(v.begin(), v.end(), [](int64_t e) { return e == 1; }); };
-    if (kWinograd && WinogradConv::available(w_shape_, init.node.attrs.get_int("group", 1)) && ones(strides) && ones(dilations)) {
+    if (WinogradConv::applies(init.node, w_shape_, init.node.attrs.get_int("group", 1))) {
       // The transformed filters U_xi [C x M], in place of the direct kernel's packing (made only
       // if a run has too few tiles for Winograd).
       const std::vector<float> u = winograd_filters(src, m, cg);  // [16][M][C]

@@ -18,6 +18,10 @@
 
 #include "cpu/parallel.h"
 
+#ifndef KILN_CPU_WINOGRAD
+#define KILN_CPU_WINOGRAD 1
+#endif
+
 namespace kiln::cpu {
 
 namespace {
@@ -147,6 +151,18 @@ AlignedFloats& run_buffer() {
 }
 
 }  // namespace
+
+bool WinogradConv::applies(const ir::Node& node, const std::vector<int64_t>& w_shape, int64_t group) {
+#if KILN_CPU_WINOGRAD
+  auto all_ones = [](const std::vector<int64_t>& v) {
+    return std::all_of(v.begin(), v.end(), [](int64_t e) { return e == 1; });
+  };
+  return available(w_shape, group) && all_ones(node.attrs.get_ints("strides")) && all_ones(node.attrs.get_ints("dilations"));
+#else
+  (void)node, (void)w_shape, (void)group;
+  return false;
+#endif
+}
 
 bool WinogradConv::available(const std::vector<int64_t>& w_shape, int64_t group) {
   // Below 16 channels either way the transforms cost more than the products they save.

@@ -39,6 +39,10 @@ class WinogradConv {
   // Does the kernel exist for a convolution of `group` groups by these weights [M, C, kh, kw]
   // (2-D, 3x3, one group) on this CPU? Strides and dilations are checked by runs_geometry().
   static bool available(const std::vector<int64_t>& w_shape, int64_t group);
+  // Does a convolution node by constant weights of this shape take the kernel: available(),
+  // strides and dilations 1, and the build option KILN_CPU_WINOGRAD on (OFF keeps every
+  // convolution on the direct kernels). The channels-first and channels-last kernels both ask.
+  static bool applies(const ir::Node& node, const std::vector<int64_t>& w_shape, int64_t group);
   // Does it run this geometry: 2-D, 3x3, stride 1, dilation 1, one group.
   static bool runs_geometry(const Geo3& g);
   // Is it worth it here: not on a few tiles (ResNet-50's 7x7 layers at batch 1: 16 tiles, of
