@@ -79,6 +79,14 @@ inline __mmask16 lanes(int64_t n) {
 constexpr int kTileRows = 8;   // output pixels per tile
 constexpr int kPanelCols = 32; // output channels per weight panel
 
+// Output pixels per tile of a direct convolution: 8, or 7 where tiles of 8 would compute a tenth
+// of their rows past the last pixel and 7 fewer (a 7x7 layer at batch 1: 49 pixels fill 7 tiles of
+// 7, but 7 tiles of 8 compute 56 rows).
+int pixels_per_tile(int64_t pixels) {
+  auto waste = [&](int64_t rows) { return (pixels + rows - 1) / rows * rows - pixels; };
+  return waste(kTileRows) * 10 >= (pixels + kTileRows - 1) / kTileRows * kTileRows && waste(7) < waste(kTileRows) ? 7 : kTileRows;
+}
+
 // Where the tile's outputs go and what is added to them.
 struct TileOutput {
   float* y = nullptr;        // the tile's first pixel, first channel of the panel
@@ -107,30 +115,31 @@ __attribute__((target("avx512f,fma"), always_inline)) inline void finish_avx512(
   _mm512_mask_storeu_ps(y, m, v);
 }
 
-// One 8-pixel x 32-channel tile: rows[t * 8 + i] is pixel i's input at tap t (c floats).
+// One R-pixel x 32-channel tile: rows[t * R + i] is pixel i's input at tap t (c floats).
+template <int R>
 __attribute__((target("avx512f,fma"))) void dense_tile_avx512(const float* const* rows, int64_t taps, int64_t c,
                                                               const float* panel, const TileOutput& o) {
   const __mmask16 m0 = lanes(o.cols), m1 = lanes(o.cols - 16);
   const __m512 bias0 = o.bias ? _mm512_maskz_loadu_ps(m0, o.bias) : _mm512_setzero_ps();
   const __m512 bias1 = o.bias ? _mm512_maskz_loadu_ps(m1, o.bias + 16) : _mm512_setzero_ps();
-  __m512 c0[kTileRows], c1[kTileRows];
+  __m512 c0[R], c1[R];
 #pragma GCC unroll 8
-  for (int i = 0; i < kTileRows; ++i) {
+  for (int i = 0; i < R; ++i) {
     const bool partial = o.accumulate && i < o.rows;
     c0[i] = partial ? _mm512_maskz_loadu_ps(m0, o.y + i * o.ldy) : bias0;
     c1[i] = partial ? _mm512_maskz_loadu_ps(m1, o.y + i * o.ldy + 16) : bias1;
   }
   const float* w = panel;
   for (int64_t t = 0; t < taps; ++t) {
-    const float* r[kTileRows];
+    const float* r[R];
 #pragma GCC unroll 8
-    for (int i = 0; i < kTileRows; ++i) r[i] = rows[t * kTileRows + i];
+    for (int i = 0; i < R; ++i) r[i] = rows[t * R + i];
     for (int64_t k = 0; k < c; ++k, w += kPanelCols) {
       if (k < o.prefetch_lines) _mm_prefetch(o.prefetch + k * 64, _MM_HINT_T1);
       if (k + c < o.prefetch_lines) _mm_prefetch(o.prefetch + (k + c) * 64, _MM_HINT_T1);  // up to 2 a k
       const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);
 #pragma GCC unroll 8
-      for (int i = 0; i < kTileRows; ++i) {
+      for (int i = 0; i < R; ++i) {
         const __m512 a = _mm512_set1_ps(r[i][k]);
         c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
         c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
@@ -138,7 +147,7 @@ __attribute__((target("avx512f,fma"))) void dense_tile_avx512(const float* const
     }
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < kTileRows; ++i) {
+  for (int i = 0; i < R; ++i) {
     if (i >= o.rows) break;
     const float* z = o.z ? o.z + i * o.ldy : nullptr;
     finish_avx512(c0[i], m0, o.last ? z : nullptr, o.y + i * o.ldy, o.last ? o.clamp : 0, o.lo, o.hi);
@@ -146,46 +155,48 @@ __attribute__((target("avx512f,fma"))) void dense_tile_avx512(const float* const
   }
 }
 
-// Two tiles' 16 pixels by at most 16 channels (a layer's last panel where M is 16 past a
-// multiple of 32, such as 144: the 8 x 32 kernel would compute 16 zero columns there).
-// rows_a and rows_b are the two tiles' input pointers; o.rows counts the 16 pixels.
+// Two tiles' 2R pixels by at most 16 channels (a layer's last panel where M is 16 past a
+// multiple of 32, such as 144: the R x 32 kernel would compute 16 zero columns there).
+// rows_a and rows_b are the two tiles' input pointers; o.rows counts the 2R pixels.
+template <int R>
 __attribute__((target("avx512f,fma"))) void dense_tile_pair_narrow_avx512(const float* const* rows_a,
                                                                           const float* const* rows_b, int64_t taps,
                                                                           int64_t c, const float* panel,
                                                                           const TileOutput& o) {
   const __mmask16 m0 = lanes(o.cols);
   const __m512 bias0 = o.bias ? _mm512_maskz_loadu_ps(m0, o.bias) : _mm512_setzero_ps();
-  __m512 acc[2 * kTileRows];
+  __m512 acc[2 * R];
 #pragma GCC unroll 16
-  for (int i = 0; i < 2 * kTileRows; ++i) acc[i] = o.accumulate && i < o.rows ? _mm512_maskz_loadu_ps(m0, o.y + i * o.ldy) : bias0;
+  for (int i = 0; i < 2 * R; ++i) acc[i] = o.accumulate && i < o.rows ? _mm512_maskz_loadu_ps(m0, o.y + i * o.ldy) : bias0;
   const float* w = panel;
   for (int64_t t = 0; t < taps; ++t) {
-    const float* r[2 * kTileRows];
+    const float* r[2 * R];
 #pragma GCC unroll 8
-    for (int i = 0; i < kTileRows; ++i) {
-      r[i] = rows_a[t * kTileRows + i];
-      r[kTileRows + i] = rows_b[t * kTileRows + i];
+    for (int i = 0; i < R; ++i) {
+      r[i] = rows_a[t * R + i];
+      r[R + i] = rows_b[t * R + i];
     }
     for (int64_t k = 0; k < c; ++k, w += kPanelCols) {
       const __m512 b0 = _mm512_loadu_ps(w);
 #pragma GCC unroll 16
-      for (int i = 0; i < 2 * kTileRows; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(r[i][k]), b0, acc[i]);
+      for (int i = 0; i < 2 * R; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(r[i][k]), b0, acc[i]);
     }
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < 2 * kTileRows; ++i) {
+  for (int i = 0; i < 2 * R; ++i) {
     if (i >= o.rows) break;
     finish_avx512(acc[i], m0, o.last && o.z ? o.z + i * o.ldy : nullptr, o.y + i * o.ldy, o.last ? o.clamp : 0, o.lo, o.hi);
   }
 }
 
 // The same sums in the same order, one float at a time.
-void dense_tile_plain(const float* const* rows, int64_t taps, int64_t c, const float* panel, const TileOutput& o) {
+void dense_tile_plain(const float* const* rows, int tile_rows, int64_t taps, int64_t c, const float* panel,
+                      const TileOutput& o) {
   for (int i = 0; i < o.rows; ++i)
     for (int j = 0; j < o.cols; ++j) {
       float acc = o.accumulate ? o.y[i * o.ldy + j] : o.bias ? o.bias[j] : 0.f;
       for (int64_t t = 0; t < taps; ++t) {
-        const float* r = rows[t * kTileRows + i];
+        const float* r = rows[t * tile_rows + i];
         const float* w = panel + t * c * kPanelCols + j;
         for (int64_t k = 0; k < c; ++k) acc = std::fma(r[k], w[k * kPanelCols], acc);
       }
@@ -470,7 +481,7 @@ class ChannelsLastConvKernel final : public Kernel {
         const int64_t first_line = t / kTileRows * lines_per_call;
         o.prefetch = next ? reinterpret_cast<const char*>(next) + first_line * 64 : nullptr;
         o.prefetch_lines = std::clamp<int64_t>(next_lines - first_line, 0, lines_per_call);
-        dense_tile_avx512(rows, 1, g.c, winograd_u_[static_cast<size_t>(xi)].panel(q), o);
+        dense_tile_avx512<kTileRows>(rows, 1, g.c, winograd_u_[static_cast<size_t>(xi)].panel(q), o);
       }
     };
     auto transform_out = [&](int64_t t0, int64_t t, const float* sums, int64_t stride) {
@@ -529,7 +540,8 @@ class ChannelsLastConvKernel final : public Kernel {
     const bool act_after = clamp < 0;
     if (act_after) clamp = 0;
     const int64_t pixels = g.batch * g.oh * g.ow, taps = g.taps();
-    const int64_t tiles = (pixels + kTileRows - 1) / kTileRows, panels = (g.m + kPanelCols - 1) / kPanelCols;
+    const int tr = pixels_per_tile(pixels);
+    const int64_t tiles = (pixels + tr - 1) / tr, panels = (g.m + kPanelCols - 1) / kPanelCols;
     const int threads = thread_count();
     // Tasks: runs of up to 8 tiles (64 pixels, whose inputs stay in L2 while every panel of
     // weights meets them), by runs of panels where there are too few runs for the threads (a 7x7
@@ -571,16 +583,16 @@ class ChannelsLastConvKernel final : public Kernel {
       // Each tile's input pointers, segment-major: rows[(tile * segments + s) * 8 + i].
       thread_local std::vector<const float*> rows;
       thread_local AlignedFloats edge_copies;
-      rows.resize(static_cast<size_t>((t1 - t0) * segments * kTileRows));
+      rows.resize(static_cast<size_t>((t1 - t0) * segments * tr));
       // The pixels of the task's tiles in order: image, row and column, one step at a time (no
       // division per pixel). `visit(slot, image, oy, ox)` per pixel that exists.
       auto for_each_pixel = [&](auto&& visit) {
-        const int64_t p0 = t0 * kTileRows;
+        const int64_t p0 = t0 * tr;
         int64_t n = p0 / (g.oh * g.ow), oy = p0 / g.ow % g.oh, ox = p0 % g.ow;
-        for (int64_t p = p0; p < t1 * kTileRows; ++p) {
-          const float** slot = rows.data() + (p / kTileRows - t0) * segments * kTileRows + p % kTileRows;
+        for (int64_t p = p0; p < t1 * tr; ++p) {
+          const float** slot = rows.data() + (p / tr - t0) * segments * tr + p % tr;
           if (p >= pixels) {
-            for (int64_t t = 0; t < segments; ++t) slot[t * kTileRows] = zero_row;
+            for (int64_t t = 0; t < segments; ++t) slot[t * tr] = zero_row;
             continue;
           }
           visit(slot, x + n * g.h * g.w * g.c, oy, ox);
@@ -610,7 +622,7 @@ class ChannelsLastConvKernel final : public Kernel {
             const int64_t iy = oy * g.sh - g.ph + ky * g.dh;
             const bool row_inside = iy >= 0 && iy < g.h;
             if (whole) {
-              slot[ky * kTileRows] = row_inside ? image + (iy * g.w + ix0) * g.c : zero_row;
+              slot[ky * tr] = row_inside ? image + (iy * g.w + ix0) * g.c : zero_row;
               continue;
             }
             for (int64_t kx = 0; kx < g.kw; ++kx) {
@@ -619,7 +631,7 @@ class ChannelsLastConvKernel final : public Kernel {
               if (row_inside && ix >= 0 && ix < g.w) std::copy_n(image + (iy * g.w + ix) * g.c, g.c, to);
               else std::fill_n(to, g.c, 0.f);
             }
-            slot[ky * kTileRows] = copy;
+            slot[ky * tr] = copy;
             copy += segment;
           }
         });
@@ -630,7 +642,7 @@ class ChannelsLastConvKernel final : public Kernel {
             const bool row_inside = iy >= 0 && iy < g.h;
             for (int64_t kx = 0; kx < g.kw; ++kx) {
               const int64_t ix = ox * g.sw - g.pw + kx * g.dw;
-              slot[(ky * g.kw + kx) * kTileRows] = row_inside && ix >= 0 && ix < g.w ? image + (iy * g.w + ix) * g.c : zero_row;
+              slot[(ky * g.kw + kx) * tr] = row_inside && ix >= 0 && ix < g.w ? image + (iy * g.w + ix) * g.c : zero_row;
             }
           }
         });
@@ -649,14 +661,14 @@ class ChannelsLastConvKernel final : public Kernel {
           const int64_t next_lines = next ? next_rows * kPanelCols * 4 / 64 : 0;
           const int64_t calls = (t1 - t0 + per_call - 1) / per_call, lines_per_call = (next_lines + calls - 1) / calls;
           for (int64_t tile = t0; tile < t1; tile += per_call) {
-            const int64_t p0 = tile * kTileRows;
+            const int64_t p0 = tile * tr;
             const bool pair = per_call == 2 && tile + 1 < t1;
             TileOutput o;
             o.y = y + p0 * g.m + c0;
             o.ldy = g.m;
             o.z = z ? z + p0 * g.m + c0 : nullptr;
             o.bias = bias ? bias + c0 : nullptr;
-            o.rows = static_cast<int>(std::min<int64_t>((pair ? 2 : 1) * kTileRows, pixels - p0));
+            o.rows = static_cast<int>(std::min<int64_t>((pair ? 2 : 1) * tr, pixels - p0));
             o.cols = cols;
             o.clamp = clamp;
             o.lo = lo;
@@ -666,21 +678,23 @@ class ChannelsLastConvKernel final : public Kernel {
             const int64_t first_line = (tile - t0) / per_call * lines_per_call;
             o.prefetch = next ? reinterpret_cast<const char*>(next) + first_line * 64 : nullptr;
             o.prefetch_lines = std::clamp<int64_t>(next_lines - first_line, 0, lines_per_call);
-            const float* const* tile_rows = rows.data() + (tile - t0) * segments * kTileRows + kb.s0 * kTileRows;
-            const float* const* pair_rows = tile_rows + segments * kTileRows;  // the next tile's
+            const float* const* tile_rows = rows.data() + (tile - t0) * segments * tr + kb.s0 * tr;
+            const float* const* pair_rows = tile_rows + segments * tr;  // the next tile's
             const float* part_rows[2 * kTileRows];  // a part of a segment: its pointers moved to the part
             if (kb.off > 0 || kb.len < segment) {
-              for (int i = 0; i < kTileRows; ++i) {
+              for (int i = 0; i < tr; ++i) {
                 part_rows[i] = tile_rows[i] + kb.off;
-                if (pair) part_rows[kTileRows + i] = pair_rows[i] + kb.off;
+                if (pair) part_rows[tr + i] = pair_rows[i] + kb.off;
               }
               tile_rows = part_rows;
-              pair_rows = part_rows + kTileRows;
+              pair_rows = part_rows + tr;
             }
             const float* panel = packed_.panel(q) + k0 * kPanelCols;
-            if (pair) dense_tile_pair_narrow_avx512(tile_rows, pair_rows, kb.count, kb.len, panel, o);
-            else if (avx512) dense_tile_avx512(tile_rows, kb.count, kb.len, panel, o);
-            else dense_tile_plain(tile_rows, kb.count, kb.len, panel, o);
+            if (pair && tr == 7) dense_tile_pair_narrow_avx512<7>(tile_rows, pair_rows, kb.count, kb.len, panel, o);
+            else if (pair) dense_tile_pair_narrow_avx512<kTileRows>(tile_rows, pair_rows, kb.count, kb.len, panel, o);
+            else if (avx512 && tr == 7) dense_tile_avx512<7>(tile_rows, kb.count, kb.len, panel, o);
+            else if (avx512) dense_tile_avx512<kTileRows>(tile_rows, kb.count, kb.len, panel, o);
+            else dense_tile_plain(tile_rows, tr, kb.count, kb.len, panel, o);
             if (act_after && o.last) epilogue_.apply(o.y, g.m, o.rows, o.cols, nullptr, nullptr, nullptr, 0);
           }
         }

@@ -76,6 +76,10 @@ std::vector<Case> cases() {
       {"3x3 stride 2, 70 channels in", {1, 70, 9, 8}, {20, 70, 3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 1},
       {"pointwise, 600 channels in", {1, 600, 3, 4}, {40, 600, 1, 1}, {1, 1}, {1, 1}, {0, 0, 0, 0}, 1},
       {"dilated 3x3, 100 channels in", {1, 100, 7, 7}, {24, 100, 3, 3}, {1, 1}, {2, 2}, {2, 2, 2, 2}, 1},
+      // 49 pixels run in tiles of 7 (tiles of 8 would compute 56 rows): a full panel, a narrow
+      // last panel of 8 channels (two tiles a call), and a 3x3 kernel over the padded edge.
+      {"7 x 7 pixels, 40 channels out", {1, 24, 7, 7}, {40, 24, 1, 1}, {1, 1}, {1, 1}, {0, 0, 0, 0}, 1},
+      {"3x3 stride 2 to 7 x 7 pixels", {1, 12, 13, 14}, {36, 12, 3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 1},
       // Winograd F(2x2, 3x3): blocks of tiles, odd sizes over two images, and (U larger than
       // the tiles' transforms) the three loops over all tiles.
       {"Winograd, 16 x 18 pixels", {1, 16, 16, 18}, {24, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 1, true},
