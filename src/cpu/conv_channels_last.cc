@@ -87,22 +87,28 @@ int pixels_per_tile(int64_t pixels) {
   return waste(kTileRows) * 10 >= (pixels + kTileRows - 1) / kTileRows * kTileRows && waste(7) < waste(kTileRows) ? 7 : kTileRows;
 }
 
-// Where the tile's outputs go and what is added to them.
-struct TileOutput {
-  float* y = nullptr;        // the tile's first pixel, first channel of the panel
+// A run of tiles of one weight panel: what they read, where their outputs go and what is added
+// to them. Tile t of R pixels reads rows[t * rows_step + tap * R + i] + offset for its pixel i
+// (the pixels' inputs at each tap or kernel row; offset > 0 where K runs in parts of one segment).
+struct TileRun {
+  const float* const* rows = nullptr;
+  int64_t rows_step = 0, offset = 0, tiles = 1;
+  float* y = nullptr;        // the first tile's first pixel, first channel of the panel
   int64_t ldy = 0;           // M
   const float* z = nullptr;  // the residual at the same place, or null
   const float* bias = nullptr;  // the panel's first channel's bias, or null
-  int rows = 0, cols = 0;    // pixels and channels of the tile that exist
+  int64_t pixels = 0;        // pixels from the run's first on: tile t has min(R, pixels - t * R)
+  int cols = 0;              // channels of the panel that exist
   int clamp = 0;             // Epilogue::clamp_mode
   float lo = 0.f, hi = 0.f;
   // A product split into K blocks: later blocks start from y's partial sums (not the bias), and
   // only the last adds the residual and clamps.
   bool accumulate = false, last = true;
-  // Lines to bring into L2 while the tile runs, up to two per K step (the panel's next block: weights
-  // that come from memory meet only a few tiles at a 7 x 7 layer, too few to hide their reads).
+  // Lines to bring into L2 while the run goes, prefetch_per_tile per tile (up to two per K step)
+  // until prefetch_lines: the panel's next block (weights that come from memory meet only a few
+  // tiles at a 7 x 7 layer, too few to hide their reads).
   const char* prefetch = nullptr;
-  int64_t prefetch_lines = 0;
+  int64_t prefetch_lines = 0, prefetch_per_tile = 0;
 };
 
 // Residual, Relu/Clip and the masked store of 16 outputs: the last step of every vector kernel
@@ -115,96 +121,127 @@ __attribute__((target("avx512f,fma"), always_inline)) inline void finish_avx512(
   _mm512_mask_storeu_ps(y, m, v);
 }
 
-// One R-pixel x 32-channel tile: rows[t * R + i] is pixel i's input at tap t (c floats).
+// A run of R-pixel x 32-channel tiles.
 template <int R>
-__attribute__((target("avx512f,fma"))) void dense_tile_avx512(const float* const* rows, int64_t taps, int64_t c,
-                                                              const float* panel, const TileOutput& o) {
-  const __mmask16 m0 = lanes(o.cols), m1 = lanes(o.cols - 16);
-  const __m512 bias0 = o.bias ? _mm512_maskz_loadu_ps(m0, o.bias) : _mm512_setzero_ps();
-  const __m512 bias1 = o.bias ? _mm512_maskz_loadu_ps(m1, o.bias + 16) : _mm512_setzero_ps();
-  __m512 c0[R], c1[R];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    const bool partial = o.accumulate && i < o.rows;
-    c0[i] = partial ? _mm512_maskz_loadu_ps(m0, o.y + i * o.ldy) : bias0;
-    c1[i] = partial ? _mm512_maskz_loadu_ps(m1, o.y + i * o.ldy + 16) : bias1;
-  }
-  const float* w = panel;
-  for (int64_t t = 0; t < taps; ++t) {
-    const float* r[R];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) r[i] = rows[t * R + i];
-    for (int64_t k = 0; k < c; ++k, w += kPanelCols) {
-      if (k < o.prefetch_lines) _mm_prefetch(o.prefetch + k * 64, _MM_HINT_T1);
-      if (k + c < o.prefetch_lines) _mm_prefetch(o.prefetch + (k + c) * 64, _MM_HINT_T1);  // up to 2 a k
-      const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);
-#pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) {
-        const __m512 a = _mm512_set1_ps(r[i][k]);
-        c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-        c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    if (i >= o.rows) break;
-    const float* z = o.z ? o.z + i * o.ldy : nullptr;
-    finish_avx512(c0[i], m0, o.last ? z : nullptr, o.y + i * o.ldy, o.last ? o.clamp : 0, o.lo, o.hi);
-    finish_avx512(c1[i], m1, o.last && z ? z + 16 : nullptr, o.y + i * o.ldy + 16, o.last ? o.clamp : 0, o.lo, o.hi);
-  }
-}
-
-// Two tiles' 2R pixels by at most 16 channels (a layer's last panel where M is 16 past a
-// multiple of 32, such as 144: the R x 32 kernel would compute 16 zero columns there).
-// rows_a and rows_b are the two tiles' input pointers; o.rows counts the 2R pixels.
-template <int R>
-__attribute__((target("avx512f,fma"))) void dense_tile_pair_narrow_avx512(const float* const* rows_a,
-                                                                          const float* const* rows_b, int64_t taps,
-                                                                          int64_t c, const float* panel,
-                                                                          const TileOutput& o) {
-  const __mmask16 m0 = lanes(o.cols);
-  const __m512 bias0 = o.bias ? _mm512_maskz_loadu_ps(m0, o.bias) : _mm512_setzero_ps();
-  __m512 acc[2 * R];
-#pragma GCC unroll 16
-  for (int i = 0; i < 2 * R; ++i) acc[i] = o.accumulate && i < o.rows ? _mm512_maskz_loadu_ps(m0, o.y + i * o.ldy) : bias0;
-  const float* w = panel;
-  for (int64_t t = 0; t < taps; ++t) {
-    const float* r[2 * R];
+__attribute__((target("avx512f,fma"))) void dense_tiles_avx512(const float* panel, int64_t taps, int64_t c,
+                                                               const TileRun& run) {
+  const __mmask16 m0 = lanes(run.cols), m1 = lanes(run.cols - 16);
+  const __m512 bias0 = run.bias ? _mm512_maskz_loadu_ps(m0, run.bias) : _mm512_setzero_ps();
+  const __m512 bias1 = run.bias ? _mm512_maskz_loadu_ps(m1, run.bias + 16) : _mm512_setzero_ps();
+  const int clamp = run.last ? run.clamp : 0;
+  for (int64_t tile = 0; tile < run.tiles; ++tile) {
+    const int64_t rows_here = std::min<int64_t>(R, run.pixels - tile * R);
+    float* y = run.y + tile * R * run.ldy;
+    const float* z = run.last && run.z ? run.z + tile * R * run.ldy : nullptr;
+    const float* const* rows = run.rows + tile * run.rows_step;
+    const char* prefetch = run.prefetch ? run.prefetch + tile * run.prefetch_per_tile * 64 : nullptr;
+    const int64_t prefetch_lines = std::clamp<int64_t>(run.prefetch_lines - tile * run.prefetch_per_tile, 0, run.prefetch_per_tile);
+    __m512 c0[R], c1[R];
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
-      r[i] = rows_a[t * R + i];
-      r[R + i] = rows_b[t * R + i];
+      const bool partial = run.accumulate && i < rows_here;
+      c0[i] = partial ? _mm512_maskz_loadu_ps(m0, y + i * run.ldy) : bias0;
+      c1[i] = partial ? _mm512_maskz_loadu_ps(m1, y + i * run.ldy + 16) : bias1;
     }
-    for (int64_t k = 0; k < c; ++k, w += kPanelCols) {
-      const __m512 b0 = _mm512_loadu_ps(w);
-#pragma GCC unroll 16
-      for (int i = 0; i < 2 * R; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(r[i][k]), b0, acc[i]);
+    const float* w = panel;
+    for (int64_t t = 0; t < taps; ++t) {
+      const float* r[R];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) r[i] = rows[t * R + i] + run.offset;
+      for (int64_t k = 0; k < c; ++k, w += kPanelCols) {
+        if (k < prefetch_lines) _mm_prefetch(prefetch + k * 64, _MM_HINT_T1);
+        if (k + c < prefetch_lines) _mm_prefetch(prefetch + (k + c) * 64, _MM_HINT_T1);  // up to 2 a k
+        const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          const __m512 a = _mm512_set1_ps(r[i][k]);
+          c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
+          c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
+        }
+      }
     }
-  }
-#pragma GCC unroll 16
-  for (int i = 0; i < 2 * R; ++i) {
-    if (i >= o.rows) break;
-    finish_avx512(acc[i], m0, o.last && o.z ? o.z + i * o.ldy : nullptr, o.y + i * o.ldy, o.last ? o.clamp : 0, o.lo, o.hi);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      if (i >= rows_here) break;
+      const float* zi = z ? z + i * run.ldy : nullptr;
+      finish_avx512(c0[i], m0, zi, y + i * run.ldy, clamp, run.lo, run.hi);
+      finish_avx512(c1[i], m1, zi ? zi + 16 : nullptr, y + i * run.ldy + 16, clamp, run.lo, run.hi);
+    }
   }
 }
 
-// The same sums in the same order, one float at a time.
-void dense_tile_plain(const float* const* rows, int tile_rows, int64_t taps, int64_t c, const float* panel,
-                      const TileOutput& o) {
-  for (int i = 0; i < o.rows; ++i)
-    for (int j = 0; j < o.cols; ++j) {
-      float acc = o.accumulate ? o.y[i * o.ldy + j] : o.bias ? o.bias[j] : 0.f;
-      for (int64_t t = 0; t < taps; ++t) {
-        const float* r = rows[t * tile_rows + i];
-        const float* w = panel + t * c * kPanelCols + j;
-        for (int64_t k = 0; k < c; ++k) acc = std::fma(r[k], w[k * kPanelCols], acc);
+// A run of tiles two at a time, 2R pixels by at most 16 channels (a layer's last panel where M is
+// 16 past a multiple of 32, such as 144: the R x 32 kernel would compute 16 zero columns there).
+// An odd run's last tile runs alone on the R x 32 kernel.
+template <int R>
+__attribute__((target("avx512f,fma"))) void dense_tile_pairs_narrow_avx512(const float* panel, int64_t taps,
+                                                                           int64_t c, const TileRun& run) {
+  const __mmask16 m0 = lanes(run.cols);
+  const __m512 bias0 = run.bias ? _mm512_maskz_loadu_ps(m0, run.bias) : _mm512_setzero_ps();
+  const int clamp = run.last ? run.clamp : 0;
+  for (int64_t pair = 0; pair < run.tiles / 2; ++pair) {
+    const int64_t rows_here = std::min<int64_t>(2 * R, run.pixels - pair * 2 * R);
+    float* y = run.y + pair * 2 * R * run.ldy;
+    const float* z = run.last && run.z ? run.z + pair * 2 * R * run.ldy : nullptr;
+    const float* const* rows_a = run.rows + 2 * pair * run.rows_step;
+    const float* const* rows_b = rows_a + run.rows_step;
+    __m512 acc[2 * R];
+#pragma GCC unroll 16
+    for (int i = 0; i < 2 * R; ++i) acc[i] = run.accumulate && i < rows_here ? _mm512_maskz_loadu_ps(m0, y + i * run.ldy) : bias0;
+    const float* w = panel;
+    for (int64_t t = 0; t < taps; ++t) {
+      const float* r[2 * R];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i) {
+        r[i] = rows_a[t * R + i] + run.offset;
+        r[R + i] = rows_b[t * R + i] + run.offset;
       }
-      if (o.last && o.z) acc += o.z[i * o.ldy + j];
-      if (o.last && o.clamp == 1) acc = acc > 0.f ? acc : 0.f;
-      else if (o.last && o.clamp == 2) acc = std::min(std::max(acc, o.lo), o.hi);
-      o.y[i * o.ldy + j] = acc;
+      for (int64_t k = 0; k < c; ++k, w += kPanelCols) {
+        const __m512 b0 = _mm512_loadu_ps(w);
+#pragma GCC unroll 16
+        for (int i = 0; i < 2 * R; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(r[i][k]), b0, acc[i]);
+      }
     }
+#pragma GCC unroll 16
+    for (int i = 0; i < 2 * R; ++i) {
+      if (i >= rows_here) break;
+      finish_avx512(acc[i], m0, z ? z + i * run.ldy : nullptr, y + i * run.ldy, clamp, run.lo, run.hi);
+    }
+  }
+  if (run.tiles % 2) {
+    TileRun last = run;
+    const int64_t skip = run.tiles - 1;
+    last.rows = run.rows + skip * run.rows_step;
+    last.tiles = 1;
+    last.y = run.y + skip * R * run.ldy;
+    last.z = run.z ? run.z + skip * R * run.ldy : nullptr;
+    last.pixels = run.pixels - skip * R;
+    last.prefetch_lines = 0;
+    dense_tiles_avx512<R>(panel, taps, c, last);
+  }
+}
+
+// The same sums in the same order, one float at a time (tiles of R pixels).
+void dense_tiles_plain(int tile_rows, const float* panel, int64_t taps, int64_t c, const TileRun& run) {
+  for (int64_t tile = 0; tile < run.tiles; ++tile) {
+    const int64_t rows_here = std::min<int64_t>(tile_rows, run.pixels - tile * tile_rows);
+    float* y = run.y + tile * tile_rows * run.ldy;
+    const float* z = run.z ? run.z + tile * tile_rows * run.ldy : nullptr;
+    const float* const* rows = run.rows + tile * run.rows_step;
+    for (int64_t i = 0; i < rows_here; ++i)
+      for (int j = 0; j < run.cols; ++j) {
+        float acc = run.accumulate ? y[i * run.ldy + j] : run.bias ? run.bias[j] : 0.f;
+        for (int64_t t = 0; t < taps; ++t) {
+          const float* r = rows[t * tile_rows + i] + run.offset;
+          const float* w = panel + t * c * kPanelCols + j;
+          for (int64_t k = 0; k < c; ++k) acc = std::fma(r[k], w[k * kPanelCols], acc);
+        }
+        if (run.last && z) acc += z[i * run.ldy + j];
+        if (run.last && run.clamp == 1) acc = acc > 0.f ? acc : 0.f;
+        else if (run.last && run.clamp == 2) acc = std::min(std::max(acc, run.lo), run.hi);
+        y[i * run.ldy + j] = acc;
+      }
+  }
 }
 
 // One output row of a depthwise convolution: y[ox][ch] = clamp(bias[ch] + the sum over the taps
@@ -469,20 +506,21 @@ class ChannelsLastConvKernel final : public Kernel {
     auto multiply = [&](int64_t xi, int64_t q, int64_t nt, const float* v, float* sums, int64_t stride, const float* next) {
       const float* vx = v + xi * stride * g.c;
       const int64_t next_lines = next ? g.c * kPanelCols * 4 / 64 : 0, calls = (nt + kTileRows - 1) / kTileRows;
-      const int64_t lines_per_call = (next_lines + calls - 1) / calls;
-      for (int64_t t = 0; t < nt; t += kTileRows) {
-        const float* rows[kTileRows];
-        for (int i = 0; i < kTileRows; ++i) rows[i] = t + i < nt ? vx + (t + i) * g.c : zero_row;
-        TileOutput o;
-        o.y = sums + (xi * stride + t) * g.m + q * kPanelCols;
-        o.ldy = g.m;
-        o.rows = static_cast<int>(std::min<int64_t>(kTileRows, nt - t));
-        o.cols = static_cast<int>(std::min<int64_t>(kPanelCols, g.m - q * kPanelCols));
-        const int64_t first_line = t / kTileRows * lines_per_call;
-        o.prefetch = next ? reinterpret_cast<const char*>(next) + first_line * 64 : nullptr;
-        o.prefetch_lines = std::clamp<int64_t>(next_lines - first_line, 0, lines_per_call);
-        dense_tile_avx512<kTileRows>(rows, 1, g.c, winograd_u_[static_cast<size_t>(xi)].panel(q), o);
-      }
+      thread_local std::vector<const float*> rows;
+      rows.resize(static_cast<size_t>(calls * kTileRows));
+      for (int64_t t = 0; t < calls * kTileRows; ++t) rows[static_cast<size_t>(t)] = t < nt ? vx + t * g.c : zero_row;
+      TileRun run;
+      run.rows = rows.data();
+      run.rows_step = kTileRows;
+      run.tiles = calls;
+      run.y = sums + xi * stride * g.m + q * kPanelCols;
+      run.ldy = g.m;
+      run.pixels = nt;
+      run.cols = static_cast<int>(std::min<int64_t>(kPanelCols, g.m - q * kPanelCols));
+      run.prefetch = next ? reinterpret_cast<const char*>(next) : nullptr;
+      run.prefetch_lines = next_lines;
+      run.prefetch_per_tile = (next_lines + calls - 1) / calls;
+      dense_tiles_avx512<kTileRows>(winograd_u_[static_cast<size_t>(xi)].panel(q), 1, g.c, run);
     };
     auto transform_out = [&](int64_t t0, int64_t t, const float* sums, int64_t stride) {
       const int64_t tile = t0 + t, n = tile / image_tiles, ty = tile % image_tiles / tw, tx = tile % tw;
@@ -546,8 +584,7 @@ class ChannelsLastConvKernel final : public Kernel {
     // Tasks: runs of up to 8 tiles (64 pixels, whose inputs stay in L2 while every panel of
     // weights meets them), by runs of panels where there are too few runs for the threads (a 7x7
     // layer at batch 1 has 7 tiles): each panel is read from memory once, then from L1.
-    const int64_t tile_run = std::min<int64_t>(tiles, 8);
-    const int64_t tile_tasks = (tiles + tile_run - 1) / tile_run;
+    const int64_t tile_tasks = (tiles + 7) / 8;  // runs of 8 tiles or fewer, all of about one length
     const int64_t panel_tasks = std::min<int64_t>(panels, std::max<int64_t>(1, (4 * threads + tile_tasks - 1) / tile_tasks));
     const int64_t tasks = tile_tasks * panel_tasks;
     const float* zero_row = zeros_.data();
@@ -577,7 +614,7 @@ class ChannelsLastConvKernel final : public Kernel {
         for (int64_t off = 0; off < segment; off += 256) kblocks.push_back({s0, 1, off, std::min<int64_t>(256, segment - off)});
     }
     parallel_for_each(tasks, threads > 1 && pixels * g.m * taps * g.c >= (int64_t{1} << 17), [&](int64_t task) {
-      const int64_t t0 = task / panel_tasks * tile_run, t1 = std::min(tiles, t0 + tile_run);
+      const int64_t t0 = task / panel_tasks * tiles / tile_tasks, t1 = (task / panel_tasks + 1) * tiles / tile_tasks;
       const int64_t pt = task % panel_tasks;
       const int64_t q0 = pt * panels / panel_tasks, q1 = (pt + 1) * panels / panel_tasks;
       // Each tile's input pointers, segment-major: rows[(tile * segments + s) * 8 + i].
@@ -650,53 +687,43 @@ class ChannelsLastConvKernel final : public Kernel {
       for (int64_t q = q0; q < q1; ++q) {
         const int64_t c0 = q * kPanelCols;
         const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, g.m - c0));
-        const int64_t per_call = avx512 && cols <= 16 ? 2 : 1;  // two tiles at once on a narrow panel
+        const bool narrow = avx512 && cols <= 16;  // two tiles at once on a narrow panel
         for (size_t bi = 0; bi < kblocks.size(); ++bi) {
           const KBlock& kb = kblocks[bi];
           const int64_t k0 = kb.s0 * segment + kb.off, k1 = k0 + (kb.count - 1) * segment + kb.len;
-          // The next K block of this panel (or the next panel's first), a slice per tile.
+          // The next K block of this panel (or the next panel's first), a slice per call.
           const float* next = k1 < k_total ? packed_.panel(q) + k1 * kPanelCols : q + 1 < q1 ? packed_.panel(q + 1) : nullptr;
           const int64_t next_rows = bi + 1 < kblocks.size() ? (kblocks[bi + 1].count - 1) * segment + kblocks[bi + 1].len
                                                             : (kblocks[0].count - 1) * segment + kblocks[0].len;
           const int64_t next_lines = next ? next_rows * kPanelCols * 4 / 64 : 0;
-          const int64_t calls = (t1 - t0 + per_call - 1) / per_call, lines_per_call = (next_lines + calls - 1) / calls;
-          for (int64_t tile = t0; tile < t1; tile += per_call) {
-            const int64_t p0 = tile * tr;
-            const bool pair = per_call == 2 && tile + 1 < t1;
-            TileOutput o;
-            o.y = y + p0 * g.m + c0;
-            o.ldy = g.m;
-            o.z = z ? z + p0 * g.m + c0 : nullptr;
-            o.bias = bias ? bias + c0 : nullptr;
-            o.rows = static_cast<int>(std::min<int64_t>((pair ? 2 : 1) * tr, pixels - p0));
-            o.cols = cols;
-            o.clamp = clamp;
-            o.lo = lo;
-            o.hi = hi;
-            o.accumulate = k0 > 0;
-            o.last = k1 == k_total;
-            const int64_t first_line = (tile - t0) / per_call * lines_per_call;
-            o.prefetch = next ? reinterpret_cast<const char*>(next) + first_line * 64 : nullptr;
-            o.prefetch_lines = std::clamp<int64_t>(next_lines - first_line, 0, lines_per_call);
-            const float* const* tile_rows = rows.data() + (tile - t0) * segments * tr + kb.s0 * tr;
-            const float* const* pair_rows = tile_rows + segments * tr;  // the next tile's
-            const float* part_rows[2 * kTileRows];  // a part of a segment: its pointers moved to the part
-            if (kb.off > 0 || kb.len < segment) {
-              for (int i = 0; i < tr; ++i) {
-                part_rows[i] = tile_rows[i] + kb.off;
-                if (pair) part_rows[tr + i] = pair_rows[i] + kb.off;
-              }
-              tile_rows = part_rows;
-              pair_rows = part_rows + tr;
-            }
-            const float* panel = packed_.panel(q) + k0 * kPanelCols;
-            if (pair && tr == 7) dense_tile_pair_narrow_avx512<7>(tile_rows, pair_rows, kb.count, kb.len, panel, o);
-            else if (pair) dense_tile_pair_narrow_avx512<kTileRows>(tile_rows, pair_rows, kb.count, kb.len, panel, o);
-            else if (avx512 && tr == 7) dense_tile_avx512<7>(tile_rows, kb.count, kb.len, panel, o);
-            else if (avx512) dense_tile_avx512<kTileRows>(tile_rows, kb.count, kb.len, panel, o);
-            else dense_tile_plain(tile_rows, tr, kb.count, kb.len, panel, o);
-            if (act_after && o.last) epilogue_.apply(o.y, g.m, o.rows, o.cols, nullptr, nullptr, nullptr, 0);
-          }
+          const int64_t calls = narrow ? (t1 - t0 + 1) / 2 : t1 - t0;
+          TileRun run;
+          run.rows = rows.data() + kb.s0 * tr;
+          run.rows_step = segments * tr;
+          run.offset = kb.off;
+          run.tiles = t1 - t0;
+          run.y = y + t0 * tr * g.m + c0;
+          run.ldy = g.m;
+          run.z = z ? z + t0 * tr * g.m + c0 : nullptr;
+          run.bias = bias ? bias + c0 : nullptr;
+          run.pixels = pixels - t0 * tr;
+          run.cols = cols;
+          run.clamp = clamp;
+          run.lo = lo;
+          run.hi = hi;
+          run.accumulate = k0 > 0;
+          run.last = k1 == k_total;
+          run.prefetch = next ? reinterpret_cast<const char*>(next) : nullptr;
+          run.prefetch_lines = next_lines;
+          run.prefetch_per_tile = (next_lines + calls - 1) / calls;
+          const float* panel = packed_.panel(q) + k0 * kPanelCols;
+          if (narrow && tr == 7) dense_tile_pairs_narrow_avx512<7>(panel, kb.count, kb.len, run);
+          else if (narrow) dense_tile_pairs_narrow_avx512<kTileRows>(panel, kb.count, kb.len, run);
+          else if (avx512 && tr == 7) dense_tiles_avx512<7>(panel, kb.count, kb.len, run);
+          else if (avx512) dense_tiles_avx512<kTileRows>(panel, kb.count, kb.len, run);
+          else dense_tiles_plain(tr, panel, kb.count, kb.len, run);
+          if (act_after && run.last)
+            epilogue_.apply(run.y, g.m, std::min(run.pixels, run.tiles * tr), cols, nullptr, nullptr, nullptr, 0);
         }
       }
     }, 1);
