@@ -626,8 +626,14 @@ class ChannelsLastConvKernel final : public Kernel {
       auto for_each_pixel = [&](auto&& visit) {
         const int64_t p0 = t0 * tr;
         int64_t n = p0 / (g.oh * g.ow), oy = p0 / g.ow % g.oh, ox = p0 % g.ow;
-        for (int64_t p = p0; p < t1 * tr; ++p) {
-          const float** slot = rows.data() + (p / tr - t0) * segments * tr + p % tr;
+        const float** tile_slots = rows.data();  // the pixel's tile's first pointer
+        int i = 0;                               // the pixel in its tile
+        for (int64_t p = p0; p < t1 * tr; ++p, ++i) {
+          if (i == tr) {
+            i = 0;
+            tile_slots += segments * tr;
+          }
+          const float** slot = tile_slots + i;
           if (p >= pixels) {
             for (int64_t t = 0; t < segments; ++t) slot[t * tr] = zero_row;
             continue;
