@@ -247,14 +247,13 @@ void dense_tiles_plain(int tile_rows, const float* panel, int64_t taps, int64_t 
 // One output row of a depthwise convolution: y[ox][ch] = clamp(bias[ch] + the sum over the taps
 // inside the image of x[tap][ch] * w[tap][ch] + z[ox][ch]).
 struct DepthwiseRow {
-  const float* x = nullptr;     // the image's input at (row of tap ky = 0, column 0)
+  const float* const* rows = nullptr;  // rows[ky]: kernel row ky's input row (column 0), ky in [ky0, ky1)
   const float* w = nullptr;     // [kh * kw, C]
   const float* bias = nullptr;  // [C] or null
   const float* z = nullptr;     // the residual's row, or null
   float* y = nullptr;           // [ow, C]
   int64_t c = 0, ow = 0, in_w = 0, kw = 0, sw = 1, dw = 1, pw = 0;
   int64_t ky0 = 0, ky1 = 0;     // the kernel rows inside the image
-  int64_t row_step = 0;         // floats between kernel rows' input rows (dh * W * C)
   int clamp = 0;
   float lo = 0.f, hi = 0.f;
 };
@@ -282,7 +281,7 @@ __attribute__((target("avx512f,fma"))) inline void depthwise_pixel_avx512(const 
   __m512 acc = r.bias ? _mm512_maskz_loadu_ps(m, r.bias + c0) : _mm512_setzero_ps();
   for (int64_t ky = r.ky0; ky < r.ky1; ++ky)
     for (int64_t kx = kx0; kx < kx1; ++kx)
-      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, r.x + ky * r.row_step + (ix0 + kx * r.dw) * C + c0),
+      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, r.rows[ky] + (ix0 + kx * r.dw) * C + c0),
                             _mm512_maskz_loadu_ps(m, r.w + (ky * r.kw + kx) * C + c0), acc);
   depthwise_store_avx512(r, acc, m, ox, c0);
 }
@@ -291,10 +290,9 @@ __attribute__((target("avx512f,fma"))) inline void depthwise_pixel_avx512(const 
 // four independent sums (one sum's chain of FMAs would wait on each one's latency), each tap's
 // weights loaded once for the four.
 __attribute__((target("avx512f,fma"))) void depthwise_row_avx512(const DepthwiseRow& r) {
-  const int64_t C = r.c, kw = r.kw, sw = r.sw, row_step = r.row_step, dw_step = r.dw * r.c;
+  const int64_t C = r.c, kw = r.kw, sw = r.sw, dw_step = r.dw * r.c;
   const int64_t ky0 = r.ky0, ky1 = r.ky1, ow = r.ow;
   const float* const w = r.w;
-  const float* const x = r.x;
   const __m512 zero = _mm512_setzero_ps();
   // Output columns [in0, in1) read only taps inside the row.
   const int64_t in0 = std::min(ow, (r.pw + sw - 1) / sw);
@@ -306,13 +304,13 @@ __attribute__((target("avx512f,fma"))) void depthwise_row_avx512(const Depthwise
   // Pixels outer, channels inner: each pixel's C inputs are used whole while they are in L1.
   const int64_t step = sw * C;
   for (; ox + 4 <= in1; ox += 4) {
-    const float* xp = x + (ox * sw - r.pw) * C;
+    const int64_t xp = (ox * sw - r.pw) * C;
     for (int64_t c0 = 0; c0 < C; c0 += 16) {
       const __mmask16 m = lanes(C - c0);
       const __m512 b = r.bias ? _mm512_maskz_loadu_ps(m, r.bias + c0) : zero;
       __m512 a0 = b, a1 = b, a2 = b, a3 = b;
       for (int64_t ky = ky0; ky < ky1; ++ky) {
-        const float* xr = xp + ky * row_step + c0;
+        const float* xr = r.rows[ky] + xp + c0;
         const float* wr = w + ky * kw * C + c0;
         for (int64_t kx = 0; kx < kw; ++kx, xr += dw_step, wr += C) {
           const __m512 wv = _mm512_maskz_loadu_ps(m, wr);
@@ -341,7 +339,7 @@ void depthwise_row_plain(const DepthwiseRow& r) {
       float acc = r.bias ? r.bias[ch] : 0.f;
       for (int64_t ky = r.ky0; ky < r.ky1; ++ky)
         for (int64_t kx = kx0; kx < kx1; ++kx)
-          acc = std::fma(r.x[ky * r.row_step + (ix0 + kx * r.dw) * r.c + ch], r.w[(ky * r.kw + kx) * r.c + ch], acc);
+          acc = std::fma(r.rows[ky][(ix0 + kx * r.dw) * r.c + ch], r.w[(ky * r.kw + kx) * r.c + ch], acc);
       if (r.z) acc += r.z[ox * r.c + ch];
       if (r.clamp == 1) acc = acc > 0.f ? acc : 0.f;
       else if (r.clamp == 2) acc = std::min(std::max(acc, r.lo), r.hi);
@@ -412,6 +410,129 @@ __attribute__((target("avx512f,fma"))) void winograd_output_tile(const float* s,
   }
 }
 
+// One group's direct product: the weights packed K x M in 32-column panels, K = segments x
+// segment (kernel rows or taps, each a pointer's run of consecutive inputs), and K's blocks.
+// K runs in blocks of about 256 rows (a panel's block, 32 KB, stays in L1 while every tile of a
+// run uses it) where a panel is larger than 512 rows: a 7x7 layer's few tiles read a 3x3
+// 512-channel panel (590 KB) once from memory instead of once per tile from L2. A block is whole
+// segments (one kernel call over them), or a part of one segment longer than 256.
+struct KBlock {
+  int64_t s0, count, off, len;  // segments [s0, s0 + count) from offset off, len rows of each
+};
+
+struct DirectProduct {
+  const PackedColumns* packed = nullptr;
+  int64_t segments = 0, segment = 0, k_total = 0;
+  std::vector<KBlock> kblocks;
+};
+
+DirectProduct direct_product(const PackedColumns& packed, int64_t segments, int64_t segment) {
+  DirectProduct p;
+  p.packed = &packed;
+  p.segments = segments;
+  p.segment = segment;
+  p.k_total = segments * segment;
+  if (p.k_total <= 512) {
+    p.kblocks.push_back({0, segments, 0, segment});
+  } else if (segment <= 256) {
+    const int64_t per = 256 / segment;
+    for (int64_t s0 = 0; s0 < segments; s0 += per) p.kblocks.push_back({s0, std::min(per, segments - s0), 0, segment});
+  } else {
+    for (int64_t s0 = 0; s0 < segments; ++s0)
+      for (int64_t off = 0; off < segment; off += 256) p.kblocks.push_back({s0, 1, off, std::min<int64_t>(256, segment - off)});
+  }
+  return p;
+}
+
+// [M, C, kH, kW] -> K x M with K = (tap, c), then 32-column panels.
+void pack_direct(const float* src, const std::vector<int64_t>& w_shape, PackedColumns& packed) {
+  const int64_t m = w_shape[0], cg = w_shape[1], taps = w_shape[2] * w_shape[3], k = taps * cg;
+  std::vector<float> kxm(static_cast<size_t>(k * m));
+  for (int64_t o = 0; o < m; ++o)
+    for (int64_t ci = 0; ci < cg; ++ci)
+      for (int64_t t = 0; t < taps; ++t) kxm[static_cast<size_t>((t * cg + ci) * m + o)] = src[(o * cg + ci) * taps + t];
+  packed.pack(kxm.data(), k, m, m);
+}
+
+// Panels [q0, q1) of the product over a run of tiles of tr pixels: rows holds each tile's
+// pointers (segments x tr), y and z the run's first pixel (channel 0, M apart), pixels the
+// pixels from the run's first on. Each K block meets every tile of the run while its panel
+// block stays in L1, the next block prefetched into L2 a slice per tile.
+void multiply_tiles(const DirectProduct& p, const float* const* rows, int64_t tiles, int tr, int64_t pixels, int64_t q0,
+                    int64_t q1, float* y, const float* z, const float* bias, const Epilogue& epilogue, bool avx512) {
+  float lo = 0.f, hi = 0.f;
+  int clamp = epilogue.clamp_mode(lo, hi);
+  const bool act_after = clamp < 0;
+  if (act_after) clamp = 0;
+  const int64_t m = p.packed->cols();
+  for (int64_t q = q0; q < q1; ++q) {
+    const int64_t c0 = q * kPanelCols;
+    const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, m - c0));
+    const bool narrow = avx512 && cols <= 16;  // two tiles at once on a narrow panel
+    for (size_t bi = 0; bi < p.kblocks.size(); ++bi) {
+      const KBlock& kb = p.kblocks[bi];
+      const int64_t k0 = kb.s0 * p.segment + kb.off, k1 = k0 + (kb.count - 1) * p.segment + kb.len;
+      // The next K block of this panel (or the next panel's first), a slice per call.
+      const float* next = k1 < p.k_total ? p.packed->panel(q) + k1 * kPanelCols : q + 1 < q1 ? p.packed->panel(q + 1) : nullptr;
+      const KBlock& next_block = p.kblocks[bi + 1 < p.kblocks.size() ? bi + 1 : 0];
+      const int64_t next_rows = (next_block.count - 1) * p.segment + next_block.len;
+      const int64_t next_lines = next ? next_rows * kPanelCols * 4 / 64 : 0;
+      const int64_t calls = narrow ? (tiles + 1) / 2 : tiles;
+      TileRun run;
+      run.rows = rows + kb.s0 * tr;
+      run.rows_step = p.segments * tr;
+      run.offset = kb.off;
+      run.tiles = tiles;
+      run.y = y + c0;
+      run.ldy = m;
+      run.z = z ? z + c0 : nullptr;
+      run.bias = bias ? bias + c0 : nullptr;
+      run.pixels = pixels;
+      run.cols = cols;
+      run.clamp = clamp;
+      run.lo = lo;
+      run.hi = hi;
+      run.accumulate = k0 > 0;
+      run.last = k1 == p.k_total;
+      run.prefetch = next ? reinterpret_cast<const char*>(next) : nullptr;
+      run.prefetch_lines = next_lines;
+      run.prefetch_per_tile = (next_lines + calls - 1) / calls;
+      const float* panel = p.packed->panel(q) + k0 * kPanelCols;
+      if (narrow && tr == 7) dense_tile_pairs_narrow_avx512<7>(panel, kb.count, kb.len, run);
+      else if (narrow) dense_tile_pairs_narrow_avx512<kTileRows>(panel, kb.count, kb.len, run);
+      else if (avx512 && tr == 7) dense_tiles_avx512<7>(panel, kb.count, kb.len, run);
+      else if (avx512) dense_tiles_avx512<kTileRows>(panel, kb.count, kb.len, run);
+      else dense_tiles_plain(tr, panel, kb.count, kb.len, run);
+      if (act_after && run.last) epilogue.apply(run.y, m, std::min(pixels, tiles * tr), cols, nullptr, nullptr, nullptr, 0);
+    }
+  }
+}
+
+// A depthwise convolution's output rows: the fields every row shares (rows, ky0, ky1, z and y
+// are the row's own).
+DepthwiseRow depthwise_row_shape(const Geometry& g, const float* weights, const float* bias, const Epilogue& epilogue) {
+  DepthwiseRow r;
+  r.w = weights;
+  r.bias = bias;
+  r.c = g.c;
+  r.ow = g.ow;
+  r.in_w = g.w;
+  r.kw = g.kw;
+  r.sw = g.sw;
+  r.dw = g.dw;
+  r.pw = g.pw;
+  r.clamp = epilogue.clamp_mode(r.lo, r.hi);
+  if (r.clamp < 0) r.clamp = 0;  // applied after the row
+  return r;
+}
+
+void depthwise_output_row(const DepthwiseRow& r, bool avx512, const Epilogue& epilogue) {
+  if (avx512) depthwise_row_avx512(r);
+  else depthwise_row_plain(r);
+  float lo = 0.f, hi = 0.f;
+  if (epilogue.clamp_mode(lo, hi) < 0) epilogue.apply(r.y, r.c, r.ow, r.c, nullptr, nullptr, nullptr, 0);
+}
+
 class ChannelsLastConvKernel final : public Kernel {
  public:
   explicit ChannelsLastConvKernel(const KernelInit& init)
@@ -442,7 +563,7 @@ class ChannelsLastConvKernel final : public Kernel {
       }
       return;
     }
-    pack_direct(src);
+    pack_direct(src, w_shape_, packed_);
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
@@ -466,21 +587,11 @@ class ChannelsLastConvKernel final : public Kernel {
         return;
       }
     }
-    if (packed_.empty()) pack_direct(in[1]->data<float>());
+    if (packed_.empty()) pack_direct(in[1]->data<float>(), w_shape_, packed_);
     dense(g, x, bias, z, y);
   }
 
  private:
-  // [M, C, kH, kW] -> K x M with K = (tap, c), then 32-column panels.
-  void pack_direct(const float* src) {
-    const int64_t m = w_shape_[0], cg = w_shape_[1], taps = w_shape_[2] * w_shape_[3], k = taps * cg;
-    std::vector<float> kxm(static_cast<size_t>(k * m));
-    for (int64_t o = 0; o < m; ++o)
-      for (int64_t ci = 0; ci < cg; ++ci)
-        for (int64_t t = 0; t < taps; ++t) kxm[static_cast<size_t>((t * cg + ci) * m + o)] = src[(o * cg + ci) * taps + t];
-    packed_.pack(kxm.data(), k, m, m);
-  }
-
   // Two schedules, as the channels-first kernel's (conv_winograd.h). Where U (16 x C x M floats)
   // is smaller than the tiles' V and S (16 x tiles x (C + M)): blocks of tiles, each transformed,
   // multiplied and transformed back by one thread while its V and S (at most 512 KiB) stay in that
@@ -573,10 +684,6 @@ class ChannelsLastConvKernel final : public Kernel {
 
   void dense(const Geometry& g, const float* x, const float* bias, const float* z, float* y) const {
     const bool avx512 = sgemm_isa() == SgemmIsa::kAvx512;
-    float lo = 0.f, hi = 0.f;
-    int clamp = epilogue_.clamp_mode(lo, hi);
-    const bool act_after = clamp < 0;
-    if (act_after) clamp = 0;
     const int64_t pixels = g.batch * g.oh * g.ow, taps = g.taps();
     const int tr = pixels_per_tile(pixels);
     const int64_t tiles = (pixels + tr - 1) / tr, panels = (g.m + kPanelCols - 1) / kPanelCols;
@@ -595,29 +702,12 @@ class ChannelsLastConvKernel final : public Kernel {
     // sums run over kW * C at a time (a 3-channel stem: 21, not 3).
     const bool by_rows = g.dw == 1;
     const int64_t segments = by_rows ? g.kh : taps, segment = by_rows ? g.kw * g.c : g.c;
-    // K in blocks of about 256 rows (a panel's block, 32 KB, stays in L1 while every tile of the
-    // task uses it) where a panel is larger than 512 rows: a 7x7 layer's few tiles read a 3x3
-    // 512-channel panel (590 KB) once from memory instead of once per tile from L2. A block is
-    // whole segments (one kernel call over them), or a part of one segment longer than 256.
-    struct KBlock {
-      int64_t s0, count, off, len;  // segments [s0, s0 + count) from offset off, len rows of each
-    };
-    std::vector<KBlock> kblocks;
-    const int64_t k_total = segments * segment;
-    if (k_total <= 512) {
-      kblocks.push_back({0, segments, 0, segment});
-    } else if (segment <= 256) {
-      const int64_t per = 256 / segment;
-      for (int64_t s0 = 0; s0 < segments; s0 += per) kblocks.push_back({s0, std::min(per, segments - s0), 0, segment});
-    } else {
-      for (int64_t s0 = 0; s0 < segments; ++s0)
-        for (int64_t off = 0; off < segment; off += 256) kblocks.push_back({s0, 1, off, std::min<int64_t>(256, segment - off)});
-    }
+    const DirectProduct product = direct_product(packed_, segments, segment);
     parallel_for_each(tasks, threads > 1 && pixels * g.m * taps * g.c >= (int64_t{1} << 17), [&](int64_t task) {
       const int64_t t0 = task / panel_tasks * tiles / tile_tasks, t1 = (task / panel_tasks + 1) * tiles / tile_tasks;
       const int64_t pt = task % panel_tasks;
       const int64_t q0 = pt * panels / panel_tasks, q1 = (pt + 1) * panels / panel_tasks;
-      // Each tile's input pointers, segment-major: rows[(tile * segments + s) * 8 + i].
+      // Each tile's input pointers, segment-major: rows[(tile * segments + s) * tr + i].
       thread_local std::vector<const float*> rows;
       thread_local AlignedFloats edge_copies;
       rows.resize(static_cast<size_t>((t1 - t0) * segments * tr));
@@ -690,81 +780,26 @@ class ChannelsLastConvKernel final : public Kernel {
           }
         });
       }
-      for (int64_t q = q0; q < q1; ++q) {
-        const int64_t c0 = q * kPanelCols;
-        const int cols = static_cast<int>(std::min<int64_t>(kPanelCols, g.m - c0));
-        const bool narrow = avx512 && cols <= 16;  // two tiles at once on a narrow panel
-        for (size_t bi = 0; bi < kblocks.size(); ++bi) {
-          const KBlock& kb = kblocks[bi];
-          const int64_t k0 = kb.s0 * segment + kb.off, k1 = k0 + (kb.count - 1) * segment + kb.len;
-          // The next K block of this panel (or the next panel's first), a slice per call.
-          const float* next = k1 < k_total ? packed_.panel(q) + k1 * kPanelCols : q + 1 < q1 ? packed_.panel(q + 1) : nullptr;
-          const int64_t next_rows = bi + 1 < kblocks.size() ? (kblocks[bi + 1].count - 1) * segment + kblocks[bi + 1].len
-                                                            : (kblocks[0].count - 1) * segment + kblocks[0].len;
-          const int64_t next_lines = next ? next_rows * kPanelCols * 4 / 64 : 0;
-          const int64_t calls = narrow ? (t1 - t0 + 1) / 2 : t1 - t0;
-          TileRun run;
-          run.rows = rows.data() + kb.s0 * tr;
-          run.rows_step = segments * tr;
-          run.offset = kb.off;
-          run.tiles = t1 - t0;
-          run.y = y + t0 * tr * g.m + c0;
-          run.ldy = g.m;
-          run.z = z ? z + t0 * tr * g.m + c0 : nullptr;
-          run.bias = bias ? bias + c0 : nullptr;
-          run.pixels = pixels - t0 * tr;
-          run.cols = cols;
-          run.clamp = clamp;
-          run.lo = lo;
-          run.hi = hi;
-          run.accumulate = k0 > 0;
-          run.last = k1 == k_total;
-          run.prefetch = next ? reinterpret_cast<const char*>(next) : nullptr;
-          run.prefetch_lines = next_lines;
-          run.prefetch_per_tile = (next_lines + calls - 1) / calls;
-          const float* panel = packed_.panel(q) + k0 * kPanelCols;
-          if (narrow && tr == 7) dense_tile_pairs_narrow_avx512<7>(panel, kb.count, kb.len, run);
-          else if (narrow) dense_tile_pairs_narrow_avx512<kTileRows>(panel, kb.count, kb.len, run);
-          else if (avx512 && tr == 7) dense_tiles_avx512<7>(panel, kb.count, kb.len, run);
-          else if (avx512) dense_tiles_avx512<kTileRows>(panel, kb.count, kb.len, run);
-          else dense_tiles_plain(tr, panel, kb.count, kb.len, run);
-          if (act_after && run.last)
-            epilogue_.apply(run.y, g.m, std::min(run.pixels, run.tiles * tr), cols, nullptr, nullptr, nullptr, 0);
-        }
-      }
+      multiply_tiles(product, rows.data(), t1 - t0, tr, pixels - t0 * tr, q0, q1, y + t0 * tr * g.m, z ? z + t0 * tr * g.m : nullptr,
+                     bias, epilogue_, avx512);
     }, 1);
   }
 
   void depthwise(const Geometry& g, const float* x, const float* bias, const float* z, float* y) const {
     const bool avx512 = sgemm_isa() == SgemmIsa::kAvx512;
-    float lo = 0.f, hi = 0.f;
-    int clamp = epilogue_.clamp_mode(lo, hi);
-    const bool act_after = clamp < 0;
-    if (act_after) clamp = 0;
+    const DepthwiseRow shape = depthwise_row_shape(g, weights_.data(), bias, epilogue_);
     const int64_t out_rows = g.batch * g.oh;
     parallel_for_each(out_rows, out_rows > 1 && out_rows * g.ow * g.m * g.taps() >= (int64_t{1} << 15), [&](int64_t row) {
       const int64_t n = row / g.oh, oy = row % g.oh, iy0 = oy * g.sh - g.ph;
-      DepthwiseRow r;
-      r.x = x + (n * g.h + iy0) * g.w * g.c;  // pointer arithmetic only, as above
-      r.w = weights_.data();
-      r.bias = bias;
+      thread_local std::vector<const float*> rows;
+      rows.assign(static_cast<size_t>(g.kh), nullptr);
+      DepthwiseRow r = shape;
+      taps_inside(iy0, g.dh, g.kh, g.h, r.ky0, r.ky1);
+      for (int64_t ky = r.ky0; ky < r.ky1; ++ky) rows[static_cast<size_t>(ky)] = x + ((n * g.h + iy0 + ky * g.dh) * g.w) * g.c;
+      r.rows = rows.data();
       r.z = z ? z + row * g.ow * g.m : nullptr;
       r.y = y + row * g.ow * g.m;
-      r.c = g.c;
-      r.ow = g.ow;
-      r.in_w = g.w;
-      r.kw = g.kw;
-      r.sw = g.sw;
-      r.dw = g.dw;
-      r.pw = g.pw;
-      r.row_step = g.dh * g.w * g.c;
-      taps_inside(iy0, g.dh, g.kh, g.h, r.ky0, r.ky1);
-      r.clamp = clamp;
-      r.lo = lo;
-      r.hi = hi;
-      if (avx512) depthwise_row_avx512(r);
-      else depthwise_row_plain(r);
-      if (act_after) epilogue_.apply(r.y, g.m, g.ow, g.m, nullptr, nullptr, nullptr, 0);
+      depthwise_output_row(r, avx512, epilogue_);
     });
   }
 
