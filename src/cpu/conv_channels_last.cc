@@ -814,6 +814,125 @@ class ChannelsLastConvKernel final : public Kernel {
   std::vector<float> zeros_;    // one group: kW * C zeros, the input of taps in the padding
 };
 
+// kiln::ChannelsLastSeparableConv: the block streamed one output row at a time. Each task is a
+// band of an image's output rows; for each row it expands the input rows the depthwise kernel
+// reads (each once, into a ring of kernel-span rows, unless the band's previous row made it),
+// runs the depthwise row into a buffer and projects that row into Y. The expanded rows and the
+// depthwise row stay in L2 (a 112-pixel row of 96 channels is 43 KB): unfused, the 6x wider
+// tensors between the convolutions went to memory and back (docs/design/cpu-gemm.md,
+// "Depthwise-separable blocks in one pass"). Every element is summed in the unfused kernels'
+// order, so the outputs are the three ChannelsLastConv's bits.
+class SeparableConvKernel final : public Kernel {
+ public:
+  explicit SeparableConvKernel(const KernelInit& init)
+      : node_(init.node),
+        expand_act_(ir::Activation::from_node(init.node, "expand_")),
+        depthwise_act_(ir::Activation::from_node(init.node, "depthwise_")),
+        project_act_(ir::Activation::from_node(init.node)) {
+    if (const Tensor* we = init.constants[kWe]) pack_direct(we->data<float>(), we->shape(), expand_);
+    const Tensor& wd = *init.constants[kWd];
+    wd_shape_ = wd.shape();
+    const int64_t e = wd_shape_[0], taps = wd_shape_[2] * wd_shape_[3];
+    depthwise_weights_.resize(static_cast<size_t>(taps * e));  // [taps, E], as ChannelsLastConvKernel's
+    for (int64_t ch = 0; ch < e; ++ch)
+      for (int64_t t = 0; t < taps; ++t) depthwise_weights_[static_cast<size_t>(t * e + ch)] = wd.data<float>()[ch * taps + t];
+    const Tensor& wp = *init.constants[kWp];
+    pack_direct(wp.data<float>(), wp.shape(), project_);
+    zeros_.assign(static_cast<size_t>(std::max(e, expand_.empty() ? e : expand_.depth())), 0.f);
+  }
+
+  static constexpr size_t kWe = 1, kBe = 2, kWd = 3, kBd = 4, kWp = 5, kBp = 6, kZ = 7;
+
+  void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
+    if (out[0].numel() == 0) return;
+    const std::vector<int64_t>& xs = in[0]->shape();
+    const int64_t e = wd_shape_[0];
+    const Geometry g = make_geometry(node_, {xs[0], xs[1], xs[2], e}, wd_shape_);  // the depthwise convolution's
+    const bool expands = !expand_.empty();
+    const int64_t c_in = xs[3], m = project_.cols();
+    auto data = [&](size_t i) { return i < in.size() && in[i] ? in[i]->data<float>() : nullptr; };
+    const float* x = in[0]->data<float>();
+    const float *be = data(kBe), *bd = data(kBd), *bp = data(kBp), *z = data(kZ);
+    float* y = out[0].data<float>();
+    const bool avx512 = sgemm_isa() == SgemmIsa::kAvx512;
+    const DirectProduct expand = expands ? direct_product(expand_, 1, c_in) : DirectProduct();
+    const DirectProduct project = direct_product(project_, 1, e);
+    const DepthwiseRow row_shape = depthwise_row_shape(g, depthwise_weights_.data(), bd, depthwise_act_);
+    const int64_t span = (g.kh - 1) * g.dh + 1;  // input rows one output row's kernel covers
+    const int in_tr = pixels_per_tile(g.w), out_tr = pixels_per_tile(g.ow);
+    const int64_t in_tiles = (g.w + in_tr - 1) / in_tr, out_tiles = (g.ow + out_tr - 1) / out_tr;
+    // Bands of output rows: about two per thread, at least 8 rows each (a band's first row
+    // expands the kernel's span of rows; the rest one or two each).
+    const int threads = thread_count();
+    const int64_t bands = std::clamp<int64_t>((2 * threads + g.batch - 1) / g.batch, 1, std::max<int64_t>(1, g.oh / 8));
+    parallel_for_each(g.batch * bands, threads > 1, [&](int64_t task) {
+      const int64_t n = task / bands, band = task % bands;
+      const int64_t oy0 = band * g.oh / bands, oy1 = (band + 1) * g.oh / bands;
+      thread_local AlignedFloats ring_buffer, depthwise_buffer;
+      thread_local std::vector<const float*> pointers, kernel_rows;
+      thread_local std::vector<int64_t> held;  // the input row each ring slot holds, or -1
+      float* ring = expands ? ring_buffer.reserve(span * g.w * e) : nullptr;
+      float* depthwise_row = depthwise_buffer.reserve(g.ow * e);
+      held.assign(static_cast<size_t>(span), -1);
+      kernel_rows.assign(static_cast<size_t>(g.kh), nullptr);
+      pointers.resize(static_cast<size_t>(std::max(in_tiles * in_tr, out_tiles * out_tr)));
+      // Pixel pointers of a row of `count` pixels `stride` floats apart, padded to whole tiles.
+      auto point_at = [&](const float* first, int64_t count, int64_t stride, int64_t padded) {
+        for (int64_t i = 0; i < padded; ++i) pointers[static_cast<size_t>(i)] = i < count ? first + i * stride : zeros_.data();
+      };
+      const float* image = x + n * g.h * g.w * c_in;
+      for (int64_t oy = oy0; oy < oy1; ++oy) {
+        const int64_t iy0 = oy * g.sh - g.ph;
+        DepthwiseRow r = row_shape;
+        taps_inside(iy0, g.dh, g.kh, g.h, r.ky0, r.ky1);
+        for (int64_t ky = r.ky0; ky < r.ky1; ++ky) {
+          const int64_t iy = iy0 + ky * g.dh;
+          if (!expands) {
+            kernel_rows[static_cast<size_t>(ky)] = image + iy * g.w * c_in;
+            continue;
+          }
+          const size_t slot = static_cast<size_t>(iy % span);
+          float* expanded = ring + static_cast<int64_t>(slot) * g.w * e;
+          if (held[slot] != iy) {
+            point_at(image + iy * g.w * c_in, g.w, c_in, in_tiles * in_tr);
+            multiply_tiles(expand, pointers.data(), in_tiles, in_tr, g.w, 0, (e + kPanelCols - 1) / kPanelCols, expanded,
+                           nullptr, be, expand_act_, avx512);
+            held[slot] = iy;
+          }
+          kernel_rows[static_cast<size_t>(ky)] = expanded;
+        }
+        r.rows = kernel_rows.data();
+        r.y = depthwise_row;
+        depthwise_output_row(r, avx512, depthwise_act_);
+        const int64_t out_row = (n * g.oh + oy) * g.ow * m;
+        point_at(depthwise_row, g.ow, e, out_tiles * out_tr);
+        multiply_tiles(project, pointers.data(), out_tiles, out_tr, g.ow, 0, (m + kPanelCols - 1) / kPanelCols, y + out_row,
+                       z ? z + out_row : nullptr, bp, project_act_, avx512);
+      }
+    }, 1);
+  }
+
+ private:
+  const ir::Node& node_;
+  Epilogue expand_act_, depthwise_act_, project_act_;
+  PackedColumns expand_;           // We: C x E in 32-column panels (empty: no expansion)
+  std::vector<int64_t> wd_shape_;  // [E, 1, kH, kW]
+  std::vector<float> depthwise_weights_;  // [kH * kW, E]
+  PackedColumns project_;          // Wp: E x M in 32-column panels
+  std::vector<float> zeros_;       // the input of pixels past a row's last tile
+};
+
+std::string check_separable_conv(const KernelInit& init) {
+  for (size_t i = 0; i < init.input_types.size(); ++i)
+    if (init.has_input(i) && init.dtype(i) != DType::kFloat32)
+      return "input type " + to_string(init.dtype(i)) + " is not supported (supported: float32)";
+  for (size_t i : {SeparableConvKernel::kWe, SeparableConvKernel::kWd, SeparableConvKernel::kWp})
+    if (init.has_input(i) && !(i < init.constants.size() && init.constants[i]))
+      return "its weights (input " + std::to_string(i) + ") are not a constant";
+  if (init.input_types[0]->rank() > 0 && init.input_types[0]->rank() != 4) return "X is not N x H x W x C";
+  return "";
+}
+
 std::string check_channels_last_conv(const KernelInit& init) {
   if (init.dtype(0) != DType::kFloat32 || init.dtype(1) != DType::kFloat32)
     return "input type " + to_string(init.dtype(0)) + " is not supported (supported: float32)";
@@ -849,6 +968,13 @@ KILN_REGISTER_CPU_KERNELS(channels_last_conv) {
   e.dtypes = "float32";
   e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<ChannelsLastConvKernel>(init); };
   registry.add(std::move(e));
+  KernelEntry separable;
+  separable.op = "ChannelsLastSeparableConv";
+  separable.domain = "kiln";
+  separable.check = check_separable_conv;
+  separable.dtypes = "float32";
+  separable.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<SeparableConvKernel>(init); };
+  registry.add(std::move(separable));
 }
 
 }  // namespace kiln::cpu

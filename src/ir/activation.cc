@@ -41,19 +41,19 @@ Activation Activation::named(const std::string& name, float alpha, float beta) {
   return a;
 }
 
-Activation Activation::from_node(const Node& node) {
+Activation Activation::from_node(const Node& node, const std::string& prefix) {
   Activation a;
-  const std::string name = node.attrs.get_string("activation", "");
+  const std::string name = node.attrs.get_string(prefix + "activation", "");
   if (!parse(name, a.kind)) throw node.error(ErrorKind::kUnsupported, "unknown epilogue activation '" + name + "'");
-  a.alpha = node.attrs.get_float("activation_alpha", 0.f);
-  a.beta = node.attrs.get_float("activation_beta", 0.f);
+  a.alpha = node.attrs.get_float(prefix + "activation_alpha", 0.f);
+  a.beta = node.attrs.get_float(prefix + "activation_beta", 0.f);
   return a;
 }
 
-void Activation::store(Node& node) const {
-  node.attrs.set("activation", std::string(name()));
-  node.attrs.set("activation_alpha", alpha);
-  node.attrs.set("activation_beta", beta);
+void Activation::store(Node& node, const std::string& prefix) const {
+  node.attrs.set(prefix + "activation", std::string(name()));
+  node.attrs.set(prefix + "activation_alpha", alpha);
+  node.attrs.set(prefix + "activation_beta", beta);
 }
 
 }  // namespace kiln::ir

@@ -39,9 +39,10 @@ struct Activation {
   bool none() const { return kind == ActivationKind::kNone; }
 
   // Throws kUnsupported naming the node for an activation this kiln does not know (the schema
-  // refuses those first).
-  static Activation from_node(const Node& node);
-  void store(Node& node) const;
+  // refuses those first). A node with several activations (kiln::ChannelsLastSeparableConv's
+  // stages) names the others' attributes with a prefix: "expand_activation", ...
+  static Activation from_node(const Node& node, const std::string& prefix = "");
+  void store(Node& node, const std::string& prefix = "") const;
 
   // v limited to [lo, hi]; NaN stays NaN (as ONNX's Clip).
   static KILN_HOST_DEVICE float clamp(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
