@@ -20,11 +20,14 @@ namespace kiln::compiler {
 namespace {
 
 // The CPU engine's graph: chains of convolutions channels-last where its kernels read them in
-// place (passes::channels_last_convs). An engine file holds the graph after this; loading it
-// runs the pass again, which finds nothing left to rewrite.
+// place (passes::channels_last_convs), their large depthwise-separable blocks in one node each
+// (passes::separable_convs). An engine file holds the graph after this; loading it runs the
+// passes again, which find nothing left to rewrite.
 ir::Graph laid_out_for_cpu(ir::Graph graph) {
-  if (passes::channels_last_convs(graph, cpu::channels_last_conv_runs, cpu::kChannelsLastMinFlopsPerMovedElement) > 0)
+  if (passes::channels_last_convs(graph, cpu::channels_last_conv_runs, cpu::kChannelsLastMinFlopsPerMovedElement) > 0) {
     ir::infer_shapes(graph);
+    if (passes::separable_convs(graph, cpu::kSeparableMinDepthwiseInputBytes) > 0) ir::infer_shapes(graph);
+  }
   return graph;
 }
 

@@ -816,7 +816,7 @@ class ChannelsLastConvKernel final : public Kernel {
 
 // kiln::ChannelsLastSeparableConv: the block streamed one output row at a time. Each task is a
 // band of an image's output rows; for each row it expands the input rows the depthwise kernel
-// reads (each once, into a ring of kernel-span rows, unless the band's previous row made it),
+// reads (each once, into a ring of the kernel's rows, unless the band's previous row made it),
 // runs the depthwise row into a buffer and projects that row into Y. The expanded rows and the
 // depthwise row stay in L2 (a 112-pixel row of 96 channels is 43 KB): unfused, the 6x wider
 // tensors between the convolutions went to memory and back (docs/design/cpu-gemm.md,
@@ -858,7 +858,9 @@ class SeparableConvKernel final : public Kernel {
     const DirectProduct expand = expands ? direct_product(expand_, 1, c_in) : DirectProduct();
     const DirectProduct project = direct_product(project_, 1, e);
     const DepthwiseRow row_shape = depthwise_row_shape(g, depthwise_weights_.data(), bd, depthwise_act_);
-    const int64_t span = (g.kh - 1) * g.dh + 1;  // input rows one output row's kernel covers
+    // The ring's rows: the input rows one output row's kernel covers (all of them where the kernel
+    // is taller than the image), slot iy % ring_rows.
+    const int64_t ring_rows = std::min((g.kh - 1) * g.dh + 1, g.h);
     const int in_tr = pixels_per_tile(g.w), out_tr = pixels_per_tile(g.ow);
     const int64_t in_tiles = (g.w + in_tr - 1) / in_tr, out_tiles = (g.ow + out_tr - 1) / out_tr;
     // Bands of output rows: about two per thread, at least 8 rows each (a band's first row
@@ -871,9 +873,9 @@ class SeparableConvKernel final : public Kernel {
       thread_local AlignedFloats ring_buffer, depthwise_buffer;
       thread_local std::vector<const float*> pointers, kernel_rows;
       thread_local std::vector<int64_t> held;  // the input row each ring slot holds, or -1
-      float* ring = expands ? ring_buffer.reserve(span * g.w * e) : nullptr;
+      float* ring = expands ? ring_buffer.reserve(ring_rows * g.w * e) : nullptr;
       float* depthwise_row = depthwise_buffer.reserve(g.ow * e);
-      held.assign(static_cast<size_t>(span), -1);
+      held.assign(static_cast<size_t>(ring_rows), -1);
       kernel_rows.assign(static_cast<size_t>(g.kh), nullptr);
       pointers.resize(static_cast<size_t>(std::max(in_tiles * in_tr, out_tiles * out_tr)));
       // Pixel pointers of a row of `count` pixels `stride` floats apart, padded to whole tiles.
@@ -891,7 +893,7 @@ class SeparableConvKernel final : public Kernel {
             kernel_rows[static_cast<size_t>(ky)] = image + iy * g.w * c_in;
             continue;
           }
-          const size_t slot = static_cast<size_t>(iy % span);
+          const size_t slot = static_cast<size_t>(iy % ring_rows);
           float* expanded = ring + static_cast<int64_t>(slot) * g.w * e;
           if (held[slot] != iy) {
             point_at(image + iy * g.w * c_in, g.w, c_in, in_tiles * in_tr);

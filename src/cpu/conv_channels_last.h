@@ -3,6 +3,8 @@
 // engine (src/passes/channels_last_convs.cc).
 #pragma once
 
+#include <cstdint>
+
 #include "ir/graph.h"
 
 namespace kiln::cpu {
@@ -20,5 +22,9 @@ bool channels_last_conv_runs(const ir::Graph& graph, const ir::Node& conv);
 // layers) and 1,290 (two of GoogLeNet's inception branches) ran slower channels-last, MobileNet-V2
 // (2,800) as fast or faster, ResNet-18 (15,000) and ResNet-50 (26,000) faster.
 constexpr double kChannelsLastMinFlopsPerMovedElement = 2000;
+
+// A depthwise-separable block runs as one kiln::ChannelsLastSeparableConv (passes::separable_convs)
+// when its depthwise convolution reads at least this many bytes per image.
+constexpr int64_t kSeparableMinDepthwiseInputBytes = int64_t{1} << 20;
 
 }  // namespace kiln::cpu

@@ -94,6 +94,12 @@ using ConvLayoutQuery = std::function<bool(const ir::Graph&, const ir::Node&)>;
 // (src/passes/channels_last_convs.cc). Returns the number of convolutions rewritten.
 int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double min_flops_per_moved_element);
 
+// Depthwise-separable blocks of kiln::ChannelsLastConv (an optional 1x1 expansion, a depthwise
+// convolution, a 1x1 projection) -> one kiln::ChannelsLastSeparableConv, where the depthwise
+// convolution reads at least `min_depthwise_input_bytes` per image (src/passes/separable_convs.cc).
+// Returns the number of blocks fused.
+int separable_convs(ir::Graph& graph, int64_t min_depthwise_input_bytes);
+
 // Gives Reshape / Expand nodes whose shape input is computed (Shape -> Gather -> Concat ...)
 // but whose symbolic value is known a constant shape input instead, so the chain dies.
 int simplify_shape_chains(ir::Graph& graph);

@@ -43,6 +43,7 @@ std::vector<Block> blocks() {
       // Enough rows for several bands of output rows (each expands its first rows anew), two
       // images (a thread's ring must not keep one image's rows for the other's).
       {"bands of rows, two images", 2, 34, 11, 8, 32, 3, 1, 1, {1, 1, 1, 1}, 8, "Relu", "Relu", "", true},
+      {"5x5 kernel taller than the 2-row image", 1, 2, 6, 8, 16, 5, 1, 1, {2, 2, 2, 2}, 8, "Relu", "Relu", "", false},
       {"7 x 7, 48 channels out (a narrow last panel)", 1, 7, 7, 16, 32, 3, 1, 1, {1, 1, 1, 1}, 48, "Relu", "", "", true},
   };
 }
