@@ -4,7 +4,7 @@
 
     .venv/bin/python bench/ort_profile.py MODEL.onnx --threads 2 --batch 1 --out FILE.json
 
-Runs the model --runs times on seeded random inputs (float32; the first dimension of each input
+Runs the model --runs times on seeded random inputs (float32, integer inputs 0 or 1; the first dimension of each input
 set to --batch) with ONNX Runtime's profiler on (all graph optimizations, --threads intra-op
 threads) and writes, for every node ONNX Runtime ran (after its fusions: a fused node carries its
 last output's name), the median of its kernel times over the runs after --warmup, in ms,
@@ -43,7 +43,10 @@ def main() -> None:
     feed = {}
     for i in session.get_inputs():
         shape = [args.batch if k == 0 else (d if isinstance(d, int) else 1) for k, d in enumerate(i.shape)]
-        feed[i.name] = rng.random(shape, dtype=np.float32)
+        if i.type in ("tensor(int64)", "tensor(int32)"):  # token ids, masks: 0 or 1 (valid for both)
+            feed[i.name] = rng.integers(0, 2, shape).astype(np.int64 if i.type == "tensor(int64)" else np.int32)
+        else:
+            feed[i.name] = rng.random(shape, dtype=np.float32)
     for _ in range(args.runs):
         session.run(None, feed)
     trace = session.end_profiling()
