@@ -1,12 +1,13 @@
 // sgemm_bench: kiln's packed sgemm (cpu/sgemm.h) against OpenBLAS on ResNet-50's and BERT-base's
 // GEMM shapes.
 //
-//   sgemm_bench [--reps N] [--threads N] [--only M,N,K[,residual]]
+//   sgemm_bench [--reps N] [--threads N] [--only M,N,K[,residual]] [--rows M,N,K]
 //
 // --only times one GEMM shape alone (for a change to the kernel or its threading): kiln with B, C
 // and the residual (with ",residual": bias + residual + Relu, as a bottleneck's last 1x1 conv)
 // in cache ("warm") and cycled through copies adding up to 256 MB ("cold", as a model's layers
-// meet their activations), best of --reps.
+// meet their activations), best of --reps. --rows times rows_sgemm (MatMul and Gemm by constant
+// weights: X's rows by packed W) the same way.
 //
 // For each (M, N, K) prints GFLOP/s of kiln (A pre-packed, B a plain row-major matrix packed
 // per call) and of cblas_sgemm, both on --threads threads (default: the CPUs the process may run
@@ -97,6 +98,44 @@ int time_one_shape(const std::string& spec, int reps, int threads) {
   return 0;
 }
 
+// --rows M,N,K: rows_sgemm, as MatMul and Gemm by constant weights run it (X [M x K] by W [K x N],
+// packed once), warm and with X, W and Y cycled through copies adding up to 256 MB.
+int time_rows_shape(const std::string& spec, int reps, int threads) {
+  long m = 0, n = 0, k = 0;
+  if (std::sscanf(spec.c_str(), "%ld,%ld,%ld", &m, &n, &k) != 3 || m <= 0 || n <= 0 || k <= 0 || m * n > (1L << 26) ||
+      k * n > (1L << 26) || m * k > (1L << 26)) {
+    std::fprintf(stderr, "sgemm_bench: --rows wants M,N,K with each product of two at most 2^26, not '%s'\n", spec.c_str());
+    return 2;
+  }
+  std::mt19937 rng(0);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  const int64_t set_floats = m * k + m * n;
+  const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / ((set_floats + k * n) * 4)));
+  std::vector<std::vector<float>> sets(static_cast<size_t>(copies));
+  std::vector<PackedColumns> weights(static_cast<size_t>(copies));
+  std::vector<float> w(static_cast<size_t>(k * n));
+  for (int c = 0; c < copies; ++c) {
+    for (float& v : w) v = dist(rng);
+    weights[static_cast<size_t>(c)].pack(w.data(), k, n, n);
+    sets[static_cast<size_t>(c)].resize(static_cast<size_t>(set_floats));
+    for (float& v : sets[static_cast<size_t>(c)]) v = dist(rng);
+  }
+  auto run = [&](int i) {
+    float* set = sets[static_cast<size_t>(i)].data();
+    rows_sgemm(weights[static_cast<size_t>(i)], m, set, k, set + m * k, n, nullptr, nullptr, 0, nullptr, threads);
+  };
+  const double flop = 2.0 * static_cast<double>(m * n * k);
+  const double warm = best_seconds(reps, [&] { run(0); });
+  int next = 0;
+  const double cold = best_seconds(reps, [&] {
+    run(next);
+    next = (next + 1) % copies;
+  });
+  std::printf("rows M %5ld N %5ld K %5ld, %d threads: warm %6.1f GFLOP/s (%.3f ms)   cold %6.1f GFLOP/s (%.3f ms)\n", m, n, k,
+              threads, flop / warm * 1e-9, warm * 1e3, flop / cold * 1e-9, cold * 1e3);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,8 +146,10 @@ int main(int argc, char** argv) {
   }
   use_single_threaded_blas();
   const int threads = thread_count();
-  for (int i = 1; i + 1 < argc; ++i)
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--only") return time_one_shape(argv[i + 1], reps, threads);
+    if (std::string(argv[i]) == "--rows") return time_rows_shape(argv[i + 1], reps, threads);
+  }
   struct Shape {
     int64_t m, n, k;
   };
