@@ -741,27 +741,41 @@ class ChannelsLastConvKernel final : public Kernel {
       if (pointwise) {
         for_each_pixel([&](const float** slot, const float* image, int64_t oy, int64_t ox) { slot[0] = image + (oy * g.w + ox) * g.c; });
       } else if (by_rows) {
-        // Kernel rows that pass the image's left or right edge: counted, then copied.
-        int64_t partial = 0;
-        for_each_pixel([&](const float**, const float*, int64_t, int64_t ox) {
-          const int64_t ix0 = ox * g.sw - g.pw;
-          if (ix0 < 0 || ix0 + g.kw > g.w) partial += g.kh;
-        });
-        float* copy = edge_copies.reserve(std::max<int64_t>(1, partial * segment));
+        // Kernel rows that pass the image's left or right edge get a zero-padded copy: the first
+        // `left` pixels of an output row and those from `right` on, in the rows the task spans.
+        const int64_t left = std::min(g.ow, (g.pw + g.sw - 1) / g.sw);
+        const int64_t last_whole = g.w - g.kw + g.pw;  // the largest ox * sw whose kernel row is inside
+        const int64_t right = std::max(left, last_whole < 0 ? int64_t{0} : std::min(g.ow, last_whole / g.sw + 1));
+        const int64_t rows_spanned = ((t1 - t0) * tr + g.ow - 1) / g.ow + 1;
+        float* copy = edge_copies.reserve(std::max<int64_t>(1, rows_spanned * (left + g.ow - right) * g.kh * segment));
+        // The kernel rows' input rows (null: in the padding) of the output row last visited.
+        thread_local std::vector<const float*> row_starts;
+        row_starts.resize(static_cast<size_t>(g.kh));
+        const float* starts_image = nullptr;
+        int64_t starts_oy = -1;
         for_each_pixel([&](const float** slot, const float* image, int64_t oy, int64_t ox) {
-          const int64_t ix0 = ox * g.sw - g.pw;
-          const bool whole = ix0 >= 0 && ix0 + g.kw <= g.w;
-          for (int64_t ky = 0; ky < g.kh; ++ky) {
-            const int64_t iy = oy * g.sh - g.ph + ky * g.dh;
-            const bool row_inside = iy >= 0 && iy < g.h;
-            if (whole) {
-              slot[ky * tr] = row_inside ? image + (iy * g.w + ix0) * g.c : zero_row;
-              continue;
+          if (image != starts_image || oy != starts_oy) {
+            for (int64_t ky = 0; ky < g.kh; ++ky) {
+              const int64_t iy = oy * g.sh - g.ph + ky * g.dh;
+              row_starts[static_cast<size_t>(ky)] = iy >= 0 && iy < g.h ? image + iy * g.w * g.c : nullptr;
             }
+            starts_image = image;
+            starts_oy = oy;
+          }
+          const int64_t ix0 = ox * g.sw - g.pw;
+          if (ox >= left && ox < right) {
+            for (int64_t ky = 0; ky < g.kh; ++ky) {
+              const float* start = row_starts[static_cast<size_t>(ky)];
+              slot[ky * tr] = start ? start + ix0 * g.c : zero_row;
+            }
+            return;
+          }
+          for (int64_t ky = 0; ky < g.kh; ++ky) {
+            const float* start = row_starts[static_cast<size_t>(ky)];
             for (int64_t kx = 0; kx < g.kw; ++kx) {
               const int64_t ix = ix0 + kx;
               float* to = copy + kx * g.c;
-              if (row_inside && ix >= 0 && ix < g.w) std::copy_n(image + (iy * g.w + ix) * g.c, g.c, to);
+              if (start && ix >= 0 && ix < g.w) std::copy_n(start + ix * g.c, g.c, to);
               else std::fill_n(to, g.c, 0.f);
             }
             slot[ky * tr] = copy;
