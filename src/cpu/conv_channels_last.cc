@@ -136,6 +136,20 @@ __attribute__((target("avx512f,fma"))) void dense_tiles_avx512(const float* pane
     const float* const* rows = run.rows + tile * run.rows_step;
     const char* prefetch = run.prefetch ? run.prefetch + tile * run.prefetch_per_tile * 64 : nullptr;
     const int64_t prefetch_lines = std::clamp<int64_t>(run.prefetch_lines - tile * run.prefetch_per_tile, 0, run.prefetch_per_tile);
+    // The next tile's residual rows, M floats apart (a stride no hardware prefetcher follows),
+    // while this tile computes ("The epilogue's residual, prefetched" in docs/design/cpu-gemm.md).
+    if (run.last && tile + 1 < run.tiles) {
+      const int64_t next_rows = std::min<int64_t>(R, run.pixels - (tile + 1) * R);
+      for (int64_t i = 0; i < next_rows; ++i) {
+        float* yi = y + (R + i) * run.ldy;
+        __builtin_prefetch(yi, 1, 3);
+        if (run.cols > 16) __builtin_prefetch(yi + 16, 1, 3);
+        if (!z) continue;
+        const float* zi = z + (R + i) * run.ldy;
+        _mm_prefetch(reinterpret_cast<const char*>(zi), _MM_HINT_T0);
+        if (run.cols > 16) _mm_prefetch(reinterpret_cast<const char*>(zi + 16), _MM_HINT_T0);
+      }
+    }
     __m512 c0[R], c1[R];
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
