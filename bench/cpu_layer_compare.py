@@ -11,7 +11,7 @@ both engines fuse into it (a following Add of another activation, then Relu or C
 inputs fixed at the shapes the layer sees in the whole model, and both engines time that model
 alone, in alternating rounds, in processes of their own; the outputs of the same inputs are
 compared. Each side times its engine and nothing around it: kiln's through `kiln bench
---exportTimes` (C++, inputs made once; kiln's Python binding copies every input on every run),
+--exportTimes` (C++, inputs made once, no Python call around each run),
 ONNX Runtime's through IO binding with the inputs and a preallocated output bound once (a fresh
 output costs a page fault every 4 KB). Each engine's cost of one call on a tiny model (a Relu of
 one float) is measured the same way and reported beside the layers, since every layer's time
@@ -61,8 +61,8 @@ result = []
 for layer in plan:
     feeds = dict(np.load(layer["inputs"]))
     if kind == "kiln":
-        # The engine alone: `kiln bench` runs it from C++ on inputs it made once (the Python
-        # binding copies every input on every run); the output to compare comes from one run here.
+        # The engine alone: `kiln bench` runs it from C++ on inputs it made once (no Python call
+        # around each run); the output to compare comes from one run here.
         with tempfile.TemporaryDirectory() as tmp:
             times_path = os.path.join(tmp, "times.json")
             subprocess.run([kiln_cli, "bench", layer["engine"], "--device", "cpu", "--threads", threads, "--iterations", runs,

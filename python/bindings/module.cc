@@ -63,9 +63,9 @@ enum class InputMemory { kCopy, kBorrow };
 // The memory of a CPU engine's input copies, reused from run to run (cpu::BufferPool, as the
 // engine's intermediates are). Fresh memory for a large input costs a page fault every 4 KB on
 // each run: a run over a 38 MB batch of images took 35 to 41 ms with fresh copies and 10 to 11 ms
-// with reused ones on a 2-core VM (bench/cpu_run_input_sizes.py). Engine.run gives its copies
-// back after the run; the pool takes only buffers nothing else holds (an output over an input's
-// memory keeps it).
+// with reused ones on a 2-core VM (bench/cpu_run_input_sizes.py). Engine.profile gives its copies
+// back after the run (Engine.run reads the arrays in place); the pool takes only buffers nothing
+// else holds (an output over an input's memory keeps it).
 cpu::BufferPool& input_pool() {
   static auto* pool = new cpu::BufferPool(0);  // never destroyed: Tensors may outlive static destruction
   return *pool;
@@ -99,6 +99,21 @@ Tensor to_tensor(const py::handle& object, const std::string& what, InputMemory 
 // Returns a run's input copies to input_pool() (those nothing else holds: see BufferPool::give).
 void give_back(std::map<std::string, Tensor>& inputs) {
   for (auto& [name, t] : inputs) input_pool().give(t);
+}
+
+// Outputs whose memory lies in a borrowed input's: copied, so they own their memory.
+void copy_outputs_over_inputs(std::map<std::string, Tensor>& outputs, const std::map<std::string, Tensor>& inputs) {
+  for (auto& [name, t] : outputs) {
+    if (!t.defined() || t.nbytes() == 0) continue;
+    const auto* begin = static_cast<const unsigned char*>(t.raw());
+    for (const auto& [input_name, x] : inputs) {
+      const auto* x_begin = static_cast<const unsigned char*>(x.raw());
+      if (x.nbytes() > 0 && begin < x_begin + x.nbytes() && x_begin < begin + t.nbytes()) {
+        t = t.clone();
+        break;
+      }
+    }
+  }
 }
 
 py::array to_numpy(const Tensor& t) {
@@ -537,16 +552,18 @@ PYBIND11_MODULE(_kiln, m) {
            },
            py::arg("use_cuda_graph") = true, py::arg("share_activation_memory") = false)
       .def("run", [](const Engine& engine, const py::dict& inputs) {
-        // A CPU engine's kernels may read inputs with aligned vector loads, and an output may be an
-        // input itself: its inputs are copied. A GPU engine's are copied to the device anyway.
-        std::map<std::string, Tensor> in =
-            to_tensors(inputs, engine.backend() == "cuda" ? InputMemory::kBorrow : InputMemory::kCopy);
+        // The arrays are read in place: no engine writes its inputs (a GPU engine copies them to
+        // the device, a CPU engine's kernels read them with unaligned loads). An output over an
+        // input's memory (an Identity or Reshape of it) is copied, so that no output shares memory
+        // with the caller's arrays. Copying every input cost MobileNet-V2 about 0.1 ms a run
+        // (docs/design/cpu-gemm.md, "Depthwise-separable blocks in one pass").
+        std::map<std::string, Tensor> in = to_tensors(inputs, InputMemory::kBorrow);
         std::map<std::string, Tensor> out;
         {
           py::gil_scoped_release release;
           out = engine.run(in);
+          copy_outputs_over_inputs(out, in);
         }
-        give_back(in);
         return to_dict(out);
       })
       .def("profile", [](const Engine& engine, const py::dict& inputs) {

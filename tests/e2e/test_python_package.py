@@ -116,9 +116,9 @@ def test_threads_sharing_one_cpu_engine_match_serial_runs_bit_for_bit():
 
 
 def test_large_inputs_reuse_memory_without_touching_earlier_outputs(tmp_path):
-    """The binding copies a CPU engine's inputs into memory it reuses from run to run (inputs of
-    1 MiB and more). An output that is the input itself keeps that memory: later runs, serial or
-    from several threads at once, must neither change it nor see each other's inputs."""
+    """The binding reads a CPU engine's input arrays in place. Outputs computed from an input (an
+    Identity of it, a chain of Negs) share no memory with it, and later runs, serial or from
+    several threads at once, neither change earlier outputs nor see each other's inputs."""
     import threading
 
     from onnx import TensorProto, helper
@@ -136,6 +136,8 @@ def test_large_inputs_reuse_memory_without_touching_earlier_outputs(tmp_path):
     rng = np.random.default_rng(5)
     inputs = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
     kept = [engine.run({"x": x}) for x in inputs]  # every output alive at once
+    for x, out in zip(inputs, kept):
+        assert not np.shares_memory(out["same"], x) and not np.shares_memory(out["neg"], x)
     for _ in range(3):
         for x in inputs[::-1]:
             out = engine.run({"x": x})
@@ -163,6 +165,28 @@ def test_large_inputs_reuse_memory_without_touching_earlier_outputs(tmp_path):
     for th in threads:
         th.join()
     assert not errors, errors[:5]
+
+
+def test_an_output_that_is_an_input_owns_its_memory(tmp_path):
+    """A CPU engine reads its input arrays in place; a graph output that is a graph input (no node
+    between) comes back as a copy, so changing the array after the run does not change it."""
+    from onnx import TensorProto, helper
+
+    shape = [2, 3, 4]
+    graph = helper.make_graph([helper.make_node("Neg", ["x"], ["neg"])], "passthrough",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+                               helper.make_tensor_value_info("neg", TensorProto.FLOAT, shape)])
+    path = str(tmp_path / "passthrough.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    engine = kiln.Builder(device="cpu").build(path)
+    x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
+    want = x.copy()
+    out = engine.run({"x": x})
+    assert not np.shares_memory(out["x"], x)
+    x += 1.0
+    np.testing.assert_array_equal(out["x"], want)
+    np.testing.assert_array_equal(out["neg"], -want)
 
 
 def test_scalar_and_strided_inputs_keep_their_shapes(tmp_path):
