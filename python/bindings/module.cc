@@ -555,8 +555,7 @@ PYBIND11_MODULE(_kiln, m) {
         // The arrays are read in place: no engine writes its inputs (a GPU engine copies them to
         // the device, a CPU engine's kernels read them with unaligned loads). An output over an
         // input's memory (an Identity or Reshape of it) is copied, so that no output shares memory
-        // with the caller's arrays. Copying every input cost MobileNet-V2 about 0.1 ms a run
-        // (docs/design/cpu-gemm.md, "Depthwise-separable blocks in one pass").
+        // with the caller's arrays.
         std::map<std::string, Tensor> in = to_tensors(inputs, InputMemory::kBorrow);
         std::map<std::string, Tensor> out;
         {
