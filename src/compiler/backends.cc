@@ -24,7 +24,10 @@ namespace {
 // (passes::separable_convs). An engine file holds the graph after this; loading it runs the
 // passes again, which find nothing left to rewrite.
 ir::Graph laid_out_for_cpu(ir::Graph graph) {
-  if (passes::channels_last_convs(graph, cpu::channels_last_conv_runs, cpu::kChannelsLastMinFlopsPerMovedElement) > 0) {
+  const passes::ConvLayoutQuery runs = [](const ir::Graph& g, const ir::Node& n) {
+    return cpu::channels_last_conv_runs(g, n) || cpu::channels_last_max_pool_runs(g, n);
+  };
+  if (passes::channels_last_convs(graph, runs, cpu::kChannelsLastMinFlopsPerMovedElement) > 0) {
     ir::infer_shapes(graph);
     if (passes::separable_convs(graph, cpu::kSeparableMinDepthwiseInputBytes) > 0) ir::infer_shapes(graph);
   }

@@ -1,6 +1,6 @@
-// Which convolutions the CPU engine runs channels-last (kiln::ChannelsLastConv,
-// src/ops/channels_last_conv.cc), for the layout pass the compiler runs before it builds a CPU
-// engine (src/passes/channels_last_convs.cc).
+// Which convolutions and pools the CPU engine runs channels-last (kiln::ChannelsLastConv,
+// src/ops/channels_last_conv.cc; kiln::ChannelsLastMaxPool, src/ops/pool.cc), for the layout pass
+// the compiler runs before it builds a CPU engine (src/passes/channels_last_convs.cc).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,11 @@ namespace kiln::cpu {
 // 2-D, float32, constant weights, one group or depthwise (one input channel per group), on a
 // CPU with AVX-512.
 bool channels_last_conv_runs(const ir::Graph& graph, const ir::Node& conv);
+
+// Has this MaxPool node a channels-last kernel (kiln::ChannelsLastMaxPool, src/cpu/pool.cc):
+// 2-D, float32, without its Indices output, on a CPU with AVX-512. Such a MaxPool joins the chains
+// of channels-last convolutions around it (ResNet's stem and first block).
+bool channels_last_max_pool_runs(const ir::Graph& graph, const ir::Node& pool);
 
 // A chain of convolutions goes channels-last when its arithmetic is at least this many FLOPs per
 // element its Transposes move. A Transpose reads and writes 8 bytes an element (about 10 GB/s on

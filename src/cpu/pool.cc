@@ -1,6 +1,6 @@
 // CPU kernels of pooling (MaxPool also on int8/uint8 and with its Indices output; the rest
 // float32). 1-D, 2-D and 3-D pooling share one loop nest: fewer spatial dims are padded to
-// three with size-1 dims.
+// three with size-1 dims. kiln::ChannelsLastMaxPool: 2-D MaxPool on [N, H, W, C], float32.
 // GCC 12's AVX-512 intrinsics start from an "undefined" vector and trip -Wmaybe-uninitialized
 // when inlined here; the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu/conv_channels_last.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
 #include "cpu/sgemm.h"
@@ -299,6 +300,81 @@ void global_pool(const Tensor& x, Tensor& y, PoolKind kind, float p_norm) {
   });
 }
 
+// One output pixel of a channels-last MaxPool: the max over the window's taps inside the image,
+// `first` the first tap's pixel (null: no tap inside), rows row_step and taps w.d[2] * C apart.
+__attribute__((target("avx512f"))) void max_pixel_avx512(const float* first, const Taps& th, const Taps& tw,
+                                                         const Window3& w, int64_t row_step, int64_t C, float* y) {
+  const __m512 lowest = _mm512_set1_ps(std::numeric_limits<float>::lowest());
+  for (int64_t c0 = 0; c0 < C; c0 += 16) {
+    const __mmask16 m = static_cast<__mmask16>(C - c0 >= 16 ? 0xFFFFu : (1u << (C - c0)) - 1);
+    if (!first) {
+      _mm512_mask_storeu_ps(y + c0, m, lowest);
+      continue;
+    }
+    __m512 best = _mm512_maskz_loadu_ps(m, first + c0);
+    for (int64_t kh = 0; kh < th.k1 - th.k0; ++kh)
+      for (int64_t kw = kh == 0 ? 1 : 0; kw < tw.k1 - tw.k0; ++kw)
+        best = _mm512_max_ps(_mm512_maskz_loadu_ps(m, first + kh * w.d[1] * row_step + kw * w.d[2] * C + c0), best);
+    _mm512_mask_storeu_ps(y + c0, m, best);
+  }
+}
+
+// kiln::ChannelsLastMaxPool: X [N, H, W, C] -> Y [N, OH, OW, C], per output pixel 16 channels
+// at a time, the taps inside the image in MaxPool's order (the first, then each greater one:
+// _mm512_max_ps(v, best) keeps best unless v is greater, NaN included, as max_pool's comparison).
+// A window with no tap inside the image gives the lowest float, as max_pool's.
+void max_pool_channels_last(const ir::Node& node, const Tensor& x, Tensor& y) {
+  const int64_t N = x.dim(0), H = x.dim(1), W = x.dim(2), C = x.dim(3), OH = y.dim(1), OW = y.dim(2);
+  ir::PoolGeometry g = ir::pool_geometry(node, 2);
+  Window3 w;  // axes 1 and 2: H and W
+  w.nc = N * C;
+  w.in[0] = w.out[0] = w.k[0] = w.s[0] = w.d[0] = 1;
+  w.pb[0] = w.pe[0] = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    const int a = static_cast<int>(i) + 1;
+    w.in[a] = x.dim(a);
+    w.out[a] = ir::pool_output_size(node, g, i, w.in[a]);
+    w.k[a] = g.kernel[i];
+    w.s[a] = g.strides[i];
+    w.d[a] = g.dilations[i];
+    w.pb[a] = g.pad_begin[i];
+    w.pe[a] = g.pad_end[i];
+  }
+  if (w.out[1] != OH || w.out[2] != OW) throw node.error(ErrorKind::kInternal, "pool output size mismatch");
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  const bool avx512 = sgemm_isa() == SgemmIsa::kAvx512;
+  parallel_for_each(N * OH, N * OH > 1 && N * OH * OW * C * w.k[1] * w.k[2] >= (int64_t{1} << 15), [&](int64_t row) {
+    const int64_t n = row / OH, oy = row % OH;
+    const Taps th = taps(w, 1, oy);
+    const float* image = xp + n * H * W * C;
+    float* out = yp + row * OW * C;
+    for (int64_t ox = 0; ox < OW; ++ox) {
+      const Taps tw = taps(w, 2, ox);
+      float* yo = out + ox * C;
+      const bool any = th.k1 > th.k0 && tw.k1 > tw.k0;
+      auto at = [&](int64_t kh, int64_t kw) {
+        return image + ((th.start + kh * w.d[1]) * W + tw.start + kw * w.d[2]) * C;
+      };
+      if (avx512) {
+        max_pixel_avx512(any ? at(th.k0, tw.k0) : nullptr, th, tw, w, W * C, C, yo);
+        continue;
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        float best = std::numeric_limits<float>::lowest();
+        bool first = true;
+        for (int64_t kh = th.k0; kh < th.k1; ++kh)
+          for (int64_t kw = tw.k0; kw < tw.k1; ++kw) {
+            const float v = at(kh, kw)[c];
+            if (v > best || first) best = v;
+            first = false;
+          }
+        yo[c] = best;
+      }
+    }
+  });
+}
+
 PoolKind kind_of(const std::string& op) {
   if (op == "MaxPool" || op == "GlobalMaxPool") return PoolKind::kMax;
   if (op == "LpPool" || op == "GlobalLpPool") return PoolKind::kLp;
@@ -306,6 +382,13 @@ PoolKind kind_of(const std::string& op) {
 }
 
 }  // namespace
+
+bool channels_last_max_pool_runs(const ir::Graph& graph, const ir::Node& pool) {
+  if (sgemm_best_isa() != SgemmIsa::kAvx512 || !pool.domain.empty() || pool.op != "MaxPool") return false;
+  if (pool.inputs.size() != 1 || pool.outputs.empty() || (pool.outputs.size() > 1 && !pool.outputs[1].empty())) return false;
+  const ir::Value* x = graph.find_value(pool.inputs[0]);
+  return x && x->type.dtype == DType::kFloat32 && x->type.shape && x->type.shape->size() == 4;
+}
 
 KILN_REGISTER_CPU_KERNELS(pool) {
   {
@@ -324,6 +407,20 @@ KILN_REGISTER_CPU_KERNELS(pool) {
           case DType::kUInt8: run_max_pool(w, in[0]->data<uint8_t>(), out[0].data<uint8_t>(), indices, column_major); break;
           default: run_max_pool(w, in[0]->data<float>(), out[0].data<float>(), indices, column_major); break;
         }
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "ChannelsLastMaxPool";
+    e.domain = "kiln";
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        if (out[0].numel() > 0) max_pool_channels_last(*node, *in[0], out[0]);
       });
     };
     registry.add(std::move(e));

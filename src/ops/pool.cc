@@ -1,5 +1,8 @@
 // Schemas of pooling: MaxPool, AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool,
-// GlobalLpPool. Input [N, C, spatial...]; the output keeps N and C.
+// GlobalLpPool. Input [N, C, spatial...]; the output keeps N and C. And kiln::ChannelsLastMaxPool
+// (domain "kiln"): MaxPool on [N, H, W, C] tensors without Indices, which the CPU engine's layout
+// pass (src/passes/channels_last_convs.cc) writes where a MaxPool joins chains of channels-last
+// convolutions.
 #include "ops/pool.h"
 
 #include "ir/op_schema.h"
@@ -96,6 +99,23 @@ void infer_pool(InferContext& ctx) {
   if (node.op == "MaxPool") ctx.set_output(1, DType::kInt64, out);
 }
 
+// kiln::ChannelsLastMaxPool(X [N, H, W, C]) -> Y [N, OH, OW, C], MaxPool's attributes.
+void infer_channels_last_max_pool(InferContext& ctx) {
+  const DType dt = ctx.dtype(0);
+  if (!is_float(dt)) ctx.fail("input type " + to_string(dt) + " is not supported");
+  const Dims& x = ctx.shape(0);
+  if (x.size() != 4) ctx.fail("input must be N x H x W x C, has shape " + dims_to_string(x));
+  PoolGeometry g = pool_geometry(ctx.node, 2);
+  Dims out{x[0]};
+  for (size_t i = 0; i < 2; ++i) {
+    const Dim& d = x[1 + i];
+    const int64_t o = pool_output_size(ctx.node, g, i, d.known() ? d.value : -1);
+    out.push_back(o >= 0 ? Dim(o) : Dim::unknown());
+  }
+  out.push_back(x[3]);
+  ctx.set_output(0, dt, out);
+}
+
 int64_t pool_flops(const FlopsContext& c) {
   const Node& node = c.node;
   int64_t window = 1;
@@ -117,6 +137,12 @@ KILN_REGISTER_OPS(pool) {
     if (std::string(op) == "MaxPool") s.max_outputs = 2;
     registry.add(std::move(s));
   }
+  OpSchema s;
+  s.op = "ChannelsLastMaxPool";
+  s.domain = "kiln";
+  s.infer = infer_channels_last_max_pool;
+  s.flops = pool_flops;
+  registry.add(std::move(s));
 }
 
 }  // namespace kiln::ir

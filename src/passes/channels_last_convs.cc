@@ -1,5 +1,5 @@
-// Chains of convolutions -> kiln::ChannelsLastConv, with Transposes only where a chain meets
-// the rest of the graph:
+// Chains of convolutions -> kiln::ChannelsLastConv (and MaxPools between them ->
+// kiln::ChannelsLastMaxPool), with Transposes only where a chain meets the rest of the graph:
 //
 //   X -> Conv -> FusedConv(Z = ...) -> ...            (each reads and writes [N, C, H, W])
 //   X -> Transpose(0,2,3,1) -> ChannelsLastConv -> ChannelsLastConv -> ... -> Transpose(0,3,1,2)
@@ -43,7 +43,9 @@ std::optional<ir::Dims> permuted(const ir::Graph& graph, const std::string& valu
   return d;
 }
 
-// The convolution inputs that carry activations: X, and FusedConv's residual Z.
+bool is_max_pool(const ir::Node& n) { return n.domain.empty() && n.op == "MaxPool"; }
+
+// The convolution inputs that carry activations: X, and FusedConv's residual Z (a MaxPool's: X).
 std::vector<size_t> activation_inputs(const ir::Node& conv) {
   std::vector<size_t> idx{0};
   if (conv.op == "FusedConv" && conv.has_input(3)) idx.push_back(3);
@@ -88,7 +90,8 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
     }
   }
 
-  // Per region: convolutions, what its Transposes and its convolutions move.
+  // Per region: convolutions, what its Transposes and its convolutions move. MaxPools join the
+  // convolutions around them and count no arithmetic.
   struct Region {
     int convs = 0;
     int64_t boundary = 0;  // elements the Transposes move, per image
@@ -102,9 +105,9 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
     const int root = find_root(parent, static_cast<int>(i));
     Region& r = regions[root];
     const ir::Node& conv = graph.nodes[i];
-    ++r.convs;
     const std::string& y = conv.outputs[0];
-    const Tensor* w = graph.constant(conv.inputs[1]);
+    const Tensor* w = is_max_pool(conv) || conv.inputs.size() < 2 ? nullptr : graph.constant(conv.inputs[1]);
+    if (!is_max_pool(conv)) ++r.convs;
     const int64_t fan_in = w && w->rank() == 4 ? w->dim(1) * w->dim(2) * w->dim(3) : 0;  // multiply-adds per output
     r.flops += 2.0 * static_cast<double>(image_elements(graph, y)) * static_cast<double>(fan_in);
     for (size_t in : activation_inputs(conv)) {
@@ -171,7 +174,7 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
     const std::string y = conv.outputs[0];
     const std::string y_nhwc = typed(y + "_channels_last", *type_of(graph, y), permuted(graph, y, kToChannelsLast));
     channels_last[y] = y_nhwc;
-    conv.op = "ChannelsLastConv";
+    conv.op = is_max_pool(conv) ? "ChannelsLastMaxPool" : "ChannelsLastConv";
     conv.domain = "kiln";
     conv.outputs = {y_nhwc};
     const std::string conv_name = conv.name;

@@ -88,8 +88,8 @@ int transpose_before_merge(ir::Graph& graph);
 using ConvLayoutQuery = std::function<bool(const ir::Graph&, const ir::Node&)>;
 
 // The CPU engine's layout: chains of Conv / kiln::FusedConv nodes that `runs` accepts ->
-// kiln::ChannelsLastConv on [N, H, W, C] activations, with Transposes where a chain meets the rest
-// of the graph. Chains of one convolution, and chains whose arithmetic is less than
+// kiln::ChannelsLastConv on [N, H, W, C] activations (MaxPools it accepts between them ->
+// kiln::ChannelsLastMaxPool), with Transposes where a chain meets the rest of the graph. Chains of one convolution, and chains whose arithmetic is less than
 // `min_flops_per_moved_element` FLOPs per element their Transposes would move, stay as they are
 // (src/passes/channels_last_convs.cc). Returns the number of convolutions rewritten.
 int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double min_flops_per_moved_element);

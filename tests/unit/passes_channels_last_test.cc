@@ -87,6 +87,36 @@ TEST(ChannelsLastConvs, ConvolutionsWithoutAKernelAndSingleOnesStay) {
   EXPECT_EQ(passes::channels_last_convs(single, any_conv, kAnyArithmetic), 0);
 }
 
+TEST(ChannelsLastConvs, AMaxPoolJoinsTheConvolutionsAroundIt) {
+  // ResNet's stem: a 7x7 stride-2 convolution, a 3x3 stride-2 MaxPool, then the first block's
+  // convolutions. A MaxPool with a kernel joins them; without one (or with its Indices), the
+  // chain splits at it, and the stem, a chain of one, stays channels-first.
+  GraphBuilder b;
+  b.input("x", {ir::Dim::named("N"), 3, 20, 18});
+  b.node("Conv", {"x", b.random("w0", {8, 3, 7, 7})}, "c0",
+         {{"kernel_shape", std::vector<int64_t>{7, 7}}, {"pads", std::vector<int64_t>(4, 3)},
+          {"strides", std::vector<int64_t>{2, 2}}});
+  b.node("MaxPool", {"c0"}, "p0",
+         {{"kernel_shape", std::vector<int64_t>{3, 3}}, {"pads", std::vector<int64_t>(4, 1)},
+          {"strides", std::vector<int64_t>{2, 2}}});
+  b.node("Conv", {"p0", b.random("w1", {8, 8, 3, 3})}, "c1", conv_attrs(3));
+  b.node("Conv", {"c1", b.random("w2", {16, 8, 1, 1})}, "y", conv_attrs(1));
+  b.output("y");
+  const ir::Graph before = b.build();
+  ir::Graph joined = before;
+  auto with_pools = [](const ir::Graph& g, const ir::Node& n) { return any_conv(g, n) || n.op == "MaxPool"; };
+  EXPECT_EQ(passes::channels_last_convs(joined, with_pools, kAnyArithmetic), 4);
+  ir::infer_shapes(joined);
+  EXPECT_EQ(count_ops(joined, "ChannelsLastMaxPool"), 1);
+  EXPECT_EQ(count_ops(joined, "ChannelsLastConv"), 3);
+  EXPECT_EQ(count_ops(joined, "Transpose"), 2);  // x in, y out
+  expect_same_outputs(before, joined);
+  ir::Graph split = before;
+  EXPECT_EQ(passes::channels_last_convs(split, any_conv, kAnyArithmetic), 2);
+  EXPECT_EQ(count_ops(split, "MaxPool"), 1);
+  EXPECT_EQ(count_ops(split, "FusedConv") + count_ops(split, "Conv"), 1);  // the stem
+}
+
 TEST(ChannelsLastConvs, ChainsTooLightForTheirTransposesStay) {
   // Two 1x1 convolutions of 4 x 4 channels on 6 x 6 pixels: 2 x 36 x 16 x 2 = 2304 FLOPs per
   // image; their Transposes move x (144 elements), c0 (read by Sigmoid, 144) and c1 (144).
