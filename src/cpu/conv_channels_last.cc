@@ -286,23 +286,40 @@ __attribute__((target("avx512f,fma"), always_inline)) inline void depthwise_stor
   finish_avx512(v, m, r.z ? r.z + ox * r.c + c0 : nullptr, r.y + ox * r.c + c0, r.clamp, r.lo, r.hi);
 }
 
-// One output pixel's channels [c0, c0 + 16), the taps inside the image only (the row's edges).
-__attribute__((target("avx512f,fma"))) inline void depthwise_pixel_avx512(const DepthwiseRow& r, __mmask16 m, int64_t ox,
-                                                                          int64_t c0) {
+// One output pixel, the taps inside the image only (the row's edges, and rows too narrow for
+// four pixels inside: a 5x5 kernel on a 7-pixel row has three), 64 channels at a time: four
+// independent sums (one sum's chain of FMAs waits on each one's latency: MnasNet's 5x5 layers at
+// 7 x 7 ran 3.7x ONNX Runtime's time with one).
+__attribute__((target("avx512f,fma"))) inline void depthwise_pixel_avx512(const DepthwiseRow& r, int64_t ox, int64_t c_begin,
+                                                                          int64_t c_end) {
   const int64_t C = r.c, ix0 = ox * r.sw - r.pw;
   int64_t kx0 = 0, kx1 = 0;
   taps_inside(ix0, r.dw, r.kw, r.in_w, kx0, kx1);
-  __m512 acc = r.bias ? _mm512_maskz_loadu_ps(m, r.bias + c0) : _mm512_setzero_ps();
-  for (int64_t ky = r.ky0; ky < r.ky1; ++ky)
-    for (int64_t kx = kx0; kx < kx1; ++kx)
-      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, r.rows[ky] + (ix0 + kx * r.dw) * C + c0),
-                            _mm512_maskz_loadu_ps(m, r.w + (ky * r.kw + kx) * C + c0), acc);
-  depthwise_store_avx512(r, acc, m, ox, c0);
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += 64) {
+    __mmask16 m[4];
+    __m512 acc[4];
+    for (int j = 0; j < 4; ++j) {
+      m[j] = lanes(c_end - c0 - 16 * j);
+      acc[j] = r.bias ? _mm512_maskz_loadu_ps(m[j], r.bias + c0 + 16 * j) : _mm512_setzero_ps();
+    }
+    for (int64_t ky = r.ky0; ky < r.ky1; ++ky)
+      for (int64_t kx = kx0; kx < kx1; ++kx) {
+        const float* xp = r.rows[ky] + (ix0 + kx * r.dw) * C + c0;
+        const float* wp = r.w + (ky * r.kw + kx) * C + c0;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j)
+          acc[j] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m[j], xp + 16 * j), _mm512_maskz_loadu_ps(m[j], wp + 16 * j), acc[j]);
+      }
+    for (int j = 0; j < 4; ++j) depthwise_store_avx512(r, acc[j], m[j], ox, c0 + 16 * j);
+  }
 }
 
 // 16 channels at a time; inside the image (every tap of the pixels in it) four pixels at a time:
 // four independent sums (one sum's chain of FMAs would wait on each one's latency), each tap's
-// weights loaded once for the four.
+// weights loaded once for the four. Pixels outer, channels inner, so each pixel's inputs are used
+// whole while they are in L1, where the weights fit in L1 beside them; otherwise in runs of
+// channels whose weights fit (MnasNet's 5x5 layers of 1152 channels have 115 KB of weights: read
+// from L2 for every pixel, they took 2x ONNX Runtime's time).
 __attribute__((target("avx512f,fma"))) void depthwise_row_avx512(const DepthwiseRow& r) {
   const int64_t C = r.c, kw = r.kw, sw = r.sw, dw_step = r.dw * r.c;
   const int64_t ky0 = r.ky0, ky1 = r.ky1, ow = r.ow;
@@ -312,36 +329,38 @@ __attribute__((target("avx512f,fma"))) void depthwise_row_avx512(const Depthwise
   const int64_t in0 = std::min(ow, (r.pw + sw - 1) / sw);
   const int64_t last_in = r.in_w - 1 - (kw - 1) * r.dw + r.pw;  // the largest ox * sw allowed
   const int64_t in1 = std::max(in0, std::min(ow, last_in < 0 ? 0 : last_in / sw + 1));
-  int64_t ox = 0;
-  for (; ox < in0; ++ox)
-    for (int64_t c0 = 0; c0 < C; c0 += 16) depthwise_pixel_avx512(r, lanes(C - c0), ox, c0);
-  // Pixels outer, channels inner: each pixel's C inputs are used whole while they are in L1.
   const int64_t step = sw * C;
-  for (; ox + 4 <= in1; ox += 4) {
-    const int64_t xp = (ox * sw - r.pw) * C;
-    for (int64_t c0 = 0; c0 < C; c0 += 16) {
-      const __mmask16 m = lanes(C - c0);
-      const __m512 b = r.bias ? _mm512_maskz_loadu_ps(m, r.bias + c0) : zero;
-      __m512 a0 = b, a1 = b, a2 = b, a3 = b;
-      for (int64_t ky = ky0; ky < ky1; ++ky) {
-        const float* xr = r.rows[ky] + xp + c0;
-        const float* wr = w + ky * kw * C + c0;
-        for (int64_t kx = 0; kx < kw; ++kx, xr += dw_step, wr += C) {
-          const __m512 wv = _mm512_maskz_loadu_ps(m, wr);
-          a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr), wv, a0);
-          a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr + step), wv, a1);
-          a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr + 2 * step), wv, a2);
-          a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr + 3 * step), wv, a3);
+  const int64_t weight_bytes_per_channel = (ky1 - ky0) * kw * 4;
+  const int64_t run = std::max<int64_t>(64, (int64_t{16} << 10) / std::max<int64_t>(1, weight_bytes_per_channel) / 64 * 64);
+  for (int64_t c_begin = 0; c_begin < C; c_begin += run) {
+    const int64_t c_end = std::min(C, c_begin + run);
+    int64_t ox = 0;
+    for (; ox < in0; ++ox) depthwise_pixel_avx512(r, ox, c_begin, c_end);
+    for (; ox + 4 <= in1; ox += 4) {
+      const int64_t xp = (ox * sw - r.pw) * C;
+      for (int64_t c0 = c_begin; c0 < c_end; c0 += 16) {
+        const __mmask16 m = lanes(c_end - c0);
+        const __m512 b = r.bias ? _mm512_maskz_loadu_ps(m, r.bias + c0) : zero;
+        __m512 a0 = b, a1 = b, a2 = b, a3 = b;
+        for (int64_t ky = ky0; ky < ky1; ++ky) {
+          const float* xr = r.rows[ky] + xp + c0;
+          const float* wr = w + ky * kw * C + c0;
+          for (int64_t kx = 0; kx < kw; ++kx, xr += dw_step, wr += C) {
+            const __m512 wv = _mm512_maskz_loadu_ps(m, wr);
+            a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr), wv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr + step), wv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr + 2 * step), wv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, xr + 3 * step), wv, a3);
+          }
         }
+        depthwise_store_avx512(r, a0, m, ox, c0);
+        depthwise_store_avx512(r, a1, m, ox + 1, c0);
+        depthwise_store_avx512(r, a2, m, ox + 2, c0);
+        depthwise_store_avx512(r, a3, m, ox + 3, c0);
       }
-      depthwise_store_avx512(r, a0, m, ox, c0);
-      depthwise_store_avx512(r, a1, m, ox + 1, c0);
-      depthwise_store_avx512(r, a2, m, ox + 2, c0);
-      depthwise_store_avx512(r, a3, m, ox + 3, c0);
     }
+    for (; ox < ow; ++ox) depthwise_pixel_avx512(r, ox, c_begin, c_end);
   }
-  for (; ox < ow; ++ox)
-    for (int64_t c0 = 0; c0 < C; c0 += 16) depthwise_pixel_avx512(r, lanes(C - c0), ox, c0);
 }
 
 void depthwise_row_plain(const DepthwiseRow& r) {

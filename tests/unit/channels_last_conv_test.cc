@@ -71,6 +71,10 @@ std::vector<Case> cases() {
       {"depthwise 5x5 stride 2", {1, 17, 13, 17}, {17, 1, 5, 5}, {2, 2}, {1, 1}, {2, 2, 2, 2}, 17},
       {"depthwise 7x7, dilation 2", {1, 32, 16, 15}, {32, 1, 7, 7}, {1, 1}, {2, 2}, {6, 6, 6, 6}, 32},
       {"depthwise narrower than the kernel", {1, 16, 4, 2}, {16, 1, 3, 3}, {1, 1}, {1, 1}, {0, 1, 0, 1}, 16},
+      // 25 taps x 200 channels of weights (20 KB) run in runs of 128 channels; 7-pixel rows leave
+      // three pixels inside the image, so every pixel runs one at a time.
+      {"depthwise 5x5, 200 channels on 7 x 7", {1, 200, 7, 7}, {200, 1, 5, 5}, {1, 1}, {1, 1}, {2, 2, 2, 2}, 200},
+      {"depthwise 3x3, 600 channels on 6 x 14", {1, 600, 6, 14}, {600, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 600},
       // K past 512 rows runs in blocks of 256: across kernel rows (3 x 70 = 210 each), inside one
       // pointwise row, and across dilated taps.
       {"3x3 stride 2, 70 channels in", {1, 70, 9, 8}, {20, 70, 3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 1},
