@@ -19,6 +19,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/conv_shape.h"
@@ -41,6 +42,19 @@ double best_seconds(int reps, F&& f) {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
+}
+
+// The best of `reps` runs of run(0) (warm: one set of operands, in cache) and of runs cycling
+// through the `copies` sets (cold), in seconds.
+template <typename F>
+std::pair<double, double> warm_and_cold(int reps, int copies, F&& run) {
+  const double warm = best_seconds(reps, [&] { run(0); });
+  int next = 0;
+  const double cold = best_seconds(reps, [&] {
+    run(next);
+    next = (next + 1) % copies;
+  });
+  return {warm, cold};
 }
 
 // --only M,N,K[,residual]: one shape, warm and cold (see the top of the file).
@@ -86,12 +100,7 @@ int time_one_shape(const std::string& spec, int reps, int threads) {
     packed_sgemm(pa, n, sb, set + k * n, n, ep, threads);
   };
   const double flop = 2.0 * static_cast<double>(m * n * k);
-  const double warm = best_seconds(reps, [&] { run(0); });
-  int next = 0;
-  const double cold = best_seconds(reps, [&] {
-    run(next);
-    next = (next + 1) % copies;
-  });
+  const auto [warm, cold] = warm_and_cold(reps, copies, run);
   std::printf("M %5ld N %5ld K %5ld%s, %d threads: warm %6.1f GFLOP/s (%.3f ms)   cold %6.1f GFLOP/s (%.3f ms)\n", m, n, k,
               residual ? " + bias, residual, relu" : "", threads, flop / warm * 1e-9, warm * 1e3, flop / cold * 1e-9,
               cold * 1e3);
@@ -125,12 +134,7 @@ int time_rows_shape(const std::string& spec, int reps, int threads) {
     rows_sgemm(weights[static_cast<size_t>(i)], m, set, k, set + m * k, n, nullptr, nullptr, 0, nullptr, threads);
   };
   const double flop = 2.0 * static_cast<double>(m * n * k);
-  const double warm = best_seconds(reps, [&] { run(0); });
-  int next = 0;
-  const double cold = best_seconds(reps, [&] {
-    run(next);
-    next = (next + 1) % copies;
-  });
+  const auto [warm, cold] = warm_and_cold(reps, copies, run);
   std::printf("rows M %5ld N %5ld K %5ld, %d threads: warm %6.1f GFLOP/s (%.3f ms)   cold %6.1f GFLOP/s (%.3f ms)\n", m, n, k,
               threads, flop / warm * 1e-9, warm * 1e3, flop / cold * 1e-9, cold * 1e3);
   return 0;

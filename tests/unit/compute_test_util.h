@@ -81,4 +81,26 @@ inline ::testing::AssertionResult all_close(const Tensor& got, const Tensor& wan
   return ::testing::AssertionSuccess();
 }
 
+// x [N, A, B, C] with its axes permuted by `perm` (float32; the channels-last tests' NCHW <-> NHWC).
+inline Tensor permute4(const Tensor& x, const std::vector<int64_t>& perm) {
+  std::vector<int64_t> shape(4);
+  for (size_t i = 0; i < 4; ++i) shape[i] = x.dim(static_cast<int>(perm[i]));
+  Tensor y(DType::kFloat32, shape);
+  const float* src = x.data<float>();
+  float* dst = y.data<float>();
+  int64_t in_stride[4];
+  in_stride[3] = 1;
+  for (int i = 2; i >= 0; --i) in_stride[i] = in_stride[i + 1] * x.dim(i + 1);
+  int64_t idx[4];
+  for (idx[0] = 0; idx[0] < shape[0]; ++idx[0])
+    for (idx[1] = 0; idx[1] < shape[1]; ++idx[1])
+      for (idx[2] = 0; idx[2] < shape[2]; ++idx[2])
+        for (idx[3] = 0; idx[3] < shape[3]; ++idx[3]) {
+          int64_t off = 0;
+          for (int i = 0; i < 4; ++i) off += idx[i] * in_stride[perm[static_cast<size_t>(i)]];
+          *dst++ = src[off];
+        }
+  return y;
+}
+
 }  // namespace kiln::testing

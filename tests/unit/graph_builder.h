@@ -124,6 +124,19 @@ inline void expect_same_outputs(const ir::Graph& before, const ir::Graph& after,
   }
 }
 
+// A Conv's attributes: a k x k kernel padded to keep the size at stride 1.
+inline std::vector<std::pair<std::string, ir::AttrValue>> conv_attrs(int64_t k, int64_t group = 1, int64_t stride = 1) {
+  return {{"kernel_shape", std::vector<int64_t>{k, k}},
+          {"pads", std::vector<int64_t>(4, k / 2)},
+          {"strides", std::vector<int64_t>{stride, stride}},
+          {"group", group}};
+}
+
+// A layout query (passes::ConvLayoutQuery) that takes every Conv and kiln::FusedConv.
+inline bool any_conv(const ir::Graph&, const ir::Node& n) {
+  return (n.op == "Conv" && n.domain.empty()) || (n.op == "FusedConv" && n.domain == "kiln");
+}
+
 inline int count_ops(const ir::Graph& g, const std::string& op) {
   return static_cast<int>(std::count_if(g.nodes.begin(), g.nodes.end(), [&](const ir::Node& n) { return n.op == op; }));
 }

@@ -14,17 +14,6 @@ namespace {
 // Every chain's arithmetic is enough (the tests of the mechanics); the threshold has a test of its own.
 constexpr double kAnyArithmetic = 0;
 
-bool any_conv(const ir::Graph&, const ir::Node& n) {
-  return (n.op == "Conv" && n.domain.empty()) || (n.op == "FusedConv" && n.domain == "kiln");
-}
-
-std::vector<std::pair<std::string, ir::AttrValue>> conv_attrs(int64_t k, int64_t group = 1, int64_t stride = 1) {
-  return {{"kernel_shape", std::vector<int64_t>{k, k}},
-          {"pads", std::vector<int64_t>(4, k / 2)},
-          {"strides", std::vector<int64_t>{stride, stride}},
-          {"group", group}};
-}
-
 // An inverted residual block, as MobileNet-V2's: 1x1 expansion, 3x3 depthwise, 1x1 projection
 // plus the block's input (a FusedConv residual), on a symbolic batch.
 ir::Graph inverted_residual(GraphBuilder& b) {

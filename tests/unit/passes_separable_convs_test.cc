@@ -11,17 +11,6 @@
 namespace kiln::testing {
 namespace {
 
-bool any_conv(const ir::Graph&, const ir::Node& n) {
-  return (n.op == "Conv" && n.domain.empty()) || (n.op == "FusedConv" && n.domain == "kiln");
-}
-
-std::vector<std::pair<std::string, ir::AttrValue>> conv_attrs(int64_t k, int64_t group = 1, int64_t stride = 1) {
-  return {{"kernel_shape", std::vector<int64_t>{k, k}},
-          {"pads", std::vector<int64_t>(4, k / 2)},
-          {"strides", std::vector<int64_t>{stride, stride}},
-          {"group", group}};
-}
-
 // Two blocks on a symbolic batch: MobileNet-V2's inverted residual (1x1 expansion to 48 channels,
 // 3x3 depthwise, 1x1 projection plus the block's input) and a depthwise-separable layer of
 // stride 2 without expansion. The depthwise convolutions read 48 x 10 x 9 and 8 x 10 x 9 floats
