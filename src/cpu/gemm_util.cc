@@ -117,6 +117,37 @@ void transpose_8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst)
   _mm256_storeu_ps(dst + 7 * ld_dst, _mm256_permute2f128_ps(s3, s7, 0x31));
 }
 
+// dst[3 * j + r] = src[r * cols + j] for j in [c0, c1) (three rows interleaved: a 3-channel
+// image's planes turned channels-last), 16 columns a step: for each 16 floats of the output, the
+// rows' elements it holds gathered by two permutes.
+__attribute__((target("avx512f"))) int64_t interleave_three_rows_avx512(const float* src, int64_t cols, int64_t c0,
+                                                                      int64_t c1, float* dst) {
+  __m512i from_ab[3], from_c[3];
+  __mmask16 c_lanes[3];
+  for (int part = 0; part < 3; ++part) {
+    alignas(64) int32_t ab[16], c[16];
+    uint32_t mask = 0;
+    for (int p = 0; p < 16; ++p) {
+      const int g = 16 * part + p, row = g % 3, j = g / 3;
+      ab[p] = row == 1 ? 16 + j : j;
+      c[p] = j;
+      if (row == 2) mask |= 1u << p;
+    }
+    from_ab[part] = _mm512_load_si512(ab);
+    from_c[part] = _mm512_load_si512(c);
+    c_lanes[part] = static_cast<__mmask16>(mask);
+  }
+  int64_t j = c0;
+  for (; j + 16 <= c1; j += 16) {
+    const __m512 a = _mm512_loadu_ps(src + j), b = _mm512_loadu_ps(src + cols + j), c = _mm512_loadu_ps(src + 2 * cols + j);
+    for (int part = 0; part < 3; ++part) {
+      const __m512 v = _mm512_mask_permutexvar_ps(_mm512_permutex2var_ps(a, from_ab[part], b), c_lanes[part], from_c[part], c);
+      _mm512_storeu_ps(dst + 3 * j + 16 * part, v);
+    }
+  }
+  return j;
+}
+
 void transpose_floats(const float* src, int64_t rows, int64_t cols, float* dst) {
   // Tasks are strips of 32 rows (32 x 8 blocks stay in L1) by runs of 1024 columns, so a matrix
   // of few rows (a 3-channel image's planes turned channels-last) still spreads over the threads.
@@ -126,6 +157,7 @@ void transpose_floats(const float* src, int64_t rows, int64_t cols, float* dst) 
     const int64_t r0 = task / runs * kStrip, r1 = std::min(rows, r0 + kStrip);
     const int64_t c0 = task % runs * kRun, c1 = std::min(cols, c0 + kRun);
     int64_t c = c0;
+    if (rows == 3 && sgemm_isa() == SgemmIsa::kAvx512) c = interleave_three_rows_avx512(src, cols, c0, c1, dst);
     if (r1 - r0 >= 8)
       for (; c + 8 <= c1; c += 8) {
         int64_t r = r0;

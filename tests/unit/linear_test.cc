@@ -271,7 +271,10 @@ TEST(MatMul, ConstantWeightsWithResidualAndActivation) {
 }
 
 TEST(TransposeFloats, AnySize) {
-  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {8, 8}, {13, 29}, {64, 7}, {300, 260}}) {
+  // Three rows (a 3-channel image to channels-last) interleave 16 columns a step on AVX-512: runs
+  // of whole steps, a tail, and more columns than one task's run of 1024.
+  for (auto [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {8, 8}, {13, 29}, {64, 7}, {300, 260}, {3, 16}, {3, 37}, {3, 3000}, {3, 5}}) {
     Tensor a = random_tensor({rows, cols}, static_cast<uint32_t>(rows * 1000 + cols));
     std::vector<float> t(static_cast<size_t>(rows * cols));
     cpu::transpose_floats(a.data<float>(), rows, cols, t.data());
