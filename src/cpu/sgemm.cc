@@ -858,33 +858,49 @@ void rows_sgemm(const PackedColumns& w, int64_t rows, const float* x, int64_t ld
       for (; k < K; ++k)
         for (int i = 0; i < MR; ++i) dst[k * MR + i] = i < height ? x[(r0 + i) * ldx + k] : 0.f;
     });
-    // Tasks are column panels: a K-block of one (32 x kc floats) stays in L1 while every row
-    // panel meets it, and the tiles bring the next K-block into L2 meanwhile. sgemm_bench, which
-    // repeats one product, showed no gain from that; in a model, where each product's weights
-    // were last read a whole run ago, BERT-base at batch 1 runs 8% faster with it
-    // (docs/design/cpu-gemm.md, "Weights brought into L2 ahead").
-    parallel_for_each(col_panels, threads > 1, [&](int64_t q) {
-      Tile t = base;
-      t.nr = static_cast<int>(std::min<int64_t>(NV, N - q * NV));
-      t.col_bias = col_bias ? col_bias + q * NV : nullptr;
+    // A column panel's K-block (32 x kc floats) stays in L1 while every row panel meets it, and
+    // the tiles bring the next block into L2 meanwhile. sgemm_bench, which repeats one product,
+    // showed no gain from that; in a model, where each product's weights were last read a whole
+    // run ago, BERT-base at batch 1 runs 8% faster with it (docs/design/cpu-gemm.md, "Weights
+    // brought into L2 ahead"). Tasks are runs of up to 4 column panels (about four runs per
+    // thread), K-blocks outer: a K-block of X's panels (131 KB for 128 rows and blocks of 256)
+    // meets every panel of the run while it is in L2 (with one panel a task, X was read whole for
+    // each panel). BERT-base at batch 1 runs 3-5% faster on two threads with runs; sgemm_bench's
+    // products alone, their operands last used one product ago, differ within their noise
+    // (docs/design/cpu-gemm.md, "Depthwise-separable blocks in one pass").
+    const int64_t group = std::clamp<int64_t>(col_panels / (4 * std::max(1, threads)), 1, 4);
+    const int64_t tasks = (col_panels + group - 1) / group;
+    parallel_for_each(tasks, threads > 1, [&](int64_t task) {
+      const int64_t q_begin = task * group, q_end = std::min(col_panels, q_begin + group);
       for (int64_t k0 = 0; k0 < K; k0 += kc_max) {
-        t.kc = std::min(kc_max, K - k0);
-        t.first = k0 == 0;
-        t.last = k0 + t.kc == K;
-        t.b = w.panel(q) + k0 * NV;
-        // The panel's next K block (or the next panel's first), into L2 a slice per row panel.
-        const float* next = k0 + t.kc < K ? t.b + t.kc * NV : q + 1 < col_panels ? w.panel(q + 1) : nullptr;
-        const int64_t next_lines = next ? std::min(kc_max, k0 + t.kc < K ? K - k0 - t.kc : K) * NV * 4 / 64 : 0;
-        const int64_t lines_per_tile = (next_lines + row_panels - 1) / row_panels;
-        for (int64_t p = 0; p < row_panels; ++p) {
-          t.prefetch = next ? reinterpret_cast<const char*>(next) + p * lines_per_tile * 64 : nullptr;
-          t.prefetch_lines = std::clamp<int64_t>(next_lines - p * lines_per_tile, 0, lines_per_tile);
-          t.mr = static_cast<int>(std::min<int64_t>(MR, rows - p * MR));
-          t.a = xp + p * K * MR + k0 * MR;
-          t.c = y + p * MR * ldy + q * NV;
-          t.z = residual ? residual + p * MR * ld_residual + q * NV : nullptr;
-          tile_avx512<MR>(t);
-          if (t.last && act_after) ep.apply(t.c, ldy, t.mr, t.nr, nullptr, nullptr, nullptr, 0);
+        const int64_t kc = std::min(kc_max, K - k0);
+        for (int64_t q = q_begin; q < q_end; ++q) {
+          Tile t = base;
+          t.nr = static_cast<int>(std::min<int64_t>(NV, N - q * NV));
+          t.col_bias = col_bias ? col_bias + q * NV : nullptr;
+          t.kc = kc;
+          t.first = k0 == 0;
+          t.last = k0 + t.kc == K;
+          t.b = w.panel(q) + k0 * NV;
+          // What this task multiplies next: the next panel's block, or the first panel's next
+          // block, or the next task's first, into L2 a slice per row panel.
+          const float* next = q + 1 < q_end                  ? w.panel(q + 1) + k0 * NV
+                              : k0 + kc < K                  ? w.panel(q_begin) + (k0 + kc) * NV
+                              : q_end < col_panels           ? w.panel(q_end)
+                                                             : nullptr;
+          const int64_t next_kc = q + 1 < q_end ? kc : k0 + kc < K ? std::min(kc_max, K - k0 - kc) : kc_max;
+          const int64_t next_lines = next ? std::min(next_kc, K) * NV * 4 / 64 : 0;
+          const int64_t lines_per_tile = (next_lines + row_panels - 1) / row_panels;
+          for (int64_t p = 0; p < row_panels; ++p) {
+            t.prefetch = next ? reinterpret_cast<const char*>(next) + p * lines_per_tile * 64 : nullptr;
+            t.prefetch_lines = std::clamp<int64_t>(next_lines - p * lines_per_tile, 0, lines_per_tile);
+            t.mr = static_cast<int>(std::min<int64_t>(MR, rows - p * MR));
+            t.a = xp + p * K * MR + k0 * MR;
+            t.c = y + p * MR * ldy + q * NV;
+            t.z = residual ? residual + p * MR * ld_residual + q * NV : nullptr;
+            tile_avx512<MR>(t);
+            if (t.last && act_after) ep.apply(t.c, ldy, t.mr, t.nr, nullptr, nullptr, nullptr, 0);
+          }
         }
       }
     }, 1);
