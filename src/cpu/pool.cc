@@ -32,12 +32,14 @@ struct Window3 {
   int64_t out_size() const { return out[0] * out[1] * out[2]; }
 };
 
-Window3 window_for(const ir::Node& node, const Tensor& x, const Tensor& y) {
+// The window of X [N, C, spatial...], or of X [N, spatial..., C] where `channels_last`.
+Window3 window_for(const ir::Node& node, const Tensor& x, const Tensor& y, bool channels_last = false) {
   const size_t spatial = static_cast<size_t>(x.rank() - 2);
   if (spatial > 3) throw node.error(ErrorKind::kUnsupported, "pooling over more than 3 spatial dims is not supported");
+  const int first = channels_last ? 1 : 2;  // the first spatial axis
   ir::PoolGeometry g = ir::pool_geometry(node, spatial);
   Window3 w;
-  w.nc = x.dim(0) * x.dim(1);
+  w.nc = x.dim(0) * x.dim(channels_last ? x.rank() - 1 : 1);
   const size_t lead = 3 - spatial;
   for (size_t a = 0; a < 3; ++a) {
     if (a < lead) {
@@ -46,14 +48,14 @@ Window3 window_for(const ir::Node& node, const Tensor& x, const Tensor& y) {
       continue;
     }
     size_t i = a - lead;
-    w.in[a] = x.dim(static_cast<int>(2 + i));
+    w.in[a] = x.dim(static_cast<int>(first + i));
     w.out[a] = ir::pool_output_size(node, g, i, w.in[a]);  // also resolves auto_pad
     w.k[a] = g.kernel[i];
     w.s[a] = g.strides[i];
     w.d[a] = g.dilations[i];
     w.pb[a] = g.pad_begin[i];
     w.pe[a] = g.pad_end[i];
-    if (w.out[a] != y.dim(static_cast<int>(2 + i))) throw node.error(ErrorKind::kInternal, "pool output size mismatch");
+    if (w.out[a] != y.dim(static_cast<int>(first + i))) throw node.error(ErrorKind::kInternal, "pool output size mismatch");
   }
   return w;
 }
@@ -325,22 +327,7 @@ __attribute__((target("avx512f"))) void max_pixel_avx512(const float* first, con
 // A window with no tap inside the image gives the lowest float, as max_pool's.
 void max_pool_channels_last(const ir::Node& node, const Tensor& x, Tensor& y) {
   const int64_t N = x.dim(0), H = x.dim(1), W = x.dim(2), C = x.dim(3), OH = y.dim(1), OW = y.dim(2);
-  ir::PoolGeometry g = ir::pool_geometry(node, 2);
-  Window3 w;  // axes 1 and 2: H and W
-  w.nc = N * C;
-  w.in[0] = w.out[0] = w.k[0] = w.s[0] = w.d[0] = 1;
-  w.pb[0] = w.pe[0] = 0;
-  for (size_t i = 0; i < 2; ++i) {
-    const int a = static_cast<int>(i) + 1;
-    w.in[a] = x.dim(a);
-    w.out[a] = ir::pool_output_size(node, g, i, w.in[a]);
-    w.k[a] = g.kernel[i];
-    w.s[a] = g.strides[i];
-    w.d[a] = g.dilations[i];
-    w.pb[a] = g.pad_begin[i];
-    w.pe[a] = g.pad_end[i];
-  }
-  if (w.out[1] != OH || w.out[2] != OW) throw node.error(ErrorKind::kInternal, "pool output size mismatch");
+  const Window3 w = window_for(node, x, y, /*channels_last=*/true);  // axes 1 and 2: H and W
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   const bool avx512 = sgemm_isa() == SgemmIsa::kAvx512;
