@@ -861,6 +861,355 @@ def test_recurrent_layers_match_the_cpu_engine_and_refuse_a_length_past_the_sequ
             gpu.run(dict(feed, lens=np.array([seq, 10, 1], dtype=np.int32)))
 
 
+def _byte_array(rng, shape, dtype):
+    lo, hi = (-128, 128) if dtype == np.int8 else (0, 256)
+    return rng.integers(lo, hi, size=shape).astype(dtype)
+
+
+@pytest.mark.parametrize("a_type,b_type,zero_kind", [(np.uint8, np.int8, "row_column"), (np.int8, np.int8, "tensor"),
+                                                     (np.uint8, np.uint8, "none")])
+def test_matmul_integer_and_dynamic_quantize_match_the_cpu_engine(a_type, b_type, zero_kind, tmp_path):
+    """ONNX Runtime's dynamic quantization as it writes it (DynamicQuantizeLinear of the
+    activations, MatMulInteger by int8 weights with zero points, then a float rescale) and
+    MatMulInteger alone with batch dims that broadcast and zero points per tensor or per row and
+    column: the GPU's own layers give the CPU engine's integers and scales exactly."""
+    import kiln
+
+    rng = np.random.default_rng(12)
+    a_elem = TensorProto.INT8 if a_type == np.int8 else TensorProto.UINT8
+    b_elem = TensorProto.INT8 if b_type == np.int8 else TensorProto.UINT8
+    inputs, feed, names = [], {}, ["a", "b"]
+    a = _byte_array(rng, (2, 1, 6, 40), a_type)
+    b = _byte_array(rng, (3, 40, 7), b_type)
+    feed.update(a=a, b=b)
+    inputs += [helper.make_tensor_value_info("a", a_elem, list(a.shape)), helper.make_tensor_value_info("b", b_elem, list(b.shape))]
+    if zero_kind != "none":
+        za = _byte_array(rng, (6,) if zero_kind == "row_column" else (), a_type)
+        zb = _byte_array(rng, (7,) if zero_kind == "row_column" else (), b_type)
+        feed.update(za=za, zb=zb)
+        inputs += [helper.make_tensor_value_info("za", a_elem, list(za.shape)), helper.make_tensor_value_info("zb", b_elem, list(zb.shape))]
+        names += ["za", "zb"]
+    weights = numpy_helper.from_array(_byte_array(rng, (16, 5), np.int8), "w")
+    w_zero = numpy_helper.from_array(np.array(3, dtype=np.int8), "w_zero")
+    nodes = [helper.make_node("MatMulInteger", names, ["y"], name="product"),
+             helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "x_scale", "x_zero"], name="dynamic"),
+             helper.make_node("MatMulInteger", ["xq", "w", "x_zero", "w_zero"], ["xw"], name="projection")]
+    x = (rng.standard_normal((4, 16)) * 3 + 0.5).astype(np.float32)
+    feed["x"] = x
+    inputs.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16]))
+    outputs = [helper.make_tensor_value_info(n, t, None) for n, t in
+               [("y", TensorProto.INT32), ("xq", TensorProto.UINT8), ("x_scale", TensorProto.FLOAT),
+                ("x_zero", TensorProto.UINT8), ("xw", TensorProto.INT32)]]
+    graph = helper.make_graph(nodes, "integer", inputs, outputs, [weights, w_zero])
+    path = str(tmp_path / "integer.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert sorted(l["tactic"] for l in gpu.info()["layers"] if l["op"] in ("MatMulInteger", "DynamicQuantizeLinear")) == \
+        ["kernel:dynamic-quantize", "kernel:integer-matmul", "kernel:integer-matmul"]
+    got, want = gpu.run(feed), cpu.run(feed)
+    for name in ("y", "xq", "x_scale", "x_zero", "xw"):
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("y_type,scale_type", [(np.int8, np.float32), (np.uint8, np.float16)])
+def test_qlinear_matmul_matches_the_cpu_engine(y_type, scale_type, tmp_path):
+    """QLinearMatMul with float32 and float16 scales given as runtime inputs: the GPU layer
+    requantizes to the CPU engine's integers exactly."""
+    import kiln
+
+    rng = np.random.default_rng(13)
+    q_elem = TensorProto.INT8 if y_type == np.int8 else TensorProto.UINT8
+    s_elem = TensorProto.FLOAT if scale_type == np.float32 else TensorProto.FLOAT16
+    feed = {"a": _byte_array(rng, (5, 33), y_type), "a_scale": np.array(0.021, dtype=scale_type),
+            "a_zero": _byte_array(rng, (), y_type), "b": _byte_array(rng, (33, 9), y_type),
+            "b_scale": np.array(0.013, dtype=scale_type), "b_zero": _byte_array(rng, (), y_type),
+            "y_scale": np.array(0.37, dtype=scale_type), "y_zero": _byte_array(rng, (), y_type)}
+    elem = {"a": q_elem, "b": q_elem, "a_zero": q_elem, "b_zero": q_elem, "y_zero": q_elem, "a_scale": s_elem,
+            "b_scale": s_elem, "y_scale": s_elem}
+    order = ["a", "a_scale", "a_zero", "b", "b_scale", "b_zero", "y_scale", "y_zero"]
+    graph = helper.make_graph([helper.make_node("QLinearMatMul", order, ["y"], name="product")], "qlinear",
+                              [helper.make_tensor_value_info(n, elem[n], list(feed[n].shape)) for n in order],
+                              [helper.make_tensor_value_info("y", q_elem, [5, 9])])
+    path = str(tmp_path / "qlinear.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    got, want = gpu.run(feed)["y"], cpu.run(feed)["y"]
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+    assert len(np.unique(want)) > 20  # a spread of values, not all saturated
+
+
+@pytest.mark.parametrize("op,group,stride,pads,w_zero_kind", [("ConvInteger", 1, 1, [1, 1, 1, 1], "channel"),
+                                                               ("ConvInteger", 2, 2, [0, 1, 2, 0], "tensor"),
+                                                               ("QLinearConv", 1, 2, [1, 1, 1, 1], "tensor"),
+                                                               ("QLinearConv", 4, 1, [1, 0, 1, 0], "tensor")])
+def test_integer_convolutions_match_the_cpu_engine(op, group, stride, pads, w_zero_kind, tmp_path):
+    """ConvInteger and QLinearConv (per-channel weight zero points or scales, int32 bias, groups,
+    strides, asymmetric pads) on their GPU layer: the CPU engine's integers exactly."""
+    import kiln
+
+    rng = np.random.default_rng(14)
+    c, m = 8, 12
+    x = _byte_array(rng, (2, c, 9, 11), np.uint8)
+    w = _byte_array(rng, (m, c // group, 3, 3), np.int8)
+    init = [numpy_helper.from_array(w, "w")]
+    if op == "ConvInteger":
+        w_zero = _byte_array(rng, (m,) if w_zero_kind == "channel" else (), np.int8)
+        init += [numpy_helper.from_array(np.array(7, dtype=np.uint8), "x_zero"), numpy_helper.from_array(w_zero, "w_zero")]
+        node = helper.make_node(op, ["x", "w", "x_zero", "w_zero"], ["y"], name="conv", group=group, strides=[stride, stride],
+                                pads=pads, kernel_shape=[3, 3])
+        y_elem = TensorProto.INT32
+    else:
+        init += [numpy_helper.from_array(np.array(0.02, dtype=np.float32), "x_scale"),
+                 numpy_helper.from_array(np.array(9, dtype=np.uint8), "x_zero"),
+                 numpy_helper.from_array((rng.random(m) * 0.01 + 0.001).astype(np.float32), "w_scale"),
+                 numpy_helper.from_array(np.array(0, dtype=np.int8), "w_zero"),
+                 numpy_helper.from_array(np.array(0.5, dtype=np.float32), "y_scale"),
+                 numpy_helper.from_array(np.array(120, dtype=np.uint8), "y_zero"),
+                 numpy_helper.from_array(rng.integers(-3000, 3000, size=m).astype(np.int32), "bias")]
+        node = helper.make_node(op, ["x", "x_scale", "x_zero", "w", "w_scale", "w_zero", "y_scale", "y_zero", "bias"], ["y"],
+                                name="conv", group=group, strides=[stride, stride], pads=pads)
+        y_elem = TensorProto.UINT8
+    graph = helper.make_graph([node], "integer_conv", [helper.make_tensor_value_info("x", TensorProto.UINT8, list(x.shape))],
+                              [helper.make_tensor_value_info("y", y_elem, None)], init)
+    path = str(tmp_path / "conv.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == op] == ["kernel:integer-conv"]
+    got, want = gpu.run({"x": x})["y"], cpu.run({"x": x})["y"]
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    if op == "QLinearConv":
+        assert len(np.unique(want)) > 20
+
+
+@pytest.mark.parametrize("with_past,with_bias,activation,length", [(True, True, "silu", 37), (False, False, "none", 5),
+                                                                    (True, False, "swish", 1)])
+def test_causal_conv_with_state_matches_the_cpu_engine(with_past, with_bias, activation, length, tmp_path):
+    """CausalConvWithState (a Mamba-style decoder's causal depthwise convolution) on its GPU layer
+    against the CPU engine: the output and the state it hands to the next call, with and without
+    a carried state and bias, SiLU or none, for a prefill and a one-token decode step."""
+    import kiln
+
+    rng = np.random.default_rng(15)
+    batch, channels, kernel = 3, 24, 4
+    feed = {"x": rng.standard_normal((batch, channels, length)).astype(np.float32)}
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, length])]
+    init = [numpy_helper.from_array(rng.standard_normal((channels, 1, kernel)).astype(np.float32), "w")]
+    names = ["x", "w", "", ""]
+    if with_bias:
+        init.append(numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "bias"))
+        names[2] = "bias"
+    if with_past:
+        feed["past"] = rng.standard_normal((batch, channels, kernel - 1)).astype(np.float32)
+        inputs.append(helper.make_tensor_value_info("past", TensorProto.FLOAT, [batch, channels, kernel - 1]))
+        names[3] = "past"
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("CausalConvWithState", names, ["y", "state"], name="conv", activation=activation)
+    graph = helper.make_graph([node], "causal", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                                                         helper.make_tensor_value_info("state", TensorProto.FLOAT, None)], init)
+    path = str(tmp_path / "causal.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 27)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "CausalConvWithState"] == ["kernel:causal-conv"]
+    got, want = gpu.run(feed), cpu.run(feed)
+    for name in ("y", "state"):
+        assert got[name].shape == want[name].shape and np.allclose(got[name], want[name], rtol=1e-5, atol=1e-6), name
+
+
+@pytest.mark.parametrize("rule,q_heads,kv_heads,decay_per_key_dim,beta_per_head,with_past", [
+    ("gated_delta", 8, 4, False, True, True), ("gated_delta", 4, 4, True, False, False), ("delta", 6, 2, False, True, True),
+    ("gated", 4, 2, True, False, True), ("linear", 2, 2, False, False, False)])
+def test_linear_attention_matches_the_cpu_engine(rule, q_heads, kv_heads, decay_per_key_dim, beta_per_head, with_past,
+                                                 tmp_path):
+    """LinearAttention (Gated DeltaNet and its relatives) on its GPU layer against the CPU engine
+    for every update rule, grouped query heads, decay per head or per key dim, beta per head or
+    one for all, with and without a carried state: the output and the state after the last step."""
+    import kiln
+
+    rng = np.random.default_rng(16)
+    batch, length, dk, dv = 2, 11, 32, 48
+    shapes = {"q": [batch, length, q_heads * dk], "k": [batch, length, kv_heads * dk], "v": [batch, length, kv_heads * dv]}
+    feed = {"q": rng.standard_normal(shapes["q"]).astype(np.float32) * 0.3,
+            "k": rng.standard_normal(shapes["k"]).astype(np.float32) * 0.3,
+            "v": rng.standard_normal(shapes["v"]).astype(np.float32)}
+    names = ["q", "k", "v", "", "", ""]
+    if with_past:
+        shapes["past"] = [batch, kv_heads, dk, dv]
+        feed["past"] = rng.standard_normal(shapes["past"]).astype(np.float32) * 0.1
+        names[3] = "past"
+    if "gated" in rule:
+        shapes["decay"] = [batch, length, kv_heads * dk if decay_per_key_dim else kv_heads]
+        feed["decay"] = -rng.random(shapes["decay"]).astype(np.float32) * 0.2
+        names[4] = "decay"
+    if "delta" in rule:
+        shapes["beta"] = [batch, length, kv_heads if beta_per_head else 1]
+        feed["beta"] = rng.random(shapes["beta"]).astype(np.float32)
+        names[5] = "beta"
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("LinearAttention", names, ["y", "state"], name="attention", update_rule=rule,
+                            q_num_heads=q_heads, kv_num_heads=kv_heads)
+    graph = helper.make_graph([node], "linear", [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes[n]) for n in feed],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("state", TensorProto.FLOAT, None)])
+    path = str(tmp_path / "linear.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 27)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "LinearAttention"] == ["kernel:linear-attention"]
+    got, want = gpu.run(feed), cpu.run(feed)
+    for name in ("y", "state"):
+        assert got[name].shape == want[name].shape, name
+        assert rel_l2(got[name], want[name]) < 1e-5, (name, rel_l2(got[name], want[name]))
+
+
+@pytest.mark.parametrize("mode,dtype", [("linear", np.float32), ("circular", np.float16), ("circular", np.int64)])
+def test_tensor_scatter_matches_the_cpu_engine_and_refuses_a_write_outside_the_cache(mode, dtype, tmp_path):
+    """TensorScatter (a KV cache updated in place of a Concat) on its GPU layer against the CPU
+    engine, each batch entry at its own write index; circularly, rows past the cache's end wrap
+    to its start, and an index past the length wraps too. A write index that puts rows outside a linear cache (or a
+    negative one) makes run() raise, naming the node, and the next valid run answers right."""
+    import kiln
+
+    elem = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16, np.int64: TensorProto.INT64}[dtype]
+    batch, heads, length, dim = 3, 2, 10, 8
+    rows = 4 if mode == "linear" else 6
+    cache_shape, update_shape = [batch, heads, length, dim], [batch, heads, rows, dim]
+    node = helper.make_node("TensorScatter", ["cache", "update", "at"], ["y"], name="kv", mode=mode, axis=2)
+    graph = helper.make_graph([node], "kv", [helper.make_tensor_value_info("cache", elem, cache_shape),
+                                             helper.make_tensor_value_info("update", elem, update_shape),
+                                             helper.make_tensor_value_info("at", TensorProto.INT64, [batch])],
+                              [helper.make_tensor_value_info("y", elem, cache_shape)])
+    path = str(tmp_path / "kv.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    rng = np.random.default_rng(17)
+    feed = {"cache": (rng.standard_normal(cache_shape) * 50).astype(dtype),
+            "update": (rng.standard_normal(update_shape) * 50).astype(dtype),
+            "at": np.array([0, 6, 3] if mode == "linear" else [7, 0, 25], dtype=np.int64)}
+    for _ in range(2):
+        got, want = gpu.run(feed)["y"], cpu.run(feed)["y"]
+        assert np.array_equal(got, want)
+        with pytest.raises(kiln.Error, match="TensorScatter 'kv': a write index puts the update's rows outside the cache"):
+            gpu.run(dict(feed, at=np.array([0, 7 if mode == "linear" else -1, 1], dtype=np.int64)))
+
+
+def test_swiglu_matches_the_cpu_engine(tmp_path):
+    """SwiGLU (opset 28) on its GPU layer against the CPU engine, alpha given, under fp32 and
+    fp16 storage."""
+    import kiln
+
+    shape = [4, 7, 96]
+    graph = helper.make_graph([helper.make_node("SwiGLU", ["a", "b"], ["y"], name="glu", alpha=1.702)], "glu",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, shape),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    path = str(tmp_path / "glu.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 28)]), path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    rng = np.random.default_rng(18)
+    feed = {"a": rng.standard_normal(shape).astype(np.float32) * 3, "b": rng.standard_normal(shape).astype(np.float32)}
+    want = cpu.run(feed)["y"]
+    for precision, tolerance in (("fp32", 1e-6), ("fp16", 3e-3)):
+        gpu = kiln.Builder(device="cuda", precision=precision, allow_cpu_fallback=False).build(path)
+        assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "SwiGLU"] == ["kernel:swiglu"]
+        assert rel_l2(gpu.run(feed)["y"], want) < tolerance, precision
+
+
+@pytest.mark.parametrize("length,inverse,onesided,axis,complex_input", [(None, 0, 0, 1, True), (12, 0, 1, 1, False),
+                                                                       (16, 1, 1, 2, True), (7, 1, 0, 2, True)])
+def test_dft_matches_the_cpu_engine(length, inverse, onesided, axis, complex_input, tmp_path):
+    """DFT on its GPU layer (direct sums in double) against the CPU engine (a radix-2 FFT for
+    powers of two, else direct): forward, one-sided, inverse and the one-sided inverse's real
+    output, padded and truncated lengths, along either axis; within float32 rounding."""
+    import kiln
+
+    shape = [2, 10, 9, 2 if complex_input else 1]
+    init = [numpy_helper.from_array(np.array(axis, dtype=np.int64), "axis")]
+    names = ["x", "", "axis"]
+    if length is not None:
+        init.append(numpy_helper.from_array(np.array(length, dtype=np.int64), "length"))
+        names[1] = "length"
+    node = helper.make_node("DFT", names, ["y"], name="dft", inverse=inverse, onesided=onesided)
+    graph = helper.make_graph([node], "dft", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], init)
+    path = str(tmp_path / "dft.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    assert [l["tactic"] for l in gpu.info()["layers"] if l["op"] == "DFT"] == ["kernel:dft-direct"]
+    x = np.random.default_rng(19).standard_normal(shape).astype(np.float32)
+    got, want = gpu.run({"x": x})["y"], cpu.run({"x": x})["y"]
+    assert got.shape == want.shape and rel_l2(got, want) < 1e-6, rel_l2(got, want)
+
+
+@pytest.mark.parametrize("with_window,onesided", [(True, 1), (False, 0)])
+def test_stft_and_det_match_the_cpu_engine(with_window, onesided, tmp_path):
+    """STFT (frames of a signal, a Hann window or none, one-sided or full) and Det (a batch of
+    matrices, singular ones among them) on their GPU layers against the CPU engine: STFT within
+    float32 rounding, Det (the CPU's elimination, step by step) bit for bit."""
+    import kiln
+
+    rng = np.random.default_rng(20)
+    frame = 24
+    init = [numpy_helper.from_array(np.array(5, dtype=np.int64), "step"),
+            numpy_helper.from_array(np.array(frame, dtype=np.int64), "frame")]
+    names = ["signal", "step", "", "frame"]
+    if with_window:
+        init.append(numpy_helper.from_array(np.hanning(frame).astype(np.float32), "window"))
+        names[2] = "window"
+    nodes = [helper.make_node("STFT", names, ["spectrum"], name="stft", onesided=onesided),
+             helper.make_node("Det", ["m"], ["det"], name="det")]
+    graph = helper.make_graph(nodes, "stft", [helper.make_tensor_value_info("signal", TensorProto.FLOAT, [3, 200, 1]),
+                                              helper.make_tensor_value_info("m", TensorProto.FLOAT, [4, 3, 6, 6])],
+                              [helper.make_tensor_value_info("spectrum", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("det", TensorProto.FLOAT, None)], init)
+    path = str(tmp_path / "stft.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    m = rng.standard_normal((4, 3, 6, 6)).astype(np.float32)
+    m[1, 2, 3] = m[1, 2, 1]  # a singular matrix
+    feed = {"signal": rng.standard_normal((3, 200, 1)).astype(np.float32), "m": m}
+    got, want = gpu.run(feed), cpu.run(feed)
+    assert got["spectrum"].shape == want["spectrum"].shape and rel_l2(got["spectrum"], want["spectrum"]) < 1e-6
+    assert np.array_equal(got["det"], want["det"])
+
+
+@pytest.mark.parametrize("dims,align_corners", [(2, 0), (3, 1)])
+def test_center_crop_pad_and_affine_grid_match_the_cpu_engine(dims, align_corners, tmp_path):
+    """CenterCropPad (cropping one axis, padding another, odd differences) and AffineGrid (2-D and
+    3-D, with and without align_corners) with constant shapes, on their GPU layers: the CPU
+    engine's values bit for bit."""
+    import kiln
+
+    sizes = [5, 7, 4] if dims == 3 else [6, 9]
+    init = [numpy_helper.from_array(np.array([1, 3] + sizes, dtype=np.int64), "size"),
+            numpy_helper.from_array(np.array([4, 11], dtype=np.int64), "crop")]
+    nodes = [helper.make_node("AffineGrid", ["theta", "size"], ["grid"], name="affine", align_corners=align_corners),
+             helper.make_node("CenterCropPad", ["x", "crop"], ["cropped"], name="crop", axes=[1, 2])]
+    graph = helper.make_graph(nodes, "shapes", [helper.make_tensor_value_info("theta", TensorProto.FLOAT, [1, dims, dims + 1]),
+                                                helper.make_tensor_value_info("x", TensorProto.INT32, [2, 7, 8, 3])],
+                              [helper.make_tensor_value_info("grid", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("cropped", TensorProto.INT32, None)], init)
+    path = str(tmp_path / "shapes.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    cpu = kiln.Builder(device="cpu").build(path)
+    rng = np.random.default_rng(21)
+    feed = {"theta": rng.standard_normal((1, dims, dims + 1)).astype(np.float32),
+            "x": rng.integers(-1000, 1000, size=(2, 7, 8, 3)).astype(np.int32)}
+    got, want = gpu.run(feed), cpu.run(feed)
+    for name in ("grid", "cropped"):
+        assert got[name].shape == want[name].shape and np.array_equal(got[name], want[name]), name
+    assert want["cropped"].shape == (2, 4, 11, 3)
+
+
 def test_einsum_too_large_for_the_gpu_layer_is_refused_by_name_and_runs_partitioned(tmp_path):
     """An Einsum of more than 2^24 products per output element is not taken by the GPU layer: a
     --strict build names the node and the reason, and the default build runs it on the CPU

@@ -1,6 +1,6 @@
 // CUDA layers of broadcasting elementwise ops (the ops of src/cpu/binary.cc, and Clip of
 // src/cpu/cast.cc): Add Sub Mul Div Mod Pow PRelu, variadic Max Min Sum Mean, comparisons,
-// And Or Xor, BitShift, BitwiseAnd BitwiseOr BitwiseXor, Where, Clip.
+// And Or Xor, BitShift, BitwiseAnd BitwiseOr BitwiseXor, Where, Clip, SwiGLU.
 //
 // Layouts: inputs are read in whatever layout they are stored (no reformat); each operand is
 // walked through its logical strides, permuted into the output's physical order. The output
@@ -792,6 +792,36 @@ std::string check_inputs_present(const LayerRequest& r, size_t required) {
   return "";
 }
 
+// --- SwiGLU ---------------------------------------------------------------------------------
+
+// A * sigmoid(alpha * A) * B over A and B of one shape, in float32 (float16 storage computes in
+// float32), in the CPU kernel's order: a * (1 / (1 + exp(-alpha * a))) * b.
+template <class T>
+__global__ void swiglu_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, int64_t n, float alpha) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float av = load_float(a, i), bv = load_float(b, i);
+    store_float(y, i, av * (1.f / (1.f + expf(-alpha * av))) * bv);
+  }
+}
+
+std::unique_ptr<Layer> swiglu_layer(const LayerRequest& r, const LayerFormats& f) {
+  const int64_t n = shape_numel(r.output_shapes[0]);
+  const float alpha = r.node.attrs.get_float("alpha", 1.f);
+  const bool half = f.inputs[0].dtype == DType::kFloat16;
+  return make_layer("kernel:swiglu", [n, alpha, half](const LayerIO& io, cudaStream_t stream) {
+    if (n == 0) return;
+    if (half)
+      swiglu_kernel<__half><<<grid_for(n), 256, 0, stream>>>(static_cast<const __half*>(io.inputs[0]),
+                                                            static_cast<const __half*>(io.inputs[1]),
+                                                            static_cast<__half*>(io.outputs[0]), n, alpha);
+    else
+      swiglu_kernel<float><<<grid_for(n), 256, 0, stream>>>(static_cast<const float*>(io.inputs[0]),
+                                                           static_cast<const float*>(io.inputs[1]),
+                                                           static_cast<float*>(io.outputs[0]), n, alpha);
+    KILN_CUDA_CHECK_LAUNCH();
+  });
+}
+
 }  // namespace
 
 KILN_REGISTER_CUDA_LAYERS(binary) {
@@ -1021,6 +1051,22 @@ KILN_REGISTER_CUDA_LAYERS(binary) {
       return layer;
     };
     e.dtypes = "float32, float16, bfloat16, float64, int8..int64, uint8..uint64";
+    registry.add(std::move(e));
+  }
+  {
+    LayerEntry e;
+    e.op = "SwiGLU";
+    e.check = [](const LayerRequest& r) -> std::string {
+      if (auto why = check_inputs_present(r, 2); !why.empty()) return why;
+      if (r.input_dtypes[0] != DType::kFloat32 || r.input_dtypes[1] != DType::kFloat32)
+        return "input types " + to_string(r.input_dtypes[0]) + ", " + to_string(r.input_dtypes[1]) +
+               " are not supported (supported: float32)";
+      if (r.input_shape(0) != r.input_shape(1)) return "A and B must have one shape";
+      return "";
+    };
+    e.formats = [](const LayerRequest& r) { return uniform_formats(r, /*float16_ok=*/true, /*nhwc_ok=*/false); };
+    e.create = [](const LayerRequest& r, const LayerFormats& f, BuildServices&) { return swiglu_layer(r, f); };
+    e.dtypes = "float32, float16 storage";
     registry.add(std::move(e));
   }
 }

@@ -1,6 +1,7 @@
-// CUDA layers of QuantizeLinear and DequantizeLinear (see ops/quantize.h), with the CPU
-// kernel's arithmetic: the quotient x / scale in float32, rounded half to even (nearbyintf),
-// plus the zero point, saturated; dequantization (x - zero point) * scale. The scale and zero
+// CUDA layers of QuantizeLinear and DequantizeLinear (see ops/quantize.h), and of
+// DynamicQuantizeLinear (its own section below), with the CPU kernel's arithmetic: the quotient
+// x / scale in float32, rounded half to even (nearbyintf), plus the zero point, saturated;
+// dequantization (x - zero point) * scale. QuantizeLinear's and DequantizeLinear's scale and zero
 // point must be constants here (uploaded once, per tensor or per channel). Per-channel data is
 // float32 in linear layout (the builder reformats around the layer); with one scale for the
 // whole tensor the layer is elementwise, so it reads and writes the float tensor as stored
@@ -260,6 +261,85 @@ std::unique_ptr<Layer> create(const LayerRequest& r, const LayerFormats& formats
                     std::move(fn));
 }
 
+// --- DynamicQuantizeLinear ---------------------------------------------------------------------
+
+// The CPU kernel's arithmetic, in float32: the range [min(0, min x), max(0, max x)] (NaN left
+// out, as std::min/std::max leave it), scale = range / 255 (1 / 255 for an empty range), zero
+// point = round(clamp(-min / scale, 0, 255)), y = clamp(round(x / scale) + zero point, 0, 255)
+// (NaN: 0). One block finds the range and writes the scale and zero point; then every element is
+// quantized. Max and min are exact, so the order the threads meet the values does not matter.
+constexpr int kRangeThreads = 1024;
+
+__global__ void __launch_bounds__(kRangeThreads)
+    dynamic_range_kernel(const float* __restrict__ x, int64_t n, float* __restrict__ scale_out, uint8_t* __restrict__ zero_out) {
+  __shared__ float his[kRangeThreads], los[kRangeThreads];
+  float hi = 0.f, lo = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = x[i];
+    hi = hi < v ? v : hi;  // std::max(hi, v)
+    lo = v < lo ? v : lo;  // std::min(lo, v)
+  }
+  his[threadIdx.x] = hi, los[threadIdx.x] = lo;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) {
+      his[threadIdx.x] = fmaxf(his[threadIdx.x], his[threadIdx.x + half]);
+      los[threadIdx.x] = fminf(los[threadIdx.x], los[threadIdx.x + half]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    hi = his[0], lo = los[0];
+    const float scale = __fdiv_rn(hi == lo ? 1.f : hi - lo, 255.f);
+    const float shifted = 0.f - __fdiv_rn(lo, scale);
+    const float clamped = fminf(255.f, fmaxf(0.f, shifted));
+    *scale_out = scale;
+    *zero_out = static_cast<uint8_t>(rintf(clamped));
+  }
+}
+
+__global__ void dynamic_quantize_kernel(const float* __restrict__ x, int64_t n, const float* __restrict__ scale,
+                                        const uint8_t* __restrict__ zero, uint8_t* __restrict__ y) {
+  const float s = *scale, z = static_cast<float>(*zero);
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float q = __fadd_rn(rintf(__fdiv_rn(x[i], s)), z);
+    const float low = 0.f < q ? q : 0.f;                // std::max(0.f, q): NaN gives 0
+    y[i] = static_cast<uint8_t>(low < 255.f ? low : 255.f);  // std::min(255.f, ...)
+  }
+}
+
+std::string check_dynamic_quantize(const LayerRequest& r) {
+  if (r.input_dtypes[0] != DType::kFloat32)
+    return "input type " + to_string(r.input_dtypes[0]) + " is not supported (supported: float32)";
+  return "";
+}
+
+LayerFormats dynamic_quantize_formats(const LayerRequest& r) {
+  LayerFormats f;
+  f.inputs = {Format{DType::kFloat32, Layout::kLinear}};
+  for (size_t o = 0; o < r.output_dtypes.size(); ++o)
+    f.outputs.push_back(r.output_dtypes[o] == DType::kUndefined ? Format{} : Format{r.output_dtypes[o], Layout::kLinear});
+  return f;
+}
+
+std::unique_ptr<Layer> create_dynamic_quantize(const LayerRequest& r, const LayerFormats&, BuildServices&) {
+  const int64_t n = shape_numel(r.input_shape(0));
+  // The scale and zero point go to their outputs, or to the workspace where an output is omitted.
+  const bool scale_given = r.node.outputs.size() > 1 && !r.node.outputs[1].empty();
+  const bool zero_given = r.node.outputs.size() > 2 && !r.node.outputs[2].empty();
+  return make_layer("kernel:dynamic-quantize", [n, scale_given, zero_given](const LayerIO& io, cudaStream_t stream) {
+    auto* scratch = static_cast<unsigned char*>(io.workspace);
+    auto* scale = scale_given ? static_cast<float*>(io.outputs[1]) : reinterpret_cast<float*>(scratch);
+    auto* zero = zero_given ? static_cast<uint8_t*>(io.outputs[2]) : scratch + sizeof(float);
+    const auto* x = static_cast<const float*>(io.inputs[0]);
+    dynamic_range_kernel<<<1, kRangeThreads, 0, stream>>>(x, n, scale, zero);
+    KILN_CUDA_CHECK_LAUNCH();
+    if (n == 0) return;
+    dynamic_quantize_kernel<<<grid_for(n), 256, 0, stream>>>(x, n, scale, zero, static_cast<uint8_t*>(io.outputs[0]));
+    KILN_CUDA_CHECK_LAUNCH();
+  }, 2 * sizeof(float));
+}
+
 }  // namespace
 
 KILN_REGISTER_CUDA_LAYERS(quantize) {
@@ -273,6 +353,13 @@ KILN_REGISTER_CUDA_LAYERS(quantize) {
                         : "int8, uint8, int16, uint16, int32, float8e4m3fn -> float32 (constant scale)";
     registry.add(std::move(e));
   }
+  LayerEntry e;
+  e.op = "DynamicQuantizeLinear";
+  e.check = check_dynamic_quantize;
+  e.formats = dynamic_quantize_formats;
+  e.create = create_dynamic_quantize;
+  e.dtypes = "float32 -> uint8";
+  registry.add(std::move(e));
 }
 
 }  // namespace kiln::cuda
