@@ -45,7 +45,6 @@ KILN_REGISTER_OPS(affine_grid) {
   s.op = "AffineGrid";
   s.min_inputs = s.max_inputs = 2;
   s.infer = infer_affine_grid;
-  s.limits = "GPU: no layer";
   registry.add(std::move(s));
 }
 

@@ -89,7 +89,6 @@ KILN_REGISTER_OPS(causal_conv_with_state) {
   s.max_outputs = 2;
   s.infer = infer_causal_conv;
   s.flops = causal_conv_flops;
-  s.limits = "GPU: no layer";
   registry.add(std::move(s));
 }
 

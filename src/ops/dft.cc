@@ -112,14 +112,12 @@ KILN_REGISTER_OPS(dft) {
   s.min_inputs = 1;
   s.max_inputs = 3;
   s.infer = infer_dft;
-  s.limits = "GPU: no layer";
   registry.add(std::move(s));
   OpSchema stft;
   stft.op = "STFT";
   stft.min_inputs = 2;
   stft.max_inputs = 4;
   stft.infer = infer_stft;
-  stft.limits = "GPU: no layer";
   registry.add(std::move(stft));
 }
 

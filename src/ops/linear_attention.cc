@@ -125,7 +125,6 @@ KILN_REGISTER_OPS(linear_attention) {
   s.max_outputs = 2;
   s.infer = infer_linear_attention;
   s.flops = linear_attention_flops;
-  s.limits = "GPU: no layer";
   registry.add(std::move(s));
 }
 

@@ -42,7 +42,6 @@ KILN_REGISTER_OPS(tensor_scatter) {
   s.min_inputs = 2;
   s.max_inputs = 3;
   s.infer = infer_tensor_scatter;
-  s.limits = "GPU: no layer";
   registry.add(std::move(s));
 }
 
