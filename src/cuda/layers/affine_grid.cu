@@ -49,6 +49,8 @@ std::string check_affine_grid(const LayerRequest& r) {
   const std::vector<int64_t>& theta = r.input_shape(0);
   if (theta.size() != 3 || (theta[1] != 2 && theta[1] != 3) || theta[2] != theta[1] + 1)
     return "theta must be [N, 2, 3] or [N, 3, 4]";
+  // The grid's shape is the output's, known when building; the size is read then, never on the GPU.
+  if (!r.is_constant(1)) return "size must be a constant";
   return "";
 }
 

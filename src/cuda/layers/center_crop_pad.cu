@@ -37,13 +37,15 @@ __global__ void center_crop_pad_kernel(const U* __restrict__ x, U* __restrict__ 
 std::string check_center_crop_pad(const LayerRequest& r) {
   if (element_size(r.input_dtypes[0]) == 0) return to_string(r.input_dtypes[0]) + " tensors are not supported";
   if (r.input_shape(0).size() > static_cast<size_t>(kMaxKernelRank)) return "rank above " + std::to_string(kMaxKernelRank);
+  // The target shape is the output's, known when building; the shape input is never read on the GPU.
+  if (!r.is_constant(1)) return "shape must be a constant";
   return "";
 }
 
 LayerFormats center_crop_pad_formats(const LayerRequest& r) {
   LayerFormats f;
   f.inputs = {Format{r.storage_of(r.input_dtypes[0]), Layout::kLinear}};
-  for (size_t i = 1; i < r.inputs.size(); ++i) f.inputs.emplace_back();  // the shape (and axes): read when building
+  for (size_t i = 1; i < r.inputs.size(); ++i) f.inputs.emplace_back();  // the shape: read when building
   f.outputs.push_back(Format{r.storage_of(r.output_dtypes[0]), Layout::kLinear});
   return f;
 }
