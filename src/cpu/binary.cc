@@ -112,11 +112,8 @@ void binary_loop(const Tensor& ta, const Tensor& tb, Tensor& ty, F f) {
       binary_row(a + begin * sa, b + begin * sb, y + begin, end - begin, sa, sb, f);
       return;
     }
-    for (int64_t r = begin; r < end; ++r) {
-      int64_t off[2];
-      plan.row_offsets(r, off);
-      binary_row(a + off[0], b + off[1], y + r * inner, inner, sa, sb, f);
-    }
+    BroadcastCursor rows(plan, begin);
+    for (int64_t r = begin; r < end; ++r, rows.next()) binary_row(a + rows.offset(0), b + rows.offset(1), y + r * inner, inner, sa, sb, f);
   }, total > kParallelElements);
 }
 

@@ -362,6 +362,45 @@ void max_pool_channels_last(const ir::Node& node, const Tensor& x, Tensor& y) {
   });
 }
 
+// GlobalAveragePool of X [N, H, W, C] into Y [N, 1, 1, C], with the bits of the channels-first
+// kernel: each channel's pixels add into 32 running sums in the same order as sum_as_float's
+// (pixel i into sum i % 32, the sums combined as its vectors' lanes are, the last pixels after),
+// here 32 rows of a block of channels, so that a row of pixels is read once, along its channels.
+void global_average_pool_channels_last(const Tensor& x, Tensor& y) {
+  const int64_t N = x.dim(0), pixels = x.dim(1) * x.dim(2), C = x.dim(3);
+  const int64_t whole = pixels / 32 * 32;  // the pixels the 32 running sums take
+  constexpr int64_t kChannelBlock = 256;
+  // Blocks of channels, as many an image as there are threads where the batch is smaller (in
+  // multiples of 16 channels), so that a batch of one runs on every thread.
+  const int64_t per_image = N < thread_count() ? std::min<int64_t>(thread_count(), (C + 15) / 16) : 1;
+  const int64_t block = std::min(kChannelBlock, ((C + per_image - 1) / per_image + 15) / 16 * 16);
+  const int64_t blocks = (C + block - 1) / block;
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+  parallel_for_each(N * blocks, N * blocks > 1 && x.numel() > 16384, [&](int64_t task) {
+    const int64_t n = task / blocks, c0 = task % blocks * block, width = std::min(block, C - c0);
+    float sums[32][kChannelBlock] = {};
+    const float* image = xp + n * pixels * C + c0;
+    for (int64_t i = 0; i < whole; ++i) {
+      float* __restrict s = sums[i % 32];
+      const float* __restrict row = image + i * C;
+      for (int64_t c = 0; c < width; ++c) s[c] += row[c];
+    }
+    float* out = yp + n * C + c0;
+    for (int64_t c = 0; c < width; ++c) {
+      float total = 0.f;
+      for (int lane = 0; lane < 8; ++lane)
+        total += (sums[lane][c] + sums[8 + lane][c]) + (sums[16 + lane][c] + sums[24 + lane][c]);
+      out[c] = total;
+    }
+    for (int64_t i = whole; i < pixels; ++i) {
+      const float* __restrict row = image + i * C;
+      for (int64_t c = 0; c < width; ++c) out[c] += row[c];
+    }
+    for (int64_t c = 0; c < width; ++c) out[c] = pixels ? out[c] / static_cast<float>(pixels) : 0.f;
+  });
+}
+
 PoolKind kind_of(const std::string& op) {
   if (op == "MaxPool" || op == "GlobalMaxPool") return PoolKind::kMax;
   if (op == "LpPool" || op == "GlobalLpPool") return PoolKind::kLp;
@@ -370,8 +409,9 @@ PoolKind kind_of(const std::string& op) {
 
 }  // namespace
 
-bool channels_last_max_pool_runs(const ir::Graph& graph, const ir::Node& pool) {
-  if (sgemm_best_isa() != SgemmIsa::kAvx512 || !pool.domain.empty() || pool.op != "MaxPool") return false;
+bool channels_last_pool_runs(const ir::Graph& graph, const ir::Node& pool) {
+  if (sgemm_best_isa() != SgemmIsa::kAvx512 || !pool.domain.empty() || (pool.op != "MaxPool" && pool.op != "GlobalAveragePool"))
+    return false;
   if (pool.inputs.size() != 1 || pool.outputs.empty() || (pool.outputs.size() > 1 && !pool.outputs[1].empty())) return false;
   const ir::Value* x = graph.find_value(pool.inputs[0]);
   return x && x->type.dtype == DType::kFloat32 && x->type.shape && x->type.shape->size() == 4;
@@ -408,6 +448,19 @@ KILN_REGISTER_CPU_KERNELS(pool) {
       const ir::Node* node = &init.node;
       return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         if (out[0].numel() > 0) max_pool_channels_last(*node, *in[0], out[0]);
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    KernelEntry e;
+    e.op = "ChannelsLastGlobalAveragePool";
+    e.domain = "kiln";
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32";
+    e.create = [](const KernelInit&) {
+      return make_kernel([](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        if (out[0].numel() > 0) global_average_pool_channels_last(*in[0], out[0]);
       });
     };
     registry.add(std::move(e));

@@ -2,7 +2,8 @@
 // pool_test.cc) on the same tensors transposed, for ResNet's 3x3 stride-2 pool, 2x2 windows,
 // dilation, ceil_mode, asymmetric pads, a window wholly in the padding, channel counts off the
 // 16-channel vectors and NaN in a window's first and later taps; under the AVX-512 kernel and the
-// plain loops.
+// plain loops. kiln::ChannelsLastGlobalAveragePool: bit for bit GlobalAveragePool, for planes of
+// fewer than 32 pixels, of a multiple of 32 and with a remainder, channel counts past a block.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -78,6 +79,40 @@ TEST(ChannelsLastMaxPool, GivesMaxPoolsBits) {
 TEST(ChannelsLastMaxPool, RefusesAnInputThatIsNotNHWC) {
   try {
     run_single_node(pool_node("ChannelsLastMaxPool", pools()[0]), {{"X", random_tensor({2, 3, 4}, 1)}});
+    FAIL() << "a rank-3 input was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("N x H x W x C"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ChannelsLastGlobalAveragePool, GivesGlobalAveragePoolsBits) {
+  // Channels-first: [N, C, H, W]. 7x7 (49 pixels: 32 and a remainder), 4x8 (32), 5x3 (fewer than
+  // 32), 56x56 (3136: 98 rounds of 32), 600 channels (past a block of 256), 1 channel.
+  const std::vector<std::vector<int64_t>> shapes = {{2, 96, 7, 7}, {1, 40, 4, 8}, {3, 17, 5, 3}, {1, 24, 56, 56},
+                                                   {1, 600, 9, 9}, {2, 1, 6, 6}};
+  uint32_t seed = 9800;
+  for (const auto& shape : shapes) {
+    SCOPED_TRACE(::testing::PrintToString(shape));
+    Tensor x = random_tensor(shape, seed++);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = x.data<float>()[i] * 100.f + 3.f;  // rounding shows
+    ir::Node plain;
+    plain.op = "GlobalAveragePool";
+    ir::Node channels_last = plain;
+    channels_last.op = "ChannelsLastGlobalAveragePool";
+    channels_last.domain = "kiln";
+    const Tensor want = run_single_node(plain, {{"X", x}});
+    const Tensor got = run_single_node(channels_last, {{"X", permute4(x, {0, 2, 3, 1})}});
+    ASSERT_EQ(got.shape(), (std::vector<int64_t>{shape[0], 1, 1, shape[1]}));
+    expect_same_bits(got.reshaped(want.shape()), want);
+  }
+}
+
+TEST(ChannelsLastGlobalAveragePool, RefusesAnInputThatIsNotNHWC) {
+  ir::Node node;
+  node.op = "ChannelsLastGlobalAveragePool";
+  node.domain = "kiln";
+  try {
+    run_single_node(node, {{"X", random_tensor({2, 3, 4}, 1)}});
     FAIL() << "a rank-3 input was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("N x H x W x C"), std::string::npos) << e.what();
