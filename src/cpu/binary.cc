@@ -112,6 +112,11 @@ void binary_loop(const Tensor& ta, const Tensor& tb, Tensor& ty, F f) {
       binary_row(a + begin * sa, b + begin * sb, y + begin, end - begin, sa, sb, f);
       return;
     }
+    if (plan.dims.size() == 2) {  // rows of a matrix, or one row repeated ([H, W, C] * [C])
+      const int64_t ra = plan.strides[0][0], rb = plan.strides[1][0];
+      for (int64_t r = begin; r < end; ++r) binary_row(a + r * ra, b + r * rb, y + r * inner, inner, sa, sb, f);
+      return;
+    }
     BroadcastCursor rows(plan, begin);
     for (int64_t r = begin; r < end; ++r, rows.next()) binary_row(a + rows.offset(0), b + rows.offset(1), y + r * inner, inner, sa, sb, f);
   }, total > kParallelElements);
