@@ -112,11 +112,13 @@ void binary_loop(const Tensor& ta, const Tensor& tb, Tensor& ty, F f) {
       binary_row(a + begin * sa, b + begin * sb, y + begin, end - begin, sa, sb, f);
       return;
     }
-    for (int64_t r = begin; r < end; ++r) {
-      int64_t off[2];
-      plan.row_offsets(r, off);
-      binary_row(a + off[0], b + off[1], y + r * inner, inner, sa, sb, f);
+    if (plan.dims.size() == 2) {  // rows of a matrix, or one row repeated ([H, W, C] * [C])
+      const int64_t ra = plan.strides[0][0], rb = plan.strides[1][0];
+      for (int64_t r = begin; r < end; ++r) binary_row(a + r * ra, b + r * rb, y + r * inner, inner, sa, sb, f);
+      return;
     }
+    BroadcastCursor rows(plan, begin);
+    for (int64_t r = begin; r < end; ++r, rows.next()) binary_row(a + rows.offset(0), b + rows.offset(1), y + r * inner, inner, sa, sb, f);
   }, total > kParallelElements);
 }
 

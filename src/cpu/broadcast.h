@@ -35,6 +35,39 @@ struct BroadcastPlan {
   }
 };
 
+// Each input's element offset at the start of consecutive rows of a plan, from a first row on:
+// the row's index in each merged dim carried from one row to the next like an odometer's
+// digits, with no division per row (a channels-last [1, H, W, C] * [1, 1, 1, C] is H * W rows of
+// C elements, where a division per row took about as long as the row).
+class BroadcastCursor {
+ public:
+  BroadcastCursor(const BroadcastPlan& plan, int64_t row)
+      : plan_(plan), index_(plan.dims.size() - 1), offsets_(plan.strides.size()) {
+    plan.row_offsets(row, offsets_.data());
+    for (size_t d = index_.size(); d-- > 0;) {
+      index_[d] = row % plan.dims[d];
+      row /= plan.dims[d];
+    }
+  }
+  int64_t offset(size_t input) const { return offsets_[input]; }
+  const int64_t* offsets() const { return offsets_.data(); }
+  void next() {
+    for (size_t d = index_.size(); d-- > 0;) {
+      const std::vector<std::vector<int64_t>>& s = plan_.strides;
+      if (++index_[d] < plan_.dims[d]) {
+        for (size_t i = 0; i < s.size(); ++i) offsets_[i] += s[i][d];
+        return;
+      }
+      index_[d] = 0;
+      for (size_t i = 0; i < s.size(); ++i) offsets_[i] -= s[i][d] * (plan_.dims[d] - 1);
+    }
+  }
+
+ private:
+  const BroadcastPlan& plan_;
+  std::vector<int64_t> index_, offsets_;
+};
+
 inline BroadcastPlan plan_broadcast(const std::vector<int64_t>& out,
                                     const std::vector<const std::vector<int64_t>*>& inputs) {
   const size_t rank = out.size();

@@ -736,7 +736,11 @@ class ChannelsLastConvKernel final : public Kernel {
     const bool by_rows = g.dw == 1;
     const int64_t segments = by_rows ? g.kh : taps, segment = by_rows ? g.kw * g.c : g.c;
     const DirectProduct product = direct_product(packed_, segments, segment);
-    parallel_for_each(tasks, threads > 1 && pixels * g.m * taps * g.c >= (int64_t{1} << 17), [&](int64_t task) {
+    // In parallel where the arithmetic or the weights are large enough: a squeeze-and-excitation
+    // block's 1x1 convolutions on one pixel stream 100s of KB of weights for little arithmetic,
+    // and each thread reads the panels of its own tasks.
+    const bool parallel = pixels * g.m * taps * g.c >= (int64_t{1} << 17) || g.m * taps * g.c >= (int64_t{1} << 15);
+    parallel_for_each(tasks, threads > 1 && parallel, [&](int64_t task) {
       const int64_t t0 = task / panel_tasks * tiles / tile_tasks, t1 = (task / panel_tasks + 1) * tiles / tile_tasks;
       const int64_t pt = task % panel_tasks;
       const int64_t q0 = pt * panels / panel_tasks, q1 = (pt + 1) * panels / panel_tasks;
@@ -987,7 +991,7 @@ std::string check_channels_last_conv(const KernelInit& init) {
     return "input type " + to_string(init.dtype(0)) + " is not supported (supported: float32)";
   const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
   if (!w) return "its weights W are not a constant";
-  if (w->rank() != 4 || init.input_types[0]->rank() > 0 && init.input_types[0]->rank() != 4)
+  if (w->rank() != 4 || (init.input_types[0]->rank() > 0 && init.input_types[0]->rank() != 4))
     return "a channels-last convolution is 2-D: X [N, H, W, C] and W [M, C/group, kH, kW]";
   const int64_t group = init.node.attrs.get_int("group", 1);
   if (group != 1 && !is_depthwise(group, w->shape()))
@@ -1007,6 +1011,11 @@ bool channels_last_conv_runs(const ir::Graph& graph, const ir::Node& conv) {
   if (!x->type.shape || x->type.shape->size() != 4 || w->constant->rank() != 4) return false;
   const int64_t group = conv.attrs.get_int("group", 1);
   return group == 1 || is_depthwise(group, w->constant->shape());
+}
+
+bool channels_last_elementwise_runs(const ir::Graph& graph, const ir::Node& node) {
+  const ir::Value* y = node.outputs.size() == 1 ? graph.find_value(node.outputs[0]) : nullptr;
+  return sgemm_best_isa() == SgemmIsa::kAvx512 && y && y->type.dtype == DType::kFloat32;
 }
 
 KILN_REGISTER_CPU_KERNELS(channels_last_conv) {

@@ -1,5 +1,6 @@
-// Which convolutions and pools the CPU engine runs channels-last (kiln::ChannelsLastConv,
-// src/ops/channels_last_conv.cc; kiln::ChannelsLastMaxPool, src/ops/pool.cc), for the layout pass
+// Which convolutions, pools and elementwise ops the CPU engine runs channels-last
+// (kiln::ChannelsLastConv, src/ops/channels_last_conv.cc; kiln::ChannelsLastMaxPool and
+// kiln::ChannelsLastGlobalAveragePool, src/ops/pool.cc), for the layout pass
 // the compiler runs before it builds a CPU engine (src/passes/channels_last_convs.cc).
 #pragma once
 
@@ -14,10 +15,16 @@ namespace kiln::cpu {
 // CPU with AVX-512.
 bool channels_last_conv_runs(const ir::Graph& graph, const ir::Node& conv);
 
-// Has this MaxPool node a channels-last kernel (kiln::ChannelsLastMaxPool, src/cpu/pool.cc):
-// 2-D, float32, without its Indices output, on a CPU with AVX-512. Such a MaxPool joins the chains
-// of channels-last convolutions around it (ResNet's stem and first block).
-bool channels_last_max_pool_runs(const ir::Graph& graph, const ir::Node& pool);
+// Has this pool node a channels-last kernel (src/cpu/pool.cc), on a CPU with AVX-512: a 2-D
+// float32 MaxPool without its Indices output (kiln::ChannelsLastMaxPool), a 2-D float32
+// GlobalAveragePool (kiln::ChannelsLastGlobalAveragePool). Such a pool joins the chains of
+// channels-last convolutions around it (ResNet's stem and first block; squeeze-and-excitation
+// blocks).
+bool channels_last_pool_runs(const ir::Graph& graph, const ir::Node& pool);
+
+// Does the CPU engine run this elementwise node (passes::layout_free_elementwise) among
+// channels-last convolutions: float32, on a CPU with AVX-512 (where those convolutions run).
+bool channels_last_elementwise_runs(const ir::Graph& graph, const ir::Node& node);
 
 // A chain of convolutions goes channels-last when its arithmetic is at least this many FLOPs per
 // element its Transposes move. A Transpose reads and writes 8 bytes an element (about 10 GB/s on

@@ -46,13 +46,15 @@ void broadcast_map(const Tensor& a, const Tensor* b, Tensor& y, F f) {
   const float* pa = a.data<float>();
   const float* pb = b ? b->data<float>() : nullptr;
   float* py = y.data<float>();
-  parallel_for_each(rows, y.numel() > kParallelElements, [&](int64_t r) {
-    int64_t off[2] = {0, 0};
-    plan.row_offsets(r, off);
-    const int64_t sa = plan.strides[0].back(), sb = b ? plan.strides[1].back() : 0;
-    for (int64_t i = 0; i < inner; ++i)
-      py[r * inner + i] = f(pa[off[0] + i * sa], pb ? pb[off[1] + i * sb] : 0.f);
-  });
+  const int64_t sa = plan.strides[0].back(), sb = b ? plan.strides[1].back() : 0;
+  parallel_for(rows, [&](int64_t begin, int64_t end) {
+    BroadcastCursor cursor(plan, begin);
+    for (int64_t r = begin; r < end; ++r, cursor.next()) {
+      const float* ra = pa + cursor.offset(0);
+      const float* rb = pb ? pb + cursor.offset(1) : nullptr;
+      for (int64_t i = 0; i < inner; ++i) py[r * inner + i] = f(ra[i * sa], rb ? rb[i * sb] : 0.f);
+    }
+  }, y.numel() > kParallelElements);
 }
 
 class FusedElementwiseKernel final : public Kernel {

@@ -1,8 +1,8 @@
 // Schemas of pooling: MaxPool, AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool,
-// GlobalLpPool. Input [N, C, spatial...]; the output keeps N and C. And kiln::ChannelsLastMaxPool
-// (domain "kiln"): MaxPool on [N, H, W, C] tensors without Indices, which the CPU engine's layout
-// pass (src/passes/channels_last_convs.cc) writes where a MaxPool joins chains of channels-last
-// convolutions.
+// GlobalLpPool. Input [N, C, spatial...]; the output keeps N and C. And, domain "kiln", which the
+// CPU engine's layout pass (src/passes/channels_last_convs.cc) writes where a pool joins chains of
+// channels-last convolutions: kiln::ChannelsLastMaxPool, MaxPool on [N, H, W, C] tensors without
+// Indices, and kiln::ChannelsLastGlobalAveragePool, [N, H, W, C] -> [N, 1, 1, C].
 #include "ops/pool.h"
 
 #include "ir/op_schema.h"
@@ -71,7 +71,7 @@ int64_t pool_output_size(const Node& node, PoolGeometry& g, size_t i, int64_t in
 
 namespace {
 
-bool is_global(const std::string& op) { return op.rfind("Global", 0) == 0; }
+bool is_global(const std::string& op) { return op.rfind("Global", 0) == 0 || op == "ChannelsLastGlobalAveragePool"; }
 
 void infer_pool(InferContext& ctx) {
   const Node& node = ctx.node;
@@ -116,6 +116,15 @@ void infer_channels_last_max_pool(InferContext& ctx) {
   ctx.set_output(0, dt, out);
 }
 
+// kiln::ChannelsLastGlobalAveragePool(X [N, H, W, C]) -> Y [N, 1, 1, C].
+void infer_channels_last_global_average_pool(InferContext& ctx) {
+  const DType dt = ctx.dtype(0);
+  if (dt != DType::kFloat32) ctx.fail("input type " + to_string(dt) + " is not supported");
+  const Dims& x = ctx.shape(0);
+  if (x.size() != 4) ctx.fail("input must be N x H x W x C, has shape " + dims_to_string(x));
+  ctx.set_output(0, dt, Dims{x[0], Dim(1), Dim(1), x[3]});
+}
+
 int64_t pool_flops(const FlopsContext& c) {
   const Node& node = c.node;
   int64_t window = 1;
@@ -143,6 +152,12 @@ KILN_REGISTER_OPS(pool) {
   s.infer = infer_channels_last_max_pool;
   s.flops = pool_flops;
   registry.add(std::move(s));
+  OpSchema gap;
+  gap.op = "ChannelsLastGlobalAveragePool";
+  gap.domain = "kiln";
+  gap.infer = infer_channels_last_global_average_pool;
+  gap.flops = pool_flops;
+  registry.add(std::move(gap));
 }
 
 }  // namespace kiln::ir

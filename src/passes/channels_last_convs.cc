@@ -1,12 +1,18 @@
-// Chains of convolutions -> kiln::ChannelsLastConv (and MaxPools between them ->
-// kiln::ChannelsLastMaxPool), with Transposes only where a chain meets the rest of the graph:
+// Chains of convolutions -> kiln::ChannelsLastConv (MaxPools and GlobalAveragePools among them
+// -> kiln::ChannelsLastMaxPool and kiln::ChannelsLastGlobalAveragePool, elementwise ops among
+// them reading and writing channels-last), with Transposes only where a chain meets the rest of
+// the graph:
 //
 //   X -> Conv -> FusedConv(Z = ...) -> ...            (each reads and writes [N, C, H, W])
 //   X -> Transpose(0,2,3,1) -> ChannelsLastConv -> ChannelsLastConv -> ... -> Transpose(0,3,1,2)
 //
-// A chain ("region") is the convolutions that `runs` accepts, joined where one's output is
-// another's input X or residual Z. A region is rewritten when it has two convolutions or more
-// and its convolutions' arithmetic (FLOPs per image: symbolic dims count as 1) is at least
+// A chain ("region") is the nodes that `runs` accepts, joined where one's output is another's
+// input X or residual Z (a pool's input; any rank-4 input of an elementwise op). Elementwise ops
+// join because the same permutation of all their rank-4 operands leaves what they compute
+// unchanged: a squeeze-and-excitation block (GlobalAveragePool, two 1x1 convolutions on one
+// pixel, a Mul of the block's activations by the [N, C, 1, 1] result) stays in its chain. A
+// region is rewritten when it has two convolutions or more and its convolutions' arithmetic
+// (FLOPs per image: symbolic dims count as 1; pools and elementwise ops count none) is at least
 // `min_flops_per_moved_element` times the elements its Transposes move; other regions stay as
 // they are. The channels-first outputs stay in the graph where something else reads them
 // (a Transpose each), under their names, so graph outputs and every other reader are unchanged.
@@ -16,6 +22,7 @@
 #include <numeric>
 #include <set>
 
+#include "ir/unary_ops.h"
 #include "passes/passes.h"
 #include "passes/rewrite.h"
 
@@ -44,17 +51,32 @@ std::optional<ir::Dims> permuted(const ir::Graph& graph, const std::string& valu
 }
 
 bool is_max_pool(const ir::Node& n) { return n.domain.empty() && n.op == "MaxPool"; }
+bool is_global_average_pool(const ir::Node& n) { return n.domain.empty() && n.op == "GlobalAveragePool"; }
+bool is_conv(const ir::Node& n) { return n.op == "Conv" || n.op == "FusedConv"; }
 
-// The convolution inputs that carry activations: X, and FusedConv's residual Z (a MaxPool's: X).
-std::vector<size_t> activation_inputs(const ir::Node& conv) {
-  std::vector<size_t> idx{0};
-  if (conv.op == "FusedConv" && conv.has_input(3)) idx.push_back(3);
+bool is_rank4(const ir::Graph& graph, const std::string& value) {
+  const ir::TensorType* t = type_of(graph, value);
+  return t && t->shape && t->shape->size() == 4;
+}
+
+// The inputs that carry [N, C, H, W] activations: a convolution's X and FusedConv's residual Z,
+// a pool's X, every rank-4 input of an elementwise op.
+std::vector<size_t> activation_inputs(const ir::Graph& graph, const ir::Node& node) {
+  if (is_conv(node)) {
+    std::vector<size_t> idx{0};
+    if (node.op == "FusedConv" && node.has_input(3)) idx.push_back(3);
+    return idx;
+  }
+  if (is_max_pool(node) || is_global_average_pool(node)) return {0};
+  std::vector<size_t> idx;
+  for (size_t k = 0; k < node.inputs.size(); ++k)
+    if (!node.inputs[k].empty() && is_rank4(graph, node.inputs[k])) idx.push_back(k);
   return idx;
 }
 
 // Whether every input of `reader` that is `v` is an activation input.
-bool reads_only_as_activation(const ir::Node& reader, const std::string& v) {
-  const std::vector<size_t> act = activation_inputs(reader);
+bool reads_only_as_activation(const ir::Graph& graph, const ir::Node& reader, const std::string& v) {
+  const std::vector<size_t> act = activation_inputs(graph, reader);
   for (size_t k = 0; k < reader.inputs.size(); ++k)
     if (reader.inputs[k] == v && std::find(act.begin(), act.end(), k) == act.end()) return false;
   return true;
@@ -72,6 +94,23 @@ bool is_transpose(const ir::Node& n, const std::vector<int64_t>& perm) {
 
 }  // namespace
 
+bool layout_free_elementwise(const ir::Graph& graph, const ir::Node& node) {
+  static const std::set<std::string> kBinary = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"};
+  const bool elementwise = node.domain.empty() ? kBinary.count(node.op) || ir::find_unary_op(node.op)
+                                               : node.domain == "kiln" && node.op == "FusedElementwise" &&
+                                                     node.attrs.get_int("concat_parts", 0) == 0;
+  if (!elementwise || node.outputs.size() != 1 || !is_rank4(graph, node.outputs[0])) return false;
+  // Operands that are not rank 4 broadcast the same in either layout only when they hold one value.
+  for (const std::string& in : node.inputs) {
+    if (in.empty() || is_rank4(graph, in)) continue;
+    const ir::TensorType* t = type_of(graph, in);
+    if (!t || !t->shape) return false;
+    for (const ir::Dim& d : *t->shape)
+      if (!d.known() || d.value != 1) return false;
+  }
+  return true;
+}
+
 int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double min_flops_per_moved_element) {
   const size_t count = graph.nodes.size();
   std::vector<bool> candidate(count, false);
@@ -80,18 +119,17 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
   for (size_t i = 0; i < count; ++i) {
     const ir::Node& n = graph.nodes[i];
     candidate[i] = runs(graph, n) && n.outputs.size() == 1 && permuted(graph, n.outputs[0], kToChannelsLast);
-    for (size_t in : activation_inputs(n)) candidate[i] = candidate[i] && permuted(graph, n.inputs[in], kToChannelsLast);
+    for (size_t in : activation_inputs(graph, n)) candidate[i] = candidate[i] && permuted(graph, n.inputs[in], kToChannelsLast);
   }
   for (size_t i = 0; i < count; ++i) {
     if (!candidate[i]) continue;
-    for (size_t in : activation_inputs(graph.nodes[i])) {
+    for (size_t in : activation_inputs(graph, graph.nodes[i])) {
       const int p = graph.producer(graph.nodes[i].inputs[in]);
       if (p >= 0 && candidate[static_cast<size_t>(p)]) parent[static_cast<size_t>(find_root(parent, p))] = find_root(parent, static_cast<int>(i));
     }
   }
 
-  // Per region: convolutions, what its Transposes and its convolutions move. MaxPools join the
-  // convolutions around them and count no arithmetic.
+  // Per region: convolutions, what its Transposes and its convolutions move.
   struct Region {
     int convs = 0;
     int64_t boundary = 0;  // elements the Transposes move, per image
@@ -106,11 +144,11 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
     Region& r = regions[root];
     const ir::Node& conv = graph.nodes[i];
     const std::string& y = conv.outputs[0];
-    const Tensor* w = is_max_pool(conv) || conv.inputs.size() < 2 ? nullptr : graph.constant(conv.inputs[1]);
-    if (!is_max_pool(conv)) ++r.convs;
+    const Tensor* w = !is_conv(conv) || conv.inputs.size() < 2 ? nullptr : graph.constant(conv.inputs[1]);
+    if (is_conv(conv)) ++r.convs;
     const int64_t fan_in = w && w->rank() == 4 ? w->dim(1) * w->dim(2) * w->dim(3) : 0;  // multiply-adds per output
     r.flops += 2.0 * static_cast<double>(image_elements(graph, y)) * static_cast<double>(fan_in);
-    for (size_t in : activation_inputs(conv)) {
+    for (size_t in : activation_inputs(graph, conv)) {
       const std::string& v = conv.inputs[in];
       if (!in_region(graph.producer(v), root) && r.inputs_seen.insert(v).second) r.boundary += image_elements(graph, v);
     }
@@ -118,7 +156,7 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
     for (int c : graph.consumers(y)) {
       const ir::Node& reader = graph.nodes[static_cast<size_t>(c)];
       if (is_transpose(reader, kToChannelsLast) && !graph.is_graph_output(reader.outputs[0])) continue;  // folded below
-      read_outside = read_outside || !in_region(c, root) || !reads_only_as_activation(reader, y);
+      read_outside = read_outside || !in_region(c, root) || !reads_only_as_activation(graph, reader, y);
     }
     if (read_outside) r.boundary += image_elements(graph, y);
   }
@@ -161,7 +199,7 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
       continue;
     }
     ir::Node conv = std::move(graph.nodes[i]);
-    for (size_t in : activation_inputs(conv)) {
+    for (size_t in : activation_inputs(graph, conv)) {
       std::string& v = conv.inputs[in];
       auto it = channels_last.find(v);
       if (it == channels_last.end()) {
@@ -174,8 +212,10 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
     const std::string y = conv.outputs[0];
     const std::string y_nhwc = typed(y + "_channels_last", *type_of(graph, y), permuted(graph, y, kToChannelsLast));
     channels_last[y] = y_nhwc;
-    conv.op = is_max_pool(conv) ? "ChannelsLastMaxPool" : "ChannelsLastConv";
-    conv.domain = "kiln";
+    if (is_conv(conv) || is_max_pool(conv) || is_global_average_pool(conv)) {
+      conv.op = is_conv(conv) ? "ChannelsLastConv" : is_max_pool(conv) ? "ChannelsLastMaxPool" : "ChannelsLastGlobalAveragePool";
+      conv.domain = "kiln";
+    }  // an elementwise op stays itself, on channels-last operands
     conv.outputs = {y_nhwc};
     const std::string conv_name = conv.name;
     nodes.push_back(std::move(conv));

@@ -88,11 +88,18 @@ int transpose_before_merge(ir::Graph& graph);
 using ConvLayoutQuery = std::function<bool(const ir::Graph&, const ir::Node&)>;
 
 // The CPU engine's layout: chains of Conv / kiln::FusedConv nodes that `runs` accepts ->
-// kiln::ChannelsLastConv on [N, H, W, C] activations (MaxPools it accepts between them ->
-// kiln::ChannelsLastMaxPool), with Transposes where a chain meets the rest of the graph. Chains of one convolution, and chains whose arithmetic is less than
+// kiln::ChannelsLastConv on [N, H, W, C] activations (MaxPools and GlobalAveragePools it accepts
+// among them -> kiln::ChannelsLastMaxPool and kiln::ChannelsLastGlobalAveragePool; elementwise ops
+// it accepts among them read and write channels-last), with Transposes where a chain meets the
+// rest of the graph. Chains of one convolution, and chains whose arithmetic is less than
 // `min_flops_per_moved_element` FLOPs per element their Transposes would move, stay as they are
-// (src/passes/channels_last_convs.cc). Returns the number of convolutions rewritten.
+// (src/passes/channels_last_convs.cc). Returns the number of nodes rewritten.
 int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double min_flops_per_moved_element);
+
+// Whether `node` is an elementwise op (broadcasting arithmetic, a unary op, a
+// kiln::FusedElementwise without a concatenation) whose output is rank 4 and whose other operands
+// hold one value each: it computes the same on channels-last operands.
+bool layout_free_elementwise(const ir::Graph& graph, const ir::Node& node);
 
 // Depthwise-separable blocks of kiln::ChannelsLastConv (an optional 1x1 expansion, a depthwise
 // convolution, a 1x1 projection) -> one kiln::ChannelsLastSeparableConv, where the depthwise

@@ -2,7 +2,8 @@
 // Transposes only at their ends and compute the same; single convolutions, convolutions the
 // backend has no kernel for, and chains too light for what their Transposes move stay;
 // outputs read elsewhere keep a Transpose and their names; a model's own Transpose to
-// channels-last reads the rewritten output directly.
+// channels-last reads the rewritten output directly; a squeeze-and-excitation block (pool,
+// convolutions on one pixel, Mul) stays in its chain, and which elementwise ops may.
 #include <gtest/gtest.h>
 
 #include "graph_builder.h"
@@ -151,6 +152,81 @@ TEST(ChannelsLastConvs, OutputsReadElsewhereKeepTheirNamesAndValues) {
   for (const ir::Node& n : after.nodes) EXPECT_NE(n.outputs[0], "c19") << n.name;
   EXPECT_EQ(find_op(after, "Relu")->inputs[0], after.value("c19_channels_last").name);
   expect_same_outputs(before, after);
+}
+
+// The CPU engine's query, less its instruction set: convolutions, pools, layout-free elementwise ops.
+bool with_pools_and_elementwise(const ir::Graph& g, const ir::Node& n) {
+  return any_conv(g, n) || n.op == "MaxPool" || n.op == "GlobalAveragePool" || passes::layout_free_elementwise(g, n);
+}
+
+TEST(ChannelsLastConvs, ASqueezeAndExcitationBlockStaysInItsChain) {
+  // MobileNet-V3's block: expansion, depthwise, squeeze-and-excitation (GlobalAveragePool, two
+  // 1x1 convolutions on its one pixel, the block's activations times their result), projection
+  // with the block's input added, then the network's own pool.
+  GraphBuilder b;
+  b.input("x", {ir::Dim::named("N"), 8, 9, 7});
+  b.node("Conv", {"x", b.random("w0", {24, 8, 1, 1})}, "expand", conv_attrs(1));
+  b.node("Conv", {"expand", b.random("w1", {24, 1, 3, 3})}, "depthwise", conv_attrs(3, 24));
+  b.node("GlobalAveragePool", {"depthwise"}, "squeeze");
+  b.node("FusedConv", {"squeeze", b.random("w2", {6, 24, 1, 1}), b.random("b2", {6})}, "fc1", conv_attrs(1));
+  b.last().domain = "kiln";
+  b.last().attrs.set("activation", std::string("Relu"));
+  b.node("FusedConv", {"fc1", b.random("w3", {24, 6, 1, 1}), b.random("b3", {24})}, "fc2", conv_attrs(1));
+  b.last().domain = "kiln";
+  b.last().attrs.set("activation", std::string("HardSigmoid"));
+  b.node("Mul", {"depthwise", "fc2"}, "excited");
+  b.node("FusedConv", {"excited", b.random("w4", {8, 24, 1, 1}), "", "x"}, "project", conv_attrs(1));
+  b.last().domain = "kiln";
+  b.node("HardSwish", {"project"}, "activated");
+  b.node("GlobalAveragePool", {"activated"}, "y");
+  b.output("y");
+  const ir::Graph before = b.build();
+  ir::Graph after = before;
+  EXPECT_EQ(passes::channels_last_convs(after, with_pools_and_elementwise, kAnyArithmetic), 9);
+  ir::infer_shapes(after);
+  EXPECT_EQ(count_ops(after, "ChannelsLastConv"), 5);
+  EXPECT_EQ(count_ops(after, "ChannelsLastGlobalAveragePool"), 2);
+  EXPECT_EQ(count_ops(after, "GlobalAveragePool"), 0);
+  // x into the chain (the expansion and the residual read one copy), y out of it.
+  EXPECT_EQ(count_ops(after, "Transpose"), 2);
+  const ir::Node* mul = find_op(after, "Mul");
+  ASSERT_NE(mul, nullptr);
+  EXPECT_EQ(mul->domain, "");
+  EXPECT_EQ(mul->inputs[0], after.value("depthwise_channels_last").name);
+  EXPECT_EQ(mul->inputs[1], after.value("fc2_channels_last").name);
+  EXPECT_EQ(find_op(after, "HardSwish")->inputs[0], after.value("project_channels_last").name);
+  expect_same_outputs(before, after);
+  EXPECT_EQ(passes::channels_last_convs(after, with_pools_and_elementwise, kAnyArithmetic), 0);
+
+  // Without the pools and elementwise ops the block splits into chains of their own: expansion
+  // and depthwise, fc1 and fc2; the projection, a chain of one, stays channels-first.
+  ir::Graph convs_only = before;
+  EXPECT_EQ(passes::channels_last_convs(convs_only, any_conv, kAnyArithmetic), 4);
+  EXPECT_EQ(count_ops(convs_only, "GlobalAveragePool"), 2);
+  EXPECT_EQ(count_ops(convs_only, "FusedConv"), 1);
+}
+
+TEST(ChannelsLastConvs, ElementwiseOpsJoinWhereTheirOperandsBroadcastAlikeInBothLayouts) {
+  GraphBuilder b;
+  b.input("x", {1, 4, 5, 6});
+  b.input("per_channel", {4, 1, 1});
+  b.node("Mul", {"x", b.random("scale4", {1, 4, 1, 1})}, "rank4");
+  b.node("Add", {"x", b.scalar("one", 1.f)}, "plus_scalar");
+  b.node("Add", {"x", b.random("single", {1, 1})}, "plus_single");
+  b.node("Mul", {"x", "per_channel"}, "rank3");  // [4, 1, 1] broadcasts along W channels-last
+  b.node("Relu", {"x"}, "unary");
+  b.node("Transpose", {"x"}, "moved", {{"perm", std::vector<int64_t>{0, 2, 3, 1}}});
+  b.node("Less", {"x", "x"}, "compare");
+  for (const char* out : {"rank4", "plus_scalar", "plus_single", "rank3", "unary", "moved", "compare"}) b.output(out);
+  const ir::Graph g = b.build();
+  auto takes = [&](const std::string& out) { return passes::layout_free_elementwise(g, g.nodes[static_cast<size_t>(g.producer(out))]); };
+  EXPECT_TRUE(takes("rank4"));
+  EXPECT_TRUE(takes("plus_scalar"));
+  EXPECT_TRUE(takes("plus_single"));
+  EXPECT_FALSE(takes("rank3"));
+  EXPECT_TRUE(takes("unary"));
+  EXPECT_FALSE(takes("moved"));
+  EXPECT_FALSE(takes("compare"));
 }
 
 }  // namespace
