@@ -46,39 +46,24 @@ __global__ void causal_conv_kernel(const float* __restrict__ x, const float* __r
   }
 }
 
-bool given(const LayerRequest& r, size_t i) { return r.has_input(i) && !r.node.inputs[i].empty(); }
-
-std::optional<std::vector<int64_t>> shape_if_given(const LayerRequest& r, size_t i) {
-  return given(r, i) ? std::optional(r.input_shape(i)) : std::nullopt;
-}
-
 std::string check_causal_conv(const LayerRequest& r) {
   for (size_t i = 0; i < r.inputs.size(); ++i)
-    if (given(r, i) && r.input_dtypes[i] != DType::kFloat32)
+    if (r.given(i) && r.input_dtypes[i] != DType::kFloat32)
       return "input type " + to_string(r.input_dtypes[i]) + " is not supported (supported: float32)";
   try {
-    ir::causal_conv_params(r.node, r.input_shape(0), r.input_shape(1), shape_if_given(r, 2), shape_if_given(r, 3));
+    ir::causal_conv_params(r.node, r.input_shape(0), r.input_shape(1), r.shape_if_given(2), r.shape_if_given(3));
   } catch (const Error& e) {
     return e.what();
   }
   return "";
 }
 
-LayerFormats causal_conv_formats(const LayerRequest& r) {
-  LayerFormats f;
-  for (size_t i = 0; i < r.inputs.size(); ++i)
-    f.inputs.push_back(given(r, i) ? Format{DType::kFloat32, Layout::kLinear} : Format{});
-  for (size_t o = 0; o < r.output_dtypes.size(); ++o)
-    f.outputs.push_back(r.output_dtypes[o] == DType::kUndefined ? Format{} : Format{DType::kFloat32, Layout::kLinear});
-  return f;
-}
-
 std::unique_ptr<Layer> create_causal_conv(const LayerRequest& r, const LayerFormats&, BuildServices&) {
   const ir::CausalConvParams p =
-      ir::causal_conv_params(r.node, r.input_shape(0), r.input_shape(1), shape_if_given(r, 2), shape_if_given(r, 3));
+      ir::causal_conv_params(r.node, r.input_shape(0), r.input_shape(1), r.shape_if_given(2), r.shape_if_given(3));
   CausalConvGeom g;
   g.rows = p.batch * p.channels, g.length = p.length, g.kernel = p.kernel, g.channels = p.channels, g.silu = p.silu;
-  const bool has_bias = given(r, 2), has_past = given(r, 3);
+  const bool has_bias = r.given(2), has_past = r.given(3);
   if (g.rows * (g.length + g.kernel - 1) == 0) return make_layer("kernel:none", [](const LayerIO&, cudaStream_t) {});
   return make_layer("kernel:causal-conv", [g, has_bias, has_past](const LayerIO& io, cudaStream_t stream) {
     float* present = io.outputs.size() > 1 ? static_cast<float*>(io.outputs[1]) : nullptr;
@@ -96,7 +81,7 @@ KILN_REGISTER_CUDA_LAYERS(causal_conv_with_state) {
   LayerEntry e;
   e.op = "CausalConvWithState";
   e.check = check_causal_conv;
-  e.formats = causal_conv_formats;
+  e.formats = float32_linear_formats;
   e.create = create_causal_conv;
   e.dtypes = "float32 (kept float32 under fp16)";
   registry.add(std::move(e));

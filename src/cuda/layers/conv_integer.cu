@@ -93,14 +93,11 @@ Slots slots_of(const std::string& op) {
   return {0, 1, 2, 3, -1, -1, -1, -1, -1};
 }
 
-bool given(const LayerRequest& r, int i) {
-  return i >= 0 && r.has_input(static_cast<size_t>(i)) && !r.node.inputs[static_cast<size_t>(i)].empty();
-}
-int64_t count_of(const LayerRequest& r, int i) { return given(r, i) ? shape_numel(r.input_shape(static_cast<size_t>(i))) : 0; }
+int64_t count_of(const LayerRequest& r, int i) { return r.given(i) ? shape_numel(r.input_shape(static_cast<size_t>(i))) : 0; }
 
 std::string integer_conv_geometry(const LayerRequest& r, IntegerConvGeom& g) {
   const Slots s = slots_of(r.node.op);
-  if (!given(r, s.x) || !given(r, s.w)) return "X and W are required";
+  if (!r.given(s.x) || !r.given(s.w)) return "X and W are required";
   const DType tx = r.input_dtypes[static_cast<size_t>(s.x)], tw = r.input_dtypes[static_cast<size_t>(s.w)];
   if (!is_byte_type(tx) || !is_byte_type(tw))
     return "input types " + to_string(tx) + ", " + to_string(tw) + " are not supported (supported: int8, uint8)";
@@ -128,14 +125,14 @@ std::string integer_conv_geometry(const LayerRequest& r, IntegerConvGeom& g) {
   g.x_signed = tx == DType::kInt8, g.w_signed = tw == DType::kInt8;
   g.x_zero_count = count_of(r, s.x_zero);
   g.w_zero_count = count_of(r, s.w_zero);
-  if (given(r, s.x_zero) && r.input_dtypes[static_cast<size_t>(s.x_zero)] != tx) return "x_zero_point's type differs from X's";
-  if (given(r, s.w_zero) && r.input_dtypes[static_cast<size_t>(s.w_zero)] != tw) return "w_zero_point's type differs from W's";
+  if (r.given(s.x_zero) && r.input_dtypes[static_cast<size_t>(s.x_zero)] != tx) return "x_zero_point's type differs from X's";
+  if (r.given(s.w_zero) && r.input_dtypes[static_cast<size_t>(s.w_zero)] != tw) return "w_zero_point's type differs from W's";
   if (g.x_zero_count > 1) return "x_zero_point must have one element";
   if (g.w_zero_count > 1 && g.w_zero_count != g.m) return "w_zero_point must have one element or one per output channel";
   if (r.node.op == "QLinearConv") {
     g.requantize = true;
     for (int slot : {s.x_scale, s.w_scale, s.y_scale})
-      if (!given(r, slot) || r.input_dtypes[static_cast<size_t>(slot)] != DType::kFloat32) return "the scales must be float32";
+      if (!r.given(slot) || r.input_dtypes[static_cast<size_t>(slot)] != DType::kFloat32) return "the scales must be float32";
     if (count_of(r, s.x_scale) != 1 || count_of(r, s.y_scale) != 1 || count_of(r, s.y_zero) != 1 || g.x_zero_count != 1)
       return "x and y scales and zero points must have one element";
     g.w_scale_count = count_of(r, s.w_scale);
@@ -143,7 +140,7 @@ std::string integer_conv_geometry(const LayerRequest& r, IntegerConvGeom& g) {
     const DType ty = r.input_dtypes[static_cast<size_t>(s.y_zero)];
     if (!is_byte_type(ty)) return "y_zero_point must be int8 or uint8";
     g.y_signed = ty == DType::kInt8;
-    g.has_bias = given(r, s.bias);
+    g.has_bias = r.given(s.bias);
     if (g.has_bias && (r.input_dtypes[static_cast<size_t>(s.bias)] != DType::kInt32 || count_of(r, s.bias) != g.m))
       return "B must be int32 with one element per output channel";
   }
@@ -162,7 +159,7 @@ std::string check_integer_conv(const LayerRequest& r) {
 LayerFormats integer_conv_formats(const LayerRequest& r) {
   LayerFormats f;
   for (size_t i = 0; i < r.inputs.size(); ++i)
-    f.inputs.push_back(given(r, static_cast<int>(i)) ? Format{r.input_dtypes[i], Layout::kLinear} : Format{});
+    f.inputs.push_back(r.given(static_cast<int64_t>(i)) ? Format{r.input_dtypes[i], Layout::kLinear} : Format{});
   f.outputs.push_back(Format{r.output_dtypes[0], Layout::kLinear});
   return f;
 }

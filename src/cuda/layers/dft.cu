@@ -86,12 +86,10 @@ __global__ void stft_kernel(const T* __restrict__ x, const T* __restrict__ windo
   }
 }
 
-bool given(const LayerRequest& r, size_t i) { return r.has_input(i) && !r.node.inputs[i].empty(); }
-
 // The value of an optional scalar parameter input: nullopt when absent; throws when it is not a
 // constant of one element.
 std::optional<int64_t> constant_scalar(const LayerRequest& r, size_t i, const char* what) {
-  if (!given(r, i)) return std::nullopt;
+  if (!r.given(i)) return std::nullopt;
   if (!r.is_constant(i)) throw Error(ErrorKind::kUnsupported, std::string(what) + " must be a constant");
   if (r.constants[i]->numel() != 1) throw Error(ErrorKind::kInvalidModel, std::string(what) + " must hold one value");
   return r.constants[i]->value_as_int(0);
@@ -117,11 +115,11 @@ std::string dft_geometry(const LayerRequest& r, DftGeom& g) {
 
 std::string stft_geometry(const LayerRequest& r, StftGeom& g) {
   if (!float_type(r.input_dtypes[0])) return "input type " + to_string(r.input_dtypes[0]) + " is not supported (supported: float32, float64)";
-  if (given(r, 2) && (r.input_dtypes[2] != r.input_dtypes[0] || r.input_shape(2).size() != 1)) return "the window must be 1-D, of the signal's type";
+  if (r.given(2) && (r.input_dtypes[2] != r.input_dtypes[0] || r.input_shape(2).size() != 1)) return "the window must be 1-D, of the signal's type";
   const std::optional<int64_t> step = constant_scalar(r, 1, "frame_step");
   if (!step) return "frame_step is required";
   const ir::StftParams p = ir::stft_params(r.node, r.input_shape(0), *step,
-                                           given(r, 2) ? std::optional<int64_t>(r.input_shape(2)[0]) : std::nullopt,
+                                           r.given(2) ? std::optional<int64_t>(r.input_shape(2)[0]) : std::nullopt,
                                            constant_scalar(r, 3, "frame_length"));
   g = StftGeom{};
   g.batch = p.batch, g.signal_length = p.signal_length, g.frame_step = p.frame_step, g.frame_length = p.frame_length;
@@ -146,7 +144,7 @@ LayerFormats dft_formats(const LayerRequest& r) {
   LayerFormats f;
   for (size_t i = 0; i < r.inputs.size(); ++i) {
     const bool data = i == 0 || (r.node.op == "STFT" && i == 2);
-    f.inputs.push_back(data && given(r, i) ? Format{r.input_dtypes[i], Layout::kLinear} : Format{});
+    f.inputs.push_back(data && r.given(i) ? Format{r.input_dtypes[i], Layout::kLinear} : Format{});
   }
   f.outputs.push_back(Format{r.output_dtypes[0], Layout::kLinear});
   return f;
@@ -172,7 +170,7 @@ std::unique_ptr<Layer> create_stft(const LayerRequest& r, const LayerFormats& f,
   StftGeom g;
   if (std::string why = stft_geometry(r, g); !why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
   if (g.outputs == 0) return make_layer("kernel:none", [](const LayerIO&, cudaStream_t) {});
-  const bool wide = f.inputs[0].dtype == DType::kFloat64, windowed = given(r, 2);
+  const bool wide = f.inputs[0].dtype == DType::kFloat64, windowed = r.given(2);
   return make_layer("kernel:stft-direct", [g, wide, windowed](const LayerIO& io, cudaStream_t stream) {
     const void* window = windowed ? io.inputs[2] : nullptr;
     if (wide)

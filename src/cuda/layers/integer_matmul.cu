@@ -91,13 +91,11 @@ Slots slots_of(const std::string& op) {
   return {0, 1, 2, 3, -1, -1, -1, -1};
 }
 
-bool given(const LayerRequest& r, int i) { return i >= 0 && r.has_input(static_cast<size_t>(i)) && !r.node.inputs[static_cast<size_t>(i)].empty(); }
-
 // The geometry of this node's product, or why the GPU layer does not take it.
 std::string integer_matmul_geometry(const LayerRequest& r, IntegerMatMulGeom& g) {
   const Slots s = slots_of(r.node.op);
   const bool q = r.node.op == "QLinearMatMul";
-  if (!given(r, s.a) || !given(r, s.b)) return "A and B are required";
+  if (!r.given(s.a) || !r.given(s.b)) return "A and B are required";
   const DType ta = r.input_dtypes[static_cast<size_t>(s.a)], tb = r.input_dtypes[static_cast<size_t>(s.b)];
   if (!is_byte_type(ta) || !is_byte_type(tb))
     return "input types " + to_string(ta) + ", " + to_string(tb) + " are not supported (supported: int8, uint8)";
@@ -124,7 +122,7 @@ std::string integer_matmul_geometry(const LayerRequest& r, IntegerMatMulGeom& g)
   g.outputs = batches * g.m * g.n;
   g.a_signed = ta == DType::kInt8, g.b_signed = tb == DType::kInt8;
   auto zero_count = [&](int slot, DType type, int64_t per, int64_t& count) -> std::string {
-    if (!given(r, slot)) return "";
+    if (!r.given(slot)) return "";
     if (r.input_dtypes[static_cast<size_t>(slot)] != type) return "a zero point's type differs from its tensor's";
     count = shape_numel(r.input_shape(static_cast<size_t>(slot)));
     if (count == 0 || count == 1 || count == per) return "";
@@ -135,7 +133,7 @@ std::string integer_matmul_geometry(const LayerRequest& r, IntegerMatMulGeom& g)
   if (q) {
     g.requantize = true;
     for (int slot : {s.a_scale, s.b_scale, s.y_scale, s.y_zero, s.a_zero, s.b_zero})
-      if (!given(r, slot) || shape_numel(r.input_shape(static_cast<size_t>(slot))) != 1)
+      if (!r.given(slot) || shape_numel(r.input_shape(static_cast<size_t>(slot))) != 1)
         return "scales and zero points must be given per tensor";
     const DType scale = r.input_dtypes[static_cast<size_t>(s.a_scale)];
     if ((scale != DType::kFloat32 && scale != DType::kFloat16) || r.input_dtypes[static_cast<size_t>(s.b_scale)] != scale ||
@@ -157,7 +155,7 @@ std::string check_integer_matmul(const LayerRequest& r) {
 LayerFormats integer_matmul_formats(const LayerRequest& r) {
   LayerFormats f;
   for (size_t i = 0; i < r.inputs.size(); ++i)
-    f.inputs.push_back(given(r, static_cast<int>(i)) ? Format{r.input_dtypes[i], Layout::kLinear} : Format{});
+    f.inputs.push_back(r.given(static_cast<int64_t>(i)) ? Format{r.input_dtypes[i], Layout::kLinear} : Format{});
   f.outputs.push_back(Format{r.output_dtypes[0], Layout::kLinear});
   return f;
 }

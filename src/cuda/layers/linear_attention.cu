@@ -73,22 +73,16 @@ __global__ void __launch_bounds__(kLinearAttentionThreads)
     for (int64_t i = threadIdx.x; i < dk * dv; i += blockDim.x) present[state_at + i] = state[i];
 }
 
-bool given(const LayerRequest& r, size_t i) { return r.has_input(i) && !r.node.inputs[i].empty(); }
-
-std::optional<std::vector<int64_t>> shape_if_given(const LayerRequest& r, size_t i) {
-  return given(r, i) ? std::optional(r.input_shape(i)) : std::nullopt;
-}
-
 ir::LinearAttentionParams params_of(const LayerRequest& r) {
-  return ir::linear_attention_params(r.node, r.input_shape(0), r.input_shape(1), r.input_shape(2), shape_if_given(r, 3),
-                                     shape_if_given(r, 4), shape_if_given(r, 5));
+  return ir::linear_attention_params(r.node, r.input_shape(0), r.input_shape(1), r.input_shape(2), r.shape_if_given(3),
+                                     r.shape_if_given(4), r.shape_if_given(5));
 }
 
 int64_t shared_bytes(const ir::LinearAttentionParams& p) { return (p.key_dim * p.value_dim + p.value_dim) * 4; }
 
 std::string check_linear_attention(const LayerRequest& r) {
   for (size_t i = 0; i < r.inputs.size(); ++i)
-    if (given(r, i) && r.input_dtypes[i] != DType::kFloat32)
+    if (r.given(i) && r.input_dtypes[i] != DType::kFloat32)
       return "input type " + to_string(r.input_dtypes[i]) + " is not supported (supported: float32)";
   try {
     const ir::LinearAttentionParams p = params_of(r);
@@ -98,15 +92,6 @@ std::string check_linear_attention(const LayerRequest& r) {
     return e.what();
   }
   return "";
-}
-
-LayerFormats linear_attention_formats(const LayerRequest& r) {
-  LayerFormats f;
-  for (size_t i = 0; i < r.inputs.size(); ++i)
-    f.inputs.push_back(given(r, i) ? Format{DType::kFloat32, Layout::kLinear} : Format{});
-  for (size_t o = 0; o < r.output_dtypes.size(); ++o)
-    f.outputs.push_back(r.output_dtypes[o] == DType::kUndefined ? Format{} : Format{DType::kFloat32, Layout::kLinear});
-  return f;
 }
 
 std::unique_ptr<Layer> create_linear_attention(const LayerRequest& r, const LayerFormats&, BuildServices& services) {
@@ -119,7 +104,7 @@ std::unique_ptr<Layer> create_linear_attention(const LayerRequest& r, const Laye
   if (shared > static_cast<int64_t>(services.device().sharedMemPerBlockOptin))
     throw r.node.error(ErrorKind::kUnsupported, "its state needs more shared memory than a block has on this GPU");
   if (g.batch * g.kv_heads == 0) return make_layer("kernel:none", [](const LayerIO&, cudaStream_t) {});
-  const bool past = given(r, 3), decay = given(r, 4), beta = given(r, 5);
+  const bool past = r.given(3), decay = r.given(4), beta = r.given(5);
   return make_layer("kernel:linear-attention", [g, shared, past, decay, beta](const LayerIO& io, cudaStream_t stream) {
     prepare_kernel(linear_attention_kernel, kLinearAttentionThreads, static_cast<int>(shared), false, "the LinearAttention kernel");
     float* present = io.outputs.size() > 1 ? static_cast<float*>(io.outputs[1]) : nullptr;
@@ -138,7 +123,7 @@ KILN_REGISTER_CUDA_LAYERS(linear_attention) {
   LayerEntry e;
   e.op = "LinearAttention";
   e.check = check_linear_attention;
-  e.formats = linear_attention_formats;
+  e.formats = float32_linear_formats;
   e.create = create_linear_attention;
   e.dtypes = "float32 (kept float32 under fp16)";
   registry.add(std::move(e));

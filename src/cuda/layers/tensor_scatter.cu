@@ -42,12 +42,10 @@ __global__ void tensor_scatter_kernel(const U* __restrict__ cache, const U* __re
   }
 }
 
-bool given(const LayerRequest& r, size_t i) { return r.has_input(i) && !r.node.inputs[i].empty(); }
-
 std::string check_tensor_scatter(const LayerRequest& r) {
   if (element_size(r.input_dtypes[0]) == 0) return to_string(r.input_dtypes[0]) + " tensors are not supported";
-  if (!given(r, 1) || r.input_dtypes[1] != r.input_dtypes[0]) return "the update must have the cache's type";
-  if (given(r, 2) && r.input_dtypes[2] != DType::kInt64) return "write_indices must be int64";
+  if (!r.given(1) || r.input_dtypes[1] != r.input_dtypes[0]) return "the update must have the cache's type";
+  if (r.given(2) && r.input_dtypes[2] != DType::kInt64) return "write_indices must be int64";
   const size_t rank = r.input_shape(0).size();
   if (rank < 1 || r.input_shape(1).size() != rank) return "the update must have the cache's rank";
   return "";
@@ -57,7 +55,7 @@ LayerFormats tensor_scatter_formats(const LayerRequest& r) {
   LayerFormats f;
   const Format data{r.storage_of(r.input_dtypes[0]), Layout::kLinear};
   f.inputs = {data, data};
-  if (r.inputs.size() > 2) f.inputs.push_back(given(r, 2) ? Format{DType::kInt64, Layout::kLinear} : Format{});
+  if (r.inputs.size() > 2) f.inputs.push_back(r.given(2) ? Format{DType::kInt64, Layout::kLinear} : Format{});
   f.outputs.push_back(data);
   return f;
 }
@@ -71,7 +69,7 @@ std::unique_ptr<Layer> create_tensor_scatter(const LayerRequest& r, const LayerF
   if (axis < 0 || axis >= rank) throw r.node.error(ErrorKind::kInvalidModel, "axis is out of range");
   TensorScatterGeom g;
   g.circular = r.node.attrs.get_string("mode", "linear") == "circular";
-  g.has_indices = given(r, 2);
+  g.has_indices = r.given(2);
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < axis; ++d) outer *= cache[static_cast<size_t>(d)];
   for (int64_t d = axis + 1; d < rank; ++d) inner *= cache[static_cast<size_t>(d)];

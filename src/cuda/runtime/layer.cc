@@ -38,6 +38,14 @@ std::vector<int64_t> TensorSpec::logical_strides() const {
   return strides;
 }
 
+LayerFormats float32_linear_formats(const LayerRequest& r) {
+  LayerFormats f;
+  for (size_t i = 0; i < r.inputs.size(); ++i)
+    f.inputs.push_back(r.given(static_cast<int64_t>(i)) ? Format{DType::kFloat32, Layout::kLinear} : Format{});
+  for (DType d : r.output_dtypes) f.outputs.push_back(d == DType::kUndefined ? Format{} : Format{DType::kFloat32, Layout::kLinear});
+  return f;
+}
+
 namespace {
 class LambdaLayer final : public Layer {
  public:

@@ -91,6 +91,17 @@ struct LayerRequest {
 
   bool has_input(size_t i) const { return i < inputs.size() && inputs[i] != nullptr; }
   bool is_constant(size_t i) const { return i < constants.size() && constants[i] != nullptr; }
+  // Whether input i is given: present and named (an optional input left out has an empty name;
+  // a negative i, no such input).
+  bool given(int64_t i) const {
+    const auto k = static_cast<size_t>(i);
+    return i >= 0 && has_input(k) && k < node.inputs.size() && !node.inputs[k].empty();
+  }
+  // Input i's shape where it is given.
+  std::optional<std::vector<int64_t>> shape_if_given(size_t i) const {
+    if (!given(static_cast<int64_t>(i))) return std::nullopt;
+    return input_shape(i);
+  }
   const std::vector<int64_t>& input_shape(size_t i) const { return inputs.at(i)->shape; }
   // The storage dtype for a logical float32 tensor at this precision (float16 under kFp16).
   DType float_storage() const { return precision == Precision::kFp16 ? DType::kFloat16 : DType::kFloat32; }
@@ -104,6 +115,10 @@ struct LayerFormats {
                                 // constants the layer does not want uploaded
   std::vector<Format> outputs;  // one per node output
 };
+
+// Float32, linear, for every given input and every output the node has: the formats of a layer
+// that keeps float32 under fp16 and reads all its inputs on the device.
+LayerFormats float32_linear_formats(const LayerRequest& r);
 
 // Device pointers for one execution of a layer, and the library handles of the execution
 // context that runs it (each context has its own, bound to its stream).
