@@ -65,5 +65,40 @@ TEST(ActivationVectors, MatchTheScalarFormula) {
   }
 }
 
+TEST(ActivationVectors, HardSwishGivesTheScalarFormulasBits) {
+  // The vector forms divide by 6 as a multiply-add of two parts of 1/6 (exhaustively the same
+  // HardSwish for every float, gemm_util.cc): here every 251st bit pattern, and the patterns
+  // around zero, one, six, the largest float and infinity, under each instruction set.
+  std::vector<float> values;
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 251) {
+    float v;
+    const uint32_t b = static_cast<uint32_t>(bits);
+    std::memcpy(&v, &b, 4);
+    values.push_back(v);
+  }
+  for (float edge : {0.f, 1.f, 3.f, 6.f, std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+                     std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min()})
+    for (float sign : {1.f, -1.f}) {
+      float v = sign * edge;
+      for (int k = 0; k < 64; ++k, v = std::nextafter(v, sign * std::numeric_limits<float>::infinity())) values.push_back(v);
+    }
+  const ir::Activation act = ir::Activation::named("HardSwish", 0.f, 0.f);
+  for (cpu::SgemmIsa isa : {cpu::SgemmIsa::kAvx2, cpu::SgemmIsa::kAvx512}) {
+    if (cpu::sgemm_best_isa() < isa) continue;
+    SCOPED_TRACE(cpu::sgemm_isa_name(isa));
+    cpu::sgemm_force_isa(isa);
+    std::vector<float> got = values;
+    cpu::activation_block(act, got.data(), static_cast<int64_t>(got.size()), 1, static_cast<int64_t>(got.size()));
+    cpu::sgemm_reset_isa();
+    int64_t differ = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const float want = act.apply(values[i]);
+      const bool same = std::isnan(want) ? std::isnan(got[i]) : std::memcmp(&want, &got[i], 4) == 0;
+      if (!same && differ++ < 5) ADD_FAILURE() << "x = " << values[i] << ": " << got[i] << " against " << want;
+    }
+    EXPECT_EQ(differ, 0);
+  }
+}
+
 }  // namespace
 }  // namespace kiln
