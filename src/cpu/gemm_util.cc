@@ -217,7 +217,7 @@ namespace {
 
 // x / 6 as x * kSixthHigh + x * kSixthLow with one rounding (an FMA), the high part just under
 // 1/6, the low part the rest rounded: HardSwish's x * clamp(x / 6 + 0.5, 0, 1) comes out the same
-// as with a division for every one of the 2^32 floats (checked exhaustively; the quotients
+// as with a division for every one of the 2^32 floats (bench/probes/hardswish_sixth.cc; the quotients
 // themselves differ only below 2^-121, where adding 0.5 hides them), and a division of 16 floats
 // took 10 or more cycles, most of the time MobileNet-V3's activations took.
 constexpr float kSixthHigh = 0x1.555554p-3f, kSixthLow = 0x1.555556p-27f;
