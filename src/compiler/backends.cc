@@ -35,10 +35,12 @@ ir::Graph laid_out_for_cpu(ir::Graph graph) {
   return graph;
 }
 
+#if !KILN_WITH_CUDA
 [[noreturn]] void no_cuda() {
   throw Error(ErrorKind::kUnsupported, "this kiln was built without the CUDA backend")
       .hint("rebuild with the CUDA toolkit installed (KILN_WITH_CUDA=ON), or use --device cpu");
 }
+#endif
 
 #if KILN_WITH_CUDA
 // The split of a GPU build whose shapes depend on the data, found on the graph specialized to
