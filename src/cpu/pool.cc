@@ -368,7 +368,7 @@ void max_pool_channels_last(const ir::Node& node, const Tensor& x, Tensor& y) {
 // bands' sums added in order: the same bits on any number of threads. Bands, not blocks of
 // channels, because the convolution before wrote its output in runs of rows, each thread its
 // own: split by channels, each thread read half its input from the other core's cache, and
-// EfficientNet-B0's first pool (112 x 112 x 32) took 2.5 times as long on two threads as on one.
+// EfficientNet-B0's first pool (112 x 112 x 32) took longer on two threads than on one.
 constexpr int64_t kGapBandPixels = 512;
 
 // s[0, n) += row[0, n) (the stores bound it: 16 channels a store).
