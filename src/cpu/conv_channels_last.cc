@@ -314,14 +314,15 @@ __attribute__((target("avx512f,fma"))) inline void depthwise_pixel_avx512(const 
   }
 }
 
-// Eight output pixels [ox, ox + 8) of a stride-1, undilated row whose taps all lie inside it, 16
-// channels at a time: each kernel row's 7 + KW input pixels are loaded once and slide under the
-// KW taps (four pixels at a time loaded each input KW times, and the loads, not the FMAs, bound
-// the 5x5 layers). The sums in the same order as depthwise_pixel_avx512's, so the same bits.
-template <int KW>
+// Eight output pixels [ox, ox + 8) of an undilated row of stride S whose taps all lie inside it,
+// 16 channels at a time: each kernel row's 7 S + KW input pixels are loaded once and each serves
+// every tap that reads it (four pixels at a time loaded each input once per tap, and the loads,
+// not the FMAs, bound the 5x5 layers). The sums in the same order as depthwise_pixel_avx512's,
+// so the same bits.
+template <int KW, int S>
 __attribute__((target("avx512f,fma"))) void depthwise_eight_avx512(const DepthwiseRow& r, int64_t ox, int64_t c_begin,
                                                                    int64_t c_end) {
-  const int64_t C = r.c, ix0 = ox - r.pw;
+  const int64_t C = r.c, ix0 = ox * S - r.pw;
   for (int64_t c0 = c_begin; c0 < c_end; c0 += 16) {
     const __mmask16 m = lanes(c_end - c0);
     const __m512 b = r.bias ? _mm512_maskz_loadu_ps(m, r.bias + c0) : _mm512_setzero_ps();
@@ -331,14 +332,14 @@ __attribute__((target("avx512f,fma"))) void depthwise_eight_avx512(const Depthwi
     for (int64_t ky = r.ky0; ky < r.ky1; ++ky) {
       const float* xr = r.rows[ky] + ix0 * C + c0;
       const float* wr = r.w + ky * KW * C + c0;
-      __m512 in[7 + KW];
-#pragma GCC unroll 12
-      for (int j = 0; j < 7 + KW; ++j) in[j] = _mm512_maskz_loadu_ps(m, xr + j * C);
+      __m512 in[7 * S + KW];
+#pragma GCC unroll 20
+      for (int j = 0; j < 7 * S + KW; ++j) in[j] = _mm512_maskz_loadu_ps(m, xr + j * C);
 #pragma GCC unroll 5
       for (int kx = 0; kx < KW; ++kx) {
         const __m512 wv = _mm512_maskz_loadu_ps(m, wr + kx * C);
 #pragma GCC unroll 8
-        for (int p = 0; p < 8; ++p) acc[p] = _mm512_fmadd_ps(in[p + kx], wv, acc[p]);
+        for (int p = 0; p < 8; ++p) acc[p] = _mm512_fmadd_ps(in[S * p + kx], wv, acc[p]);
       }
     }
 #pragma GCC unroll 8
@@ -368,10 +369,11 @@ __attribute__((target("avx512f,fma"))) void depthwise_row_avx512(const Depthwise
     const int64_t c_end = std::min(C, c_begin + run);
     int64_t ox = 0;
     for (; ox < in0; ++ox) depthwise_pixel_avx512(r, ox, c_begin, c_end);
-    if (sw == 1 && r.dw == 1 && kw == 3)
-      for (; ox + 8 <= in1; ox += 8) depthwise_eight_avx512<3>(r, ox, c_begin, c_end);
-    else if (sw == 1 && r.dw == 1 && kw == 5)
-      for (; ox + 8 <= in1; ox += 8) depthwise_eight_avx512<5>(r, ox, c_begin, c_end);
+    void (*eight)(const DepthwiseRow&, int64_t, int64_t, int64_t) = nullptr;
+    if (r.dw == 1 && sw == 1) eight = kw == 3 ? depthwise_eight_avx512<3, 1> : kw == 5 ? depthwise_eight_avx512<5, 1> : nullptr;
+    if (r.dw == 1 && sw == 2) eight = kw == 3 ? depthwise_eight_avx512<3, 2> : kw == 5 ? depthwise_eight_avx512<5, 2> : nullptr;
+    if (eight)
+      for (; ox + 8 <= in1; ox += 8) eight(r, ox, c_begin, c_end);
     for (; ox + 4 <= in1; ox += 4) {
       const int64_t xp = (ox * sw - r.pw) * C;
       for (int64_t c0 = c_begin; c0 < c_end; c0 += 16) {

@@ -49,6 +49,8 @@ std::vector<Case> cases() {
       {"depthwise 3x3, 70 channels, 16 columns", {1, 70, 6, 16}, {70, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 70},
       {"depthwise 5x5 stride 2", {1, 17, 13, 17}, {17, 1, 5, 5}, {2, 2}, {1, 1}, {2, 2, 2, 2}, 17},
       {"depthwise 5x5, 24 columns of 40 channels", {1, 40, 9, 24}, {40, 1, 5, 5}, {1, 1}, {1, 1}, {2, 2, 2, 2}, 40},
+      {"depthwise 3x3 stride 2, 20 output columns", {1, 24, 9, 40}, {24, 1, 3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 24},
+      {"depthwise 5x5 stride 2, 22 output columns", {1, 20, 9, 44}, {20, 1, 5, 5}, {2, 2}, {1, 1}, {2, 2, 2, 2}, 20},
       {"depthwise 7x7, dilation 2", {1, 32, 16, 15}, {32, 1, 7, 7}, {1, 1}, {2, 2}, {6, 6, 6, 6}, 32},
       {"depthwise narrower than the kernel", {1, 16, 4, 2}, {16, 1, 3, 3}, {1, 1}, {1, 1}, {0, 1, 0, 1}, 16},
       // 25 taps x 200 channels of weights (20 KB) run in runs of 128 channels; 7-pixel rows leave
