@@ -112,11 +112,6 @@ void binary_loop(const Tensor& ta, const Tensor& tb, Tensor& ty, F f) {
       binary_row(a + begin * sa, b + begin * sb, y + begin, end - begin, sa, sb, f);
       return;
     }
-    if (plan.dims.size() == 2) {  // rows of a matrix, or one row repeated ([H, W, C] * [C])
-      const int64_t ra = plan.strides[0][0], rb = plan.strides[1][0];
-      for (int64_t r = begin; r < end; ++r) binary_row(a + r * ra, b + r * rb, y + r * inner, inner, sa, sb, f);
-      return;
-    }
     BroadcastCursor rows(plan, begin);
     for (int64_t r = begin; r < end; ++r, rows.next()) binary_row(a + rows.offset(0), b + rows.offset(1), y + r * inner, inner, sa, sb, f);
   }, total > kParallelElements);
@@ -283,13 +278,15 @@ void where_loop(const Tensor& cond, const Tensor& x, const Tensor& y, Tensor& z)
   const BroadcastPlan plan = plan_broadcast(z.shape(), {&cond.shape(), &x.shape(), &y.shape()});
   const int64_t inner = plan.inner(), rows = plan.rows();
   const int64_t sc = plan.strides[0].back(), sx = plan.strides[1].back(), sy = plan.strides[2].back();
-  parallel_for_each(rows, z.numel() > kParallelElements, [&](int64_t r) {
-    int64_t off[3];
-    plan.row_offsets(r, off);
-    T* out = pz + r * inner;
-    for (int64_t i = 0; i < inner; ++i)
-      out[i] = c[off[0] + i * sc] ? px[off[1] + i * sx] : py[off[2] + i * sy];
-  });
+  parallel_for(rows, [&](int64_t begin, int64_t end) {
+    BroadcastCursor cursor(plan, begin);
+    for (int64_t r = begin; r < end; ++r, cursor.next()) {
+      const int64_t* off = cursor.offsets();
+      T* out = pz + r * inner;
+      for (int64_t i = 0; i < inner; ++i)
+        out[i] = c[off[0] + i * sc] ? px[off[1] + i * sx] : py[off[2] + i * sy];
+    }
+  }, z.numel() > kParallelElements);
 }
 
 std::string check_same_numeric(const KernelInit& init, bool allow_bool) {
