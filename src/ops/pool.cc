@@ -5,6 +5,8 @@
 // Indices, and kiln::ChannelsLastGlobalAveragePool, [N, H, W, C] -> [N, 1, 1, C].
 #include "ops/pool.h"
 
+#include <utility>
+
 #include "ir/op_schema.h"
 
 namespace kiln::ir {
@@ -146,18 +148,16 @@ KILN_REGISTER_OPS(pool) {
     if (std::string(op) == "MaxPool") s.max_outputs = 2;
     registry.add(std::move(s));
   }
-  OpSchema s;
-  s.op = "ChannelsLastMaxPool";
-  s.domain = "kiln";
-  s.infer = infer_channels_last_max_pool;
-  s.flops = pool_flops;
-  registry.add(std::move(s));
-  OpSchema gap;
-  gap.op = "ChannelsLastGlobalAveragePool";
-  gap.domain = "kiln";
-  gap.infer = infer_channels_last_global_average_pool;
-  gap.flops = pool_flops;
-  registry.add(std::move(gap));
+  using Infer = void (*)(InferContext&);
+  for (auto [op, infer] : {std::pair<const char*, Infer>{"ChannelsLastMaxPool", infer_channels_last_max_pool},
+                           std::pair<const char*, Infer>{"ChannelsLastGlobalAveragePool", infer_channels_last_global_average_pool}}) {
+    OpSchema s;
+    s.op = op;
+    s.domain = "kiln";
+    s.infer = infer;
+    s.flops = pool_flops;
+    registry.add(std::move(s));
+  }
 }
 
 }  // namespace kiln::ir
