@@ -4,6 +4,10 @@
 // against, so it keeps the plain steps: the logits of a row (each a sum in double), the bias
 // every mask adds, a softmax (its exponentials within 3 ulp of std::exp, its sum in double), the
 // weighted sum of values; each step runs 8 keys (or values) at a time.
+// GCC 12's AVX-512 intrinsics start some results from an "undefined" vector and trip
+// -Wmaybe-uninitialized and -Wuninitialized when inlined here; the warnings are about the header.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/double_sums.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
 #include "cpu/vector_exp.h"
@@ -82,10 +87,6 @@ void row_dots_portable(const float* q, int64_t rows, const float* kt, int64_t D,
     }
 }
 
-#pragma GCC diagnostic push
-// GCC 12's AVX-512 headers start some results from _mm512_undefined_*(), which it then reports
-// as maybe uninitialized once inlined here.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // The same with AVX-512: 32 keys of up to kDotRows rows at a time held in registers through
 // the whole sum, each key vector loaded and widened once for all the rows.
 template <int Rows>
@@ -116,7 +117,6 @@ __attribute__((target("avx512f"))) void rows_dots_avx512(const float* q, const f
     }
 }
 
-#pragma GCC diagnostic pop
 
 bool has_avx512() {
   static const bool avx512 = [] {
@@ -124,6 +124,21 @@ bool has_avx512() {
     return __builtin_cpu_supports("avx512f") != 0;
   }();
   return avx512;
+}
+
+// y[i] = float(double(x[i]) * factor): a row of Y divided by its softmax's sum.
+__attribute__((target("avx512f"))) void scale_row_avx512(const float* x, int64_t n, double factor, float* y) {
+  const __m512d f = _mm512_set1_pd(factor);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __mmask16 lanes = static_cast<__mmask16>((1u << std::min<int64_t>(8, n - i)) - 1);
+    const __m256 r = _mm512_cvtpd_ps(_mm512_mul_pd(load8_as_double(x, i, n), f));
+    _mm512_mask_storeu_ps(y + i, lanes, _mm512_castps256_ps512(r));
+  }
+}
+
+void scale_row(const float* x, int64_t n, double factor, float* y) {
+  if (has_avx512()) return scale_row_avx512(x, n, factor, y);
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i] * factor);
 }
 
 void rows_dots(const float* q, int64_t rows, const float* kt, int64_t D, int64_t T, double* dots) {
@@ -163,8 +178,10 @@ float biased_logits(const float* x, const float* bias, int64_t T, float* z, bool
 }
 
 // probs[j] = e^(z[j] - max_logit), or 0 for a key that may not be attended (z = -inf) and for
-// every key of a row with none allowed; returns whether some z is NaN. 8 keys at a time.
-bool softmax_numerators(const float* z, int64_t T, float max_logit, bool any_allowed, float* probs) {
+// every key of a row with none allowed, and `sum` their sum in double (two partial sums of 4);
+// returns whether some z is NaN. 8 keys at a time.
+bool softmax_numerators(const float* z, int64_t T, float max_logit, bool any_allowed, float* probs, double& sum) {
+  sum = 0;
   if (!any_allowed) {
     std::fill(probs, probs + T, 0.f);
     for (int64_t j = 0; j < T; ++j)
@@ -174,17 +191,25 @@ bool softmax_numerators(const float* z, int64_t T, float max_logit, bool any_all
   const __m256 neg_inf = _mm256_set1_ps(kNegInf), largest = _mm256_set1_ps(max_logit);
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256 nan = _mm256_setzero_ps();
+  __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();
   for (int64_t j = 0; j < T; j += 8) {
     const __m256i inside = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(8, T - j))), lane);
     const __m256 zj = _mm256_maskload_ps(z + j, inside);
     nan = _mm256_or_ps(nan, _mm256_cmp_ps(zj, zj, _CMP_UNORD_Q));
-    const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(zj, neg_inf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(zj, largest)));
+    // Lanes past T load 0 and give e^-max, left out of the sum and not stored.
+    const __m256 e = _mm256_and_ps(_mm256_castsi256_ps(inside),
+                                   _mm256_andnot_ps(_mm256_cmp_ps(zj, neg_inf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(zj, largest))));
+    low = _mm256_add_pd(low, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    high = _mm256_add_pd(high, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     if (j + 8 <= T) {
       _mm256_storeu_ps(probs + j, e);  // unmasked: a masked store is microcoded on AMD's Zen
     } else {
       _mm256_maskstore_ps(probs + j, inside, e);
     }
   }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(low, high));
+  sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
   return _mm256_movemask_ps(nan) != 0;
 }
 
@@ -218,8 +243,6 @@ void weighted_sum(const float* p, int64_t T, const HeadView& V, int64_t b, int64
   }
 }
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as for rows_dots_avx512
 // weighted_sum for `Rows` query rows at once (p and y: Rows rows of T and Dv), the same terms in
 // the same order for each row: with AVX-512, 64 columns of every row held in registers through
 // the keys, each row of V loaded once for all the rows; the columns past the last 64 as
@@ -251,7 +274,6 @@ __attribute__((target("avx512f"))) void weighted_sums_avx512(const float* p, int
   if (d0 < Dv)
     for (int r = 0; r < Rows; ++r) weighted_sum(p + r * T, T, V, b, kv, Dv, y + r * Dv, d0);
 }
-#pragma GCC diagnostic pop
 
 void weighted_sums(const float* p, int64_t rows, int64_t T, const HeadView& V, int64_t b, int64_t kv, int64_t Dv, float* y) {
   if (!has_avx512()) {
@@ -351,6 +373,7 @@ class AttentionKernel : public Kernel {
           bias(static_cast<size_t>(T)), z(static_cast<size_t>(T)), probs_rows(static_cast<size_t>(kDotRows * T)),
           raw(static_cast<size_t>(T)), y_rows(static_cast<size_t>(kDotRows * Dv));
       std::vector<double> dots(static_cast<size_t>(kDotRows * T));
+      double row_scale[kDotRows];  // 1 / each row's sum of numerators (1 for a row of NaN or zeros)
       for (int64_t i = 0; i < s.q_seq; ++i) {
         // This row's place in its block of rows, whose logits and weighted sums are computed together.
         const int64_t r = i % kDotRows, rows = std::min(kDotRows, s.q_seq - (i - r));
@@ -382,17 +405,18 @@ class AttentionKernel : public Kernel {
         const float max_logit = biased_logits(x, bias.data(), T, z.data(), any_allowed);
         // Softmax of logits + bias; a row no key may be attended from is all zeros. NaN and
         // infinite logits give NaN, as a softmax computes them (the maximum skips NaN).
-        const bool nan = softmax_numerators(z.data(), T, max_logit, any_allowed, probs);
+        // The weighted sums below take the numerators, and each row of Y is divided by the sum
+        // after: one product per value instead of one per key.
         double sum = 0;
-        for (int64_t j = 0; j < T; ++j) sum += probs[j];
+        const bool nan = softmax_numerators(z.data(), T, max_logit, any_allowed, probs, sum);
+        row_scale[r] = 1.0;
         if (nan) std::fill(probs, probs + T, std::numeric_limits<float>::quiet_NaN());
-        else if (!any_allowed) std::fill(probs, probs + T, 0.f);
-        else
-          for (int64_t j = 0; j < T; ++j) probs[j] = static_cast<float>(probs[j] / sum);
+        else if (any_allowed) row_scale[r] = 1.0 / sum;
         if (qk_out) {
           const int64_t base = ((b * s.q_heads + h) * s.q_seq + i) * T;
           for (int64_t j = 0; j < T; ++j)
-            store(*qk_out, base + j, mode == 3 ? probs[j] : mode == 2 ? z[j] : mode == 1 ? x[j] : raw[j]);
+            store(*qk_out, base + j,
+                  mode == 3 ? static_cast<float>(probs[j] * row_scale[r]) : mode == 2 ? z[j] : mode == 1 ? x[j] : raw[j]);
         }
         if (r + 1 < rows) continue;
         // The block's last row: the weighted sums of all its rows.
@@ -401,7 +425,10 @@ class AttentionKernel : public Kernel {
           const int64_t row = i - r + k;
           const int64_t y_base = s.three_d ? (b * s.q_seq + row) * s.q_heads * Dv + h * Dv
                                            : ((b * s.q_heads + h) * s.q_seq + row) * Dv;
-          for (int64_t d = 0; d < Dv; ++d) store(*y, y_base + d, y_rows[k * Dv + d]);
+          const float* y_row = y_rows.data() + k * Dv;
+          if (y->dtype() == DType::kFloat32) scale_row(y_row, Dv, row_scale[k], y->data<float>() + y_base);
+          else
+            for (int64_t d = 0; d < Dv; ++d) store(*y, y_base + d, static_cast<float>(y_row[d] * row_scale[k]));
         }
       }
     });

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu/broadcast.h"
+#include "cpu/double_sums.h"
 #include "cpu/gemm_util.h"
 #include "ir/activation.h"
 #include "cpu/kernel.h"
@@ -115,24 +116,6 @@ std::vector<float> expand_to(const Tensor& param, const std::vector<int64_t>& ta
     for (int64_t i = 0; i < inner; ++i) out[static_cast<size_t>(r * inner + i)] = p[off + i * plan.strides[0].back()];
   }
   return out;
-}
-
-// Sums in double on AVX-512, 8 floats a step into four accumulators: one chain of double
-// additions took 4 cycles an element, and BERT-base's LayerNorms (rows of 768) ran at about 3 GB/s
-// (docs/design/cpu-gemm.md, "Transformers on the CPU"). The partial sums change the order of the
-// additions, not their precision.
-
-// Floats [i, i + 8) of x[0, n) widened to double; those past n read 0.
-__attribute__((target("avx512f"), always_inline)) inline __m512d load8_as_double(const float* x, int64_t i, int64_t n) {
-  const __mmask16 lanes = static_cast<__mmask16>((1u << std::clamp<int64_t>(n - i, 0, 8)) - 1);
-  return _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(lanes, x + i)));
-}
-
-__attribute__((target("avx512f"))) double row_sum_avx512(const float* x, int64_t n) {
-  __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
-  for (int64_t i = 0; i < n; i += 32)
-    for (int q = 0; q < 4; ++q) acc[q] = _mm512_add_pd(acc[q], load8_as_double(x, i + 8 * q, n));
-  return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(acc[0], acc[1]), _mm512_add_pd(acc[2], acc[3])));
 }
 
 // The sum of squared deviations from `mean`, x - mean in double.

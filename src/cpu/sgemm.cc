@@ -37,6 +37,10 @@ struct Tile {
   float lo = 0.f, hi = 0.f;
   const char* prefetch = nullptr;  // tile_avx512: lines to bring into L2 while it runs (at most 2 kc)
   int64_t prefetch_lines = 0;
+  // One line every kc / prefetch_lines steps instead of one a step from the first: for lines
+  // needed only after several more tiles (rows_sgemm's next panel), which then arrive without
+  // filling the core's queue of misses at once.
+  bool prefetch_spread = false;
 };
 
 using TileFn = void (*)(const Tile&);
@@ -164,9 +168,19 @@ __attribute__((target("avx512f,fma"))) void tile_avx512(const Tile& t) {
   }
   const float* a = t.a;
   const float* b = t.b;
+  const int64_t spread = t.prefetch_spread && t.prefetch_lines > 0 && t.prefetch_lines < t.kc ? t.kc / t.prefetch_lines : 1;
+  int64_t next_prefetch = 0, line = 0;
   for (int64_t k = 0; k < t.kc; ++k, a += MR, b += 32) {
-    if (k < t.prefetch_lines) _mm_prefetch(t.prefetch + k * 64, _MM_HINT_T1);
-    if (k + t.kc < t.prefetch_lines) _mm_prefetch(t.prefetch + (k + t.kc) * 64, _MM_HINT_T1);  // up to 2 a k
+    if (spread > 1) {
+      if (k == next_prefetch && line < t.prefetch_lines) {
+        _mm_prefetch(t.prefetch + line * 64, _MM_HINT_T1);
+        ++line;
+        next_prefetch += spread;
+      }
+    } else {
+      if (k < t.prefetch_lines) _mm_prefetch(t.prefetch + k * 64, _MM_HINT_T1);
+      if (k + t.kc < t.prefetch_lines) _mm_prefetch(t.prefetch + (k + t.kc) * 64, _MM_HINT_T1);  // up to 2 a k
+    }
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
@@ -876,6 +890,7 @@ void rows_sgemm(const PackedColumns& w, int64_t rows, const float* x, int64_t ld
         const int64_t kc = std::min(kc_max, K - k0);
         for (int64_t q = q_begin; q < q_end; ++q) {
           Tile t = base;
+          t.prefetch_spread = true;
           t.nr = static_cast<int>(std::min<int64_t>(NV, N - q * NV));
           t.col_bias = col_bias ? col_bias + q * NV : nullptr;
           t.kc = kc;
