@@ -491,6 +491,8 @@ struct KBlock {
   int64_t s0, count, off, len;  // segments [s0, s0 + count) from offset off, len rows of each
 };
 
+constexpr int64_t kOneBlockK = 512;  // K up to this runs as one block
+
 struct DirectProduct {
   const PackedColumns* packed = nullptr;
   int64_t segments = 0, segment = 0, k_total = 0;
@@ -503,7 +505,7 @@ DirectProduct direct_product(const PackedColumns& packed, int64_t segments, int6
   p.segments = segments;
   p.segment = segment;
   p.k_total = segments * segment;
-  if (p.k_total <= 512) {
+  if (p.k_total <= kOneBlockK) {
     p.kblocks.push_back({0, segments, 0, segment});
   } else if (segment <= 256) {
     const int64_t per = 256 / segment;
@@ -635,6 +637,14 @@ class ChannelsLastConvKernel final : public Kernel {
       return;
     }
     pack_direct(src, w_shape_, packed_);
+  }
+
+  // The residual Z, where every path reads each of its elements only when it writes Y's element
+  // there: the depthwise rows, Winograd's output tiles, and the direct product when K is one block
+  // (with several, the first blocks' partial sums go to Y before the last adds Z).
+  int overwritable_input() const override {
+    const int64_t k_total = w_shape_[1] * w_shape_[2] * w_shape_[3];
+    return depthwise_ || k_total <= kOneBlockK ? 3 : -1;
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {

@@ -63,15 +63,18 @@ std::shared_ptr<unsigned char[]> BufferPool::take(size_t bytes) {
   return std::shared_ptr<unsigned char[]>(p, PoolBuffer{capacity, held_});
 }
 
-void BufferPool::give(Tensor& t) {
+bool BufferPool::sole_holder(const Tensor& t) {
   const std::shared_ptr<unsigned char[]>& storage = t.storage();
   // use_count 1: nothing else holds it (a kernel that returned a view of its input would
-  // share it; graph outputs are never given back).
-  if (!storage || storage.use_count() != 1) return;
-  const PoolBuffer* buffer = std::get_deleter<PoolBuffer>(storage);
-  if (!buffer) return;  // not made here (a caller's input)
+  // share it; graph outputs are never given back). No PoolBuffer: not made here (a caller's input).
+  return storage && storage.use_count() == 1 && std::get_deleter<PoolBuffer>(storage);
+}
+
+void BufferPool::give(Tensor& t) {
+  if (!sole_holder(t)) return;
+  const std::shared_ptr<unsigned char[]>& storage = t.storage();
   std::lock_guard<std::mutex> lock(mutex_);
-  free_.emplace(buffer->capacity, storage);
+  free_.emplace(std::get_deleter<PoolBuffer>(storage)->capacity, storage);
 }
 
 CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs)
@@ -146,6 +149,14 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs)
     int r = last_reader[static_cast<size_t>(slot)];
     if (r >= 0 && !keep.count(slot) && !constant_slots_[static_cast<size_t>(slot)].defined())
       steps_[static_cast<size_t>(r)].release.push_back(slot);
+  }
+  for (Step& step : steps_) {
+    const int in = step.kernel->overwritable_input();
+    if (in < 0 || static_cast<size_t>(in) >= step.inputs.size() || step.inputs[static_cast<size_t>(in)] < 0) continue;
+    const int slot = step.inputs[static_cast<size_t>(in)];
+    if (std::count(step.inputs.begin(), step.inputs.end(), slot) == 1 &&
+        std::find(step.release.begin(), step.release.end(), slot) != step.release.end())
+      step.overwritable = in;
   }
 }
 
@@ -253,8 +264,14 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
       // ResNet-50 run); BuildOptions::poison_outputs fills them with 0xFF bytes (NaN) to prove it.
       std::vector<int64_t> shape = ir::known_values(*t.shape);
       std::shared_ptr<unsigned char[]> storage;
+      bool in_place = false;
+      if (o == 0 && step.overwritable >= 0) {
+        const Tensor& in = slots[static_cast<size_t>(step.inputs[static_cast<size_t>(step.overwritable)])];
+        in_place = in.dtype() == t.dtype && in.shape() == shape && BufferPool::sole_holder(in);
+        if (in_place) storage = in.storage();
+      }
       try {
-        storage = pool_.take(shape_bytes(shape, t.dtype));
+        if (!storage) storage = pool_.take(shape_bytes(shape, t.dtype));
       } catch (Error& e) {
         throw Error(e.kind(), "output '" + node.outputs[o] + "' (" + to_string(t.dtype) + " " + shape_to_string(shape) +
                                   ") " + e.message())
@@ -262,7 +279,7 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
             .hint(e.hint_text());
       }
       Tensor out = Tensor::over_storage(t.dtype, shape, std::move(storage));
-      if (poison_outputs_ && out.nbytes()) std::memset(out.raw(), 0xFF, out.nbytes());
+      if (poison_outputs_ && !in_place && out.nbytes()) std::memset(out.raw(), 0xFF, out.nbytes());
       outputs.push_back(std::move(out));
     }
     std::vector<const Tensor*> in_ptrs(values.begin(), values.end());

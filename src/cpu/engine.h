@@ -28,6 +28,8 @@ class BufferPool {
   std::shared_ptr<unsigned char[]> take(size_t bytes);
   // Returns a tensor's storage to the pool if nothing else holds it.
   void give(Tensor& t);
+  // Whether the tensor's storage was made here and nothing else holds it.
+  static bool sole_holder(const Tensor& t);
   size_t limit() const { return limit_; }
   // Bytes of the live buffers made here (free or in use).
   size_t held() const { return *held_; }
@@ -78,6 +80,7 @@ class CpuEngine {
     std::vector<int> inputs;   // slot per input, -1 for omitted
     std::vector<int> outputs;  // slot per output, -1 for omitted
     std::vector<int> release;  // slots whose last reader is this step
+    int overwritable = -1;     // Kernel::overwritable_input, where this step releases it and reads it once
     bool makes_outputs = false;  // KernelEntry::makes_outputs
   };
 

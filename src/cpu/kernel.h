@@ -32,6 +32,13 @@ class Kernel {
  public:
   virtual ~Kernel() = default;
   virtual void run(const std::vector<const Tensor*>& inputs, std::vector<Tensor>& outputs) = 0;
+  // An input whose buffer output 0 may be written into, or -1: the kernel reads each of that
+  // input's elements only for the output element at the same index, before writing it. The
+  // engine hands the buffer over where the input has the output's type and shape, dies at this
+  // node and is held by nothing else: a convolution's residual, whose output written in place
+  // needs no fresh buffer pulled into the cache for writing (docs/design/cpu-gemm.md, "The
+  // residual's buffer as the output").
+  virtual int overwritable_input() const { return -1; }
 };
 
 // A kernel from a lambda, for kernels that keep no state.
