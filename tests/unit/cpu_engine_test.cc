@@ -1,8 +1,11 @@
-// The CPU engine: its buffer recycling never hands out memory a caller still holds; runs from
-// several threads match serial runs; memory stays flat run after run.
+// The CPU engine: its buffer recycling never hands out memory a caller still holds; a
+// convolution written into its residual's buffer computes what it computes into a fresh one, and
+// leaves alone a residual something else still reads; runs from several threads match serial
+// runs; memory stays flat run after run.
 #include <gtest/gtest.h>
 #include <malloc.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <random>
@@ -93,6 +96,65 @@ Tensor random_image(const std::vector<int64_t>& shape, unsigned seed) {
 // Same shape and the same bytes.
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// y = ChannelsLastConv(x, w, b, z) with z = Relu(r): z is the engine's own buffer and dies at
+// the convolution, which may then write y into it. With z also a graph output it stays, and y
+// goes to a fresh buffer: both graphs give the same y, and z keeps its values.
+ir::Graph residual_conv(const std::vector<int64_t>& w_shape, int64_t k, int64_t group, bool z_is_output) {
+  const int64_t m = w_shape[0], c = w_shape[1] * group;
+  GraphBuilder b;
+  b.input("x", {1, 9, 10, c});
+  b.input("r", {1, 9, 10, m});
+  b.node("Relu", {"r"}, "z");
+  b.node("ChannelsLastConv", {"x", b.random("w", w_shape), b.random("b", {m}), "z"}, "y",
+         {{"kernel_shape", std::vector<int64_t>{k, k}}, {"pads", std::vector<int64_t>(4, k / 2)}, {"group", group},
+          {"activation", std::string("Relu")}});
+  b.last().domain = "kiln";
+  b.output("y");
+  if (z_is_output) b.output("z");
+  return b.build();
+}
+
+TEST(CpuEngine, AConvolutionWrittenIntoItsResidualsBufferComputesTheSame) {
+  struct Case {
+    const char* name;
+    std::vector<int64_t> w;
+    int64_t k, group;
+  };
+  // Pointwise and 3x3 (one K block), depthwise, and K = 600 (blocks: never in place).
+  for (const Case& c : {Case{"pointwise", {24, 16, 1, 1}, 1, 1}, Case{"3x3", {20, 16, 3, 3}, 3, 1},
+                        Case{"depthwise", {32, 1, 3, 3}, 3, 32}, Case{"K of 600", {24, 600, 1, 1}, 1, 1}}) {
+    SCOPED_TRACE(c.name);
+    const int64_t m = c.w[0], channels = c.w[1] * c.group;
+    cpu::CpuEngine in_place(residual_conv(c.w, c.k, c.group, false), 0, /*poison_outputs=*/true);
+    cpu::CpuEngine kept(residual_conv(c.w, c.k, c.group, true), 0, /*poison_outputs=*/true);
+    const Tensor x = random_image({1, 9, 10, channels}, 1), r = random_image({1, 9, 10, m}, 2);
+    for (int run = 0; run < 2; ++run) {  // the second run recycles the first's buffers
+      const std::map<std::string, Tensor> a = in_place.run({{"x", x}, {"r", r}});
+      const std::map<std::string, Tensor> b = kept.run({{"x", x}, {"r", r}});
+      EXPECT_TRUE(same_bytes(a.at("y"), b.at("y")));
+      const Tensor& z = b.at("z");
+      for (int64_t i = 0; i < z.numel(); ++i) ASSERT_EQ(z.data<float>()[i], std::max(r.data<float>()[i], 0.f)) << i;
+    }
+  }
+}
+
+// A residual the caller gave (a graph input) is never written.
+TEST(CpuEngine, ACallersResidualIsNotWrittenInto) {
+  GraphBuilder b;
+  b.input("x", {1, 4, 5, 8});
+  b.input("z", {1, 4, 5, 8});
+  b.node("ChannelsLastConv", {"x", b.random("w", {8, 8, 1, 1}), b.random("b", {8}), "z"}, "y",
+         {{"kernel_shape", std::vector<int64_t>{1, 1}}});
+  b.last().domain = "kiln";
+  b.output("y");
+  cpu::CpuEngine engine(b.build());
+  const Tensor x = random_image({1, 4, 5, 8}, 3), z = random_image({1, 4, 5, 8}, 4);
+  Tensor z_before(DType::kFloat32, z.shape());
+  std::memcpy(z_before.raw(), z.raw(), z.nbytes());
+  engine.run({{"x", x}, {"z", z}});
+  EXPECT_TRUE(same_bytes(z, z_before));
 }
 
 // Runs differs(thread, run) for `runs` runs on each of `threads` threads at once; how many
