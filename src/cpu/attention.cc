@@ -3,7 +3,8 @@
 // 4 together), the (batch, head) pairs in parallel. It is the reference the GPU's fused attention is checked
 // against, so it keeps the plain steps: the logits of a row (each a sum in double), the bias
 // every mask adds, a softmax (its exponentials within 3 ulp of std::exp, its sum in double), the
-// weighted sum of values; each step runs 8 keys (or values) at a time.
+// weighted sum of values by the softmax's numerators, divided by their sum after; each step runs
+// 8 keys (or values) at a time.
 // GCC 12's AVX-512 intrinsics start some results from an "undefined" vector and trip
 // -Wmaybe-uninitialized and -Wuninitialized when inlined here; the warnings are about the header.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
