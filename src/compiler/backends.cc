@@ -28,7 +28,8 @@ ir::Graph laid_out_for_cpu(ir::Graph graph) {
     return cpu::channels_last_conv_runs(g, n) || cpu::channels_last_pool_runs(g, n) ||
            (passes::layout_free_elementwise(g, n) && cpu::channels_last_elementwise_runs(g, n));
   };
-  if (passes::channels_last_convs(graph, runs, cpu::kChannelsLastMinFlopsPerMovedElement) > 0) {
+  if (passes::channels_last_convs(graph, runs, cpu::kChannelsLastMinFlopsPerMovedElement,
+                                  cpu::channels_last_conv_reads_channels_first) > 0) {
     ir::infer_shapes(graph);
     if (passes::separable_convs(graph, cpu::kSeparableMinDepthwiseInputBytes) > 0) ir::infer_shapes(graph);
   }

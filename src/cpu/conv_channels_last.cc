@@ -258,6 +258,98 @@ void dense_tiles_plain(int tile_rows, const float* panel, int64_t taps, int64_t 
   }
 }
 
+// Channels-first X: a network's first convolution, on an image of a few channels (kiln's layout
+// pass leaves its input as it is, src/passes/channels_last_convs.cc). Channels-last, such an
+// input needs a Transpose of its own (of 3-float pixels), and the direct kernel above a pointer
+// per pixel and kernel row of each tile. Channels-first, a tile's output pixels lie along one
+// output row: pixel i reads, at tap (c, ky, kx), segment (c, ky)'s input row at i * sw + kx * dw,
+// so a tile needs one pointer per segment (a zero-padded copy where the tile passes the image's
+// edge or the output row's end). The weights are OIHW's own order: K = (c, ky, kx). MobileNet-V2's
+// stem with its Transpose 0.27 -> 0.11-0.15 ms on two threads (docs/design/cpu-gemm.md,
+// "A first convolution reads its image channels-first").
+struct ChannelsFirstTile {
+  const float* const* segments = nullptr;  // [C * kH]: (c, ky)'s row at the tile's first pixel, null in the padding
+  int64_t segment_count = 0, kw = 1, sw = 1, dw = 1;
+  float* y = nullptr;        // the tile's first pixel, first channel of the panel
+  int64_t ldy = 0;           // M
+  const float* z = nullptr;  // the residual at the same place, or null
+  const float* bias = nullptr;
+  int64_t pixels = 0;        // pixels of the tile that exist (at most R)
+  int cols = 0;              // channels of the panel that exist
+  int clamp = 0;             // Epilogue::clamp_mode
+  float lo = 0.f, hi = 0.f;
+};
+
+// R pixels by V vectors of 16 channels (R * V = 16 sums); SW > 0 fixes the stride, so pixel i's
+// input is a constant offset from the tap's.
+template <int R, int V, int SW>
+__attribute__((target("avx512f,fma"))) void channels_first_tile_avx512(const float* panel, const ChannelsFirstTile& t) {
+  const int64_t sw = SW > 0 ? SW : t.sw;
+  __mmask16 m[V];
+  __m512 acc[R][V];
+#pragma GCC unroll 2
+  for (int v = 0; v < V; ++v) {
+    m[v] = lanes(t.cols - 16 * v);
+    const __m512 b = t.bias ? _mm512_maskz_loadu_ps(m[v], t.bias + 16 * v) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i) acc[i][v] = b;
+  }
+  const float* w = panel;
+  for (int64_t s = 0; s < t.segment_count; ++s) {
+    const float* row = t.segments[s];
+    if (!row) {
+      w += t.kw * kPanelCols;
+      continue;
+    }
+    for (int64_t kx = 0; kx < t.kw; ++kx, w += kPanelCols) {
+      const float* tap = row + kx * t.dw;
+      __m512 b[V];
+#pragma GCC unroll 2
+      for (int v = 0; v < V; ++v) b[v] = _mm512_loadu_ps(w + 16 * v);
+#pragma GCC unroll 16
+      for (int i = 0; i < R; ++i) {
+        const __m512 a = _mm512_set1_ps(tap[i * sw]);
+#pragma GCC unroll 2
+        for (int v = 0; v < V; ++v) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i) {
+    if (i >= t.pixels) break;
+#pragma GCC unroll 2
+    for (int v = 0; v < V; ++v)
+      finish_avx512(acc[i][v], m[v], t.z ? t.z + i * t.ldy + 16 * v : nullptr, t.y + i * t.ldy + 16 * v, t.clamp, t.lo, t.hi);
+  }
+}
+
+template <int R, int V>
+void channels_first_tile_by_stride(const float* panel, const ChannelsFirstTile& t) {
+  switch (t.sw) {
+    case 1: channels_first_tile_avx512<R, V, 1>(panel, t); break;
+    case 2: channels_first_tile_avx512<R, V, 2>(panel, t); break;
+    case 4: channels_first_tile_avx512<R, V, 4>(panel, t); break;
+    default: channels_first_tile_avx512<R, V, 0>(panel, t); break;
+  }
+}
+
+// The same sums in the same order, one float at a time.
+void channels_first_tile_plain(const float* panel, const ChannelsFirstTile& t) {
+  for (int64_t i = 0; i < t.pixels; ++i)
+    for (int j = 0; j < t.cols; ++j) {
+      float acc = t.bias ? t.bias[j] : 0.f;
+      for (int64_t s = 0; s < t.segment_count; ++s) {
+        const float* row = t.segments[s];
+        if (!row) continue;
+        for (int64_t kx = 0; kx < t.kw; ++kx) acc = std::fma(row[i * t.sw + kx * t.dw], panel[(s * t.kw + kx) * kPanelCols + j], acc);
+      }
+      if (t.z) acc += t.z[i * t.ldy + j];
+      if (t.clamp == 1) acc = acc > 0.f ? acc : 0.f;
+      else if (t.clamp == 2) acc = std::min(std::max(acc, t.lo), t.hi);
+      t.y[i * t.ldy + j] = acc;
+    }
+}
+
 // One output row of a depthwise convolution: y[ox][ch] = clamp(bias[ch] + the sum over the taps
 // inside the image of x[tap][ch] * w[tap][ch] + z[ox][ch]).
 struct DepthwiseRow {
@@ -615,6 +707,16 @@ class ChannelsLastConvKernel final : public Kernel {
     const int64_t m = w_shape_[0], cg = w_shape_[1], taps = w_shape_[2] * w_shape_[3];
     depthwise_ = is_depthwise(init.node.attrs.get_int("group", 1), w_shape_);
     const float* src = w.data<float>();
+    channels_first_ = init.node.attrs.get_int("input_channels_first", 0) != 0;
+    if (channels_first_) {
+      // [M, K] with K = (c, ky, kx), OIHW's own order -> K x M, then 32-column panels.
+      const int64_t k = cg * taps;
+      std::vector<float> kxm(static_cast<size_t>(k * m));
+      for (int64_t o = 0; o < m; ++o)
+        for (int64_t r = 0; r < k; ++r) kxm[static_cast<size_t>(r * m + o)] = src[o * k + r];
+      packed_.pack(kxm.data(), k, m, m);
+      return;
+    }
     if (depthwise_) {
       // [M, 1, kH, kW] -> [taps, M]: a tap's weights for consecutive channels side by side.
       weights_.resize(static_cast<size_t>(taps * m));
@@ -640,20 +742,26 @@ class ChannelsLastConvKernel final : public Kernel {
   }
 
   // The residual Z, where every path reads each of its elements only when it writes Y's element
-  // there: the depthwise rows, Winograd's output tiles, and the direct product when K is one block
-  // (with several, the first blocks' partial sums go to Y before the last adds Z).
+  // there: the depthwise rows, Winograd's output tiles, the channels-first tiles, and the direct
+  // product when K is one block (with several, the first blocks' partial sums go to Y before the
+  // last adds Z).
   int overwritable_input() const override {
     const int64_t k_total = w_shape_[1] * w_shape_[2] * w_shape_[3];
-    return depthwise_ || k_total <= kOneBlockK ? 3 : -1;
+    return depthwise_ || channels_first_ || k_total <= kOneBlockK ? 3 : -1;
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
     if (out[0].numel() == 0) return;
-    const Geometry g = make_geometry(node_, in[0]->shape(), w_shape_);
+    const std::vector<int64_t>& xs = in[0]->shape();
+    const Geometry g = make_geometry(node_, channels_first_ ? std::vector<int64_t>{xs[0], xs[2], xs[3], xs[1]} : xs, w_shape_);
     const float* x = in[0]->data<float>();
     const float* bias = in.size() > 2 && in[2] ? in[2]->data<float>() : nullptr;
     const float* z = in.size() > 3 && in[3] ? in[3]->data<float>() : nullptr;
     float* y = out[0].data<float>();
+    if (channels_first_) {
+      channels_first(g, x, bias, z, y);
+      return;
+    }
     if (depthwise_) {
       depthwise(g, x, bias, z, y);
       return;
@@ -889,6 +997,72 @@ class ChannelsLastConvKernel final : public Kernel {
     }, 1);
   }
 
+  // X [N, C, H, W]: tiles of R pixels along each output row (16 where M fits one vector, 8
+  // otherwise), every panel of weights on a tile while its inputs stay in L1; tasks are output rows.
+  void channels_first(const Geometry& g, const float* x, const float* bias, const float* z, float* y) const {
+    const bool avx512 = sgemm_isa() == SgemmIsa::kAvx512;
+    float lo = 0.f, hi = 0.f;
+    int clamp = epilogue_.clamp_mode(lo, hi);
+    const bool act_after = clamp < 0;
+    if (act_after) clamp = 0;
+    const bool narrow = g.m <= 16;
+    const int64_t r = narrow ? 16 : 8, tiles = (g.ow + r - 1) / r, panels = (g.m + kPanelCols - 1) / kPanelCols;
+    const int64_t segment_count = g.c * g.kh;
+    const int64_t span = (r - 1) * g.sw + (g.kw - 1) * g.dw + 1;  // input floats a tile reads of a segment
+    const int64_t out_rows = g.batch * g.oh;
+    const bool parallel = out_rows > 1 && out_rows * g.ow * g.m * segment_count * g.kw >= (int64_t{1} << 17);
+    parallel_for_each(out_rows, parallel, [&](int64_t row) {
+      const int64_t n = row / g.oh, oy = row % g.oh;
+      thread_local std::vector<const float*> row_starts, segments;
+      thread_local AlignedFloats edge_copies;
+      row_starts.resize(static_cast<size_t>(segment_count));
+      segments.resize(static_cast<size_t>(segment_count));
+      float* copies = edge_copies.reserve(segment_count * span);
+      for (int64_t c = 0; c < g.c; ++c)
+        for (int64_t ky = 0; ky < g.kh; ++ky) {
+          const int64_t iy = oy * g.sh - g.ph + ky * g.dh;
+          row_starts[static_cast<size_t>(c * g.kh + ky)] = iy >= 0 && iy < g.h ? x + ((n * g.c + c) * g.h + iy) * g.w : nullptr;
+        }
+      ChannelsFirstTile t;
+      t.segments = segments.data();
+      t.segment_count = segment_count;
+      t.kw = g.kw;
+      t.sw = g.sw;
+      t.dw = g.dw;
+      t.ldy = g.m;
+      t.clamp = clamp;
+      t.lo = lo;
+      t.hi = hi;
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t ox0 = tile * r, ix0 = ox0 * g.sw - g.pw;
+        t.pixels = std::min(r, g.ow - ox0);
+        const bool inside = t.pixels == r && ix0 >= 0 && ix0 + span <= g.w;
+        for (int64_t s = 0; s < segment_count; ++s) {
+          const float* start = row_starts[static_cast<size_t>(s)];
+          if (!start || inside) {
+            segments[static_cast<size_t>(s)] = start ? start + ix0 : nullptr;
+            continue;
+          }
+          float* copy = copies + s * span;
+          for (int64_t k = 0; k < span; ++k) copy[k] = ix0 + k >= 0 && ix0 + k < g.w ? start[ix0 + k] : 0.f;
+          segments[static_cast<size_t>(s)] = copy;
+        }
+        const int64_t first = row * g.ow + ox0;
+        for (int64_t q = 0; q < panels; ++q) {
+          t.y = y + first * g.m + q * kPanelCols;
+          t.z = z ? z + first * g.m + q * kPanelCols : nullptr;
+          t.bias = bias ? bias + q * kPanelCols : nullptr;
+          t.cols = static_cast<int>(std::min<int64_t>(kPanelCols, g.m - q * kPanelCols));
+          const float* panel = packed_.panel(q);
+          if (!avx512) channels_first_tile_plain(panel, t);
+          else if (narrow) channels_first_tile_by_stride<16, 1>(panel, t);
+          else channels_first_tile_by_stride<8, 2>(panel, t);
+        }
+        if (act_after) epilogue_.apply(y + first * g.m, g.m, t.pixels, g.m, nullptr, nullptr, nullptr, 0);
+      }
+    });
+  }
+
   void depthwise(const Geometry& g, const float* x, const float* bias, const float* z, float* y) const {
     const bool avx512 = sgemm_isa() == SgemmIsa::kAvx512;
     const DepthwiseRow shape = depthwise_row_shape(g, weights_.data(), bias, epilogue_);
@@ -911,6 +1085,7 @@ class ChannelsLastConvKernel final : public Kernel {
   Epilogue epilogue_;
   std::vector<int64_t> w_shape_;
   bool depthwise_ = false;
+  bool channels_first_ = false;  // X [N, C, H, W] (attribute input_channels_first)
   std::vector<float> weights_;  // depthwise: [taps, M]
   PackedColumns packed_;        // one group: K x M in 32-column panels (made on first need after Winograd)
   std::vector<PackedColumns> winograd_u_;  // 3x3 stride 1: U_xi [C x M], the 16 transformed filters
@@ -1054,6 +1229,8 @@ std::string check_channels_last_conv(const KernelInit& init) {
   const int64_t group = init.node.attrs.get_int("group", 1);
   if (group != 1 && !is_depthwise(group, w->shape()))
     return "group " + std::to_string(group) + ": channels-last convolutions run one group or depthwise (one channel per group)";
+  if (init.node.attrs.get_int("input_channels_first", 0) != 0 && group != 1)
+    return "group " + std::to_string(group) + ": a channels-first input runs one group only";
   return "";
 }
 
@@ -1069,6 +1246,11 @@ bool channels_last_conv_runs(const ir::Graph& graph, const ir::Node& conv) {
   if (!x->type.shape || x->type.shape->size() != 4 || w->constant->rank() != 4) return false;
   const int64_t group = conv.attrs.get_int("group", 1);
   return group == 1 || is_depthwise(group, w->constant->shape());
+}
+
+bool channels_last_conv_reads_channels_first(const ir::Graph& graph, const ir::Node& conv) {
+  if (!channels_last_conv_runs(graph, conv) || conv.attrs.get_int("group", 1) != 1) return false;
+  return graph.constant(conv.inputs[1])->dim(1) <= kChannelsFirstMaxChannels;
 }
 
 bool channels_last_elementwise_runs(const ir::Graph& graph, const ir::Node& node) {

@@ -5,8 +5,10 @@
 //   kiln::ChannelsLastConv(X, W, B?, Z?) -> Y
 //     X [N, H, W, C]; W Conv's weights [M, C/group, kH, kW] (not transposed); B [M]; Z, the
 //     residual, and Y [N, OH, OW, M]. Attributes: Conv's (auto_pad, dilations, group,
-//     kernel_shape, pads, strides) plus the epilogue activation's (src/ir/activation.h).
-//     Y = act(Conv(X, W) + B + Z), each tensor channels-last.
+//     kernel_shape, pads, strides) plus the epilogue activation's (src/ir/activation.h), and
+//     input_channels_first (int, default 0): 1 where X is [N, C, H, W] (a network's first
+//     convolution reading its input as it comes; one group only). Y = act(Conv(X, W) + B + Z),
+//     Y and Z channels-last.
 #include "ir/activation.h"
 #include "ops/conv_geometry.h"
 
@@ -26,15 +28,20 @@ void infer_channels_last_conv(InferContext& ctx) {
     ctx.set_output(0, dt, std::nullopt);
     return;
   }
-  const Dims& x = ctx.shape(0);
+  const bool channels_first = ctx.node.attrs.get_int("input_channels_first", 0) != 0;
+  const Dims& given = ctx.shape(0);
   const Dims& w = ctx.shape(1);
-  if (x.size() != 4) ctx.fail("X has shape " + dims_to_string(x) + "; expected N x H x W x C");
+  if (given.size() != 4)
+    ctx.fail("X has shape " + dims_to_string(given) + "; expected " + (channels_first ? "N x C x H x W" : "N x H x W x C"));
+  const Dims x = channels_first ? Dims{given[0], given[2], given[3], given[1]} : given;  // N, H, W, C
   if (w.size() != 4) ctx.fail("W has shape " + dims_to_string(w) + "; expected M x C/group x kH x kW");
   const ConvGeometry g = conv_geometry(ctx.node, 2, {w[2].value, w[3].value}, {x[1].value, x[2].value}, false);
   const Dim& c = x[3];
   if (c.known() && w[1].known() && c.value != w[1].value * g.group)
     ctx.fail("X has " + std::to_string(c.value) + " channels but W " + dims_to_string(w) + " with group " +
              std::to_string(g.group) + " expects " + std::to_string(w[1].value * g.group));
+  if (channels_first && g.group != 1)
+    ctx.fail("input_channels_first takes one group, not group " + std::to_string(g.group));
   if (w[0].known() && w[0].value % g.group != 0)
     ctx.fail("W has " + std::to_string(w[0].value) + " output channels, not a multiple of group " + std::to_string(g.group));
   if (ctx.has_input(2) && ctx.shape_known(2)) {

@@ -18,6 +18,8 @@
 // (a Transpose each), under their names, so graph outputs and every other reader are unchanged.
 // A model's own Transpose(0,2,3,1) of a rewritten convolution's output (ConvNeXt writes one after
 // each depthwise convolution) then reads the channels-last output directly.
+// A chain's first convolution that `reads_channels_first` accepts (the CPU's: an image of a few
+// channels) reads its input as it comes, with no Transpose (attribute input_channels_first).
 #include <algorithm>
 #include <numeric>
 #include <set>
@@ -111,7 +113,8 @@ bool layout_free_elementwise(const ir::Graph& graph, const ir::Node& node) {
   return true;
 }
 
-int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double min_flops_per_moved_element) {
+int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double min_flops_per_moved_element,
+                        const ConvLayoutQuery& reads_channels_first) {
   const size_t count = graph.nodes.size();
   std::vector<bool> candidate(count, false);
   std::vector<int> parent(count);
@@ -169,6 +172,7 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
   }
 
   std::map<std::string, std::string> channels_last;  // value -> its channels-last copy
+  std::set<std::string> rewritten_outputs;           // values a rewritten node makes
   std::vector<ir::Node> nodes;
   nodes.reserve(count + 8);
   auto typed = [&](const std::string& hint, const ir::TensorType& like, std::optional<ir::Dims> dims) {
@@ -201,6 +205,11 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
     ir::Node conv = std::move(graph.nodes[i]);
     for (size_t in : activation_inputs(graph, conv)) {
       std::string& v = conv.inputs[in];
+      // A first convolution that reads its input as it comes (an image of a few channels).
+      if (in == 0 && is_conv(conv) && !rewritten_outputs.count(v) && reads_channels_first && reads_channels_first(graph, conv)) {
+        conv.attrs.set("input_channels_first", int64_t{1});
+        continue;
+      }
       auto it = channels_last.find(v);
       if (it == channels_last.end()) {
         const std::string nhwc = typed(v + "_channels_last", *type_of(graph, v), permuted(graph, v, kToChannelsLast));
@@ -212,6 +221,7 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
     const std::string y = conv.outputs[0];
     const std::string y_nhwc = typed(y + "_channels_last", *type_of(graph, y), permuted(graph, y, kToChannelsLast));
     channels_last[y] = y_nhwc;
+    rewritten_outputs.insert(y);
     if (is_conv(conv) || is_max_pool(conv) || is_global_average_pool(conv)) {
       conv.op = is_conv(conv) ? "ChannelsLastConv" : is_max_pool(conv) ? "ChannelsLastMaxPool" : "ChannelsLastGlobalAveragePool";
       conv.domain = "kiln";

@@ -93,8 +93,11 @@ using ConvLayoutQuery = std::function<bool(const ir::Graph&, const ir::Node&)>;
 // it accepts among them read and write channels-last), with Transposes where a chain meets the
 // rest of the graph. Chains of one convolution, and chains whose arithmetic is less than
 // `min_flops_per_moved_element` FLOPs per element their Transposes would move, stay as they are
-// (src/passes/channels_last_convs.cc). Returns the number of nodes rewritten.
-int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double min_flops_per_moved_element);
+// (src/passes/channels_last_convs.cc). A convolution that reads a value from outside its chain
+// as X and that `reads_channels_first` accepts (where given) reads it channels-first, without a
+// Transpose. Returns the number of nodes rewritten.
+int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double min_flops_per_moved_element,
+                        const ConvLayoutQuery& reads_channels_first = nullptr);
 
 // Whether `node` is an elementwise op (broadcasting arithmetic, a unary op, a
 // kiln::FusedElementwise without a concatenation) whose output is rank 4 and whose other operands

@@ -17,7 +17,11 @@ namespace kiln::passes {
 
 namespace {
 
-bool is_channels_last_conv(const ir::Node* n) { return n && n->domain == "kiln" && n->op == "ChannelsLastConv"; }
+// A kiln::ChannelsLastConv whose X is channels-last too (not a first convolution reading its
+// input channels-first).
+bool is_channels_last_conv(const ir::Node* n) {
+  return n && n->domain == "kiln" && n->op == "ChannelsLastConv" && n->attrs.get_int("input_channels_first", 0) == 0;
+}
 
 bool has_residual(const ir::Node& n) { return n.inputs.size() > 3 && !n.inputs[3].empty(); }
 

@@ -2,7 +2,8 @@
 // against the definition in conv_test.cc) on the same tensors transposed, for one group and
 // depthwise, pointwise and strided, padded, dilated and rectangular kernels, channel and pixel
 // counts off the 8 x 32 tiles and the 16-channel vectors, K in blocks, Winograd's two schedules,
-// with bias, residual and activations;
+// a channels-first X (input_channels_first: images of 1 to 4 channels, strides 1 to 4, tiles
+// that pass the image's edges and the output row's end), with bias, residual and activations;
 // the AVX-512 kernels against the plain loops bit for bit; and the nodes it refuses.
 #include <gtest/gtest.h>
 
@@ -30,6 +31,7 @@ struct Case {
   std::vector<int64_t> strides, dilations, pads;
   int64_t group;
   bool winograd = false;  // 3x3 of stride 1 with enough tiles: the AVX-512 kernel runs Winograd here
+  bool channels_first_input = false;  // X given channels-first (attribute input_channels_first)
 };
 
 std::vector<Case> cases() {
@@ -71,6 +73,16 @@ std::vector<Case> cases() {
       {"Winograd, 16 x 18 pixels", {1, 16, 16, 18}, {24, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 1, true},
       {"Winograd, 2 images of 9 x 13, 33 channels out", {2, 20, 9, 13}, {33, 20, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 1, true},
       {"Winograd over all tiles, 128 channels", {1, 128, 12, 12}, {128, 128, 3, 3}, {1, 1}, {1, 1}, {0, 1, 1, 0}, 1, true},
+      // X channels-first: tiles of 8 pixels by 32 channels (16 by 16 where M fits one vector)
+      // along an output row, the strides 1, 2 and 4 fixed at compile time and others not.
+      {"channels-first stem, 3x3 stride 2", {2, 3, 15, 16}, {32, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 1, false, true},
+      {"channels-first 7x7 stride 2, 64 channels out", {1, 3, 20, 37}, {64, 3, 7, 7}, {2, 2}, {1, 1}, {3, 3, 3, 3}, 1, false, true},
+      {"channels-first 1 channel, 16 out", {1, 1, 9, 37}, {16, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, 1, false, true},
+      {"channels-first 4x4 stride 4 patches, 40 out", {1, 4, 16, 20}, {40, 4, 4, 4}, {4, 4}, {1, 1}, {0, 0, 0, 0}, 1, false, true},
+      {"channels-first stride 3, dilation 2, asymmetric pads", {1, 3, 17, 61}, {20, 3, 3, 2}, {3, 3}, {2, 2}, {2, 1, 0, 3}, 1, false, true},
+      {"channels-first pads wider than the input", {1, 2, 2, 3}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {3, 2, 3, 2}, 1, false, true},
+      {"channels-first pointwise, 33 out", {1, 2, 5, 19}, {33, 2, 1, 1}, {1, 1}, {1, 1}, {0, 0, 0, 0}, 1, false, true},
+      {"channels-first 5x3 stride 2, 24 out", {1, 3, 12, 41}, {24, 3, 5, 3}, {2, 1}, {1, 1}, {2, 1, 2, 1}, 1, false, true},
   };
 }
 
@@ -83,6 +95,7 @@ ir::Node conv_node(const std::string& op, const Case& c) {
   node.attrs.set("dilations", c.dilations);
   node.attrs.set("pads", c.pads);
   node.attrs.set("group", c.group);
+  if (c.channels_first_input) node.attrs.set("input_channels_first", int64_t{1});
   return node;
 }
 
@@ -91,8 +104,8 @@ Tensor run_channels_last(const Case& c, const ir::Activation& act, const Tensor&
                          const Tensor& z) {
   ir::Node node = conv_node("ChannelsLastConv", c);
   act.store(node);
-  return to_channels_first(
-      run_single_node(node, {{"X", to_channels_last(x)}, {"W", w, true}, {"B", b, true}, {"Z", to_channels_last(z)}}));
+  return to_channels_first(run_single_node(
+      node, {{"X", c.channels_first_input ? x : to_channels_last(x)}, {"W", w, true}, {"B", b, true}, {"Z", to_channels_last(z)}}));
 }
 
 TEST(ChannelsLastConv, MatchesTheChannelsFirstKernel) {
@@ -147,6 +160,15 @@ TEST(ChannelsLastConv, RefusesWhatItHasNoKernelFor) {
     FAIL() << "weights given at run time ran";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not a constant"), std::string::npos) << e.what();
+  }
+  // A channels-first X takes one group.
+  Case grouped_first = grouped;
+  grouped_first.channels_first_input = true;
+  try {
+    run_single_node(conv_node("ChannelsLastConv", grouped_first), {{"X", random_tensor(grouped.x, 7)}, {"W", w, true}});
+    FAIL() << "a grouped convolution of a channels-first X ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("group 2"), std::string::npos) << e.what();
   }
   // X's channels (the last axis) must be W's.
   try {

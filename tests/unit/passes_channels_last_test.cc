@@ -3,7 +3,9 @@
 // backend has no kernel for, and chains too light for what their Transposes move stay;
 // outputs read elsewhere keep a Transpose and their names; a model's own Transpose to
 // channels-last reads the rewritten output directly; a squeeze-and-excitation block (pool,
-// convolutions on one pixel, Mul) stays in its chain, and which elementwise ops may.
+// convolutions on one pixel, Mul) stays in its chain, and which elementwise ops may; a first
+// convolution on a few channels reads them channels-first where the backend says so, and stays
+// out of the separable blocks.
 #include <gtest/gtest.h>
 
 #include "graph_builder.h"
@@ -51,6 +53,61 @@ TEST(ChannelsLastConvs, AChainRunsChannelsLastBetweenTwoTransposes) {
   expect_same_outputs(before, after);
   // Once more: nothing left to rewrite (an engine file's graph is laid out again when loaded).
   EXPECT_EQ(passes::channels_last_convs(after, any_conv, kAnyArithmetic), 0);
+}
+
+// The CPU's rule, as a query: one group of at most 4 input channels.
+bool few_input_channels(const ir::Graph& g, const ir::Node& n) {
+  const Tensor* w = g.constant(n.inputs[1]);
+  return n.attrs.get_int("group", 1) == 1 && w && w->dim(1) <= 4;
+}
+
+TEST(ChannelsLastConvs, AFirstConvolutionOnAFewChannelsReadsThemChannelsFirst) {
+  // An image of 3 channels -> 3x3 stride 2 -> 1x1 back to 3 channels -> 3x3: only the first
+  // reads a value from outside the chain, so only it reads channels-first.
+  GraphBuilder b;
+  b.input("x", {ir::Dim::named("N"), 3, 11, 13});
+  b.node("Conv", {"x", b.random("w0", {16, 3, 3, 3}), b.random("b0", {16})}, "c0", conv_attrs(3, 1, 2));
+  b.node("Conv", {"c0", b.random("w1", {3, 16, 1, 1})}, "c1", conv_attrs(1));
+  b.node("Conv", {"c1", b.random("w2", {8, 3, 3, 3})}, "y", conv_attrs(3));
+  b.output("y");
+  const ir::Graph before = b.build();
+  ir::Graph after = before;
+  EXPECT_EQ(passes::channels_last_convs(after, any_conv, kAnyArithmetic, few_input_channels), 3);
+  ir::infer_shapes(after);
+  EXPECT_EQ(count_ops(after, "Transpose"), 1);  // Y's, back to channels-first
+  const ir::Node& first = after.nodes.front();
+  EXPECT_EQ(first.op, "ChannelsLastConv");
+  EXPECT_EQ(first.inputs[0], "x");
+  EXPECT_EQ(first.attrs.get_int("input_channels_first", 0), 1);
+  EXPECT_EQ(after.nodes[2].op, "ChannelsLastConv");
+  EXPECT_EQ(after.nodes[2].attrs.get_int("input_channels_first", 0), 0);  // reads c1 channels-last
+  expect_same_outputs(before, after);
+  // Without the query the input has a Transpose of its own.
+  ir::Graph transposed = before;
+  EXPECT_EQ(passes::channels_last_convs(transposed, any_conv, kAnyArithmetic), 3);
+  EXPECT_EQ(count_ops(transposed, "Transpose"), 2);
+  EXPECT_EQ(find_op(transposed, "ChannelsLastConv")->attrs.get_int("input_channels_first", 0), 0);
+}
+
+TEST(ChannelsLastConvs, AChannelsFirstExpansionStaysOutOfSeparableBlocks) {
+  // 1x1 expansion of a 3-channel input, depthwise, projection: the expansion reads channels-first,
+  // so the block the separable pass fuses is the depthwise and the projection only.
+  GraphBuilder b;
+  b.input("x", {1, 3, 12, 12});
+  b.node("Conv", {"x", b.random("w0", {24, 3, 1, 1})}, "c0", conv_attrs(1));
+  b.node("Conv", {"c0", b.random("w1", {24, 1, 3, 3})}, "c1", conv_attrs(3, 24));
+  b.node("Conv", {"c1", b.random("w2", {8, 24, 1, 1})}, "y", conv_attrs(1));
+  b.output("y");
+  const ir::Graph before = b.build();
+  ir::Graph after = before;
+  EXPECT_EQ(passes::channels_last_convs(after, any_conv, kAnyArithmetic, few_input_channels), 3);
+  ir::infer_shapes(after);
+  EXPECT_EQ(passes::separable_convs(after, 0), 1);
+  ir::infer_shapes(after);
+  EXPECT_EQ(count_ops(after, "ChannelsLastConv"), 1);
+  EXPECT_EQ(find_op(after, "ChannelsLastConv")->attrs.get_int("input_channels_first", 0), 1);
+  EXPECT_EQ(count_ops(after, "ChannelsLastSeparableConv"), 1);
+  expect_same_outputs(before, after);
 }
 
 TEST(ChannelsLastConvs, ConvolutionsWithoutAKernelAndSingleOnesStay) {
