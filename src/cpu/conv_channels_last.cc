@@ -1043,8 +1043,12 @@ class ChannelsLastConvKernel final : public Kernel {
             segments[static_cast<size_t>(s)] = start ? start + ix0 : nullptr;
             continue;
           }
+          // [0, lo) and [hi, span) lie past the row's ends.
           float* copy = copies + s * span;
-          for (int64_t k = 0; k < span; ++k) copy[k] = ix0 + k >= 0 && ix0 + k < g.w ? start[ix0 + k] : 0.f;
+          const int64_t lo = std::clamp<int64_t>(-ix0, 0, span), hi = std::clamp<int64_t>(g.w - ix0, lo, span);
+          std::fill(copy, copy + lo, 0.f);
+          std::copy(start + ix0 + lo, start + ix0 + hi, copy + lo);
+          std::fill(copy + hi, copy + span, 0.f);
           segments[static_cast<size_t>(s)] = copy;
         }
         const int64_t first = row * g.ow + ox0;
@@ -1060,7 +1064,7 @@ class ChannelsLastConvKernel final : public Kernel {
         }
         if (act_after) epilogue_.apply(y + first * g.m, g.m, t.pixels, g.m, nullptr, nullptr, nullptr, 0);
       }
-    });
+    }, 1);
   }
 
   void depthwise(const Geometry& g, const float* x, const float* bias, const float* z, float* y) const {
