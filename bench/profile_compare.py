@@ -5,7 +5,8 @@ cpu --profile --exportProfile FILE`), layer by layer and in groups of layers.
     python3 bench/profile_compare.py base='prof_base_*.json' new='prof_new_*.json' \
         --group 'stem=^/conv1/' --group 'downsample=downsample' --json out.json
 
-Each layer's time in a build is the least of its medians over that build's runs: on a shared
+Each layer's time in a build is the least of its medians over that build's runs (a layer another
+build has and this one does not counts 0 ms here, and is named): on a shared
 machine a run's medians move together with the machine's load, and the least is the one least
 disturbed (docs/design/cpu-gemm.md, "Only the ratio of one run means something"). Layers go to
 the first group whose regular expression matches their name (the rest to "other"). Prints the
@@ -63,10 +64,15 @@ def main() -> int:
         best[label] = {n: min(run[n] for run in runs) for n in names}
         files[label] = paths
     labels = list(best)
+    # Builds may run other layers (a pass that removes a Transpose): a layer a build does not run
+    # counts 0 ms there, and is listed.
     names = list(best[labels[0]])
     for label in labels[1:]:
-        if list(best[label]) != names:
-            sys.exit(f"profile_compare: build {label} has other layers than {labels[0]}")
+        names += [n for n in best[label] if n not in names]
+    for n in names:
+        missing = [label for label in labels if n not in best[label]]
+        if missing:
+            print(f"layer {n} is not in build(s) {', '.join(missing)}")
 
     def group_of(name: str) -> str:
         return next((g for g, rx in groups if rx.search(name)), "other")
@@ -75,7 +81,7 @@ def main() -> int:
     sums = {label: {g: 0.0 for g in order} for label in labels}
     for n in names:
         for label in labels:
-            sums[label][group_of(n)] += best[label][n]
+            sums[label][group_of(n)] += best[label].get(n, 0.0)
     width = max(len(g) for g in order + ["whole engine"])
     print(f"{'':{width}s}  " + "  ".join(f"{label:>10s}" for label in labels) + "   (ms, sums of each layer's least median)")
     for g in order:
