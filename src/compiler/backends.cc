@@ -19,11 +19,13 @@ namespace kiln::compiler {
 
 namespace {
 
-// The CPU engine's graph: chains of convolutions channels-last where its kernels read them in
-// place, with the pools and elementwise ops among them (passes::channels_last_convs), their large depthwise-separable blocks in one node each
-// (passes::separable_convs). An engine file holds the graph after this; loading it runs the
+// The CPU engine's graph: spatial means as GlobalAveragePools (passes::reduce_mean_to_global_pool),
+// chains of convolutions channels-last where its kernels read them in place, with the pools and
+// elementwise ops among them (passes::channels_last_convs), their large depthwise-separable blocks
+// in one node each (passes::separable_convs). An engine file holds the graph after this; loading it runs the
 // passes again, which find nothing left to rewrite.
 ir::Graph laid_out_for_cpu(ir::Graph graph) {
+  if (passes::reduce_mean_to_global_pool(graph) > 0) ir::infer_shapes(graph);
   const passes::ConvLayoutQuery runs = [](const ir::Graph& g, const ir::Node& n) {
     return cpu::channels_last_conv_runs(g, n) || cpu::channels_last_pool_runs(g, n) ||
            (passes::layout_free_elementwise(g, n) && cpu::channels_last_elementwise_runs(g, n));

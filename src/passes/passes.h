@@ -84,6 +84,11 @@ int fold_attention_views(ir::Graph& graph);
 // it is stored, with no Reformat).
 int transpose_before_merge(ir::Graph& graph);
 
+// ReduceMean over the spatial axes (2, 3) of a rank-4 float32 value -> GlobalAveragePool (and
+// Flatten(axis 1) where keepdims is 0), which the CPU engine's layout keeps channels-last
+// (src/passes/reduce_mean_to_global_pool.cc). Returns the number of ReduceMeans rewritten.
+int reduce_mean_to_global_pool(ir::Graph& graph);
+
 // What a backend says of one convolution node, for passes that lay out tensors for it.
 using ConvLayoutQuery = std::function<bool(const ir::Graph&, const ir::Node&)>;
 
