@@ -1043,12 +1043,12 @@ class ChannelsLastConvKernel final : public Kernel {
             segments[static_cast<size_t>(s)] = start ? start + ix0 : nullptr;
             continue;
           }
-          // [0, lo) and [hi, span) lie past the row's ends.
+          // [0, first_inside) and [end_inside, span) lie past the row's ends.
           float* copy = copies + s * span;
-          const int64_t lo = std::clamp<int64_t>(-ix0, 0, span), hi = std::clamp<int64_t>(g.w - ix0, lo, span);
-          std::fill(copy, copy + lo, 0.f);
-          std::copy(start + ix0 + lo, start + ix0 + hi, copy + lo);
-          std::fill(copy + hi, copy + span, 0.f);
+          const int64_t first_inside = std::clamp<int64_t>(-ix0, 0, span);
+          const int64_t end_inside = std::clamp<int64_t>(g.w - ix0, first_inside, span);
+          std::fill(copy, copy + span, 0.f);
+          if (end_inside > first_inside) std::copy(start + ix0 + first_inside, start + ix0 + end_inside, copy + first_inside);
           segments[static_cast<size_t>(s)] = copy;
         }
         const int64_t first = row * g.ow + ox0;
@@ -1233,8 +1233,15 @@ std::string check_channels_last_conv(const KernelInit& init) {
   const int64_t group = init.node.attrs.get_int("group", 1);
   if (group != 1 && !is_depthwise(group, w->shape()))
     return "group " + std::to_string(group) + ": channels-last convolutions run one group or depthwise (one channel per group)";
-  if (init.node.attrs.get_int("input_channels_first", 0) != 0 && group != 1)
-    return "group " + std::to_string(group) + ": a channels-first input runs one group only";
+  if (init.node.attrs.get_int("input_channels_first", 0) != 0) {
+    if (group != 1) return "group " + std::to_string(group) + ": a channels-first input runs one group only";
+    // A tile's zero-padded copy of a segment is (pixels - 1) * stride + (kW - 1) * dilation + 1 floats.
+    for (const char* attr : {"strides", "dilations"})
+      for (int64_t v : init.node.attrs.get_ints(attr))
+        if (v > kChannelsFirstMaxStep)
+          return std::string(attr) + " of " + std::to_string(v) + ": a channels-first input takes at most " +
+                 std::to_string(kChannelsFirstMaxStep);
+  }
   return "";
 }
 
@@ -1254,6 +1261,9 @@ bool channels_last_conv_runs(const ir::Graph& graph, const ir::Node& conv) {
 
 bool channels_last_conv_reads_channels_first(const ir::Graph& graph, const ir::Node& conv) {
   if (!channels_last_conv_runs(graph, conv) || conv.attrs.get_int("group", 1) != 1) return false;
+  for (const char* attr : {"strides", "dilations"})
+    for (int64_t v : conv.attrs.get_ints(attr))
+      if (v > kChannelsFirstMaxStep) return false;
   return graph.constant(conv.inputs[1])->dim(1) <= kChannelsFirstMaxChannels;
 }
 

@@ -17,9 +17,11 @@ bool channels_last_conv_runs(const ir::Graph& graph, const ir::Node& conv);
 
 // Can this convolution, accepted by channels_last_conv_runs, read a channels-first X (the
 // kernel's tiles along input rows; attribute input_channels_first of kiln::ChannelsLastConv):
-// one group of at most kChannelsFirstMaxChannels input channels, as a network's first
-// convolution on an image. Its chain then needs no Transpose at the input.
+// one group of at most kChannelsFirstMaxChannels input channels, strides and dilations of at
+// most kChannelsFirstMaxStep, as a network's first convolution on an image. Its chain then needs
+// no Transpose at the input.
 constexpr int64_t kChannelsFirstMaxChannels = 4;
+constexpr int64_t kChannelsFirstMaxStep = 64;
 bool channels_last_conv_reads_channels_first(const ir::Graph& graph, const ir::Node& conv);
 
 // Has this pool node a channels-last kernel (src/cpu/pool.cc), on a CPU with AVX-512: a 2-D

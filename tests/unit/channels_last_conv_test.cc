@@ -170,6 +170,17 @@ TEST(ChannelsLastConv, RefusesWhatItHasNoKernelFor) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("group 2"), std::string::npos) << e.what();
   }
+  // Nor strides past 64 (each tile copies (pixels - 1) * stride floats of a segment at the edges).
+  Case far_apart = grouped_first;
+  far_apart.w = {6, 4, 3, 3};
+  far_apart.group = 1;
+  far_apart.strides = {1, 65};
+  try {
+    run_single_node(conv_node("ChannelsLastConv", far_apart), {{"X", random_tensor(grouped.x, 8)}, {"W", random_tensor(far_apart.w, 9), true}});
+    FAIL() << "a channels-first X with stride 65 ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("strides of 65"), std::string::npos) << e.what();
+  }
   // X's channels (the last axis) must be W's.
   try {
     run_single_node(conv_node("ChannelsLastConv", plain), {{"X", random_tensor({1, 4, 5, 5}, 5)}, {"W", random_tensor(plain.w, 6), true}});
