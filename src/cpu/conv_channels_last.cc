@@ -79,13 +79,26 @@ inline __mmask16 lanes(int64_t n) {
 constexpr int kTileRows = 8;   // output pixels per tile
 constexpr int kPanelCols = 32; // output channels per weight panel
 
-// Output pixels per tile of a direct convolution: 8, or 7 where tiles of 8 would compute a tenth
-// of their rows past the last pixel and 7 fewer (a 7x7 layer at batch 1: 49 pixels fill 7 tiles of
-// 7, but 7 tiles of 8 compute 56 rows).
+// Output pixels per tile of a direct convolution: 14, 8 or 7, the one that computes the fewest
+// rows past the last pixel (a 7x7 layer at batch 1: 49 pixels fill 7 tiles of 7, but 7 tiles of 8
+// compute 56 rows), 14 before 8 and 8 before 7 where they compute as many. A tile of 14 pixels
+// by 32 channels keeps 28 sums in registers against 2 weight loads and 14 broadcasts a step:
+// about 5% more multiply-adds a cycle than 16 sums (docs/design/cpu-gemm.md, "Tiles of 14 pixels").
 int pixels_per_tile(int64_t pixels) {
-  auto waste = [&](int64_t rows) { return (pixels + rows - 1) / rows * rows - pixels; };
-  return waste(kTileRows) * 10 >= (pixels + kTileRows - 1) / kTileRows * kTileRows && waste(7) < waste(kTileRows) ? 7 : kTileRows;
+  auto rows = [&](int64_t r) { return (pixels + r - 1) / r * r; };
+  int best = 14;
+  for (int r : {8, 7})
+    if (rows(r) < rows(best)) best = r;
+  return best;
 }
+
+// Tiles a direct convolution's task runs over: about 64 pixels, whose inputs stay in L2 while
+// every panel of weights meets them.
+int64_t tiles_per_run(int tr) { return tr > kTileRows ? 4 : 8; }
+
+// Winograd tiles in a block of at most n: whole products of 14 rows where n holds one, else a
+// multiple of 8 (at least 8).
+int64_t whole_product_tiles(int64_t n) { return n >= 14 ? n / 14 * 14 : kTileRows; }
 
 // A run of tiles of one weight panel: what they read, where their outputs go and what is added
 // to them. Tile t of R pixels reads rows[t * rows_step + tap * R + i] + offset for its pixel i
@@ -151,7 +164,7 @@ __attribute__((target("avx512f,fma"))) void dense_tiles_avx512(const float* pane
       }
     }
     __m512 c0[R], c1[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
       const bool partial = run.accumulate && i < rows_here;
       c0[i] = partial ? _mm512_maskz_loadu_ps(m0, y + i * run.ldy) : bias0;
@@ -160,13 +173,13 @@ __attribute__((target("avx512f,fma"))) void dense_tiles_avx512(const float* pane
     const float* w = panel;
     for (int64_t t = 0; t < taps; ++t) {
       const float* r[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int i = 0; i < R; ++i) r[i] = rows[t * R + i] + run.offset;
       for (int64_t k = 0; k < c; ++k, w += kPanelCols) {
         if (k < prefetch_lines) _mm_prefetch(prefetch + k * 64, _MM_HINT_T1);
         if (k + c < prefetch_lines) _mm_prefetch(prefetch + (k + c) * 64, _MM_HINT_T1);  // up to 2 a k
         const __m512 b0 = _mm512_loadu_ps(w), b1 = _mm512_loadu_ps(w + 16);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int i = 0; i < R; ++i) {
           const __m512 a = _mm512_set1_ps(r[i][k]);
           c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
@@ -174,7 +187,7 @@ __attribute__((target("avx512f,fma"))) void dense_tiles_avx512(const float* pane
         }
       }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
       if (i >= rows_here) break;
       const float* zi = z ? z + i * run.ldy : nullptr;
@@ -200,23 +213,23 @@ __attribute__((target("avx512f,fma"))) void dense_tile_pairs_narrow_avx512(const
     const float* const* rows_a = run.rows + 2 * pair * run.rows_step;
     const float* const* rows_b = rows_a + run.rows_step;
     __m512 acc[2 * R];
-#pragma GCC unroll 16
+#pragma GCC unroll 32
     for (int i = 0; i < 2 * R; ++i) acc[i] = run.accumulate && i < rows_here ? _mm512_maskz_loadu_ps(m0, y + i * run.ldy) : bias0;
     const float* w = panel;
     for (int64_t t = 0; t < taps; ++t) {
       const float* r[2 * R];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int i = 0; i < R; ++i) {
         r[i] = rows_a[t * R + i] + run.offset;
         r[R + i] = rows_b[t * R + i] + run.offset;
       }
       for (int64_t k = 0; k < c; ++k, w += kPanelCols) {
         const __m512 b0 = _mm512_loadu_ps(w);
-#pragma GCC unroll 16
+#pragma GCC unroll 32
         for (int i = 0; i < 2 * R; ++i) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(r[i][k]), b0, acc[i]);
       }
     }
-#pragma GCC unroll 16
+#pragma GCC unroll 32
     for (int i = 0; i < 2 * R; ++i) {
       if (i >= rows_here) break;
       finish_avx512(acc[i], m0, z ? z + i * run.ldy : nullptr, y + i * run.ldy, clamp, run.lo, run.hi);
@@ -664,8 +677,10 @@ void multiply_tiles(const DirectProduct& p, const float* const* rows, int64_t ti
       run.prefetch_per_tile = (next_lines + calls - 1) / calls;
       const float* panel = p.packed->panel(q) + k0 * kPanelCols;
       if (narrow && tr == 7) dense_tile_pairs_narrow_avx512<7>(panel, kb.count, kb.len, run);
+      else if (narrow && tr == 14) dense_tile_pairs_narrow_avx512<14>(panel, kb.count, kb.len, run);
       else if (narrow) dense_tile_pairs_narrow_avx512<kTileRows>(panel, kb.count, kb.len, run);
       else if (avx512 && tr == 7) dense_tiles_avx512<7>(panel, kb.count, kb.len, run);
+      else if (avx512 && tr == 14) dense_tiles_avx512<14>(panel, kb.count, kb.len, run);
       else if (avx512) dense_tiles_avx512<kTileRows>(panel, kb.count, kb.len, run);
       else dense_tiles_plain(tr, panel, kb.count, kb.len, run);
       if (act_after && run.last) epilogue.apply(run.y, m, std::min(pixels, tiles * tr), cols, nullptr, nullptr, nullptr, 0);
@@ -805,13 +820,14 @@ class ChannelsLastConvKernel final : public Kernel {
     // null) into L2 a slice per tile row.
     auto multiply = [&](int64_t xi, int64_t q, int64_t nt, const float* v, float* sums, int64_t stride, const float* next) {
       const float* vx = v + xi * stride * g.c;
-      const int64_t next_lines = next ? g.c * kPanelCols * 4 / 64 : 0, calls = (nt + kTileRows - 1) / kTileRows;
+      const int tr = pixels_per_tile(nt);
+      const int64_t next_lines = next ? g.c * kPanelCols * 4 / 64 : 0, calls = (nt + tr - 1) / tr;
       thread_local std::vector<const float*> rows;
-      rows.resize(static_cast<size_t>(calls * kTileRows));
-      for (int64_t t = 0; t < calls * kTileRows; ++t) rows[static_cast<size_t>(t)] = t < nt ? vx + t * g.c : zero_row;
+      rows.resize(static_cast<size_t>(calls * tr));
+      for (int64_t t = 0; t < calls * tr; ++t) rows[static_cast<size_t>(t)] = t < nt ? vx + t * g.c : zero_row;
       TileRun run;
       run.rows = rows.data();
-      run.rows_step = kTileRows;
+      run.rows_step = tr;
       run.tiles = calls;
       run.y = sums + xi * stride * g.m + q * kPanelCols;
       run.ldy = g.m;
@@ -820,7 +836,10 @@ class ChannelsLastConvKernel final : public Kernel {
       run.prefetch = next ? reinterpret_cast<const char*>(next) : nullptr;
       run.prefetch_lines = next_lines;
       run.prefetch_per_tile = (next_lines + calls - 1) / calls;
-      dense_tiles_avx512<kTileRows>(winograd_u_[static_cast<size_t>(xi)].panel(q), 1, g.c, run);
+      const float* panel = winograd_u_[static_cast<size_t>(xi)].panel(q);
+      if (tr == 14) dense_tiles_avx512<14>(panel, 1, g.c, run);
+      else if (tr == 7) dense_tiles_avx512<7>(panel, 1, g.c, run);
+      else dense_tiles_avx512<kTileRows>(panel, 1, g.c, run);
     };
     auto transform_out = [&](int64_t t0, int64_t t, const float* sums, int64_t stride) {
       const int64_t tile = t0 + t, n = tile / image_tiles, ty = tile % image_tiles / tw, tx = tile % tw;
@@ -835,7 +854,7 @@ class ChannelsLastConvKernel final : public Kernel {
 
     const int64_t per_tile = 16 * (g.c + g.m);
     if (16 * g.c * g.m > tiles * per_tile) {
-      const int64_t chunk = std::max<int64_t>(kTileRows, (int64_t{2} << 20) / per_tile / kTileRows * kTileRows);
+      const int64_t chunk = whole_product_tiles((int64_t{2} << 20) / per_tile);
       for (int64_t t0 = 0; t0 < tiles; t0 += chunk) {
         const int64_t nt = std::min(chunk, tiles - t0);
         float* v = run_v_.reserve(16 * chunk * g.c);
@@ -855,9 +874,9 @@ class ChannelsLastConvKernel final : public Kernel {
       }
       return;
     }
-    const int64_t fit = std::max<int64_t>(kTileRows, (int64_t{128} << 10) / per_tile / kTileRows * kTileRows);
+    const int64_t fit = whole_product_tiles((int64_t{128} << 10) / per_tile);
     const int64_t share = (tiles + 4 * threads - 1) / (4 * threads);
-    const int64_t block = std::min(fit, std::max<int64_t>(kTileRows, (share + kTileRows - 1) / kTileRows * kTileRows));
+    const int64_t block = std::min(fit, std::max<int64_t>(kTileRows, (share + 13) / 14 * 14));
     const int64_t blocks = (tiles + block - 1) / block;
     parallel_for_each(blocks, threads > 1 && blocks > 1, [&](int64_t bi) {
       const int64_t t0 = bi * block, nt = std::min(block, tiles - t0);
@@ -877,15 +896,16 @@ class ChannelsLastConvKernel final : public Kernel {
     const int tr = pixels_per_tile(pixels);
     const int64_t tiles = (pixels + tr - 1) / tr, panels = (g.m + kPanelCols - 1) / kPanelCols;
     const int threads = thread_count();
-    // Tasks: runs of up to 8 tiles (64 pixels, whose inputs stay in L2 while every panel of
+    // Tasks: runs of tiles (tiles_per_run: about 64 pixels, whose inputs stay in L2 while every panel of
     // weights meets them), by runs of panels where there are too few runs for the threads (a 7x7
     // layer at batch 1 has 7 tiles): each panel is read from memory once, then from L1.
     // One run of tiles whose panels do not divide among the threads (a 7x7 layer of 160 channels
     // at batch 1: 5 panels, 3 for one thread and 2 for the other) splits its tiles too, each
     // thread reading the panels its tiles need: MobileNet-V2's such layers 0.067 -> 0.061 ms on
     // two threads (docs/design/cpu-gemm.md, "Narrow outputs on two threads").
-    const bool split_tiles = (tiles + 7) / 8 == 1 && threads > 1 && panels < 4 * threads && panels % threads != 0 && tiles >= threads;
-    const int64_t tile_tasks = split_tiles ? threads : (tiles + 7) / 8;  // runs of 8 tiles or fewer, all of about one length
+    const int64_t run_tiles = tiles_per_run(tr), runs = (tiles + run_tiles - 1) / run_tiles;
+    const bool split_tiles = runs == 1 && threads > 1 && panels < 4 * threads && panels % threads != 0 && tiles >= threads;
+    const int64_t tile_tasks = split_tiles ? threads : runs;  // runs of run_tiles tiles or fewer, all of about one length
     const int64_t panel_tasks = std::min<int64_t>(panels, std::max<int64_t>(1, (4 * threads + tile_tasks - 1) / tile_tasks));
     const int64_t tasks = tile_tasks * panel_tasks;
     const float* zero_row = zeros_.data();
