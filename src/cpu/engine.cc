@@ -199,6 +199,44 @@ void CpuEngine::check_inputs(const std::map<std::string, Tensor>& inputs) const 
   }
 }
 
+namespace {
+
+bool same_types(const std::vector<ir::TensorType>& a, const std::vector<ir::TensorType>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].dtype != b[i].dtype || a[i].shape != b[i].shape) return false;
+  return true;
+}
+
+}  // namespace
+
+bool CpuEngine::input_signature(const Step& step, const std::vector<const Tensor*>& values, bool with_values,
+                                std::vector<int64_t>& signature) const {
+  // Inputs of at most this many elements may carry shapes (pads of a rank-32 tensor at most).
+  constexpr int64_t kShapeCarryingElements = 64;
+  signature.clear();
+  for (size_t i = 0; i < values.size(); ++i) {
+    const Tensor* t = values[i];
+    if (!t || constant_slots_[static_cast<size_t>(step.inputs[i])].defined()) {
+      signature.push_back(t ? -2 : -1);
+      continue;
+    }
+    signature.push_back(static_cast<int64_t>(t->dtype()));
+    signature.push_back(static_cast<int64_t>(t->shape().size()));
+    signature.insert(signature.end(), t->shape().begin(), t->shape().end());
+    if (!with_values) continue;
+    if (t->numel() > kShapeCarryingElements) return false;
+    // The elements' bytes, 8 to a word (the last word zero-padded).
+    const auto* bytes = static_cast<const unsigned char*>(t->raw());
+    for (size_t at = 0; at < t->nbytes(); at += 8) {
+      int64_t word = 0;
+      std::memcpy(&word, bytes + at, std::min<size_t>(8, t->nbytes() - at));
+      signature.push_back(word);
+    }
+  }
+  return true;
+}
+
 std::map<std::string, Tensor> CpuEngine::run(const std::map<std::string, Tensor>& inputs) const {
   return run_steps(inputs, nullptr);
 }
@@ -218,6 +256,7 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
   std::vector<const Tensor*> values;
   std::vector<const ir::Dims*> no_symbolic;
   std::vector<const Tensor*> no_values;
+  std::vector<int64_t> signature;
   std::vector<Tensor> outputs;
   if (times) {
     times->ms.assign(steps_.size(), 0.0);
@@ -228,27 +267,56 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
     const Step& step = steps_[step_index];
     const ir::Node& node = *step.node;
     const auto step_start = times ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    types.assign(step.inputs.size(), {});
-    type_ptrs.assign(step.inputs.size(), nullptr);
     values.assign(step.inputs.size(), nullptr);
-    no_symbolic.assign(step.inputs.size(), nullptr);
     for (size_t i = 0; i < step.inputs.size(); ++i) {
       if (step.inputs[i] < 0) continue;
       const Tensor& t = slots[static_cast<size_t>(step.inputs[i])];
       if (!t.defined()) throw node.error(ErrorKind::kInternal, "input '" + node.inputs[i] + "' was not computed");
-      types[i].dtype = t.dtype();
-      types[i].shape = ir::dims_of(t.shape());
-      type_ptrs[i] = &types[i];
       values[i] = &t;
     }
+    // The inputs' types, for inference and for counting FLOPs.
+    auto make_types = [&] {
+      types.assign(step.inputs.size(), {});
+      type_ptrs.assign(step.inputs.size(), nullptr);
+      no_symbolic.assign(step.inputs.size(), nullptr);
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (!values[i]) continue;
+        types[i].dtype = values[i]->dtype();
+        types[i].shape = ir::dims_of(values[i]->shape());
+        type_ptrs[i] = &types[i];
+      }
+    };
     // A kernel that makes its outputs sizes them itself: its schema only checks the inputs' types
     // and shapes, without their data (NonMaxSuppression's would run the whole selection to count
-    // what it selects, then the kernel would run it again).
+    // what it selects, then the kernel would run it again). Other steps infer their output types
+    // once per input signature: inference took a few microseconds a step, a few percent of a
+    // mobile network's run (docs/design/cpu-gemm.md, "Output types inferred once").
     if (step.makes_outputs) no_values.assign(step.inputs.size(), nullptr);
-    ir::InferContext ctx = ir::infer_node(node, type_ptrs, step.makes_outputs ? no_values : values, no_symbolic);
+    const bool reuse = !step.makes_outputs && !step.inferred_for.empty() &&
+                       input_signature(step, values, step.values_decide, signature) && signature == step.inferred_for;
+    if (!reuse) {
+      make_types();
+      ir::InferContext ctx = ir::infer_node(node, type_ptrs, step.makes_outputs ? no_values : values, no_symbolic);
+      step.inferred_types = std::move(ctx.output_types);
+      step.inferred_for.clear();
+      if (!step.makes_outputs) {
+        // Whether the computed inputs' values decide the types at these shapes: inferred again
+        // without them, the types come out otherwise (or not at all).
+        no_values.assign(values.size(), nullptr);
+        for (size_t i = 0; i < values.size(); ++i)
+          if (values[i] && constant_slots_[static_cast<size_t>(step.inputs[i])].defined()) no_values[i] = values[i];
+        try {
+          step.values_decide = !same_types(ir::infer_node(node, type_ptrs, no_values, no_symbolic).output_types, step.inferred_types);
+        } catch (const Error&) {
+          step.values_decide = true;
+        }
+        if (input_signature(step, values, step.values_decide, signature)) step.inferred_for = signature;
+      }
+    }
+    const std::vector<ir::TensorType>& output_types = step.inferred_types;
     outputs.clear();
     for (size_t o = 0; o < node.outputs.size(); ++o) {
-      const ir::TensorType& t = ctx.output_types[o];
+      const ir::TensorType& t = output_types[o];
       if (node.outputs[o].empty() || step.makes_outputs) {
         outputs.emplace_back();
         continue;
@@ -290,6 +358,7 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
       throw;
     }
     if (times) {
+      if (reuse) make_types();  // for the FLOPs below, while the inputs are still in their slots
       double bytes = 0;
       for (size_t i = 0; i < step.inputs.size(); ++i)
         if (values[i] && !constant_slots_[static_cast<size_t>(step.inputs[i])].defined()) bytes += static_cast<double>(values[i]->nbytes());
@@ -310,7 +379,7 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
     if (times) {
       times->ms[step_index] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - step_start).count();
       std::vector<const ir::TensorType*> out_types;
-      for (const ir::TensorType& t : ctx.output_types) out_types.push_back(&t);
+      for (const ir::TensorType& t : output_types) out_types.push_back(&t);
       try {
         times->flops[step_index] = static_cast<double>(ir::node_flops(node, type_ptrs, out_types));
       } catch (const Error&) {

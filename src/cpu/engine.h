@@ -82,7 +82,19 @@ class CpuEngine {
     std::vector<int> release;  // slots whose last reader is this step
     int overwritable = -1;     // Kernel::overwritable_input, where this step releases it and reads it once
     bool makes_outputs = false;  // KernelEntry::makes_outputs
+    // The output types the last run inferred and the input signature they were inferred for: a
+    // run whose inputs give the same signature reuses them. values_decide: at those shapes the
+    // types needed the computed inputs' values (a Reshape's computed shape, NonZero's count).
+    mutable std::vector<int64_t> inferred_for;
+    mutable std::vector<ir::TensorType> inferred_types;
+    mutable bool values_decide = false;
   };
+  // A step's input signature: each computed input's dtype and shape (constants never change) and,
+  // where values decide the output types, the computed inputs' elements. False where they do and
+  // an input is too large to be a shape-carrying one (NonZero's input, Compress's condition):
+  // such a step infers its types every run.
+  bool input_signature(const Step& step, const std::vector<const Tensor*>& values, bool with_values,
+                       std::vector<int64_t>& signature) const;
 
   void check_inputs(const std::map<std::string, Tensor>& inputs) const;
 

@@ -1,7 +1,8 @@
 // The CPU engine: its buffer recycling never hands out memory a caller still holds; a
 // convolution written into its residual's buffer computes what it computes into a fresh one, and
 // leaves alone a residual something else still reads; runs from several threads match serial
-// runs; memory stays flat run after run.
+// runs; memory stays flat run after run; output types inferred once per input signature still
+// follow the values that decide them, and timed runs count the same work each run.
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -40,6 +41,61 @@ TEST(CpuEngine, OutputsHeldByTheCallerSurviveLaterRuns) {
     EXPECT_EQ(later.data<float>()[0], 5.f + static_cast<float>(pass));
   }
   for (int64_t i = 0; i < first.numel(); ++i) ASSERT_EQ(first.data<float>()[i], 3.f) << i;
+}
+
+// Output types are inferred once per input signature: each run here changes only values that
+// decide a shape (NonZero's count of nonzeros in a large input, a Reshape's computed shape, a
+// Resize's runtime scales) or the batch, and every run must still get the shapes it computes.
+TEST(CpuEngine, ShapesDecidedByValuesAreInferredForEachRun) {
+  GraphBuilder b;
+  b.input("x", {ir::Dim::named("N"), 100});
+  b.input("shape", {2}, DType::kInt64);
+  b.input("scales", {4});
+  b.node("NonZero", {"x"}, "nz");
+  b.node("Reshape", {"x", "shape"}, "reshaped");
+  b.node("Unsqueeze", {"x", b.ints("axes", {0, 1})}, "x4");
+  b.node("Resize", {"x4", "", "scales"}, "resized", {{"mode", std::string("nearest")}});
+  for (const char* y : {"nz", "reshaped", "resized"}) b.output(y);
+  cpu::CpuEngine engine(b.build());
+  auto run = [&](int64_t batch, int64_t nonzeros, std::vector<int64_t> shape, float scale) {
+    Tensor x(DType::kFloat32, {batch, 100});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = i < nonzeros ? 1.f : 0.f;
+    Tensor s = Tensor::from_vector<int64_t>({2}, shape);
+    Tensor scales = Tensor::from_vector<float>({4}, {1.f, 1.f, 1.f, scale});
+    return engine.run({{"x", x}, {"shape", s}, {"scales", scales}});
+  };
+  for (int pass = 0; pass < 2; ++pass) {  // the second pass meets every signature again
+    std::map<std::string, Tensor> a = run(2, 7, {4, 50}, 1.f);
+    EXPECT_EQ(a.at("nz").shape(), (std::vector<int64_t>{2, 7}));
+    EXPECT_EQ(a.at("reshaped").shape(), (std::vector<int64_t>{4, 50}));
+    EXPECT_EQ(a.at("resized").shape(), (std::vector<int64_t>{1, 1, 2, 100}));
+    std::map<std::string, Tensor> c = run(2, 150, {50, 4}, 2.f);
+    EXPECT_EQ(c.at("nz").shape(), (std::vector<int64_t>{2, 150}));
+    EXPECT_EQ(c.at("reshaped").shape(), (std::vector<int64_t>{50, 4}));
+    EXPECT_EQ(c.at("resized").shape(), (std::vector<int64_t>{1, 1, 2, 200}));
+    std::map<std::string, Tensor> d = run(3, 0, {3, 100}, 2.f);
+    EXPECT_EQ(d.at("nz").shape(), (std::vector<int64_t>{2, 0}));
+    EXPECT_EQ(d.at("reshaped").shape(), (std::vector<int64_t>{3, 100}));
+    EXPECT_EQ(d.at("resized").shape(), (std::vector<int64_t>{1, 1, 3, 200}));
+  }
+}
+
+// A run that reuses its steps' output types counts their FLOPs and bytes as the first run did.
+TEST(CpuEngine, TimedRunsCountTheSameWorkEachRun) {
+  GraphBuilder b;
+  b.input("x", {6, 20});
+  b.node("Relu", {"x"}, "r");
+  b.node("MatMul", {"r", b.random("w", {20, 12})}, "y");  // r's last reader: its buffer goes back to the pool
+  b.output("y");
+  cpu::CpuEngine engine(b.build());
+  const std::map<std::string, Tensor> inputs = random_inputs(engine.graph(), 5);
+  cpu::CpuEngine::StepTimes first, second;
+  engine.run(inputs, first);
+  engine.run(inputs, second);
+  ASSERT_EQ(first.flops.size(), 2u);
+  EXPECT_EQ(first.flops.back(), 2.0 * 6 * 20 * 12);  // the product: 2 x M x K x N
+  EXPECT_EQ(first.flops, second.flops);
+  EXPECT_EQ(first.bytes, second.bytes);
 }
 
 TEST(CpuEngine, CallerInputsAreNeitherRecycledNorChanged) {
