@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/aligned_vector.h"
 #include "cpu/double_sums.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
@@ -356,7 +357,7 @@ class AttentionKernel : public Kernel {
     // still its own double sum in the order of d, as a dot product per key would give.
     // The calling thread's buffer, kept between runs (the loops below reach it by pointer: a
     // worker naming a thread_local would get its own).
-    thread_local std::vector<float> keys_t_buffer;
+    thread_local AlignedVector<float> keys_t_buffer;
     keys_t_buffer.resize(std::max(keys_t_buffer.size(), static_cast<size_t>(s.batch * s.kv_heads * T * D)));
     float* const keys_t = keys_t_buffer.data();
     parallel_for_each(s.batch * s.kv_heads, true, [&](int64_t bh) {

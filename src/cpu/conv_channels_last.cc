@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu/aligned_vector.h"
 #include "cpu/conv_shape.h"
 #include "cpu/conv_winograd.h"
 #include "cpu/gemm_util.h"
@@ -1111,7 +1112,7 @@ class ChannelsLastConvKernel final : public Kernel {
   std::vector<int64_t> w_shape_;
   bool depthwise_ = false;
   bool channels_first_ = false;  // X [N, C, H, W] (attribute input_channels_first)
-  std::vector<float> weights_;  // depthwise: [taps, M]
+  AlignedVector<float> weights_;  // depthwise: [taps, M]
   PackedColumns packed_;        // one group: K x M in 32-column panels (made on first need after Winograd)
   std::vector<PackedColumns> winograd_u_;  // 3x3 stride 1: U_xi [C x M], the 16 transformed filters
   mutable AlignedFloats run_v_, run_s_;    // Winograd over all tiles: V and S, shared by the threads
@@ -1228,7 +1229,7 @@ class SeparableConvKernel final : public Kernel {
   Epilogue expand_act_, depthwise_act_, project_act_;
   PackedColumns expand_;           // We: C x E in 32-column panels (empty: no expansion)
   std::vector<int64_t> wd_shape_;  // [E, 1, kH, kW]
-  std::vector<float> depthwise_weights_;  // [kH * kW, E]
+  AlignedVector<float> depthwise_weights_;  // [kH * kW, E]
   PackedColumns project_;          // Wp: E x M in 32-column panels
   std::vector<float> zeros_;       // the input of pixels past a row's last tile
 };

@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/aligned_vector.h"
+
 namespace kiln::cpu {
 
 enum class Int8GemmIsa { kNone = 0, kAvx512Vnni = 1, kAmx = 2 };
@@ -52,8 +54,8 @@ struct Int8PackedA {
   Int8GemmIsa isa = Int8GemmIsa::kNone;
   int64_t m = 0, k = 0, k_padded = 0;
   int rows = 0;                    // rows per panel: int8_gemm_tile_rows(isa)
-  std::vector<int8_t> panels;      // VNNI: [panel][k / 4][8][4]; AMX: [panel][k / 64][2][16][64]
-  std::vector<int32_t> shift;      // 128 * sum_k A[m, k], per row (padded to the panels)
+  AlignedVector<int8_t> panels;    // VNNI: [panel][k / 4][8][4]; AMX: [panel][k / 64][2][16][64]
+  AlignedVector<int32_t> shift;    // 128 * sum_k A[m, k], per row (padded to the panels)
 
   int64_t panel_count() const { return (m + rows - 1) / rows; }
   const int8_t* panel(int64_t p) const { return panels.data() + p * k_padded * rows; }

@@ -160,7 +160,7 @@ void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor&
   // that it packs them as they are. `offset` is then what the packed value exceeds a by.
   const bool is_unsigned = a.dtype() == DType::kUInt8;
   const int64_t offset = is_unsigned ? 0 : 128;
-  thread_local std::vector<int8_t> flipped;
+  thread_local AlignedVector<int8_t> flipped;
   const auto* bytes = static_cast<const int8_t*>(a.raw());
   if (is_unsigned) {
     flipped.resize(std::max(flipped.size(), static_cast<size_t>(a.numel())));
@@ -193,7 +193,7 @@ void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor&
   });
   const Int8PackedA& pa = w.packed;
   const int64_t panel_bytes = int8_b_panel_bytes(pa);
-  thread_local std::vector<uint8_t> packed;
+  thread_local AlignedVector<uint8_t> packed;
   packed.resize(std::max(packed.size(), static_cast<size_t>(panels * panel_bytes)));
   uint8_t* packed_data = packed.data();
   parallel_for(panels, [&](int64_t first, int64_t last) {

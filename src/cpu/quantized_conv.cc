@@ -98,7 +98,7 @@ class QConvKernel final : public Kernel {
     const GemmOutput o = gemm_output(z, out[0]);
     const bool pointwise = g.kernel_size() == 1 && N == g.in_size() && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1;
     // Scratch of the calling thread, kept between runs (fresh pages cost more than the work).
-    thread_local std::vector<int8_t> col;
+    thread_local AlignedVector<int8_t> col;
     if (!pointwise) col.resize(std::max(col.size(), static_cast<size_t>(checked_mul(K, N, "the im2col matrix"))));
     int8_t* col_data = col.data();
     for (int64_t n = 0; n < g.batch; ++n)
@@ -139,7 +139,7 @@ class QConvKernel final : public Kernel {
                 const GemmOutput& o) const {
     const int64_t panels = (columns + kInt8GemmCols - 1) / kInt8GemmCols;
     const int64_t panel_bytes = int8_b_panel_bytes(a);
-    thread_local std::vector<uint8_t> packed;  // the calling thread's, kept between runs
+    thread_local AlignedVector<uint8_t> packed;  // the calling thread's, kept between runs
     packed.resize(std::max(packed.size(), static_cast<size_t>(checked_mul(panels, panel_bytes, "the packed input"))));
     uint8_t* packed_data = packed.data();
     parallel_for(panels, [&](int64_t first, int64_t last) {
