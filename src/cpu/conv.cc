@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/aligned_vector.h"
 #include "cpu/conv_shape.h"
 #include "cpu/conv_winograd.h"
 #include "cpu/gemm_util.h"
@@ -820,7 +821,7 @@ class ConvTransposeKernel final : public Kernel {
 
  private:
   const ir::Node& node_;
-  std::vector<float> col_;
+  AlignedVector<float> col_;
 };
 
 std::string check_conv(const KernelInit& init) {

@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "cpu/aligned_vector.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
@@ -61,7 +62,7 @@ __attribute__((target("avx512f"))) void pool_region16(const ir::RoiAlignParams& 
                                                      int64_t count, const float* at, int lanes_used, int64_t C,
                                                      int64_t bins, float* y) {
   const __mmask16 lanes = static_cast<__mmask16>((1u << lanes_used) - 1);
-  thread_local std::vector<float> acc;
+  thread_local AlignedVector<float> acc;  // 16 floats a bin, a vector each
   acc.assign(static_cast<size_t>(bins * 16), p.max_mode ? std::numeric_limits<float>::lowest() : 0.0f);
   thread_local std::vector<char> sampled;
   sampled.assign(static_cast<size_t>(bins), 0);
