@@ -280,7 +280,7 @@ void dense_tiles_plain(int tile_rows, const float* panel, int64_t taps, int64_t 
 // output row: pixel i reads, at tap (c, ky, kx), segment (c, ky)'s input row at i * sw + kx * dw,
 // so a tile needs one pointer per segment (a zero-padded copy where the tile passes the image's
 // edge or the output row's end). The weights are OIHW's own order: K = (c, ky, kx). MobileNet-V2's
-// stem with its Transpose 0.27 -> 0.11-0.15 ms on two threads (docs/design/cpu-gemm.md,
+// stem with its Transpose 0.22 -> 0.16 ms on two threads (docs/design/cpu-gemm.md,
 // "A first convolution reads its image channels-first").
 struct ChannelsFirstTile {
   const float* const* segments = nullptr;  // [C * kH]: (c, ky)'s row at the tile's first pixel, null in the padding

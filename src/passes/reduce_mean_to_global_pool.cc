@@ -7,7 +7,7 @@
 // The CPU engine's layout pass keeps a GlobalAveragePool in its chain of channels-last
 // convolutions (its Transpose back then moves C values an image); a ReduceMean ended the chain
 // with a Transpose of the whole activation: MnasNet's last 1x1 layer, Transpose, ReduceMean and
-// classifier 0.35 -> 0.28 ms on two threads (docs/design/cpu-gemm.md, "Spatial means as
+// classifier 0.32 -> 0.26 ms on two threads (docs/design/cpu-gemm.md, "Spatial means as
 // GlobalAveragePool"). The axes are a constant (input 1); Y keeps its name.
 #include <algorithm>
 #include <set>
