@@ -1245,6 +1245,17 @@ std::string check_separable_conv(const KernelInit& init) {
   return "";
 }
 
+// Why a channels-first X cannot take this convolution's strides or dilations, or "": a tile's
+// zero-padded copy of a segment is (pixels - 1) * stride + (kW - 1) * dilation + 1 floats.
+std::string channels_first_steps_refused(const ir::Node& conv) {
+  for (const char* attr : {"strides", "dilations"})
+    for (int64_t v : conv.attrs.get_ints(attr))
+      if (v > kChannelsFirstMaxStep)
+        return std::string(attr) + " of " + std::to_string(v) + ": a channels-first input takes at most " +
+               std::to_string(kChannelsFirstMaxStep);
+  return "";
+}
+
 std::string check_channels_last_conv(const KernelInit& init) {
   if (init.dtype(0) != DType::kFloat32 || init.dtype(1) != DType::kFloat32)
     return "input type " + to_string(init.dtype(0)) + " is not supported (supported: float32)";
@@ -1257,12 +1268,7 @@ std::string check_channels_last_conv(const KernelInit& init) {
     return "group " + std::to_string(group) + ": channels-last convolutions run one group or depthwise (one channel per group)";
   if (init.node.attrs.get_int("input_channels_first", 0) != 0) {
     if (group != 1) return "group " + std::to_string(group) + ": a channels-first input runs one group only";
-    // A tile's zero-padded copy of a segment is (pixels - 1) * stride + (kW - 1) * dilation + 1 floats.
-    for (const char* attr : {"strides", "dilations"})
-      for (int64_t v : init.node.attrs.get_ints(attr))
-        if (v > kChannelsFirstMaxStep)
-          return std::string(attr) + " of " + std::to_string(v) + ": a channels-first input takes at most " +
-                 std::to_string(kChannelsFirstMaxStep);
+    return channels_first_steps_refused(init.node);
   }
   return "";
 }
@@ -1283,9 +1289,7 @@ bool channels_last_conv_runs(const ir::Graph& graph, const ir::Node& conv) {
 
 bool channels_last_conv_reads_channels_first(const ir::Graph& graph, const ir::Node& conv) {
   if (!channels_last_conv_runs(graph, conv) || conv.attrs.get_int("group", 1) != 1) return false;
-  for (const char* attr : {"strides", "dilations"})
-    for (int64_t v : conv.attrs.get_ints(attr))
-      if (v > kChannelsFirstMaxStep) return false;
+  if (!channels_first_steps_refused(conv).empty()) return false;
   return graph.constant(conv.inputs[1])->dim(1) <= kChannelsFirstMaxChannels;
 }
 

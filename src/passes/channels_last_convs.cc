@@ -183,14 +183,10 @@ int channels_last_convs(ir::Graph& graph, const ConvLayoutQuery& runs, double mi
     graph.set_value(v);
     return v.name;
   };
-  // Node names in use (graph.unique_name cannot see the nodes moved out of graph.nodes below).
-  std::set<std::string> node_names;
-  for (const ir::Node& n : graph.nodes) node_names.insert(n.name);
+  NodeNames node_names(graph);
   auto transpose = [&](const std::string& name, const std::string& in, const std::string& out, const std::vector<int64_t>& perm) {
     ir::Node t;
-    t.name = name;
-    for (int k = 1; node_names.count(t.name) || graph.has_value(t.name); ++k) t.name = name + "__" + std::to_string(k);
-    node_names.insert(t.name);
+    t.name = node_names.fresh(name);
     t.op = "Transpose";
     t.inputs = {in};
     t.outputs = {out};

@@ -10,7 +10,6 @@
 // classifier 0.32 -> 0.26 ms on two threads (docs/design/cpu-gemm.md, "Spatial means as
 // GlobalAveragePool"). The axes are a constant (input 1); Y keeps its name.
 #include <algorithm>
-#include <set>
 
 #include "passes/passes.h"
 #include "passes/rewrite.h"
@@ -35,8 +34,7 @@ std::vector<int64_t> reduced_axes(const ir::Graph& g, const ir::Node& n) {
 
 int reduce_mean_to_global_pool(ir::Graph& graph) {
   int rewritten = 0;
-  std::set<std::string> node_names;
-  for (const ir::Node& n : graph.nodes) node_names.insert(n.name);
+  NodeNames node_names(graph);
   std::vector<ir::Node> nodes;
   nodes.reserve(graph.nodes.size() + 4);
   for (ir::Node& n : graph.nodes) {
@@ -60,9 +58,7 @@ int reduce_mean_to_global_pool(ir::Graph& graph) {
       graph.set_value(pooled);
       pool.outputs = {pooled.name};
       ir::Node flatten;
-      flatten.name = n.name + "_flatten";
-      for (int k = 1; node_names.count(flatten.name); ++k) flatten.name = n.name + "_flatten__" + std::to_string(k);
-      node_names.insert(flatten.name);
+      flatten.name = node_names.fresh(n.name + "_flatten");
       flatten.op = "Flatten";
       flatten.inputs = {pooled.name};
       flatten.outputs = {n.outputs[0]};

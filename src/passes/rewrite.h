@@ -2,12 +2,33 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "ir/graph.h"
 
 namespace kiln::passes {
+
+// Names for the nodes a pass adds while it rebuilds graph.nodes (graph.unique_name sees values,
+// not the nodes a pass has moved out): the graph's node names at construction, and each name
+// handed out since; a name taken by a node or a value gets "__1", "__2", ... appended.
+class NodeNames {
+ public:
+  explicit NodeNames(const ir::Graph& graph) : graph_(graph) {
+    for (const ir::Node& n : graph.nodes) taken_.insert(n.name);
+  }
+  std::string fresh(const std::string& hint) {
+    std::string name = hint;
+    for (int k = 1; taken_.count(name) || graph_.has_value(name); ++k) name = hint + "__" + std::to_string(k);
+    taken_.insert(name);
+    return name;
+  }
+
+ private:
+  const ir::Graph& graph_;
+  std::set<std::string> taken_;
+};
 
 // Number of node inputs (counting repeats) that read `value`.
 inline int use_count(const ir::Graph& g, const std::string& value) {
