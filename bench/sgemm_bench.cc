@@ -1,13 +1,14 @@
 // sgemm_bench: kiln's packed sgemm (cpu/sgemm.h) against OpenBLAS on ResNet-50's and BERT-base's
 // GEMM shapes.
 //
-//   sgemm_bench [--reps N] [--threads N] [--only M,N,K[,residual]] [--rows M,N,K]
+//   sgemm_bench [--reps N] [--threads N] [--only M,N,K[,residual]] [--rows M,N,K] [--bf16-rows M,N,K]
 //
 // --only times one GEMM shape alone (for a change to the kernel or its threading): kiln with B, C
 // and the residual (with ",residual": bias + residual + Relu, as a bottleneck's last 1x1 conv)
 // in cache ("warm") and cycled through copies adding up to 256 MB ("cold", as a model's layers
 // meet their activations), best of --reps. --rows times rows_sgemm (MatMul and Gemm by constant
-// weights: X's rows by packed W) the same way.
+// weights: X's rows by packed W) the same way; --bf16-rows times bf16_rows_gemm (cpu/bf16_gemm.h,
+// the products of a --bf16 CPU build) on the best bfloat16 kernel this CPU has.
 //
 // For each (M, N, K) prints GFLOP/s of kiln (A pre-packed, B a plain row-major matrix packed
 // per call) and of cblas_sgemm, both on --threads threads (default: the CPUs the process may run
@@ -22,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/bf16_gemm.h"
 #include "cpu/conv_shape.h"
 #include "cpu/conv_winograd.h"
 #include "cpu/gemm_util.h"
@@ -108,8 +110,9 @@ int time_one_shape(const std::string& spec, int reps, int threads) {
 }
 
 // --rows M,N,K: rows_sgemm, as MatMul and Gemm by constant weights run it (X [M x K] by W [K x N],
-// packed once), warm and with X, W and Y cycled through copies adding up to 256 MB.
-int time_rows_shape(const std::string& spec, int reps, int threads) {
+// packed once), warm and with X, W and Y cycled through copies adding up to 256 MB. --bf16-rows
+// (bf16 true): bf16_rows_gemm the same way.
+int time_rows_shape(const std::string& spec, int reps, int threads, bool bf16) {
   long m = 0, n = 0, k = 0;
   if (std::sscanf(spec.c_str(), "%ld,%ld,%ld", &m, &n, &k) != 3 || m <= 0 || n <= 0 || k <= 0 || m * n > (1L << 26) ||
       k * n > (1L << 26) || m * k > (1L << 26)) {
@@ -122,21 +125,31 @@ int time_rows_shape(const std::string& spec, int reps, int threads) {
   const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / ((set_floats + k * n) * 4)));
   std::vector<std::vector<float>> sets(static_cast<size_t>(copies));
   std::vector<PackedColumns> weights(static_cast<size_t>(copies));
+  std::vector<Bf16PackedColumns> bf16_weights(static_cast<size_t>(copies));
   std::vector<float> w(static_cast<size_t>(k * n));
+  const Bf16GemmIsa isa = bf16_gemm_isa();
+  if (bf16 && isa == Bf16GemmIsa::kNone) {
+    std::fprintf(stderr, "sgemm_bench: this CPU has no bfloat16 products (AVX512-BF16 or AMX-BF16)\n");
+    return 2;
+  }
   for (int c = 0; c < copies; ++c) {
     for (float& v : w) v = dist(rng);
-    weights[static_cast<size_t>(c)].pack(w.data(), k, n, n);
+    if (bf16) bf16_weights[static_cast<size_t>(c)].pack(isa, w.data(), k, n, n);
+    else weights[static_cast<size_t>(c)].pack(w.data(), k, n, n);
     sets[static_cast<size_t>(c)].resize(static_cast<size_t>(set_floats));
     for (float& v : sets[static_cast<size_t>(c)]) v = dist(rng);
   }
   auto run = [&](int i) {
     float* set = sets[static_cast<size_t>(i)].data();
-    rows_sgemm(weights[static_cast<size_t>(i)], m, set, k, set + m * k, n, nullptr, nullptr, 0, nullptr, threads);
+    if (bf16)
+      bf16_rows_gemm(bf16_weights[static_cast<size_t>(i)], m, set, k, set + m * k, n, nullptr, nullptr, 0, nullptr, threads);
+    else
+      rows_sgemm(weights[static_cast<size_t>(i)], m, set, k, set + m * k, n, nullptr, nullptr, 0, nullptr, threads);
   };
   const double flop = 2.0 * static_cast<double>(m * n * k);
   const auto [warm, cold] = warm_and_cold(reps, copies, run);
-  std::printf("rows M %5ld N %5ld K %5ld, %d threads: warm %6.1f GFLOP/s (%.3f ms)   cold %6.1f GFLOP/s (%.3f ms)\n", m, n, k,
-              threads, flop / warm * 1e-9, warm * 1e3, flop / cold * 1e-9, cold * 1e3);
+  std::printf("%s M %5ld N %5ld K %5ld, %d threads: warm %6.1f GFLOP/s (%.3f ms)   cold %6.1f GFLOP/s (%.3f ms)\n",
+              bf16 ? bf16_gemm_isa_name(isa) : "rows", m, n, k, threads, flop / warm * 1e-9, warm * 1e3, flop / cold * 1e-9, cold * 1e3);
   return 0;
 }
 
@@ -152,7 +165,8 @@ int main(int argc, char** argv) {
   const int threads = thread_count();
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--only") return time_one_shape(argv[i + 1], reps, threads);
-    if (std::string(argv[i]) == "--rows") return time_rows_shape(argv[i + 1], reps, threads);
+    if (std::string(argv[i]) == "--rows") return time_rows_shape(argv[i + 1], reps, threads, false);
+    if (std::string(argv[i]) == "--bf16-rows") return time_rows_shape(argv[i + 1], reps, threads, true);
   }
   struct Shape {
     int64_t m, n, k;

@@ -35,7 +35,11 @@ enum class Device { kCpu, kCuda };
 // kFp8: kInt8 with FP8 E4M3 in place of int8 (Hopper's FP8 tensor cores through cuDNN; float32
 // sums), for group-1 convolutions and matrix products with channels in multiples of 16, from
 // the same calibrated scales; the CPU engine runs its float reference.
-enum class Precision { kFp32, kTf32, kFp16, kBest, kInt8, kFp8 };
+// kBf16 (CPU engines): float32 storage, with the products of MatMul, Gemm and group-1
+// convolutions by constant weights in bfloat16 (both operands rounded to nearest even, float32
+// sums) on AMX-BF16 or AVX512-BF16 where the CPU has them, float32 where it has neither. GPU
+// builds refuse it (they take kFp16 or kBest).
+enum class Precision { kFp32, kTf32, kFp16, kBest, kInt8, kFp8, kBf16 };
 const char* to_string(Precision precision);
 
 // The shapes an optimization profile accepts for one input: every dimension d between min[d]
@@ -201,7 +205,7 @@ struct EngineInfo {
   std::string backend;     // "cpu" or "cuda"
   std::string device;      // GPU name, or "cpu"
   int gpu = -1;            // GPU engines: the device index they run on (BuildOptions::gpu); CPU: -1
-  std::string precision;   // "fp32", "tf32", "fp16", "best", "int8"
+  std::string precision;   // "fp32", "tf32", "fp16", "best", "int8", "fp8", "bf16"
   std::vector<LayerInfo> layers;  // GPU: at profile 0's opt shapes
   size_t weight_bytes = 0;       // GPU: weights on the device (shared by every shape and context)
   size_t activation_bytes = 0;   // GPU: the activation arena of one context (the largest plan's)

@@ -155,9 +155,10 @@ py::list timing_rows(const std::vector<LayerTiming>& timings) {
 }
 
 Precision parse_precision(const std::string& p) {
-  for (Precision x : {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBest, Precision::kInt8, Precision::kFp8})
+  for (Precision x : {Precision::kFp32, Precision::kTf32, Precision::kFp16, Precision::kBest, Precision::kInt8, Precision::kFp8,
+                      Precision::kBf16})
     if (p == to_string(x)) return x;
-  throw Error(ErrorKind::kInvalidArgument, "unknown precision '" + p + "' (fp32, tf32, fp16, best, int8 or fp8)");
+  throw Error(ErrorKind::kInvalidArgument, "unknown precision '" + p + "' (fp32, tf32, fp16, best, int8, fp8 or bf16)");
 }
 
 Device parse_device(const std::string& d) {

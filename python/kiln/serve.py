@@ -511,7 +511,7 @@ def _kiln_model_class():
     return KilnModel
 
 
-_CONFIG_FIELDS = {"device": ("cpu", "cuda"), "precision": ("fp32", "fp16", "tf32", "best", "int8", "fp8"),
+_CONFIG_FIELDS = {"device": ("cpu", "cuda"), "precision": ("fp32", "fp16", "tf32", "best", "int8", "fp8", "bf16"),
                   "max_batch": 1, "max_queue_delay_us": 0, "instances": 1, "gpus": list}
 
 
@@ -954,7 +954,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", help="the model's name (one model; default: the file's name)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     precision = p.add_mutually_exclusive_group()
-    for flag in ("fp16", "tf32", "best", "int8", "fp8"):
+    for flag in ("fp16", "tf32", "best", "int8", "fp8", "bf16"):
         precision.add_argument(f"--{flag}", dest="precision", action="store_const", const=flag)
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)

@@ -131,8 +131,10 @@ EngineInfo Engine::info() const {
   EngineInfo info;
   info.backend = backend();
   info.gpu = gpu();
-  const bool quantized = e.options.precision == Precision::kInt8 || e.options.precision == Precision::kFp8;
-  info.precision = e.options.device == Device::kCpu && !quantized ? "fp32" : to_string(e.options.precision);
+  // A CPU engine asked for fp16, tf32 or best stores and computes float32.
+  const bool cpu_kept = e.options.precision == Precision::kInt8 || e.options.precision == Precision::kFp8 ||
+                        e.options.precision == Precision::kBf16;
+  info.precision = e.options.device == Device::kCpu && !cpu_kept ? "fp32" : to_string(e.options.precision);
   info.int8_kept_float = e.kept_float;
   e.engine->describe(info);
   return info;

@@ -97,7 +97,8 @@ std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, const std
                                                       const std::vector<OptimizationProfile>& profiles,
                                                       const std::map<std::string, std::string>& tactics) {
   if (options.device == Device::kCpu)
-    return cpu::build_backend_engine(laid_out_for_cpu(std::move(graph)), options.max_memory, options.poison_outputs);
+    return cpu::build_backend_engine(laid_out_for_cpu(std::move(graph)), options.max_memory, options.poison_outputs,
+                                     options.precision == Precision::kBf16);
 #if KILN_WITH_CUDA
   auto shared = std::make_shared<const ir::Graph>(std::move(graph));
   if (options.allow_cpu_fallback && may_have_data_dependent_shapes(*shared) && !profiles.empty())

@@ -236,6 +236,11 @@ CompiledEngine assemble(ir::Graph graph, const std::string& name, const BuildOpt
 
 CompiledEngine compile(const std::string& model_bytes, const std::string& name, const std::string& base_dir,
                        const BuildOptions& options) {
+  if (options.precision == Precision::kBf16 && options.device == Device::kCuda)
+    throw Error(ErrorKind::kUnsupported, "bf16 (bfloat16 products) is a CPU engine precision; GPU engines take fp16, best "
+                                         "or tf32")
+        .file(name)
+        .hint("build with --device cpu, or use --fp16 on the GPU");
   const bool quantized = options.precision == Precision::kInt8 || options.precision == Precision::kFp8;
   if (quantized && options.device == Device::kCuda && options.quantized_where_faster)
     return build_quantized_where_faster(model_bytes, name, base_dir, options);

@@ -11,8 +11,8 @@ namespace {
 
 class CpuBackendEngine final : public backend::Engine {
  public:
-  CpuBackendEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs)
-      : engine_(std::move(graph), memory_limit, poison_outputs) {}
+  CpuBackendEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs, bool bfloat16_products)
+      : engine_(std::move(graph), memory_limit, poison_outputs, bfloat16_products) {}
 
   const ir::Graph& graph() const override { return engine_.graph(); }
   size_t layer_count() const override { return engine_.graph().nodes.size(); }
@@ -23,7 +23,8 @@ class CpuBackendEngine final : public backend::Engine {
     info.weight_bytes = static_cast<size_t>(g.parameter_bytes());
     for (const ir::Node& n : g.nodes) {
       const ir::Value* out = n.outputs.empty() ? nullptr : g.find_value(n.outputs[0]);
-      LayerInfo l{n.name, n.op, "cpu", out ? to_string(out->type.dtype) : "", false, 0, {}};
+      LayerInfo l{n.name, n.op, layer_tactic(static_cast<size_t>(&n - g.nodes.data())),
+                  out ? to_string(out->type.dtype) : "", false, 0, {}};
       if (out && out->type.shape)
         for (const ir::Dim& d : *out->type.shape) l.shape.push_back(d.known() ? d.value : -1);
       try {
@@ -52,19 +53,26 @@ class CpuBackendEngine final : public backend::Engine {
     const ir::Graph& g = engine_.graph();
     std::vector<LayerTiming> out;
     for (size_t i = 0; i < times.ms.size() && i < g.nodes.size(); ++i)
-      out.push_back(LayerTiming{g.nodes[i].name, g.nodes[i].op, "cpu", static_cast<float>(times.ms[i]), times.flops[i],
-                                times.bytes[i]});
+      out.push_back(LayerTiming{g.nodes[i].name, g.nodes[i].op, layer_tactic(i), static_cast<float>(times.ms[i]),
+                                times.flops[i], times.bytes[i]});
     return out;
   }
 
  private:
+  // "cpu", or "cpu " and how the kernel computes where that is not plain float32.
+  std::string layer_tactic(size_t node) const {
+    const std::string how = engine_.tactic(node);
+    return how.empty() ? "cpu" : "cpu " + how;
+  }
+
   CpuEngine engine_;
 };
 
 }  // namespace
 
-std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, size_t memory_limit, bool poison_outputs) {
-  return std::make_unique<CpuBackendEngine>(std::move(graph), memory_limit, poison_outputs);
+std::unique_ptr<backend::Engine> build_backend_engine(ir::Graph graph, size_t memory_limit, bool poison_outputs,
+                                                      bool bfloat16_products) {
+  return std::make_unique<CpuBackendEngine>(std::move(graph), memory_limit, poison_outputs, bfloat16_products);
 }
 
 nlohmann::json device_identity() {

@@ -51,7 +51,7 @@ Subgraph build_subgraph(const KernelInit& init, const std::string& attr, const s
     if (rewrite) rewrite(imported);
     sub.inputs = imported.inputs;
     sub.outputs = imported.outputs;
-    sub.engine = std::make_unique<CpuEngine>(std::move(imported), 0, init.poison_outputs);
+    sub.engine = std::make_unique<CpuEngine>(std::move(imported), 0, init.poison_outputs, init.bfloat16_products);
   } catch (Error& e) {
     if (e.node_name().empty()) e.node(node.name, node.op);
     throw;

@@ -15,6 +15,10 @@
 //   its 16 products on the same tile kernel.
 // - Depthwise (one input channel per group): 16 channels by 4 pixels at a time, the taps'
 //   weights a vector each ([kH * kW, C], packed once).
+// - One group, in an engine of bfloat16 products (KernelInit::bfloat16_products) on a CPU that
+//   has them: bf16_rows_gemm (cpu/bf16_gemm.h), output pixels as rows, each row's taps gathered
+//   and rounded to bfloat16 as its block is made (an implicit im2col), the weights packed once
+//   in bfloat16 in the same tap-major order.
 // Sums run tap by tap, channel by channel within a tap: another order than the channels-first
 // kernel's (channel, then tap), so the two agree to rounding, not bit for bit. The plain loops
 // below (CPUs without AVX-512, which the layout pass does not convert for, but whose engine files
@@ -27,6 +31,7 @@
 #include <vector>
 
 #include "cpu/aligned_vector.h"
+#include "cpu/bf16_gemm.h"
 #include "cpu/conv_shape.h"
 #include "cpu/conv_winograd.h"
 #include "cpu/gemm_util.h"
@@ -734,6 +739,17 @@ class ChannelsLastConvKernel final : public Kernel {
       packed_.pack(kxm.data(), k, m, m);
       return;
     }
+    if (!depthwise_ && init.bfloat16_products && bf16_gemm_isa() != Bf16GemmIsa::kNone &&
+        init.node.attrs.get_int("group", 1) == 1) {
+      // [M, C, kH, kW] -> K x M with K = (ky, kx, c), the order a row's taps are gathered in.
+      const int64_t k = cg * taps;
+      std::vector<float> kxm(static_cast<size_t>(k * m));
+      for (int64_t o = 0; o < m; ++o)
+        for (int64_t ci = 0; ci < cg; ++ci)
+          for (int64_t t = 0; t < taps; ++t) kxm[static_cast<size_t>((t * cg + ci) * m + o)] = src[(o * cg + ci) * taps + t];
+      bf16_.pack(bf16_gemm_isa(), kxm.data(), k, m, m);
+      return;
+    }
     if (depthwise_) {
       // [M, 1, kH, kW] -> [taps, M]: a tap's weights for consecutive channels side by side.
       weights_.resize(static_cast<size_t>(taps * m));
@@ -783,6 +799,10 @@ class ChannelsLastConvKernel final : public Kernel {
       depthwise(g, x, bias, z, y);
       return;
     }
+    if (!bf16_.empty()) {
+      bfloat16_products(g, x, bias, z, y);
+      return;
+    }
     if (!winograd_u_.empty() && sgemm_isa() == SgemmIsa::kAvx512) {
       Geo3 tiles;
       tiles.batch = g.batch;
@@ -797,7 +817,43 @@ class ChannelsLastConvKernel final : public Kernel {
     dense(g, x, bias, z, y);
   }
 
+ std::string tactic() const override {
+    return bf16_.empty() ? "" : std::string("bf16 ") + bf16_gemm_isa_name(bf16_.isa());
+  }
+
  private:
+  // Y [pixels x M] = act(gathered taps [pixels x K] @ W + bias + Z) on bf16_rows_gemm; taps past
+  // the image's edge are zeros. Undilated taps of a kernel row inside the image are kW * C
+  // consecutive floats, rounded in one pass.
+  void bfloat16_products(const Geometry& g, const float* x, const float* bias, const float* z, float* y) const {
+    const int64_t k = g.taps() * g.c, kp = bf16_.depth_padded(), image_pixels = g.oh * g.ow;
+    auto gather = [&](int64_t first, int64_t count, uint16_t* dst) {
+      for (int64_t row = first; row < first + count; ++row, dst += kp) {
+        const int64_t n = row / image_pixels, oy = row % image_pixels / g.ow, ox = row % g.ow;
+        const float* image = x + n * g.h * g.w * g.c;
+        const int64_t ix0 = ox * g.sw - g.pw;
+        const bool row_inside = g.dw == 1 && ix0 >= 0 && ix0 + g.kw <= g.w;
+        for (int64_t ky = 0; ky < g.kh; ++ky) {
+          const int64_t iy = oy * g.sh - g.ph + ky * g.dh;
+          uint16_t* taps = dst + ky * g.kw * g.c;
+          if (iy < 0 || iy >= g.h) {
+            std::fill(taps, taps + g.kw * g.c, uint16_t{0});
+          } else if (row_inside) {
+            bf16_round_floats(image + (iy * g.w + ix0) * g.c, g.kw * g.c, taps);
+          } else {
+            for (int64_t kx = 0; kx < g.kw; ++kx) {
+              const int64_t ix = ix0 + kx * g.dw;
+              if (ix < 0 || ix >= g.w) std::fill(taps + kx * g.c, taps + (kx + 1) * g.c, uint16_t{0});
+              else bf16_round_floats(image + (iy * g.w + ix) * g.c, g.c, taps + kx * g.c);
+            }
+          }
+        }
+        std::fill(dst + k, dst + kp, uint16_t{0});
+      }
+    };
+    bf16_rows_gemm(bf16_, g.batch * image_pixels, gather, y, g.m, bias, z, g.m, &epilogue_, thread_count());
+  }
+
   // Two schedules, as the channels-first kernel's (conv_winograd.h). Where U (16 x C x M floats)
   // is smaller than the tiles' V and S (16 x tiles x (C + M)): blocks of tiles, each transformed,
   // multiplied and transformed back by one thread while its V and S (at most 512 KiB) stay in that
@@ -1115,6 +1171,7 @@ class ChannelsLastConvKernel final : public Kernel {
   AlignedVector<float> weights_;  // depthwise: [taps, M]
   PackedColumns packed_;        // one group: K x M in 32-column panels (made on first need after Winograd)
   std::vector<PackedColumns> winograd_u_;  // 3x3 stride 1: U_xi [C x M], the 16 transformed filters
+  Bf16PackedColumns bf16_;  // one group, bfloat16 products: K x M in bfloat16 panels, in place of the others
   mutable AlignedFloats run_v_, run_s_;    // Winograd over all tiles: V and S, shared by the threads
   std::vector<float> zeros_;    // one group: kW * C zeros, the input of taps in the padding
 };

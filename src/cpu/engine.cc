@@ -77,8 +77,8 @@ void BufferPool::give(Tensor& t) {
   free_.emplace(std::get_deleter<PoolBuffer>(storage)->capacity, storage);
 }
 
-CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs)
-    : graph_(std::move(graph)), poison_outputs_(poison_outputs), pool_(memory_limit) {
+CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs, bool bfloat16_products)
+    : graph_(std::move(graph)), poison_outputs_(poison_outputs), bfloat16_products_(bfloat16_products), pool_(memory_limit) {
   auto slot_of = [&](const std::string& name) {
     auto it = slots_.find(name);
     if (it != slots_.end()) return it->second;
@@ -91,7 +91,7 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs)
   for (const ir::Node& node : graph_.nodes) {
     Step step;
     step.node = &node;
-    KernelInit init{node, {}, {}, {}, poison_outputs_};
+    KernelInit init{node, {}, {}, {}, poison_outputs_, bfloat16_products_};
     for (const std::string& in : node.inputs) {
       const ir::Value* v = in.empty() ? nullptr : graph_.find_value(in);
       init.input_types.push_back(v ? &v->type : nullptr);

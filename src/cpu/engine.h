@@ -51,9 +51,13 @@ class CpuEngine {
   // Creates a kernel for every node; throws one kUnsupported error naming every node that
   // has no CPU kernel (and why) if there are any. A run allocates at most `memory_limit` bytes
   // for its tensors (0: physical_memory_bytes()). `poison_outputs`: BuildOptions::poison_outputs.
-  explicit CpuEngine(ir::Graph graph, size_t memory_limit = 0, bool poison_outputs = false);
+  // `bfloat16_products`: KernelInit::bfloat16_products for every kernel (subgraphs' included).
+  explicit CpuEngine(ir::Graph graph, size_t memory_limit = 0, bool poison_outputs = false,
+                     bool bfloat16_products = false);
 
   const ir::Graph& graph() const { return graph_; }
+  // How node i of graph() runs, as its kernel says (Kernel::tactic): "" for the plain float kernels.
+  std::string tactic(size_t i) const { return i < steps_.size() && steps_[i].kernel ? steps_[i].kernel->tactic() : ""; }
   // Bytes its tensors hold now (intermediates kept for reuse, outputs still held by callers).
   size_t memory_held() const { return pool_.held(); }
 
@@ -104,6 +108,7 @@ class CpuEngine {
   std::vector<Tensor> constant_slots_;     // slot -> constant tensor (undefined otherwise)
   int num_slots_ = 0;
   bool poison_outputs_ = false;
+  bool bfloat16_products_ = false;
   mutable BufferPool pool_;
   mutable std::mutex run_mutex_;  // KILN_POISON_OUTPUTS=1: fill fresh outputs with 0xFF bytes
 };

@@ -6,11 +6,14 @@
 // with beta * C as the column bias when C is one value per column, as MatMul's kernel does:
 // OpenBLAS packs the weights again on every call (MobileNet-V2's 1280 x 1000 classifier at
 // batch 1: docs/design/cpu-gemm.md, "kiln's sgemm").
+// In an engine of bfloat16 products (KernelInit::bfloat16_products) on a CPU that has them, that
+// op(B) is packed in bfloat16 instead and runs on bf16_rows_gemm (cpu/bf16_gemm.h).
 // Otherwise Y is first filled with beta * C, then the GEMM accumulates into it (BLAS beta = 1).
 
 #include <optional>
 #include <vector>
 
+#include "cpu/bf16_gemm.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
@@ -30,17 +33,23 @@ class GemmKernel final : public Kernel {
         epilogue_(fused ? ir::Activation::from_node(init.node) : ir::Activation{}) {
     use_single_threaded_blas();
     const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
+    const bool bf16 = init.bfloat16_products && bf16_gemm_isa() != Bf16GemmIsa::kNone;
     if (w && w->dtype() == DType::kFloat32 && w->rank() == 2 && w->numel() > 0 && !trans_a_ && alpha_ == 1.f &&
-        sgemm_isa() == SgemmIsa::kAvx512) {
+        (bf16 || sgemm_isa() == SgemmIsa::kAvx512)) {
       const int64_t K = trans_b_ ? w->dim(1) : w->dim(0), N = trans_b_ ? w->dim(0) : w->dim(1);
-      if (!trans_b_) {
-        columns_.pack(w->data<float>(), K, N, N);
-      } else {
-        std::vector<float> wt(static_cast<size_t>(K * N));  // op(B) = B^T, [K x N]
+      std::vector<float> wt;
+      if (trans_b_) {
+        wt.resize(static_cast<size_t>(K * N));  // op(B) = B^T, [K x N]
         transpose_floats(w->data<float>(), N, K, wt.data());
-        columns_.pack(wt.data(), K, N, N);
       }
+      const float* op_b = trans_b_ ? wt.data() : w->data<float>();
+      if (bf16) bf16_.pack(bf16_gemm_isa(), op_b, K, N, N);
+      else columns_.pack(op_b, K, N, N);
     }
+  }
+
+  std::string tactic() const override {
+    return bf16_.empty() ? "" : std::string("bf16 ") + bf16_gemm_isa_name(bf16_.isa());
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
@@ -53,6 +62,14 @@ class GemmKernel final : public Kernel {
     const int64_t K = trans_a_ ? a.dim(0) : a.dim(1);
     float* y = yt.data<float>();
     if (M == 0 || N == 0) return;
+    if (!bf16_.empty() && bf16_.cols() == N && bf16_.depth() == K) {
+      std::optional<std::vector<float>> bias = column_bias(c, N);
+      if (bias) {
+        bf16_rows_gemm(bf16_, M, a.data<float>(), K, y, N, bias->empty() ? nullptr : bias->data(), residual, N,
+                       &epilogue_, thread_count());
+        return;
+      }
+    }
     if (!columns_.empty() && columns_.cols() == N && columns_.depth() == K) {
       std::optional<std::vector<float>> bias = column_bias(c, N);
       if (bias) {
@@ -100,6 +117,7 @@ class GemmKernel final : public Kernel {
   bool trans_a_, trans_b_;
   Epilogue epilogue_;
   PackedColumns columns_;  // op(B) in 32-column panels, when B is a constant matrix (AVX-512)
+  Bf16PackedColumns bf16_;  // op(B) in bfloat16 panels, in place of columns_ (bfloat16 products)
 };
 
 }  // namespace

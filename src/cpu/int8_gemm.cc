@@ -2,12 +2,12 @@
 
 #include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+
+#include "cpu/amx.h"
 
 namespace kiln::cpu {
 
@@ -61,33 +61,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const int8
   }
 }
 
-// AMX's tile registers as the kernel uses them: 0-3 the four 16 x 16 quarters of C, 4-5 the
-// two 16-row halves of A's 64 columns of K, 6-7 the two 16-column halves of B's 64 rows of K;
-// every tile 16 rows of 64 bytes.
-struct TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-constexpr TileConfig amx_tile_config() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.bytes_per_row[t] = 64;
-    config.rows[t] = 16;
-  }
-  return config;
-}
-
-// In static storage: GCC 12 does not see that ldtilecfg reads its operand, and dropped the
-// stores of a configuration built on the stack.
-alignas(64) constexpr TileConfig kAmxTileConfig = amx_tile_config();
-
-__attribute__((target("amx-tile"))) void amx_configure() { _tile_loadconfig(&kAmxTileConfig); }
-
-__attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
-
+// Tiles (cpu/amx.h) 0-3: the four 16 x 16 quarters of C; 4-5: the two 16-row halves of A's 64
+// columns of K; 6-7: the two 16-column halves of B's 64 rows of K.
 __attribute__((target("amx-tile,amx-int8"))) void tile_amx(const int8_t* a, int64_t k_padded, const uint8_t* b,
                                                             int32_t* c) {
   _tile_zero(0);
@@ -111,19 +86,12 @@ __attribute__((target("amx-tile,amx-int8"))) void tile_amx(const int8_t* a, int6
   _tile_stored(3, c + 16 * kInt8GemmCols + 16, stride);
 }
 
-// AMX needs the CPU's AMX-TILE and AMX-INT8, and Linux's permission to use the tile data
-// state (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16 and later), asked once for the process.
+// AMX needs the CPU's AMX-TILE and AMX-INT8, and Linux's permission to use the tile data.
 bool amx_usable() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   const bool tile = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
-  if (!tile || !int8) return false;
-#if defined(__linux__) && defined(SYS_arch_prctl)
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-  return false;
-#endif
+  return tile && int8 && amx_tile_data_permitted();
 }
 
 }  // namespace
@@ -239,14 +207,6 @@ void int8_pack_b_panel_transposed(const int8_t* bt, int64_t ldbt, int64_t k, int
       }
     }
   }
-}
-
-Int8TileScope::Int8TileScope(Int8GemmIsa isa) : amx_(isa == Int8GemmIsa::kAmx) {
-  if (amx_) amx_configure();
-}
-
-Int8TileScope::~Int8TileScope() {
-  if (amx_) amx_release();
 }
 
 void int8_tile(const Int8PackedA& a, int64_t a_panel, const uint8_t* b_panel, int32_t* c) {

@@ -78,20 +78,8 @@ void int8_pack_b_panel(const int8_t* b, int64_t ldb, int64_t k, int64_t k_padded
 void int8_pack_b_panel_transposed(const int8_t* bt, int64_t ldbt, int64_t k, int64_t k_padded, int64_t n0,
                                   int64_t cols, uint8_t* dst);
 
-// While a thread computes tiles: AMX's tile registers configured, and released after.
-class Int8TileScope {
- public:
-  explicit Int8TileScope(Int8GemmIsa isa);
-  ~Int8TileScope();
-  Int8TileScope(const Int8TileScope&) = delete;
-  Int8TileScope& operator=(const Int8TileScope&) = delete;
-
- private:
-  bool amx_;
-};
-
 // c[r * 32 + j] = sum_k A[rows * a_panel + r, k] * (B[k, panel column j] + 128), for r below
-// a.rows (subtract a.shift to get sum A B). Inside an Int8TileScope of a.isa.
+// a.rows (subtract a.shift to get sum A B). Inside an AmxTileScope (cpu/amx.h) active for AMX.
 void int8_tile(const Int8PackedA& a, int64_t a_panel, const uint8_t* b_panel, int32_t* c);
 
 }  // namespace kiln::cpu

@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "cpu/amx.h"
 #include "cpu/int8_gemm.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
@@ -204,7 +205,7 @@ void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor&
   const int64_t a_panels = pa.panel_count();
   parallel_for(panels * a_panels, [&](int64_t first, int64_t last) {
     alignas(64) int32_t tile[kInt8GemmMaxRows * kInt8GemmCols];
-    Int8TileScope scope(pa.isa);
+    AmxTileScope scope(pa.isa == Int8GemmIsa::kAmx);
     for (int64_t t = first; t < last; ++t) {
       const int64_t p = t / a_panels, ap = t % a_panels;
       int8_tile(pa, ap, packed_data + p * panel_bytes, tile);  // tile[r * 32 + j]: column n0 + r of row m0 + j

@@ -23,6 +23,9 @@ struct KernelInit {
   std::vector<const Tensor*> constants;            // constant inputs (weights), else nullptr
   std::vector<const ir::TensorType*> output_types;
   bool poison_outputs = false;  // the engine's (CpuEngine): engines of subgraphs do the same
+  // Precision::kBf16: products by constant weights in bfloat16 where the CPU has them
+  // (cpu/bf16_gemm.h); kernels without a bfloat16 form ignore it.
+  bool bfloat16_products = false;
 
   DType dtype(size_t i) const { return i < input_types.size() && input_types[i] ? input_types[i]->dtype : DType::kUndefined; }
   bool has_input(size_t i) const { return i < input_types.size() && input_types[i]; }
@@ -39,6 +42,9 @@ class Kernel {
   // needs no fresh buffer pulled into the cache for writing (docs/design/cpu-gemm.md, "The
   // residual's buffer as the output").
   virtual int overwritable_input() const { return -1; }
+  // How it computes where that is not plain float32 (the bfloat16 products: "bf16 amx-bf16"), for
+  // EngineInfo's layers; "" otherwise.
+  virtual std::string tactic() const { return ""; }
 };
 
 // A kernel from a lambda, for kernels that keep no state.

@@ -9,11 +9,14 @@
 // pass. Otherwise packed_sgemm computes Y^T = B^T A^T: B^T is its packed A, A^T (A's rows
 // transposed into a scratch buffer) its B, and Y^T is transposed back into Y with the residual
 // and the activation. BLAS would pack the weights again on every call, which at a transformer's
-// batch 1 costs about as much as the product (docs/design/cpu-gemm.md).
+// batch 1 costs about as much as the product (docs/design/cpu-gemm.md). In an engine of bfloat16
+// products (KernelInit::bfloat16_products) on a CPU that has them, B is packed in bfloat16
+// instead and the product runs on bf16_rows_gemm (cpu/bf16_gemm.h) with the same epilogue.
 
 #include <algorithm>
 #include <vector>
 
+#include "cpu/bf16_gemm.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
@@ -31,6 +34,10 @@ class MatMulKernel final : public Kernel {
     const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
     if (w && w->dtype() == DType::kFloat32 && w->rank() == 2 && w->numel() > 0) {
       const int64_t K = w->dim(0), N = w->dim(1);
+      if (init.bfloat16_products && bf16_gemm_isa() != Bf16GemmIsa::kNone) {
+        bf16_.pack(bf16_gemm_isa(), w->data<float>(), K, N, N);
+        return;
+      }
       if (sgemm_isa() == SgemmIsa::kAvx512) {
         columns_.pack(w->data<float>(), K, N, N);
         return;
@@ -40,6 +47,10 @@ class MatMulKernel final : public Kernel {
       transpose_floats(w->data<float>(), K, N, wt.data());
       packed_.pack(wt.data(), N, K, K);
     }
+  }
+
+  std::string tactic() const override {
+    return bf16_.empty() ? "" : std::string("bf16 ") + bf16_gemm_isa_name(bf16_.isa());
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
@@ -65,6 +76,10 @@ class MatMulKernel final : public Kernel {
       if (ab[i] == 0 || bb[i] == 0) ob[i] = 0;
       batch *= ob[i];
       b_batch *= bb[i];
+    }
+    if (b_batch == 1 && !bf16_.empty() && bs.size() == 2) {
+      bf16_rows_gemm(bf16_, batch * M, a, K, y, N, bias, residual, N, &epilogue_, thread_count());
+      return;
     }
     if (b_batch == 1 && !columns_.empty() && bs.size() == 2) {
       rows_sgemm(columns_, batch * M, a, K, y, N, bias, residual, N, &epilogue_, thread_count());
@@ -145,6 +160,7 @@ class MatMulKernel final : public Kernel {
   Epilogue epilogue_;
   PackedColumns columns_;  // B in 32-column panels, when B is a constant matrix (AVX-512)
   PackedA packed_;         // B^T for packed_sgemm, when B is a constant matrix (other CPUs)
+  Bf16PackedColumns bf16_;  // B in bfloat16 panels, in place of the others (bfloat16 products)
 };
 
 }  // namespace

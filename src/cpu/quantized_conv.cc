@@ -30,6 +30,7 @@
 
 #include "cpu/conv_shape.h"
 #include "cpu/gemm_util.h"
+#include "cpu/amx.h"
 #include "cpu/int8_gemm.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
@@ -155,7 +156,7 @@ class QConvKernel final : public Kernel {
     // Consecutive tasks share a B panel, which stays in cache while the weights stream.
     parallel_for(panels * a_panels, [&](int64_t first, int64_t last) {
       alignas(64) int32_t tile[kInt8GemmMaxRows * kInt8GemmCols];
-      Int8TileScope tiles(a.isa);
+      AmxTileScope tiles(a.isa == Int8GemmIsa::kAmx);
       for (int64_t t = first; t < last; ++t) {
         const int64_t p = t / a_panels, ap = t % a_panels;
         int8_tile(a, ap, packed_data + p * panel_bytes, tile);

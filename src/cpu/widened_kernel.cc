@@ -71,7 +71,7 @@ bool widens_narrow_floats(const KernelEntry& entry) { return !entry.makes_output
 std::unique_ptr<Kernel> make_widened_kernel(const KernelEntry& entry, const KernelInit& init) {
   if (!widens_narrow_floats(entry)) return nullptr;
   auto kernel = std::make_unique<WidenedKernel>();
-  KernelInit wide{init.node, {}, {}, {}, init.poison_outputs};
+  KernelInit wide{init.node, {}, {}, {}, init.poison_outputs, init.bfloat16_products};
   bool any = false;
   // The type as the float32 kernel sees it (kept by `kernel`), and whether it was widened.
   auto widened = [&](const ir::TensorType* t, std::vector<bool>& widen) {

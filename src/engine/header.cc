@@ -64,6 +64,7 @@ BuildOptions options_from_json(const nlohmann::json& o) {
   options.precision = precision == "fp16" ? Precision::kFp16 : precision == "tf32" ? Precision::kTf32
                       : precision == "best" ? Precision::kBest : precision == "int8" ? Precision::kInt8
                       : precision == "fp8" ? Precision::kFp8 : precision == "fp32" ? Precision::kFp32
+                      : precision == "bf16" ? Precision::kBf16
                       : throw Error(ErrorKind::kInvalidModel, "the engine file names an unknown precision '" + precision + "'");
   if (o.contains("int8_scales")) options.int8_scales = o.at("int8_scales").get<std::map<std::string, float>>();
   if (o.contains("float_layers")) options.float_layers = o.at("float_layers").get<std::vector<std::string>>();

@@ -11,6 +11,7 @@ const char* to_string(Precision precision) {
     case Precision::kBest: return "best";
     case Precision::kInt8: return "int8";
     case Precision::kFp8: return "fp8";
+    case Precision::kBf16: return "bf16";
   }
   return "?";
 }

@@ -33,6 +33,9 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_flag("--tf32", tf32, "GPU: float32 storage, TF32 tensor-core products");
   cmd->add_flag("--fp32", fp32, "GPU: strict float32, the default (no tensor cores, no Winograd)");
   cmd->add_flag("--best", best, "GPU: float16 where supported, TF32 elsewhere");
+  cmd->add_flag("--bf16", bf16,
+                "CPU: float32 storage, the products of MatMul, Gemm and convolutions by constant weights in bfloat16 "
+                "(operands rounded, float32 sums) on AMX-BF16 or AVX512-BF16 where the CPU has them");
   cmd->add_flag("--int8", int8,
                 "INT8 convolutions from calibrated scales (--calib or --calib-cache); other layers fp16 on the GPU, "
                 "float32 on the CPU. On the GPU each layer stays INT8 only where timing shows it faster than fp16");
@@ -141,8 +144,10 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
 }
 
 Precision EngineOptions::precision() const {
-  int n = fp16 + tf32 + fp32 + best;
-  if (n + int8 + fp8 > 1) throw Error(ErrorKind::kInvalidArgument, "give one of --fp16, --tf32, --fp32, --best, --int8, --fp8");
+  int n = fp16 + tf32 + fp32 + best + bf16;
+  if (n + int8 + fp8 > 1)
+    throw Error(ErrorKind::kInvalidArgument, "give one of --fp16, --tf32, --fp32, --best, --bf16, --int8, --fp8");
+  if (bf16) return Precision::kBf16;
   if (int8) return Precision::kInt8;
   if (fp8) return Precision::kFp8;
   if (fp16) return Precision::kFp16;
@@ -234,8 +239,10 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   if (has_profiles()) b.profiles = parse_profiles(min_shapes, opt_shapes, max_shapes);
   b.profile_timing_step = profile_timing_step;
   if (b.device == Device::kCpu) {
-    if (precision() != Precision::kFp32 && precision() != Precision::kInt8 && precision() != Precision::kFp8)
-      throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32, INT8 (--int8) or its FP8 reference (--fp8) only");
+    if (precision() != Precision::kFp32 && precision() != Precision::kInt8 && precision() != Precision::kFp8 &&
+        precision() != Precision::kBf16)
+      throw Error(ErrorKind::kInvalidArgument, "the CPU engine runs float32, bfloat16 products (--bf16), INT8 (--int8) or "
+                                               "its FP8 reference (--fp8) only");
     if (has_profiles())
       throw Error(ErrorKind::kInvalidArgument, "--min-shapes/--opt-shapes/--max-shapes are for GPU engines: the CPU engine "
                                                "runs any input shape");

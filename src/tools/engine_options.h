@@ -17,6 +17,7 @@ struct EngineOptions {
   std::string device = "cuda";
   int gpu = 0;  // --gpu: the GPU (CUDA's device index) GPU engines are built on and run on
   bool fp16 = false, tf32 = false, fp32 = false, best = false;
+  bool bf16 = false;  // --bf16: CPU engines' bfloat16 products
   std::vector<std::string> shapes;  // --shapes input:1x3x224x224
   std::vector<std::string> dims;    // --dim N=8
   std::vector<std::string> input_values;  // --input-values axes=1,2
