@@ -8,14 +8,18 @@ Rows (--rows picks some): ResNet-50 at batches 1 and 8, MobileNet-V2 at batch 1,
 BERT-base INT8 at batch 1: kiln's INT8 CPU engine against ONNX Runtime on the QDQ model
 `kiln quantize` writes from the same calibration cache (the same scales). Models are torchvision's and HF
 transformers' architectures with seeded random weights (batch-norm statistics measured on
-random images), exported at opset 17; calibration uses 32 seeded random rows of inputs.
+random images), exported at opset 17; calibration uses 32 seeded random rows of inputs. A row
+named MODEL_bf16 (e.g. resnet50_bf16:1, not in the default set) times kiln's engine of bfloat16
+products (`kiln build --device cpu --bf16`) against ONNX Runtime's float32 run of the same model
+(its CPU provider has no bfloat16 products on x86).
 
 Each round runs every engine in a fresh process of its own (kiln through its Python module,
 ONNX Runtime with intra_op_num_threads = --threads; --baseline DIR adds another kiln build,
 its kiln and python/, to tell a code change from the machine's drift), engines alternating, so load from other
 processes hits all of them alike and no engine's idle threads spin while another one runs. Both
 get the same inputs, and their outputs are compared: max |diff| for float32, cosine similarity
-to ONNX Runtime's float32 output for INT8 (both engines'). The JSON has a row per model and
+to ONNX Runtime's float32 output for INT8 (both engines') and for bfloat16 (with the relative L2
+difference). The JSON has a row per model and
 batch, {"model", "batch", "threads", "precision", "kiln_ms", "ort_ms", ...} with medians, the
 CPU named, the command and the kiln commit.
 """
@@ -170,18 +174,26 @@ def main():
     rows = [(r.split(":")[0], int(r.split(":")[1])) for r in args.rows.split(",")]
     import torchvision
 
+    def variant(model):
+        """(the model without its suffix, "int8" | "bf16" | "fp32")."""
+        for suffix in ("int8", "bf16"):
+            if model.endswith("_" + suffix):
+                return model[:-len(suffix) - 1], suffix
+        return model, "fp32"
+
     for model, _ in rows:
-        base = model[:-len("_int8")] if model.endswith("_int8") else model
+        base = variant(model)[0]
         if base != "bert_base" and not hasattr(torchvision.models, base):
-            raise SystemExit(f"unknown model {model}: bert_base or a torchvision model name, with _int8 for INT8")
+            raise SystemExit(f"unknown model {model}: bert_base or a torchvision model name, with _int8 for INT8 or "
+                             "_bf16 for bfloat16 products")
     os.makedirs(args.work, exist_ok=True)
     kiln = os.path.abspath(args.kiln)
 
     # Models, engines and inputs, prepared before anything is timed.
     plans = []
     for model, batch in rows:
-        int8 = model.endswith("_int8")
-        base = model[:-len("_int8")] if int8 else model
+        base, precision = variant(model)
+        int8 = precision == "int8"
         onnx_path = os.path.join(args.work, f"{base}.onnx")
         if not os.path.exists(onnx_path):
             print(f"exporting {base}", flush=True)
@@ -200,6 +212,8 @@ def main():
             print(f"calibrating {base} and writing its QDQ model", flush=True)
             run([kiln, "quantize", onnx_path, "--calib", calib, "--batch", "8", "--calib-cache", cache, "-o", ort_model])
             build += ["--int8", "--calib-cache", cache]
+        if precision == "bf16":
+            build += ["--bf16"]
         print(f"building {os.path.basename(engine)}", flush=True)
         run([kiln] + build + ["-o", engine])
         baseline_engine = None
@@ -208,7 +222,7 @@ def main():
             run([os.path.join(os.path.abspath(args.baseline), "kiln")] + build + ["-o", baseline_engine])
         inputs = os.path.join(args.work, f"{base}_b{batch}_inputs.npz")
         np.savez(inputs, **inputs_for(base, batch))
-        plans.append({"model": model, "base": base, "batch": batch, "int8": int8, "engine": engine,
+        plans.append({"model": model, "base": base, "batch": batch, "precision": precision, "engine": engine,
                       "baseline_engine": baseline_engine, "ort_model": ort_model, "onnx": onnx_path,
                       "inputs": inputs})
 
@@ -234,14 +248,19 @@ def main():
     for p in plans:
         k, o = cpu_resnet50.stats(times[id(p)]["kiln"]), cpu_resnet50.stats(times[id(p)]["ort"])
         row = {"model": p["model"], "batch": p["batch"], "threads": args.threads,
-               "precision": "int8" if p["int8"] else "fp32", "kiln_ms": k["median_ms"], "ort_ms": o["median_ms"],
+               "precision": p["precision"], "kiln_ms": k["median_ms"], "ort_ms": o["median_ms"],
                "kiln_over_ort": k["median_ms"] / o["median_ms"], "kiln": k, "ort": o}
         if args.baseline:
             base_stats = cpu_resnet50.stats(times[id(p)]["baseline"])
             row.update(baseline_ms=base_stats["median_ms"], baseline=base_stats,
                        kiln_over_baseline=k["median_ms"] / base_stats["median_ms"])
         y_kiln, y_ort = outputs[(id(p), "kiln")], outputs[(id(p), "ort")]
-        if p["int8"]:
+        if p["precision"] == "bf16":
+            # ONNX Runtime runs the float32 model here: its output is the reference.
+            a, b = y_kiln.reshape(y_ort.shape).astype(np.float64), y_ort.astype(np.float64)
+            row["kiln_cosine_to_fp32"] = cosine(y_kiln, y_ort)
+            row["kiln_relative_l2_to_fp32"] = float(np.linalg.norm(a - b) / np.linalg.norm(b))
+        elif p["precision"] == "int8":
             # Both quantized outputs against ONNX Runtime's float32 one on the same inputs.
             out_npy = os.path.join(args.work, f"out_fp32_{p['base']}.npy")
             _, y_fp32 = time_engine("ort", p["onnx"], p["inputs"], out_npy, args.threads, 1, 0,
@@ -254,9 +273,9 @@ def main():
         results.append(row)
     fp32 = {(r["model"], r["batch"]): r for r in results if r["precision"] == "fp32"}
     for r in results:
-        base = fp32.get((r["model"][:-len("_int8")], r["batch"])) if r["precision"] == "int8" else None
+        base = fp32.get((variant(r["model"])[0], r["batch"])) if r["precision"] != "fp32" else None
         if base:
-            r["kiln_fp32_over_kiln_int8"] = base["kiln_ms"] / r["kiln_ms"]
+            r[f"kiln_fp32_over_kiln_{r['precision']}"] = base["kiln_ms"] / r["kiln_ms"]
 
     report = {
         "benchmark": "kiln CPU engine against ONNX Runtime's CPU provider; random weights, opset 17",
@@ -271,9 +290,15 @@ def main():
     print(f"\n{'model':<16}{'batch':>6}{'precision':>10}{'kiln ms':>10}{'ORT ms':>10}{'kiln/ORT':>10}"
           + (f"{'baseline ms':>13}" if args.baseline else ""))
     for r in results:
-        extra = (f"  cosine to fp32: kiln {r['kiln_cosine_to_fp32']:.5f}, ORT {r['ort_cosine_to_fp32']:.5f}"
-                 + (f"; kiln fp32 / int8 {r['kiln_fp32_over_kiln_int8']:.2f}x" if "kiln_fp32_over_kiln_int8" in r else "")
-                 if r["precision"] == "int8" else f"  max|diff| {r['max_abs_diff']:.1e} (|y| <= {r['max_abs_output']:.1f})")
+        ratio = f"kiln_fp32_over_kiln_{r['precision']}"
+        ratio_text = f"; kiln fp32 / {r['precision']} {r[ratio]:.2f}x" if ratio in r else ""
+        if r["precision"] == "int8":
+            extra = f"  cosine to fp32: kiln {r['kiln_cosine_to_fp32']:.5f}, ORT {r['ort_cosine_to_fp32']:.5f}" + ratio_text
+        elif r["precision"] == "bf16":
+            extra = (f"  to ORT's fp32: cosine {r['kiln_cosine_to_fp32']:.5f}, relative L2 "
+                     f"{r['kiln_relative_l2_to_fp32']:.1e}" + ratio_text)
+        else:
+            extra = f"  max|diff| {r['max_abs_diff']:.1e} (|y| <= {r['max_abs_output']:.1f})"
         base = f"{r['baseline_ms']:>13.2f}" if args.baseline else ""
         print(f"{r['model']:<16}{r['batch']:>6}{r['precision']:>10}{r['kiln_ms']:>10.2f}{r['ort_ms']:>10.2f}"
               f"{r['kiln_over_ort']:>9.2f}x{base}{extra}")
