@@ -5,6 +5,11 @@
 // every mask adds, a softmax (its exponentials within 3 ulp of std::exp, its sum in double), the
 // weighted sum of values by the softmax's numerators, divided by their sum after; each step runs
 // 8 keys (or values) at a time.
+// In an engine of bfloat16 products (KernelInit::bfloat16_products) on a CPU that has them, the
+// two products of each (batch, head) run on bf16_rows_gemm instead (cpu/bf16_gemm.h): the scaled
+// queries by the scaled keys, transposed and packed per head, for all of the head's rows at once;
+// then the softmax's numerators by the values, packed per head. The masks, softmax and outputs are
+// the same steps as above, in float32.
 // GCC 12's AVX-512 intrinsics start some results from an "undefined" vector and trip
 // -Wmaybe-uninitialized and -Wuninitialized when inlined here; the warnings are about the header.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -19,6 +24,7 @@
 #include <vector>
 
 #include "cpu/aligned_vector.h"
+#include "cpu/bf16_gemm.h"
 #include "cpu/double_sums.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
@@ -292,7 +298,10 @@ void weighted_sums(const float* p, int64_t rows, int64_t T, const HeadView& V, i
 
 class AttentionKernel : public Kernel {
  public:
-  explicit AttentionKernel(const ir::Node& node) : node_(node) {}
+  explicit AttentionKernel(const ir::Node& node, bool bfloat16_products = false)
+      : node_(node), bf16_(bfloat16_products && bf16_gemm_isa() != Bf16GemmIsa::kNone) {}
+
+  std::string tactic() const override { return bf16_ ? std::string("bf16 ") + bf16_gemm_isa_name(bf16_gemm_isa()) : ""; }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
     auto input = [&](size_t i) -> const Tensor* { return i < in.size() ? in[i] : nullptr; };
@@ -371,6 +380,26 @@ class AttentionKernel : public Kernel {
     parallel_for_each(s.batch * s.q_heads, true, [&](int64_t task) {
       const int64_t b = task / s.q_heads, h = task % s.q_heads, kv = h / group;
       const float* kt = keys_t + (b * s.kv_heads + kv) * T * D;
+      // Bfloat16 products: every row's logits first, the numerators of every row kept for one
+      // product by the values at the end.
+      thread_local Bf16PackedColumns packed;
+      thread_local AlignedVector<float> logits_all, probs_all, y_all, scales_all;
+      if (bf16_) {
+        logits_all.resize(static_cast<size_t>(s.q_seq * T));
+        probs_all.resize(static_cast<size_t>(s.q_seq * T));
+        scales_all.resize(static_cast<size_t>(s.q_seq));
+        packed.pack(bf16_gemm_isa(), kt, D, T, T);
+        std::vector<float> scaled(static_cast<size_t>(D));
+        const Bf16RowSource queries = [&](int64_t first, int64_t count, uint16_t* dst) {
+          for (int64_t i = first; i < first + count; ++i, dst += packed.depth_padded()) {
+            const float* qi = Q.at(b, h, i);
+            for (int64_t d = 0; d < D; ++d) scaled[static_cast<size_t>(d)] = qi[d] * factor;
+            bf16_round_floats(scaled.data(), D, dst);
+            std::fill(dst + D, dst + packed.depth_padded(), uint16_t{0});
+          }
+        };
+        bf16_rows_gemm(packed, s.q_seq, queries, logits_all.data(), T, nullptr, nullptr, 0, nullptr, 1);
+      }
       std::vector<float> q_rows(static_cast<size_t>(kDotRows * D)), logits(static_cast<size_t>(T)),
           bias(static_cast<size_t>(T)), z(static_cast<size_t>(T)), probs_rows(static_cast<size_t>(kDotRows * T)),
           raw(static_cast<size_t>(T)), y_rows(static_cast<size_t>(kDotRows * Dv));
@@ -379,8 +408,8 @@ class AttentionKernel : public Kernel {
       for (int64_t i = 0; i < s.q_seq; ++i) {
         // This row's place in its block of rows, whose logits and weighted sums are computed together.
         const int64_t r = i % kDotRows, rows = std::min(kDotRows, s.q_seq - (i - r));
-        float* const probs = probs_rows.data() + r * T;
-        if (r == 0) {
+        float* const probs = bf16_ ? probs_all.data() + i * T : probs_rows.data() + r * T;
+        if (r == 0 && !bf16_) {
           for (int64_t k = 0; k < rows; ++k) {
             const float* qi = Q.at(b, h, i + k);
             for (int64_t d = 0; d < D; ++d) q_rows[k * D + d] = qi[d] * factor;
@@ -388,7 +417,9 @@ class AttentionKernel : public Kernel {
           rows_dots(q_rows.data(), rows, kt, D, T, dots.data());
         }
         const ir::AttentionKeyRange allowed = masking.keys(s, lengths, b, i);
-        for (int64_t j = 0; j < T; ++j) raw[j] = static_cast<float>(dots[r * T + j]);
+        if (bf16_) std::copy(logits_all.data() + i * T, logits_all.data() + (i + 1) * T, raw.begin());
+        else
+          for (int64_t j = 0; j < T; ++j) raw[j] = static_cast<float>(dots[r * T + j]);
         const float* x = raw.data();
         if (softcap > 0.f) {
           for (int64_t j = 0; j < T; ++j) logits[j] = softcap * std::tanh(raw[j] / softcap);
@@ -414,24 +445,26 @@ class AttentionKernel : public Kernel {
         row_scale[r] = 1.0;
         if (nan) std::fill(probs, probs + T, std::numeric_limits<float>::quiet_NaN());
         else if (any_allowed) row_scale[r] = 1.0 / sum;
+        if (bf16_) scales_all[static_cast<size_t>(i)] = static_cast<float>(row_scale[r]);
         if (qk_out) {
           const int64_t base = ((b * s.q_heads + h) * s.q_seq + i) * T;
           for (int64_t j = 0; j < T; ++j)
             store(*qk_out, base + j,
                   mode == 3 ? static_cast<float>(probs[j] * row_scale[r]) : mode == 2 ? z[j] : mode == 1 ? x[j] : raw[j]);
         }
-        if (r + 1 < rows) continue;
+        if (r + 1 < rows || bf16_) continue;
         // The block's last row: the weighted sums of all its rows.
         weighted_sums(probs_rows.data(), rows, T, V, b, kv, Dv, y_rows.data());
-        for (int64_t k = 0; k < rows; ++k) {
-          const int64_t row = i - r + k;
-          const int64_t y_base = s.three_d ? (b * s.q_seq + row) * s.q_heads * Dv + h * Dv
-                                           : ((b * s.q_heads + h) * s.q_seq + row) * Dv;
-          const float* y_row = y_rows.data() + k * Dv;
-          if (y->dtype() == DType::kFloat32) scale_row(y_row, Dv, row_scale[k], y->data<float>() + y_base);
-          else
-            for (int64_t d = 0; d < Dv; ++d) store(*y, y_base + d, static_cast<float>(y_row[d] * row_scale[k]));
-        }
+        for (int64_t k = 0; k < rows; ++k) store_row(y, s, b, h, i - r + k, y_rows.data() + k * Dv, row_scale[k]);
+      }
+      if (bf16_) {
+        // V [T x Dv] of this head as the weights: rows of a 3-D V lie heads * Dv apart.
+        const float* v0 = V.at(b, kv, 0);
+        const int64_t ldv = V.three_d ? V.heads * Dv : Dv;
+        packed.pack(bf16_gemm_isa(), v0, T, Dv, ldv);
+        y_all.resize(static_cast<size_t>(s.q_seq * Dv));
+        bf16_rows_gemm(packed, s.q_seq, probs_all.data(), T, y_all.data(), Dv, nullptr, nullptr, 0, nullptr, 1);
+        for (int64_t i = 0; i < s.q_seq; ++i) store_row(y, s, b, h, i, y_all.data() + i * Dv, scales_all[static_cast<size_t>(i)]);
       }
     });
     if (out.size() > 1 && out[1].defined()) store_heads(out[1], K, s.batch);
@@ -439,6 +472,16 @@ class AttentionKernel : public Kernel {
   }
 
  private:
+  // Row i of head h's output: y_row [Dv] times `scale`, into Y's 3-D or 4-D layout.
+  static void store_row(Tensor* y, const ir::AttentionShape& s, int64_t b, int64_t h, int64_t i, const float* y_row,
+                        double scale) {
+    const int64_t Dv = s.v_head_size;
+    const int64_t y_base = s.three_d ? (b * s.q_seq + i) * s.q_heads * Dv + h * Dv : ((b * s.q_heads + h) * s.q_seq + i) * Dv;
+    if (y->dtype() == DType::kFloat32) scale_row(y_row, Dv, scale, y->data<float>() + y_base);
+    else
+      for (int64_t d = 0; d < Dv; ++d) store(*y, y_base + d, static_cast<float>(y_row[d] * scale));
+  }
+
   // dst [batch, kv_heads, past + new, size] = past (4-D, may be absent) followed by `added`.
   static void concat_cache(std::vector<float>& dst, const Tensor* past, const HeadView& added, const ir::AttentionShape& s,
                            int64_t size) {
@@ -457,6 +500,7 @@ class AttentionKernel : public Kernel {
   }
 
   const ir::Node& node_;
+  bool bf16_;  // the two products on bf16_rows_gemm
 };
 
 float load(const Tensor& t, int64_t index) {
@@ -533,7 +577,9 @@ KILN_REGISTER_CPU_KERNELS(attention) {
     return "";
   };
   e.dtypes = "float32, float16 (computed in float32)";
-  e.create = [](const KernelInit& init) { return std::make_unique<AttentionKernel>(init.node); };
+  e.create = [](const KernelInit& init) {
+    return std::make_unique<AttentionKernel>(init.node, init.bfloat16_products);
+  };
   KernelEntry strided = e;
   strided.op = "StridedAttention";
   strided.domain = "kiln";

@@ -7,8 +7,6 @@
 #include <atomic>
 #include <cstring>
 
-#include <kiln/tensor.h>
-
 #include "cpu/amx.h"
 #include "cpu/gemm_util.h"
 #include "cpu/parallel.h"
@@ -30,6 +28,21 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void round_avx51
     const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1);
     const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
     _mm256_mask_storeu_epi16(dst + i, m, reinterpret_cast<const __m256i&>(v));
+  }
+}
+
+// One pair of W's rows (r1 null: zeros, K's padding) over `cols` <= 32 columns of a panel:
+// each column's two values rounded and side by side, 64 values at dst.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void pack_pair(const float* r0, const float* r1,
+                                                                              int64_t cols, uint16_t* dst) {
+  for (int half = 0; half < 2; ++half) {
+    const int64_t n = std::clamp<int64_t>(cols - 16 * half, 0, 16);
+    const __mmask16 m = static_cast<__mmask16>(n >= 16 ? 0xffff : (1u << n) - 1);
+    const __m256bh a = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, r0 + 16 * half));
+    const __m256bh b = _mm512_cvtneps_pbh(r1 ? _mm512_maskz_loadu_ps(m, r1 + 16 * half) : _mm512_setzero_ps());
+    const __m512i lo = _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(a));
+    const __m512i hi = _mm512_slli_epi32(_mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(b)), 16);
+    _mm512_storeu_si512(dst + 32 * half, _mm512_or_si512(lo, hi));
   }
 }
 
@@ -178,9 +191,9 @@ void Bf16PackedColumns::pack(Bf16GemmIsa isa, const float* w, int64_t k, int64_t
   buf_.assign(static_cast<size_t>(panel_count() * k_padded_ * kBf16GemmCols), 0);
   for (int64_t q = 0; q < panel_count(); ++q) {
     uint16_t* panel = buf_.data() + q * k_padded_ * kBf16GemmCols;
-    for (int64_t i = 0; i < k; ++i)
-      for (int64_t j = 0; j < kBf16GemmCols && q * kBf16GemmCols + j < n; ++j)
-        panel[(i / 2) * kBf16GemmCols * 2 + j * 2 + i % 2] = float_to_bfloat16(w[i * ldw + q * kBf16GemmCols + j]);
+    const int64_t c0 = q * kBf16GemmCols, cols = std::min<int64_t>(kBf16GemmCols, n - c0);
+    for (int64_t i = 0; i < k; i += 2)
+      pack_pair(w + i * ldw + c0, i + 1 < k ? w + (i + 1) * ldw + c0 : nullptr, cols, panel + i * kBf16GemmCols);
   }
 }
 

@@ -45,7 +45,8 @@ constexpr int kBf16GemmCols = 32;    // columns of W per panel
 constexpr int kBf16GemmRows = 32;    // rows of Y per block
 constexpr int kBf16GemmKStep = 32;   // K is padded to a multiple of this (one AMX A tile's width)
 
-// W [K x N] (row-major, leading dimension ldw) rounded to bfloat16, in the panels above.
+// W [K x N] (row-major, leading dimension ldw) rounded to bfloat16 (as bf16_round_floats), in
+// the panels above.
 class Bf16PackedColumns {
  public:
   // Packs for `isa` (not kNone).

@@ -23,8 +23,8 @@ struct KernelInit {
   std::vector<const Tensor*> constants;            // constant inputs (weights), else nullptr
   std::vector<const ir::TensorType*> output_types;
   bool poison_outputs = false;  // the engine's (CpuEngine): engines of subgraphs do the same
-  // Precision::kBf16: products by constant weights in bfloat16 where the CPU has them
-  // (cpu/bf16_gemm.h); kernels without a bfloat16 form ignore it.
+  // Precision::kBf16: products by constant weights (and Attention's) in bfloat16 where the CPU
+  // has them (cpu/bf16_gemm.h); kernels without a bfloat16 form ignore it.
   bool bfloat16_products = false;
 
   DType dtype(size_t i) const { return i < input_types.size() && input_types[i] ? input_types[i]->dtype : DType::kUndefined; }

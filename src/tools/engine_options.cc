@@ -34,8 +34,9 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_flag("--fp32", fp32, "GPU: strict float32, the default (no tensor cores, no Winograd)");
   cmd->add_flag("--best", best, "GPU: float16 where supported, TF32 elsewhere");
   cmd->add_flag("--bf16", bf16,
-                "CPU: float32 storage, the products of MatMul, Gemm and convolutions by constant weights in bfloat16 "
-                "(operands rounded, float32 sums) on AMX-BF16 or AVX512-BF16 where the CPU has them");
+                "CPU: float32 storage, the products of MatMul, Gemm and convolutions by constant weights and of "
+                "attention in bfloat16 (operands rounded, float32 sums) on AMX-BF16 or AVX512-BF16 where the CPU has "
+                "them");
   cmd->add_flag("--int8", int8,
                 "INT8 convolutions from calibrated scales (--calib or --calib-cache); other layers fp16 on the GPU, "
                 "float32 on the CPU. On the GPU each layer stays INT8 only where timing shows it faster than fp16");

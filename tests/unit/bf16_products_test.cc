@@ -1,10 +1,11 @@
 // The bfloat16 products of a CPU engine built with Precision::kBf16 (cpu/bf16_gemm.h): the GEMM
 // on each kernel this CPU has (AMX-BF16, AVX512-BF16) against float64 sums of the same rounded
 // operands, over row, column and K counts off its blocks, with bias, residual and activations
-// (those it applies in registers and those after); rounding to nearest even; and MatMul, Gemm
+// (those it applies in registers and those after); rounding to nearest even; MatMul, Gemm
 // and channels-last convolutions (strided, padded, dilated, pointwise) in an engine of bfloat16
 // products against the float32 kernels run on operands rounded beforehand, which must agree to
-// float32's summation rounding (the products of two bfloat16 values are exact in float32).
+// float32's summation rounding (the products of two bfloat16 values are exact in float32); and
+// Attention, whose probabilities are rounded inside, within bfloat16's rounding of float32's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -201,6 +202,68 @@ TEST(Bf16Products, ChannelsLastConvolutions) {
         expect_rounded_float32(node, {{"X", x}, {"W", w, true}, {"B", b, true}, {"Z", z}}, {0, 1});
         cpu::bf16_gemm_reset_isa();
       }
+}
+
+// Attention's two products per head in bfloat16: within bfloat16's rounding of the float32
+// kernel, for 4-D and 3-D (heads in the last axis) inputs, an additive mask with masked keys,
+// causal rows, key counts off the 32-column panels and head sizes off AMX's 32 steps of K.
+TEST(Bf16Products, AttentionWithinBfloat16RoundingOfFloat32) {
+  if (cpu::bf16_gemm_best_isa() == cpu::Bf16GemmIsa::kNone) GTEST_SKIP() << "no bfloat16 products on this CPU";
+  uint32_t seed = 900;
+  for (bool three_d : {false, true})
+    for (bool causal : {false, true}) {
+      const int64_t B = 2, H = 3, S = 37, T = causal ? 37 : 45, D = 24, Dv = 40;
+      SCOPED_TRACE(std::string(three_d ? "3-D" : "4-D") + (causal ? " causal" : " masked"));
+      Tensor q = random_tensor(three_d ? std::vector<int64_t>{B, S, H * D} : std::vector<int64_t>{B, H, S, D}, seed++);
+      Tensor k = random_tensor(three_d ? std::vector<int64_t>{B, T, H * D} : std::vector<int64_t>{B, H, T, D}, seed++);
+      Tensor v = random_tensor(three_d ? std::vector<int64_t>{B, T, H * Dv} : std::vector<int64_t>{B, H, T, Dv}, seed++);
+      Tensor mask = random_tensor({S, T}, seed++);
+      for (int64_t i = 0; i < q.numel(); ++i) q.data<float>()[i] *= 3.f;  // a softmax far from uniform
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 1; j < T; j += 3) mask.data<float>()[i * T + j] = -INFINITY;
+      auto run = [&](bool bf16, std::string* tactic) {
+        ir::Graph g;
+        g.name = "attention";
+        g.opset = 23;
+        for (auto [name, t] : {std::pair<const char*, Tensor*>{"Q", &q}, {"K", &k}, {"V", &v}, {"M", &mask}}) {
+          ir::Value value;
+          value.name = name;
+          value.type.dtype = DType::kFloat32;
+          value.type.shape = ir::dims_of(t->shape());
+          g.set_value(value);
+          g.inputs.push_back(name);
+        }
+        ir::Node node;
+        node.name = "attention0";
+        node.op = "Attention";
+        node.inputs = {"Q", "K", "V", "M"};
+        node.outputs = {"Y"};
+        if (causal) node.attrs.set("is_causal", int64_t{1});
+        if (three_d) {
+          node.attrs.set("q_num_heads", H);
+          node.attrs.set("kv_num_heads", H);
+        }
+        g.nodes.push_back(node);
+        g.outputs = {"Y"};
+        ir::infer_shapes(g);
+        cpu::CpuEngine engine(std::move(g), 0, false, bf16);
+        if (tactic) *tactic = engine.tactic(0);
+        return engine.run({{"Q", q}, {"K", k}, {"V", v}, {"M", mask}}).at("Y");
+      };
+      std::string tactic;
+      const Tensor got = run(true, &tactic), want = run(false, nullptr);
+      EXPECT_EQ(tactic, std::string("bf16 ") + cpu::bf16_gemm_isa_name(cpu::bf16_gemm_isa()));
+      ASSERT_EQ(got.shape(), want.shape());
+      double worst = 0, differ = 0;
+      for (int64_t i = 0; i < got.numel(); ++i) {
+        const double d = std::fabs(double{got.data<float>()[i]} - want.data<float>()[i]);
+        worst = std::max(worst, d);
+        differ += d > 0;
+      }
+      // Outputs are averages of values in [-1, 1]: bfloat16's operands move them by about 2^-8.
+      EXPECT_LT(worst, 0.015);
+      EXPECT_GT(differ, got.numel() / 2);
+    }
 }
 
 TEST(Bf16Products, DepthwiseConvolutionsStayFloat32) {
