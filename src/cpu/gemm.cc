@@ -62,19 +62,12 @@ class GemmKernel final : public Kernel {
     const int64_t K = trans_a_ ? a.dim(0) : a.dim(1);
     float* y = yt.data<float>();
     if (M == 0 || N == 0) return;
-    if (!bf16_.empty() && bf16_.cols() == N && bf16_.depth() == K) {
-      std::optional<std::vector<float>> bias = column_bias(c, N);
-      if (bias) {
-        bf16_rows_gemm(bf16_, M, a.data<float>(), K, y, N, bias->empty() ? nullptr : bias->data(), residual, N,
-                       &epilogue_, thread_count());
-        return;
-      }
-    }
-    if (!columns_.empty() && columns_.cols() == N && columns_.depth() == K) {
-      std::optional<std::vector<float>> bias = column_bias(c, N);
-      if (bias) {
-        rows_sgemm(columns_, M, a.data<float>(), K, y, N, bias->empty() ? nullptr : bias->data(), residual, N,
-                   &epilogue_, thread_count());
+    const bool packed_bf16 = !bf16_.empty() && bf16_.cols() == N && bf16_.depth() == K;
+    if (packed_bf16 || (!columns_.empty() && columns_.cols() == N && columns_.depth() == K)) {
+      if (std::optional<std::vector<float>> bias = column_bias(c, N)) {
+        const float* col_bias = bias->empty() ? nullptr : bias->data();
+        if (packed_bf16) bf16_rows_gemm(bf16_, M, a.data<float>(), K, y, N, col_bias, residual, N, &epilogue_, thread_count());
+        else rows_sgemm(columns_, M, a.data<float>(), K, y, N, col_bias, residual, N, &epilogue_, thread_count());
         return;
       }
     }

@@ -29,27 +29,9 @@ TEST(AttentionKernel, MatchesSoftmaxInDouble) {
       for (int64_t i = 0; i < q.numel(); ++i) q.data<float>()[i] *= 3.f;
       for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 1; j < T; j += 3) mask.data<float>()[i * T + j] = -std::numeric_limits<float>::infinity();
-      ir::Graph g;
-      g.name = "attention";
-      g.opset = 23;
-      for (auto [name, t] : {std::pair<const char*, Tensor*>{"Q", &q}, {"K", &k}, {"V", &v}, {"M", &mask}}) {
-        ir::Value value;
-        value.name = name;
-        value.type.dtype = DType::kFloat32;
-        value.type.shape = ir::dims_of(t->shape());
-        g.set_value(value);
-        g.inputs.push_back(name);
-      }
       ir::Node node;
-      node.name = "attention0";
-      node.op = "Attention";
-      node.inputs = {"Q", "K", "V", "M"};
-      node.outputs = {"Y"};
       if (causal) node.attrs.set("is_causal", int64_t{1});
-      g.nodes.push_back(node);
-      g.outputs = {"Y"};
-      ir::infer_shapes(g);
-      cpu::CpuEngine engine(std::move(g));
+      cpu::CpuEngine engine(testing::attention_graph({{"Q", &q}, {"K", &k}, {"V", &v}, {"M", &mask}}, node));
       const Tensor y = engine.run({{"Q", q}, {"K", k}, {"V", v}, {"M", mask}}).at("Y");
       ASSERT_EQ(y.shape(), (std::vector<int64_t>{B, H, S, Dv}));
       const double scale = 1.0 / std::sqrt(static_cast<double>(D));

@@ -222,31 +222,14 @@ TEST(Bf16Products, AttentionWithinBfloat16RoundingOfFloat32) {
       for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 1; j < T; j += 3) mask.data<float>()[i * T + j] = -INFINITY;
       auto run = [&](bool bf16, std::string* tactic) {
-        ir::Graph g;
-        g.name = "attention";
-        g.opset = 23;
-        for (auto [name, t] : {std::pair<const char*, Tensor*>{"Q", &q}, {"K", &k}, {"V", &v}, {"M", &mask}}) {
-          ir::Value value;
-          value.name = name;
-          value.type.dtype = DType::kFloat32;
-          value.type.shape = ir::dims_of(t->shape());
-          g.set_value(value);
-          g.inputs.push_back(name);
-        }
         ir::Node node;
-        node.name = "attention0";
-        node.op = "Attention";
-        node.inputs = {"Q", "K", "V", "M"};
-        node.outputs = {"Y"};
         if (causal) node.attrs.set("is_causal", int64_t{1});
         if (three_d) {
           node.attrs.set("q_num_heads", H);
           node.attrs.set("kv_num_heads", H);
         }
-        g.nodes.push_back(node);
-        g.outputs = {"Y"};
-        ir::infer_shapes(g);
-        cpu::CpuEngine engine(std::move(g), 0, false, bf16);
+        cpu::CpuEngine engine(testing::attention_graph({{"Q", &q}, {"K", &k}, {"V", &v}, {"M", &mask}}, node), 0, false,
+                              bf16);
         if (tactic) *tactic = engine.tactic(0);
         return engine.run({{"Q", q}, {"K", k}, {"V", v}, {"M", mask}}).at("Y");
       };

@@ -60,6 +60,31 @@ inline ir::Graph single_node_graph(ir::Node node, const std::vector<NodeInput>& 
   return g;
 }
 
+// A graph of one Attention node (opset 23) on runtime inputs of the given names, with their tensors'
+// types and shapes, in that order; output "Y".
+inline ir::Graph attention_graph(const std::vector<std::pair<std::string, const Tensor*>>& inputs, ir::Node node) {
+  ir::Graph g;
+  g.name = "attention";
+  g.opset = 23;
+  node.inputs.clear();
+  for (const auto& [name, t] : inputs) {
+    ir::Value value;
+    value.name = name;
+    value.type.dtype = t->dtype();
+    value.type.shape = ir::dims_of(t->shape());
+    g.set_value(value);
+    g.inputs.push_back(name);
+    node.inputs.push_back(name);
+  }
+  node.name = "attention0";
+  node.op = "Attention";
+  node.outputs = {"Y"};
+  g.nodes.push_back(node);
+  g.outputs = {"Y"};
+  ir::infer_shapes(g);
+  return g;
+}
+
 inline Tensor run_single_node(const ir::Node& node, const std::vector<NodeInput>& inputs) {
   cpu::CpuEngine engine(single_node_graph(node, inputs));
   std::map<std::string, Tensor> feed;
