@@ -239,11 +239,13 @@ void bf16_rows_gemm(const Bf16PackedColumns& w, int64_t rows, const Bf16RowSourc
   parallel_for_each(runs * groups, threads > 1, [&](int64_t task) {
     const int64_t run = task / groups, g = task % groups;
     const int64_t first = run * run_blocks, last = std::min(row_blocks, (run + 1) * run_blocks);
+    // Block blk of the run at xr + (blk - base) * block_values.
     const uint16_t* xr = xs;
+    const int64_t base = shared ? 0 : first;
     if (!shared) {
       uint16_t* own = reserve(thread_rows(1), (last - first) * block_values);
       for (int64_t blk = first; blk < last; ++blk) round_block(blk, own + (blk - first) * block_values);
-      xr = own - first * block_values;
+      xr = own;
     }
     AmxTileScope tiles(amx);
     alignas(64) float c[kBf16GemmRows * kBf16GemmCols];
@@ -251,8 +253,9 @@ void bf16_rows_gemm(const Bf16PackedColumns& w, int64_t rows, const Bf16RowSourc
       const int64_t c0 = q * kBf16GemmCols, cols = std::min<int64_t>(kBf16GemmCols, N - c0);
       for (int64_t blk = first; blk < last; ++blk) {
         const int64_t r0 = blk * kBf16GemmRows, height = std::min<int64_t>(kBf16GemmRows, rows - r0);
-        if (amx) block_amx(xr + blk * block_values, Kp, Kp, w.panel(q), c);
-        else block_avx512(xr + blk * block_values, Kp, Kp, w.panel(q), height, c);
+        const uint16_t* xb = xr + (blk - base) * block_values;
+        if (amx) block_amx(xb, Kp, Kp, w.panel(q), c);
+        else block_avx512(xb, Kp, Kp, w.panel(q), height, c);
         float* yb = y + r0 * ldy + c0;
         store_block(c, height, cols, col_bias ? col_bias + c0 : nullptr,
                     residual ? residual + r0 * ld_residual + c0 : nullptr, ld_residual, clamp, lo, hi, yb, ldy);
