@@ -14,7 +14,7 @@ inputs standard normal, integer inputs in [0, 10), booleans random); dynamic dim
 Per output: the largest absolute and relative difference, the cosine similarity, for [N, C]
 scores the top-1 agreement, and how many elements miss |kiln - ref| <= atol + rtol * |ref| (the
 criterion, as numpy.allclose). The defaults follow the precision: 1e-4 for float32, 1e-2 for
-tf32/fp16/best, 0.1 for int8/fp8. Exit status 0 when every output meets it, 1 when one does not
+tf32/fp16/best, 5e-2 for bf16 (the CPU's bfloat16 products), 0.1 for int8/fp8. Exit status 0 when every output meets it, 1 when one does not
 (after bisecting, unless --no-bisect: both engines run again with every intermediate value as an
 output, compared in the model's order; the first that misses the criterion is named, with the
 node that computes it); a usage error is `kiln: error: ...` and exit status 1 too.
@@ -39,7 +39,7 @@ _VALUE_FLAGS = {"--device", "--shapes", "--dim", "--batch", "--calib", "--calib-
                 "--timing-cache", "--max-memory"}
 
 
-_SWITCHES = {"--fp16", "--fp32", "--tf32", "--best", "--int8", "--int8-all", "--fp8", "--fp8-all", "--allow-cpu-fallback",
+_SWITCHES = {"--fp16", "--fp32", "--tf32", "--best", "--bf16", "--int8", "--int8-all", "--fp8", "--fp8-all", "--allow-cpu-fallback",
              "--strict", "--no-optimize", "-v", "--verbose"}
 
 
@@ -62,6 +62,8 @@ def default_tolerance(engine_flags: list[str]) -> float:
         return 0.1
     if any(f in engine_flags for f in ("--fp16", "--tf32", "--best")):
         return 1e-2
+    if "--bf16" in engine_flags:  # operands with 8 significant bits (float16 has 11)
+        return 5e-2
     return 1e-4
 
 

@@ -25,6 +25,21 @@ def test_float_engine_passes_against_onnxruntime(run_kiln, tmp_path):
     assert logits["top1_agreement"] == 1.0
 
 
+def test_bf16_engine_passes_at_its_own_tolerance(run_kiln, tmp_path):
+    """The CPU engine of bfloat16 products against ONNX Runtime's float32: within bfloat16's default
+    tolerance (5e-2), outside float32's, which an explicit --atol/--rtol brings back."""
+    report = tmp_path / "report.json"
+    r = run_kiln("check", FASHION, "--bf16", "--batch", "4", "--random", "2", "--json", report)
+    assert r.returncode == 0, r.describe()
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["atol"] == 5e-2
+    assert data["sets"][0]["outputs"]["logits"]["cosine"] > 0.999
+    with open("/proc/cpuinfo") as f:
+        if "avx512_bf16" in f.read().split():  # the products are bfloat16 here, not float32
+            r = run_kiln("check", FASHION, "--bf16", "--batch", "4", "--atol", "1e-6", "--rtol", "1e-6", "--no-bisect")
+            assert r.returncode == 1 and "FAILED" in r.stdout, r.describe()
+
+
 def test_given_inputs_and_the_cpu_reference(run_kiln, tmp_path):
     x = np.random.default_rng(3).standard_normal((2, 1, 28, 28)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
