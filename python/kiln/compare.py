@@ -5,7 +5,8 @@
     kiln report out/results.json -o out/report
 
 PyTorch: eager fp32, eager fp16 (GPU), torch.compile(mode="reduce-overhead") (fp16 on a GPU,
-fp32 on the CPU). kiln: fp32, fp16 (GPU), int8 and fp8 engines through the `kiln` command line
+fp32 on the CPU). kiln: fp32, fp16 (GPU), bf16 (CPU: bfloat16 products), int8 and fp8 engines
+through the `kiln` command line
 (`kiln bench` times them, `kiln run` gives their outputs, `kiln build` their engine files).
 The model is a torchvision name, a transformer by name (bert_base, bert_large, roberta_base,
 distilbert_base, gpt2, hf:TYPE[:KEY=VALUE,...]; text models take --seq-len tokens) or
@@ -37,7 +38,7 @@ import numpy as np
 
 SCHEMA = "kiln.compare/1"
 TORCH_VARIANTS = ("eager-fp32", "eager-fp16", "compile")
-KILN_VARIANTS = ("fp32", "fp16", "int8", "fp8")
+KILN_VARIANTS = ("fp32", "fp16", "int8", "fp8", "bf16")
 DEFAULT_KILN_VARIANTS = ("fp32", "fp16", "int8")
 
 
@@ -217,6 +218,10 @@ class Comparison:
         for variant in a.kiln:
             if variant == "fp16" and a.device == "cpu":
                 self.add_error("kiln", variant, variant, a.batches, "the CPU engine computes in float32 (fp16 is for GPUs)")
+                continue
+            if variant == "bf16" and a.device == "cuda":
+                self.add_error("kiln", variant, variant, a.batches,
+                               "bf16 is the CPU engine's bfloat16 products (GPU engines take fp16)")
                 continue
             try:
                 log(f"kiln {variant}: kiln bench over batches {','.join(map(str, a.batches))}")

@@ -333,15 +333,16 @@ def test_kiln_export_command_with_simplify(kiln_bin, tmp_path):
 def test_compare_on_the_cpu_writes_the_documented_schema(kiln_bin, tmp_path):
     out = tmp_path / "results.json"
     p = subprocess.run([kiln_bin, "compare", "resnet18", "--device", "cpu", "--size", "32", "--batches", "1,2",
-                        "--runs", "3", "--warmup", "1", "--calib-images", "8", "--work", str(tmp_path / "work"),
-                        "-o", str(out)], capture_output=True, text=True, timeout=1200)
+                        "--runs", "3", "--warmup", "1", "--calib-images", "8", "--kiln", "fp32,fp16,int8,bf16",
+                        "--work", str(tmp_path / "work"), "-o", str(out)], capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "pytorch eager-fp32: batch 2 (2/2)" in p.stdout  # progress
     r = json.loads(out.read_text())
     assert r["schema"] == "kiln.compare/1"
     assert r["device"]["kind"] == "cpu" and r["model"]["input_shape"] == [-1, 3, 32, 32]
     measured = {(e["runtime"], e["variant"], e["batch"]) for e in r["results"] if "latency_ms" in e}
-    for runtime, variant in (("pytorch", "eager-fp32"), ("pytorch", "compile"), ("kiln", "fp32"), ("kiln", "int8")):
+    for runtime, variant in (("pytorch", "eager-fp32"), ("pytorch", "compile"), ("kiln", "fp32"), ("kiln", "int8"),
+                             ("kiln", "bf16")):
         for b in (1, 2):
             assert (runtime, variant, b) in measured, (runtime, variant, b, r["results"])
     for e in r["results"]:
@@ -353,6 +354,7 @@ def test_compare_on_the_cpu_writes_the_documented_schema(kiln_bin, tmp_path):
     acc = {(e["runtime"], e["variant"]): e for e in r["accuracy"]["entries"]}
     assert acc[("kiln", "fp32")]["max_abs_diff"] < 1e-3 and acc[("kiln", "fp32")]["top1_agreement"] == 1.0
     assert acc[("kiln", "int8")]["cosine"] > 0.9
+    assert acc[("kiln", "bf16")]["cosine"] > 0.98
 
 
 def test_compare_takes_a_transformer_by_name(kiln_bin, tmp_path):
