@@ -250,47 +250,41 @@ TEST(Bf16Products, AttentionWithinBfloat16RoundingOfFloat32) {
     }
 }
 
-// An engine of bfloat16 products on a CPU without them (forced here) computes in float32: the
-// float32 engine's bits, and no layer says bf16.
-TEST(Bf16Products, Float32WhereTheCpuHasNoBfloat16Products) {
-  cpu::bf16_gemm_force_isa(cpu::Bf16GemmIsa::kNone);
-  ir::Node matmul;
-  matmul.op = "MatMul";
+// A channels-last 3x3 convolution of stride 1, padded by 1, in `group` groups.
+ir::Node channels_last_3x3(int64_t group) {
   ir::Node conv;
   conv.op = "ChannelsLastConv";
   conv.domain = "kiln";
   conv.attrs.set("strides", std::vector<int64_t>{1, 1});
   conv.attrs.set("pads", std::vector<int64_t>{1, 1, 1, 1});
-  conv.attrs.set("group", int64_t{1});
-  const std::vector<std::pair<ir::Node, std::vector<NodeInput>>> nodes = {
-      {matmul, {{"A", random_tensor({9, 40}, 1)}, {"B", random_tensor({40, 33}, 2), true}}},
-      {conv, {{"X", random_tensor({1, 6, 7, 16}, 3)}, {"W", random_tensor({24, 16, 3, 3}, 4), true}}}};
-  for (const auto& [node, inputs] : nodes) {
-    SCOPED_TRACE(node.op);
-    std::string tactic;
-    const Tensor got = run_node(node, inputs, true, &tactic), want = run_node(node, inputs, false);
-    EXPECT_EQ(tactic, "");
-    ASSERT_EQ(got.numel(), want.numel());
-    EXPECT_EQ(std::memcmp(got.raw(), want.raw(), static_cast<size_t>(got.nbytes())), 0);
-  }
+  conv.attrs.set("group", group);
+  return conv;
+}
+
+// The node in an engine of bfloat16 products computes the float32 engine's bits, and says so.
+void expect_float32_bits(const ir::Node& node, const std::vector<NodeInput>& inputs) {
+  std::string tactic;
+  const Tensor got = run_node(node, inputs, true, &tactic), want = run_node(node, inputs, false);
+  EXPECT_EQ(tactic, "");
+  ASSERT_EQ(got.numel(), want.numel());
+  EXPECT_EQ(std::memcmp(got.raw(), want.raw(), static_cast<size_t>(got.nbytes())), 0);
+}
+
+// An engine of bfloat16 products on a CPU without them (forced here) computes in float32.
+TEST(Bf16Products, Float32WhereTheCpuHasNoBfloat16Products) {
+  cpu::bf16_gemm_force_isa(cpu::Bf16GemmIsa::kNone);
+  ir::Node matmul;
+  matmul.op = "MatMul";
+  expect_float32_bits(matmul, {{"A", random_tensor({9, 40}, 1)}, {"B", random_tensor({40, 33}, 2), true}});
+  expect_float32_bits(channels_last_3x3(1),
+                      {{"X", random_tensor({1, 6, 7, 16}, 3)}, {"W", random_tensor({24, 16, 3, 3}, 4), true}});
   cpu::bf16_gemm_reset_isa();
 }
 
 TEST(Bf16Products, DepthwiseConvolutionsStayFloat32) {
   if (cpu::bf16_gemm_best_isa() == cpu::Bf16GemmIsa::kNone) GTEST_SKIP() << "no bfloat16 products on this CPU";
-  ir::Node node;
-  node.op = "ChannelsLastConv";
-  node.domain = "kiln";
-  node.attrs.set("strides", std::vector<int64_t>{1, 1});
-  node.attrs.set("pads", std::vector<int64_t>{1, 1, 1, 1});
-  node.attrs.set("group", int64_t{24});
-  const std::vector<NodeInput> in = {{"X", random_tensor({1, 6, 7, 24}, 1)}, {"W", random_tensor({24, 1, 3, 3}, 2), true}};
-  std::string tactic;
-  const Tensor got = run_node(node, in, true, &tactic);
-  EXPECT_EQ(tactic, "");
-  const Tensor want = run_node(node, in, false);
-  ASSERT_EQ(got.numel(), want.numel());
-  EXPECT_EQ(std::memcmp(got.raw(), want.raw(), static_cast<size_t>(got.nbytes())), 0);
+  expect_float32_bits(channels_last_3x3(24),
+                      {{"X", random_tensor({1, 6, 7, 24}, 1)}, {"W", random_tensor({24, 1, 3, 3}, 2), true}});
 }
 
 }  // namespace
