@@ -299,9 +299,9 @@ void weighted_sums(const float* p, int64_t rows, int64_t T, const HeadView& V, i
 class AttentionKernel : public Kernel {
  public:
   explicit AttentionKernel(const ir::Node& node, bool bfloat16_products = false)
-      : node_(node), bf16_(bfloat16_products && bf16_gemm_isa() != Bf16GemmIsa::kNone) {}
+      : node_(node), bf16_isa_(bf16_products_isa(bfloat16_products)), bf16_(bf16_isa_ != Bf16GemmIsa::kNone) {}
 
-  std::string tactic() const override { return bf16_ ? std::string("bf16 ") + bf16_gemm_isa_name(bf16_gemm_isa()) : ""; }
+  std::string tactic() const override { return bf16_tactic(bf16_isa_); }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
     auto input = [&](size_t i) -> const Tensor* { return i < in.size() ? in[i] : nullptr; };
@@ -388,7 +388,7 @@ class AttentionKernel : public Kernel {
         logits_all.resize(static_cast<size_t>(s.q_seq * T));
         probs_all.resize(static_cast<size_t>(s.q_seq * T));
         scales_all.resize(static_cast<size_t>(s.q_seq));
-        packed.pack(bf16_gemm_isa(), kt, D, T, T);
+        packed.pack(bf16_isa_, kt, D, T, T);
         std::vector<float> scaled(static_cast<size_t>(D));
         const Bf16RowSource queries = [&](int64_t first, int64_t count, uint16_t* dst) {
           for (int64_t i = first; i < first + count; ++i, dst += packed.depth_padded()) {
@@ -461,7 +461,7 @@ class AttentionKernel : public Kernel {
         // V [T x Dv] of this head as the weights: rows of a 3-D V lie heads * Dv apart.
         const float* v0 = V.at(b, kv, 0);
         const int64_t ldv = V.three_d ? V.heads * Dv : Dv;
-        packed.pack(bf16_gemm_isa(), v0, T, Dv, ldv);
+        packed.pack(bf16_isa_, v0, T, Dv, ldv);
         y_all.resize(static_cast<size_t>(s.q_seq * Dv));
         bf16_rows_gemm(packed, s.q_seq, probs_all.data(), T, y_all.data(), Dv, nullptr, nullptr, 0, nullptr, 1);
         for (int64_t i = 0; i < s.q_seq; ++i) store_row(y, s, b, h, i, y_all.data() + i * Dv, scales_all[static_cast<size_t>(i)]);
@@ -500,7 +500,8 @@ class AttentionKernel : public Kernel {
   }
 
   const ir::Node& node_;
-  bool bf16_;  // the two products on bf16_rows_gemm
+  Bf16GemmIsa bf16_isa_;  // the two products on bf16_rows_gemm on this kernel, unless kNone
+  bool bf16_;
 };
 
 float load(const Tensor& t, int64_t index) {

@@ -157,6 +157,10 @@ const char* bf16_gemm_isa_name(Bf16GemmIsa isa) {
   return "none";
 }
 
+std::string bf16_tactic(Bf16GemmIsa isa) {
+  return isa == Bf16GemmIsa::kNone ? "" : std::string("bf16 ") + bf16_gemm_isa_name(isa);
+}
+
 Bf16GemmIsa bf16_gemm_best_isa() {
   static const Bf16GemmIsa best = [] {
     __builtin_cpu_init();

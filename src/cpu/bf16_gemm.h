@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "cpu/aligned_vector.h"
 
@@ -40,6 +41,11 @@ Bf16GemmIsa bf16_gemm_isa();
 // Test hook: use `isa` (or the best the CPU has, if that is lower) from now on.
 void bf16_gemm_force_isa(Bf16GemmIsa isa);
 void bf16_gemm_reset_isa();
+// What a kernel of an engine that asks for bfloat16 products (KernelInit::bfloat16_products)
+// packs for: bf16_gemm_isa(), or kNone (float32) where the engine does not ask or the CPU lacks them.
+inline Bf16GemmIsa bf16_products_isa(bool requested) { return requested ? bf16_gemm_isa() : Bf16GemmIsa::kNone; }
+// Kernel::tactic of a layer on `isa`: "bf16 amx-bf16", "bf16 avx512-bf16", or "" for kNone.
+std::string bf16_tactic(Bf16GemmIsa isa);
 
 constexpr int kBf16GemmCols = 32;    // columns of W per panel
 constexpr int kBf16GemmRows = 32;    // rows of Y per block

@@ -739,15 +739,15 @@ class ChannelsLastConvKernel final : public Kernel {
       packed_.pack(kxm.data(), k, m, m);
       return;
     }
-    if (!depthwise_ && init.bfloat16_products && bf16_gemm_isa() != Bf16GemmIsa::kNone &&
-        init.node.attrs.get_int("group", 1) == 1) {
+    const Bf16GemmIsa bf16_isa = bf16_products_isa(init.bfloat16_products);
+    if (!depthwise_ && bf16_isa != Bf16GemmIsa::kNone && init.node.attrs.get_int("group", 1) == 1) {
       // [M, C, kH, kW] -> K x M with K = (ky, kx, c), the order a row's taps are gathered in.
       const int64_t k = cg * taps;
       std::vector<float> kxm(static_cast<size_t>(k * m));
       for (int64_t o = 0; o < m; ++o)
         for (int64_t ci = 0; ci < cg; ++ci)
           for (int64_t t = 0; t < taps; ++t) kxm[static_cast<size_t>((t * cg + ci) * m + o)] = src[(o * cg + ci) * taps + t];
-      bf16_.pack(bf16_gemm_isa(), kxm.data(), k, m, m);
+      bf16_.pack(bf16_isa, kxm.data(), k, m, m);
       return;
     }
     if (depthwise_) {
@@ -818,7 +818,7 @@ class ChannelsLastConvKernel final : public Kernel {
   }
 
  std::string tactic() const override {
-    return bf16_.empty() ? "" : std::string("bf16 ") + bf16_gemm_isa_name(bf16_.isa());
+    return bf16_tactic(bf16_.isa());
   }
 
  private:

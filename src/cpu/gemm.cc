@@ -33,7 +33,8 @@ class GemmKernel final : public Kernel {
         epilogue_(fused ? ir::Activation::from_node(init.node) : ir::Activation{}) {
     use_single_threaded_blas();
     const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
-    const bool bf16 = init.bfloat16_products && bf16_gemm_isa() != Bf16GemmIsa::kNone;
+    const Bf16GemmIsa bf16_isa = bf16_products_isa(init.bfloat16_products);
+    const bool bf16 = bf16_isa != Bf16GemmIsa::kNone;
     if (w && w->dtype() == DType::kFloat32 && w->rank() == 2 && w->numel() > 0 && !trans_a_ && alpha_ == 1.f &&
         (bf16 || sgemm_isa() == SgemmIsa::kAvx512)) {
       const int64_t K = trans_b_ ? w->dim(1) : w->dim(0), N = trans_b_ ? w->dim(0) : w->dim(1);
@@ -43,13 +44,13 @@ class GemmKernel final : public Kernel {
         transpose_floats(w->data<float>(), N, K, wt.data());
       }
       const float* op_b = trans_b_ ? wt.data() : w->data<float>();
-      if (bf16) bf16_.pack(bf16_gemm_isa(), op_b, K, N, N);
+      if (bf16) bf16_.pack(bf16_isa, op_b, K, N, N);
       else columns_.pack(op_b, K, N, N);
     }
   }
 
   std::string tactic() const override {
-    return bf16_.empty() ? "" : std::string("bf16 ") + bf16_gemm_isa_name(bf16_.isa());
+    return bf16_tactic(bf16_.isa());
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {

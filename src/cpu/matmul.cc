@@ -34,8 +34,8 @@ class MatMulKernel final : public Kernel {
     const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
     if (w && w->dtype() == DType::kFloat32 && w->rank() == 2 && w->numel() > 0) {
       const int64_t K = w->dim(0), N = w->dim(1);
-      if (init.bfloat16_products && bf16_gemm_isa() != Bf16GemmIsa::kNone) {
-        bf16_.pack(bf16_gemm_isa(), w->data<float>(), K, N, N);
+      if (const Bf16GemmIsa isa = bf16_products_isa(init.bfloat16_products); isa != Bf16GemmIsa::kNone) {
+        bf16_.pack(isa, w->data<float>(), K, N, N);
         return;
       }
       if (sgemm_isa() == SgemmIsa::kAvx512) {
@@ -50,7 +50,7 @@ class MatMulKernel final : public Kernel {
   }
 
   std::string tactic() const override {
-    return bf16_.empty() ? "" : std::string("bf16 ") + bf16_gemm_isa_name(bf16_.isa());
+    return bf16_tactic(bf16_.isa());
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
