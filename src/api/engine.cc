@@ -94,6 +94,12 @@ Engine Engine::load(const std::string& engine_path, const LoadOptions& load_opti
       throw Error(ErrorKind::kInvalidModel, "the GPU engine file has no optimization profile").file(engine_path);
     ir::Graph graph = onnx_import::import_engine_graph(c.graph, c.weights, engine_path);
     std::string().swap(c.weights);  // the graph's tensors hold the weights now
+    if (options.device == Device::kCuda)
+      for (const auto& [name, v] : graph.values())
+        if (v.packed)
+          throw Error(ErrorKind::kInvalidModel, "the GPU engine file's constant '" + name + "' is packed in layout " +
+                                                    v.packed->layout + ", which only CPU engines hold")
+              .file(engine_path);
     // The graph's inputs are the ones the profiles name, with their declared ranks.
     for (const OptimizationProfile& p : h.profiles) {
       if (p.size() != graph.inputs.size())

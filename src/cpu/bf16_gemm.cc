@@ -191,14 +191,33 @@ void Bf16PackedColumns::pack(Bf16GemmIsa isa, const float* w, int64_t k, int64_t
   isa_ = isa;
   k_ = k;
   n_ = n;
-  k_padded_ = (k + kBf16GemmKStep - 1) / kBf16GemmKStep * kBf16GemmKStep;
-  buf_.assign(static_cast<size_t>(panel_count() * k_padded_ * kBf16GemmCols), 0);
+  k_padded_ = padded_depth(k);
+  // Attention packs per call into the same object: its buffer is reused where nothing else holds it.
+  const int64_t values = std::max<int64_t>(1, panel_count() * k_padded_ * kBf16GemmCols);
+  if (!buf_.defined() || buf_.numel() < values || buf_.storage().use_count() > 1)
+    buf_ = Tensor::uninitialized(DType::kUInt16, {values});
+  uint16_t* out = buf_.data<uint16_t>();
+  data_ = out;
+  std::memset(out, 0, static_cast<size_t>(values) * sizeof(uint16_t));
   for (int64_t q = 0; q < panel_count(); ++q) {
-    uint16_t* panel = buf_.data() + q * k_padded_ * kBf16GemmCols;
+    uint16_t* panel = out + q * k_padded_ * kBf16GemmCols;
     const int64_t c0 = q * kBf16GemmCols, cols = std::min<int64_t>(kBf16GemmCols, n - c0);
     for (int64_t i = 0; i < k; i += 2)
       pack_pair(w + i * ldw + c0, i + 1 < k ? w + (i + 1) * ldw + c0 : nullptr, cols, panel + i * kBf16GemmCols);
   }
+}
+
+void Bf16PackedColumns::adopt(Bf16GemmIsa isa, Tensor panels, int64_t k, int64_t n) {
+  if (k < 0 || n < 0 || static_cast<int64_t>(panels.nbytes()) < bytes_for(k, n))
+    throw Error(ErrorKind::kInvalidArgument, "bfloat16 panels of " + std::to_string(panels.nbytes()) + " bytes for a " +
+                                                 std::to_string(k) + " x " + std::to_string(n) + " matrix, which needs " +
+                                                 std::to_string(bytes_for(k, n)));
+  isa_ = isa;
+  k_ = k;
+  n_ = n;
+  k_padded_ = padded_depth(k);
+  buf_ = std::move(panels);
+  data_ = static_cast<const uint16_t*>(buf_.raw());
 }
 
 void bf16_round_floats(const float* src, int64_t n, uint16_t* dst) { round_avx512(src, n, dst); }

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "cpu/aligned_vector.h"
+#include "kiln/tensor.h"
 
 namespace kiln::cpu {
 
@@ -52,23 +53,34 @@ constexpr int kBf16GemmRows = 32;    // rows of Y per block
 constexpr int kBf16GemmKStep = 32;   // K is padded to a multiple of this (one AMX A tile's width)
 
 // W [K x N] (row-major, leading dimension ldw) rounded to bfloat16 (as bf16_round_floats), in
-// the panels above.
+// the panels above: [panel][K padded / 2][32 columns][2]. The panels live in a Tensor, as
+// PackedColumns' do (an engine file stores them as they are).
 class Bf16PackedColumns {
  public:
   // Packs for `isa` (not kNone).
   void pack(Bf16GemmIsa isa, const float* w, int64_t k, int64_t n, int64_t ldw);
+  // Takes panels packed before, for `isa`: `panels` holds bytes_for(k, n) bytes, kept alive here.
+  void adopt(Bf16GemmIsa isa, Tensor panels, int64_t k, int64_t n);
+  static int64_t padded_depth(int64_t k) { return (k + kBf16GemmKStep - 1) / kBf16GemmKStep * kBf16GemmKStep; }
+  // Bytes of the panels of a K x N matrix.
+  static int64_t bytes_for(int64_t k, int64_t n) {
+    return (n + kBf16GemmCols - 1) / kBf16GemmCols * padded_depth(k) * kBf16GemmCols * int64_t{sizeof(uint16_t)};
+  }
   bool empty() const { return n_ == 0; }
   Bf16GemmIsa isa() const { return isa_; }
   int64_t depth() const { return k_; }
   int64_t depth_padded() const { return k_padded_; }
   int64_t cols() const { return n_; }
   int64_t panel_count() const { return (n_ + kBf16GemmCols - 1) / kBf16GemmCols; }
-  const uint16_t* panel(int64_t q) const { return buf_.data() + q * k_padded_ * kBf16GemmCols; }
+  const uint16_t* panel(int64_t q) const { return data_ + q * k_padded_ * kBf16GemmCols; }
+  // The panels (bytes_for(depth(), cols()) bytes at the start of the tensor's storage).
+  const Tensor& storage() const { return buf_; }
 
  private:
   Bf16GemmIsa isa_ = Bf16GemmIsa::kNone;
   int64_t k_ = 0, k_padded_ = 0, n_ = 0;
-  AlignedVector<uint16_t> buf_;  // [panel][k_padded / 2][32][2]
+  Tensor buf_;
+  const uint16_t* data_ = nullptr;
 };
 
 // dst[0, n) = src[0, n) rounded to bfloat16 (to nearest even, as vcvtneps2bf16: denormals to

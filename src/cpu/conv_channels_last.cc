@@ -28,6 +28,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "cpu/aligned_vector.h"
@@ -36,6 +37,7 @@
 #include "cpu/conv_winograd.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/packed_weights.h"
 #include "cpu/parallel.h"
 #include "cpu/sgemm.h"
 #include "ops/conv_geometry.h"
@@ -631,12 +633,8 @@ DirectProduct direct_product(const PackedColumns& packed, int64_t segments, int6
 
 // [M, C, kH, kW] -> K x M with K = (tap, c), then 32-column panels.
 void pack_direct(const float* src, const std::vector<int64_t>& w_shape, PackedColumns& packed) {
-  const int64_t m = w_shape[0], cg = w_shape[1], taps = w_shape[2] * w_shape[3], k = taps * cg;
-  std::vector<float> kxm(static_cast<size_t>(k * m));
-  for (int64_t o = 0; o < m; ++o)
-    for (int64_t ci = 0; ci < cg; ++ci)
-      for (int64_t t = 0; t < taps; ++t) kxm[static_cast<size_t>((t * cg + ci) * m + o)] = src[(o * cg + ci) * taps + t];
-  packed.pack(kxm.data(), k, m, m);
+  const int64_t m = w_shape[0], k = w_shape[1] * w_shape[2] * w_shape[3];
+  packed.pack(pack_matrix(PackView::kConvTaps, src, w_shape).data(), k, m, m);
 }
 
 // Panels [q0, q1) of the product over a run of tiles of tr pixels: rows holds each tile's
@@ -724,32 +722,39 @@ class ChannelsLastConvKernel final : public Kernel {
  public:
   explicit ChannelsLastConvKernel(const KernelInit& init)
       : node_(init.node), epilogue_(ir::Activation::from_node(init.node)) {
-    const Tensor& w = *init.constants[1];
-    w_shape_ = w.shape();
+    w_shape_ = init.constants[1]->shape();
     const int64_t m = w_shape_[0], cg = w_shape_[1], taps = w_shape_[2] * w_shape_[3];
     depthwise_ = is_depthwise(init.node.attrs.get_int("group", 1), w_shape_);
-    const float* src = w.data<float>();
     channels_first_ = init.node.attrs.get_int("input_channels_first", 0) != 0;
+    // A loaded engine's panels are taken as they are; otherwise (or packed for another path,
+    // another CPU) the filters' values.
+    const ir::PackedConstant* pack = init.packed_input(1);
+    Tensor values;
+    auto filters = [&]() -> const float* {
+      if (!values.defined()) values = constant_values(*init.constants[1], pack);
+      return values.data<float>();
+    };
     if (channels_first_) {
       // [M, K] with K = (c, ky, kx), OIHW's own order -> K x M, then 32-column panels.
-      const int64_t k = cg * taps;
-      std::vector<float> kxm(static_cast<size_t>(k * m));
-      for (int64_t o = 0; o < m; ++o)
-        for (int64_t r = 0; r < k; ++r) kxm[static_cast<size_t>(r * m + o)] = src[o * k + r];
-      packed_.pack(kxm.data(), k, m, m);
+      if (!(pack && adopt_packed(*pack, PackView::kTransposed, w_shape_, packed_)))
+        packed_.pack(pack_matrix(PackView::kTransposed, filters(), w_shape_).data(), cg * taps, m, m);
+      pack_view_ = PackView::kTransposed;
       return;
     }
     const Bf16GemmIsa bf16_isa = bf16_products_isa(init.bfloat16_products);
     if (!depthwise_ && bf16_isa != Bf16GemmIsa::kNone && init.node.attrs.get_int("group", 1) == 1) {
       // [M, C, kH, kW] -> K x M with K = (ky, kx, c), the order a row's taps are gathered in.
-      const int64_t k = cg * taps;
-      std::vector<float> kxm(static_cast<size_t>(k * m));
-      for (int64_t o = 0; o < m; ++o)
-        for (int64_t ci = 0; ci < cg; ++ci)
-          for (int64_t t = 0; t < taps; ++t) kxm[static_cast<size_t>((t * cg + ci) * m + o)] = src[(o * cg + ci) * taps + t];
-      bf16_.pack(bf16_isa, kxm.data(), k, m, m);
+      if (!(pack && adopt_packed(*pack, PackView::kConvTaps, w_shape_, bf16_isa, bf16_)))
+        bf16_.pack(bf16_isa, pack_matrix(PackView::kConvTaps, filters(), w_shape_).data(), cg * taps, m, m);
       return;
     }
+    const bool winograd = !depthwise_ && WinogradConv::applies(init.node, w_shape_, init.node.attrs.get_int("group", 1));
+    if (!depthwise_) zeros_.assign(static_cast<size_t>(std::max<int64_t>(w_shape_[3] * cg, 1)), 0.f);  // a kernel row's worth
+    if (!depthwise_ && !winograd && pack && adopt_packed(*pack, PackView::kConvTaps, w_shape_, packed_)) {
+      pack_view_ = PackView::kConvTaps;  // the direct product's panels, taken from the engine file
+      return;
+    }
+    const float* src = filters();
     if (depthwise_) {
       // [M, 1, kH, kW] -> [taps, M]: a tap's weights for consecutive channels side by side.
       weights_.resize(static_cast<size_t>(taps * m));
@@ -757,8 +762,7 @@ class ChannelsLastConvKernel final : public Kernel {
         for (int64_t t = 0; t < taps; ++t) weights_[static_cast<size_t>(t * m + ch)] = src[ch * taps + t];
       return;
     }
-    zeros_.assign(static_cast<size_t>(std::max<int64_t>(w_shape_[3] * cg, 1)), 0.f);  // a kernel row's worth
-    if (WinogradConv::applies(init.node, w_shape_, init.node.attrs.get_int("group", 1))) {
+    if (winograd) {
       // The transformed filters U_xi [C x M], in place of the direct kernel's packing (made only
       // if a run has too few tiles for Winograd).
       const std::vector<float> u = winograd_filters(src, m, cg);  // [16][M][C]
@@ -769,9 +773,12 @@ class ChannelsLastConvKernel final : public Kernel {
           for (int64_t ci = 0; ci < cg; ++ci) cxm[static_cast<size_t>(ci * m + o)] = u[static_cast<size_t>((xi * m + o) * cg + ci)];
         winograd_u_[static_cast<size_t>(xi)].pack(cxm.data(), cg, m, m);
       }
+      // Winograd's filters are not a pack the engine keeps (the direct product reads the values
+      // at shapes with too few tiles for Winograd), so they stay values.
       return;
     }
     pack_direct(src, w_shape_, packed_);
+    pack_view_ = PackView::kConvTaps;
   }
 
   // The residual Z, where every path reads each of its elements only when it writes Y's element
@@ -817,8 +824,14 @@ class ChannelsLastConvKernel final : public Kernel {
     dense(g, x, bias, z, y);
   }
 
- std::string tactic() const override {
+  std::string tactic() const override {
     return bf16_tactic(bf16_.isa());
+  }
+
+  std::vector<std::pair<size_t, ir::PackedConstant>> packed_constants() const override {
+    if (!bf16_.empty()) return {{1, packed_constant(bf16_, PackView::kConvTaps)}};
+    if (pack_view_) return {{1, packed_constant(packed_, *pack_view_)}};
+    return {};
   }
 
  private:
@@ -1170,6 +1183,7 @@ class ChannelsLastConvKernel final : public Kernel {
   bool channels_first_ = false;  // X [N, C, H, W] (attribute input_channels_first)
   AlignedVector<float> weights_;  // depthwise: [taps, M]
   PackedColumns packed_;        // one group: K x M in 32-column panels (made on first need after Winograd)
+  std::optional<PackView> pack_view_;  // how packed_ reads the filters, where they are only there
   std::vector<PackedColumns> winograd_u_;  // 3x3 stride 1: U_xi [C x M], the 16 transformed filters
   Bf16PackedColumns bf16_;  // one group, bfloat16 products: K x M in bfloat16 panels, in place of the others
   mutable AlignedFloats run_v_, run_s_;    // Winograd over all tiles: V and S, shared by the threads
@@ -1362,6 +1376,7 @@ KILN_REGISTER_CPU_KERNELS(channels_last_conv) {
   e.check = check_channels_last_conv;
   e.dtypes = "float32";
   e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<ChannelsLastConvKernel>(init); };
+  e.packed_inputs = {1};
   registry.add(std::move(e));
   KernelEntry separable;
   separable.op = "ChannelsLastSeparableConv";

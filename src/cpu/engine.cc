@@ -10,6 +10,7 @@
 #include <new>
 #include <set>
 
+#include "cpu/packed_weights.h"
 #include "cpu/widened_kernel.h"
 #include "ir/op_schema.h"
 #include "ir/sizes.h"
@@ -86,16 +87,22 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs, 
     return num_slots_++;
   };
   for (const std::string& in : graph_.inputs) slot_of(in);
+  std::map<std::string, int> constant_readers;  // node inputs reading each constant
+  for (const ir::Node& node : graph_.nodes)
+    for (const std::string& in : node.inputs)
+      if (const ir::Value* v = in.empty() ? nullptr : graph_.find_value(in); v && v->constant) ++constant_readers[in];
+  take_packed_constants(constant_readers);
 
   std::vector<std::string> problems;
   for (const ir::Node& node : graph_.nodes) {
     Step step;
     step.node = &node;
-    KernelInit init{node, {}, {}, {}, poison_outputs_, bfloat16_products_};
+    KernelInit init{node, {}, {}, {}, poison_outputs_, bfloat16_products_, {}};
     for (const std::string& in : node.inputs) {
       const ir::Value* v = in.empty() ? nullptr : graph_.find_value(in);
       init.input_types.push_back(v ? &v->type : nullptr);
       init.constants.push_back(v && v->constant ? &*v->constant : nullptr);
+      init.packed.push_back(v && v->packed ? v->packed.get() : nullptr);
       step.inputs.push_back(in.empty() ? -1 : slot_of(in));
     }
     for (const std::string& out : node.outputs) {
@@ -131,6 +138,8 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs, 
     throw Error(ErrorKind::kUnsupported, msg);
   }
 
+  keep_packed_constants(constant_readers);
+
   // A graph output may be an initializer no node reads (e.g. an imported Constant).
   for (const std::string& o : graph_.outputs) slot_of(o);
   constant_slots_.resize(static_cast<size_t>(num_slots_));
@@ -157,6 +166,68 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs, 
     if (std::count(step.inputs.begin(), step.inputs.end(), slot) == 1 &&
         std::find(step.release.begin(), step.release.end(), slot) != step.release.end())
       step.overwritable = in;
+  }
+}
+
+// The packs are handed only to a kernel that takes them and is the constant's one reader (an
+// engine file's packs were made that way; a forged file's that were not become values again).
+bool CpuEngine::packable(const std::string& name, const std::map<std::string, int>& constant_readers,
+                         size_t& node_index, size_t& input) const {
+  auto it = constant_readers.find(name);
+  if (it == constant_readers.end() || it->second != 1 || graph_.is_graph_output(name)) return false;
+  for (size_t n = 0; n < graph_.nodes.size(); ++n) {
+    const ir::Node& node = graph_.nodes[n];
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      if (node.inputs[i] != name) continue;
+      const KernelEntry* entry = KernelRegistry::instance().find(node.op, node.domain);
+      node_index = n;
+      input = i;
+      return entry && std::find(entry->packed_inputs.begin(), entry->packed_inputs.end(), i) != entry->packed_inputs.end();
+    }
+  }
+  return false;
+}
+
+void CpuEngine::take_packed_constants(const std::map<std::string, int>& constant_readers) {
+  std::vector<std::string> names;
+  for (const auto& [name, v] : graph_.values())
+    if (v.packed) names.push_back(name);
+  for (const std::string& name : names) {
+    ir::Value& v = graph_.value(name);
+    if (!v.constant)
+      throw Error(ErrorKind::kInvalidModel, "packed value '" + name + "' is not a constant");
+    check_packed_constant(name, *v.packed, v.constant->dtype(), v.constant->shape());
+    size_t node = 0, input = 0;
+    if (!packable(name, constant_readers, node, input)) {
+      v.constant = unpack_constant(*v.packed, v.constant->shape());
+      v.packed.reset();
+    }
+  }
+}
+
+void CpuEngine::keep_packed_constants(const std::map<std::string, int>& constant_readers) {
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const ir::Node& node = *steps_[s].node;
+    std::vector<std::pair<size_t, ir::PackedConstant>> packs = steps_[s].kernel->packed_constants();
+    // A pack the kernel was handed but does not hold (a path that reads the values at run): the
+    // values again.
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      ir::Value* v = node.inputs[i].empty() ? nullptr : graph_.find_value(node.inputs[i]);
+      if (v && v->packed && std::none_of(packs.begin(), packs.end(), [&](const auto& p) { return p.first == i; })) {
+        v->constant = unpack_constant(*v->packed, v->constant->shape());
+        v->packed.reset();
+      }
+    }
+    for (auto& [input, pack] : packs) {
+      if (input >= node.inputs.size()) continue;
+      ir::Value* v = graph_.find_value(node.inputs[input]);
+      size_t reader = 0, reader_input = 0;
+      if (!v || !v->constant || v->packed || !packable(v->name, constant_readers, reader, reader_input)) continue;
+      // Values of another dtype or shape than the pack's would be read wrong from the file.
+      check_packed_constant(v->name, pack, v->constant->dtype(), v->constant->shape());
+      v->packed = std::make_shared<const ir::PackedConstant>(std::move(pack));
+      v->constant = Tensor::over_storage(v->constant->dtype(), v->constant->shape(), nullptr);
+    }
   }
 }
 

@@ -16,6 +16,7 @@
 #include "cpu/bf16_gemm.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/packed_weights.h"
 #include "cpu/parallel.h"
 #include "cpu/sgemm.h"
 
@@ -38,19 +39,30 @@ class GemmKernel final : public Kernel {
     if (w && w->dtype() == DType::kFloat32 && w->rank() == 2 && w->numel() > 0 && !trans_a_ && alpha_ == 1.f &&
         (bf16 || sgemm_isa() == SgemmIsa::kAvx512)) {
       const int64_t K = trans_b_ ? w->dim(1) : w->dim(0), N = trans_b_ ? w->dim(0) : w->dim(1);
-      std::vector<float> wt;
-      if (trans_b_) {
-        wt.resize(static_cast<size_t>(K * N));  // op(B) = B^T, [K x N]
-        transpose_floats(w->data<float>(), N, K, wt.data());
+      view_ = trans_b_ ? PackView::kTransposed : PackView::kRows;
+      // A loaded engine's panels are taken as they are; otherwise (or packed for another CPU) B's values.
+      const ir::PackedConstant* pack = init.packed_input(1);
+      const bool taken = pack && (bf16 ? adopt_packed(*pack, view_, w->shape(), bf16_isa, bf16_)
+                                       : adopt_packed(*pack, view_, w->shape(), columns_));
+      if (!taken) {
+        const std::vector<float> op_b = pack_matrix(view_, constant_values(*w, pack).data<float>(), w->shape());
+        if (bf16) bf16_.pack(bf16_isa, op_b.data(), K, N, N);
+        else columns_.pack(op_b.data(), K, N, N);
       }
-      const float* op_b = trans_b_ ? wt.data() : w->data<float>();
-      if (bf16) bf16_.pack(bf16_isa, op_b, K, N, N);
-      else columns_.pack(op_b, K, N, N);
+      c_by_column_ = c_is_per_column(init, N);
     }
   }
 
   std::string tactic() const override {
     return bf16_tactic(bf16_.isa());
+  }
+
+  // B is read at run only where C varies along the rows (the general path).
+  std::vector<std::pair<size_t, ir::PackedConstant>> packed_constants() const override {
+    if (!c_by_column_) return {};
+    if (!bf16_.empty()) return {{1, packed_constant(bf16_, view_)}};
+    if (!columns_.empty()) return {{1, packed_constant(columns_, view_)}};
+    return {};
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
@@ -107,8 +119,19 @@ class GemmKernel final : public Kernel {
     return bias;
   }
 
+  // Whether C's declared type makes it absent or one value per column (column_bias never nullopt).
+  bool c_is_per_column(const KernelInit& init, int64_t n) const {
+    if (!init.has_input(2) || beta_ == 0.f) return true;
+    const ir::TensorType& c = *init.input_types[2];
+    if (!c.shape || c.rank() > 2 || !ir::all_known(*c.shape)) return false;
+    const int64_t cols = c.rank() == 0 ? 1 : c.shape->back().value;
+    return (cols == 1 || cols == n) && (c.rank() < 2 || (*c.shape)[0].value == 1);
+  }
+
   float alpha_, beta_;
   bool trans_a_, trans_b_;
+  PackView view_ = PackView::kRows;  // how op(B) is read from B
+  bool c_by_column_ = false;
   Epilogue epilogue_;
   PackedColumns columns_;  // op(B) in 32-column panels, when B is a constant matrix (AVX-512)
   Bf16PackedColumns bf16_;  // op(B) in bfloat16 panels, in place of columns_ (bfloat16 products)
@@ -126,6 +149,7 @@ KILN_REGISTER_CPU_KERNELS(gemm) {
     e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> {
       return std::make_unique<GemmKernel>(init, init.node.op == "FusedGemm");
     };
+    e.packed_inputs = {1};
     registry.add(std::move(e));
   }
 }

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -26,9 +27,14 @@ struct KernelInit {
   // Precision::kBf16: products by constant weights (and Attention's) in bfloat16 where the CPU
   // has them (cpu/bf16_gemm.h); kernels without a bfloat16 form ignore it.
   bool bfloat16_products = false;
+  // Per input, its values packed before (a loaded engine's, checked), or nullptr. Only inputs a
+  // kernel's entry lists in KernelEntry::packed_inputs come packed; constants[i] is then a tensor
+  // of the constant's dtype and shape without storage (cpu/packed_weights.h).
+  std::vector<const ir::PackedConstant*> packed;
 
   DType dtype(size_t i) const { return i < input_types.size() && input_types[i] ? input_types[i]->dtype : DType::kUndefined; }
   bool has_input(size_t i) const { return i < input_types.size() && input_types[i]; }
+  const ir::PackedConstant* packed_input(size_t i) const { return i < packed.size() ? packed[i] : nullptr; }
 };
 
 class Kernel {
@@ -45,6 +51,11 @@ class Kernel {
   // How it computes where that is not plain float32 (the bfloat16 products: "bf16 amx-bf16"), for
   // EngineInfo's layers; "" otherwise.
   virtual std::string tactic() const { return ""; }
+  // Constant inputs (of those its entry lists in packed_inputs) that it holds only as these packs
+  // and never reads at run: where it is a constant's only reader, the engine keeps the pack in
+  // place of the values (cpu/packed_weights.h). An input that came packed (KernelInit::packed) is
+  // never read at run either, whether the kernel took the pack or unpacked it.
+  virtual std::vector<std::pair<size_t, ir::PackedConstant>> packed_constants() const { return {}; }
 };
 
 // A kernel from a lambda, for kernels that keep no state.
@@ -62,6 +73,8 @@ struct KernelEntry {
   // it has run); the engine hands it undefined tensors, and its schema sees the inputs' types and
   // shapes but not their data.
   bool makes_outputs = false;
+  // Inputs whose packs (Kernel::packed_constants) a loaded engine hands this kernel as they are.
+  std::vector<size_t> packed_inputs;
 };
 
 using KernelRegistry = ir::Registry<KernelEntry>;

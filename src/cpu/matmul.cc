@@ -19,6 +19,7 @@
 #include "cpu/bf16_gemm.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/packed_weights.h"
 #include "cpu/parallel.h"
 #include "cpu/sgemm.h"
 
@@ -34,23 +35,35 @@ class MatMulKernel final : public Kernel {
     const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
     if (w && w->dtype() == DType::kFloat32 && w->rank() == 2 && w->numel() > 0) {
       const int64_t K = w->dim(0), N = w->dim(1);
+      // A loaded engine's panels are taken as they are; otherwise (or packed for another CPU) B's values.
+      const ir::PackedConstant* pack = init.packed_input(1);
       if (const Bf16GemmIsa isa = bf16_products_isa(init.bfloat16_products); isa != Bf16GemmIsa::kNone) {
-        bf16_.pack(isa, w->data<float>(), K, N, N);
+        if (!(pack && adopt_packed(*pack, PackView::kRows, w->shape(), isa, bf16_)))
+          bf16_.pack(isa, constant_values(*w, pack).data<float>(), K, N, N);
         return;
       }
       if (sgemm_isa() == SgemmIsa::kAvx512) {
-        columns_.pack(w->data<float>(), K, N, N);
+        if (!(pack && adopt_packed(*pack, PackView::kRows, w->shape(), columns_)))
+          columns_.pack(constant_values(*w, pack).data<float>(), K, N, N);
         return;
       }
       // B^T [N x K], then its panels.
       std::vector<float> wt(static_cast<size_t>(N * K));
-      transpose_floats(w->data<float>(), K, N, wt.data());
+      transpose_floats(constant_values(*w, pack).data<float>(), K, N, wt.data());
       packed_.pack(wt.data(), N, K, K);
     }
   }
 
   std::string tactic() const override {
     return bf16_tactic(bf16_.isa());
+  }
+
+  // Every path of a constant 2-D B runs on its panels. packed_ (CPUs without AVX-512) is not a
+  // layout engine files hold: B stays values there.
+  std::vector<std::pair<size_t, ir::PackedConstant>> packed_constants() const override {
+    if (!bf16_.empty()) return {{1, packed_constant(bf16_, PackView::kRows)}};
+    if (!columns_.empty()) return {{1, packed_constant(columns_, PackView::kRows)}};
+    return {};
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
@@ -180,6 +193,7 @@ KILN_REGISTER_CPU_KERNELS(matmul) {
     e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> {
       return std::make_unique<MatMulKernel>(init, init.node.op == "FusedMatMul");
     };
+    e.packed_inputs = {1};
     registry.add(std::move(e));
   }
 }

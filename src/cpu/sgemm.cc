@@ -821,7 +821,10 @@ void PackedColumns::pack(const float* w, int64_t k, int64_t n, int64_t ldw) {
   k_ = k;
   n_ = n;
   const int64_t panels = (n + 31) / 32;
-  float* d = buf_.reserve(std::max<int64_t>(1, panels * k * 32));
+  // A buffer of the exact size, so storage() is the panels and nothing more (packed once per layer).
+  buf_ = Tensor::uninitialized(DType::kFloat32, {std::max<int64_t>(1, panels * k * 32)});
+  float* d = buf_.data<float>();
+  data_ = d;
   for (int64_t q = 0; q < panels; ++q) {
     const int64_t width = std::min<int64_t>(32, n - q * 32);
     for (int64_t kk = 0; kk < k; ++kk, d += 32) {
@@ -829,6 +832,17 @@ void PackedColumns::pack(const float* w, int64_t k, int64_t n, int64_t ldw) {
       std::fill(d + width, d + 32, 0.f);
     }
   }
+}
+
+void PackedColumns::adopt(Tensor panels, int64_t k, int64_t n) {
+  if (k < 0 || n < 0 || static_cast<int64_t>(panels.nbytes()) < bytes_for(k, n))
+    throw Error(ErrorKind::kInvalidArgument, "packed panels of " + std::to_string(panels.nbytes()) + " bytes for a " +
+                                                 std::to_string(k) + " x " + std::to_string(n) + " matrix, which needs " +
+                                                 std::to_string(bytes_for(k, n)));
+  buf_ = std::move(panels);
+  data_ = static_cast<const float*>(buf_.raw());
+  k_ = k;
+  n_ = n;
 }
 
 void rows_sgemm(const PackedColumns& w, int64_t rows, const float* x, int64_t ldx, float* y, int64_t ldy,

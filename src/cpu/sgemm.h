@@ -27,6 +27,7 @@
 #include <memory>
 
 #include "cpu/gemm_util.h"
+#include "kiln/tensor.h"
 
 namespace kiln::cpu {
 
@@ -90,18 +91,27 @@ class PackedA {
 
 // W [K x N] (row-major, leading dimension ldw) in 32-column panels: panel q holds columns
 // [32q, 32q + 32) as K rows of 32 floats, columns past N zero. The vector side of rows_sgemm,
-// packed once for a layer's constant weights.
+// packed once for a layer's constant weights. The panels live in a Tensor, so an engine can
+// store them as they are and a loaded engine's kernel can take an engine file's panels without
+// a copy (cpu/packed_weights.h).
 class PackedColumns {
  public:
   void pack(const float* w, int64_t k, int64_t n, int64_t ldw);
+  // Takes panels packed before: `panels` holds bytes_for(k, n) bytes, kept alive here.
+  void adopt(Tensor panels, int64_t k, int64_t n);
+  // Bytes of the panels of a K x N matrix.
+  static int64_t bytes_for(int64_t k, int64_t n) { return (n + 31) / 32 * k * 32 * int64_t{sizeof(float)}; }
   bool empty() const { return n_ == 0; }
   int64_t depth() const { return k_; }
   int64_t cols() const { return n_; }
-  const float* panel(int64_t q) const { return buf_.data() + q * k_ * 32; }
+  const float* panel(int64_t q) const { return data_ + q * k_ * 32; }
+  // The panels (bytes_for(depth(), cols()) bytes at the start of the tensor's storage).
+  const Tensor& storage() const { return buf_; }
 
  private:
   int64_t k_ = 0, n_ = 0;
-  AlignedFloats buf_;
+  Tensor buf_;
+  const float* data_ = nullptr;
 };
 
 // Outputs up to this many columns can use the transposed product (PackedA::add_wide_panels).

@@ -22,7 +22,7 @@
 
 namespace kiln::engine_file {
 
-constexpr uint32_t kEngineFormatVersion = 2;
+constexpr uint32_t kEngineFormatVersion = 3;
 
 struct Contents {
   nlohmann::json header;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -59,11 +60,22 @@ struct TensorType {
   std::string str() const;
 };
 
+// A constant's values in a backend's own layout (the CPU engine's packed weights), opaque to the
+// IR: `layout` names the layout to the backend that made it, `data` holds its bytes.
+struct PackedConstant {
+  std::string layout;
+  Tensor data;
+};
+
 struct Value {
   std::string name;
   TensorType type;
   // Set for initializers and folded constants.
   std::optional<Tensor> constant;
+  // Set where a backend holds the constant only in its own layout: `constant` is then a tensor of
+  // the constant's dtype and shape without storage (Tensor::raw() is null), and whatever reads its
+  // values asks that backend (cpu/packed_weights.h).
+  std::shared_ptr<const PackedConstant> packed;
   // For small 0-D/1-D integer tensors computed from shapes (Shape -> Gather -> Concat ...):
   // their elements as dims, which may be symbolic. Lets a dynamic-batch Reshape know its shape.
   std::optional<Dims> symbolic_value;

@@ -66,7 +66,10 @@ void write_attribute(const std::string& name, const ir::AttrValue& value, onnx::
 
 // An initializer's bytes appended to an engine file's weights section (64-byte aligned), the
 // tensor pointing there as external data.
-void write_external(const std::string& name, const Tensor& t, onnx::TensorProto* proto, std::string& weights) {
+// A constant a backend holds packed (ir::Value::packed) is the pack's bytes there, its layout
+// named beside the location ("kiln_layout"), its dtype and dims the constant's.
+void write_external(const std::string& name, const Tensor& t, const ir::PackedConstant* packed,
+                    onnx::TensorProto* proto, std::string& weights) {
   proto->set_name(name);
   proto->set_data_type(static_cast<int32_t>(t.dtype()));
   for (int64_t d : t.shape()) proto->add_dims(d);
@@ -74,7 +77,8 @@ void write_external(const std::string& name, const Tensor& t, onnx::TensorProto*
     throw Error(ErrorKind::kUnsupported, "constant '" + name + "' holds strings, which the engine file does not hold");
   weights.resize((weights.size() + 63) / 64 * 64, '\0');
   const size_t offset = weights.size();
-  if (packed_bits(t.dtype())) weights.append(file_bytes(t));
+  if (packed) weights.append(static_cast<const char*>(packed->data.raw()), packed->data.nbytes());
+  else if (packed_bits(t.dtype())) weights.append(file_bytes(t));
   else weights.append(static_cast<const char*>(t.raw()), t.nbytes());  // no copy of large weights first
   proto->set_data_location(onnx::TensorProto::EXTERNAL);
   auto add = [&](const char* key, const std::string& value) {
@@ -85,6 +89,7 @@ void write_external(const std::string& name, const Tensor& t, onnx::TensorProto*
   add("location", "kiln:weights");
   add("offset", std::to_string(offset));
   add("length", std::to_string(weights.size() - offset));
+  if (packed) add("kiln_layout", packed->layout);
 }
 
 // Both forms: a plain ONNX model (`weights` null: kiln's ops refused, data inline), or an
@@ -116,8 +121,14 @@ std::string write_model(const ir::Graph& graph, const std::string& producer, std
   auto constant_input = [&](const std::string& name) {
     const ir::Value* v = graph.find_value(name);
     if (!v || !v->constant || !initializers.insert(name).second) return;
-    if (weights) write_external(name, *v->constant, g->add_initializer(), *weights);
-    else write_tensor(name, *v->constant, g->add_initializer());
+    if (weights) {
+      write_external(name, *v->constant, v->packed.get(), g->add_initializer(), *weights);
+    } else {
+      if (v->packed)
+        throw Error(ErrorKind::kUnsupported, "constant '" + name + "' is held only in the layout " + v->packed->layout +
+                                                 " of the engine that packed it, not as ONNX values");
+      write_tensor(name, *v->constant, g->add_initializer());
+    }
   };
   std::set<std::string> typed;  // inputs and outputs carry their types already
   for (const std::string& name : graph.inputs) {

@@ -183,6 +183,44 @@ Tensor read_external(const onnx::TensorProto& proto, const std::string& base_dir
   return out;
 }
 
+// An engine file's constant that a backend holds packed (external data with a "kiln_layout"):
+// the pack's bytes, copied from the weights section with the layout named; its dtype and dims
+// checked as any tensor's (the backend checks the layout against them). nullptr for any other
+// tensor.
+std::shared_ptr<const ir::PackedConstant> packed_constant(const onnx::TensorProto& proto) {
+  if (!data_source.weights || proto.data_location() != onnx::TensorProto::EXTERNAL) return nullptr;
+  std::string layout;
+  int64_t length = -1;
+  for (const auto& kv : proto.external_data()) {
+    if (kv.key() == "kiln_layout") layout = kv.value();
+    try {
+      if (kv.key() == "length") length = std::stoll(kv.value());
+    } catch (const std::exception&) {
+      length = -1;
+    }
+  }
+  if (layout.empty()) return nullptr;
+  // Packs are of float32 matrices and filters (rank 2 and more), never of a tensor whose values
+  // shape inference reads (shapes, scales): those must stay values.
+  if (proto.data_type() != static_cast<int32_t>(DType::kFloat32) || proto.dims_size() < 2 || layout.size() > 64)
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' is packed (layout '" + layout.substr(0, 64) +
+                                              "'), but packs hold float32 tensors of rank 2 or more under a short layout name");
+  const std::vector<int64_t> shape(proto.dims().begin(), proto.dims().end());
+  try {
+    for (int64_t d : shape)
+      if (d < 0) throw Error(ErrorKind::kInvalidModel, "a negative dimension");
+    shape_bytes(shape, static_cast<DType>(proto.data_type()));
+  } catch (const Error& e) {
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': " + e.message());
+  }
+  if (length < 0)
+    throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' is packed without a valid external data length");
+  auto packed = std::make_shared<ir::PackedConstant>();
+  packed->layout = layout;
+  packed->data = read_external(proto, "", DType::kUInt8, {length}, length);
+  return packed;
+}
+
 template <class Field>
 void check_count(const onnx::TensorProto& proto, const Field& field, int64_t numel) {
   if (static_cast<int64_t>(field.size()) != numel)
@@ -432,7 +470,13 @@ ir::Graph import_model(const std::string& bytes, const std::string& name, const 
       if (init.name().empty()) throw model_error(name, "an initializer has no name");
       ir::Value v;
       v.name = init.name();
-      v.constant = tensor_from_proto(init, base_dir);
+      if (auto packed = packed_constant(init)) {
+        v.packed = std::move(packed);
+        v.constant = Tensor::over_storage(static_cast<DType>(init.data_type()),
+                                          std::vector<int64_t>(init.dims().begin(), init.dims().end()), nullptr);
+      } else {
+        v.constant = tensor_from_proto(init, base_dir);
+      }
       v.type.dtype = v.constant->dtype();
       v.type.shape = ir::dims_of(v.constant->shape());
       if (v.constant->rank() <= 1 && is_integer(v.type.dtype) && v.constant->numel() <= 64)

@@ -23,7 +23,7 @@ def kiln(kiln_bin, *args, timeout=300):
 
 
 def unpack(data: bytes) -> tuple[dict, bytes, bytes]:
-    assert data[:8] == b"KILNENG1" and struct.unpack_from("<I", data, 8) == (2,)
+    assert data[:8] == b"KILNENG1" and struct.unpack_from("<I", data, 8) == (3,)
     at = 12
     sections = []
     for _ in range(3):
@@ -41,7 +41,7 @@ def fnv1a(data: bytes) -> int:
     return h
 
 
-def pack(header: dict, graph: bytes, weights: bytes, version: int = 2) -> bytes:
+def pack(header: dict, graph: bytes, weights: bytes, version: int = 3) -> bytes:
     body = b"KILNENG1" + struct.pack("<I", version)
     for section in (json.dumps(header).encode(), graph, weights):
         body += struct.pack("<Q", len(section)) + section
@@ -159,6 +159,11 @@ def test_engine_files_hold_the_optimized_graph(kiln_bin, engines):
                 int(dict((e.key, e.value) for e in t.external_data)["length"]) for t in model.graph.initializer]
         assert max(ends) == len(weights)
         assert header["inputs"][0]["name"] == "input" and header["outputs"][0]["name"] == "logits"
+        # Where the layout pass made channels-last convolutions (AVX-512), their filters are stored
+        # as the kernels' panels (docs/engine-format.md, "Packed weights"), as is the classifier's.
+        layouts = {dict((e.key, e.value) for e in t.external_data).get("kiln_layout") for t in model.graph.initializer}
+        if kind == "fp32" and ("kiln", "ChannelsLastConv") in ops:
+            assert {"f32.cols32.taps", "f32.cols32.nk"} <= layouts, layouts
     # The model has 0.18 M parameters in convolutions (int8 now) and a float classifier.
     assert sizes["int8"] <= 0.30 * sizes["fp32"], sizes
 
@@ -186,6 +191,24 @@ def test_bad_engine_files_are_clear_errors(kiln_bin, engines, tmp_path):
         "short_weights.engine": (pack(header, graph, weights[: len(weights) // 2]), ["weights section"]),
         "empty.engine": (b"KILNENG1", ["truncated"]),
     }
+    # Packed weights whose layout kiln does not know, or whose bytes do not fit the layout named.
+    import onnx
+
+    model = onnx.ModelProto()
+    model.ParseFromString(graph)
+    target = max((t for t in model.graph.initializer if len(t.dims) == 4), key=lambda t: int(np.prod(t.dims)))
+    for name, layout, expected in (("unknown_layout.engine", "f32.cols99.kn", ["'" + target.name + "'", "f32.cols99.kn"]),
+                                   ("packed_length.engine", "f32.cols32.nk", ["'" + target.name + "'", "bytes packed"])):
+        forged = onnx.ModelProto()
+        forged.CopyFrom(model)
+        t = next(t for t in forged.graph.initializer if t.name == target.name)
+        entries = [(e.key, e.value) for e in t.external_data if e.key != "kiln_layout"]
+        if layout == "f32.cols32.nk":  # 4 bytes short of what any layout of it holds
+            entries = [(k, str(int(v) - 4) if k == "length" else v) for k, v in entries]
+        del t.external_data[:]
+        for k, v in entries + [("kiln_layout", layout)]:
+            t.external_data.add(key=k, value=v)
+        cases[name] = (pack(header, forged.SerializeToString(), weights), expected)
     for name, (content, expected) in cases.items():
         path = tmp_path / name
         path.write_bytes(content)

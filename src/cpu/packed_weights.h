@@ -1,0 +1,63 @@
+// Constant weights in the CPU kernels' own layouts, as an engine holds them and its engine file
+// stores them (docs/engine-format.md, "Packed weights").
+//
+// A kernel that multiplies by a constant matrix packs it once (PackedColumns, Bf16PackedColumns).
+// Where that kernel is the constant's only reader, the engine keeps the pack alone: the graph's
+// value keeps the constant's dtype and shape, its values live in the pack (ir::Value::packed),
+// the engine file stores the pack's bytes, and loading hands them to the kernel as they are (no
+// second copy, no packing at load). A pack is the panels of a K x N matrix and a view: how that
+// matrix is read from the constant.
+//
+// Layout names, as engine files carry them: "<element>.cols32.<view>", element "f32"
+// (PackedColumns) or "bf16" (Bf16PackedColumns, the values rounded to bfloat16), view
+//   "kn"    the constant is the K x N matrix (MatMul's B, Gemm's B);
+//   "nk"    the constant is [N, ...], its rows the matrix's columns, K the product of the rest
+//           (Gemm's B with transB, a convolution's OIHW filters read as (c, ky, kx) x M);
+//   "taps"  the constant is [M, C, kH, kW] filters, K = (ky, kx, c), N = M (a channels-last
+//           convolution's gathered taps).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpu/bf16_gemm.h"
+#include "cpu/sgemm.h"
+#include "ir/graph.h"
+
+namespace kiln::cpu {
+
+enum class PackView { kRows, kTransposed, kConvTaps };
+
+// The K x N matrix of a constant of `shape` under `view`; false where the view does not fit the
+// shape (rank).
+bool pack_matrix_dims(PackView view, const std::vector<int64_t>& shape, int64_t& k, int64_t& n);
+// That matrix, row-major, from the constant's values.
+std::vector<float> pack_matrix(PackView view, const float* values, const std::vector<int64_t>& shape);
+
+// The pack an engine keeps and stores for a kernel's panels.
+ir::PackedConstant packed_constant(const PackedColumns& panels, PackView view);
+ir::PackedConstant packed_constant(const Bf16PackedColumns& panels, PackView view);
+
+// Throws kInvalidModel, naming the constant, unless `pack` is a layout kiln knows for a float32
+// constant of `shape`, holding the bytes that layout needs (an engine file's packs pass here
+// before a kernel sees them).
+void check_packed_constant(const std::string& name, const ir::PackedConstant& pack, DType dtype,
+                           const std::vector<int64_t>& shape);
+
+// Takes `pack` (checked) into `out` when it is the layout `view` of float32 panels; false otherwise.
+bool adopt_packed(const ir::PackedConstant& pack, PackView view, const std::vector<int64_t>& shape, PackedColumns& out);
+// The same for bfloat16 panels, which `isa` (not kNone) runs.
+bool adopt_packed(const ir::PackedConstant& pack, PackView view, const std::vector<int64_t>& shape, Bf16GemmIsa isa,
+                  Bf16PackedColumns& out);
+
+// The constant's float32 values from its pack (checked): exactly the constant's for float32
+// panels, the values rounded to bfloat16 for bfloat16 ones. For a kernel that takes the pack in
+// another form, or a path the pack does not serve.
+Tensor unpack_constant(const ir::PackedConstant& pack, const std::vector<int64_t>& shape);
+
+// A kernel's constant input as KernelInit gives it: its values (unpacked from the pack where it
+// came as one), for kernels that pack it in their own way.
+Tensor constant_values(const Tensor& constant, const ir::PackedConstant* pack);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,280 @@
+// Packed weights (cpu/packed_weights.h): every layout unpacks to its constant (float32 exactly,
+// bfloat16 as the rounded values) and refuses sizes, names and shapes that do not fit; a CPU
+// engine keeps a constant only as its kernel's pack where that kernel is its one reader and never
+// reads it at run (MatMul, Gemm, channels-last convolutions, in float32 and bfloat16), and keeps
+// the values elsewhere (shared weights, Winograd's filters, a Gemm whose C varies by row); an
+// engine graph written and read back hands the packs to the kernels as they are (the kernel holds
+// the very bytes the graph does) and computes bit for bit what the first engine did; a forged
+// graph's packs become values again where no packing kernel reads them, and are refused where
+// they do not fit.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compute_test_util.h"
+#include "cpu/packed_weights.h"
+#include "ir/op_schema.h"
+#include "onnx/exporter.h"
+#include "onnx/importer.h"
+
+namespace kiln {
+namespace {
+
+using testing::NodeInput;
+using testing::random_tensor;
+using testing::single_node_graph;
+
+float bf16_value(float f) {
+  const uint32_t bits = static_cast<uint32_t>(float_to_bfloat16(f)) << 16;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+const bool kHasBf16 = cpu::bf16_gemm_best_isa() != cpu::Bf16GemmIsa::kNone;
+
+TEST(PackedWeights, EveryLayoutUnpacksToItsConstant) {
+  struct Case {
+    cpu::PackView view;
+    std::vector<int64_t> shape;
+  };
+  // Columns off the 32-column panels, K off bfloat16's 32 steps and odd (pairs of K).
+  const std::vector<Case> cases = {{cpu::PackView::kRows, {37, 45}},
+                                   {cpu::PackView::kRows, {1, 1}},
+                                   {cpu::PackView::kTransposed, {45, 3, 2, 5}},
+                                   {cpu::PackView::kTransposed, {64, 33}},
+                                   {cpu::PackView::kConvTaps, {40, 3, 3, 3}},
+                                   {cpu::PackView::kConvTaps, {7, 65, 1, 1}}};
+  uint32_t seed = 1;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(shape_to_string(c.shape));
+    const Tensor w = random_tensor(c.shape, seed++);
+    int64_t k = 0, n = 0;
+    ASSERT_TRUE(cpu::pack_matrix_dims(c.view, c.shape, k, n));
+    const std::vector<float> matrix = cpu::pack_matrix(c.view, w.data<float>(), c.shape);
+    cpu::PackedColumns columns;
+    columns.pack(matrix.data(), k, n, n);
+    const ir::PackedConstant pack = cpu::packed_constant(columns, c.view);
+    EXPECT_NO_THROW(cpu::check_packed_constant("W", pack, DType::kFloat32, c.shape));
+    EXPECT_TRUE(bitwise_equal(cpu::unpack_constant(pack, c.shape), w)) << pack.layout;
+    if (!kHasBf16) continue;
+    cpu::Bf16PackedColumns rounded;
+    rounded.pack(cpu::bf16_gemm_best_isa(), matrix.data(), k, n, n);
+    const ir::PackedConstant bf16_pack = cpu::packed_constant(rounded, c.view);
+    EXPECT_NO_THROW(cpu::check_packed_constant("W", bf16_pack, DType::kFloat32, c.shape));
+    const Tensor back = cpu::unpack_constant(bf16_pack, c.shape);
+    for (int64_t i = 0; i < w.numel(); ++i)
+      ASSERT_EQ(back.data<float>()[i], bf16_value(w.data<float>()[i])) << bf16_pack.layout << " element " << i;
+  }
+}
+
+TEST(PackedWeights, RefusesPacksThatDoNotFitTheirConstant) {
+  const std::vector<int64_t> shape = {33, 40};
+  const Tensor w = random_tensor(shape, 7);
+  cpu::PackedColumns columns;
+  columns.pack(w.data<float>(), 33, 40, 40);
+  const ir::PackedConstant good = cpu::packed_constant(columns, cpu::PackView::kRows);
+  auto refused = [&](const ir::PackedConstant& pack, DType dtype, const std::vector<int64_t>& s, const char* why) {
+    try {
+      cpu::check_packed_constant("layer.weight", pack, dtype, s);
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidModel) << why;
+      EXPECT_NE(std::string(e.what()).find("layer.weight"), std::string::npos) << e.what();
+    }
+  };
+  ir::PackedConstant unknown = good;
+  unknown.layout = "f32.cols16.kn";
+  refused(unknown, DType::kFloat32, shape, "an unknown layout");
+  ir::PackedConstant short_pack = good;
+  short_pack.data = Tensor(DType::kUInt8, {static_cast<int64_t>(good.data.nbytes()) - 4});
+  refused(short_pack, DType::kFloat32, shape, "4 bytes short");
+  refused(good, DType::kFloat32, {34, 40}, "another K");
+  refused(good, DType::kInt64, shape, "an int64 constant");
+  ir::PackedConstant taps = good;
+  taps.layout = "f32.cols32.taps";
+  refused(taps, DType::kFloat32, shape, "filters' view of a matrix");
+}
+
+ir::Node channels_last_conv(const std::vector<int64_t>& strides, const std::vector<int64_t>& pads) {
+  ir::Node conv;
+  conv.op = "ChannelsLastConv";
+  conv.domain = "kiln";
+  conv.attrs.set("strides", strides);
+  conv.attrs.set("pads", pads);
+  conv.attrs.set("group", int64_t{1});
+  return conv;
+}
+
+struct Layer {
+  const char* name;
+  ir::Node node;
+  std::vector<NodeInput> inputs;
+};
+
+std::vector<Layer> packing_layers() {
+  std::vector<Layer> layers;
+  ir::Node matmul;
+  matmul.op = "MatMul";
+  layers.push_back({"MatMul", matmul, {{"X", random_tensor({3, 5, 70}, 11)}, {"W", random_tensor({70, 45}, 12), true}}});
+  ir::Node gemm;
+  gemm.op = "Gemm";
+  gemm.attrs.set("transB", int64_t{1});
+  layers.push_back({"Gemm transB, C per column",
+                    gemm,
+                    {{"X", random_tensor({4, 33}, 13)}, {"W", random_tensor({50, 33}, 14), true}, {"C", random_tensor({50}, 15), true}}});
+  layers.push_back({"ChannelsLastConv 1x1",
+                    channels_last_conv({1, 1}, {0, 0, 0, 0}),
+                    {{"X", random_tensor({2, 6, 5, 40}, 16)}, {"W", random_tensor({70, 40, 1, 1}, 17), true}}});
+  layers.push_back({"ChannelsLastConv 3x3 stride 2",
+                    channels_last_conv({2, 2}, {1, 1, 1, 1}),
+                    {{"X", random_tensor({1, 9, 8, 24}, 18)}, {"W", random_tensor({20, 24, 3, 3}, 19), true}}});
+  ir::Node first = channels_last_conv({2, 2}, {3, 3, 3, 3});
+  first.attrs.set("input_channels_first", int64_t{1});
+  layers.push_back({"ChannelsLastConv, channels-first input 7x7",
+                    first,
+                    {{"X", random_tensor({1, 3, 20, 18}, 20)}, {"W", random_tensor({8, 3, 7, 7}, 21), true}}});
+  return layers;
+}
+
+std::map<std::string, Tensor> feed_of(const std::vector<NodeInput>& inputs) {
+  std::map<std::string, Tensor> feed;
+  for (const NodeInput& in : inputs)
+    if (!in.constant) feed[in.name] = in.data;
+  return feed;
+}
+
+TEST(PackedWeights, EnginesKeepOnlyThePacksAndLoadThemAsTheyAre) {
+  for (bool bf16 : {false, true}) {
+    if (bf16 && !kHasBf16) continue;
+    for (const Layer& layer : packing_layers()) {
+      SCOPED_TRACE(std::string(layer.name) + (bf16 ? ", bfloat16 products" : ""));
+      const ir::Graph graph = single_node_graph(layer.node, layer.inputs);
+      cpu::CpuEngine built(graph, 0, false, bf16);
+      const ir::Value& w = built.graph().value("W");
+      ASSERT_TRUE(w.packed) << "the kernel's pack was not kept";
+      EXPECT_EQ(w.constant->raw(), nullptr) << "the values were kept beside the pack";
+      EXPECT_EQ(w.constant->shape(), layer.inputs[1].data.shape());
+      // A channels-first input's convolution has no bfloat16 form: float32 panels in both engines.
+      const bool bf16_form = bf16 && layer.node.attrs.get_int("input_channels_first", 0) == 0;
+      EXPECT_EQ(w.packed->layout.substr(0, 4), bf16_form ? "bf16" : "f32.");
+      const Tensor want = built.run(feed_of(layer.inputs)).at("Y");
+
+      std::string weights;
+      const std::string bytes = onnx_export::export_engine_graph(built.graph(), weights);
+      ir::Graph read = onnx_import::import_engine_graph(bytes, weights, "packed.engine");
+      ASSERT_TRUE(read.value("W").packed);
+      EXPECT_EQ(read.value("W").packed->layout, w.packed->layout);
+      std::string().swap(weights);
+      cpu::CpuEngine loaded(std::move(read), 0, false, bf16);
+      // The graph's pack and the kernel's panels are one buffer.
+      EXPECT_EQ(loaded.graph().value("W").packed->data.storage().use_count(), 2);
+      EXPECT_TRUE(bitwise_equal(loaded.run(feed_of(layer.inputs)).at("Y"), want));
+    }
+  }
+}
+
+// An engine of bfloat16 products loaded where the CPU has none (forced here): its kernels take
+// the rounded weights' values and compute in float32, as a float32 engine of those values does.
+TEST(PackedWeights, BfloatPacksOnACpuWithoutBfloat16RunInFloat32) {
+  if (!kHasBf16) GTEST_SKIP() << "no bfloat16 products on this CPU to build the engine with";
+  for (const Layer& layer : packing_layers()) {
+    SCOPED_TRACE(layer.name);
+    const ir::Graph graph = single_node_graph(layer.node, layer.inputs);
+    cpu::CpuEngine built(graph, 0, false, true);
+    std::string weights;
+    const std::string bytes = onnx_export::export_engine_graph(built.graph(), weights);
+    std::vector<NodeInput> rounded_inputs = layer.inputs;
+    const bool bf16_form = layer.node.attrs.get_int("input_channels_first", 0) == 0;
+    if (bf16_form) {
+      Tensor rounded = rounded_inputs[1].data.clone();
+      for (int64_t i = 0; i < rounded.numel(); ++i) rounded.data<float>()[i] = bf16_value(rounded.data<float>()[i]);
+      rounded_inputs[1].data = rounded;
+    }
+    cpu::bf16_gemm_force_isa(cpu::Bf16GemmIsa::kNone);
+    cpu::CpuEngine loaded(onnx_import::import_engine_graph(bytes, weights, "bf16.engine"), 0, false, true);
+    cpu::CpuEngine float32(single_node_graph(layer.node, rounded_inputs));
+    const Tensor got = loaded.run(feed_of(layer.inputs)).at("Y"), want = float32.run(feed_of(layer.inputs)).at("Y");
+    cpu::bf16_gemm_reset_isa();
+    EXPECT_TRUE(loaded.graph().value("W").packed);  // the file's pack, for saving the engine again
+    EXPECT_TRUE(bitwise_equal(got, want));
+  }
+}
+
+TEST(PackedWeights, ValuesStayWhereAKernelReadsThemAtRunOrAnotherNodeReadsThem) {
+  // Two MatMuls sharing their weights.
+  ir::Graph shared;
+  shared.name = "shared";
+  shared.opset = 21;
+  const Tensor w = random_tensor({16, 24}, 30), x = random_tensor({3, 16}, 31);
+  shared.set_value({"X", {DType::kFloat32, ir::dims_of(x.shape())}, std::nullopt, nullptr, std::nullopt});
+  shared.set_value({"W", {DType::kFloat32, ir::dims_of(w.shape())}, w, nullptr, std::nullopt});
+  shared.inputs = {"X"};
+  for (const char* out : {"Y1", "Y2"}) {
+    ir::Node n;
+    n.name = out;
+    n.op = "MatMul";
+    n.inputs = {"X", "W"};
+    n.outputs = {out};
+    shared.nodes.push_back(n);
+  }
+  shared.outputs = {"Y1", "Y2"};
+  ir::infer_shapes(shared);
+  cpu::CpuEngine two_readers(shared);
+  EXPECT_FALSE(two_readers.graph().value("W").packed);
+  EXPECT_NE(two_readers.graph().value("W").constant->raw(), nullptr);
+
+  // Winograd's 3x3 stride-1 filters (read again at run for shapes with few tiles).
+  const std::vector<NodeInput> conv_inputs = {{"X", random_tensor({1, 10, 10, 16}, 32)}, {"W", random_tensor({16, 16, 3, 3}, 33), true}};
+  cpu::CpuEngine winograd(single_node_graph(channels_last_conv({1, 1}, {1, 1, 1, 1}), conv_inputs));
+  EXPECT_FALSE(winograd.graph().value("W").packed);
+
+  // A Gemm whose C varies along the rows runs the general path, which reads B.
+  ir::Node gemm;
+  gemm.op = "Gemm";
+  const std::vector<NodeInput> gemm_inputs = {
+      {"X", random_tensor({4, 33}, 34)}, {"W", random_tensor({33, 50}, 35), true}, {"C", random_tensor({4, 50}, 36), true}};
+  cpu::CpuEngine by_row(single_node_graph(gemm, gemm_inputs));
+  EXPECT_FALSE(by_row.graph().value("W").packed);
+  EXPECT_TRUE(testing::all_close(by_row.run(feed_of(gemm_inputs)).at("Y"), testing::run_single_node(gemm, gemm_inputs)));
+}
+
+TEST(PackedWeights, ForgedPacksBecomeValuesOrAreRefused) {
+  const Tensor w = random_tensor({33, 40}, 40), x = random_tensor({33, 40}, 41);
+  cpu::PackedColumns columns;
+  columns.pack(w.data<float>(), 33, 40, 40);
+  // An Add reads a packed constant: no kernel of Add takes packs, so the engine unpacks it.
+  ir::Node add;
+  add.op = "Add";
+  ir::Graph graph = single_node_graph(add, {{"X", x}, {"W", w, true}});
+  graph.value("W").packed = std::make_shared<const ir::PackedConstant>(cpu::packed_constant(columns, cpu::PackView::kRows));
+  graph.value("W").constant = Tensor::over_storage(DType::kFloat32, {33, 40}, nullptr);
+  cpu::CpuEngine unpacked(graph);
+  EXPECT_FALSE(unpacked.graph().value("W").packed);
+  const Tensor sum = unpacked.run({{"X", x}}).at("Y");
+  for (int64_t i = 0; i < sum.numel(); ++i) ASSERT_EQ(sum.data<float>()[i], x.data<float>()[i] + w.data<float>()[i]);
+
+  // A pack whose bytes do not match its constant's shape: refused, naming the constant.
+  ir::Node matmul;
+  matmul.op = "MatMul";
+  ir::Graph wrong = single_node_graph(matmul, {{"X", random_tensor({2, 33}, 42)}, {"W", w, true}});
+  wrong.value("W").packed = std::make_shared<const ir::PackedConstant>(cpu::packed_constant(columns, cpu::PackView::kTransposed));
+  wrong.value("W").constant = Tensor::over_storage(DType::kFloat32, {33, 40}, nullptr);
+  try {
+    cpu::CpuEngine refused(wrong);
+    ADD_FAILURE() << "a pack of another shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidModel);
+    EXPECT_NE(std::string(e.what()).find("'W'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kiln
