@@ -38,7 +38,8 @@ enum class Device { kCpu, kCuda };
 // kBf16 (CPU engines): float32 storage, with the products of MatMul, Gemm and group-1
 // convolutions by constant weights and Attention's two products in bfloat16 (both operands
 // rounded to nearest even, float32 sums) on AMX-BF16 or AVX512-BF16 where the CPU has them,
-// float32 where it has neither. GPU builds refuse it (they take kFp16 or kBest).
+// float32 where it has neither (an engine file built where the CPU had them holds its weights
+// rounded to bfloat16). GPU builds refuse it (they take kFp16 or kBest).
 enum class Precision { kFp32, kTf32, kFp16, kBest, kInt8, kFp8, kBf16 };
 const char* to_string(Precision precision);
 

@@ -12,7 +12,9 @@
 //   panel's next block prefetched into L2. Bias, residual and Relu/Clip in registers; other
 //   activations on the finished tile.
 // - 3x3 of stride 1: Winograd F(2x2, 3x3) (conv_winograd.h's transforms, 16 channels a vector),
-//   its 16 products on the same tile kernel.
+//   its 16 products on the same tile kernel, where a run has enough tiles; the transformed filters
+//   are made from the direct product's panels by the first such run (a layer that never has
+//   enough, as a 7 x 7 one at batch 1, keeps the panels alone).
 // - Depthwise (one input channel per group): 16 channels by 4 pixels at a time, the taps'
 //   weights a vector each ([kH * kW, C], packed once).
 // - One group, in an engine of bfloat16 products (KernelInit::bfloat16_products) on a CPU that
@@ -748,36 +750,19 @@ class ChannelsLastConvKernel final : public Kernel {
         bf16_.pack(bf16_isa, pack_matrix(PackView::kConvTaps, filters(), w_shape_).data(), cg * taps, m, m);
       return;
     }
-    const bool winograd = !depthwise_ && WinogradConv::applies(init.node, w_shape_, init.node.attrs.get_int("group", 1));
-    if (!depthwise_) zeros_.assign(static_cast<size_t>(std::max<int64_t>(w_shape_[3] * cg, 1)), 0.f);  // a kernel row's worth
-    if (!depthwise_ && !winograd && pack && adopt_packed(*pack, PackView::kConvTaps, w_shape_, packed_)) {
-      pack_view_ = PackView::kConvTaps;  // the direct product's panels, taken from the engine file
-      return;
-    }
-    const float* src = filters();
+    winograd_ = !depthwise_ && WinogradConv::applies(init.node, w_shape_, init.node.attrs.get_int("group", 1));
     if (depthwise_) {
       // [M, 1, kH, kW] -> [taps, M]: a tap's weights for consecutive channels side by side.
+      const float* src = filters();
       weights_.resize(static_cast<size_t>(taps * m));
       for (int64_t ch = 0; ch < m; ++ch)
         for (int64_t t = 0; t < taps; ++t) weights_[static_cast<size_t>(t * m + ch)] = src[ch * taps + t];
       return;
     }
-    if (winograd) {
-      // The transformed filters U_xi [C x M], in place of the direct kernel's packing (made only
-      // if a run has too few tiles for Winograd).
-      const std::vector<float> u = winograd_filters(src, m, cg);  // [16][M][C]
-      std::vector<float> cxm(static_cast<size_t>(cg * m));
-      winograd_u_.resize(16);
-      for (int64_t xi = 0; xi < 16; ++xi) {
-        for (int64_t o = 0; o < m; ++o)
-          for (int64_t ci = 0; ci < cg; ++ci) cxm[static_cast<size_t>(ci * m + o)] = u[static_cast<size_t>((xi * m + o) * cg + ci)];
-        winograd_u_[static_cast<size_t>(xi)].pack(cxm.data(), cg, m, m);
-      }
-      // Winograd's filters are not a pack the engine keeps (the direct product reads the values
-      // at shapes with too few tiles for Winograd), so they stay values.
-      return;
-    }
-    pack_direct(src, w_shape_, packed_);
+    zeros_.assign(static_cast<size_t>(std::max<int64_t>(w_shape_[3] * cg, 1)), 0.f);  // a kernel row's worth
+    // The direct product's panels, also where Winograd applies: its transformed filters are made
+    // from them when a run first has enough tiles for it (at batch 1, a 7 x 7 layer never has).
+    if (!(pack && adopt_packed(*pack, PackView::kConvTaps, w_shape_, packed_))) pack_direct(filters(), w_shape_, packed_);
     pack_view_ = PackView::kConvTaps;
   }
 
@@ -810,17 +795,17 @@ class ChannelsLastConvKernel final : public Kernel {
       bfloat16_products(g, x, bias, z, y);
       return;
     }
-    if (!winograd_u_.empty() && sgemm_isa() == SgemmIsa::kAvx512) {
+    if (winograd_ && sgemm_isa() == SgemmIsa::kAvx512) {
       Geo3 tiles;
       tiles.batch = g.batch;
       tiles.out[1] = g.oh;
       tiles.out[2] = g.ow;
       if (WinogradConv::pays(tiles)) {
+        if (winograd_u_.empty()) transform_filters();
         winograd(g, x, bias, z, y);
         return;
       }
     }
-    if (packed_.empty()) pack_direct(in[1]->data<float>(), w_shape_, packed_);
     dense(g, x, bias, z, y);
   }
 
@@ -865,6 +850,22 @@ class ChannelsLastConvKernel final : public Kernel {
       }
     };
     bf16_rows_gemm(bf16_, g.batch * image_pixels, gather, y, g.m, bias, z, g.m, &epilogue_, thread_count());
+  }
+
+  // Winograd's transformed filters U_xi [C x M] from the direct product's panels (the filters'
+  // exact values): runs are one at a time (CpuEngine::run), so the first that needs them makes them.
+  void transform_filters() {
+    const int64_t m = w_shape_[0], cg = w_shape_[1];
+    const Tensor filters = unpack_constant(packed_constant(packed_, PackView::kConvTaps), w_shape_);
+    const std::vector<float> u = winograd_filters(filters.data<float>(), m, cg);  // [16][M][C]
+    std::vector<float> cxm(static_cast<size_t>(cg * m));
+    std::vector<PackedColumns> transformed(16);
+    for (int64_t xi = 0; xi < 16; ++xi) {
+      for (int64_t o = 0; o < m; ++o)
+        for (int64_t ci = 0; ci < cg; ++ci) cxm[static_cast<size_t>(ci * m + o)] = u[static_cast<size_t>((xi * m + o) * cg + ci)];
+      transformed[static_cast<size_t>(xi)].pack(cxm.data(), cg, m, m);
+    }
+    winograd_u_ = std::move(transformed);
   }
 
   // Two schedules, as the channels-first kernel's (conv_winograd.h). Where U (16 x C x M floats)
@@ -1182,9 +1183,10 @@ class ChannelsLastConvKernel final : public Kernel {
   bool depthwise_ = false;
   bool channels_first_ = false;  // X [N, C, H, W] (attribute input_channels_first)
   AlignedVector<float> weights_;  // depthwise: [taps, M]
-  PackedColumns packed_;        // one group: K x M in 32-column panels (made on first need after Winograd)
+  PackedColumns packed_;        // one group: K x M in 32-column panels
   std::optional<PackView> pack_view_;  // how packed_ reads the filters, where they are only there
-  std::vector<PackedColumns> winograd_u_;  // 3x3 stride 1: U_xi [C x M], the 16 transformed filters
+  bool winograd_ = false;              // 3x3 of stride 1: Winograd where a run has enough tiles
+  std::vector<PackedColumns> winograd_u_;  // U_xi [C x M], the 16 transformed filters, made on first need
   Bf16PackedColumns bf16_;  // one group, bfloat16 products: K x M in bfloat16 panels, in place of the others
   mutable AlignedFloats run_v_, run_s_;    // Winograd over all tiles: V and S, shared by the threads
   std::vector<float> zeros_;    // one group: kW * C zeros, the input of taps in the padding
@@ -1205,16 +1207,28 @@ class SeparableConvKernel final : public Kernel {
         expand_act_(ir::Activation::from_node(init.node, "expand_")),
         depthwise_act_(ir::Activation::from_node(init.node, "depthwise_")),
         project_act_(ir::Activation::from_node(init.node)) {
-    if (const Tensor* we = init.constants[kWe]) pack_direct(we->data<float>(), we->shape(), expand_);
+    // A loaded engine's panels are taken as they are.
+    auto pack_filters = [&](size_t input, PackedColumns& panels) {
+      const Tensor& w = *init.constants[input];
+      const ir::PackedConstant* pack = init.packed_input(input);
+      if (!(pack && adopt_packed(*pack, PackView::kConvTaps, w.shape(), panels)))
+        pack_direct(constant_values(w, pack).data<float>(), w.shape(), panels);
+    };
+    if (init.constants[kWe]) pack_filters(kWe, expand_);
     const Tensor& wd = *init.constants[kWd];
     wd_shape_ = wd.shape();
     const int64_t e = wd_shape_[0], taps = wd_shape_[2] * wd_shape_[3];
     depthwise_weights_.resize(static_cast<size_t>(taps * e));  // [taps, E], as ChannelsLastConvKernel's
     for (int64_t ch = 0; ch < e; ++ch)
       for (int64_t t = 0; t < taps; ++t) depthwise_weights_[static_cast<size_t>(t * e + ch)] = wd.data<float>()[ch * taps + t];
-    const Tensor& wp = *init.constants[kWp];
-    pack_direct(wp.data<float>(), wp.shape(), project_);
+    pack_filters(kWp, project_);
     zeros_.assign(static_cast<size_t>(std::max(e, expand_.empty() ? e : expand_.depth())), 0.f);
+  }
+
+  std::vector<std::pair<size_t, ir::PackedConstant>> packed_constants() const override {
+    std::vector<std::pair<size_t, ir::PackedConstant>> packs = {{kWp, packed_constant(project_, PackView::kConvTaps)}};
+    if (!expand_.empty()) packs.emplace_back(kWe, packed_constant(expand_, PackView::kConvTaps));
+    return packs;
   }
 
   static constexpr size_t kWe = 1, kBe = 2, kWd = 3, kBd = 4, kWp = 5, kBp = 6, kZ = 7;
@@ -1384,6 +1398,7 @@ KILN_REGISTER_CPU_KERNELS(channels_last_conv) {
   separable.check = check_separable_conv;
   separable.dtypes = "float32";
   separable.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<SeparableConvKernel>(init); };
+  separable.packed_inputs = {1, 5};  // SeparableConvKernel::kWe, kWp
   registry.add(std::move(separable));
 }
 

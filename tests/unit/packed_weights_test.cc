@@ -1,14 +1,15 @@
 // Packed weights (cpu/packed_weights.h): every layout unpacks to its constant (float32 exactly,
 // bfloat16 as the rounded values) and refuses sizes, names and shapes that do not fit; a CPU
 // engine keeps a constant only as its kernel's pack where that kernel is its one reader and never
-// reads it at run (MatMul, Gemm, channels-last convolutions, in float32 and bfloat16), and keeps
-// the values elsewhere (shared weights, Winograd's filters, a Gemm whose C varies by row); an
+// reads it at run (MatMul, Gemm, channels-last convolutions, Winograd's included, in float32 and
+// bfloat16), and keeps the values elsewhere (shared weights, a Gemm whose C varies by row); an
 // engine graph written and read back hands the packs to the kernels as they are (the kernel holds
 // the very bytes the graph does) and computes bit for bit what the first engine did; a forged
 // graph's packs become values again where no packing kernel reads them, and are refused where
 // they do not fit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
@@ -117,6 +118,8 @@ struct Layer {
   const char* name;
   ir::Node node;
   std::vector<NodeInput> inputs;
+  std::vector<std::string> packed = {"W"};  // the constants its kernel holds packed
+  bool bf16_form = true;                    // packed in bfloat16 in an engine of bfloat16 products
 };
 
 std::vector<Layer> packing_layers() {
@@ -133,14 +136,39 @@ std::vector<Layer> packing_layers() {
   layers.push_back({"ChannelsLastConv 1x1",
                     channels_last_conv({1, 1}, {0, 0, 0, 0}),
                     {{"X", random_tensor({2, 6, 5, 40}, 16)}, {"W", random_tensor({70, 40, 1, 1}, 17), true}}});
+  // Winograd's 3x3 of stride 1, its transformed filters made from the panels: at 16 x 16 (64
+  // tiles) the run takes them, at 4 x 4 the direct product.
+  layers.push_back({"ChannelsLastConv 3x3 stride 1, Winograd",
+                    channels_last_conv({1, 1}, {1, 1, 1, 1}),
+                    {{"X", random_tensor({1, 16, 16, 24}, 29)}, {"W", random_tensor({40, 24, 3, 3}, 30), true}}});
+  layers.push_back({"ChannelsLastConv 3x3 stride 1, too few tiles for Winograd",
+                    channels_last_conv({1, 1}, {1, 1, 1, 1}),
+                    {{"X", random_tensor({1, 4, 4, 24}, 31)}, {"W", random_tensor({40, 24, 3, 3}, 32), true}}});
   layers.push_back({"ChannelsLastConv 3x3 stride 2",
                     channels_last_conv({2, 2}, {1, 1, 1, 1}),
                     {{"X", random_tensor({1, 9, 8, 24}, 18)}, {"W", random_tensor({20, 24, 3, 3}, 19), true}}});
   ir::Node first = channels_last_conv({2, 2}, {3, 3, 3, 3});
   first.attrs.set("input_channels_first", int64_t{1});
+  // A channels-first input's convolution, and the separable block, have no bfloat16 form.
   layers.push_back({"ChannelsLastConv, channels-first input 7x7",
                     first,
-                    {{"X", random_tensor({1, 3, 20, 18}, 20)}, {"W", random_tensor({8, 3, 7, 7}, 21), true}}});
+                    {{"X", random_tensor({1, 3, 20, 18}, 20)}, {"W", random_tensor({8, 3, 7, 7}, 21), true}},
+                    {"W"},
+                    false});
+  ir::Node separable = channels_last_conv({1, 1}, {1, 1, 1, 1});
+  separable.op = "ChannelsLastSeparableConv";
+  separable.attrs.set("group", int64_t{48});
+  layers.push_back({"ChannelsLastSeparableConv",
+                    separable,
+                    {{"X", random_tensor({1, 6, 5, 16}, 22)},
+                     {"We", random_tensor({48, 16, 1, 1}, 23), true},
+                     {"Be", random_tensor({48}, 24), true},
+                     {"Wd", random_tensor({48, 1, 3, 3}, 25), true},
+                     {"Bd", random_tensor({48}, 26), true},
+                     {"Wp", random_tensor({24, 48, 1, 1}, 27), true},
+                     {"Bp", random_tensor({24}, 28), true}},
+                    {"We", "Wp"},
+                    false});
   return layers;
 }
 
@@ -158,24 +186,27 @@ TEST(PackedWeights, EnginesKeepOnlyThePacksAndLoadThemAsTheyAre) {
       SCOPED_TRACE(std::string(layer.name) + (bf16 ? ", bfloat16 products" : ""));
       const ir::Graph graph = single_node_graph(layer.node, layer.inputs);
       cpu::CpuEngine built(graph, 0, false, bf16);
-      const ir::Value& w = built.graph().value("W");
-      ASSERT_TRUE(w.packed) << "the kernel's pack was not kept";
-      EXPECT_EQ(w.constant->raw(), nullptr) << "the values were kept beside the pack";
-      EXPECT_EQ(w.constant->shape(), layer.inputs[1].data.shape());
-      // A channels-first input's convolution has no bfloat16 form: float32 panels in both engines.
-      const bool bf16_form = bf16 && layer.node.attrs.get_int("input_channels_first", 0) == 0;
-      EXPECT_EQ(w.packed->layout.substr(0, 4), bf16_form ? "bf16" : "f32.");
+      for (const std::string& name : layer.packed) {
+        const ir::Value& w = built.graph().value(name);
+        ASSERT_TRUE(w.packed) << name << ": the kernel's pack was not kept";
+        EXPECT_EQ(w.constant->raw(), nullptr) << name << ": the values were kept beside the pack";
+        EXPECT_EQ(w.constant->shape(), graph.value(name).constant->shape());
+        EXPECT_EQ(w.packed->layout.substr(0, 4), bf16 && layer.bf16_form ? "bf16" : "f32.");
+      }
       const Tensor want = built.run(feed_of(layer.inputs)).at("Y");
 
       std::string weights;
       const std::string bytes = onnx_export::export_engine_graph(built.graph(), weights);
       ir::Graph read = onnx_import::import_engine_graph(bytes, weights, "packed.engine");
-      ASSERT_TRUE(read.value("W").packed);
-      EXPECT_EQ(read.value("W").packed->layout, w.packed->layout);
+      for (const std::string& name : layer.packed) {
+        ASSERT_TRUE(read.value(name).packed);
+        EXPECT_EQ(read.value(name).packed->layout, built.graph().value(name).packed->layout);
+      }
       std::string().swap(weights);
       cpu::CpuEngine loaded(std::move(read), 0, false, bf16);
       // The graph's pack and the kernel's panels are one buffer.
-      EXPECT_EQ(loaded.graph().value("W").packed->data.storage().use_count(), 2);
+      for (const std::string& name : layer.packed)
+        EXPECT_EQ(loaded.graph().value(name).packed->data.storage().use_count(), 2) << name;
       EXPECT_TRUE(bitwise_equal(loaded.run(feed_of(layer.inputs)).at("Y"), want));
     }
   }
@@ -192,18 +223,19 @@ TEST(PackedWeights, BfloatPacksOnACpuWithoutBfloat16RunInFloat32) {
     std::string weights;
     const std::string bytes = onnx_export::export_engine_graph(built.graph(), weights);
     std::vector<NodeInput> rounded_inputs = layer.inputs;
-    const bool bf16_form = layer.node.attrs.get_int("input_channels_first", 0) == 0;
-    if (bf16_form) {
-      Tensor rounded = rounded_inputs[1].data.clone();
+    for (NodeInput& in : rounded_inputs) {
+      if (!layer.bf16_form || std::find(layer.packed.begin(), layer.packed.end(), in.name) == layer.packed.end()) continue;
+      Tensor rounded = in.data.clone();
       for (int64_t i = 0; i < rounded.numel(); ++i) rounded.data<float>()[i] = bf16_value(rounded.data<float>()[i]);
-      rounded_inputs[1].data = rounded;
+      in.data = rounded;
     }
     cpu::bf16_gemm_force_isa(cpu::Bf16GemmIsa::kNone);
     cpu::CpuEngine loaded(onnx_import::import_engine_graph(bytes, weights, "bf16.engine"), 0, false, true);
     cpu::CpuEngine float32(single_node_graph(layer.node, rounded_inputs));
     const Tensor got = loaded.run(feed_of(layer.inputs)).at("Y"), want = float32.run(feed_of(layer.inputs)).at("Y");
     cpu::bf16_gemm_reset_isa();
-    EXPECT_TRUE(loaded.graph().value("W").packed);  // the file's pack, for saving the engine again
+    for (const std::string& name : layer.packed)  // the file's packs, for saving the engine again
+      EXPECT_TRUE(loaded.graph().value(name).packed) << name;
     EXPECT_TRUE(bitwise_equal(got, want));
   }
 }
@@ -230,11 +262,6 @@ TEST(PackedWeights, ValuesStayWhereAKernelReadsThemAtRunOrAnotherNodeReadsThem) 
   cpu::CpuEngine two_readers(shared);
   EXPECT_FALSE(two_readers.graph().value("W").packed);
   EXPECT_NE(two_readers.graph().value("W").constant->raw(), nullptr);
-
-  // Winograd's 3x3 stride-1 filters (read again at run for shapes with few tiles).
-  const std::vector<NodeInput> conv_inputs = {{"X", random_tensor({1, 10, 10, 16}, 32)}, {"W", random_tensor({16, 16, 3, 3}, 33), true}};
-  cpu::CpuEngine winograd(single_node_graph(channels_last_conv({1, 1}, {1, 1, 1, 1}), conv_inputs));
-  EXPECT_FALSE(winograd.graph().value("W").packed);
 
   // A Gemm whose C varies along the rows runs the general path, which reads B.
   ir::Node gemm;
