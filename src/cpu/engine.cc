@@ -171,17 +171,13 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs, 
 
 // The packs are handed only to a kernel that takes them and is the constant's one reader (an
 // engine file's packs were made that way; a forged file's that were not become values again).
-bool CpuEngine::packable(const std::string& name, const std::map<std::string, int>& constant_readers,
-                         size_t& node_index, size_t& input) const {
+bool CpuEngine::packable(const std::string& name, const std::map<std::string, int>& constant_readers) const {
   auto it = constant_readers.find(name);
   if (it == constant_readers.end() || it->second != 1 || graph_.is_graph_output(name)) return false;
-  for (size_t n = 0; n < graph_.nodes.size(); ++n) {
-    const ir::Node& node = graph_.nodes[n];
+  for (const ir::Node& node : graph_.nodes) {
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       if (node.inputs[i] != name) continue;
       const KernelEntry* entry = KernelRegistry::instance().find(node.op, node.domain);
-      node_index = n;
-      input = i;
       return entry && std::find(entry->packed_inputs.begin(), entry->packed_inputs.end(), i) != entry->packed_inputs.end();
     }
   }
@@ -197,8 +193,7 @@ void CpuEngine::take_packed_constants(const std::map<std::string, int>& constant
     if (!v.constant)
       throw Error(ErrorKind::kInvalidModel, "packed value '" + name + "' is not a constant");
     check_packed_constant(name, *v.packed, v.constant->dtype(), v.constant->shape());
-    size_t node = 0, input = 0;
-    if (!packable(name, constant_readers, node, input)) {
+    if (!packable(name, constant_readers)) {
       v.constant = unpack_constant(*v.packed, v.constant->shape());
       v.packed.reset();
     }
@@ -221,8 +216,7 @@ void CpuEngine::keep_packed_constants(const std::map<std::string, int>& constant
     for (auto& [input, pack] : packs) {
       if (input >= node.inputs.size()) continue;
       ir::Value* v = graph_.find_value(node.inputs[input]);
-      size_t reader = 0, reader_input = 0;
-      if (!v || !v->constant || v->packed || !packable(v->name, constant_readers, reader, reader_input)) continue;
+      if (!v || !v->constant || v->packed || !packable(v->name, constant_readers)) continue;
       // Values of another dtype or shape than the pack's would be read wrong from the file.
       check_packed_constant(v->name, pack, v->constant->dtype(), v->constant->shape());
       v->packed = std::make_shared<const ir::PackedConstant>(std::move(pack));

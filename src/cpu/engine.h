@@ -102,11 +102,10 @@ class CpuEngine {
 
   void check_inputs(const std::map<std::string, Tensor>& inputs) const;
   // Packed constants (cpu/packed_weights.h): whether `name` is read by one node input only, one
-  // that its kernel's entry takes packed (which, at node_index and input); taking a loaded
-  // graph's packs (checked; the others unpacked) before the kernels are made; keeping the packs
-  // the kernels made in place of the values after.
-  bool packable(const std::string& name, const std::map<std::string, int>& constant_readers, size_t& node_index,
-                size_t& input) const;
+  // that its kernel's entry takes packed; taking a loaded graph's packs (checked; the others
+  // unpacked) before the kernels are made; keeping the packs the kernels made in place of the
+  // values after.
+  bool packable(const std::string& name, const std::map<std::string, int>& constant_readers) const;
   void take_packed_constants(const std::map<std::string, int>& constant_readers);
   void keep_packed_constants(const std::map<std::string, int>& constant_readers);
 
