@@ -77,7 +77,7 @@ int time_one_shape(const std::string& spec, int reps, int threads) {
   for (float& v : a) v = dist(rng);
   for (float& v : bias) v = dist(rng);
   PackedA pa(a.data(), m, k, k);
-  if (n <= kNarrowN) pa.add_wide_panels(a.data(), k);
+  if (n <= kNarrowN) pa.add_wide_panels();
   // One set of B, C and residual per copy; enough copies that a cycle through them leaves the caches.
   const int64_t set_floats = k * n + 2 * m * n;
   const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{256} << 20) / (set_floats * 4)));
@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
     for (float& v : a) v = dist(rng);
     for (float& v : b) v = dist(rng);
     PackedA pa(a.data(), s.m, s.k, s.k);
-    if (s.n <= kNarrowN) pa.add_wide_panels(a.data(), s.k);  // as Conv does
+    if (s.n <= kNarrowN) pa.add_wide_panels();  // as Conv does
     SgemmB sb;
     sb.data = b.data();
     sb.ld = s.n;
@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
     std::vector<PackedA> packed(static_cast<size_t>(copies));
     for (PackedA& p : packed) {
       p.pack(w.data(), s.m, kk, kk);
-      if (n <= kNarrowN) p.add_wide_panels(w.data(), kk);
+      if (n <= kNarrowN) p.add_wide_panels();
     }
     Im2col im;
     im.x = x.data();
@@ -317,7 +317,7 @@ int main(int argc, char** argv) {
       const Epilogue none;
       for (WinogradSchedule schedule : {WinogradSchedule::kImagePhases, WinogradSchedule::kThreadBlocks}) {
         winograd_set_schedule(schedule);
-        const double t = best_seconds(reps, [&] { wino.run(geo, w.data(), x.data(), nullptr, nullptr, none, y.data()); });
+        const double t = best_seconds(reps, [&] { wino.run(geo, x.data(), nullptr, nullptr, none, y.data()); });
         std::printf("   winograd %s %6.1f", schedule == WinogradSchedule::kImagePhases ? "phases" : "blocks", flop / t * 1e-9);
       }
       winograd_set_schedule(WinogradSchedule::kAuto);

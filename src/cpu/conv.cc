@@ -25,6 +25,7 @@
 #include "cpu/conv_winograd.h"
 #include "cpu/gemm_util.h"
 #include "cpu/kernel.h"
+#include "cpu/packed_weights.h"
 #include "cpu/parallel.h"
 #include "cpu/sgemm.h"
 #include "ops/conv_geometry.h"
@@ -46,19 +47,27 @@ class ConvKernel final : public Kernel {
  public:
   ConvKernel(const KernelInit& init, bool fused)
       : node_(init.node), fused_(fused), epilogue_(fused ? ir::Activation::from_node(init.node) : ir::Activation{}) {
-    // Constant weights are packed once, here, for every group.
+    // Constant weights are packed once, here, for every group (a loaded engine's panels taken as
+    // they are), also where Winograd applies: its transformed filters are made from the panels
+    // by the first run it pays on.
     const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
     const int64_t group = init.node.attrs.get_int("group", 1);
     if (w && w->dtype() == DType::kFloat32 && w->rank() >= 3 && group >= 1 && w->dim(0) > 0 &&
         w->dim(0) % group == 0 && !(w->dim(1) == 1 && group > 1)) {
-      if (WinogradConv::applies(init.node, w->shape(), group)) {
-        // The transformed filters replace the packed ones (one copy of the weights, not two).
-        winograd_ = std::make_unique<WinogradConv>(w->data<float>(), w->dim(0), w->dim(1));
-      } else {
-        pack_weights(w->data<float>(), w->dim(0), w->numel() / w->dim(0), group);
-        const_weights_ = true;
+      winograd_applies_ = WinogradConv::applies(init.node, w->shape(), group);
+      const ir::PackedConstant* pack = init.packed_input(1);
+      if (!(pack && adopt_packed(*pack, w->shape(), group, packed_))) {
+        pack_weights(constant_values(*w, pack).data<float>(), w->dim(0), w->numel() / w->dim(0), group);
+        if (group > 1) share_one_buffer(packed_);  // the groups' panels one after another: one pack
       }
+      w_shape_ = w->shape();
+      const_weights_ = true;
     }
+  }
+
+  std::vector<std::pair<size_t, ir::PackedConstant>> packed_constants() const override {
+    if (!const_weights_) return {};
+    return {{1, packed_constant(packed_)}};
   }
 
   void run(const std::vector<const Tensor*>& in, std::vector<Tensor>& out) override {
@@ -78,8 +87,11 @@ class ConvKernel final : public Kernel {
       depthwise(g, x, w, bias, z, y);
       return;
     }
-    if (winograd_ && WinogradConv::runs_geometry(g) && WinogradConv::pays(g)) {
-      winograd_->run(g, w, x, bias, z, epilogue_, y);
+    if (winograd_applies_ && WinogradConv::runs_geometry(g) && WinogradConv::pays(g)) {
+      // Runs are one at a time (CpuEngine::run): the first that pays makes the transformed filters.
+      if (!winograd_)
+        winograd_ = std::make_unique<WinogradConv>(unpack_constant(packed_constant(packed_), w_shape_).data<float>(), M, C);
+      winograd_->run(g, x, bias, z, epilogue_, y);
       return;
     }
     const int64_t K = Cg * g.kernel_size(), Nin = g.in_size(), N = g.out_size();
@@ -88,15 +100,10 @@ class ConvKernel final : public Kernel {
     // packing read past it).
     const bool direct = g.kernel_size() == 1 && g.s[0] == 1 && g.s[1] == 1 && g.s[2] == 1 && g.p[0] == 0 &&
                         g.p[1] == 0 && g.p[2] == 0 && N == Nin;
-    if (!const_weights_) {
-      pack_weights(w, M, K, G);
-      // Constant weights that Winograd did not take at these shapes: packed once, on first need.
-      const_weights_ = winograd_ != nullptr;
-    }
+    if (!const_weights_) pack_weights(w, M, K, G);  // weights computed by the graph: packed every run
     if (N <= kNarrowN)  // the transposed product for narrow outputs reads A in 32-row panels
       for (int64_t gi = 0; gi < G; ++gi)
-        if (!packed_[static_cast<size_t>(gi)].has_wide_panels())
-          packed_[static_cast<size_t>(gi)].add_wide_panels(w + gi * Mg * K, K);
+        if (!packed_[static_cast<size_t>(gi)].has_wide_panels()) packed_[static_cast<size_t>(gi)].add_wide_panels();
     const int threads = thread_count();
     const int64_t jobs = g.batch * G;
 
@@ -758,7 +765,9 @@ class ConvKernel final : public Kernel {
   Epilogue epilogue_;
   std::vector<PackedA> packed_;  // W per group, MR-row panels
   bool const_weights_ = false;   // packed_ holds the constant W (else it is packed per run)
-  std::unique_ptr<WinogradConv> winograd_;  // constant 3x3 filters of stride 1, transformed
+  std::vector<int64_t> w_shape_;  // the constant W's
+  bool winograd_applies_ = false;  // constant 3x3 filters of stride 1
+  std::unique_ptr<WinogradConv> winograd_;  // their transformed filters, made on the first run Winograd pays on
 };
 
 // ConvTranspose as GEMM + col2im: col[M/G * k x HWin] = W_g^T @ X_g, then every column entry
@@ -845,6 +854,7 @@ KILN_REGISTER_CPU_KERNELS(conv) {
     e.create = [](const KernelInit& init) -> std::unique_ptr<Kernel> {
       return std::make_unique<ConvKernel>(init, init.node.op == "FusedConv");
     };
+    e.packed_inputs = {1};
     registry.add(std::move(e));
   }
   KernelEntry e;

@@ -210,8 +210,8 @@ WinogradConv::WinogradConv(const float* w, int64_t out_channels, int64_t in_chan
 
 void winograd_set_schedule(WinogradSchedule schedule) { forced_schedule.store(static_cast<int>(schedule)); }
 
-void WinogradConv::run(const Geo3& g, const float* w, const float* x, const float* bias, const float* residual,
-                       const Epilogue& act, float* y) {
+void WinogradConv::run(const Geo3& g, const float* x, const float* bias, const float* residual, const Epilogue& act,
+                       float* y) {
   const int64_t h = g.in[1], wd = g.in[2], oh = g.out[1], ow = g.out[2];
   const int64_t th = (oh + 1) / 2, tw = (ow + 1) / 2;
   const int64_t plane = oh * ow;
@@ -239,8 +239,7 @@ void WinogradConv::run(const Geo3& g, const float* w, const float* x, const floa
       schedule == WinogradSchedule::kThreadBlocks ? block_rows * tw : part_rows * tw * images;
   if (narrow_cols <= kNarrowN && !u_[0].has_wide_panels()) {
     // Narrow products run transposed on 32-row panels of U, made the first time they are needed.
-    const std::vector<float> u = winograd_filters(w, m_, c_);
-    for (int64_t xi = 0; xi < kValues; ++xi) u_[static_cast<size_t>(xi)].add_wide_panels(u.data() + xi * m_ * c_, c_);
+    for (int64_t xi = 0; xi < kValues; ++xi) u_[static_cast<size_t>(xi)].add_wide_panels();
   }
   // Tile rows [ty0, ty1) of images [b0, b1), on buffers v (transforms) and sums, as one GEMM
   // per xi over all their tiles; `parallel`: the three steps each split over the threads.

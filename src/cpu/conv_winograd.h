@@ -52,12 +52,10 @@ class WinogradConv {
   // w: the constant weights [M, C, 3, 3].
   WinogradConv(const float* w, int64_t out_channels, int64_t in_channels);
 
-  // y [batch, M, OH, OW] = act(conv(x) + bias[m] + residual); bias and residual may be null. w
-  // is the constant weights again: the first run of narrow outputs transforms them once more for
-  // the transposed product's panels. Must not run concurrently with itself (as packed_sgemm's
-  // add_wide_panels).
-  void run(const Geo3& g, const float* w, const float* x, const float* bias, const float* residual,
-           const Epilogue& act, float* y);
+  // y [batch, M, OH, OW] = act(conv(x) + bias[m] + residual); bias and residual may be null.
+  // Must not run concurrently with itself (the first run of narrow outputs adds the transposed
+  // product's panels: PackedA::add_wide_panels).
+  void run(const Geo3& g, const float* x, const float* bias, const float* residual, const Epilogue& act, float* y);
 
  private:
   int64_t m_ = 0, c_ = 0;

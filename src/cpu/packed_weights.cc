@@ -18,21 +18,53 @@ const char* view_name(PackView view) {
   return "?";
 }
 
+// A layout: 32-column panels (bf16, view), or PackedA's rows (mr, groups).
 struct Layout {
+  bool rows = false;
   bool bf16 = false;
   PackView view = PackView::kRows;
+  int mr = 0;
+  int64_t groups = 0;
 };
 
 std::string layout_name(bool bf16, PackView view) { return std::string(bf16 ? "bf16" : "f32") + ".cols32." + view_name(view); }
+std::string rows_layout_name(int mr, int64_t groups) { return "f32.rows" + std::to_string(mr) + ".g" + std::to_string(groups); }
 
 bool parse_layout(const std::string& name, Layout& out) {
   for (bool bf16 : {false, true})
     for (PackView view : {PackView::kRows, PackView::kTransposed, PackView::kConvTaps})
       if (name == layout_name(bf16, view)) {
-        out = {bf16, view};
+        out = {false, bf16, view, 0, 0};
         return true;
       }
-  return false;
+  // "f32.rows<MR>.g<G>", MR one of the micro-kernels' heights, written as rows_layout_name writes it.
+  const std::string prefix = "f32.rows";
+  const size_t dot = name.find(".g", prefix.size());
+  if (name.compare(0, prefix.size(), prefix) != 0 || dot == std::string::npos || name.size() - dot > 14) return false;
+  const std::string mr_digits = name.substr(prefix.size(), dot - prefix.size()), group_digits = name.substr(dot + 2);
+  if (mr_digits.size() != 1 || group_digits.empty() ||
+      group_digits.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  const int mr = mr_digits[0] - '0';
+  const int64_t groups = std::stoll(group_digits);
+  bool known_mr = false;
+  for (SgemmIsa isa : {SgemmIsa::kPlain, SgemmIsa::kAvx2, SgemmIsa::kAvx512}) known_mr |= sgemm_mr(isa) == mr;
+  if (!known_mr || groups < 1 || rows_layout_name(mr, groups) != name) return false;
+  out = {true, false, PackView::kRows, mr, groups};
+  return true;
+}
+
+// The bytes of `layout` for a constant of `shape`, or -1 where it does not fit.
+int64_t layout_bytes(const Layout& layout, const std::vector<int64_t>& shape) {
+  if (layout.rows) {
+    if (shape.size() < 2 || shape[0] % layout.groups != 0) return -1;
+    int64_t k = 1;
+    for (size_t i = 1; i < shape.size(); ++i) k *= shape[i];
+    return layout.groups * PackedA::floats_for(shape[0] / layout.groups, k, layout.mr) * int64_t{sizeof(float)};
+  }
+  int64_t k = 0, n = 0;
+  if (!pack_matrix_dims(layout.view, shape, k, n)) return -1;
+  return layout.bf16 ? Bf16PackedColumns::bytes_for(k, n) : PackedColumns::bytes_for(k, n);
 }
 
 // The exact bytes a pack's tensor shares with the panels: the storage itself where it is that
@@ -108,13 +140,12 @@ void check_packed_constant(const std::string& name, const ir::PackedConstant& pa
     throw Error(ErrorKind::kInvalidModel, "constant '" + name + "' is packed in layout '" + pack.layout +
                                               "', which this kiln does not know")
         .hint("rebuild the engine with this kiln (kiln build)");
-  int64_t k = 0, n = 0;
-  if (dtype != DType::kFloat32 || !pack_matrix_dims(layout.view, shape, k, n))
+  // The dimensions multiply to a shape kiln accepted (at most kMaxTensorBytes), so the panels'
+  // size, at most 32 times that with the padding, fits in int64.
+  const int64_t need = dtype == DType::kFloat32 ? layout_bytes(layout, shape) : -1;
+  if (need < 0)
     throw Error(ErrorKind::kInvalidModel, "constant '" + name + "' (" + to_string(dtype) + ", shape " +
                                               shape_to_string(shape) + ") cannot be packed in layout " + pack.layout);
-  // k and n multiply dimensions of a shape kiln accepted (at most kMaxTensorBytes), so the panels'
-  // size, at most 32 times that with the padding, fits in int64.
-  const int64_t need = layout.bf16 ? Bf16PackedColumns::bytes_for(k, n) : PackedColumns::bytes_for(k, n);
   if (static_cast<int64_t>(pack.data.nbytes()) != need || (need > 0 && !pack.data.raw()))
     throw Error(ErrorKind::kInvalidModel, "constant '" + name + "' has " + std::to_string(pack.data.nbytes()) +
                                               " bytes packed in layout " + pack.layout + ", which needs " +
@@ -139,11 +170,22 @@ bool adopt_packed(const ir::PackedConstant& pack, PackView view, const std::vect
 
 Tensor unpack_constant(const ir::PackedConstant& pack, const std::vector<int64_t>& shape) {
   Layout layout;
-  int64_t k = 0, n = 0;
-  if (!parse_layout(pack.layout, layout) || !pack_matrix_dims(layout.view, shape, k, n))
+  if (!parse_layout(pack.layout, layout) || layout_bytes(layout, shape) < 0)
     throw Error(ErrorKind::kInternal, "unpacking layout '" + pack.layout + "' for shape " + shape_to_string(shape));
   Tensor out = Tensor::uninitialized(DType::kFloat32, shape);
   float* values = out.data<float>();
+  const float* floats = static_cast<const float*>(pack.data.raw());
+  if (layout.rows) {
+    const int64_t mg = shape[0] / layout.groups, k = out.numel() / std::max<int64_t>(shape[0], 1), mr = layout.mr;
+    const int64_t per_group = PackedA::floats_for(mg, k, layout.mr);
+    for (int64_t g = 0; g < layout.groups; ++g)
+      for (int64_t row = 0; row < mg; ++row)
+        for (int64_t kk = 0; kk < k; ++kk)
+          values[(g * mg + row) * k + kk] = floats[g * per_group + (row / mr) * k * mr + kk * mr + row % mr];
+    return out;
+  }
+  int64_t k = 0, n = 0;
+  pack_matrix_dims(layout.view, shape, k, n);
   const int64_t kp = layout.bf16 ? Bf16PackedColumns::padded_depth(k) : k;
   for (int64_t c = 0; c < n; ++c) {
     const int64_t panel = c / kCols * kp * kCols, col = c % kCols;
@@ -155,12 +197,47 @@ Tensor unpack_constant(const ir::PackedConstant& pack, const std::vector<int64_t
         const uint32_t wide = static_cast<uint32_t>(bits) << 16;
         std::memcpy(&v, &wide, sizeof v);
       } else {
-        v = static_cast<const float*>(pack.data.raw())[panel + r * kCols + col];
+        v = floats[panel + r * kCols + col];
       }
       values[constant_index(layout.view, shape, k, n, r, c)] = v;
     }
   }
   return out;
+}
+
+ir::PackedConstant packed_constant(const std::vector<PackedA>& groups) {
+  const PackedA& first = groups.at(0);
+  const int64_t bytes = static_cast<int64_t>(groups.size()) * PackedA::floats_for(first.rows(), first.depth(), first.mr()) *
+                        int64_t{sizeof(float)};
+  return {rows_layout_name(first.mr(), static_cast<int64_t>(groups.size())), exact_bytes(first.storage(), bytes)};
+}
+
+void share_one_buffer(std::vector<PackedA>& groups) {
+  int64_t total = 0;
+  for (const PackedA& g : groups) total += PackedA::floats_for(g.rows(), g.depth(), g.mr());
+  Tensor shared = Tensor::uninitialized(DType::kFloat32, {std::max<int64_t>(1, total)});
+  int64_t offset = 0;
+  for (PackedA& g : groups) {
+    const int64_t floats = PackedA::floats_for(g.rows(), g.depth(), g.mr());
+    std::memcpy(shared.data<float>() + offset, g.panel(0), static_cast<size_t>(floats) * sizeof(float));
+    g.adopt(shared, offset, g.rows(), g.depth(), g.isa());
+    offset += floats;
+  }
+}
+
+bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& shape, int64_t groups,
+                  std::vector<PackedA>& out) {
+  Layout layout;
+  const SgemmIsa isa = sgemm_isa();
+  if (!parse_layout(pack.layout, layout) || !layout.rows || layout.groups != groups || layout.mr != sgemm_mr(isa) ||
+      layout_bytes(layout, shape) < 0)
+    return false;
+  const int64_t mg = shape[0] / groups, k = shape_numel(shape) / std::max<int64_t>(shape[0], 1);
+  out.clear();
+  out.resize(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g)
+    out[static_cast<size_t>(g)].adopt(pack.data, g * PackedA::floats_for(mg, k, layout.mr), mg, k, isa);
+  return true;
 }
 
 Tensor constant_values(const Tensor& constant, const ir::PackedConstant* pack) {

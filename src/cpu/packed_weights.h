@@ -14,7 +14,10 @@
 //   "nk"    the constant is [N, ...], its rows the matrix's columns, K the product of the rest
 //           (Gemm's B with transB, a convolution's OIHW filters read as (c, ky, kx) x M);
 //   "taps"  the constant is [M, C, kH, kW] filters, K = (ky, kx, c), N = M (a channels-last
-//           convolution's gathered taps).
+//           convolution's gathered taps);
+// and "f32.rows<MR>.g<G>": the constant [M, ...] as G groups of M / G rows (K the product of the
+// rest), each group's rows in PackedA's panels of MR rows for the sgemm micro-kernel of that
+// height, the groups one after another (the channels-first convolution's).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +42,11 @@ std::vector<float> pack_matrix(PackView view, const float* values, const std::ve
 ir::PackedConstant packed_constant(const PackedColumns& panels, PackView view);
 ir::PackedConstant packed_constant(const Bf16PackedColumns& panels, PackView view);
 
+// The same for a convolution's groups, whose panels share one buffer (share_one_buffer).
+ir::PackedConstant packed_constant(const std::vector<PackedA>& groups);
+// Moves the groups' panels into one buffer, one group after another.
+void share_one_buffer(std::vector<PackedA>& groups);
+
 // Throws kInvalidModel, naming the constant, unless `pack` is a layout kiln knows for a float32
 // constant of `shape`, holding the bytes that layout needs (an engine file's packs pass here
 // before a kernel sees them).
@@ -50,6 +58,11 @@ bool adopt_packed(const ir::PackedConstant& pack, PackView view, const std::vect
 // The same for bfloat16 panels, which `isa` (not kNone) runs.
 bool adopt_packed(const ir::PackedConstant& pack, PackView view, const std::vector<int64_t>& shape, Bf16GemmIsa isa,
                   Bf16PackedColumns& out);
+
+// Takes `pack` (checked) into `groups` PackedA when it is rows of this CPU's micro-kernel height
+// (sgemm_mr(sgemm_isa())) in that many groups; false otherwise.
+bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& shape, int64_t groups,
+                  std::vector<PackedA>& out);
 
 // The constant's float32 values from its pack (checked): exactly the constant's for float32
 // panels, the values rounded to bfloat16 for bfloat16 ones. For a kernel that takes the pack in

@@ -788,6 +788,8 @@ float* AlignedFloats::reserve(int64_t n) {
   return p_.get();
 }
 
+int sgemm_mr(SgemmIsa isa) { return micro_kernel(isa).mr; }
+
 void PackedA::pack(const float* a, int64_t m, int64_t k, int64_t lda) {
   has_wide_ = false;
   isa_ = sgemm_isa();
@@ -795,7 +797,10 @@ void PackedA::pack(const float* a, int64_t m, int64_t k, int64_t lda) {
   m_ = m;
   k_ = k;
   const int64_t panels = (m + mr_ - 1) / mr_;
-  float* d = buf_.reserve(std::max<int64_t>(1, panels * k * mr_));
+  buf_ = Tensor::uninitialized(DType::kFloat32, {std::max<int64_t>(1, panels * k * mr_)});
+  offset_ = 0;
+  float* d = buf_.data<float>();
+  data_ = d;
   for (int64_t pi = 0; pi < panels; ++pi)
     for (int64_t kk = 0; kk < k; ++kk)
       for (int i = 0; i < mr_; ++i) {
@@ -804,7 +809,24 @@ void PackedA::pack(const float* a, int64_t m, int64_t k, int64_t lda) {
       }
 }
 
-void PackedA::add_wide_panels(const float* a, int64_t lda) {
+void PackedA::adopt(Tensor storage, int64_t offset, int64_t m, int64_t k, SgemmIsa isa) {
+  const int mr = micro_kernel(isa).mr;
+  if (m < 0 || k < 0 || offset < 0 ||
+      (offset + floats_for(m, k, mr)) * static_cast<int64_t>(sizeof(float)) > static_cast<int64_t>(storage.nbytes()))
+    throw Error(ErrorKind::kInvalidArgument, "packed panels of " + std::to_string(storage.nbytes()) + " bytes from float " +
+                                                 std::to_string(offset) + " for a " + std::to_string(m) + " x " +
+                                                 std::to_string(k) + " matrix in rows of " + std::to_string(mr));
+  has_wide_ = false;
+  isa_ = isa;
+  mr_ = mr;
+  m_ = m;
+  k_ = k;
+  buf_ = std::move(storage);
+  offset_ = offset;
+  data_ = static_cast<const float*>(buf_.raw()) + offset;
+}
+
+void PackedA::add_wide_panels() {
   if (isa_ != SgemmIsa::kAvx512) return;
   const int64_t panels = (m_ + 31) / 32;
   float* d = wide_.reserve(std::max<int64_t>(1, panels * k_ * 32));
@@ -812,7 +834,7 @@ void PackedA::add_wide_panels(const float* a, int64_t lda) {
     for (int64_t kk = 0; kk < k_; ++kk)
       for (int i = 0; i < 32; ++i) {
         const int64_t row = pi * 32 + i;
-        *d++ = row < m_ ? a[row * lda + kk] : 0.f;
+        *d++ = row < m_ ? panel(row / mr_)[kk * mr_ + row % mr_] : 0.f;
       }
   has_wide_ = true;
 }

@@ -60,16 +60,21 @@ class AlignedFloats {
 };
 
 // A [M x K] (row-major, leading dimension lda) in MR-row panels: panel i holds rows
-// [i*MR, i*MR + MR) as K groups of MR floats; rows past M are zero.
+// [i*MR, i*MR + MR) as K groups of MR floats; rows past M are zero. The panels live in a Tensor
+// (from an offset), so a convolution's groups can share one that an engine file stores.
 class PackedA {
  public:
   PackedA() = default;
   PackedA(const float* a, int64_t m, int64_t k, int64_t lda) { pack(a, m, k, lda); }
   void pack(const float* a, int64_t m, int64_t k, int64_t lda);
-  // Adds a second copy in 32-row panels for the transposed product of narrow outputs (N up
-  // to kNarrowN), which uses A as the vector side. AVX-512 packs only; packed_sgemm uses it
-  // when present. Must not run concurrently with packed_sgemm on this PackedA.
-  void add_wide_panels(const float* a, int64_t lda);
+  // Takes panels packed before for `isa`: floats_for(m, k, sgemm_mr(isa)) floats of `storage`'s
+  // bytes from float `offset` on, kept alive here.
+  void adopt(Tensor storage, int64_t offset, int64_t m, int64_t k, SgemmIsa isa);
+  static int64_t floats_for(int64_t m, int64_t k, int mr) { return (m + mr - 1) / mr * k * mr; }
+  // Adds a second copy in 32-row panels, made from the MR-row ones, for the transposed product of
+  // narrow outputs (N up to kNarrowN), which uses A as the vector side. AVX-512 packs only;
+  // packed_sgemm uses it when present. Must not run concurrently with packed_sgemm on this PackedA.
+  void add_wide_panels();
   bool has_wide_panels() const { return has_wide_; }
   const float* wide_panel(int64_t i) const { return wide_.data() + i * k_ * 32; }
 
@@ -78,16 +83,24 @@ class PackedA {
   int64_t depth() const { return k_; }
   SgemmIsa isa() const { return isa_; }
   int mr() const { return mr_; }
-  const float* panel(int64_t i) const { return buf_.data() + i * k_ * mr_; }
+  const float* panel(int64_t i) const { return data_ + i * k_ * mr_; }
+  // The panels: floats_for(rows(), depth(), mr()) floats of storage() from storage_offset() on.
+  const Tensor& storage() const { return buf_; }
+  int64_t storage_offset() const { return offset_; }
 
  private:
   int64_t m_ = 0, k_ = 0;
   SgemmIsa isa_ = SgemmIsa::kPlain;
   int mr_ = 1;
-  AlignedFloats buf_;
+  Tensor buf_;
+  int64_t offset_ = 0;
+  const float* data_ = nullptr;
   AlignedFloats wide_;
   bool has_wide_ = false;
 };
+
+// The rows of a PackedA's panels on `isa`'s micro-kernel.
+int sgemm_mr(SgemmIsa isa);
 
 // W [K x N] (row-major, leading dimension ldw) in 32-column panels: panel q holds columns
 // [32q, 32q + 32) as K rows of 32 floats, columns past N zero. The vector side of rows_sgemm,

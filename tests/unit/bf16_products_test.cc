@@ -23,22 +23,10 @@ namespace kiln {
 namespace {
 
 using testing::all_close;
+using testing::bf16_value;
 using testing::NodeInput;
 using testing::random_tensor;
 using testing::single_node_graph;
-
-float bf16_value(float f) {
-  const uint32_t bits = static_cast<uint32_t>(float_to_bfloat16(f)) << 16;
-  float v;
-  std::memcpy(&v, &bits, 4);
-  return v;
-}
-
-Tensor rounded(const Tensor& t) {
-  Tensor r = t.clone();
-  for (int64_t i = 0; i < r.numel(); ++i) r.data<float>()[i] = bf16_value(r.data<float>()[i]);
-  return r;
-}
 
 std::vector<cpu::Bf16GemmIsa> isas() {
   std::vector<cpu::Bf16GemmIsa> out;
@@ -132,7 +120,7 @@ void expect_rounded_float32(const ir::Node& node, std::vector<NodeInput> inputs,
   const Tensor got = run_node(node, inputs, true, &tactic);
   EXPECT_EQ(tactic, std::string("bf16 ") + cpu::bf16_gemm_isa_name(cpu::bf16_gemm_isa()));
   const Tensor unrounded = run_node(node, inputs, false);
-  for (size_t i : rounded_inputs) inputs[i].data = rounded(inputs[i].data);
+  for (size_t i : rounded_inputs) inputs[i].data = testing::bf16_rounded(inputs[i].data);
   const Tensor want = run_node(node, inputs, false);
   EXPECT_TRUE(all_close(got, want, 1e-4f));
   // And the operands were rounded: the float32 product of the unrounded ones differs.

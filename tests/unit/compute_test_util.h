@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -23,6 +24,21 @@ inline Tensor random_tensor(std::vector<int64_t> shape, uint32_t seed) {
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
   return t;
+}
+
+// f rounded to bfloat16 (to nearest even), as a float.
+inline float bf16_value(float f) {
+  const uint32_t bits = static_cast<uint32_t>(float_to_bfloat16(f)) << 16;
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+// A float32 tensor's elements rounded to bfloat16.
+inline Tensor bf16_rounded(const Tensor& t) {
+  Tensor r = t.clone();
+  for (int64_t i = 0; i < r.numel(); ++i) r.data<float>()[i] = bf16_value(r.data<float>()[i]);
+  return r;
 }
 
 // One input of a single-node graph: a name ("" = omitted), its data, and whether the graph

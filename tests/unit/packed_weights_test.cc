@@ -1,8 +1,8 @@
 // Packed weights (cpu/packed_weights.h): every layout unpacks to its constant (float32 exactly,
 // bfloat16 as the rounded values) and refuses sizes, names and shapes that do not fit; a CPU
 // engine keeps a constant only as its kernel's pack where that kernel is its one reader and never
-// reads it at run (MatMul, Gemm, channels-last convolutions, Winograd's included, in float32 and
-// bfloat16), and keeps the values elsewhere (shared weights, a Gemm whose C varies by row); an
+// reads it at run (MatMul, Gemm, channels-last and channels-first convolutions, Winograd's
+// included, in float32 and bfloat16), and keeps the values elsewhere (shared weights, a Gemm whose C varies by row); an
 // engine graph written and read back hands the packs to the kernels as they are (the kernel holds
 // the very bytes the graph does) and computes bit for bit what the first engine did; a forged
 // graph's packs become values again where no packing kernel reads them, and are refused where
@@ -24,16 +24,10 @@
 namespace kiln {
 namespace {
 
+using testing::bf16_value;
 using testing::NodeInput;
 using testing::random_tensor;
 using testing::single_node_graph;
-
-float bf16_value(float f) {
-  const uint32_t bits = static_cast<uint32_t>(float_to_bfloat16(f)) << 16;
-  float v;
-  std::memcpy(&v, &bits, 4);
-  return v;
-}
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
@@ -76,6 +70,32 @@ TEST(PackedWeights, EveryLayoutUnpacksToItsConstant) {
   }
 }
 
+// The channels-first convolution's rows: each group's rows in the micro-kernel's panels, the
+// groups one after another.
+TEST(PackedWeights, RowPanelsOfEveryGroupUnpackToTheirConstant) {
+  uint32_t seed = 50;
+  for (int64_t groups : {1, 3})
+    for (const std::vector<int64_t>& shape : {std::vector<int64_t>{24, 5, 3, 3}, std::vector<int64_t>{9, 4, 2, 2}}) {
+      SCOPED_TRACE(shape_to_string(shape) + " in " + std::to_string(groups) + " groups");
+      const Tensor w = random_tensor(shape, seed++);
+      const int64_t mg = shape[0] / groups, k = w.numel() / shape[0];
+      std::vector<cpu::PackedA> panels(static_cast<size_t>(groups));
+      for (int64_t g = 0; g < groups; ++g) panels[static_cast<size_t>(g)].pack(w.data<float>() + g * mg * k, mg, k, k);
+      cpu::share_one_buffer(panels);
+      const ir::PackedConstant pack = cpu::packed_constant(panels);
+      EXPECT_EQ(pack.layout, "f32.rows" + std::to_string(panels[0].mr()) + ".g" + std::to_string(groups));
+      EXPECT_NO_THROW(cpu::check_packed_constant("W", pack, DType::kFloat32, shape));
+      EXPECT_TRUE(bitwise_equal(cpu::unpack_constant(pack, shape), w));
+      std::vector<cpu::PackedA> taken;
+      ASSERT_TRUE(cpu::adopt_packed(pack, shape, groups, taken));
+      for (int64_t g = 0; g < groups; ++g)
+        EXPECT_EQ(std::memcmp(taken[static_cast<size_t>(g)].panel(0), panels[static_cast<size_t>(g)].panel(0),
+                              static_cast<size_t>(cpu::PackedA::floats_for(mg, k, panels[0].mr())) * sizeof(float)),
+                  0);
+      EXPECT_FALSE(cpu::adopt_packed(pack, shape, groups == 1 ? 3 : 1, taken)) << "taken for another group count";
+    }
+}
+
 TEST(PackedWeights, RefusesPacksThatDoNotFitTheirConstant) {
   const std::vector<int64_t> shape = {33, 40};
   const Tensor w = random_tensor(shape, 7);
@@ -102,6 +122,14 @@ TEST(PackedWeights, RefusesPacksThatDoNotFitTheirConstant) {
   ir::PackedConstant taps = good;
   taps.layout = "f32.cols32.taps";
   refused(taps, DType::kFloat32, shape, "filters' view of a matrix");
+  for (const char* name : {"f32.rows5.g1", "f32.rows8.g0", "f32.rows8.g07", "f32.rows8.g", "f32.rows8.g1x", "f32.rows88.g1"}) {
+    ir::PackedConstant rows = good;
+    rows.layout = name;
+    refused(rows, DType::kFloat32, shape, name);
+  }
+  ir::PackedConstant groups = good;
+  groups.layout = "f32.rows8.g2";
+  refused(groups, DType::kFloat32, {33, 40}, "33 rows in 2 groups");
 }
 
 ir::Node channels_last_conv(const std::vector<int64_t>& strides, const std::vector<int64_t>& pads) {
@@ -149,6 +177,24 @@ std::vector<Layer> packing_layers() {
                     {{"X", random_tensor({1, 9, 8, 24}, 18)}, {"W", random_tensor({20, 24, 3, 3}, 19), true}}});
   ir::Node first = channels_last_conv({2, 2}, {3, 3, 3, 3});
   first.attrs.set("input_channels_first", int64_t{1});
+  // The channels-first convolution (ONNX's Conv): one group, three, and 3x3 of stride 1, whose
+  // Winograd filters are made from the panels at 16 x 16 and not needed at 4 x 4. No bfloat16 form.
+  ir::Node conv;
+  conv.op = "Conv";
+  conv.attrs.set("strides", std::vector<int64_t>{2, 2});
+  conv.attrs.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+  layers.push_back({"Conv 3x3 stride 2", conv,
+                    {{"X", random_tensor({2, 12, 9, 8}, 33)}, {"W", random_tensor({20, 12, 3, 3}, 34), true}}, {"W"}, false});
+  ir::Node grouped = conv;
+  grouped.attrs.set("group", int64_t{3});
+  layers.push_back({"Conv 3x3 stride 2, 3 groups", grouped,
+                    {{"X", random_tensor({1, 12, 9, 8}, 35)}, {"W", random_tensor({21, 4, 3, 3}, 36), true}}, {"W"}, false});
+  ir::Node winograd = conv;
+  winograd.attrs.set("strides", std::vector<int64_t>{1, 1});
+  for (int64_t side : {16, 4})
+    layers.push_back({side == 16 ? "Conv 3x3 stride 1, Winograd" : "Conv 3x3 stride 1, too few tiles for Winograd", winograd,
+                      {{"X", random_tensor({1, 16, side, side}, 37)}, {"W", random_tensor({24, 16, 3, 3}, 38), true}}, {"W"},
+                      false});
   // A channels-first input's convolution, and the separable block, have no bfloat16 form.
   layers.push_back({"ChannelsLastConv, channels-first input 7x7",
                     first,
@@ -204,9 +250,10 @@ TEST(PackedWeights, EnginesKeepOnlyThePacksAndLoadThemAsTheyAre) {
       }
       std::string().swap(weights);
       cpu::CpuEngine loaded(std::move(read), 0, false, bf16);
-      // The graph's pack and the kernel's panels are one buffer.
+      // The graph's pack and the kernel's panels are one buffer (held once more per group of a
+      // grouped convolution), not a copy.
       for (const std::string& name : layer.packed)
-        EXPECT_EQ(loaded.graph().value(name).packed->data.storage().use_count(), 2) << name;
+        EXPECT_GT(loaded.graph().value(name).packed->data.storage().use_count(), 1) << name;
       EXPECT_TRUE(bitwise_equal(loaded.run(feed_of(layer.inputs)).at("Y"), want));
     }
   }
@@ -225,9 +272,7 @@ TEST(PackedWeights, BfloatPacksOnACpuWithoutBfloat16RunInFloat32) {
     std::vector<NodeInput> rounded_inputs = layer.inputs;
     for (NodeInput& in : rounded_inputs) {
       if (!layer.bf16_form || std::find(layer.packed.begin(), layer.packed.end(), in.name) == layer.packed.end()) continue;
-      Tensor rounded = in.data.clone();
-      for (int64_t i = 0; i < rounded.numel(); ++i) rounded.data<float>()[i] = bf16_value(rounded.data<float>()[i]);
-      in.data = rounded;
+      in.data = testing::bf16_rounded(in.data);
     }
     cpu::bf16_gemm_force_isa(cpu::Bf16GemmIsa::kNone);
     cpu::CpuEngine loaded(onnx_import::import_engine_graph(bytes, weights, "bf16.engine"), 0, false, true);
@@ -237,6 +282,29 @@ TEST(PackedWeights, BfloatPacksOnACpuWithoutBfloat16RunInFloat32) {
     for (const std::string& name : layer.packed)  // the file's packs, for saving the engine again
       EXPECT_TRUE(loaded.graph().value(name).packed) << name;
     EXPECT_TRUE(bitwise_equal(got, want));
+  }
+}
+
+// An engine file whose rows were packed for another micro-kernel's height (an AVX2 build, forced
+// here) loaded where the kernel packs its own: the rows are unpacked and packed again, and the
+// engine computes what one built here does.
+TEST(PackedWeights, RowsOfAnotherMicroKernelArePackedAgain) {
+  if (cpu::sgemm_best_isa() == cpu::SgemmIsa::kAvx2) GTEST_SKIP() << "this CPU's micro-kernel is AVX2's";
+  for (const Layer& layer : packing_layers()) {
+    if (layer.node.op != "Conv") continue;
+    SCOPED_TRACE(layer.name);
+    const ir::Graph graph = single_node_graph(layer.node, layer.inputs);
+    cpu::sgemm_force_isa(cpu::SgemmIsa::kAvx2);
+    cpu::CpuEngine avx2(graph);
+    cpu::sgemm_reset_isa();
+    ASSERT_TRUE(avx2.graph().value("W").packed);
+    EXPECT_EQ(avx2.graph().value("W").packed->layout.substr(0, 9), "f32.rows6");
+    std::string weights;
+    const std::string bytes = onnx_export::export_engine_graph(avx2.graph(), weights);
+    cpu::CpuEngine loaded(onnx_import::import_engine_graph(bytes, weights, "avx2.engine"));
+    cpu::CpuEngine here(graph);
+    EXPECT_EQ(loaded.graph().value("W").packed->layout, avx2.graph().value("W").packed->layout);  // kept for saving
+    EXPECT_TRUE(bitwise_equal(loaded.run(feed_of(layer.inputs)).at("Y"), here.run(feed_of(layer.inputs)).at("Y")));
   }
 }
 

@@ -116,7 +116,7 @@ TEST(Sgemm, MatchesNaiveLoopOnEveryKernel) {
         std::vector<float> got(static_cast<size_t>(c.m * ldc), 1234.f);
         PackedA pa(a.data(), c.m, c.k, c.k);
         ASSERT_EQ(pa.isa(), isa);
-        if (wide) pa.add_wide_panels(a.data(), c.k);
+        if (wide) pa.add_wide_panels();
         ASSERT_EQ(pa.has_wide_panels(), wide);
         SgemmB sb;
         sb.data = b.data();
@@ -155,7 +155,7 @@ TEST(Sgemm, EpilogueAddsBiasResidualAndActivation) {
             ep.ld_residual = c.n;
             ep.act = &epilogue;
             PackedA pa(a.data(), c.m, c.k, c.k);
-            if (wide) pa.add_wide_panels(a.data(), c.k);
+            if (wide) pa.add_wide_panels();
             SgemmB sb;
             sb.data = b.data();
             sb.ld = c.n;
@@ -241,7 +241,7 @@ TEST(Sgemm, Im2colPackingMatchesExplicitColumns) {
         std::vector<float> col = explicit_im2col(g, cc.c);
         std::vector<float> a = random_vector(static_cast<size_t>(cc.m * k), seed++);
         PackedA pa(a.data(), cc.m, k, k);
-        if (threads == 2) pa.add_wide_panels(a.data(), k);  // the transposed path where it applies
+        if (threads == 2) pa.add_wide_panels();  // the transposed path where it applies
         SgemmB sb;
         sb.conv = &g;
         std::vector<float> got(static_cast<size_t>(cc.m * n));
