@@ -3,11 +3,11 @@
 runs it takes beyond the kiln binary's own, and the load time, for one kiln build or two.
 
     .venv/bin/python bench/cpu_engine_memory.py --kiln build/kiln [--baseline OLD/kiln] \\
-        [--models resnet50,mobilenet_v2,bert_base] [--precisions fp32,bf16] [--rounds 3] --out FILE.json
+        [--models resnet50,mobilenet_v2,bert_base] [--precisions fp32,bf16,int8] [--rounds 3] --out FILE.json
 
 Models are bench/cpu_compare.py's exports (torchvision's and HF transformers' architectures with
 seeded random weights, opset 17), written to --work once. For each binary, model and precision:
-`kiln build MODEL --device cpu [--bf16] -o ENGINE` (the file's size, and how many of its weight
+`kiln build MODEL --device cpu [--bf16 | --int8 --calib-cache WORK/MODEL.calib] -o ENGINE` (the file's size, and how many of its weight
 bytes are packed panels: docs/engine-format.md, "Packed weights"), then in each round, the
 binaries alternating, `kiln bench ENGINE --threads T --duration S --warmup 1` in a process of
 its own, its resident memory sampled from /proc: while it times runs (the second half of its
@@ -105,7 +105,14 @@ def main() -> None:
         for label, binary in binaries.items():
             for precision in precisions:
                 engine = os.path.join(args.work, f"{model}_{precision}_{label}.engine")
-                cmd = [binary, "build", onnx_path, "--device", "cpu", "-o", engine] + (["--bf16"] if precision == "bf16" else [])
+                cmd = [binary, "build", onnx_path, "--device", "cpu", "-o", engine]
+                if precision == "bf16":
+                    cmd.append("--bf16")
+                elif precision == "int8":  # the scales of bench/cpu_compare.py's calibration, kept in --work
+                    cache = os.path.join(args.work, model + ".calib")
+                    if not os.path.exists(cache):
+                        raise SystemExit(f"int8 needs {cache} (bench/cpu_compare.py --rows {model}_int8:1 writes it)")
+                    cmd += ["--int8", "--calib-cache", cache]
                 print(f"building {model} {precision} with {label}", flush=True)
                 start = time.perf_counter()
                 subprocess.run(cmd, check=True, capture_output=True)

@@ -134,6 +134,39 @@ int64_t int8_gemm_round_k(Int8GemmIsa isa, int64_t k) {
   return (k + step - 1) / step * step;
 }
 
+int64_t Int8PackedA::bytes_for(Int8GemmIsa isa, int64_t m, int64_t k) {
+  const int64_t rows = int8_gemm_tile_rows(isa);
+  return (m + rows - 1) / rows * int8_gemm_round_k(isa, k) * rows;
+}
+
+Int8PackedA int8_adopt_a(Int8GemmIsa isa, Tensor storage, int64_t offset, int64_t m, int64_t k) {
+  if (isa == Int8GemmIsa::kNone || m < 0 || k < 0 || offset < 0 ||
+      offset + Int8PackedA::bytes_for(isa, m, k) > static_cast<int64_t>(storage.nbytes()))
+    throw Error(ErrorKind::kInvalidArgument, "int8 panels of " + std::to_string(storage.nbytes()) + " bytes from " +
+                                                 std::to_string(offset) + " for a " + std::to_string(m) + " x " +
+                                                 std::to_string(k) + " matrix");
+  Int8PackedA p;
+  p.isa = isa;
+  p.m = m;
+  p.k = k;
+  p.k_padded = int8_gemm_round_k(isa, k);
+  p.rows = int8_gemm_tile_rows(isa);
+  p.storage = std::move(storage);
+  p.offset = offset;
+  p.panels = static_cast<const int8_t*>(p.storage.raw()) + offset;
+  // Every value of a row's panel (its padding is zeros) adds to the row's sum, whatever the order.
+  p.shift.assign(static_cast<size_t>(p.panel_count() * p.rows), 0);
+  for (int64_t pi = 0; pi < p.panel_count(); ++pi) {
+    const int8_t* panel = p.panel(pi);
+    for (int64_t i = 0; i < p.k_padded * p.rows; ++i) {
+      // VNNI [k / 4][rows][4]: row (i / 4) % rows; AMX [k / 64][2][16][64]: row (i / 64) % 32.
+      const int64_t r = isa == Int8GemmIsa::kAmx ? (i / 64) % 32 : (i / 4) % p.rows;
+      p.shift[static_cast<size_t>(pi * p.rows + r)] += 128 * panel[i];
+    }
+  }
+  return p;
+}
+
 Int8PackedA int8_pack_a(Int8GemmIsa isa, const int8_t* a, int64_t m, int64_t k, int64_t lda) {
   Int8PackedA p;
   p.isa = isa;
@@ -142,10 +175,11 @@ Int8PackedA int8_pack_a(Int8GemmIsa isa, const int8_t* a, int64_t m, int64_t k, 
   p.k_padded = int8_gemm_round_k(isa, k);
   p.rows = int8_gemm_tile_rows(isa);
   const int64_t panels = p.panel_count();
-  p.panels.assign(static_cast<size_t>(panels * p.k_padded * p.rows), 0);
+  p.storage = Tensor(DType::kInt8, {std::max<int64_t>(1, panels * p.k_padded * p.rows)});  // zeros: the padding
+  p.panels = p.storage.data<int8_t>();
   p.shift.assign(static_cast<size_t>(panels * p.rows), 0);
   for (int64_t row = 0; row < m; ++row) {
-    int8_t* panel = p.panels.data() + (row / p.rows) * p.k_padded * p.rows;
+    int8_t* panel = p.storage.data<int8_t>() + (row / p.rows) * p.k_padded * p.rows;
     const int64_t r = row % p.rows;
     int32_t sum = 0;
     for (int64_t i = 0; i < k; ++i) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cpu/aligned_vector.h"
+#include "kiln/tensor.h"
 
 namespace kiln::cpu {
 
@@ -50,18 +51,27 @@ int int8_gemm_tile_rows(Int8GemmIsa isa);
 int64_t int8_gemm_round_k(Int8GemmIsa isa, int64_t k);
 
 // A (row-major, lda) in the panels of one kernel, K padded with zeros; rows past M are zeros.
+// The panels live in a Tensor (from a byte offset), so a convolution's groups can share one
+// that an engine file stores (cpu/packed_weights.h).
 struct Int8PackedA {
   Int8GemmIsa isa = Int8GemmIsa::kNone;
   int64_t m = 0, k = 0, k_padded = 0;
   int rows = 0;                    // rows per panel: int8_gemm_tile_rows(isa)
-  AlignedVector<int8_t> panels;    // VNNI: [panel][k / 4][8][4]; AMX: [panel][k / 64][2][16][64]
+  Tensor storage;                  // the panels, from byte `offset` on
+  int64_t offset = 0;
+  const int8_t* panels = nullptr;  // VNNI: [panel][k / 4][8][4]; AMX: [panel][k / 64][2][16][64]
   AlignedVector<int32_t> shift;    // 128 * sum_k A[m, k], per row (padded to the panels)
 
   int64_t panel_count() const { return (m + rows - 1) / rows; }
-  const int8_t* panel(int64_t p) const { return panels.data() + p * k_padded * rows; }
+  const int8_t* panel(int64_t p) const { return panels + p * k_padded * rows; }
+  // Bytes of the panels of an m x k matrix for `isa`.
+  static int64_t bytes_for(Int8GemmIsa isa, int64_t m, int64_t k);
 };
 // Packs for `isa` (not kNone).
 Int8PackedA int8_pack_a(Int8GemmIsa isa, const int8_t* a, int64_t m, int64_t k, int64_t lda);
+// Takes panels packed before for `isa` (not kNone): Int8PackedA::bytes_for(isa, m, k) bytes of
+// `storage` from byte `offset` on, kept alive; the shifts are summed from them.
+Int8PackedA int8_adopt_a(Int8GemmIsa isa, Tensor storage, int64_t offset, int64_t m, int64_t k);
 
 // Bytes of one packed B panel of K rows for A's kernel.
 inline int64_t int8_b_panel_bytes(const Int8PackedA& a) { return a.k_padded * kInt8GemmCols; }

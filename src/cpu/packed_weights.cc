@@ -18,14 +18,28 @@ const char* view_name(PackView view) {
   return "?";
 }
 
-// A layout: 32-column panels (bf16, view), or PackedA's rows (mr, groups).
+// A layout: 32-column panels (bf16, view), PackedA's rows (mr, groups) or Int8PackedA's (int8,
+// groups).
 struct Layout {
   bool rows = false;
   bool bf16 = false;
   PackView view = PackView::kRows;
   int mr = 0;
   int64_t groups = 0;
+  Int8GemmIsa int8 = Int8GemmIsa::kNone;
 };
+
+std::string int8_layout_prefix(Int8GemmIsa isa) { return isa == Int8GemmIsa::kAmx ? "i8.amx.g" : "i8.vnni.g"; }
+std::string int8_layout_name(Int8GemmIsa isa, int64_t groups) { return int8_layout_prefix(isa) + std::to_string(groups); }
+
+// The groups of a name "<prefix><digits>" written as std::to_string writes them, or 0.
+int64_t parse_groups(const std::string& name, const std::string& prefix) {
+  if (name.compare(0, prefix.size(), prefix) != 0) return 0;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.empty() || digits.size() > 12 || digits.find_first_not_of("0123456789") != std::string::npos) return 0;
+  const int64_t groups = std::stoll(digits);
+  return std::to_string(groups) == digits ? groups : 0;
+}
 
 std::string layout_name(bool bf16, PackView view) { return std::string(bf16 ? "bf16" : "f32") + ".cols32." + view_name(view); }
 std::string rows_layout_name(int mr, int64_t groups) { return "f32.rows" + std::to_string(mr) + ".g" + std::to_string(groups); }
@@ -34,24 +48,21 @@ bool parse_layout(const std::string& name, Layout& out) {
   for (bool bf16 : {false, true})
     for (PackView view : {PackView::kRows, PackView::kTransposed, PackView::kConvTaps})
       if (name == layout_name(bf16, view)) {
-        out = {false, bf16, view, 0, 0};
+        out = {false, bf16, view, 0, 0, Int8GemmIsa::kNone};
         return true;
       }
-  // "f32.rows<MR>.g<G>", MR one of the micro-kernels' heights, written as rows_layout_name writes it.
-  const std::string prefix = "f32.rows";
-  const size_t dot = name.find(".g", prefix.size());
-  if (name.compare(0, prefix.size(), prefix) != 0 || dot == std::string::npos || name.size() - dot > 14) return false;
-  const std::string mr_digits = name.substr(prefix.size(), dot - prefix.size()), group_digits = name.substr(dot + 2);
-  if (mr_digits.size() != 1 || group_digits.empty() ||
-      group_digits.find_first_not_of("0123456789") != std::string::npos)
-    return false;
-  const int mr = mr_digits[0] - '0';
-  const int64_t groups = std::stoll(group_digits);
-  bool known_mr = false;
-  for (SgemmIsa isa : {SgemmIsa::kPlain, SgemmIsa::kAvx2, SgemmIsa::kAvx512}) known_mr |= sgemm_mr(isa) == mr;
-  if (!known_mr || groups < 1 || rows_layout_name(mr, groups) != name) return false;
-  out = {true, false, PackView::kRows, mr, groups};
-  return true;
+  for (Int8GemmIsa isa : {Int8GemmIsa::kAvx512Vnni, Int8GemmIsa::kAmx})
+    if (const int64_t groups = parse_groups(name, int8_layout_prefix(isa)); groups > 0) {
+      out = {true, false, PackView::kRows, 0, groups, isa};
+      return true;
+    }
+  // "f32.rows<MR>.g<G>", MR one of the sgemm micro-kernels' heights.
+  for (SgemmIsa isa : {SgemmIsa::kPlain, SgemmIsa::kAvx2, SgemmIsa::kAvx512})
+    if (const int64_t groups = parse_groups(name, "f32.rows" + std::to_string(sgemm_mr(isa)) + ".g"); groups > 0) {
+      out = {true, false, PackView::kRows, sgemm_mr(isa), groups, Int8GemmIsa::kNone};
+      return true;
+    }
+  return false;
 }
 
 // The bytes of `layout` for a constant of `shape`, or -1 where it does not fit.
@@ -60,6 +71,7 @@ int64_t layout_bytes(const Layout& layout, const std::vector<int64_t>& shape) {
     if (shape.size() < 2 || shape[0] % layout.groups != 0) return -1;
     int64_t k = 1;
     for (size_t i = 1; i < shape.size(); ++i) k *= shape[i];
+    if (layout.int8 != Int8GemmIsa::kNone) return layout.groups * Int8PackedA::bytes_for(layout.int8, shape[0] / layout.groups, k);
     return layout.groups * PackedA::floats_for(shape[0] / layout.groups, k, layout.mr) * int64_t{sizeof(float)};
   }
   int64_t k = 0, n = 0;
@@ -142,7 +154,8 @@ void check_packed_constant(const std::string& name, const ir::PackedConstant& pa
         .hint("rebuild the engine with this kiln (kiln build)");
   // The dimensions multiply to a shape kiln accepted (at most kMaxTensorBytes), so the panels'
   // size, at most 32 times that with the padding, fits in int64.
-  const int64_t need = dtype == DType::kFloat32 ? layout_bytes(layout, shape) : -1;
+  const DType holds = layout.int8 != Int8GemmIsa::kNone ? DType::kInt8 : DType::kFloat32;
+  const int64_t need = dtype == holds ? layout_bytes(layout, shape) : -1;
   if (need < 0)
     throw Error(ErrorKind::kInvalidModel, "constant '" + name + "' (" + to_string(dtype) + ", shape " +
                                               shape_to_string(shape) + ") cannot be packed in layout " + pack.layout);
@@ -172,6 +185,25 @@ Tensor unpack_constant(const ir::PackedConstant& pack, const std::vector<int64_t
   Layout layout;
   if (!parse_layout(pack.layout, layout) || layout_bytes(layout, shape) < 0)
     throw Error(ErrorKind::kInternal, "unpacking layout '" + pack.layout + "' for shape " + shape_to_string(shape));
+  if (layout.int8 != Int8GemmIsa::kNone) {
+    Tensor out = Tensor::uninitialized(DType::kInt8, shape);
+    int8_t* values = out.data<int8_t>();
+    const int8_t* bytes = static_cast<const int8_t*>(pack.data.raw());
+    const int64_t mg = shape[0] / layout.groups, k = out.numel() / std::max<int64_t>(shape[0], 1);
+    const int64_t per_group = Int8PackedA::bytes_for(layout.int8, mg, k);
+    const int rows = int8_gemm_tile_rows(layout.int8);
+    const int64_t k_padded = int8_gemm_round_k(layout.int8, k);
+    for (int64_t g = 0; g < layout.groups; ++g)
+      for (int64_t row = 0; row < mg; ++row) {
+        const int8_t* panel = bytes + g * per_group + (row / rows) * k_padded * rows;
+        const int64_t r = row % rows;
+        for (int64_t i = 0; i < k; ++i)  // int8_pack_a's placement
+          values[(g * mg + row) * k + i] = layout.int8 == Int8GemmIsa::kAmx
+                                               ? panel[((i / 64 * 2 + r / 16) * 16 + r % 16) * 64 + i % 64]
+                                               : panel[(i / 4) * rows * 4 + r * 4 + i % 4];
+      }
+    return out;
+  }
   Tensor out = Tensor::uninitialized(DType::kFloat32, shape);
   float* values = out.data<float>();
   const float* floats = static_cast<const float*>(pack.data.raw());
@@ -237,6 +269,39 @@ bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& sh
   out.resize(static_cast<size_t>(groups));
   for (int64_t g = 0; g < groups; ++g)
     out[static_cast<size_t>(g)].adopt(pack.data, g * PackedA::floats_for(mg, k, layout.mr), mg, k, isa);
+  return true;
+}
+
+ir::PackedConstant packed_constant(const std::vector<Int8PackedA>& groups) {
+  const Int8PackedA& first = groups.at(0);
+  const int64_t bytes = static_cast<int64_t>(groups.size()) * Int8PackedA::bytes_for(first.isa, first.m, first.k);
+  return {int8_layout_name(first.isa, static_cast<int64_t>(groups.size())), exact_bytes(first.storage, bytes)};
+}
+
+void share_one_buffer(std::vector<Int8PackedA>& groups) {
+  int64_t total = 0;
+  for (const Int8PackedA& g : groups) total += Int8PackedA::bytes_for(g.isa, g.m, g.k);
+  Tensor shared = Tensor::uninitialized(DType::kInt8, {std::max<int64_t>(1, total)});
+  int64_t offset = 0;
+  for (Int8PackedA& g : groups) {
+    const int64_t bytes = Int8PackedA::bytes_for(g.isa, g.m, g.k);
+    std::memcpy(shared.data<int8_t>() + offset, g.panels, static_cast<size_t>(bytes));
+    g.storage = shared;
+    g.offset = offset;
+    g.panels = shared.data<int8_t>() + offset;
+    offset += bytes;
+  }
+}
+
+bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& shape, int64_t groups, Int8GemmIsa isa,
+                  std::vector<Int8PackedA>& out) {
+  Layout layout;
+  if (isa == Int8GemmIsa::kNone || !parse_layout(pack.layout, layout) || layout.int8 != isa || layout.groups != groups ||
+      layout_bytes(layout, shape) < 0)
+    return false;
+  const int64_t mg = shape[0] / groups, k = shape_numel(shape) / std::max<int64_t>(shape[0], 1);
+  out.clear();
+  for (int64_t g = 0; g < groups; ++g) out.push_back(int8_adopt_a(isa, pack.data, g * Int8PackedA::bytes_for(isa, mg, k), mg, k));
   return true;
 }
 

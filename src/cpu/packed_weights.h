@@ -15,9 +15,10 @@
 //           (Gemm's B with transB, a convolution's OIHW filters read as (c, ky, kx) x M);
 //   "taps"  the constant is [M, C, kH, kW] filters, K = (ky, kx, c), N = M (a channels-last
 //           convolution's gathered taps);
-// and "f32.rows<MR>.g<G>": the constant [M, ...] as G groups of M / G rows (K the product of the
+// "f32.rows<MR>.g<G>": the constant [M, ...] as G groups of M / G rows (K the product of the
 // rest), each group's rows in PackedA's panels of MR rows for the sgemm micro-kernel of that
-// height, the groups one after another (the channels-first convolution's).
+// height, the groups one after another (the channels-first convolution's); and
+// "i8.<vnni|amx>.g<G>": an int8 constant so, in Int8PackedA's panels for that int8 GEMM (QConv's).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "cpu/bf16_gemm.h"
+#include "cpu/int8_gemm.h"
 #include "cpu/sgemm.h"
 #include "ir/graph.h"
 
@@ -47,8 +49,12 @@ ir::PackedConstant packed_constant(const std::vector<PackedA>& groups);
 // Moves the groups' panels into one buffer, one group after another.
 void share_one_buffer(std::vector<PackedA>& groups);
 
-// Throws kInvalidModel, naming the constant, unless `pack` is a layout kiln knows for a float32
-// constant of `shape`, holding the bytes that layout needs (an engine file's packs pass here
+// The same for the int8 GEMM's panels.
+ir::PackedConstant packed_constant(const std::vector<Int8PackedA>& groups);
+void share_one_buffer(std::vector<Int8PackedA>& groups);
+
+// Throws kInvalidModel, naming the constant, unless `pack` is a layout kiln knows for a constant
+// of `dtype` and `shape`, holding the bytes that layout needs (an engine file's packs pass here
 // before a kernel sees them).
 void check_packed_constant(const std::string& name, const ir::PackedConstant& pack, DType dtype,
                            const std::vector<int64_t>& shape);
@@ -64,7 +70,11 @@ bool adopt_packed(const ir::PackedConstant& pack, PackView view, const std::vect
 bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& shape, int64_t groups,
                   std::vector<PackedA>& out);
 
-// The constant's float32 values from its pack (checked): exactly the constant's for float32
+// The same for an int8 constant in the panels of `isa`'s int8 GEMM.
+bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& shape, int64_t groups, Int8GemmIsa isa,
+                  std::vector<Int8PackedA>& out);
+
+// The constant's values from its pack (checked; int8 for an int8 layout, else float32): exactly the constant's for float32
 // panels, the values rounded to bfloat16 for bfloat16 ones. For a kernel that takes the pack in
 // another form, or a path the pack does not serve.
 Tensor unpack_constant(const ir::PackedConstant& pack, const std::vector<int64_t>& shape);

@@ -33,6 +33,7 @@
 #include "cpu/amx.h"
 #include "cpu/int8_gemm.h"
 #include "cpu/kernel.h"
+#include "cpu/packed_weights.h"
 #include "cpu/parallel.h"
 #include "ir/activation.h"
 #include "ir/sizes.h"
@@ -62,26 +63,38 @@ class QConvKernel final : public Kernel {
       throw node_.error(ErrorKind::kInvalidModel, "w_scales has " + std::to_string(multiplier_.size()) +
                                                       " entries for " + std::to_string(channels) + " output channels");
     if (in[0]->dtype() == DType::kFloat8E4M3FN) run_typed<uint8_t, float, float>(in, out);
-    else if (!packed_.empty() && int8_gemm_isa() != Int8GemmIsa::kNone) run_gemm(in, out);
+    else if (!packed_.empty()) run_gemm(in, out);  // packed for the int8 GEMM this CPU had when the kernel was made
     else run_typed<int8_t, int16_t, int32_t>(in, out);
+  }
+
+  // int8 inputs run on the panels alone (float8 ones read W's bytes).
+  std::vector<std::pair<size_t, ir::PackedConstant>> packed_constants() const override {
+    if (packed_.empty() || !int8_input_) return {};
+    return {{1, packed_constant(packed_)}};
   }
 
  private:
   // The weights in the int8 GEMM's panels, one packing per group, when they are a constant
   // int8 W whose groups have 8 output channels or more (fewer would leave most of each 8-row
   // tile empty) and whose sums stay in int32.
+  // A loaded engine's panels are taken as they are; the groups' panels share one buffer (one pack).
   void pack_weights(const KernelInit& init) {
     const Tensor* w = init.constants.size() > 1 ? init.constants[1] : nullptr;
     const Int8GemmIsa isa = int8_gemm_isa();
+    int8_input_ = init.dtype(0) == DType::kInt8;
     if (!w || w->dtype() != DType::kInt8 || w->shape().size() < 3 || isa == Int8GemmIsa::kNone) return;
     const int64_t group = init.node.attrs.get_int("group", 1);
     const int64_t m = w->shape()[0];
     if (group <= 0 || m % group != 0 || m / group < 8) return;
     const int64_t k = w->numel() / m;
     if (k <= 0 || k >= kInt8GemmMaxK) return;
+    const ir::PackedConstant* pack = init.packed_input(1);
+    if (pack && adopt_packed(*pack, w->shape(), group, isa, packed_)) return;
     const int64_t mg = m / group;
-    const int8_t* data = w->data<int8_t>();
+    const Tensor values = constant_values(*w, pack);
+    const int8_t* data = values.data<int8_t>();
     for (int64_t g = 0; g < group; ++g) packed_.push_back(int8_pack_a(isa, data + g * mg * k, mg, k, k));
+    if (group > 1) share_one_buffer(packed_);
   }
 
   // The int8 GEMM path (the class comment): per image and group, unroll, pack, multiply.
@@ -463,6 +476,7 @@ class QConvKernel final : public Kernel {
   std::vector<float> w_scales_;
   std::vector<float> multiplier_;  // x_scale * w_scales[m]
   std::vector<Int8PackedA> packed_;  // per group, for the int8 GEMM (empty: the portable loop)
+  bool int8_input_ = false;          // X is int8 (not float8e4m3fn, whose loop reads W)
 };
 
 }  // namespace
@@ -473,6 +487,7 @@ KILN_REGISTER_CPU_KERNELS(quantized_conv) {
   e.domain = "kiln";
   e.dtypes = "int8 -> int8, float32; float8e4m3fn -> float8e4m3fn, float32";
   e.create = [](const KernelInit& init) { return std::make_unique<QConvKernel>(init); };
+  e.packed_inputs = {1};
   registry.add(std::move(e));
 }
 

@@ -164,6 +164,9 @@ def test_engine_files_hold_the_optimized_graph(kiln_bin, engines):
         layouts = {dict((e.key, e.value) for e in t.external_data).get("kiln_layout") for t in model.graph.initializer}
         if kind == "fp32" and ("kiln", "ChannelsLastConv") in ops:
             assert {"f32.cols32.taps", "f32.cols32.nk"} <= layouts, layouts
+        # INT8 convolutions' filters as the int8 GEMM's panels, where the CPU has one (VNNI or AMX).
+        if kind == "int8" and "avx512_vnni" in open("/proc/cpuinfo").read():
+            assert any(layout and layout.startswith("i8.") for layout in layouts), layouts
     # The model has 0.18 M parameters in convolutions (int8 now) and a float classifier.
     assert sizes["int8"] <= 0.30 * sizes["fp32"], sizes
 

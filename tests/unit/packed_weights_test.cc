@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,40 @@ TEST(PackedWeights, RowPanelsOfEveryGroupUnpackToTheirConstant) {
                   0);
       EXPECT_FALSE(cpu::adopt_packed(pack, shape, groups == 1 ? 3 : 1, taken)) << "taken for another group count";
     }
+}
+
+// INT8 filters in the int8 GEMM's panels (VNNI's and AMX's, where the CPU has them): their
+// values back, and the row sums the GEMM subtracts summed again from the panels.
+TEST(PackedWeights, Int8PanelsUnpackToTheirConstant) {
+  std::vector<cpu::Int8GemmIsa> isas;
+  for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx})
+    if (static_cast<int>(isa) <= static_cast<int>(cpu::int8_gemm_best_isa())) isas.push_back(isa);
+  if (isas.empty()) GTEST_SKIP() << "no int8 GEMM on this CPU";
+  std::mt19937 rng(60);
+  std::uniform_int_distribution<int> value(-128, 127);
+  for (cpu::Int8GemmIsa isa : isas)
+    for (int64_t groups : {1, 2})
+      for (const std::vector<int64_t>& shape : {std::vector<int64_t>{32, 8, 3, 3}, std::vector<int64_t>{18, 70, 1, 1}}) {
+        SCOPED_TRACE(std::string(cpu::int8_gemm_isa_name(isa)) + " " + shape_to_string(shape) + " in " + std::to_string(groups));
+        Tensor w(DType::kInt8, shape);
+        for (int64_t i = 0; i < w.numel(); ++i) w.data<int8_t>()[i] = static_cast<int8_t>(value(rng));
+        const int64_t mg = shape[0] / groups, k = w.numel() / shape[0];
+        std::vector<cpu::Int8PackedA> panels;
+        for (int64_t g = 0; g < groups; ++g) panels.push_back(cpu::int8_pack_a(isa, w.data<int8_t>() + g * mg * k, mg, k, k));
+        cpu::share_one_buffer(panels);
+        const ir::PackedConstant pack = cpu::packed_constant(panels);
+        EXPECT_NO_THROW(cpu::check_packed_constant("W", pack, DType::kInt8, shape));
+        EXPECT_THROW(cpu::check_packed_constant("W", pack, DType::kFloat32, shape), Error);
+        EXPECT_TRUE(bitwise_equal(cpu::unpack_constant(pack, shape), w));
+        std::vector<cpu::Int8PackedA> taken;
+        ASSERT_TRUE(cpu::adopt_packed(pack, shape, groups, isa, taken));
+        for (int64_t g = 0; g < groups; ++g) {
+          const cpu::Int8PackedA& a = panels[static_cast<size_t>(g)];
+          const cpu::Int8PackedA& b = taken[static_cast<size_t>(g)];
+          EXPECT_EQ(std::memcmp(a.panels, b.panels, static_cast<size_t>(cpu::Int8PackedA::bytes_for(isa, mg, k))), 0);
+          EXPECT_EQ(std::vector<int32_t>(a.shift.begin(), a.shift.end()), std::vector<int32_t>(b.shift.begin(), b.shift.end()));
+        }
+      }
 }
 
 TEST(PackedWeights, RefusesPacksThatDoNotFitTheirConstant) {
