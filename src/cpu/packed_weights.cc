@@ -1,5 +1,6 @@
 #include "cpu/packed_weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace kiln::cpu {
@@ -68,7 +69,8 @@ bool parse_layout(const std::string& name, Layout& out) {
 // The bytes of `layout` for a constant of `shape`, or -1 where it does not fit.
 int64_t layout_bytes(const Layout& layout, const std::vector<int64_t>& shape) {
   if (layout.rows) {
-    if (shape.size() < 2 || shape[0] % layout.groups != 0) return -1;
+    // At most one group per row: a forged count cannot make the loops over groups run long.
+    if (shape.size() < 2 || layout.groups > std::max<int64_t>(shape[0], 1) || shape[0] % layout.groups != 0) return -1;
     int64_t k = 1;
     for (size_t i = 1; i < shape.size(); ++i) k *= shape[i];
     if (layout.int8 != Int8GemmIsa::kNone) return layout.groups * Int8PackedA::bytes_for(layout.int8, shape[0] / layout.groups, k);
@@ -153,7 +155,8 @@ void check_packed_constant(const std::string& name, const ir::PackedConstant& pa
                                               "', which this kiln does not know")
         .hint("rebuild the engine with this kiln (kiln build)");
   // The dimensions multiply to a shape kiln accepted (at most kMaxTensorBytes), so the panels'
-  // size, at most 32 times that with the padding, fits in int64.
+  // size fits in int64: padding rows and K to the panels multiplies it at most 2048-fold (a 1 x 1
+  // int8 matrix in AMX's 32 rows of 64).
   const DType holds = layout.int8 != Int8GemmIsa::kNone ? DType::kInt8 : DType::kFloat32;
   const int64_t need = dtype == holds ? layout_bytes(layout, shape) : -1;
   if (need < 0)

@@ -165,6 +165,9 @@ TEST(PackedWeights, RefusesPacksThatDoNotFitTheirConstant) {
   ir::PackedConstant groups = good;
   groups.layout = "f32.rows8.g2";
   refused(groups, DType::kFloat32, {33, 40}, "33 rows in 2 groups");
+  groups.layout = "i8.amx.g999999999999";
+  groups.data = Tensor(DType::kUInt8, {0});
+  refused(groups, DType::kInt8, {0, 40}, "more groups than rows");
 }
 
 ir::Node channels_last_conv(const std::vector<int64_t>& strides, const std::vector<int64_t>& pads) {
