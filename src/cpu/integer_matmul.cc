@@ -18,6 +18,7 @@
 #include "cpu/amx.h"
 #include "cpu/int8_gemm.h"
 #include "cpu/kernel.h"
+#include "cpu/packed_weights.h"
 #include "cpu/parallel.h"
 
 namespace kiln::cpu {
@@ -97,10 +98,11 @@ struct PackedWeights {
 
 // The packed weights of B (input `b`) with zero point input `b_zero` (or none), when the int8
 // GEMM runs on this CPU and both are constants of a shape it takes; else nothing.
+// A loaded engine's panels of B' are taken as they are (their row sums are the column sums).
 std::optional<PackedWeights> fast_weights(const KernelInit& init, size_t b, size_t b_zero) {
   const Tensor* w = init.constants.size() > b ? init.constants[b] : nullptr;
-  if (int8_gemm_isa() == Int8GemmIsa::kNone || !w || w->rank() != 2 ||
-      (w->dtype() != DType::kInt8 && w->dtype() != DType::kUInt8))
+  const Int8GemmIsa isa = int8_gemm_isa();
+  if (isa == Int8GemmIsa::kNone || !w || w->rank() != 2 || (w->dtype() != DType::kInt8 && w->dtype() != DType::kUInt8))
     return std::nullopt;
   const Tensor* z = init.has_input(b_zero) ? (init.constants.size() > b_zero ? init.constants[b_zero] : nullptr) : nullptr;
   if (init.has_input(b_zero) && (!z || z->dtype() != w->dtype())) return std::nullopt;  // a zero point computed at run time
@@ -109,23 +111,43 @@ std::optional<PackedWeights> fast_weights(const KernelInit& init, size_t b, size
   const bool unsigned_weights = w->dtype() == DType::kUInt8;
   PackedWeights p;
   p.k = K, p.n = N;
-  std::vector<int8_t> transposed(static_cast<size_t>(N * K));
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t n = 0; n < N; ++n)
-      transposed[static_cast<size_t>(n * K + k)] = static_cast<int8_t>(w->value_as_int(k * N + n) - (unsigned_weights ? 128 : 0));
-  p.packed = int8_pack_a(int8_gemm_isa(), transposed.data(), N, K, K);
+  const ir::PackedConstant* pack = init.packed_input(b);
+  if (!(pack && adopt_packed_transposed(*pack, w->dtype(), w->shape(), isa, p.packed))) {
+    const Tensor values = constant_values(*w, pack);
+    std::vector<int8_t> transposed(static_cast<size_t>(N * K));
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t n = 0; n < N; ++n)
+        transposed[static_cast<size_t>(n * K + k)] = static_cast<int8_t>(values.value_as_int(k * N + n) - (unsigned_weights ? 128 : 0));
+    p.packed = int8_pack_a(isa, transposed.data(), N, K, K);
+  }
   const size_t padded = static_cast<size_t>(p.packed.panel_count() * p.packed.rows);
   p.column_sum.assign(padded, 0);
   p.column_zero.assign(padded, 0);
   for (int64_t n = 0; n < N; ++n) {
-    int64_t sum = 0;
-    for (int64_t k = 0; k < K; ++k) sum += transposed[static_cast<size_t>(n * K + k)];
-    p.column_sum[static_cast<size_t>(n)] = wrap32(sum);
+    // shift = 128 * sum over k of B'[k, n], |sum| < 2^23: exact, as the int64 sum wrapped to int32.
+    p.column_sum[static_cast<size_t>(n)] = p.packed.shift[static_cast<size_t>(n)] / 128;
     p.column_zero[static_cast<size_t>(n)] =
         wrap32((z && z->numel() ? z->value_as_int(z->numel() == 1 ? 0 : n) : 0) - (unsigned_weights ? 128 : 0));
   }
   return p;
 }
+
+// A kernel of a product by constant weights: its run, and the panels of B' it holds where every
+// run takes the int8 GEMM (A of rank 2 or more: a 1-D A runs the reference loops, which read B).
+class IntegerMatMulKernel final : public Kernel {
+ public:
+  IntegerMatMulKernel(RunFn run, const KernelInit& init, size_t b, const std::optional<PackedWeights>& fast)
+      : run_(std::move(run)) {
+    if (fast && init.input_types[0] && init.input_types[0]->rank() >= 2)
+      pack_ = {{b, packed_constant_transposed(fast->packed, init.dtype(b) == DType::kUInt8)}};
+  }
+  void run(const std::vector<const Tensor*>& inputs, std::vector<Tensor>& outputs) override { run_(inputs, outputs); }
+  std::vector<std::pair<size_t, ir::PackedConstant>> packed_constants() const override { return pack_; }
+
+ private:
+  RunFn run_;
+  std::vector<std::pair<size_t, ir::PackedConstant>> pack_;
+};
 
 // The zero points' terms of a tile: y = sum - Sw[n] Za[m] - Zb[n] (Su[m] - K Za[m]) modulo 2^32
 // (int32's wrap-around, which the exact int64 value wrapped to int32 equals), 16 rows of A a
@@ -227,7 +249,7 @@ KILN_REGISTER_CPU_KERNELS(integer_matmul) {
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       std::optional<PackedWeights> fast = fast_weights(init, 1, 3);
-      return make_kernel([node, fast](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+      RunFn run = [node, fast](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         int32_t* y = out[0].data<int32_t>();
         const Tensor* a_zero = in.size() > 2 ? in[2] : nullptr;
         if (fast && in[0]->rank() >= 2) {
@@ -240,8 +262,10 @@ KILN_REGISTER_CPU_KERNELS(integer_matmul) {
         }
         integer_products(*node, *in[0], *in[1], a_zero, in.size() > 3 ? in[3] : nullptr, out[0].numel(),
                          [&](int64_t o, int32_t v) { y[o] = v; });
-      });
+      };
+      return std::make_unique<IntegerMatMulKernel>(std::move(run), init, 1, fast);
     };
+    e.packed_inputs = {1};
     registry.add(std::move(e));
   }
   {
@@ -251,7 +275,7 @@ KILN_REGISTER_CPU_KERNELS(integer_matmul) {
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       std::optional<PackedWeights> fast = fast_weights(init, 3, 5);
-      return make_kernel([node, fast](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+      RunFn run = [node, fast](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         for (size_t i : {1, 2, 4, 5, 6, 7})
           if (in[i]->numel() != 1) throw node->error(ErrorKind::kUnsupported, "scales and zero points must be per tensor");
         // The factor in the scales' own type, as the reference computes it.
@@ -281,8 +305,10 @@ KILN_REGISTER_CPU_KERNELS(integer_matmul) {
         else {
           integer_products(*node, *in[0], *in[3], in[2], in[5], out[0].numel(), requantize);
         }
-      });
+      };
+      return std::make_unique<IntegerMatMulKernel>(std::move(run), init, 3, fast);
     };
+    e.packed_inputs = {3};
     registry.add(std::move(e));
   }
 }

@@ -28,7 +28,12 @@ struct Layout {
   int mr = 0;
   int64_t groups = 0;
   Int8GemmIsa int8 = Int8GemmIsa::kNone;
+  DType transposed = DType::kUndefined;  // a product's B held transposed: its int8 or uint8 type
 };
+
+std::string transposed_layout_name(Int8GemmIsa isa, DType dtype) {
+  return std::string(dtype == DType::kUInt8 ? "u8." : "i8.") + (isa == Int8GemmIsa::kAmx ? "amx" : "vnni") + ".kn";
+}
 
 std::string int8_layout_prefix(Int8GemmIsa isa) { return isa == Int8GemmIsa::kAmx ? "i8.amx.g" : "i8.vnni.g"; }
 std::string int8_layout_name(Int8GemmIsa isa, int64_t groups) { return int8_layout_prefix(isa) + std::to_string(groups); }
@@ -49,18 +54,24 @@ bool parse_layout(const std::string& name, Layout& out) {
   for (bool bf16 : {false, true})
     for (PackView view : {PackView::kRows, PackView::kTransposed, PackView::kConvTaps})
       if (name == layout_name(bf16, view)) {
-        out = {false, bf16, view, 0, 0, Int8GemmIsa::kNone};
+        out = {false, bf16, view, 0, 0, Int8GemmIsa::kNone, DType::kUndefined};
         return true;
       }
-  for (Int8GemmIsa isa : {Int8GemmIsa::kAvx512Vnni, Int8GemmIsa::kAmx})
+  for (Int8GemmIsa isa : {Int8GemmIsa::kAvx512Vnni, Int8GemmIsa::kAmx}) {
     if (const int64_t groups = parse_groups(name, int8_layout_prefix(isa)); groups > 0) {
-      out = {true, false, PackView::kRows, 0, groups, isa};
+      out = {true, false, PackView::kRows, 0, groups, isa, DType::kUndefined};
       return true;
     }
+    for (DType dtype : {DType::kInt8, DType::kUInt8})
+      if (name == transposed_layout_name(isa, dtype)) {
+        out = {true, false, PackView::kRows, 0, 1, isa, dtype};
+        return true;
+      }
+  }
   // "f32.rows<MR>.g<G>", MR one of the sgemm micro-kernels' heights.
   for (SgemmIsa isa : {SgemmIsa::kPlain, SgemmIsa::kAvx2, SgemmIsa::kAvx512})
     if (const int64_t groups = parse_groups(name, "f32.rows" + std::to_string(sgemm_mr(isa)) + ".g"); groups > 0) {
-      out = {true, false, PackView::kRows, sgemm_mr(isa), groups, Int8GemmIsa::kNone};
+      out = {true, false, PackView::kRows, sgemm_mr(isa), groups, Int8GemmIsa::kNone, DType::kUndefined};
       return true;
     }
   return false;
@@ -68,6 +79,8 @@ bool parse_layout(const std::string& name, Layout& out) {
 
 // The bytes of `layout` for a constant of `shape`, or -1 where it does not fit.
 int64_t layout_bytes(const Layout& layout, const std::vector<int64_t>& shape) {
+  if (layout.transposed != DType::kUndefined)  // B [K, N]: N rows of K
+    return shape.size() == 2 ? Int8PackedA::bytes_for(layout.int8, shape[1], shape[0]) : -1;
   if (layout.rows) {
     // At most one group per row: a forged count cannot make the loops over groups run long.
     if (shape.size() < 2 || layout.groups > std::max<int64_t>(shape[0], 1) || shape[0] % layout.groups != 0) return -1;
@@ -157,7 +170,9 @@ void check_packed_constant(const std::string& name, const ir::PackedConstant& pa
   // The dimensions multiply to a shape kiln accepted (at most kMaxTensorBytes), so the panels'
   // size fits in int64: padding rows and K to the panels multiplies it at most 2048-fold (a 1 x 1
   // int8 matrix in AMX's 32 rows of 64).
-  const DType holds = layout.int8 != Int8GemmIsa::kNone ? DType::kInt8 : DType::kFloat32;
+  const DType holds = layout.transposed != DType::kUndefined ? layout.transposed
+                     : layout.int8 != Int8GemmIsa::kNone   ? DType::kInt8
+                                                           : DType::kFloat32;
   const int64_t need = dtype == holds ? layout_bytes(layout, shape) : -1;
   if (need < 0)
     throw Error(ErrorKind::kInvalidModel, "constant '" + name + "' (" + to_string(dtype) + ", shape " +
@@ -188,6 +203,23 @@ Tensor unpack_constant(const ir::PackedConstant& pack, const std::vector<int64_t
   Layout layout;
   if (!parse_layout(pack.layout, layout) || layout_bytes(layout, shape) < 0)
     throw Error(ErrorKind::kInternal, "unpacking layout '" + pack.layout + "' for shape " + shape_to_string(shape));
+  if (layout.transposed != DType::kUndefined) {
+    Tensor out = Tensor::uninitialized(layout.transposed, shape);
+    const int64_t k = shape[0], n = shape[1];
+    const Int8PackedA bt = int8_adopt_a(layout.int8, pack.data, 0, n, k);
+    const int rows = bt.rows, shift = layout.transposed == DType::kUInt8 ? 128 : 0;
+    for (int64_t col = 0; col < n; ++col) {
+      const int8_t* panel = bt.panel(col / rows);
+      const int64_t r = col % rows;
+      for (int64_t i = 0; i < k; ++i) {
+        const int v = (layout.int8 == Int8GemmIsa::kAmx ? panel[((i / 64 * 2 + r / 16) * 16 + r % 16) * 64 + i % 64]
+                                                         : panel[(i / 4) * rows * 4 + r * 4 + i % 4]) + shift;
+        if (shift) out.data<uint8_t>()[i * n + col] = static_cast<uint8_t>(v);
+        else out.data<int8_t>()[i * n + col] = static_cast<int8_t>(v);
+      }
+    }
+    return out;
+  }
   if (layout.int8 != Int8GemmIsa::kNone) {
     Tensor out = Tensor::uninitialized(DType::kInt8, shape);
     int8_t* values = out.data<int8_t>();
@@ -305,6 +337,21 @@ bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& sh
   const int64_t mg = shape[0] / groups, k = shape_numel(shape) / std::max<int64_t>(shape[0], 1);
   out.clear();
   for (int64_t g = 0; g < groups; ++g) out.push_back(int8_adopt_a(isa, pack.data, g * Int8PackedA::bytes_for(isa, mg, k), mg, k));
+  return true;
+}
+
+ir::PackedConstant packed_constant_transposed(const Int8PackedA& transposed, bool unsigned_values) {
+  return {transposed_layout_name(transposed.isa, unsigned_values ? DType::kUInt8 : DType::kInt8),
+          exact_bytes(transposed.storage, Int8PackedA::bytes_for(transposed.isa, transposed.m, transposed.k))};
+}
+
+bool adopt_packed_transposed(const ir::PackedConstant& pack, DType dtype, const std::vector<int64_t>& shape,
+                             Int8GemmIsa isa, Int8PackedA& out) {
+  Layout layout;
+  if (isa == Int8GemmIsa::kNone || !parse_layout(pack.layout, layout) || layout.transposed != dtype || layout.int8 != isa ||
+      layout_bytes(layout, shape) < 0)
+    return false;
+  out = int8_adopt_a(isa, pack.data, 0, shape[1], shape[0]);
   return true;
 }
 

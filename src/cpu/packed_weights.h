@@ -18,7 +18,9 @@
 // "f32.rows<MR>.g<G>": the constant [M, ...] as G groups of M / G rows (K the product of the
 // rest), each group's rows in PackedA's panels of MR rows for the sgemm micro-kernel of that
 // height, the groups one after another (the channels-first convolution's); and
-// "i8.<vnni|amx>.g<G>": an int8 constant so, in Int8PackedA's panels for that int8 GEMM (QConv's).
+// "i8.<vnni|amx>.g<G>": an int8 constant so, in Int8PackedA's panels for that int8 GEMM (QConv's);
+// "<i8|u8>.<vnni|amx>.kn": an int8 or uint8 constant B [K, N] whose transpose, uint8 values less
+// 128, is in those panels (MatMulInteger's and QLinearMatMul's).
 #pragma once
 
 #include <cstdint>
@@ -53,6 +55,10 @@ void share_one_buffer(std::vector<PackedA>& groups);
 ir::PackedConstant packed_constant(const std::vector<Int8PackedA>& groups);
 void share_one_buffer(std::vector<Int8PackedA>& groups);
 
+// The same for a product's B [K, N] (int8, or uint8 when `unsigned_values`) held as the panels of
+// its transpose, uint8 values less 128.
+ir::PackedConstant packed_constant_transposed(const Int8PackedA& transposed, bool unsigned_values);
+
 // Throws kInvalidModel, naming the constant, unless `pack` is a layout kiln knows for a constant
 // of `dtype` and `shape`, holding the bytes that layout needs (an engine file's packs pass here
 // before a kernel sees them).
@@ -74,7 +80,11 @@ bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& sh
 bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& shape, int64_t groups, Int8GemmIsa isa,
                   std::vector<Int8PackedA>& out);
 
-// The constant's values from its pack (checked; int8 for an int8 layout, else float32): exactly the constant's for float32
+// The same for B [K, N] of `dtype` (int8 or uint8) held as its transpose's panels for `isa`.
+bool adopt_packed_transposed(const ir::PackedConstant& pack, DType dtype, const std::vector<int64_t>& shape,
+                             Int8GemmIsa isa, Int8PackedA& out);
+
+// The constant's values from its pack (checked; of the layout's element type): exactly the constant's for float32
 // panels, the values rounded to bfloat16 for bfloat16 ones. For a kernel that takes the pack in
 // another form, or a path the pack does not serve.
 Tensor unpack_constant(const ir::PackedConstant& pack, const std::vector<int64_t>& shape);

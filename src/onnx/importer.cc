@@ -200,13 +200,14 @@ std::shared_ptr<const ir::PackedConstant> packed_constant(const onnx::TensorProt
     }
   }
   if (layout.empty()) return nullptr;
-  // Packs are of float32 or int8 matrices and filters (rank 2 and more), never of a tensor whose
+  // Packs are of float32, int8 or uint8 matrices and filters (rank 2 and more), never of a tensor whose
   // values shape inference reads (shapes, scales): those must stay values.
-  const bool packable_type =
-      proto.data_type() == static_cast<int32_t>(DType::kFloat32) || proto.data_type() == static_cast<int32_t>(DType::kInt8);
+  const bool packable_type = proto.data_type() == static_cast<int32_t>(DType::kFloat32) ||
+                             proto.data_type() == static_cast<int32_t>(DType::kInt8) ||
+                             proto.data_type() == static_cast<int32_t>(DType::kUInt8);
   if (!packable_type || proto.dims_size() < 2 || layout.size() > 64)
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' is packed (layout '" + layout.substr(0, 64) +
-                                              "'), but packs hold float32 or int8 tensors of rank 2 or more under a "
+                                              "'), but packs hold float32, int8 or uint8 tensors of rank 2 or more under a "
                                               "short layout name");
   const std::vector<int64_t> shape(proto.dims().begin(), proto.dims().end());
   try {

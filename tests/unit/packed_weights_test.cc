@@ -34,6 +34,13 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+std::map<std::string, Tensor> feed_of(const std::vector<NodeInput>& inputs) {
+  std::map<std::string, Tensor> feed;
+  for (const NodeInput& in : inputs)
+    if (!in.constant) feed[in.name] = in.data;
+  return feed;
+}
+
 const bool kHasBf16 = cpu::bf16_gemm_best_isa() != cpu::Bf16GemmIsa::kNone;
 
 TEST(PackedWeights, EveryLayoutUnpacksToItsConstant) {
@@ -129,6 +136,44 @@ TEST(PackedWeights, Int8PanelsUnpackToTheirConstant) {
           EXPECT_EQ(std::vector<int32_t>(a.shift.begin(), a.shift.end()), std::vector<int32_t>(b.shift.begin(), b.shift.end()));
         }
       }
+}
+
+// A product's int8 or uint8 B [K, N] as the panels of its transpose (uint8 values less 128), and
+// MatMulInteger's engine keeping only them, loaded back bit for bit.
+TEST(PackedWeights, TransposedInt8WeightsOfIntegerProducts) {
+  const cpu::Int8GemmIsa isa = cpu::int8_gemm_best_isa();
+  if (isa == cpu::Int8GemmIsa::kNone) GTEST_SKIP() << "no int8 GEMM on this CPU";
+  std::mt19937 rng(70);
+  for (DType dtype : {DType::kInt8, DType::kUInt8}) {
+    SCOPED_TRACE(to_string(dtype));
+    const int64_t k = 70, n = 40;
+    Tensor b(dtype, {k, n}), a(dtype, {5, k});
+    for (Tensor* t : {&b, &a})
+      for (int64_t i = 0; i < t->numel(); ++i) static_cast<uint8_t*>(t->raw())[i] = static_cast<uint8_t>(rng());
+    std::vector<int8_t> transposed(static_cast<size_t>(n * k));
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int64_t c = 0; c < n; ++c)
+        transposed[static_cast<size_t>(c * k + kk)] = static_cast<int8_t>(b.value_as_int(kk * n + c) - (dtype == DType::kUInt8 ? 128 : 0));
+    const cpu::Int8PackedA panels = cpu::int8_pack_a(isa, transposed.data(), n, k, k);
+    const ir::PackedConstant pack = cpu::packed_constant_transposed(panels, dtype == DType::kUInt8);
+    EXPECT_NO_THROW(cpu::check_packed_constant("B", pack, dtype, b.shape()));
+    EXPECT_THROW(cpu::check_packed_constant("B", pack, dtype == DType::kInt8 ? DType::kUInt8 : DType::kInt8, b.shape()), Error);
+    EXPECT_TRUE(bitwise_equal(cpu::unpack_constant(pack, b.shape()), b));
+
+    ir::Node product;
+    product.op = "MatMulInteger";
+    const std::vector<NodeInput> inputs = {{"A", a}, {"W", b, true}};
+    cpu::CpuEngine built(single_node_graph(product, inputs));
+    ASSERT_TRUE(built.graph().value("W").packed);
+    EXPECT_EQ(built.graph().value("W").packed->layout, pack.layout);
+    const Tensor want = built.run(feed_of(inputs)).at("Y");
+    std::string weights;
+    const std::string bytes = onnx_export::export_engine_graph(built.graph(), weights);
+    cpu::CpuEngine loaded(onnx_import::import_engine_graph(bytes, weights, "integer.engine"));
+    EXPECT_GT(loaded.graph().value("W").packed->data.storage().use_count(), 1);
+    EXPECT_TRUE(bitwise_equal(loaded.run(feed_of(inputs)).at("Y"), want));
+    EXPECT_TRUE(bitwise_equal(want, testing::run_single_node(product, {{"A", a}, {"W", b}})));  // B as an input: the reference loops
+  }
 }
 
 TEST(PackedWeights, RefusesPacksThatDoNotFitTheirConstant) {
@@ -254,13 +299,6 @@ std::vector<Layer> packing_layers() {
                     {"We", "Wp"},
                     false});
   return layers;
-}
-
-std::map<std::string, Tensor> feed_of(const std::vector<NodeInput>& inputs) {
-  std::map<std::string, Tensor> feed;
-  for (const NodeInput& in : inputs)
-    if (!in.constant) feed[in.name] = in.data;
-  return feed;
 }
 
 TEST(PackedWeights, EnginesKeepOnlyThePacksAndLoadThemAsTheyAre) {
