@@ -139,18 +139,28 @@ int64_t Int8PackedA::bytes_for(Int8GemmIsa isa, int64_t m, int64_t k) {
   return (m + rows - 1) / rows * int8_gemm_round_k(isa, k) * rows;
 }
 
-Int8PackedA int8_adopt_a(Int8GemmIsa isa, Tensor storage, int64_t offset, int64_t m, int64_t k) {
-  if (isa == Int8GemmIsa::kNone || m < 0 || k < 0 || offset < 0 ||
-      offset + Int8PackedA::bytes_for(isa, m, k) > static_cast<int64_t>(storage.nbytes()))
-    throw Error(ErrorKind::kInvalidArgument, "int8 panels of " + std::to_string(storage.nbytes()) + " bytes from " +
-                                                 std::to_string(offset) + " for a " + std::to_string(m) + " x " +
-                                                 std::to_string(k) + " matrix");
+namespace {
+
+// An m x k matrix's packing for `isa`, without its panels yet.
+Int8PackedA panels_for(Int8GemmIsa isa, int64_t m, int64_t k) {
   Int8PackedA p;
   p.isa = isa;
   p.m = m;
   p.k = k;
   p.k_padded = int8_gemm_round_k(isa, k);
   p.rows = int8_gemm_tile_rows(isa);
+  return p;
+}
+
+}  // namespace
+
+Int8PackedA int8_adopt_a(Int8GemmIsa isa, Tensor storage, int64_t offset, int64_t m, int64_t k) {
+  if (isa == Int8GemmIsa::kNone || m < 0 || k < 0 || offset < 0 ||
+      offset + Int8PackedA::bytes_for(isa, m, k) > static_cast<int64_t>(storage.nbytes()))
+    throw Error(ErrorKind::kInvalidArgument, "int8 panels of " + std::to_string(storage.nbytes()) + " bytes from " +
+                                                 std::to_string(offset) + " for a " + std::to_string(m) + " x " +
+                                                 std::to_string(k) + " matrix");
+  Int8PackedA p = panels_for(isa, m, k);
   p.storage = std::move(storage);
   p.offset = offset;
   p.panels = static_cast<const int8_t*>(p.storage.raw()) + offset;
@@ -168,12 +178,7 @@ Int8PackedA int8_adopt_a(Int8GemmIsa isa, Tensor storage, int64_t offset, int64_
 }
 
 Int8PackedA int8_pack_a(Int8GemmIsa isa, const int8_t* a, int64_t m, int64_t k, int64_t lda) {
-  Int8PackedA p;
-  p.isa = isa;
-  p.m = m;
-  p.k = k;
-  p.k_padded = int8_gemm_round_k(isa, k);
-  p.rows = int8_gemm_tile_rows(isa);
+  Int8PackedA p = panels_for(isa, m, k);
   const int64_t panels = p.panel_count();
   p.storage = Tensor(DType::kInt8, {std::max<int64_t>(1, panels * p.k_padded * p.rows)});  // zeros: the padding
   p.panels = p.storage.data<int8_t>();
@@ -184,10 +189,7 @@ Int8PackedA int8_pack_a(Int8GemmIsa isa, const int8_t* a, int64_t m, int64_t k, 
     int32_t sum = 0;
     for (int64_t i = 0; i < k; ++i) {
       const int8_t v = a[row * lda + i];
-      if (isa == Int8GemmIsa::kAmx)  // [k / 64][r / 16][r % 16][k % 64]
-        panel[((i / 64 * 2 + r / 16) * 16 + r % 16) * 64 + i % 64] = v;
-      else  // [k / 4][r][k % 4]
-        panel[(i / 4) * p.rows * 4 + r * 4 + i % 4] = v;
+      panel[int8_panel_offset(isa, p.rows, r, i)] = v;
       sum += v;
     }
     p.shift[static_cast<size_t>(row)] = 128 * sum;

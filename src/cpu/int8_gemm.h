@@ -67,6 +67,11 @@ struct Int8PackedA {
   // Bytes of the panels of an m x k matrix for `isa`.
   static int64_t bytes_for(Int8GemmIsa isa, int64_t m, int64_t k);
 };
+// Where A[r, i] of a panel's row r (< rows) lies in the panel, for `isa`.
+inline int64_t int8_panel_offset(Int8GemmIsa isa, int rows, int64_t r, int64_t i) {
+  return isa == Int8GemmIsa::kAmx ? ((i / 64 * 2 + r / 16) * 16 + r % 16) * 64 + i % 64  // [k / 64][r / 16][r % 16][k % 64]
+                                  : (i / 4) * rows * 4 + r * 4 + i % 4;                   // [k / 4][r][k % 4]
+}
 // Packs for `isa` (not kNone).
 Int8PackedA int8_pack_a(Int8GemmIsa isa, const int8_t* a, int64_t m, int64_t k, int64_t lda);
 // Takes panels packed before for `isa` (not kNone): Int8PackedA::bytes_for(isa, m, k) bytes of

@@ -212,8 +212,7 @@ Tensor unpack_constant(const ir::PackedConstant& pack, const std::vector<int64_t
       const int8_t* panel = bt.panel(col / rows);
       const int64_t r = col % rows;
       for (int64_t i = 0; i < k; ++i) {
-        const int v = (layout.int8 == Int8GemmIsa::kAmx ? panel[((i / 64 * 2 + r / 16) * 16 + r % 16) * 64 + i % 64]
-                                                         : panel[(i / 4) * rows * 4 + r * 4 + i % 4]) + shift;
+        const int v = panel[int8_panel_offset(layout.int8, rows, r, i)] + shift;
         if (shift) out.data<uint8_t>()[i * n + col] = static_cast<uint8_t>(v);
         else out.data<int8_t>()[i * n + col] = static_cast<int8_t>(v);
       }
@@ -232,10 +231,7 @@ Tensor unpack_constant(const ir::PackedConstant& pack, const std::vector<int64_t
       for (int64_t row = 0; row < mg; ++row) {
         const int8_t* panel = bytes + g * per_group + (row / rows) * k_padded * rows;
         const int64_t r = row % rows;
-        for (int64_t i = 0; i < k; ++i)  // int8_pack_a's placement
-          values[(g * mg + row) * k + i] = layout.int8 == Int8GemmIsa::kAmx
-                                               ? panel[((i / 64 * 2 + r / 16) * 16 + r % 16) * 64 + i % 64]
-                                               : panel[(i / 4) * rows * 4 + r * 4 + i % 4];
+        for (int64_t i = 0; i < k; ++i) values[(g * mg + row) * k + i] = panel[int8_panel_offset(layout.int8, rows, r, i)];
       }
     return out;
   }
