@@ -1,12 +1,12 @@
 // Constant weights in the CPU kernels' own layouts, as an engine holds them and its engine file
 // stores them (docs/engine-format.md, "Packed weights").
 //
-// A kernel that multiplies by a constant matrix packs it once (PackedColumns, Bf16PackedColumns).
-// Where that kernel is the constant's only reader, the engine keeps the pack alone: the graph's
-// value keeps the constant's dtype and shape, its values live in the pack (ir::Value::packed),
-// the engine file stores the pack's bytes, and loading hands them to the kernel as they are (no
-// second copy, no packing at load). A pack is the panels of a K x N matrix and a view: how that
-// matrix is read from the constant.
+// A kernel that multiplies by a constant matrix packs it once (PackedColumns, Bf16PackedColumns,
+// PackedA, Int8PackedA). Where that kernel is the constant's only reader, the engine keeps the
+// pack alone: the graph's value keeps the constant's dtype and shape, its values live in the pack
+// (ir::Value::packed), the engine file stores the pack's bytes, and loading hands them to the
+// kernel as they are (no second copy, no packing at load). A layout name says how the bytes are
+// read back into the constant.
 //
 // Layout names, as engine files carry them: "<element>.cols32.<view>", element "f32"
 // (PackedColumns) or "bf16" (Bf16PackedColumns, the values rounded to bfloat16), view
@@ -84,9 +84,9 @@ bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& sh
 bool adopt_packed_transposed(const ir::PackedConstant& pack, DType dtype, const std::vector<int64_t>& shape,
                              Int8GemmIsa isa, Int8PackedA& out);
 
-// The constant's values from its pack (checked; of the layout's element type): exactly the constant's for float32
-// panels, the values rounded to bfloat16 for bfloat16 ones. For a kernel that takes the pack in
-// another form, or a path the pack does not serve.
+// The constant's values from its pack (checked): exactly the constant's, but for bfloat16 panels
+// the values rounded to bfloat16. For a kernel that takes the pack in another form, or an engine
+// whose kernel does not hold it.
 Tensor unpack_constant(const ir::PackedConstant& pack, const std::vector<int64_t>& shape);
 
 // A kernel's constant input as KernelInit gives it: its values (unpacked from the pack where it
