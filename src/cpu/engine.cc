@@ -87,11 +87,8 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs, 
     return num_slots_++;
   };
   for (const std::string& in : graph_.inputs) slot_of(in);
-  std::map<std::string, int> constant_readers;  // node inputs reading each constant
-  for (const ir::Node& node : graph_.nodes)
-    for (const std::string& in : node.inputs)
-      if (const ir::Value* v = in.empty() ? nullptr : graph_.find_value(in); v && v->constant) ++constant_readers[in];
-  take_packed_constants(constant_readers);
+  const std::set<std::string> packable = packable_constants();
+  take_packed_constants(packable);
 
   std::vector<std::string> problems;
   for (const ir::Node& node : graph_.nodes) {
@@ -138,7 +135,7 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs, 
     throw Error(ErrorKind::kUnsupported, msg);
   }
 
-  keep_packed_constants(constant_readers);
+  keep_packed_constants(packable);
 
   // A graph output may be an initializer no node reads (e.g. an imported Constant).
   for (const std::string& o : graph_.outputs) slot_of(o);
@@ -171,20 +168,30 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs, 
 
 // The packs are handed only to a kernel that takes them and is the constant's one reader (an
 // engine file's packs were made that way; a forged file's that were not become values again).
-bool CpuEngine::packable(const std::string& name, const std::map<std::string, int>& constant_readers) const {
-  auto it = constant_readers.find(name);
-  if (it == constant_readers.end() || it->second != 1 || graph_.is_graph_output(name)) return false;
-  for (const ir::Node& node : graph_.nodes) {
-    for (size_t i = 0; i < node.inputs.size(); ++i) {
-      if (node.inputs[i] != name) continue;
-      const KernelEntry* entry = KernelRegistry::instance().find(node.op, node.domain);
-      return entry && std::find(entry->packed_inputs.begin(), entry->packed_inputs.end(), i) != entry->packed_inputs.end();
-    }
+std::set<std::string> CpuEngine::packable_constants() const {
+  struct Readers {
+    int count = 0;
+    const ir::Node* node = nullptr;
+    size_t input = 0;
+  };
+  std::map<std::string, Readers> readers;
+  for (const ir::Node& node : graph_.nodes)
+    for (size_t i = 0; i < node.inputs.size(); ++i)
+      if (const ir::Value* v = node.inputs[i].empty() ? nullptr : graph_.find_value(node.inputs[i]); v && v->constant) {
+        Readers& r = readers[node.inputs[i]];
+        if (r.count++ == 0) r.node = &node, r.input = i;
+      }
+  std::set<std::string> packable;
+  for (const auto& [name, r] : readers) {
+    if (r.count != 1 || graph_.is_graph_output(name)) continue;
+    const KernelEntry* entry = KernelRegistry::instance().find(r.node->op, r.node->domain);
+    if (entry && std::find(entry->packed_inputs.begin(), entry->packed_inputs.end(), r.input) != entry->packed_inputs.end())
+      packable.insert(name);
   }
-  return false;
+  return packable;
 }
 
-void CpuEngine::take_packed_constants(const std::map<std::string, int>& constant_readers) {
+void CpuEngine::take_packed_constants(const std::set<std::string>& packable) {
   std::vector<std::string> names;
   for (const auto& [name, v] : graph_.values())
     if (v.packed) names.push_back(name);
@@ -193,14 +200,14 @@ void CpuEngine::take_packed_constants(const std::map<std::string, int>& constant
     if (!v.constant)
       throw Error(ErrorKind::kInvalidModel, "packed value '" + name + "' is not a constant");
     check_packed_constant(name, *v.packed, v.constant->dtype(), v.constant->shape());
-    if (!packable(name, constant_readers)) {
+    if (!packable.count(name)) {
       v.constant = unpack_constant(*v.packed, v.constant->shape());
       v.packed.reset();
     }
   }
 }
 
-void CpuEngine::keep_packed_constants(const std::map<std::string, int>& constant_readers) {
+void CpuEngine::keep_packed_constants(const std::set<std::string>& packable) {
   for (size_t s = 0; s < steps_.size(); ++s) {
     const ir::Node& node = *steps_[s].node;
     std::vector<std::pair<size_t, ir::PackedConstant>> packs = steps_[s].kernel->packed_constants();
@@ -216,7 +223,7 @@ void CpuEngine::keep_packed_constants(const std::map<std::string, int>& constant
     for (auto& [input, pack] : packs) {
       if (input >= node.inputs.size()) continue;
       ir::Value* v = graph_.find_value(node.inputs[input]);
-      if (!v || !v->constant || v->packed || !packable(v->name, constant_readers)) continue;
+      if (!v || !v->constant || v->packed || !packable.count(v->name)) continue;
       // Values of another dtype or shape than the pack's would be read wrong from the file.
       check_packed_constant(v->name, pack, v->constant->dtype(), v->constant->shape());
       v->packed = std::make_shared<const ir::PackedConstant>(std::move(pack));

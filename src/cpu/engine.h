@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -101,13 +102,12 @@ class CpuEngine {
                        std::vector<int64_t>& signature) const;
 
   void check_inputs(const std::map<std::string, Tensor>& inputs) const;
-  // Packed constants (cpu/packed_weights.h): whether `name` is read by one node input only, one
-  // that its kernel's entry takes packed; taking a loaded graph's packs (checked; the others
-  // unpacked) before the kernels are made; keeping the packs the kernels made in place of the
-  // values after.
-  bool packable(const std::string& name, const std::map<std::string, int>& constant_readers) const;
-  void take_packed_constants(const std::map<std::string, int>& constant_readers);
-  void keep_packed_constants(const std::map<std::string, int>& constant_readers);
+  // Packed constants (cpu/packed_weights.h): those read by one node input only, one that its
+  // kernel's entry takes packed; taking a loaded graph's packs (checked; the others unpacked)
+  // before the kernels are made; keeping the packs the kernels made in place of the values after.
+  std::set<std::string> packable_constants() const;
+  void take_packed_constants(const std::set<std::string>& packable);
+  void keep_packed_constants(const std::set<std::string>& packable);
 
   ir::Graph graph_;
   std::vector<Step> steps_;

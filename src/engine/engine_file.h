@@ -9,7 +9,8 @@
 //                 in domain "kiln"), whose initializers are external data in the weights section
 //                 (location "kiln:weights", offset and length into it)
 //   u64 + bytes   weights: the initializers' bytes, each at a 64-byte aligned offset (INT8
-//                 weights as int8)
+//                 weights as int8; a CPU engine's packed weights as its kernels' panels, their
+//                 layout named by the external data's "kiln_layout": cpu/packed_weights.h)
 //   u64           FNV-1a 64 checksum of every byte before it
 // Integers are little-endian. Loading imports the graph as it is (no passes) and builds with
 // the recorded tactics, so nothing is timed again.

@@ -184,11 +184,11 @@ Tensor read_external(const onnx::TensorProto& proto, const std::string& base_dir
 }
 
 // An engine file's constant that a backend holds packed (external data with a "kiln_layout"):
-// the pack's bytes, copied from the weights section with the layout named; its dtype and dims
-// checked as any tensor's (the backend checks the layout against them). nullptr for any other
-// tensor.
-std::shared_ptr<const ir::PackedConstant> packed_constant(const onnx::TensorProto& proto) {
-  if (!data_source.weights || proto.data_location() != onnx::TensorProto::EXTERNAL) return nullptr;
+// `v` gets the pack's bytes, copied from the weights section with the layout named, and as its
+// constant a tensor of the dtype and dims (checked as any tensor's) without storage; the backend
+// checks the layout against them. False, `v` untouched, for any other tensor.
+bool read_packed_constant(const onnx::TensorProto& proto, ir::Value& v) {
+  if (!data_source.weights || proto.data_location() != onnx::TensorProto::EXTERNAL) return false;
   std::string layout;
   int64_t length = -1;
   for (const auto& kv : proto.external_data()) {
@@ -199,9 +199,9 @@ std::shared_ptr<const ir::PackedConstant> packed_constant(const onnx::TensorProt
       length = -1;
     }
   }
-  if (layout.empty()) return nullptr;
-  // Packs are of float32, int8 or uint8 matrices and filters (rank 2 and more), never of a tensor whose
-  // values shape inference reads (shapes, scales): those must stay values.
+  if (layout.empty()) return false;
+  // Packs are of float32, int8 or uint8 matrices and filters (rank 2 and more), never of a tensor
+  // whose values shape inference reads (shapes, scales): those must stay values.
   const bool packable_type = proto.data_type() == static_cast<int32_t>(DType::kFloat32) ||
                              proto.data_type() == static_cast<int32_t>(DType::kInt8) ||
                              proto.data_type() == static_cast<int32_t>(DType::kUInt8);
@@ -209,11 +209,10 @@ std::shared_ptr<const ir::PackedConstant> packed_constant(const onnx::TensorProt
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "' is packed (layout '" + layout.substr(0, 64) +
                                               "'), but packs hold float32, int8 or uint8 tensors of rank 2 or more under a "
                                               "short layout name");
-  const std::vector<int64_t> shape(proto.dims().begin(), proto.dims().end());
-  try {
-    for (int64_t d : shape)
-      if (d < 0) throw Error(ErrorKind::kInvalidModel, "a negative dimension");
-    shape_bytes(shape, static_cast<DType>(proto.data_type()));
+  Tensor shape_only;
+  try {  // over_storage refuses negative dimensions and sizes past kMaxTensorBytes
+    shape_only = Tensor::over_storage(static_cast<DType>(proto.data_type()),
+                                      std::vector<int64_t>(proto.dims().begin(), proto.dims().end()), nullptr);
   } catch (const Error& e) {
     throw Error(ErrorKind::kInvalidModel, "tensor '" + proto.name() + "': " + e.message());
   }
@@ -222,7 +221,9 @@ std::shared_ptr<const ir::PackedConstant> packed_constant(const onnx::TensorProt
   auto packed = std::make_shared<ir::PackedConstant>();
   packed->layout = layout;
   packed->data = read_external(proto, "", DType::kUInt8, {length}, length);
-  return packed;
+  v.packed = std::move(packed);
+  v.constant = std::move(shape_only);
+  return true;
 }
 
 template <class Field>
@@ -474,13 +475,7 @@ ir::Graph import_model(const std::string& bytes, const std::string& name, const 
       if (init.name().empty()) throw model_error(name, "an initializer has no name");
       ir::Value v;
       v.name = init.name();
-      if (auto packed = packed_constant(init)) {
-        v.packed = std::move(packed);
-        v.constant = Tensor::over_storage(static_cast<DType>(init.data_type()),
-                                          std::vector<int64_t>(init.dims().begin(), init.dims().end()), nullptr);
-      } else {
-        v.constant = tensor_from_proto(init, base_dir);
-      }
+      if (!read_packed_constant(init, v)) v.constant = tensor_from_proto(init, base_dir);
       v.type.dtype = v.constant->dtype();
       v.type.shape = ir::dims_of(v.constant->shape());
       if (v.constant->rank() <= 1 && is_integer(v.type.dtype) && v.constant->numel() <= 64)
