@@ -1,38 +1,44 @@
-// kiln_cpu_bench: times kiln's CPU engine on one ONNX model.
+// kiln_cpu_bench: times kiln's CPU engine on one ONNX model or CPU engine file.
 //
-//   kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--threads N] [--no-fuse]
-//                  [--no-optimize] [--dump-output file.bin] [--input file.bin] [--isa avx2|avx512|plain]
+//   kiln_cpu_bench model.onnx|model.engine [--batch N] [--runs N] [--warmup N] [--threads N]
+//                  [--no-fuse] [--no-optimize] [--dump-output file.bin] [--input file.bin]
+//                  [--isa avx2|avx512|plain]
 //
 // Imports the model, runs compiler::optimize (unless --no-optimize), builds cpu::CpuEngine,
 // feeds every input random float32 data (seed 0; symbolic dims take --batch) or the raw
 // float32 contents of --input, times --runs runs after --warmup and prints one JSON object.
-// --dump-output writes the first output's raw float32 values, so a script can compare them
-// with another runtime on the same input. --threads sets the CPU engine's threads (default: the
-// CPUs the process may run on). --isa runs the kernels that follow sgemm_isa() as on a CPU with
-// that instruction set (at most the best this CPU has), to time the AVX2 paths on an AVX-512
-// machine.
+// An engine file (a CPU engine `kiln build` wrote: an INT8 one, say) is loaded as it is and fed
+// the same way. --dump-output writes the first output's raw float32 values, so a script can
+// compare them with another runtime on the same input. --threads sets the CPU engine's threads
+// (default: the CPUs the process may run on). --isa runs the kernels that follow sgemm_isa()
+// and the int8 GEMM (cpu/int8_gemm.h) as on a CPU with that instruction set (at most the best
+// this CPU has), to time the AVX2 paths on an AVX-512 machine.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cpu/engine.h"
+#include "cpu/int8_gemm.h"
 #include "cpu/parallel.h"
 #include "cpu/sgemm.h"
 #include "onnx/importer.h"
 #include "compiler/pipeline.h"
+#include "kiln/kiln.h"
 #include "passes/passes.h"
 
 namespace {
 
 int usage() {
-  std::cerr << "usage: kiln_cpu_bench model.onnx [--batch N] [--runs N] [--warmup N] [--threads N] [--no-fuse]"
+  std::cerr << "usage: kiln_cpu_bench model.onnx|model.engine [--batch N] [--runs N] [--warmup N] [--threads N] [--no-fuse]"
                " [--no-optimize] [--dump-output file.bin] [--input file.bin] [--isa avx2|avx512|plain]\n";
   return 2;
 }
@@ -68,6 +74,9 @@ int main(int argc, char** argv) {
           return 2;
         }
         kiln::cpu::sgemm_force_isa(want);
+        kiln::cpu::int8_gemm_force_isa(isa == "avx512" ? kiln::cpu::int8_gemm_best_isa()
+                                       : isa == "avx2" ? kiln::cpu::Int8GemmIsa::kAvx2
+                                                       : kiln::cpu::Int8GemmIsa::kNone);
       }
       else if (a == "--no-fuse") fuse = false;
       else if (a == "--no-optimize") optimize = false;
@@ -81,24 +90,50 @@ int main(int argc, char** argv) {
   }
   if (runs < 1) return usage();
   try {
-    kiln::ir::Graph graph = kiln::onnx_import::import_file(model);
-    if (optimize) {
-      kiln::compiler::PassOptions options;
-      options.fuse = fuse;
-      kiln::compiler::optimize(graph, options);
-    }
+    // The inputs to feed, the first output's name, and a run: from the ONNX model through the
+    // passes, or from the engine file as it is.
+    std::vector<kiln::TensorDesc> inputs;
+    std::string first_output;
     std::map<std::string, int> op_counts;
-    for (const auto& n : graph.nodes) op_counts[(n.domain.empty() ? "" : n.domain + "::") + n.op]++;
+    size_t nodes = 0;
+    std::function<std::map<std::string, kiln::Tensor>(const std::map<std::string, kiln::Tensor>&)> run;
+    const bool engine_file = model.size() > 7 && model.compare(model.size() - 7, 7, ".engine") == 0;
+    if (engine_file) {
+      auto engine = std::make_shared<kiln::Engine>(kiln::Engine::load(model));
+      if (engine->backend() != "cpu") throw kiln::Error(kiln::ErrorKind::kUnsupported, "not a CPU engine").file(model);
+      inputs = engine->inputs();
+      first_output = engine->outputs().at(0).name;
+      nodes = engine->layer_count();
+      run = [engine](const std::map<std::string, kiln::Tensor>& feed) { return engine->run(feed); };
+    } else {
+      kiln::ir::Graph graph = kiln::onnx_import::import_file(model);
+      if (optimize) {
+        kiln::compiler::PassOptions options;
+        options.fuse = fuse;
+        kiln::compiler::optimize(graph, options);
+      }
+      for (const auto& n : graph.nodes) op_counts[(n.domain.empty() ? "" : n.domain + "::") + n.op]++;
+      for (const std::string& name : graph.inputs) {
+        const kiln::ir::TensorType& t = graph.value(name).type;
+        if (!t.shape) throw kiln::Error(kiln::ErrorKind::kUnsupported, "input '" + name + "' has no known rank");
+        kiln::TensorDesc desc{name, t.dtype, {}, {}};
+        for (const kiln::ir::Dim& d : *t.shape) desc.shape.push_back(d.known() ? d.value : -1);
+        inputs.push_back(desc);
+      }
+      auto engine = std::make_shared<kiln::cpu::CpuEngine>(std::move(graph));
+      first_output = engine->graph().outputs.at(0);
+      nodes = engine->graph().nodes.size();
+      run = [engine](const std::map<std::string, kiln::Tensor>& feed) { return engine->run(feed); };
+    }
 
     std::map<std::string, kiln::Tensor> feed;
     std::mt19937 rng(0);
     std::uniform_real_distribution<float> dist(-1.f, 1.f);
-    for (const std::string& name : graph.inputs) {
-      const kiln::ir::TensorType& t = graph.value(name).type;
-      if (t.dtype != kiln::DType::kFloat32 || !t.shape)
-        throw kiln::Error(kiln::ErrorKind::kUnsupported, "input '" + name + "' is not a float32 tensor of known rank");
+    for (const kiln::TensorDesc& in : inputs) {
+      if (in.dtype != kiln::DType::kFloat32)
+        throw kiln::Error(kiln::ErrorKind::kUnsupported, "input '" + in.name + "' is not a float32 tensor");
       std::vector<int64_t> shape;
-      for (const kiln::ir::Dim& d : *t.shape) shape.push_back(d.known() ? d.value : batch);
+      for (int64_t d : in.shape) shape.push_back(d >= 0 ? d : batch);
       kiln::Tensor x(kiln::DType::kFloat32, shape);
       if (!input_file.empty()) {
         std::ifstream f(input_file, std::ios::binary);
@@ -108,21 +143,20 @@ int main(int argc, char** argv) {
       } else {
         for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = dist(rng);
       }
-      feed[name] = x;
+      feed[in.name] = x;
     }
 
-    kiln::cpu::CpuEngine engine(std::move(graph));
     std::map<std::string, kiln::Tensor> result;
-    for (int i = 0; i < warmup; ++i) result = engine.run(feed);
+    for (int i = 0; i < warmup; ++i) result = run(feed);
     std::vector<double> ms;
     for (int i = 0; i < runs; ++i) {
       auto t0 = std::chrono::steady_clock::now();
-      result = engine.run(feed);
+      result = run(feed);
       auto t1 = std::chrono::steady_clock::now();
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
     if (!dump.empty()) {
-      const kiln::Tensor& y = result.at(engine.graph().outputs.at(0));
+      const kiln::Tensor& y = result.at(first_output);
       kiln::Tensor yf = y.to_float32();
       std::ofstream f(dump, std::ios::binary);
       f.write(static_cast<const char*>(yf.raw()), static_cast<std::streamsize>(yf.nbytes()));
@@ -142,14 +176,14 @@ int main(int argc, char** argv) {
     out["batch"] = batch;
     out["runs"] = runs;
     out["warmup"] = warmup;
-    out["optimized"] = optimize;
-    out["fused"] = optimize && fuse;
+    out["optimized"] = optimize || engine_file;
+    out["fused"] = (optimize && fuse) || engine_file;
     out["threads"] = kiln::cpu::thread_count();
     out["median_ms"] = pct(0.5);
     out["mean_ms"] = mean;
     out["p90_ms"] = pct(0.9);
     out["min_ms"] = sorted.front();
-    out["nodes"] = engine.graph().nodes.size();
+    out["nodes"] = nodes;
     out["op_counts"] = op_counts;
     out["times_ms"] = ms;
     std::cout << out.dump() << std::endl;

@@ -61,6 +61,47 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const int8
   }
 }
 
+// The VNNI kernel's tile without VNNI, summed exactly. vpdpbusd adds four products of an
+// unsigned byte b and a signed byte w to an int32 lane; vpmaddubsw would add pairs of them into
+// int16 and saturate (2 * 255 * 128 > 2^15). So b is split as (b & 127) + 128 * (b >> 7): the
+// pairs of (b & 127) * w stay inside int16 (2 * 127 * 128 < 2^15), as do those of (b >> 7) * w,
+// and vpmaddwd adds each pair of pairs into int32, the second times 128: the same integers.
+// 16 ymm registers hold a quarter of the 8 x 32 tile's sums with their operands, so each
+// quarter (4 rows, 16 columns) is one pass over K.
+__attribute__((target("avx2"))) void tile_avx2(const int8_t* a, int64_t k_padded, const uint8_t* b, int32_t* c) {
+  constexpr int kRows = 8, kPassRows = 4;
+  const __m256i low7 = _mm256_set1_epi8(0x7F), low_bit = _mm256_set1_epi8(1);
+  const __m256i ones = _mm256_set1_epi16(1), times128 = _mm256_set1_epi16(128);
+  for (int half = 0; half < 2; ++half)
+    for (int r0 = 0; r0 < kRows; r0 += kPassRows) {
+      __m256i acc[kPassRows][2];
+      for (int r = 0; r < kPassRows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      for (int64_t q = 0; q < k_padded / 4; ++q) {
+        // Columns 16 * half .. + 7 and + 8 .. + 15: eight columns of four bytes per register.
+        const uint8_t* bq = b + q * 128 + half * 64;
+        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq));
+        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq + 32));
+        const __m256i low0 = _mm256_and_si256(b0, low7), top0 = _mm256_and_si256(_mm256_srli_epi16(b0, 7), low_bit);
+        const __m256i low1 = _mm256_and_si256(b1, low7), top1 = _mm256_and_si256(_mm256_srli_epi16(b1, 7), low_bit);
+        const int8_t* aq = a + (q * kRows + r0) * 4;
+        for (int r = 0; r < kPassRows; ++r) {
+          int32_t four;
+          std::memcpy(&four, aq + r * 4, 4);
+          const __m256i w = _mm256_set1_epi32(four);
+          acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(low0, w), ones),
+                                                                   _mm256_madd_epi16(_mm256_maddubs_epi16(top0, w), times128)));
+          acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(low1, w), ones),
+                                                                   _mm256_madd_epi16(_mm256_maddubs_epi16(top1, w), times128)));
+        }
+      }
+      for (int r = 0; r < kPassRows; ++r) {
+        int32_t* row = c + (r0 + r) * kInt8GemmCols + half * 16;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), acc[r][0]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 8), acc[r][1]);
+      }
+    }
+}
+
 // Tiles (cpu/amx.h) 0-3: the four 16 x 16 quarters of C; 4-5: the two 16-row halves of A's 64
 // columns of K; 6-7: the two 16-column halves of B's 64 rows of K.
 __attribute__((target("amx-tile,amx-int8"))) void tile_amx(const int8_t* a, int64_t k_padded, const uint8_t* b,
@@ -100,6 +141,7 @@ const char* int8_gemm_isa_name(Int8GemmIsa isa) {
   switch (isa) {
     case Int8GemmIsa::kAmx: return "amx";
     case Int8GemmIsa::kAvx512Vnni: return "avx512-vnni";
+    case Int8GemmIsa::kAvx2: return "avx2";
     case Int8GemmIsa::kNone: break;
   }
   return "none";
@@ -111,8 +153,9 @@ Int8GemmIsa int8_gemm_best_isa() {
     const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
                       __builtin_cpu_supports("avx2");
-    if (!vnni) return Int8GemmIsa::kNone;  // the epilogue and the packing use AVX-512 and AVX2
-    return amx_usable() ? Int8GemmIsa::kAmx : Int8GemmIsa::kAvx512Vnni;
+    if (vnni) return amx_usable() ? Int8GemmIsa::kAmx : Int8GemmIsa::kAvx512Vnni;
+    // The packing and the callers' epilogues need AVX2 and FMA at least.
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Int8GemmIsa::kAvx2 : Int8GemmIsa::kNone;
   }();
   return best;
 }
@@ -246,8 +289,13 @@ void int8_pack_b_panel_transposed(const int8_t* bt, int64_t ldbt, int64_t k, int
 }
 
 void int8_tile(const Int8PackedA& a, int64_t a_panel, const uint8_t* b_panel, int32_t* c) {
-  if (a.isa == Int8GemmIsa::kAmx) tile_amx(a.panel(a_panel), a.k_padded, b_panel, c);
-  else tile_vnni(a.panel(a_panel), a.k_padded, b_panel, c);
+  switch (a.isa) {
+    case Int8GemmIsa::kAmx: tile_amx(a.panel(a_panel), a.k_padded, b_panel, c); return;
+    case Int8GemmIsa::kAvx512Vnni: tile_vnni(a.panel(a_panel), a.k_padded, b_panel, c); return;
+    case Int8GemmIsa::kAvx2: tile_avx2(a.panel(a_panel), a.k_padded, b_panel, c); return;
+    case Int8GemmIsa::kNone: break;
+  }
+  throw Error(ErrorKind::kInternal, "int8 GEMM tile without a kernel");
 }
 
 }  // namespace kiln::cpu

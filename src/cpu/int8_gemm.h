@@ -1,15 +1,18 @@
 // kiln's int8 GEMM for the INT8 convolutions (kiln::QConv): C[M x N] = A[M x K] @ B[K x N] with
 // int8 A (the weights) and B (the input side), summed exactly in int32.
 //
-// Two kernels, picked at run time from what the CPU has (the code is compiled with function
+// Three kernels, picked at run time from what the CPU has (the code is compiled with function
 // target attributes, so the library still runs on CPUs without them):
+// - AVX2 (CPUs without AVX-512 VNNI): vpdpbusd's sums made exactly from vpmaddubsw and
+//   vpmaddwd (tile_avx2 in int8_gemm.cc says how), in the VNNI kernel's panels, a quarter of the
+//   8 x 32 tile at a time (16 ymm registers hold no more).
 // - AVX-512 VNNI: vpdpbusd multiplies four unsigned bytes by four signed bytes and adds the
 //   four products to an int32 lane; the micro-kernel keeps an 8 x 32 tile of C in 16 zmm
 //   registers and broadcasts 4 bytes of a row of A at a time.
 // - AMX (Sapphire Rapids and later): tdpbsud multiplies a 16 x 64 tile of signed bytes by a
 //   64 x 16 tile of unsigned bytes into a 16 x 16 tile of int32 sums; the kernel keeps a 32 x 32
 //   tile of C in four tile registers, with two of A and two of B.
-// Both read B as unsigned bytes: it is packed as B + 128 (a flip of the sign bit), and the
+// All read B as unsigned bytes: it is packed as B + 128 (a flip of the sign bit), and the
 // caller subtracts 128 * sum_k A[m, k] (Int8PackedA::shift) from row m of each tile:
 // sum A (B + 128) - 128 sum A = sum A B. Nothing saturates (four products of at most 255 * 128
 // per step), so the sums are the same integers as the reference kernel's for every K below
@@ -29,7 +32,8 @@
 
 namespace kiln::cpu {
 
-enum class Int8GemmIsa { kNone = 0, kAvx512Vnni = 1, kAmx = 2 };
+// In order of speed: a test may force any one below the best (int8_gemm_force_isa).
+enum class Int8GemmIsa { kNone = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3 };
 
 const char* int8_gemm_isa_name(Int8GemmIsa isa);
 // The best int8 GEMM this CPU (and its operating system, for AMX) runs; kNone: the callers
@@ -46,6 +50,10 @@ constexpr int kInt8GemmMaxRows = 32;  // the most rows of C in a tile (AMX's)
 // K beyond which a sum of shifted products might leave int32 (K * 255 * 128 < 2^31).
 constexpr int64_t kInt8GemmMaxK = 65536;
 
+// The kernel whose panels `isa` reads: AVX2 reads AVX-512 VNNI's, so an engine file packed for
+// one runs on the other as it is.
+inline Int8GemmIsa int8_panels_of(Int8GemmIsa isa) { return isa == Int8GemmIsa::kAvx2 ? Int8GemmIsa::kAvx512Vnni : isa; }
+
 // Rows of C per tile and the step K is padded to, per kernel.
 int int8_gemm_tile_rows(Int8GemmIsa isa);
 int64_t int8_gemm_round_k(Int8GemmIsa isa, int64_t k);
@@ -59,7 +67,7 @@ struct Int8PackedA {
   int rows = 0;                    // rows per panel: int8_gemm_tile_rows(isa)
   Tensor storage;                  // the panels, from byte `offset` on
   int64_t offset = 0;
-  const int8_t* panels = nullptr;  // VNNI: [panel][k / 4][8][4]; AMX: [panel][k / 64][2][16][64]
+  const int8_t* panels = nullptr;  // VNNI, AVX2: [panel][k / 4][8][4]; AMX: [panel][k / 64][2][16][64]
   AlignedVector<int32_t> shift;    // 128 * sum_k A[m, k], per row (padded to the panels)
 
   int64_t panel_count() const { return (m + rows - 1) / rows; }

@@ -327,7 +327,7 @@ void share_one_buffer(std::vector<Int8PackedA>& groups) {
 bool adopt_packed(const ir::PackedConstant& pack, const std::vector<int64_t>& shape, int64_t groups, Int8GemmIsa isa,
                   std::vector<Int8PackedA>& out) {
   Layout layout;
-  if (isa == Int8GemmIsa::kNone || !parse_layout(pack.layout, layout) || layout.int8 != isa || layout.groups != groups ||
+  if (isa == Int8GemmIsa::kNone || !parse_layout(pack.layout, layout) || layout.int8 != int8_panels_of(isa) || layout.groups != groups ||
       layout_bytes(layout, shape) < 0)
     return false;
   const int64_t mg = shape[0] / groups, k = shape_numel(shape) / std::max<int64_t>(shape[0], 1);
@@ -344,7 +344,7 @@ ir::PackedConstant packed_constant_transposed(const Int8PackedA& transposed, boo
 bool adopt_packed_transposed(const ir::PackedConstant& pack, DType dtype, const std::vector<int64_t>& shape,
                              Int8GemmIsa isa, Int8PackedA& out) {
   Layout layout;
-  if (isa == Int8GemmIsa::kNone || !parse_layout(pack.layout, layout) || layout.transposed != dtype || layout.int8 != isa ||
+  if (isa == Int8GemmIsa::kNone || !parse_layout(pack.layout, layout) || layout.transposed != dtype || layout.int8 != int8_panels_of(isa) ||
       layout_bytes(layout, shape) < 0)
     return false;
   out = int8_adopt_a(isa, pack.data, 0, shape[1], shape[0]);

@@ -4,13 +4,14 @@
 // the op's definition gives (acc * scale + B as one fused multiply-add, so that the result does
 // not depend on whether the compiler contracts it).
 //
-// Where the CPU has AVX-512 VNNI (or AMX), int8 convolutions with at least 8 output channels
-// per group run on kiln's int8 GEMM (cpu/int8_gemm.h): per image and group the window is
+// Where the CPU has AVX2 (or AVX-512 VNNI, or AMX), int8 convolutions with at least 8 output
+// channels per group run on kiln's int8 GEMM (cpu/int8_gemm.h): per image and group the window is
 // unrolled into an int8 matrix col[K x OHW] (K = C/group * kernel size; padding reads 0, the
 // real 0 of a symmetric scale; a 1x1 convolution of stride 1 reads X itself), packed in panels
 // of 32 columns, and multiplied by the weights packed when the kernel was created; the
-// epilogue runs on each tile of int32 sums with AVX-512, the same float32 operations in the same order
-// as the portable loop, so both give the same bytes (tests/unit/quantized_conv_test.cc).
+// epilogue runs on each tile of int32 sums with AVX-512 (AVX2 on the AVX2 GEMM), the same
+// float32 operations in the same order as the portable loop, so all give the same bytes
+// (tests/unit/quantized_conv_test.cc).
 //
 // Elsewhere (other CPUs, depthwise and narrow grouped convolutions, float8) the window is
 // unrolled into an int16 (float32 for float8) matrix and each output channel accumulates
@@ -176,8 +177,10 @@ class QConvKernel final : public Kernel {
         const int64_t n0 = p * kInt8GemmCols, cols = std::min<int64_t>(kInt8GemmCols, columns - n0);
         const int64_t m0 = m_first + ap * a.rows;
         const int64_t rows = std::min<int64_t>(a.rows, m_count - ap * a.rows);
-        epilogue_avx512(tile, a.shift.data() + ap * a.rows, m0, rows, at + (m0 - m_first) * stride + n0, stride, cols,
-                        bias, o);
+        const int32_t* shift = a.shift.data() + ap * a.rows;
+        const int64_t tile_at = at + (m0 - m_first) * stride + n0;
+        if (a.isa == Int8GemmIsa::kAvx2) epilogue_avx2(tile, shift, m0, rows, tile_at, stride, cols, bias, o);
+        else epilogue_avx512(tile, shift, m0, rows, tile_at, stride, cols, bias, o);
       }
     });
   }
@@ -360,6 +363,65 @@ class QConvKernel final : public Kernel {
     }
   }
 #pragma GCC diagnostic pop
+
+  // epilogue_avx512 for CPUs without AVX-512 (the AVX2 int8 GEMM's), 8 at a time: the same
+  // operations in the same order (max and min with the same operand order, so NaN goes the same
+  // way; the clamped value converted, then narrowed by saturating packs), so the same bytes.
+  __attribute__((target("avx2,fma"))) void epilogue_avx2(const int32_t* tile, const int32_t* shift, int64_t m0,
+                                                         int64_t rows, int64_t at, int64_t stride, int64_t cols,
+                                                         const float* bias, const GemmOutput& o) const {
+    const float* zf = o.z_float ? o.z_float + at : nullptr;
+    const int8_t* zq = o.z_int8 ? o.z_int8 + at : nullptr;
+    int8_t* yq = o.y_int8 ? o.y_int8 + at : nullptr;
+    float* yf = o.y_int8 ? nullptr : o.y_float + at;
+    const ir::ActivationKind kind = act_.kind;
+    const __m256 z_scale = _mm256_set1_ps(z_scale_);
+    const __m256 inv = _mm256_set1_ps(inv_y_scale_);
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256 lo = _mm256_set1_ps(act_.alpha), hi = _mm256_set1_ps(act_.beta);
+    const __m256 qmin = _mm256_set1_ps(-128.f), qmax = _mm256_set1_ps(127.f);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t m = m0 + r, row = r * stride;
+      const __m256 mult = _mm256_set1_ps(multiplier_[static_cast<size_t>(m)]);
+      const __m256 b = _mm256_set1_ps(bias ? bias[m] : 0.f);
+      const __m256i row_shift = _mm256_set1_epi32(shift[r]);
+      for (int64_t p = 0; p < cols; p += 8) {
+        const int64_t n = std::min<int64_t>(8, cols - p);
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), lane);
+        const int64_t e = row + p;
+        // The tile's rows hold 32 sums whatever `cols` is: whole loads stay inside it.
+        const __m256i acc = _mm256_sub_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + r * kInt8GemmCols + p)), row_shift);
+        __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), mult, b);
+        if (zf) v = _mm256_add_ps(v, _mm256_maskload_ps(zf + e, mask));
+        if (zq) {
+          int64_t eight = 0;  // n bytes, the rest zeros
+          std::memcpy(&eight, zq + e, static_cast<size_t>(n));
+          const __m256i zi = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(eight));
+          v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_cvtepi32_ps(zi), z_scale));
+        }
+        if (kind == ir::ActivationKind::kRelu) {
+          v = _mm256_max_ps(v, zero);
+        } else if (kind == ir::ActivationKind::kClip) {
+          v = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
+        } else if (kind != ir::ActivationKind::kNone) {
+          alignas(32) float values[8];
+          _mm256_store_ps(values, v);
+          for (float& value : values) value = act_.apply(value);
+          v = _mm256_load_ps(values);
+        }
+        if (yq) {
+          const __m256i q = _mm256_cvtps_epi32(_mm256_min_ps(qmax, _mm256_max_ps(qmin, _mm256_mul_ps(v, inv))));
+          const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+          const int64_t bytes = _mm_cvtsi128_si64(_mm_packs_epi16(words, words));
+          std::memcpy(yq + e, &bytes, static_cast<size_t>(n));
+        } else {
+          _mm256_maskstore_ps(yf + e, mask, v);
+        }
+      }
+    }
+  }
 
   // X and W are int8 (unrolled to int16, summed in int32: exact) or float8e4m3fn bytes
   // (unrolled to their float32 values, summed in float32).

@@ -423,21 +423,25 @@ TEST(IntegerMatMul, PackedWeightsGiveTheReferenceIntegers) {
     };
     std::map<std::string, Tensor> in = {{"a", a}};
     if (c.qlinear || c.zeros != "none") in.emplace("a_zero", a_zero);
-    GraphBuilder packed_model = model();
-    const Tensor packed = cpu::CpuEngine(packed_model.build()).run(in).at("y");
     cpu::int8_gemm_force_isa(cpu::Int8GemmIsa::kNone);
     GraphBuilder reference_model = model();
     const Tensor reference = cpu::CpuEngine(reference_model.build()).run(in).at("y");
-    cpu::int8_gemm_reset_isa();
-    ASSERT_EQ(packed.shape(), reference.shape());
-    ASSERT_EQ(packed.dtype(), reference.dtype());
-    EXPECT_EQ(std::memcmp(packed.raw(), reference.raw(), static_cast<size_t>(packed.nbytes())), 0)
-        << "zeros " << c.zeros << (c.qlinear ? " QLinearMatMul" : " MatMulInteger");
-    if (c.qlinear) {  // a spread of values, not all saturated
-      std::set<int64_t> distinct;
-      for (int64_t i = 0; i < packed.numel(); ++i) distinct.insert(packed.value_as_int(i));
-      EXPECT_GT(distinct.size(), 20u);
+    for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx2, cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx}) {
+      if (isa > cpu::int8_gemm_best_isa()) continue;
+      cpu::int8_gemm_force_isa(isa);
+      GraphBuilder packed_model = model();
+      const Tensor packed = cpu::CpuEngine(packed_model.build()).run(in).at("y");
+      ASSERT_EQ(packed.shape(), reference.shape());
+      ASSERT_EQ(packed.dtype(), reference.dtype());
+      EXPECT_EQ(std::memcmp(packed.raw(), reference.raw(), static_cast<size_t>(packed.nbytes())), 0)
+          << "zeros " << c.zeros << (c.qlinear ? " QLinearMatMul" : " MatMulInteger") << " on " << cpu::int8_gemm_isa_name(isa);
+      if (c.qlinear) {  // a spread of values, not all saturated
+        std::set<int64_t> distinct;
+        for (int64_t i = 0; i < packed.numel(); ++i) distinct.insert(packed.value_as_int(i));
+        EXPECT_GT(distinct.size(), 20u);
+      }
     }
+    cpu::int8_gemm_reset_isa();
   }
 }
 

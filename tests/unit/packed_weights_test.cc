@@ -104,11 +104,12 @@ TEST(PackedWeights, RowPanelsOfEveryGroupUnpackToTheirConstant) {
     }
 }
 
-// INT8 filters in the int8 GEMM's panels (VNNI's and AMX's, where the CPU has them): their
-// values back, and the row sums the GEMM subtracts summed again from the panels.
+// INT8 filters in the int8 GEMM's panels (AVX2's, VNNI's and AMX's, where the CPU has them):
+// their values back, and the row sums the GEMM subtracts summed again from the panels. AVX2
+// reads VNNI's panels: a file packed for either is taken by the other, never by AMX.
 TEST(PackedWeights, Int8PanelsUnpackToTheirConstant) {
   std::vector<cpu::Int8GemmIsa> isas;
-  for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx})
+  for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx2, cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx})
     if (static_cast<int>(isa) <= static_cast<int>(cpu::int8_gemm_best_isa())) isas.push_back(isa);
   if (isas.empty()) GTEST_SKIP() << "no int8 GEMM on this CPU";
   std::mt19937 rng(60);
@@ -128,6 +129,9 @@ TEST(PackedWeights, Int8PanelsUnpackToTheirConstant) {
         EXPECT_THROW(cpu::check_packed_constant("W", pack, DType::kFloat32, shape), Error);
         EXPECT_TRUE(bitwise_equal(cpu::unpack_constant(pack, shape), w));
         std::vector<cpu::Int8PackedA> taken;
+        for (cpu::Int8GemmIsa other : isas)
+          EXPECT_EQ(cpu::adopt_packed(pack, shape, groups, other, taken), cpu::int8_panels_of(other) == cpu::int8_panels_of(isa))
+              << "packed for " << cpu::int8_gemm_isa_name(isa) << ", taken by " << cpu::int8_gemm_isa_name(other);
         ASSERT_TRUE(cpu::adopt_packed(pack, shape, groups, isa, taken));
         for (int64_t g = 0; g < groups; ++g) {
           const cpu::Int8PackedA& a = panels[static_cast<size_t>(g)];

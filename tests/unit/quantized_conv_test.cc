@@ -12,6 +12,7 @@
 #include <set>
 
 #include "compute_test_util.h"
+#include "cpu/amx.h"
 #include "cpu/engine.h"
 #include "cpu/int8_gemm.h"
 #include "graph_builder.h"
@@ -69,8 +70,8 @@ struct Int8IsaScope {
 
 std::vector<cpu::Int8GemmIsa> int8_isas() {
   std::vector<cpu::Int8GemmIsa> isas{cpu::Int8GemmIsa::kNone};
-  if (cpu::int8_gemm_best_isa() >= cpu::Int8GemmIsa::kAvx512Vnni) isas.push_back(cpu::Int8GemmIsa::kAvx512Vnni);
-  if (cpu::int8_gemm_best_isa() >= cpu::Int8GemmIsa::kAmx) isas.push_back(cpu::Int8GemmIsa::kAmx);
+  for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx2, cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx})
+    if (cpu::int8_gemm_best_isa() >= isa) isas.push_back(isa);
   return isas;
 }
 
@@ -222,14 +223,53 @@ TEST(QConv, Int8GemmTilesAndEpilogues) {
   check_case(float_out, 29);
 }
 
-// Where the CPU has AVX-512 VNNI an int8 GEMM is in use (the tests above then check it), AMX's
-// where the CPU has AMX too.
-TEST(QConv, Int8GemmIsUsedWhereTheCpuHasVnni) {
+// An int8 GEMM is in use wherever the CPU has AVX2 and FMA (the tests above then check it):
+// AVX-512 VNNI's where the CPU has it, AMX's where it has AMX too.
+TEST(QConv, Int8GemmIsUsedWhereTheCpuHasAvx2) {
   __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-  EXPECT_EQ(cpu::int8_gemm_isa() != cpu::Int8GemmIsa::kNone, vnni);
+  EXPECT_EQ(cpu::int8_gemm_isa() != cpu::Int8GemmIsa::kNone, avx2);
+  EXPECT_EQ(cpu::int8_gemm_isa() >= cpu::Int8GemmIsa::kAvx512Vnni, vnni);
   std::cout << "int8 GEMM on this CPU: " << cpu::int8_gemm_isa_name(cpu::int8_gemm_isa()) << "\n";
+}
+
+// Every int8 GEMM's tiles against sums in int64, on random bytes and on the extremes where
+// pairs of products would leave int16 (vpmaddubsw's saturation, which the AVX2 kernel avoids):
+// A all -128 or 127 against B all 127 or -128 (packed as 255 and 0), K past one step and odd.
+TEST(Int8Gemm, TilesAreTheExactSumsOnEveryKernel) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> byte(-128, 127);
+  for (cpu::Int8GemmIsa isa : int8_isas()) {
+    if (isa == cpu::Int8GemmIsa::kNone) continue;
+    for (const std::string fill : {"random", "extreme", "mixed_extremes"})
+      for (int64_t k : {4, 67, 300}) {
+        SCOPED_TRACE(std::string(cpu::int8_gemm_isa_name(isa)) + " " + fill + " K " + std::to_string(k));
+        const int64_t m = cpu::int8_gemm_tile_rows(isa), n = cpu::kInt8GemmCols;
+        std::vector<int8_t> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
+        for (size_t i = 0; i < a.size(); ++i)
+          a[i] = static_cast<int8_t>(fill == "random" ? byte(rng) : fill == "extreme" ? -128 : (i % 3 ? -128 : 127));
+        for (size_t i = 0; i < b.size(); ++i)
+          b[i] = static_cast<int8_t>(fill == "random" ? byte(rng) : fill == "extreme" ? 127 : (i % 5 ? 127 : -128));
+        const cpu::Int8PackedA packed = cpu::int8_pack_a(isa, a.data(), m, k, k);
+        cpu::AlignedVector<uint8_t> panel(static_cast<size_t>(cpu::int8_b_panel_bytes(packed)));
+        cpu::int8_pack_b_panel(b.data(), n, k, packed.k_padded, 0, n, panel.data());
+        std::vector<int32_t> tile(static_cast<size_t>(cpu::kInt8GemmMaxRows * cpu::kInt8GemmCols));
+        {
+          cpu::AmxTileScope tiles(isa == cpu::Int8GemmIsa::kAmx);
+          cpu::int8_tile(packed, 0, panel.data(), tile.data());
+        }
+        int64_t differ = 0;
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t j = 0; j < n; ++j) {
+            int64_t sum = 0;
+            for (int64_t i = 0; i < k; ++i) sum += int64_t{a[static_cast<size_t>(r * k + i)]} * b[static_cast<size_t>(i * n + j)];
+            differ += tile[static_cast<size_t>(r * cpu::kInt8GemmCols + j)] - packed.shift[static_cast<size_t>(r)] != sum;
+          }
+        EXPECT_EQ(differ, 0);
+      }
+  }
 }
 
 TEST(QConv, FloatResidualFloatOutputNoActivation) {
