@@ -102,6 +102,43 @@ __attribute__((target("avx2"))) void tile_avx2(const int8_t* a, int64_t k_padded
     }
 }
 
+// tile_avx2 where no value of A is -128 (symmetric weights, as kiln's calibration makes them):
+// with x = b - 128 (the input's own int8 value), each product is |x| * (w * sign(x)), an
+// unsigned byte of at most 128 by a signed one of at most 127 in magnitude, so vpmaddubsw's
+// pairs stay inside int16 (2 * 128 * 127 < 2^15) without splitting b: one vpsignb, one
+// vpmaddubsw and one vpmaddwd a step. The sums are of A x; adding row r's shift (128 sum A) gives
+// the tile's sums of A (x + 128), the same integers as the other kernels'.
+__attribute__((target("avx2"))) void tile_avx2_symmetric(const int8_t* a, int64_t k_padded, const uint8_t* b,
+                                                         const int32_t* shift, int32_t* c) {
+  constexpr int kRows = 8, kPassRows = 4;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  for (int half = 0; half < 2; ++half)
+    for (int r0 = 0; r0 < kRows; r0 += kPassRows) {
+      __m256i acc[kPassRows][2];
+      for (int r = 0; r < kPassRows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      for (int64_t q = 0; q < k_padded / 4; ++q) {
+        const uint8_t* bq = b + q * 128 + half * 64;
+        const __m256i x0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq)), flip);
+        const __m256i x1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq + 32)), flip);
+        const __m256i magnitude0 = _mm256_abs_epi8(x0), magnitude1 = _mm256_abs_epi8(x1);  // -128 reads as 128
+        const int8_t* aq = a + (q * kRows + r0) * 4;
+        for (int r = 0; r < kPassRows; ++r) {
+          int32_t four;
+          std::memcpy(&four, aq + r * 4, 4);
+          const __m256i w = _mm256_set1_epi32(four);
+          acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude0, _mm256_sign_epi8(w, x0)), ones));
+          acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude1, _mm256_sign_epi8(w, x1)), ones));
+        }
+      }
+      for (int r = 0; r < kPassRows; ++r) {
+        const __m256i row_shift = _mm256_set1_epi32(shift[r0 + r]);
+        int32_t* row = c + (r0 + r) * kInt8GemmCols + half * 16;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), _mm256_add_epi32(acc[r][0], row_shift));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 8), _mm256_add_epi32(acc[r][1], row_shift));
+      }
+    }
+}
+
 // Tiles (cpu/amx.h) 0-3: the four 16 x 16 quarters of C; 4-5: the two 16-row halves of A's 64
 // columns of K; 6-7: the two 16-column halves of B's 64 rows of K.
 __attribute__((target("amx-tile,amx-int8"))) void tile_amx(const int8_t* a, int64_t k_padded, const uint8_t* b,
@@ -209,9 +246,11 @@ Int8PackedA int8_adopt_a(Int8GemmIsa isa, Tensor storage, int64_t offset, int64_
   p.panels = static_cast<const int8_t*>(p.storage.raw()) + offset;
   // Every value of a row's panel (its padding is zeros) adds to the row's sum, whatever the order.
   p.shift.assign(static_cast<size_t>(p.panel_count() * p.rows), 0);
+  p.above_int8_min = true;
   for (int64_t pi = 0; pi < p.panel_count(); ++pi) {
     const int8_t* panel = p.panel(pi);
     for (int64_t i = 0; i < p.k_padded * p.rows; ++i) {
+      p.above_int8_min &= panel[i] != -128;
       // VNNI [k / 4][rows][4]: row (i / 4) % rows; AMX [k / 64][2][16][64]: row (i / 64) % 32.
       const int64_t r = isa == Int8GemmIsa::kAmx ? (i / 64) % 32 : (i / 4) % p.rows;
       p.shift[static_cast<size_t>(pi * p.rows + r)] += 128 * panel[i];
@@ -226,6 +265,7 @@ Int8PackedA int8_pack_a(Int8GemmIsa isa, const int8_t* a, int64_t m, int64_t k, 
   p.storage = Tensor(DType::kInt8, {std::max<int64_t>(1, panels * p.k_padded * p.rows)});  // zeros: the padding
   p.panels = p.storage.data<int8_t>();
   p.shift.assign(static_cast<size_t>(panels * p.rows), 0);
+  p.above_int8_min = true;
   for (int64_t row = 0; row < m; ++row) {
     int8_t* panel = p.storage.data<int8_t>() + (row / p.rows) * p.k_padded * p.rows;
     const int64_t r = row % p.rows;
@@ -234,6 +274,7 @@ Int8PackedA int8_pack_a(Int8GemmIsa isa, const int8_t* a, int64_t m, int64_t k, 
       const int8_t v = a[row * lda + i];
       panel[int8_panel_offset(isa, p.rows, r, i)] = v;
       sum += v;
+      p.above_int8_min &= v != -128;
     }
     p.shift[static_cast<size_t>(row)] = 128 * sum;
   }
@@ -292,7 +333,10 @@ void int8_tile(const Int8PackedA& a, int64_t a_panel, const uint8_t* b_panel, in
   switch (a.isa) {
     case Int8GemmIsa::kAmx: tile_amx(a.panel(a_panel), a.k_padded, b_panel, c); return;
     case Int8GemmIsa::kAvx512Vnni: tile_vnni(a.panel(a_panel), a.k_padded, b_panel, c); return;
-    case Int8GemmIsa::kAvx2: tile_avx2(a.panel(a_panel), a.k_padded, b_panel, c); return;
+    case Int8GemmIsa::kAvx2:
+      if (a.above_int8_min) tile_avx2_symmetric(a.panel(a_panel), a.k_padded, b_panel, a.shift.data() + a_panel * a.rows, c);
+      else tile_avx2(a.panel(a_panel), a.k_padded, b_panel, c);
+      return;
     case Int8GemmIsa::kNone: break;
   }
   throw Error(ErrorKind::kInternal, "int8 GEMM tile without a kernel");

@@ -4,8 +4,9 @@
 // Three kernels, picked at run time from what the CPU has (the code is compiled with function
 // target attributes, so the library still runs on CPUs without them):
 // - AVX2 (CPUs without AVX-512 VNNI): vpdpbusd's sums made exactly from vpmaddubsw and
-//   vpmaddwd (tile_avx2 in int8_gemm.cc says how), in the VNNI kernel's panels, a quarter of the
-//   8 x 32 tile at a time (16 ymm registers hold no more).
+//   vpmaddwd (tile_avx2 in int8_gemm.cc says how; one step fewer where A has no -128, as
+//   symmetric weights have not), in the VNNI kernel's panels, a quarter of the 8 x 32 tile at a
+//   time (16 ymm registers hold no more).
 // - AVX-512 VNNI: vpdpbusd multiplies four unsigned bytes by four signed bytes and adds the
 //   four products to an int32 lane; the micro-kernel keeps an 8 x 32 tile of C in 16 zmm
 //   registers and broadcasts 4 bytes of a row of A at a time.
@@ -69,6 +70,7 @@ struct Int8PackedA {
   int64_t offset = 0;
   const int8_t* panels = nullptr;  // VNNI, AVX2: [panel][k / 4][8][4]; AMX: [panel][k / 64][2][16][64]
   AlignedVector<int32_t> shift;    // 128 * sum_k A[m, k], per row (padded to the panels)
+  bool above_int8_min = false;     // no value of A is -128 (symmetric weights): AVX2's faster form
 
   int64_t panel_count() const { return (m + rows - 1) / rows; }
   const int8_t* panel(int64_t p) const { return panels + p * k_padded * rows; }

@@ -236,23 +236,35 @@ TEST(QConv, Int8GemmIsUsedWhereTheCpuHasAvx2) {
 }
 
 // Every int8 GEMM's tiles against sums in int64, on random bytes and on the extremes where
-// pairs of products would leave int16 (vpmaddubsw's saturation, which the AVX2 kernel avoids):
-// A all -128 or 127 against B all 127 or -128 (packed as 255 and 0), K past one step and odd.
+// pairs of products would leave int16 (vpmaddubsw's saturation, which the AVX2 kernels avoid):
+// A all -128 or 127 against B all 127 or -128 (packed as 255 and 0), and A without -128 (the
+// AVX2 kernel's symmetric form) at -127 and 127 against B at -128 and 127; K past one step and odd.
 TEST(Int8Gemm, TilesAreTheExactSumsOnEveryKernel) {
   std::mt19937 rng(5);
-  std::uniform_int_distribution<int> byte(-128, 127);
+  std::uniform_int_distribution<int> byte(-128, 127), symmetric(-127, 127);
   for (cpu::Int8GemmIsa isa : int8_isas()) {
     if (isa == cpu::Int8GemmIsa::kNone) continue;
-    for (const std::string fill : {"random", "extreme", "mixed_extremes"})
+    for (const std::string fill : {"random", "extreme", "mixed_extremes", "symmetric_random", "symmetric_extremes"})
       for (int64_t k : {4, 67, 300}) {
         SCOPED_TRACE(std::string(cpu::int8_gemm_isa_name(isa)) + " " + fill + " K " + std::to_string(k));
         const int64_t m = cpu::int8_gemm_tile_rows(isa), n = cpu::kInt8GemmCols;
         std::vector<int8_t> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(k * n));
-        for (size_t i = 0; i < a.size(); ++i)
-          a[i] = static_cast<int8_t>(fill == "random" ? byte(rng) : fill == "extreme" ? -128 : (i % 3 ? -128 : 127));
+        const bool symmetric_a = fill.rfind("symmetric", 0) == 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          const int value = fill == "random"             ? byte(rng)
+                            : fill == "symmetric_random" ? symmetric(rng)
+                            : fill == "extreme"          ? -128
+                            : fill == "mixed_extremes"   ? (i % 3 ? -128 : 127)
+                                                         : (i % 3 ? -127 : 127);
+          a[i] = static_cast<int8_t>(value);
+        }
+        a[0] = symmetric_a ? a[0] : -128;  // the other fills hold -128 for certain
         for (size_t i = 0; i < b.size(); ++i)
-          b[i] = static_cast<int8_t>(fill == "random" ? byte(rng) : fill == "extreme" ? 127 : (i % 5 ? 127 : -128));
+          b[i] = static_cast<int8_t>(fill == "random" || fill == "symmetric_random" ? byte(rng)
+                                     : fill == "extreme"                             ? 127
+                                                                                     : (i % 5 ? 127 : -128));
         const cpu::Int8PackedA packed = cpu::int8_pack_a(isa, a.data(), m, k, k);
+        EXPECT_EQ(packed.above_int8_min, symmetric_a);
         cpu::AlignedVector<uint8_t> panel(static_cast<size_t>(cpu::int8_b_panel_bytes(packed)));
         cpu::int8_pack_b_panel(b.data(), n, k, packed.k_padded, 0, n, panel.data());
         std::vector<int32_t> tile(static_cast<size_t>(cpu::kInt8GemmMaxRows * cpu::kInt8GemmCols));
