@@ -259,26 +259,51 @@ __attribute__((target("avx512f,fma"))) void dense_tile_pairs_narrow_avx512(const
   }
 }
 
-// The same sums in the same order, one float at a time (tiles of R pixels).
-void dense_tiles_plain(int tile_rows, const float* panel, int64_t taps, int64_t c, const TileRun& run) {
+// The same sums in the same order (each output's over the taps and k ascending, one fused
+// multiply-add at a time; tiles of R pixels) without AVX-512, on AVX2: two pixels' whole panel
+// of columns at a time (8 ymm of sums, 4 of weights). An engine file built where AVX-512 chose
+// these layers runs them here on a CPU without it.
+__attribute__((target("avx2,fma"))) void dense_tiles_avx2(int tile_rows, const float* panel, int64_t taps, int64_t c,
+                                                        const TileRun& run) {
+  constexpr int kVectors = kPanelCols / 8;
   for (int64_t tile = 0; tile < run.tiles; ++tile) {
     const int64_t rows_here = std::min<int64_t>(tile_rows, run.pixels - tile * tile_rows);
     float* y = run.y + tile * tile_rows * run.ldy;
     const float* z = run.z ? run.z + tile * tile_rows * run.ldy : nullptr;
     const float* const* rows = run.rows + tile * run.rows_step;
-    for (int64_t i = 0; i < rows_here; ++i)
-      for (int j = 0; j < run.cols; ++j) {
-        float acc = run.accumulate ? y[i * run.ldy + j] : run.bias ? run.bias[j] : 0.f;
-        for (int64_t t = 0; t < taps; ++t) {
-          const float* r = rows[t * tile_rows + i] + run.offset;
-          const float* w = panel + t * c * kPanelCols + j;
-          for (int64_t k = 0; k < c; ++k) acc = std::fma(r[k], w[k * kPanelCols], acc);
+    for (int64_t i0 = 0; i0 < rows_here; i0 += 2) {
+      const int pair = rows_here - i0 >= 2 ? 2 : 1;
+      alignas(32) float start[2][kPanelCols] = {};  // columns past run.cols: the panel's padding, not stored
+      for (int i = 0; i < pair; ++i)
+        for (int j = 0; j < run.cols; ++j)
+          start[i][j] = run.accumulate ? y[(i0 + i) * run.ldy + j] : run.bias ? run.bias[j] : 0.f;
+      __m256 acc[2][kVectors];
+      for (int i = 0; i < 2; ++i)
+        for (int v = 0; v < kVectors; ++v) acc[i][v] = _mm256_load_ps(start[i] + v * 8);
+      for (int64_t t = 0; t < taps; ++t) {
+        const float* r0 = rows[t * tile_rows + i0] + run.offset;
+        const float* r1 = pair == 2 ? rows[t * tile_rows + i0 + 1] + run.offset : r0;
+        const float* w = panel + t * c * kPanelCols;
+        for (int64_t k = 0; k < c; ++k, w += kPanelCols) {
+          const __m256 a0 = _mm256_broadcast_ss(r0 + k), a1 = _mm256_broadcast_ss(r1 + k);
+          for (int v = 0; v < kVectors; ++v) {
+            const __m256 b = _mm256_loadu_ps(w + v * 8);
+            acc[0][v] = _mm256_fmadd_ps(a0, b, acc[0][v]);
+            acc[1][v] = _mm256_fmadd_ps(a1, b, acc[1][v]);
+          }
         }
-        if (run.last && z) acc += z[i * run.ldy + j];
-        if (run.last && run.clamp == 1) acc = acc > 0.f ? acc : 0.f;
-        else if (run.last && run.clamp == 2) acc = std::min(std::max(acc, run.lo), run.hi);
-        y[i * run.ldy + j] = acc;
       }
+      for (int i = 0; i < pair; ++i) {
+        for (int v = 0; v < kVectors; ++v) _mm256_store_ps(start[i] + v * 8, acc[i][v]);
+        for (int j = 0; j < run.cols; ++j) {
+          float value = start[i][j];
+          if (run.last && z) value += z[(i0 + i) * run.ldy + j];
+          if (run.last && run.clamp == 1) value = value > 0.f ? value : 0.f;
+          else if (run.last && run.clamp == 2) value = std::min(std::max(value, run.lo), run.hi);
+          y[(i0 + i) * run.ldy + j] = value;
+        }
+      }
+    }
   }
 }
 
@@ -357,21 +382,33 @@ void channels_first_tile_by_stride(const float* panel, const ChannelsFirstTile& 
   }
 }
 
-// The same sums in the same order, one float at a time.
-void channels_first_tile_plain(const float* panel, const ChannelsFirstTile& t) {
-  for (int64_t i = 0; i < t.pixels; ++i)
-    for (int j = 0; j < t.cols; ++j) {
-      float acc = t.bias ? t.bias[j] : 0.f;
-      for (int64_t s = 0; s < t.segment_count; ++s) {
-        const float* row = t.segments[s];
-        if (!row) continue;
-        for (int64_t kx = 0; kx < t.kw; ++kx) acc = std::fma(row[i * t.sw + kx * t.dw], panel[(s * t.kw + kx) * kPanelCols + j], acc);
+// The same sums in the same order on AVX2, a pixel's whole panel of columns at a time (an engine
+// file built where AVX-512 chose this layer, run on a CPU without it).
+__attribute__((target("avx2,fma"))) void channels_first_tile_avx2(const float* panel, const ChannelsFirstTile& t) {
+  constexpr int kVectors = kPanelCols / 8;
+  for (int64_t i = 0; i < t.pixels; ++i) {
+    alignas(32) float sums[kPanelCols] = {};  // columns past t.cols: the panel's padding, not stored
+    for (int j = 0; j < t.cols; ++j) sums[j] = t.bias ? t.bias[j] : 0.f;
+    __m256 acc[kVectors];
+    for (int v = 0; v < kVectors; ++v) acc[v] = _mm256_load_ps(sums + v * 8);
+    for (int64_t s = 0; s < t.segment_count; ++s) {
+      const float* row = t.segments[s];
+      if (!row) continue;
+      for (int64_t kx = 0; kx < t.kw; ++kx) {
+        const __m256 a = _mm256_broadcast_ss(row + i * t.sw + kx * t.dw);
+        const float* w = panel + (s * t.kw + kx) * kPanelCols;
+        for (int v = 0; v < kVectors; ++v) acc[v] = _mm256_fmadd_ps(a, _mm256_loadu_ps(w + v * 8), acc[v]);
       }
-      if (t.z) acc += t.z[i * t.ldy + j];
-      if (t.clamp == 1) acc = acc > 0.f ? acc : 0.f;
-      else if (t.clamp == 2) acc = std::min(std::max(acc, t.lo), t.hi);
-      t.y[i * t.ldy + j] = acc;
     }
+    for (int v = 0; v < kVectors; ++v) _mm256_store_ps(sums + v * 8, acc[v]);
+    for (int j = 0; j < t.cols; ++j) {
+      float value = sums[j];
+      if (t.z) value += t.z[i * t.ldy + j];
+      if (t.clamp == 1) value = value > 0.f ? value : 0.f;
+      else if (t.clamp == 2) value = std::min(std::max(value, t.lo), t.hi);
+      t.y[i * t.ldy + j] = value;
+    }
+  }
 }
 
 // One output row of a depthwise convolution: y[ox][ch] = clamp(bias[ch] + the sum over the taps
@@ -689,7 +726,7 @@ void multiply_tiles(const DirectProduct& p, const float* const* rows, int64_t ti
       else if (avx512 && tr == 7) dense_tiles_avx512<7>(panel, kb.count, kb.len, run);
       else if (avx512 && tr == 14) dense_tiles_avx512<14>(panel, kb.count, kb.len, run);
       else if (avx512) dense_tiles_avx512<kTileRows>(panel, kb.count, kb.len, run);
-      else dense_tiles_plain(tr, panel, kb.count, kb.len, run);
+      else dense_tiles_avx2(tr, panel, kb.count, kb.len, run);
       if (act_after && run.last) epilogue.apply(run.y, m, std::min(pixels, tiles * tr), cols, nullptr, nullptr, nullptr, 0);
     }
   }
@@ -1150,7 +1187,7 @@ class ChannelsLastConvKernel final : public Kernel {
           t.bias = bias ? bias + q * kPanelCols : nullptr;
           t.cols = static_cast<int>(std::min<int64_t>(kPanelCols, g.m - q * kPanelCols));
           const float* panel = packed_.panel(q);
-          if (!avx512) channels_first_tile_plain(panel, t);
+          if (!avx512) channels_first_tile_avx2(panel, t);
           else if (narrow) channels_first_tile_by_stride<16, 1>(panel, t);
           else channels_first_tile_by_stride<8, 2>(panel, t);
         }
