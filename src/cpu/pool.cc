@@ -140,6 +140,38 @@ __attribute__((target("avx512f"))) void max_columns_avx512(const float* rm, int6
   }
 }
 
+// The same columns for int8 (INT8 ResNet's stem pool), 16 outputs at a time on AVX2: each
+// output's taps are the low bytes of the 16-bit lanes of one unaligned load per tap (stride 2) or
+// the bytes of one (stride 1), and the max of integers does not depend on the order. rm holds at
+// least 47 bytes past the row.
+__attribute__((target("avx2"))) void max_columns_int8_avx2(const int8_t* rm, int64_t stride, int64_t k, int64_t start,
+                                                          int64_t count, int8_t* y) {
+  const __m256i low_bytes = _mm256_set1_epi16(0x00FF);
+  int64_t j0 = 0;
+  for (; j0 + 16 <= count; j0 += 16) {
+    const int8_t* base = rm + start + stride * j0;
+    if (stride == 1) {
+      __m128i best = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base));
+      for (int64_t kw = 1; kw < k; ++kw) best = _mm_max_epi8(best, _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + kw)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y + j0), best);
+      continue;
+    }
+    __m256i best = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base));
+    for (int64_t kw = 1; kw < k; ++kw) best = _mm256_max_epi8(best, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + kw)));
+    // The low byte of each 16-bit lane, in order: packus of values 0..255 keeps them, and the
+    // 64-bit permute puts the two 128-bit halves' 8 bytes side by side.
+    const __m256i packed = _mm256_packus_epi16(_mm256_and_si256(best, low_bytes), _mm256_setzero_si256());
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + j0),
+                     _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08)));
+  }
+  for (; j0 < count; ++j0) {  // the last few, one at a time
+    const int8_t* base = rm + start + stride * j0;
+    int8_t best = base[0];
+    for (int64_t kw = 1; kw < k; ++kw) best = base[kw] > best ? base[kw] : best;
+    y[j0] = best;
+  }
+}
+
 // MaxPool over 1-D/2-D windows without Indices (ResNet's stem, float32 or int8): per output row, the
 // max over the window's rows of every input column (a loop that vectorizes), then the max
 // over the window's columns of that, for float32 on AVX-512 16 outputs at a time where the
@@ -154,8 +186,8 @@ void max_pool_2d(const Window3& w, const T* x, T* y) {
   for (int64_t ow = 0; ow < OW; ++ow) tw[static_cast<size_t>(ow)] = taps(w, 2, ow);
   // Outputs [inner_lo, inner_hi) have every column tap inside the row (a contiguous range).
   int64_t inner_lo = OW, inner_hi = OW;
-  const bool vector_columns = std::is_same_v<T, float> && w.d[2] == 1 && (w.s[2] == 1 || w.s[2] == 2) &&
-                              sgemm_isa() == SgemmIsa::kAvx512;
+  const bool vector_columns = w.d[2] == 1 && (w.s[2] == 1 || w.s[2] == 2) &&
+                              (std::is_same_v<T, int8_t> || (std::is_same_v<T, float> && sgemm_isa() == SgemmIsa::kAvx512));
   if (vector_columns) {
     for (int64_t ow = 0; ow < OW; ++ow) {
       const Taps& t = tw[static_cast<size_t>(ow)];
@@ -166,7 +198,7 @@ void max_pool_2d(const Window3& w, const T* x, T* y) {
   }
   const T lowest = std::numeric_limits<T>::lowest();
   parallel_for(w.nc, [&](int64_t first, int64_t last) {
-    std::vector<T> rowmax(static_cast<size_t>(W + 48));  // the vector loads read up to 31 past the row
+    std::vector<T> rowmax(static_cast<size_t>(W + 64));  // the vector loads read up to 31 floats (47 bytes) past the row
     T* rm = rowmax.data();
     for (int64_t c = first; c < last; ++c) {
       const T* xc = x + c * H * W;
@@ -188,6 +220,10 @@ void max_pool_2d(const Window3& w, const T* x, T* y) {
           if (inner_lo < inner_hi)
             max_columns_avx512(rm, w.s[2], w.k[2], tw[static_cast<size_t>(inner_lo)].start, inner_hi - inner_lo,
                                yrow + inner_lo);
+        if constexpr (std::is_same_v<T, int8_t>)
+          if (inner_lo < inner_hi)
+            max_columns_int8_avx2(rm, w.s[2], w.k[2], tw[static_cast<size_t>(inner_lo)].start, inner_hi - inner_lo,
+                                  yrow + inner_lo);
         for (int64_t ow = 0; ow < OW; ++ow) {
           if (ow == inner_lo) ow = inner_hi;  // done above
           if (ow == OW) break;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 
 #include "cpu/sgemm.h"
 #include "elementwise_util.h"
@@ -160,6 +161,38 @@ TEST(Pool, MaxPoolVectorColumnsMatchThePlainLoop) {
       std::vector<int64_t> want_shape = {1, 3, expected_size(6, p.kh, p.sh, p.dh, p.pt, p.pb, p.ceil),
                                          expected_size(width, p.kw, p.sw, p.dw, p.pl, p.pr, p.ceil)};
       ASSERT_EQ(fast.shape(), want_shape);
+    }
+}
+
+// int8 MaxPool's column pass runs 16 outputs at a time on AVX2 where a window lies inside the
+// row (stride 1 or 2, dilation 1): the same integers as float32's plain loop on the same values
+// (the extremes included), on rows of several vectors and a partial one, pads on either side.
+TEST(Pool, Int8MaxPoolVectorColumnsMatchTheFloatLoop) {
+  const Pool2d cases[] = {
+      {3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false},  // ResNet's stem pool
+      {2, 2, 2, 2, 1, 1, 0, 0, 0, 0, false},
+      {3, 5, 1, 1, 1, 1, 1, 2, 1, 2, false},  // stride 1, pads on both sides
+      {1, 4, 1, 2, 1, 1, 0, 3, 0, 0, true},   // stride 2, wide kernel, left pad only, ceil mode
+      {3, 3, 2, 2, 1, 2, 1, 1, 1, 1, false},  // dilation 2: the plain loop
+  };
+  std::mt19937 rng(71);
+  std::uniform_int_distribution<int> byte(-128, 127);
+  for (const Pool2d& p : cases)
+    for (const int64_t width : {7, 40, 83, 130}) {
+      Tensor q(DType::kInt8, {1, 3, 6, width}), f(DType::kFloat32, {1, 3, 6, width});
+      for (int64_t i = 0; i < q.numel(); ++i) {
+        const int v = i % 17 == 0 ? 127 : i % 13 == 0 ? -128 : byte(rng);
+        q.data<int8_t>()[i] = static_cast<int8_t>(v);
+        f.data<float>()[i] = static_cast<float>(v);
+      }
+      Tensor got = run_node(pool_node("MaxPool", p), {{q}})[0];
+      cpu::sgemm_force_isa(cpu::SgemmIsa::kPlain);
+      Tensor want = run_node(pool_node("MaxPool", p), {{f}})[0];
+      cpu::sgemm_reset_isa();
+      ASSERT_EQ(got.shape(), want.shape());
+      for (int64_t i = 0; i < got.numel(); ++i)
+        ASSERT_EQ(static_cast<float>(got.data<int8_t>()[i]), want.data<float>()[i])
+            << "case " << p.kh << "x" << p.kw << " s" << p.sw << " width " << width << " output " << i;
     }
 }
 
