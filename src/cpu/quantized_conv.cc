@@ -135,6 +135,12 @@ class QConvKernel final : public Kernel {
     const int8_t* z_int8 = nullptr;
     int8_t* y_int8 = nullptr;
     float* y_float = nullptr;
+
+    // The same matrices from element `at` on.
+    GemmOutput from(int64_t at) const {
+      return {z_float ? z_float + at : nullptr, z_int8 ? z_int8 + at : nullptr, y_int8 ? y_int8 + at : nullptr,
+              y_float ? y_float + at : nullptr};
+    }
   };
 
   GemmOutput gemm_output(const Tensor* z, Tensor& y) const {
@@ -315,10 +321,11 @@ class QConvKernel final : public Kernel {
   __attribute__((target("avx512f,avx512bw,avx512vl"))) void epilogue_avx512(
       const int32_t* tile, const int32_t* shift, int64_t m0, int64_t rows, int64_t at, int64_t stride, int64_t cols,
       const float* bias, const GemmOutput& o) const {
-    const float* zf = o.z_float ? o.z_float + at : nullptr;
-    const int8_t* zq = o.z_int8 ? o.z_int8 + at : nullptr;
-    int8_t* yq = o.y_int8 ? o.y_int8 + at : nullptr;
-    float* yf = o.y_int8 ? nullptr : o.y_float + at;
+    const GemmOutput t = o.from(at);
+    const float* zf = t.z_float;
+    const int8_t* zq = t.z_int8;
+    int8_t* yq = t.y_int8;
+    float* yf = t.y_int8 ? nullptr : t.y_float;
     const ir::ActivationKind kind = act_.kind;
     const __m512 z_scale = _mm512_set1_ps(z_scale_);
     const __m512 inv = _mm512_set1_ps(inv_y_scale_);
@@ -370,10 +377,11 @@ class QConvKernel final : public Kernel {
   __attribute__((target("avx2,fma"))) void epilogue_avx2(const int32_t* tile, const int32_t* shift, int64_t m0,
                                                          int64_t rows, int64_t at, int64_t stride, int64_t cols,
                                                          const float* bias, const GemmOutput& o) const {
-    const float* zf = o.z_float ? o.z_float + at : nullptr;
-    const int8_t* zq = o.z_int8 ? o.z_int8 + at : nullptr;
-    int8_t* yq = o.y_int8 ? o.y_int8 + at : nullptr;
-    float* yf = o.y_int8 ? nullptr : o.y_float + at;
+    const GemmOutput t = o.from(at);
+    const float* zf = t.z_float;
+    const int8_t* zq = t.z_int8;
+    int8_t* yq = t.y_int8;
+    float* yf = t.y_int8 ? nullptr : t.y_float;
     const ir::ActivationKind kind = act_.kind;
     const __m256 z_scale = _mm256_set1_ps(z_scale_);
     const __m256 inv = _mm256_set1_ps(inv_y_scale_);

@@ -127,20 +127,22 @@ TEST(Pool, MaxPoolOfBytesMatchesReference) {
     }
 }
 
+// Windows for the vector column passes of MaxPool (and one they leave to the plain loop).
+const Pool2d kColumnPassCases[] = {
+    {3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false},  // ResNet's stem pool
+    {2, 2, 2, 2, 1, 1, 0, 0, 0, 0, false},
+    {3, 5, 1, 1, 1, 1, 1, 2, 1, 2, false},  // stride 1, pads on both sides
+    {1, 4, 1, 2, 1, 1, 0, 3, 0, 0, true},   // stride 2, wide kernel, left pad only, ceil mode
+    {3, 3, 2, 2, 1, 2, 1, 1, 1, 1, false},  // dilation 2: the plain loop
+};
+
 // float32 MaxPool's column pass runs 16 outputs at a time on AVX-512 where a window lies inside
 // the row (stride 1 or 2, dilation 1): bit for bit the plain loop's outputs (NaN and -inf
 // included, in the same order of taps), on rows wide enough for several vectors and a partial
 // one, with windows reaching into the pads on either side.
 TEST(Pool, MaxPoolVectorColumnsMatchThePlainLoop) {
-  const Pool2d cases[] = {
-      {3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false},  // ResNet's stem pool
-      {2, 2, 2, 2, 1, 1, 0, 0, 0, 0, false},
-      {3, 5, 1, 1, 1, 1, 1, 2, 1, 2, false},  // stride 1, pads on both sides
-      {1, 4, 1, 2, 1, 1, 0, 3, 0, 0, true},   // stride 2, wide kernel, left pad only, ceil mode
-      {3, 3, 2, 2, 1, 2, 1, 1, 1, 1, false},  // dilation 2: the plain loop
-  };
   uint32_t seed = 70;
-  for (const Pool2d& p : cases)
+  for (const Pool2d& p : kColumnPassCases)
     for (const int64_t width : {7, 40, 83}) {
       Tensor x = ew_test::random_floats({1, 3, 6, width}, seed++);
       float* xv = x.data<float>();
@@ -168,16 +170,9 @@ TEST(Pool, MaxPoolVectorColumnsMatchThePlainLoop) {
 // row (stride 1 or 2, dilation 1): the same integers as float32's plain loop on the same values
 // (the extremes included), on rows of several vectors and a partial one, pads on either side.
 TEST(Pool, Int8MaxPoolVectorColumnsMatchTheFloatLoop) {
-  const Pool2d cases[] = {
-      {3, 3, 2, 2, 1, 1, 1, 1, 1, 1, false},  // ResNet's stem pool
-      {2, 2, 2, 2, 1, 1, 0, 0, 0, 0, false},
-      {3, 5, 1, 1, 1, 1, 1, 2, 1, 2, false},  // stride 1, pads on both sides
-      {1, 4, 1, 2, 1, 1, 0, 3, 0, 0, true},   // stride 2, wide kernel, left pad only, ceil mode
-      {3, 3, 2, 2, 1, 2, 1, 1, 1, 1, false},  // dilation 2: the plain loop
-  };
   std::mt19937 rng(71);
   std::uniform_int_distribution<int> byte(-128, 127);
-  for (const Pool2d& p : cases)
+  for (const Pool2d& p : kColumnPassCases)
     for (const int64_t width : {7, 40, 83, 130}) {
       Tensor q(DType::kInt8, {1, 3, 6, width}), f(DType::kFloat32, {1, 3, 6, width});
       for (int64_t i = 0; i < q.numel(); ++i) {
