@@ -13,7 +13,7 @@
 // float32 operations in the same order as the portable loop, so all give the same bytes
 // (tests/unit/quantized_conv_test.cc).
 //
-// Elsewhere (other CPUs, depthwise and narrow grouped convolutions, float8) the window is
+// Elsewhere (depthwise and narrow grouped convolutions, float8, a test forcing the GEMM off) the window is
 // unrolled into an int16 (float32 for float8) matrix and each output channel accumulates
 // W[m, k] * col[k, :] row by row: a loop the compiler vectorizes, the reference.
 //
