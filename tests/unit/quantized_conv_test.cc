@@ -196,6 +196,14 @@ TEST(QConv, Int8GemmTilesAndEpilogues) {
   pointwise.z = pointwise.z_int8 = true;
   check_case(pointwise, 25);
   check_case({1, 8, 3, 4, 16, 5, 1, 2}, 30);  // taps shifted past the whole image
+  // Images of many B panels, the last one partial (399 pixels: 13 panels, the last of 15).
+  Case many_panels{1, 16, 21, 19, 20, 3, 1, 1};
+  many_panels.z = many_panels.z_int8 = true;
+  check_case(many_panels, 31);
+  Case many_panels_grouped{2, 32, 18, 17, 48, 3, 1, 1};
+  many_panels_grouped.group = 2;
+  many_panels_grouped.y_int8 = false;
+  check_case(many_panels_grouped, 32);
   // A product as the INT8 pass writes it: rows of 1x1 images, the rows the GEMM's columns.
   Case rows{37, 40, 1, 1, 24, 1, 1, 0};
   rows.z = rows.z_int8 = true;
