@@ -259,6 +259,19 @@ __attribute__((target("avx512f,fma"))) void dense_tile_pairs_narrow_avx512(const
   }
 }
 
+// The AVX2 kernels' finish of one pixel's `cols` sums, in finish_avx512's order: the residual
+// (z + z_at, or none), the clamp (1: ReLU, 2: [lo, hi]; NaN as finish_avx512 leaves it), the store.
+inline void finish_sums(const float* sums, int cols, const float* z, int64_t z_at, int clamp, float lo, float hi,
+                        float* y) {
+  for (int j = 0; j < cols; ++j) {
+    float value = sums[j];
+    if (z) value += z[z_at + j];
+    if (clamp == 1) value = value > 0.f ? value : 0.f;
+    else if (clamp == 2) value = std::min(std::max(value, lo), hi);
+    y[j] = value;
+  }
+}
+
 // The same sums in the same order (each output's over the taps and k ascending, one fused
 // multiply-add at a time; tiles of R pixels) without AVX-512, on AVX2: two pixels' whole panel
 // of columns at a time (8 ymm of sums, 4 of weights). An engine file built where AVX-512 chose
@@ -295,13 +308,8 @@ __attribute__((target("avx2,fma"))) void dense_tiles_avx2(int tile_rows, const f
       }
       for (int i = 0; i < pair; ++i) {
         for (int v = 0; v < kVectors; ++v) _mm256_store_ps(start[i] + v * 8, acc[i][v]);
-        for (int j = 0; j < run.cols; ++j) {
-          float value = start[i][j];
-          if (run.last && z) value += z[(i0 + i) * run.ldy + j];
-          if (run.last && run.clamp == 1) value = value > 0.f ? value : 0.f;
-          else if (run.last && run.clamp == 2) value = std::min(std::max(value, run.lo), run.hi);
-          y[(i0 + i) * run.ldy + j] = value;
-        }
+        finish_sums(start[i], run.cols, run.last ? z : nullptr, (i0 + i) * run.ldy, run.last ? run.clamp : 0, run.lo,
+                    run.hi, y + (i0 + i) * run.ldy);
       }
     }
   }
@@ -401,13 +409,7 @@ __attribute__((target("avx2,fma"))) void channels_first_tile_avx2(const float* p
       }
     }
     for (int v = 0; v < kVectors; ++v) _mm256_store_ps(sums + v * 8, acc[v]);
-    for (int j = 0; j < t.cols; ++j) {
-      float value = sums[j];
-      if (t.z) value += t.z[i * t.ldy + j];
-      if (t.clamp == 1) value = value > 0.f ? value : 0.f;
-      else if (t.clamp == 2) value = std::min(std::max(value, t.lo), t.hi);
-      t.y[i * t.ldy + j] = value;
-    }
+    finish_sums(sums, t.cols, t.z, i * t.ldy, t.clamp, t.lo, t.hi, t.y + i * t.ldy);
   }
 }
 
