@@ -3,7 +3,7 @@
 with less than this one has (AVX2 only, say), timed here.
 
     .venv/bin/python bench/cpu_isa_ab.py --model resnet50.onnx --model resnet50_int8.cpu.engine \\
-        --isa avx512 --isa avx2 [--bench NAME=KILN_CPU_BENCH ...] [--threads 2] [--rounds 3] [--runs 20] --out FILE
+        --isa avx512 [--isa avx-vnni] --isa avx2 [--bench NAME=KILN_CPU_BENCH ...] [--threads 2] [--rounds 3] [--runs 20] --out FILE
 
 Each round runs build/bench/kiln_cpu_bench (or each --bench, another build's, to tell a change from
 the machine's drift) once per model and instruction set, a process of its own, the order rotating
@@ -40,7 +40,7 @@ def bench_median(bench: str, model: str, isa: str, threads: int, runs: int) -> f
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", required=True, help="an ONNX model or a CPU engine file")
-    p.add_argument("--isa", action="append", required=True, choices=["avx512", "avx2", "plain"])
+    p.add_argument("--isa", action="append", required=True, choices=["avx512", "avx-vnni", "avx2", "plain"])
     p.add_argument("--bench", action="append", help="NAME=PATH of a kiln_cpu_bench (default: this build's, as 'kiln')")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)

@@ -2,7 +2,7 @@
 //
 //   kiln_cpu_bench model.onnx|model.engine [--batch N] [--runs N] [--warmup N] [--threads N]
 //                  [--no-fuse] [--no-optimize] [--dump-output file.bin] [--input file.bin]
-//                  [--isa avx2|avx512|plain]
+//                  [--isa avx2|avx-vnni|avx512|plain]
 //
 // Imports the model, runs compiler::optimize (unless --no-optimize), builds cpu::CpuEngine,
 // feeds every input random float32 data (seed 0; symbolic dims take --batch) or the raw
@@ -12,7 +12,8 @@
 // compare them with another runtime on the same input. --threads sets the CPU engine's threads
 // (default: the CPUs the process may run on). --isa runs the kernels that follow sgemm_isa()
 // and the int8 GEMM (cpu/int8_gemm.h) as on a CPU with that instruction set (at most the best
-// this CPU has), to time the AVX2 paths on an AVX-512 machine.
+// this CPU has), to time the AVX2 paths on an AVX-512 machine; avx-vnni is AVX2 with the int8
+// GEMM of AVX-VNNI CPUs (on an AVX-512 VNNI CPU, its EVEX twin).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -39,7 +40,7 @@ namespace {
 
 int usage() {
   std::cerr << "usage: kiln_cpu_bench model.onnx|model.engine [--batch N] [--runs N] [--warmup N] [--threads N] [--no-fuse]"
-               " [--no-optimize] [--dump-output file.bin] [--input file.bin] [--isa avx2|avx512|plain]\n";
+               " [--no-optimize] [--dump-output file.bin] [--input file.bin] [--isa avx2|avx-vnni|avx512|plain]\n";
   return 2;
 }
 
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
       else if (a == "--isa") {
         const std::string isa = value();
         const kiln::cpu::SgemmIsa want = isa == "avx512" ? kiln::cpu::SgemmIsa::kAvx512
-                                         : isa == "avx2" ? kiln::cpu::SgemmIsa::kAvx2
+                                         : isa == "avx2" || isa == "avx-vnni" ? kiln::cpu::SgemmIsa::kAvx2
                                          : isa == "plain" ? kiln::cpu::SgemmIsa::kPlain
                                                           : throw std::invalid_argument("--isa " + isa);
         if (want > kiln::cpu::sgemm_best_isa()) {
@@ -74,9 +75,15 @@ int main(int argc, char** argv) {
           return 2;
         }
         kiln::cpu::sgemm_force_isa(want);
-        kiln::cpu::int8_gemm_force_isa(isa == "avx512" ? kiln::cpu::int8_gemm_best_isa()
-                                       : isa == "avx2" ? kiln::cpu::Int8GemmIsa::kAvx2
-                                                       : kiln::cpu::Int8GemmIsa::kNone);
+        const kiln::cpu::Int8GemmIsa int8 = isa == "avx512"     ? kiln::cpu::int8_gemm_best_isa()
+                                            : isa == "avx-vnni" ? kiln::cpu::Int8GemmIsa::kAvxVnni
+                                            : isa == "avx2"     ? kiln::cpu::Int8GemmIsa::kAvx2
+                                                                : kiln::cpu::Int8GemmIsa::kNone;
+        if (int8 > kiln::cpu::int8_gemm_best_isa()) {
+          std::cerr << "kiln_cpu_bench: this CPU has no " << isa << "\n";
+          return 2;
+        }
+        kiln::cpu::int8_gemm_force_isa(int8);
       }
       else if (a == "--no-fuse") fuse = false;
       else if (a == "--no-optimize") optimize = false;

@@ -127,6 +127,58 @@ __attribute__((target("avx2"))) void tile_avx2(const int8_t* a, int64_t k_padded
     }
 }
 
+// vpdpbusd on ymm registers. AVX-VNNI CPUs (Alder Lake and later clients, Sierra Forest) have
+// it in the VEX encoding only; AVX-512 VNNI CPUs have it in the EVEX encoding only, so the EVEX
+// twin is how a CPU without AVX-VNNI runs (and tests) this kernel. The instruction is written
+// out because the two intrinsics need different target attributes, which a template parameter
+// cannot choose; "x" operands are ymm0-15, which both encodings reach.
+template <bool kVex>
+__attribute__((target("avx2"), always_inline)) inline __m256i dpbusd_ymm(__m256i acc, __m256i u, __m256i w) {
+  if constexpr (kVex) asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(w));
+  else asm("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(w));
+  return acc;
+}
+
+// The VNNI kernel's tile on ymm registers, a quarter (4 rows, 16 columns) per pass over K, as
+// tile_avx2 (16 registers hold no more), with one vpdpbusd per four products.
+template <bool kVex>
+__attribute__((target("avx2"))) void tile_vnni_ymm(const int8_t* a, int64_t k_padded, const uint8_t* b, int32_t* c) {
+  constexpr int kRows = 8, kPassRows = 4;
+  for (int half = 0; half < 2; ++half)
+    for (int r0 = 0; r0 < kRows; r0 += kPassRows) {
+      __m256i acc[kPassRows][2];
+      for (int r = 0; r < kPassRows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+      for (int64_t q = 0; q < k_padded / 4; ++q) {
+        const uint8_t* bq = b + q * 128 + half * 64;
+        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq));
+        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq + 32));
+        const int8_t* aq = a + (q * kRows + r0) * 4;
+        for (int r = 0; r < kPassRows; ++r) {
+          int32_t four;
+          std::memcpy(&four, aq + r * 4, 4);
+          const __m256i w = _mm256_set1_epi32(four);
+          acc[r][0] = dpbusd_ymm<kVex>(acc[r][0], b0, w);
+          acc[r][1] = dpbusd_ymm<kVex>(acc[r][1], b1, w);
+        }
+      }
+      for (int r = 0; r < kPassRows; ++r) {
+        int32_t* row = c + (r0 + r) * kInt8GemmCols + half * 16;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), acc[r][0]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 8), acc[r][1]);
+      }
+    }
+}
+
+// AVX-VNNI: CPUID leaf 7, subleaf 1, EAX bit 4 (the AVX state is the AVX2 check's).
+bool avx_vnni_usable() {
+  static const bool usable = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
+    return ((eax >> 4) & 1) != 0 && __builtin_cpu_supports("avx2");
+  }();
+  return usable;
+}
+
 // Tiles (cpu/amx.h) 0-3: the four 16 x 16 quarters of C; 4-5: the two 16-row halves of A's 64
 // columns of K; 6-7: the two 16-column halves of B's 64 rows of K.
 __attribute__((target("amx-tile,amx-int8"))) void tile_amx(const int8_t* a, int64_t k_padded, const uint8_t* b,
@@ -166,6 +218,7 @@ const char* int8_gemm_isa_name(Int8GemmIsa isa) {
   switch (isa) {
     case Int8GemmIsa::kAmx: return "amx";
     case Int8GemmIsa::kAvx512Vnni: return "avx512-vnni";
+    case Int8GemmIsa::kAvxVnni: return "avx-vnni";
     case Int8GemmIsa::kAvx2: return "avx2";
     case Int8GemmIsa::kNone: break;
   }
@@ -180,7 +233,8 @@ Int8GemmIsa int8_gemm_best_isa() {
                       __builtin_cpu_supports("avx2");
     if (vnni) return amx_usable() ? Int8GemmIsa::kAmx : Int8GemmIsa::kAvx512Vnni;
     // The packing and the callers' epilogues need AVX2 and FMA at least.
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Int8GemmIsa::kAvx2 : Int8GemmIsa::kNone;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return Int8GemmIsa::kNone;
+    return avx_vnni_usable() ? Int8GemmIsa::kAvxVnni : Int8GemmIsa::kAvx2;
   }();
   return best;
 }
@@ -321,6 +375,11 @@ void int8_tile(const Int8PackedA& a, int64_t a_panel, const uint8_t* b_panel, in
   switch (a.isa) {
     case Int8GemmIsa::kAmx: tile_amx(a.panel(a_panel), a.k_padded, b_panel, c); return;
     case Int8GemmIsa::kAvx512Vnni: tile_vnni(a.panel(a_panel), a.k_padded, b_panel, c); return;
+    case Int8GemmIsa::kAvxVnni:
+      // Chosen only where one encoding runs: AVX-VNNI, or AVX-512 VNNI (a forced lower kernel).
+      if (avx_vnni_usable()) tile_vnni_ymm<true>(a.panel(a_panel), a.k_padded, b_panel, c);
+      else tile_vnni_ymm<false>(a.panel(a_panel), a.k_padded, b_panel, c);
+      return;
     case Int8GemmIsa::kAvx2:
       if (a.above_int8_min) tile_avx2<true>(a.panel(a_panel), a.k_padded, b_panel, a.shift.data() + a_panel * a.rows, c);
       else tile_avx2<false>(a.panel(a_panel), a.k_padded, b_panel, nullptr, c);

@@ -1,12 +1,14 @@
 // kiln's int8 GEMM for the INT8 convolutions (kiln::QConv): C[M x N] = A[M x K] @ B[K x N] with
 // int8 A (the weights) and B (the input side), summed exactly in int32.
 //
-// Three kernels, picked at run time from what the CPU has (the code is compiled with function
+// Four kernels, picked at run time from what the CPU has (the code is compiled with function
 // target attributes, so the library still runs on CPUs without them):
 // - AVX2 (CPUs without AVX-512 VNNI): vpdpbusd's sums made exactly from vpmaddubsw and
 //   vpmaddwd (tile_avx2 in int8_gemm.cc says how; one step fewer where A has no -128, as
 //   symmetric weights have not), in the VNNI kernel's panels, a quarter of the 8 x 32 tile at a
 //   time (16 ymm registers hold no more).
+// - AVX-VNNI (CPUs with vpdpbusd on ymm but without AVX-512): the same tile as AVX2's, a quarter
+//   at a time, with one vpdpbusd per four products.
 // - AVX-512 VNNI: vpdpbusd multiplies four unsigned bytes by four signed bytes and adds the
 //   four products to an int32 lane; the micro-kernel keeps an 8 x 32 tile of C in 16 zmm
 //   registers and broadcasts 4 bytes of a row of A at a time.
@@ -34,7 +36,7 @@
 namespace kiln::cpu {
 
 // In order of speed: a test may force any one below the best (int8_gemm_force_isa).
-enum class Int8GemmIsa { kNone = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3 };
+enum class Int8GemmIsa { kNone = 0, kAvx2 = 1, kAvxVnni = 2, kAvx512Vnni = 3, kAmx = 4 };
 
 const char* int8_gemm_isa_name(Int8GemmIsa isa);
 // The best int8 GEMM this CPU (and its operating system, for AMX) runs; kNone: the callers
@@ -51,9 +53,13 @@ constexpr int kInt8GemmMaxRows = 32;  // the most rows of C in a tile (AMX's)
 // K beyond which a sum of shifted products might leave int32 (K * 255 * 128 < 2^31).
 constexpr int64_t kInt8GemmMaxK = 65536;
 
-// The kernel whose panels `isa` reads: AVX2 reads AVX-512 VNNI's, so an engine file packed for
-// one runs on the other as it is.
-inline Int8GemmIsa int8_panels_of(Int8GemmIsa isa) { return isa == Int8GemmIsa::kAvx2 ? Int8GemmIsa::kAvx512Vnni : isa; }
+// The kernels that need no more than AVX2 beside their tile (no AVX-512): their callers finish
+// the tiles with AVX2 epilogues.
+inline bool int8_gemm_on_ymm(Int8GemmIsa isa) { return isa == Int8GemmIsa::kAvx2 || isa == Int8GemmIsa::kAvxVnni; }
+
+// The kernel whose panels `isa` reads: AVX2 and AVX-VNNI read AVX-512 VNNI's, so an engine file
+// packed for one runs on the others as it is.
+inline Int8GemmIsa int8_panels_of(Int8GemmIsa isa) { return int8_gemm_on_ymm(isa) ? Int8GemmIsa::kAvx512Vnni : isa; }
 
 // Rows of C per tile and the step K is padded to, per kernel.
 int int8_gemm_tile_rows(Int8GemmIsa isa);
@@ -68,7 +74,7 @@ struct Int8PackedA {
   int rows = 0;                    // rows per panel: int8_gemm_tile_rows(isa)
   Tensor storage;                  // the panels, from byte `offset` on
   int64_t offset = 0;
-  const int8_t* panels = nullptr;  // VNNI, AVX2: [panel][k / 4][8][4]; AMX: [panel][k / 64][2][16][64]
+  const int8_t* panels = nullptr;  // VNNI, AVX-VNNI, AVX2: [panel][k / 4][8][4]; AMX: [panel][k / 64][2][16][64]
   AlignedVector<int32_t> shift;    // 128 * sum_k A[m, k], per row (padded to the panels)
   bool above_int8_min = false;     // no value of A is -128 (symmetric weights): AVX2's faster form
 

@@ -254,7 +254,7 @@ void packed_products(const ir::Node& node, const PackedWeights& w, const Tensor&
       int8_tile(pa, ap, packed_data + p * panel_bytes, tile);  // tile[r * 32 + j]: column n0 + r of row m0 + j
       const int64_t m0 = p * kInt8GemmCols, n0 = ap * pa.rows;
       const int64_t ms = std::min<int64_t>(kInt8GemmCols, rows - m0), ns = std::min<int64_t>(pa.rows, N - n0);
-      if (pa.isa == Int8GemmIsa::kAvx2)
+      if (int8_gemm_on_ymm(pa.isa))
         correct_tile_avx2(tile, ns, row_zero.data() + m0, row_term.data() + m0, w.column_sum.data() + n0, w.column_zero.data() + n0);
       else
         correct_tile(tile, ns, row_zero.data() + m0, row_term.data() + m0, w.column_sum.data() + n0, w.column_zero.data() + n0);

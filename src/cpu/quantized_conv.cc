@@ -185,7 +185,7 @@ class QConvKernel final : public Kernel {
         const int64_t rows = std::min<int64_t>(a.rows, m_count - ap * a.rows);
         const int32_t* shift = a.shift.data() + ap * a.rows;
         const int64_t tile_at = at + (m0 - m_first) * stride + n0;
-        if (a.isa == Int8GemmIsa::kAvx2) epilogue_avx2(tile, shift, m0, rows, tile_at, stride, cols, bias, o);
+        if (int8_gemm_on_ymm(a.isa)) epilogue_avx2(tile, shift, m0, rows, tile_at, stride, cols, bias, o);
         else epilogue_avx512(tile, shift, m0, rows, tile_at, stride, cols, bias, o);
       }
     });

@@ -426,7 +426,7 @@ TEST(IntegerMatMul, PackedWeightsGiveTheReferenceIntegers) {
     cpu::int8_gemm_force_isa(cpu::Int8GemmIsa::kNone);
     GraphBuilder reference_model = model();
     const Tensor reference = cpu::CpuEngine(reference_model.build()).run(in).at("y");
-    for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx2, cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx}) {
+    for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx2, cpu::Int8GemmIsa::kAvxVnni, cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx}) {
       if (isa > cpu::int8_gemm_best_isa()) continue;
       cpu::int8_gemm_force_isa(isa);
       GraphBuilder packed_model = model();

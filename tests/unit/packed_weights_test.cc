@@ -104,12 +104,13 @@ TEST(PackedWeights, RowPanelsOfEveryGroupUnpackToTheirConstant) {
     }
 }
 
-// INT8 filters in the int8 GEMM's panels (AVX2's, VNNI's and AMX's, where the CPU has them):
-// their values back, and the row sums the GEMM subtracts summed again from the panels. AVX2
-// reads VNNI's panels: a file packed for either is taken by the other, never by AMX.
+// INT8 filters in the int8 GEMM's panels (AVX2's, AVX-VNNI's, VNNI's and AMX's, where the CPU
+// has them): their values back, and the row sums the GEMM subtracts summed again from the
+// panels. AVX2 and AVX-VNNI read VNNI's panels: a file packed for one is taken by the others,
+// never by AMX.
 TEST(PackedWeights, Int8PanelsUnpackToTheirConstant) {
   std::vector<cpu::Int8GemmIsa> isas;
-  for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx2, cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx})
+  for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx2, cpu::Int8GemmIsa::kAvxVnni, cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx})
     if (static_cast<int>(isa) <= static_cast<int>(cpu::int8_gemm_best_isa())) isas.push_back(isa);
   if (isas.empty()) GTEST_SKIP() << "no int8 GEMM on this CPU";
   std::mt19937 rng(60);

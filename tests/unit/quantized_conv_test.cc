@@ -2,6 +2,7 @@
 // against) against the op's definition computed naively, on its portable loop and on every int8
 // GEMM this CPU runs (cpu/int8_gemm.h), and the INT8 pass (compiler/quantize_graph.h) on a
 // small residual network.
+#include <cpuid.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -70,7 +71,7 @@ struct Int8IsaScope {
 
 std::vector<cpu::Int8GemmIsa> int8_isas() {
   std::vector<cpu::Int8GemmIsa> isas{cpu::Int8GemmIsa::kNone};
-  for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx2, cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx})
+  for (cpu::Int8GemmIsa isa : {cpu::Int8GemmIsa::kAvx2, cpu::Int8GemmIsa::kAvxVnni, cpu::Int8GemmIsa::kAvx512Vnni, cpu::Int8GemmIsa::kAmx})
     if (cpu::int8_gemm_best_isa() >= isa) isas.push_back(isa);
   return isas;
 }
@@ -232,15 +233,20 @@ TEST(QConv, Int8GemmTilesAndEpilogues) {
 }
 
 // An int8 GEMM is in use wherever the CPU has AVX2 and FMA (the tests above then check it):
-// AVX-512 VNNI's where the CPU has it, AMX's where it has AMX too.
+// AVX-VNNI's where the CPU has that but not AVX-512 VNNI, AVX-512 VNNI's where the CPU has it,
+// AMX's where it has AMX too.
 TEST(QConv, Int8GemmIsUsedWhereTheCpuHasAvx2) {
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool avx_vnni = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && ((eax >> 4) & 1);
   EXPECT_EQ(cpu::int8_gemm_isa() != cpu::Int8GemmIsa::kNone, avx2);
   EXPECT_EQ(cpu::int8_gemm_isa() >= cpu::Int8GemmIsa::kAvx512Vnni, vnni);
-  std::cout << "int8 GEMM on this CPU: " << cpu::int8_gemm_isa_name(cpu::int8_gemm_isa()) << "\n";
+  EXPECT_EQ(cpu::int8_gemm_isa() == cpu::Int8GemmIsa::kAvxVnni, avx2 && avx_vnni && !vnni);
+  std::cout << "int8 GEMM on this CPU: " << cpu::int8_gemm_isa_name(cpu::int8_gemm_isa())
+            << (avx_vnni ? "; AVX-VNNI present" : "; no AVX-VNNI") << "\n";
 }
 
 // Every int8 GEMM's tiles against sums in int64, on random bytes and on the extremes where
