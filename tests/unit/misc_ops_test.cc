@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <string>
@@ -512,6 +513,75 @@ TEST(NonMaxSuppression, BlockTestAgreesWithThePairTest) {
   }
   EXPECT_GT(suppressed, 500);  // both answers are common
   EXPECT_GT(kept_count, 500);
+}
+
+// The selection as the definition says (every candidate against every kept box), to check the
+// binned one against.
+std::vector<std::array<int64_t, 3>> nms_by_definition(const std::vector<float>& boxes, const std::vector<float>& scores,
+                                                      int64_t classes, int64_t spatial, const ir::NmsParams& p) {
+  std::vector<std::array<int64_t, 3>> selected;
+  for (int64_t c = 0; c < classes; ++c) {
+    std::vector<int64_t> order;
+    for (int64_t i = 0; i < spatial; ++i)
+      if (!p.score_threshold || scores[static_cast<size_t>(c * spatial + i)] > *p.score_threshold) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t i, int64_t j) {
+      return scores[static_cast<size_t>(c * spatial + i)] > scores[static_cast<size_t>(c * spatial + j)];
+    });
+    std::vector<std::array<float, 4>> kept;
+    for (int64_t i : order) {
+      if (static_cast<int64_t>(kept.size()) >= p.max_per_class) break;
+      const std::array<float, 4> box = ir::nms_corners(boxes.data() + i * 4, false);
+      if (std::any_of(kept.begin(), kept.end(), [&](const auto& k) { return ir::nms_suppresses(k, box, p.iou_threshold); }))
+        continue;
+      kept.push_back(box);
+      selected.push_back({0, c, i});
+    }
+  }
+  return selected;
+}
+
+// Enough candidates that NmsKept bins them along x: batched NMS's layout (each of 12 classes'
+// boxes offset by 1000 along x, as torchvision's coordinate trick does), boxes overlapping within
+// a class, some wide enough to cross many bins or the whole range, some of no area or with NaN
+// or infinite corners, touching edges (an intersection of no width); and one class of boxes of
+// every size. The selection must be the definition's, box for box, and most boxes must be kept
+// and many suppressed (the test would pass vacuously otherwise).
+TEST(NonMaxSuppression, BinnedSelectionIsTheDefinitions) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (const std::string layout : {"batched", "one_class_mixed_sizes"}) {
+    SCOPED_TRACE(layout);
+    const int64_t spatial = 3000;
+    std::vector<float> boxes(static_cast<size_t>(spatial * 4)), scores(static_cast<size_t>(spatial));
+    for (int64_t i = 0; i < spatial; ++i) {
+      float* b = boxes.data() + i * 4;
+      const float offset = layout == "batched" ? 1000.f * static_cast<float>(i % 12) : 0.f;
+      const float size = layout == "batched" ? 10.f + 80.f * unit(rng) : 2.f + 400.f * unit(rng) * unit(rng);
+      const float y = 500.f * unit(rng), x = offset + 500.f * unit(rng);
+      b[0] = y, b[1] = x, b[2] = y + size, b[3] = x + size * (0.5f + unit(rng));
+      const int64_t kind = i % 97;
+      if (kind == 1) b[3] = x + 9000.f;      // across many bins
+      if (kind == 2) b[1] = -inf;            // to the left end
+      if (kind == 3) b[3] = inf;             // to the right end
+      if (kind == 4) b[2] = b[0];            // no area
+      if (kind == 5) b[1] = nan;             // a NaN corner
+      if (kind == 6 && i > 0) b[1] = boxes[static_cast<size_t>((i - 1) * 4 + 3)];  // touching the previous box
+      if (kind == 7) std::swap(b[1], b[3]);  // corners in the other order
+      scores[static_cast<size_t>(i)] = unit(rng);
+    }
+    for (float threshold : {0.f, 0.3f, 0.7f}) {
+      ir::NmsParams p;
+      p.max_per_class = spatial;
+      p.iou_threshold = threshold;
+      const auto want = nms_by_definition(boxes, scores, 1, spatial, p);
+      const auto got = ir::non_max_suppression(boxes.data(), scores.data(), 1, 1, spatial, p);
+      ASSERT_EQ(got, want) << "IoU threshold " << threshold;
+      std::cout << layout << ", IoU threshold " << threshold << ": " << got.size() << " of " << spatial << " kept\n";
+      EXPECT_GT(got.size(), static_cast<size_t>(spatial / 10));
+      if (threshold < 0.5f) EXPECT_LT(got.size(), static_cast<size_t>(spatial * 9 / 10));
+    }
+  }
 }
 
 }  // namespace
