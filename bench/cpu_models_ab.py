@@ -11,6 +11,9 @@ Each round times, in turn, every kiln build (`kiln bench MODEL --device cpu --th
 (intra_op_num_threads = T, the median of RUNS runs after 2 warm-up runs on a seeded random input
 of the model's shape), the order rotating each round. The JSON has every round's medians and,
 per model and engine, the least of them (the one a shared machine disturbed least).
+kiln bench feeds its own random inputs (N(0, 1)), ONNX Runtime a uniform one: for a model whose
+work depends on its data (a detection model's box selection) only the kiln builds ran the same
+input, and bench/cpu_node_ab.py (one input file for every build) is the comparison to make.
 """
 from __future__ import annotations
 
