@@ -61,43 +61,64 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(const int8
   }
 }
 
-// The VNNI kernel's tile without VNNI, summed exactly. vpdpbusd adds four products of an
-// unsigned byte b and a signed byte w to an int32 lane; vpmaddubsw would add pairs of them into
-// int16 and saturate (2 * 255 * 128 > 2^15). Two exact forms of the step, on (u, v) made from b:
-// - Any A: b split as (b & 127) + 128 * (b >> 7), u = b & 127, v = b >> 7: the pairs of u * w
-//   stay inside int16 (2 * 127 * 128 < 2^15), as do those of v * w, and vpmaddwd adds each pair
-//   of pairs into int32, the second times 128.
-// - Symmetric A (no -128, as kiln's calibration makes weights): with x = b - 128 (the input's
-//   own int8 value), each product is |x| * (w * sign(x)), an unsigned byte of at most 128 by a
-//   signed one of at most 127 in magnitude, whose pairs stay inside int16 (2 * 128 * 127 < 2^15);
-//   u = |x|, v = x: one vpsignb, one vpmaddubsw and one vpmaddwd a step. The sums are of A x;
-//   adding row r's shift (128 sum A) at the store gives sums of A (x + 128), as the other
-//   kernels' tiles hold.
-template <bool kSymmetric>
+// The VNNI kernel's tile on ymm registers, for CPUs without AVX-512: four forms of the step
+// that adds four products of an unsigned byte b and a signed byte w to an int32 lane.
+//
+// Without VNNI, summed exactly: vpmaddubsw would add pairs of products into int16 and saturate
+// (2 * 255 * 128 > 2^15). Two exact forms, on (u, v) made from b:
+// - kSplit, any A: b split as (b & 127) + 128 * (b >> 7), u = b & 127, v = b >> 7: the pairs of
+//   u * w stay inside int16 (2 * 127 * 128 < 2^15), as do those of v * w, and vpmaddwd adds each
+//   pair of pairs into int32, the second times 128.
+// - kSymmetric, A without -128 (as kiln's calibration makes weights): with x = b - 128 (the
+//   input's own int8 value), each product is |x| * (w * sign(x)), an unsigned byte of at most 128
+//   by a signed one of at most 127 in magnitude, whose pairs stay inside int16
+//   (2 * 128 * 127 < 2^15); u = |x|, v = x: one vpsignb, one vpmaddubsw and one vpmaddwd a step.
+//   The sums are of A x; adding row r's shift (128 sum A) at the store gives sums of A (x + 128),
+//   as the other kernels' tiles hold.
+// With vpdpbusd on ymm, one instruction a step. AVX-VNNI CPUs (Alder Lake and later clients,
+// Sierra Forest) have it in the VEX encoding only (kVnniVex); AVX-512 VNNI CPUs in the EVEX
+// encoding only (kVnniEvex), which is how a CPU without AVX-VNNI runs (and tests) that kernel.
+enum class YmmStep { kSplit, kSymmetric, kVnniVex, kVnniEvex };
+
+template <YmmStep kStep>
 __attribute__((target("avx2"), always_inline)) inline void step_operands(__m256i b, __m256i& u, __m256i& v) {
-  if constexpr (kSymmetric) {
+  if constexpr (kStep == YmmStep::kSymmetric) {
     v = _mm256_xor_si256(b, _mm256_set1_epi8(static_cast<char>(0x80)));
     u = _mm256_abs_epi8(v);  // -128 reads as the unsigned 128
-  } else {
+  } else if constexpr (kStep == YmmStep::kSplit) {
     u = _mm256_and_si256(b, _mm256_set1_epi8(0x7F));
     v = _mm256_and_si256(_mm256_srli_epi16(b, 7), _mm256_set1_epi8(1));
+  } else {
+    u = v = b;
   }
 }
 
-// Per 32-bit lane (a column), the sum of its four products with w's four bytes.
-template <bool kSymmetric>
-__attribute__((target("avx2"), always_inline)) inline __m256i four_products(__m256i u, __m256i v, __m256i w) {
+// acc plus, per 32-bit lane (a column), the sum of its four products with w's four bytes. The
+// vpdpbusd forms are written out because the two intrinsics need different target attributes,
+// which a template parameter cannot choose; "x" operands are ymm0-15, which both encodings reach.
+template <YmmStep kStep>
+__attribute__((target("avx2"), always_inline)) inline __m256i add_four_products(__m256i acc, __m256i u, __m256i v,
+                                                                                __m256i w) {
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (kSymmetric) return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(w, v)), ones);
-  return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, w), ones),
-                          _mm256_madd_epi16(_mm256_maddubs_epi16(v, w), _mm256_set1_epi16(128)));
+  if constexpr (kStep == YmmStep::kSymmetric) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(w, v)), ones));
+  } else if constexpr (kStep == YmmStep::kSplit) {
+    return _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, w), ones),
+                                                  _mm256_madd_epi16(_mm256_maddubs_epi16(v, w), _mm256_set1_epi16(128))));
+  } else if constexpr (kStep == YmmStep::kVnniVex) {
+    asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(w));
+    return acc;
+  } else {
+    asm("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(w));
+    return acc;
+  }
 }
 
 // 16 ymm registers hold a quarter of the 8 x 32 tile's sums with their operands, so each quarter
-// (4 rows, 16 columns) is one pass over K. shift: the panel's rows' (symmetric form only).
-template <bool kSymmetric>
-__attribute__((target("avx2"))) void tile_avx2(const int8_t* a, int64_t k_padded, const uint8_t* b, const int32_t* shift,
-                                             int32_t* c) {
+// (4 rows, 16 columns) is one pass over K. shift: the panel's rows' (kSymmetric only).
+template <YmmStep kStep>
+__attribute__((target("avx2"))) void tile_ymm(const int8_t* a, int64_t k_padded, const uint8_t* b, const int32_t* shift,
+                                            int32_t* c) {
   constexpr int kRows = 8, kPassRows = 4;
   for (int half = 0; half < 2; ++half)
     for (int r0 = 0; r0 < kRows; r0 += kPassRows) {
@@ -107,64 +128,22 @@ __attribute__((target("avx2"))) void tile_avx2(const int8_t* a, int64_t k_padded
         // Columns 16 * half .. + 7 and + 8 .. + 15: eight columns of four bytes per register.
         const uint8_t* bq = b + q * 128 + half * 64;
         __m256i u0, v0, u1, v1;
-        step_operands<kSymmetric>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq)), u0, v0);
-        step_operands<kSymmetric>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq + 32)), u1, v1);
+        step_operands<kStep>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq)), u0, v0);
+        step_operands<kStep>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq + 32)), u1, v1);
         const int8_t* aq = a + (q * kRows + r0) * 4;
         for (int r = 0; r < kPassRows; ++r) {
           int32_t four;
           std::memcpy(&four, aq + r * 4, 4);
           const __m256i w = _mm256_set1_epi32(four);
-          acc[r][0] = _mm256_add_epi32(acc[r][0], four_products<kSymmetric>(u0, v0, w));
-          acc[r][1] = _mm256_add_epi32(acc[r][1], four_products<kSymmetric>(u1, v1, w));
+          acc[r][0] = add_four_products<kStep>(acc[r][0], u0, v0, w);
+          acc[r][1] = add_four_products<kStep>(acc[r][1], u1, v1, w);
         }
       }
       for (int r = 0; r < kPassRows; ++r) {
-        const __m256i back = _mm256_set1_epi32(kSymmetric ? shift[r0 + r] : 0);
+        const __m256i back = _mm256_set1_epi32(kStep == YmmStep::kSymmetric ? shift[r0 + r] : 0);
         int32_t* row = c + (r0 + r) * kInt8GemmCols + half * 16;
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), _mm256_add_epi32(acc[r][0], back));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 8), _mm256_add_epi32(acc[r][1], back));
-      }
-    }
-}
-
-// vpdpbusd on ymm registers. AVX-VNNI CPUs (Alder Lake and later clients, Sierra Forest) have
-// it in the VEX encoding only; AVX-512 VNNI CPUs have it in the EVEX encoding only, so the EVEX
-// twin is how a CPU without AVX-VNNI runs (and tests) this kernel. The instruction is written
-// out because the two intrinsics need different target attributes, which a template parameter
-// cannot choose; "x" operands are ymm0-15, which both encodings reach.
-template <bool kVex>
-__attribute__((target("avx2"), always_inline)) inline __m256i dpbusd_ymm(__m256i acc, __m256i u, __m256i w) {
-  if constexpr (kVex) asm("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(w));
-  else asm("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(w));
-  return acc;
-}
-
-// The VNNI kernel's tile on ymm registers, a quarter (4 rows, 16 columns) per pass over K, as
-// tile_avx2 (16 registers hold no more), with one vpdpbusd per four products.
-template <bool kVex>
-__attribute__((target("avx2"))) void tile_vnni_ymm(const int8_t* a, int64_t k_padded, const uint8_t* b, int32_t* c) {
-  constexpr int kRows = 8, kPassRows = 4;
-  for (int half = 0; half < 2; ++half)
-    for (int r0 = 0; r0 < kRows; r0 += kPassRows) {
-      __m256i acc[kPassRows][2];
-      for (int r = 0; r < kPassRows; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-      for (int64_t q = 0; q < k_padded / 4; ++q) {
-        const uint8_t* bq = b + q * 128 + half * 64;
-        const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq));
-        const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bq + 32));
-        const int8_t* aq = a + (q * kRows + r0) * 4;
-        for (int r = 0; r < kPassRows; ++r) {
-          int32_t four;
-          std::memcpy(&four, aq + r * 4, 4);
-          const __m256i w = _mm256_set1_epi32(four);
-          acc[r][0] = dpbusd_ymm<kVex>(acc[r][0], b0, w);
-          acc[r][1] = dpbusd_ymm<kVex>(acc[r][1], b1, w);
-        }
-      }
-      for (int r = 0; r < kPassRows; ++r) {
-        int32_t* row = c + (r0 + r) * kInt8GemmCols + half * 16;
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), acc[r][0]);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + 8), acc[r][1]);
       }
     }
 }
@@ -377,12 +356,13 @@ void int8_tile(const Int8PackedA& a, int64_t a_panel, const uint8_t* b_panel, in
     case Int8GemmIsa::kAvx512Vnni: tile_vnni(a.panel(a_panel), a.k_padded, b_panel, c); return;
     case Int8GemmIsa::kAvxVnni:
       // Chosen only where one encoding runs: AVX-VNNI, or AVX-512 VNNI (a forced lower kernel).
-      if (avx_vnni_usable()) tile_vnni_ymm<true>(a.panel(a_panel), a.k_padded, b_panel, c);
-      else tile_vnni_ymm<false>(a.panel(a_panel), a.k_padded, b_panel, c);
+      if (avx_vnni_usable()) tile_ymm<YmmStep::kVnniVex>(a.panel(a_panel), a.k_padded, b_panel, nullptr, c);
+      else tile_ymm<YmmStep::kVnniEvex>(a.panel(a_panel), a.k_padded, b_panel, nullptr, c);
       return;
     case Int8GemmIsa::kAvx2:
-      if (a.above_int8_min) tile_avx2<true>(a.panel(a_panel), a.k_padded, b_panel, a.shift.data() + a_panel * a.rows, c);
-      else tile_avx2<false>(a.panel(a_panel), a.k_padded, b_panel, nullptr, c);
+      if (a.above_int8_min)
+        tile_ymm<YmmStep::kSymmetric>(a.panel(a_panel), a.k_padded, b_panel, a.shift.data() + a_panel * a.rows, c);
+      else tile_ymm<YmmStep::kSplit>(a.panel(a_panel), a.k_padded, b_panel, nullptr, c);
       return;
     case Int8GemmIsa::kNone: break;
   }

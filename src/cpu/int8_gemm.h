@@ -4,7 +4,7 @@
 // Four kernels, picked at run time from what the CPU has (the code is compiled with function
 // target attributes, so the library still runs on CPUs without them):
 // - AVX2 (CPUs without AVX-512 VNNI): vpdpbusd's sums made exactly from vpmaddubsw and
-//   vpmaddwd (tile_avx2 in int8_gemm.cc says how; one step fewer where A has no -128, as
+//   vpmaddwd (YmmStep in int8_gemm.cc says how; one step fewer where A has no -128, as
 //   symmetric weights have not), in the VNNI kernel's panels, a quarter of the 8 x 32 tile at a
 //   time (16 ymm registers hold no more).
 // - AVX-VNNI (CPUs with vpdpbusd on ymm but without AVX-512): the same tile as AVX2's, a quarter
