@@ -31,6 +31,7 @@
 #include "tools/commands.h"
 #include "tools/engine_options.h"
 #include "tools/json_output.h"
+#include "tools/input_files.h"
 #include "tools/random_inputs.h"
 #include "tools/shapes.h"
 
@@ -57,6 +58,8 @@ struct BenchOptions {
   bool profile = false;
   std::string json;
   uint64_t seed = 0;
+  std::vector<std::string> input_files;  // --input NAME=FILE
+  std::map<std::string, Tensor> given_inputs;  // read from input_files (their shapes join engine.shapes)
   // trtexec's: warm up for this many milliseconds (besides --warmup runs); report each sample as
   // the mean of this many consecutive runs; write per-run times, the layers, the profile.
   double warmup_ms = 0;
@@ -220,11 +223,38 @@ nlohmann::json profile_summary(const std::function<std::vector<LayerTiming>()>& 
   return {{"total_ms", total_ms}, {"layers", layers}};
 }
 
+// The data an input is fed: its --input file (converted to the input's dtype; its shape must be
+// `shape`), else random.
+Tensor input_data(const BenchOptions& o, const TensorDesc& desc, const std::vector<int64_t>& shape, std::mt19937_64& rng) {
+  auto given = o.given_inputs.find(desc.name);
+  if (given == o.given_inputs.end()) return random_input(desc, shape, rng);
+  if (given->second.shape() != shape)
+    throw Error(ErrorKind::kInvalidArgument, "--input " + desc.name + ": the file holds [" + shape_to_string(given->second.shape()) +
+                                                 "], but the engine runs the input at [" + shape_to_string(shape) + "]");
+  return given->second.dtype() == desc.dtype ? given->second : cast_input(given->second, desc.dtype, desc.name);
+}
+
+// Every --input names an input of the engine; a note for each file converted to its input's dtype.
+void check_given_inputs(const BenchOptions& o, const Engine& engine) {
+  for (const auto& [name, t] : o.given_inputs) {
+    auto d = std::find_if(engine.inputs().begin(), engine.inputs().end(), [&](const TensorDesc& in) { return in.name == name; });
+    if (d == engine.inputs().end()) {
+      std::string names;
+      for (const TensorDesc& in : engine.inputs()) names += (names.empty() ? "" : ", ") + in.name;
+      throw Error(ErrorKind::kInvalidArgument, "--input " + name + ": the engine has no input named '" + name + "'")
+          .hint("its inputs are: " + names);
+    }
+    if (d->dtype != t.dtype())
+      std::cout << fmt::format("note: input '{}' converted from {} to {}\n", name, to_string(t.dtype()), to_string(d->dtype));
+  }
+}
+
 // Engine::run timed by the wall clock: the CPU engine, and GPU engines whose last nodes run on the
 // CPU engine after data-dependent shapes (their outputs exist only once run() returns). Dynamic
 // first dimensions take the batch size; other dynamic dimensions take --dim / --shapes.
 nlohmann::json time_engine_runs(const BenchOptions& o, const Engine& engine, double build_s, int64_t batch,
                                 const std::map<std::string, std::vector<int64_t>>& input_shapes) {
+  check_given_inputs(o, engine);
   std::mt19937_64 rng(o.seed);
   std::map<std::string, Tensor> inputs;
   for (TensorDesc d : engine.inputs()) {
@@ -236,7 +266,7 @@ nlohmann::json time_engine_runs(const BenchOptions& o, const Engine& engine, dou
                                                        "; give its size with --dim NAME=SIZE or --shapes");
         d.shape[i] = batch > 0 ? batch : 1;
       }
-    inputs.emplace(d.name, random_input(d, d.shape, rng));
+    inputs.emplace(d.name, input_data(o, d, d.shape, rng));
   }
   const int64_t items = inputs.empty() || inputs.begin()->second.rank() == 0 ? 1 : inputs.at(engine.inputs()[0].name).dim(0);
   auto iteration = [&]() {
@@ -418,14 +448,14 @@ struct Lane {
   std::deque<int> pending;  // slots enqueued and not yet waited for, oldest first
   int next_slot = 0;
 
-  Lane(const Engine& engine, Context& c, uint64_t seed) : context(c), slots(kRunsInFlight + 1) {
+  Lane(const BenchOptions& o, const Engine& engine, Context& c, uint64_t seed) : context(c), slots(kRunsInFlight + 1) {
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     for (Slot& slot : slots)
       for (cudaEvent_t& e : slot.events) KILN_CUDA_CHECK(cudaEventCreate(&e));
     std::mt19937_64 rng(seed);
     for (TensorDesc d : engine.inputs()) {
       d.shape = context.input_shape(d.name);
-      Tensor t = random_input(d, d.shape, rng);
+      Tensor t = input_data(o, d, d.shape, rng);
       void* host = nullptr;
       KILN_CUDA_CHECK(cudaMallocHost(&host, std::max<size_t>(t.nbytes(), 1)));
       h2d.push_back({host, context.input_buffer(d.name)});
@@ -516,7 +546,8 @@ nlohmann::json bench_context(const BenchOptions& o, const Engine& engine, const 
 
   std::vector<Lane> lanes;
   lanes.reserve(contexts.size());
-  for (size_t i = 0; i < contexts.size(); ++i) lanes.emplace_back(engine, *contexts[i], o.seed + i);
+  check_given_inputs(o, engine);
+  for (size_t i = 0; i < contexts.size(); ++i) lanes.emplace_back(o, engine, *contexts[i], o.seed + i);
   // The first run at a new shape plans it (dynamic engines) and captures its CUDA graph; each
   // further context captures its own, untimed.
   auto first = std::chrono::steady_clock::now();
@@ -726,9 +757,38 @@ nlohmann::json bench_gpu(const BenchOptions& o, const std::vector<int64_t>& batc
 }
 #endif
 
-int bench(const BenchOptions& o) {
+// --input NAME=FILE (or trtexec's NAME:FILE): the files read into o.given_inputs, their shapes
+// added to --shapes, and the batch the first of them holds (which --batches may only repeat)
+// returned; -1 without files.
+int64_t read_given_inputs(BenchOptions& o) {
+  int64_t batch = -1;
+  for (const std::string& spec : o.input_files) {
+    size_t eq = spec.find('=');
+    if (eq == std::string::npos) eq = spec.rfind(':');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+      throw Error(ErrorKind::kInvalidArgument, "--input " + spec + ": expected NAME=FILE (.npy or .pb)");
+    const std::string name = spec.substr(0, eq);
+    if (o.given_inputs.count(name)) throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' is given twice");
+    Tensor t = read_tensor_input(spec.substr(eq + 1));
+    if (batch < 0 && t.rank() > 0) batch = t.dim(0);
+    std::string dims;
+    for (int64_t d : t.shape()) dims += (dims.empty() ? "" : "x") + std::to_string(d);
+    if (t.rank() > 0) o.engine.shapes.push_back(name + ":" + dims);
+    o.given_inputs.emplace(name, std::move(t));
+  }
+  return batch;
+}
+
+int bench(BenchOptions o) {
   const JsonOutput json(o.json);
-  std::vector<int64_t> batches = o.batches.empty() ? std::vector<int64_t>{o.engine.batch} : parse_batches(o.batches);
+  const int64_t given_batch = read_given_inputs(o);
+  std::vector<int64_t> batches = !o.batches.empty() ? parse_batches(o.batches)
+                                 : given_batch >= 0 ? std::vector<int64_t>{given_batch}
+                                                    : std::vector<int64_t>{o.engine.batch};
+  if (given_batch >= 0 && (batches.size() != 1 || batches[0] != given_batch))
+    throw Error(ErrorKind::kInvalidArgument, "--batches " + o.batches + ": the --input files hold batch " +
+                                                 std::to_string(given_batch) + ", which is what is timed")
+        .hint("leave --batches out, or write files of each batch and time them one by one");
   const bool cpu = is_engine_file(o.model) ? engine_file_backend(o.model) == "cpu" : o.engine.device == "cpu";
   check_save_engine(o, batches.size());
   if (cpu && (o.with_transfers || o.no_graph))
@@ -804,6 +864,9 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--profile", o->profile, "Also time every layer (median of 10 runs)");
   cmd->add_option("--json", o->json, "Write the results as JSON to FILE, or - for standard output (schema: docs/bench.md)");
   cmd->add_option("--seed", o->seed, "Seed of the random inputs")->capture_default_str();
+  cmd->add_option("--input,-i,--loadInputs", o->input_files,
+                  "Input data instead of random: NAME=FILE (or NAME:FILE), FILE .npy or .pb (ONNX TensorProto), converted to the input's "
+                  "dtype; its shape is the shape timed, its first dimension the batch (repeatable)");
   // trtexec's spellings and options.
   cmd->add_flag("--useCudaGraph", o->use_cuda_graph, "Replay a CUDA graph (kiln's default)")->excludes("--no-graph");
   cmd->add_flag("--noDataTransfers", o->no_data_transfers, "Time the engine without copies in and out (kiln's default)")

@@ -22,6 +22,7 @@
 #include "tools/commands.h"
 #include "tools/engine_options.h"
 #include "tools/image_flags.h"
+#include "tools/input_files.h"
 #include "tools/random_inputs.h"
 #include "tools/shapes.h"
 
@@ -46,49 +47,6 @@ struct RunOptions {
   ImageFlags image;  // image preprocessing: --resize, --crop, --mean, --std, --gray
 };
 
-std::string lower_extension(const std::string& path) {
-  std::string ext = fs::path(path).extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext;
-}
-
-// A copy of `t` with another numeric dtype (NumPy writes float64 by default, for one).
-// Float targets take any value (rounding to the nearest is what the user expects); integer
-// and bool targets must hold every value exactly, since truncating token ids, say, would
-// silently run the model on other data than the user's.
-Tensor cast_to(const Tensor& t, DType dtype, const std::string& input_name) {
-  Tensor out(dtype, t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    double v = t.value_as_double(i);
-    switch (dtype) {
-      case DType::kFloat32: out.data<float>()[i] = static_cast<float>(v); continue;
-      case DType::kFloat64: out.data<double>()[i] = v; continue;
-      case DType::kFloat16: static_cast<uint16_t*>(out.raw())[i] = float_to_half(static_cast<float>(v)); continue;
-      default: break;
-    }
-    bool exact = std::isfinite(v) && v == std::floor(v);
-    if (exact && is_float(t.dtype()) && std::abs(v) >= 9007199254740992.0) exact = false;  // beyond 2^53: not exact
-    int64_t iv = exact ? (is_float(t.dtype()) ? static_cast<int64_t>(v) : t.value_as_int(i)) : 0;
-    switch (dtype) {
-      case DType::kInt64: out.data<int64_t>()[i] = iv; break;
-      case DType::kInt32: exact = exact && iv >= INT32_MIN && iv <= INT32_MAX; out.data<int32_t>()[i] = static_cast<int32_t>(iv); break;
-      case DType::kInt16: exact = exact && iv >= INT16_MIN && iv <= INT16_MAX; out.data<int16_t>()[i] = static_cast<int16_t>(iv); break;
-      case DType::kInt8: exact = exact && iv >= INT8_MIN && iv <= INT8_MAX; out.data<int8_t>()[i] = static_cast<int8_t>(iv); break;
-      case DType::kUInt8: exact = exact && iv >= 0 && iv <= UINT8_MAX; out.data<uint8_t>()[i] = static_cast<uint8_t>(iv); break;
-      case DType::kBool: exact = exact && (iv == 0 || iv == 1); out.data<bool>()[i] = iv != 0; break;
-      default:
-        throw Error(ErrorKind::kUnsupported, "input '" + input_name + "': cannot convert " + to_string(t.dtype()) + " data to " +
-                                                 to_string(dtype));
-    }
-    if (!exact)
-      throw Error(ErrorKind::kInvalidArgument, fmt::format("input '{}' is {}, but the data given is {} and its value {} (index {}) "
-                                                           "is not a {} value",
-                                                           input_name, to_string(dtype), to_string(t.dtype()), v, i, to_string(dtype)))
-          .hint("convert the data yourself, e.g. a.astype(np." + to_string(dtype) + ")");
-  }
-  return out;
-}
-
 Tensor load_image_input(const std::string& path, const TensorDesc& desc, const RunOptions& o) {
   Tensor one = io::load_image(path, o.image.options(desc, path));
   // The batch: --batch, else the model's fixed batch, else 1. Every row is the same photo.
@@ -98,22 +56,13 @@ Tensor load_image_input(const std::string& path, const TensorDesc& desc, const R
   Tensor t(DType::kFloat32, shape);
   for (int64_t b = 0; b < batch; ++b)
     std::copy(one.data<float>(), one.data<float>() + one.numel(), t.data<float>() + b * one.numel());
-  return desc.dtype == DType::kFloat32 ? t : cast_to(t, desc.dtype, desc.name);
+  return desc.dtype == DType::kFloat32 ? t : cast_input(t, desc.dtype, desc.name);
 }
 
 Tensor load_input(const std::string& path, const TensorDesc& desc, const RunOptions& o) {
+  if (is_tensor_file(path)) return read_tensor_input(path, desc);
   if (!fs::exists(path)) throw Error(ErrorKind::kIo, "input file '" + path + "' does not exist");
-  std::string ext = lower_extension(path);
-  Tensor t;
-  if (ext == ".npy") t = io::read_npy(path);
-  else if (ext == ".pb") t = onnx_import::read_tensor_file(path);
-  else return load_image_input(path, desc, o);
-  if (t.dtype() != desc.dtype) {
-    DType given = t.dtype();
-    t = cast_to(t, desc.dtype, desc.name);
-    std::cout << fmt::format("note: input '{}' converted from {} to {}\n", desc.name, to_string(given), to_string(desc.dtype));
-  }
-  return t;
+  return load_image_input(path, desc, o);
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -283,30 +232,7 @@ int run(const RunOptions& o) {
   bindings.batch = o.batch;
   check_bindings_used(bindings, input_names, symbols);
 
-  // Which file feeds which input: "name=file" names it; a bare file takes the next input in
-  // the model's order that nobody named.
-  std::map<std::string, std::string> files;
-  std::vector<std::string> positional;
-  for (const std::string& spec : o.inputs) {
-    size_t eq = spec.find('=');
-    std::string name = eq == std::string::npos ? "" : spec.substr(0, eq);
-    if (!name.empty() && std::find(input_names.begin(), input_names.end(), name) != input_names.end()) {
-      if (files.count(name)) throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' is given twice");
-      files[name] = spec.substr(eq + 1);
-    } else if (!name.empty() && !fs::exists(spec)) {
-      throw Error(ErrorKind::kInvalidArgument, "--input " + spec + ": the model has no input named '" + name + "'")
-          .hint("its inputs are: " + join(input_names));
-    } else {
-      positional.push_back(spec);
-    }
-  }
-  for (const std::string& path : positional) {
-    auto free = std::find_if(input_names.begin(), input_names.end(), [&](const std::string& n) { return !files.count(n); });
-    if (free == input_names.end())
-      throw Error(ErrorKind::kInvalidArgument, "--input " + path + ": every model input already has a file")
-          .hint("the model's inputs are: " + join(input_names));
-    files[*free] = path;
-  }
+  const std::map<std::string, std::string> files = assign_input_files(o.inputs, input_names);
 
   std::map<std::string, Tensor> inputs;
   std::vector<std::string> missing, defaulted;
