@@ -30,8 +30,8 @@
 #include "compiler/data_dependent_split.h"
 #include "tools/commands.h"
 #include "tools/engine_options.h"
-#include "tools/json_output.h"
 #include "tools/input_files.h"
+#include "tools/json_output.h"
 #include "tools/random_inputs.h"
 #include "tools/shapes.h"
 

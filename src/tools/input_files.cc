@@ -9,7 +9,6 @@
 #include <iostream>
 
 #include "io/npy.h"
-#include "ir/small_types.h"
 #include "onnx/importer.h"
 
 namespace kiln::tools {
@@ -34,8 +33,6 @@ std::string join(const std::vector<std::string>& v) {
 
 std::map<std::string, std::string> assign_input_files(const std::vector<std::string>& specs,
                                                       const std::vector<std::string>& input_names) {
-  // Which file feeds which input: "name=file" names it; a bare file takes the next input in
-  // the model's order that nobody named.
   std::map<std::string, std::string> files;
   std::vector<std::string> positional;
   for (const std::string& spec : specs) {
