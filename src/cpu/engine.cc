@@ -156,13 +156,17 @@ CpuEngine::CpuEngine(ir::Graph graph, size_t memory_limit, bool poison_outputs, 
     if (r >= 0 && !keep.count(slot) && !constant_slots_[static_cast<size_t>(slot)].defined())
       steps_[static_cast<size_t>(r)].release.push_back(slot);
   }
+  std::set<int> input_slots;
+  for (const std::string& in : graph_.inputs) input_slots.insert(slots_.at(in));
   for (Step& step : steps_) {
     const int in = step.kernel->overwritable_input();
     if (in < 0 || static_cast<size_t>(in) >= step.inputs.size() || step.inputs[static_cast<size_t>(in)] < 0) continue;
     const int slot = step.inputs[static_cast<size_t>(in)];
     if (std::count(step.inputs.begin(), step.inputs.end(), slot) == 1 &&
-        std::find(step.release.begin(), step.release.end(), slot) != step.release.end())
+        std::find(step.release.begin(), step.release.end(), slot) != step.release.end()) {
       step.overwritable = in;
+      step.reshapes = step.kernel->output_reshapes_input() && !input_slots.count(slot);
+    }
   }
 }
 
@@ -407,7 +411,11 @@ std::map<std::string, Tensor> CpuEngine::run_steps(const std::map<std::string, T
       bool in_place = false;
       if (o == 0 && step.overwritable >= 0) {
         const Tensor& in = slots[static_cast<size_t>(step.inputs[static_cast<size_t>(step.overwritable)])];
-        in_place = in.dtype() == t.dtype && in.shape() == shape && BufferPool::sole_holder(in);
+        // A reshape writes nothing, so it may take any buffer a kernel made (a Loop's output too),
+        // not only the pool's; the others write into it, so only into the pool's.
+        in_place = in.dtype() == t.dtype &&
+                   (step.reshapes ? in.numel() == shape_numel(shape) && in.storage() && in.storage().use_count() == 1
+                                  : in.shape() == shape && BufferPool::sole_holder(in));
         if (in_place) storage = in.storage();
       }
       try {

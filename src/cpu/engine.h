@@ -86,6 +86,7 @@ class CpuEngine {
     std::vector<int> outputs;  // slot per output, -1 for omitted
     std::vector<int> release;  // slots whose last reader is this step
     int overwritable = -1;     // Kernel::overwritable_input, where this step releases it and reads it once
+    bool reshapes = false;     // Kernel::output_reshapes_input, of a value the engine's kernels made (no graph input)
     bool makes_outputs = false;  // KernelEntry::makes_outputs
     // The output types the last run inferred and the input signature they were inferred for: a
     // run whose inputs give the same signature reuses them. values_decide: at those shapes the

@@ -48,6 +48,10 @@ class Kernel {
   // needs no fresh buffer pulled into the cache for writing (docs/design/cpu-gemm.md, "The
   // residual's buffer as the output").
   virtual int overwritable_input() const { return -1; }
+  // True when output 0 is overwritable_input()'s elements in the same order under another shape
+  // (Reshape and its kin): the engine hands its buffer over whatever the two shapes are, where the
+  // element counts agree, and the kernel then has nothing to copy.
+  virtual bool output_reshapes_input() const { return false; }
   // How it computes where that is not plain float32 (the bfloat16 products: "bf16 amx-bf16"), for
   // EngineInfo's layers; "" otherwise.
   virtual std::string tactic() const { return ""; }

@@ -196,6 +196,61 @@ TEST(CpuEngine, AConvolutionWrittenIntoItsResidualsBufferComputesTheSame) {
   }
 }
 
+// y = Unsqueeze(a), a = Relu(x): the Unsqueeze is handed a's buffer where no one reads a after
+// it, and copies nothing; where a is also a graph output, or read again by a later node, it copies
+// into a buffer of its own. Every variant gives the same values, run after run (a fresh buffer is
+// poisoned, so a copy left out would show), and while y lives the engine handed over holds that
+// one buffer, where copying would hold a's too (back in its pool).
+ir::Graph reshape_chain(bool a_is_output, bool a_read_again) {
+  GraphBuilder b;
+  b.input("x", {4, 64, 64});
+  b.node("Relu", {"x"}, "a");
+  b.node("Unsqueeze", {"a", b.ints("axes", {1})}, "y");
+  b.output("y");
+  if (a_read_again) {
+    b.node("Neg", {"a"}, "n");
+    b.output("n");
+  }
+  if (a_is_output) b.output("a");
+  return b.build();
+}
+
+TEST(CpuEngine, AReshapeOfADeadValueTakesItsBuffer) {
+  const Tensor x = random_image({4, 64, 64}, 5);
+  const size_t bytes = static_cast<size_t>(x.nbytes());
+  cpu::CpuEngine handed(reshape_chain(false, false), 0, /*poison_outputs=*/true);
+  cpu::CpuEngine kept(reshape_chain(true, false), 0, /*poison_outputs=*/true);
+  cpu::CpuEngine read_again(reshape_chain(false, true), 0, /*poison_outputs=*/true);
+  for (int run = 0; run < 3; ++run) {
+    const std::map<std::string, Tensor> a = handed.run({{"x", x}});
+    const std::map<std::string, Tensor> b = kept.run({{"x", x}});
+    const std::map<std::string, Tensor> c = read_again.run({{"x", x}});
+    ASSERT_EQ(a.at("y").shape(), (std::vector<int64_t>{4, 1, 64, 64}));
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const float want = std::max(x.data<float>()[i], 0.f);
+      ASSERT_EQ(a.at("y").data<float>()[i], want) << i;
+      ASSERT_EQ(b.at("y").data<float>()[i], want) << i;
+      ASSERT_EQ(b.at("a").data<float>()[i], want) << i;
+      ASSERT_EQ(c.at("y").data<float>()[i], want) << i;
+      ASSERT_EQ(c.at("n").data<float>()[i], -want) << i;
+    }
+    EXPECT_EQ(handed.memory_held(), bytes);
+    EXPECT_EQ(kept.memory_held(), 2 * bytes);  // a and y, both the caller's
+  }
+  // The caller's own input is copied, never taken: y does not follow x when x changes.
+  GraphBuilder g;
+  g.input("x", {4, 64, 64});
+  g.node("Unsqueeze", {"x", g.ints("axes", {0})}, "y");
+  g.output("y");
+  cpu::CpuEngine of_input(g.build());
+  Tensor x_copy(DType::kFloat32, x.shape());
+  std::memcpy(x_copy.raw(), x.raw(), x.nbytes());
+  const Tensor y = of_input.run({{"x", x_copy}}).at("y");
+  EXPECT_NE(y.raw(), x_copy.raw());
+  x_copy.data<float>()[0] += 1.f;
+  EXPECT_EQ(y.data<float>()[0], x.data<float>()[0]);
+}
+
 // A residual the caller gave (a graph input) is never written.
 TEST(CpuEngine, ACallersResidualIsNotWrittenInto) {
   GraphBuilder b;
