@@ -236,7 +236,9 @@ Tensor input_data(const BenchOptions& o, const TensorDesc& desc, const std::vect
 
 // Every --input names an input of the engine; a note for each file converted to its input's dtype.
 void check_given_inputs(const BenchOptions& o, const Engine& engine) {
-  for (const auto& [name, t] : o.given_inputs) {
+  for (const auto& given : o.given_inputs) {
+    const std::string& name = given.first;
+    const Tensor& t = given.second;
     auto d = std::find_if(engine.inputs().begin(), engine.inputs().end(), [&](const TensorDesc& in) { return in.name == name; });
     if (d == engine.inputs().end()) {
       std::string names;
