@@ -98,7 +98,6 @@ class NmsKept {
     }
     if (static_cast<int64_t>(bins_.size()) < bin_count_) bins_.resize(static_cast<size_t>(bin_count_));
   }
-  void clear() { start(); }
   size_t size() const { return size_; }
 
   void add(const std::array<float, 4>& box) {

@@ -241,10 +241,10 @@ void check_given_inputs(const BenchOptions& o, const Engine& engine) {
     const Tensor& t = given.second;
     auto d = std::find_if(engine.inputs().begin(), engine.inputs().end(), [&](const TensorDesc& in) { return in.name == name; });
     if (d == engine.inputs().end()) {
-      std::string names;
-      for (const TensorDesc& in : engine.inputs()) names += (names.empty() ? "" : ", ") + in.name;
+      std::vector<std::string> names;
+      for (const TensorDesc& in : engine.inputs()) names.push_back(in.name);
       throw Error(ErrorKind::kInvalidArgument, "--input " + name + ": the engine has no input named '" + name + "'")
-          .hint("its inputs are: " + names);
+          .hint("its inputs are: " + name_list(names));
     }
     if (d->dtype != t.dtype())
       std::cout << fmt::format("note: input '{}' converted from {} to {}\n", name, to_string(t.dtype()), to_string(d->dtype));
@@ -773,9 +773,7 @@ int64_t read_given_inputs(BenchOptions& o) {
     if (o.given_inputs.count(name)) throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' is given twice");
     Tensor t = read_tensor_input(spec.substr(eq + 1));
     if (batch < 0 && t.rank() > 0) batch = t.dim(0);
-    std::string dims;
-    for (int64_t d : t.shape()) dims += (dims.empty() ? "" : "x") + std::to_string(d);
-    if (t.rank() > 0) o.engine.shapes.push_back(name + ":" + dims);
+    if (t.rank() > 0) o.engine.shapes.push_back(name + ":" + shape_to_string(t.shape()));
     o.given_inputs.emplace(name, std::move(t));
   }
   return batch;

@@ -23,13 +23,13 @@ std::string lower_extension(const std::string& path) {
   return ext;
 }
 
-std::string join(const std::vector<std::string>& v) {
+}  // namespace
+
+std::string name_list(const std::vector<std::string>& names) {
   std::string s;
-  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  for (const std::string& x : names) s += (s.empty() ? "" : ", ") + x;
   return s;
 }
-
-}  // namespace
 
 std::map<std::string, std::string> assign_input_files(const std::vector<std::string>& specs,
                                                       const std::vector<std::string>& input_names) {
@@ -43,7 +43,7 @@ std::map<std::string, std::string> assign_input_files(const std::vector<std::str
       files[name] = spec.substr(eq + 1);
     } else if (!name.empty() && !fs::exists(spec)) {
       throw Error(ErrorKind::kInvalidArgument, "--input " + spec + ": the model has no input named '" + name + "'")
-          .hint("its inputs are: " + join(input_names));
+          .hint("its inputs are: " + name_list(input_names));
     } else {
       positional.push_back(spec);
     }
@@ -52,7 +52,7 @@ std::map<std::string, std::string> assign_input_files(const std::vector<std::str
     auto free = std::find_if(input_names.begin(), input_names.end(), [&](const std::string& n) { return !files.count(n); });
     if (free == input_names.end())
       throw Error(ErrorKind::kInvalidArgument, "--input " + path + ": every model input already has a file")
-          .hint("the model's inputs are: " + join(input_names));
+          .hint("the model's inputs are: " + name_list(input_names));
     files[*free] = path;
   }
 

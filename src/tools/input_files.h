@@ -11,6 +11,9 @@
 
 namespace kiln::tools {
 
+// Names for a message: "a, b, c".
+std::string name_list(const std::vector<std::string>& names);
+
 // Which file feeds which input, from `specs` as --input takes them: "NAME=FILE" names the input;
 // a bare FILE takes the next input in `input_names` (the model's order) that no spec named.
 // Throws naming the spec: an unknown name, an input given twice, more files than inputs.

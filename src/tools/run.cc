@@ -65,12 +65,6 @@ Tensor load_input(const std::string& path, const TensorDesc& desc, const RunOpti
   return load_image_input(path, desc, o);
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
-
 std::string format_value(double v, DType dtype) {
   if (is_float(dtype)) return fmt::format("{:.6g}", v);
   return fmt::format("{}", static_cast<int64_t>(v));
@@ -252,10 +246,10 @@ int run(const RunOptions& o) {
                              shape_to_string(inputs[d.name].shape()), f != files.end() ? " from " + f->second : " (random)");
   }
   if (!missing.empty())
-    throw Error(ErrorKind::kInvalidArgument, "no data for input(s) " + join(missing))
+    throw Error(ErrorKind::kInvalidArgument, "no data for input(s) " + name_list(missing))
         .hint("pass --input NAME=file.npy (or .pb, or a photo), or --random");
   if (!defaulted.empty())
-    std::cout << fmt::format("note: dynamic dimensions set to 1: {} (choose with --dim NAME=VALUE, --shapes or --batch)\n", join(defaulted));
+    std::cout << fmt::format("note: dynamic dimensions set to 1: {} (choose with --dim NAME=VALUE, --shapes or --batch)\n", name_list(defaulted));
 
   if (gpu_from_onnx) {
     std::map<std::string, std::vector<int64_t>> shapes;
