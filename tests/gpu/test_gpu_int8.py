@@ -649,10 +649,10 @@ def test_transformer_of_several_inputs_quantizes_and_matches_cpu(tag, kiln_bin, 
     assert quantized >= 8, log  # four products in each of the two blocks
 
 
-def fp8_products_model(path, act):
+def products_model(path, act):
     """Transformer-style products over [2, 23, 64] tokens (46 rows: not a multiple of any tile):
     x @ W1 + b1 -> `act` -> @ W2 + b2 + x (a residual in the epilogue) -> y; W1's output feeds
-    only W2, so the FP8 engine writes it in float8e4m3fn for W2."""
+    only W2, so a quantized engine writes it in W2's 8-bit type."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -682,7 +682,7 @@ def test_fp8_products_on_cublaslt_match_cpu(act, kiln_bin, tmp_path, monkeypatch
     as cuBLASLt's C. Against the CPU engine's FP8 reference of the same scales (E4M3 steps
     apart where float sums round differently), and every product on cuBLASLt."""
     path = str(tmp_path / "products.onnx")
-    fp8_products_model(path, act)
+    products_model(path, act)
     rng = np.random.default_rng(59)
     calib = str(tmp_path / "calib.npy")
     np.save(calib, rng.standard_normal((16, 23, 64)).astype(np.float32))
@@ -724,3 +724,97 @@ def test_fp8_transformer_products_on_cublaslt(kiln_bin, tmp_path, monkeypatch):
     assert build.returncode == 0, log
     quantized = int(re.search(r"fp8: (\d+) convolutions in FP8", log).group(1))
     assert quantized >= 8 and log.count("cublasLt:fp8") == quantized, log
+
+
+@pytest.mark.parametrize("act", ["Relu", "identity", "tanh", "none"])
+def test_int8_products_on_cutlass_match_cpu_exactly(act, kiln_bin, tmp_path, monkeypatch):
+    """CUTLASS's INT8 GEMMs run a transformer's products with the whole epilogue fused: per-channel
+    scales, bias, activation, the residual, and the int8 value the second product reads. With an
+    input that float16 holds exactly and quantizes to whole steps (exact_input_cache), the int8
+    value between the products is the CPU reference's bit for bit (one fma, ties to even), so the
+    float16 output differs from the CPU's float32 only by float16's rounding. GELU's tanh or erf
+    (act "tanh", "none") is the GPU's own, an ulp or so from the CPU's: an int8 value may then
+    land one step off. "identity": no activation between the products."""
+    path = str(tmp_path / "products.onnx")
+    if act == "identity":
+        products_model(path, "Relu")
+        import onnx
+        model = onnx.load(path)
+        relu = next(n for n in model.graph.node if n.op_type == "Relu")
+        model.graph.node.remove(relu)
+        for n in model.graph.node:
+            n.input[:] = ["h1" if i == "a1" else i for i in n.input]
+        onnx.save(model, path)
+    else:
+        products_model(path, act)
+    cache, x = exact_input_cache(kiln_bin, path, (2, 23, 64), tmp_path, np.random.default_rng(61))
+    common = ["--int8", "--int8-all", "--calib-cache", cache]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
+    fp32 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp32"), "--device", "cpu")["y"]
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cutlass")
+    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
+    off = np.abs(gpu.astype(np.float64) - cpu) > np.abs(cpu) * 2.0**-11 + 2.0**-24
+    print(f"{act}: {int(off.sum())} of {off.size} outputs beyond float16 rounding of the CPU's; "
+          f"CUTLASS vs CPU {rel_l2(gpu, cpu):.2e}; CPU int8 vs fp32 {rel_l2(cpu, fp32):.2e}")
+    assert np.abs(cpu).max() > 0.1 and 0 < rel_l2(cpu, fp32) < 0.1  # quantized, and sensibly
+    if act in ("tanh", "none"):
+        assert off.mean() < 0.01 and rel_l2(gpu, cpu) < 1e-3
+    else:
+        assert not off.any()
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "int8.engine")],
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_INT8_CONV_TACTIC": "cutlass"})
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    assert log.count("cutlass:int8") == 2, log
+
+
+@pytest.mark.parametrize("act", ["Relu", "none"])  # "none": erf GELU
+def test_fp8_products_on_cutlass_match_cpu(act, kiln_bin, tmp_path, monkeypatch):
+    """CUTLASS's FP8 GEMMs with the epilogue fused (the first product writes E4M3 for the second)
+    against the CPU engine's FP8 reference of the same scales: E4M3 steps apart where float sums
+    round differently, so held to the same bound as cuBLASLt's FP8 products."""
+    path = str(tmp_path / "products.onnx")
+    products_model(path, act)
+    rng = np.random.default_rng(67)
+    calib = str(tmp_path / "calib.npy")
+    np.save(calib, rng.standard_normal((16, 23, 64)).astype(np.float32))
+    x = [rng.standard_normal((2, 23, 64)).astype(np.float32)]
+    common = ["--fp8", "--fp8-all", "--calib", calib, "--calib-batch", "2", "--calib-cache", str(tmp_path / "products.calib")]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
+    fp32 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp32"), "--device", "cpu")["y"]
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cutlass")
+    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
+    err, cpu_err = rel_l2(gpu, cpu), rel_l2(cpu, fp32)
+    print(f"{act}: CUTLASS FP8 vs CPU FP8 {err:.4f}; CPU FP8 vs fp32 {cpu_err:.4f}")
+    assert np.isfinite(gpu).all()
+    assert 0 < cpu_err < 0.1
+    assert err <= 0.05
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_INT8_CONV_TACTIC": "cutlass"})
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    assert log.count("cutlass:fp8") == 2, log
+
+
+@pytest.mark.parametrize("tag", ["int8", "fp8"])
+def test_transformer_products_on_cutlass(tag, kiln_bin, tmp_path, monkeypatch):
+    """The tiny BERT with every product on CUTLASS's GEMMs (erf GELU and the requantization for
+    the second feed-forward product in the first one's epilogue) against the CPU's reference of
+    the same scales."""
+    path, names, make, calib = tiny_bert(tmp_path, calib_seed=71)
+    x = make(8, seed=72)
+    common = [f"--{tag}", f"--{tag}-all", "--calib", str(calib), "--calib-cache", str(tmp_path / "bert.calib")]
+    cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cutlass")
+    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
+    out = next(iter(cpu))
+    err = rel_l2(gpu[out], cpu[out])
+    print(f"tiny BERT on CUTLASS {tag}: GPU vs CPU {err:.4f}")
+    assert np.isfinite(gpu[out]).all()
+    assert err <= 0.05
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / f"{tag}.engine")],
+                           capture_output=True, text=True, timeout=600, env={**os.environ, "KILN_INT8_CONV_TACTIC": "cutlass"})
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    quantized = int(re.search(rf"{tag}: (\d+) convolutions in {tag.upper()}", log).group(1))
+    assert quantized >= 8 and log.count(f"cutlass:{tag}") == quantized, log

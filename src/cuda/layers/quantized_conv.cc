@@ -14,9 +14,11 @@
 // 3x3 and 1x1 convolutions at 1.7-2.1x the speed of the float16 graph engines, except the
 // 64-channel layers at 56x56. kiln's own INT8 kernel (cuda/kernels/int8_conv.h), which computes the
 // epilogue as the CPU reference does, is timed against them as more tactics.
-// FP8 1x1 convolutions (matrix products) also time cuBLASLt's FP8 GEMMs (cuda/kernels/fp8_gemm.h).
-// TacticOptions::quantized_conv = kernel, cudnn or cublaslt limits the choice to one of them,
-// kernel:NAME to kiln's kernel tactic NAME where the layer has it (for tests and diagnosis).
+// 1x1 convolutions of stride 1 (matrix products) also time CUTLASS's INT8/FP8 GEMMs with the
+// whole epilogue fused (cuda/kernels/quantized_gemm.h) and, in FP8, cuBLASLt's FP8 GEMMs
+// (cuda/kernels/fp8_gemm.h). TacticOptions::quantized_conv = kernel, cudnn, cublaslt or cutlass
+// limits the choice to one of them, kernel:NAME to kiln's kernel tactic NAME where the layer has
+// it (for tests and diagnosis).
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -31,6 +33,7 @@
 #include "cuda/kernels/int8_conv.h"
 #include "cuda/kernels/int8_depthwise.h"
 #include "cuda/kernels/int8_stem.h"
+#include "cuda/kernels/quantized_gemm.h"
 #include "cuda/runtime/check.h"
 #include "cuda/runtime/engine.h"
 #include "ir/activation.h"
@@ -210,10 +213,24 @@ class QConvLayer final : public Layer {
     spec_.has_z_mult = !z_mult.empty();
     spec_.has_out_mult = !out_mult.empty();
     spec_.act = p.act;
-    // A 1x1 FP8 convolution of stride 1 is a matrix product over the pixels (tokens).
+    // A 1x1 convolution of stride 1 is a matrix product over the pixels (tokens); the GEMM
+    // libraries take a float16 residual and write float16 or the input's 8-bit type.
     const bool pointwise = R == 1 && S == 1 && p.strides == std::vector<int64_t>{1, 1} && p.pads == std::vector<int64_t>{0, 0};
-    if (p.quantized == DType::kFloat8E4M3FN && pointwise && !p.z_int8 && (!p.has_z || p.z_storage == DType::kFloat16) &&
-        (p.y_storage == DType::kFloat16 || p.y_int8)) {
+    const bool gemm_io = !p.z_int8 && (!p.has_z || p.z_storage == DType::kFloat16) && (p.y_storage == DType::kFloat16 || p.y_int8);
+    if (pointwise && gemm_io) {
+      cutlass_product_.m = p.y[0] * p.y[2] * p.y[3];
+      cutlass_product_.n = K;
+      cutlass_product_.k = C;
+      cutlass_product_.input = p.quantized;
+      cutlass_product_.output = p.y_int8 ? p.quantized : DType::kFloat16;
+      cutlass_product_.alpha = mult;
+      if (bias) cutlass_product_.bias.assign(bias, bias + K);
+      cutlass_product_.has_z = p.has_z;
+      cutlass_product_.act = p.act;
+      cutlass_product_.out_scale = p.y_int8 ? 1.f / y_scale : 1.f;
+      offer_cutlass_ = quantized_gemm_unsupported(cutlass_product_, services.device()).empty();
+    }
+    if (p.quantized == DType::kFloat8E4M3FN && pointwise && gemm_io) {
       product_.m = p.y[0] * p.y[2] * p.y[3];
       product_.n = K;
       product_.k = C;
@@ -241,6 +258,10 @@ class QConvLayer final : public Layer {
       product_gemm_->run(io.cublaslt, io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], io.workspace, stream);
       return;
     }
+    if (cutlass_gemm_) {
+      cutlass_gemm_->run(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], io.workspace, stream);
+      return;
+    }
     KILN_CUDNN_CHECK(cudnnSetStream(io.cudnn, stream));
     ConvGraphArgs a = args_;
     a.x = io.inputs[0];
@@ -249,15 +270,21 @@ class QConvLayer final : public Layer {
     graph_->execute(io.cudnn, a, io.workspace);
   }
   size_t workspace_bytes() const override {
-    return product_gemm_ ? product_gemm_->workspace_bytes() : graph_ ? graph_->workspace_bytes() : 0;
+    return product_gemm_   ? product_gemm_->workspace_bytes()
+           : cutlass_gemm_ ? cutlass_gemm_->workspace_bytes()
+           : graph_        ? graph_->workspace_bytes()
+                           : 0;
   }
-  bool uses_cudnn() const override { return !(p_.depthwise || p_.stem || p_.group_width) && !kernel_ && !product_gemm_; }
+  bool uses_cudnn() const override {
+    return !(p_.depthwise || p_.stem || p_.group_width) && !kernel_ && !product_gemm_ && !cutlass_gemm_;
+  }
   std::string tactic() const override {
     if (p_.depthwise) return "kernel:int8 depthwise";
     if (p_.stem) return "kernel:int8 stem";
     if (p_.group_width) return "kernel:int8 grouped";
     if (kernel_) return "kernel:int8 " + kernel_->str();
     if (product_gemm_) return product_gemm_->name();
+    if (cutlass_gemm_) return cutlass_gemm_->name();
     return std::string(p_.quantized == DType::kInt8 ? "cudnn:int8 graph " : "cudnn:fp8 graph ") +
            (graph_ ? graph_->engine_name() : std::string("none"));
   }
@@ -295,8 +322,9 @@ class QConvLayer final : public Layer {
     return k.str();
   }
 
-  // Times kiln's kernels, the engines cuDNN's heuristics offer and cuBLASLt's FP8 products (or
-  // takes the timing cache's choice: "kernel:TACTIC", "graph:INDEX" or "cublaslt:INDEX").
+  // Times kiln's kernels, the engines cuDNN's heuristics offer, CUTLASS's INT8/FP8 products and
+  // cuBLASLt's FP8 products (or takes the timing cache's choice: "kernel:TACTIC", "graph:INDEX",
+  // "cutlass:INDEX" or "cublaslt:INDEX").
   void choose_engine(BuildServices& services) {
     const std::string k = key();
     const TacticOptions& options = services.tactics();
@@ -328,7 +356,8 @@ class QConvLayer final : public Layer {
     if (!only_kernel.empty()) narrow([&](const Int8ConvTactic& t) { return t.str() == only_kernel; });
     const bool kernel_ok = !kernels.empty();
     const bool product_offered = offer_product_ && (only.empty() || only == "cublaslt");
-    if (only == "cublaslt") kernels.clear();
+    const bool cutlass_offered = offer_cutlass_ && (only.empty() || only == "cutlass");
+    if (only == "cublaslt" || only == "cutlass") kernels.clear();
     std::string last_error = "no candidate ran";
     if (product_offered) {
       try {
@@ -337,11 +366,25 @@ class QConvLayer final : public Layer {
         last_error = e.what();
       }
     }
+    if (cutlass_offered) {
+      try {
+        cutlass_gemm_ = std::make_unique<QuantizedGemm>(cutlass_product_, weights_, services);
+      } catch (const Error& e) {
+        last_error = e.what();
+      }
+    }
     if (only == "cublaslt" && !product_gemm_)
       throw Error(ErrorKind::kUnsupported, "the tactic options ask for cuBLASLt only, but cuBLASLt does not run " + k + ": " +
                                                (product_offered ? last_error : "not an FP8 matrix product it takes"));
+    if (only == "cutlass" && !cutlass_gemm_)
+      throw Error(ErrorKind::kUnsupported,
+                  "the tactic options ask for CUTLASS only, but CUTLASS does not run " + k + ": " +
+                      (cutlass_offered ? last_error
+                       : cutlass_product_.m > 0
+                           ? quantized_gemm_unsupported(cutlass_product_, services.device())
+                           : std::string("not a matrix product with a float16 residual and a float16 or 8-bit output")));
     const bool cudnn_ok = only.empty() || only == "cudnn";
-    if (!cudnn_ok && !kernel_ok && !product_gemm_)
+    if (!cudnn_ok && !kernel_ok && !product_gemm_ && !cutlass_gemm_)
       throw Error(ErrorKind::kUnsupported,
                   "the tactic options ask for " + only + ", but kiln's INT8 kernels do not run " + k + ": " + kernel_why);
     // cuDNN's candidates are made only when they may be used: making them creates the build's
@@ -352,7 +395,7 @@ class QConvLayer final : public Layer {
       try {
         graph_ = std::make_unique<ConvGraph>(services.cudnn(), spec_);
       } catch (const Error& e) {
-        if (!kernel_ok && !product_gemm_) throw;
+        if (!kernel_ok && !product_gemm_ && !cutlass_gemm_) throw;
         last_error = e.what();
       }
     };
@@ -369,18 +412,28 @@ class QConvLayer final : public Layer {
           kernel_ = tactic;
           graph_.reset();
           product_gemm_.reset();
+          cutlass_gemm_.reset();
           return;
         }
       }
       if (cached->rfind("graph:", 0) == 0 && graph_ && graph_->select(services.cudnn(), std::atoi(cached->c_str() + 6))) {
         graph_->drop_other_plans();
         product_gemm_.reset();
+        cutlass_gemm_.reset();
         return;
       }
       if (const int index = cached->rfind("cublaslt:", 0) == 0 ? std::atoi(cached->c_str() + 9) : -1;
           product_gemm_ && index >= 0 && index < product_gemm_->candidate_count()) {
         product_gemm_->select(index);
         graph_.reset();
+        cutlass_gemm_.reset();
+        return;
+      }
+      if (const int index = cached->rfind("cutlass:", 0) == 0 ? std::atoi(cached->c_str() + 8) : -1;
+          cutlass_gemm_ && index >= 0 && index < cutlass_gemm_->candidate_count()) {
+        cutlass_gemm_->select(index);
+        graph_.reset();
+        product_gemm_.reset();
         return;
       }
     }
@@ -447,16 +500,39 @@ class QConvLayer final : public Layer {
         }
       }
     }
+    if (cutlass_gemm_) {
+      for (int i = 0; i < cutlass_gemm_->candidate_count(); ++i) {
+        cutlass_gemm_->select(i);
+        void* ws = cutlass_gemm_->workspace_bytes() ? services.scratch(cutlass_gemm_->workspace_bytes()) : nullptr;
+        try {
+          const float ms = services.time_ms([&](cudaStream_t s) {
+            cutlass_gemm_->run(io.inputs[0], p_.has_z ? io.inputs[3] : nullptr, io.outputs[0], ws, s);
+          });
+          if (log) log_time(cutlass_gemm_->name(), ms);
+          if (ms < best) best = ms, best_tactic = "cutlass:" + std::to_string(i);
+        } catch (const Error& e) {
+          last_error = e.what();
+          cudaGetLastError();
+        }
+      }
+    }
     if (best_tactic.empty()) throw Error(ErrorKind::kUnsupported, "nothing ran this INT8 convolution (" + k + "): " + last_error);
     if (Int8ConvTactic tactic; best_tactic.rfind("kernel:", 0) == 0 && Int8ConvTactic::parse(best_tactic.substr(7), tactic)) {
       kernel_ = tactic;
       graph_.reset();
       product_gemm_.reset();
+      cutlass_gemm_.reset();
     } else if (best_tactic.rfind("cublaslt:", 0) == 0) {
       product_gemm_->select(std::atoi(best_tactic.c_str() + 9));
       graph_.reset();
+      cutlass_gemm_.reset();
+    } else if (best_tactic.rfind("cutlass:", 0) == 0) {
+      cutlass_gemm_->select(std::atoi(best_tactic.c_str() + 8));
+      graph_.reset();
+      product_gemm_.reset();
     } else {
       product_gemm_.reset();
+      cutlass_gemm_.reset();
       if (!graph_->select(services.cudnn(), best_graph))
         throw Error(ErrorKind::kDevice, "cuDNN engine " + std::to_string(best_graph) + " failed to finalize again (" + k + ")");
       graph_->drop_other_plans();
@@ -475,6 +551,9 @@ class QConvLayer final : public Layer {
   Fp8GemmSpec product_;                   // the layer as a matrix product (FP8 1x1 convolutions)
   bool offer_product_ = false;            // cuBLASLt's FP8 product is a candidate
   std::unique_ptr<Fp8Gemm> product_gemm_; // set when cuBLASLt runs the layer
+  QuantizedGemmSpec cutlass_product_;     // the layer as a matrix product (1x1 convolutions)
+  bool offer_cutlass_ = false;            // CUTLASS's product is a candidate
+  std::unique_ptr<QuantizedGemm> cutlass_gemm_;  // set when CUTLASS runs the layer
   // Each candidate is a runtime-compiled engine (about 0.2 s to finalize): ResNet-50's INT8
   // build took 91 s timing 8 per layer, and the winner was always among cuDNN's first picks
   // (docs/design/int8.md, "Which INT8 path: cuDNN's engines measured first").

@@ -1,0 +1,158 @@
+// QuantizedGemm's kernels (quantized_gemm.h): CUTLASS's Hopper GEMM from its collective
+// builders, X [M, K] row-major (K-major) times W [N, K] (K-major, CUTLASS's column-major B),
+// Y [M, N] row-major, with the epilogue as an epilogue visitor tree:
+//   Y = ActScale(homogeneous_multiply_add(beta, Z, FusedMultiplyAdd(alpha[n], acc, bias[n])))
+// beta is 1 with a residual and 0 without; CUTLASS skips loading Z when beta is 0. alpha and bias
+// are row vectors broadcast over the tokens (one value per output channel). ActScale applies
+// kiln's activation (ir::Activation::apply, the CPU reference's definition) and out_scale,
+// and the store converts to Y's type (float16, or int8 / E4M3 rounded to nearest even and
+// saturated).
+// Included by quantized_gemm_int8.cu and quantized_gemm_fp8.cu, compiled for sm_90a only.
+#pragma once
+
+#include "cuda/kernels/quantized_gemm_candidates.h"
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace kiln::cuda::quantized_gemm {
+
+struct ActScaleArguments {
+  ir::Activation act;
+  float out_scale = 1.f;
+};
+
+// Sm90Compute reads Arguments from the scalar form and calls the fragment form.
+template <class T>
+struct ActScale {
+  using Arguments = ActScaleArguments;
+};
+
+template <int N>
+struct ActScale<cutlass::Array<float, N>> {
+  using Arguments = ActScaleArguments;
+  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& v, Arguments const& a) const {
+    cutlass::Array<float, N> y;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) y[i] = a.act.apply(v[i]) * a.out_scale;
+    return y;
+  }
+};
+
+// alpha * acc + bias as one rounding, as the CPU reference computes it (fma); CUTLASS's
+// multiply_add leaves the contraction to the compiler.
+template <class T>
+struct FusedMultiplyAdd {};
+
+template <int N>
+struct FusedMultiplyAdd<cutlass::Array<float, N>> {
+  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& a, cutlass::Array<float, N> const& b,
+                                                     cutlass::Array<float, N> const& c) const {
+    cutlass::Array<float, N> y;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) y[i] = __fmaf_rn(a[i], b[i], c[i]);
+    return y;
+  }
+};
+
+template <class TileShape, class ElementD>
+using Epilogue = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<ActScale, ElementD, float, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90EVT<  // beta Z + (alpha acc + bias)
+        cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, float, float,
+                                               cutlass::FloatRoundStyle::round_to_nearest>,
+        cutlass::epilogue::fusion::Sm90ScalarBroadcast<float>,
+        cutlass::epilogue::fusion::Sm90SrcFetch<cutlass::half_t>,
+        cutlass::epilogue::fusion::Sm90EVT<  // alpha acc + bias
+            cutlass::epilogue::fusion::Sm90Compute<FusedMultiplyAdd, float, float, cutlass::FloatRoundStyle::round_to_nearest>,
+            cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, cute::Stride<cute::_0, cute::_1, int64_t>>,
+            cutlass::epilogue::fusion::Sm90AccFetch,
+            cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, cute::Stride<cute::_0, cute::_1, int64_t>>>>>;
+
+template <class ElementAB, class ElementD, class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
+struct Kernel {
+  using ElementC = cutlass::half_t;
+  using Accumulator = std::conditional_t<std::is_same_v<ElementAB, int8_t>, int32_t, float>;
+  static constexpr int kAlignAB = 16 / sizeof(ElementAB);
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor,
+      16 / sizeof(ElementC), ElementD, cutlass::layout::RowMajor, 16 / sizeof(ElementD), EpilogueSchedule,
+      Epilogue<TileShape, ElementD>>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, kAlignAB, ElementAB,
+      cutlass::layout::ColumnMajor, kAlignAB, Accumulator, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+  static typename Gemm::Arguments arguments(const QuantizedGemmProblem& p) {
+    using StrideA = typename GemmKernel::StrideA;
+    using StrideB = typename GemmKernel::StrideB;
+    using StrideC = typename GemmKernel::StrideC;
+    using StrideD = typename GemmKernel::StrideD;
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {p.m, p.n, p.k, 1},
+        {static_cast<const ElementAB*>(p.x), cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(p.m, p.k, 1)),
+         static_cast<const ElementAB*>(p.w), cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(p.n, p.k, 1))},
+        {{},
+         static_cast<const ElementC*>(p.z),
+         cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(p.m, p.n, 1)),
+         static_cast<ElementD*>(p.y),
+         cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(p.m, p.n, 1))}};
+    args.epilogue.thread = {
+        {                                                 // beta Z + (alpha acc + bias)
+         {{p.z ? 1.f : 0.f}},                             //   beta
+         {},                                              //   Z
+         {{p.alpha, 0.f, {}}, {}, {p.bias, 0.f, {}}, {}}, //   alpha acc + bias (a null bias reads as 0)
+         {}},
+        {p.act, p.out_scale}};                            // ActScale
+    return args;
+  }
+
+  static bool supports(const QuantizedGemmProblem& p) {
+    typename Gemm::Arguments args = arguments(p);
+    return Gemm::can_implement(args) == cutlass::Status::kSuccess;
+  }
+  static size_t workspace_bytes(const QuantizedGemmProblem& p) { return Gemm::get_workspace_size(arguments(p)); }
+  static cudaError_t prepare() {
+    const int smem = static_cast<int>(GemmKernel::SharedStorageSize);
+    if (smem < (48 << 10)) return cudaSuccess;
+    return cudaFuncSetAttribute(cutlass::device_kernel<GemmKernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
+  // The kernel's parameters (TMA descriptors included) are made on the host for each run, from
+  // this run's pointers; nothing is shared between runs, so contexts may run concurrently.
+  static cudaError_t run(const QuantizedGemmProblem& p, void* workspace, cudaStream_t stream) {
+    typename Gemm::Arguments args = arguments(p);
+    if (GemmKernel::initialize_workspace(args, workspace, stream) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+    typename GemmKernel::Params params = GemmKernel::to_underlying_arguments(args, workspace);
+    if (Gemm::run(params, stream) != cutlass::Status::kSuccess) {
+      const cudaError_t e = cudaGetLastError();
+      return e == cudaSuccess ? cudaErrorLaunchFailure : e;
+    }
+    return cudaSuccess;
+  }
+
+  static constexpr QuantizedGemmKernel entry(const char* name, DType input, DType output) {
+    return {name, input, output, &supports, &workspace_bytes, &prepare, &run};
+  }
+};
+
+using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
+// FP8 products accumulate in the tensor cores' native precision without CUTLASS's periodic
+// promotion, as cuBLASLt's do with CUBLASLT_MATMUL_DESC_FAST_ACCUM (fp8_gemm.h).
+using CooperativeFp8 = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
+using PingpongFp8 = cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum;
+
+}  // namespace kiln::cuda::quantized_gemm
