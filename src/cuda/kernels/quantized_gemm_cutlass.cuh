@@ -37,10 +37,27 @@ struct ActScale {
 template <int N>
 struct ActScale<cutlass::Array<float, N>> {
   using Arguments = ActScaleArguments;
+  // The activation is picked once per fragment, outside the loop over its values: with the
+  // choice inside, the compiler evaluates every activation's math for every value and selects
+  // one, which made the epilogue cost more than the product. The common kinds get a loop each
+  // with the kind a constant; the others share one.
+  template <ir::ActivationKind kKind>
+  CUTLASS_DEVICE static void apply_each(cutlass::Array<float, N>& y, cutlass::Array<float, N> const& v,
+                                        ir::Activation act, float out_scale) {
+    act.kind = kKind;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) y[i] = act.apply(v[i]) * out_scale;
+  }
   CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& v, Arguments const& a) const {
     cutlass::Array<float, N> y;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = a.act.apply(v[i]) * a.out_scale;
+    switch (a.act.kind) {
+      case ir::ActivationKind::kNone: apply_each<ir::ActivationKind::kNone>(y, v, a.act, a.out_scale); break;
+      case ir::ActivationKind::kRelu: apply_each<ir::ActivationKind::kRelu>(y, v, a.act, a.out_scale); break;
+      case ir::ActivationKind::kGelu: apply_each<ir::ActivationKind::kGelu>(y, v, a.act, a.out_scale); break;
+      case ir::ActivationKind::kGeluTanh: apply_each<ir::ActivationKind::kGeluTanh>(y, v, a.act, a.out_scale); break;
+      default:
+        for (int i = 0; i < N; ++i) y[i] = a.act.apply(v[i]) * a.out_scale;
+    }
     return y;
   }
 };
