@@ -674,13 +674,20 @@ def products_model(path, act):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), path)
 
 
+# The GEMM libraries' product tactics: KILN_INT8_CONV_TACTIC's value -> the tactic's name in `kiln
+# build -v`'s log, by precision.
+PRODUCT_TACTIC_NAMES = {("cublaslt", "fp8"): "cublasLt:fp8", ("cutlass", "fp8"): "cutlass:fp8", ("cutlass", "int8"): "cutlass:int8"}
+
+
+@pytest.mark.parametrize("tactic", ["cublaslt", "cutlass"])
 @pytest.mark.parametrize("act", ["Relu", "tanh", "none"])
-def test_fp8_products_on_cublaslt_match_cpu(act, kiln_bin, tmp_path, monkeypatch):
-    """cuBLASLt's FP8 GEMMs (per-channel weight scales as outer-vector scales) run a
-    transformer's products: bias and ReLU / tanh-GELU in cuBLASLt's epilogue, erf GELU in a
-    finishing pass that also writes the float8e4m3fn input of the next product, the residual
-    as cuBLASLt's C. Against the CPU engine's FP8 reference of the same scales (E4M3 steps
-    apart where float sums round differently), and every product on cuBLASLt."""
+def test_fp8_products_match_cpu(act, tactic, kiln_bin, tmp_path, monkeypatch):
+    """The GEMM libraries' FP8 products run a transformer's products, every product on the one
+    library: cuBLASLt (per-channel weight scales as outer-vector scales; bias and ReLU / tanh-GELU
+    in its epilogue, erf GELU in a finishing pass that also writes the float8e4m3fn input of the
+    next product, the residual as its C) and CUTLASS (the whole epilogue, the E4M3 output
+    included, fused). Against the CPU engine's FP8 reference of the same scales (E4M3 steps
+    apart where float sums round differently)."""
     path = str(tmp_path / "products.onnx")
     products_model(path, act)
     rng = np.random.default_rng(59)
@@ -690,10 +697,10 @@ def test_fp8_products_on_cublaslt_match_cpu(act, kiln_bin, tmp_path, monkeypatch
     common = ["--fp8", "--fp8-all", "--calib", calib, "--calib-batch", "2", "--calib-cache", str(tmp_path / "products.calib")]
     cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
     fp32 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp32"), "--device", "cpu")["y"]
-    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cublaslt")
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", tactic)
     gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
     err, cpu_err = rel_l2(gpu, cpu), rel_l2(cpu, fp32)
-    print(f"{act}: cuBLASLt FP8 vs CPU FP8 {err:.4f}; CPU FP8 vs fp32 {cpu_err:.4f}")
+    print(f"{act}: {tactic} FP8 vs CPU FP8 {err:.4f}; CPU FP8 vs fp32 {cpu_err:.4f}")
     assert np.isfinite(gpu).all()
     assert 0 < cpu_err < 0.1
     assert err <= 0.05
@@ -701,29 +708,31 @@ def test_fp8_products_on_cublaslt_match_cpu(act, kiln_bin, tmp_path, monkeypatch
                            capture_output=True, text=True, timeout=300)
     log = build.stdout + build.stderr
     assert build.returncode == 0, log
-    assert log.count("cublasLt:fp8") == 2, log
+    assert log.count(PRODUCT_TACTIC_NAMES[(tactic, "fp8")]) == 2, log
 
 
-def test_fp8_transformer_products_on_cublaslt(kiln_bin, tmp_path, monkeypatch):
-    """The tiny BERT with every product on cuBLASLt's FP8 GEMMs (erf GELU finished after the
-    product) against the CPU's FP8 reference of the same scales."""
+@pytest.mark.parametrize("tactic,tag", [("cublaslt", "fp8"), ("cutlass", "fp8"), ("cutlass", "int8")])
+def test_transformer_products_on_gemm_libraries(tactic, tag, kiln_bin, tmp_path, monkeypatch):
+    """The tiny BERT with every product on one GEMM library (cuBLASLt's FP8 products finish the
+    erf GELU after the product; CUTLASS's fuse it, and the requantization for the second
+    feed-forward product) against the CPU's reference of the same scales."""
     path, names, make, calib = tiny_bert(tmp_path, calib_seed=43)
     x = make(8, seed=44)
-    common = ["--fp8", "--fp8-all", "--calib", str(calib), "--calib-cache", str(tmp_path / "bert.calib")]
+    common = [f"--{tag}", f"--{tag}-all", "--calib", str(calib), "--calib-cache", str(tmp_path / "bert.calib")]
     cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
-    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cublaslt")
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", tactic)
     gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
     out = next(iter(cpu))
     err = rel_l2(gpu[out], cpu[out])
-    print(f"tiny BERT on cuBLASLt FP8: GPU vs CPU {err:.4f}")
+    print(f"tiny BERT on {tactic} {tag}: GPU vs CPU {err:.4f}")
     assert np.isfinite(gpu[out]).all()
     assert err <= 0.05
-    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / f"{tag}.engine")],
                            capture_output=True, text=True, timeout=600)
     log = build.stdout + build.stderr
     assert build.returncode == 0, log
-    quantized = int(re.search(r"fp8: (\d+) convolutions in FP8", log).group(1))
-    assert quantized >= 8 and log.count("cublasLt:fp8") == quantized, log
+    quantized = int(re.search(rf"{tag}: (\d+) convolutions in {tag.upper()}", log).group(1))
+    assert quantized >= 8 and log.count(PRODUCT_TACTIC_NAMES[(tactic, tag)]) == quantized, log
 
 
 @pytest.mark.parametrize("act", ["Relu", "identity", "tanh", "none"])
@@ -763,59 +772,7 @@ def test_int8_products_on_cutlass_match_cpu_exactly(act, kiln_bin, tmp_path, mon
     else:
         assert not off.any()
     build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "int8.engine")],
-                           capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_INT8_CONV_TACTIC": "cutlass"})
+                           capture_output=True, text=True, timeout=300)
     log = build.stdout + build.stderr
     assert build.returncode == 0, log
     assert log.count("cutlass:int8") == 2, log
-
-
-@pytest.mark.parametrize("act", ["Relu", "none"])  # "none": erf GELU
-def test_fp8_products_on_cutlass_match_cpu(act, kiln_bin, tmp_path, monkeypatch):
-    """CUTLASS's FP8 GEMMs with the epilogue fused (the first product writes E4M3 for the second)
-    against the CPU engine's FP8 reference of the same scales: E4M3 steps apart where float sums
-    round differently, so held to the same bound as cuBLASLt's FP8 products."""
-    path = str(tmp_path / "products.onnx")
-    products_model(path, act)
-    rng = np.random.default_rng(67)
-    calib = str(tmp_path / "calib.npy")
-    np.save(calib, rng.standard_normal((16, 23, 64)).astype(np.float32))
-    x = [rng.standard_normal((2, 23, 64)).astype(np.float32)]
-    common = ["--fp8", "--fp8-all", "--calib", calib, "--calib-batch", "2", "--calib-cache", str(tmp_path / "products.calib")]
-    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
-    fp32 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp32"), "--device", "cpu")["y"]
-    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cutlass")
-    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
-    err, cpu_err = rel_l2(gpu, cpu), rel_l2(cpu, fp32)
-    print(f"{act}: CUTLASS FP8 vs CPU FP8 {err:.4f}; CPU FP8 vs fp32 {cpu_err:.4f}")
-    assert np.isfinite(gpu).all()
-    assert 0 < cpu_err < 0.1
-    assert err <= 0.05
-    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
-                           capture_output=True, text=True, timeout=300, env={**os.environ, "KILN_INT8_CONV_TACTIC": "cutlass"})
-    log = build.stdout + build.stderr
-    assert build.returncode == 0, log
-    assert log.count("cutlass:fp8") == 2, log
-
-
-@pytest.mark.parametrize("tag", ["int8", "fp8"])
-def test_transformer_products_on_cutlass(tag, kiln_bin, tmp_path, monkeypatch):
-    """The tiny BERT with every product on CUTLASS's GEMMs (erf GELU and the requantization for
-    the second feed-forward product in the first one's epilogue) against the CPU's reference of
-    the same scales."""
-    path, names, make, calib = tiny_bert(tmp_path, calib_seed=71)
-    x = make(8, seed=72)
-    common = [f"--{tag}", f"--{tag}-all", "--calib", str(calib), "--calib-cache", str(tmp_path / "bert.calib")]
-    cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
-    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cutlass")
-    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
-    out = next(iter(cpu))
-    err = rel_l2(gpu[out], cpu[out])
-    print(f"tiny BERT on CUTLASS {tag}: GPU vs CPU {err:.4f}")
-    assert np.isfinite(gpu[out]).all()
-    assert err <= 0.05
-    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / f"{tag}.engine")],
-                           capture_output=True, text=True, timeout=600, env={**os.environ, "KILN_INT8_CONV_TACTIC": "cutlass"})
-    log = build.stdout + build.stderr
-    assert build.returncode == 0, log
-    quantized = int(re.search(rf"{tag}: (\d+) convolutions in {tag.upper()}", log).group(1))
-    assert quantized >= 8 and log.count(f"cutlass:{tag}") == quantized, log

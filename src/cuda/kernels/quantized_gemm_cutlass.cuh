@@ -172,4 +172,35 @@ using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
 using CooperativeFp8 = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
 using PingpongFp8 = cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum;
 
+// The kernels of one input type: each tile shape with a float16 and an 8-bit Y (Element8, the
+// input's type). The layer times every one that takes the product.
+template <DType kInput, class Element8, class CooperativeSchedule, class PingpongSchedule>
+std::vector<const QuantizedGemmKernel*> kernels_of() {
+  constexpr DType input = kInput;
+  using cute::_1, cute::_2, cute::_64, cute::_128, cute::_256, cute::Shape;
+  using Half = cutlass::half_t;
+  using Wide = Shape<_128, _256, _128>;
+  using Square = Shape<_128, _128, _128>;
+  using Narrow = Shape<_64, _128, _128>;
+  using AlongM = Shape<_2, _1, _1>;
+  using AlongN = Shape<_1, _2, _1>;
+  using One = Shape<_1, _1, _1>;
+  using C = CooperativeSchedule;
+  using CE = CooperativeEpilogue;
+  static constexpr QuantizedGemmKernel kKernels[] = {
+      Kernel<Element8, Half, Wide, AlongM, C, CE>::entry("128x256x128 cluster 2x1 cooperative", input, DType::kFloat16),
+      Kernel<Element8, Half, Square, AlongM, C, CE>::entry("128x128x128 cluster 2x1 cooperative", input, DType::kFloat16),
+      Kernel<Element8, Half, Square, AlongN, C, CE>::entry("128x128x128 cluster 1x2 cooperative", input, DType::kFloat16),
+      Kernel<Element8, Half, Narrow, One, PingpongSchedule, PingpongEpilogue>::entry("64x128x128 pingpong", input,
+                                                                                     DType::kFloat16),
+      Kernel<Element8, Element8, Wide, AlongM, C, CE>::entry("128x256x128 cluster 2x1 cooperative", input, input),
+      Kernel<Element8, Element8, Square, AlongM, C, CE>::entry("128x128x128 cluster 2x1 cooperative", input, input),
+      Kernel<Element8, Element8, Square, AlongN, C, CE>::entry("128x128x128 cluster 1x2 cooperative", input, input),
+      Kernel<Element8, Element8, Narrow, One, PingpongSchedule, PingpongEpilogue>::entry("64x128x128 pingpong", input, input),
+  };
+  std::vector<const QuantizedGemmKernel*> all;
+  for (const QuantizedGemmKernel& k : kKernels) all.push_back(&k);
+  return all;
+}
+
 }  // namespace kiln::cuda::quantized_gemm
