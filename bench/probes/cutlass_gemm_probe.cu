@@ -2,14 +2,15 @@
 // Times, per product of BERT-base (batch 32, sequence 128), BERT-large (batch 8, sequence 384)
 // and ViT-B/16 (batch 128, 197 tokens), each path's best candidate:
 //   fp16 cuBLASLt      Y = X W^T + bias (+ Z)                       (what kiln's fp16 engine runs)
-//   fp8 cuBLASLt       outer-vector scales, bias, fp16 Y            (kiln's FP8 products today)
+//   fp8 cuBLASLt       outer-vector scales, bias, fp16 Y            (kiln's cuBLASLt FP8 tactic)
 //   int8 / fp8 CUTLASS Y = beta Z + act(alpha[n] acc + bias[n]) * out_scale, Y float16, or int8 /
 //                      E4M3 for the first feed-forward product (GELU, quantized for the second)
+//   int8 CUTLASS plain CUTLASS's own epilogue, Y = 0.001 acc in float16: the main loop's speed
 // The CUTLASS kernels are Hopper's warp-specialized TMA/WGMMA GEMMs from CUTLASS's collective
 // builders with that epilogue as an epilogue visitor tree; several tile shapes are timed.
 // Each CUTLASS result is checked against a double-precision reference on sampled outputs.
 // Build (CUTLASS headers from PyPI's nvidia-cutlass wheel, cutlass_library/source):
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+//   nvcc -O3 -DNDEBUG -std=c++17 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 //     -I$CUTLASS/include -I$CUTLASS/tools/util/include cutlass_gemm_probe.cu -lcublasLt -o cutlass_gemm_probe
 // Prints one line per (shape, path): best time, TFLOPS (or TOPS), candidate, max error.
 #include <cublasLt.h>
@@ -119,46 +120,39 @@ struct GemmCall {
   float out_scale;
 };
 
-template <class ElementAB, class ElementD, class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
-struct CutlassGemm {
-  using ElementC = cutlass::half_t;
-  static constexpr int kAlignAB = 16 / sizeof(ElementAB);
-  using Epi = FusedEpilogue<TileShape, ElementD>;
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor,
-      16 / sizeof(ElementC), ElementD, cutlass::layout::RowMajor, 16 / sizeof(ElementD), EpilogueSchedule,
-      Epi>::CollectiveOp;
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, kAlignAB, ElementAB,
-      cutlass::layout::ColumnMajor, kAlignAB, std::conditional_t<std::is_same_v<ElementAB, int8_t>, int32_t, float>,
-      TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      KernelSchedule>::CollectiveOp;
+// The main loop of both probe kernels, leaving shared memory for an epilogue of EpilogueBytes.
+template <class ElementAB, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes>
+using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, 16 / sizeof(ElementAB),
+    ElementAB, cutlass::layout::ColumnMajor, 16 / sizeof(ElementAB),
+    std::conditional_t<std::is_same_v<ElementAB, int8_t>, int32_t, float>, TileShape, ClusterShape,
+    cutlass::gemm::collective::StageCountAutoCarveout<EpilogueBytes>, KernelSchedule>::CollectiveOp;
+
+// A GEMM of these collectives, and its arguments: the product's operands and strides, with the
+// epilogue's own arguments left for the caller.
+template <class ElementAB, class ElementC, class ElementD, class CollectiveMainloop, class CollectiveEpilogue>
+struct ProbeGemm {
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // Returns false when CUTLASS cannot run this shape.
-  static bool run(const GemmCall& c, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  static typename Gemm::Arguments arguments(const GemmCall& c) {
     using StrideA = typename Gemm::GemmKernel::StrideA;
     using StrideB = typename Gemm::GemmKernel::StrideB;
     using StrideC = typename Gemm::GemmKernel::StrideC;
     using StrideD = typename Gemm::GemmKernel::StrideD;
-    auto sa = cutlass::make_cute_packed_stride(StrideA{}, make_shape(c.m, c.k, 1));
-    auto sb = cutlass::make_cute_packed_stride(StrideB{}, make_shape(c.n, c.k, 1));
-    auto sc = cutlass::make_cute_packed_stride(StrideC{}, make_shape(c.m, c.n, 1));
-    auto sd = cutlass::make_cute_packed_stride(StrideD{}, make_shape(c.m, c.n, 1));
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {c.m, c.n, c.k, 1},
-        {static_cast<const ElementAB*>(c.x), sa, static_cast<const ElementAB*>(c.w), sb},
-        {{}, static_cast<const ElementC*>(c.z), sc, static_cast<ElementD*>(c.y), sd}};
-    auto& t = args.epilogue.thread;
-    // beta Z + act(alpha[n] acc + bias[n]) * out_scale
-    t = {{{c.z ? 1.f : 0.f}},
-         {},
-         {{{c.alpha, 0.f, {}}, {}, {c.bias, 0.f, {}}, {}}, {c.act, c.out_scale}},
-         {}};
+    return {cutlass::gemm::GemmUniversalMode::kGemm,
+            {c.m, c.n, c.k, 1},
+            {static_cast<const ElementAB*>(c.x), cutlass::make_cute_packed_stride(StrideA{}, make_shape(c.m, c.k, 1)),
+             static_cast<const ElementAB*>(c.w), cutlass::make_cute_packed_stride(StrideB{}, make_shape(c.n, c.k, 1))},
+            {{},
+             static_cast<const ElementC*>(c.z),
+             cutlass::make_cute_packed_stride(StrideC{}, make_shape(c.m, c.n, 1)),
+             static_cast<ElementD*>(c.y),
+             cutlass::make_cute_packed_stride(StrideD{}, make_shape(c.m, c.n, 1))}};
+  }
+
+  // Returns false when CUTLASS cannot run this shape.
+  static bool launch(const typename Gemm::Arguments& args, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
     Gemm gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
     if (Gemm::get_workspace_size(args) > workspace_bytes) return false;
@@ -167,39 +161,47 @@ struct CutlassGemm {
   }
 };
 
-// CUTLASS's plain epilogue (D = alpha acc, float16): the main loop's own speed.
+template <class ElementAB, class ElementD, class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
+struct CutlassGemm {
+  using ElementC = cutlass::half_t;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor,
+      16 / sizeof(ElementC), ElementD, cutlass::layout::RowMajor, 16 / sizeof(ElementD), EpilogueSchedule,
+      FusedEpilogue<TileShape, ElementD>>::CollectiveOp;
+  using Probe = ProbeGemm<ElementAB, ElementC, ElementD,
+                          Mainloop<ElementAB, TileShape, ClusterShape, KernelSchedule,
+                                   static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+                          CollectiveEpilogue>;
+
+  static bool run(const GemmCall& c, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+    auto args = Probe::arguments(c);
+    // beta Z + act(alpha[n] acc + bias[n]) * out_scale
+    args.epilogue.thread = {{{c.z ? 1.f : 0.f}},
+                            {},
+                            {{{c.alpha, 0.f, {}}, {}, {c.bias, 0.f, {}}, {}}, {c.act, c.out_scale}},
+                            {}};
+    return Probe::launch(args, workspace, workspace_bytes, stream);
+  }
+};
+
+// CUTLASS's plain epilogue (D = 0.001 acc, float16, no C): the main loop's own speed.
 template <class ElementAB, class TileShape, class ClusterShape, class KernelSchedule, class EpilogueSchedule>
 struct PlainGemm {
-  static constexpr int kAlignAB = 16 / sizeof(ElementAB);
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor, 8,
       cutlass::half_t, cutlass::layout::RowMajor, 8, EpilogueSchedule>::CollectiveOp;
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor, kAlignAB, ElementAB,
-      cutlass::layout::ColumnMajor, kAlignAB, std::conditional_t<std::is_same_v<ElementAB, int8_t>, int32_t, float>,
-      TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      KernelSchedule>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using Probe = ProbeGemm<ElementAB, void, cutlass::half_t,
+                          Mainloop<ElementAB, TileShape, ClusterShape, KernelSchedule,
+                                   static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+                          CollectiveEpilogue>;
+
   static bool run(const GemmCall& c, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-    using StrideA = typename Gemm::GemmKernel::StrideA;
-    using StrideB = typename Gemm::GemmKernel::StrideB;
-    using StrideC = typename Gemm::GemmKernel::StrideC;
-    using StrideD = typename Gemm::GemmKernel::StrideD;
-    typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {c.m, c.n, c.k, 1},
-        {static_cast<const ElementAB*>(c.x), cutlass::make_cute_packed_stride(StrideA{}, make_shape(c.m, c.k, 1)),
-         static_cast<const ElementAB*>(c.w), cutlass::make_cute_packed_stride(StrideB{}, make_shape(c.n, c.k, 1))},
-        {{0.001f, 0.f}, nullptr, cutlass::make_cute_packed_stride(StrideC{}, make_shape(c.m, c.n, 1)),
-         static_cast<cutlass::half_t*>(c.y), cutlass::make_cute_packed_stride(StrideD{}, make_shape(c.m, c.n, 1))}};
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
-    if (Gemm::get_workspace_size(args) > workspace_bytes) return false;
-    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return false;
-    return gemm.run(stream) == cutlass::Status::kSuccess;
+    auto args = Probe::arguments(c);
+    args.epilogue.thread.alpha = 0.001f;
+    args.epilogue.thread.beta = 0.f;
+    return Probe::launch(args, workspace, workspace_bytes, stream);
   }
 };
 
