@@ -28,13 +28,15 @@ g++ -O2 -fPIC -fvisibility=hidden -std=gnu++20 -DFMT_HEADER_ONLY -DKILN_VERSION=
   -Iinclude -Isrc -isystem "$INC/python$PYVER" -isystem "$INC" -isystem "$PYBIND11_INCLUDE" \
   -isystem /usr/local/cuda/include -isystem "$BUILD_DIR/proto" -isystem /usr/include/x86_64-linux-gnu/openblas-pthread \
   -c python/bindings/module.cc -o build-gpu/python-obj/module.o
-# Only objects whose source still exists (in the tree, or written into the build by CMake): a
-# build keeps those of files since removed or renamed.
+# kiln_cuda_sm90a holds the kernels compiled for sm_90a alone (CUTLASS's products), where the
+# toolkit builds them. Only objects whose source still exists (in the tree, or written into the
+# build by CMake): a build keeps those of files since removed or renamed.
 OBJECTS=()
 while read -r object; do
   source=${object#"$BUILD_DIR"/CMakeFiles/kiln_*.dir/}
   [[ -f ${source%.o} || -f $BUILD_DIR/${source%.o} ]] && OBJECTS+=("$object")
-done < <(find "$BUILD_DIR/CMakeFiles/kiln_core.dir" "$BUILD_DIR/CMakeFiles/kiln_cuda.dir" -name '*.o' | sort)
+done < <(find "$BUILD_DIR/CMakeFiles/kiln_core.dir" "$BUILD_DIR/CMakeFiles/kiln_cuda.dir" \
+              $(ls -d "$BUILD_DIR/CMakeFiles/kiln_cuda_sm90a.dir" 2>/dev/null) -name '*.o' | sort)
 g++ -shared -o "$OUT/_kiln.$TAG.so" build-gpu/python-obj/module.o "${OBJECTS[@]}" "$BUILD_DIR/libkiln_onnx_proto.a" \
   /usr/lib/x86_64-linux-gnu/libprotobuf.so /usr/lib/x86_64-linux-gnu/libopenblas.so -fopenmp -lz \
   -L/usr/local/cuda/lib64 -lcudart_static -lcublasLt -lcudnn -lnvrtc -ldl -lrt -lpthread -Wl,-s
