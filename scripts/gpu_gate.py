@@ -22,7 +22,9 @@ machine. This script makes those runs evidence:
       workers on each GPU (one suite's CPU work beside another's GPU work), and runs the suites
       that measure free device memory after them in DIR/alone. The serving suites take
       KServe and tritonclient from build-gpu/serving-site.tar.xz or .whl/ (carry one;
-      scripts/serving_wheels.sh makes both).
+      scripts/serving_wheels.sh makes both). Before any suite starts it checks what they need
+      (the package of build-gpu/pyxz imports; the models suite's Fashion-MNIST test split,
+      copied into .data/fashion-mnist and carried) and refuses at once, naming the fix.
   scripts/gpu_gate.py record DIR [DIR...]
       Files each suite's run (JUnit XML, log, counts, hashes) under
       bench/results/gpu-tests/gate/<date>-<commit>-<gpu>/ and rewrites the index (index.json,
@@ -269,6 +271,55 @@ def split_suites(suites: list[str], workers: int) -> list[list[str]]:
     return [g for g in groups if g]
 
 
+def suite_environment(kiln: str, suites: list[str]) -> dict:
+    """The environment the suites run in: the unpacked binary, the GPU build of the Python package
+    (and the serving packages where a serving suite runs), cuDNN from torch's wheel."""
+    python_path = [os.path.join(ROOT, "build-gpu", "python")]
+    if any(s in SERVING_SUITES for s in suites):
+        python_path.append(serving_site())
+    env = dict(os.environ, KILN_BIN=kiln, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(p for p in python_path if p))
+    try:
+        import nvidia.cudnn  # noqa: PLC0415
+        cudnn = os.path.join(nvidia.cudnn.__path__[0], "lib")
+    except ImportError:
+        cudnn = ""
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in (cudnn, "/usr/local/cuda/lib64", env.get("LD_LIBRARY_PATH", "")) if p)
+    return env
+
+
+# The Fashion-MNIST test split the models suite reads (tests/gpu/test_gpu_real_data.py's places).
+FASHION_MNIST_FILES = ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+
+
+def fashion_mnist_folders(env: dict) -> list[str]:
+    return [f for f in (env.get("KILN_FASHION_MNIST", ""), "/usr/share/datasets/fashion-mnist",
+                        os.path.join(ROOT, ".data", "fashion-mnist")) if f]
+
+
+def unready_reasons(suites: list[str], env: dict) -> list[str]:
+    """What the suites need that this machine lacks, each with the fix: found before any suite
+    runs, so a missing carry costs seconds of device time, not a whole suite's."""
+    reasons = []
+    if any(s != "conformance" for s in suites):  # every pytest suite imports the package
+        r = subprocess.run([sys.executable, "-c", "import kiln"], env=env, cwd=ROOT, capture_output=True, text=True)
+        if r.returncode != 0:
+            last = (r.stderr.strip().splitlines() or ["(no message)"])[-1]
+            reasons.append(f"the kiln package does not import ({last}): rebuild it with scripts/build_gpu_python.sh "
+                           "and carry build-gpu/pyxz")
+    if "models" in suites and not any(all(os.path.exists(os.path.join(folder, name)) for name in FASHION_MNIST_FILES)
+                                      for folder in fashion_mnist_folders(env)):
+        reasons.append(f"the models suite reads Fashion-MNIST's test split ({', '.join(FASHION_MNIST_FILES)}), in none "
+                       f"of {fashion_mnist_folders(env)}: copy it from /usr/share/datasets/fashion-mnist into "
+                       ".data/fashion-mnist and carry .data")
+    return reasons
+
+
+def refuse_unless_ready(suites: list[str], env: dict) -> None:
+    reasons = unready_reasons(suites, env)
+    if reasons:
+        sys.exit("gpu_gate: not run: " + "; ".join(reasons))
+
+
 def run_on_gpus(out: str, suites: list[str], gpus: int, per_gpu: int = 1) -> int:
     """per_gpu worker processes per GPU (CUDA_VISIBLE_DEVICES), each running its group of suites
     into out/gpuI with a model cache and pytest temporary folder of its own, on a share of the CPU
@@ -276,7 +327,8 @@ def run_on_gpus(out: str, suites: list[str], gpus: int, per_gpu: int = 1) -> int
     ran each suite 1.4 times slower than one worker alone). Workers sharing a GPU overlap one
     suite's exports, CPU references and builds with another's GPU work; the suites that measure
     the device's free memory then run after them, alone."""
-    unpack_binary()  # once, checked, before the workers start
+    kiln, _ = unpack_binary()  # once, checked, before the workers start
+    refuse_unless_ready(suites, suite_environment(kiln, suites))
     several = [s for s in suites if SUITE_GPUS.get(s, 1) > 1]
     alone = [s for s in suites if per_gpu > 1 and s in SUITE_ALONE and s not in several]
     groups = split_suites([s for s in suites if s not in several and s not in alone], gpus * per_gpu)
@@ -348,16 +400,8 @@ def cmd_run(args) -> int:
     kiln, build = unpack_binary()
     identity = gpu_identity()
     suites = args.suites.split(",") if args.suites else list(SUITES)
-    python_path = [os.path.join(ROOT, "build-gpu", "python")]
-    if any(s in SERVING_SUITES for s in suites):
-        python_path.append(serving_site())
-    env = dict(os.environ, KILN_BIN=kiln, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(p for p in python_path if p))
-    try:
-        import nvidia.cudnn  # noqa: PLC0415
-        cudnn = os.path.join(nvidia.cudnn.__path__[0], "lib")
-    except ImportError:
-        cudnn = ""
-    env["LD_LIBRARY_PATH"] = ":".join(p for p in (cudnn, "/usr/local/cuda/lib64", env.get("LD_LIBRARY_PATH", "")) if p)
+    env = suite_environment(kiln, suites)
+    refuse_unless_ready(suites, env)
     version = subprocess.run([kiln, "--version"], capture_output=True, text=True, env=env).stdout.strip()
     run = {"schema": "kiln.gpu-gate/1", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            **identity, "kiln_version": version, "commit": build["commit"], "common_hash": build["common_hash"],

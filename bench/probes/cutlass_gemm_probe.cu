@@ -9,11 +9,20 @@
 // The CUTLASS kernels are Hopper's warp-specialized TMA/WGMMA GEMMs from CUTLASS's collective
 // builders with that epilogue as an epilogue visitor tree; several tile shapes are timed.
 // Each CUTLASS result is checked against a double-precision reference on sampled outputs.
-// Build (CUTLASS headers from PyPI's nvidia-cutlass wheel, cutlass_library/source):
+//   int8 kiln          the engine's own INT8 kernels (src/cuda/kernels/quantized_gemm_cutlass.cuh,
+//                      the layer's epilogue tree), each one, on this probe's X and on an X of
+//                      zeros (what `kiln build` times a layer's int8 input on): the same kernels
+//                      ran 20-65% slower in `kiln build`'s tactic timing than this probe's
+//                      (docs/design/int8.md), which these lines take apart.
+// Build, from the repository's root (CUTLASS headers from PyPI's nvidia-cutlass wheel,
+// cutlass_library/source):
 //   nvcc -O3 -DNDEBUG -std=c++17 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-//     -I$CUTLASS/include -I$CUTLASS/tools/util/include cutlass_gemm_probe.cu -lcublasLt -o cutlass_gemm_probe
+//     -I$CUTLASS/include -I$CUTLASS/tools/util/include -Iinclude -Isrc bench/probes/cutlass_gemm_probe.cu \
+//     src/cuda/kernels/quantized_gemm_int8.cu -lcublasLt -o cutlass_gemm_probe
 // Prints one line per (shape, path): best time, TFLOPS (or TOPS), candidate, max error.
 #include <cublasLt.h>
+
+#include "cuda/kernels/quantized_gemm_candidates.h"
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -332,6 +341,9 @@ int main() {
   CUDA_OK(cudaMalloc(&dones, max_n * 4));
   CUDA_OK(cudaMalloc(&dtok, 32768 * 4));
   CUDA_OK(cudaMemcpy(dx, hx.data(), max_mk, cudaMemcpyHostToDevice));
+  void* dx_zero;
+  CUDA_OK(cudaMalloc(&dx_zero, max_mk));
+  CUDA_OK(cudaMemset(dx_zero, 0, max_mk));
   CUDA_OK(cudaMemcpy(dw, hw.data(), max_nk, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(dx16, hx16.data(), max_mk * 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(dw16, hw16.data(), max_nk * 2, cudaMemcpyHostToDevice));
@@ -463,6 +475,28 @@ int main() {
     return best;
   };
 
+  // The engine's own kernels, each one, on X (the probe's data, or zeros): int8 output for the GELU
+  // product (as the engine writes the next product's input), float16 otherwise.
+  auto kiln_kernels = [&](const Shape3& p) {
+    const bool int8_out = p.act == kActGeluErf;
+    kiln::cuda::QuantizedGemmProblem q;
+    q.m = p.m, q.n = p.n, q.k = p.k;
+    q.w = dw, q.alpha = dalpha, q.bias = dbias, q.z = p.residual ? dz : nullptr, q.y = dy;
+    q.act.kind = int8_out ? kiln::ir::ActivationKind::kGelu : kiln::ir::ActivationKind::kNone;
+    q.out_scale = int8_out ? 1.f / 0.05f : 1.f;
+    for (const kiln::cuda::QuantizedGemmKernel* k : kiln::cuda::int8_quantized_gemm_kernels()) {
+      if (k->output != (int8_out ? kiln::DType::kInt8 : kiln::DType::kFloat16) || !k->supports(q)) continue;
+      CUDA_OK(k->prepare());
+      for (const auto& [x, data] : {std::pair<const void*, const char*>{dx, "X random"}, {dx_zero, "X zeros"}}) {
+        q.x = x;
+        const float ms = time_ms([&] { return k->run(q, dws, stream) == cudaSuccess; }, stream);
+        char path[64];
+        std::snprintf(path, sizeof path, "int8 kiln, %s", data);
+        report(p, path, ms, k->name, -1);
+      }
+    }
+  };
+
   for (const auto& p : products) {
     const char* what = "";
     double err = -1;
@@ -488,6 +522,7 @@ int main() {
       ms = cutlass_best(p, cutlass_candidates<cutlass::float_e4m3_t, cutlass::float_e4m3_t>(), true, true, &what, &err);
       report(p, "fp8 CUTLASS e4m3 out", ms, what, err);
     }
+    kiln_kernels(p);
     std::fflush(stdout);
   }
   return 0;

@@ -66,8 +66,9 @@ struct TacticOptions {
   // launches on the stream).
   bool graph_timing = true;
   // INT8/FP8 convolutions: "" every family; "cudnn" cuDNN's engines only; "cublaslt" cuBLASLt's
-  // FP8 products only; "cutlass" CUTLASS's INT8/FP8 products only; "kernel" kiln's INT8 kernels
-  // only; "kernel:NAME" that kernel tactic where a layer has it (else kiln's other kernels).
+  // FP8 products only; "cutlass" CUTLASS's INT8/FP8 products only; "cutlass:NAME" CUTLASS's
+  // kernel NAME only ("64x128x128 pingpong"); "kernel" kiln's INT8 kernels only;
+  // "kernel:NAME" that kernel tactic where a layer has it (else kiln's other kernels).
   std::string quantized_conv;
   // > 1: kiln's implicit-GEMM INT8 convolution offered (and kept) split K this many ways only.
   int int8_k_splits = 0;

@@ -23,9 +23,10 @@ void apply_developer_environment(BuildOptions& options) {
   if (const char* v = variable("KILN_GRAPH_TIMING")) t.graph_timing = std::string(v) != "0";
   if (const char* v = variable("KILN_INT8_CONV_TACTIC")) {
     const std::string only = v;
-    if (only != "cudnn" && only != "cublaslt" && only != "cutlass" && only != "kernel" && only.rfind("kernel:", 0) != 0)
-      throw Error(ErrorKind::kInvalidArgument,
-                  "KILN_INT8_CONV_TACTIC='" + only + "' is none of cudnn, cublaslt, cutlass, kernel, kernel:NAME");
+    if (only != "cudnn" && only != "cublaslt" && only != "cutlass" && only != "kernel" && only.rfind("kernel:", 0) != 0 &&
+        only.rfind("cutlass:", 0) != 0)
+      throw Error(ErrorKind::kInvalidArgument, "KILN_INT8_CONV_TACTIC='" + only +
+                                                   "' is none of cudnn, cublaslt, cutlass, cutlass:NAME, kernel, kernel:NAME");
     t.quantized_conv = only;
   }
   if (const char* v = variable("KILN_INT8_K_SPLITS")) {

@@ -735,6 +735,52 @@ def test_transformer_products_on_gemm_libraries(tactic, tag, kiln_bin, tmp_path,
     assert quantized >= 8 and log.count(PRODUCT_TACTIC_NAMES[(tactic, tag)]) == quantized, log
 
 
+# CUTLASS's kernels of each 8-bit type (src/cuda/kernels/quantized_gemm_cutlass.cuh, kernels_of).
+CUTLASS_KERNELS = ["128x256x128 cluster 2x1 cooperative", "128x128x128 cluster 2x1 cooperative",
+                   "128x128x128 cluster 1x2 cooperative", "64x128x128 pingpong"]
+
+
+@pytest.mark.parametrize("kernel", CUTLASS_KERNELS)
+@pytest.mark.parametrize("tag", ["int8", "fp8"])
+def test_each_cutlass_kernel_runs_the_products(tag, kernel, kiln_bin, tmp_path, monkeypatch):
+    """Every CUTLASS kernel, forced on both products (KILN_INT8_CONV_TACTIC=cutlass:NAME), over rows
+    that fill no tile: in INT8 with ReLU and an exact input the int8 value between the products is
+    the CPU reference's bit for bit; in FP8 with tanh-GELU the output is within E4M3's steps of
+    the CPU's FP8 reference."""
+    path = str(tmp_path / "products.onnx")
+    products_model(path, "Relu" if tag == "int8" else "tanh")
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", f"cutlass:{kernel}")
+    if tag == "int8":
+        check_exact_against_cpu(kiln_bin, path, (2, 23, 64), tmp_path, 67, "y", f"cutlass:int8 {kernel}", 2)
+        return
+    rng = np.random.default_rng(71)
+    calib = str(tmp_path / "calib.npy")
+    np.save(calib, rng.standard_normal((16, 23, 64)).astype(np.float32))
+    x = [rng.standard_normal((2, 23, 64)).astype(np.float32)]
+    common = ["--fp8", "--fp8-all", "--calib", calib, "--calib-batch", "2", "--calib-cache", str(tmp_path / "p.calib")]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
+    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
+    err = rel_l2(gpu, cpu)
+    print(f"{kernel}: FP8 vs CPU FP8 {err:.4f}")
+    assert np.isfinite(gpu).all() and err <= 0.05
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
+                           capture_output=True, text=True, timeout=300)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    assert log.count(f"cutlass:fp8 {kernel}") == 2, log
+
+
+def test_a_cutlass_kernel_of_no_such_name_is_refused_naming_the_kernels(kiln_bin, tmp_path, monkeypatch):
+    path = str(tmp_path / "products.onnx")
+    products_model(path, "Relu")
+    cache, _ = exact_input_cache(kiln_bin, path, (2, 23, 64), tmp_path, np.random.default_rng(73))
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "cutlass:1x1x1 nothing")
+    build = subprocess.run([kiln_bin, "build", path, "--int8", "--int8-all", "--calib-cache", cache, "-o",
+                            str(tmp_path / "q.engine")], capture_output=True, text=True, timeout=300)
+    assert build.returncode != 0
+    assert "no CUTLASS kernel named '1x1x1 nothing'" in build.stderr and CUTLASS_KERNELS[-1] in build.stderr, build.stderr
+
+
 @pytest.mark.parametrize("act", ["Relu", "identity", "tanh", "none"])
 def test_int8_products_on_cutlass_match_cpu_exactly(act, kiln_bin, tmp_path, monkeypatch):
     """CUTLASS's INT8 GEMMs run a transformer's products with the whole epilogue fused: per-channel

@@ -113,6 +113,13 @@ TEST(DeveloperEnvironment, EachVariableSetsItsField) {
   EXPECT_TRUE(o.poison_outputs);
 }
 
+TEST(DeveloperEnvironment, ACutlassKernelNameIsKeptWhole) {
+  ScopedVariable only("KILN_INT8_CONV_TACTIC", "cutlass:64x128x128 pingpong");
+  BuildOptions o;
+  api::apply_developer_environment(o);
+  EXPECT_EQ(o.tactics.quantized_conv, "cutlass:64x128x128 pingpong");
+}
+
 TEST(DeveloperEnvironment, AValueItCannotReadIsAnErrorNamingTheVariable) {
   for (auto [name, value] : {std::pair{"KILN_INT8_CONV_TACTIC", "fastest"}, std::pair{"KILN_INT8_K_SPLITS", "3"}}) {
     ScopedVariable v(name, value);

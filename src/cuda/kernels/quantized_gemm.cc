@@ -46,7 +46,8 @@ std::string quantized_gemm_unsupported(const QuantizedGemmSpec& s, const cudaDev
 #endif
 }
 
-QuantizedGemm::QuantizedGemm(const QuantizedGemmSpec& spec, const void* weights, BuildServices& services)
+QuantizedGemm::QuantizedGemm(const QuantizedGemmSpec& spec, const void* weights, BuildServices& services,
+                             const std::string& only_kernel)
     : spec_(spec), weights_(weights) {
   if (const std::string why = quantized_gemm_unsupported(spec_, services.device()); !why.empty())
     throw Error(ErrorKind::kUnsupported, why);
@@ -59,12 +60,19 @@ QuantizedGemm::QuantizedGemm(const QuantizedGemmSpec& spec, const void* weights,
   p.alpha = alpha_;
   p.bias = bias_;
   p.z = spec_.has_z ? weights_ : nullptr;
+  std::string names;
   for (const QuantizedGemmKernel* k : kernels_for(spec_.input)) {
-    if (k->output != spec_.output || !k->supports(p)) continue;
+    if (k->output != spec_.output) continue;
+    names += (names.empty() ? "" : ", ") + std::string(k->name);
+    if ((!only_kernel.empty() && only_kernel != k->name) || !k->supports(p)) continue;
     KILN_CUDA_CHECK(k->prepare());
     candidates_.push_back(k);
   }
-  if (candidates_.empty()) throw Error(ErrorKind::kUnsupported, "no CUTLASS INT8/FP8 kernel of this build takes the product");
+  if (candidates_.empty())
+    throw Error(ErrorKind::kUnsupported,
+                only_kernel.empty() ? std::string("no CUTLASS INT8/FP8 kernel of this build takes the product")
+                                    : "no CUTLASS kernel named '" + only_kernel + "' takes the product (this build's: " +
+                                          names + ")");
 }
 
 QuantizedGemm::~QuantizedGemm() = default;

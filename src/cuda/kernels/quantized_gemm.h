@@ -43,9 +43,11 @@ std::string quantized_gemm_unsupported(const QuantizedGemmSpec& spec, const cuda
 
 class QuantizedGemm {
  public:
-  // `weights`: the device copy of W [N, K] row-major, in spec.input's type. Throws
-  // kUnsupported when no compiled kernel takes the product.
-  QuantizedGemm(const QuantizedGemmSpec& spec, const void* weights, BuildServices& services);
+  // `weights`: the device copy of W [N, K] row-major, in spec.input's type. `only_kernel`: the
+  // one kernel to offer, by name ("64x128x128 pingpong"; "" offers every one).
+  // Throws kUnsupported when no compiled kernel (of that name) takes the product.
+  QuantizedGemm(const QuantizedGemmSpec& spec, const void* weights, BuildServices& services,
+                const std::string& only_kernel = "");
   ~QuantizedGemm();
   QuantizedGemm(const QuantizedGemm&) = delete;
   QuantizedGemm& operator=(const QuantizedGemm&) = delete;

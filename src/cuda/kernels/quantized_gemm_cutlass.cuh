@@ -187,16 +187,22 @@ std::vector<const QuantizedGemmKernel*> kernels_of() {
   using One = Shape<_1, _1, _1>;
   using C = CooperativeSchedule;
   using CE = CooperativeEpilogue;
+  using P = PingpongSchedule;
+  using PE = PingpongEpilogue;
+  // The cooperative kernels split one tile between the two math warp groups, which then run its
+  // epilogue together; the ping-pong kernel gives each warp group a tile of its own and overlaps
+  // one's epilogue with the other's products. Wider ping-pong tiles (128x128, 64x256, cluster
+  // 2x1) lost to these on every BERT-base product, the erf-GELU one included
+  // (docs/design/int8.md, "CUTLASS's products with the epilogue fused").
   static constexpr QuantizedGemmKernel kKernels[] = {
       Kernel<Element8, Half, Wide, AlongM, C, CE>::entry("128x256x128 cluster 2x1 cooperative", input, DType::kFloat16),
       Kernel<Element8, Half, Square, AlongM, C, CE>::entry("128x128x128 cluster 2x1 cooperative", input, DType::kFloat16),
       Kernel<Element8, Half, Square, AlongN, C, CE>::entry("128x128x128 cluster 1x2 cooperative", input, DType::kFloat16),
-      Kernel<Element8, Half, Narrow, One, PingpongSchedule, PingpongEpilogue>::entry("64x128x128 pingpong", input,
-                                                                                     DType::kFloat16),
+      Kernel<Element8, Half, Narrow, One, P, PE>::entry("64x128x128 pingpong", input, DType::kFloat16),
       Kernel<Element8, Element8, Wide, AlongM, C, CE>::entry("128x256x128 cluster 2x1 cooperative", input, input),
       Kernel<Element8, Element8, Square, AlongM, C, CE>::entry("128x128x128 cluster 2x1 cooperative", input, input),
       Kernel<Element8, Element8, Square, AlongN, C, CE>::entry("128x128x128 cluster 1x2 cooperative", input, input),
-      Kernel<Element8, Element8, Narrow, One, PingpongSchedule, PingpongEpilogue>::entry("64x128x128 pingpong", input, input),
+      Kernel<Element8, Element8, Narrow, One, P, PE>::entry("64x128x128 pingpong", input, input),
   };
   std::vector<const QuantizedGemmKernel*> all;
   for (const QuantizedGemmKernel& k : kKernels) all.push_back(&k);

@@ -18,7 +18,7 @@
 // whole epilogue fused (cuda/kernels/quantized_gemm.h) and, in FP8, cuBLASLt's FP8 GEMMs
 // (cuda/kernels/fp8_gemm.h). TacticOptions::quantized_conv = kernel, cudnn, cublaslt or cutlass
 // limits the choice to one of them, kernel:NAME to kiln's kernel tactic NAME where the layer has
-// it (for tests and diagnosis).
+// it, cutlass:NAME to CUTLASS's kernel NAME (for tests and diagnosis).
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -356,8 +356,11 @@ class QConvLayer final : public Layer {
     if (!only_kernel.empty()) narrow([&](const Int8ConvTactic& t) { return t.str() == only_kernel; });
     const bool kernel_ok = !kernels.empty();
     const bool product_offered = offer_product_ && (only.empty() || only == "cublaslt");
-    const bool cutlass_offered = offer_cutlass_ && (only.empty() || only == "cutlass");
-    if (only == "cublaslt" || only == "cutlass") kernels.clear();
+    // cutlass:NAME: CUTLASS's kernel NAME only ("64x128x128 pingpong").
+    const std::string only_cutlass = only.rfind("cutlass:", 0) == 0 ? only.substr(8) : "";
+    const bool cutlass_only = only == "cutlass" || !only_cutlass.empty();
+    const bool cutlass_offered = offer_cutlass_ && (only.empty() || cutlass_only);
+    if (only == "cublaslt" || cutlass_only) kernels.clear();
     std::string last_error = "no candidate ran";
     if (product_offered) {
       try {
@@ -368,7 +371,7 @@ class QConvLayer final : public Layer {
     }
     if (cutlass_offered) {
       try {
-        cutlass_gemm_ = std::make_unique<QuantizedGemm>(cutlass_product_, weights_, services);
+        cutlass_gemm_ = std::make_unique<QuantizedGemm>(cutlass_product_, weights_, services, only_cutlass);
       } catch (const Error& e) {
         last_error = e.what();
       }
@@ -376,7 +379,7 @@ class QConvLayer final : public Layer {
     if (only == "cublaslt" && !product_gemm_)
       throw Error(ErrorKind::kUnsupported, "the tactic options ask for cuBLASLt only, but cuBLASLt does not run " + k + ": " +
                                                (product_offered ? last_error : "not an FP8 matrix product it takes"));
-    if (only == "cutlass" && !cutlass_gemm_)
+    if (cutlass_only && !cutlass_gemm_)
       throw Error(ErrorKind::kUnsupported,
                   "the tactic options ask for CUTLASS only, but CUTLASS does not run " + k + ": " +
                       (cutlass_offered ? last_error
