@@ -679,6 +679,28 @@ def products_model(path, act):
 PRODUCT_TACTIC_NAMES = {("cublaslt", "fp8"): "cublasLt:fp8", ("cutlass", "fp8"): "cutlass:fp8", ("cutlass", "int8"): "cutlass:int8"}
 
 
+def fp8_products_on_both_engines(kiln_bin, path, tmp_path, seed):
+    """The products model at `path` in FP8, calibrated on random data of `seed`, run on the CPU
+    engine and on the GPU (under the KILN_INT8_CONV_TACTIC the caller set): (CPU output, GPU
+    output, the input, the build flags)."""
+    rng = np.random.default_rng(seed)
+    calib = str(tmp_path / "calib.npy")
+    np.save(calib, rng.standard_normal((16, 23, 64)).astype(np.float32))
+    x = [rng.standard_normal((2, 23, 64)).astype(np.float32)]
+    common = ["--fp8", "--fp8-all", "--calib", calib, "--calib-batch", "2", "--calib-cache", str(tmp_path / "products.calib")]
+    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
+    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
+    return cpu, gpu, x, common
+
+
+def fp8_build_log(kiln_bin, path, tmp_path, common) -> str:
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
+                           capture_output=True, text=True, timeout=300)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    return log
+
+
 @pytest.mark.parametrize("tactic", ["cublaslt", "cutlass"])
 @pytest.mark.parametrize("act", ["Relu", "tanh", "none"])
 def test_fp8_products_match_cpu(act, tactic, kiln_bin, tmp_path, monkeypatch):
@@ -690,25 +712,15 @@ def test_fp8_products_match_cpu(act, tactic, kiln_bin, tmp_path, monkeypatch):
     apart where float sums round differently)."""
     path = str(tmp_path / "products.onnx")
     products_model(path, act)
-    rng = np.random.default_rng(59)
-    calib = str(tmp_path / "calib.npy")
-    np.save(calib, rng.standard_normal((16, 23, 64)).astype(np.float32))
-    x = [rng.standard_normal((2, 23, 64)).astype(np.float32)]
-    common = ["--fp8", "--fp8-all", "--calib", calib, "--calib-batch", "2", "--calib-cache", str(tmp_path / "products.calib")]
-    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
-    fp32 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp32"), "--device", "cpu")["y"]
     monkeypatch.setenv("KILN_INT8_CONV_TACTIC", tactic)
-    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
+    cpu, gpu, x, common = fp8_products_on_both_engines(kiln_bin, path, tmp_path, 59)
+    fp32 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp32"), "--device", "cpu")["y"]
     err, cpu_err = rel_l2(gpu, cpu), rel_l2(cpu, fp32)
     print(f"{act}: {tactic} FP8 vs CPU FP8 {err:.4f}; CPU FP8 vs fp32 {cpu_err:.4f}")
     assert np.isfinite(gpu).all()
     assert 0 < cpu_err < 0.1
     assert err <= 0.05
-    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
-                           capture_output=True, text=True, timeout=300)
-    log = build.stdout + build.stderr
-    assert build.returncode == 0, log
-    assert log.count(PRODUCT_TACTIC_NAMES[(tactic, "fp8")]) == 2, log
+    assert fp8_build_log(kiln_bin, path, tmp_path, common).count(PRODUCT_TACTIC_NAMES[(tactic, "fp8")]) == 2
 
 
 @pytest.mark.parametrize("tactic,tag", [("cublaslt", "fp8"), ("cutlass", "fp8"), ("cutlass", "int8")])
@@ -753,24 +765,16 @@ def test_each_cutlass_kernel_runs_the_products(tag, kernel, kiln_bin, tmp_path, 
     if tag == "int8":
         check_exact_against_cpu(kiln_bin, path, (2, 23, 64), tmp_path, 67, "y", f"cutlass:int8 {kernel}", 2)
         return
-    rng = np.random.default_rng(71)
-    calib = str(tmp_path / "calib.npy")
-    np.save(calib, rng.standard_normal((16, 23, 64)).astype(np.float32))
-    x = [rng.standard_normal((2, 23, 64)).astype(np.float32)]
-    common = ["--fp8", "--fp8-all", "--calib", calib, "--calib-batch", "2", "--calib-cache", str(tmp_path / "p.calib")]
-    cpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "cpu"), "--device", "cpu", *common)["y"]
-    gpu = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "gpu"), "--device", "cuda", *common)["y"]
+    cpu, gpu, _, common = fp8_products_on_both_engines(kiln_bin, path, tmp_path, 71)
     err = rel_l2(gpu, cpu)
     print(f"{kernel}: FP8 vs CPU FP8 {err:.4f}")
     assert np.isfinite(gpu).all() and err <= 0.05
-    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "fp8.engine")],
-                           capture_output=True, text=True, timeout=300)
-    log = build.stdout + build.stderr
-    assert build.returncode == 0, log
-    assert log.count(f"cutlass:fp8 {kernel}") == 2, log
+    assert fp8_build_log(kiln_bin, path, tmp_path, common).count(f"cutlass:fp8 {kernel}") == 2
 
 
 def test_a_cutlass_kernel_of_no_such_name_is_refused_naming_the_kernels(kiln_bin, tmp_path, monkeypatch):
+    """KILN_INT8_CONV_TACTIC=cutlass:NAME of a kernel the build lacks fails the build, naming the
+    build's kernels, instead of timing the others."""
     path = str(tmp_path / "products.onnx")
     products_model(path, "Relu")
     cache, _ = exact_input_cache(kiln_bin, path, (2, 23, 64), tmp_path, np.random.default_rng(73))
