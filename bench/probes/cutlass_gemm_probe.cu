@@ -21,8 +21,6 @@
 //     src/cuda/kernels/quantized_gemm_int8.cu -lcublasLt -o cutlass_gemm_probe
 // Prints one line per (shape, path): best time, TFLOPS (or TOPS), candidate, max error.
 #include <cublasLt.h>
-
-#include "cuda/kernels/quantized_gemm_candidates.h"
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -45,6 +43,8 @@
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+
+#include "cuda/kernels/quantized_gemm_candidates.h"
 
 #define CUDA_OK(x)                                                                            \
   do {                                                                                        \
