@@ -56,6 +56,10 @@ struct ActScale<cutlass::Array<float, N>> {
       case ir::ActivationKind::kGelu: apply_each<ir::ActivationKind::kGelu>(y, v, a.act, a.out_scale); break;
       case ir::ActivationKind::kGeluTanh: apply_each<ir::ActivationKind::kGeluTanh>(y, v, a.act, a.out_scale); break;
       default:
+        // Unrolled as the others: a loop indexing the fragments at run time puts them on the
+        // stack, in local memory, for every kind (a 128-256 byte stack frame that made every
+        // product 20-65% slower than the same tile without it).
+        CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < N; ++i) y[i] = a.act.apply(v[i]) * a.out_scale;
     }
     return y;
