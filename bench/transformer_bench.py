@@ -139,9 +139,9 @@ def parse_layer_choices(log: str) -> dict:
     return {"layers": layers, "whole_engine_ms": engines}
 
 
-def layer_choices(kiln: str, name: str, model: str, batch: int, precision: str, cache: str, out: str) -> dict:
-    """`kiln build` of the quantized engine at `batch`, verbose; its log kept in `out`."""
-    engine = os.path.join(out, "work", f"choices_{precision}.engine")
+def layer_choices(kiln: str, name: str, model: str, batch: int, precision: str, cache: str, out: str, work: str) -> dict:
+    """`kiln build` of the quantized engine at `batch`, verbose, into `work`; its log kept in `out`."""
+    engine = os.path.join(work, f"choices_{precision}.engine")
     r = gpu_bench.run([kiln, "build", model, f"--{precision}", "--calib-cache", cache, "--batch", str(batch), "-v", "-o", engine])
     log = r.stdout + r.stderr
     with open(os.path.join(out, f"layer_choices_{name}_b{batch}_{precision}.log"), "w") as f:
@@ -298,7 +298,7 @@ def main() -> None:
         if a.layer_choices:
             for p in precisions:
                 if p != "fp16":
-                    entry[f"layer_choices_{p}"] = layer_choices(binaries[-1], name, path, batches[-1], p, caches[p], a.out)
+                    entry[f"layer_choices_{p}"] = layer_choices(binaries[-1], name, path, batches[-1], p, caches[p], a.out, work)
         if a.profile:
             for p in precisions:
                 key = "profile" + ("" if p == "fp16" else f"_{p}")
@@ -309,7 +309,7 @@ def main() -> None:
             if a.layer_choices and len(precisions) > 1:
                 # The quantized engines --layer-choices built at the large batch (the timed
                 # build's choices), and fp16 at that batch, against float32 there.
-                engines = {p: os.path.join(a.out, "work", f"choices_{p}.engine") for p in precisions if p != "fp16"}
+                engines = {p: os.path.join(work, f"choices_{p}.engine") for p in precisions if p != "fp16"}
                 entry["fidelity_large_batch"] = fidelity(binaries[-1:], name, path, batches[-1], work, caches, engines)
         if a.peers:
             entry["peers"] = peers(name, batches)

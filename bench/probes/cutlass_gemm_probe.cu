@@ -11,9 +11,9 @@
 // Each CUTLASS result is checked against a double-precision reference on sampled outputs.
 //   int8 kiln          the engine's own INT8 kernels (src/cuda/kernels/quantized_gemm_cutlass.cuh,
 //                      the layer's epilogue tree), each one, on this probe's X and on an X of
-//                      zeros (what `kiln build` times a layer's int8 input on): the same kernels
-//                      ran 20-65% slower in `kiln build`'s tactic timing than this probe's
-//                      (docs/design/int8.md), which these lines take apart.
+//                      zeros (what `kiln build` times a layer's int8 input on), beside this
+//                      probe's own fused kernels: they tell the engine's kernels' code from the
+//                      engine's data and buffers (docs/design/int8.md).
 // Build, from the repository's root (CUTLASS headers from PyPI's nvidia-cutlass wheel,
 // cutlass_library/source):
 //   nvcc -O3 -DNDEBUG -std=c++17 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
