@@ -59,11 +59,11 @@ struct ActScale<cutlass::Array<float, N>> {
       case ir::ActivationKind::kGelu: apply_each<ir::ActivationKind::kGelu>(y, v, a.act, a.out_scale); break;
       case ir::ActivationKind::kGeluTanh: apply_each<ir::ActivationKind::kGeluTanh>(y, v, a.act, a.out_scale); break;
       default:
-        // Unrolled as the others: a loop indexing the fragments at run time puts them on the
-        // stack, in local memory, for every kind (a 128-256 byte stack frame that made every
-        // product 20-65% slower than the same tile without it). Each value calls one function
-        // compiled once: with the activations' math inlined for every value, each kernel was
-        // five times the size of one with the common kinds alone.
+        // Unrolled as the others: a loop indexing the fragments at run time would put them on
+        // the stack, in local memory, for every kind (a 128-256 byte stack frame; products
+        // 20-65% slower). Each value calls one function compiled once: with every activation's
+        // math inlined for every value, a kernel is five times the size of one with the common
+        // kinds alone (docs/design/int8.md).
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < N; ++i) y[i] = apply_uncommon(v[i], a.act) * a.out_scale;
     }
