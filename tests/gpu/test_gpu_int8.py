@@ -793,9 +793,12 @@ def test_int8_products_on_cutlass_match_cpu_exactly(act, kiln_bin, tmp_path, mon
     scales, bias, activation, the residual, and the int8 value the second product reads. With an
     input that float16 holds exactly and quantizes to whole steps (exact_input_cache), the int8
     value between the products is the CPU reference's bit for bit (one fma, ties to even), so the
-    float16 output differs from the CPU's float32 only by float16's rounding. GELU's tanh or erf
-    (act "tanh", "none") is the GPU's own, an ulp or so from the CPU's: an int8 value may then
-    land one step off. "identity": no activation between the products. LeakyRelu (exact on both
+    float16 output differs from the CPU's float32 only by float16's rounding. GELU, tanh's or erf's
+    (act "tanh", "none"), runs in its tanh form on the hardware tanh (gelu_on_hardware_tanh in
+    quantized_gemm_cutlass.cuh): a few int8 values between the products land a step from the
+    CPU's, and each such step moves every output the second product sums it into, so the output
+    is held to the quantization's own error instead: the GPU adds at most a quarter of it and is no
+    further from float32 than the CPU. "identity": no activation between the products. LeakyRelu (exact on both
     engines) stands for the activations the epilogue runs out of line (apply_uncommon in
     quantized_gemm_cutlass.cuh)."""
     path = str(tmp_path / "products.onnx")
@@ -822,7 +825,8 @@ def test_int8_products_on_cutlass_match_cpu_exactly(act, kiln_bin, tmp_path, mon
     # Quantized (the input's coarse sixteenths make its error larger than calibrated data's).
     assert np.abs(cpu).max() > 0.1 and rel_l2(cpu, fp32) > 0
     if act in ("tanh", "none"):
-        assert off.mean() < 0.01 and rel_l2(gpu, cpu) < 1e-3
+        assert rel_l2(gpu, cpu) < 0.25 * rel_l2(cpu, fp32)
+        assert rel_l2(gpu, fp32) < 1.05 * rel_l2(cpu, fp32)
     else:
         assert not off.any()
     build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "int8.engine")],

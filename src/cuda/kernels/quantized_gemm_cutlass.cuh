@@ -4,7 +4,8 @@
 //   Y = ActScale(homogeneous_multiply_add(beta, Z, FusedMultiplyAdd(alpha[n], acc, bias[n])))
 // beta is 1 with a residual and 0 without; CUTLASS skips loading Z when beta is 0. alpha and bias
 // are row vectors broadcast over the tokens (one value per output channel). ActScale applies
-// kiln's activation (ir::Activation::apply, the CPU reference's definition) and out_scale,
+// kiln's activation (ir::Activation::apply, the CPU reference's definition; GELU in its tanh
+// form on the hardware tanh, gelu_on_hardware_tanh) and out_scale,
 // and the store converts to Y's type (float16, or int8 / E4M3 rounded to nearest even and
 // saturated).
 // Included by quantized_gemm_int8.cu and quantized_gemm_fp8.cu, compiled for sm_90a only.
@@ -37,6 +38,19 @@ struct ActScale {
 // The activations ActScale has no loop of its own for, out of line.
 __noinline__ __device__ inline float apply_uncommon(float x, ir::Activation act) { return act.apply(x); }
 
+// GELU, erf's and tanh's alike, in the tanh form on the hardware tanh (tanh.approx.f32): a few
+// instructions a value where erff takes about 36 (it computes both of its ranges), which made
+// the erf-GELU product cost more than its matrix product (docs/design/int8.md, "GELU on the
+// hardware tanh"). The tanh form is at most 4.7e-4 from erf's and tanh.approx.f32 about 2^-11
+// relative from tanhf, both well under an int8 or E4M3 step; the fp16 engine runs erf GELU in
+// cuBLASLt's tanh-form epilogue for the same reason.
+CUTLASS_DEVICE float gelu_on_hardware_tanh(float x) {
+  const float u = 0.7978845608028654f * __fmaf_rn(0.044715f * x, x * x, x);
+  float t;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(u));
+  return 0.5f * x * (1.f + t);
+}
+
 template <int N>
 struct ActScale<cutlass::Array<float, N>> {
   using Arguments = ActScaleArguments;
@@ -56,8 +70,11 @@ struct ActScale<cutlass::Array<float, N>> {
     switch (a.act.kind) {
       case ir::ActivationKind::kNone: apply_each<ir::ActivationKind::kNone>(y, v, a.act, a.out_scale); break;
       case ir::ActivationKind::kRelu: apply_each<ir::ActivationKind::kRelu>(y, v, a.act, a.out_scale); break;
-      case ir::ActivationKind::kGelu: apply_each<ir::ActivationKind::kGelu>(y, v, a.act, a.out_scale); break;
-      case ir::ActivationKind::kGeluTanh: apply_each<ir::ActivationKind::kGeluTanh>(y, v, a.act, a.out_scale); break;
+      case ir::ActivationKind::kGelu:
+      case ir::ActivationKind::kGeluTanh:
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < N; ++i) y[i] = gelu_on_hardware_tanh(v[i]) * a.out_scale;
+        break;
       default:
         // Unrolled as the others: a loop indexing the fragments at run time would put them on
         // the stack, in local memory, for every kind (a 128-256 byte stack frame; products
