@@ -19,6 +19,7 @@
 #include "ir/activation.h"
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
+#include "cpu/quantize.h"
 #include "cpu/sgemm.h"
 
 namespace kiln::cpu {
@@ -336,6 +337,24 @@ KILN_REGISTER_CPU_KERNELS(normalization) {
                   : node->op == "Hardmax" ? Norm::kHardmax : node->attrs.get_int("p", 2) == 1 ? Norm::kL1 : Norm::kL2;
       return make_kernel([node, kind](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         softmax_like(*node, *in[0], out[0], kind);
+      });
+    };
+    registry.add(std::move(e));
+  }
+  {
+    // LayerNormalization into float32 (Y, or a scratch tensor when Y is absent), then
+    // QuantizeLinear's reference arithmetic on it.
+    KernelEntry e;
+    e.op = "QuantizingLayerNorm";
+    e.domain = "kiln";
+    e.check = accept_dtypes({DType::kFloat32});
+    e.dtypes = "float32 -> float32 and int8 / float8e4m3fn";
+    e.create = [](const KernelInit& init) {
+      const ir::Node* node = &init.node;
+      return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        std::vector<Tensor> y = {out[0].defined() ? out[0] : Tensor(DType::kFloat32, in[0]->shape())};
+        layer_norm(*node, {in[0], in[1], in[2]}, y);
+        quantize_per_tensor(y[0], in[3]->data<float>()[0], *in[4], node->attrs.get_int("saturate", 1) != 0, out[1]);
       });
     };
     registry.add(std::move(e));

@@ -9,6 +9,7 @@
 
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
+#include "cpu/quantize.h"
 #include "ir/small_types.h"
 #include "ops/quantize.h"
 
@@ -45,6 +46,14 @@ void quantize_bytes(const float* x, int64_t n, float scale, float zero_point, fl
   }
 }
 
+void quantize_bytes_parallel(const float* x, int64_t n, float scale, float zero_point, int64_t lo, int64_t hi,
+                             bool is_unsigned, int8_t* y) {
+  parallel_for(n, [&](int64_t first, int64_t last) {
+    quantize_bytes(x + first, last - first, scale, zero_point, static_cast<float>(lo), static_cast<float>(hi), is_unsigned,
+                   y + first);
+  }, n > 65536);
+}
+
 // A zero point holds one value, or one per scale entry.
 void check_zero_point(const ir::Node& node, const Tensor* zp, const Tensor& scale) {
   if (zp && zp->numel() > 1 && zp->numel() != scale.numel())
@@ -74,11 +83,8 @@ void quantize(const ir::Node& node, const Tensor& x, const Tensor& scale, const 
   const int64_t n = x.numel();
   if constexpr (std::is_same_v<Q, int8_t> || std::is_same_v<Q, uint8_t>) {
     if (scale.numel() == 1) {  // per tensor (an INT8 engine's activations): 32 at a time
-      const float zero_point = static_cast<float>(zero[0]);
-      parallel_for(n, [&](int64_t first, int64_t last) {
-        quantize_bytes(in + first, last - first, s[0], zero_point, static_cast<float>(lo), static_cast<float>(hi),
-                       std::is_same_v<Q, uint8_t>, reinterpret_cast<int8_t*>(out + first));
-      }, n > 65536);
+      quantize_bytes_parallel(in, n, s[0], static_cast<float>(zero[0]), lo, hi, std::is_same_v<Q, uint8_t>,
+                              reinterpret_cast<int8_t*>(out));
       return;
     }
   }
@@ -158,6 +164,22 @@ template <class Q> struct DequantizeFn { static void run(const ir::Node& n, cons
 const Tensor* zero_point_input(const std::vector<const Tensor*>& in) { return in.size() > 2 ? in[2] : nullptr; }
 
 }  // namespace
+
+void quantize_per_tensor(const Tensor& x, float scale, const Tensor& zero_point, bool saturate, Tensor& y) {
+  const float* in = x.data<float>();
+  const int64_t n = x.numel();
+  if (is_small_float(y.dtype())) {
+    const float z = static_cast<float>(zero_point.value_as_double(0));
+    uint8_t* out = static_cast<uint8_t*>(y.raw());
+    parallel_for_each(n, n > 65536, [&](int64_t i) { out[i] = float_to_small_float(y.dtype(), in[i] / scale + z, saturate); });
+    return;
+  }
+  int64_t lo = 0, hi = 0;
+  if ((y.dtype() != DType::kInt8 && y.dtype() != DType::kUInt8) || !ir::quantized_range(y.dtype(), lo, hi))
+    throw Error(ErrorKind::kUnsupported, "cannot quantize to " + to_string(y.dtype()) + " per tensor");
+  quantize_bytes_parallel(in, n, scale, static_cast<float>(zero_point.value_as_int(0)), lo, hi, y.dtype() == DType::kUInt8,
+                          static_cast<int8_t*>(y.raw()));
+}
 
 KILN_REGISTER_CPU_KERNELS(quantize) {
   {

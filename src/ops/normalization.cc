@@ -11,6 +11,14 @@
 //     Attributes: num_groups (int), epsilon (float, 1e-5), activation, activation_alpha,
 //     activation_beta; members (strings: the nodes it replaced, for inspection).
 //     Y = act((X - mean) / sqrt(var + epsilon) * scale[c] + bias[c])
+//
+// And a LayerNormalization that also writes its output quantized, for the 8-bit product that
+// reads it (compiler/fuse_layer_norm_quantize.cc makes it in INT8 and FP8 builds):
+//   kiln::QuantizingLayerNorm(X, Scale, B, y_scale, y_zero_point) -> (Y, Q)
+//     Y as LayerNormalization's (axis, epsilon; B may be absent, "") and Q =
+//     QuantizeLinear(Y, y_scale, y_zero_point) per tensor (y_scale one float32, y_zero_point one
+//     int8 or float8e4m3fn value; saturate as QuantizeLinear's, for float8e4m3fn), quantized
+//     from Y's float32 value. Y may be absent ("") when only Q is read.
 #include "ir/activation.h"
 #include "ir/op_schema.h"
 
@@ -63,6 +71,32 @@ void infer_layer_norm(InferContext& ctx) {
   DType stash = static_cast<DType>(ctx.node.attrs.get_int("stash_type", 1));
   ctx.set_output(1, stash, stats);
   ctx.set_output(2, stash, stats);
+}
+
+void infer_quantizing_layer_norm(InferContext& ctx) {
+  const TensorType& x = ctx.type(0);
+  if (!is_float(x.dtype)) ctx.fail("input type " + to_string(x.dtype) + " is not a float type");
+  if (!ctx.has_input(3) || !ctx.has_input(4)) ctx.fail("y_scale and y_zero_point are required");
+  if (ctx.dtype(3) != DType::kFloat32) ctx.fail("y_scale must be float32, is " + to_string(ctx.dtype(3)));
+  const DType q = ctx.dtype(4);
+  if (q != DType::kInt8 && q != DType::kFloat8E4M3FN)
+    ctx.fail("y_zero_point must be int8 or float8e4m3fn, is " + to_string(q));
+  for (size_t i : {size_t{3}, size_t{4}})
+    if (ctx.shape_known(i) && !ctx.shape(i).empty() && !(ctx.shape(i).size() == 1 && ctx.shape(i)[0].known() && ctx.shape(i)[0].value == 1))
+      ctx.fail(std::string(i == 3 ? "y_scale" : "y_zero_point") + " must hold one value (per tensor), has shape " +
+               dims_to_string(ctx.shape(i)));
+  if (!x.shape) {
+    ctx.set_output(0, x.dtype, std::nullopt);
+    ctx.set_output(1, q, std::nullopt);
+    return;
+  }
+  const Dims& dims = *x.shape;
+  const int64_t axis = normalize_axis(ctx, ctx.node.attrs.get_int("axis", -1), static_cast<int64_t>(dims.size()));
+  Dims normalized(dims.begin() + axis, dims.end());
+  check_param(ctx, 1, normalized, "Scale");
+  check_param(ctx, 2, normalized, "B");
+  ctx.set_output(0, x.dtype, dims);
+  ctx.set_output(1, q, dims);
 }
 
 // RMSNormalization (opset 23): X / sqrt(mean(X^2 over the axes from `axis` on) + epsilon) * scale.
@@ -156,6 +190,16 @@ KILN_REGISTER_OPS(normalization) {
     s.max_outputs = 3;
     s.infer = infer_layer_norm;
     s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 8); };
+    registry.add(std::move(s));
+  }
+  {
+    OpSchema s;
+    s.op = "QuantizingLayerNorm";
+    s.domain = "kiln";
+    s.min_inputs = s.max_inputs = 5;
+    s.min_outputs = s.max_outputs = 2;
+    s.infer = infer_quantizing_layer_norm;
+    s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 10); };
     registry.add(std::move(s));
   }
   {

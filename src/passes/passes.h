@@ -69,6 +69,12 @@ int fuse_elementwise(ir::Graph& graph);
 // `notes` says which element of the pattern failed.
 int fuse_attention(ir::Graph& graph, std::vector<std::string>& notes);
 
+// LayerNormalization [-> Reshape-like nodes] -> QuantizeLinear (per tensor, to int8 or
+// float8e4m3fn) -> kiln::QuantizingLayerNorm, which writes the quantized copy itself (the reshapes
+// then on the copy) and keeps the float output only where something else reads it. For INT8 and
+// FP8 builds, after their quantize layers exist.
+int fuse_layer_norm_quantize(ir::Graph& graph);
+
 // Q, K and V (or K and V) projected from one tensor by constant matrices [+ bias] -> one MatMul
 // by the matrices side by side [+ one bias] and a Split, where fold_attention_views then reads
 // the heads from the packed product in place (tried on a copy first).

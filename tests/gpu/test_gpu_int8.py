@@ -729,7 +729,8 @@ def test_fp8_products_match_cpu(act, tactic, kiln_bin, tmp_path, monkeypatch):
 def test_transformer_products_on_gemm_libraries(tactic, tag, kiln_bin, tmp_path, monkeypatch):
     """The tiny BERT with every product on one GEMM library (cuBLASLt's FP8 products finish the
     erf GELU after the product; CUTLASS's fuse it, and the requantization for the second
-    feed-forward product) against the CPU's reference of the same scales."""
+    feed-forward product) against the CPU's reference of the same scales; the LayerNorms write
+    the 8-bit copies the products read (kiln::QuantizingLayerNorm)."""
     path, names, make, calib = tiny_bert(tmp_path, calib_seed=43)
     x = make(8, seed=44)
     common = [f"--{tag}", f"--{tag}-all", "--calib", str(calib), "--calib-cache", str(tmp_path / "bert.calib")]
@@ -747,6 +748,8 @@ def test_transformer_products_on_gemm_libraries(tactic, tag, kiln_bin, tmp_path,
     assert build.returncode == 0, log
     quantized = int(re.search(rf"{tag}: (\d+) convolutions in {tag.upper()}", log).group(1))
     assert quantized >= 8 and log.count(PRODUCT_TACTIC_NAMES[(tactic, tag)]) == quantized, log
+    # The LayerNorms before the Q/K/V and first feed-forward products write their 8-bit input.
+    assert int(re.search(r"(\d+) quantized copies written by LayerNormalizations", log).group(1)) >= 2, log
 
 
 # CUTLASS's kernels of each 8-bit type (src/cuda/kernels/quantized_gemm_cutlass.cuh, kernels_of).

@@ -1,5 +1,7 @@
 // CUDA layers of LayerNormalization, RMSNormalization, InstanceNormalization and
 // LpNormalization: float32 tensors, stored as float32 or float16, statistics computed in float32.
+// kiln::QuantizingLayerNorm is LayerNormalization's layer writing the quantized copy too (int8 or
+// E4M3, QuantizeLinear's arithmetic on the float32 value), the float output only where it is read.
 //
 // LayerNormalization and InstanceNormalization normalize rows of a row-major tensor (the
 // trailing dims from `axis`, or each (n, c) plane): a warp per row up to 1024 elements, a
@@ -9,6 +11,8 @@
 // Scale and B are read as float32 on the device (constants are uploaded), broadcast to the
 // normalized dims through strides. LpNormalization works along one axis in any layout, like
 // Softmax: a warp or block per contiguous line, a thread per strided one.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -36,6 +40,8 @@ __device__ __forceinline__ int64_t param_offset(const ParamMap& m, int64_t c) {
   return m.full ? c : strided_offset(m.shape, c);
 }
 
+enum class QuantizedCopy : uint8_t { kNone, kInt8, kFloat8Saturating, kFloat8 };
+
 struct RowNorm {
   int64_t rows = 0, cols = 0;
   float eps = 1e-5f;
@@ -43,16 +49,35 @@ struct RowNorm {
   ParamMap scale, bias;
   bool has_bias = false;
   bool rms = false;  // RMSNormalization: no mean (0), the mean square for the variance
+  // kiln::QuantizingLayerNorm's quantized copy Q: its type, QuantizeLinear's scale and zero point.
+  QuantizedCopy quantized = QuantizedCopy::kNone;
+  float q_scale = 1.f, q_zero = 0.f;
 };
+
+// QuantizeLinear's arithmetic (cuda/layers/quantize.cu), from the float32 value: int8 as
+// saturate(round_half_even(v / scale) + zero point), NaN to 0; E4M3 as float8(v / scale + zero
+// point), rounded to nearest even, saturating or not.
+__device__ __forceinline__ uint8_t quantize_copy(float v, const RowNorm& p) {
+  if (p.quantized == QuantizedCopy::kInt8) {
+    float r = nearbyintf(v / p.q_scale) + p.q_zero;
+    if (r != r) r = 0.f;
+    return static_cast<uint8_t>(static_cast<int8_t>(fminf(fmaxf(r, -128.f), 127.f)));
+  }
+  return __nv_cvt_float_to_fp8(__fadd_rn(__fdiv_rn(v, p.q_scale), p.q_zero),
+                               p.quantized == QuantizedCopy::kFloat8Saturating ? __NV_SATFINITE : __NV_NOSAT, __NV_E4M3);
+}
 
 // GROUP threads per row: mean, variance, then y = (x - mean) * inv * scale + bias. RMS skips the
 // mean; it is a template parameter so that LayerNormalization's kernel has no branch of it
 // (docs/design/gpu-engine.md, "Failures a kernel finds at run time", measures the difference).
+// y or q may be null (kiln::QuantizingLayerNorm without its float output; every other layer
+// without q).
 template <class T, int GROUP, bool RMS>
 __global__ void __launch_bounds__(kBlock) norm_rows_kernel(const T* __restrict__ x, T* __restrict__ y,
                                                            T* __restrict__ mean_out, T* __restrict__ inv_out,
                                                            const float* __restrict__ scale,
-                                                           const float* __restrict__ bias, RowNorm p) {
+                                                           const float* __restrict__ bias, uint8_t* __restrict__ q,
+                                                           RowNorm p) {
   __shared__ float smem[kBlock / 32];
   constexpr int kGroups = kBlock / GROUP;
   const int lane = static_cast<int>(threadIdx.x) % GROUP, group = static_cast<int>(threadIdx.x) / GROUP;
@@ -76,17 +101,19 @@ __global__ void __launch_bounds__(kBlock) norm_rows_kernel(const T* __restrict__
       if (mean_out) store_float(mean_out, row, mean);
       if (inv_out) store_float(inv_out, row, inv);
     }
+    auto emit = [&](int64_t c, float v) {
+      if (y) store_float(y, base + c, v);
+      if (q) q[base + c] = quantize_copy(v, p);
+    };
     if (p.channels > 0) {
       const int64_t ch = row % p.channels;
       const float a = scale[ch] * inv, b = bias[ch];
-      for (int64_t c = lane; c < p.cols; c += GROUP) store_float(y, base + c, (load_float(x, base + c) - mean) * a + b);
+      for (int64_t c = lane; c < p.cols; c += GROUP) emit(c, (load_float(x, base + c) - mean) * a + b);
     } else if (p.has_bias) {
       for (int64_t c = lane; c < p.cols; c += GROUP)
-        store_float(y, base + c, (load_float(x, base + c) - mean) * inv * scale[param_offset(p.scale, c)] +
-                                     bias[param_offset(p.bias, c)]);
+        emit(c, (load_float(x, base + c) - mean) * inv * scale[param_offset(p.scale, c)] + bias[param_offset(p.bias, c)]);
     } else {
-      for (int64_t c = lane; c < p.cols; c += GROUP)
-        store_float(y, base + c, (load_float(x, base + c) - mean) * inv * scale[param_offset(p.scale, c)]);
+      for (int64_t c = lane; c < p.cols; c += GROUP) emit(c, (load_float(x, base + c) - mean) * inv * scale[param_offset(p.scale, c)]);
     }
   }
 }
@@ -115,7 +142,8 @@ __global__ void __launch_bounds__(kBlock) norm_rows_vec_kernel(const __half* __r
                                                                __half* __restrict__ mean_out,
                                                                __half* __restrict__ inv_out,
                                                                const float* __restrict__ scale,
-                                                               const float* __restrict__ bias, RowNorm p) {
+                                                               const float* __restrict__ bias, uint8_t* __restrict__ q,
+                                                               RowNorm p) {
   constexpr int kRows = kBlock / GROUP;
   const int lane = static_cast<int>(threadIdx.x) % GROUP, group = static_cast<int>(threadIdx.x) / GROUP;
   const int chunks = static_cast<int>(p.cols / 8);
@@ -168,7 +196,13 @@ __global__ void __launch_bounds__(kBlock) norm_rows_vec_kernel(const __half* __r
       float out[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) out[j] = (v[k][j] - mean) * inv * s[j] + b[j];
-      store_floats<8>(y + row * p.cols + c * 8, out);
+      if (y) store_floats<8>(y + row * p.cols + c * 8, out);
+      if (q) {
+        uint8_t bytes[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) bytes[j] = quantize_copy(out[j], p);
+        *reinterpret_cast<uint2*>(q + row * p.cols + c * 8) = *reinterpret_cast<const uint2*>(bytes);
+      }
     }
   }
 }
@@ -188,13 +222,18 @@ int vec_group(int64_t cols) {
 
 template <bool RMS>
 void launch_norm_rows_vec(int group, unsigned blocks, const __half* x, __half* y, __half* mean, __half* inv,
-                          const float* scale, const float* bias, const RowNorm& p, cudaStream_t stream) {
+                          const float* scale, const float* bias, uint8_t* q, const RowNorm& p, cudaStream_t stream) {
   switch (group) {
-    case 4: norm_rows_vec_kernel<4, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p); break;
-    case 8: norm_rows_vec_kernel<8, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p); break;
-    case 16: norm_rows_vec_kernel<16, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p); break;
-    default: norm_rows_vec_kernel<32, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p); break;
+    case 4: norm_rows_vec_kernel<4, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, q, p); break;
+    case 8: norm_rows_vec_kernel<8, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, q, p); break;
+    case 16: norm_rows_vec_kernel<16, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, q, p); break;
+    default: norm_rows_vec_kernel<32, RMS><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, q, p); break;
   }
+}
+
+// The quantized copy of a kiln::QuantizingLayerNorm (its output 1), or null.
+uint8_t* quantized_output(const LayerIO& io, const RowNorm& p) {
+  return p.quantized == QuantizedCopy::kNone ? nullptr : static_cast<uint8_t*>(io.outputs[1]);
 }
 
 template <class T>
@@ -209,18 +248,19 @@ std::unique_ptr<Layer> norm_rows_layer(const RowNorm& p) {
                                                                                           cudaStream_t stream) {
         const __half* x = static_cast<const __half*>(io.inputs[0]);
         __half* y = static_cast<__half*>(io.outputs[0]);
-        __half* mean = io.outputs.size() > 1 ? static_cast<__half*>(io.outputs[1]) : nullptr;
-        __half* inv = io.outputs.size() > 2 ? static_cast<__half*>(io.outputs[2]) : nullptr;
+        uint8_t* q = quantized_output(io, p);
+        __half* mean = !q && io.outputs.size() > 1 ? static_cast<__half*>(io.outputs[1]) : nullptr;
+        __half* inv = !q && io.outputs.size() > 2 ? static_cast<__half*>(io.outputs[2]) : nullptr;
         const float* scale = static_cast<const float*>(io.inputs[1]);
         const float* bias = io.inputs.size() > 2 ? static_cast<const float*>(io.inputs[2]) : nullptr;
-        if (!aligned16(x) || !aligned16(y) || !aligned16(scale) || (bias && !aligned16(bias))) {
+        if (!aligned16(x) || !aligned16(y) || !aligned16(q) || !aligned16(scale) || (bias && !aligned16(bias))) {
           scalar->enqueue(io, stream);
           return;
         }
         if (p.rms) {
-          launch_norm_rows_vec<true>(group, blocks, x, y, mean, inv, scale, bias, p, stream);
+          launch_norm_rows_vec<true>(group, blocks, x, y, mean, inv, scale, bias, q, p, stream);
         } else {
-          launch_norm_rows_vec<false>(group, blocks, x, y, mean, inv, scale, bias, p, stream);
+          launch_norm_rows_vec<false>(group, blocks, x, y, mean, inv, scale, bias, q, p, stream);
         }
         KILN_CUDA_CHECK_LAUNCH();
       });
@@ -236,16 +276,17 @@ std::unique_ptr<Layer> norm_rows_scalar_layer(const RowNorm& p) {
   return make_layer(warp ? "kernel:norm-warp" : "kernel:norm-block", [p, warp, blocks](const LayerIO& io, cudaStream_t stream) {
     const T* x = static_cast<const T*>(io.inputs[0]);
     T* y = static_cast<T*>(io.outputs[0]);
-    T* mean = io.outputs.size() > 1 ? static_cast<T*>(io.outputs[1]) : nullptr;
-    T* inv = io.outputs.size() > 2 ? static_cast<T*>(io.outputs[2]) : nullptr;
+    uint8_t* q = quantized_output(io, p);
+    T* mean = !q && io.outputs.size() > 1 ? static_cast<T*>(io.outputs[1]) : nullptr;
+    T* inv = !q && io.outputs.size() > 2 ? static_cast<T*>(io.outputs[2]) : nullptr;
     const float* scale = static_cast<const float*>(io.inputs[1]);
     const float* bias = io.inputs.size() > 2 ? static_cast<const float*>(io.inputs[2]) : nullptr;
     if (p.rms) {
-      if (warp) norm_rows_kernel<T, 32, true><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
-      else norm_rows_kernel<T, kBlock, true><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+      if (warp) norm_rows_kernel<T, 32, true><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, q, p);
+      else norm_rows_kernel<T, kBlock, true><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, q, p);
     } else {
-      if (warp) norm_rows_kernel<T, 32, false><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
-      else norm_rows_kernel<T, kBlock, false><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, p);
+      if (warp) norm_rows_kernel<T, 32, false><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, q, p);
+      else norm_rows_kernel<T, kBlock, false><<<blocks, kBlock, 0, stream>>>(x, y, mean, inv, scale, bias, q, p);
     }
     KILN_CUDA_CHECK_LAUNCH();
   });
@@ -338,6 +379,47 @@ std::unique_ptr<Layer> layer_norm_create(const LayerRequest& r, const LayerForma
   RowNorm p;
   std::string why = layer_norm_plan(r, p);
   if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
+  return norm_rows_layer_for(r.node, f.inputs[0].dtype, p);
+}
+
+// kiln::QuantizingLayerNorm: LayerNormalization's check, and a constant scale and zero point of
+// one value each for the quantized copy (int8 or float8e4m3fn).
+std::string quantizing_layer_norm_check(const LayerRequest& r) {
+  const DType d = r.input_dtypes[0];
+  if (d != DType::kFloat32) return "input type " + to_string(d) + " is not supported (supported: float32)";
+  for (size_t i = 1; i < 3; ++i)
+    if (r.has_input(i) && r.input_dtypes[i] != DType::kFloat32) return "Scale and B must be float32";
+  if (!r.is_constant(3) || r.constants[3]->numel() != 1 || !r.is_constant(4) || r.constants[4]->numel() != 1)
+    return "y_scale and y_zero_point must be constants of one value";
+  const DType q = r.output_dtypes[1];
+  if (q != DType::kInt8 && q != DType::kFloat8E4M3FN) return "cannot quantize to " + to_string(q);
+  RowNorm p;
+  try {
+    return layer_norm_plan(r, p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+LayerFormats quantizing_layer_norm_formats(const LayerRequest& r) {
+  LayerFormats f;
+  f.inputs.resize(r.inputs.size());  // y_scale and y_zero_point: read when the layer is built
+  f.inputs[0] = Format{r.float_storage(), Layout::kLinear};
+  for (size_t i = 1; i < 3; ++i)
+    if (r.has_input(i)) f.inputs[i] = Format{DType::kFloat32, Layout::kLinear};
+  f.outputs = {Format{r.float_storage(), Layout::kLinear}, Format{r.output_dtypes[1], Layout::kLinear}};
+  return f;
+}
+
+std::unique_ptr<Layer> quantizing_layer_norm_create(const LayerRequest& r, const LayerFormats& f, BuildServices&) {
+  RowNorm p;
+  std::string why = layer_norm_plan(r, p);
+  if (!why.empty()) throw r.node.error(ErrorKind::kUnsupported, why);
+  p.q_scale = r.constants[3]->data<float>()[0];
+  p.q_zero = static_cast<float>(r.constants[4]->value_as_double(0));
+  p.quantized = r.output_dtypes[1] == DType::kInt8                ? QuantizedCopy::kInt8
+                : r.node.attrs.get_int("saturate", 1) != 0 ? QuantizedCopy::kFloat8Saturating
+                                                                  : QuantizedCopy::kFloat8;
   return norm_rows_layer_for(r.node, f.inputs[0].dtype, p);
 }
 
@@ -501,6 +583,16 @@ KILN_REGISTER_CUDA_LAYERS(normalization) {
     e.formats = row_norm_formats;
     e.create = layer_norm_create;
     e.dtypes = "float32, float16 storage (float32 statistics)";
+    registry.add(std::move(e));
+  }
+  {
+    LayerEntry e;
+    e.op = "QuantizingLayerNorm";
+    e.domain = "kiln";
+    e.check = quantizing_layer_norm_check;
+    e.formats = quantizing_layer_norm_formats;
+    e.create = quantizing_layer_norm_create;
+    e.dtypes = "float32, float16 storage (float32 statistics) -> and int8 / float8e4m3fn";
     registry.add(std::move(e));
   }
   {
