@@ -348,10 +348,14 @@ KILN_REGISTER_CPU_KERNELS(normalization) {
     e.op = "QuantizingLayerNorm";
     e.domain = "kiln";
     e.check = accept_dtypes({DType::kFloat32});
-    e.dtypes = "float32 -> float32 and int8 / float8e4m3fn";
+    e.dtypes = "float32; Q int8 or float8e4m3fn";
     e.create = [](const KernelInit& init) {
       const ir::Node* node = &init.node;
       return make_kernel([node](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
+        // The schema checks types; an engine file's inputs of unknown shape are checked here.
+        if (!in[3] || !in[4] || in[3]->dtype() != DType::kFloat32 || in[3]->numel() != 1 || in[4]->numel() != 1 ||
+            in[4]->dtype() != out[1].dtype())
+          throw node->error(ErrorKind::kInvalidArgument, "y_scale must be one float32 value and y_zero_point one value of Q's type");
         std::vector<Tensor> y = {out[0].defined() ? out[0] : Tensor(DType::kFloat32, in[0]->shape())};
         layer_norm(*node, {in[0], in[1], in[2]}, y);
         quantize_per_tensor(y[0], in[3]->data<float>()[0], *in[4], node->attrs.get_int("saturate", 1) != 0, out[1]);

@@ -196,7 +196,8 @@ KILN_REGISTER_OPS(normalization) {
     OpSchema s;
     s.op = "QuantizingLayerNorm";
     s.domain = "kiln";
-    s.min_inputs = s.max_inputs = 5;
+    s.min_inputs = 2;  // B (input 2) may be absent; infer requires y_scale and y_zero_point
+    s.max_inputs = 5;
     s.min_outputs = s.max_outputs = 2;
     s.infer = infer_quantizing_layer_norm;
     s.flops = [](const FlopsContext& c) { return elementwise_flops(c, 10); };

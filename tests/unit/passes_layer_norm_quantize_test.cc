@@ -67,6 +67,21 @@ TEST(FuseLayerNormQuantize, WithoutOtherReadersTheFloatOutputIsDropped) {
   expect_same_outputs(before, after);
 }
 
+TEST(FuseLayerNormQuantize, ALayerNormWithoutBias) {
+  GraphBuilder b;
+  b.input("x", {3, 5, 16});
+  b.node("LayerNormalization", {"x", b.random("gamma", {16}, 0.5f, 2.f)}, "ln");
+  b.node("QuantizeLinear", {"ln", b.scalar("q_scale", 0.03f), zero_point(b, "q_zero", DType::kInt8)}, "q");
+  b.output("q");
+  ir::Graph before = b.build();
+  ir::Graph after = before;
+  EXPECT_EQ(passes::fuse_layer_norm_quantize(after), 1);
+  ASSERT_EQ(after.nodes.size(), 1u);
+  EXPECT_TRUE(after.nodes[0].inputs[2].empty());
+  ir::infer_shapes(after);
+  expect_same_outputs(before, after);
+}
+
 TEST(FuseLayerNormQuantize, PerChannelScalesAndReadStatisticsStayAsTheyAre) {
   {  // a scale per element of the last axis: not a per-tensor copy
     GraphBuilder b;
@@ -90,6 +105,26 @@ TEST(FuseLayerNormQuantize, PerChannelScalesAndReadStatisticsStayAsTheyAre) {
     ir::Graph g = b.build();
     EXPECT_EQ(passes::fuse_layer_norm_quantize(g), 0);
     EXPECT_EQ(count_ops(g, "LayerNormalization"), 1);
+  }
+}
+
+TEST(QuantizingLayerNorm, AScaleOfManyOrUnknownValuesIsAnErrorNamingTheNode) {
+  // As a hostile engine file may hold it: y_scale a runtime input, not one value.
+  for (bool known_length : {true, false}) {
+    GraphBuilder b;
+    b.input("x", {2, 8});
+    b.input("y_scale", {known_length ? Dim(3) : Dim::named("K")});
+    b.node("QuantizingLayerNorm", {"x", b.random("gamma", {8}), "", "y_scale", zero_point(b, "q_zero", DType::kInt8)}, "y");
+    b.last().domain = "kiln";
+    b.last().outputs.push_back("q");
+    b.output("q");
+    try {
+      b.build();
+      FAIL() << "accepted a y_scale of " << (known_length ? "3 values" : "unknown length");
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("y_scale must hold one value"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("y_node"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -393,6 +393,8 @@ std::string quantizing_layer_norm_check(const LayerRequest& r) {
     return "y_scale and y_zero_point must be constants of one value";
   const DType q = r.output_dtypes[1];
   if (q != DType::kInt8 && q != DType::kFloat8E4M3FN) return "cannot quantize to " + to_string(q);
+  if (r.constants[3]->dtype() != DType::kFloat32 || r.constants[4]->dtype() != q)
+    return "y_scale must be float32 and y_zero_point of Q's type";
   RowNorm p;
   try {
     return layer_norm_plan(r, p);
@@ -592,7 +594,7 @@ KILN_REGISTER_CUDA_LAYERS(normalization) {
     e.check = quantizing_layer_norm_check;
     e.formats = quantizing_layer_norm_formats;
     e.create = quantizing_layer_norm_create;
-    e.dtypes = "float32, float16 storage (float32 statistics) -> and int8 / float8e4m3fn";
+    e.dtypes = "float32, float16 storage (float32 statistics); Q int8 or float8e4m3fn";
     registry.add(std::move(e));
   }
   {
