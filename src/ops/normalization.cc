@@ -13,7 +13,7 @@
 //     Y = act((X - mean) / sqrt(var + epsilon) * scale[c] + bias[c])
 //
 // And a LayerNormalization that also writes its output quantized, for the 8-bit product that
-// reads it (compiler/fuse_layer_norm_quantize.cc makes it in INT8 and FP8 builds):
+// reads it (passes/fuse_layer_norm_quantize.cc makes it in INT8 and FP8 builds):
 //   kiln::QuantizingLayerNorm(X, Scale, B, y_scale, y_zero_point) -> (Y, Q)
 //     Y as LayerNormalization's (axis, epsilon; B may be absent, "") and Q =
 //     QuantizeLinear(Y, y_scale, y_zero_point) per tensor (y_scale one float32, y_zero_point one
