@@ -206,10 +206,11 @@ def input_names(name: str) -> list[str]:
 
 
 def fidelity(binaries: list[str], name: str, model: str, batch: int, work: str, precisions: dict[str, str | None],
-             engines: dict[str, str] | None = None) -> dict:
+             engines: dict[str, str] | None = None, first_index: int = 0) -> dict:
     """Each binary's output in each precision (`kiln run --device cuda` with the precision's flags,
     or the engine file `engines` names for that precision) and PyTorch's fp16 eager output against
-    PyTorch's float32 output, on the same inputs: cosine similarity, relative L2 error."""
+    PyTorch's float32 output, on the same inputs: cosine similarity, relative L2 error. The keys
+    name each binary by its place in --kiln (binaries[0] is binary<first_index>)."""
     import numpy as np
     import torch
 
@@ -229,7 +230,7 @@ def fidelity(binaries: list[str], name: str, model: str, batch: int, work: str, 
     torch.cuda.empty_cache()
     for i, b in enumerate(binaries):
         for precision, cache in precisions.items():
-            key = f"binary{i}" + ("" if precision == "fp16" else f"_{precision}")
+            key = f"binary{first_index + i}" + ("" if precision == "fp16" else f"_{precision}")
             out_dir = os.path.join(work, f"fidelity_out_{key}_b{batch}")
             if engines and precision in engines:
                 gpu_bench.run([b, "run", engines[precision], "--top-k", "0", "-o", out_dir, *args])
@@ -310,7 +311,8 @@ def main() -> None:
                 # The quantized engines --layer-choices built at the large batch (the timed
                 # build's choices), and fp16 at that batch, against float32 there.
                 engines = {p: os.path.join(work, f"choices_{p}.engine") for p in precisions if p != "fp16"}
-                entry["fidelity_large_batch"] = fidelity(binaries[-1:], name, path, batches[-1], work, caches, engines)
+                entry["fidelity_large_batch"] = fidelity(binaries[-1:], name, path, batches[-1], work, caches, engines,
+                                                         first_index=len(binaries) - 1)
         if a.peers:
             entry["peers"] = peers(name, batches)
         result["models"][name] = entry
