@@ -17,7 +17,7 @@ Each kiln binary given (--kiln: one, or two to compare an older build with a new
 are timed in alternating rounds, the order swapped every round) runs `kiln bench --fp16`, and
 with --precisions also `--int8` / `--fp8` (products quantized where faster, the rest fp16) on
 scales the first binary calibrates once per model on the GPU (`kiln calibrate --device cuda`,
-entropy) from 64 rows of inputs made like the timed ones but from another seed. --layer-choices
+entropy unless --calib-algo says otherwise, e.g. vit_b_16=percentile) from 64 rows of inputs made like the timed ones but from another seed. --layer-choices
 adds, for each of int8 and fp8 given, the build's own layer-by-layer timing at the large batch
 (`kiln build -v`: each quantized product against its fp16 form, the quantize and reformat layers
 charged to it, the choice, and the whole engines timed), parsed into the JSON; the log is kept.
@@ -109,9 +109,10 @@ def precision_flags(precision: str, cache: str | None) -> list[str]:
     return ["--fp16"] if precision == "fp16" else [f"--{precision}", "--calib-cache", cache]
 
 
-def calibrate(kiln: str, name: str, model: str, work: str) -> tuple[str, float]:
+def calibrate(kiln: str, name: str, model: str, work: str, algorithm: str = "entropy") -> tuple[str, float]:
     """Scales for --int8 / --fp8: 64 rows of inputs (another seed than the timed ones), batches
-    of 16, histograms on the GPU. Returns (cache, seconds)."""
+    of 16, histograms on the GPU, `algorithm` as kiln calibrate's --calib-algo (entropy, minmax,
+    or percentile at its default 99.99%). Returns (cache, seconds)."""
     import numpy as np
 
     data = os.path.join(work, f"calib_{name}")
@@ -120,7 +121,8 @@ def calibrate(kiln: str, name: str, model: str, work: str) -> tuple[str, float]:
         np.save(os.path.join(data, f"{n}.npy"), x.numpy())
     cache = os.path.join(work, f"{name}.calib")
     t0 = time.time()
-    r = gpu_bench.run([kiln, "calibrate", model, "--calib", data, "--batch", "16", "--device", "cuda", "-o", cache])
+    r = gpu_bench.run([kiln, "calibrate", model, "--calib", data, "--batch", "16", "--device", "cuda",
+                       "--calib-algo", algorithm, "-o", cache])
     print(r.stdout[-500:], flush=True)
     return cache, time.time() - t0
 
@@ -247,6 +249,20 @@ def fidelity(binaries: list[str], name: str, model: str, batch: int, work: str, 
     return row
 
 
+def calibration_algorithms(spec: str) -> dict[str, str]:
+    """--calib-algo: one algorithm for every model ("" key), or MODEL=ALGO pairs."""
+    known = ("entropy", "minmax", "percentile")
+    algos: dict[str, str] = {}
+    for item in spec.split(","):
+        model, _, algo = item.rpartition("=")
+        if algo not in known:
+            sys.exit(f"transformer_bench: unknown calibration algorithm '{algo}' in --calib-algo ({', '.join(known)})")
+        if model and model not in BATCHES:
+            sys.exit(f"transformer_bench: unknown model '{model}' in --calib-algo ({', '.join(BATCHES)})")
+        algos[model] = algo
+    return algos
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -259,6 +275,9 @@ def main() -> None:
                     help="also the quantized builds' layer-by-layer timing against fp16 at the large batch (last binary)")
     ap.add_argument("--profile", action="store_true", help="also each op type's time at the large batch (last binary, each precision)")
     ap.add_argument("--fidelity", action="store_true", help="also fp16 outputs against PyTorch float32 (small batch)")
+    ap.add_argument("--calib-algo", default="entropy",
+                    help="calibration for int8/fp8: entropy, minmax or percentile, one for all models or MODEL=ALGO,... "
+                         "(models not named: entropy)")
     ap.add_argument("--work", default=None, help="folder for exports and per-run files (default: DIR/work)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -268,6 +287,7 @@ def main() -> None:
     result = {"schema": "kiln.transformer-bench/1", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "machine": gpu_bench.machine(), "kiln": binaries, "models": {}}
     precisions = a.precisions.split(",")
+    calib_algos = calibration_algorithms(a.calib_algo)
     for p in precisions:
         if p not in ("fp16", "int8", "fp8"):
             sys.exit(f"transformer_bench: unknown precision '{p}' (fp16, int8, fp8)")
@@ -278,9 +298,12 @@ def main() -> None:
         caches: dict[str, str | None] = {p: None for p in precisions}
         entry = {"batches": batches, "kiln": {}}
         if any(p != "fp16" for p in precisions):
-            cache, seconds = calibrate(binaries[0], name, path, work)
+            algorithm = calib_algos.get(name, calib_algos.get("", "entropy"))
+            cache, seconds = calibrate(binaries[0], name, path, work, algorithm)
             caches = {p: (None if p == "fp16" else cache) for p in precisions}
-            entry["calibration"] = {"rows": 64, "batch": 16, "device": "cuda", "algorithm": "entropy", "seconds": seconds}
+            entry["calibration"] = {"rows": 64, "batch": 16, "device": "cuda", "algorithm": algorithm, "seconds": seconds}
+            if algorithm == "percentile":
+                entry["calibration"]["percentile"] = 99.99
         runs = [(b, p) for b in binaries for p in precisions]
         times = {run: {bs: [] for bs in batches} for run in runs}
         builds = {run: {bs: [] for bs in batches} for run in runs}
