@@ -347,12 +347,11 @@ std::string layer_norm_plan(const LayerRequest& r, RowNorm& p) {
   return why;
 }
 
-std::string layer_norm_check(const LayerRequest& r) {
+// What LayerNormalization and kiln::QuantizingLayerNorm both ask: float32 X, Scale and B, and
+// a row plan (layer_norm_plan's errors become the reason).
+std::string layer_norm_inputs_check(const LayerRequest& r) {
   const DType d = r.input_dtypes[0];
   if (d != DType::kFloat32) return "input type " + to_string(d) + " is not supported (supported: float32)";
-  for (size_t o = 1; o < r.output_dtypes.size(); ++o)
-    if (r.output_dtypes[o] != DType::kFloat32 && r.output_dtypes[o] != DType::kUndefined)
-      return "stash_type other than float32 is not supported";
   for (size_t i = 1; i < 3; ++i)
     if (r.has_input(i) && r.input_dtypes[i] != DType::kFloat32) return "Scale and B must be float32";
   RowNorm p;
@@ -361,6 +360,13 @@ std::string layer_norm_check(const LayerRequest& r) {
   } catch (const Error& e) {
     return e.what();
   }
+}
+
+std::string layer_norm_check(const LayerRequest& r) {
+  for (size_t o = 1; o < r.output_dtypes.size(); ++o)
+    if (r.output_dtypes[o] != DType::kFloat32 && r.output_dtypes[o] != DType::kUndefined)
+      return "stash_type other than float32 is not supported";
+  return layer_norm_inputs_check(r);
 }
 
 // X and the outputs row-major at the float storage; Scale and B as float32 on the device.
@@ -385,22 +391,13 @@ std::unique_ptr<Layer> layer_norm_create(const LayerRequest& r, const LayerForma
 // kiln::QuantizingLayerNorm: LayerNormalization's check, and a constant scale and zero point of
 // one value each for the quantized copy (int8 or float8e4m3fn).
 std::string quantizing_layer_norm_check(const LayerRequest& r) {
-  const DType d = r.input_dtypes[0];
-  if (d != DType::kFloat32) return "input type " + to_string(d) + " is not supported (supported: float32)";
-  for (size_t i = 1; i < 3; ++i)
-    if (r.has_input(i) && r.input_dtypes[i] != DType::kFloat32) return "Scale and B must be float32";
   if (!r.is_constant(3) || r.constants[3]->numel() != 1 || !r.is_constant(4) || r.constants[4]->numel() != 1)
     return "y_scale and y_zero_point must be constants of one value";
   const DType q = r.output_dtypes[1];
   if (q != DType::kInt8 && q != DType::kFloat8E4M3FN) return "cannot quantize to " + to_string(q);
   if (r.constants[3]->dtype() != DType::kFloat32 || r.constants[4]->dtype() != q)
     return "y_scale must be float32 and y_zero_point of Q's type";
-  RowNorm p;
-  try {
-    return layer_norm_plan(r, p);
-  } catch (const Error& e) {
-    return e.what();
-  }
+  return layer_norm_inputs_check(r);
 }
 
 LayerFormats quantizing_layer_norm_formats(const LayerRequest& r) {
