@@ -16,11 +16,19 @@ bool is_conv(const ir::Node& n) {
   return (n.op == "Conv" && n.domain.empty()) || (n.op == "FusedConv" && n.domain == "kiln");
 }
 
-// Activations the GPU's INT8 epilogue (cuDNN pointwise ops) has.
-bool epilogue_has(const std::string& kind) {
+// Activations an FP8 convolution's epilogue has: cuDNN's pointwise ops, which its FP8 graph
+// engines fuse (the only FP8 convolutions on the GPU).
+bool fp8_epilogue_has(const std::string& kind) {
   for (const char* k : {"", "Relu", "Clip", "LeakyRelu", "Sigmoid", "SiLU", "Tanh", "Gelu", "GeluTanh"})
     if (kind == k) return true;
   return false;
+}
+
+// Activations an INT8 convolution's epilogue has: every one of ir::Activation. The CPU engine
+// applies any; on the GPU, HardSwish and HardSigmoid, which cuDNN's pointwise ops lack, run on
+// kiln's INT8 kernels and CUTLASS's products (cuda/layers/quantized_conv.cc).
+bool int8_epilogue_has(const std::string& kind) {
+  return fp8_epilogue_has(kind) || kind == "HardSwish" || kind == "HardSigmoid";
 }
 
 // "" when the conv can be quantized, else why not.
@@ -58,7 +66,9 @@ std::string why_float(const ir::Graph& g, const ir::Node& n, const std::map<std:
     if (w->numel() / (out_c * in_c) > 64) return "a filter of more than 64 taps over " + std::to_string(in_c) + " input channels";
     if (n.has_input(3)) return "a residual input to a convolution of " + std::to_string(in_c) + " input channels";
   }
-  if (!epilogue_has(n.attrs.get_string("activation", ""))) return "activation has no INT8 epilogue";
+  const bool fp8 = target.format == QuantizeFormat::kFloat8E4M3;
+  if (!(fp8 ? fp8_epilogue_has : int8_epilogue_has)(n.attrs.get_string("activation", "")))
+    return std::string("activation has no ") + (fp8 ? "FP8" : "INT8") + " epilogue";
   if (n.has_input(3)) {
     const ir::Value* z = g.find_value(n.inputs[3]);
     if (!z || z->type.dtype != DType::kFloat32) return "residual is not float32";
@@ -70,6 +80,22 @@ std::string why_float(const ir::Graph& g, const ir::Node& n, const std::map<std:
 
 Tensor scalar(DType dtype) { return Tensor(dtype, {}); }
 
+// Layout ops move values without changing one: a value such an op writes takes the scale of
+// the value it reads where calibration gave it none. Passes that run after calibration's graph
+// make such values, as fold_attention_views does with its views of attention's output, whose
+// product would otherwise stay float for want of a scale. The nodes are in topological order,
+// so chains of views inherit along their length.
+void scales_through_layout_ops(const ir::Graph& g, std::map<std::string, float>& scales) {
+  for (const ir::Node& n : g.nodes) {
+    if (!n.domain.empty() || n.inputs.empty() || n.outputs.empty() || n.outputs[0].empty()) continue;
+    if (n.op != "Reshape" && n.op != "Transpose" && n.op != "Flatten" && n.op != "Squeeze" && n.op != "Unsqueeze" &&
+        n.op != "Identity")
+      continue;
+    auto s = scales.find(n.inputs[0]);
+    if (s != scales.end()) scales.emplace(n.outputs[0], s->second);  // a calibrated scale stays
+  }
+}
+
 }  // namespace
 
 QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, float>& calibrated,
@@ -77,8 +103,10 @@ QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, flo
                                    const std::map<std::string, QdqWeight>* model_weights, const QuantizeTarget& target) {
   QuantizeGraphReport report;
   std::map<std::string, float> scales = calibrated;  // and those of the values the rewrite adds
-  report.matrix_products = rewrite_gemms_as_convs(g, scales, pinned, epilogue_has, report.kept_float);
+  scales_through_layout_ops(g, scales);
   const bool fp8 = target.format == QuantizeFormat::kFloat8E4M3;
+  report.matrix_products =
+      rewrite_gemms_as_convs(g, scales, pinned, fp8 ? fp8_epilogue_has : int8_epilogue_has, report.kept_float);
   const DType q_type = fp8 ? DType::kFloat8E4M3FN : DType::kInt8;
   // Calibrated scales map the threshold to 127; E4M3's largest value is 448.
   if (fp8)

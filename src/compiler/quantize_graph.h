@@ -12,8 +12,10 @@
 // (compiler/gemm_as_conv.h). A conv is quantized when it is 2-D, its weights are constant, group is 1, input and output
 // channels are multiples of 16 (cuDNN's INT8 engines read 16-byte channel rows; an image
 // stem of 1 to 4 input channels has a kernel of its own), its
-// activation is one the GPU epilogue has, its input has a scale, and it is not pinned to
-// float by name; grouped convolutions only for a target that has them (QuantizeTarget).
+// activation is one the format's epilogue has (INT8: every activation; FP8: cuDNN's pointwise
+// ops), its input has a scale (a value a layout op writes, Reshape, Transpose and the like,
+// takes the scale of the value it reads where calibration saw it alone), and it is not pinned
+// to float by name; grouped convolutions only for a target that has them (QuantizeTarget).
 // Every other node is left as it is (float).
 #pragma once
 

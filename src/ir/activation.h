@@ -46,6 +46,15 @@ struct Activation {
 
   // v limited to [lo, hi]; NaN stays NaN (as ONNX's Clip).
   static KILN_HOST_DEVICE float clamp(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
+  // a * b rounded on its own, on the device too, where nvcc would otherwise fuse it with the sum
+  // that follows into one FMA: INT8 epilogues on the GPU then give the CPU engine's integers.
+  static KILN_HOST_DEVICE float rounded_product(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+  }
 
   // The definition, for the host and the device alike.
   KILN_HOST_DEVICE float apply(float x) const {
@@ -56,7 +65,7 @@ struct Activation {
       case ActivationKind::kSigmoid: return 1.f / (1.f + expf(-x));
       case ActivationKind::kSiLU: return x / (1.f + expf(-x));
       case ActivationKind::kHardSwish: return x * clamp(x / 6.f + 0.5f, 0.f, 1.f);
-      case ActivationKind::kHardSigmoid: return clamp(alpha * x + beta, 0.f, 1.f);
+      case ActivationKind::kHardSigmoid: return clamp(rounded_product(alpha, x) + beta, 0.f, 1.f);
       case ActivationKind::kLeakyRelu: return x >= 0.f ? x : alpha * x;
       case ActivationKind::kTanh: return tanhf(x);
       case ActivationKind::kGelu: return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));

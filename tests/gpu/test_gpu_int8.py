@@ -308,6 +308,43 @@ def test_int8_depthwise_matches_cpu_exactly(kiln_bin, tmp_path):
     assert rel_l2(gpu, fp16) > 1e-3  # it did run in INT8: the float engine's output is not the integer one
 
 
+def hard_activations_model(path):
+    """MobileNet-V3's activations in INT8 layers: 3x3 with HardSwish (int8 out), depthwise 3x3 with
+    HardSwish, 1x1 with HardSigmoid (alpha 0.2, beta 0.5) writing the float16 output. cuDNN's
+    pointwise ops lack both, so kiln's kernels run them."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(41)
+    weights = {"w1": rng.standard_normal((64, 48, 3, 3)) * 0.08, "b1": rng.standard_normal(64) * 0.1,
+               "w2": rng.standard_normal((64, 1, 3, 3)) * 0.3, "b2": rng.standard_normal(64) * 0.1,
+               "w3": rng.standard_normal((64, 64, 1, 1)) * 0.15, "b3": rng.standard_normal(64) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c1"], ["y1"], name="hswish1"),
+             helper.make_node("Conv", ["y1", "w2", "b2"], ["c2"], name="dw2", group=64, pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c2"], ["y2"], name="hswish2"),
+             helper.make_node("Conv", ["y2", "w3", "b3"], ["c3"], name="conv3"),
+             helper.make_node("HardSigmoid", ["c3"], ["y3"], name="hsigmoid3", alpha=0.2, beta=0.5)]
+    graph = helper.make_graph(nodes, "int8_hard_activations",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 48, 15, 15])],
+                              [helper.make_tensor_value_info("y3", TensorProto.FLOAT, [3, 64, 15, 15])],
+                              [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_int8_hard_activations_run_on_kiln_kernels(kiln_bin, tmp_path, monkeypatch):
+    """HardSwish and HardSigmoid layers are INT8 on the GPU (kiln's kernels apply any activation;
+    HardSigmoid's product rounded on its own, as the CPU computes it): the int8 tensors match the
+    CPU engine's bit for bit and all three layers run on kiln's kernels."""
+    path = str(tmp_path / "hard.onnx")
+    hard_activations_model(path)
+    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", "kernel")
+    _, gpu, _, x, _ = check_exact_against_cpu(kiln_bin, path, (3, 48, 15, 15), tmp_path, 43, "y3", "kernel:int8 ", 3)
+    fp16 = run_kiln(kiln_bin, path, x, ["x"], str(tmp_path / "fp16"), "--device", "cuda", "--fp16")["y3"]
+    print(f"hard activations: INT8 vs fp16 engine {rel_l2(gpu, fp16):.2e}")
+    assert rel_l2(gpu, fp16) > 1e-3  # it did run in INT8
+
+
 def stem_model(path, kind):
     """The stem kernel (cuda/kernels/int8_stem.cu): "resnet" is ResNet's stem (3 channels, 7x7 stride 2,
     Relu, 64 outputs) then a MaxPool on int8 and a 3x3 block with the pool as residual; "gray" a

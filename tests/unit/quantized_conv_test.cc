@@ -930,6 +930,84 @@ TEST(QuantizeGraph, Float8FormatKeepsE4M3BetweenConvs) {
   EXPECT_GT(err, 0.0);
 }
 
+// HardSwish and HardSigmoid (MobileNet-V3's activations) are in every INT8 epilogue (the CPU
+// engine's and kiln's GPU kernels apply any activation), so INT8 quantizes those convolutions
+// and the result stays near the float one; FP8, whose convolutions run on cuDNN's pointwise
+// ops only, keeps them float and says why.
+TEST(QuantizeGraph, HardActivationsInInt8NotInFloat8) {
+  testing::GraphBuilder gb;
+  gb.input("X", {2, 16, 8, 8});
+  gb.random("W1", {32, 16, 3, 3}, -0.2f, 0.2f);
+  gb.random("B1", {32}, -0.1f, 0.1f);
+  gb.random("W2", {16, 32, 1, 1}, -0.3f, 0.3f);
+  gb.random("B2", {16}, 0.2f, 0.4f);
+  gb.node("FusedConv", {"X", "W1", "B1"}, "y1", {{"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"activation", std::string("HardSwish")}});
+  gb.last().domain = "kiln";
+  gb.node("FusedConv", {"y1", "W2", "B2"}, "y2",
+          {{"activation", std::string("HardSigmoid")}, {"activation_alpha", 0.2f}, {"activation_beta", 0.5f}});
+  gb.last().domain = "kiln";
+  gb.output("y2");
+  const ir::Graph g = gb.build();
+  const Tensor x = testing::random_tensor({2, 16, 8, 8}, 23);
+  ir::Graph probe = g;
+  probe.outputs = {"y1", "y2"};
+  auto ranges = cpu::CpuEngine(probe).run({{"X", x}});
+  const std::map<std::string, float> scales = {
+      {"X", amax(x) / 127.f}, {"y1", amax(ranges.at("y1")) / 127.f}, {"y2", amax(ranges.at("y2")) / 127.f}};
+
+  ir::Graph q = g;
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(q, scales);
+  EXPECT_EQ(r.quantized, 2) << (r.kept_float.empty() ? "" : r.kept_float[0]);
+  EXPECT_EQ(q.value("y1").type.dtype, DType::kInt8);  // HardSwish's output straight into the next conv
+  ir::infer_shapes(q);
+  const Tensor want = cpu::CpuEngine(g).run({{"X", x}}).at("y2");
+  const double err = relative_l2(cpu::CpuEngine(q).run({{"X", x}}).at("y2"), want);
+  EXPECT_LT(err, 0.03) << "INT8 moved the output too far";
+  EXPECT_GT(err, 0.0) << "the output is exactly the float one: was it quantized?";
+
+  ir::Graph f = g;
+  compiler::QuantizeTarget fp8;
+  fp8.format = compiler::QuantizeFormat::kFloat8E4M3;
+  compiler::QuantizeGraphReport rf = compiler::quantize_graph(f, scales, {}, nullptr, fp8);
+  EXPECT_EQ(rf.quantized, 0);
+  ASSERT_EQ(rf.kept_float.size(), 2u);
+  EXPECT_NE(rf.kept_float[0].find("activation has no FP8 epilogue"), std::string::npos) << rf.kept_float[0];
+}
+
+// A product reading a view of a calibrated value (Reshape and Transpose that passes add after
+// calibration, as fold_attention_views does around attention's output) takes that value's
+// scale and is quantized; without the calibrated source it stays float, saying which input
+// has no scale.
+TEST(QuantizeGraph, LayoutOpsPassTheirInputsScale) {
+  testing::GraphBuilder gb;
+  gb.input("X", {2, 4, 3, 16});
+  gb.random("W", {32, 64}, -0.3f, 0.3f);  // Gemm with transB = 1: [N, K]
+  gb.random("B", {32}, -0.1f, 0.1f);
+  gb.node("Transpose", {"X"}, "moved", {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  gb.node("Reshape", {"moved", gb.ints("rows_shape", {6, 64})}, "rows");
+  gb.node("FusedGemm", {"rows", "W", "B"}, "out", {{"transB", int64_t{1}}});
+  gb.last().domain = "kiln";
+  gb.last().name = "projection";
+  gb.output("out");
+  const ir::Graph g = gb.build();
+  const Tensor x = testing::random_tensor({2, 4, 3, 16}, 29);
+
+  ir::Graph q = g;
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(q, {{"X", amax(x) / 127.f}});
+  EXPECT_EQ(r.quantized, 1) << (r.kept_float.empty() ? "" : r.kept_float[0]);
+  ir::infer_shapes(q);
+  const Tensor want = cpu::CpuEngine(g).run({{"X", x}}).at("out");
+  const double err = relative_l2(cpu::CpuEngine(q).run({{"X", x}}).at("out"), want);
+  EXPECT_LT(err, 0.03) << "INT8 moved the output too far";
+  EXPECT_GT(err, 0.0) << "the output is exactly the float one: was it quantized?";
+
+  ir::Graph unscaled = g;
+  compiler::QuantizeGraphReport ru = compiler::quantize_graph(unscaled, {{"other", 0.1f}});
+  EXPECT_EQ(ru.quantized, 0);
+  ASSERT_EQ(ru.kept_float.size(), 1u);
+  EXPECT_NE(ru.kept_float[0].find("no calibrated scale"), std::string::npos) << ru.kept_float[0];
+}
+
 // The GPU's grouped kernel takes 4, 8, 16, 32 or 64 channels per group in and out, with
 // channels in multiples of 16 and no residual: 32 channels in groups of 8 are quantized, groups
 // of 6 (48 channels) and a grouped conv with a residual stay float, each saying why.

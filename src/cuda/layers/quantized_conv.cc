@@ -80,7 +80,10 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
     if (!p.depthwise) p.group_width = static_cast<int>(ws[1]);
   }
   p.act = ir::Activation::from_node(n);
-  if (!conv_graph_supports(p.act)) return std::string("activation ") + p.act.name() + " has no INT8 epilogue on the GPU";
+  // cuDNN's pointwise ops lack some activations (HardSwish, HardSigmoid): INT8 layers then run
+  // on kiln's kernels or CUTLASS (choose_engine leaves cuDNN out); FP8 has only cuDNN's engines.
+  if (p.quantized == DType::kFloat8E4M3FN && !conv_graph_supports(p.act))
+    return std::string("activation ") + p.act.name() + " has no FP8 epilogue on the GPU";
   p.x = r.input_shape(0);
   p.w = r.constants[1]->shape();
   p.y = r.output_shapes[0];
@@ -386,10 +389,16 @@ class QConvLayer final : public Layer {
                        : cutlass_product_.m > 0
                            ? quantized_gemm_unsupported(cutlass_product_, services.device())
                            : std::string("not a matrix product with a float16 residual and a float16 or 8-bit output")));
-    const bool cudnn_ok = only.empty() || only == "cudnn";
+    const bool cudnn_has_act = conv_graph_supports(p_.act);
+    if (only == "cudnn" && !cudnn_has_act)
+      throw Error(ErrorKind::kUnsupported, "the tactic options ask for cuDNN only, but cuDNN's pointwise ops lack " +
+                                               std::string(p_.act.name()) + " (" + k + ")");
+    const bool cudnn_ok = (only.empty() || only == "cudnn") && cudnn_has_act;
     if (!cudnn_ok && !kernel_ok && !product_gemm_ && !cutlass_gemm_)
       throw Error(ErrorKind::kUnsupported,
-                  "the tactic options ask for " + only + ", but kiln's INT8 kernels do not run " + k + ": " + kernel_why);
+                  (only.empty() ? std::string("cuDNN's pointwise ops lack ") + p_.act.name() + ", and kiln's INT8 kernels"
+                                : "the tactic options ask for " + only + ", but kiln's INT8 kernels") +
+                      " do not run " + k + ": " + kernel_why);
     // cuDNN's candidates are made only when they may be used: making them creates the build's
     // cuDNN handle (device memory an engine of kiln's kernels alone never needs) and asks
     // cuDNN's heuristics.
