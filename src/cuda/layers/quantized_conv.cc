@@ -118,6 +118,10 @@ std::string plan(const LayerRequest& r, QConvParams& p) {
     return "grouped INT8 convolution: " + why;
   if (std::string why; p.stem && !int8_stem_supported(geo, p.y_storage, z_storage, &why))
     return "INT8 convolution of " + std::to_string(geo.c) + " input channels: " + why;
+  if (std::string why; !conv_graph_supports(p.act) && !p.depthwise && !p.stem && !p.group_width &&
+                       int8_conv_tactics(geo, p.y_storage, z_storage, p.act, 0, &why).empty())
+    return std::string("activation ") + p.act.name() + ": cuDNN's pointwise ops lack it, and kiln's INT8 kernels do not " +
+           "run this convolution: " + why;
   return "";
 }
 
