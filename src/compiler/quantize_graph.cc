@@ -80,14 +80,22 @@ std::string why_float(const ir::Graph& g, const ir::Node& n, const std::map<std:
 
 Tensor scalar(DType dtype) { return Tensor(dtype, {}); }
 
-// Layout ops move values without changing one: a value such an op writes takes the scale of
-// the value it reads where calibration gave it none. Passes that run after calibration's graph
-// make such values, as fold_attention_views does with its views of attention's output, whose
-// product would otherwise stay float for want of a scale. The nodes are in topological order,
-// so chains of views inherit along their length.
+// Values calibration never saw, because passes made them after calibration's graph, take the
+// scale of a value holding the same elements: a layout op's output (Reshape, Transpose and the
+// like) that of its input, and a node naming the values it replaced (same_values_as, as
+// kiln::StridedAttention's output, written in the layout its output projection reads) that of
+// the first with one. Without it that projection would stay float for want of a scale. The
+// nodes are in topological order, so chains of views inherit along their length.
 void scales_through_layout_ops(const ir::Graph& g, std::map<std::string, float>& scales) {
   for (const ir::Node& n : g.nodes) {
-    if (!n.domain.empty() || n.inputs.empty() || n.outputs.empty() || n.outputs[0].empty()) continue;
+    if (n.outputs.empty() || n.outputs[0].empty()) continue;
+    for (const std::string& like : n.attrs.get_strings("same_values_as")) {
+      auto s = scales.find(like);
+      if (s == scales.end()) continue;
+      scales.emplace(n.outputs[0], s->second);
+      break;
+    }
+    if (!n.domain.empty() || n.inputs.empty()) continue;
     if (n.op != "Reshape" && n.op != "Transpose" && n.op != "Flatten" && n.op != "Squeeze" && n.op != "Unsqueeze" &&
         n.op != "Identity")
       continue;

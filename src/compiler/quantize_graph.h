@@ -14,7 +14,8 @@
 // stem of 1 to 4 input channels has a kernel of its own), its
 // activation is one the format's epilogue has (INT8: every activation; FP8: cuDNN's pointwise
 // ops), its input has a scale (a value a layout op writes, Reshape, Transpose and the like,
-// takes the scale of the value it reads where calibration saw it alone), and it is not pinned
+// takes the scale of the value it reads, and a node's output that of a value its
+// same_values_as attribute names, where calibration saw those alone), and it is not pinned
 // to float by name; grouped convolutions only for a target that has them (QuantizeTarget).
 // Every other node is left as it is (float).
 #pragma once

@@ -137,7 +137,9 @@ struct AttentionMasking {
 //     q_view, k_view, v_view: [offset, batch stride, head stride, row stride] in elements of the
 //       source (elements along the head size are adjacent);
 //     y_shape: Z's shape, exactly B * Hq * S * Dv elements; y_view: where Y [b, h, s, d] lies
-//       in Z, each element of Z written once.
+//       in Z, each element of Z written once;
+//     same_values_as (optional): names of the values Z replaced (Y and the layout layers after
+//       it), whose elements Z holds; nothing computes with it (quantize_graph finds their scales).
 struct HeadLayout {
   int64_t offset = 0, batch = 0, head = 0, row = 0;
   int64_t at(int64_t b, int64_t h, int64_t s) const { return offset + b * batch + h * head + s * row; }

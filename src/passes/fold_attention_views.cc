@@ -497,6 +497,12 @@ class ViewFolder {
     const ir::HeadLayout* all[4] = {&layouts[0], &layouts[1], &layouts[2], &y_layout};
     for (size_t i = 0; i < 4; ++i) n.attrs.set(names[i], std::vector<int64_t>{all[i]->offset, all[i]->batch, all[i]->head, all[i]->row});
     n.attrs.set("y_shape", *z_shape);
+    // Z holds the values of Y and of every layer after it that it replaces, laid out anew: their
+    // names, for what looks values up by name (an INT8 build's calibrated scales).
+    std::vector<std::string> same = {att.outputs[0]};
+    for (size_t c : y_chain)
+      if (g_.nodes[c].outputs[0] != z) same.push_back(g_.nodes[c].outputs[0]);
+    n.attrs.set("same_values_as", same);
     n.outputs = {z};
     // The layers after Y lose their output: they die with Y.
     if (!y_chain.empty()) {

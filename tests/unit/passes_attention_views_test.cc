@@ -4,6 +4,9 @@
 // layers described, and computes what they computed; chains that are not views stay.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "compiler/quantize_graph.h"
 #include "graph_builder.h"
 #include "passes/passes.h"
 
@@ -15,22 +18,24 @@ constexpr int64_t S = 5, N = 2, H = 3, D = 4, E = H * D;
 // nn.MultiheadAttention as torch.onnx writes it (torchvision's ViT): one projection
 // [S, N, 3E] split into Q, K and V by Reshape, Unsqueeze, Transpose, Squeeze and Gathers, heads
 // through a merged batch-and-heads axis [S, N * H, D], Y merged back to [S * N, E].
-void add_packed_attention(GraphBuilder& b, const std::string& qkv, const std::string& y) {
-  b.node("Reshape", {qkv, b.ints("split3", {S, N, 3, E})}, "split");
+void add_packed_attention(GraphBuilder& b, const std::string& qkv, const std::string& y, int64_t s = S, int64_t n = N,
+                          int64_t h = H, int64_t d = D) {
+  const int64_t e = h * d;
+  b.node("Reshape", {qkv, b.ints("split3", {s, n, 3, e})}, "split");
   b.node("Unsqueeze", {"split", b.ints("axis0", {0})}, "unsq");
   b.node("Transpose", {"unsq"}, "moved", {{"perm", std::vector<int64_t>{3, 1, 2, 0, 4}}});
   b.node("Squeeze", {"moved", b.ints("axis3", {-2})}, "parts");
   const char* names[3] = {"q", "k", "v"};
   for (int64_t i = 0; i < 3; ++i) {
-    const std::string n = names[i];
-    b.node("Gather", {"parts", b.constant(n + "_index", Tensor::scalar<int64_t>(i))}, n + "_sbe", {{"axis", int64_t{0}}});
-    b.node("Reshape", {n + "_sbe", b.ints(n + "_heads_shape", {S, N * H, D})}, n + "_merged");
-    b.node("Transpose", {n + "_merged"}, n + "_t", {{"perm", std::vector<int64_t>{1, 0, 2}}});
-    b.node("Reshape", {n + "_t", b.ints(n + "_4d", {N, H, S, D})}, n);
+    const std::string part = names[i];
+    b.node("Gather", {"parts", b.constant(part + "_index", Tensor::scalar<int64_t>(i))}, part + "_sbe", {{"axis", int64_t{0}}});
+    b.node("Reshape", {part + "_sbe", b.ints(part + "_heads_shape", {s, n * h, d})}, part + "_merged");
+    b.node("Transpose", {part + "_merged"}, part + "_t", {{"perm", std::vector<int64_t>{1, 0, 2}}});
+    b.node("Reshape", {part + "_t", b.ints(part + "_4d", {n, h, s, d})}, part);
   }
   b.node("Attention", {"q", "k", "v"}, "y4");
   b.node("Transpose", {"y4"}, "y_sbhd", {{"perm", std::vector<int64_t>{2, 0, 1, 3}}});
-  b.node("Reshape", {"y_sbhd", b.ints("rows", {S * N, E})}, y);
+  b.node("Reshape", {"y_sbhd", b.ints("rows", {s * n, e})}, y);
 }
 
 GraphBuilder packed_projection_attention() {
@@ -105,6 +110,44 @@ TEST(FoldAttentionViews, TransposesAcrossTheProjectionsJoinTheViews) {
   EXPECT_EQ(a->attrs.get_ints("q_view"), (std::vector<int64_t>{0, S * 3 * E, D, 3 * E}));
   EXPECT_EQ(a->attrs.get_ints("y_view"), (std::vector<int64_t>{0, S * E, D, E}));
   expect_same_outputs(before, after);
+}
+
+// The output projection of a folded attention reads a value that calibration never saw (the
+// attention's output, written as the projection's rows); the attention names the values it
+// replaced, so an INT8 build finds the calibrated rows' scale and quantizes both projections.
+// Without the names the output projection stays float for want of a scale.
+TEST(FoldAttentionViews, OutputProjectionFindsTheCalibratedScale) {
+  constexpr int64_t s = 5, n = 2, h = 2, d = 8, e = h * d;  // 16 features: INT8's granularity
+  GraphBuilder b;
+  b.input("x", {n, s, e});
+  b.node("Transpose", {"x"}, "x_sne", {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  b.node("MatMul", {"x_sne", b.random("w_in", {e, 3 * e})}, "qkv_nobias");
+  b.node("Add", {"qkv_nobias", b.random("b_in", {3 * e})}, "qkv");
+  add_packed_attention(b, "qkv", "y", s, n, h, d);
+  b.node("Gemm", {"y", b.random("w_out", {e, e}), b.random("b_out", {e})}, "rows_out", {{"transB", int64_t{1}}});
+  b.node("Reshape", {"rows_out", b.ints("sne", {s, n, e})}, "sne_out");
+  b.node("Transpose", {"sne_out"}, "out", {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  b.output("out");
+  const ir::Graph after = folded(b.build());
+  const ir::Node* a = only_node(after, "StridedAttention");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(a->outputs[0], "y");  // written as the projection's rows, a value of its own
+  const std::vector<std::string> same = a->attrs.get_strings("same_values_as");
+  EXPECT_NE(std::find(same.begin(), same.end(), "y"), same.end());
+
+  // Calibration's names: the model's values before kiln's passes.
+  const std::map<std::string, float> scales = {{"x", 0.02f}, {"x_sne", 0.02f}, {"y", 0.01f}};
+  ir::Graph quantized = after;
+  compiler::QuantizeGraphReport r = compiler::quantize_graph(quantized, scales);
+  EXPECT_EQ(r.quantized, 2) << (r.kept_float.empty() ? "" : r.kept_float[0]);
+
+  ir::Graph unnamed = after;
+  for (ir::Node& node : unnamed.nodes)
+    if (node.op == "StridedAttention") node.attrs.erase("same_values_as");
+  compiler::QuantizeGraphReport ru = compiler::quantize_graph(unnamed, scales);
+  EXPECT_EQ(ru.quantized, 1);
+  ASSERT_EQ(ru.kept_float.size(), 1u);
+  EXPECT_NE(ru.kept_float[0].find("no calibrated scale"), std::string::npos) << ru.kept_float[0];
 }
 
 TEST(FoldAttentionViews, TransposeBeforeAFusedProjectionJoinsTheViews) {
