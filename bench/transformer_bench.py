@@ -17,9 +17,9 @@ Each kiln binary given (--kiln: one, or two to compare an older build with a new
 are timed in alternating rounds, the order swapped every round) runs `kiln bench --fp16`, and
 with --precisions also `--int8` / `--fp8` (products quantized where faster, the rest fp16) on
 scales the first binary calibrates once per model on the GPU (`kiln calibrate --device cuda`,
-entropy unless --calib-algo says otherwise, e.g. vit_b_16=percentile) from 64 rows of inputs made like the timed ones but from another seed. --layer-choices
-adds, for each of int8 and fp8 given, the build's own layer-by-layer timing at the large batch
-(`kiln build -v`: each quantized product against its fp16 form, the quantize and reformat layers
+entropy unless --calib-algo says otherwise, e.g. vit_b_16=percentile) from 64 rows of inputs
+made like the timed ones but from another seed. --layer-choices adds, for each of int8 and fp8
+given, the build's own layer-by-layer timing at the large batch (`kiln build -v`: each quantized product against its fp16 form, the quantize and reformat layers
 charged to it, the choice, and the whole engines timed), parsed into the JSON; the log is kept.
 --peers adds PyTorch eager fp16 and torch.compile(mode="reduce-overhead") fp16 on the same
 inputs, timed as bench/gpu_bench.py times them. --fidelity adds each binary's output at the

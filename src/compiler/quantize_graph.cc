@@ -86,7 +86,7 @@ Tensor scalar(DType dtype) { return Tensor(dtype, {}); }
 // kiln::StridedAttention's output, written in the layout its output projection reads) that of
 // the first with one. Without it that projection would stay float for want of a scale. The
 // nodes are in topological order, so chains of views inherit along their length.
-void scales_through_layout_ops(const ir::Graph& g, std::map<std::string, float>& scales) {
+void scales_for_uncalibrated_values(const ir::Graph& g, std::map<std::string, float>& scales) {
   for (const ir::Node& n : g.nodes) {
     if (n.outputs.empty() || n.outputs[0].empty()) continue;
     for (const std::string& like : n.attrs.get_strings("same_values_as")) {
@@ -111,7 +111,7 @@ QuantizeGraphReport quantize_graph(ir::Graph& g, const std::map<std::string, flo
                                    const std::map<std::string, QdqWeight>* model_weights, const QuantizeTarget& target) {
   QuantizeGraphReport report;
   std::map<std::string, float> scales = calibrated;  // and those of the values the rewrite adds
-  scales_through_layout_ops(g, scales);
+  scales_for_uncalibrated_values(g, scales);
   const bool fp8 = target.format == QuantizeFormat::kFloat8E4M3;
   report.matrix_products =
       rewrite_gemms_as_convs(g, scales, pinned, fp8 ? fp8_epilogue_has : int8_epilogue_has, report.kept_float);

@@ -499,10 +499,12 @@ class ViewFolder {
     n.attrs.set("y_shape", *z_shape);
     // Z holds the values of Y and of every layer after it that it replaces, laid out anew: their
     // names, for what looks values up by name (an INT8 build's calibrated scales).
-    std::vector<std::string> same = {att.outputs[0]};
-    for (size_t c : y_chain)
-      if (g_.nodes[c].outputs[0] != z) same.push_back(g_.nodes[c].outputs[0]);
-    n.attrs.set("same_values_as", same);
+    if (!y_chain.empty()) {
+      std::vector<std::string> same = {att.outputs[0]};
+      for (size_t c : y_chain)
+        if (g_.nodes[c].outputs[0] != z) same.push_back(g_.nodes[c].outputs[0]);
+      n.attrs.set("same_values_as", same);
+    }
     n.outputs = {z};
     // The layers after Y lose their output: they die with Y.
     if (!y_chain.empty()) {
