@@ -170,15 +170,17 @@ void quantize_for_precision(ir::Graph& graph, const std::string& name, const Bui
   QuantizeGraphReport r = quantize_graph(graph, scales, pinned, &qdq.weights, target);
   kept_float = r.kept_float;
   const int fused_norms = passes::fuse_layer_norm_quantize(graph);
-  if (fused_norms) ir::infer_shapes(graph);
+  const int fused_attentions = fp8 ? 0 : passes::fuse_attention_quantize(graph);
+  if (fused_norms || fused_attentions) ir::infer_shapes(graph);
   if (options.log) {
     const std::string tag = fp8 ? "fp8" : "int8", format = fp8 ? "FP8" : "INT8";
     options.log(tag + ": " + std::to_string(r.quantized) + " convolutions in " + format + " (" + std::to_string(r.matrix_products) +
                 " of them matrix products as 1x1 convolutions, " + std::to_string(r.model_weights) +
                 " with the model's int8 weights), " + std::to_string(r.int8_values) + " " + tag + " tensors between them (" +
                 std::to_string(r.int8_pools) + " through MaxPools), " +
-                std::to_string(r.quantize_nodes - fused_norms) + " quantize layers, " + std::to_string(fused_norms) +
-                " quantized copies written by LayerNormalizations");
+                std::to_string(r.quantize_nodes - fused_norms - fused_attentions) + " quantize layers, " +
+                std::to_string(fused_norms) + " quantized copies written by LayerNormalizations, " +
+                std::to_string(fused_attentions) + " attentions writing int8");
     for (const std::string& k : r.kept_float) options.log(tag + ": kept in float: " + k);
   }
 }

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "compiler/pipeline.h"
+#include "passes/rewrite.h"
 
 namespace kiln::compiler {
 
@@ -50,6 +51,16 @@ std::vector<QuantizedLayerCost> compare_quantized_layers(const ir::Graph& g, con
   std::map<std::string, const ir::Node*> quantize_of;
   for (const ir::Node& n : g.nodes)
     if (n.op == "QuantizeLinear" && n.domain.empty() && !n.outputs.empty()) quantize_of[n.outputs[0]] = &n;
+  // Attentions writing int8 (passes/fuse_attention_quantize.cc), by their output and the
+  // reshapes of it: what the int8 output costs over the fp16 engine's float one counts to the
+  // convolutions reading it, as the quantize layer's time would.
+  std::map<std::string, const ir::Node*> int8_attention_of;
+  for (const ir::Node& n : g.nodes) {  // in topological order
+    if (n.op == "StridedAttention" && n.domain == "kiln" && n.inputs.size() > 4 && !n.inputs[4].empty() && !n.outputs.empty())
+      int8_attention_of[n.outputs[0]] = &n;
+    else if (passes::reshapes_only(n) && !n.inputs.empty() && !n.outputs.empty() && int8_attention_of.count(n.inputs[0]))
+      int8_attention_of[n.outputs[0]] = int8_attention_of.at(n.inputs[0]);
+  }
   std::vector<QuantizedLayerCost> costs;
   for (const ir::Node& n : g.nodes) {
     if (n.op != "QConv" || n.domain != "kiln") continue;
@@ -67,6 +78,11 @@ std::vector<QuantizedLayerCost> compare_quantized_layers(const ir::Graph& g, con
       for (int r : g.consumers(q->first)) readers += g.nodes[static_cast<size_t>(r)].op == "QConv";
       c.added_ms += (time_of(quantized_ms, q->second->name) + reformats_of(*q->second, quantized_ms)) / std::max(readers, 1);
       as_float.inputs[0] = q->second->inputs[0];
+    } else if (auto a = n.inputs.empty() ? int8_attention_of.end() : int8_attention_of.find(n.inputs[0]);
+               a != int8_attention_of.end()) {
+      int readers = 0;
+      for (int r : g.consumers(a->first)) readers += g.nodes[static_cast<size_t>(r)].op == "QConv";
+      c.added_ms += (time_of(quantized_ms, a->second->name) - time_of(fp16_ms, a->second->name)) / std::max(readers, 1);
     }
     c.fp16_ms = half->second + reformats_of(as_float, fp16_ms);
     costs.push_back(c);

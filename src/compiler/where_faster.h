@@ -37,7 +37,7 @@ std::map<std::string, double> median_layer_ms(const std::vector<std::vector<Laye
 // Costs of every kiln::QConv of `quantized_graph` (the all-quantized engine's graph) from
 // per-layer times of that engine and of the fp16 engine (median_layer_ms; reformat layers are
 // named "reformat(<value>)"). A QuantizeLinear read by k quantized convolutions counts 1/k to
-// each. Layers the fp16 engine has no time for are left out (kept quantized).
+// each, and so does an attention writing int8 with what it costs over its fp16 form. Layers the fp16 engine has no time for are left out (kept quantized).
 std::vector<QuantizedLayerCost> compare_quantized_layers(const ir::Graph& quantized_graph,
                                                          const std::map<std::string, double>& quantized_ms,
                                                          const std::map<std::string, double>& fp16_ms);

@@ -531,15 +531,34 @@ class StridedAttentionKernel : public Kernel {
     const Tensor v = gather(*in[2], g.v, s.kv_heads, s.kv_seq, s.v_head_size, s.batch);
     std::vector<const Tensor*> inputs = {&q, &k, &v};
     if (in.size() > 3 && in[3]) inputs.push_back(in[3]);
+    // Written as int8 (y_scale and y_zero_point given): Y in float32 first.
+    const bool quantized = out[0].dtype() == DType::kInt8;
     std::vector<Tensor> y(1);
-    y[0] = Tensor(out[0].dtype(), {s.batch, s.q_heads, s.q_seq, s.v_head_size});
+    y[0] = Tensor(quantized ? DType::kFloat32 : out[0].dtype(), {s.batch, s.q_heads, s.q_seq, s.v_head_size});
     AttentionKernel(plain_).run(inputs, y);
+    float y_scale = 1.f, zero_point = 0.f;
+    if (quantized) {
+      if (in.size() < 6 || !in[4] || !in[5] || in[4]->numel() != 1 || in[5]->numel() != 1)
+        throw node_.error(ErrorKind::kInvalidArgument, "y_scale and y_zero_point must hold one value each");
+      y_scale = in[4]->data<float>()[0];
+      zero_point = static_cast<float>(in[5]->data<int8_t>()[0]);
+    }
     int64_t e = 0;
     for (int64_t b = 0; b < s.batch; ++b)
       for (int64_t h = 0; h < s.q_heads; ++h)
         for (int64_t i = 0; i < s.q_seq; ++i) {
           const int64_t base = g.y.at(b, h, i);
-          for (int64_t d = 0; d < s.v_head_size; ++d) store(out[0], base + d, load(y[0], e++));
+          for (int64_t d = 0; d < s.v_head_size; ++d, ++e) {
+            if (!quantized) {
+              store(out[0], base + d, load(y[0], e));
+              continue;
+            }
+            // QuantizeLinear's arithmetic (quantize.cc): the float32 quotient rounded half to
+            // even, plus the zero point, saturated; NaN gives 0.
+            float q = std::nearbyint(y[0].data<float>()[e] / y_scale) + zero_point;
+            if (std::isnan(q)) q = 0.f;
+            out[0].data<int8_t>()[base + d] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, q)));
+          }
         }
   }
 

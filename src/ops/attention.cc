@@ -86,7 +86,20 @@ void infer_strided_attention(InferContext& ctx) {
   std::string why;
   const StridedAttentionGeometry g = strided_attention_geometry(ctx.node, elements[0], elements[1], elements[2], why);
   if (!why.empty()) ctx.fail(why);
-  ctx.set_output(0, dtype, dims_of(g.z_shape));
+  // Inputs 4 and 5, y_scale and y_zero_point (passes/fuse_attention_quantize.cc): Y written as
+  // int8, round(Y / y_scale) + y_zero_point saturated, as QuantizeLinear per tensor.
+  DType y_type = dtype;
+  if (ctx.has_input(4) || ctx.has_input(5)) {
+    if (!ctx.has_input(4) || !ctx.has_input(5)) ctx.fail("y_scale and y_zero_point come together");
+    if (ctx.dtype(4) != DType::kFloat32) ctx.fail("y_scale must be float32, is " + to_string(ctx.dtype(4)));
+    if (ctx.dtype(5) != DType::kInt8) ctx.fail("y_zero_point must be int8, is " + to_string(ctx.dtype(5)));
+    for (size_t i : {size_t{4}, size_t{5}})
+      if (!ctx.shape_known(i) ||
+          !(ctx.shape(i).empty() || (ctx.shape(i).size() == 1 && ctx.shape(i)[0].known() && ctx.shape(i)[0].value == 1)))
+        ctx.fail(std::string(i == 4 ? "y_scale" : "y_zero_point") + " must hold one value (per tensor)");
+    y_type = DType::kInt8;
+  }
+  ctx.set_output(0, y_type, dims_of(g.z_shape));
 }
 
 int64_t strided_attention_flops(const FlopsContext& ctx) {
@@ -110,7 +123,7 @@ KILN_REGISTER_OPS(attention) {
   s.op = "StridedAttention";
   s.domain = "kiln";
   s.min_inputs = 3;
-  s.max_inputs = 4;
+  s.max_inputs = 6;
   s.infer = infer_strided_attention;
   s.flops = strided_attention_flops;
   registry.add(std::move(s));

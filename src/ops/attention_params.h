@@ -128,10 +128,13 @@ struct AttentionMasking {
   }
 };
 
-// kiln::StridedAttention(Q source, K source, V source, attn_mask?) -> Z: Attention's 4-D form on
-// Q, K and V read as strided views of their sources, Y written through a strided view of Z
-// (passes/fold_attention_views.cc makes it from an Attention and the Reshapes, Transposes,
-// Gathers, Slices and Splits around it, so that no layer copies the heads into place).
+// kiln::StridedAttention(Q source, K source, V source, attn_mask?, y_scale?, y_zero_point?) -> Z:
+// Attention's 4-D form on Q, K and V read as strided views of their sources, Y written through a
+// strided view of Z (passes/fold_attention_views.cc makes it from an Attention and the Reshapes,
+// Transposes, Gathers, Slices and Splits around it, so that no layer copies the heads into
+// place). With y_scale and y_zero_point (float32 and int8, one value each; made by
+// passes/fuse_attention_quantize.cc) Z is int8: QuantizeLinear's round(Y / y_scale) + y_zero_point,
+// saturated, of the float32 Y.
 //   Attributes: Attention's scale, is_causal, left_window_size, right_window_size, softcap;
 //     q_shape [B, Hq, S, D], k_shape [B, Hkv, T, D], v_shape [B, Hkv, T, Dv];
 //     q_view, k_view, v_view: [offset, batch stride, head stride, row stride] in elements of the

@@ -75,6 +75,12 @@ int fuse_attention(ir::Graph& graph, std::vector<std::string>& notes);
 // FP8 builds, after their quantize layers exist.
 int fuse_layer_norm_quantize(ir::Graph& graph);
 
+// kiln::StridedAttention [-> Reshape-like nodes] -> QuantizeLinear (per tensor, to int8, zero
+// point 0) -> the attention writing int8 itself (its inputs 4 and 5: the scale and zero point),
+// the reshapes then on its int8 output; only where nothing else reads the float output. For INT8
+// builds, after their quantize layers exist.
+int fuse_attention_quantize(ir::Graph& graph);
+
 // Q, K and V (or K and V) projected from one tensor by constant matrices [+ bias] -> one MatMul
 // by the matrices side by side [+ one bias] and a Split, where fold_attention_views then reads
 // the heads from the packed product in place (tried on a copy first).

@@ -57,6 +57,22 @@ TEST(WhereFaster, ChargesTheSharedQuantizeAndReformatsToTheReaders) {
   EXPECT_FALSE(c3.keep_quantized());
 }
 
+TEST(WhereFaster, AnAttentionWritingInt8ChargesWhatItAddsToTheProductReadingIt) {
+  // attention (int8 output, fuse_attention_quantize) -> Reshape -> c1; its fp16 form writes float.
+  ir::Graph g;
+  g.nodes.push_back(node("StridedAttention", "kiln", "attention", {"qkv", "qkv", "qkv", "", "y_scale", "y_zero"}, "y_int8"));
+  g.nodes.push_back(node("Reshape", "", "as_image", {"y_int8", "shape"}, "y_image"));
+  g.nodes.push_back(node("QConv", "kiln", "c1", {"y_image", "w1"}, "out"));
+  const std::map<std::string, double> int8 = {{"attention", 0.09}, {"c1", 0.04}};
+  const std::map<std::string, double> fp16 = {{"attention", 0.08}, {"c1", 0.06}};
+  const compiler::QuantizedLayerCost& c1 = cost_of(compiler::compare_quantized_layers(g, int8, fp16), "c1");
+  EXPECT_NEAR(c1.added_ms, 0.01, 1e-12);
+  EXPECT_TRUE(c1.keep_quantized());  // 0.05 < 0.06
+  // An int8 output that costs more than the product saves: the product stays float.
+  const std::map<std::string, double> slow = {{"attention", 0.12}, {"c1", 0.04}};
+  EXPECT_FALSE(cost_of(compiler::compare_quantized_layers(g, slow, fp16), "c1").keep_quantized());
+}
+
 TEST(WhereFaster, LayersWithoutAnFp16TimeAreLeftOut) {
   const auto costs = compiler::compare_quantized_layers(fp8_graph(), {{"c1", 0.1}, {"c2", 0.1}, {"c3", 0.1}}, {{"c2", 0.3}});
   ASSERT_EQ(costs.size(), 1u);

@@ -18,18 +18,26 @@
 // 4-D inputs without grouping, the heads of one batch element (or of one key/value head)
 // otherwise. A row whose keys are all masked gives zeros, as attention_params.h defines.
 //
+// Float16 engines also time two fused tactics against these products: cuDNN's fused attention
+// (attention_sdpa.h; a mask is first written as its float16 bias) and kiln's own kernel
+// (flash_attention.h; head size 64, the mask read where it lies), each checked against the
+// products' output on the build's random inputs before it may be chosen.
+//
 // Not on the GPU (check() says so; the model keeps its CPU fallback): a past KV cache,
 // nonpad_kv_seqlen, the soft cap, and the present_key/present_value/logits outputs.
 #include <cublasLt.h>
 #include <cudnn.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "cuda/kernels/attention_sdpa.h"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/cublaslt.h"
+#include "cuda/kernels/flash_attention.h"
 #include "cuda/runtime/check.h"
 #include "ir/sizes.h"
 #include "ops/attention_params.h"
@@ -171,6 +179,17 @@ __global__ void sdpa_bias_kernel(const M* __restrict__ mask, __half* __restrict_
       else v = static_cast<float>(m);
     }
     bias[e] = __float2half_rn(v);
+  }
+}
+
+// Y, computed in float16 or float32 by the products or cuDNN, to int8 as QuantizeLinear: the
+// float32 quotient rounded half to even, plus the zero point, saturated (NaN: the zero point).
+template <class T>
+__global__ void quantize_output_kernel(const T* __restrict__ y, int8_t* __restrict__ q, float scale, int zero_point,
+                                       int64_t count) {
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < count; e += int64_t{gridDim.x} * blockDim.x) {
+    const int v = __float2int_rn(__fdiv_rn(load_float(y, e), scale)) + zero_point;
+    q[e] = static_cast<int8_t>(max(-128, min(127, v)));
   }
 }
 
@@ -376,28 +395,65 @@ class AttentionLayer final : public Layer {
       args_.mask.boolean = f.inputs[3].dtype == DType::kBool;
     }
     sdpa_offsets_ = {q.offset, k.offset, v.offset, y.offset, 0};
+    output_elements_ = element_count(r.output_shapes.at(0));
+    if (f.outputs[0].dtype == DType::kInt8) {
+      // kiln::StridedAttention writing int8 (inputs 4 and 5, checked one value each).
+      y_int8_ = true;
+      y_scale_ = r.constants[4]->data<float>()[0];
+      y_zero_point_ = r.constants[5]->data<int8_t>()[0];
+      float_y_bytes_ = align_up(static_cast<size_t>(checked_mul(output_elements_, static_cast<int64_t>(element_), "attention output")));
+    }
     choose_tactic(s, q, k, v, y, services);
   }
 
   void enqueue(const LayerIO& io, cudaStream_t stream) const override {
-    if (sdpa_) {
-      KILN_CUDNN_CHECK(cudnnSetStream(io.cudnn, stream));
-      run_sdpa(io, io.cudnn, io.workspace, stream);
-    } else {
-      run_products(io, io.cublaslt, io.workspace, stream);
-    }
+    if (flash_chosen_) run_flash(io, stream);
+    else run_library(io, io.cudnn, io.cublaslt, io.workspace, stream);
   }
 
   bool uses_cudnn() const override { return sdpa_ != nullptr; }
   size_t workspace_bytes() const override {
-    return sdpa_ ? bias_bytes_ + sdpa_->workspace_bytes() : logits_bytes_ + products_workspace();
+    if (flash_chosen_) return 0;
+    return float_y_bytes_ + (sdpa_ ? bias_bytes_ + sdpa_->workspace_bytes() : logits_bytes_ + products_workspace());
   }
   std::string tactic() const override {
+    if (flash_chosen_) return "kernel:flash-attention:" + std::to_string(flash_.block_warps) + "-warps";
     if (sdpa_) return "cudnn:fused-attention";
     return "cublasLt+kernel:attention-softmax" + (calls_.size() > 1 ? "x" + std::to_string(calls_.size()) : std::string());
   }
 
  private:
+  // cuDNN's fused attention or the products; an int8 Y is computed in the float type first, at
+  // the start of the workspace, and quantized.
+  void run_library(const LayerIO& io, cudnnContext* cudnn, cublasLtContext* cublaslt, void* workspace,
+                   cudaStream_t stream) const {
+    const LayerIO* target = &io;
+    LayerIO float_y;
+    if (y_int8_) {
+      float_y = io;
+      float_y.outputs[0] = workspace;
+      workspace = static_cast<char*>(workspace) + float_y_bytes_;
+      target = &float_y;
+    }
+    if (sdpa_) {
+      KILN_CUDNN_CHECK(cudnnSetStream(cudnn, stream));
+      run_sdpa(*target, cudnn, workspace, stream);
+    } else {
+      run_products(*target, cublaslt, workspace, stream);
+    }
+    if (!y_int8_) return;
+    const unsigned grid = std::min(grid_for(output_elements_), 4096u);
+    if (dtype_ == DType::kFloat16)
+      quantize_output_kernel<<<grid, 256, 0, stream>>>(static_cast<const __half*>(float_y.outputs[0]),
+                                                        static_cast<int8_t*>(io.outputs[0]), y_scale_, y_zero_point_,
+                                                        output_elements_);
+    else
+      quantize_output_kernel<<<grid, 256, 0, stream>>>(static_cast<const float*>(float_y.outputs[0]),
+                                                        static_cast<int8_t*>(io.outputs[0]), y_scale_, y_zero_point_,
+                                                        output_elements_);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+
   // The products around the softmax kernel.
   void run_products(const LayerIO& io, cublasLtHandle_t handle, void* workspace, cudaStream_t stream) const {
     char* logits = static_cast<char*>(workspace);
@@ -440,11 +496,99 @@ class AttentionLayer final : public Layer {
                static_cast<char*>(io.outputs[0]) + sdpa_offsets_.y * es, static_cast<char*>(workspace) + bias_bytes_);
   }
 
-  // Float16 engines: cuDNN's fused attention where it takes this shape and times faster than
-  // the products (the timing cache remembers which).
+  // kiln's kernel on this layer's operands.
+  void run_flash(const LayerIO& io, cudaStream_t stream) const {
+    FlashAttentionProblem p = flash_;
+    const int64_t es = static_cast<int64_t>(element_);
+    p.q = static_cast<const char*>(io.inputs[0]) + sdpa_offsets_.q * es;
+    p.k = static_cast<const char*>(io.inputs[1]) + sdpa_offsets_.k * es;
+    p.v = static_cast<const char*>(io.inputs[2]) + sdpa_offsets_.v * es;
+    p.y = static_cast<char*>(io.outputs[0]) + sdpa_offsets_.y * (y_int8_ ? 1 : es);
+    p.mask = args_.mask.present ? io.inputs[3] : nullptr;
+    KILN_CUDA_CHECK(launch_flash_attention(p, stream));
+  }
+
+  // The problem kiln's kernel would run, pointers aside; empty `why` when it takes it.
+  FlashAttentionProblem flash_problem(const ir::AttentionShape& s, const SdpaDims& d, std::string& why) const {
+    FlashAttentionProblem p;
+    p.batch = s.batch, p.q_heads = s.q_heads, p.kv_heads = s.kv_heads, p.queries = s.q_seq, p.keys = s.kv_seq;
+    p.head_size = s.head_size;
+    for (auto [dst, src] : {std::pair{p.q_strides, d.q_strides}, std::pair{p.k_strides, d.k_strides},
+                            std::pair{p.v_strides, d.v_strides}, std::pair{p.y_strides, d.o_strides}})
+      std::copy(src, src + 3, dst);
+    p.scale = scale_;
+    p.causal = args_.causal;
+    p.y_int8 = y_int8_;
+    p.y_scale = y_scale_;
+    p.y_zero_point = y_zero_point_;
+    if (args_.mask.present) {
+      p.mask_boolean = args_.mask.boolean;
+      std::copy(args_.mask.stride, args_.mask.stride + 4, p.mask_strides);
+      p.mask_keys = args_.mask.keys;
+    }
+    if (s.v_head_size != s.head_size) {
+      why = "kiln's fused attention takes V's head size equal to Q's";
+      return p;
+    }
+    why = flash_attention_unsupported(p);
+    // The engine's buffers are 256-byte aligned; the operands start at these offsets in them.
+    // (The launch checks the pointers themselves.)
+    if (why.empty() && (sdpa_offsets_.q % 8 || sdpa_offsets_.k % 8 || sdpa_offsets_.v % 8 || sdpa_offsets_.y % 2))
+      why = "kiln's fused attention needs Q, K and V 16-byte aligned";
+    return p;
+  }
+
+  // Whether kiln's kernel gives the products' output on the build's random inputs (the products
+  // round the logits to float16: their outputs differ by a few float16 steps; a wrong kernel by
+  // far more).
+  bool flash_matches_products(BuildServices& services, void* workspace) const {
+    const LayerIO& io = services.scratch_io();
+    cudaStream_t stream = services.stream();
+    if (y_int8_) {
+      // Every element written (Y covers its output); one or two int8 steps apart at most where
+      // the float16 products round Y before it is quantized.
+      const size_t n = static_cast<size_t>(output_elements_);
+      std::vector<int8_t> reference(n), fused(n);
+      run_library(io, services.cudnn(), services.cublaslt(), workspace, stream);
+      KILN_CUDA_CHECK(cudaMemcpyAsync(reference.data(), io.outputs[0], n, cudaMemcpyDeviceToHost, stream));
+      KILN_CUDA_CHECK(cudaMemsetAsync(io.outputs[0], 0x55, n, stream));
+      run_flash(io, stream);
+      KILN_CUDA_CHECK(cudaMemcpyAsync(fused.data(), io.outputs[0], n, cudaMemcpyDeviceToHost, stream));
+      KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      for (size_t i = 0; i < n; ++i)
+        if (std::abs(int{reference[i]} - int{fused[i]}) > 2) return false;
+      return true;
+    }
+    // Both write the same elements of Y's buffer; whatever lies between them stays poisoned.
+    const size_t y_bytes = static_cast<size_t>(output_elements_) * sizeof(__half);
+    std::vector<__half> reference(static_cast<size_t>(output_elements_)), fused(reference.size());
+    KILN_CUDA_CHECK(cudaMemsetAsync(io.outputs[0], 0xFF, y_bytes, stream));
+    run_products(io, services.cublaslt(), workspace, stream);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(reference.data(), io.outputs[0], y_bytes, cudaMemcpyDeviceToHost, stream));
+    KILN_CUDA_CHECK(cudaMemsetAsync(io.outputs[0], 0xFF, y_bytes, stream));
+    run_flash(io, stream);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(fused.data(), io.outputs[0], y_bytes, cudaMemcpyDeviceToHost, stream));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    float largest = 0.f, worst = 0.f;
+    for (size_t i = 0; i < reference.size(); ++i) {
+      const float r = __half2float(reference[i]), f = __half2float(fused[i]);
+      if (std::isnan(r)) {
+        if (!std::isnan(f)) return false;  // written by one and not the other
+        continue;
+      }
+      if (!std::isfinite(f)) return false;
+      largest = std::max(largest, std::fabs(r));
+      worst = std::max(worst, std::fabs(r - f));
+    }
+    return worst <= 1.5e-2f * std::max(1.f, largest);
+  }
+
+  // Float16 engines: cuDNN's fused attention or kiln's kernel where they take this shape and
+  // time faster than the products (the timing cache remembers which).
   void choose_tactic(const ir::AttentionShape& s, const ir::HeadLayout& q, const ir::HeadLayout& k,
                      const ir::HeadLayout& v, const ir::HeadLayout& y, BuildServices& services) {
     if (dtype_ != DType::kFloat16 || args_.left_window >= 0 || args_.right_window >= 0) return;
+    // (An int8 Y in a float32 engine: the products and the quantize kernel.)
     SdpaDims d;
     d.batch = s.batch;
     d.q_heads = s.q_heads;
@@ -475,38 +619,75 @@ class AttentionLayer final : public Layer {
                             std::to_string(s.kv_heads) + "s" + std::to_string(s.q_seq) + "t" + std::to_string(s.kv_seq) +
                             "d" + std::to_string(s.head_size) + "," + std::to_string(s.v_head_size) + "|" +
                             "|layout" + layout_key(q) + layout_key(k) + layout_key(v) + layout_key(y) + "|mask" +
-                            std::to_string(int(args_.mask.present)) + "|causal" + std::to_string(int(args_.causal));
+                            std::to_string(int(args_.mask.present)) + "|causal" + std::to_string(int(args_.causal)) +
+                            (y_int8_ ? "|int8" : "");
+    std::string flash_why;
+    flash_ = flash_problem(s, d, flash_why);
     const std::optional<std::string> cached = services.cached_tactic(key);
-    if (cached && *cached != "cudnn") return;
+    const bool cached_flash = cached && (*cached == "flash:4" || *cached == "flash:8");
+    if (cached_flash && flash_why.empty()) {
+      flash_chosen_ = true;
+      flash_.block_warps = *cached == "flash:8" ? 8 : 4;
+      return;
+    }
+    if (cached && *cached != "cudnn" && !cached_flash) return;
     std::string why;
     std::unique_ptr<SdpaPlan> plan = SdpaPlan::create(d, services.cudnn(), why);
-    if (!plan) {
+    if (cached && *cached == "cudnn") {
+      sdpa_ = std::move(plan);
+      if (sdpa_) return;
+    }
+    if (!plan && !flash_why.empty()) {
       services.record_tactic(key, "cublasLt");
       return;
     }
-    if (!cached) {
-      const LayerIO& io = services.scratch_io();
-      void* ws = services.scratch(std::max(logits_bytes_ + products_workspace(), bias_bytes_ + plan->workspace_bytes()));
-      float products_ms = 1e30f, fused_ms = 1e30f;
+    const LayerIO& io = services.scratch_io();
+    void* ws = services.scratch(float_y_bytes_ + std::max(logits_bytes_ + products_workspace(),
+                                                          bias_bytes_ + (plan ? plan->workspace_bytes() : 0)));
+    auto timed = [&](const std::function<void(cudaStream_t)>& run) {
       try {
-        products_ms = services.time_ms([&](cudaStream_t st) { run_products(io, services.cublaslt(), ws, st); });
+        return services.time_ms(run);
       } catch (const Error&) {
         cudaGetLastError();
+        return 1e30f;
       }
+    };
+    const float products_ms = timed([&](cudaStream_t st) { run_library(io, services.cudnn(), services.cublaslt(), ws, st); });
+    float cudnn_ms = 1e30f, flash_ms = 1e30f;
+    if (plan) {
       sdpa_ = std::move(plan);
-      try {
-        fused_ms = services.time_ms([&](cudaStream_t st) {
-          KILN_CUDNN_CHECK(cudnnSetStream(services.cudnn(), st));
-          run_sdpa(io, services.cudnn(), ws, st);
-        });
-      } catch (const Error&) {
-        cudaGetLastError();
-      }
-      if (!(fused_ms < products_ms)) sdpa_.reset();
-      services.record_tactic(key, sdpa_ ? "cudnn" : "cublasLt");
-      return;
+      cudnn_ms = timed([&](cudaStream_t st) { run_library(io, services.cudnn(), services.cublaslt(), ws, st); });
     }
-    sdpa_ = std::move(plan);
+    if (flash_why.empty()) {
+      // Blocks of 4 and of 8 warps (64 or 128 queries): the faster, where it gives the products'
+      // output.
+      int best_warps = 4;
+      for (int warps : {4, 8}) {
+        flash_.block_warps = warps;
+        const float ms = timed([&](cudaStream_t st) { run_flash(io, st); });
+        if (ms < flash_ms) flash_ms = ms, best_warps = warps;
+      }
+      flash_.block_warps = best_warps;
+      // The reference: the products (cuDNN set aside for the moment).
+      std::unique_ptr<SdpaPlan> set_aside = std::move(sdpa_);
+      const bool matches = flash_ms < 1e30f && flash_matches_products(services, ws);
+      sdpa_ = std::move(set_aside);
+      if (flash_ms < 1e30f && !matches) {
+        services.log("  attention " + key + ": kiln's fused attention gave wrong results (rejected)");
+        flash_ms = 1e30f;
+      }
+    }
+    if (flash_ms < cudnn_ms && flash_ms < products_ms) {
+      flash_chosen_ = true;
+      sdpa_.reset();
+    } else if (!(cudnn_ms < products_ms)) {
+      sdpa_.reset();
+    }
+    char line[160];
+    std::snprintf(line, sizeof line, ": products %.4f ms, cuDNN %.4f ms, kiln %.4f ms (%d warps a block)", products_ms,
+                  cudnn_ms < 1e30f ? cudnn_ms : -1.f, flash_ms < 1e30f ? flash_ms : -1.f, flash_.block_warps);
+    services.log("  attention " + key + line);
+    services.record_tactic(key, flash_chosen_ ? "flash:" + std::to_string(flash_.block_warps) : sdpa_ ? "cudnn" : "cublasLt");
   }
 
   size_t products_workspace() const { return std::max(scores_->workspace_bytes(), values_->workspace_bytes()); }
@@ -523,7 +704,16 @@ class AttentionLayer final : public Layer {
   std::vector<CallOffsets> calls_;
   std::unique_ptr<BatchedProduct> scores_, values_;
   SoftmaxArgs args_;
-  std::unique_ptr<SdpaPlan> sdpa_;  // set: the fused tactic was chosen
+  std::unique_ptr<SdpaPlan> sdpa_;  // set: cuDNN's fused attention was chosen
+  FlashAttentionProblem flash_;     // kiln's kernel's problem, pointers aside
+  bool flash_chosen_ = false;
+  int64_t output_elements_ = 0;     // Y's buffer
+  // An int8 Y (kiln::StridedAttention's inputs 4 and 5): its scale and zero point, and the
+  // workspace the library tactics compute Y in first.
+  bool y_int8_ = false;
+  float y_scale_ = 1.f;
+  int y_zero_point_ = 0;
+  size_t float_y_bytes_ = 0;
   SdpaDims bias_dims_;
   int64_t bias_elements_ = 0;
   size_t bias_bytes_ = 0;
@@ -552,6 +742,13 @@ std::string strided_attention_check(const LayerRequest& r) {
   if (r.has_input(3) && r.input_dtypes[3] != DType::kBool && r.input_dtypes[3] != DType::kFloat32)
     return "attn_mask must be bool or float32";
   if (r.has_input(3) && (r.input_shape(3).empty() || r.input_shape(3).size() > 4)) return "attn_mask must have rank 1 to 4";
+  if (r.has_input(4) || r.has_input(5)) {
+    if (!r.is_constant(4) || !r.is_constant(5) || r.constants[4]->numel() != 1 || r.constants[5]->numel() != 1 ||
+        r.constants[4]->dtype() != DType::kFloat32 || r.constants[5]->dtype() != DType::kInt8)
+      return "y_scale and y_zero_point must be constants of one value (float32, int8)";
+    const float scale = r.constants[4]->data<float>()[0];
+    if (!(scale > 0.f) || !std::isfinite(scale)) return "y_scale must be positive and finite";
+  }
   try {
     attention_geometry(r);
   } catch (const Error& e) {
@@ -568,7 +765,9 @@ LayerFormats attention_formats(const LayerRequest& r) {
   // The mask stays float32 (fp16 would turn -1e9 and finfo.min into -inf) or bool.
   if (r.has_input(3)) f.inputs[3] = Format{r.input_dtypes[3], Layout::kLinear};
   f.outputs.resize(r.output_dtypes.size());
-  f.outputs[0] = storage;
+  // kiln::StridedAttention with y_scale and y_zero_point writes int8 (the constants are read on
+  // the host, not uploaded).
+  f.outputs[0] = r.output_dtypes[0] == DType::kInt8 ? Format{DType::kInt8, Layout::kLinear} : storage;
   for (size_t o = 1; o < f.outputs.size(); ++o) f.outputs[o] = Format{r.storage_of(r.output_dtypes[o]), Layout::kLinear};
   return f;
 }
@@ -588,7 +787,7 @@ KILN_REGISTER_CUDA_LAYERS(attention) {
   strided.op = "StridedAttention";
   strided.domain = "kiln";
   strided.check = strided_attention_check;
-  strided.dtypes = "float32, float16 (as Attention; no soft cap)";
+  strided.dtypes = "float32, float16 (as Attention; no soft cap); Y int8 with y_scale and y_zero_point";
   registry.add(std::move(e));
   registry.add(std::move(strided));
 }

@@ -43,6 +43,18 @@ namespace kiln::cuda {
 
 namespace {
 
+// The activation the libraries' epilogues (cuDNN's graph, cuBLASLt's FP8 products) are asked for:
+// erf GELU in its tanh form, as CUTLASS's kernels (quantized_gemm_cutlass.cuh) and the float16
+// products (matmul.cu) run it. With erf GELU, cuDNN's INT8 engine took 0.28 ms for ViT-B/16's
+// first feed-forward product at batch 128, 2.4 times its time per operation on the product before
+// it, which has no activation (docs/design/int8.md, "GELU in cuDNN's INT8 epilogue"). The tanh
+// form is at most 4.7e-4 from erf's: under a float16 rounding where that difference peaks (GELU
+// near 2), and under an int8 or E4M3 step at the scales GELU's outputs calibrate to.
+ir::Activation library_activation(ir::Activation act) {
+  if (act.kind == ir::ActivationKind::kGelu) act.kind = ir::ActivationKind::kGeluTanh;
+  return act;
+}
+
 struct QConvParams {
   std::vector<int64_t> x, w, y;
   std::vector<int64_t> pads, strides, dilations;
@@ -219,7 +231,7 @@ class QConvLayer final : public Layer {
     spec_.has_z = p.has_z;
     spec_.has_z_mult = !z_mult.empty();
     spec_.has_out_mult = !out_mult.empty();
-    spec_.act = p.act;
+    spec_.act = library_activation(p.act);
     // A 1x1 convolution of stride 1 is a matrix product over the pixels (tokens); the GEMM
     // libraries take a float16 residual and write float16 or the input's 8-bit type.
     const bool pointwise = R == 1 && S == 1 && p.strides == std::vector<int64_t>{1, 1} && p.pads == std::vector<int64_t>{0, 0};
@@ -245,7 +257,7 @@ class QConvLayer final : public Layer {
       product_.w_scales = w_scales;
       if (bias) product_.bias.assign(bias, bias + K);
       product_.has_z = p.has_z;
-      product_.act = p.act;
+      product_.act = library_activation(p.act);
       product_.y_scale = p.y_int8 ? y_scale : 0.f;
       offer_product_ = fp8_gemm_unsupported(product_).empty();
     }
@@ -326,6 +338,7 @@ class QConvLayer final : public Layer {
     dims(p_.x), dims(p_.w), dims(p_.y), dims(p_.pads), dims(p_.strides), dims(p_.dilations);
     k << "act=" << p_.act.name() << ";z=" << (p_.has_z ? to_string(p_.z_storage) : "none") << ";y=" << to_string(p_.y_storage)
       << ";zm=" << spec_.has_z_mult << ";om=" << spec_.has_out_mult;
+    if (library_activation(p_.act).kind != p_.act.kind) k << ";as-tanh";
     return k.str();
   }
 
