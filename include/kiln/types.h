@@ -72,6 +72,10 @@ struct TacticOptions {
   std::string quantized_conv;
   // > 1: kiln's implicit-GEMM INT8 convolution offered (and kept) split K this many ways only.
   int int8_k_splits = 0;
+  // Float16 attention: "" every tactic; "products" cuBLASLt's products around kiln's softmax;
+  // "cudnn" cuDNN's fused attention; "kernel" kiln's fused attention kernel (each where it takes
+  // the layer, else the products).
+  std::string attention;
   // Float convolutions: the families offered besides cuDNN's legacy API.
   bool cudnn_graphs = true;      // cuDNN's graph API
   bool conv_as_gemm = true;      // 1x1 convolutions as cuBLASLt products
@@ -84,7 +88,8 @@ struct TacticOptions {
 
   bool operator==(const TacticOptions& o) const {
     return programmatic_launch == o.programmatic_launch && graph_timing == o.graph_timing &&
-           quantized_conv == o.quantized_conv && int8_k_splits == o.int8_k_splits && cudnn_graphs == o.cudnn_graphs &&
+           quantized_conv == o.quantized_conv && int8_k_splits == o.int8_k_splits && attention == o.attention &&
+           cudnn_graphs == o.cudnn_graphs &&
            conv_as_gemm == o.conv_as_gemm && depthwise_kernel == o.depthwise_kernel &&
            generated_kernels == o.generated_kernels && log_candidates == o.log_candidates;
   }

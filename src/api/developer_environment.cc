@@ -29,6 +29,12 @@ void apply_developer_environment(BuildOptions& options) {
                                                    "' is none of cudnn, cublaslt, cutlass, cutlass:NAME, kernel, kernel:NAME");
     t.quantized_conv = only;
   }
+  if (const char* v = variable("KILN_ATTENTION_TACTIC")) {
+    const std::string only = v;
+    if (only != "products" && only != "cudnn" && only != "kernel")
+      throw Error(ErrorKind::kInvalidArgument, "KILN_ATTENTION_TACTIC='" + only + "' is none of products, cudnn, kernel");
+    t.attention = only;
+  }
   if (const char* v = variable("KILN_INT8_K_SPLITS")) {
     const std::string splits = v;
     if (splits != "1" && splits != "2" && splits != "4" && splits != "8")

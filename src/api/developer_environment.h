@@ -12,6 +12,7 @@ namespace kiln::api {
 //   KILN_GRAPH_TIMING=0        tactics.graph_timing = false
 //   KILN_INT8_CONV_TACTIC=V    tactics.quantized_conv = V
 //   KILN_INT8_K_SPLITS=N       tactics.int8_k_splits = N
+//   KILN_ATTENTION_TACTIC=V    tactics.attention = V
 //   KILN_NO_CUDNN_GRAPH        tactics.cudnn_graphs = false
 //   KILN_NO_CONV_GEMM          tactics.conv_as_gemm = false
 //   KILN_NO_DEPTHWISE_KERNEL   tactics.depthwise_kernel = false

@@ -80,11 +80,16 @@ BuildOptions options_from_json(const nlohmann::json& o) {
     tactics.graph_timing = t.at("graph_timing").get<bool>();
     tactics.quantized_conv = t.at("quantized_conv").get<std::string>();
     tactics.int8_k_splits = t.at("int8_k_splits").get<int>();
+    if (t.contains("attention")) tactics.attention = t.at("attention").get<std::string>();
     tactics.cudnn_graphs = t.at("cudnn_graphs").get<bool>();
     tactics.conv_as_gemm = t.at("conv_as_gemm").get<bool>();
     tactics.depthwise_kernel = t.at("depthwise_kernel").get<bool>();
     tactics.generated_kernels = t.at("generated_kernels").get<bool>();
     tactics.log_candidates = t.at("log_candidates").get<bool>();
+    if (!tactics.attention.empty() && tactics.attention != "products" && tactics.attention != "cudnn" &&
+        tactics.attention != "kernel")
+      throw Error(ErrorKind::kInvalidModel, "the engine file's tactic options ask for attention tactic '" +
+                                                tactics.attention + "' (products, cudnn or kernel)");
     if (tactics.int8_k_splits < 0 || tactics.int8_k_splits > 8)
       throw Error(ErrorKind::kInvalidModel, "the engine file's tactic options ask for int8_k_splits " +
                                                 std::to_string(tactics.int8_k_splits) + " (0 to 8)");
@@ -95,6 +100,7 @@ BuildOptions options_from_json(const nlohmann::json& o) {
 nlohmann::json tactic_options_to_json(const TacticOptions& t) {
   return {{"programmatic_launch", t.programmatic_launch}, {"graph_timing", t.graph_timing},
           {"quantized_conv", t.quantized_conv},         {"int8_k_splits", t.int8_k_splits},
+          {"attention", t.attention},
           {"cudnn_graphs", t.cudnn_graphs},             {"conv_as_gemm", t.conv_as_gemm},
           {"depthwise_kernel", t.depthwise_kernel},     {"generated_kernels", t.generated_kernels},
           {"log_candidates", t.log_candidates}};

@@ -25,6 +25,7 @@ std::string TacticOptions::describe() const {
   if (graph_timing != defaults.graph_timing) add("graph_timing", flag(graph_timing));
   if (quantized_conv != defaults.quantized_conv) add("quantized_conv", quantized_conv);
   if (int8_k_splits != defaults.int8_k_splits) add("int8_k_splits", std::to_string(int8_k_splits));
+  if (attention != defaults.attention) add("attention", attention);
   if (cudnn_graphs != defaults.cudnn_graphs) add("cudnn_graphs", flag(cudnn_graphs));
   if (conv_as_gemm != defaults.conv_as_gemm) add("conv_as_gemm", flag(conv_as_gemm));
   if (depthwise_kernel != defaults.depthwise_kernel) add("depthwise_kernel", flag(depthwise_kernel));

@@ -789,6 +789,44 @@ def test_transformer_products_on_gemm_libraries(tactic, tag, kiln_bin, tmp_path,
     assert int(re.search(r"(\d+) quantized copies written by LayerNormalizations", log).group(1)) >= 2, log
 
 
+# A BERT whose heads are 64 wide (kiln's fused attention kernel takes them), 77 tokens.
+BERT_HEAD_64 = "hf:bert:num_hidden_layers=2,hidden_size=128,num_attention_heads=2,intermediate_size=256,vocab_size=97"
+
+
+@pytest.mark.parametrize("tactic", ["kernel", "products"])
+def test_attention_writes_int8_for_the_output_product(tactic, kiln_bin, tmp_path, monkeypatch):
+    """An INT8 build makes each attention write the int8 input of its output projection itself
+    (passes/fuse_attention_quantize.cc): kiln's fused attention kernel quantizes in its epilogue;
+    the products (and cuDNN) compute float16 and quantize in the same layer. Either way against the
+    CPU engine's INT8 reference of the same scales, with the padding mask of BERT's inputs."""
+    path = str(tmp_path / "bert.onnx")
+    spec = export_model.load_model(BERT_HEAD_64, seq_len=77)
+    export_model.export(spec, path)
+    names = list(spec.input_names)
+    make = export_model.input_maker(BERT_HEAD_64, seq_len=77)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for name, rows in zip(names, make(32, seed=45)):
+        np.save(calib / f"{name}.npy", rows)
+    x = make(4, seed=46)
+    common = ["--int8", "--int8-all", "--calib", str(calib), "--calib-cache", str(tmp_path / "bert.calib")]
+    cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
+    monkeypatch.setenv("KILN_ATTENTION_TACTIC", tactic)
+    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
+    out = next(iter(cpu))
+    err = rel_l2(gpu[out], cpu[out])
+    print(f"BERT (heads of 64) INT8, attention on {tactic}: GPU vs CPU {err:.4f}")
+    assert np.isfinite(gpu[out]).all()
+    assert err <= 0.05
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "int8.engine")],
+                           capture_output=True, text=True, timeout=600)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    assert int(re.search(r"(\d+) attentions writing int8", log).group(1)) == 2, log
+    want = {"kernel": "kernel:flash-attention", "products": "cublasLt+kernel:attention-softmax"}[tactic]
+    assert len(re.findall(r"\(StridedAttention\): " + re.escape(want), log)) == 2, log
+
+
 # CUTLASS's kernels of each 8-bit type (src/cuda/kernels/quantized_gemm_cutlass.cuh, kernels_of).
 CUTLASS_KERNELS = ["128x256x128 cluster 2x1 cooperative", "128x128x128 cluster 2x1 cooperative",
                    "128x128x128 cluster 1x2 cooperative", "64x128x128 pingpong"]

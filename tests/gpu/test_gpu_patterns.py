@@ -340,6 +340,36 @@ def test_attention_reads_packed_projections_in_place(form, precision, kiln_bin, 
     assert err <= (1e-4 if precision == "fp32" else 1e-2), f"{form} {precision}: relative L2 error {err:.3g}"
 
 
+# The forms of head size 64 (what kiln's fused attention kernel takes), each tactic forced.
+HEAD_64_FORMS = ["4d_bert_padding", "4d_causal_200", "3d_grouped_bool_mask", "mha_batch_1", "split_last_axis_causal",
+                 "interleaved_heads"]
+ATTENTION_TACTIC_NAMES = {"kernel": "kernel:flash-attention", "cudnn": "cudnn:fused-attention",
+                          "products": "cublasLt+kernel:attention-softmax"}
+
+
+@pytest.mark.parametrize("tactic", list(ATTENTION_TACTIC_NAMES))
+@pytest.mark.parametrize("form", HEAD_64_FORMS)
+def test_each_attention_tactic_matches_cpu(form, tactic, kiln_bin, tmp_path, monkeypatch):
+    """Each float16 attention tactic forced (KILN_ATTENTION_TACTIC): kiln's fused attention kernel
+    (padding, boolean and causal masks, grouped heads, 200 and 197 keys, views of packed
+    projections), cuDNN's fused attention and the products, each against the CPU engine (1e-2
+    relative L2), and the layer runs the tactic forced."""
+    path = str(tmp_path / "m.onnx")
+    feeds, names = packed_attention_model(form, path) if form in PACKED_FORMS else attention_op_model(form, path)
+    monkeypatch.setenv("KILN_ATTENTION_TACTIC", tactic)
+    engine = str(tmp_path / "m.engine")
+    r = subprocess.run([kiln_bin, "build", path, "--device", "cuda", "--fp16", "-o", engine], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(subprocess.run([kiln_bin, "inspect", engine, "--json"], capture_output=True, text=True, check=True).stdout)
+    tactics = [layer["tactic"] for layer in info["layers"] if layer["op"].endswith("Attention")]
+    assert len(tactics) == 1 and tactics[0].startswith(ATTENTION_TACTIC_NAMES[tactic]), tactics
+    want = run_kiln(kiln_bin, path, feeds, names, str(tmp_path / "cpu"), "--device", "cpu", "--no-optimize")["Y"]
+    got = run_kiln(kiln_bin, engine, feeds, names, str(tmp_path / "gpu"))["Y"]
+    err = rel_l2(got, want)
+    assert err <= 1e-2, f"{form} on {tactic}: relative L2 error {err:.3g}"
+
+
 def residual_block_model(path: str, batch: int = 3, seq: int = 37, width: int = 96):
     """A transformer block's two skip connections: x + Linear(x) as MatMul, bias Add, residual
     Add; then h + Linear(h) through rows (Reshape, Gemm transB, Reshape back, residual Add)."""

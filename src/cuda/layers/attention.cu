@@ -623,6 +623,10 @@ class AttentionLayer final : public Layer {
                             (y_int8_ ? "|int8" : "");
     std::string flash_why;
     flash_ = flash_problem(s, d, flash_why);
+    // TacticOptions::attention narrows the choice (for tests and diagnosis).
+    const std::string& only = services.tactics().attention;
+    if (only == "products") return;
+    if (only == "cudnn" && flash_why.empty()) flash_why = "not offered (TacticOptions::attention)";
     const std::optional<std::string> cached = services.cached_tactic(key);
     const bool cached_flash = cached && (*cached == "flash:4" || *cached == "flash:8");
     if (cached_flash && flash_why.empty()) {
@@ -632,7 +636,7 @@ class AttentionLayer final : public Layer {
     }
     if (cached && *cached != "cudnn" && !cached_flash) return;
     std::string why;
-    std::unique_ptr<SdpaPlan> plan = SdpaPlan::create(d, services.cudnn(), why);
+    std::unique_ptr<SdpaPlan> plan = only == "kernel" ? nullptr : SdpaPlan::create(d, services.cudnn(), why);
     if (cached && *cached == "cudnn") {
       sdpa_ = std::move(plan);
       if (sdpa_) return;
@@ -677,10 +681,12 @@ class AttentionLayer final : public Layer {
         flash_ms = 1e30f;
       }
     }
-    if (flash_ms < cudnn_ms && flash_ms < products_ms) {
+    // Forced (TacticOptions::attention): the one tactic offered, wherever it ran and matched.
+    const bool forced = !only.empty();
+    if (flash_ms < 1e30f && (forced || (flash_ms < cudnn_ms && flash_ms < products_ms))) {
       flash_chosen_ = true;
       sdpa_.reset();
-    } else if (!(cudnn_ms < products_ms)) {
+    } else if (!(cudnn_ms < products_ms) && !(forced && cudnn_ms < 1e30f)) {
       sdpa_.reset();
     }
     char line[160];
