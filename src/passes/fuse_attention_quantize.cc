@@ -4,7 +4,7 @@
 // INT8 build puts a QuantizeLinear in front of each 8-bit product whose input is a float value
 // (compiler/quantize_graph.cc); in a transformer the attention-output projection's input is the
 // attention's output, which a quantize layer would read once more and write again (ViT-B/16 at
-// batch 128 on an H100: 0.023 ms a block; docs/design/int8.md, "Attention writing int8").
+// batch 128 on an H100: 0.023 ms a block; docs/design/attention.md, "Attention writing int8").
 // Only where the float output has no other reader: a float copy would cost what the fusion saves.
 #include "passes/passes.h"
 #include "passes/rewrite.h"

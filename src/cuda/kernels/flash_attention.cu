@@ -212,15 +212,17 @@ __global__ void __launch_bounds__(32 * kWarps) flash_attention_kernel(Args a) {
               } else if (!beyond) {
                 const int64_t at = j * p.mask_strides[3];
                 if constexpr (kBoolean) {
-                  hide_lo = hide_lo || !reinterpret_cast<const bool*>(mask_lo)[at];
-                  hide_hi = hide_hi || !reinterpret_cast<const bool*>(mask_hi)[at];
+                  const bool keep_lo = reinterpret_cast<const bool*>(mask_lo)[at];
+                  hide_lo = hide_lo || !keep_lo;
+                  hide_hi = hide_hi || !(mask_hi == mask_lo ? keep_lo : reinterpret_cast<const bool*>(mask_hi)[at]);
                 } else {
                   // -inf hides the key. Other values are held above -1e30 first: the most
                   // negative floats (float32's lowest, as some exporters mask) would overflow to
                   // -inf in the base-2 domain, where the CPU engine adds them as they are (a row
                   // masked that way everywhere is uniform there).
+                  // A mask broadcast over the queries (BERT's [batch, 1, 1, keys]) is read once.
                   const float m_lo = reinterpret_cast<const float*>(mask_lo)[at];
-                  const float m_hi = reinterpret_cast<const float*>(mask_hi)[at];
+                  const float m_hi = mask_hi == mask_lo ? m_lo : reinterpret_cast<const float*>(mask_hi)[at];
                   hide_lo = hide_lo || m_lo == -INFINITY;
                   hide_hi = hide_hi || m_hi == -INFINITY;
                   s[nt][e] = fmaf(fmaxf(m_lo, -1e30f), a.inv_scale, s[nt][e]);

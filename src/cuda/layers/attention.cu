@@ -38,6 +38,7 @@
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/cublaslt.h"
 #include "cuda/kernels/flash_attention.h"
+#include "cuda/kernels/quantize_elements.cuh"
 #include "cuda/runtime/check.h"
 #include "ir/sizes.h"
 #include "ops/attention_params.h"
@@ -179,17 +180,6 @@ __global__ void sdpa_bias_kernel(const M* __restrict__ mask, __half* __restrict_
       else v = static_cast<float>(m);
     }
     bias[e] = __float2half_rn(v);
-  }
-}
-
-// Y, computed in float16 or float32 by the products or cuDNN, to int8 as QuantizeLinear: the
-// float32 quotient rounded half to even, plus the zero point, saturated (NaN: the zero point).
-template <class T>
-__global__ void quantize_output_kernel(const T* __restrict__ y, int8_t* __restrict__ q, float scale, int zero_point,
-                                       int64_t count) {
-  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < count; e += int64_t{gridDim.x} * blockDim.x) {
-    const int v = __float2int_rn(__fdiv_rn(load_float(y, e), scale)) + zero_point;
-    q[e] = static_cast<int8_t>(max(-128, min(127, v)));
   }
 }
 
@@ -401,6 +391,9 @@ class AttentionLayer final : public Layer {
       y_int8_ = true;
       y_scale_ = r.constants[4]->data<float>()[0];
       y_zero_point_ = r.constants[5]->data<int8_t>()[0];
+      y_scale_on_device_ = static_cast<const float*>(services.upload(&y_scale_, sizeof(float)));
+      const int32_t zero = y_zero_point_;
+      y_zero_on_device_ = static_cast<const int32_t*>(services.upload(&zero, sizeof(int32_t)));
       float_y_bytes_ = align_up(static_cast<size_t>(checked_mul(output_elements_, static_cast<int64_t>(element_), "attention output")));
     }
     choose_tactic(s, q, k, v, y, services);
@@ -442,15 +435,20 @@ class AttentionLayer final : public Layer {
       run_products(*target, cublaslt, workspace, stream);
     }
     if (!y_int8_) return;
-    const unsigned grid = std::min(grid_for(output_elements_), 4096u);
-    if (dtype_ == DType::kFloat16)
-      quantize_output_kernel<<<grid, 256, 0, stream>>>(static_cast<const __half*>(float_y.outputs[0]),
-                                                        static_cast<int8_t*>(io.outputs[0]), y_scale_, y_zero_point_,
-                                                        output_elements_);
-    else
-      quantize_output_kernel<<<grid, 256, 0, stream>>>(static_cast<const float*>(float_y.outputs[0]),
-                                                        static_cast<int8_t*>(io.outputs[0]), y_scale_, y_zero_point_,
-                                                        output_elements_);
+    // QuantizeLinear's kernels (quantize_elements.cuh): eight values a thread where the count
+    // and the output's alignment allow (the float Y starts the workspace, 256-byte aligned).
+    auto quantize = [&](auto* y) {
+      int8_t* q = static_cast<int8_t*>(io.outputs[0]);
+      const int64_t n = output_elements_;
+      if (n % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 8 == 0)
+        quantize8_kernel<<<grid_for(n / 8), 256, 0, stream>>>(y, q, y_scale_on_device_, y_zero_on_device_, n / 8, -128.f,
+                                                              127.f);
+      else
+        quantize_kernel<<<grid_for(n), 256, 0, stream>>>(y, q, y_scale_on_device_, y_zero_on_device_, n, int64_t{1},
+                                                         int64_t{1}, -128.f, 127.f);
+    };
+    if (dtype_ == DType::kFloat16) quantize(static_cast<const __half*>(float_y.outputs[0]));
+    else quantize(static_cast<const float*>(float_y.outputs[0]));
     KILN_CUDA_CHECK_LAUNCH();
   }
 
@@ -719,6 +717,8 @@ class AttentionLayer final : public Layer {
   bool y_int8_ = false;
   float y_scale_ = 1.f;
   int y_zero_point_ = 0;
+  const float* y_scale_on_device_ = nullptr;
+  const int32_t* y_zero_on_device_ = nullptr;
   size_t float_y_bytes_ = 0;
   SdpaDims bias_dims_;
   int64_t bias_elements_ = 0;
