@@ -66,24 +66,7 @@ int fuse_attention_quantize(ir::Graph& graph) {
       graph.set_value(c);
     }
     // The reshapes again, on the int8 output, ending at the QuantizeLinear's output.
-    std::string from = copy;
-    for (size_t k = reshapes.size(); k-- > 0;) {
-      ir::Node r = *reshapes[k];
-      r.name = names.fresh(r.name + "_quantized");
-      r.inputs[0] = from;
-      if (k == 0) {
-        r.outputs[0] = q.outputs[0];
-      } else {
-        r.outputs[0] = names.fresh(r.outputs[0] + "_int8");
-        ir::Value rv;
-        rv.name = r.outputs[0];
-        rv.type = graph.value(reshapes[k]->outputs[0]).type;
-        rv.type.dtype = DType::kInt8;
-        graph.set_value(rv);
-      }
-      from = r.outputs[0];
-      added.push_back(std::move(r));
-    }
+    reshapes_on_quantized_copy(graph, names, reshapes, copy, q.outputs[0], DType::kInt8, added);
     for (const ir::Node* r : reshapes) remove[static_cast<size_t>(graph.producer(r->outputs[0]))] = true;
     graph.nodes[static_cast<size_t>(attention_index)] = std::move(a);
     remove[i] = true;

@@ -74,24 +74,7 @@ int fuse_layer_norm_quantize(ir::Graph& graph) {
       graph.set_value(c);
     }
     // The reshapes again, on the quantized copy, ending at the QuantizeLinear's output.
-    std::string from = copy;
-    for (size_t k = reshapes.size(); k-- > 0;) {
-      ir::Node r = *reshapes[k];
-      r.name = names.fresh(r.name + "_quantized");
-      r.inputs[0] = from;
-      if (k == 0) {
-        r.outputs[0] = q.outputs[0];
-      } else {
-        r.outputs[0] = names.fresh(r.outputs[0] + (qt->dtype == DType::kInt8 ? "_int8" : "_fp8"));
-        ir::Value rv;
-        rv.name = r.outputs[0];
-        rv.type = graph.value(reshapes[k]->outputs[0]).type;
-        rv.type.dtype = qt->dtype;
-        graph.set_value(rv);
-      }
-      from = r.outputs[0];
-      added.push_back(std::move(r));
-    }
+    reshapes_on_quantized_copy(graph, names, reshapes, copy, q.outputs[0], qt->dtype, added);
     float_outputs.push_back(v);
     graph.nodes[static_cast<size_t>(norm_index)] = std::move(f);
     remove[i] = true;

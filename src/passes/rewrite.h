@@ -120,6 +120,35 @@ inline bool reshapes_only(const ir::Node& n) {
   return n.domain.empty() && (n.op == "Reshape" || n.op == "Squeeze" || n.op == "Unsqueeze" || n.op == "Flatten");
 }
 
+// The chain `reshapes` (nearest the producer last, each reading the one after it) once more, on
+// the quantized copy `copy` of their first input, as nodes appended to `added`: the new values
+// are of type `q_type` and shaped as the originals, the last one named `final_output` (the
+// QuantizeLinear's output the chain replaces). For the passes that move a QuantizeLinear into
+// its producer (fuse_layer_norm_quantize, fuse_attention_quantize).
+inline void reshapes_on_quantized_copy(ir::Graph& graph, NodeNames& names, const std::vector<const ir::Node*>& reshapes,
+                                       const std::string& copy, const std::string& final_output, DType q_type,
+                                       std::vector<ir::Node>& added) {
+  const char* suffix = q_type == DType::kInt8 ? "_int8" : "_fp8";
+  std::string from = copy;
+  for (size_t k = reshapes.size(); k-- > 0;) {
+    ir::Node r = *reshapes[k];
+    r.name = names.fresh(r.name + "_quantized");
+    r.inputs[0] = from;
+    if (k == 0) {
+      r.outputs[0] = final_output;
+    } else {
+      r.outputs[0] = names.fresh(r.outputs[0] + suffix);
+      ir::Value rv;
+      rv.name = r.outputs[0];
+      rv.type = graph.value(reshapes[k]->outputs[0]).type;
+      rv.type.dtype = q_type;
+      graph.set_value(rv);
+    }
+    from = r.outputs[0];
+    added.push_back(std::move(r));
+  }
+}
+
 // Layers whose output is a strided view of their input 0 (passes/fold_attention_views.cc).
 inline bool moves_elements(const ir::Node& n) {
   return reshapes_only(n) || (n.domain.empty() && (n.op == "Transpose" || n.op == "Gather" || n.op == "Slice" || n.op == "Split"));

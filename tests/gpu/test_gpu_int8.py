@@ -629,19 +629,39 @@ def test_quantized_where_faster(tag, kiln_bin, model_cache, tmp_path):
 TINY_BERT = "hf:bert:num_hidden_layers=2,hidden_size=32,num_attention_heads=4,intermediate_size=64,vocab_size=97"
 
 
-def tiny_bert(tmp_path, calib_seed):
-    """TINY_BERT exported to tmp_path, and 32 rows of calibration inputs from `calib_seed` in a
-    folder of <input name>.npy files. Returns (model path, input names, input maker, folder)."""
+def tiny_bert(tmp_path, calib_seed, model=TINY_BERT, seq_len=12):
+    """`model` (TINY_BERT) exported to tmp_path, and 32 rows of calibration inputs from `calib_seed`
+    in a folder of <input name>.npy files. Returns (model path, input names, input maker, folder)."""
     path = str(tmp_path / "bert.onnx")
-    spec = export_model.load_model(TINY_BERT, seq_len=12)
+    spec = export_model.load_model(model, seq_len=seq_len)
     export_model.export(spec, path)
     names = list(spec.input_names)
-    make = export_model.input_maker(TINY_BERT, seq_len=12)
+    make = export_model.input_maker(model, seq_len=seq_len)
     calib = tmp_path / "calib"
     calib.mkdir()
     for name, rows in zip(names, make(32, seed=calib_seed)):
         np.save(calib / f"{name}.npy", rows)
     return path, names, make, calib
+
+
+def quantized_gpu_against_cpu(kiln_bin, path, names, x, common, tmp_path, monkeypatch, env, label):
+    """`kiln run` of `path` with the build flags `common` on the CPU engine, then on the GPU with the
+    developer variables `env` set: the GPU's output within 5% relative L2 of the CPU's reference of
+    the same scales. Returns the log of `kiln build -v` with the same flags (and `env`)."""
+    cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
+    out = next(iter(cpu))
+    err = rel_l2(gpu[out], cpu[out])
+    print(f"{label}: GPU vs CPU {err:.4f}")
+    assert np.isfinite(gpu[out]).all()
+    assert err <= 0.05
+    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "quantized.engine")],
+                           capture_output=True, text=True, timeout=600)
+    log = build.stdout + build.stderr
+    assert build.returncode == 0, log
+    return log
 
 
 @pytest.mark.parametrize("tag", ["int8", "fp8"])
@@ -769,20 +789,9 @@ def test_transformer_products_on_gemm_libraries(tactic, tag, kiln_bin, tmp_path,
     feed-forward product) against the CPU's reference of the same scales; the LayerNorms write
     the 8-bit copies the products read (kiln::QuantizingLayerNorm)."""
     path, names, make, calib = tiny_bert(tmp_path, calib_seed=43)
-    x = make(8, seed=44)
     common = [f"--{tag}", f"--{tag}-all", "--calib", str(calib), "--calib-cache", str(tmp_path / "bert.calib")]
-    cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
-    monkeypatch.setenv("KILN_INT8_CONV_TACTIC", tactic)
-    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
-    out = next(iter(cpu))
-    err = rel_l2(gpu[out], cpu[out])
-    print(f"tiny BERT on {tactic} {tag}: GPU vs CPU {err:.4f}")
-    assert np.isfinite(gpu[out]).all()
-    assert err <= 0.05
-    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / f"{tag}.engine")],
-                           capture_output=True, text=True, timeout=600)
-    log = build.stdout + build.stderr
-    assert build.returncode == 0, log
+    log = quantized_gpu_against_cpu(kiln_bin, path, names, make(8, seed=44), common, tmp_path, monkeypatch,
+                                    {"KILN_INT8_CONV_TACTIC": tactic}, f"tiny BERT on {tactic} {tag}")
     quantized = int(re.search(rf"{tag}: (\d+) convolutions in {tag.upper()}", log).group(1))
     assert quantized >= 8 and log.count(PRODUCT_TACTIC_NAMES[(tactic, tag)]) == quantized, log
     # The LayerNorms before the Q/K/V and first feed-forward products write their 8-bit input.
@@ -799,29 +808,10 @@ def test_attention_writes_int8_for_the_output_product(tactic, kiln_bin, tmp_path
     (passes/fuse_attention_quantize.cc): kiln's fused attention kernel quantizes in its epilogue;
     the products (and cuDNN) compute float16 and quantize in the same layer. Either way against the
     CPU engine's INT8 reference of the same scales, with the padding mask of BERT's inputs."""
-    path = str(tmp_path / "bert.onnx")
-    spec = export_model.load_model(BERT_HEAD_64, seq_len=77)
-    export_model.export(spec, path)
-    names = list(spec.input_names)
-    make = export_model.input_maker(BERT_HEAD_64, seq_len=77)
-    calib = tmp_path / "calib"
-    calib.mkdir()
-    for name, rows in zip(names, make(32, seed=45)):
-        np.save(calib / f"{name}.npy", rows)
-    x = make(4, seed=46)
+    path, names, make, calib = tiny_bert(tmp_path, calib_seed=45, model=BERT_HEAD_64, seq_len=77)
     common = ["--int8", "--int8-all", "--calib", str(calib), "--calib-cache", str(tmp_path / "bert.calib")]
-    cpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "cpu"), "--device", "cpu", *common)
-    monkeypatch.setenv("KILN_ATTENTION_TACTIC", tactic)
-    gpu = run_kiln(kiln_bin, path, x, names, str(tmp_path / "gpu"), "--device", "cuda", *common)
-    out = next(iter(cpu))
-    err = rel_l2(gpu[out], cpu[out])
-    print(f"BERT (heads of 64) INT8, attention on {tactic}: GPU vs CPU {err:.4f}")
-    assert np.isfinite(gpu[out]).all()
-    assert err <= 0.05
-    build = subprocess.run([kiln_bin, "build", path, *common, "-v", "-o", str(tmp_path / "int8.engine")],
-                           capture_output=True, text=True, timeout=600)
-    log = build.stdout + build.stderr
-    assert build.returncode == 0, log
+    log = quantized_gpu_against_cpu(kiln_bin, path, names, make(4, seed=46), common, tmp_path, monkeypatch,
+                                    {"KILN_ATTENTION_TACTIC": tactic}, f"BERT (heads of 64) INT8, attention on {tactic}")
     assert int(re.search(r"(\d+) attentions writing int8", log).group(1)) == 2, log
     want = {"kernel": "kernel:flash-attention", "products": "cublasLt+kernel:attention-softmax"}[tactic]
     assert len(re.findall(r"\(StridedAttention\): " + re.escape(want), log)) == 2, log
