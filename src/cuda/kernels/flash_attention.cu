@@ -1,5 +1,5 @@
-// The fused attention kernel (flash_attention.h). One block of four warps takes 64 queries of one
-// head; each warp holds 16 of them. The block walks the keys in tiles of 64, loading the next
+// The fused attention kernel (flash_attention.h). One block of 4 or 8 warps (a tactic the layer
+// times) takes 64 or 128 queries of one head; each warp holds 16 of them. The block walks the keys in tiles of 64, loading the next
 // tile's K and V (cp.async, double-buffered in shared memory) while it computes on the current:
 //   S = Q K^T          mma.sync m16n8k16, float16 in, float32 accumulators; Q's fragments stay
 //                      in registers for the whole walk
@@ -216,13 +216,13 @@ __global__ void __launch_bounds__(32 * kWarps) flash_attention_kernel(Args a) {
                   hide_lo = hide_lo || !keep_lo;
                   hide_hi = hide_hi || !(mask_hi == mask_lo ? keep_lo : reinterpret_cast<const bool*>(mask_hi)[at]);
                 } else {
+                  // A mask broadcast over the queries (BERT's [batch, 1, 1, keys]) is read once.
+                  const float m_lo = reinterpret_cast<const float*>(mask_lo)[at];
+                  const float m_hi = mask_hi == mask_lo ? m_lo : reinterpret_cast<const float*>(mask_hi)[at];
                   // -inf hides the key. Other values are held above -1e30 first: the most
                   // negative floats (float32's lowest, as some exporters mask) would overflow to
                   // -inf in the base-2 domain, where the CPU engine adds them as they are (a row
                   // masked that way everywhere is uniform there).
-                  // A mask broadcast over the queries (BERT's [batch, 1, 1, keys]) is read once.
-                  const float m_lo = reinterpret_cast<const float*>(mask_lo)[at];
-                  const float m_hi = mask_hi == mask_lo ? m_lo : reinterpret_cast<const float*>(mask_hi)[at];
                   hide_lo = hide_lo || m_lo == -INFINITY;
                   hide_hi = hide_hi || m_hi == -INFINITY;
                   s[nt][e] = fmaf(fmaxf(m_lo, -1e30f), a.inv_scale, s[nt][e]);
@@ -307,11 +307,15 @@ __global__ void __launch_bounds__(32 * kWarps) flash_attention_kernel(Args a) {
     for (int dt = 0; dt < 8; ++dt) {
       const float y0 = o[dt][2 * half] * inv, y1 = o[dt][2 * half + 1] * inv;
       if constexpr (kInt8) {
-        const int i0 = max(-128, min(127, __float2int_rn(__fdiv_rn(y0, p.y_scale)) + p.y_zero_point));
-        const int i1 = max(-128, min(127, __float2int_rn(__fdiv_rn(y1, p.y_scale)) + p.y_zero_point));
+        // QuantizeLinear's arithmetic (quantize_elements.cuh): saturated in float, NaN to 0.
+        auto quantize = [&](float y) {
+          float r = nearbyintf(__fdiv_rn(y, p.y_scale)) + static_cast<float>(p.y_zero_point);
+          if (r != r) r = 0.f;
+          return static_cast<signed char>(fminf(fmaxf(r, -128.f), 127.f));
+        };
         char2 packed;
-        packed.x = static_cast<signed char>(i0);
-        packed.y = static_cast<signed char>(i1);
+        packed.x = quantize(y0);
+        packed.y = quantize(y1);
         *reinterpret_cast<char2*>(static_cast<int8_t*>(p.y) + at + dt * 8) = packed;
       } else {
         *reinterpret_cast<__half2*>(static_cast<__half*>(p.y) + at + dt * 8) = __floats2half2_rn(y0, y1);
