@@ -5,6 +5,7 @@
 // as they are, and a hostile scale is an error naming the node.
 #include <gtest/gtest.h>
 
+#include "attention_graphs.h"
 #include "graph_builder.h"
 #include "passes/passes.h"
 
@@ -18,25 +19,11 @@ constexpr int64_t S = 5, N = 2, H = 2, D = 8, E = H * D;
 // torch.onnx's nn.MultiheadAttention on a packed projection [S, N, 3E], folded into one
 // kiln::StridedAttention writing Y's rows [S * N, E] as "y"; then, as an INT8 build adds them
 // (fold_attention_views has run by then), [a Reshape to one-pixel images ->] QuantizeLinear ->
-// "q" (the output), and `also_read` reading "y" too when given.
+// "y_quantized" (the output), and `also_read` reading "y" too when given.
 ir::Graph attention_quantized(bool reshaped, DType q_type = DType::kInt8, int zero = 0, const char* also_read = nullptr) {
   GraphBuilder b;
   b.input("qkv", {S, N, 3 * E});
-  b.node("Reshape", {"qkv", b.ints("split3", {S, N, 3, E})}, "split");
-  b.node("Unsqueeze", {"split", b.ints("axis0", {0})}, "unsq");
-  b.node("Transpose", {"unsq"}, "moved", {{"perm", std::vector<int64_t>{3, 1, 2, 0, 4}}});
-  b.node("Squeeze", {"moved", b.ints("axis3", {-2})}, "parts");
-  const char* names[3] = {"q_in", "k_in", "v_in"};
-  for (int64_t i = 0; i < 3; ++i) {
-    const std::string part = names[i];
-    b.node("Gather", {"parts", b.constant(part + "_index", Tensor::scalar<int64_t>(i))}, part + "_sbe", {{"axis", int64_t{0}}});
-    b.node("Reshape", {part + "_sbe", b.ints(part + "_heads_shape", {S, N * H, D})}, part + "_merged");
-    b.node("Transpose", {part + "_merged"}, part + "_t", {{"perm", std::vector<int64_t>{1, 0, 2}}});
-    b.node("Reshape", {part + "_t", b.ints(part + "_4d", {N, H, S, D})}, part);
-  }
-  b.node("Attention", {"q_in", "k_in", "v_in"}, "y4");
-  b.node("Transpose", {"y4"}, "y_sbhd", {{"perm", std::vector<int64_t>{2, 0, 1, 3}}});
-  b.node("Reshape", {"y_sbhd", b.ints("rows", {S * N, E})}, "y");
+  add_packed_attention(b, "qkv", "y", S, N, H, D);
   b.output("y");
   ir::Graph g = b.build();
   EXPECT_EQ(passes::fold_attention_views(g), 1);
@@ -62,8 +49,8 @@ ir::Graph attention_quantized(bool reshaped, DType q_type = DType::kInt8, int ze
   Tensor zp(q_type, {});
   if (q_type == DType::kInt8) *zp.data<int8_t>() = static_cast<int8_t>(zero);
   else *static_cast<uint8_t*>(zp.raw()) = 0;
-  add("QuantizeLinear", {v, g.add_constant("q_scale", std::move(scale)), g.add_constant("q_zero", std::move(zp))}, "q");
-  g.outputs = {"q"};
+  add("QuantizeLinear", {v, g.add_constant("q_scale", std::move(scale)), g.add_constant("q_zero", std::move(zp))}, "y_quantized");
+  g.outputs = {"y_quantized"};
   if (also_read) {
     add("Relu", {"y"}, also_read);
     g.outputs.push_back(also_read);
@@ -87,9 +74,9 @@ TEST(FuseAttentionQuantize, TheAttentionWritesInt8ThroughAReshape) {
   const ir::Node* r = find_op(after, "Reshape");  // the one-pixel images, now of int8
   ASSERT_NE(r, nullptr);
   EXPECT_EQ(r->inputs[0], a->outputs[0]);
-  EXPECT_EQ(r->outputs[0], "q");
+  EXPECT_EQ(r->outputs[0], "y_quantized");
   ir::infer_shapes(after);
-  EXPECT_EQ(after.value("q").type.dtype, DType::kInt8);
+  EXPECT_EQ(after.value("y_quantized").type.dtype, DType::kInt8);
   expect_same_outputs(before, after);
 }
 
@@ -99,7 +86,7 @@ TEST(FuseAttentionQuantize, TheAttentionWritesTheQuantizeLinearsOutputDirectly) 
   EXPECT_EQ(passes::fuse_attention_quantize(after), 1);
   ASSERT_EQ(after.nodes.size(), 1u);
   EXPECT_EQ(after.nodes[0].op, "StridedAttention");
-  EXPECT_EQ(after.nodes[0].outputs[0], "q");
+  EXPECT_EQ(after.nodes[0].outputs[0], "y_quantized");
   ir::infer_shapes(after);
   expect_same_outputs(before, after);
 }

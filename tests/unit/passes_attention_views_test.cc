@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "compiler/quantize_graph.h"
+#include "attention_graphs.h"
 #include "graph_builder.h"
 #include "passes/passes.h"
 
@@ -15,33 +16,10 @@ namespace {
 
 constexpr int64_t S = 5, N = 2, H = 3, D = 4, E = H * D;
 
-// nn.MultiheadAttention as torch.onnx writes it (torchvision's ViT): one projection
-// [S, N, 3E] split into Q, K and V by Reshape, Unsqueeze, Transpose, Squeeze and Gathers, heads
-// through a merged batch-and-heads axis [S, N * H, D], Y merged back to [S * N, E].
-void add_packed_attention(GraphBuilder& b, const std::string& qkv, const std::string& y, int64_t s = S, int64_t n = N,
-                          int64_t h = H, int64_t d = D) {
-  const int64_t e = h * d;
-  b.node("Reshape", {qkv, b.ints("split3", {s, n, 3, e})}, "split");
-  b.node("Unsqueeze", {"split", b.ints("axis0", {0})}, "unsq");
-  b.node("Transpose", {"unsq"}, "moved", {{"perm", std::vector<int64_t>{3, 1, 2, 0, 4}}});
-  b.node("Squeeze", {"moved", b.ints("axis3", {-2})}, "parts");
-  const char* names[3] = {"q", "k", "v"};
-  for (int64_t i = 0; i < 3; ++i) {
-    const std::string part = names[i];
-    b.node("Gather", {"parts", b.constant(part + "_index", Tensor::scalar<int64_t>(i))}, part + "_sbe", {{"axis", int64_t{0}}});
-    b.node("Reshape", {part + "_sbe", b.ints(part + "_heads_shape", {s, n * h, d})}, part + "_merged");
-    b.node("Transpose", {part + "_merged"}, part + "_t", {{"perm", std::vector<int64_t>{1, 0, 2}}});
-    b.node("Reshape", {part + "_t", b.ints(part + "_4d", {n, h, s, d})}, part);
-  }
-  b.node("Attention", {"q", "k", "v"}, "y4");
-  b.node("Transpose", {"y4"}, "y_sbhd", {{"perm", std::vector<int64_t>{2, 0, 1, 3}}});
-  b.node("Reshape", {"y_sbhd", b.ints("rows", {s * n, e})}, y);
-}
-
 GraphBuilder packed_projection_attention() {
   GraphBuilder b;
   b.input("qkv", {S, N, 3 * E});
-  add_packed_attention(b, "qkv", "y");
+  add_packed_attention(b, "qkv", "y", S, N, H, D);
   b.output("y");
   return b;
 }
@@ -93,7 +71,7 @@ TEST(FoldAttentionViews, TransposesAcrossTheProjectionsJoinTheViews) {
   b.node("Transpose", {"x"}, "x_sne", {{"perm", std::vector<int64_t>{1, 0, 2}}});
   b.node("MatMul", {"x_sne", b.random("w_in", {E, 3 * E})}, "qkv_nobias");
   b.node("Add", {"qkv_nobias", b.random("b_in", {3 * E})}, "qkv");
-  add_packed_attention(b, "qkv", "y");
+  add_packed_attention(b, "qkv", "y", S, N, H, D);
   b.node("Gemm", {"y", b.random("w_out", {E, E}), b.random("b_out", {E})}, "rows_out", {{"transB", int64_t{1}}});
   b.node("Reshape", {"rows_out", b.ints("sne", {S, N, E})}, "sne_out");
   b.node("Transpose", {"sne_out"}, "out", {{"perm", std::vector<int64_t>{1, 0, 2}}});
@@ -160,7 +138,7 @@ TEST(FoldAttentionViews, TransposeBeforeAFusedProjectionJoinsTheViews) {
   b.node("FusedMatMul", {"x_sne", b.random("w_in", {E, 3 * E}), b.random("b_in", {3 * E})}, "qkv",
          {{"activation", std::string("Gelu")}});
   b.last().domain = "kiln";
-  add_packed_attention(b, "qkv", "y");
+  add_packed_attention(b, "qkv", "y", S, N, H, D);
   b.output("y");
   ir::Graph before = b.build();
   ir::Graph after = folded(before);
@@ -182,7 +160,7 @@ TEST(FoldAttentionViews, FusedProjectionWithAResidualKeepsItsTranspose) {
   b.node("Transpose", {"x"}, "x_sne", {{"perm", std::vector<int64_t>{1, 0, 2}}});
   b.node("FusedMatMul", {"x_sne", b.random("w_in", {E, 3 * E}), b.random("b_in", {3 * E}), "z"}, "qkv");
   b.last().domain = "kiln";
-  add_packed_attention(b, "qkv", "y");
+  add_packed_attention(b, "qkv", "y", S, N, H, D);
   b.output("y");
   ir::Graph before = b.build();
   ir::Graph after = folded(before);
