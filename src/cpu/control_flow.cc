@@ -1,6 +1,6 @@
 // CPU kernels of If, Loop and Scan (kiln's form: src/ops/control_flow.cc). Each subgraph, a
-// self-contained ONNX model, is imported and built into a CPU engine of its own when the kernel
-// is made, its inputs typed from the node's inputs here; a run runs it on the node's inputs and
+// self-contained ONNX model, is imported, simplified (simplify_subgraph, control_flow.h) and
+// built into a CPU engine of its own when the kernel is made, its inputs typed from the node's inputs here; a run runs it on the node's inputs and
 // hands on its outputs, whose shapes only that run decides (KernelEntry::makes_outputs).
 #include <algorithm>
 #include <cstring>
@@ -9,12 +9,35 @@
 #include <memory>
 #include <new>
 
+#include "cpu/control_flow.h"
+
 #include "cpu/engine.h"
+#include "cpu/evaluate.h"
 #include "cpu/kernel.h"
+#include "ir/op_schema.h"
 #include "onnx/importer.h"
 #include "ops/control_flow.h"
+#include "passes/passes.h"
 
 namespace kiln::cpu {
+
+int simplify_subgraph(ir::Graph& graph) {
+  const passes::NodeEvaluator evaluate = [](const ir::Node& node, const std::vector<const Tensor*>& inputs) {
+    return evaluate_node(node, inputs);
+  };
+  int total = 0;
+  for (int round = 0; round < 16; ++round) {
+    int changes = passes::remove_identity_and_dropout(graph);
+    changes += passes::fold_constants(graph, evaluate);
+    changes += passes::inline_constant_if(graph);
+    changes += passes::simplify_shape_chains(graph);
+    changes += passes::eliminate_dead_code(graph);
+    ir::infer_shapes(graph);
+    total += changes;
+    if (changes == 0) break;
+  }
+  return total;
+}
 
 namespace {
 
@@ -48,6 +71,7 @@ Subgraph build_subgraph(const KernelInit& init, const std::string& attr, const s
   Subgraph sub;
   try {
     ir::Graph imported = onnx_import::import_subgraph(node.attrs.get_string(attr, ""), types, attr);
+    simplify_subgraph(imported);
     if (rewrite) rewrite(imported);
     sub.inputs = imported.inputs;
     sub.outputs = imported.outputs;
