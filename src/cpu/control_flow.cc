@@ -1,7 +1,8 @@
 // CPU kernels of If, Loop and Scan (kiln's form: src/ops/control_flow.cc). Each subgraph, a
 // self-contained ONNX model, is imported, simplified (simplify_subgraph, control_flow.h) and
-// built into a CPU engine of its own when the kernel is made, its inputs typed from the node's inputs here; a run runs it on the node's inputs and
-// hands on its outputs, whose shapes only that run decides (KernelEntry::makes_outputs).
+// built into a CPU engine of its own when the kernel is made, its inputs typed from the node's
+// inputs here; a run runs it on the node's inputs and hands on its outputs, whose shapes only
+// that run decides (KernelEntry::makes_outputs).
 #include <algorithm>
 #include <cstring>
 #include <functional>
