@@ -1,6 +1,7 @@
 // The fused attention kernel (flash_attention.h). One block of 4 or 8 warps (a tactic the layer
-// times) takes 64 or 128 queries of one head; each warp holds 16 of them. The block walks the keys in tiles of 64, loading the next
-// tile's K and V (cp.async, double-buffered in shared memory) while it computes on the current:
+// times) takes 64 or 128 queries of one head; each warp holds 16 of them. The block walks the
+// keys in tiles of 64, loading the next tile's K and V (cp.async, double-buffered in shared
+// memory) while it computes on the current:
 //   S = Q K^T          mma.sync m16n8k16, float16 in, float32 accumulators; Q's fragments stay
 //                      in registers for the whole walk
 //   online softmax     per query row, in the base-2 domain (scale * log2(e) folded in), the row's
@@ -18,6 +19,8 @@
 
 #include <cmath>
 #include <cstdint>
+
+#include "cuda/kernels/quantize_elements.cuh"
 
 namespace kiln::cuda {
 
@@ -307,11 +310,10 @@ __global__ void __launch_bounds__(32 * kWarps) flash_attention_kernel(Args a) {
     for (int dt = 0; dt < 8; ++dt) {
       const float y0 = o[dt][2 * half] * inv, y1 = o[dt][2 * half + 1] * inv;
       if constexpr (kInt8) {
-        // QuantizeLinear's arithmetic (quantize_elements.cuh): saturated in float, NaN to 0.
+        // QuantizeLinear's arithmetic (quantize_elements.cuh).
         auto quantize = [&](float y) {
-          float r = nearbyintf(__fdiv_rn(y, p.y_scale)) + static_cast<float>(p.y_zero_point);
-          if (r != r) r = 0.f;
-          return static_cast<signed char>(fminf(fmaxf(r, -128.f), 127.f));
+          const float zero = static_cast<float>(p.y_zero_point);
+          return static_cast<signed char>(quantized_value(y, p.y_scale, zero, -128.f, 127.f));
         };
         char2 packed;
         packed.x = quantize(y0);

@@ -1,5 +1,6 @@
 // QuantizeLinear's arithmetic on the GPU, for the layers that quantize whole tensors: the
-// QuantizeLinear layer (layers/quantize.cu) and the attention writing int8 (layers/attention.cu).
+// QuantizeLinear layer (layers/quantize.cu) and the attention writing int8 (layers/attention.cu,
+// and kiln's attention kernel's epilogue, kernels/flash_attention.cu).
 // The quotient x / scale in float32, rounded half to even (nearbyintf), plus the zero point,
 // saturated to [lo, hi]; NaN gives 0, as the CPU kernel (src/cpu/quantize.cc).
 #pragma once
@@ -10,15 +11,21 @@
 
 namespace kiln::cuda {
 
+// One value quantized: the float32 quotient x / scale rounded half to even, plus the zero point,
+// saturated to [lo, hi] in float (no integer overflow from a tiny scale); NaN gives 0.
+__device__ __forceinline__ float quantized_value(float x, float scale, float zero, float lo, float hi) {
+  float q = nearbyintf(x / scale) + zero;
+  if (q != q) q = 0.f;  // NaN, as the CPU kernel
+  return fminf(fmaxf(q, lo), hi);
+}
+
 template <class F, class Q>
 __global__ void quantize_kernel(const F* __restrict__ x, Q* __restrict__ y, const float* __restrict__ scale,
                                 const int32_t* __restrict__ zero, int64_t n, int64_t channels, int64_t inner, float lo,
                                 float hi) {
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t c = channels == 1 ? 0 : (i / inner) % channels;
-    float q = nearbyintf(static_cast<float>(x[i]) / scale[c]) + static_cast<float>(zero[c]);
-    if (q != q) q = 0.f;  // NaN, as the CPU kernel
-    y[i] = static_cast<Q>(fminf(fmaxf(q, lo), hi));
+    y[i] = static_cast<Q>(quantized_value(static_cast<float>(x[i]), scale[c], static_cast<float>(zero[c]), lo, hi));
   }
 }
 
@@ -44,11 +51,7 @@ __global__ void quantize8_kernel(const F* __restrict__ x, Q* __restrict__ y, con
     load8(x, g, v);
     Q q[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      float r = nearbyintf(static_cast<float>(v[i]) / inv) + zp;
-      if (r != r) r = 0.f;
-      q[i] = static_cast<Q>(fminf(fmaxf(r, lo), hi));
-    }
+    for (int i = 0; i < 8; ++i) q[i] = static_cast<Q>(quantized_value(static_cast<float>(v[i]), inv, zp, lo, hi));
     reinterpret_cast<uint2*>(y)[g] = *reinterpret_cast<const uint2*>(q);
   }
 }
