@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "kiln/kiln.h"
+#include "arrays.h"
 #include "calibration/calibrate_model.h"
 #include "calibration/calibration_cache.h"
 #include "cpu/engine.h"
@@ -404,6 +405,9 @@ py::dict engine_info(const Engine& engine) {
 }
 
 }  // namespace
+
+std::map<std::string, Tensor> tensors_of(const py::dict& arrays) { return to_tensors(arrays, InputMemory::kCopy); }
+py::dict tensors_to_dict(const std::map<std::string, Tensor>& tensors) { return to_dict(tensors); }
 
 PYBIND11_MODULE(_kiln, m) {
   m.doc() = "kiln's C++ engine (include/kiln/kiln.h); use the kiln package, which wraps it.";
@@ -801,6 +805,13 @@ PYBIND11_MODULE(_kiln, m) {
       },
       py::arg("model"), py::arg("next_batch"), py::arg("algorithm") = "entropy", py::arg("percentile") = 99.99,
       py::arg("max_batches") = 0, py::arg("device") = "cpu", py::arg("gpu") = 0, py::arg("progress") = true);
+
+#if KILN_WITH_NATIVE_GRPC
+  m.attr("has_native_grpc") = true;
+  bind_serve(m);
+#else
+  m.attr("has_native_grpc") = false;
+#endif
 }
 
 }  // namespace kiln::python

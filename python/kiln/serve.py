@@ -315,6 +315,7 @@ def _kiln_model_class():
             self.max_request_bytes = max_request_bytes
             self.kiln_engine = None  # (KServe's models use `engine` for a flag of their own)
             self.batcher = None
+            self.native_front = None  # kiln serve --grpc-front native: every request goes through its batcher
             self.inputs = []
             self.outputs = []
 
@@ -391,8 +392,10 @@ def _kiln_model_class():
                 contexts = [(device, engine.create_context()) for device, engine in engines
                             for _ in range(self.config.instances)]
                 runs = [(device, c.run, c.run_concatenated) for device, c in contexts]
+                self._native_runs = contexts
             else:
                 runs = [(device, engine.run) for device, engine in engines]
+                self._native_runs = list(engines)
             self._run = Runners(runs)
             self._max_batch = max_batch
             # GPU: the batch sizes every context plans now (the first run at a shape plans it).
@@ -406,6 +409,13 @@ def _kiln_model_class():
             log.info("model %s ready: %s, %s, max batch %d, on %s, inputs %s", self.name, self.path, self.config.precision,
                      max_batch, "GPUs " + ",".join(d for d, _ in engines) if on_gpu else "the CPU", self.inputs)
             return self.ready
+
+        def native_description(self) -> dict:
+            """The model as kiln._kiln.GrpcFront takes it: its engine runs (GPU contexts, or the CPU
+            engine) go to the front's batcher, which then runs every request of both fronts."""
+            return {"name": self.name, "version": "", "engine": self.kiln_engine, "runs": self._native_runs,
+                    "max_batch": self._max_batch, "max_queue_delay_us": self.config.max_queue_delay_us,
+                    "batch_sizes": self._batch_sizes}
 
         def _example_inputs(self, rows: int = 1) -> dict:
             out = {}
@@ -471,12 +481,16 @@ def _kiln_model_class():
             except InvalidInput:
                 series.errors.inc()
                 raise
-            if self.batcher is None:
+            if self.batcher is None and self.native_front is None:
                 self.batcher = Batcher(self._run, self._max_batch, self.config.max_queue_delay_us * 1e-6, self._series,
                                        self._batch_sizes)
                 self.batcher.start()
             try:
-                outputs = await self.batcher.submit(arrays, rows)
+                if self.native_front is not None:
+                    outputs = await asyncio.get_running_loop().run_in_executor(
+                        None, self.native_front.run, self.name, arrays, rows)
+                else:
+                    outputs = await self.batcher.submit(arrays, rows)
             except Exception as e:  # noqa: BLE001 (kiln.Error from the engine)
                 series.errors.inc()
                 raise InferenceError(f"model '{self.name}': {e}") from e
@@ -965,6 +979,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", help="with --device cuda: the GPUs to run on, e.g. 0,1 (default 0); each gets the engine "
                                   "and --instances contexts")
     p.add_argument("--max-request-mb", type=float, default=256, help="the largest request's inputs")
+    p.add_argument("--grpc-front", choices=("kserve", "native"), default="kserve",
+                   help="who answers gRPC: KServe's Python server (default), or kiln's own in C++ (native: "
+                        "requests reach the engine without Python; HTTP requests then use its batcher too)")
     p.add_argument("--ray", action="store_true",
                    help="run each model as a Ray Serve deployment (replicas on the Ray cluster: one GPU each with "
                         "--device cuda); this process serves the protocol in front of them")
@@ -984,6 +1001,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--gpus is for --device cuda")
         if args.ray:
             p.error("--gpus is not for --ray: Ray places the replicas, one GPU each")
+    if args.grpc_front == "native":
+        if args.ray:
+            p.error("--grpc-front native is not for --ray (the replicas' requests go through Ray's handles)")
+        from kiln import _kiln
+        if not getattr(_kiln, "has_native_grpc", False):
+            p.error("--grpc-front native: this kiln was built without gRPC's C++ library "
+                    "(apt-get install libgrpc++-dev protobuf-compiler-grpc, then build kiln again)")
     replicas = replica_range(args.replicas)
     if replicas is None:
         p.error(f"--replicas {args.replicas}: give N or MIN:MAX, with 1 <= MIN <= MAX")
@@ -1038,14 +1062,66 @@ def main(argv: list[str] | None = None) -> int:
     _extend_kserve_grpc()
     # One server process: the models' engines, queues and batches live in it (KServe's --workers
     # would load every model once per process and batch each process's requests apart).
-    server = kserve.ModelServer(http_port=args.http_port, grpc_port=args.grpc_port, workers=1, enable_grpc=True,
-                                enable_latency_logging=False)
+    front = None
+    if args.grpc_front == "native":
+        front = _start_native_front(models, args.grpc_port, max_request_bytes)
+        if front is None:
+            return 1
+    server = kserve.ModelServer(http_port=args.http_port, grpc_port=args.grpc_port, workers=1,
+                                enable_grpc=front is None, enable_latency_logging=False)
     try:
         server.start(models)
     finally:
+        if front is not None:
+            front.shutdown()  # the requests it holds are answered first
         if args.ray:
             _ray_stop([name for name, _, _ in entries], args.ray_address)
     return 0
+
+
+def _start_native_front(models: list, port: int, max_request_bytes: int):
+    """kiln's C++ gRPC front on `port`, serving every model; None (said on stderr) when it cannot
+    start. Its per-model counters appear at /metrics as kiln_grpc_front_* (NativeFrontMetrics)."""
+    import kiln
+    from kiln import _kiln
+    from prometheus_client import REGISTRY
+
+    gpu_models = [m for m in models if m.kiln_engine.backend == "cuda"]
+    try:
+        front = _kiln.GrpcFront(f"[::]:{port}", [m.native_description() for m in models], max_request_bytes,
+                                gpu_models[0].config.gpus[0] if gpu_models else -1, kiln.__version__)
+    except kiln.Error as e:
+        sys.stderr.write(f"kiln: error: kiln serve: {e}\n")
+        return None
+    for m in models:
+        m.native_front = front
+    REGISTRY.register(NativeFrontMetrics(front))
+    log.info("gRPC: kiln's native front on port %d", front.port)
+    return front
+
+
+class NativeFrontMetrics:
+    """The native gRPC front's counters, per model, as Prometheus counters (read at each scrape):
+    requests and errors of both fronts (HTTP requests go through its batcher too), engine runs,
+    rows run, and the seconds requests waited to be batched and runs took."""
+
+    FIELDS = (("requests", "Inference requests"), ("errors", "Requests refused or failed"),
+              ("runs", "Engine runs"), ("rows", "Rows run (batch sizes summed)"),
+              ("queue_seconds", "Seconds requests waited to be batched, summed"),
+              ("compute_seconds", "Seconds of engine runs, summed"))
+
+    def __init__(self, front):
+        self._front = front
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        stats = self._front.stats()
+        for field_name, doc in self.FIELDS:
+            family = CounterMetricFamily(f"kiln_grpc_front_{field_name}", doc, labels=["model"])
+            for model, s in stats.items():
+                family.add_metric([model], s[field_name])
+            yield family
 
 
 def _ray_stop(names: list[str], address: str) -> None:

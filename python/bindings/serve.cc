@@ -1,0 +1,106 @@
+// kiln._kiln.GrpcFront: kiln serve's native gRPC front (src/serve/grpc_front.h) for the Python
+// side of kiln serve, which loads the models and hands their engine runs over: a GPU model's
+// contexts (each run on a thread of its own), or a CPU engine.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "arrays.h"
+#include "kiln/kiln.h"
+#include "serve/grpc_front.h"
+
+namespace py = pybind11;
+
+namespace kiln::python {
+
+namespace {
+
+// A model as kiln serve describes it: name, version, engine (its inputs and outputs), runs
+// [(device, Engine or Context)], max_batch, max_queue_delay_us, batch_sizes.
+serve::ServedModel served_model(const py::dict& d) {
+  serve::ServedModel m;
+  m.name = d["name"].cast<std::string>();
+  m.version = d.contains("version") ? d["version"].cast<std::string>() : "";
+  for (const py::handle& item : d["runs"].cast<py::list>()) {
+    auto pair = item.cast<py::tuple>();
+    if (pair.size() != 2) throw Error(ErrorKind::kInvalidArgument, "model '" + m.name + "': a run is (device, engine or context)");
+    serve::Runner runner;
+    runner.device = pair[0].cast<std::string>();
+    py::handle target = pair[1];
+    if (py::isinstance<Context>(target)) {
+      Context context = target.cast<Context>();
+      runner.run = [context](const std::map<std::string, std::vector<Tensor>>& pieces, int64_t zero_rows) mutable {
+        return context.run_concatenated(pieces, zero_rows);
+      };
+    } else {
+      Engine engine = target.cast<Engine>();
+      runner.run = [engine](const std::map<std::string, std::vector<Tensor>>& pieces, int64_t zero_rows) {
+        return engine.run(serve::joined(pieces, zero_rows));
+      };
+    }
+    m.runners.push_back(std::move(runner));
+  }
+  const Engine engine = d["engine"].cast<Engine>();
+  m.inputs = engine.inputs();
+  m.outputs = engine.outputs();
+  m.batching.max_batch = d["max_batch"].cast<int64_t>();
+  m.batching.max_queue_delay = std::chrono::microseconds(d["max_queue_delay_us"].cast<int64_t>());
+  m.batching.batch_sizes = d["batch_sizes"].cast<std::vector<int64_t>>();
+  return m;
+}
+
+}  // namespace
+
+void bind_serve(py::module_& m) {
+  py::class_<serve::GrpcFront>(m, "GrpcFront",
+                               "kiln serve's native gRPC front: the Open Inference Protocol's gRPC service in C++")
+      .def(py::init([](const std::string& address, const py::list& models, uint64_t max_request_bytes, int pin_gpu,
+                       const std::string& server_version) {
+             std::vector<serve::ServedModel> served;
+             for (const py::handle& d : models) served.push_back(served_model(d.cast<py::dict>()));
+             serve::FrontOptions options;
+             options.address = address;
+             options.max_request_bytes = max_request_bytes;
+             options.pin_gpu = pin_gpu;
+             options.server_version = server_version;
+             py::gil_scoped_release release;
+             return std::make_unique<serve::GrpcFront>(std::move(served), options);
+           }),
+           py::arg("address"), py::arg("models"), py::arg("max_request_bytes"), py::arg("pin_gpu") = -1,
+           py::arg("server_version") = "")
+      .def_property_readonly("port", &serve::GrpcFront::port)
+      .def("shutdown", &serve::GrpcFront::shutdown, py::arg("grace_seconds") = 30.0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("stats",
+           [](const serve::GrpcFront& front) {
+             py::dict out;
+             for (const auto& [name, s] : front.stats()) {
+               py::dict d;
+               d["requests"] = s.requests, d["errors"] = s.errors, d["runs"] = s.batching.runs;
+               d["rows"] = s.batching.rows, d["batched_requests"] = s.batching.requests;
+               d["failed_runs"] = s.batching.failed_runs, d["queue_seconds"] = s.batching.queue_seconds;
+               d["compute_seconds"] = s.batching.compute_seconds;
+               out[py::str(name)] = d;
+             }
+             return out;
+           })
+      .def(
+          "run",
+          [](serve::GrpcFront& front, const std::string& model, const py::dict& inputs, int64_t rows) {
+            // (copies: the batcher's threads then never wait for the GIL to let go of an array)
+            std::map<std::string, Tensor> in = tensors_of(inputs);
+            std::map<std::string, Tensor> out;
+            {
+              py::gil_scoped_release release;
+              out = front.run(model, std::move(in), rows);
+            }
+            return tensors_to_dict(out);
+          },
+          py::arg("model"), py::arg("inputs"), py::arg("rows"),
+          "One request (checked already) through the model's batcher, as the gRPC requests go; waits");
+}
+
+}  // namespace kiln::python

@@ -1,0 +1,184 @@
+#include "serve/batcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "kiln/error.h"
+
+namespace kiln::serve {
+
+int64_t padded_rows(int64_t rows, const std::vector<int64_t>& batch_sizes) {
+  int64_t best = -1;
+  for (int64_t size : batch_sizes)
+    if (size >= rows && (best < 0 || size < best)) best = size;
+  return best < 0 ? rows : best;
+}
+
+std::vector<int64_t> planned_batch_sizes(int64_t max_batch) {
+  constexpr size_t kShapesAContextKeeps = 8;  // CudaContext's graphs per context
+  std::vector<int64_t> sizes;
+  for (int64_t b = 1; b < max_batch; b *= 2) sizes.push_back(b);
+  sizes.push_back(std::max<int64_t>(max_batch, 1));
+  if (sizes.size() > kShapesAContextKeeps) sizes.erase(sizes.begin(), sizes.end() - kShapesAContextKeeps);
+  return sizes;
+}
+
+Tensors joined(const std::map<std::string, std::vector<Tensor>>& pieces, int64_t zero_rows) {
+  Tensors out;
+  for (const auto& [name, list] : pieces) {
+    const Tensor& first = list.front();
+    if (first.rank() == 0) {  // a scalar input: the batch is one request
+      out[name] = first.clone();
+      continue;
+    }
+    std::vector<int64_t> shape = first.shape();
+    shape[0] = zero_rows;
+    for (const Tensor& t : list) shape[0] += t.dim(0);
+    Tensor whole = Tensor::uninitialized(first.dtype(), shape);
+    auto* at = static_cast<unsigned char*>(whole.raw());
+    for (const Tensor& t : list) {
+      if (t.nbytes()) std::memcpy(at, t.raw(), t.nbytes());
+      at += t.nbytes();
+    }
+    const auto* end = static_cast<unsigned char*>(whole.raw()) + whole.nbytes();
+    if (end > at) std::memset(at, 0, static_cast<size_t>(end - at));
+    out[name] = std::move(whole);
+  }
+  return out;
+}
+
+namespace {
+
+// Requests batch together when their inputs agree in everything but the first dimension.
+bool same_shapes_past_rows(const Tensors& a, const Tensors& b) {
+  if (a.size() != b.size()) return false;
+  for (auto ia = a.begin(), ib = b.begin(); ia != a.end(); ++ia, ++ib) {
+    const Tensor& x = ia->second;
+    const Tensor& y = ib->second;
+    if (ia->first != ib->first || x.dtype() != y.dtype() || x.rank() != y.rank()) return false;
+    for (int d = 1; d < x.rank(); ++d)
+      if (x.dim(d) != y.dim(d)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Batcher::Batcher(std::vector<Runner> runners, BatchingOptions options)
+    : runners_(std::move(runners)), options_(std::move(options)) {
+  if (runners_.empty()) throw Error(ErrorKind::kInvalidArgument, "a batcher needs at least one engine run");
+  options_.max_batch = std::max<int64_t>(options_.max_batch, 1);
+  threads_.reserve(runners_.size());
+  for (size_t i = 0; i < runners_.size(); ++i) threads_.emplace_back([this, i] { run_loop(i); });
+}
+
+Batcher::~Batcher() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  queued_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+void Batcher::submit(Tensors inputs, int64_t rows, Done done) {
+  bool refused = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    refused = stopping_;
+    if (!refused) queue_.push_back(Pending{std::move(inputs), rows, std::move(done), std::chrono::steady_clock::now()});
+  }
+  if (refused) {
+    BatchResult result;
+    result.error = "the server is shutting down";
+    done(result);
+    return;
+  }
+  queued_.notify_all();
+}
+
+BatcherStats Batcher::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+std::vector<Batcher::Pending> Batcher::take_batch(std::unique_lock<std::mutex>& lock) {
+  // The caller holds the lock and the queue is not empty. While this run gathers (and waits for
+  // more requests), the other runs wait: one batch forms at a time, in arrival order.
+  std::vector<Pending> batch;
+  batch.push_back(std::move(queue_.front()));
+  queue_.pop_front();
+  int64_t rows = batch.front().rows;
+  const auto deadline = batch.front().queued + options_.max_queue_delay;
+  while (rows < options_.max_batch) {
+    if (queue_.empty()) {
+      if (stopping_ || std::chrono::steady_clock::now() >= deadline) break;
+      queued_.wait_until(lock, deadline, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) break;
+    }
+    Pending& next = queue_.front();
+    // The first request that does not fit ends the batch (and starts the next one).
+    if (rows + next.rows > options_.max_batch || !same_shapes_past_rows(next.inputs, batch.front().inputs)) break;
+    rows += next.rows;
+    batch.push_back(std::move(next));
+    queue_.pop_front();
+  }
+  return batch;
+}
+
+void Batcher::run_loop(size_t runner) {
+  for (;;) {
+    std::vector<Pending> batch;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queued_.wait(lock, [this] { return (stopping_ || !queue_.empty()) && !gathering_; });
+      if (queue_.empty()) return;  // stopping, and nothing is left to run
+      gathering_ = true;
+      batch = take_batch(lock);
+      gathering_ = false;
+    }
+    queued_.notify_all();  // another run may gather the next batch now
+    run_batch(runners_[runner], batch);
+  }
+}
+
+void Batcher::run_batch(Runner& runner, std::vector<Pending>& batch) {
+  const auto start = std::chrono::steady_clock::now();
+  int64_t rows = 0;
+  for (const Pending& p : batch) rows += p.rows;
+  const int64_t padded = padded_rows(rows, options_.batch_sizes);
+  std::map<std::string, std::vector<Tensor>> pieces;
+  for (const Pending& p : batch)
+    for (const auto& [name, tensor] : p.inputs) pieces[name].push_back(tensor);
+  Tensors outputs;
+  BatchResult result;
+  try {
+    outputs = runner.run(pieces, padded - rows);
+    result.outputs = &outputs;
+  } catch (const std::exception& e) {
+    result.error = e.what();
+  }
+  const auto ran = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.runs += 1;
+    stats_.rows += static_cast<uint64_t>(rows);
+    stats_.requests += batch.size();
+    stats_.failed_runs += result.error.empty() ? 0 : 1;
+    stats_.compute_seconds += std::chrono::duration<double>(ran - start).count();
+    for (const Pending& p : batch) stats_.queue_seconds += std::chrono::duration<double>(start - p.queued).count();
+  }
+  for (Pending& p : batch) {
+    result.rows = p.rows;
+    try {
+      p.done(result);
+    } catch (...) {
+      // A callback answers its own request; one that fails must not cost the others theirs.
+    }
+    result.first_row += p.rows;
+  }
+}
+
+}  // namespace kiln::serve

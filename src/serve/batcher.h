@@ -1,0 +1,106 @@
+// Dynamic batching for a served model: requests queue, and each free engine run takes the
+// oldest request with every queued one that fits beside it (the same shapes past the first
+// dimension, at most max_batch rows), waiting for more only until the oldest has waited
+// max_queue_delay. The batch is padded to the smallest planned batch size that holds it (a GPU
+// context keeps a plan and a CUDA graph per shape), run, and every request gets its rows of the
+// outputs. The same policy as kiln serve's Python batcher (python/kiln/serve.py, Batcher).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kiln/tensor.h"
+
+namespace kiln::serve {
+
+using Tensors = std::map<std::string, Tensor>;
+
+// One engine run a batch can go to: a GPU context, or the CPU engine. `run` takes each input as
+// its pieces (one per request, to be joined along the first dimension) and a number of zero rows
+// to pad with, and returns the outputs of the whole padded batch.
+struct Runner {
+  std::string device;  // "cpu", or the GPU's number
+  std::function<Tensors(const std::map<std::string, std::vector<Tensor>>& pieces, int64_t zero_rows)> run;
+};
+
+struct BatchingOptions {
+  int64_t max_batch = 1;  // rows a run takes; 1: requests run one by one
+  std::chrono::microseconds max_queue_delay{0};
+  std::vector<int64_t> batch_sizes;  // the sizes a batch is padded up to (none: no padding)
+};
+
+// What a batch's run gives one request: the batch's outputs and where the request's rows lie in
+// them, or the error every request of the batch gets. Valid only during the callback.
+struct BatchResult {
+  const Tensors* outputs = nullptr;
+  int64_t first_row = 0;
+  int64_t rows = 0;
+  std::string error;  // empty: the run succeeded
+};
+
+// Counters of one model's batching, for metrics; read while the batcher runs.
+struct BatcherStats {
+  uint64_t runs = 0;
+  uint64_t rows = 0;
+  uint64_t requests = 0;
+  uint64_t failed_runs = 0;
+  double queue_seconds = 0;    // summed over requests
+  double compute_seconds = 0;  // summed over runs
+};
+
+class Batcher {
+ public:
+  using Done = std::function<void(const BatchResult&)>;
+
+  Batcher(std::vector<Runner> runners, BatchingOptions options);
+  // Runs every request already queued, then stops its threads.
+  ~Batcher();
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // Queues a request of `rows` rows (its inputs' first dimension). `done` runs once, on a run's
+  // thread, when the request's batch has run or failed.
+  void submit(Tensors inputs, int64_t rows, Done done);
+  BatcherStats stats() const;
+
+ private:
+  struct Pending {
+    Tensors inputs;
+    int64_t rows;
+    Done done;
+    std::chrono::steady_clock::time_point queued;
+  };
+  void run_loop(size_t runner);
+  std::vector<Pending> take_batch(std::unique_lock<std::mutex>& lock);
+  void run_batch(Runner& runner, std::vector<Pending>& batch);
+
+  std::vector<Runner> runners_;
+  BatchingOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable queued_;
+  std::deque<Pending> queue_;
+  bool stopping_ = false;
+  bool gathering_ = false;  // a run is gathering a batch (one at a time)
+  BatcherStats stats_;
+  std::vector<std::thread> threads_;
+};
+
+// Each input's pieces joined along the first dimension, then `zero_rows` rows of zeros, in
+// tensors of their own: what an engine run that takes whole inputs (the CPU engine's) is given.
+Tensors joined(const std::map<std::string, std::vector<Tensor>>& pieces, int64_t zero_rows);
+// The smallest of `batch_sizes` that holds `rows` (rows itself when none does).
+int64_t padded_rows(int64_t rows, const std::vector<int64_t>& batch_sizes);
+// Powers of two below max_batch, and max_batch; the largest eight (a GPU context keeps eight
+// shapes' plans and graphs).
+std::vector<int64_t> planned_batch_sizes(int64_t max_batch);
+
+}  // namespace kiln::serve
