@@ -270,6 +270,13 @@ class Served:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', labels))
             if labels.get("model") == model:
                 runs[labels["device"]] = float(count)
+        if re.search(rf'^kiln_grpc_front_runs_total{{model="{model}"}}', text, re.M):
+            # --grpc-front native: its batcher's counters (every request goes through it)
+            front = {k: value(rf'^kiln_grpc_front_{k}_total{{model="{model}"}} (\S+)$')
+                     for k in ("runs", "rows", "requests", "queue_seconds", "compute_seconds")}
+            return {"batch_rows_sum": front["rows"], "batches": front["runs"],
+                    "compute_seconds_sum": front["compute_seconds"], "queue_seconds_sum": front["queue_seconds"],
+                    "queued": front["requests"], "predict_seconds_sum": 0.0, "predicts": 0.0, "runs_by_device": runs}
         return {"batch_rows_sum": value(rf'^kiln_batch_size_sum{{model="{model}"}} (\S+)$'),
                 "batches": value(rf'^kiln_batch_size_count{{model="{model}"}} (\S+)$'),
                 "compute_seconds_sum": value(rf'^kiln_compute_seconds_sum{{model="{model}"}} (\S+)$'),
@@ -293,7 +300,8 @@ def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus
                 delay_us: int, loads: list[tuple], args, out: str) -> list[dict]:
     """One server on `gpus`; `loads`: (concurrency, images per request, transport) in turn, transport
     "grpc", "shm" or "stream" (then concurrency is the stream's window)."""
-    flags = ["--device", device, "--name", model, "--max-batch", str(max_batch), "--max-queue-delay-us", str(delay_us)]
+    flags = ["--device", device, "--name", model, "--max-batch", str(max_batch), "--max-queue-delay-us", str(delay_us),
+             "--grpc-front", args.grpc_front]
     if device == "cuda":
         flags += ["--instances", str(args.instances), "--gpus", ",".join(map(str, gpus))]
     label = f"{len(gpus)}gpu" if device == "cuda" else "cpu"
@@ -395,6 +403,8 @@ def main() -> int:
     p.add_argument("--max-batch", type=int, default=128)
     p.add_argument("--max-queue-delay-us", type=int, default=0)
     p.add_argument("--instances", type=int, default=2)
+    p.add_argument("--grpc-front", default="kserve", choices=("kserve", "native"),
+                   help="kiln serve's gRPC front (native: kiln's own, in C++)")
     p.add_argument("--concurrency", default="1,4,16,64,256")
     p.add_argument("--large-request-rows", default="16",
                    help="images per large request, or several (16,64): each size at two concurrencies")

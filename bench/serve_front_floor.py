@@ -2,7 +2,8 @@
 """What the protocol front costs at one request in flight, apart from any engine: a bare gRPC
 server in Python (grpc.aio, a generic echo method, no model) against `kiln serve` on a model that
 takes microseconds (tests/cli/data/dynamic_classifier.onnx: a Gemm 4 -> 3 and a Relu) on the CPU
-engine, both answered over loopback by Python clients, in alternating rounds.
+engine, with KServe's gRPC front and with kiln's native one (--grpc-front native, where the
+build has it), all answered over loopback by Python clients, in alternating rounds.
 
     KILN_BIN=build/kiln PYTHONPATH=build/python .venv-serve/bin/python bench/serve_front_floor.py \
         --out FILE [--requests 3000] [--rounds 3] [--native-echo grpc_echo]
@@ -14,8 +15,8 @@ Runs in the serving environment (.venv-serve: grpcio, tritonclient, KServe) with
 package on PYTHONPATH. The echo answers the 16 bytes it gets (the model's one-row input); the
 model answers its [1, 3] output. Latency is send to answer, per request, after 200 unmeasured
 ones; the JSON has each round's p50, p90 and p99 and the machine's CPU. The difference between
-the two is KServe's servicer, kiln's predict and the batcher; the echo is the floor any Python
-gRPC front has on the machine.
+KServe's row and the echo's is KServe's servicer, kiln's predict and the batcher; the echo is the
+floor any Python gRPC front has on the machine, the C++ echo that of a front outside Python.
 """
 from __future__ import annotations
 
@@ -134,25 +135,39 @@ def main() -> int:
     echo.start()
     native_port = free_port()
     native = native_echo_server(args.native_echo, native_port) if args.native_echo else None
-    server = subprocess.Popen([kiln, "serve", model, "--device", "cpu", "--name", "classifier", "--max-batch", "8",
-                               "--http-port", str(free_port()), "--grpc-port", str(grpc_port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env=dict(os.environ, KILN_PYTHON=os.environ.get("KILN_PYTHON", sys.executable)))
+    env = dict(os.environ, KILN_PYTHON=os.environ.get("KILN_PYTHON", sys.executable))
+
+    def kiln_serve(port: int, front: str) -> subprocess.Popen:
+        return subprocess.Popen([kiln, "serve", model, "--device", "cpu", "--name", "classifier", "--max-batch", "8",
+                                 "--http-port", str(free_port()), "--grpc-port", str(port), "--grpc-front", front],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+    from kiln import _kiln
+    server = kiln_serve(grpc_port, "kserve")
+    servers = [server]
+    native_front_port = free_port() if getattr(_kiln, "has_native_grpc", False) else None
+    if native_front_port:
+        servers.append(kiln_serve(native_front_port, "native"))
     try:
         wait_ready(grpc_port, server)
+        if native_front_port:
+            wait_ready(native_front_port, servers[1])
         x = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
         rounds = []
         for r in range(args.rounds):
             row = {"echo": time_echo(echo_port, x.tobytes(), args.requests),
                    "kiln_serve": time_model(grpc_port, x, args.requests)}
+            if native_front_port:
+                row["kiln_serve_native_front"] = time_model(native_front_port, x, args.requests)
             if native:
                 row["native_echo"] = time_echo(native_port, x.tobytes(), args.requests)
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{name} p50 {t['p50_ms']:.3f} ms" for name, t in row.items()),
                   flush=True)
             rounds.append(row)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        for s in servers:
+            s.terminate()
+            s.wait(timeout=30)
         echo.terminate()
         if native:
             native.terminate()
@@ -163,6 +178,7 @@ def main() -> int:
               "cpu_count": os.cpu_count(), "rounds": rounds,
               "servers": {"echo": "Python grpc.aio, a generic echo method",
                           "kiln_serve": "kiln serve --device cpu on tests/cli/data/dynamic_classifier.onnx (tritonclient.grpc)",
+                          "kiln_serve_native_front": "the same, with --grpc-front native",
                           "native_echo": "bench/probes/grpc_echo.cc, C++ gRPC callback API"},
               "median_p50_ms": {k: float(np.median([row[k]["p50_ms"] for row in rounds])) for k in rounds[0]}}
     with open(args.out, "w") as f:

@@ -13,6 +13,9 @@ if [[ -f build-gpu/dist/kiln.xz ]]; then
 fi
 if [[ -f build-gpu/pyxz/python.tar.xz ]]; then
   tar xJf build-gpu/pyxz/python.tar.xz -C build-gpu
+  # gRPC's libraries, for the package's native gRPC front (and for each other: only the module
+  # itself has an rpath to them)
+  [[ -d build-gpu/python/kiln/libs ]] && export LD_LIBRARY_PATH=$PWD/build-gpu/python/kiln/libs:$LD_LIBRARY_PATH
 fi
 if [[ -f build-gpu/serving-site.tar.xz && ! -f /tmp/kiln-gate-serving-site/.done ]]; then
   tar xJf build-gpu/serving-site.tar.xz -C /tmp

@@ -27,10 +27,11 @@ done
 
 # Build tools and libraries kiln links (see CMakeLists.txt; onnx.proto is vendored in third_party/);
 # libstb-dev decodes images for `kiln run --input photo.jpg`; dataset-fashion-mnist gives the
-# demo real images without a download.
+# demo real images without a download; gRPC's C++ library builds kiln serve's native gRPC front
+# (kiln serve --grpc-front native).
 DEBIAN_PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libprotobuf-dev protobuf-compiler
+  libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   zlib1g-dev libopenblas-dev libfmt-dev libcli11-dev nlohmann-json3-dev libstb-dev
   dataset-fashion-mnist
   python3 python3-venv python3-dev

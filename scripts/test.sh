@@ -40,7 +40,7 @@ if (($# == 0)); then
   echo
   echo "==> ThreadSanitizer build in $TSAN_DIR"
   mkdir -p "$TSAN_DIR"
-  cmake -S . -B "$TSAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_TSAN=ON -DKILN_WITH_CUDA=OFF \
+  cmake -S . -B "$TSAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_TSAN=ON -DKILN_WITH_CUDA=OFF -DKILN_NATIVE_GRPC=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ > "$TSAN_DIR/configure.log" 2>&1 ||
     { cat "$TSAN_DIR/configure.log"; exit 1; }
   ninja -C "$TSAN_DIR" thread_safety_tests kiln_tsan_python

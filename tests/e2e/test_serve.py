@@ -73,6 +73,13 @@ class Server:
         with open(self.log_path) as f:
             return f.read()
 
+    def runs_and_rows(self, model: str) -> tuple[float, float]:
+        """Engine runs so far and the rows they ran, from /metrics (the native front's counters when
+        it batches)."""
+        if getattr(self, "front", "kserve") == "native":
+            return self.metric("kiln_grpc_front_runs_total", model), self.metric("kiln_grpc_front_rows_total", model)
+        return self.metric("kiln_batch_size_count", model), self.metric("kiln_batch_size_sum", model)
+
     def metric(self, name: str, model: str) -> float:
         with urllib.request.urlopen(f"http://{self.url}/metrics", timeout=10) as r:
             text = r.read().decode()
@@ -91,10 +98,16 @@ class Server:
         return self.proc.returncode
 
 
-@pytest.fixture(scope="module")
-def server(kiln_bin, tmp_path_factory):
-    s = Server(kiln_bin, [CLASSIFIER, "--max-batch", str(MAX_BATCH), "--max-queue-delay-us", "200000"],
-               str(tmp_path_factory.mktemp("serve") / "server.log"))
+# Who answers gRPC: KServe's Python server, or kiln's own in C++ (src/serve/grpc_front.h), whose
+# batcher then runs the HTTP requests too. Every test of a `server` runs against both.
+FRONTS = ["kserve", "native"]
+
+
+@pytest.fixture(scope="module", params=FRONTS)
+def server(kiln_bin, tmp_path_factory, request):
+    s = Server(kiln_bin, [CLASSIFIER, "--max-batch", str(MAX_BATCH), "--max-queue-delay-us", "200000",
+                          "--grpc-front", request.param], str(tmp_path_factory.mktemp("serve") / "server.log"))
+    s.front = request.param
     yield s
     s.stop()
 
@@ -142,8 +155,7 @@ def test_http_and_grpc_answers_are_the_engines(server, reference):
 
 
 def test_clients_at_once_are_batched_and_each_gets_its_rows(server, reference):
-    runs_before = server.metric("kiln_batch_size_count", "dynamic_classifier")
-    rows_before = server.metric("kiln_batch_size_sum", "dynamic_classifier")
+    runs_before, rows_before = server.runs_and_rows("dynamic_classifier")
     rng = np.random.default_rng(11)
     requests = [rng.standard_normal((int(rng.integers(1, 4)), 4)).astype(np.float32) for _ in range(64)]
 
@@ -165,8 +177,8 @@ def test_clients_at_once_are_batched_and_each_gets_its_rows(server, reference):
         answers = list(pool.map(send, range(len(requests))))
     for x, y in zip(requests, answers):
         np.testing.assert_allclose(y, reference(x), rtol=1e-6)
-    runs = server.metric("kiln_batch_size_count", "dynamic_classifier") - runs_before
-    rows = server.metric("kiln_batch_size_sum", "dynamic_classifier") - rows_before
+    runs, rows = server.runs_and_rows("dynamic_classifier")
+    runs, rows = runs - runs_before, rows - rows_before
     assert rows == sum(len(x) for x in requests)
     # Requests sent at once, each waiting up to 200 ms for others: far fewer engine runs than requests.
     assert runs < len(requests) / 2, f"{len(requests)} requests ran as {runs} engine runs"

@@ -14,16 +14,17 @@ import uuid
 
 import numpy as np
 import pytest
-from test_serve import CLASSIFIER, DATA, Server
+from test_serve import CLASSIFIER, DATA, FRONTS, Server
 
 import kiln
 
 IMAGE_MEANS = os.path.join(DATA, "image_means.onnx")  # image: float32[N, 3, 224, 224] -> mean: float32[N, 3]
 
 
-@pytest.fixture(scope="module")
-def server(kiln_bin, tmp_path_factory):
-    s = Server(kiln_bin, [IMAGE_MEANS, "--max-batch", "8"], str(tmp_path_factory.mktemp("serve") / "server.log"))
+@pytest.fixture(scope="module", params=FRONTS)
+def server(kiln_bin, tmp_path_factory, request):
+    s = Server(kiln_bin, [IMAGE_MEANS, "--max-batch", "8", "--grpc-front", request.param],
+               str(tmp_path_factory.mktemp("serve") / "server.log"))
     yield s
     assert s.stop() == 0, s.output()
 
@@ -169,13 +170,15 @@ def test_a_region_the_gpu_cannot_pin_is_served_unpinned(regions, caplog):
     served.unregister()
 
 
-def test_a_stream_of_requests_is_answered_in_order(kiln_bin, tmp_path):
+@pytest.mark.parametrize("front", FRONTS)
+def test_a_stream_of_requests_is_answered_in_order(kiln_bin, tmp_path, front):
     """ModelStreamInfer: a client streams 40 requests of 1 to 3 rows without waiting; each answer
     is its request's, in the order sent; a request with a wrong shape is answered with its error
     and the stream goes on."""
     import tritonclient.grpc as grpc
 
-    s = Server(kiln_bin, [CLASSIFIER, "--max-batch", "16", "--instances", "1"], str(tmp_path / "server.log"))
+    s = Server(kiln_bin, [CLASSIFIER, "--max-batch", "16", "--instances", "1", "--grpc-front", front],
+               str(tmp_path / "server.log"))
     engine = kiln.Engine.from_onnx(CLASSIFIER)
     answers: queue.Queue = queue.Queue()
     client = grpc.InferenceServerClient(f"localhost:{s.grpc_port}")

@@ -1,0 +1,119 @@
+"""`kiln serve --grpc-front native` (src/serve/grpc_front.h) against requests no well-behaved client
+sends, built by hand from the protocol's messages: each is refused with the status and a message
+naming what is wrong, and the server keeps answering; typed contents (instead of raw bytes) are
+served as the engine computes them; bytes that are no message at all are refused by gRPC itself.
+
+Runs in the serving environment (.venv-serve) as tests/e2e/test_serve.py, whose Server it uses.
+"""
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+from test_serve import CLASSIFIER, Server
+
+import kiln
+
+
+@pytest.fixture(scope="module")
+def native(kiln_bin, tmp_path_factory):
+    s = Server(kiln_bin, [CLASSIFIER, "--max-batch", "4", "--grpc-front", "native"],
+               str(tmp_path_factory.mktemp("serve") / "server.log"))
+    channel = grpc.insecure_channel(f"localhost:{s.grpc_port}")
+    yield s, channel
+    channel.close()
+    assert s.stop() == 0, s.output()
+
+
+def _stub(channel):
+    from tritonclient.grpc import service_pb2_grpc
+
+    return service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+def _request(shape=(1, 4), raw: list[bytes] | None = None, model="dynamic_classifier", datatype="FP32", **input_fields):
+    from tritonclient.grpc import service_pb2 as pb
+
+    r = pb.ModelInferRequest(model_name=model)
+    tensor = r.inputs.add(name=input_fields.pop("name", "x"), datatype=datatype, shape=list(shape))
+    for key, value in input_fields.items():
+        getattr(tensor, key).CopyFrom(value) if hasattr(value, "ListFields") else setattr(tensor, key, value)
+    if raw is None:
+        raw = [np.ones(shape, np.float32).tobytes()] if all(d >= 0 for d in shape) and np.prod(shape) < 1e6 else []
+    r.raw_input_contents.extend(raw)
+    return r
+
+
+def _answer(channel, x: np.ndarray) -> np.ndarray:
+    answer = _stub(channel).ModelInfer(_request(x.shape, [x.tobytes()]), timeout=30)
+    return np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(list(answer.outputs[0].shape))
+
+
+def _bad_requests():
+    from tritonclient.grpc import service_pb2 as pb
+
+    contents = pb.InferTensorContents(fp32_contents=[1.0, 2.0, 3.0])
+    wrong_output = _request()
+    wrong_output.outputs.add(name="z")
+    two_raw = _request()
+    two_raw.raw_input_contents.append(b"\0" * 16)
+    region = _request(raw=[])
+    region.inputs[0].parameters["shared_memory_region"].string_param = "nowhere"
+    region.inputs[0].parameters["shared_memory_byte_size"].int64_param = 16
+    negative_size = _request(raw=[])
+    negative_size.inputs[0].parameters["shared_memory_region"].string_param = "nowhere"
+    negative_size.inputs[0].parameters["shared_memory_byte_size"].int64_param = -1
+    return [
+        (_request(model="no_such_model"), grpc.StatusCode.NOT_FOUND, "no model 'no_such_model'"),
+        (_request(raw=[b"\0" * 15]), grpc.StatusCode.INVALID_ARGUMENT, "raw_input_contents hold 15"),
+        (two_raw, grpc.StatusCode.INVALID_ARGUMENT, "2 raw_input_contents for 1 inputs"),
+        (_request(shape=(-1, 4), raw=[b""]), grpc.StatusCode.INVALID_ARGUMENT, "must have shape"),
+        (_request(shape=(1, 4, 1)), grpc.StatusCode.INVALID_ARGUMENT, "must have shape"),
+        (_request(shape=(2**62, 4), raw=[b""]), grpc.StatusCode.INVALID_ARGUMENT, "input 'x'"),
+        (_request(shape=(5, 4)), grpc.StatusCode.INVALID_ARGUMENT, "takes at most 4"),
+        (_request(datatype="FP16", raw=[b"\0" * 8]), grpc.StatusCode.INVALID_ARGUMENT, "must be FP32, not FP16"),
+        (_request(name="y"), grpc.StatusCode.INVALID_ARGUMENT, "has no input 'y'"),
+        (wrong_output, grpc.StatusCode.INVALID_ARGUMENT, "has no output 'z'"),
+        (_request(raw=[], contents=contents), grpc.StatusCode.INVALID_ARGUMENT, "3 values in contents for 4 elements"),
+        (region, grpc.StatusCode.INVALID_ARGUMENT, "no shared-memory region 'nowhere'"),
+        (negative_size, grpc.StatusCode.INVALID_ARGUMENT, "shared_memory_byte_size must be a whole number"),
+    ]
+
+
+def test_hostile_requests_are_refused_with_their_reason_and_the_server_keeps_answering(native):
+    server, channel = native
+    stub = _stub(channel)
+    engine = kiln.Engine.from_onnx(CLASSIFIER)
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    for request, code, why in _bad_requests():
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(request, timeout=30)
+        assert e.value.code() == code and why in e.value.details(), (why, e.value.code(), e.value.details())
+        np.testing.assert_allclose(_answer(channel, x), engine.run({"x": x})["y"], rtol=1e-6)
+    assert server.metric("kiln_grpc_front_errors_total", "dynamic_classifier") >= len(_bad_requests()) - 1
+
+
+def test_typed_contents_are_served_as_the_engine_computes_them(native):
+    from tritonclient.grpc import service_pb2 as pb
+
+    _, channel = native
+    x = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
+    request = _request(x.shape, raw=[], contents=pb.InferTensorContents(fp32_contents=x.reshape(-1).tolist()))
+    answer = _stub(channel).ModelInfer(request, timeout=30)
+    y = np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(3, 3)
+    np.testing.assert_allclose(y, kiln.Engine.from_onnx(CLASSIFIER).run({"x": x})["y"], rtol=1e-6)
+
+
+def test_bytes_that_are_no_message_are_refused_and_the_server_keeps_answering(native):
+    _, channel = native
+    rng = np.random.default_rng(9)
+    raw_call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                   request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    for size in (1, 7, 64, 4096):
+        garbage = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        try:
+            raw_call(garbage, timeout=30)
+        except grpc.RpcError as e:
+            assert e.code() != grpc.StatusCode.UNAVAILABLE, e.details()  # refused, not a server gone
+    x = np.ones((1, 4), np.float32)
+    np.testing.assert_allclose(_answer(channel, x), kiln.Engine.from_onnx(CLASSIFIER).run({"x": x})["y"], rtol=1e-6)
