@@ -35,6 +35,13 @@ std::string datatype_name(DType dtype) {
   return to_string(dtype);
 }
 
+// "[1, 3, 224, 224]": shapes in errors as kiln serve's Python front writes them.
+std::string shape_list(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 // A request the front answers with an error instead of running it.
 struct Refusal {
   grpc::StatusCode code;
@@ -202,8 +209,7 @@ struct GrpcFront::Impl final : pb::GRPCInferenceService::CallbackService {
       for (size_t d = 0; fits && d < shape.size(); ++d)
         fits = shape[d] >= 0 && (desc->shape[d] < 0 || shape[d] == desc->shape[d]);
       if (!fits)
-        refuse(what + " must have shape " + shape_to_string(desc->shape) + " (-1: any size), not " +
-               shape_to_string(shape));
+        refuse(what + " must have shape " + shape_list(desc->shape) + " (-1: any size), not " + shape_list(shape));
       size_t bytes = 0;
       try {
         bytes = shape_bytes(shape, desc->dtype);
@@ -218,14 +224,14 @@ struct GrpcFront::Impl final : pb::GRPCInferenceService::CallbackService {
       if (names_a_region(in.parameters())) {
         RegionSpan span = region_span(regions, in.parameters(), what);
         if (span.bytes != bytes)
-          refuse(what + ": shape " + shape_to_string(shape) + " of " + in.datatype() + " is " + std::to_string(bytes) +
-                 " bytes; shared_memory_byte_size says " + std::to_string(span.bytes));
+          refuse(what + ": shape " + shape_list(shape) + " of " + to_string(desc->dtype) + " is " +
+                 std::to_string(bytes) + " bytes; shared_memory_byte_size says " + std::to_string(span.bytes));
         tensor = borrowed(desc->dtype, shape, span.data, span.object);
       } else if (raw) {
         const std::string& data = request.raw_input_contents(i);
         if (data.size() != bytes)
-          refuse(what + ": shape " + shape_to_string(shape) + " of " + in.datatype() + " is " + std::to_string(bytes) +
-                 " bytes; its raw_input_contents hold " + std::to_string(data.size()));
+          refuse(what + ": shape " + shape_list(shape) + " of " + to_string(desc->dtype) + " is " +
+                 std::to_string(bytes) + " bytes; its raw_input_contents hold " + std::to_string(data.size()));
         tensor = borrowed(desc->dtype, shape, data.data(), keep);
       } else {
         tensor = from_contents(desc->dtype, shape, in.contents(), what);
