@@ -24,7 +24,8 @@ LEVELS = {
     "engine": 7,
     "api": 8,  # src/api implements include/kiln/kiln.h
     "calibration": 9,
-    "tools": 10, "python": 10,
+    "serve": 10,  # kiln serve's native gRPC front: the public API only (docs/serving.md)
+    "tools": 11, "python": 11,
 }
 # Stages with folders of their own, and each folder's level inside the stage: a folder may include
 # its own headers and those of lower folders (docs/architecture.md, "The CUDA backend").
@@ -32,7 +33,7 @@ FOLDERS = {"cuda": {"runtime": 0, "kernels": 1, "layers": 2}}
 # Public headers, by stage.
 PUBLIC = {"kiln/error.h": "types", "kiln/tensor.h": "types", "kiln/types.h": "types", "kiln/kiln.h": "api"}
 # Headers generated at build time, by the stage they belong to.
-GENERATED = {"onnx.pb.h": "onnx"}
+GENERATED = {"onnx.pb.h": "onnx", "inference.grpc.pb.h": "serve"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
