@@ -33,7 +33,14 @@ serve::ServedModel served_model(const py::dict& d) {
     if (py::isinstance<Context>(target)) {
       Context context = target.cast<Context>();
       runner.run = [context](const std::map<std::string, std::vector<Tensor>>& pieces, int64_t zero_rows) mutable {
-        return context.run_concatenated(pieces, zero_rows);
+        // One request, unpadded: its inputs as they are (a model whose inputs have no batch
+        // dimension, scalars included, always runs so).
+        bool single = zero_rows == 0;
+        for (const auto& [name, list] : pieces) single = single && list.size() == 1;
+        if (!single) return context.run_concatenated(pieces, zero_rows);
+        std::map<std::string, Tensor> inputs;
+        for (const auto& [name, list] : pieces) inputs.emplace(name, list.front());
+        return context.run(inputs);
       };
     } else {
       Engine engine = target.cast<Engine>();

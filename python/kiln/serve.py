@@ -7,6 +7,7 @@ KServe's model server, so any KServe v2 or Triton client works unchanged.
     kiln serve model.onnx --device cuda --fp16 --max-batch 64 --instances 2
     kiln serve model.onnx --device cuda --fp16 --gpus 0,1       # the engine on each GPU, work spread over them
     kiln serve model.onnx --ray --ray-address auto --replicas 1:8  # Ray Serve replicas over a cluster
+    kiln serve model.engine --device cuda --grpc-front native    # gRPC answered by kiln's C++ front
 
 A repository follows Triton's layout; each model's newest version (the largest number) is
 served, and an optional models/<name>/config.json gives its precision, max_batch and
@@ -29,6 +30,10 @@ The server is ready once every model is loaded and has run once (a warm-up). Bad
 protocol errors (HTTP 400, gRPC INVALID_ARGUMENT) and the server keeps serving; SIGTERM lets
 queued requests finish. Metrics: KServe's request latencies and kiln_batch_size,
 kiln_queue_seconds, kiln_compute_seconds, kiln_requests_total, kiln_errors_total at /metrics.
+
+--grpc-front native answers gRPC with kiln's own server in C++ (kiln._kiln.GrpcFront,
+src/serve/grpc_front.h): requests reach the engine without Python, and its batcher (the same
+policy) runs the HTTP requests too; its counters are kiln_grpc_front_* at /metrics.
 """
 from __future__ import annotations
 
