@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 __version__: str
 has_cuda: bool
+has_native_grpc: bool  # GrpcFront below exists only where this is True (kiln built with gRPC's C++ library)
 
 class Error(RuntimeError):
     """Every failure of kiln: the message names the file, node, input or option at fault, and why.
@@ -153,6 +154,18 @@ class PinnedHostMemory:
     def __len__(self) -> int: ...
     @property
     def address(self) -> int: ...
+
+class GrpcFront:
+    """kiln serve's native gRPC front (the Open Inference Protocol's gRPC service in C++), serving
+    `models`: dicts of name, version, engine, runs [(device, Engine or Context)], max_batch,
+    max_queue_delay_us and batch_sizes. Listens at `address` (host:port; port 0 picks one)."""
+    def __init__(self, address: str, models: list[dict[str, Any]], max_request_bytes: int, pin_gpu: int = -1,
+                 server_version: str = "") -> None: ...
+    @property
+    def port(self) -> int: ...
+    def shutdown(self, grace_seconds: float = 30.0) -> None: ...
+    def stats(self) -> dict[str, dict[str, float]]: ...
+    def run(self, model: str, inputs: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]: ...
 
 def model_inputs(onnx_path: str) -> list[TensorDesc]:
     """The model's inputs as its file declares them (-1 where a dim is dynamic), without a build."""

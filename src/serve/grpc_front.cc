@@ -79,9 +79,7 @@ RegionSpan region_span(const SharedMemoryRegions& regions, const Parameters& par
   const uint64_t offset = whole_number(parameters, "shared_memory_offset", what, false);
   try {
     return regions.span(region.string_param(), offset, bytes, what);
-  } catch (const RegionNotFound& e) {
-    refuse(e.what());
-  } catch (const Error& e) {
+  } catch (const Error& e) {  // (an unknown region too: the request is at fault, as over HTTP)
     refuse(e.what());
   }
 }
@@ -125,17 +123,29 @@ Tensor from_contents(DType dtype, std::vector<int64_t> shape, const pb::InferTen
   }
 }
 
-// Rows [first, first + count) of a batch's output, as a tensor of its own (the whole output when
-// that is all of it).
+// Rows [first, first + count) of a batch's output, in place: where they lie, how many bytes,
+// and their shape (all of it for an output without rows, or when they are all of it).
+struct RowSpan {
+  const unsigned char* data;
+  size_t bytes;
+  std::vector<int64_t> shape;
+};
+RowSpan row_span(const Tensor& all, int64_t first, int64_t count) {
+  RowSpan span{static_cast<const unsigned char*>(all.raw()), all.nbytes(), all.shape()};
+  if (all.rank() == 0 || (first == 0 && count == all.dim(0))) return span;
+  const size_t row_bytes = all.dim(0) > 0 ? span.bytes / static_cast<size_t>(all.dim(0)) : 0;
+  span.data += row_bytes * static_cast<size_t>(first);
+  span.bytes = row_bytes * static_cast<size_t>(count);
+  span.shape[0] = count;
+  return span;
+}
+
+// The same rows as a tensor of their own (the output itself when they are all of it).
 Tensor rows_of(const Tensor& all, int64_t first, int64_t count) {
   if (all.rank() == 0 || (first == 0 && count == all.dim(0))) return all;
-  std::vector<int64_t> shape = all.shape();
-  const size_t row_bytes = shape[0] > 0 ? all.nbytes() / static_cast<size_t>(shape[0]) : 0;
-  shape[0] = count;
-  Tensor part = Tensor::uninitialized(all.dtype(), shape);
-  if (part.nbytes())
-    std::memcpy(part.raw(), static_cast<const unsigned char*>(all.raw()) + row_bytes * static_cast<size_t>(first),
-                part.nbytes());
+  const RowSpan span = row_span(all, first, count);
+  Tensor part = Tensor::uninitialized(all.dtype(), span.shape);
+  if (span.bytes) std::memcpy(part.raw(), span.data, span.bytes);
   return part;
 }
 
@@ -266,20 +276,14 @@ struct GrpcFront::Impl final : pb::GRPCInferenceService::CallbackService {
         refuse("model '" + model.served.name + "': the engine gave no output '" + desc.name + "'",
                grpc::StatusCode::INTERNAL);
       const Tensor& all = found->second;
-      std::vector<int64_t> shape = all.shape();
-      const unsigned char* data = static_cast<const unsigned char*>(all.raw());
-      size_t bytes = all.nbytes();
-      // A batch of several requests, or padded: this request's rows.
-      if (!shape.empty() && (result.first_row != 0 || result.rows != shape[0])) {
-        const size_t row_bytes = shape[0] > 0 ? bytes / static_cast<size_t>(shape[0]) : 0;
-        data += row_bytes * static_cast<size_t>(result.first_row);
-        bytes = row_bytes * static_cast<size_t>(result.rows);
-        shape[0] = result.rows;
-      }
+      // (of a batch of several requests, or padded: this request's rows)
+      const RowSpan rows = row_span(all, result.first_row, result.rows);
+      const unsigned char* data = rows.data;
+      const size_t bytes = rows.bytes;
       auto* out = response->add_outputs();
       out->set_name(desc.name);
       out->set_datatype(datatype_name(all.dtype()));
-      for (int64_t d : shape) out->add_shape(d);
+      for (int64_t d : rows.shape) out->add_shape(d);
       const std::string what = "output '" + desc.name + "'";
       if (wanted && names_a_region(wanted->parameters())) {
         RegionSpan span = region_span(regions, wanted->parameters(), what);
