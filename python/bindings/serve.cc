@@ -1,6 +1,7 @@
 // kiln._kiln.GrpcFront: kiln serve's native gRPC front (src/serve/grpc_front.h) for the Python
 // side of kiln serve, which loads the models and hands their engine runs over: a GPU model's
 // contexts (each run on a thread of its own), or a CPU engine.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -107,7 +108,50 @@ void bind_serve(py::module_& m) {
             return tensors_to_dict(out);
           },
           py::arg("model"), py::arg("inputs"), py::arg("rows"),
-          "One request (checked already) through the model's batcher, as the gRPC requests go; waits");
+          "One request (checked already) through the model's batcher, as the gRPC requests go; waits")
+      // The front's shared-memory regions, for the HTTP front (kiln/shared_memory.py, NativeRegions).
+      // An unknown region is KeyError, any other refusal kiln.Error.
+      .def("register_region",
+           [](serve::GrpcFront& front, const std::string& name, const std::string& key, uint64_t offset,
+              uint64_t byte_size) { front.shared_memory().register_region(name, key, offset, byte_size); },
+           py::arg("name"), py::arg("key"), py::arg("offset"), py::arg("byte_size"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("unregister_region", [](serve::GrpcFront& front, const std::string& name) {
+             front.shared_memory().unregister(name);
+           }, py::arg("name"))
+      .def("region_status",
+           [](serve::GrpcFront& front, const std::string& name) {
+             std::vector<serve::RegionStatus> found;
+             try {
+               found = front.shared_memory().status(name);
+             } catch (const serve::RegionNotFound& e) {
+               throw py::key_error(e.what());
+             }
+             py::list out;
+             for (const serve::RegionStatus& r : found) {
+               py::dict d;
+               d["name"] = r.name, d["key"] = r.key, d["offset"] = r.offset, d["byte_size"] = r.byte_size;
+               out.append(d);
+             }
+             return out;
+           },
+           py::arg("name"))
+      .def("region_bytes",
+           [](serve::GrpcFront& front, const std::string& region, uint64_t offset, uint64_t byte_size,
+              const std::string& what) {
+             serve::RegionSpan span;
+             try {
+               span = front.shared_memory().span(region, offset, byte_size, what);
+             } catch (const serve::RegionNotFound& e) {
+               throw py::key_error(e.what());
+             }
+             // The array keeps the region's mapping alive (a request in flight outlives an unregister).
+             auto* keep = new serve::RegionSpan(span);
+             py::capsule owner(keep, [](void* p) { delete static_cast<serve::RegionSpan*>(p); });
+             return py::array(py::dtype("uint8"), {static_cast<py::ssize_t>(span.bytes)}, {}, span.data, owner);
+           },
+           py::arg("region"), py::arg("offset"), py::arg("byte_size"), py::arg("what"),
+           "byte_size bytes from offset in a registered region, as a writable uint8 array over them");
 }
 
 }  // namespace kiln::python

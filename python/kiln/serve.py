@@ -1100,6 +1100,8 @@ def _start_native_front(models: list, port: int, max_request_bytes: int):
         return None
     for m in models:
         m.native_front = front
+    # One registry of shared-memory regions for both protocols: the front's.
+    shared_memory.REGIONS = shared_memory.NativeRegions(front)
     REGISTRY.register(NativeFrontMetrics(front))
     log.info("gRPC: kiln's native front on port %d", front.port)
     return front

@@ -120,40 +120,47 @@ class Regions:
                 raise RegionNotFound(f"no shared-memory region '{name}' is registered")
             return [self._regions[name].status()]
 
-    def _span(self, parameters: dict, what: str) -> tuple[Region, int, int]:
-        """The region, the offset in its object and the byte size a tensor's parameters name."""
+    @staticmethod
+    def _span_parameters(parameters: dict, what: str) -> tuple[str, int, int]:
+        """The region's name, the offset in it and the byte size a tensor's parameters name."""
         name = parameters.get("shared_memory_region")
-        with self._lock:
-            region = self._regions.get(name) if isinstance(name, str) else None
-        if region is None:
+        if not isinstance(name, str):
             raise RegionNotFound(f"{what}: no shared-memory region {name!r} is registered")
         if "shared_memory_byte_size" not in parameters:
             raise SharedMemoryError(f"{what}: shared_memory_byte_size is missing")
         size = _whole_number(parameters["shared_memory_byte_size"], f"{what}: shared_memory_byte_size")
         offset = _whole_number(parameters.get("shared_memory_offset", 0), f"{what}: shared_memory_offset")
+        return name, offset, size
+
+    def _span_bytes(self, parameters: dict, what: str) -> np.ndarray:
+        """The bytes a tensor's parameters name, as a uint8 array over the region (no copy)."""
+        name, offset, size = self._span_parameters(parameters, what)
+        with self._lock:
+            region = self._regions.get(name)
+        if region is None:
+            raise RegionNotFound(f"{what}: no shared-memory region {name!r} is registered")
         if offset + size > region.byte_size:
             raise SharedMemoryError(f"{what}: offset {offset} + byte size {size} is past the end of region "
                                     f"'{region.name}' ({region.byte_size} bytes)")
-        return region, region.offset + offset, size
+        return np.frombuffer(region.memory, dtype=np.uint8, count=size, offset=region.offset + offset)
 
     def read(self, parameters: dict, dtype: np.dtype, shape: list[int], what: str) -> np.ndarray:
         """The input the parameters name, in place in the region (no copy)."""
-        region, start, size = self._span(parameters, what)
+        span = self._span_bytes(parameters, what)
         count = 1
         for d in shape:
             count *= int(d)
-        if count * dtype.itemsize != size:
+        if count * dtype.itemsize != span.nbytes:
             raise SharedMemoryError(f"{what}: shape {list(shape)} of {dtype} is {count * dtype.itemsize} bytes; "
-                                    f"shared_memory_byte_size says {size}")
-        return np.frombuffer(region.memory, dtype=dtype, count=count, offset=start).reshape(shape)
+                                    f"shared_memory_byte_size says {span.nbytes}")
+        return span.view(dtype).reshape(shape)
 
     def write(self, parameters: dict, array: np.ndarray, what: str) -> None:
         """Writes an output where the parameters say."""
-        region, start, size = self._span(parameters, what)
-        if array.nbytes > size:
-            raise SharedMemoryError(f"{what}: the output is {array.nbytes} bytes; its region holds {size}")
-        target = np.frombuffer(region.memory, dtype=np.uint8, count=array.nbytes, offset=start)
-        target[:] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        span = self._span_bytes(parameters, what)
+        if array.nbytes > span.nbytes:
+            raise SharedMemoryError(f"{what}: the output is {array.nbytes} bytes; its region holds {span.nbytes}")
+        span[:array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def _pinned(memory: mmap.mmap, gpu: int, name: str):
@@ -168,8 +175,52 @@ def _pinned(memory: mmap.mmap, gpu: int, name: str):
         return memory
 
 
-# The regions clients registered with this server process (every model reads them). Code that Ray
-# pickles reaches it through the module, which pickles by name.
+class NativeRegions(Regions):
+    """The regions of kiln serve's native gRPC front (kiln._kiln.GrpcFront), for the HTTP front:
+    one registry for both protocols, so a client registers a region over either and names it in
+    requests over either. The front maps, pins and checks them (src/serve/shared_memory_regions.h,
+    the same rules as Regions)."""
+
+    def __init__(self, front):
+        super().__init__()
+        self._front = front
+
+    def register(self, name: str, key: str, offset, byte_size) -> None:
+        import kiln
+
+        if not isinstance(name, str) or not isinstance(key, str):
+            raise SharedMemoryError("a shared-memory region needs a name and a key (strings)")
+        offset = _whole_number(offset, f"region '{name}': offset")
+        byte_size = _whole_number(byte_size, f"region '{name}': byte_size")
+        try:
+            self._front.register_region(name, key, offset, byte_size)
+        except kiln.Error as e:
+            raise SharedMemoryError(str(e)) from e
+
+    def unregister(self, name: str = "") -> None:
+        self._front.unregister_region(name)
+
+    def status(self, name: str = "") -> list[dict]:
+        try:
+            return self._front.region_status(name)
+        except KeyError as e:
+            raise RegionNotFound(e.args[0]) from e
+
+    def _span_bytes(self, parameters: dict, what: str) -> np.ndarray:
+        import kiln
+
+        name, offset, size = self._span_parameters(parameters, what)
+        try:
+            return self._front.region_bytes(name, offset, size, what)
+        except KeyError as e:
+            raise RegionNotFound(e.args[0]) from e
+        except kiln.Error as e:
+            raise SharedMemoryError(str(e)) from e
+
+
+# The regions clients registered with this server process (every model reads them); a server with
+# the native gRPC front replaces it with that front's (NativeRegions). Code that Ray pickles reaches
+# it through the module, which pickles by name.
 REGIONS = Regions()
 
 

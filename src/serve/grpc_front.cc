@@ -568,6 +568,8 @@ GrpcFront::~GrpcFront() { shutdown(); }
 
 int GrpcFront::port() const { return impl_->bound_port; }
 
+SharedMemoryRegions& GrpcFront::shared_memory() { return impl_->regions; }
+
 void GrpcFront::shutdown(double grace_seconds) {
   std::lock_guard<std::mutex> lock(impl_->shutdown_mutex);
   if (impl_->shut_down) return;

@@ -16,6 +16,7 @@
 
 #include "kiln/types.h"
 #include "serve/batcher.h"
+#include "serve/shared_memory_regions.h"
 
 namespace kiln::serve {
 
@@ -61,6 +62,9 @@ class GrpcFront {
   // already checked against the model, of `rows` rows. Waits; returns the request's rows of every
   // output (copies). Throws kiln::Error naming the model when it is unknown or the run fails.
   Tensors run(const std::string& model, Tensors inputs, int64_t rows);
+  // The shared-memory regions clients registered over gRPC; kiln serve's HTTP front registers
+  // and reads its clients' regions here too, so a region serves both protocols.
+  SharedMemoryRegions& shared_memory();
 
   struct Impl;
 

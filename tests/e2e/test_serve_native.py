@@ -7,6 +7,8 @@ Runs in the serving environment (.venv-serve) as tests/e2e/test_serve.py, whose 
 """
 from __future__ import annotations
 
+import os
+
 import grpc
 import numpy as np
 import pytest
@@ -117,3 +119,38 @@ def test_bytes_that_are_no_message_are_refused_and_the_server_keeps_answering(na
             assert e.code() != grpc.StatusCode.UNAVAILABLE, e.details()  # refused, not a server gone
     x = np.ones((1, 4), np.float32)
     np.testing.assert_allclose(_answer(channel, x), kiln.Engine.from_onnx(CLASSIFIER).run({"x": x})["y"], rtol=1e-6)
+
+
+def test_a_region_registered_over_one_protocol_serves_requests_over_the_other(native):
+    """With the native front, HTTP and gRPC share one registry of shared-memory regions: a region
+    registered over HTTP holds a gRPC request's input and output, one registered over gRPC an HTTP
+    request's, and each protocol's status lists the other's registrations."""
+    import tritonclient.grpc as tgrpc
+    import tritonclient.http as thttp
+    import tritonclient.utils.shared_memory as shm
+
+    server, _ = native
+    engine = kiln.Engine.from_onnx(CLASSIFIER)
+    h = thttp.InferenceServerClient(server.url)
+    g = tgrpc.InferenceServerClient(f"localhost:{server.grpc_port}")
+    key = f"/kiln_native_{os.getpid()}"
+    handle = shm.create_shared_memory_region(key.strip("/"), key, 64 + 48)
+    try:
+        for registrar, infer_lib, client in ((h, tgrpc, g), (g, thttp, h)):
+            registrar.register_system_shared_memory("both", key, 64 + 48)
+            listed = h.get_system_shared_memory_status()
+            assert [r["name"] for r in listed] == ["both"]
+            assert list(g.get_system_shared_memory_status().regions) == ["both"]
+            x = np.random.default_rng(len(listed)).standard_normal((4, 4)).astype(np.float32)
+            shm.set_shared_memory_region(handle, [x])
+            inp = infer_lib.InferInput("x", [4, 4], "FP32")
+            inp.set_shared_memory("both", 64)
+            out = infer_lib.InferRequestedOutput("y")
+            out.set_shared_memory("both", 48, offset=64)
+            client.infer("dynamic_classifier", [inp], outputs=[out])
+            got = shm.get_contents_as_numpy(handle, np.float32, [4, 3], offset=64)
+            np.testing.assert_allclose(got, engine.run({"x": x})["y"], rtol=1e-6)
+            client.unregister_system_shared_memory("both")
+            assert not h.get_system_shared_memory_status()
+    finally:
+        shm.destroy_shared_memory_region(handle)
