@@ -91,6 +91,10 @@ void bind_serve(py::module_& m) {
                d["rows"] = s.batching.rows, d["batched_requests"] = s.batching.requests;
                d["failed_runs"] = s.batching.failed_runs, d["queue_seconds"] = s.batching.queue_seconds;
                d["compute_seconds"] = s.batching.compute_seconds;
+               py::list buckets;  // (upper bound, runs of at most that many rows)
+               for (size_t i = 0; i < std::size(serve::BatcherStats::kBatchSizeBounds); ++i)
+                 buckets.append(py::make_tuple(serve::BatcherStats::kBatchSizeBounds[i], s.batching.runs_up_to[i]));
+               d["batch_size_buckets"] = buckets;
                out[py::str(name)] = d;
              }
              return out;

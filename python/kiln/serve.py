@@ -1108,9 +1108,10 @@ def _start_native_front(models: list, port: int, max_request_bytes: int):
 
 
 class NativeFrontMetrics:
-    """The native gRPC front's counters, per model, as Prometheus counters (read at each scrape):
+    """The native gRPC front's counters, per model, as Prometheus metrics (read at each scrape):
     requests and errors of both fronts (HTTP requests go through its batcher too), engine runs,
-    rows run, and the seconds requests waited to be batched and runs took."""
+    rows run, the seconds requests waited to be batched and runs took, and a histogram of rows per
+    run (kiln_grpc_front_batch_size)."""
 
     FIELDS = (("requests", "Inference requests"), ("errors", "Requests refused or failed"),
               ("runs", "Engine runs"), ("rows", "Rows run (batch sizes summed)"),
@@ -1121,7 +1122,7 @@ class NativeFrontMetrics:
         self._front = front
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
         stats = self._front.stats()
         for field_name, doc in self.FIELDS:
@@ -1129,6 +1130,12 @@ class NativeFrontMetrics:
             for model, s in stats.items():
                 family.add_metric([model], s[field_name])
             yield family
+        sizes = HistogramMetricFamily("kiln_grpc_front_batch_size", "Rows per engine run (before padding)",
+                                      labels=["model"])
+        for model, s in stats.items():
+            buckets = [(str(bound), runs) for bound, runs in s["batch_size_buckets"]] + [("+Inf", s["runs"])]
+            sizes.add_metric([model], buckets, s["rows"])
+        yield sizes
 
 
 def _ray_stop(names: list[str], address: str) -> None:

@@ -165,6 +165,8 @@ void Batcher::run_batch(Runner& runner, std::vector<Pending>& batch) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.runs += 1;
     stats_.rows += static_cast<uint64_t>(rows);
+    for (size_t i = 0; i < std::size(BatcherStats::kBatchSizeBounds); ++i)
+      stats_.runs_up_to[i] += rows <= BatcherStats::kBatchSizeBounds[i] ? 1 : 0;
     stats_.requests += batch.size();
     stats_.failed_runs += result.error.empty() ? 0 : 1;
     stats_.compute_seconds += std::chrono::duration<double>(ran - start).count();

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,6 +56,10 @@ struct BatcherStats {
   uint64_t failed_runs = 0;
   double queue_seconds = 0;    // summed over requests
   double compute_seconds = 0;  // summed over runs
+  // Runs by rows (before padding): runs_up_to[i] counts runs of at most kBatchSizeBounds[i] rows
+  // (a Prometheus histogram's cumulative buckets; runs counts them all).
+  static constexpr int64_t kBatchSizeBounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  uint64_t runs_up_to[std::size(kBatchSizeBounds)] = {};
 };
 
 class Batcher {

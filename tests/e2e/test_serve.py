@@ -77,7 +77,11 @@ class Server:
         """Engine runs so far and the rows they ran, from /metrics (the native front's counters when
         it batches)."""
         if getattr(self, "front", "kserve") == "native":
-            return self.metric("kiln_grpc_front_runs_total", model), self.metric("kiln_grpc_front_rows_total", model)
+            runs, rows = self.metric("kiln_grpc_front_runs_total", model), self.metric("kiln_grpc_front_rows_total", model)
+            # (its batch-size histogram counts the same runs and rows)
+            assert (self.metric("kiln_grpc_front_batch_size_count", model),
+                    self.metric("kiln_grpc_front_batch_size_sum", model)) == (runs, rows)
+            return runs, rows
         return self.metric("kiln_batch_size_count", model), self.metric("kiln_batch_size_sum", model)
 
     def metric(self, name: str, model: str) -> float:

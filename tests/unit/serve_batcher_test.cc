@@ -114,6 +114,13 @@ TEST(ServeBatcher, BatchesNeverPassMaxBatchNorMixShapes) {
   std::lock_guard<std::mutex> lock(run.mutex);
   EXPECT_EQ(run.batch_rows, (std::vector<int64_t>{1, 3, 2, 2}));
   for (int64_t rows : run.batch_rows) EXPECT_LE(rows, 4);
+  // The batch-size histogram: runs of at most 1, 2 and 4 rows (cumulative), 8 rows.
+  const BatcherStats stats = batcher.stats();
+  EXPECT_EQ(stats.runs, 4u);
+  EXPECT_EQ(stats.rows, 8u);
+  EXPECT_EQ(stats.runs_up_to[0], 1u);
+  EXPECT_EQ(stats.runs_up_to[1], 3u);
+  EXPECT_EQ(stats.runs_up_to[2], 4u);
 }
 
 TEST(ServeBatcher, ABatchIsPaddedToThePlannedSizeAndEachRequestGetsItsOwnRows) {
