@@ -309,6 +309,7 @@ struct GrpcFront::Impl final : pb::GRPCInferenceService::CallbackService {
     Prepared prepared;
     try {
       model = &find(request->model_name(), request->model_version());
+      if (!model->batcher) refuse("the server is shutting down", grpc::StatusCode::UNAVAILABLE);
       model->requests.fetch_add(1, std::memory_order_relaxed);
       prepared = prepare(*request, *model, request);
     } catch (const Refusal& r) {
