@@ -154,3 +154,33 @@ def test_a_region_registered_over_one_protocol_serves_requests_over_the_other(na
             assert not h.get_system_shared_memory_status()
     finally:
         shm.destroy_shared_memory_region(handle)
+
+
+def test_sigterm_answers_the_requests_the_front_holds_first(kiln_bin, tmp_path):
+    """A request queued in the native front's batcher (waiting out a long queue delay) when the
+    server gets SIGTERM is answered, with the engine's outputs, before the server exits cleanly."""
+    import queue as queues
+    import signal
+    import time
+
+    import tritonclient.grpc as tgrpc
+
+    s = Server(kiln_bin, [CLASSIFIER, "--max-batch", "16", "--max-queue-delay-us", "2000000", "--grpc-front", "native"],
+               str(tmp_path / "server.log"))
+    client = tgrpc.InferenceServerClient(f"localhost:{s.grpc_port}")
+    answers: queues.Queue = queues.Queue()
+    x = np.random.default_rng(13).standard_normal((2, 4)).astype(np.float32)
+    inp = tgrpc.InferInput("x", [2, 4], "FP32")
+    inp.set_data_from_numpy(x)
+    try:
+        client.async_infer("dynamic_classifier", [inp], callback=lambda result, error: answers.put((result, error)))
+        time.sleep(0.5)  # the request waits in the queue for its delay
+        assert answers.empty()
+        s.proc.send_signal(signal.SIGTERM)
+        result, error = answers.get(timeout=30)
+        assert error is None, error
+        np.testing.assert_allclose(result.as_numpy("y"), kiln.Engine.from_onnx(CLASSIFIER).run({"x": x})["y"], rtol=1e-6)
+        assert s.proc.wait(60) == 0, s.output()
+    finally:
+        client.close()
+        s.stop()
