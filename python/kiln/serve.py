@@ -321,6 +321,7 @@ def _kiln_model_class():
             self.kiln_engine = None  # (KServe's models use `engine` for a flag of their own)
             self.batcher = None
             self.native_front = None  # kiln serve --grpc-front native: every request goes through its batcher
+            self.native_waits = None  # the threads HTTP requests wait on meanwhile
             self.inputs = []
             self.outputs = []
 
@@ -493,7 +494,7 @@ def _kiln_model_class():
             try:
                 if self.native_front is not None:
                     outputs = await asyncio.get_running_loop().run_in_executor(
-                        None, self.native_front.run, self.name, arrays, rows)
+                        self.native_waits, self.native_front.run, self.name, arrays, rows)
                 else:
                     outputs = await self.batcher.submit(arrays, rows)
             except Exception as e:  # noqa: BLE001 (kiln.Error from the engine)
@@ -1098,8 +1099,12 @@ def _start_native_front(models: list, port: int, max_request_bytes: int):
     except kiln.Error as e:
         sys.stderr.write(f"kiln: error: kiln serve: {e}\n")
         return None
+    # The threads HTTP requests wait on while the front's batcher runs them (GrpcFront.run blocks):
+    # enough that requests in flight queue in the batcher, where they batch, and not in front of a
+    # small pool (the event loop's default executor has cpu_count + 4 threads).
+    waits = ThreadPoolExecutor(256, thread_name_prefix="kiln-http-wait")
     for m in models:
-        m.native_front = front
+        m.native_front, m.native_waits = front, waits
     # One registry of shared-memory regions for both protocols: the front's.
     shared_memory.REGIONS = shared_memory.NativeRegions(front)
     REGISTRY.register(NativeFrontMetrics(front))

@@ -184,3 +184,37 @@ def test_sigterm_answers_the_requests_the_front_holds_first(kiln_bin, tmp_path):
     finally:
         client.close()
         s.stop()
+
+
+def test_many_http_requests_at_once_batch_in_the_native_front(kiln_bin, tmp_path):
+    """HTTP requests wait for the native front's batcher on threads of their own, enough for all
+    of them: 48 one-row requests sent at once (within the queue delay) run as a few full batches,
+    not as many small ones behind a pool of a few threads."""
+    import concurrent.futures
+    import threading
+
+    import tritonclient.http as thttp
+
+    s = Server(kiln_bin, [CLASSIFIER, "--max-batch", "16", "--max-queue-delay-us", "400000", "--grpc-front", "native"],
+               str(tmp_path / "server.log"))
+    engine = kiln.Engine.from_onnx(CLASSIFIER)
+    try:
+        runs_before = s.metric("kiln_grpc_front_runs_total", "dynamic_classifier")
+        xs = [np.random.default_rng(100 + i).standard_normal((1, 4)).astype(np.float32) for i in range(48)]
+        start = threading.Barrier(len(xs))
+
+        def send(x):
+            client = thttp.InferenceServerClient(s.url)
+            inp = thttp.InferInput("x", [1, 4], "FP32")
+            inp.set_data_from_numpy(x, binary_data=True)
+            start.wait()
+            return client.infer("dynamic_classifier", [inp]).as_numpy("y")
+
+        with concurrent.futures.ThreadPoolExecutor(len(xs)) as pool:
+            answers = list(pool.map(send, xs))
+        for x, y in zip(xs, answers):
+            np.testing.assert_allclose(y, engine.run({"x": x})["y"], rtol=1e-6)
+        runs = s.metric("kiln_grpc_front_runs_total", "dynamic_classifier") - runs_before
+        assert 3 <= runs <= 6, f"48 one-row requests ran as {runs} engine runs of at most 16 rows"
+    finally:
+        s.stop()
