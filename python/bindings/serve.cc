@@ -84,21 +84,32 @@ void bind_serve(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("stats",
            [](const serve::GrpcFront& front) {
+             // (a histogram: {"buckets": [(upper bound, observations at most that)], "count", "sum"})
+             auto histogram = [](const serve::Histogram& h) {
+               py::list buckets;
+               for (size_t i = 0; i < h.bounds.size(); ++i) buckets.append(py::make_tuple(h.bounds[i], h.at_most[i]));
+               py::dict d;
+               d["buckets"] = buckets, d["count"] = h.count, d["sum"] = h.sum;
+               return d;
+             };
              py::dict out;
              for (const auto& [name, s] : front.stats()) {
                py::dict d;
                d["requests"] = s.requests, d["errors"] = s.errors, d["runs"] = s.batching.runs;
                d["rows"] = s.batching.rows, d["batched_requests"] = s.batching.requests;
-               d["failed_runs"] = s.batching.failed_runs, d["queue_seconds"] = s.batching.queue_seconds;
-               d["compute_seconds"] = s.batching.compute_seconds;
-               py::list buckets;  // (upper bound, runs of at most that many rows)
-               for (size_t i = 0; i < std::size(serve::BatcherStats::kBatchSizeBounds); ++i)
-                 buckets.append(py::make_tuple(serve::BatcherStats::kBatchSizeBounds[i], s.batching.runs_up_to[i]));
-               d["batch_size_buckets"] = buckets;
+               d["failed_runs"] = s.batching.failed_runs;
+               d["batch_rows"] = histogram(s.batching.batch_rows);
+               d["queue_seconds"] = histogram(s.batching.queue_seconds);
+               d["compute_seconds"] = histogram(s.batching.compute_seconds);
+               py::dict devices;
+               for (const auto& [device, runs] : s.batching.runs_by_device) devices[py::str(device)] = runs;
+               d["runs_by_device"] = devices;
                out[py::str(name)] = d;
              }
              return out;
            })
+      .def("count", &serve::GrpcFront::count, py::arg("model"), py::arg("requests"), py::arg("errors"),
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "run",
           [](serve::GrpcFront& front, const std::string& model, const py::dict& inputs, int64_t rows) {

@@ -1,5 +1,6 @@
 """`kiln serve`: models behind the Open Inference Protocol (KServe v2: HTTP/REST and gRPC), through
-KServe's model server, so any KServe v2 or Triton client works unchanged.
+KServe's model server and kiln's own gRPC front in C++, so any KServe v2 or Triton client works
+unchanged.
 
     kiln serve model.onnx                                  # one model, named after the file
     kiln serve model.engine --name resnet50 --max-batch 32 --max-queue-delay-us 2000
@@ -7,7 +8,7 @@ KServe's model server, so any KServe v2 or Triton client works unchanged.
     kiln serve model.onnx --device cuda --fp16 --max-batch 64 --instances 2
     kiln serve model.onnx --device cuda --fp16 --gpus 0,1       # the engine on each GPU, work spread over them
     kiln serve model.onnx --ray --ray-address auto --replicas 1:8  # Ray Serve replicas over a cluster
-    kiln serve model.engine --device cuda --grpc-front native    # gRPC answered by kiln's C++ front
+    kiln serve model.engine --device cuda --grpc-front kserve    # gRPC answered by KServe's Python server
 
 A repository follows Triton's layout; each model's newest version (the largest number) is
 served, and an optional models/<name>/config.json gives its precision, max_batch and
@@ -31,9 +32,11 @@ protocol errors (HTTP 400, gRPC INVALID_ARGUMENT) and the server keeps serving; 
 queued requests finish. Metrics: KServe's request latencies and kiln_batch_size,
 kiln_queue_seconds, kiln_compute_seconds, kiln_requests_total, kiln_errors_total at /metrics.
 
---grpc-front native answers gRPC with kiln's own server in C++ (kiln._kiln.GrpcFront,
-src/serve/grpc_front.h): requests reach the engine without Python, and its batcher (the same
-policy) runs the HTTP requests too; its counters are kiln_grpc_front_* at /metrics.
+gRPC is answered by kiln's own server in C++ (--grpc-front native, the default where kiln was built
+with gRPC's C++ library and --ray is not given; kiln._kiln.GrpcFront, src/serve/grpc_front.h):
+requests reach the engine without Python, and its batcher (the same policy) runs the HTTP requests
+too; its counters are the same kiln_* metrics. --grpc-front kserve has KServe's Python server
+answer gRPC instead.
 """
 from __future__ import annotations
 
@@ -88,6 +91,50 @@ class _Series:
         self.errors = m["errors"].labels(model)
         self.runs = {device: m["runs"].labels(model, device) for device in devices}
 
+    # An HTTP (or KServe gRPC) request's fate, as predict() meets it.
+    def arrived(self):
+        self.requests.inc()
+
+    def refused(self):
+        """Refused before it was queued."""
+        self.errors.inc()
+
+    def run_failed(self):
+        self.errors.inc()
+
+    def answer_failed(self):
+        """Ran, but its answer could not be written (an output's shared-memory region)."""
+        self.errors.inc()
+
+
+class _FrontCounts:
+    """_Series' part that predict() uses, where the native gRPC front counts requests: its run()
+    counts each request it takes and each failed run, so only what it did not see is added."""
+
+    def __init__(self, front, model: str):
+        self._front, self._model = front, model
+
+    def arrived(self):
+        pass  # counted by the front's run(), or by refused()
+
+    def refused(self):
+        self._front.count(self._model, 1, 1)
+
+    def run_failed(self):
+        pass  # counted by the front's run()
+
+    def answer_failed(self):
+        self._front.count(self._model, 0, 1)
+
+
+# kiln's metrics: their names and help, for the Python batcher's series (_metrics) and for the
+# native gRPC front's counters (NativeFrontMetrics), which read alike.
+_METRIC_NAMES = {"batch": "kiln_batch_size", "queue": "kiln_queue_seconds", "compute": "kiln_compute_seconds"}
+_METRIC_HELP = {"batch": "Rows per engine run", "queue": "Time a request waited to be batched",
+                "compute": "Time of one engine run", "requests": "Inference requests",
+                "errors": "Requests refused or failed", "runs": "Engine runs, by device (cpu, or the GPU's number)"}
+_BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
 
 def _metrics():
     """kiln's Prometheus metrics, made once per process (KServe serves the default registry)."""
@@ -97,12 +144,12 @@ def _metrics():
     if "_METRICS" not in globals():
         labels = ["model"]
         _METRICS = {
-            "batch": Histogram("kiln_batch_size", "Rows per engine run", labels, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256)),
-            "queue": Histogram("kiln_queue_seconds", "Time a request waited to be batched", labels),
-            "compute": Histogram("kiln_compute_seconds", "Time of one engine run", labels),
-            "requests": Counter("kiln_requests_total", "Inference requests", labels),
-            "errors": Counter("kiln_errors_total", "Requests refused or failed", labels),
-            "runs": Counter("kiln_runs_total", "Engine runs, by device (cpu, or the GPU's number)", labels + ["device"]),
+            "batch": Histogram(_METRIC_NAMES["batch"], _METRIC_HELP["batch"], labels, buckets=_BATCH_SIZE_BUCKETS),
+            "queue": Histogram(_METRIC_NAMES["queue"], _METRIC_HELP["queue"], labels),
+            "compute": Histogram(_METRIC_NAMES["compute"], _METRIC_HELP["compute"], labels),
+            "requests": Counter("kiln_requests_total", _METRIC_HELP["requests"], labels),
+            "errors": Counter("kiln_errors_total", _METRIC_HELP["errors"], labels),
+            "runs": Counter("kiln_runs_total", _METRIC_HELP["runs"], labels + ["device"]),
         }
     return _METRICS
 
@@ -313,13 +360,17 @@ def _kiln_model_class():
     import kiln
 
     class KilnModel(kserve.Model):
-        def __init__(self, name: str, path: str, config: ModelConfig, max_request_bytes: int):
+        def __init__(self, name: str, path: str, config: ModelConfig, max_request_bytes: int,
+                     native_front: bool = False):
             super().__init__(name)
             self.path = path
+            # kiln serve --grpc-front native: the front's counters are kiln's metrics (NativeFrontMetrics)
+            self.counted_by_front = native_front
             self.config = config
             self.max_request_bytes = max_request_bytes
             self.kiln_engine = None  # (KServe's models use `engine` for a flag of their own)
             self.batcher = None
+            self._series = None  # kiln's metrics of the model (_Series; _FrontCounts with the native front)
             self.native_front = None  # kiln serve --grpc-front native: every request goes through its batcher
             self.native_waits = None  # the threads HTTP requests wait on meanwhile
             self.inputs = []
@@ -406,7 +457,8 @@ def _kiln_model_class():
             self._max_batch = max_batch
             # GPU: the batch sizes every context plans now (the first run at a shape plans it).
             self._batch_sizes = planned_batch_sizes(max_batch) if on_gpu and batchable else []
-            self._series = _Series(self.name, [device for device, _ in engines])  # each at zero from the start
+            if not self.counted_by_front:
+                self._series = _Series(self.name, [device for device, _ in engines])  # each at zero from the start
             # The warm-up: every run at every planned batch size (or at one row / the declared shape).
             for run in runs:
                 for rows in self._batch_sizes or [1]:
@@ -478,14 +530,14 @@ def _kiln_model_class():
 
         async def predict(self, payload, headers=None, response_headers=None):
             series = self._series
-            series.requests.inc()
+            series.arrived()
             if not isinstance(payload, InferRequest):
-                series.errors.inc()
+                series.refused()
                 raise InvalidInput("kiln serve speaks the Open Inference Protocol (v2): send a v2 infer request")
             try:
                 arrays, rows = self._check(payload)
             except InvalidInput:
-                series.errors.inc()
+                series.refused()
                 raise
             if self.batcher is None and self.native_front is None:
                 self.batcher = Batcher(self._run, self._max_batch, self.config.max_queue_delay_us * 1e-6, self._series,
@@ -498,7 +550,7 @@ def _kiln_model_class():
                 else:
                     outputs = await self.batcher.submit(arrays, rows)
             except Exception as e:  # noqa: BLE001 (kiln.Error from the engine)
-                series.errors.inc()
+                series.run_failed()
                 raise InferenceError(f"model '{self.name}': {e}") from e
             requested = ({o.name: plain_parameters(o.parameters) for o in payload.request_outputs}
                          if payload.request_outputs else None)
@@ -513,7 +565,7 @@ def _kiln_model_class():
                     try:
                         shared_memory.REGIONS.write(parameters, a, f"output '{name}'")
                     except SharedMemoryError as e:
-                        series.errors.inc()
+                        series.answer_failed()
                         raise InvalidInput(str(e)) from e
                     where = {"shared_memory_region": parameters["shared_memory_region"],
                              "shared_memory_byte_size": a.nbytes}
@@ -985,9 +1037,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", help="with --device cuda: the GPUs to run on, e.g. 0,1 (default 0); each gets the engine "
                                   "and --instances contexts")
     p.add_argument("--max-request-mb", type=float, default=256, help="the largest request's inputs")
-    p.add_argument("--grpc-front", choices=("kserve", "native"), default="kserve",
-                   help="who answers gRPC: KServe's Python server (default), or kiln's own in C++ (native: "
-                        "requests reach the engine without Python; HTTP requests then use its batcher too)")
+    p.add_argument("--grpc-front", choices=("auto", "native", "kserve"), default="auto",
+                   help="who answers gRPC: kiln's own server in C++ (native: requests reach the engine without "
+                        "Python; HTTP requests use its batcher too), or KServe's Python one (kserve); auto (default): "
+                        "native, unless this kiln was built without gRPC's C++ library or with --ray")
     p.add_argument("--ray", action="store_true",
                    help="run each model as a Ray Serve deployment (replicas on the Ray cluster: one GPU each with "
                         "--device cuda); this process serves the protocol in front of them")
@@ -1007,13 +1060,17 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--gpus is for --device cuda")
         if args.ray:
             p.error("--gpus is not for --ray: Ray places the replicas, one GPU each")
+    from kiln import _kiln
+
+    has_native_grpc = getattr(_kiln, "has_native_grpc", False)
     if args.grpc_front == "native":
         if args.ray:
             p.error("--grpc-front native is not for --ray (the replicas' requests go through Ray's handles)")
-        from kiln import _kiln
-        if not getattr(_kiln, "has_native_grpc", False):
+        if not has_native_grpc:
             p.error("--grpc-front native: this kiln was built without gRPC's C++ library "
                     "(apt-get install libgrpc++-dev protobuf-compiler-grpc, then build kiln again)")
+    elif args.grpc_front == "auto":
+        args.grpc_front = "native" if has_native_grpc and not args.ray else "kserve"
     replicas = replica_range(args.replicas)
     if replicas is None:
         p.error(f"--replicas {args.replicas}: give N or MIN:MAX, with 1 <= MIN <= MAX")
@@ -1047,7 +1104,7 @@ def main(argv: list[str] | None = None) -> int:
         KilnModel = _kiln_model_class()
         models = []
         for name, path, config in entries:
-            m = KilnModel(name, path, config, max_request_bytes)
+            m = KilnModel(name, path, config, max_request_bytes, native_front=args.grpc_front == "native")
             try:
                 m.load()
             except Exception as e:  # noqa: BLE001 (kiln.Error and the like: one line, exit 1, nothing served)
@@ -1087,7 +1144,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _start_native_front(models: list, port: int, max_request_bytes: int):
     """kiln's C++ gRPC front on `port`, serving every model; None (said on stderr) when it cannot
-    start. Its per-model counters appear at /metrics as kiln_grpc_front_* (NativeFrontMetrics)."""
+    start. Its counters are kiln's metrics at /metrics (NativeFrontMetrics)."""
     import kiln
     from kiln import _kiln
     from prometheus_client import REGISTRY
@@ -1105,6 +1162,7 @@ def _start_native_front(models: list, port: int, max_request_bytes: int):
     waits = ThreadPoolExecutor(256, thread_name_prefix="kiln-http-wait")
     for m in models:
         m.native_front, m.native_waits = front, waits
+        m._series = _FrontCounts(front, m.name)
     # One registry of shared-memory regions for both protocols: the front's.
     shared_memory.REGIONS = shared_memory.NativeRegions(front)
     REGISTRY.register(NativeFrontMetrics(front))
@@ -1113,15 +1171,10 @@ def _start_native_front(models: list, port: int, max_request_bytes: int):
 
 
 class NativeFrontMetrics:
-    """The native gRPC front's counters, per model, as Prometheus metrics (read at each scrape):
-    requests and errors of both fronts (HTTP requests go through its batcher too), engine runs,
-    rows run, the seconds requests waited to be batched and runs took, and a histogram of rows per
-    run (kiln_grpc_front_batch_size)."""
-
-    FIELDS = (("requests", "Inference requests"), ("errors", "Requests refused or failed"),
-              ("runs", "Engine runs"), ("rows", "Rows run (batch sizes summed)"),
-              ("queue_seconds", "Seconds requests waited to be batched, summed"),
-              ("compute_seconds", "Seconds of engine runs, summed"))
+    """The native gRPC front's counters as kiln's metrics, with the names, labels and buckets the
+    Python batcher's have (_metrics), read at each scrape: requests and errors of both protocols
+    (HTTP requests go through its batcher too), runs by device, and the histograms of rows per run,
+    queue time per request and time per run."""
 
     def __init__(self, front):
         self._front = front
@@ -1130,17 +1183,30 @@ class NativeFrontMetrics:
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
         stats = self._front.stats()
-        for field_name, doc in self.FIELDS:
-            family = CounterMetricFamily(f"kiln_grpc_front_{field_name}", doc, labels=["model"])
+        for name in ("requests", "errors"):
+            family = CounterMetricFamily(f"kiln_{name}", _METRIC_HELP[name], labels=["model"])
             for model, s in stats.items():
-                family.add_metric([model], s[field_name])
+                family.add_metric([model], s[name])
             yield family
-        sizes = HistogramMetricFamily("kiln_grpc_front_batch_size", "Rows per engine run (before padding)",
-                                      labels=["model"])
+        runs = CounterMetricFamily("kiln_runs", _METRIC_HELP["runs"], labels=["model", "device"])
         for model, s in stats.items():
-            buckets = [(str(bound), runs) for bound, runs in s["batch_size_buckets"]] + [("+Inf", s["runs"])]
-            sizes.add_metric([model], buckets, s["rows"])
-        yield sizes
+            for device, count in s["runs_by_device"].items():
+                runs.add_metric([model, device], count)
+        yield runs
+        for name, field_name in (("batch", "batch_rows"), ("queue", "queue_seconds"), ("compute", "compute_seconds")):
+            family = HistogramMetricFamily(_METRIC_NAMES[name], _METRIC_HELP[name], labels=["model"])
+            for model, s in stats.items():
+                h = s[field_name]
+                buckets = [(_bucket_label(bound), count) for bound, count in h["buckets"]] + [("+Inf", h["count"])]
+                family.add_metric([model], buckets, h["sum"])
+            yield family
+
+
+def _bucket_label(bound: float) -> str:
+    """A bucket's le label as prometheus_client writes it for a Histogram's buckets (1.0, 0.005)."""
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(float(bound))
 
 
 def _ray_stop(names: list[str], address: str) -> None:

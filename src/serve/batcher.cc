@@ -70,6 +70,7 @@ Batcher::Batcher(std::vector<Runner> runners, BatchingOptions options)
     : runners_(std::move(runners)), options_(std::move(options)) {
   if (runners_.empty()) throw Error(ErrorKind::kInvalidArgument, "a batcher needs at least one engine run");
   options_.max_batch = std::max<int64_t>(options_.max_batch, 1);
+  for (const Runner& runner : runners_) stats_.runs_by_device[runner.device] = 0;  // each device's series from the start
   threads_.reserve(runners_.size());
   for (size_t i = 0; i < runners_.size(); ++i) threads_.emplace_back([this, i] { run_loop(i); });
 }
@@ -97,6 +98,12 @@ void Batcher::submit(Tensors inputs, int64_t rows, Done done) {
     return;
   }
   queued_.notify_all();
+}
+
+void Histogram::add(double value) {
+  for (size_t i = 0; i < bounds.size(); ++i) at_most[i] += value <= bounds[i] ? 1 : 0;
+  count += 1;
+  sum += value;
 }
 
 BatcherStats Batcher::stats() const {
@@ -165,12 +172,12 @@ void Batcher::run_batch(Runner& runner, std::vector<Pending>& batch) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.runs += 1;
     stats_.rows += static_cast<uint64_t>(rows);
-    for (size_t i = 0; i < std::size(BatcherStats::kBatchSizeBounds); ++i)
-      stats_.runs_up_to[i] += rows <= BatcherStats::kBatchSizeBounds[i] ? 1 : 0;
+    stats_.batch_rows.add(static_cast<double>(rows));
     stats_.requests += batch.size();
     stats_.failed_runs += result.error.empty() ? 0 : 1;
-    stats_.compute_seconds += std::chrono::duration<double>(ran - start).count();
-    for (const Pending& p : batch) stats_.queue_seconds += std::chrono::duration<double>(start - p.queued).count();
+    stats_.compute_seconds.add(std::chrono::duration<double>(ran - start).count());
+    for (const Pending& p : batch) stats_.queue_seconds.add(std::chrono::duration<double>(start - p.queued).count());
+    stats_.runs_by_device[runner.device] += 1;
   }
   for (Pending& p : batch) {
     result.rows = p.rows;

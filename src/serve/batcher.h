@@ -48,18 +48,33 @@ struct BatchResult {
   std::string error;  // empty: the run succeeded
 };
 
-// Counters of one model's batching, for metrics; read while the batcher runs.
+// A Prometheus histogram's counts: how many observations were at most each bound (cumulative),
+// how many there were and their sum.
+struct Histogram {
+  std::vector<double> bounds;     // ascending
+  std::vector<uint64_t> at_most;  // at_most[i]: observations <= bounds[i]
+  uint64_t count = 0;
+  double sum = 0;
+
+  explicit Histogram(std::vector<double> upper_bounds)
+      : bounds(std::move(upper_bounds)), at_most(bounds.size(), 0) {}
+  void add(double value);
+};
+
+// Counters of one model's batching, for metrics (the names and buckets of kiln serve's Python
+// batcher's, so that /metrics reads alike whichever front serves); read while the batcher runs.
 struct BatcherStats {
   uint64_t runs = 0;
   uint64_t rows = 0;
   uint64_t requests = 0;
   uint64_t failed_runs = 0;
-  double queue_seconds = 0;    // summed over requests
-  double compute_seconds = 0;  // summed over runs
-  // Runs by rows (before padding): runs_up_to[i] counts runs of at most kBatchSizeBounds[i] rows
-  // (a Prometheus histogram's cumulative buckets; runs counts them all).
-  static constexpr int64_t kBatchSizeBounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
-  uint64_t runs_up_to[std::size(kBatchSizeBounds)] = {};
+  Histogram batch_rows{{1, 2, 4, 8, 16, 32, 64, 128, 256}};  // rows per run, before padding
+  Histogram queue_seconds{kSecondsBounds};                    // per request: queued until its run starts
+  Histogram compute_seconds{kSecondsBounds};                  // per run
+  std::map<std::string, uint64_t> runs_by_device;             // Runner::device -> runs
+  // prometheus_client's default buckets, which the Python batcher's histograms use.
+  static inline const std::vector<double> kSecondsBounds = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25,
+                                                            0.5,   0.75, 1.0,   2.5,  5.0,   7.5, 10.0};
 };
 
 class Batcher {

@@ -626,4 +626,11 @@ Tensors GrpcFront::run(const std::string& model_name, Tensors inputs, int64_t ro
   return out;
 }
 
+void GrpcFront::count(const std::string& model_name, uint64_t requests, uint64_t errors) {
+  auto it = impl_->models.find(model_name);
+  if (it == impl_->models.end()) throw Error(ErrorKind::kInvalidArgument, "no model '" + model_name + "' is served here");
+  it->second->requests.fetch_add(requests, std::memory_order_relaxed);
+  it->second->errors.fetch_add(errors, std::memory_order_relaxed);
+}
+
 }  // namespace kiln::serve

@@ -62,6 +62,10 @@ class GrpcFront {
   // already checked against the model, of `rows` rows. Waits; returns the request's rows of every
   // output (copies). Throws kiln::Error naming the model when it is unknown or the run fails.
   Tensors run(const std::string& model, Tensors inputs, int64_t rows);
+  // Adds to a model's counts what another front's requests cost that run() did not see: a
+  // request refused before it reached run() (1 request, 1 error), or one whose answer failed
+  // after run() returned (0, 1). stats() then counts each request of both fronts once.
+  void count(const std::string& model, uint64_t requests, uint64_t errors);
   // The shared-memory regions clients registered over gRPC; kiln serve's HTTP front registers
   // and reads its clients' regions here too, so a region serves both protocols.
   SharedMemoryRegions& shared_memory();

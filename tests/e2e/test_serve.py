@@ -74,22 +74,20 @@ class Server:
             return f.read()
 
     def runs_and_rows(self, model: str) -> tuple[float, float]:
-        """Engine runs so far and the rows they ran, from /metrics (the native front's counters when
-        it batches)."""
-        if getattr(self, "front", "kserve") == "native":
-            runs, rows = self.metric("kiln_grpc_front_runs_total", model), self.metric("kiln_grpc_front_rows_total", model)
-            # (its batch-size histogram counts the same runs and rows)
-            assert (self.metric("kiln_grpc_front_batch_size_count", model),
-                    self.metric("kiln_grpc_front_batch_size_sum", model)) == (runs, rows)
-            return runs, rows
+        """Engine runs so far and the rows they ran, from /metrics."""
         return self.metric("kiln_batch_size_count", model), self.metric("kiln_batch_size_sum", model)
 
-    def metric(self, name: str, model: str) -> float:
+    def metrics_text(self) -> str:
         with urllib.request.urlopen(f"http://{self.url}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        m = re.search(rf'^{name}{{model="{model}"}} ([0-9.e+-]+)$', text, re.M)
-        assert m, f"{name} for {model} not in /metrics"
-        return float(m.group(1))
+            return r.read().decode()
+
+    def metric(self, name: str, model: str, **labels: str) -> float:
+        """The value of `name` for `model` and the other labels given (device="cpu") at /metrics."""
+        want = {"model": model, **labels}
+        for label_text, value in re.findall(rf"^{name}{{([^}}]*)}} (\S+)$", self.metrics_text(), re.M):
+            if dict(re.findall(r'(\w+)="([^"]*)"', label_text)) == want:
+                return float(value)
+        raise AssertionError(f"{name} {want} not in /metrics")
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -186,6 +184,54 @@ def test_clients_at_once_are_batched_and_each_gets_its_rows(server, reference):
     assert rows == sum(len(x) for x in requests)
     # Requests sent at once, each waiting up to 200 ms for others: far fewer engine runs than requests.
     assert runs < len(requests) / 2, f"{len(requests)} requests ran as {runs} engine runs"
+
+
+def test_metrics_count_every_request_error_and_run_alike_for_both_fronts(server):
+    """kiln's metrics have the same names, labels and buckets whichever front answers gRPC: each
+    request of either protocol counts once, refused ones as errors too, and every engine run is in
+    the runs by device and in each histogram."""
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+
+    model = "dynamic_classifier"
+    names = [("kiln_requests_total", {}), ("kiln_errors_total", {}), ("kiln_runs_total", {"device": "cpu"}),
+             ("kiln_batch_size_count", {}), ("kiln_batch_size_sum", {}), ("kiln_batch_size_bucket", {"le": "+Inf"}),
+             ("kiln_queue_seconds_count", {}), ("kiln_compute_seconds_count", {})]
+
+    def snapshot() -> dict:
+        return {n + "".join(f"{{{k}={v}}}" for k, v in labels.items()): server.metric(n, model, **labels)
+                for n, labels in names}
+
+    before = snapshot()
+    rng = np.random.default_rng(5)
+    good = [rng.standard_normal((rows, 4)).astype(np.float32) for rows in (1, 2, 3)]
+    for x in good:
+        _http_infer(server.url, model, x, binary=True)
+        _grpc_infer(server.grpc_port, model, x)
+    bad = np.zeros((2, 5), np.float32)  # the model takes [-1, 4]
+    for kind, client in ((http, http.InferenceServerClient(server.url)),
+                         (grpc, grpc.InferenceServerClient(f"localhost:{server.grpc_port}"))):
+        for _ in range(2):
+            inp = kind.InferInput("x", list(bad.shape), "FP32")
+            inp.set_data_from_numpy(bad)
+            with pytest.raises(InferenceServerException):
+                client.infer(model, [inp])
+    after = snapshot()
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta["kiln_requests_total"] == 2 * len(good) + 4, delta
+    assert delta["kiln_errors_total"] == 4, delta
+    runs = delta["kiln_batch_size_count"]
+    assert 1 <= runs <= 2 * len(good), delta
+    assert delta["kiln_runs_total{device=cpu}"] == runs and delta["kiln_batch_size_bucket{le=+Inf}"] == runs, delta
+    assert delta["kiln_compute_seconds_count"] == runs, delta
+    assert delta["kiln_batch_size_sum"] == 2 * sum(len(x) for x in good), delta
+    assert delta["kiln_queue_seconds_count"] == 2 * len(good), delta  # one wait per request run
+    # The batch-size buckets are at the same bounds for both fronts.
+    bounds = [dict(re.findall(r'(\w+)="([^"]*)"', labels)) for labels in
+              re.findall(r"^kiln_batch_size_bucket{([^}]*)}", server.metrics_text(), re.M)]
+    assert [b["le"] for b in bounds if b["model"] == model] == \
+        ["1.0", "2.0", "4.0", "8.0", "16.0", "32.0", "64.0", "128.0", "256.0", "+Inf"]
 
 
 def _post(url: str, body: bytes | str, path: str = "/v2/models/dynamic_classifier/infer"):

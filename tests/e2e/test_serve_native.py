@@ -92,7 +92,7 @@ def test_hostile_requests_are_refused_with_their_reason_and_the_server_keeps_ans
             stub.ModelInfer(request, timeout=30)
         assert e.value.code() == code and why in e.value.details(), (why, e.value.code(), e.value.details())
         np.testing.assert_allclose(_answer(channel, x), engine.run({"x": x})["y"], rtol=1e-6)
-    assert server.metric("kiln_grpc_front_errors_total", "dynamic_classifier") >= len(_bad_requests()) - 1
+    assert server.metric("kiln_errors_total", "dynamic_classifier") >= len(_bad_requests()) - 1
 
 
 def test_typed_contents_are_served_as_the_engine_computes_them(native):
@@ -199,7 +199,7 @@ def test_many_http_requests_at_once_batch_in_the_native_front(kiln_bin, tmp_path
                str(tmp_path / "server.log"))
     engine = kiln.Engine.from_onnx(CLASSIFIER)
     try:
-        runs_before = s.metric("kiln_grpc_front_runs_total", "dynamic_classifier")
+        runs_before = s.metric("kiln_batch_size_count", "dynamic_classifier")
         xs = [np.random.default_rng(100 + i).standard_normal((1, 4)).astype(np.float32) for i in range(48)]
         start = threading.Barrier(len(xs))
 
@@ -214,7 +214,7 @@ def test_many_http_requests_at_once_batch_in_the_native_front(kiln_bin, tmp_path
             answers = list(pool.map(send, xs))
         for x, y in zip(xs, answers):
             np.testing.assert_allclose(y, engine.run({"x": x})["y"], rtol=1e-6)
-        runs = s.metric("kiln_grpc_front_runs_total", "dynamic_classifier") - runs_before
+        runs = s.metric("kiln_batch_size_count", "dynamic_classifier") - runs_before
         assert 3 <= runs <= 6, f"48 one-row requests ran as {runs} engine runs of at most 16 rows"
     finally:
         s.stop()

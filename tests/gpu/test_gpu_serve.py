@@ -53,9 +53,7 @@ def test_answers_match_the_cpu_engine_at_any_row_count(served):
 def test_many_clients_are_batched_and_each_gets_its_rows(served):
     server, _, spec, cpu = served
 
-    def runs() -> float:  # (the native front counts its batcher's runs, not per device)
-        if server.front == "native":
-            return server.metric("kiln_grpc_front_runs_total", "resnet18")
+    def runs() -> float:
         return sum(runs_by_device(server, "resnet18").values())
 
     before = runs()

@@ -33,8 +33,8 @@ struct RecordingRun {
   std::vector<int64_t> padding;
   std::atomic<int> started{0};
 
-  Runner runner() {
-    return Runner{"cpu", [this](const std::map<std::string, std::vector<Tensor>>& pieces, int64_t zero_rows) {
+  Runner runner(std::string device = "cpu") {
+    return Runner{std::move(device), [this](const std::map<std::string, std::vector<Tensor>>& pieces, int64_t zero_rows) {
                     started++;
                     {
                       std::unique_lock<std::mutex> lock(mutex);
@@ -118,9 +118,16 @@ TEST(ServeBatcher, BatchesNeverPassMaxBatchNorMixShapes) {
   const BatcherStats stats = batcher.stats();
   EXPECT_EQ(stats.runs, 4u);
   EXPECT_EQ(stats.rows, 8u);
-  EXPECT_EQ(stats.runs_up_to[0], 1u);
-  EXPECT_EQ(stats.runs_up_to[1], 3u);
-  EXPECT_EQ(stats.runs_up_to[2], 4u);
+  EXPECT_EQ(stats.batch_rows.at_most[0], 1u);
+  EXPECT_EQ(stats.batch_rows.at_most[1], 3u);
+  EXPECT_EQ(stats.batch_rows.at_most[2], 4u);
+  EXPECT_EQ(stats.batch_rows.count, 4u);
+  EXPECT_EQ(stats.batch_rows.sum, 8.0);
+  // Every request waited and every run took some time: one observation each.
+  EXPECT_EQ(stats.queue_seconds.count, 5u);
+  EXPECT_EQ(stats.compute_seconds.count, 4u);
+  EXPECT_EQ(stats.compute_seconds.at_most.size(), BatcherStats::kSecondsBounds.size());
+  EXPECT_EQ(stats.runs_by_device, (std::map<std::string, uint64_t>{{"cpu", 4u}}));
 }
 
 TEST(ServeBatcher, ABatchIsPaddedToThePlannedSizeAndEachRequestGetsItsOwnRows) {
@@ -153,6 +160,23 @@ TEST(ServeBatcher, AnEngineErrorReachesEveryRequestOfItsBatchAndLaterBatchesRun)
   EXPECT_TRUE(second.error.empty());
   EXPECT_EQ(second.values, std::vector<float>{3.0f});
   EXPECT_EQ(batcher.stats().failed_runs, 1u);
+}
+
+TEST(ServeBatcher, RunsAreCountedByTheDeviceThatRanThem) {
+  // Two GPUs' runs, both held: the first request occupies one, so the second goes to the other.
+  RecordingRun gpu0, gpu1;
+  gpu0.held = gpu1.held = true;
+  Batcher batcher({gpu0.runner("0"), gpu1.runner("1")}, BatchingOptions{1, std::chrono::microseconds(0), {}});
+  EXPECT_EQ(batcher.stats().runs_by_device, (std::map<std::string, uint64_t>{{"0", 0u}, {"1", 0u}}));
+  auto first = submit(batcher, 1, 1.0f);
+  while (gpu0.started.load() + gpu1.started.load() < 1) std::this_thread::yield();
+  auto second = submit(batcher, 1, 2.0f);
+  while (gpu0.started.load() + gpu1.started.load() < 2) std::this_thread::yield();
+  gpu0.release();
+  gpu1.release();
+  ASSERT_TRUE(first.get().error.empty());
+  ASSERT_TRUE(second.get().error.empty());
+  EXPECT_EQ(batcher.stats().runs_by_device, (std::map<std::string, uint64_t>{{"0", 1u}, {"1", 1u}}));
 }
 
 TEST(ServeBatcher, ABatcherBeingDestroyedRunsWhatIsQueuedFirst) {
