@@ -35,6 +35,7 @@ FUZZERS = {
     "fuzz_onnx_import": (["fuzz/corpus_onnx"], ["-max_len=65536"]),
     "fuzz_engine_file": (["fuzz/corpus_engine"], []),
     "fuzz_npy": (["fuzz/corpus_npy"], []),
+    "fuzz_infer_request": (["fuzz/corpus_infer"], ["-max_len=4096"]),
 }
 
 STAT = re.compile(r"^stat::(\w+):\s+(\d+)", re.M)

@@ -18,7 +18,8 @@ free_disk() { df -h --output=avail . | tail -1 | tr -d ' '; }
 echo "==> disk free in $(pwd): $(free_disk)"
 
 # With no filter given, first: bounded, seeded libFuzzer runs of the ONNX importer (through passes
-# and the CPU engine), of generated graphs (fuzz_graph), of engine files and of the .npy reader,
+# and the CPU engine), of generated graphs (fuzz_graph), of engine files, of the .npy reader and
+# of the native gRPC front's request and answer messages (fuzz_infer_request),
 # and the fuzzers' regression tests, in a clang build with AddressSanitizer and UBSan; then the
 # thread-safety tests in a clang build with ThreadSanitizer.
 if (($# == 0)); then
@@ -29,7 +30,9 @@ if (($# == 0)); then
   cmake -S . -B "$FUZZ_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_FUZZ=ON -DKILN_WITH_CUDA=OFF \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ > "$FUZZ_DIR/configure.log" 2>&1 ||
     { cat "$FUZZ_DIR/configure.log"; exit 1; }
-  ninja -C "$FUZZ_DIR" fuzz_onnx_import fuzz_npy fuzz_engine_file fuzz_graph fuzz_regression_tests kiln
+  # (fuzz_infer_request: kiln serve's native gRPC front's messages, where gRPC's C++ library is)
+  INFER_FUZZER=$(ninja -C "$FUZZ_DIR" -t targets all | grep -o "^fuzz/fuzz_infer_request:" | cut -d: -f1 || true)
+  ninja -C "$FUZZ_DIR" fuzz_onnx_import fuzz_npy fuzz_engine_file fuzz_graph fuzz_regression_tests kiln $INFER_FUZZER
   # Each fuzzer and sanitized test runs on one core: two at a time on two cores.
   ctest --test-dir "$FUZZ_DIR" -L fuzz --output-on-failure -j"$(nproc)"
   # CI starts from a clean clone and needs this build no more: its space goes to the tests.

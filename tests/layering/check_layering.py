@@ -33,7 +33,7 @@ FOLDERS = {"cuda": {"runtime": 0, "kernels": 1, "layers": 2}}
 # Public headers, by stage.
 PUBLIC = {"kiln/error.h": "types", "kiln/tensor.h": "types", "kiln/types.h": "types", "kiln/kiln.h": "api"}
 # Headers generated at build time, by the stage they belong to.
-GENERATED = {"onnx.pb.h": "onnx", "inference.grpc.pb.h": "serve"}
+GENERATED = {"onnx.pb.h": "onnx", "inference.grpc.pb.h": "serve", "inference.pb.h": "serve"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
