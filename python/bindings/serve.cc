@@ -20,7 +20,7 @@ namespace kiln::python {
 namespace {
 
 // A model as kiln serve describes it: name, version, engine (its inputs and outputs), runs
-// [(device, Engine or Context)], max_batch, max_queue_delay_us, batch_sizes.
+// [(device, Engine or Context)], max_batch, max_queue_delay_us, batch_sizes and (optional) max_queue.
 serve::ServedModel served_model(const py::dict& d) {
   serve::ServedModel m;
   m.name = d["name"].cast<std::string>();
@@ -57,12 +57,15 @@ serve::ServedModel served_model(const py::dict& d) {
   m.batching.max_batch = d["max_batch"].cast<int64_t>();
   m.batching.max_queue_delay = std::chrono::microseconds(d["max_queue_delay_us"].cast<int64_t>());
   m.batching.batch_sizes = d["batch_sizes"].cast<std::vector<int64_t>>();
+  m.batching.max_queue = d.contains("max_queue") ? d["max_queue"].cast<int64_t>() : 0;
   return m;
 }
 
 }  // namespace
 
 void bind_serve(py::module_& m) {
+  // (a request GrpcFront.run's batcher did not take: --max-queue requests waiting, or shutting down)
+  py::register_exception<serve::Unavailable>(m, "Unavailable", PyExc_RuntimeError);
   py::class_<serve::GrpcFront>(m, "GrpcFront",
                                "kiln serve's native gRPC front: the Open Inference Protocol's gRPC service in C++")
       .def(py::init([](const std::string& address, const py::list& models, uint64_t max_request_bytes, int pin_gpu,

@@ -155,6 +155,9 @@ class PinnedHostMemory:
     @property
     def address(self) -> int: ...
 
+class Unavailable(RuntimeError):
+    """A request GrpcFront.run's batcher did not take (--max-queue requests waiting, or shutting down)."""
+
 class GrpcFront:
     """kiln serve's native gRPC front (the Open Inference Protocol's gRPC service in C++), serving
     `models`: dicts of name, version, engine, runs [(device, Engine or Context)], max_batch,

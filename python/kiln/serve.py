@@ -19,7 +19,8 @@ Dynamic batching: requests whose inputs share every dimension but the first are 
 run together, up to --max-batch rows: a batch leaves as soon as a run is free, with every request
 queued while the runs were busy, after waiting at most --max-queue-delay-us (default 0, as
 Triton's) for more; each request gets its own rows of the outputs back. A model whose inputs or outputs have a fixed
-first dimension runs each request alone. --instances engines' worth of runs go at once (GPU: one
+first dimension runs each request alone. --max-queue N refuses a request that finds N of its
+model's requests waiting (HTTP 503, gRPC UNAVAILABLE). --instances engines' worth of runs go at once (GPU: one
 execution context each, on every GPU of --gpus; the CPU engine runs one at a time). On the GPU a
 batch is padded with zero rows to the next of the batch sizes planned at start (powers of two up
 to --max-batch, and --max-batch), so that no request waits for a new shape to be planned and the
@@ -75,6 +76,7 @@ class ModelConfig:
     precision: str = "fp32"
     max_batch: int = 8
     max_queue_delay_us: int = 0
+    max_queue: int = 0  # requests waiting for a run at most (0: no bound); more are refused (HTTP 503)
     instances: int = 1
     gpus: list = field(default_factory=lambda: [0])  # device cuda: the GPUs the model runs on
     engine_flags: list = field(default_factory=list)
@@ -99,7 +101,8 @@ class _Series:
         """Refused before it was queued."""
         self.errors.inc()
 
-    def run_failed(self):
+    def batcher_failed(self):
+        """The batcher did not take it (--max-queue), or its run failed."""
         self.errors.inc()
 
     def answer_failed(self):
@@ -120,7 +123,7 @@ class _FrontCounts:
     def refused(self):
         self._front.count(self._model, 1, 1)
 
-    def run_failed(self):
+    def batcher_failed(self):
         pass  # counted by the front's run()
 
     def answer_failed(self):
@@ -152,6 +155,10 @@ def _metrics():
             "runs": Counter("kiln_runs_total", _METRIC_HELP["runs"], labels + ["device"]),
         }
     return _METRICS
+
+
+class _QueueFull(Exception):
+    """A request the batcher did not take: --max-queue requests wait already."""
 
 
 @dataclass
@@ -249,8 +256,10 @@ class Batcher:
     """Queues requests and runs them together (see the module's docstring)."""
 
     def __init__(self, run: Runners, max_batch: int, max_delay_s: float, series: _Series,
-                 batch_sizes: list[int] | None = None):
+                 batch_sizes: list[int] | None = None, max_queue: int = 0):
         self._run = run
+        self._max_queue = max_queue
+        self._waiting = 0  # requests submitted and not yet in a dispatched batch (the event loop's alone)
         self._batch_sizes = batch_sizes or []
         workers = run.count
         self._max_batch = max(1, max_batch)
@@ -266,7 +275,12 @@ class Batcher:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def submit(self, inputs: dict, rows: int) -> dict:
+        """The request's rows of its batch's outputs; _QueueFull when --max-queue requests wait."""
+        if self._max_queue and self._waiting >= self._max_queue:
+            raise _QueueFull(f"model '{self._series.model}': {self._waiting} requests are waiting already "
+                             f"(kiln serve --max-queue {self._max_queue}): try again later")
         future = asyncio.get_running_loop().create_future()
+        self._waiting += 1
         await self._queue.put(_Pending(inputs, rows, future, time.monotonic()))
         return await future
 
@@ -310,6 +324,7 @@ class Batcher:
                     break
                 batch.append(item)
                 rows += item.rows
+            self._waiting -= len(batch)
             asyncio.get_running_loop().create_task(self._dispatch(batch, rows))
 
     def _gather_and_run(self, batch: list[_Pending], rows: int, padded: int) -> tuple[str, dict, float]:
@@ -354,10 +369,23 @@ class Batcher:
 def _kiln_model_class():
     """The KServe model class, defined once KServe is imported (kiln serve's Python needs it)."""
     import kserve
-    from kserve.errors import InferenceError, InvalidInput
+    from kserve.errors import InferenceError, InvalidInput, ServerNotReady
     from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
     import kiln
+    from kiln import _kiln
+
+    class Busy(ServerNotReady):
+        """A request refused for now (--max-queue requests wait): HTTP 503, gRPC UNAVAILABLE."""
+
+        def __init__(self, message: str):
+            super().__init__()
+            self.reason = self.error_msg = message  # (KServe's gRPC front answers with .reason)
+
+        def __str__(self):
+            return self.reason
+
+    not_taken = (_QueueFull, getattr(_kiln, "Unavailable", _QueueFull))
 
     class KilnModel(kserve.Model):
         def __init__(self, name: str, path: str, config: ModelConfig, max_request_bytes: int,
@@ -473,6 +501,7 @@ def _kiln_model_class():
             engine) go to the front's batcher, which then runs every request of both fronts."""
             return {"name": self.name, "version": "", "engine": self.kiln_engine, "runs": self._native_runs,
                     "max_batch": self._max_batch, "max_queue_delay_us": self.config.max_queue_delay_us,
+                    "max_queue": self.config.max_queue,
                     "batch_sizes": self._batch_sizes}
 
         def _example_inputs(self, rows: int = 1) -> dict:
@@ -541,7 +570,7 @@ def _kiln_model_class():
                 raise
             if self.batcher is None and self.native_front is None:
                 self.batcher = Batcher(self._run, self._max_batch, self.config.max_queue_delay_us * 1e-6, self._series,
-                                       self._batch_sizes)
+                                       self._batch_sizes, self.config.max_queue)
                 self.batcher.start()
             try:
                 if self.native_front is not None:
@@ -549,8 +578,11 @@ def _kiln_model_class():
                         self.native_waits, self.native_front.run, self.name, arrays, rows)
                 else:
                     outputs = await self.batcher.submit(arrays, rows)
+            except not_taken as e:
+                series.batcher_failed()
+                raise Busy(str(e)) from e
             except Exception as e:  # noqa: BLE001 (kiln.Error from the engine)
-                series.run_failed()
+                series.batcher_failed()
                 raise InferenceError(f"model '{self.name}': {e}") from e
             requested = ({o.name: plain_parameters(o.parameters) for o in payload.request_outputs}
                          if payload.request_outputs else None)
@@ -584,7 +616,7 @@ def _kiln_model_class():
 
 
 _CONFIG_FIELDS = {"device": ("cpu", "cuda"), "precision": ("fp32", "fp16", "tf32", "best", "int8", "fp8", "bf16"),
-                  "max_batch": 1, "max_queue_delay_us": 0, "instances": 1, "gpus": list}
+                  "max_batch": 1, "max_queue_delay_us": 0, "max_queue": 0, "instances": 1, "gpus": list}
 
 
 def gpu_list(value) -> list[int] | None:
@@ -1033,6 +1065,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=8, help="rows per engine run at most (dynamic batching)")
     p.add_argument("--max-queue-delay-us", type=int, default=0,
                    help="how long a batch with a free run may wait for more requests (0: it goes at once)")
+    p.add_argument("--max-queue", type=int, default=0,
+                   help="requests of a model waiting for a run at most (0: no bound); one more is refused at once "
+                        "(HTTP 503, gRPC UNAVAILABLE) for the client to try again")
     p.add_argument("--instances", type=int, default=1, help="engine runs at once (GPU: contexts on each GPU)")
     p.add_argument("--gpus", help="with --device cuda: the GPUs to run on, e.g. 0,1 (default 0); each gets the engine "
                                   "and --instances contexts")
@@ -1049,8 +1084,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", default="1", help="with --ray: replicas of each model, N, or MIN:MAX to scale "
                                                   "between them on the requests in flight")
     args = p.parse_args(argv)
-    if args.max_batch < 1 or args.instances < 1 or args.max_queue_delay_us < 0:
-        p.error("--max-batch and --instances must be at least 1, --max-queue-delay-us at least 0")
+    if args.max_batch < 1 or args.instances < 1 or args.max_queue_delay_us < 0 or args.max_queue < 0:
+        p.error("--max-batch and --instances must be at least 1, --max-queue-delay-us and --max-queue at least 0")
     gpus = [0]
     if args.gpus is not None:
         gpus = gpu_list(args.gpus)
@@ -1081,7 +1116,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{flag} {port}: the port is in use (another server?)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kiln serve %(levelname)s %(message)s")
     defaults = ModelConfig(device=args.device, precision=args.precision or "fp32", max_batch=args.max_batch,
-                           max_queue_delay_us=args.max_queue_delay_us, instances=args.instances, gpus=gpus)
+                           max_queue_delay_us=args.max_queue_delay_us, max_queue=args.max_queue, instances=args.instances,
+                           gpus=gpus)
     if os.path.isdir(args.model):
         entries = repository_models(args.model, defaults)
     elif os.path.isfile(args.model):

@@ -84,20 +84,23 @@ Batcher::~Batcher() {
   for (std::thread& t : threads_) t.join();
 }
 
-void Batcher::submit(Tensors inputs, int64_t rows, Done done) {
-  bool refused = false;
+std::string Batcher::submit(Tensors inputs, int64_t rows, Done done) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    refused = stopping_;
-    if (!refused) queue_.push_back(Pending{std::move(inputs), rows, std::move(done), std::chrono::steady_clock::now()});
-  }
-  if (refused) {
-    BatchResult result;
-    result.error = "the server is shutting down";
-    done(result);
-    return;
+    std::string refused;
+    if (stopping_)
+      refused = "the server is shutting down";
+    else if (options_.max_queue > 0 && static_cast<int64_t>(queue_.size()) >= options_.max_queue)
+      refused = std::to_string(queue_.size()) + " requests are waiting already (kiln serve --max-queue " +
+                std::to_string(options_.max_queue) + "): try again later";
+    if (!refused.empty()) {
+      stats_.refused += 1;
+      return refused;
+    }
+    queue_.push_back(Pending{std::move(inputs), rows, std::move(done), std::chrono::steady_clock::now()});
   }
   queued_.notify_all();
+  return "";
 }
 
 void Histogram::add(double value) {

@@ -37,6 +37,7 @@ struct BatchingOptions {
   int64_t max_batch = 1;  // rows a run takes; 1: requests run one by one
   std::chrono::microseconds max_queue_delay{0};
   std::vector<int64_t> batch_sizes;  // the sizes a batch is padded up to (none: no padding)
+  int64_t max_queue = 0;             // requests waiting for a run at most (0: no bound); more are refused
 };
 
 // What a batch's run gives one request: the batch's outputs and where the request's rows lie in
@@ -68,6 +69,7 @@ struct BatcherStats {
   uint64_t rows = 0;
   uint64_t requests = 0;
   uint64_t failed_runs = 0;
+  uint64_t refused = 0;  // requests not taken (max_queue requests waiting, or shutting down)
   Histogram batch_rows{{1, 2, 4, 8, 16, 32, 64, 128, 256}};  // rows per run, before padding
   Histogram queue_seconds{kSecondsBounds};                    // per request: queued until its run starts
   Histogram compute_seconds{kSecondsBounds};                  // per run
@@ -88,8 +90,10 @@ class Batcher {
   Batcher& operator=(const Batcher&) = delete;
 
   // Queues a request of `rows` rows (its inputs' first dimension). `done` runs once, on a run's
-  // thread, when the request's batch has run or failed.
-  void submit(Tensors inputs, int64_t rows, Done done);
+  // thread, when the request's batch has run or failed. A request the batcher does not take
+  // (max_queue requests already wait, or it is shutting down) is not queued and `done` is not
+  // called: the returned reason says why ("" when it is queued).
+  [[nodiscard]] std::string submit(Tensors inputs, int64_t rows, Done done);
   BatcherStats stats() const;
 
  private:

@@ -67,17 +67,22 @@ struct GrpcFront::Impl final : pb::GRPCInferenceService::CallbackService {
       finish(grpc::Status(r.code, r.message));
       return;
     }
-    model->batcher->submit(std::move(prepared.inputs), prepared.rows,
-                           [this, model, request, response, finish = std::move(finish)](const BatchResult& result) {
-                             try {
-                               write_answer(*request, model->served, regions, result, response);
-                             } catch (const Refusal& r) {
-                               model->errors.fetch_add(1, std::memory_order_relaxed);
-                               finish(grpc::Status(r.code, r.message));
-                               return;
-                             }
-                             finish(grpc::Status::OK);
-                           });
+    const std::string refused =
+        model->batcher->submit(std::move(prepared.inputs), prepared.rows,
+                               [this, model, request, response, finish](const BatchResult& result) {
+                                 try {
+                                   write_answer(*request, model->served, regions, result, response);
+                                 } catch (const Refusal& r) {
+                                   model->errors.fetch_add(1, std::memory_order_relaxed);
+                                   finish(grpc::Status(r.code, r.message));
+                                   return;
+                                 }
+                                 finish(grpc::Status::OK);
+                               });
+    if (!refused.empty()) {
+      model->errors.fetch_add(1, std::memory_order_relaxed);
+      finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "model '" + model->served.name + "': " + refused));
+    }
   }
 
   // --- the service's methods ---------------------------------------------------------------
@@ -356,7 +361,7 @@ Tensors GrpcFront::run(const std::string& model_name, Tensors inputs, int64_t ro
   bool done = false;
   Tensors out;
   std::string error;
-  model.batcher->submit(std::move(inputs), rows, [&](const BatchResult& result) {
+  const std::string refused = model.batcher->submit(std::move(inputs), rows, [&](const BatchResult& result) {
     Tensors mine;
     if (result.error.empty()) {
       for (const auto& [name, all] : *result.outputs) mine[name] = rows_of(all, result.first_row, result.rows);
@@ -367,6 +372,10 @@ Tensors GrpcFront::run(const std::string& model_name, Tensors inputs, int64_t ro
     done = true;
     finished.notify_one();
   });
+  if (!refused.empty()) {
+    model.errors.fetch_add(1, std::memory_order_relaxed);
+    throw Unavailable("model '" + model_name + "': " + refused);
+  }
   std::unique_lock<std::mutex> lock(mutex);
   finished.wait(lock, [&] { return done; });
   if (!error.empty()) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/error.h"
 #include "kiln/types.h"
 #include "serve/batcher.h"
 #include "serve/shared_memory_regions.h"
@@ -34,6 +35,13 @@ struct FrontOptions {
   uint64_t max_request_bytes = uint64_t{1} << 30;  // the inputs of one request, wherever they lie
   int pin_gpu = -1;  // >= 0: registered shared memory is pinned for this GPU
   std::string server_version;
+};
+
+// What run() throws for a request the model's batcher does not take now (--max-queue requests
+// already waiting, or the front shutting down): the caller may try again (HTTP 503).
+class Unavailable : public Error {
+ public:
+  explicit Unavailable(std::string message) : Error(ErrorKind::kInvalidArgument, std::move(message)) {}
 };
 
 // A model's requests and errors as the front counted them, and its batcher's counters.
@@ -60,7 +68,8 @@ class GrpcFront {
   std::map<std::string, ModelStats> stats() const;
   // One request from another front (kiln serve's HTTP one) through the model's batcher: inputs
   // already checked against the model, of `rows` rows. Waits; returns the request's rows of every
-  // output (copies). Throws kiln::Error naming the model when it is unknown or the run fails.
+  // output (copies). Throws kiln::Error naming the model when it is unknown or the run fails, and
+  // Unavailable when its batcher does not take the request.
   Tensors run(const std::string& model, Tensors inputs, int64_t rows);
   // Adds to a model's counts what another front's requests cost that run() did not see: a
   // request refused before it reached run() (1 request, 1 error), or one whose answer failed

@@ -297,7 +297,7 @@ def _repository(root, extra_config: dict | None = None):
 
 
 def test_a_repository_serves_each_models_newest_version(kiln_bin, tmp_path, reference):
-    repo = _repository(tmp_path / "models")
+    repo = _repository(tmp_path / "models", {"max_queue": 64})  # (a queue bound the model takes)
     s = Server(kiln_bin, [str(repo)], str(tmp_path / "server.log"))
     try:
         assert "models/classifier/3/model.onnx" in s.output()
@@ -331,11 +331,14 @@ def test_bad_models_and_repositories_are_refused_with_one_line(kiln_bin, tmp_pat
     garbage.write_bytes(b"\x08\x07not a model")
     assert "model 'garbage'" in _refused(kiln_bin, [str(garbage)])
     assert "--max-batch" in _refused(kiln_bin, [CLASSIFIER, "--max-batch", "0"])
+    assert "--max-queue" in _refused(kiln_bin, [CLASSIFIER, "--max-queue", "-1"])
 
     repo = _repository(tmp_path / "unknown_field", {"dynamic_batching": True})
     assert "unknown field 'dynamic_batching'" in _refused(kiln_bin, [str(repo)])
     repo = _repository(tmp_path / "bad_value", {"max_batch": "8"})
     assert "'max_batch' must be an integer" in _refused(kiln_bin, [str(repo)])
+    repo = _repository(tmp_path / "bad_queue", {"max_queue": -2})
+    assert "'max_queue' must be an integer of at least 0" in _refused(kiln_bin, [str(repo)])
     repo = _repository(tmp_path / "bad_json")
     (repo / "classifier" / "config.json").write_text("{max_batch: 4")
     assert "not a readable JSON file" in _refused(kiln_bin, [str(repo)])

@@ -19,6 +19,7 @@ from test_serve import CLASSIFIER, DATA, FRONTS, Server
 import kiln
 
 IMAGE_MEANS = os.path.join(DATA, "image_means.onnx")  # image: float32[N, 3, 224, 224] -> mean: float32[N, 3]
+SLOW_PRODUCTS = os.path.join(DATA, "slow_products.onnx")  # x: float32[N, 512, 512] -> y: float32[N] (its mean), ~13 GFLOP a row
 
 
 @pytest.fixture(scope="module", params=FRONTS)
@@ -203,3 +204,62 @@ def test_a_stream_of_requests_is_answered_in_order(kiln_bin, tmp_path, front):
     finally:
         client.close()
         assert s.stop() == 0, s.output()
+
+
+@pytest.mark.parametrize("front", FRONTS)
+def test_requests_past_max_queue_are_refused_at_once_and_the_server_goes_on(kiln_bin, tmp_path, front):
+    """--max-queue 1: of ten requests sent together (HTTP and gRPC) to a model whose run takes a
+    good fraction of a second, those that find one request waiting already are refused at once
+    (HTTP 503, gRPC UNAVAILABLE) naming the flag; each refusal counts as an error; the requests
+    taken are answered, and so is one sent afterwards."""
+    import concurrent.futures
+    import threading
+    import time
+
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException
+
+    s = Server(kiln_bin, [SLOW_PRODUCTS, "--max-batch", "1", "--max-queue", "1", "--instances", "1", "--grpc-front", front],
+               str(tmp_path / "server.log"))
+    x = np.full((1, 512, 512), 0.5, np.float32)
+    start = threading.Barrier(10)
+
+    def send(i: int):
+        kind = grpc if i % 2 else http
+        client = kind.InferenceServerClient(f"localhost:{s.grpc_port}" if i % 2 else s.url)
+        inp = kind.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        start.wait()
+        began = time.monotonic()
+        try:
+            return "answered", client.infer("slow_products", [inp]).as_numpy("y"), time.monotonic() - began
+        except InferenceServerException as e:
+            return str(e.status()), e.message(), time.monotonic() - began
+
+    try:
+        errors_before = s.metric("kiln_errors_total", "slow_products")
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            results = list(pool.map(send, range(10)))
+        answered = [r for r in results if r[0] == "answered"]
+        refused = [r for r in results if r[0] != "answered"]
+        assert answered and refused, results
+        for _, y, _ in answered:
+            np.testing.assert_allclose(y, [0.5], rtol=1e-6)  # (products by the identity)
+        for status, message, _ in refused:
+            assert status in ("503", "StatusCode.UNAVAILABLE") and "--max-queue 1" in message, (status, message)
+        assert s.metric("kiln_errors_total", "slow_products") - errors_before == len(refused)
+        # Refused at once: sooner than the answers, which waited for a run.
+        assert max(r[2] for r in refused) < max(r[2] for r in answered), results
+        assert _infer_one(s, x) is not None  # the server goes on
+    finally:
+        assert s.stop() == 0, s.output()
+
+
+def _infer_one(server, x: np.ndarray):
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(server.url)
+    inp = http.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return client.infer("slow_products", [inp]).as_numpy("y")

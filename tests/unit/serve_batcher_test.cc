@@ -62,9 +62,10 @@ struct Answer {
   std::vector<float> values;  // the first column of each of its rows
   std::string error;
 };
+// A request the batcher does not take is answered at once with the reason as its error.
 std::future<Answer> submit(Batcher& batcher, int64_t rows, float value, int64_t width = 3) {
   auto promise = std::make_shared<std::promise<Answer>>();
-  batcher.submit(rows_of_value(rows, width, value), rows, [promise](const BatchResult& r) {
+  const std::string refused = batcher.submit(rows_of_value(rows, width, value), rows, [promise](const BatchResult& r) {
     Answer a;
     a.error = r.error;
     if (r.error.empty()) {
@@ -74,6 +75,7 @@ std::future<Answer> submit(Batcher& batcher, int64_t rows, float value, int64_t 
     }
     promise->set_value(a);
   });
+  if (!refused.empty()) promise->set_value(Answer{0, {}, refused});
   return promise->get_future();
 }
 
@@ -194,6 +196,28 @@ TEST(ServeBatcher, ABatcherBeingDestroyedRunsWhatIsQueuedFirst) {
     releaser.detach();
   }  // the destructor waits for every queued request's run
   for (int i = 0; i < 6; ++i) EXPECT_EQ(answers[static_cast<size_t>(i)].get().values, std::vector<float>{2.0f * i});
+}
+
+TEST(ServeBatcher, RequestsPastMaxQueueAreRefusedAtOnceAndTheQueuedOnesRun) {
+  RecordingRun run;
+  run.held = true;
+  BatchingOptions options{1, std::chrono::microseconds(0), {}};
+  options.max_queue = 2;
+  Batcher batcher({run.runner()}, options);
+  auto running = submit(batcher, 1, 0.0f);  // taken by the run: not waiting
+  while (run.started.load() == 0) std::this_thread::yield();
+  auto first = submit(batcher, 1, 1.0f);
+  auto second = submit(batcher, 1, 2.0f);
+  Answer third = submit(batcher, 1, 3.0f).get();  // two wait already
+  EXPECT_NE(third.error.find("--max-queue 2"), std::string::npos) << third.error;
+  EXPECT_EQ(batcher.stats().refused, 1u);
+  run.release();
+  EXPECT_EQ(running.get().values, std::vector<float>{0.0f});
+  EXPECT_EQ(first.get().values, std::vector<float>{2.0f});
+  EXPECT_EQ(second.get().values, std::vector<float>{4.0f});
+  // With the queue drained, a request is taken again.
+  EXPECT_EQ(submit(batcher, 1, 5.0f).get().values, std::vector<float>{10.0f});
+  EXPECT_EQ(batcher.stats().refused, 1u);
 }
 
 TEST(ServeBatcher, AQueueDelayGathersRequestsThatArriveWithinIt) {

@@ -50,6 +50,23 @@ save(helper.make_graph(
     [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 3, 224, 224])],
     [helper.make_tensor_value_info("mean", TensorProto.FLOAT, ["N", 3])]), "image_means.onnx")
 
+# Slow products of a dynamic batch: x [N, 512, 512] times the 512x512 identity (made in the graph,
+# so that the file stays small; exact in float32), 48 times, then the mean of each row's matrix ->
+# y [N]: about 13 GFLOP a row, so that kiln serve's queue-bound test finds its run busy on the CPU
+# engine.
+nodes = [helper.make_node("ConstantOfShape", ["w_shape"], ["zeros"]),
+         helper.make_node("EyeLike", ["zeros"], ["w"])]
+last = "x"
+for i in range(48):
+    nodes.append(helper.make_node("MatMul", [last, "w"], [f"p{i}"]))
+    last = f"p{i}"
+nodes.append(helper.make_node("ReduceMean", [last], ["y"], axes=[1, 2], keepdims=0))
+save(helper.make_graph(
+    nodes, "slow_products",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 512, 512])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])],
+    [numpy_helper.from_array(np.array([512, 512], np.int64), "w_shape")]), "slow_products.onnx")
+
 # A pure red 16x12 PPM photo (stb_image reads binary PPM; no image library needed here).
 with open(os.path.join(HERE, "red_16x12.ppm"), "wb") as f:
     f.write(b"P6\n16 12\n255\n" + bytes([255, 0, 0]) * (16 * 12))
