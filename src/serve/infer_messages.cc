@@ -127,7 +127,6 @@ std::string datatype_name(DType dtype) {
   return to_string(dtype);
 }
 
-// The same rows as a tensor of their own (the output itself when they are all of it).
 Tensor rows_of(const Tensor& all, int64_t first, int64_t count) {
   if (all.rank() == 0 || (first == 0 && count == all.dim(0))) return all;
   const RowSpan span = row_span(all, first, count);
@@ -135,7 +134,6 @@ Tensor rows_of(const Tensor& all, int64_t first, int64_t count) {
   if (span.bytes) std::memcpy(part.raw(), span.data, span.bytes);
   return part;
 }
-
 
 RequestInputs decode_request(const pb::ModelInferRequest& request, const ServedModel& served,
                              const SharedMemoryRegions& regions, uint64_t max_request_bytes,
