@@ -197,9 +197,15 @@ namespace {
 // One ModelStreamInfer call: every request read is checked and queued at once, and the answers
 // are written in the order the requests came, each as soon as it and those before it are done.
 // A request's error is its answer (error_message); the stream goes on. The call finishes once
-// the client has stopped sending and every answer is written.
+// the client has stopped sending and every answer is written. At most kWindow requests of a
+// stream are read and not yet answered: a client that sends without taking its answers is read
+// no further until it does, so that it cannot fill the server's memory.
 class StreamInfer final : public grpc::ServerBidiReactor<pb::ModelInferRequest, pb::ModelStreamInferResponse> {
  public:
+  // Requests read and not yet answered, at most: more than a client keeps in flight to hide its
+  // round trip (bench/serve_bench.py's streams keep 32), few enough that their inputs stay small.
+  static constexpr uint64_t kWindow = 128;
+
   explicit StreamInfer(GrpcFront::Impl* front) : front_(front) { StartRead(&incoming_); }
 
   void OnReadDone(bool ok) override {
@@ -228,6 +234,11 @@ class StreamInfer final : public grpc::ServerBidiReactor<pb::ModelInferRequest, 
       --in_flight_;
       proceed(lock);
     });
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reading_ = next_read_ - next_write_ < kWindow;
+      if (!reading_) return;  // proceed() reads on once answers have gone out
+    }
     StartRead(&incoming_);
   }
 
@@ -254,23 +265,27 @@ class StreamInfer final : public grpc::ServerBidiReactor<pb::ModelInferRequest, 
       if (last) delete this;
       return;
     }
-    if (writing_ || finished_) return;
-    if (broken_) ready_.clear();
-    auto next = ready_.find(next_write_);
+    if (finished_) return;
+    if (broken_) {
+      ready_.clear();
+      if (!reading_) reads_done_ = true;  // (a client gone is read no more)
+    }
+    bool read = false, write = false, finish = false;
+    if (!reading_ && !reads_done_ && next_read_ - next_write_ < kWindow) read = reading_ = true;
+    auto next = writing_ ? ready_.end() : ready_.find(next_write_);
     if (next != ready_.end()) {
-      writing_ = true;
+      write = writing_ = true;
       current_ = std::move(next->second);
       ready_.erase(next);
       ++next_write_;
-      lock.unlock();
-      StartWrite(&current_);
-      return;
+    } else if (!writing_ && reads_done_ && in_flight_ == 0 && ready_.empty()) {
+      finish = finished_ = true;
     }
-    if (reads_done_ && in_flight_ == 0 && ready_.empty()) {
-      finished_ = true;
-      lock.unlock();
+    lock.unlock();
+    if (read) StartRead(&incoming_);
+    if (write) StartWrite(&current_);
+    if (finish)
       Finish(broken_ ? grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading") : grpc::Status::OK);
-    }
   }
 
   GrpcFront::Impl* front_;
@@ -281,6 +296,7 @@ class StreamInfer final : public grpc::ServerBidiReactor<pb::ModelInferRequest, 
   uint64_t next_read_ = 0;
   uint64_t next_write_ = 0;
   uint64_t in_flight_ = 0;
+  bool reading_ = true;  // a read is outstanding
   bool reads_done_ = false;
   bool writing_ = false;
   bool finished_ = false;

@@ -12,7 +12,7 @@ import os
 import grpc
 import numpy as np
 import pytest
-from test_serve import CLASSIFIER, Server
+from test_serve import CLASSIFIER, DATA, Server
 
 import kiln
 
@@ -218,3 +218,41 @@ def test_many_http_requests_at_once_batch_in_the_native_front(kiln_bin, tmp_path
         assert 3 <= runs <= 6, f"48 one-row requests ran as {runs} engine runs of at most 16 rows"
     finally:
         s.stop()
+
+
+def test_a_stream_whose_client_takes_no_answers_is_read_no_further(kiln_bin, tmp_path):
+    """A client streams 400 requests of 256 KB answers without reading any: the front reads at most
+    its window of unanswered requests (128) and what the transports hold, not all 400, so such a
+    client cannot fill the server's memory; once the client reads, every answer comes, in order."""
+    import time
+
+    from tritonclient.grpc import service_pb2 as pb
+
+    s = Server(kiln_bin, [os.path.join(DATA, "wide_identity.onnx"), "--max-batch", "8", "--grpc-front", "native"],
+               str(tmp_path / "server.log"))
+    channel = grpc.insecure_channel(f"localhost:{s.grpc_port}")
+    try:
+        def requests():
+            for i in range(400):
+                r = pb.ModelInferRequest(model_name="wide_identity", id=str(i))
+                r.inputs.add(name="x", datatype="FP32", shape=[1, 65536])
+                r.raw_input_contents.append(np.full((1, 65536), i, np.float32).tobytes())
+                yield r
+
+        answers = _stub(channel).ModelStreamInfer(requests(), timeout=120)
+        taken, stable_since = -1.0, time.monotonic()
+        while time.monotonic() - stable_since < 2.0:  # until the server has read nothing for 2 s
+            time.sleep(0.2)
+            now = s.metric("kiln_requests_total", "wide_identity")
+            if now != taken:
+                taken, stable_since = now, time.monotonic()
+        assert 128 <= taken <= 200, f"the front read {taken} of 400 requests whose answers nobody took"
+        for i, answer in enumerate(answers):
+            assert answer.error_message == "" and answer.infer_response.id == str(i)
+            y = np.frombuffer(answer.infer_response.raw_output_contents[0], np.float32)
+            assert y.shape == (65536,) and (y == i).all()
+        assert i == 399
+        assert s.metric("kiln_requests_total", "wide_identity") == 400
+    finally:
+        channel.close()
+        assert s.stop() == 0, s.output()

@@ -67,6 +67,14 @@ save(helper.make_graph(
     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])],
     [numpy_helper.from_array(np.array([512, 512], np.int64), "w_shape")]), "slow_products.onnx")
 
+# Wide rows of a dynamic batch: x [N, 65536] -> Identity -> y [N, 65536], 256 KB a row each way;
+# kiln serve's test of a stream whose client takes no answers.
+save(helper.make_graph(
+    [helper.make_node("Identity", ["x"], ["y"])],
+    "wide_identity",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 65536])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 65536])]), "wide_identity.onnx")
+
 # A pure red 16x12 PPM photo (stb_image reads binary PPM; no image library needed here).
 with open(os.path.join(HERE, "red_16x12.ppm"), "wb") as f:
     f.write(b"P6\n16 12\n255\n" + bytes([255, 0, 0]) * (16 * 12))
