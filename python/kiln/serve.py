@@ -11,8 +11,8 @@ unchanged.
     kiln serve model.engine --device cuda --grpc-front kserve    # gRPC answered by KServe's Python server
 
 A repository follows Triton's layout; each model's newest version (the largest number) is
-served, and an optional models/<name>/config.json gives its precision, max_batch and
-max_queue_delay_us. A GPU engine built from an ONNX model is cached beside it
+served, and an optional models/<name>/config.json gives its device, precision, max_batch,
+max_queue_delay_us, max_queue, instances and gpus. A GPU engine built from an ONNX model is cached beside it
 (model.<precision>.b<max batch>.engine) and loaded from there next time.
 
 Dynamic batching: requests whose inputs share every dimension but the first are queued and
