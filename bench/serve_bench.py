@@ -15,8 +15,11 @@ On the GPU machine (carrying build-gpu/dist, build-gpu/pyxz and build-gpu/servin
    context and a thread per GPU enqueueing runs of --max-batch rows back to back on a stream of
    its own (inputs already on the device, as a pipeline feeding the GPU has them).
 4. The server: `kiln serve ENGINE --device cuda --max-batch MAX --instances 2 --gpus ...`, driven by
-   a load generator of Triton's gRPC client (perf_analyzer's method: a fixed number of requests in
-   flight, each sent again as soon as it is answered; --client-processes processes share them), for
+   a load generator (perf_analyzer's method: a fixed number of requests in flight, each sent again
+   as soon as it is answered): Triton's gRPC client in --client-processes Python processes, or with
+   --load-generator cpp bench/infer_load.cc (C++, one process, built by `ninja -C build
+   infer_load`; a device call carries build/bench/infer_load, which finds gRPC's libraries in the
+   Python package's kiln/libs through scripts/gpu_env.sh), for
    --seconds after a warm-up. On one GPU: requests of one image at each --concurrency, with the
    image in the request ("grpc") and, at the smallest and largest, in a system shared-memory region
    the client registered ("shm", perf_analyzer's --shared-memory system); requests of
@@ -34,8 +37,8 @@ Step 4 runs before 2 and 3: those leave this process's CUDA state on every GPU, 
 should share a GPU with while it is measured.
 
 Triton's perf_analyzer itself is not on PyPI (the `perf-analyzer` package there is an empty
-placeholder), so this script is the load generator. Writes DIR/serve_bench.json; commit it
-under bench/results/serving/.
+placeholder), so this script and bench/infer_load.cc are the load generators. Writes
+DIR/serve_bench.json; commit it under bench/results/serving/.
 --device cpu with --onnx runs every step but 2 and 3 on the CPU engine (a check of the script on a
 machine without a GPU; its figures mean nothing).
 """
@@ -151,9 +154,30 @@ def _summary(latencies: list[float], errors: int, seconds: float, rows: int) -> 
                            if latencies else float("nan")}}
 
 
+def load_cpp(binary: str, port: int, model: str, name: str, shape: list[int], concurrency: int, warmup_s: float,
+             seconds: float, transport: str) -> dict:
+    """`concurrency` requests in flight from bench/infer_load (C++, one process), the same method as
+    the Python clients' below; transport "stream": one stream with `concurrency` frames unanswered at
+    most."""
+    cmd = [binary, "--url", f"127.0.0.1:{port}", "--model", model, "--input", name, "--shape", ",".join(map(str, shape)),
+           "--concurrency", str(concurrency), "--seconds", str(seconds), "--warmup", str(warmup_s),
+           "--shared-memory", "system" if transport == "shm" else "none", *(["--stream"] if transport == "stream" else [])]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=warmup_s + seconds + 300)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
+    if r.stderr.strip():
+        print("  " + r.stderr.strip(), flush=True)
+    got = json.loads(r.stdout)
+    summary = {k: got[k] for k in ("requests", "errors", "seconds", "throughput_per_s", "latency_ms", "slowest")}
+    if transport == "stream":
+        return {"stream_window": concurrency, "transport": "grpc stream", "load_generator": "cpp", **summary}
+    return {"concurrency": concurrency, "client_processes": 1, "load_generator": "cpp", "connections": got["connections"],
+            "transport": transport, **summary}
+
+
 def load(port: int, model: str, name: str, shape: list[int], concurrency: int, processes: int, warmup_s: float,
          seconds: float, transport: str = "grpc") -> dict:
-    """`concurrency` requests in flight from up to `processes` client processes."""
+    """`concurrency` requests in flight from up to `processes` client processes (Python)."""
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (1 if i < concurrency % processes else 0) for i in range(processes)]
     ctx = multiprocessing.get_context("spawn")  # a clean process: no kserve next to tritonclient.grpc
@@ -174,8 +198,8 @@ def load(port: int, model: str, name: str, shape: list[int], concurrency: int, p
     # The slowest requests, and when they were sent (s into the measurement): a stall of the whole
     # server shows as several sent at about the same time.
     slowest = [{"latency_ms": 1000 * latency, "sent_at_s": at} for latency, at in sorted(slowest, reverse=True)[:5]]
-    return {"concurrency": concurrency, "client_processes": processes, "transport": transport,
-            **_summary(latencies, errors, seconds, shape[0]), "slowest": slowest}
+    return {"concurrency": concurrency, "client_processes": processes, "load_generator": "python",
+            "transport": transport, **_summary(latencies, errors, seconds, shape[0]), "slowest": slowest}
 
 
 def _stream_process(port: int, model: str, name: str, shape: list[int], window: int, warmup_s: float,
@@ -306,7 +330,10 @@ def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus
         for c, rows_per_request, transport in loads:
             before = server.metrics(model)
             shape = [rows_per_request, 3, size, size]
-            if transport == "stream":
+            if args.load_generator == "cpp":
+                r = load_cpp(args.infer_load, server.grpc_port, model, name, shape, c, args.warmup, args.seconds,
+                             transport)
+            elif transport == "stream":
                 r = stream(server.grpc_port, model, name, shape, c, args.warmup, args.seconds)
             else:
                 r = load(server.grpc_port, model, name, shape, c, args.client_processes, args.warmup, args.seconds,
@@ -408,9 +435,16 @@ def main() -> int:
                         "rows and over the rows)")
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--client-processes", type=int, default=8)
+    p.add_argument("--load-generator", default="python", choices=("python", "cpp"),
+                   help="who sends the requests and the stream's frames: tritonclient in --client-processes "
+                        "Python processes (one for the stream), or bench/infer_load.cc (C++, as perf_analyzer is)")
+    p.add_argument("--infer-load", default=os.path.join(ROOT, "build", "bench", "infer_load"),
+                   help="the infer_load binary, for --load-generator cpp (ninja -C build infer_load)")
+    p.add_argument("--client-processes", type=int, default=8, help="Python load generator's processes")
     p.add_argument("--gpus", type=int, default=2, help="GPUs of the multi-GPU rows (the machine's, 0 to N-1)")
     args = p.parse_args()
+    if args.load_generator == "cpp" and not os.access(args.infer_load, os.X_OK):
+        sys.exit(f"serve_bench.py: --load-generator cpp needs {args.infer_load} (ninja -C build infer_load)")
     # The server (KServe) and the load generator (tritonclient) must import here before any time
     # goes into exports, builds and the engine's own runs: `kiln serve` starts with this Python.
     missing = [module for module in ("kserve", "tritonclient") if importlib.util.find_spec(module) is None]
@@ -437,9 +471,11 @@ def main() -> int:
               "kiln_version": run([kiln_bin(), "--version"]).stdout.strip(), "model": args.model, "size": args.size,
               "precision": args.precision, "device": args.device, "max_batch": args.max_batch,
               "max_queue_delay_us": args.max_queue_delay_us, "instances": args.instances,
-              "load_generator": "bench/serve_bench.py: tritonclient.grpc.aio, a fixed number of requests in flight "
-                                "(perf_analyzer's concurrency mode), inputs in the request (grpc) or in system shared "
-                                "memory (shm); and one gRPC stream with a window of frames in flight (grpc stream)",
+              "load_generator": ("bench/infer_load.cc (C++, gRPC's callback API, one process)" if args.load_generator
+                                 == "cpp" else "bench/serve_bench.py: tritonclient.grpc.aio") +
+                                ": a fixed number of requests in flight (perf_analyzer's concurrency mode), inputs in "
+                                "the request (grpc) or in system shared memory (shm); and one gRPC stream with a "
+                                "window of frames in flight (grpc stream)",
               "cpu_cores": os.cpu_count(), "command": " ".join(["python3", *sys.argv])}
     build_info = os.path.join(ROOT, "build-gpu", "dist", "BUILD_INFO.json")
     if os.path.exists(build_info):

@@ -256,3 +256,41 @@ def test_a_stream_whose_client_takes_no_answers_is_read_no_further(kiln_bin, tmp
     finally:
         channel.close()
         assert s.stop() == 0, s.output()
+
+
+def test_infer_load_counts_what_the_server_counts(native, kiln_bin):
+    """bench/infer_load (serve_bench.py --load-generator cpp, built with the native front): requests
+    kept in flight, in the message, in shared memory and on a stream, each answered request counted
+    once, as the server counts them; a request the server refuses is an error with its reason."""
+    import json
+    import subprocess
+
+    binary = os.path.join(os.path.dirname(kiln_bin), "bench", "infer_load")
+    assert os.access(binary, os.X_OK), f"{binary} is built beside the native front (ninja -C build infer_load)"
+    s, _ = native
+
+    def load(*flags, shape="2,4"):
+        r = subprocess.run([binary, "--url", f"127.0.0.1:{s.grpc_port}", "--model", "dynamic_classifier", "--input",
+                            "x", "--shape", shape, "--concurrency", "4", "--seconds", "0.5", "--warmup", "0", *flags],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout), r.stderr
+
+    for flags in ([], ["--shared-memory", "system"], ["--stream"]):
+        before = s.metric("kiln_requests_total", "dynamic_classifier")
+        got, _ = load(*flags)
+        after = s.metric("kiln_requests_total", "dynamic_classifier")
+        assert got["errors"] == 0 and got["requests"] > 10, (flags, got)
+        assert after - before == got["requests"], (flags, got, after - before)
+        assert got["throughput_per_s"] == pytest.approx(got["requests"] * 2 / 0.5)
+        assert 0 < got["latency_ms"]["p50"] <= got["latency_ms"]["p99"]
+
+    errors_before = s.metric("kiln_errors_total", "dynamic_classifier")
+    got, stderr = load(shape="2,5")
+    assert got["requests"] == 0 and got["errors"] > 0
+    assert "must have shape [-1, 4]" in stderr
+    assert s.metric("kiln_errors_total", "dynamic_classifier") - errors_before == got["errors"]
+
+    r = subprocess.run([binary, "--url", f"127.0.0.1:{s.grpc_port}", "--model", "no_such_model", "--input", "x",
+                        "--shape", "1,4"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no_such_model" in r.stderr
