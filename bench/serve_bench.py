@@ -323,6 +323,8 @@ def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus
              "--grpc-front", args.grpc_front]
     if device == "cuda":
         flags += ["--instances", str(args.instances), "--gpus", ",".join(map(str, gpus))]
+    if args.pinned_memory_mb is not None:
+        flags += ["--pinned-memory-mb", str(args.pinned_memory_mb)]
     label = f"{len(gpus)}gpu" if device == "cuda" else "cpu"
     server = Served(engine, flags, os.path.join(out, f"serve_{label}.log"))
     rows = []
@@ -425,6 +427,7 @@ def main() -> int:
     p.add_argument("--max-batch", type=int, default=128)
     p.add_argument("--max-queue-delay-us", type=int, default=0)
     p.add_argument("--instances", type=int, default=2)
+    p.add_argument("--pinned-memory-mb", type=float, help="kiln serve --pinned-memory-mb (default: kiln serve's)")
     p.add_argument("--grpc-front", default="native", choices=("kserve", "native"),
                    help="kiln serve's gRPC front (native: kiln's own, in C++)")
     p.add_argument("--concurrency", default="1,4,16,64,256")
@@ -471,6 +474,7 @@ def main() -> int:
               "kiln_version": run([kiln_bin(), "--version"]).stdout.strip(), "model": args.model, "size": args.size,
               "precision": args.precision, "device": args.device, "max_batch": args.max_batch,
               "max_queue_delay_us": args.max_queue_delay_us, "instances": args.instances,
+              "pinned_memory_mb": args.pinned_memory_mb,
               "load_generator": ("bench/infer_load.cc (C++, gRPC's callback API, one process)" if args.load_generator
                                  == "cpp" else "bench/serve_bench.py: tritonclient.grpc.aio") +
                                 ": a fixed number of requests in flight (perf_analyzer's concurrency mode), inputs in "

@@ -69,7 +69,7 @@ void bind_serve(py::module_& m) {
   py::class_<serve::GrpcFront>(m, "GrpcFront",
                                "kiln serve's native gRPC front: the Open Inference Protocol's gRPC service in C++")
       .def(py::init([](const std::string& address, const py::list& models, uint64_t max_request_bytes, int pin_gpu,
-                       const std::string& server_version) {
+                       const std::string& server_version, uint64_t pinned_input_bytes) {
              std::vector<serve::ServedModel> served;
              for (const py::handle& d : models) served.push_back(served_model(d.cast<py::dict>()));
              serve::FrontOptions options;
@@ -77,11 +77,12 @@ void bind_serve(py::module_& m) {
              options.max_request_bytes = max_request_bytes;
              options.pin_gpu = pin_gpu;
              options.server_version = server_version;
+             options.pinned_input_bytes = pinned_input_bytes;
              py::gil_scoped_release release;
              return std::make_unique<serve::GrpcFront>(std::move(served), options);
            }),
            py::arg("address"), py::arg("models"), py::arg("max_request_bytes"), py::arg("pin_gpu") = -1,
-           py::arg("server_version") = "")
+           py::arg("server_version") = "", py::arg("pinned_input_bytes") = uint64_t{1} << 30)
       .def_property_readonly("port", &serve::GrpcFront::port)
       .def("shutdown", &serve::GrpcFront::shutdown, py::arg("grace_seconds") = 30.0,
            py::call_guard<py::gil_scoped_release>())

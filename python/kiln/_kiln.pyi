@@ -163,7 +163,10 @@ class GrpcFront:
     `models`: dicts of name, version, engine, runs [(device, Engine or Context)], max_batch,
     max_queue_delay_us and batch_sizes. Listens at `address` (host:port; port 0 picks one)."""
     def __init__(self, address: str, models: list[dict[str, Any]], max_request_bytes: int, pin_gpu: int = -1,
-                 server_version: str = "") -> None: ...
+                 server_version: str = "", pinned_input_bytes: int = 1 << 30) -> None:
+        """pin_gpu >= 0: registered shared memory is page-locked for that GPU, and inputs in a
+        request's message are copied into page-locked buffers (pinned_input_bytes of them at most;
+        0: none) as requests arrive."""
     @property
     def port(self) -> int: ...
     def shutdown(self, grace_seconds: float = 30.0) -> None: ...

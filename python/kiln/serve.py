@@ -1072,6 +1072,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", help="with --device cuda: the GPUs to run on, e.g. 0,1 (default 0); each gets the engine "
                                   "and --instances contexts")
     p.add_argument("--max-request-mb", type=float, default=256, help="the largest request's inputs")
+    p.add_argument("--pinned-memory-mb", type=float, default=1024,
+                   help="native gRPC front, GPU models: page-locked buffers that inputs in a request's message are "
+                        "copied into as requests arrive, so that a batch goes to the GPU without being staged on "
+                        "its run's thread (as Triton's --pinned-memory-pool-byte-size; 0: none)")
     p.add_argument("--grpc-front", choices=("auto", "native", "kserve"), default="auto",
                    help="who answers gRPC: kiln's own server in C++ (native: requests reach the engine without "
                         "Python; HTTP requests use its batcher too), or KServe's Python one (kserve); auto (default): "
@@ -1084,8 +1088,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replicas", default="1", help="with --ray: replicas of each model, N, or MIN:MAX to scale "
                                                   "between them on the requests in flight")
     args = p.parse_args(argv)
-    if args.max_batch < 1 or args.instances < 1 or args.max_queue_delay_us < 0 or args.max_queue < 0:
-        p.error("--max-batch and --instances must be at least 1, --max-queue-delay-us and --max-queue at least 0")
+    if args.max_batch < 1 or args.instances < 1 or args.max_queue_delay_us < 0 or args.max_queue < 0 \
+            or not 0 <= args.pinned_memory_mb <= 1 << 20:
+        p.error("--max-batch and --instances must be at least 1, --max-queue-delay-us and --max-queue at least 0, "
+                "--pinned-memory-mb from 0 to 1048576")
     gpus = [0]
     if args.gpus is not None:
         gpus = gpu_list(args.gpus)
@@ -1163,7 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
     # would load every model once per process and batch each process's requests apart).
     front = None
     if args.grpc_front == "native":
-        front = _start_native_front(models, args.grpc_port, max_request_bytes)
+        front = _start_native_front(models, args.grpc_port, max_request_bytes, int(args.pinned_memory_mb * (1 << 20)))
         if front is None:
             return 1
     server = kserve.ModelServer(http_port=args.http_port, grpc_port=args.grpc_port, workers=1,
@@ -1178,7 +1184,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _start_native_front(models: list, port: int, max_request_bytes: int):
+def _start_native_front(models: list, port: int, max_request_bytes: int, pinned_input_bytes: int):
     """kiln's C++ gRPC front on `port`, serving every model; None (said on stderr) when it cannot
     start. Its counters are kiln's metrics at /metrics (NativeFrontMetrics)."""
     import kiln
@@ -1188,7 +1194,8 @@ def _start_native_front(models: list, port: int, max_request_bytes: int):
     gpu_models = [m for m in models if m.kiln_engine.backend == "cuda"]
     try:
         front = _kiln.GrpcFront(f"[::]:{port}", [m.native_description() for m in models], max_request_bytes,
-                                gpu_models[0].config.gpus[0] if gpu_models else -1, kiln.__version__)
+                                gpu_models[0].config.gpus[0] if gpu_models else -1, kiln.__version__,
+                                pinned_input_bytes)
     except kiln.Error as e:
         sys.stderr.write(f"kiln: error: kiln serve: {e}\n")
         return None

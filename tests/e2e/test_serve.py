@@ -332,6 +332,7 @@ def test_bad_models_and_repositories_are_refused_with_one_line(kiln_bin, tmp_pat
     assert "model 'garbage'" in _refused(kiln_bin, [str(garbage)])
     assert "--max-batch" in _refused(kiln_bin, [CLASSIFIER, "--max-batch", "0"])
     assert "--max-queue" in _refused(kiln_bin, [CLASSIFIER, "--max-queue", "-1"])
+    assert "--pinned-memory-mb" in _refused(kiln_bin, [CLASSIFIER, "--pinned-memory-mb", "-1"])
 
     repo = _repository(tmp_path / "unknown_field", {"dynamic_batching": True})
     assert "unknown field 'dynamic_batching'" in _refused(kiln_bin, [str(repo)])
