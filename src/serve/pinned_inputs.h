@@ -26,8 +26,9 @@ class PinnedInputs {
   PinnedInputs& operator=(const PinnedInputs&) = delete;
 
   // A buffer of at least `bytes` (64-byte aligned), given back for reuse when the last holder lets
-  // go; null when the pool's bytes are all in use or the driver does not lock more memory (the
-  // caller then uses the bytes where they lie).
+  // go. Buffers of other sizes that nobody holds make room when the pool's bytes are spent. Null
+  // when they cannot (the buffers are held), or the driver does not lock more memory: the caller
+  // then uses the bytes where they lie.
   std::shared_ptr<unsigned char[]> take(size_t bytes);
   // The bytes of the buffers made so far (each kept for reuse).
   size_t held_bytes() const;

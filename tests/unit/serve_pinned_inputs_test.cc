@@ -1,8 +1,9 @@
 // The native gRPC front's page-locked input buffers (src/serve/pinned_inputs.h): sizes by powers
-// of two, each buffer locked once and reused once let go, never more than the pool's bytes, a
-// driver that refuses asked once, buffers that outlive the pool still locked until let go, and
-// no buffer held twice by threads taking and giving back at once. The lock is a stand-in that
-// counts: the GPU's own (kiln::PinnedHostMemory) runs in tests/gpu/test_gpu_serve.py.
+// of two, each buffer locked once and reused once let go, never more than the pool's bytes,
+// buffers of another size nobody holds evicted to make room, a driver that refuses asked once,
+// buffers that outlive the pool still locked until let go, and no buffer held twice by threads
+// taking and giving back at once. The lock is a stand-in that counts: the GPU's own
+// (kiln::PinnedHostMemory) runs in tests/gpu/test_gpu_serve.py.
 #include "serve/pinned_inputs.h"
 
 #include <gtest/gtest.h>
@@ -69,9 +70,31 @@ TEST(PinnedInputs, NeverMoreThanThePoolsBytes) {
   EXPECT_FALSE(pool.take(1));                             // all four used
   EXPECT_FALSE(pool.take(8 * PinnedInputs::kSmallest));  // larger than the pool
   b.reset();
-  EXPECT_TRUE(pool.take(PinnedInputs::kSmallest + 1));   // the one let go
+  auto again = pool.take(PinnedInputs::kSmallest + 1);  // the one let go
+  EXPECT_TRUE(again);
   EXPECT_FALSE(pool.take(1));  // the smallest size has none made, and no room to make one
   EXPECT_EQ(*counting.locks, 2);
+}
+
+TEST(PinnedInputs, BuffersOfAnotherSizeNobodyHoldsMakeRoom) {
+  CountingLock counting;
+  PinnedInputs pool(4 * PinnedInputs::kSmallest, counting.lock());
+  auto a = pool.take(PinnedInputs::kSmallest + 1);
+  auto b = pool.take(PinnedInputs::kSmallest + 1);  // the pool's bytes, all in two buffers
+  a.reset();
+  b.reset();
+  auto c = pool.take(1);  // one of them goes
+  ASSERT_TRUE(c);
+  EXPECT_EQ(*counting.locks, 3);
+  EXPECT_EQ(*counting.locked, 2);
+  EXPECT_EQ(pool.held_bytes(), 3 * PinnedInputs::kSmallest);
+  auto d = pool.take(1);  // room without evicting
+  auto e = pool.take(PinnedInputs::kSmallest + 1);  // the one left, reused
+  ASSERT_TRUE(d && e);
+  EXPECT_EQ(*counting.locks, 4);
+  EXPECT_FALSE(pool.take(1));  // every buffer held: nothing to evict
+  EXPECT_EQ(*counting.locked, 3);
+  EXPECT_EQ(pool.held_bytes(), 4 * PinnedInputs::kSmallest);
 }
 
 TEST(PinnedInputs, ADriverThatRefusesIsAskedOnce) {
