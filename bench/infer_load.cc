@@ -3,14 +3,14 @@
 // here (PyPI's `perf-analyzer` is an empty placeholder). A fixed number of ModelInfer requests are
 // in flight, each sent again as soon as it is answered, for a warm-up and then a measured time;
 // the input travels in each request, or lies in a system shared-memory region registered once
-// (perf_analyzer's --shared-memory system). With --stream, one ModelStreamInfer stream carries
-// the requests instead (a camera's frames), --concurrency of them sent and not yet answered at
-// most. A Python client spends more time per request than the server it measures: this one
+// (perf_analyzer's --shared-memory system). With --stream, ModelStreamInfer streams carry the
+// requests instead (cameras' frames): --streams of them, each on a connection of its own, each
+// with --concurrency requests sent and not yet answered at most. A Python client spends more time per request than the server it measures: this one
 // leaves the server as the thing measured.
 //
 //   infer_load --url 127.0.0.1:8001 --model NAME --input NAME --shape 64,3,224,224
 //              [--concurrency 4] [--connections K] [--seconds 4] [--warmup 1]
-//              [--shared-memory none|system] [--stream] [--seed 0]
+//              [--shared-memory none|system] [--stream [--streams 1]] [--seed 0]
 //
 // The input is FP32, standard-normal values. Prints one JSON object (bench/serve_bench.py reads
 // it): requests answered among those sent after the warm-up, errors, the rows answered per second,
@@ -48,7 +48,7 @@ using Stub = inference::GRPCInferenceService::Stub;
 struct Options {
   std::string url, model, input, shared_memory = "none";
   std::vector<int64_t> shape;
-  int concurrency = 1, connections = 0, seed = 0;
+  int concurrency = 1, connections = 0, seed = 0, streams = 1;
   bool stream = false;
   double seconds = 4, warmup = 1;
 };
@@ -57,7 +57,7 @@ struct Options {
   std::fprintf(stderr,
                "infer_load: %s\nusage: infer_load --url HOST:PORT --model NAME --input NAME --shape D0,D1,... "
                "[--concurrency N] [--connections K] [--seconds S] [--warmup S] [--shared-memory none|system] "
-               "[--stream] [--seed N]\n",
+               "[--stream [--streams N]] [--seed N]\n",
                why.c_str());
   std::exit(2);
 }
@@ -107,6 +107,8 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--shared-memory") {
       if (value != "none" && value != "system") usage("--shared-memory is '" + value + "': none or system");
       o.shared_memory = value;
+    } else if (flag == "--streams") {
+      o.streams = static_cast<int>(number(flag, value, 1, 1024));
     } else if (flag == "--seed") {
       o.seed = static_cast<int>(number(flag, value, 0, 1 << 30));
     } else {
@@ -117,7 +119,8 @@ Options parse(int argc, char** argv) {
     usage("--url, --model, --input and --shape are required");
   // Each connection is an HTTP/2 connection of its own, and gRPC's threads serve each apart: a
   // few of them keep one connection's ordering from being the bottleneck.
-  if (o.connections == 0) o.connections = o.stream ? 1 : std::min(o.concurrency, 8);
+  if (o.connections == 0) o.connections = o.stream ? o.streams : std::min(o.concurrency, 8);
+  if (o.streams > 1 && !o.stream) usage("--streams goes with --stream");
   return o;
 }
 
@@ -256,14 +259,16 @@ class Stream final : public grpc::ClientBidiReactor<inference::ModelInferRequest
     stub.async()->ModelStreamInfer(&context_, this);
   }
 
-  // Runs the stream to its end; returns how it ended.
-  grpc::Status run() {
+  void start() {
     StartRead(&response_);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       write_next();
     }
     StartCall();
+  }
+  // Waits for the stream's end; returns how it ended.
+  grpc::Status wait() {
     std::unique_lock<std::mutex> lock(mutex_);
     ended_.wait(lock, [this] { return done_; });
     return status_;
@@ -431,12 +436,18 @@ int run(const Options& o) {
         Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.warmup));
     const Clock::time_point end =
         measured_from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
-    Stream stream(*stubs[0], std::move(request), o.concurrency, measured_from, end);
-    const grpc::Status status = stream.run();
-    all = stream.samples;
-    errors = stream.errors;
-    first_error = !status.ok() ? "the stream ended with " + status.error_message() : stream.first_error;
-    if (!status.ok()) errors += 1;
+    std::vector<std::unique_ptr<Stream>> streams;
+    for (int i = 0; i < o.streams; ++i)
+      streams.push_back(std::make_unique<Stream>(*stubs[static_cast<size_t>(i) % stubs.size()], request, o.concurrency,
+                                                 measured_from, end));
+    for (auto& stream : streams) stream->start();
+    for (auto& stream : streams) {
+      const grpc::Status status = stream->wait();
+      all.insert(all.end(), stream->samples.begin(), stream->samples.end());
+      errors += stream->errors + (status.ok() ? 0 : 1);
+      if (first_error.empty())
+        first_error = !status.ok() ? "a stream ended with " + status.error_message() : stream->first_error;
+    }
   } else {
     Load load(o, std::move(request), stubs);
     load.run();

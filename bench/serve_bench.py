@@ -155,13 +155,13 @@ def _summary(latencies: list[float], errors: int, seconds: float, rows: int) -> 
 
 
 def load_cpp(binary: str, port: int, model: str, name: str, shape: list[int], concurrency: int, warmup_s: float,
-             seconds: float, transport: str) -> dict:
+             seconds: float, transport: str, streams: int = 1) -> dict:
     """`concurrency` requests in flight from bench/infer_load (C++, one process), the same method as
-    the Python clients' below; transport "stream": one stream with `concurrency` frames unanswered at
-    most."""
+    the Python clients' below; transport "stream": `streams` streams, each with `concurrency` frames
+    unanswered at most."""
     cmd = [binary, "--url", f"127.0.0.1:{port}", "--model", model, "--input", name, "--shape", ",".join(map(str, shape)),
            "--concurrency", str(concurrency), "--seconds", str(seconds), "--warmup", str(warmup_s),
-           "--shared-memory", "system" if transport == "shm" else "none", *(["--stream"] if transport == "stream" else [])]
+           "--shared-memory", "system" if transport == "shm" else "none", *(["--stream", "--streams", str(streams)] if transport == "stream" else [])]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=warmup_s + seconds + 300)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
@@ -170,7 +170,8 @@ def load_cpp(binary: str, port: int, model: str, name: str, shape: list[int], co
     got = json.loads(r.stdout)
     summary = {k: got[k] for k in ("requests", "errors", "seconds", "throughput_per_s", "latency_ms", "slowest")}
     if transport == "stream":
-        return {"stream_window": concurrency, "transport": "grpc stream", "load_generator": "cpp", **summary}
+        return {"stream_window": concurrency, "streams": streams, "transport": "grpc stream", "load_generator": "cpp",
+                **summary}
     return {"concurrency": concurrency, "client_processes": 1, "load_generator": "cpp", "connections": got["connections"],
             "transport": transport, **summary}
 
@@ -334,7 +335,7 @@ def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus
             shape = [rows_per_request, 3, size, size]
             if args.load_generator == "cpp":
                 r = load_cpp(args.infer_load, server.grpc_port, model, name, shape, c, args.warmup, args.seconds,
-                             transport)
+                             transport, args.streams)
             elif transport == "stream":
                 r = stream(server.grpc_port, model, name, shape, c, args.warmup, args.seconds)
             else:
@@ -444,8 +445,12 @@ def main() -> int:
     p.add_argument("--infer-load", default=os.path.join(ROOT, "build", "bench", "infer_load"),
                    help="the infer_load binary, for --load-generator cpp (ninja -C build infer_load)")
     p.add_argument("--client-processes", type=int, default=8, help="Python load generator's processes")
+    p.add_argument("--streams", type=int, default=1,
+                   help="streams of the stream rows, each on a connection of its own (--load-generator cpp)")
     p.add_argument("--gpus", type=int, default=2, help="GPUs of the multi-GPU rows (the machine's, 0 to N-1)")
     args = p.parse_args()
+    if args.streams != 1 and args.load_generator != "cpp":
+        sys.exit("serve_bench.py: --streams is for --load-generator cpp (the Python client sends one stream)")
     if args.load_generator == "cpp" and not os.access(args.infer_load, os.X_OK):
         sys.exit(f"serve_bench.py: --load-generator cpp needs {args.infer_load} (ninja -C build infer_load)")
     # The server (KServe) and the load generator (tritonclient) must import here before any time

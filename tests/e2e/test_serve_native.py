@@ -260,8 +260,9 @@ def test_a_stream_whose_client_takes_no_answers_is_read_no_further(kiln_bin, tmp
 
 def test_infer_load_counts_what_the_server_counts(native, kiln_bin):
     """bench/infer_load (serve_bench.py --load-generator cpp, built with the native front): requests
-    kept in flight, in the message, in shared memory and on a stream, each answered request counted
-    once, as the server counts them; a request the server refuses is an error with its reason."""
+    kept in flight, in the message, in shared memory and on one or several streams, each answered
+    request counted once, as the server counts them; a request the server refuses is an error with
+    its reason."""
     import json
     import subprocess
 
@@ -276,7 +277,7 @@ def test_infer_load_counts_what_the_server_counts(native, kiln_bin):
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout), r.stderr
 
-    for flags in ([], ["--shared-memory", "system"], ["--stream"]):
+    for flags in ([], ["--shared-memory", "system"], ["--stream"], ["--stream", "--streams", "3"]):
         before = s.metric("kiln_requests_total", "dynamic_classifier")
         got, _ = load(*flags)
         after = s.metric("kiln_requests_total", "dynamic_classifier")
