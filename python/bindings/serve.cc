@@ -82,7 +82,7 @@ void bind_serve(py::module_& m) {
              return std::make_unique<serve::GrpcFront>(std::move(served), options);
            }),
            py::arg("address"), py::arg("models"), py::arg("max_request_bytes"), py::arg("pin_gpu") = -1,
-           py::arg("server_version") = "", py::arg("pinned_input_bytes") = uint64_t{1} << 30)
+           py::arg("server_version") = "", py::arg("pinned_input_bytes") = serve::FrontOptions{}.pinned_input_bytes)
       .def_property_readonly("port", &serve::GrpcFront::port)
       .def("shutdown", &serve::GrpcFront::shutdown, py::arg("grace_seconds") = 30.0,
            py::call_guard<py::gil_scoped_release>())

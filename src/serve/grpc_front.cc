@@ -23,6 +23,7 @@ namespace pb = ::inference;
 
 struct Model {
   ServedModel served;
+  bool on_gpu = false;  // its runs are GPU contexts: inputs in the message are worth page-locking
   std::unique_ptr<Batcher> batcher;
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> errors{0};
@@ -39,7 +40,7 @@ struct GrpcFront::Impl final : pb::GRPCInferenceService::CallbackService {
   std::mutex shutdown_mutex;
   bool shut_down = false;
 
-  std::unique_ptr<PinnedInputs> pinned_inputs;  // for GPU models: inputs in the message go there
+  std::unique_ptr<PinnedInputs> pinned_inputs;  // inputs in the message of GPU models' requests go there
 
   explicit Impl(FrontOptions o) : options(std::move(o)), regions(options.pin_gpu) {
     if (options.pin_gpu >= 0 && options.pinned_input_bytes > 0)
@@ -84,7 +85,7 @@ struct GrpcFront::Impl final : pb::GRPCInferenceService::CallbackService {
       if (!model->batcher) refuse("the server is shutting down", grpc::StatusCode::UNAVAILABLE);
       model->requests.fetch_add(1, std::memory_order_relaxed);
       prepared = decode_request(*request, model->served, regions, options.max_request_bytes, request);
-      if (pinned_inputs) stage_in_pinned_memory(*request, prepared.inputs);
+      if (pinned_inputs && model->on_gpu) stage_in_pinned_memory(*request, prepared.inputs);
     } catch (const Refusal& r) {
       if (model) model->errors.fetch_add(1, std::memory_order_relaxed);
       finish(grpc::Status(r.code, r.message));
@@ -343,6 +344,7 @@ GrpcFront::GrpcFront(std::vector<ServedModel> models, FrontOptions options)
       throw Error(ErrorKind::kInvalidArgument, "two models are named '" + served.name + "'");
     auto model = std::make_unique<Model>();
     model->batcher = std::make_unique<Batcher>(served.runners, served.batching);
+    for (const Runner& runner : served.runners) model->on_gpu = model->on_gpu || runner.device != "cpu";
     model->served = std::move(served);
     impl_->models.emplace(model->served.name, std::move(model));
   }

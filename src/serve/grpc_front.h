@@ -33,8 +33,9 @@ struct ServedModel {
 struct FrontOptions {
   std::string address = "127.0.0.1:8001";  // host:port; port 0 picks a free one (see GrpcFront::port)
   uint64_t max_request_bytes = uint64_t{1} << 30;  // the inputs of one request, wherever they lie
-  int pin_gpu = -1;  // >= 0: registered shared memory is pinned for this GPU, and so are inputs in the message:
-  // copied into page-locked buffers (at most pinned_input_bytes of them) as requests arrive
+  // >= 0: registered shared memory is pinned for this GPU, and GPU models' inputs in the message are
+  // copied into page-locked buffers (pinned_input_bytes of them at most; 0: none) as requests arrive
+  int pin_gpu = -1;
   uint64_t pinned_input_bytes = uint64_t{1} << 30;
   std::string server_version;
 };
