@@ -326,6 +326,8 @@ def serve_sweep(engine: str, model: str, name: str, size: int, device: str, gpus
         flags += ["--instances", str(args.instances), "--gpus", ",".join(map(str, gpus))]
     if args.pinned_memory_mb is not None:
         flags += ["--pinned-memory-mb", str(args.pinned_memory_mb)]
+    if args.batch_sizes and device == "cuda":
+        flags += ["--batch-sizes", args.batch_sizes]
     label = f"{len(gpus)}gpu" if device == "cuda" else "cpu"
     server = Served(engine, flags, os.path.join(out, f"serve_{label}.log"))
     rows = []
@@ -429,6 +431,7 @@ def main() -> int:
     p.add_argument("--max-queue-delay-us", type=int, default=0)
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--pinned-memory-mb", type=float, help="kiln serve --pinned-memory-mb (default: kiln serve's)")
+    p.add_argument("--batch-sizes", help="kiln serve --batch-sizes, e.g. 1,2,4,8,16,32,64,128 (default: kiln serve's)")
     p.add_argument("--grpc-front", default="native", choices=("kserve", "native"),
                    help="kiln serve's gRPC front (native: kiln's own, in C++)")
     p.add_argument("--concurrency", default="1,4,16,64,256")
@@ -480,6 +483,7 @@ def main() -> int:
               "precision": args.precision, "device": args.device, "max_batch": args.max_batch,
               "max_queue_delay_us": args.max_queue_delay_us, "instances": args.instances,
               "pinned_memory_mb": args.pinned_memory_mb,
+              "batch_sizes": args.batch_sizes or "kiln serve's default",
               "load_generator": ("bench/infer_load.cc (C++, gRPC's callback API, one process)" if args.load_generator
                                  == "cpp" else "bench/serve_bench.py: tritonclient.grpc.aio") +
                                 ": a fixed number of requests in flight (perf_analyzer's concurrency mode), inputs in "

@@ -12,7 +12,7 @@ unchanged.
 
 A repository follows Triton's layout; each model's newest version (the largest number) is
 served, and an optional models/<name>/config.json gives its device, precision, max_batch,
-max_queue_delay_us, max_queue, instances and gpus. A GPU engine built from an ONNX model is cached beside it
+max_queue_delay_us, max_queue, instances, gpus and batch_sizes. A GPU engine built from an ONNX model is cached beside it
 (model.<precision>.b<max batch>.engine) and loaded from there next time.
 
 Dynamic batching: requests whose inputs share every dimension but the first are queued and
@@ -22,10 +22,11 @@ Triton's) for more; each request gets its own rows of the outputs back. A model 
 first dimension runs each request alone. --max-queue N refuses a request that finds N of its
 model's requests waiting (HTTP 503, gRPC UNAVAILABLE). --instances engines' worth of runs go at once (GPU: one
 execution context each, on every GPU of --gpus; the CPU engine runs one at a time). On the GPU a
-batch is padded with zero rows to the next of the batch sizes planned at start (powers of two up
-to --max-batch, and --max-batch), so that no request waits for a new shape to be planned and the
-contexts hold a few plans, not one per row count; with several GPUs, each batch goes to the GPU
-with the fewest runs in flight.
+batch is padded with zero rows to the next of the batch sizes planned at start (--batch-sizes;
+by default powers of two below --max-batch, then steps of a quarter of the top octave, so that
+a loaded server's batches pad little: 64, 80, 96, 112, 128 for --max-batch 128), so that no
+request waits for a new shape to be planned and the contexts hold a few plans, not one per row
+count; with several GPUs, each batch goes to the GPU with the fewest runs in flight.
 
 The server is ready once every model is loaded and has run once (a warm-up). Bad requests
 (an unknown model, wrong input names, types or shapes, a body past --max-request-mb) are
@@ -79,6 +80,7 @@ class ModelConfig:
     max_queue: int = 0  # requests waiting for a run at most (0: no bound); more are refused (HTTP 503)
     instances: int = 1
     gpus: list = field(default_factory=lambda: [0])  # device cuda: the GPUs the model runs on
+    batch_sizes: list | None = None  # device cuda: the batch sizes planned (None: planned_batch_sizes)
     engine_flags: list = field(default_factory=list)
 
 
@@ -174,20 +176,43 @@ def padded_rows(rows: int, batch_sizes: list[int]) -> int:
     return next((b for b in sorted(batch_sizes) if b >= rows), rows)
 
 
-# The input shapes a GPU context keeps a plan and a CUDA graph of (CudaContext::kMaxGraphs): a ninth
-# evicts the oldest, after waiting for the device.
-_SHAPES_A_CONTEXT_KEEPS = 8
+# The input shapes a GPU context keeps a plan and a CUDA graph of (CudaContext::kMaxGraphs): one
+# more evicts the oldest, after waiting for the device.
+_SHAPES_A_CONTEXT_KEEPS = 16
 
 
 def planned_batch_sizes(max_batch: int) -> list[int]:
-    """The batch sizes a GPU model is planned and run at: powers of two below max_batch, and
-    max_batch; the largest eight of them, so that a context never evicts one (past 128 rows the
-    smallest batches pad to the smallest size kept)."""
+    """The batch sizes a GPU model is planned at and its batches padded to: powers of two below
+    max_batch; between the largest of them (P) and max_batch, steps of a quarter of the distance,
+    rounded up to a multiple of 8; and max_batch (serve::planned_batch_sizes, the same rule). A
+    batch in the top octave, where a loaded server's batches are, pads by at most a quarter of P.
+    The largest sixteen, so that a context never evicts one."""
+    max_batch = max(max_batch, 1)
     sizes, b = [], 1
     while b < max_batch:
         sizes.append(b)
         b *= 2
+    if sizes:
+        top = sizes[-1]
+        step = ((max_batch - top + 3) // 4 + 7) // 8 * 8
+        sizes += range(top + step, max_batch, step)
     return (sizes + [max_batch])[-_SHAPES_A_CONTEXT_KEEPS:]
+
+
+def batch_size_list(value, max_batch: int) -> list[int] | None:
+    """Batch sizes as `--batch-sizes 1,8,64` or config.json's "batch_sizes": [1, 8, 64] give them,
+    sorted, with max_batch added; None when they are not distinct integers from 1 to max_batch, or
+    more than a GPU context keeps."""
+    if isinstance(value, str):
+        try:
+            value = [int(v) for v in value.split(",")]
+        except ValueError:
+            return None
+    if (not isinstance(value, list) or not value or len(set(value)) != len(value)
+            or any(not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= max_batch for v in value)):
+        return None
+    sizes = sorted(set(value) | {max_batch})
+    return sizes if len(sizes) <= _SHAPES_A_CONTEXT_KEEPS else None
 
 
 class _Run:
@@ -484,7 +509,8 @@ def _kiln_model_class():
             self._run = Runners(runs)
             self._max_batch = max_batch
             # GPU: the batch sizes every context plans now (the first run at a shape plans it).
-            self._batch_sizes = planned_batch_sizes(max_batch) if on_gpu and batchable else []
+            self._batch_sizes = ((self.config.batch_sizes or planned_batch_sizes(max_batch)) if on_gpu and batchable
+                                 else [])
             if not self.counted_by_front:
                 self._series = _Series(self.name, [device for device, _ in engines])  # each at zero from the start
             # The warm-up: every run at every planned batch size (or at one row / the declared shape).
@@ -616,7 +642,8 @@ def _kiln_model_class():
 
 
 _CONFIG_FIELDS = {"device": ("cpu", "cuda"), "precision": ("fp32", "fp16", "tf32", "best", "int8", "fp8", "bf16"),
-                  "max_batch": 1, "max_queue_delay_us": 0, "max_queue": 0, "instances": 1, "gpus": list}
+                  "max_batch": 1, "max_queue_delay_us": 0, "max_queue": 0, "instances": 1, "gpus": list,
+                  "batch_sizes": "batch sizes"}
 
 
 def gpu_list(value) -> list[int] | None:
@@ -653,12 +680,20 @@ def _read_config(path: str, config: ModelConfig) -> None:
         if allowed is list:
             if gpu_list(value) is None:
                 fail(f"'{key}' must be a list of distinct GPU numbers (0 or more), not {value!r}")
+        elif allowed == "batch sizes":
+            pass  # checked below, against the model's max_batch
         elif isinstance(allowed, tuple):
             if value not in allowed:
                 fail(f"'{key}' must be one of {list(allowed)}, not {value!r}")
         elif not isinstance(value, int) or isinstance(value, bool) or value < allowed:
             fail(f"'{key}' must be an integer of at least {allowed}, not {value!r}")
         setattr(config, key, value)
+    if config.batch_sizes is not None:
+        sizes = batch_size_list(config.batch_sizes, config.max_batch)
+        if sizes is None:
+            fail(f"'batch_sizes' must be a list of distinct integers from 1 to max_batch ({config.max_batch}), at most "
+                 f"{_SHAPES_A_CONTEXT_KEEPS} with max_batch, not {config.batch_sizes!r}")
+        config.batch_sizes = sizes
 
 
 class _JsonUnlessBinary:
@@ -1071,6 +1106,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instances", type=int, default=1, help="engine runs at once (GPU: contexts on each GPU)")
     p.add_argument("--gpus", help="with --device cuda: the GPUs to run on, e.g. 0,1 (default 0); each gets the engine "
                                   "and --instances contexts")
+    p.add_argument("--batch-sizes",
+                   help="with --device cuda: the batch sizes each context plans at start and pads a batch to, e.g. "
+                        "1,8,32,128 (--max-batch is always one; at most 16); default: powers of two below --max-batch, "
+                        "steps of a quarter of the top octave (64,80,96,112,128 for --max-batch 128), and --max-batch")
     p.add_argument("--max-request-mb", type=float, default=256, help="the largest request's inputs")
     p.add_argument("--pinned-memory-mb", type=float, default=1024,
                    help="native gRPC front, GPU models: page-locked buffers that inputs in a request's message are "
@@ -1101,6 +1140,14 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--gpus is for --device cuda")
         if args.ray:
             p.error("--gpus is not for --ray: Ray places the replicas, one GPU each")
+    batch_sizes = None
+    if args.batch_sizes is not None:
+        if args.device != "cuda":
+            p.error("--batch-sizes is for --device cuda (the CPU engine runs each batch as it comes)")
+        batch_sizes = batch_size_list(args.batch_sizes, args.max_batch)
+        if batch_sizes is None:
+            p.error(f"--batch-sizes {args.batch_sizes}: give distinct integers from 1 to --max-batch ({args.max_batch}), "
+                    f"at most {_SHAPES_A_CONTEXT_KEEPS} with --max-batch")
     from kiln import _kiln
 
     has_native_grpc = getattr(_kiln, "has_native_grpc", False)
@@ -1123,7 +1170,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kiln serve %(levelname)s %(message)s")
     defaults = ModelConfig(device=args.device, precision=args.precision or "fp32", max_batch=args.max_batch,
                            max_queue_delay_us=args.max_queue_delay_us, max_queue=args.max_queue, instances=args.instances,
-                           gpus=gpus)
+                           gpus=gpus, batch_sizes=batch_sizes)
     if os.path.isdir(args.model):
         entries = repository_models(args.model, defaults)
     elif os.path.isfile(args.model):

@@ -17,10 +17,16 @@ int64_t padded_rows(int64_t rows, const std::vector<int64_t>& batch_sizes) {
 }
 
 std::vector<int64_t> planned_batch_sizes(int64_t max_batch) {
-  constexpr size_t kShapesAContextKeeps = 8;  // CudaContext's graphs per context
+  constexpr size_t kShapesAContextKeeps = 16;  // CudaContext::kMaxGraphs
+  max_batch = std::max<int64_t>(max_batch, 1);
   std::vector<int64_t> sizes;
-  for (int64_t b = 1; b < max_batch; b *= 2) sizes.push_back(b);
-  sizes.push_back(std::max<int64_t>(max_batch, 1));
+  int64_t top = 0;  // the largest power of two below max_batch
+  for (int64_t b = 1; b < max_batch; b *= 2) sizes.push_back(top = b);
+  if (top > 0) {
+    const int64_t step = ((max_batch - top + 3) / 4 + 7) / 8 * 8;
+    for (int64_t b = top + step; b < max_batch; b += step) sizes.push_back(b);
+  }
+  sizes.push_back(max_batch);
   if (sizes.size() > kShapesAContextKeeps) sizes.erase(sizes.begin(), sizes.end() - kShapesAContextKeeps);
   return sizes;
 }

@@ -123,8 +123,11 @@ class Batcher {
 Tensors joined(const std::map<std::string, std::vector<Tensor>>& pieces, int64_t zero_rows);
 // The smallest of `batch_sizes` that holds `rows` (rows itself when none does).
 int64_t padded_rows(int64_t rows, const std::vector<int64_t>& batch_sizes);
-// Powers of two below max_batch, and max_batch; the largest eight (a GPU context keeps eight
-// shapes' plans and graphs).
+// The batch sizes a GPU model is planned at and its batches padded to: powers of two below
+// max_batch; between the largest of them (P) and max_batch, steps of a quarter of the distance,
+// rounded up to a multiple of 8; and max_batch. A batch of the top octave, where a loaded server's
+// batches are, so pads by at most a quarter of P rather than up to all of it (76 rows ran as
+// 128). The largest sixteen (a GPU context keeps sixteen shapes' plans and graphs).
 std::vector<int64_t> planned_batch_sizes(int64_t max_batch);
 
 }  // namespace kiln::serve

@@ -362,6 +362,11 @@ def test_bad_models_and_repositories_are_refused_with_one_line(kiln_bin, tmp_pat
     assert "--gpus is not for --ray" in _refused(kiln_bin, [CLASSIFIER, "--ray", "--device", "cuda", "--gpus", "0"])
     repo = _repository(tmp_path / "bad_gpus", {"gpus": [0, -1]})
     assert "'gpus' must be a list of distinct GPU numbers" in _refused(kiln_bin, [str(repo)])
+    assert "--batch-sizes is for --device cuda" in _refused(kiln_bin, [CLASSIFIER, "--batch-sizes", "1,4"])
+    assert "--batch-sizes 1,16: give distinct integers from 1 to --max-batch (8)" in _refused(
+        kiln_bin, [CLASSIFIER, "--device", "cuda", "--max-batch", "8", "--batch-sizes", "1,16"])
+    repo = _repository(tmp_path / "bad_batch_sizes", {"batch_sizes": [0, 2]})
+    assert "'batch_sizes' must be a list of distinct integers from 1 to max_batch (4)" in _refused(kiln_bin, [str(repo)])
 
 
 def test_ray_serve_replicas_answer_as_the_engine_does(kiln_bin, tmp_path, reference):
@@ -398,10 +403,23 @@ def test_planned_batch_sizes_and_padding():
     assert sizes == [1, 2, 4, 8, 12]
     assert [padded_rows(r, sizes) for r in (1, 2, 3, 5, 9, 12)] == [1, 2, 4, 8, 12, 12]
     assert padded_rows(7, []) == 7  # the CPU engine runs any row count as it comes
-    # A GPU context keeps eight shapes' graphs: past 128 rows the smallest sizes go.
-    assert planned_batch_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 128]
-    assert planned_batch_sizes(300) == [4, 8, 16, 32, 64, 128, 256, 300]
-    assert padded_rows(1, planned_batch_sizes(300)) == 4
+    # The top octave in quarters (multiples of 8): a loaded server's 76-row batch runs as 80 rows.
+    assert planned_batch_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 80, 96, 112, 128]
+    assert padded_rows(76, planned_batch_sizes(128)) == 80
+    assert planned_batch_sizes(300) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 272, 288, 300]
+    # A GPU context keeps sixteen shapes' graphs: past that the smallest sizes go.
+    large = planned_batch_sizes(1 << 20)
+    assert len(large) == 16 and large[0] == 1 << 8 and large[-1] == 1 << 20
+
+
+def test_batch_sizes_given_are_checked_and_hold_max_batch():
+    from kiln.serve import batch_size_list
+
+    assert batch_size_list("1,8,32", 128) == [1, 8, 32, 128]
+    assert batch_size_list([64, 16, 128], 128) == [16, 64, 128]
+    for bad in ("1,1", "0,8", "8,129", "x", "", [], [1.5], [True], list(range(1, 17))):
+        assert batch_size_list(bad, 128) is None, bad
+    assert batch_size_list(list(range(1, 16)), 128) == list(range(1, 16)) + [128]
 
 
 def test_a_padded_batch_gives_each_request_its_own_rows():

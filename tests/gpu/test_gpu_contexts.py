@@ -93,6 +93,27 @@ def test_contexts_at_different_shapes_on_threads(resnet18_64):
     assert not errors, errors[:5]
 
 
+def test_a_context_past_its_shapes_plans_again_and_stays_exact(resnet18_64):
+    """A context keeps the plans and CUDA graphs of 16 shapes (CudaContext::kMaxGraphs, what kiln
+    serve's planned batch sizes count on); runs at 18 shapes evict the least recently used, and a
+    shape evicted and met again is planned again: every result equals another context's at that
+    shape, bit for bit."""
+    path, spec = resnet18_64
+    engine = kiln.Builder(precision="fp16", device="cuda",
+                          profiles=[{"input": ([1, 3, 64, 64], [8, 3, 64, 64], [20, 3, 64, 64])}]).build(path)
+    batches = list(range(1, 19)) + [1, 2, 18, 3]  # 1 and 2 were evicted by 17 and 18; 18 was not
+    inputs = {b: spec.make_inputs(b, 500 + b)[0] for b in set(batches)}
+    context, other = engine.create_context(), engine.create_context()
+    errors = []
+    for i, b in enumerate(batches):
+        for _ in range(2):  # the first run at a shape runs eagerly, the second its graph
+            got = context.run({"input": inputs[b]})["output"].copy()
+            error = mismatch(got, other.run({"input": inputs[b]})["output"])
+            if error:
+                errors.append(f"run {i}, batch {b}: {error}")
+    assert not errors, errors
+
+
 @pytest.mark.parametrize("use_cuda_graph", [True, False])
 def test_one_context_beside_another_stream_stays_exact(resnet18_64, use_cuda_graph):
     """One context while PyTorch keeps the GPU busy on a stream of its own with small matrix

@@ -233,7 +233,19 @@ TEST(ServeBatcher, AQueueDelayGathersRequestsThatArriveWithinIt) {
 TEST(ServeBatcher, PlannedBatchSizesAndPadding) {
   EXPECT_EQ(planned_batch_sizes(1), std::vector<int64_t>{1});
   EXPECT_EQ(planned_batch_sizes(6), (std::vector<int64_t>{1, 2, 4, 6}));
-  EXPECT_EQ(planned_batch_sizes(1000), (std::vector<int64_t>{8, 16, 32, 64, 128, 256, 512, 1000}));
+  EXPECT_EQ(planned_batch_sizes(8), (std::vector<int64_t>{1, 2, 4, 8}));
+  EXPECT_EQ(planned_batch_sizes(32), (std::vector<int64_t>{1, 2, 4, 8, 16, 24, 32}));
+  // The top octave in quarters: 76 rows pad to 80, not 128.
+  EXPECT_EQ(planned_batch_sizes(128), (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 80, 96, 112, 128}));
+  EXPECT_EQ(padded_rows(76, planned_batch_sizes(128)), 80);
+  EXPECT_EQ(planned_batch_sizes(100), (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 80, 96, 100}));
+  EXPECT_EQ(planned_batch_sizes(1000),
+            (std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 640, 768, 896, 1000}));
+  // A context keeps sixteen shapes: past that the smallest go.
+  const std::vector<int64_t> large = planned_batch_sizes(1 << 20);
+  EXPECT_EQ(large.size(), 16u);
+  EXPECT_EQ(large.front(), 1 << 8);
+  EXPECT_EQ(large.back(), 1 << 20);
   EXPECT_EQ(padded_rows(3, {1, 2, 4, 6}), 4);
   EXPECT_EQ(padded_rows(7, {1, 2, 4, 6}), 7);
   EXPECT_EQ(padded_rows(5, {}), 5);

@@ -371,8 +371,10 @@ class CudaContext {
   std::vector<LayerTime> profile_in_graph(cudaStream_t stream, int launches);
 
   // Plans bound per context (one per input shape; least recently used first out), and CUDA
-  // graphs per plan (one per set of input and output addresses and stream).
-  static constexpr size_t kMaxGraphs = 8;
+  // graphs per plan (one per set of input and output addresses and stream). A bound plan costs
+  // host memory and its graphs, no device memory of its own (the arena and workspace are the
+  // context's); sixteen hold a server's planned batch sizes up to 2,048 rows (serve/batcher.h).
+  static constexpr size_t kMaxGraphs = 16;
   static constexpr size_t kGraphsPerShape = 4;
   static constexpr size_t kRecentAddressSets = 8;
 
