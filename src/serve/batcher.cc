@@ -77,6 +77,12 @@ Batcher::Batcher(std::vector<Runner> runners, BatchingOptions options)
   if (runners_.empty()) throw Error(ErrorKind::kInvalidArgument, "a batcher needs at least one engine run");
   options_.max_batch = std::max<int64_t>(options_.max_batch, 1);
   for (const Runner& runner : runners_) stats_.runs_by_device[runner.device] = 0;  // each device's series from the start
+  answerers_.reserve(runners_.size());
+  for (size_t i = 0; i < runners_.size(); ++i) {
+    answerers_.push_back(std::make_unique<Answerer>());
+    Answerer& answerer = *answerers_.back();
+    answerer.thread = std::thread([&answerer] { answer_loop(answerer); });
+  }
   threads_.reserve(runners_.size());
   for (size_t i = 0; i < runners_.size(); ++i) threads_.emplace_back([this, i] { run_loop(i); });
 }
@@ -88,6 +94,15 @@ Batcher::~Batcher() {
   }
   queued_.notify_all();
   for (std::thread& t : threads_) t.join();
+  // Every batch has run: its answers go out, then the answering threads end.
+  for (auto& answerer : answerers_) {
+    {
+      std::lock_guard<std::mutex> lock(answerer->mutex);
+      answerer->stopping = true;
+    }
+    answerer->ready.notify_one();
+    answerer->thread.join();
+  }
 }
 
 std::string Batcher::submit(Tensors inputs, int64_t rows, Done done) {
@@ -156,11 +171,12 @@ void Batcher::run_loop(size_t runner) {
       gathering_ = false;
     }
     queued_.notify_all();  // another run may gather the next batch now
-    run_batch(runners_[runner], batch);
+    run_batch(runner, batch);
   }
 }
 
-void Batcher::run_batch(Runner& runner, std::vector<Pending>& batch) {
+void Batcher::run_batch(size_t runner_index, std::vector<Pending>& batch) {
+  Runner& runner = runners_[runner_index];
   const auto start = std::chrono::steady_clock::now();
   int64_t rows = 0;
   for (const Pending& p : batch) rows += p.rows;
@@ -168,13 +184,11 @@ void Batcher::run_batch(Runner& runner, std::vector<Pending>& batch) {
   std::map<std::string, std::vector<Tensor>> pieces;
   for (const Pending& p : batch)
     for (const auto& [name, tensor] : p.inputs) pieces[name].push_back(tensor);
-  Tensors outputs;
-  BatchResult result;
+  Finished finished;
   try {
-    outputs = runner.run(pieces, padded - rows);
-    result.outputs = &outputs;
+    finished.outputs = runner.run(pieces, padded - rows);
   } catch (const std::exception& e) {
-    result.error = e.what();
+    finished.error = e.what();
   }
   const auto ran = std::chrono::steady_clock::now();
   {
@@ -183,19 +197,43 @@ void Batcher::run_batch(Runner& runner, std::vector<Pending>& batch) {
     stats_.rows += static_cast<uint64_t>(rows);
     stats_.batch_rows.add(static_cast<double>(rows));
     stats_.requests += batch.size();
-    stats_.failed_runs += result.error.empty() ? 0 : 1;
+    stats_.failed_runs += finished.error.empty() ? 0 : 1;
     stats_.compute_seconds.add(std::chrono::duration<double>(ran - start).count());
     for (const Pending& p : batch) stats_.queue_seconds.add(std::chrono::duration<double>(start - p.queued).count());
     stats_.runs_by_device[runner.device] += 1;
   }
-  for (Pending& p : batch) {
-    result.rows = p.rows;
-    try {
-      p.done(result);
-    } catch (...) {
-      // A callback answers its own request; one that fails must not cost the others theirs.
+  finished.batch = std::move(batch);
+  for (Pending& p : finished.batch) p.inputs.clear();  // (page-locked buffers go back to their pool now)
+  Answerer& answerer = *answerers_[runner_index];
+  {
+    std::lock_guard<std::mutex> lock(answerer.mutex);
+    answerer.finished.push_back(std::move(finished));
+  }
+  answerer.ready.notify_one();
+}
+
+void Batcher::answer_loop(Answerer& answerer) {
+  for (;;) {
+    Finished finished;
+    {
+      std::unique_lock<std::mutex> lock(answerer.mutex);
+      answerer.ready.wait(lock, [&] { return answerer.stopping || !answerer.finished.empty(); });
+      if (answerer.finished.empty()) return;  // stopping, and every batch is answered
+      finished = std::move(answerer.finished.front());
+      answerer.finished.pop_front();
     }
-    result.first_row += p.rows;
+    BatchResult result;
+    result.error = finished.error;
+    if (result.error.empty()) result.outputs = &finished.outputs;
+    for (Pending& p : finished.batch) {
+      result.rows = p.rows;
+      try {
+        p.done(result);
+      } catch (...) {
+        // A callback answers its own request; one that fails must not cost the others theirs.
+      }
+      result.first_row += p.rows;
+    }
   }
 }
 

@@ -4,6 +4,11 @@
 // max_queue_delay. The batch is padded to the smallest planned batch size that holds it (a GPU
 // context keeps a plan and a CUDA graph per shape), run, and every request gets its rows of the
 // outputs. The same policy as kiln serve's Python batcher (python/kiln/serve.py, Batcher).
+//
+// Each run has a thread that runs its batches and one that answers them: a batch's requests are
+// answered (their callbacks write each one's outputs into its message and hand it to gRPC, tens of
+// microseconds each) while the run takes its next batch, rather than a run waiting a millisecond
+// or more between batches of a hundred one-image requests.
 #pragma once
 
 #include <chrono>
@@ -89,8 +94,8 @@ class Batcher {
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // Queues a request of `rows` rows (its inputs' first dimension). `done` runs once, on a run's
-  // thread, when the request's batch has run or failed. A request the batcher does not take
+  // Queues a request of `rows` rows (its inputs' first dimension). `done` runs once, on the
+  // answering thread of the run that took it, when the request's batch has run or failed. A request the batcher does not take
   // (max_queue requests already wait, or it is shutting down) is not queued and `done` is not
   // called: the returned reason says why ("" when it is queued).
   [[nodiscard]] std::string submit(Tensors inputs, int64_t rows, Done done);
@@ -103,11 +108,27 @@ class Batcher {
     Done done;
     std::chrono::steady_clock::time_point queued;
   };
+  // A batch that has run (or failed), waiting for its requests to be answered.
+  struct Finished {
+    std::vector<Pending> batch;
+    Tensors outputs;
+    std::string error;
+  };
+  // One run's answering thread and the batches it has yet to answer, in the order they ran.
+  struct Answerer {
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<Finished> finished;
+    bool stopping = false;  // set once the run's thread has ended: answer what is left, then end
+    std::thread thread;
+  };
   void run_loop(size_t runner);
   std::vector<Pending> take_batch(std::unique_lock<std::mutex>& lock);
-  void run_batch(Runner& runner, std::vector<Pending>& batch);
+  void run_batch(size_t runner, std::vector<Pending>& batch);
+  static void answer_loop(Answerer& answerer);
 
   std::vector<Runner> runners_;
+  std::vector<std::unique_ptr<Answerer>> answerers_;  // one per run
   BatchingOptions options_;
   mutable std::mutex mutex_;
   std::condition_variable queued_;

@@ -230,6 +230,27 @@ TEST(ServeBatcher, AQueueDelayGathersRequestsThatArriveWithinIt) {
   EXPECT_EQ(run.batch_rows, std::vector<int64_t>{4});
 }
 
+// A run does not wait for its last batch's answers: while the first request's callback is still
+// answering (here: until the second batch has run, at most 10 s), the run takes and runs the next.
+TEST(ServeBatcher, ARunTakesItsNextBatchWhileTheLastIsAnswered) {
+  RecordingRun run;
+  Batcher batcher({run.runner()}, BatchingOptions{4, std::chrono::microseconds(0), {}});
+  std::promise<bool> saw_second_run;
+  const std::string refused = batcher.submit(rows_of_value(1, 3, 1.0f), 1, [&](const BatchResult& r) {
+    ASSERT_TRUE(r.error.empty());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (run.started.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    saw_second_run.set_value(run.started.load() >= 2);
+  });
+  ASSERT_TRUE(refused.empty());
+  while (run.started.load() == 0) std::this_thread::yield();
+  std::future<Answer> second = submit(batcher, 2, 5.0f);
+  EXPECT_TRUE(saw_second_run.get_future().get());
+  const Answer a = second.get();
+  ASSERT_TRUE(a.error.empty()) << a.error;
+  EXPECT_EQ(a.values, (std::vector<float>{10.0f, 10.0f}));
+}
+
 TEST(ServeBatcher, PlannedBatchSizesAndPadding) {
   EXPECT_EQ(planned_batch_sizes(1), std::vector<int64_t>{1});
   EXPECT_EQ(planned_batch_sizes(6), (std::vector<int64_t>{1, 2, 4, 6}));
