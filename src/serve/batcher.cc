@@ -203,6 +203,11 @@ void Batcher::run_batch(size_t runner_index, std::vector<Pending>& batch) {
     stats_.runs_by_device[runner.device] += 1;
   }
   finished.batch = std::move(batch);
+  // One request is answered here: handing it over would only add a thread's wake-up to its latency.
+  if (finished.batch.size() == 1) {
+    answer(finished);
+    return;
+  }
   for (Pending& p : finished.batch) p.inputs.clear();  // (page-locked buffers go back to their pool now)
   Answerer& answerer = *answerers_[runner_index];
   {
@@ -210,6 +215,21 @@ void Batcher::run_batch(size_t runner_index, std::vector<Pending>& batch) {
     answerer.finished.push_back(std::move(finished));
   }
   answerer.ready.notify_one();
+}
+
+void Batcher::answer(Finished& finished) {
+  BatchResult result;
+  result.error = finished.error;
+  if (result.error.empty()) result.outputs = &finished.outputs;
+  for (Pending& p : finished.batch) {
+    result.rows = p.rows;
+    try {
+      p.done(result);
+    } catch (...) {
+      // A callback answers its own request; one that fails must not cost the others theirs.
+    }
+    result.first_row += p.rows;
+  }
 }
 
 void Batcher::answer_loop(Answerer& answerer) {
@@ -222,18 +242,7 @@ void Batcher::answer_loop(Answerer& answerer) {
       finished = std::move(answerer.finished.front());
       answerer.finished.pop_front();
     }
-    BatchResult result;
-    result.error = finished.error;
-    if (result.error.empty()) result.outputs = &finished.outputs;
-    for (Pending& p : finished.batch) {
-      result.rows = p.rows;
-      try {
-        p.done(result);
-      } catch (...) {
-        // A callback answers its own request; one that fails must not cost the others theirs.
-      }
-      result.first_row += p.rows;
-    }
+    answer(finished);
   }
 }
 

@@ -8,7 +8,8 @@
 // Each run has a thread that runs its batches and one that answers them: a batch's requests are
 // answered (their callbacks write each one's outputs into its message and hand it to gRPC, tens of
 // microseconds each) while the run takes its next batch, rather than a run waiting a millisecond
-// or more between batches of a hundred one-image requests.
+// or more between batches of a hundred one-image requests. A batch of one request is answered on
+// the run's own thread, which has nothing to wait for then, and the answer no wake-up.
 #pragma once
 
 #include <chrono>
@@ -94,8 +95,9 @@ class Batcher {
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // Queues a request of `rows` rows (its inputs' first dimension). `done` runs once, on the
-  // answering thread of the run that took it, when the request's batch has run or failed. A request the batcher does not take
+  // Queues a request of `rows` rows (its inputs' first dimension). `done` runs once, when the
+  // request's batch has run or failed: on the answering thread of the run that took it, or on the
+  // run's thread when the batch is this one request. A request the batcher does not take
   // (max_queue requests already wait, or it is shutting down) is not queued and `done` is not
   // called: the returned reason says why ("" when it is queued).
   [[nodiscard]] std::string submit(Tensors inputs, int64_t rows, Done done);
@@ -125,6 +127,7 @@ class Batcher {
   void run_loop(size_t runner);
   std::vector<Pending> take_batch(std::unique_lock<std::mutex>& lock);
   void run_batch(size_t runner, std::vector<Pending>& batch);
+  static void answer(Finished& finished);  // each request's callback, in the batch's order
   static void answer_loop(Answerer& answerer);
 
   std::vector<Runner> runners_;

@@ -11,6 +11,7 @@
 #include <future>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 
 namespace kiln::serve {
 namespace {
@@ -230,25 +231,47 @@ TEST(ServeBatcher, AQueueDelayGathersRequestsThatArriveWithinIt) {
   EXPECT_EQ(run.batch_rows, std::vector<int64_t>{4});
 }
 
-// A run does not wait for its last batch's answers: while the first request's callback is still
-// answering (here: until the second batch has run, at most 10 s), the run takes and runs the next.
+// A run does not wait for its last batch's answers: while the callback of a request of a batch of
+// two is still answering (here: until a third batch has run, at most 10 s), the run takes and runs
+// the next batch. A batch of one request is answered on the run's own thread, the others beside it.
 TEST(ServeBatcher, ARunTakesItsNextBatchWhileTheLastIsAnswered) {
   RecordingRun run;
-  Batcher batcher({run.runner()}, BatchingOptions{4, std::chrono::microseconds(0), {}});
-  std::promise<bool> saw_second_run;
-  const std::string refused = batcher.submit(rows_of_value(1, 3, 1.0f), 1, [&](const BatchResult& r) {
-    ASSERT_TRUE(r.error.empty());
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (run.started.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-    saw_second_run.set_value(run.started.load() >= 2);
-  });
-  ASSERT_TRUE(refused.empty());
-  while (run.started.load() == 0) std::this_thread::yield();
-  std::future<Answer> second = submit(batcher, 2, 5.0f);
-  EXPECT_TRUE(saw_second_run.get_future().get());
-  const Answer a = second.get();
-  ASSERT_TRUE(a.error.empty()) << a.error;
-  EXPECT_EQ(a.values, (std::vector<float>{10.0f, 10.0f}));
+  run.held = true;
+  std::atomic<std::thread::id> run_thread{};
+  Runner recording = run.runner();
+  Runner runner{recording.device, [&](const std::map<std::string, std::vector<Tensor>>& pieces, int64_t zero_rows) {
+                  run_thread = std::this_thread::get_id();
+                  return recording.run(pieces, zero_rows);
+                }};
+  Batcher batcher({runner}, BatchingOptions{4, std::chrono::microseconds(0), {}});
+  std::promise<bool> alone_on_run_thread;
+  ASSERT_TRUE(batcher
+                  .submit(rows_of_value(1, 3, 1.0f), 1,
+                          [&](const BatchResult&) { alone_on_run_thread.set_value(std::this_thread::get_id() == run_thread); })
+                  .empty());
+  while (run.started.load() == 0) std::this_thread::yield();  // held: the next two queue, one batch
+  std::promise<bool> saw_third_run, beside_run_thread;
+  ASSERT_TRUE(batcher
+                  .submit(rows_of_value(1, 3, 2.0f), 1,
+                          [&](const BatchResult& r) {
+                            beside_run_thread.set_value(std::this_thread::get_id() != run_thread);
+                            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+                            while (run.started.load() < 3 && std::chrono::steady_clock::now() < deadline)
+                              std::this_thread::yield();
+                            saw_third_run.set_value(r.error.empty() && run.started.load() >= 3);
+                          })
+                  .empty());
+  std::future<Answer> second = submit(batcher, 1, 3.0f);
+  run.release();
+  EXPECT_TRUE(alone_on_run_thread.get_future().get());
+  while (run.started.load() < 2) std::this_thread::yield();
+  std::future<Answer> third = submit(batcher, 2, 5.0f);
+  EXPECT_TRUE(beside_run_thread.get_future().get());
+  EXPECT_TRUE(saw_third_run.get_future().get());
+  EXPECT_EQ(second.get().values, (std::vector<float>{6.0f}));
+  EXPECT_EQ(third.get().values, (std::vector<float>{10.0f, 10.0f}));
+  std::lock_guard<std::mutex> lock(run.mutex);
+  EXPECT_EQ(run.batch_rows, (std::vector<int64_t>{1, 2, 2}));
 }
 
 TEST(ServeBatcher, PlannedBatchSizesAndPadding) {
