@@ -199,17 +199,27 @@ def planned_batch_sizes(max_batch: int) -> list[int]:
     return (sizes + [max_batch])[-_SHAPES_A_CONTEXT_KEEPS:]
 
 
-def batch_size_list(value, max_batch: int) -> list[int] | None:
-    """Batch sizes as `--batch-sizes 1,8,64` or config.json's "batch_sizes": [1, 8, 64] give them,
-    sorted, with max_batch added; None when they are not distinct integers from 1 to max_batch, or
-    more than a GPU context keeps."""
+def distinct_integers(value, low: int, high: int | None = None) -> list[int] | None:
+    """Integers as a flag gives them ("0,1") or a config.json list does ([0, 1]); None unless they
+    are distinct integers from low to high (no upper bound when high is None), at least one."""
     if isinstance(value, str):
         try:
             value = [int(v) for v in value.split(",")]
         except ValueError:
             return None
     if (not isinstance(value, list) or not value or len(set(value)) != len(value)
-            or any(not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= max_batch for v in value)):
+            or any(not isinstance(v, int) or isinstance(v, bool) or v < low or (high is not None and v > high)
+                   for v in value)):
+        return None
+    return value
+
+
+def batch_size_list(value, max_batch: int) -> list[int] | None:
+    """Batch sizes as `--batch-sizes 1,8,64` or config.json's "batch_sizes": [1, 8, 64] give them,
+    sorted, with max_batch added; None when they are not distinct integers from 1 to max_batch, or
+    more than a GPU context keeps."""
+    value = distinct_integers(value, 1, max_batch)
+    if value is None:
         return None
     sizes = sorted(set(value) | {max_batch})
     return sizes if len(sizes) <= _SHAPES_A_CONTEXT_KEEPS else None
@@ -649,15 +659,7 @@ _CONFIG_FIELDS = {"device": ("cpu", "cuda"), "precision": ("fp32", "fp16", "tf32
 def gpu_list(value) -> list[int] | None:
     """GPU numbers as `--gpus 0,1` or config.json's "gpus": [0, 1] give them; None when they are not
     distinct non-negative integers."""
-    if isinstance(value, str):
-        try:
-            value = [int(v) for v in value.split(",")]
-        except ValueError:
-            return None
-    if (not isinstance(value, list) or not value or len(set(value)) != len(value)
-            or any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in value)):
-        return None
-    return value
+    return distinct_integers(value, 0)
 
 
 def _read_config(path: str, config: ModelConfig) -> None:
