@@ -8,6 +8,7 @@
 #include "cpu/data_movement.h"
 #include "cpu/kernel.h"
 #include "cpu/wrapping.h"
+#include "ops/non_zero.h"
 
 namespace kiln::cpu {
 
@@ -203,18 +204,19 @@ KILN_REGISTER_CPU_KERNELS(topk) {
     e.create = [](const KernelInit&) {
       return make_kernel([](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         const Tensor& x = *in[0];
-        int64_t n = out[0].rank() == 2 ? out[0].dim(1) : 0, j = 0;
+        const int64_t n = out[0].rank() == 2 ? out[0].dim(1) : 0;
         int64_t* y = out[0].data<int64_t>();
-        std::vector<int64_t> strides = contiguous_strides(x.shape());
-        for (int64_t i = 0; i < x.numel() && j < n; ++i) {
-          if (x.value_as_double(i) == 0.0) continue;
+        const std::vector<int64_t> strides = contiguous_strides(x.shape());
+        int64_t j = 0;
+        ir::for_each_nonzero(x, [&](int64_t i) {
+          if (j == n) return false;
           int64_t rem = i;
           for (size_t d = 0; d < strides.size(); ++d) {
             y[static_cast<int64_t>(d) * n + j] = rem / strides[d];
             rem %= strides[d];
           }
-          ++j;
-        }
+          return ++j < n;
+        });
       });
     };
     registry.add(std::move(e));

@@ -1,5 +1,6 @@
 // Schemas of TopK and of small ops without a family: Trilu, CumSum, CumProd, OneHot, NonZero.
 // NonZero's length depends on the data: unknown at build time, computed at run time.
+#include "ops/non_zero.h"
 #include "ops/shape_dims.h"
 
 namespace kiln::ir {
@@ -71,19 +72,7 @@ void infer_one_hot(InferContext& ctx) {
 void infer_non_zero(InferContext& ctx) {
   Dim rank = ctx.shape_known(0) ? Dim(static_cast<int64_t>(ctx.shape(0).size())) : Dim::unknown();
   Dim count = Dim::unknown();
-  if (const Tensor* t = ctx.value(0)) {
-    int64_t n = 0;
-    size_t es = element_size(t->dtype());
-    const auto* p = static_cast<const unsigned char*>(t->raw());
-    for (int64_t i = 0; i < t->numel(); ++i) {
-      // Nonzero bytes = nonzero value, except -0.0, whose sign bit is set.
-      bool nz = false;
-      for (size_t b = 0; b < es; ++b) nz = nz || p[static_cast<size_t>(i) * es + b];
-      if (nz && is_float(t->dtype())) nz = t->value_as_double(i) != 0.0 || t->value_as_double(i) != t->value_as_double(i);
-      n += nz;
-    }
-    count = Dim(n);
-  }
+  if (const Tensor* t = ctx.value(0)) count = Dim(count_nonzero(*t));
   ctx.set_output(0, DType::kInt64, Dims{rank, count});
 }
 

@@ -3,11 +3,13 @@
 // errors that name the node.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
 #include "cpu/engine.h"
 #include "ir/op_schema.h"
+#include "ops/non_zero.h"
 #include "ops/slice_params.h"
 
 namespace kiln {
@@ -555,6 +557,63 @@ TEST(ShapeOps, TopKNonZeroCumSumTrilu) {
   EXPECT_EQ(values<int32_t>(c), (std::vector<int32_t>{9, 7, 4, 0}));
   Tensor t = run_one("Trilu", iota_float({2, 3}), {Tensor::scalar<int64_t>(1)}, attrs({{"upper", int64_t{0}}}));
   EXPECT_EQ(values<float>(t), (std::vector<float>{0, 1, 0, 3, 4, 5}));
+}
+
+// NonZero's test in each dtype's own type (ops/non_zero.h) against the value each element holds:
+// random bytes, half the elements zero, -0.0 and NaN among the floats' (so zero is tested by value,
+// not by bytes); then the op itself on a float32 tensor of three dimensions.
+TEST(ShapeOps, NonZeroOfEveryDtypeFollowsTheValues) {
+  std::mt19937 rng(7);
+  for (DType dtype : {DType::kBool, DType::kUInt8, DType::kInt8, DType::kUInt16, DType::kInt16, DType::kUInt32,
+                      DType::kInt32, DType::kUInt64, DType::kInt64, DType::kFloat16, DType::kBFloat16, DType::kFloat32,
+                      DType::kFloat64, DType::kFloat8E4M3FN, DType::kFloat8E4M3FNUZ, DType::kFloat8E5M2,
+                      DType::kFloat8E5M2FNUZ, DType::kUInt4, DType::kInt4, DType::kFloat4E2M1}) {
+    Tensor t(dtype, {301});
+    const size_t es = element_size(dtype);
+    auto* bytes = static_cast<unsigned char*>(t.raw());
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      unsigned char* e = bytes + static_cast<size_t>(i) * es;
+      const unsigned kind = rng() % 4;
+      for (size_t b = 0; b < es; ++b) e[b] = kind < 2 ? 0 : static_cast<unsigned char>(rng());
+      if (kind == 1) e[es - 1] = 0x80;  // a float's -0.0 (the sign bit alone); other types' a nonzero
+      if (dtype == DType::kBool || dtype == DType::kUInt4 || dtype == DType::kInt4 || dtype == DType::kFloat4E2M1)
+        e[0] &= dtype == DType::kBool ? 1 : 0x0f;
+    }
+    std::vector<int64_t> want;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (t.value_as_double(i) != 0.0) want.push_back(i);  // (NaN != 0.0: nonzero)
+    std::vector<int64_t> got;
+    ir::for_each_nonzero(t, [&](int64_t i) {
+      got.push_back(i);
+      return true;
+    });
+    EXPECT_EQ(got, want) << to_string(dtype);
+    EXPECT_EQ(ir::count_nonzero(t), static_cast<int64_t>(want.size())) << to_string(dtype);
+    EXPECT_GT(want.size(), 0u) << to_string(dtype);
+    EXPECT_LT(want.size(), 301u) << to_string(dtype);
+  }
+
+  Builder b;
+  std::string x = b.input("x", DType::kFloat32, {3, 5, 7});
+  std::string nz = b.one("NonZero", {x});
+  ir::infer_shapes(b.g);
+  Tensor in(DType::kFloat32, {3, 5, 7});
+  std::vector<int64_t> want[3];
+  const float choices[] = {0.0f, -0.0f, std::nanf(""), 1.5f, -2.0f};
+  for (int64_t i = 0; i < in.numel(); ++i) {
+    in.data<float>()[i] = choices[rng() % 5];
+    if (in.data<float>()[i] != 0.0f) {
+      want[0].push_back(i / 35);
+      want[1].push_back(i / 7 % 5);
+      want[2].push_back(i % 7);
+    }
+  }
+  const Tensor y = run(b.g, {nz}, {{"x", in}})[nz];
+  std::vector<int64_t> flat = want[0];
+  flat.insert(flat.end(), want[1].begin(), want[1].end());
+  flat.insert(flat.end(), want[2].begin(), want[2].end());
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{3, static_cast<int64_t>(want[0].size())}));
+  EXPECT_EQ(values<int64_t>(y), flat);
 }
 
 }  // namespace
