@@ -205,18 +205,18 @@ KILN_REGISTER_CPU_KERNELS(topk) {
       return make_kernel([](const std::vector<const Tensor*>& in, std::vector<Tensor>& out) {
         const Tensor& x = *in[0];
         const int64_t n = out[0].rank() == 2 ? out[0].dim(1) : 0;
+        const int64_t rank = x.rank();
+        if (rank == 0 || n == 0) return;  // (a scalar's output has no rows)
+        // The flat indices into the last row, then each coordinate row from them; the last row's
+        // own coordinate (stride 1) last, over the indices in place.
         int64_t* y = out[0].data<int64_t>();
+        int64_t* flat = y + (rank - 1) * n;
+        const int64_t found = ir::nonzero_flat_indices(x, flat, n);
         const std::vector<int64_t> strides = contiguous_strides(x.shape());
-        int64_t j = 0;
-        ir::for_each_nonzero(x, [&](int64_t i) {
-          if (j == n) return false;
-          int64_t rem = i;
-          for (size_t d = 0; d < strides.size(); ++d) {
-            y[static_cast<int64_t>(d) * n + j] = rem / strides[d];
-            rem %= strides[d];
-          }
-          return ++j < n;
-        });
+        for (int64_t d = 0; d + 1 < rank; ++d)
+          for (int64_t j = 0; j < found; ++j) y[d * n + j] = flat[j] / strides[static_cast<size_t>(d)] % x.dim(d);
+        if (rank > 1)
+          for (int64_t j = 0; j < found; ++j) flat[j] %= x.dim(rank - 1);
       });
     };
     registry.add(std::move(e));

@@ -59,19 +59,40 @@ auto with_elements(const Tensor& t, Test test) {
 inline int64_t count_nonzero(const Tensor& t) {
   const int64_t n = t.numel();
   return non_zero_detail::with_elements(t, [n](const auto& elements, auto is_nonzero) {
+    // Counted in 32 bits a chunk, which vectorizes (an int64 count of bytes did not: 3 GB/s).
+    constexpr int64_t kChunk = int64_t{1} << 20;
     int64_t count = 0;
-    for (int64_t i = 0; i < n; ++i) count += is_nonzero(elements[i]) ? 1 : 0;
+    for (int64_t i = 0; i < n; i += kChunk) {
+      const int64_t end = n - i < kChunk ? n : i + kChunk;
+      uint32_t part = 0;
+      for (int64_t k = i; k < end; ++k) part += is_nonzero(elements[k]) ? 1u : 0u;
+      count += part;
+    }
     return count;
   });
 }
 
-// Calls visit(i) with the flat index of each nonzero element of `t`, in order, until it returns false.
-template <class Visit>
-void for_each_nonzero(const Tensor& t, Visit visit) {
+// Writes the flat index of each nonzero element of `t`, in order, into `out`, which has room for
+// `limit` of them; returns how many it wrote (at most limit). Blocks of zeros are skipped whole, and
+// where a block's indices all fit, each is written and kept only when nonzero, without a branch
+// (a branch per element mispredicts on score maps whose half passes).
+inline int64_t nonzero_flat_indices(const Tensor& t, int64_t* out, int64_t limit) {
   const int64_t n = t.numel();
-  non_zero_detail::with_elements(t, [n, &visit](const auto& elements, auto is_nonzero) {
-    for (int64_t i = 0; i < n; ++i)
-      if (is_nonzero(elements[i]) && !visit(i)) return;
+  return non_zero_detail::with_elements(t, [n, out, limit](const auto& elements, auto is_nonzero) {
+    constexpr int64_t kBlock = 64;
+    int64_t i = 0, j = 0;
+    for (; i + kBlock <= n && j + kBlock <= limit; i += kBlock) {
+      unsigned any = 0;  // (a sum, not ||, so that the test vectorizes)
+      for (int64_t k = 0; k < kBlock; ++k) any += is_nonzero(elements[i + k]) ? 1u : 0u;
+      if (any == 0) continue;
+      for (int64_t k = 0; k < kBlock; ++k) {
+        out[j] = i + k;
+        j += is_nonzero(elements[i + k]) ? 1 : 0;
+      }
+    }
+    for (; i < n && j < limit; ++i)
+      if (is_nonzero(elements[i])) out[j++] = i;
+    return j;
   });
 }
 

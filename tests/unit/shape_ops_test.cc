@@ -582,12 +582,14 @@ TEST(ShapeOps, NonZeroOfEveryDtypeFollowsTheValues) {
     std::vector<int64_t> want;
     for (int64_t i = 0; i < t.numel(); ++i)
       if (t.value_as_double(i) != 0.0) want.push_back(i);  // (NaN != 0.0: nonzero)
-    std::vector<int64_t> got;
-    ir::for_each_nonzero(t, [&](int64_t i) {
-      got.push_back(i);
-      return true;
-    });
+    std::vector<int64_t> got(want.size() + 1, -1);  // one more than it should write
+    EXPECT_EQ(ir::nonzero_flat_indices(t, got.data(), static_cast<int64_t>(got.size())),
+              static_cast<int64_t>(want.size())) << to_string(dtype);
+    got.pop_back();
     EXPECT_EQ(got, want) << to_string(dtype);
+    std::vector<int64_t> first(5, -1);  // room for five: the first five, and no more
+    EXPECT_EQ(ir::nonzero_flat_indices(t, first.data(), 5), 5) << to_string(dtype);
+    EXPECT_EQ(first, std::vector<int64_t>(want.begin(), want.begin() + 5)) << to_string(dtype);
     EXPECT_EQ(ir::count_nonzero(t), static_cast<int64_t>(want.size())) << to_string(dtype);
     EXPECT_GT(want.size(), 0u) << to_string(dtype);
     EXPECT_LT(want.size(), 301u) << to_string(dtype);
@@ -614,6 +616,21 @@ TEST(ShapeOps, NonZeroOfEveryDtypeFollowsTheValues) {
   flat.insert(flat.end(), want[2].begin(), want[2].end());
   ASSERT_EQ(y.shape(), (std::vector<int64_t>{3, static_cast<int64_t>(want[0].size())}));
   EXPECT_EQ(values<int64_t>(y), flat);
+
+  // One dimension (a detection model's score test): the coordinates are the flat indices.
+  Builder b1;
+  std::string mask = b1.input("mask", DType::kBool, {1000});
+  std::string nz1 = b1.one("NonZero", {mask});
+  ir::infer_shapes(b1.g);
+  Tensor m(DType::kBool, {1000});
+  std::vector<int64_t> kept;
+  for (int64_t i = 0; i < m.numel(); ++i) {
+    m.data<bool>()[i] = rng() % 7 == 0;
+    if (m.data<bool>()[i]) kept.push_back(i);
+  }
+  const Tensor y1 = run(b1.g, {nz1}, {{"mask", m}})[nz1];
+  ASSERT_EQ(y1.shape(), (std::vector<int64_t>{1, static_cast<int64_t>(kept.size())}));
+  EXPECT_EQ(values<int64_t>(y1), kept);
 }
 
 }  // namespace
