@@ -7,6 +7,7 @@
 
 #include "compute_test_util.h"
 #include "cpu/conv_winograd.h"
+#include "cpu/parallel.h"
 #include "cpu/sgemm.h"
 #include "ir/activation.h"
 
@@ -525,17 +526,22 @@ TEST(ConvTranspose, MatchesReference) {
       {"3-D", {1, 2, 3, 4, 3}, {2, 2, 2, 3, 2}, {{2, 1, 2}, {1, 1, 1}, {0, 1, 0, 0, 0, 1}, 1}, {1, 0, 0}, false},
   };
   uint32_t seed = 300;
-  for (const ConvTransposeCase& c : cases) {
-    SCOPED_TRACE(c.name);
-    Tensor x = random_tensor(c.x, seed++), w = random_tensor(c.w, seed++);
-    Tensor b = random_tensor({c.w[1] * c.g.group}, seed++);
-    ir::Node node = conv_node("ConvTranspose", c.g);
-    node.attrs.set("output_padding", c.output_padding);
-    std::vector<NodeInput> in{{"X", x}, {"W", w, true}};
-    if (c.bias) in.push_back({"B", b, true});
-    EXPECT_TRUE(all_close(run_single_node(node, in),
-                          reference_conv_transpose(x, w, c.bias ? &b : nullptr, c.g, c.output_padding)));
-  }
+  for (const ConvTransposeCase& c : cases)
+    // The case's batch (products split over the threads), and images enough for every thread to
+    // take whole images (a product and its scatter each).
+    for (int64_t batch : {c.x[0], int64_t{2} * cpu::thread_count() + 1}) {
+      SCOPED_TRACE(std::string(c.name) + ", batch " + std::to_string(batch));
+      std::vector<int64_t> shape = c.x;
+      shape[0] = batch;
+      Tensor x = random_tensor(shape, seed++), w = random_tensor(c.w, seed++);
+      Tensor b = random_tensor({c.w[1] * c.g.group}, seed++);
+      ir::Node node = conv_node("ConvTranspose", c.g);
+      node.attrs.set("output_padding", c.output_padding);
+      std::vector<NodeInput> in{{"X", x}, {"W", w, true}};
+      if (c.bias) in.push_back({"B", b, true});
+      EXPECT_TRUE(all_close(run_single_node(node, in),
+                            reference_conv_transpose(x, w, c.bias ? &b : nullptr, c.g, c.output_padding)));
+    }
 }
 
 TEST(ConvTranspose, OutputShapeAndAutoPadFollowOnnxPadSplit) {
