@@ -5,8 +5,8 @@
 // the input travels in each request, or lies in a system shared-memory region registered once
 // (perf_analyzer's --shared-memory system). With --stream, ModelStreamInfer streams carry the
 // requests instead (cameras' frames): --streams of them, each on a connection of its own, each
-// with --concurrency requests sent and not yet answered at most. A Python client spends more time per request than the server it measures: this one
-// leaves the server as the thing measured.
+// with --concurrency requests sent and not yet answered at most. A Python client spends more
+// time per request than the server it measures: this one leaves the server as the thing measured.
 //
 //   infer_load --url 127.0.0.1:8001 --model NAME --input NAME --shape 64,3,224,224
 //              [--concurrency 4] [--connections K] [--seconds 4] [--warmup 1]

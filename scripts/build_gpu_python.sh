@@ -10,7 +10,8 @@
 #   KILN_GPU_PYTHON_INCLUDE=/tmp/py312 bash scripts/build_gpu_python.sh
 #
 # Writes build-gpu/python/kiln/ (the package's .py files and _kiln.cpython-312-x86_64-linux-gnu.so)
-# and build-gpu/pyxz/python.tar.xz, the same xz-compressed (what a device call has room for); carry build-gpu/pyxz and source scripts/gpu_env.sh there. The module links the shared
+# and build-gpu/pyxz/python.tar.xz, the same xz-compressed (what a device call has room for);
+# carry build-gpu/pyxz and source scripts/gpu_env.sh there. The module links the shared
 # protobuf and OpenBLAS libraries, which the GPU machine has. Where the developer build has kiln
 # serve's native gRPC front (src/serve, with gRPC's C++ library), the module has it too, and gRPC's
 # libraries, which the GPU machine lacks, go beside it in kiln/libs/ (found through its rpath).

@@ -825,11 +825,12 @@ class ConvTransposeKernel final : public Kernel {
       // thread, into a column buffer of that range's own (a Mask R-CNN mask head's 100 regions
       // of 14 x 14 ran as 100 products too small to split well, one after another).
       parallel_for(tasks, [&](int64_t begin, int64_t end) {
-        AlignedVector<float> own(static_cast<size_t>(R * Nin));
+        // (Not zero-filled: the product overwrites every column.)
+        const std::unique_ptr<float[]> own(new float[static_cast<size_t>(R * Nin)]);
         for (int64_t t = begin; t < end; ++t) {
           const int64_t b = t / G, gi = t % G;
-          sgemm(true, false, R, Nin, Cg, 1.f, w + gi * Cg * R, R, x + (b * C + gi * Cg) * Nin, Nin, 0.f, own.data(), Nin);
-          for (int64_t m = 0; m < Mg; ++m) scatter(b, gi, own.data(), m);
+          sgemm(true, false, R, Nin, Cg, 1.f, w + gi * Cg * R, R, x + (b * C + gi * Cg) * Nin, Nin, 0.f, own.get(), Nin);
+          for (int64_t m = 0; m < Mg; ++m) scatter(b, gi, own.get(), m);
         }
       });
       return;
