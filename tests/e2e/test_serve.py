@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -35,6 +36,24 @@ MAX_BATCH = 16
 
 
 def _free_port() -> int:
+    """A free port below the kernel's ephemeral range. A port the kernel hands out (port 0) comes
+    from that range, where other processes' sockets take theirs too: Ray's workers, started by the
+    server before it binds, took one such port first."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
