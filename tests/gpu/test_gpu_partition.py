@@ -5,7 +5,9 @@ and --strict (allow_cpu_fallback=False) refuses such a build, naming each node. 
 engine matches the CPU engine, also with several contexts running it at once on threads (each
 context has its own staging memory and CPU kernel for those nodes). And Swin-T (torchvision,
 exported by `kiln export`: shifted windows, relative position bias) builds on GPU layers alone
-and matches the CPU engine."""
+and matches the CPU engine. torchvision's detection models run their backbones on the GPU and box
+selection on the CPU engine, at 128 x 128 and at their own image sizes, where they match ONNX
+Runtime."""
 from __future__ import annotations
 
 import json
@@ -253,3 +255,64 @@ def test_detection_model_in_fp16_and_under_kiln_bench(kiln_bin, model_cache, tmp
     strict = subprocess.run([kiln_bin, "build", path, "--strict", "-o", str(tmp_path / "strict.engine")], capture_output=True,
                             text=True, timeout=600)
     assert strict.returncode == 1 and "depends on the data" in strict.stderr, strict.stderr[-2000:]
+
+
+# --- Detection models at the size they are used at ----------------------------------------------
+
+# torchvision's detection families with their own image sizes: the R-CNNs, RetinaNet and FCOS
+# resize an image to 800 pixels on its short side (a 480 x 640 image to 800 x 1066), SSD to 300 x
+# 300. Score thresholds at 0 so that random weights leave boxes to select.
+FULL_SIZE = {"fasterrcnn_resnet50_fpn": "box_score_thresh", "maskrcnn_resnet50_fpn": "box_score_thresh",
+             "retinanet_resnet50_fpn": "score_thresh", "fcos_resnet50_fpn": "score_thresh", "ssd300_vgg16": "score_thresh"}
+
+
+def _export_full_size(name: str, model_cache: str) -> str:
+    path = os.path.join(model_cache, f"{name}_480x640_thresh0.onnx")
+    if os.path.exists(path):
+        return path
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models.detection, name)(weights=None, weights_backbone=None, **{FULL_SIZE[name]: 0.0}).eval()
+    torch.onnx.export(model, ([torch.rand(3, 480, 640)],), path + ".tmp", opset_version=17, dynamo=False,
+                      input_names=["images"])
+    os.replace(path + ".tmp", path)
+    return path
+
+
+@pytest.mark.parametrize("name", list(FULL_SIZE))
+def test_detection_models_at_full_size_match_onnxruntime_on_the_gpu_and_cpu_engines(name, model_cache):
+    """Each family at its own image size, a 480 x 640 image in: the GPU build (backbone on the GPU,
+    box selection and what follows on the CPU engine) and the CPU engine both find ONNX Runtime's
+    detections (as sets) and Mask R-CNN's masks."""
+    import onnxruntime as ort
+    from test_control_flow import _matched
+
+    path = _export_full_size(name, model_cache)
+    image = np.random.default_rng(0).random((3, 480, 640)).astype(np.float32)
+    quiet = ort.SessionOptions()
+    quiet.log_severity_level = 3  # (Mask R-CNN's Loop grows a value past its declared shape: a warning per iteration)
+    session = ort.InferenceSession(path, quiet, providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"images": image})))
+    wb, ws, wl, wm = _detections(want)
+    assert len(ws) > 0
+    with pytest.warns(UserWarning, match=r"whose output shapes depend on the data, and run on the CPU engine"):
+        gpu = kiln.Builder(device="cuda").build(path)
+    assert sum(not l["cpu_fallback"] and l["op"] in ("Conv", "FusedConv") for l in gpu.info()["layers"]) >= 10
+    cpu = kiln.Builder(device="cpu").build(path)
+    for engine in ("gpu", "cpu"):
+        got = (gpu if engine == "gpu" else cpu).run({"images": image})
+        assert sorted(got) == sorted(want), engine
+        assert all(got[n].dtype == want[n].dtype and got[n].shape[1:] == want[n].shape[1:] for n in want), engine
+        gb, gs, gl, gm = _detections(got)
+        found, kept = _matched(wb, ws, wl, gb, gs, gl), _matched(gb, gs, gl, wb, ws, wl)
+        assert found >= 0.9 and kept >= 0.9, (engine, found, kept, len(ws), len(gs))
+        if wm is not None:
+            # Where both list the same detection at the same place, its mask is the same.
+            same = [np.nonzero((wl == label) & (np.abs(ws - s) < 1e-4) & (np.abs(wb - b).max(axis=1) < 0.05))[0]
+                    for b, s, label in zip(gb, gs, gl)]
+            pairs = [(i, m[0]) for i, m in enumerate(same) if len(m)]
+            assert len(pairs) >= 0.9 * len(gs), (engine, len(pairs), len(gs))
+            diff = np.stack([np.abs(gm[i] - wm[j]) for i, j in pairs])
+            assert diff.max() < 0.02 and diff.mean() < 1e-4, (engine, diff.max(), diff.mean())
