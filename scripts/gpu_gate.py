@@ -74,6 +74,7 @@ SUITES = {
     "serving": ["tests/gpu/test_gpu_serve.py"],
     "multigpu": ["tests/gpu/test_gpu_multi.py"],
     "partition": ["tests/gpu/test_gpu_partition.py"],
+    "detection": ["tests/gpu/test_gpu_detection.py"],
     "tools": ["tests/gpu/test_gpu_tools.py"],
     "conformance": [],
 }
@@ -101,7 +102,7 @@ CPU_KNOWN_DIFFERENCES = r"^(?!node/test_attention_4d_causal_fp16_expanded$).*"
 # About how long each suite runs alone on an H100 (seconds): how --gpus balances the workers.
 # Beside three others on a four-GPU machine a suite runs 1.2 to 1.4 times longer.
 SUITE_SECONDS = {"int8": 420, "contexts": 330, "models": 290, "dynamic": 240, "patterns": 175, "python": 80,
-                 "serving": 90, "multigpu": 90, "partition": 120, "tools": 60,
+                 "serving": 90, "multigpu": 90, "partition": 90, "detection": 420, "tools": 60,
                  "conformance": 40}
 
 
