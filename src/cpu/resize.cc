@@ -2,7 +2,9 @@
 // axis. Linear and cubic (float32) are separable: one 1-D interpolation pass per resized
 // axis, each output index reading a few weighted source indices (more with antialias when
 // downscaling), so any rank works.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "cpu/data_movement.h"
@@ -44,42 +46,76 @@ void interpolate_axis(const float* x, const std::vector<int64_t>& shape, size_t 
   });
 }
 
-void resize_nearest(const Tensor& x, Tensor& y, const std::vector<std::vector<Taps>>& taps, const Options& o) {
-  size_t es = element_size(x.dtype());
-  const auto& os = y.shape();
-  size_t rank = os.size();
-  if (y.numel() == 0) return;
-  std::vector<int64_t> in_strides = contiguous_strides(x.shape());
-  std::vector<unsigned char> fill(es, 0);
-  if (x.dtype() == DType::kFloat32) std::memcpy(fill.data(), &o.extrapolation, es);
-  const auto* src = static_cast<const unsigned char*>(x.raw());
-  auto* dst = static_cast<unsigned char*>(y.raw());
-  if (rank == 0) {
-    std::memcpy(dst, src, es);
-    return;
+// Output rows [begin, end) of a nearest resize, elements of type T (raw bits of the element size):
+// each row reads one source row (or is all fill) through the last axis's index table, and a row
+// whose source is the previous row's (an upscaled axis before the last) copies that row whole.
+template <class T>
+void nearest_rows(const T* src, T* dst, const std::vector<int64_t>& out_shape, const std::vector<int64_t>& in_strides,
+                  const std::vector<std::vector<Taps>>& taps, const std::vector<int64_t>& last_from, T fill, int64_t begin,
+                  int64_t end) {
+  const size_t rank = out_shape.size();
+  const int64_t row = out_shape.back();
+  std::vector<int64_t> c(rank - 1, 0);  // the output coordinates of row `begin`
+  for (int64_t r = begin, k = static_cast<int64_t>(rank) - 2; k >= 0; --k) {
+    c[static_cast<size_t>(k)] = r % out_shape[static_cast<size_t>(k)];
+    r /= out_shape[static_cast<size_t>(k)];
   }
-  int64_t row = os.back();
-  int64_t rows = y.numel() / row;
-  const std::vector<Taps>& last = taps.back();
-  std::vector<int64_t> c(rank - 1, 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t s = 0;
-    bool outside = false;
-    for (size_t k = 0; k + 1 < rank; ++k) {
+  int64_t previous = -2;  // the source row of the row before (-1: outside, all fill)
+  for (int64_t r = begin; r < end; ++r) {
+    int64_t from = 0;
+    for (size_t k = 0; k + 1 < rank && from >= 0; ++k) {
       const Taps& t = taps[k][static_cast<size_t>(c[k])];
-      outside = outside || t.outside;
-      s += t.idx[0] * in_strides[k];
+      from = t.outside ? -1 : from + t.idx[0] * in_strides[k];
     }
-    unsigned char* d = dst + static_cast<size_t>(r * row) * es;
-    for (int64_t j = 0; j < row; ++j) {
-      const Taps& t = last[static_cast<size_t>(j)];
-      const unsigned char* from = (outside || t.outside) ? fill.data() : src + static_cast<size_t>(s + t.idx[0]) * es;
-      std::memcpy(d + static_cast<size_t>(j) * es, from, es);
+    T* d = dst + r * row;
+    if (from == previous && r > begin) {
+      std::memcpy(d, d - row, static_cast<size_t>(row) * sizeof(T));
+    } else if (from < 0) {
+      std::fill(d, d + row, fill);
+    } else {
+      const T* s = src + from;
+      for (int64_t j = 0; j < row; ++j) {
+        const int64_t at = last_from[static_cast<size_t>(j)];
+        d[j] = at < 0 ? fill : s[at];
+      }
     }
+    previous = from;
     for (size_t k = c.size(); k-- > 0;) {
-      if (++c[k] < os[k]) break;
+      if (++c[k] < out_shape[k]) break;
       c[k] = 0;
     }
+  }
+}
+
+template <class T>
+void resize_nearest_as(const Tensor& x, Tensor& y, const std::vector<std::vector<Taps>>& taps, const Options& o) {
+  T fill{};
+  const uint64_t fill_bits = ir::resize_fill_bits(o, x.dtype());
+  std::memcpy(&fill, &fill_bits, sizeof(T));
+  const std::vector<int64_t>& os = y.shape();
+  std::vector<int64_t> last_from;  // the source index of each element of a row along the last axis, -1 outside
+  for (const Taps& t : taps.back()) last_from.push_back(t.outside ? -1 : t.idx[0]);
+  const std::vector<int64_t> in_strides = contiguous_strides(x.shape());
+  const auto* src = static_cast<const T*>(x.raw());
+  auto* dst = static_cast<T*>(y.raw());
+  const int64_t rows = y.numel() / os.back();
+  parallel_for(rows, [&](int64_t begin, int64_t end) {
+    nearest_rows<T>(src, dst, os, in_strides, taps, last_from, fill, begin, end);
+  }, y.numel() > (1 << 15));
+}
+
+void resize_nearest(const Tensor& x, Tensor& y, const std::vector<std::vector<Taps>>& taps, const Options& o) {
+  if (y.numel() == 0) return;
+  if (y.shape().empty()) {
+    std::memcpy(y.raw(), x.raw(), element_size(x.dtype()));
+    return;
+  }
+  switch (element_size(x.dtype())) {
+    case 1: resize_nearest_as<uint8_t>(x, y, taps, o); break;
+    case 2: resize_nearest_as<uint16_t>(x, y, taps, o); break;
+    case 4: resize_nearest_as<uint32_t>(x, y, taps, o); break;
+    case 8: resize_nearest_as<uint64_t>(x, y, taps, o); break;
+    default: throw Error(ErrorKind::kUnsupported, "Resize: nearest mode on " + to_string(x.dtype()) + " is not supported");
   }
 }
 

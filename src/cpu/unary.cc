@@ -1,10 +1,13 @@
 // CPU kernels of the elementwise unary ops (src/ir/unary_ops.h: their table and float math):
 // float32; Identity any type; Not bool; Abs/Neg/Sign also on signed integers.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
+#include "cpu/sgemm.h"
+#include "cpu/vector_exp.h"
 #include "cpu/wrapping.h"
 #include "ir/unary_ops.h"
 
@@ -22,9 +25,51 @@ void map_float(const float* x, float* y, int64_t n, ir::UnaryParams p) {
   });
 }
 
+// Sigmoid, Tanh and Exp 16 at a time on AVX-512 (vector_exp.h: within a few ulp of libm's, as the
+// GEMM epilogue and the recurrent layers compute them), where libm takes one value at a time: a
+// Sigmoid over Mask R-CNN's 100 x 91 x 28 x 28 mask logits took 23 ms on two threads.
+template <ir::UnaryOp kOp>
+__attribute__((target("avx512f"))) __m512 map16(__m512 x) {
+  if constexpr (kOp == ir::UnaryOp::kSigmoid) return sigmoid16(x);
+  else if constexpr (kOp == ir::UnaryOp::kTanh) return tanh16(x);
+  else return exp16(x);
+}
+
+template <ir::UnaryOp kOp>
+__attribute__((target("avx512f"))) void map_range16(const float* x, float* y, int64_t begin, int64_t end, ir::UnaryParams p) {
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    _mm512_storeu_ps(y + i, map16<kOp>(v));
+    if constexpr (kOp == ir::UnaryOp::kExp) {
+      // exp16 gives +inf above 88.3 and 0 below -87, where e^x is still finite up to 88.72 and
+      // a denormal down to -103.9: those values take libm's.
+      const __mmask16 edge = _mm512_cmp_ps_mask(v, _mm512_set1_ps(88.3f), _CMP_GT_OQ) |
+                             _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.f), _CMP_LT_OQ);
+      if (edge)
+        for (int lane = 0; lane < 16; ++lane)
+          if (edge >> lane & 1) y[i + lane] = ir::unary_float<kOp>(x[i + lane], p);
+    }
+  }
+  for (; i < end; ++i) y[i] = ir::unary_float<kOp>(x[i], p);
+}
+
+template <ir::UnaryOp kOp>
+void map_float16(const float* x, float* y, int64_t n, ir::UnaryParams p) {
+  constexpr int64_t kChunk = 4096;  // elements a task maps (a multiple of 16)
+  parallel_for((n + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
+    map_range16<kOp>(x, y, begin * kChunk, std::min(n, end * kChunk), p);
+  }, n > 32768);
+}
+
 // The node's map, with its attributes.
 FloatMap float_map(const ir::Node& node, ir::UnaryParams& p) {
   const ir::UnaryOp op = ir::float_unary_op_of(node, p);
+  if (sgemm_isa() == SgemmIsa::kAvx512) {
+    if (op == ir::UnaryOp::kSigmoid) return &map_float16<ir::UnaryOp::kSigmoid>;
+    if (op == ir::UnaryOp::kTanh) return &map_float16<ir::UnaryOp::kTanh>;
+    if (op == ir::UnaryOp::kExp) return &map_float16<ir::UnaryOp::kExp>;
+  }
   return ir::with_float_unary_op(op, [](auto k) -> FloatMap { return &map_float<decltype(k)::value>; });
 }
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 namespace kiln::ir {
 
@@ -17,6 +19,46 @@ ResizeOptions resize_options(const Node& node) {
   o.antialias = a.get_int("antialias", 0) != 0 && o.mode != "nearest";
   o.extrapolation = a.get_float("extrapolation_value", 0.f);
   return o;
+}
+
+namespace {
+
+template <class D>
+D saturated(float v) {
+  if (std::isnan(v)) return D(0);
+  const double d = std::trunc(static_cast<double>(v));
+  if (d <= static_cast<double>(std::numeric_limits<D>::lowest())) return std::numeric_limits<D>::lowest();
+  if (d >= static_cast<double>(std::numeric_limits<D>::max())) return std::numeric_limits<D>::max();
+  return static_cast<D>(d);
+}
+
+}  // namespace
+
+uint64_t resize_fill_bits(const ResizeOptions& o, DType dtype) {
+  uint64_t bits = 0;
+  if (o.ctm != "tf_crop_and_resize") return bits;
+  const float v = o.extrapolation;
+  auto put = [&](auto value) { std::memcpy(&bits, &value, sizeof(value)); };
+  switch (dtype) {
+    case DType::kFloat32: put(v); break;
+    case DType::kFloat64: put(static_cast<double>(v)); break;
+    case DType::kFloat16: put(float_to_half(v)); break;
+    case DType::kBFloat16: put(float_to_bfloat16(v)); break;
+    case DType::kInt8: put(saturated<int8_t>(v)); break;
+    case DType::kInt16: put(saturated<int16_t>(v)); break;
+    case DType::kInt32: put(saturated<int32_t>(v)); break;
+    case DType::kInt64: put(saturated<int64_t>(v)); break;
+    case DType::kUInt8: put(saturated<uint8_t>(v)); break;
+    case DType::kUInt16: put(saturated<uint16_t>(v)); break;
+    case DType::kUInt32: put(saturated<uint32_t>(v)); break;
+    case DType::kUInt64: put(saturated<uint64_t>(v)); break;
+    case DType::kBool: put(static_cast<uint8_t>(v != 0.f)); break;
+    default:
+      if (v != 0.f)
+        throw Error(ErrorKind::kUnsupported,
+                    "Resize: an extrapolation_value other than 0 on " + to_string(dtype) + " is not supported");
+  }
+  return bits;
 }
 
 namespace {

@@ -23,6 +23,12 @@ struct ResizeOptions {
 // The node's Resize attributes, with ONNX's defaults.
 ResizeOptions resize_options(const Node& node);
 
+// What a nearest Resize writes where it reads outside the input (tf_crop_and_resize): the
+// options' extrapolation_value in `dtype`'s bits, as ONNX Runtime converts it (float16 and
+// bfloat16 rounded to nearest, integers truncated and saturated, bool "!= 0"); 0 for other modes.
+// Refuses a value other than 0 in a type it has no conversion to (the float8 and 4-bit types).
+uint64_t resize_fill_bits(const ResizeOptions& o, DType dtype);
+
 // A plain struct, uploaded as is to the GPU as a table.
 struct ResizeTaps {
   int64_t idx[4] = {0, 0, 0, 0};

@@ -596,6 +596,32 @@ def test_upsample_and_opset_10_resize_match_onnxruntime(tmp_path, check_against_
                               {"x": x})
 
 
+@pytest.mark.parametrize("dtype,elem", [(np.float32, TensorProto.FLOAT), (np.int32, TensorProto.INT32),
+                                        (np.uint8, TensorProto.UINT8), (np.int8, TensorProto.INT8)])
+@pytest.mark.parametrize("resize_to,attrs", [
+    ({"scales": [1, 1, 2, 2]}, {}),  # an FPN's upsampling: every source row read twice
+    ({"sizes": [2, 3, 97, 131]}, {"coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_ceil"}),
+    ({"sizes": [2, 3, 20, 11]}, {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}),
+    ({"sizes": [2, 3, 90, 70], "roi": [0, 0, -0.2, 0.1, 1, 1, 1.1, 0.9]},
+     {"coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 7.0})])
+def test_nearest_resize_of_large_tensors_matches_onnxruntime(tmp_path, check_against_onnxruntime, dtype, elem, resize_to,
+                                                             attrs):
+    """Nearest Resize over tensors large enough for the CPU engine to split the rows among
+    threads, in 1- and 4-byte types: rows read again where an axis before the last is enlarged,
+    rows and elements outside a crop take the extrapolation value (float32; 0 otherwise), shrinking."""
+    x = np.random.default_rng(3).integers(-100, 100, (2, 3, 64, 80)).astype(dtype)
+    inits = {"roi": np.array(resize_to.get("roi", []), np.float32)}
+    if "sizes" in resize_to:
+        inputs, inits["sizes"] = ["x", "roi", "", "sizes"], np.array(resize_to["sizes"], np.int64)
+    else:
+        inputs, inits["scales"] = ["x", "roi", "scales"], np.array(resize_to["scales"], np.float32)
+    if "roi" not in resize_to:
+        inputs[1] = ""
+        del inits["roi"]
+    node = helper.make_node("Resize", inputs, ["y"], mode="nearest", **attrs)
+    check_against_onnxruntime(_save(tmp_path, "resize_nearest", node, [("x", elem, x.shape)], inits, 19, elem), {"x": x})
+
+
 @pytest.mark.parametrize("scales,constant,message", [
     ([1, 1, 2, 0.5], True, "enlarges some axes and shrinks others"),
     ([1, 1, 2, 2], False, "scales that are not constant")])

@@ -198,13 +198,7 @@ KILN_REGISTER_CUDA_LAYERS(resize) {
     const DType storage = f.inputs[0].dtype;
     const size_t es = element_size(storage);
     if (o.mode == "nearest") {
-      // The fill for tf_crop_and_resize: extrapolation_value for float32 tensors, else zeros.
-      uint64_t fill = 0;
-      if (r.input_dtypes[0] == DType::kFloat32) {
-        Tensor v = Tensor::scalar<float>(o.extrapolation);
-        if (storage != DType::kFloat32) v = convert_constant(v, Format{storage, Layout::kLinear});
-        std::memcpy(&fill, v.raw(), es);
-      }
+      const uint64_t fill = ir::resize_fill_bits(o, storage);  // (tf_crop_and_resize's, in the storage type)
       return make_layer("kernel:resize_nearest", [=](const LayerIO& io, cudaStream_t stream) {
         if (p.n == 0) return;
         with_element(es, [&](auto tag) {
