@@ -12,7 +12,7 @@
 
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
-#include "cpu/saturating_cast.h"
+#include "ir/saturating_cast.h"
 #include "ir/small_types.h"
 
 namespace kiln::cpu {
@@ -51,7 +51,7 @@ void convert(const void* src, void* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] = b[i] ? D(1) : D(0);
   } else if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D>) {
     parallel_for_each(n, n > 65536, [&](int64_t i) {
-      d[i] = saturating_integer<D>(static_cast<double>(s[i]));
+      d[i] = ir::saturating_integer<D>(static_cast<double>(s[i]));
     });
   } else {
     parallel_for_each(n, n > 65536, [&](int64_t i) {

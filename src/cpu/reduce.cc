@@ -11,7 +11,7 @@
 
 #include "cpu/kernel.h"
 #include "cpu/parallel.h"
-#include "cpu/saturating_cast.h"
+#include "ir/saturating_cast.h"
 #include "cpu/wrapping.h"
 #include "ops/reduce.h"
 
@@ -136,7 +136,7 @@ T reduce_set(const T* x, const ReducePlan& p, Red kind) {
   if (kind == Red::kL2 || kind == Red::kLogSum) {
     const double r = kind == Red::kL2 ? std::sqrt(static_cast<double>(a)) : std::log(static_cast<double>(a));
     if constexpr (kFloat) return static_cast<T>(r);
-    else return saturating_integer<T>(r);  // fuzz_onnx_import: ReduceL2 of uint8 at 859.9
+    else return ir::saturating_integer<T>(r);  // fuzz_onnx_import: ReduceL2 of uint8 at 859.9
   }
   return static_cast<T>(a);
 }

@@ -4,7 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
+
+#include "ir/saturating_cast.h"
 
 namespace kiln::ir {
 
@@ -21,19 +22,6 @@ ResizeOptions resize_options(const Node& node) {
   return o;
 }
 
-namespace {
-
-template <class D>
-D saturated(float v) {
-  if (std::isnan(v)) return D(0);
-  const double d = std::trunc(static_cast<double>(v));
-  if (d <= static_cast<double>(std::numeric_limits<D>::lowest())) return std::numeric_limits<D>::lowest();
-  if (d >= static_cast<double>(std::numeric_limits<D>::max())) return std::numeric_limits<D>::max();
-  return static_cast<D>(d);
-}
-
-}  // namespace
-
 uint64_t resize_fill_bits(const ResizeOptions& o, DType dtype) {
   uint64_t bits = 0;
   if (o.ctm != "tf_crop_and_resize") return bits;
@@ -44,14 +32,14 @@ uint64_t resize_fill_bits(const ResizeOptions& o, DType dtype) {
     case DType::kFloat64: put(static_cast<double>(v)); break;
     case DType::kFloat16: put(float_to_half(v)); break;
     case DType::kBFloat16: put(float_to_bfloat16(v)); break;
-    case DType::kInt8: put(saturated<int8_t>(v)); break;
-    case DType::kInt16: put(saturated<int16_t>(v)); break;
-    case DType::kInt32: put(saturated<int32_t>(v)); break;
-    case DType::kInt64: put(saturated<int64_t>(v)); break;
-    case DType::kUInt8: put(saturated<uint8_t>(v)); break;
-    case DType::kUInt16: put(saturated<uint16_t>(v)); break;
-    case DType::kUInt32: put(saturated<uint32_t>(v)); break;
-    case DType::kUInt64: put(saturated<uint64_t>(v)); break;
+    case DType::kInt8: put(saturating_integer<int8_t>(v)); break;
+    case DType::kInt16: put(saturating_integer<int16_t>(v)); break;
+    case DType::kInt32: put(saturating_integer<int32_t>(v)); break;
+    case DType::kInt64: put(saturating_integer<int64_t>(v)); break;
+    case DType::kUInt8: put(saturating_integer<uint8_t>(v)); break;
+    case DType::kUInt16: put(saturating_integer<uint16_t>(v)); break;
+    case DType::kUInt32: put(saturating_integer<uint32_t>(v)); break;
+    case DType::kUInt64: put(saturating_integer<uint64_t>(v)); break;
     case DType::kBool: put(static_cast<uint8_t>(v != 0.f)); break;
     default:
       if (v != 0.f)

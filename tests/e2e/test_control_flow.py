@@ -347,8 +347,12 @@ THRESHOLDS = {"fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh": 0.0}
               "fcos_resnet50_fpn": {"score_thresh": 0.0}}
 
 
-def _export_detection(name: str, model_cache: str) -> str:
-    path = os.path.join(model_cache, f"{name}_128_thresh0.onnx")
+def _export_detection(name: str, model_cache: str, thresholds: dict | None = None, full_size: bool = False) -> str:
+    """torchvision's `name` with random weights, exported for a 128 x 128 image it keeps at that
+    size, or (full_size) for a 480 x 640 image it resizes to its own size (800 on the short side,
+    SSD 300 x 300). `thresholds`: its score threshold arguments (default THRESHOLDS[name])."""
+    height, width = (480, 640) if full_size else (128, 128)
+    path = os.path.join(model_cache, f"{name}_{height}x{width}_thresh0.onnx" if full_size else f"{name}_128_thresh0.onnx")
     if os.path.exists(path):
         return path
     import torch
@@ -356,11 +360,11 @@ def _export_detection(name: str, model_cache: str) -> str:
 
     torch.manual_seed(0)
     # Random weights score every box low: the score thresholds go to 0 so that boxes remain.
-    kwargs = dict(weights=None, weights_backbone=None, **THRESHOLDS[name])
-    if not name.startswith("ssd"):
+    kwargs = dict(weights=None, weights_backbone=None, **(thresholds if thresholds is not None else THRESHOLDS[name]))
+    if not name.startswith("ssd") and not full_size:
         kwargs.update(min_size=128, max_size=128)
     model = getattr(torchvision.models.detection, name)(**kwargs).eval()
-    torch.onnx.export(model, ([torch.rand(3, 128, 128)],), path + ".tmp", opset_version=OPSET, dynamo=False,
+    torch.onnx.export(model, ([torch.rand(3, height, width)],), path + ".tmp", opset_version=OPSET, dynamo=False,
                       input_names=["images"])
     os.replace(path + ".tmp", path)
     return path

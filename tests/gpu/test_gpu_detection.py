@@ -7,7 +7,6 @@ engine both find ONNX Runtime's detections and Mask R-CNN's masks."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import numpy as np
@@ -106,30 +105,15 @@ FULL_SIZE = {"fasterrcnn_resnet50_fpn": "box_score_thresh", "maskrcnn_resnet50_f
              "retinanet_resnet50_fpn": "score_thresh", "fcos_resnet50_fpn": "score_thresh", "ssd300_vgg16": "score_thresh"}
 
 
-def _export_full_size(name: str, model_cache: str) -> str:
-    path = os.path.join(model_cache, f"{name}_480x640_thresh0.onnx")
-    if os.path.exists(path):
-        return path
-    import torch
-    import torchvision
-
-    torch.manual_seed(0)
-    model = getattr(torchvision.models.detection, name)(weights=None, weights_backbone=None, **{FULL_SIZE[name]: 0.0}).eval()
-    torch.onnx.export(model, ([torch.rand(3, 480, 640)],), path + ".tmp", opset_version=17, dynamo=False,
-                      input_names=["images"])
-    os.replace(path + ".tmp", path)
-    return path
-
-
 @pytest.mark.parametrize("name", list(FULL_SIZE))
 def test_detection_models_at_full_size_match_onnxruntime_on_the_gpu_and_cpu_engines(name, model_cache):
     """Each family at its own image size, a 480 x 640 image in: the GPU build (backbone on the GPU,
     box selection and what follows on the CPU engine) and the CPU engine both find ONNX Runtime's
     detections (as sets) and Mask R-CNN's masks."""
     import onnxruntime as ort
-    from test_control_flow import _matched
+    from test_control_flow import _export_detection, _matched
 
-    path = _export_full_size(name, model_cache)
+    path = _export_detection(name, model_cache, {FULL_SIZE[name]: 0.0}, full_size=True)
     image = np.random.default_rng(0).random((3, 480, 640)).astype(np.float32)
     quiet = ort.SessionOptions()
     quiet.log_severity_level = 3  # (Mask R-CNN's Loop grows a value past its declared shape: a warning per iteration)

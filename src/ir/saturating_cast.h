@@ -1,14 +1,14 @@
 // A real value as an integer type without undefined behaviour: truncated toward zero, NaN as 0,
 // a value outside the type's range as the nearest bound. C++ leaves such conversions undefined
 // and ONNX leaves them unspecified; Cast and the integer reductions (ReduceL2, ReduceLogSum)
-// of the CPU engine convert through this.
+// of the CPU engine, and Resize's fill of integer tensors on both engines, convert through this.
 #pragma once
 
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
-namespace kiln::cpu {
+namespace kiln::ir {
 
 template <class D>
 D saturating_integer(double v) {
@@ -19,4 +19,4 @@ D saturating_integer(double v) {
   return static_cast<D>(v);
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln::ir
