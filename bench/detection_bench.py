@@ -18,7 +18,10 @@ calls after 3 warm-up calls:
   torch-compile-fp16  torch.compile(model.half(), mode="reduce-overhead"), in a process of its
                       own with a time limit (detection models' data-dependent shapes break its
                       graphs; a failure or a timeout is recorded)
-  kiln-fp16, kiln-fp32  kiln.Builder(device="cuda", precision=...).build(onnx)
+  kiln-fp16, kiln-fp32  kiln.Builder(device="cuda", precision=...).build(onnx): the per-region
+                      heads after box selection on the GPU (row stages)
+  kiln-fp16-cpu-tail, kiln-fp32-cpu-tail  the same with gpu_row_stages=False: everything after
+                      box selection on the CPU engine
 For each variant, the share of the reference's 20 highest-scoring detections it finds too (same
 label, score within 2e-2, box corners within 1 pixel) and its build or compile time. The JSON is
 rewritten after every measurement.
@@ -43,7 +46,8 @@ ZERO_THRESHOLDS = {"fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh":
                    "maskrcnn_resnet50_fpn": {"box_score_thresh": 0.0}, "fasterrcnn_resnet50_fpn": {"box_score_thresh": 0.0},
                    "fcos_resnet50_fpn": {"score_thresh": 0.0}}
 
-VARIANTS = ("torch-eager-fp32", "torch-eager-fp16", "torch-compile-fp16", "kiln-fp16", "kiln-fp32")
+VARIANTS = ("torch-eager-fp32", "torch-eager-fp16", "torch-compile-fp16", "kiln-fp16", "kiln-fp32", "kiln-fp16-cpu-tail",
+            "kiln-fp32-cpu-tail")
 
 
 def image_size(name: str) -> int:
@@ -196,11 +200,14 @@ def main() -> None:
                     row.update(measured)
                 else:
                     start = time.perf_counter()
-                    engine = kiln.Builder(device="cuda", precision=variant.split("-")[1]).build(onnx_path)
+                    engine = kiln.Builder(device="cuda", precision=variant.split("-")[1],
+                                          gpu_row_stages=not variant.endswith("-cpu-tail")).build(onnx_path)
                     row["build_s"] = time.perf_counter() - start
+                    layers = engine.info()["layers"]
                     row["data_dependent_nodes"] = engine.info()["data_dependent_nodes"]
-                    row["cpu_layers"] = sum(l["cpu_fallback"] for l in engine.info()["layers"])
-                    row["gpu_layers"] = sum(not l["cpu_fallback"] for l in engine.info()["layers"])
+                    row["cpu_layers"] = sum(l["cpu_fallback"] for l in layers)
+                    row["gpu_layers"] = sum(not l["cpu_fallback"] for l in layers)
+                    row["row_stage_layers"] = sum(l["tactic"].startswith("gpu (rows of") for l in layers)
                     feed = {"images": image(name)}
                     row.update(timed(lambda: engine.run(feed), args.runs))
                     found = detections(engine.run(feed))

@@ -508,6 +508,8 @@ PYBIND11_MODULE(_kiln, m) {
       .def_readwrite("profile_timing_step", &BuildOptions::profile_timing_step)
       .def_readwrite("timing_cache", &BuildOptions::timing_cache)
       .def_readwrite("allow_cpu_fallback", &BuildOptions::allow_cpu_fallback)
+      .def_readwrite("gpu_row_stages", &BuildOptions::gpu_row_stages,
+                     "GPU builds with a CPU tail: its per-region heads (box, mask heads) on the GPU")
       .def_readwrite("mark_outputs", &BuildOptions::mark_outputs)
       .def_readwrite("max_memory", &BuildOptions::max_memory,
                      "bytes a run may allocate (0: the machine's memory, or the GPU's); more is refused up front")

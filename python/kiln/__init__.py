@@ -98,7 +98,9 @@ class Builder:
     the GPU keep a layer quantized only where timing shows it faster than fp16; quantize_all=True
     quantizes every eligible layer (`kiln build --int8-all`, `--fp8-all`). float_layers: nodes kept
     out of int8/fp8; fp32_layers: nodes a GPU fp16 (best, int8, fp8) build keeps in float32
-    (`--layer-precision NAME=fp32`).
+    (`--layer-precision NAME=fp32`). gpu_row_stages=False runs every node after one whose output
+    shapes depend on the data on the CPU engine, the per-region heads among them (a detection
+    model's box and mask heads) too (`kiln build --no-gpu-row-stages`).
     """
 
     def __init__(self, precision: str = "fp32", device: str = "cpu", shapes: Mapping[str, Sequence[int]] | None = None,
@@ -106,7 +108,7 @@ class Builder:
                  timing_cache: str | None = None, allow_cpu_fallback: bool = True,
                  int8_scales: Mapping[str, float] | None = None, float_layers: Sequence[str] = (),
                  fp32_layers: Sequence[str] = (), optimize: bool = True, verbose: bool = False, quantize_all: bool = False, gpu: int = 0,
-                 input_values: Mapping[str, Any] | None = None):
+                 input_values: Mapping[str, Any] | None = None, gpu_row_stages: bool = True):
         self.options = BuildOptions()
         self.options.precision = precision
         self.options.device = device
@@ -118,6 +120,7 @@ class Builder:
         self.options.input_values = dict(input_values or {})
         self.options.timing_cache = timing_cache or ""
         self.options.allow_cpu_fallback = allow_cpu_fallback
+        self.options.gpu_row_stages = gpu_row_stages
         self.options.int8_scales = dict(int8_scales or {})
         self.options.float_layers = list(float_layers)
         self.options.fp32_layers = list(fp32_layers)

@@ -6,6 +6,8 @@
 #include "compiler/data_dependent_split.h"
 #include "compiler/host_tail_engine.h"
 #include "compiler/pipeline.h"
+#include "compiler/row_stages.h"
+#include "compiler/staged_tail_engine.h"
 #include "cpu/backend.h"
 #include "cpu/conv_channels_last.h"
 #include "ir/op_schema.h"
@@ -56,8 +58,77 @@ std::optional<DataDependentSplit> split_for_gpu(const std::shared_ptr<const ir::
   return split_at_data_dependent_shapes(*graph, specializer(graph, options.optimize, name)(opt, options.input_values));
 }
 
+// Row stages run this many rows (regions) at a time: a detection model's box head sees up to a
+// thousand proposals (8 runs), its mask head up to a hundred detections (one run).
+constexpr int64_t kRowStageRows = 128;
+
+struct BuiltTail {
+  std::unique_ptr<backend::Engine> engine;
+  std::map<std::string, std::string> on_gpu;  // node name -> its tactic, for the tail's nodes in row stages
+};
+
+// The tail: its row stages (row_stages.h) on the GPU, each built for kRowStageRows rows in fp16
+// where the build is INT8 or FP8 (nothing calibrated the tail's values), the rest on the CPU
+// engine. A stage whose GPU build fails stays on the CPU engine, with a log line saying why.
+BuiltTail build_tail(const ir::Graph& tail, const std::string& name, const BuildOptions& options,
+                     const std::map<std::string, std::string>& tactics) {
+  BuildOptions stage_options = options;
+  if (options.precision == Precision::kInt8 || options.precision == Precision::kFp8) stage_options.precision = Precision::kFp16;
+  stage_options.input_values.clear();
+  stage_options.input_shapes.clear();
+  stage_options.profiles.clear();
+  stage_options.int8_scales.clear();
+  stage_options.float_layers.clear();
+  stage_options.mark_outputs.clear();
+
+  std::vector<RowStage> stages;
+  std::map<std::string, std::unique_ptr<backend::Engine>> stage_engines;  // by the stage's rows value
+  BuiltTail built;
+  size_t staged_nodes = 0;
+  for (RowStage& stage : find_row_stages(tail)) {
+    auto graph = std::make_shared<const ir::Graph>(row_stage_graph(tail, stage, kRowStageRows));
+    const std::vector<int64_t> shape = ir::known_values(*graph->value(stage.rows).type.shape);
+    stage_options.fp32_layers.clear();
+    for (const std::string& layer : options.fp32_layers)
+      for (size_t i : stage.nodes)
+        if (tail.nodes[i].name == layer) stage_options.fp32_layers.push_back(layer);
+    try {
+      stage_engines[stage.rows] = cuda::build_backend_engine(graph, specializer(graph, options.optimize, name), stage_options,
+                                                             {OptimizationProfile{{stage.rows, ShapeRange{shape, shape, shape}}}},
+                                                             tactics);
+    } catch (const Error& e) {
+      if (options.log)
+        options.log("the " + std::to_string(stage.nodes.size()) + " node(s) computing each row of '" + stage.rows +
+                    "' stay on the CPU engine: their GPU build failed: " + e.what());
+      continue;
+    }
+    const std::string tactic = "gpu (rows of '" + stage.rows + "', " + std::to_string(kRowStageRows) + " at a time)";
+    for (size_t i : stage.nodes) built.on_gpu[tail.nodes[i].name] = tactic;
+    staged_nodes += stage.nodes.size();
+    stages.push_back(std::move(stage));
+  }
+  if (stages.empty()) {
+    built.engine = cpu::build_backend_engine(tail, options.max_memory, options.poison_outputs);
+    return built;
+  }
+  if (options.log) {
+    std::vector<std::string> rows;
+    for (const RowStage& s : stages) rows.push_back("'" + s.rows + "'");
+    options.log(std::to_string(staged_nodes) + " of the " + std::to_string(tail.nodes.size()) +
+                " node(s) after the data-dependent shapes compute each row of " + named_nodes(rows) +
+                " on its own and run on the GPU after all, " + std::to_string(kRowStageRows) +
+                " rows at a time (" + std::to_string(stages.size()) + " stage(s))");
+  }
+  std::vector<TailPart> parts = tail_parts(tail, stages, kRowStageRows);
+  for (TailPart& p : parts)
+    p.engine = p.stage ? std::move(stage_engines.at(p.stage->rows))
+                       : cpu::build_backend_engine(p.graph, options.max_memory, options.poison_outputs);
+  built.engine = make_staged_tail_engine(tail, std::move(parts));
+  return built;
+}
+
 // The head on the GPU (profiles and input values of the inputs it reads), the tail on the CPU
-// engine, and the build's log line saying so.
+// engine with its row stages on the GPU, and the build's log lines saying so.
 std::unique_ptr<backend::Engine> build_with_host_tail(std::shared_ptr<const ir::Graph> whole, DataDependentSplit split,
                                                       const std::string& name, const BuildOptions& options,
                                                       const std::vector<OptimizationProfile>& profiles,
@@ -85,8 +156,11 @@ std::unique_ptr<backend::Engine> build_with_host_tail(std::shared_ptr<const ir::
   auto head_graph = std::make_shared<const ir::Graph>(split.head);
   std::unique_ptr<backend::Engine> head =
       cuda::build_backend_engine(head_graph, specializer(head_graph, options.optimize, name), head_options, head_profiles, tactics);
-  std::unique_ptr<backend::Engine> tail = cpu::build_backend_engine(split.tail, options.max_memory, options.poison_outputs);
-  return make_host_tail_engine(std::move(whole), std::move(split), std::move(head), std::move(tail));
+  BuiltTail tail;
+  if (options.gpu_row_stages) tail = build_tail(split.tail, name, options, tactics);
+  else tail.engine = cpu::build_backend_engine(split.tail, options.max_memory, options.poison_outputs);
+  return make_host_tail_engine(std::move(whole), std::move(split), std::move(head), std::move(tail.engine),
+                               std::move(tail.on_gpu));
 }
 #endif
 

@@ -1,6 +1,7 @@
 #include "compiler/data_dependent_split.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "cpu/kernel.h"
@@ -87,13 +88,21 @@ std::optional<DataDependentSplit> split_at_data_dependent_shapes(const ir::Graph
   if (tail_values.empty()) return std::nullopt;
 
   // What the head hands the tail: values head nodes compute that tail nodes read. The tail reads
-  // graph inputs and constants itself.
+  // graph inputs and constants itself, and holds as its own constants what a head's Identity
+  // passes on of one (exporters write a weight two heads share as a constant and its Identity):
+  // a constant is what lets the tail's per-region heads run on the GPU (row_stages.h).
   std::vector<std::string> head_inputs, tail_inputs, head_outputs, tail_outputs;
+  std::map<std::string, const Tensor*> tail_constants;
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     if (!in_tail[i]) continue;
     for (const std::string& v : graph.nodes[i].inputs) {
-      if (v.empty() || tail_values.count(v) || contains(split.handed, v)) continue;
-      if (graph.producer(v) >= 0) split.handed.push_back(v);
+      if (v.empty() || tail_values.count(v) || contains(split.handed, v) || tail_constants.count(v)) continue;
+      const int producer = graph.producer(v);
+      if (producer < 0) continue;
+      const ir::Node& p = graph.nodes[static_cast<size_t>(producer)];
+      const Tensor* passed = p.op == "Identity" && p.domain.empty() && p.has_input(0) ? graph.constant(p.inputs[0]) : nullptr;
+      if (passed) tail_constants.emplace(v, passed);
+      else split.handed.push_back(v);
     }
   }
   for (const std::string& in : graph.inputs) {
@@ -116,6 +125,7 @@ std::optional<DataDependentSplit> split_at_data_dependent_shapes(const ir::Graph
   std::transform(in_tail.begin(), in_tail.end(), in_head.begin(), [](bool t) { return !t; });
   split.head = part_of(graph, in_head, std::move(head_inputs), std::move(head_outputs));
   split.tail = part_of(graph, in_tail, std::move(tail_inputs), std::move(tail_outputs));
+  for (const auto& [name, constant] : tail_constants) split.tail.value(name).constant = *constant;
   return split;
 }
 

@@ -19,6 +19,7 @@ struct Parts {
   std::shared_ptr<const ir::Graph> whole;
   DataDependentSplit split;
   std::unique_ptr<backend::Engine> head, tail;
+  std::map<std::string, std::string> tail_on_gpu;  // node name -> tactic
 
   std::string starts() const { return named_nodes(split.starts); }
 
@@ -31,9 +32,10 @@ struct Parts {
       LayerInfo l;
       l.name = n.name;
       l.op = n.op;
-      l.tactic = "cpu (after data-dependent shapes)";
+      auto on_gpu = tail_on_gpu.find(n.name);
+      l.tactic = on_gpu != tail_on_gpu.end() ? on_gpu->second : "cpu (after data-dependent shapes)";
       l.precision = out ? to_string(out->type.dtype) : "";
-      l.cpu_fallback = true;
+      l.cpu_fallback = on_gpu == tail_on_gpu.end();
       if (out && out->type.shape)
         for (const ir::Dim& d : *out->type.shape) l.shape.push_back(d.known() ? d.value : -1);
       layers.push_back(std::move(l));
@@ -232,7 +234,11 @@ class HostTailEngine final : public backend::Engine {
   std::unique_ptr<backend::Context> create_context(const ContextOptions& options) const override {
     return std::make_unique<HostTailContext>(parts_, parts_->head->create_context(options));
   }
-  std::map<std::string, std::string> tactics() const override { return parts_->head->tactics(); }
+  std::map<std::string, std::string> tactics() const override {
+    std::map<std::string, std::string> all = parts_->head->tactics(), tail = parts_->tail->tactics();
+    all.insert(tail.begin(), tail.end());
+    return all;
+  }
   // The where-faster build compares engines of one model: their tails are the same CPU work.
   std::unique_ptr<backend::Timer> timer() const override { return parts_->head->timer(); }
   std::vector<LayerTiming> profile(const std::map<std::string, Tensor>& inputs) const override {
@@ -247,8 +253,10 @@ class HostTailEngine final : public backend::Engine {
 
 std::unique_ptr<backend::Engine> make_host_tail_engine(std::shared_ptr<const ir::Graph> whole, DataDependentSplit split,
                                                        std::unique_ptr<backend::Engine> head,
-                                                       std::unique_ptr<backend::Engine> tail) {
+                                                       std::unique_ptr<backend::Engine> tail,
+                                                       std::map<std::string, std::string> tail_on_gpu) {
   auto parts = std::make_shared<Parts>();
+  parts->tail_on_gpu = std::move(tail_on_gpu);
   parts->whole = std::move(whole);
   parts->split = std::move(split);
   parts->head = std::move(head);

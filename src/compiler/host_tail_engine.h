@@ -5,7 +5,9 @@
 // refuse them, naming the node where the tail begins.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 #include "compiler/data_dependent_split.h"
@@ -13,9 +15,11 @@
 namespace kiln::compiler {
 
 // `whole` is what the engine file stores (loading splits it again); `head` the GPU engine of
-// split.head, `tail` the CPU engine of split.tail.
+// split.head, `tail` the engine of split.tail: the CPU engine's, with the nodes `tail_on_gpu` names
+// (node name -> tactic) run on the GPU (staged_tail_engine.h). tactics() are both engines'.
 std::unique_ptr<backend::Engine> make_host_tail_engine(std::shared_ptr<const ir::Graph> whole, DataDependentSplit split,
                                                        std::unique_ptr<backend::Engine> head,
-                                                       std::unique_ptr<backend::Engine> tail);
+                                                       std::unique_ptr<backend::Engine> tail,
+                                                       std::map<std::string, std::string> tail_on_gpu = {});
 
 }  // namespace kiln::compiler

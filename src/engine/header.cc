@@ -71,6 +71,8 @@ BuildOptions options_from_json(const nlohmann::json& o) {
   if (o.contains("fp32_layers")) options.fp32_layers = o.at("fp32_layers").get<std::vector<std::string>>();
   options.optimize = o.at("optimize").get<bool>();
   options.allow_cpu_fallback = o.at("allow_cpu_fallback").get<bool>();
+  // Engine files from before row stages ran their tails on the CPU engine whole.
+  options.gpu_row_stages = o.contains("gpu_row_stages") && o.at("gpu_row_stages").get<bool>();
   if (o.contains("profile_timing_step")) options.profile_timing_step = o.at("profile_timing_step").get<double>();
   if (o.contains("input_values")) options.input_values = input_values_from_json(o.at("input_values"));
   if (o.contains("tactic_options")) {
@@ -144,6 +146,7 @@ nlohmann::json to_json(const Header& h) {
            {{"precision", to_string(h.options.precision)},
             {"optimize", h.options.optimize},
             {"allow_cpu_fallback", h.options.allow_cpu_fallback},
+            {"gpu_row_stages", h.options.gpu_row_stages},
             {"profile_timing_step", h.options.profile_timing_step},
             {"input_values", input_values_to_json(h.options.input_values)},
             {"int8_scales", h.options.int8_scales},

@@ -126,6 +126,9 @@ void EngineOptions::add_to(CLI::App* cmd, const std::string& device_default, boo
   cmd->add_flag("--allow-cpu-fallback", allow_cpu_fallback,
                 "GPU: run nodes without a GPU layer on the CPU engine (the default; the opposite of --strict)")
       ->excludes(strict_flag);
+  cmd->add_flag("--no-gpu-row-stages", no_gpu_row_stages,
+                "GPU: run every node after one whose output shapes depend on the data on the CPU engine (by default "
+                "the per-region heads among them, such as a detection model's box and mask heads, run on the GPU)");
   cmd->add_flag("--no-optimize", no_optimize, "Skip kiln's graph passes");
   CLI::Option* verbose_flag = cmd->add_flag("-v,--verbose", verbose, "Print every layer as it is built, with its tactic");
   cmd->add_flag("-q,--quiet", quiet, "No build progress (errors and results only)")->excludes(verbose_flag);
@@ -164,6 +167,7 @@ BuildOptions EngineOptions::build_options(const std::string& model, std::vector<
   b.precision = precision();
   b.timing_cache = timing_cache;
   b.allow_cpu_fallback = !strict;
+  b.gpu_row_stages = !no_gpu_row_stages;
   b.mark_outputs = mark_outputs;
   b.max_memory = max_memory_bytes();
   b.gpu = gpu;

@@ -29,6 +29,7 @@ struct EngineOptions {
   std::string timing_cache;
   bool strict = false;              // --strict: nodes without a GPU layer fail the build
   bool allow_cpu_fallback = false;  // --allow-cpu-fallback: the default, said explicitly
+  bool no_gpu_row_stages = false;
   bool no_optimize = false;
   bool verbose = false;
   bool quiet = false;

@@ -96,6 +96,44 @@ def test_detection_model_in_fp16_and_under_kiln_bench(kiln_bin, model_cache, tmp
     assert strict.returncode == 1 and "depends on the data" in strict.stderr, strict.stderr[-2000:]
 
 
+
+def _on_gpu_rows(engine) -> list:
+    """The ops of the layers of `engine`'s CPU tail that run on the GPU as row stages."""
+    return [l["op"] for l in engine.info()["layers"] if l["tactic"].startswith("gpu (rows of") and not l["cpu_fallback"]]
+
+
+def test_per_region_heads_run_on_the_gpu_unless_the_build_keeps_them_on_the_cpu(kiln_bin, model_cache, tmp_path):
+    """Faster R-CNN's box head follows box selection, so it is in the CPU tail; it computes each
+    region on its own, so it runs on the GPU after all, 128 regions at a time, also in an engine
+    file loaded again; gpu_row_stages=False (`--no-gpu-row-stages`) keeps it on the CPU engine.
+    Each finds the CPU engine's detections."""
+    from test_control_flow import _export_detection, _matched
+
+    path = _export_detection("fasterrcnn_mobilenet_v3_large_320_fpn", model_cache)
+    with pytest.warns(UserWarning):
+        staged = kiln.Builder(device="cuda").build(path)
+    with pytest.warns(UserWarning):
+        whole = kiln.Builder(device="cuda", gpu_row_stages=False).build(path)
+    assert sum(op in ("Gemm", "FusedGemm") for op in _on_gpu_rows(staged)) >= 4, _on_gpu_rows(staged)
+    assert not _on_gpu_rows(whole)
+    saved = str(tmp_path / "staged.engine")
+    staged.save(saved)
+    loaded = kiln.Engine.load(saved)
+    assert _on_gpu_rows(loaded) == _on_gpu_rows(staged)
+    cpu = kiln.Builder(device="cpu").build(path)
+    image = np.random.default_rng(5).random((3, 128, 128)).astype(np.float32)
+    wb, ws, wl, _ = _detections(cpu.run({"images": image}))
+    assert len(ws) > 0
+    for engine in (staged, whole, loaded):
+        gb, gs, gl, _ = _detections(engine.run({"images": image}))
+        assert _matched(wb, ws, wl, gb, gs, gl) >= 0.9 and _matched(gb, gs, gl, wb, ws, wl) >= 0.9, (len(ws), len(gs))
+    kept = subprocess.run([kiln_bin, "build", path, "--device", "cuda", "--no-gpu-row-stages", "-o", str(tmp_path / "whole.engine")],
+                          capture_output=True, text=True, timeout=600)
+    assert kept.returncode == 0, kept.stderr[-2000:]
+    assert "on its own and run on the GPU after all" not in kept.stderr
+    assert not _on_gpu_rows(kiln.Engine.load(str(tmp_path / "whole.engine")))
+
+
 # --- Detection models at the size they are used at ----------------------------------------------
 
 # torchvision's detection families with their own image sizes: the R-CNNs, RetinaNet and FCOS
@@ -108,8 +146,8 @@ FULL_SIZE = {"fasterrcnn_resnet50_fpn": "box_score_thresh", "maskrcnn_resnet50_f
 @pytest.mark.parametrize("name", list(FULL_SIZE))
 def test_detection_models_at_full_size_match_onnxruntime_on_the_gpu_and_cpu_engines(name, model_cache):
     """Each family at its own image size, a 480 x 640 image in: the GPU build (backbone on the GPU,
-    box selection and what follows on the CPU engine) and the CPU engine both find ONNX Runtime's
-    detections (as sets) and Mask R-CNN's masks."""
+    box selection and what follows on the CPU engine, the per-region heads back on the GPU) and
+    the CPU engine both find ONNX Runtime's detections (as sets) and Mask R-CNN's masks."""
     import onnxruntime as ort
     from test_control_flow import _export_detection, _matched
 
@@ -123,7 +161,16 @@ def test_detection_models_at_full_size_match_onnxruntime_on_the_gpu_and_cpu_engi
     assert len(ws) > 0
     with pytest.warns(UserWarning, match=r"whose output shapes depend on the data, and run on the CPU engine"):
         gpu = kiln.Builder(device="cuda").build(path)
-    assert sum(not l["cpu_fallback"] and l["op"] in ("Conv", "FusedConv") for l in gpu.info()["layers"]) >= 10
+    layers = gpu.info()["layers"]
+    assert sum(not l["cpu_fallback"] and l["op"] in ("Conv", "FusedConv") for l in layers) >= 10
+    # The per-region heads after box selection run on the GPU as row stages: the R-CNNs' box
+    # heads (two hidden layers, class scores, box deltas), Mask R-CNN's mask head (four
+    # convolutions, the upsampling ConvTranspose, the logits).
+    staged = [l["op"] for l in layers if l["tactic"].startswith("gpu (rows of") and not l["cpu_fallback"]]
+    if "rcnn" in name:
+        assert sum(op in ("Gemm", "FusedGemm") for op in staged) >= 4, staged
+    if name.startswith("maskrcnn"):
+        assert sum(op in ("Conv", "FusedConv") for op in staged) >= 5 and "ConvTranspose" in staged, staged
     cpu = kiln.Builder(device="cpu").build(path)
     for engine in ("gpu", "cpu"):
         got = (gpu if engine == "gpu" else cpu).run({"images": image})

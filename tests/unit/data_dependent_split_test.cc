@@ -63,6 +63,29 @@ TEST(DataDependentSplit, TheTailBeginsAtTheFirstNodeWhoseShapesTheDataDecides) {
   EXPECT_FALSE(split->tail.has_value("two")) << "the tail keeps a constant only the head reads";
 }
 
+TEST(DataDependentSplit, ConstantsBehindIdentityNodesAreTheTailsOwnNotHanded) {
+  GraphBuilder b;
+  b.input("x", {4, 6});
+  b.random("w", {6});
+  b.node("Identity", {"w"}, "shared_w");  // as exporters write a weight two modules share
+  b.node("Mul", {"x", "shared_w"}, "y");
+  b.node("NonZero", {"x"}, "nz");
+  b.node("Transpose", {"nz"}, "t", {{"perm", std::vector<int64_t>{1, 0}}});
+  b.node("GatherND", {"x", "t"}, "g");
+  b.node("Mul", {"g", "shared_w"}, "z");
+  b.output("y");
+  b.output("z");
+  const ir::Graph g = b.build();
+  std::optional<compiler::DataDependentSplit> split = compiler::split_at_data_dependent_shapes(g, at_shapes(g, {{"x", {4, 6}}}));
+  ASSERT_TRUE(split.has_value());
+  EXPECT_TRUE(split->handed.empty()) << "a constant is handed as data: " << split->handed.front();
+  EXPECT_EQ(split->tail.inputs, std::vector<std::string>{"x"});
+  const Tensor* in_tail = split->tail.constant("shared_w");
+  ASSERT_NE(in_tail, nullptr);
+  ASSERT_EQ(in_tail->numel(), 6);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(in_tail->value_as_double(i), g.constant("w")->value_as_double(i));
+}
+
 TEST(DataDependentSplit, NothingToSplitWhenTheInputShapesDecideEveryShape) {
   GraphBuilder b;
   b.input("x", {ir::Dim::named("N"), 6});
