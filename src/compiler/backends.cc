@@ -58,8 +58,8 @@ std::optional<DataDependentSplit> split_for_gpu(const std::shared_ptr<const ir::
   return split_at_data_dependent_shapes(*graph, specializer(graph, options.optimize, name)(opt, options.input_values));
 }
 
-// Row stages run this many rows (regions) at a time: a detection model's box head sees up to a
-// thousand proposals (8 runs), its mask head up to a hundred detections (one run).
+// Row stages run up to this many rows (regions) at a time: a detection model's box head sees up
+// to a thousand proposals (8 runs), its mask head up to a hundred detections (one run).
 constexpr int64_t kRowStageRows = 128;
 
 struct BuiltTail {
@@ -67,7 +67,7 @@ struct BuiltTail {
   std::map<std::string, std::string> on_gpu;  // node name -> its tactic, for the tail's nodes in row stages
 };
 
-// The tail: its row stages (row_stages.h) on the GPU, each built for kRowStageRows rows in fp16
+// The tail: its row stages (row_stages.h) on the GPU, each built for 1 to kRowStageRows rows, in fp16
 // where the build is INT8 or FP8 (nothing calibrated the tail's values), the rest on the CPU
 // engine. A stage whose GPU build fails stays on the CPU engine, with a log line saying why.
 BuiltTail build_tail(const ir::Graph& tail, const std::string& name, const BuildOptions& options,
@@ -86,15 +86,20 @@ BuiltTail build_tail(const ir::Graph& tail, const std::string& name, const Build
   BuiltTail built;
   size_t staged_nodes = 0;
   for (RowStage& stage : find_row_stages(tail)) {
-    auto graph = std::make_shared<const ir::Graph>(row_stage_graph(tail, stage, kRowStageRows));
-    const std::vector<int64_t> shape = ir::known_values(*graph->value(stage.rows).type.shape);
+    auto graph = std::make_shared<const ir::Graph>(row_stage_graph(tail, stage));
+    std::vector<int64_t> fewest{1}, most{kRowStageRows};
+    const ir::Dims& dims = *graph->value(stage.rows).type.shape;
+    for (size_t d = 1; d < dims.size(); ++d) {
+      fewest.push_back(dims[d].value);
+      most.push_back(dims[d].value);
+    }
     stage_options.fp32_layers.clear();
     for (const std::string& layer : options.fp32_layers)
       for (size_t i : stage.nodes)
         if (tail.nodes[i].name == layer) stage_options.fp32_layers.push_back(layer);
     try {
       stage_engines[stage.rows] = cuda::build_backend_engine(graph, specializer(graph, options.optimize, name), stage_options,
-                                                             {OptimizationProfile{{stage.rows, ShapeRange{shape, shape, shape}}}},
+                                                             {OptimizationProfile{{stage.rows, ShapeRange{fewest, most, most}}}},
                                                              tactics);
     } catch (const Error& e) {
       if (options.log)
@@ -102,7 +107,7 @@ BuiltTail build_tail(const ir::Graph& tail, const std::string& name, const Build
                     "' stay on the CPU engine: their GPU build failed: " + e.what());
       continue;
     }
-    const std::string tactic = "gpu (rows of '" + stage.rows + "', " + std::to_string(kRowStageRows) + " at a time)";
+    const std::string tactic = "gpu (rows of '" + stage.rows + "', up to " + std::to_string(kRowStageRows) + " at a time)";
     for (size_t i : stage.nodes) built.on_gpu[tail.nodes[i].name] = tactic;
     staged_nodes += stage.nodes.size();
     stages.push_back(std::move(stage));
@@ -116,7 +121,7 @@ BuiltTail build_tail(const ir::Graph& tail, const std::string& name, const Build
     for (const RowStage& s : stages) rows.push_back("'" + s.rows + "'");
     options.log(std::to_string(staged_nodes) + " of the " + std::to_string(tail.nodes.size()) +
                 " node(s) after the data-dependent shapes compute each row of " + named_nodes(rows) +
-                " on its own and run on the GPU after all, " + std::to_string(kRowStageRows) +
+                " on its own and run on the GPU after all, up to " + std::to_string(kRowStageRows) +
                 " rows at a time (" + std::to_string(stages.size()) + " stage(s))");
   }
   std::vector<TailPart> parts = tail_parts(tail, stages, kRowStageRows);

@@ -116,19 +116,19 @@ std::vector<RowStage> find_row_stages(const ir::Graph& graph) {
   return kept;
 }
 
-ir::Graph row_stage_graph(const ir::Graph& graph, const RowStage& stage, int64_t rows) {
+ir::Graph row_stage_graph(const ir::Graph& graph, const RowStage& stage) {
   ir::Graph part = graph;
   part.nodes.clear();
   for (size_t i : stage.nodes) part.nodes.push_back(graph.nodes[i]);
   part.inputs = {stage.rows};
   part.outputs = stage.outputs;
   part.prune_values();
-  // Shapes again from the input's: every computed value's first dimension becomes `rows`.
+  // Shapes again from the input's: every computed value's first dimension becomes "rows".
   for (const ir::Node& n : part.nodes)
     for (const std::string& out : n.outputs)
       if (!out.empty()) part.erase_value(out);
   ir::Value& in = part.value(stage.rows);
-  (*in.type.shape)[0] = ir::Dim(rows);
+  (*in.type.shape)[0] = ir::Dim::named("rows");
   in.symbolic_value.reset();
   ir::infer_shapes(part);
   return part;

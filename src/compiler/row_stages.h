@@ -5,8 +5,8 @@
 // regions reach them is known after a run; each region (a row: index 0 of the first dimension) is
 // computed on its own. A row stage is such a part of the tail: nodes that compute each row from the
 // same row of one value and from constants, with at least one matrix product or convolution among
-// them. The GPU runs a stage a fixed number of rows at a time, the last run's rows padded with
-// zeros (staged_tail_engine.h; docs/design/control-flow.md, "Per-region heads on the GPU").
+// them. The GPU runs a stage up to a fixed number of rows at a time, padded with zero rows to a
+// power of two (staged_tail_engine.h; docs/design/control-flow.md, "Per-region heads on the GPU").
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,8 @@ struct RowStage {
 // join the stage of what they read.
 std::vector<RowStage> find_row_stages(const ir::Graph& graph);
 
-// `stage` as a graph of its own, its input `stage.rows` of `rows` rows, shapes inferred from it.
-ir::Graph row_stage_graph(const ir::Graph& graph, const RowStage& stage, int64_t rows);
+// `stage` as a graph of its own, its input `stage.rows` with a first dimension named "rows",
+// shapes inferred from it.
+ir::Graph row_stage_graph(const ir::Graph& graph, const RowStage& stage);
 
 }  // namespace kiln::compiler

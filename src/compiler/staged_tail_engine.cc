@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <set>
 
 namespace kiln::compiler {
@@ -35,12 +36,48 @@ ir::Graph cpu_part(const ir::Graph& tail, const std::vector<size_t>& indices, co
   return part;
 }
 
+// Rows [first, first + count) of `t`: a view of its storage where they start on a 64-byte
+// boundary (what a tensor's storage promises its readers), else a copy.
+Tensor rows_of(const Tensor& t, int64_t first, int64_t count) {
+  std::vector<int64_t> shape = t.shape();
+  const size_t row_bytes = shape[0] ? t.nbytes() / static_cast<size_t>(shape[0]) : 0;
+  const size_t offset = static_cast<size_t>(first) * row_bytes;
+  shape[0] = count;
+  if (offset % 64 == 0)
+    return Tensor::over_storage(t.dtype(), std::move(shape), std::shared_ptr<unsigned char[]>(t.storage(), t.storage().get() + offset));
+  Tensor copy = Tensor::uninitialized(t.dtype(), std::move(shape));
+  std::memcpy(copy.raw(), static_cast<const unsigned char*>(t.raw()) + offset, static_cast<size_t>(count) * row_bytes);
+  return copy;
+}
+
+// The smallest power of two at least `rows`, at most `limit`: the row counts a stage runs at, so
+// that its engine plans (and keeps the CUDA graphs of) a few shapes, not one per count.
+int64_t planned_rows(int64_t rows, int64_t limit) {
+  int64_t planned = 1;
+  while (planned < rows) planned *= 2;
+  return std::min(planned, limit);
+}
+
+// A stage's engine and the context it runs in, one run at a time.
+struct StageRunner {
+  std::unique_ptr<backend::Context> context;  // none where the engine has no contexts (CPU engines, in tests)
+  std::mutex mutex;
+};
+
 class StagedTailEngine final : public backend::Engine {
  public:
   StagedTailEngine(ir::Graph tail, std::vector<TailPart> parts) : tail_(std::move(tail)), parts_(std::move(parts)) {
     for (const TailPart& p : parts_) {
       if (!p.engine) throw Error(ErrorKind::kInternal, "a part of the CPU tail has no engine");
       layer_count_ += p.engine->layer_count();
+      runners_.push_back(std::make_unique<StageRunner>());
+      if (!p.stage) continue;
+      if (p.rows_per_run < 1) throw Error(ErrorKind::kInternal, "a row stage runs no rows at a time");
+      try {
+        runners_.back()->context = p.engine->create_context(ContextOptions{});
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kUnsupported) throw;
+      }
     }
   }
 
@@ -57,14 +94,15 @@ class StagedTailEngine final : public backend::Engine {
   }
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs) const override {
     std::map<std::string, Tensor> values = inputs;
-    for (const TailPart& p : parts_) {
+    for (size_t k = 0; k < parts_.size(); ++k) {
+      const TailPart& p = parts_[k];
       std::map<std::string, Tensor> in;
       for (const std::string& name : p.graph.inputs) {
         auto it = values.find(name);
         if (it == values.end()) throw Error(ErrorKind::kInvalidArgument, "input '" + name + "' was not given");
         in.emplace(name, it->second);
       }
-      std::map<std::string, Tensor> out = p.stage ? run_rows(p, in.at(p.stage->rows)) : p.engine->run(in);
+      std::map<std::string, Tensor> out = p.stage ? run_rows(p, *runners_[k], in.at(p.stage->rows)) : p.engine->run(in);
       for (auto& [name, t] : out) values[name] = std::move(t);
     }
     std::map<std::string, Tensor> outputs;
@@ -94,35 +132,63 @@ class StagedTailEngine final : public backend::Engine {
   }
 
  private:
-  // The stage `p` over every row of `rows`: its engine's fixed number of rows at a time.
-  static std::map<std::string, Tensor> run_rows(const TailPart& p, const Tensor& rows) {
+  // `rows` and `padding` zero rows after them through the stage's engine.
+  static std::map<std::string, Tensor> run_padded(const TailPart& p, StageRunner& runner, const Tensor& rows,
+                                                  int64_t padding) {
+    const std::string& name = p.stage->rows;
+    // A context writes the zero rows on the device; an engine without contexts takes them from the host.
+    if (runner.context) return runner.context->run_concatenated({{name, {rows}}}, padding);
+    std::vector<int64_t> shape = rows.shape();
+    shape[0] += padding;
+    Tensor padded(rows.dtype(), shape);
+    if (rows.nbytes()) std::memcpy(padded.raw(), rows.raw(), rows.nbytes());
+    return p.engine->run({{name, padded}});
+  }
+
+  // The stage `p` over every row of `rows`: up to p.rows_per_run rows a run, each run's rows
+  // padded with zeros to a power of two. The outputs of a single run are views of the engine's.
+  static std::map<std::string, Tensor> run_rows(const TailPart& p, StageRunner& runner, const Tensor& rows) {
     const std::string& name = p.stage->rows;
     const ir::Value& planned = p.graph.value(name);
-    const std::vector<int64_t> per_run = ir::known_values(*planned.type.shape);
-    if (rows.dtype() != planned.type.dtype || rows.rank() != static_cast<int>(per_run.size()) ||
-        !std::equal(per_run.begin() + 1, per_run.end(), rows.shape().begin() + 1))
-      throw Error(ErrorKind::kInternal, "value '" + name + "' reaches the GPU's stage as " + to_string(rows.dtype()) +
-                                            " of another shape than it was built for");
-    const int64_t count = rows.dim(0), at_once = per_run[0];
+    const ir::Dims& dims = *planned.type.shape;
+    if (rows.dtype() != planned.type.dtype || rows.rank() != static_cast<int>(dims.size()) ||
+        !std::equal(dims.begin() + 1, dims.end(), rows.shape().begin() + 1,
+                    [](const ir::Dim& d, int64_t v) { return d.known() && d.value == v; }))
+      throw Error(ErrorKind::kInternal, "value '" + name + "' reaches the GPU's stage as " + to_string(rows.dtype()) + " " +
+                                            shape_to_string(rows.shape()) + ", not as it was built for");
+    const int64_t count = rows.dim(0), at_once = p.rows_per_run;
     std::map<std::string, Tensor> outputs;
-    for (const std::string& out : p.graph.outputs) {
-      const ir::Value& v = p.graph.value(out);
-      std::vector<int64_t> shape = ir::known_values(*v.type.shape);
-      shape[0] = count;
-      outputs.emplace(out, Tensor(v.type.dtype, shape));
+    if (count == 0) {
+      for (const std::string& out : p.graph.outputs) {
+        const ir::Value& v = p.graph.value(out);
+        std::vector<int64_t> shape{0};
+        for (size_t d = 1; d < v.type.shape->size(); ++d) shape.push_back((*v.type.shape)[d].value);
+        outputs.emplace(out, Tensor(v.type.dtype, shape));
+      }
+      return outputs;
     }
-    const size_t in_row_bytes = count ? rows.nbytes() / static_cast<size_t>(count) : 0;
+    std::lock_guard<std::mutex> lock(runner.mutex);
     for (int64_t first = 0; first < count; first += at_once) {
       const int64_t taken = std::min(at_once, count - first);
-      Tensor chunk(rows.dtype(), per_run);  // zero-filled: the padding rows
-      std::memcpy(chunk.raw(), static_cast<const unsigned char*>(rows.raw()) + static_cast<size_t>(first) * in_row_bytes,
-                  static_cast<size_t>(taken) * in_row_bytes);
-      std::map<std::string, Tensor> got = p.engine->run({{name, chunk}});
-      for (auto& [out, whole] : outputs) {
+      std::map<std::string, Tensor> got =
+          run_padded(p, runner, count <= at_once ? rows : rows_of(rows, first, taken), planned_rows(taken, at_once) - taken);
+      for (const std::string& out : p.graph.outputs) {
         const Tensor& part = got.at(out);
-        if (part.dtype() != whole.dtype() || part.rank() != whole.rank() || part.dim(0) != at_once)
-          throw Error(ErrorKind::kInternal, "the GPU's stage returned output '" + out + "' in another shape than planned");
-        const size_t row_bytes = part.nbytes() / static_cast<size_t>(at_once);
+        if (part.rank() < 1 || part.dim(0) < taken)
+          throw Error(ErrorKind::kInternal, "the GPU's stage returned output '" + out + "' without the rows it was given");
+        if (count <= at_once) {
+          outputs[out] = rows_of(part, 0, count);
+          continue;
+        }
+        if (first == 0) {
+          std::vector<int64_t> shape = part.shape();
+          shape[0] = count;
+          outputs[out] = Tensor::uninitialized(part.dtype(), shape);
+        }
+        Tensor& whole = outputs.at(out);
+        const size_t row_bytes = part.nbytes() / static_cast<size_t>(part.dim(0));
+        if (part.dtype() != whole.dtype() || row_bytes * static_cast<size_t>(count) != whole.nbytes())
+          throw Error(ErrorKind::kInternal, "the GPU's stage returned output '" + out + "' in another shape from run to run");
         std::memcpy(static_cast<unsigned char*>(whole.raw()) + static_cast<size_t>(first) * row_bytes, part.raw(),
                     static_cast<size_t>(taken) * row_bytes);
       }
@@ -132,6 +198,7 @@ class StagedTailEngine final : public backend::Engine {
 
   ir::Graph tail_;
   std::vector<TailPart> parts_;
+  std::vector<std::unique_ptr<StageRunner>> runners_;  // one per part (used by stages)
   size_t layer_count_ = 0;
 };
 
@@ -167,7 +234,8 @@ std::vector<TailPart> tail_parts(const ir::Graph& tail, const std::vector<RowSta
     if (runs[r].stage >= 0) {
       const RowStage& stage = stages[static_cast<size_t>(runs[r].stage)];
       parts[r].stage = stage;
-      parts[r].graph = row_stage_graph(tail, stage, rows_per_run);
+      parts[r].graph = row_stage_graph(tail, stage);
+      parts[r].rows_per_run = rows_per_run;
       continue;
     }
     // What the runs after this one and the tail's outputs read.

@@ -1,9 +1,10 @@
 // The CPU tail of a GPU build with its row stages (row_stages.h) on the GPU: the tail's nodes in
 // parts, run in order, each part reading what the tail's inputs and the parts before it computed.
-// A CPU part is a CPU engine of its nodes; a stage is an engine of fixed input shape
-// (`rows_per_run` rows of the stage's `rows` value), which runs the rows a run brings that many at
-// a time, the last run's rows padded with zeros and its outputs' padding rows dropped. Zero rows
-// run nothing: the stage's outputs have no rows.
+// A CPU part is a CPU engine of its nodes; a stage is an engine of up to `rows_per_run` rows of
+// the stage's `rows` value, which runs the rows a run brings that many at a time, each run's rows
+// padded with zeros to a power of two (a few planned shapes, not one per count; the zero rows
+// written on the device where the engine has contexts) and its outputs' padding rows dropped.
+// Zero rows run nothing: the stage's outputs have no rows.
 #pragma once
 
 #include <memory>
@@ -16,8 +17,9 @@
 namespace kiln::compiler {
 
 struct TailPart {
-  ir::Graph graph;                  // a CPU part: its nodes; a stage: row_stage_graph at rows_per_run rows
+  ir::Graph graph;                  // a CPU part: its nodes; a stage: row_stage_graph
   std::optional<RowStage> stage;    // set for a stage
+  int64_t rows_per_run = 0;         // a stage: the most rows its engine takes
   std::unique_ptr<backend::Engine> engine;
 };
 
