@@ -127,8 +127,8 @@ struct BuildOptions {
   bool allow_cpu_fallback = true;
   // GPU builds whose tail runs on the CPU engine (nodes after one whose output shapes the data
   // decides): the tail's per-region heads (nodes that compute each row of a data-sized value on
-  // its own from constants, such as a detection model's box and mask heads) run on the GPU, 128
-  // rows at a time. false: the whole tail on the CPU engine (`kiln build --no-gpu-row-stages`).
+  // its own from constants, such as a detection model's box and mask heads) run on the GPU, up to
+  // 128 rows at a time. false: the whole tail on the CPU engine (`kiln build --no-gpu-row-stages`).
   bool gpu_row_stages = true;
   // Extra graph outputs, for debugging (like Polygraphy's --onnx-outputs): value names, or
   // "all" for every floating-point node output. Marked values are kept as they are (not fused

@@ -239,7 +239,8 @@ class HostTailEngine final : public backend::Engine {
     all.insert(tail.begin(), tail.end());
     return all;
   }
-  // The where-faster build compares engines of one model: their tails are the same CPU work.
+  // The where-faster build compares engines of one model: their tails are the same work (the CPU
+  // engine's, and row stages in fp16 whatever the precision).
   std::unique_ptr<backend::Timer> timer() const override { return parts_->head->timer(); }
   std::vector<LayerTiming> profile(const std::map<std::string, Tensor>& inputs) const override {
     return parts_->head->profile(inputs);

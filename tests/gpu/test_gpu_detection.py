@@ -104,7 +104,7 @@ def _on_gpu_rows(engine) -> list:
 
 def test_per_region_heads_run_on_the_gpu_unless_the_build_keeps_them_on_the_cpu(kiln_bin, model_cache, tmp_path):
     """Faster R-CNN's box head follows box selection, so it is in the CPU tail; it computes each
-    region on its own, so it runs on the GPU after all, 128 regions at a time, also in an engine
+    region on its own, so it runs on the GPU after all, up to 128 regions at a time, also in an engine
     file loaded again; gpu_row_stages=False (`--no-gpu-row-stages`) keeps it on the CPU engine.
     Each finds the CPU engine's detections."""
     from test_control_flow import _export_detection, _matched
