@@ -64,6 +64,7 @@ class BuildOptions:
     profile_timing_step: float
     timing_cache: str
     allow_cpu_fallback: bool
+    gpu_row_stages: bool
     mark_outputs: list[str]
     max_memory: int
     gpu: int  # GPU engines: the GPU built on and run on (CUDA's device index in this process)
