@@ -26,6 +26,7 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
     changes += passes::remove_identity_and_dropout(graph);
     if (options.fold_constants) changes += passes::fold_constants(graph, evaluate);
     if (options.fold_constants) changes += passes::inline_constant_if(graph);
+    if (options.fold_constants) changes += passes::unroll_loops(graph);
     // Once folding has done what it can, learn what symbolic arithmetic missed.
     if (options.fold_constants && round == 0) changes += passes::probe_symbolic_values(graph, evaluate);
     changes += passes::simplify_shape_chains(graph);

@@ -37,6 +37,15 @@ int fold_constants(ir::Graph& graph, const NodeEvaluator& evaluate, int64_t max_
 // Replaces each If whose condition is a constant by the nodes of the branch it always runs.
 int inline_constant_if(ir::Graph& graph);
 
+// Loops unrolled (unroll_loops) run at most this many iterations and make at most this many
+// nodes: past them a loop stays one node, not a graph of thousands of layers to build.
+constexpr int64_t kMaxUnrolledTrips = 128;
+constexpr size_t kMaxUnrolledNodes = 2048;
+
+// Replaces each Loop whose trip count is a constant (1 to kMaxUnrolledTrips), whose condition
+// stays true and whose carried values keep their types by its body's nodes once per iteration.
+int unroll_loops(ir::Graph& graph);
+
 // Drops Identity and inference-mode Dropout nodes, rewiring their consumers.
 int remove_identity_and_dropout(ir::Graph& graph);
 

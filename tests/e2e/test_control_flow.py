@@ -340,6 +340,88 @@ def test_a_loop_extending_a_value_matches_onnxruntime_however_it_ends(run_kiln, 
         np.testing.assert_array_equal(got["hist"], want["hist"])
 
 
+def recurrence_model(trips: int, cond: str = "none", grow: bool = False) -> onnx.ModelProto:
+    """h = tanh(h @ w + x * (i + 1)) for a constant trip count `trips` (an initializer), h [N, 4]
+    with N the input's batch; the scan output stacks every iteration's h. `cond`: "none" (no
+    cond input, the body passes its condition on), "true" (a constant true cond input) or
+    "computed" (the body's condition is sum(h) < 100). `grow`: a carried history that gains a
+    row block every iteration too (its type changes from one iteration to the next)."""
+    i1 = [helper.make_node("Add", ["i", "one"], ["i1"]), helper.make_node("Cast", ["i1"], ["i1f"], to=TensorProto.FLOAT)]
+    step = [helper.make_node("MatMul", ["h_in", "w"], ["hw"]), helper.make_node("Mul", ["x", "i1f"], ["xi"]),
+            helper.make_node("Add", ["hw", "xi"], ["pre"]), helper.make_node("Tanh", ["pre"], ["h_out"]),
+            helper.make_node("Identity", ["h_out"], ["scan"])]
+    if cond == "computed":
+        step += [helper.make_node("ReduceSum", ["h_out"], ["total"], keepdims=0),
+                 helper.make_node("Less", ["total", "limit"], ["cond_out"])]
+    else:
+        step += [helper.make_node("Identity", ["cond_in"], ["cond_out"])]
+    body_inputs = [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                   helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                   helper.make_tensor_value_info("h_in", TensorProto.FLOAT, ["N", 4])]
+    body_outputs = [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                    helper.make_tensor_value_info("h_out", TensorProto.FLOAT, ["N", 4])]
+    loop_inputs, loop_outputs = ["trips", {"none": "", "true": "go", "computed": ""}[cond], "h0"], ["h"]
+    graph_outputs = [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])]
+    if grow:
+        step.append(helper.make_node("Concat", ["hist_in", "h_out"], ["hist_out"], axis=0))
+        body_inputs.append(helper.make_tensor_value_info("hist_in", TensorProto.FLOAT, [None, 4]))
+        body_outputs.append(helper.make_tensor_value_info("hist_out", TensorProto.FLOAT, [None, 4]))
+        loop_inputs.append("hist0")
+        loop_outputs.append("hist")
+        graph_outputs.append(helper.make_tensor_value_info("hist", TensorProto.FLOAT, [None, 4]))
+    body_outputs.append(helper.make_tensor_value_info("scan", TensorProto.FLOAT, ["N", 4]))
+    loop_outputs.append("scans")
+    graph_outputs.append(helper.make_tensor_value_info("scans", TensorProto.FLOAT, [None, "N", 4]))
+    body = helper.make_graph(i1 + step, "body", body_inputs, body_outputs)
+    nodes = [helper.make_node("Mul", ["x", "half"], ["h0"]),
+             helper.make_node("Loop", loop_inputs, loop_outputs, body=body, name="the_loop")]
+    if grow:
+        nodes.insert(1, helper.make_node("Identity", ["h0"], ["hist0"]))
+    w = np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32) * 0.5
+    initializers = [numpy_helper.from_array(np.array(trips, np.int64), "trips"), numpy_helper.from_array(w, "w"),
+                    numpy_helper.from_array(np.array(1, np.int64), "one"), numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+                    numpy_helper.from_array(np.array(True), "go"), numpy_helper.from_array(np.array(100, np.float32), "limit")]
+    graph = helper.make_graph(nodes, "recurrence", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              graph_outputs, initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("cond", ["none", "true"])
+def test_a_loop_with_a_constant_trip_count_is_unrolled(run_kiln, tmp_path, cond):
+    """A Loop of 5 iterations whose condition stays true and whose carried value keeps its type
+    becomes its body's nodes five times (each iteration's number a constant, the scan output an
+    Unsqueeze and a Concat): no Loop is left, and the outputs match ONNX Runtime for batches the
+    model was not specialized to."""
+    path = tmp_path / "recurrence.onnx"
+    onnx.save(recurrence_model(5, cond), path)
+    layers = run_kiln("inspect", path, "--optimize")
+    assert layers.returncode == 0, layers.describe()
+    assert " Loop " not in layers.stdout and "the_loop/iteration4/" in layers.stdout, layers.stdout
+    for rows in (1, 3):
+        x = np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)
+        got, want = run_both(run_kiln, tmp_path, path, {"x": x})
+        assert_same(got, want)
+        assert got["scans"].shape == (5, rows, 4)
+
+
+@pytest.mark.parametrize("why", ["computed_condition", "type_changes", "too_many_trips"])
+def test_loops_that_cannot_be_unrolled_stay_loops(run_kiln, tmp_path, why):
+    """A condition the body computes, a carried value that grows every iteration, or more trips
+    than kiln unrolls (128): the Loop stays one node, and runs as ONNX Runtime runs it."""
+    model = {"computed_condition": lambda: recurrence_model(12, "computed"),
+             "type_changes": lambda: recurrence_model(4, grow=True),
+             "too_many_trips": lambda: recurrence_model(129)}[why]()
+    path = tmp_path / "loop.onnx"
+    onnx.save(model, path)
+    layers = run_kiln("inspect", path, "--optimize")
+    assert layers.returncode == 0, layers.describe()
+    assert " Loop " in layers.stdout and "iteration0" not in layers.stdout, layers.stdout
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    assert_same(*run_both(run_kiln, tmp_path, path, {"x": x}))
+
+
 # --- torchvision's detection models: their box selection (batched NMS) runs in an If --------------
 
 THRESHOLDS = {"fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh": 0.0}, "retinanet_resnet50_fpn": {"score_thresh": 0.0},

@@ -7,7 +7,7 @@ context has its own staging memory and CPU kernel for those nodes). And Swin-T (
 exported by `kiln export`: shifted windows, relative position bias) builds on GPU layers alone
 and matches the CPU engine. torchvision's detection models run their backbones on the GPU and box
 selection on the CPU engine, at 128 x 128 and at their own image sizes, where they match ONNX
-Runtime."""
+Runtime. A Loop with a constant trip count is unrolled and needs no CPU engine."""
 from __future__ import annotations
 
 import json
@@ -172,3 +172,23 @@ def test_swin_transformer_runs_on_gpu_layers_alone_and_matches_the_cpu_engine(ki
         for out, w in want.items():
             err = np.linalg.norm(got[out] - w) / max(np.linalg.norm(w), 1e-30)
             assert err < 1e-4, f"{out}: relative L2 error {err}"
+
+
+def test_a_loop_with_a_constant_trip_count_runs_on_gpu_layers_alone(tmp_path):
+    """A Loop of 6 iterations whose condition stays true and whose carried value keeps its type
+    (a recurrence, tests/e2e/test_control_flow.py) is unrolled: a strict GPU build (no CPU engine
+    for any node) of a batch profile 1..8 matches the CPU engine at batches 1, 3 and 8."""
+    from test_control_flow import recurrence_model
+
+    path = str(tmp_path / "recurrence.onnx")
+    onnx.save(recurrence_model(6), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False, profiles=[{"x": ([1, 4], [3, 4], [8, 4])}]).build(path)
+    info = gpu.info()
+    assert not info["data_dependent_nodes"] and not any(l["cpu_fallback"] for l in info["layers"])
+    cpu = kiln.Builder(device="cpu").build(path)
+    for rows in (1, 3, 8):
+        x = np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)
+        got, want = gpu.run({"x": x}), cpu.run({"x": x})
+        assert got["scans"].shape == (6, rows, 4)
+        for out, w in want.items():
+            np.testing.assert_allclose(got[out], w, rtol=1e-4, atol=1e-5, err_msg=out)
