@@ -43,7 +43,9 @@ constexpr int64_t kMaxUnrolledTrips = 128;
 constexpr size_t kMaxUnrolledNodes = 2048;
 
 // Replaces each Loop whose trip count is a constant (1 to kMaxUnrolledTrips), whose condition
-// stays true and whose carried values keep their types by its body's nodes once per iteration.
+// stays true and whose carried values keep their types, and each Scan whose scanned length is
+// known (1 to kMaxUnrolledTrips) and whose states keep their types, by its body's nodes once per
+// iteration.
 int unroll_loops(ir::Graph& graph);
 
 // Drops Identity and inference-mode Dropout nodes, rewiring their consumers.

@@ -422,6 +422,52 @@ def test_loops_that_cannot_be_unrolled_stay_loops(run_kiln, tmp_path, why):
     assert_same(*run_both(run_kiln, tmp_path, path, {"x": x}))
 
 
+def scan_model(length: int | str) -> onnx.ModelProto:
+    """Scan over x [2, L, 3] along axis 1, read in reverse: the state s [2, 3] becomes
+    s * 0.5 + slice + b (b read from the enclosing graph); two scan outputs, s stacked along axis 1
+    in reverse and s * s stacked along axis -1. `length`: L, a number or a named (unknown) dim."""
+    nodes = [helper.make_node("Mul", ["s_in", "half"], ["decayed"]), helper.make_node("Add", ["decayed", "xs"], ["sum"]),
+             helper.make_node("Add", ["sum", "b"], ["s_out"]), helper.make_node("Mul", ["s_out", "s_out"], ["sq"]),
+             helper.make_node("Identity", ["s_out"], ["e0"])]
+    body = helper.make_graph(
+        nodes, "body",
+        [helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [2, 3]), helper.make_tensor_value_info("xs", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3]) for name in ("s_out", "e0", "sq")],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    scan = helper.make_node("Scan", ["s0", "x"], ["s", "stacked", "squares"], body=body, name="the_scan",
+                            num_scan_inputs=1, scan_input_axes=[1], scan_input_directions=[1],
+                            scan_output_axes=[1, -1], scan_output_directions=[1, 0])
+    graph = helper.make_graph([helper.make_node("Mul", ["x0", "half"], ["s0"]), scan], "scan",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, length, 3]),
+                               helper.make_tensor_value_info("x0", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, 3]),
+                               helper.make_tensor_value_info("stacked", TensorProto.FLOAT, [2, length, 3]),
+                               helper.make_tensor_value_info("squares", TensorProto.FLOAT, [2, 3, length])],
+                              [numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+                               numpy_helper.from_array(np.array([0.1, -0.2, 0.3], np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("length", [5, "L"], ids=["known_length", "unknown_length"])
+def test_a_scan_of_a_known_length_is_unrolled(run_kiln, tmp_path, length):
+    """A Scan over 5 slices (read in reverse; outputs stacked along axis 1 in reverse and along
+    the last axis) becomes Gathers, its body five times and Unsqueeze/Concat stacks; with a length
+    the model leaves open it stays a Scan. Both match ONNX Runtime."""
+    path = tmp_path / "scan.onnx"
+    onnx.save(scan_model(length), path)
+    layers = run_kiln("inspect", path, "--optimize")
+    assert layers.returncode == 0, layers.describe()
+    unrolled = length == 5
+    assert (" Scan " not in layers.stdout) == unrolled and ("the_scan/iteration4/" in layers.stdout) == unrolled, layers.stdout
+    rng = np.random.default_rng(5)
+    feed = {"x": rng.standard_normal((2, 5, 3)).astype(np.float32), "x0": rng.standard_normal((2, 3)).astype(np.float32)}
+    got, want = run_both(run_kiln, tmp_path, path, feed)
+    assert_same(got, want)
+    assert got["stacked"].shape == (2, 5, 3) and got["squares"].shape == (2, 3, 5)
+
+
 # --- torchvision's detection models: their box selection (batched NMS) runs in an If --------------
 
 THRESHOLDS = {"fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh": 0.0}, "retinanet_resnet50_fpn": {"score_thresh": 0.0},

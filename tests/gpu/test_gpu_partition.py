@@ -7,7 +7,8 @@ context has its own staging memory and CPU kernel for those nodes). And Swin-T (
 exported by `kiln export`: shifted windows, relative position bias) builds on GPU layers alone
 and matches the CPU engine. torchvision's detection models run their backbones on the GPU and box
 selection on the CPU engine, at 128 x 128 and at their own image sizes, where they match ONNX
-Runtime. A Loop with a constant trip count is unrolled and needs no CPU engine."""
+Runtime. A Loop with a constant trip count and a Scan of a known length are unrolled and need no
+CPU engine."""
 from __future__ import annotations
 
 import json
@@ -192,3 +193,20 @@ def test_a_loop_with_a_constant_trip_count_runs_on_gpu_layers_alone(tmp_path):
         assert got["scans"].shape == (6, rows, 4)
         for out, w in want.items():
             np.testing.assert_allclose(got[out], w, rtol=1e-4, atol=1e-5, err_msg=out)
+
+
+def test_a_scan_of_a_known_length_runs_on_gpu_layers_alone(tmp_path):
+    """A Scan over 5 slices read in reverse, its outputs stacked along other axes
+    (tests/e2e/test_control_flow.py) is unrolled: a strict GPU build matches the CPU engine."""
+    from test_control_flow import scan_model
+
+    path = str(tmp_path / "scan.onnx")
+    onnx.save(scan_model(5), path)
+    gpu = kiln.Builder(device="cuda", allow_cpu_fallback=False).build(path)
+    assert not any(l["cpu_fallback"] for l in gpu.info()["layers"])
+    cpu = kiln.Builder(device="cpu").build(path)
+    rng = np.random.default_rng(3)
+    feed = {"x": rng.standard_normal((2, 5, 3)).astype(np.float32), "x0": rng.standard_normal((2, 3)).astype(np.float32)}
+    got, want = gpu.run(feed), cpu.run(feed)
+    for out, w in want.items():
+        np.testing.assert_allclose(got[out], w, rtol=1e-4, atol=1e-5, err_msg=out)
