@@ -8,8 +8,8 @@
 // Scan (the GPU engine) runs the model without handing it to the CPU engine.
 //
 // Loops whose carried values change shape (a value extended every iteration, which unrolled
-// would copy the whole value each time), whose condition the body computes, or whose unrolled
-// nodes would pass kMaxUnrolledNodes stay loops.
+// would copy the whole value each time), whose condition the body computes, whose body holds
+// control flow of its own, or whose unrolled nodes would pass kMaxUnrolledNodes stay loops.
 #include <algorithm>
 #include <optional>
 #include <set>
@@ -110,6 +110,13 @@ bool carried_types_stay(const ir::Graph& body, size_t first_in, size_t first_out
     }
   }
   return true;
+}
+
+// Whether `body` holds an If, Loop or Scan: unrolled, each copy's could unroll again, and
+// nested loops would multiply past kMaxUnrolledNodes.
+bool has_control_flow(const ir::Graph& body) {
+  return std::any_of(body.nodes.begin(), body.nodes.end(),
+                     [](const ir::Node& n) { return n.op == "If" || n.op == "Loop" || n.op == "Scan"; });
 }
 
 // The types of `node`'s inputs, or none where a rank is not known yet (a later round).
@@ -218,7 +225,7 @@ bool unroll_loop(ir::Graph& graph, size_t at, size_t& next) {
   const ir::Graph body = import_body(node, *types);
   if (body.outputs.size() != 1 + node.outputs.size() || body.inputs.size() != node.inputs.size()) return false;
   if (!condition_stays_true(body) || !carried_types_stay(body, 2, 1, carried)) return false;
-  if (body.nodes.size() * static_cast<size_t>(count) > kMaxUnrolledNodes) return false;
+  if (has_control_flow(body) || body.nodes.size() * static_cast<size_t>(count) > kMaxUnrolledNodes) return false;
 
   const ir::Node loop = node;  // `node` goes when the graph's nodes change
   Unrolled unrolled(graph, loop);
@@ -277,7 +284,7 @@ bool unroll_scan(ir::Graph& graph, size_t at, size_t& next) {
   const ir::Graph body = import_body(node, *types);
   if (body.outputs.size() != node.outputs.size() || body.inputs.size() != node.inputs.size()) return false;
   if (!carried_types_stay(body, 0, 0, states)) return false;
-  if ((body.nodes.size() + scanned) * static_cast<size_t>(length) > kMaxUnrolledNodes) return false;
+  if (has_control_flow(body) || (body.nodes.size() + scanned) * static_cast<size_t>(length) > kMaxUnrolledNodes) return false;
   std::vector<int64_t> stack_axes;  // each scan output's axis, of the stacked rank
   for (size_t k = 0; k < scans; ++k) {
     const ir::Value* element = body.find_value(body.outputs[states + k]);

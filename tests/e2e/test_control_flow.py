@@ -406,13 +406,36 @@ def test_a_loop_with_a_constant_trip_count_is_unrolled(run_kiln, tmp_path, cond)
         assert got["scans"].shape == (5, rows, 4)
 
 
-@pytest.mark.parametrize("why", ["computed_condition", "type_changes", "too_many_trips"])
+def nested_loop_model() -> onnx.ModelProto:
+    """recurrence_model(2)'s Loop inside the body of a Loop of 3 trips: h goes through 6 steps."""
+    inner = recurrence_model(2)
+    inner_loop = next(n for n in inner.graph.node if n.op_type == "Loop")
+    inner_loop.input[2] = "h_in"
+    inner_loop.output[:] = ["h_out", "inner_scans"]
+    body = helper.make_graph([inner_loop, helper.make_node("Identity", ["cond_in"], ["cond_out"])], "outer_body",
+                             [helper.make_tensor_value_info("j", TensorProto.INT64, []),
+                              helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("h_in", TensorProto.FLOAT, ["N", 4])],
+                             [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("h_out", TensorProto.FLOAT, ["N", 4])])
+    outer = helper.make_node("Loop", ["three", "", "h0"], ["h"], body=body, name="outer_loop")
+    graph = helper.make_graph([inner.graph.node[0], outer], "nested", list(inner.graph.input),
+                              [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])],
+                              list(inner.graph.initializer) + [numpy_helper.from_array(np.array(3, np.int64), "three")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.mark.parametrize("why", ["computed_condition", "type_changes", "too_many_trips", "nested_loop"])
 def test_loops_that_cannot_be_unrolled_stay_loops(run_kiln, tmp_path, why):
-    """A condition the body computes, a carried value that grows every iteration, or more trips
-    than kiln unrolls (128): the Loop stays one node, and runs as ONNX Runtime runs it."""
+    """A condition the body computes, a carried value that grows every iteration, more trips than
+    kiln unrolls (128), or a body with a loop of its own (unrolled, nested loops would multiply):
+    the Loop stays one node, and runs as ONNX Runtime runs it."""
     model = {"computed_condition": lambda: recurrence_model(12, "computed"),
              "type_changes": lambda: recurrence_model(4, grow=True),
-             "too_many_trips": lambda: recurrence_model(129)}[why]()
+             "too_many_trips": lambda: recurrence_model(129),
+             "nested_loop": nested_loop_model}[why]()
     path = tmp_path / "loop.onnx"
     onnx.save(model, path)
     layers = run_kiln("inspect", path, "--optimize")
