@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 
+#include "ir/op_schema.h"
 #include "onnx/importer.h"
 #include "passes/passes.h"
 
@@ -130,13 +131,25 @@ std::optional<std::vector<ir::TensorType>> input_types(const ir::Graph& graph, c
   return types;
 }
 
-ir::Graph import_body(const ir::Node& node, const std::vector<ir::TensorType>& types) {
+// The body typed by `types`, the values it reads from the enclosing graph from `first_read` on
+// with their values where they are constants there (an Unsqueeze's axes, a Reshape's shape):
+// what its copies will read once unrolled, so that its outputs' types are known as they will be.
+ir::Graph import_body(const ir::Graph& graph, const ir::Node& node, const std::vector<ir::TensorType>& types, size_t first_read) {
+  ir::Graph body;
   try {
-    return onnx_import::import_subgraph(node.attrs.get_string("body_model", ""), types, "body_model");
+    body = onnx_import::import_subgraph(node.attrs.get_string("body_model", ""), types, "body_model");
   } catch (Error& e) {
     if (e.node_name().empty()) e.node(node.name, node.op);
     throw;
   }
+  bool constants = false;
+  for (size_t i = first_read; i < node.inputs.size() && i < body.inputs.size(); ++i)
+    if (const Tensor* c = graph.constant(node.inputs[i])) {
+      body.value(body.inputs[i]).constant = *c;
+      constants = true;
+    }
+  if (constants) ir::infer_shapes(body);
+  return body;
 }
 
 // The nodes that replace one Loop or Scan, as they are made.
@@ -222,7 +235,7 @@ bool unroll_loop(ir::Graph& graph, size_t at, size_t& next) {
   std::optional<std::vector<ir::TensorType>> types = input_types(graph, node, 2);
   if (!types) return false;
   types->insert(types->begin(), {ir::TensorType{DType::kInt64, ir::Dims{}}, ir::TensorType{DType::kBool, ir::Dims{}}});
-  const ir::Graph body = import_body(node, *types);
+  const ir::Graph body = import_body(graph, node, *types, 2 + carried);
   if (body.outputs.size() != 1 + node.outputs.size() || body.inputs.size() != node.inputs.size()) return false;
   if (!condition_stays_true(body) || !carried_types_stay(body, 2, 1, carried)) return false;
   if (has_control_flow(body) || body.nodes.size() * static_cast<size_t>(count) > kMaxUnrolledNodes) return false;
@@ -281,7 +294,7 @@ bool unroll_scan(ir::Graph& graph, size_t at, size_t& next) {
     dims.erase(dims.begin() + axis);
   }
   if (length < 1 || length > kMaxUnrolledTrips) return false;
-  const ir::Graph body = import_body(node, *types);
+  const ir::Graph body = import_body(graph, node, *types, states + scanned);
   if (body.outputs.size() != node.outputs.size() || body.inputs.size() != node.inputs.size()) return false;
   if (!carried_types_stay(body, 0, 0, states)) return false;
   if (has_control_flow(body) || (body.nodes.size() + scanned) * static_cast<size_t>(length) > kMaxUnrolledNodes) return false;
