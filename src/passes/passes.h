@@ -38,9 +38,11 @@ int fold_constants(ir::Graph& graph, const NodeEvaluator& evaluate, int64_t max_
 int inline_constant_if(ir::Graph& graph);
 
 // Loops unrolled (unroll_loops) run at most this many iterations and make at most this many
-// nodes: past them a loop stays one node, not a graph of thousands of layers to build.
+// nodes, in a graph of at most kMaxUnrolledGraphNodes nodes once unrolled: past them a loop
+// stays one node, not thousands of layers to optimize and build.
 constexpr int64_t kMaxUnrolledTrips = 128;
 constexpr size_t kMaxUnrolledNodes = 2048;
+constexpr size_t kMaxUnrolledGraphNodes = 16384;
 
 // Replaces each Loop whose trip count is a constant (1 to kMaxUnrolledTrips), whose condition
 // stays true and whose carried values keep their types, and each Scan whose scanned length is

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <optional>
 #include <set>
+#include <unordered_set>
 
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
@@ -22,25 +23,30 @@ namespace kiln::passes {
 
 namespace {
 
-// Node names for nodes not yet in the graph: unique in it and among each other.
-class NodeNames {
+// Names for the nodes and values an unrolling makes: unique among the graph's node and value
+// names and each other (as Graph::unique_name makes them, which looks through every node each
+// call: an unrolling names thousands).
+class Names {
  public:
-  explicit NodeNames(ir::Graph& graph) : graph_(graph) {}
+  explicit Names(const ir::Graph& graph) : graph_(graph) {
+    for (const ir::Node& n : graph.nodes) taken_.insert(n.name);
+  }
   std::string operator()(const std::string& hint) {
-    std::string name = graph_.unique_name(hint);
-    for (int k = 1; !given_.insert(name).second; ++k) name = graph_.unique_name(hint + "_" + std::to_string(k));
+    std::string name = hint;
+    for (int64_t k = 0; name.empty() || taken_.count(name) || graph_.find_value(name); ++k) name = hint + "__" + std::to_string(k);
+    taken_.insert(name);
     return name;
   }
 
  private:
-  ir::Graph& graph_;
-  std::set<std::string> given_;
+  const ir::Graph& graph_;
+  std::unordered_set<std::string> taken_;
 };
 
 // `sub`'s nodes for `graph`: input i of `sub` reads the value inputs[i], its constants and the
 // values its nodes compute get fresh names under `prefix`. `outputs` receives the names that
 // `sub`'s outputs have in `graph`.
-std::vector<ir::Node> inline_subgraph(ir::Graph& graph, NodeNames& node_name, const std::string& prefix, const ir::Graph& sub,
+std::vector<ir::Node> inline_subgraph(ir::Graph& graph, Names& unique_name, const std::string& prefix, const ir::Graph& sub,
                                       const std::vector<std::string>& inputs, std::vector<std::string>& outputs) {
   std::map<std::string, std::string> renamed;
   for (size_t i = 0; i < sub.inputs.size(); ++i) renamed[sub.inputs[i]] = inputs[i];
@@ -48,7 +54,7 @@ std::vector<ir::Node> inline_subgraph(ir::Graph& graph, NodeNames& node_name, co
   auto fresh = [&](const std::string& name, const ir::Value& value) {
     ir::Value v = value;
     if (!v.constant) v.type.shape.reset(), v.symbolic_value.reset();
-    v.name = graph.unique_name(prefix + "/" + name);
+    v.name = unique_name(prefix + "/" + name);
     renamed[name] = v.name;
     graph.set_value(std::move(v));
   };
@@ -65,7 +71,7 @@ std::vector<ir::Node> inline_subgraph(ir::Graph& graph, NodeNames& node_name, co
   std::vector<ir::Node> nodes;
   for (const ir::Node& n : sub.nodes) {
     ir::Node copy = n;
-    copy.name = node_name(prefix + "/" + n.name);
+    copy.name = unique_name(prefix + "/" + n.name);
     for (std::string& in : copy.inputs)
       if (!in.empty()) in = graph_name(in);
     for (std::string& out : copy.outputs)
@@ -120,6 +126,12 @@ bool has_control_flow(const ir::Graph& body) {
                      [](const ir::Node& n) { return n.op == "If" || n.op == "Loop" || n.op == "Scan"; });
 }
 
+// Whether a loop's `copies` (its body's nodes, once per iteration) and `stacking` nodes besides
+// fit kMaxUnrolledNodes, and the graph with them kMaxUnrolledGraphNodes.
+bool fits(const ir::Graph& graph, size_t copies, size_t stacking) {
+  return copies <= kMaxUnrolledNodes && graph.nodes.size() + copies + stacking <= kMaxUnrolledGraphNodes + 1;
+}
+
 // The types of `node`'s inputs, or none where a rank is not known yet (a later round).
 std::optional<std::vector<ir::TensorType>> input_types(const ir::Graph& graph, const ir::Node& node, size_t first) {
   std::vector<ir::TensorType> types;
@@ -155,12 +167,12 @@ ir::Graph import_body(const ir::Graph& graph, const ir::Node& node, const std::v
 // The nodes that replace one Loop or Scan, as they are made.
 class Unrolled {
  public:
-  Unrolled(ir::Graph& graph, const ir::Node& node) : graph_(graph), node_(node), node_name_(graph) {}
+  Unrolled(ir::Graph& graph, const ir::Node& node) : graph_(graph), node_(node), unique_name_(graph) {}
 
   // The body once more, reading `feed`; its outputs' names in the graph.
   std::vector<std::string> iteration(int64_t i, const ir::Graph& body, const std::vector<std::string>& feed) {
     std::vector<std::string> outputs;
-    std::vector<ir::Node> copies = inline_subgraph(graph_, node_name_, prefix(i), body, feed, outputs);
+    std::vector<ir::Node> copies = inline_subgraph(graph_, unique_name_, prefix(i), body, feed, outputs);
     nodes_.insert(nodes_.end(), std::make_move_iterator(copies.begin()), std::make_move_iterator(copies.end()));
     return outputs;
   }
@@ -171,12 +183,12 @@ class Unrolled {
                   const std::string& output = "", std::optional<int64_t> axis = std::nullopt) {
     ir::Node made;
     made.op = op;
-    made.name = node_name_(node_.name + "/" + hint);
+    made.name = unique_name_(node_.name + "/" + hint);
     made.inputs = std::move(inputs);
     if (axis) made.attrs.set("axis", *axis);
     if (output.empty()) {
       ir::Value v;
-      v.name = graph_.unique_name(made.name);
+      v.name = unique_name_(made.name);
       v.type.dtype = dtype;
       graph_.set_value(v);
       made.outputs = {v.name};
@@ -208,7 +220,7 @@ class Unrolled {
  private:
   ir::Graph& graph_;
   const ir::Node& node_;
-  NodeNames node_name_;
+  Names unique_name_;
   std::vector<ir::Node> nodes_;
 };
 
@@ -238,13 +250,13 @@ bool unroll_loop(ir::Graph& graph, size_t at, size_t& next) {
   const ir::Graph body = import_body(graph, node, *types, 2 + carried);
   if (body.outputs.size() != 1 + node.outputs.size() || body.inputs.size() != node.inputs.size()) return false;
   if (!condition_stays_true(body) || !carried_types_stay(body, 2, 1, carried)) return false;
-  if (has_control_flow(body) || body.nodes.size() * static_cast<size_t>(count) > kMaxUnrolledNodes) return false;
+  const size_t iterations = static_cast<size_t>(count), scans = node.outputs.size() - carried;
+  if (has_control_flow(body) || !fits(graph, body.nodes.size() * iterations, carried + scans * (iterations + 1))) return false;
 
   const ir::Node loop = node;  // `node` goes when the graph's nodes change
   Unrolled unrolled(graph, loop);
   std::vector<std::string> feed(loop.inputs.begin(), loop.inputs.end());
   feed[1] = graph.add_constant(loop.name + "/cond", Tensor::scalar<bool>(true));
-  const size_t scans = loop.outputs.size() - carried;
   std::vector<std::vector<std::string>> elements(scans);
   for (int64_t i = 0; i < count; ++i) {
     feed[0] = graph.add_constant(unrolled.prefix(i) + "/number", Tensor::scalar<int64_t>(i));
@@ -297,7 +309,8 @@ bool unroll_scan(ir::Graph& graph, size_t at, size_t& next) {
   const ir::Graph body = import_body(graph, node, *types, states + scanned);
   if (body.outputs.size() != node.outputs.size() || body.inputs.size() != node.inputs.size()) return false;
   if (!carried_types_stay(body, 0, 0, states)) return false;
-  if (has_control_flow(body) || (body.nodes.size() + scanned) * static_cast<size_t>(length) > kMaxUnrolledNodes) return false;
+  const size_t steps = static_cast<size_t>(length);
+  if (has_control_flow(body) || !fits(graph, (body.nodes.size() + scanned) * steps, states + scans * (steps + 1))) return false;
   std::vector<int64_t> stack_axes;  // each scan output's axis, of the stacked rank
   for (size_t k = 0; k < scans; ++k) {
     const ir::Value* element = body.find_value(body.outputs[states + k]);
@@ -341,8 +354,12 @@ int unroll_loops(ir::Graph& graph) {
     const ir::Node& node = graph.nodes[n];
     size_t next = n + 1;
     // (A Loop or Scan among the copies: a later round.)
-    if (node.domain.empty() && ((node.op == "Loop" && unroll_loop(graph, n, next)) || (node.op == "Scan" && unroll_scan(graph, n, next))))
+    if (node.domain.empty() && ((node.op == "Loop" && unroll_loop(graph, n, next)) || (node.op == "Scan" && unroll_scan(graph, n, next)))) {
       ++unrolled;
+      // The copies' types, for the loops after this one that read them (a chain of loops
+      // unrolls in one call, not one loop per round of the optimizer).
+      ir::infer_shapes(graph);
+    }
     n = next;
   }
   return unrolled;
