@@ -11,8 +11,8 @@
 // would copy the whole value each time), whose condition the body computes, whose body holds
 // control flow of its own, or whose unrolled nodes would pass kMaxUnrolledNodes stay loops.
 #include <algorithm>
+#include <map>
 #include <optional>
-#include <set>
 #include <unordered_set>
 
 #include "ir/op_schema.h"
