@@ -445,6 +445,47 @@ def test_loops_that_cannot_be_unrolled_stay_loops(run_kiln, tmp_path, why):
     assert_same(*run_both(run_kiln, tmp_path, path, {"x": x}))
 
 
+def chained_loops_model(loops: int, trips: int) -> onnx.ModelProto:
+    """`loops` copies of recurrence_model(trips)'s Loop one after another, each carrying on the
+    h the one before it made; the output is the last h."""
+    single = recurrence_model(trips)
+    loop = next(n for n in single.graph.node if n.op_type == "Loop")
+    nodes, carried = [single.graph.node[0]], "h0"
+    for k in range(loops):
+        copy = onnx.NodeProto()
+        copy.CopyFrom(loop)
+        copy.name, copy.input[2] = f"loop{k}", carried
+        copy.output[:] = [f"h{k + 1}", f"scans{k + 1}"]
+        nodes.append(copy)
+        carried = f"h{k + 1}"
+    graph = helper.make_graph(nodes + [helper.make_node("Identity", [carried], ["h"])], "chained", list(single.graph.input),
+                              [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 4])], list(single.graph.initializer))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+@pytest.mark.parametrize("loops,trips", [(20, 2), (40, 128)], ids=["chain", "past_the_graph_bound"])
+def test_chained_loops_unroll_until_the_graph_bound(run_kiln, tmp_path, loops, trips):
+    """20 chained loops unroll together (each reads the one before it's unrolled output: more
+    than the optimizer's 16 rounds would take one at a time); of 40 loops of 128 iterations (642
+    nodes each unrolled, with the stacking of their scan outputs) the first unroll while the graph
+    stays within 16,384 nodes and the rest stay loops. The chain that unrolls whole matches ONNX
+    Runtime (the other cannot run: a loop after a loop is refused, as a carried value's rank is not
+    known to the next loop's build)."""
+    path = tmp_path / "chained.onnx"
+    onnx.save(chained_loops_model(loops, trips), path)
+    layers = run_kiln("inspect", path, "--optimize")
+    assert layers.returncode == 0, layers.describe()
+    left = layers.stdout.count(" Loop ")
+    if trips == 2:
+        assert left == 0, layers.stdout
+    else:
+        assert 0 < left < loops and f"loop{loops - 1} " in layers.stdout and "loop0/iteration127/" in layers.stdout
+        assert int(re.search(r"layers \((\d+)\)", layers.stdout).group(1)) <= 16384
+        return
+    x = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32)
+    assert_same(*run_both(run_kiln, tmp_path, path, {"x": x}))
+
+
 def scan_model(length: int | str) -> onnx.ModelProto:
     """Scan over x [2, L, 3] along axis 1, read in reverse: the state s [2, 3] becomes
     s * 0.5 + slice + b (b read from the enclosing graph); two scan outputs, s stacked along axis 1
