@@ -90,6 +90,15 @@ void check_dtype(const ir::Node& node, const std::vector<ir::TensorType>& declar
                                                    ", not the declared " + to_string(declared[o].dtype));
 }
 
+// An output the node gives as its subgraph computed it (If's, a Loop's carried values, a Scan's
+// states): its dtype and, where declared, its rank, which the nodes after it were planned for.
+void check_type(const ir::Node& node, const std::vector<ir::TensorType>& declared, size_t o, const Tensor& t) {
+  check_dtype(node, declared, o, t);
+  if (declared[o].shape && static_cast<size_t>(t.rank()) != declared[o].shape->size())
+    throw node.error(ErrorKind::kInvalidModel, "its subgraph's output " + std::to_string(o) + " has rank " + std::to_string(t.rank()) +
+                                                   ", not the declared " + std::to_string(declared[o].shape->size()));
+}
+
 std::vector<ir::TensorType> declared_outputs(const KernelInit& init) {
   std::vector<ir::TensorType> declared;
   for (const ir::TensorType* t : init.output_types) declared.push_back(t ? *t : ir::TensorType{});
@@ -118,7 +127,7 @@ class IfKernel : public Kernel {
     std::map<std::string, Tensor> result = branch.run(feed);
     for (size_t o = 0; o < outputs.size(); ++o) {
       outputs[o] = std::move(result.at(branch.outputs[o]));
-      check_dtype(node_, declared_, o, outputs[o]);
+      check_type(node_, declared_, o, outputs[o]);
     }
   }
 
@@ -182,7 +191,7 @@ class LoopKernel : public Kernel {
     }
     for (size_t k = 0; k < carried_; ++k) {
       outputs[k] = appended_[k] ? grown[k].take() : feed[2 + k];
-      check_dtype(node_, declared_, k, outputs[k]);
+      check_type(node_, declared_, k, outputs[k]);
     }
     for (size_t k = 0; k < scan_count; ++k) outputs[carried_ + k] = stack(scans[k], carried_ + k);
   }
@@ -376,7 +385,7 @@ class ScanKernel : public Kernel {
     }
     for (size_t k = 0; k < states_; ++k) {
       outputs[k] = feed[k];
-      check_dtype(node_, declared_, k, outputs[k]);
+      check_type(node_, declared_, k, outputs[k]);
     }
     for (size_t k = 0; k < outputs_scanned; ++k) outputs[states_ + k] = stack(elements[k], states_ + k, output_axes_[k], output_reverse_[k] != 0);
   }

@@ -197,8 +197,10 @@ KILN_REGISTER_IMPORTERS(control_flow) {
                     const onnx::TypeProto* in = i < carried ? &body->input(static_cast<int>(i) + 2).type() : nullptr;
                     // A carried value's dtype, where the body does not say, is its initial value's (-1).
                     auto [dtype, rank] = declared_output(ctx, i, out, in);
+                    // A carried value may change shape between iterations; its rank is the one
+                    // its body declares for it going in and coming out, where they agree (the
+                    // Loop kernel checks it), and unknown otherwise.
                     if (i >= carried && rank >= 0) ++rank;  // stacked over the iterations
-                    if (i < carried) rank = -1;           // a carried value may change shape between iterations
                     dtypes.push_back(dtype);
                     ranks.push_back(rank);
                   }
