@@ -20,7 +20,7 @@ class NodeNames {
   }
   std::string fresh(const std::string& hint) {
     std::string name = hint;
-    for (int k = 1; taken_.count(name) || graph_.has_value(name); ++k) name = hint + "__" + std::to_string(k);
+    for (int k = 1; name.empty() || taken_.count(name) || graph_.has_value(name); ++k) name = hint + "__" + std::to_string(k);
     taken_.insert(name);
     return name;
   }

@@ -11,80 +11,16 @@
 // would copy the whole value each time), whose condition the body computes, whose body holds
 // control flow of its own, or whose unrolled nodes would pass kMaxUnrolledNodes stay loops.
 #include <algorithm>
-#include <map>
 #include <optional>
-#include <unordered_set>
 
 #include "ir/op_schema.h"
 #include "onnx/importer.h"
+#include "passes/inline_subgraph.h"
 #include "passes/passes.h"
 
 namespace kiln::passes {
 
 namespace {
-
-// Names for the nodes and values an unrolling makes: unique among the graph's node and value
-// names and each other (as Graph::unique_name makes them, which looks through every node each
-// call: an unrolling names thousands).
-class Names {
- public:
-  explicit Names(const ir::Graph& graph) : graph_(graph) {
-    for (const ir::Node& n : graph.nodes) taken_.insert(n.name);
-  }
-  std::string operator()(const std::string& hint) {
-    std::string name = hint;
-    for (int64_t k = 0; name.empty() || taken_.count(name) || graph_.find_value(name); ++k) name = hint + "__" + std::to_string(k);
-    taken_.insert(name);
-    return name;
-  }
-
- private:
-  const ir::Graph& graph_;
-  std::unordered_set<std::string> taken_;
-};
-
-// `sub`'s nodes for `graph`: input i of `sub` reads the value inputs[i], its constants and the
-// values its nodes compute get fresh names under `prefix`. `outputs` receives the names that
-// `sub`'s outputs have in `graph`.
-std::vector<ir::Node> inline_subgraph(ir::Graph& graph, Names& unique_name, const std::string& prefix, const ir::Graph& sub,
-                                      const std::vector<std::string>& inputs, std::vector<std::string>& outputs) {
-  std::map<std::string, std::string> renamed;
-  for (size_t i = 0; i < sub.inputs.size(); ++i) renamed[sub.inputs[i]] = inputs[i];
-  // Values keep their dtypes; shapes other than constants' are left to the next inference.
-  auto fresh = [&](const std::string& name, const ir::Value& value) {
-    ir::Value v = value;
-    if (!v.constant) v.type.shape.reset(), v.symbolic_value.reset();
-    v.name = unique_name(prefix + "/" + name);
-    renamed[name] = v.name;
-    graph.set_value(std::move(v));
-  };
-  std::vector<std::string> constants;  // in name order: the fresh names do not depend on a hash's order
-  for (const auto& [name, value] : sub.values())
-    if (value.constant && !renamed.count(name)) constants.push_back(name);
-  std::sort(constants.begin(), constants.end());
-  for (const std::string& name : constants) fresh(name, sub.value(name));
-  auto graph_name = [&](const std::string& name) {
-    auto it = renamed.find(name);
-    if (it == renamed.end()) throw Error(ErrorKind::kInternal, prefix + ": value '" + name + "' is read before it is made");
-    return it->second;
-  };
-  std::vector<ir::Node> nodes;
-  for (const ir::Node& n : sub.nodes) {
-    ir::Node copy = n;
-    copy.name = unique_name(prefix + "/" + n.name);
-    for (std::string& in : copy.inputs)
-      if (!in.empty()) in = graph_name(in);
-    for (std::string& out : copy.outputs)
-      if (!out.empty()) {
-        fresh(out, sub.value(out));
-        out = renamed.at(out);
-      }
-    nodes.push_back(std::move(copy));
-  }
-  outputs.clear();
-  for (const std::string& out : sub.outputs) outputs.push_back(graph_name(out));
-  return nodes;
-}
 
 // Whether `body`'s condition output is true in every iteration: the condition it was given (true
 // in each unrolled iteration), a constant true, or either through Identity nodes.
@@ -167,12 +103,12 @@ ir::Graph import_body(const ir::Graph& graph, const ir::Node& node, const std::v
 // The nodes that replace one Loop or Scan, as they are made.
 class Unrolled {
  public:
-  Unrolled(ir::Graph& graph, const ir::Node& node) : graph_(graph), node_(node), unique_name_(graph) {}
+  Unrolled(ir::Graph& graph, const ir::Node& node) : graph_(graph), node_(node), names_(graph) {}
 
   // The body once more, reading `feed`; its outputs' names in the graph.
   std::vector<std::string> iteration(int64_t i, const ir::Graph& body, const std::vector<std::string>& feed) {
     std::vector<std::string> outputs;
-    std::vector<ir::Node> copies = inline_subgraph(graph_, unique_name_, prefix(i), body, feed, outputs);
+    std::vector<ir::Node> copies = inline_subgraph(graph_, names_, prefix(i), body, feed, {}, outputs);
     nodes_.insert(nodes_.end(), std::make_move_iterator(copies.begin()), std::make_move_iterator(copies.end()));
     return outputs;
   }
@@ -183,12 +119,12 @@ class Unrolled {
                   const std::string& output = "", std::optional<int64_t> axis = std::nullopt) {
     ir::Node made;
     made.op = op;
-    made.name = unique_name_(node_.name + "/" + hint);
+    made.name = names_.fresh(node_.name + "/" + hint);
     made.inputs = std::move(inputs);
     if (axis) made.attrs.set("axis", *axis);
     if (output.empty()) {
       ir::Value v;
-      v.name = unique_name_(made.name);
+      v.name = names_.fresh(made.name);
       v.type.dtype = dtype;
       graph_.set_value(v);
       made.outputs = {v.name};
@@ -220,7 +156,7 @@ class Unrolled {
  private:
   ir::Graph& graph_;
   const ir::Node& node_;
-  Names unique_name_;
+  NodeNames names_;
   std::vector<ir::Node> nodes_;
 };
 
