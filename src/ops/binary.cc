@@ -125,10 +125,34 @@ void infer_bitwise(InferContext& ctx) {
   ctx.set_output(0, a, ctx.num_inputs() > 1 ? broadcast_inputs(ctx, 0, 2) : ctx.type(0).shape);
 }
 
+// A comparison of small integers whose values are known (a rank or a size against a number, as
+// exporters' expanded functions test which form an input has) has a known value too: 1 or 0 per
+// element. An If it decides then folds (inline_constant_if), and its types follow the branch
+// taken.
+void compare_symbolic(InferContext& ctx) {
+  std::optional<Dims> a = small_int_elements(ctx, 0);
+  std::optional<Dims> b = small_int_elements(ctx, 1);
+  if (!a || !b || a->empty() || b->empty()) return;
+  if (a->size() != b->size() && a->size() != 1 && b->size() != 1) return;
+  const std::string& op = ctx.node.op;
+  Dims out;
+  for (size_t i = 0; i < std::max(a->size(), b->size()); ++i) {
+    const Dim& da = (*a)[a->size() == 1 ? 0 : i];
+    const Dim& db = (*b)[b->size() == 1 ? 0 : i];
+    if (!da.known() || !db.known()) return;
+    const bool r = op == "Equal" ? da.value == db.value : op == "Less" ? da.value < db.value
+                 : op == "LessOrEqual" ? da.value <= db.value : op == "Greater" ? da.value > db.value
+                                                                : da.value >= db.value;
+    out.push_back(Dim(r ? 1 : 0));
+  }
+  ctx.set_symbolic(0, std::move(out));
+}
+
 void infer_comparison(InferContext& ctx) {
   if (ctx.dtype(0) != ctx.dtype(1))
     ctx.fail("input types differ: " + to_string(ctx.dtype(0)) + " and " + to_string(ctx.dtype(1)));
   ctx.set_output(0, DType::kBool, broadcast_inputs(ctx, 0, 2));
+  compare_symbolic(ctx);
 }
 
 void infer_logic(InferContext& ctx) {

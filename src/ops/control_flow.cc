@@ -8,6 +8,7 @@
 // reads; body_model takes the states, one slice of each scanned value and the values read. All
 // three: output_dtypes and output_ranks. Output shapes are known only once the node has run, even on the CPU engine,
 // whose kernels make their outputs themselves.
+#include <map>
 #include <optional>
 
 #include "ir/subgraph_types.h"
@@ -77,10 +78,22 @@ std::vector<TensorType> inferred_outputs(InferContext& ctx, size_t undeclared) {
                std::to_string(ctx.node.outputs.size()));
     return types;
   }
+  // If whose condition is known (a comparison of known sizes): the branch that runs gives the
+  // types, dims and all.
+  if (std::optional<Dims> cond = ctx.int_elements(0); cond && cond->size() == 1 && (*cond)[0].known()) {
+    const std::string branch = (*cond)[0].value != 0 ? "then" : "else";
+    std::vector<TensorType> types =
+        typer(ctx.node.attrs.get_string(branch + "_model", ""), inputs, ctx.node.name + "/" + branch + "_branch");
+    if (types.size() != ctx.node.outputs.size())
+      ctx.fail("its " + branch + " branch gives " + std::to_string(types.size()) + " outputs; the node has " +
+               std::to_string(ctx.node.outputs.size()));
+    return types;
+  }
   // If: a branch that cannot be inferred at these input types (one written for inputs of another
   // rank, which the condition keeps from running) leaves the types to the other.
   std::vector<TensorType> types, other;
   std::optional<Error> then_error;
+  bool else_failed = false;
   try {
     types = typer(ctx.node.attrs.get_string("then_model", ""), inputs, ctx.node.name + "/then_branch");
   } catch (const Error& e) {
@@ -90,20 +103,31 @@ std::vector<TensorType> inferred_outputs(InferContext& ctx, size_t undeclared) {
     other = typer(ctx.node.attrs.get_string("else_model", ""), inputs, ctx.node.name + "/else_branch");
   } catch (const Error&) {
     if (then_error) throw *then_error;
+    else_failed = true;
   }
   if (then_error) {
     types = std::move(other);
     other.clear();
   }
+  if (then_error || else_failed)  // one branch's dims alone: the other's are not known, so none are
+    for (TensorType& t : types)
+      if (t.shape) t.shape = Dims(t.shape->size(), Dim::unknown());
   for (size_t i = 0; i < types.size() && i < other.size(); ++i) {
     if (types[i].dtype == DType::kUndefined) {
       types[i] = other[i];
+      if (types[i].shape) types[i].shape = Dims(types[i].shape->size(), Dim::unknown());
     } else if (other[i].dtype != DType::kUndefined && other[i].dtype != types[i].dtype) {
       ctx.fail("its branches give output " + std::to_string(i) + " as " + to_string(types[i].dtype) + " and " +
                to_string(other[i].dtype));
     } else if (!other[i].shape || !types[i].shape || other[i].shape->size() != types[i].shape->size()) {
       types[i].shape.reset();  // the rank depends on the branch taken
+      continue;
     }
+    if (types[i].shape && other[i].shape)
+      for (size_t d = 0; d < types[i].shape->size(); ++d)
+        if (!((*types[i].shape)[d].known() && (*other[i].shape)[d].known() &&
+              (*types[i].shape)[d].value == (*other[i].shape)[d].value))
+          (*types[i].shape)[d] = Dim::unknown();  // a dim the branches give differently, or either does not know
   }
   if (types.size() != ctx.node.outputs.size())
     ctx.fail("its branches give " + std::to_string(types.size()) + " outputs; the node has " + std::to_string(ctx.node.outputs.size()));
@@ -119,6 +143,7 @@ void set_declared_outputs(InferContext& ctx) {
                          : ctx.node.op == "Scan" ? static_cast<size_t>(ctx.node.attrs.get_int("states", 0))
                                                  : 0;
   std::vector<TensorType> inferred;
+  std::map<size_t, Dims> known_dims;
   for (size_t i = 0; i < dtypes.size(); ++i) {
     // -1: a Loop's carried value whose body does not declare it: its initial value's type.
     if (dtypes[i] == -1 && ctx.node.op == "Loop" && ctx.has_input(2 + i)) dtypes[i] = static_cast<int64_t>(ctx.dtype(2 + i));
@@ -132,11 +157,18 @@ void set_declared_outputs(InferContext& ctx) {
       dtypes[i] = t.dtype == DType::kUndefined ? -1 : static_cast<int64_t>(t.dtype);
       const bool stacked = ctx.node.op != "If" && i >= carried;
       ranks[i] = t.shape ? static_cast<int64_t>(t.shape->size()) + (stacked ? 1 : 0) : -1;
+      // An If's dims that both branches give as the same number (a Split of a shape into
+      // one-element pieces) are that number whichever branch runs: the shape arithmetic after
+      // it stays known.
+      if (ctx.node.op == "If" && t.shape) known_dims[i] = *t.shape;
     }
     if (dtypes[i] < 0 || dtypes[i] > INT32_MAX || !is_known_dtype(static_cast<int32_t>(dtypes[i])))
       ctx.fail("output " + std::to_string(i) + " has an unknown type");
     std::optional<Dims> shape;
     if (ranks[i] >= 0 && ranks[i] <= 64) shape = Dims(static_cast<size_t>(ranks[i]), Dim::unknown());
+    if (shape && known_dims.count(i))
+      for (size_t d = 0; d < shape->size(); ++d)
+        if (known_dims[i][d].known()) (*shape)[d] = Dim(known_dims[i][d].value);
     ctx.set_output(i, static_cast<DType>(dtypes[i]), shape);
   }
 }

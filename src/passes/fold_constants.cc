@@ -29,7 +29,7 @@ Tensor int_tensor(std::vector<int64_t> shape, const std::vector<int64_t>& values
 }
 
 // The constant a fully known symbolic value stands for, or an undefined tensor when the
-// value's type does not allow it (unknown rank, a dtype other than int32/int64).
+// value's type does not allow it (unknown rank, a dtype other than int32/int64/bool).
 Tensor constant_from_symbolic(const ir::Value& v) {
   if (!v.symbolic_value || !ir::all_known(*v.symbolic_value) || v.type.rank() < 0 || v.type.rank() > 1) return {};
   std::vector<int64_t> values = ir::known_values(*v.symbolic_value);
@@ -43,6 +43,11 @@ Tensor constant_from_symbolic(const ir::Value& v) {
   }
   if (v.type.dtype == DType::kInt64) return int_tensor<int64_t>(shape, values);
   if (v.type.dtype == DType::kInt32) return int_tensor<int32_t>(shape, values);
+  if (v.type.dtype == DType::kBool) {  // a comparison's known result (binary.cc compare_symbolic)
+    std::vector<bool> bits;
+    for (int64_t x : values) bits.push_back(x != 0);
+    return Tensor::from_vector<bool>(shape, bits);
+  }
   return {};
 }
 

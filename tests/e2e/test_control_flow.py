@@ -196,6 +196,59 @@ def test_subgraphs_without_output_types_take_them_from_their_inference(run_kiln,
     assert_same(*run_both(run_kiln, tmp_path, path, feed))
 
 
+def known_size_if_model(size_length) -> onnx.ModelProto:
+    """As ONNX's expanded functions (AffineGrid's) test which form an input has: cond =
+    (Size(size) == 3); the then branch splits `size` into its three elements, the else branch
+    gives `size` whole three times (another dim); neither declares its outputs' types. x is
+    reshaped to the elements joined, and a second If on cond reads the reshaped value (of a rank
+    known only when the first If's dims are)."""
+    untyped = lambda names: [onnx.ValueInfoProto(name=n) for n in names]
+    then_split = helper.make_graph([helper.make_node("Split", ["size"], ["a", "b", "c"], axis=0, num_outputs=3)],
+                                   "then_split", [], untyped(["a", "b", "c"]))
+    else_whole = helper.make_graph([helper.make_node("Identity", ["size"], [n]) for n in ("d", "e", "f")],
+                                   "else_whole", [], untyped(["d", "e", "f"]))
+    then_same = helper.make_graph([helper.make_node("Neg", ["r"], ["g"])], "then_same", [], untyped(["g"]))
+    else_more = helper.make_graph([helper.make_node("Unsqueeze", ["r", "zero_1d"], ["h"])], "else_more", [], untyped(["h"]))
+    nodes = [helper.make_node("Size", ["size"], ["size_n"]),
+             helper.make_node("Equal", ["size_n", "three"], ["cond"]),
+             helper.make_node("If", ["cond"], ["n0", "n1", "n2"], then_branch=then_split, else_branch=else_whole,
+                              name="split_if"),
+             helper.make_node("Concat", ["n0", "n1", "n2"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then_same, else_branch=else_more, name="rank_if")]
+    graph = helper.make_graph(nodes, "known_size_if",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+                               helper.make_tensor_value_info("size", TensorProto.INT64, [size_length])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.array(3, np.int64), "three"),
+                               numpy_helper.from_array(np.array([0], np.int64), "zero_1d")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_an_if_on_known_sizes_takes_the_types_of_the_branch_that_runs(run_kiln, tmp_path):
+    """The condition compares sizes known when building: the If's outputs take the dims of the
+    branch that runs (here [1] each, where the other branch gives [3]), so the shape made of them
+    has a known length, the reshaped value a known rank, and the second If can be typed; both
+    fold to their then branches."""
+    path = tmp_path / "known_size_if.onnx"
+    onnx.save(known_size_if_model(3), path)
+    layers = run_kiln("inspect", path, "--optimize")
+    assert layers.returncode == 0, layers.describe()
+    assert " If " not in layers.stdout and "split_if/" in layers.stdout and "rank_if/" in layers.stdout, layers.stdout
+    x = np.random.default_rng(5).standard_normal((2, 3, 4)).astype(np.float32)
+    for size in ([4, 3, 2], [1, 24, 1], [6, 2, 2]):
+        got, want = run_both(run_kiln, tmp_path, path, {"x": x, "size": np.array(size, np.int64)})
+        assert_same(got, want)
+        assert got["y"].shape == tuple(size)
+    # A length the build does not know leaves the condition to the run: the dims the branches give
+    # differently stay unknown, the reshaped value's rank too, and the second If is refused,
+    # named, with the reason.
+    path = tmp_path / "unknown_size_if.onnx"
+    onnx.save(known_size_if_model("k"), path)
+    r = run_kiln("inspect", path)
+    assert r.returncode != 0 and "rank_if" in r.stderr and "rank of input 'r' is not known" in r.stderr, r.describe()
+
+
 def loop_model(with_trip_count: bool, with_cond: bool) -> onnx.ModelProto:
     """acc += x * w each iteration; the scan output stacks each iteration's acc; a carried
     history grows by a row each time (a carried value whose shape changes); the condition stays
