@@ -36,6 +36,9 @@ struct PassOptions {
   bool fuse_elementwise = false;
   // With fuse: scaled dot-product attention into ONNX's Attention (one layer on every backend).
   bool fuse_attention = true;
+  // Attention's key/value cache written out as Concats and a mask (passes::split_attention_cache):
+  // the CUDA engine's attention layer takes no cache; the CPU engine's kernel does, without copies.
+  bool split_attention_cache = false;
   // Where the passes say what they did not do and why (attention patterns not fused); may be null.
   std::function<void(const std::string&)> log;
 };

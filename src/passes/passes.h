@@ -72,6 +72,11 @@ int fuse_epilogue(ir::Graph& graph);
 // after them -> kiln::FusedGroupNorm, one pass over memory.
 int fuse_group_norm(ir::Graph& graph);
 
+// Attention with a key/value cache (past_key, past_value) -> Concats making present_key and
+// present_value, and an Attention over them without a cache, its causal and window masking a
+// constant mask; where every shape is known. For a backend whose attention layer takes no cache.
+int split_attention_cache(ir::Graph& graph);
+
 // Groups of elementwise float ops whose inner values nothing else reads, with a Concat that only
 // such a group reads -> kiln::FusedElementwise (ops/fused_elementwise.h), one pass over memory
 // each. Needs every shape known; meant for graphs that the CUDA engine runs.

@@ -24,7 +24,8 @@
 // products' output on the build's random inputs before it may be chosen.
 //
 // Not on the GPU (check() says so; the model keeps its CPU fallback): a past KV cache,
-// nonpad_kv_seqlen, the soft cap, and the present_key/present_value/logits outputs.
+// nonpad_kv_seqlen, the soft cap, and the present_key/present_value/logits outputs. A graph the
+// GPU build specializes has its caches written out first (passes/split_attention_cache.cc).
 #include <cublasLt.h>
 #include <cudnn.h>
 
