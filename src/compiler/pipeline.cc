@@ -41,7 +41,7 @@ void optimize(ir::Graph& graph, const PassOptions& options) {
     if (changes == 0) break;
   }
   // Attention before epilogue fusion, which would take its products' MatMuls.
-  if (options.split_attention_cache && passes::split_attention_cache(graph)) ir::infer_shapes(graph);
+  if (options.gpu_layer_forms && passes::split_attention_cache(graph) + passes::expand_gemm_c(graph) > 0) ir::infer_shapes(graph);
   if (options.fuse && options.fuse_attention) {
     std::vector<std::string> notes;
     if (passes::fuse_attention(graph, notes)) ir::infer_shapes(graph);
@@ -197,7 +197,7 @@ std::function<ir::Graph(const Shapes&, const std::map<std::string, Tensor>&)> sp
       passes::bind_input_values(g, values);
       PassOptions options;
       options.fuse_elementwise = true;  // every shape is known now
-      options.split_attention_cache = true;
+      options.gpu_layer_forms = true;
       if (optimize_graph) optimize(g, options);
     } catch (Error& e) {
       if (e.file_path().empty()) e.file(name);

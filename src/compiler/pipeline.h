@@ -36,9 +36,11 @@ struct PassOptions {
   bool fuse_elementwise = false;
   // With fuse: scaled dot-product attention into ONNX's Attention (one layer on every backend).
   bool fuse_attention = true;
-  // Attention's key/value cache written out as Concats and a mask (passes::split_attention_cache):
-  // the CUDA engine's attention layer takes no cache; the CPU engine's kernel does, without copies.
-  bool split_attention_cache = false;
+  // Nodes written out in forms the CUDA engine's layers take, where every shape is known: an
+  // Attention's key/value cache as Concats and a mask (passes::split_attention_cache), a Gemm's
+  // runtime C of a broadcast shape expanded (passes::expand_gemm_c). The CPU engine's kernels
+  // take those nodes as they are, without the copies.
+  bool gpu_layer_forms = false;
   // Where the passes say what they did not do and why (attention patterns not fused); may be null.
   std::function<void(const std::string&)> log;
 };

@@ -77,6 +77,10 @@ int fuse_group_norm(ir::Graph& graph);
 // constant mask; where every shape is known. For a backend whose attention layer takes no cache.
 int split_attention_cache(ir::Graph& graph);
 
+// Gemm with a runtime C of another shape than the product's [M, N] (both known) -> an Expand of
+// C to [M, N] in front of it. For a backend whose Gemm adds a runtime C only as a whole matrix.
+int expand_gemm_c(ir::Graph& graph);
+
 // Groups of elementwise float ops whose inner values nothing else reads, with a Concat that only
 // such a group reads -> kiln::FusedElementwise (ops/fused_elementwise.h), one pass over memory
 // each. Needs every shape known; meant for graphs that the CUDA engine runs.
