@@ -353,9 +353,10 @@ class ScanKernel : public Kernel {
     if (input_axes_.size() != scanned_ || input_reverse_.size() != scanned_ || output_axes_.size() != outputs ||
         output_reverse_.size() != outputs)
       throw node_.error(ErrorKind::kInvalidModel, "its scan axes and directions must give one value per scanned input and scan output");
+    batched_ = node_.attrs.get_int("batched", 0) != 0;
     const std::vector<ir::TensorType> types = subgraph_inputs(init);  // checks the input axes
-    for (size_t j = 0; j < scanned_; ++j)
-      if (input_axes_[j] < 0) input_axes_[j] += static_cast<int64_t>(init.input_types[states_ + j]->shape->size());
+    for (size_t j = 0; j < scanned_; ++j)  // of what is scanned: one batch entry where batched
+      if (input_axes_[j] < 0) input_axes_[j] += static_cast<int64_t>(types[states_ + j].shape->size()) + 1;
     body_ = build_subgraph(init, "body_model", types);
     if (body_.outputs.size() != declared_.size())
       throw node_.error(ErrorKind::kInvalidModel, "its body gives " + std::to_string(body_.outputs.size()) + " outputs; the node has " +
@@ -363,6 +364,39 @@ class ScanKernel : public Kernel {
   }
 
   void run(const std::vector<const Tensor*>& inputs, std::vector<Tensor>& outputs) override {
+    if (!batched_) return scan(inputs, outputs);
+    // Opset 8: each batch entry of the states and scanned inputs scanned on its own, the outputs
+    // stacked along a batch axis.
+    const size_t per_entry = states_ + scanned_;
+    int64_t batch = -1;
+    for (size_t i = 0; i < per_entry; ++i) {
+      if (inputs[i]->rank() < 1) throw node_.error(ErrorKind::kInvalidArgument, "input " + std::to_string(i) + " has no batch axis");
+      if (batch >= 0 && inputs[i]->dim(0) != batch)
+        throw node_.error(ErrorKind::kInvalidArgument, "its inputs have different batch sizes (" + std::to_string(batch) + ", " +
+                                                           std::to_string(inputs[i]->dim(0)) + ")");
+      batch = inputs[i]->dim(0);
+    }
+    if (batch == 0) throw node_.error(ErrorKind::kUnsupported, "its batch is empty (its outputs' shapes would be unknown)");
+    std::vector<std::vector<Tensor>> entries(declared_.size());
+    for (int64_t b = 0; b < batch; ++b) {
+      std::vector<Tensor> sliced(per_entry);
+      std::vector<const Tensor*> entry(inputs.begin(), inputs.end());
+      for (size_t i = 0; i < per_entry; ++i) {
+        sliced[i] = slice(*inputs[i], 0, b);
+        entry[i] = &sliced[i];
+      }
+      std::vector<Tensor> results(declared_.size());
+      scan(entry, results, /*check_states=*/false);
+      for (size_t o = 0; o < results.size(); ++o) entries[o].push_back(std::move(results[o]));
+    }
+    for (size_t o = 0; o < declared_.size(); ++o) {
+      outputs[o] = stack(entries[o], o, 0, false);
+      if (o < states_) check_type(node_, declared_, o, outputs[o]);
+    }
+  }
+
+ private:
+  void scan(const std::vector<const Tensor*>& inputs, std::vector<Tensor>& outputs, bool check_states = true) {
     std::vector<Tensor> feed(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) feed[i] = *inputs[i];
     int64_t length = -1;
@@ -385,12 +419,11 @@ class ScanKernel : public Kernel {
     }
     for (size_t k = 0; k < states_; ++k) {
       outputs[k] = feed[k];
-      check_type(node_, declared_, k, outputs[k]);
+      if (check_states) check_type(node_, declared_, k, outputs[k]);
     }
     for (size_t k = 0; k < outputs_scanned; ++k) outputs[states_ + k] = stack(elements[k], states_ + k, output_axes_[k], output_reverse_[k] != 0);
   }
 
- private:
   // Slice `index` of x along `axis`, the axis removed.
   static Tensor slice(const Tensor& x, int64_t axis, int64_t index) {
     std::vector<int64_t> shape = x.shape();
@@ -443,6 +476,7 @@ class ScanKernel : public Kernel {
   std::vector<ir::TensorType> declared_;
   Subgraph body_;
   size_t states_ = 0, scanned_ = 0;
+  bool batched_ = false;  // opset 8's form: a batch axis first, each entry scanned on its own
   std::vector<int64_t> input_axes_, input_reverse_, output_axes_, output_reverse_;
 };
 

@@ -212,35 +212,52 @@ KILN_REGISTER_IMPORTERS(control_flow) {
                   node.attrs.set("output_ranks", ranks);
                   ctx.emit(std::move(node));
                 }});
-  // Scan (opset 9 on; opset 8's batch and sequence_lens form is refused): inputs the N state
-  // values, then the M scanned ones; the body takes (states..., one slice of each scanned
-  // input...) and gives (states..., scan output elements...); the node gives the states' last
-  // values and each scan output stacked along its axis.
-  registry.add({"Scan", 9, [](ImportContext& ctx) {
+  // Scan: inputs the N state values, then the M scanned ones; the body takes (states..., one
+  // slice of each scanned input...) and gives (states..., scan output elements...); the node gives
+  // the states' last values and each scan output stacked along its axis. Opset 8's form scans
+  // every entry of a batch on its own: its inputs (after sequence_lens, which must be absent:
+  // every entry scans its whole sequence) are [batch, ...] states and [batch, sequence, ...]
+  // scanned values, its outputs [batch, ...] and [batch, sequence, ...]; kiln's Scan marks it with
+  // the attribute batched (its directions become scan_input_directions).
+  registry.add({"Scan", 8, [](ImportContext& ctx) {
                   if (ctx.node.attrs.has("body_model")) return ctx.emit_as_is();  // an engine file's
                   const onnx::GraphProto* body = graph_attribute(ctx, "body");
                   if (!body) ctx.fail("Scan needs the graph attribute body");
-                  const int64_t scanned = ctx.node.attrs.get_int("num_scan_inputs", -1);
-                  const int64_t inputs = static_cast<int64_t>(ctx.node.inputs.size());
+                  ir::Node node = ctx.node;
+                  const bool batched = ctx.opset < 9;
+                  if (batched) {
+                    if (node.inputs.empty()) ctx.fail("opset 8's Scan takes sequence_lens (or \"\") first");
+                    if (!node.inputs[0].empty())
+                      ctx.unsupported("opset 8's sequence_lens is not supported (without it every batch entry scans its "
+                                      "whole sequence)");
+                    node.inputs.erase(node.inputs.begin());
+                    if (node.attrs.has("directions")) {
+                      node.attrs.set("scan_input_directions", node.attrs.get_ints("directions"));
+                      node.attrs.erase("directions");
+                    }
+                    node.attrs.set("batched", int64_t{1});
+                  }
+                  const int64_t scanned = node.attrs.get_int("num_scan_inputs", -1);
+                  const int64_t inputs = static_cast<int64_t>(node.inputs.size());
                   if (scanned < 1 || scanned > inputs) ctx.fail("num_scan_inputs must be 1 to the number of inputs");
                   const size_t states = static_cast<size_t>(inputs - scanned);
                   if (static_cast<int64_t>(body->input_size()) != inputs)
                     ctx.fail("its body must take " + std::to_string(inputs) + " inputs (states and scan slices), not " +
                              std::to_string(body->input_size()));
-                  if (static_cast<size_t>(body->output_size()) < states || ctx.node.outputs.size() != static_cast<size_t>(body->output_size()))
+                  if (static_cast<size_t>(body->output_size()) < states || node.outputs.size() != static_cast<size_t>(body->output_size()))
                     ctx.fail("its body must give the " + std::to_string(states) + " states and one element per scan output");
                   std::vector<std::string> reads;
                   std::set<std::string> listed;
                   enclosing_reads(*body, 1, reads, listed, ctx);
                   std::vector<int64_t> dtypes, ranks;
-                  for (size_t i = 0; i < ctx.node.outputs.size(); ++i) {
+                  for (size_t i = 0; i < node.outputs.size(); ++i) {
                     const onnx::TypeProto* in = i < states ? &body->input(static_cast<int>(i)).type() : nullptr;
                     auto [dtype, rank] = declared_output(ctx, i, body->output(static_cast<int>(i)).type(), in);
                     if (i >= states && rank >= 0) ++rank;  // stacked over the iterations
+                    if (batched && rank >= 0) ++rank;      // and over the batch
                     dtypes.push_back(dtype);
                     ranks.push_back(rank);
                   }
-                  ir::Node node = ctx.node;
                   node.inputs.insert(node.inputs.end(), reads.begin(), reads.end());
                   node.attrs.set("body_model", subgraph_model(ctx, *body, reads, "body"));
                   node.attrs.set("states", static_cast<int64_t>(states));

@@ -5,8 +5,9 @@
 // values, then the values the body reads; attribute body_model, whose inputs are the iteration,
 // the condition, the carried values and the node's inputs after them. Scan: inputs the states
 // (attribute states counts them), the scanned values (num_scan_inputs), then the values the body
-// reads; body_model takes the states, one slice of each scanned value and the values read. All
-// three: output_dtypes and output_ranks. Output shapes are known only once the node has run, even on the CPU engine,
+// reads; body_model takes the states, one slice of each scanned value and the values read; with
+// batched = 1 (opset 8's form) every input it carries or scans has a batch axis first, each batch
+// entry scanned on its own. All three: output_dtypes and output_ranks. Output shapes are known only once the node has run, even on the CPU engine,
 // whose kernels make their outputs themselves.
 #include <map>
 #include <optional>
@@ -29,12 +30,20 @@ std::string subgraph_input_types(const Node& node, const std::vector<const Tenso
     first = 0;
     any_shape_end = static_cast<size_t>(node.attrs.get_int("states", 0));
   }
+  // Opset 8's batched Scan: the body sees one batch entry (axis 0 gone) of every input it scans or
+  // carries.
+  const bool batched = node.op == "Scan" && node.attrs.get_int("batched", 0) != 0;
+  const size_t per_entry_end = batched ? any_shape_end + scanned : 0;
   const std::vector<int64_t> axes = node.attrs.get_ints("scan_input_axes", std::vector<int64_t>(scanned, 0));
   if (axes.size() != scanned) throw node.error(ErrorKind::kInvalidModel, "scan_input_axes must give one axis per scanned input");
   for (size_t i = first; i < inputs.size(); ++i) {
     if (!inputs[i] || !inputs[i]->shape)
       return "the rank of input '" + (i < node.inputs.size() ? node.inputs[i] : std::to_string(i)) + "' is not known";
     TensorType t = *inputs[i];
+    if (i < per_entry_end) {
+      if (t.shape->empty()) return "input '" + node.inputs[i] + "' has no batch axis";
+      t.shape->erase(t.shape->begin());
+    }
     if (i < any_shape_end) t.shape = Dims(t.shape->size(), Dim::unknown());
     if (node.op == "Scan" && i >= any_shape_end && i < any_shape_end + scanned) {
       // The body sees one slice: the scanned axis removed.
@@ -156,7 +165,8 @@ void set_declared_outputs(InferContext& ctx) {
       const TensorType& t = inferred[i];
       dtypes[i] = t.dtype == DType::kUndefined ? -1 : static_cast<int64_t>(t.dtype);
       const bool stacked = ctx.node.op != "If" && i >= carried;
-      ranks[i] = t.shape ? static_cast<int64_t>(t.shape->size()) + (stacked ? 1 : 0) : -1;
+      const bool batched = ctx.node.op == "Scan" && ctx.node.attrs.get_int("batched", 0) != 0;
+      ranks[i] = t.shape ? static_cast<int64_t>(t.shape->size()) + (stacked ? 1 : 0) + (batched ? 1 : 0) : -1;
       // An If's dims that both branches give as the same number (a Split of a shape into
       // one-element pieces) are that number whichever branch runs: the shape arithmetic after
       // it stays known.
@@ -203,7 +213,7 @@ KILN_REGISTER_OPS(control_flow) {
                 "CPU engine; the branches' output shapes are known when the chosen branch has run"});
   // M and cond may both be omitted (""): no input is required by position.
   registry.add({"Scan", "", 1, 1 << 20, 1, 1 << 20, infer_scan, nullptr,
-                "CPU engine, opset 9 on; the outputs' shapes are known when it has run"});
+                "CPU engine; opset 8's batched form without sequence_lens; the outputs' shapes are known when it has run"});
   registry.add({"Loop", "", 0, 1 << 20, 0, 1 << 20, infer_loop, nullptr,
                 "CPU engine; tensors only (no sequence outputs); at most 10,000,000 iterations"});
 }

@@ -213,6 +213,7 @@ bool unroll_loop(ir::Graph& graph, size_t at, size_t& next) {
 // read, and gives the states and one element of each scan output.
 bool unroll_scan(ir::Graph& graph, size_t at, size_t& next) {
   const ir::Node& node = graph.nodes[at];
+  if (node.attrs.get_int("batched", 0) != 0) return false;  // opset 8's form: a scan per batch entry
   const int64_t states_attr = node.attrs.get_int("states", -1), scanned_attr = node.attrs.get_int("num_scan_inputs", -1);
   if (states_attr < 0 || scanned_attr < 1 || static_cast<size_t>(states_attr + scanned_attr) > node.inputs.size() ||
       static_cast<size_t>(states_attr) > node.outputs.size())

@@ -609,6 +609,51 @@ def test_a_scan_of_a_known_length_is_unrolled(run_kiln, tmp_path, length):
     assert got["stacked"].shape == (2, 5, 3) and got["squares"].shape == (2, 3, 5)
 
 
+def opset8_scan_model(sequence_lens: bool = False) -> onnx.ModelProto:
+    """Opset 8's Scan: x [B, L, 3] and y [B, L, 3] scanned along L for each batch entry on its
+    own, y in reverse; the state s [B, 3] becomes s * 0.5 + x_t - y_t; the scan output stacks
+    s * s. With `sequence_lens`, the node is given per-entry lengths (kiln refuses them)."""
+    nodes = [helper.make_node("Mul", ["s_in", "half"], ["decayed"]), helper.make_node("Add", ["decayed", "xt"], ["plus"]),
+             helper.make_node("Sub", ["plus", "yt"], ["s_out"]), helper.make_node("Mul", ["s_out", "s_out"], ["sq"])]
+    body = helper.make_graph(
+        nodes, "body",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("s_in", "xt", "yt")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("s_out", "sq")],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    scan = helper.make_node("Scan", ["lens" if sequence_lens else "", "s0", "x", "y"], ["s", "squares"], body=body,
+                            name="the_scan", num_scan_inputs=2, directions=[0, 1])
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)
+              for n, shape in (("s0", ["B", 3]), ("x", ["B", "L", 3]), ("y", ["B", "L", 3]))]
+    if sequence_lens:
+        inputs.append(helper.make_tensor_value_info("lens", TensorProto.INT64, ["B"]))
+    graph = helper.make_graph([scan], "scan8", inputs,
+                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, ["B", 3]),
+                               helper.make_tensor_value_info("squares", TensorProto.FLOAT, ["B", "L", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
+    model.ir_version = 4
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_opset_8_scans_each_batch_entry_on_its_own(run_kiln, tmp_path):
+    """Opset 8's Scan (a batch axis before the scanned one, directions per scanned input) matches
+    ONNX Runtime for batches of 1 and 3; a node given sequence_lens is refused, saying so."""
+    path = tmp_path / "scan8.onnx"
+    onnx.save(opset8_scan_model(), path)
+    rng = np.random.default_rng(8)
+    for batch, length in ((1, 4), (3, 5)):
+        feed = {"s0": rng.standard_normal((batch, 3)).astype(np.float32),
+                "x": rng.standard_normal((batch, length, 3)).astype(np.float32),
+                "y": rng.standard_normal((batch, length, 3)).astype(np.float32)}
+        got, want = run_both(run_kiln, tmp_path, path, feed)
+        assert_same(got, want)
+        assert got["squares"].shape == (batch, length, 3)
+    path = tmp_path / "scan8_lens.onnx"
+    onnx.save(opset8_scan_model(sequence_lens=True), path)
+    r = run_kiln("inspect", path)
+    assert r.returncode != 0 and "the_scan" in r.stderr and "sequence_lens is not supported" in r.stderr, r.describe()
+
+
 # --- torchvision's detection models: their box selection (batched NMS) runs in an If --------------
 
 THRESHOLDS = {"fasterrcnn_mobilenet_v3_large_320_fpn": {"box_score_thresh": 0.0}, "retinanet_resnet50_fpn": {"score_thresh": 0.0},
