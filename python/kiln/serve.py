@@ -1007,20 +1007,66 @@ def _ray_models(entries: list, address: str, replicas: tuple[int, int], max_requ
     from kserve.ray import RayModel
     from ray import serve
 
-    from kserve.protocol.infer_type import InferRequest
+    from kserve.errors import InvalidInput
+    from kserve.protocol.infer_type import InferOutput, InferRequest
 
     class KilnRayModel(RayModel):
         """KServe's RayModel, sending gRPC requests too: their parameters and shapes are protobuf
-        containers, which Ray cannot pickle, so they travel as plain dicts and lists."""
+        containers, which Ray cannot pickle, so they travel as plain dicts and lists. Inputs and
+        outputs a client keeps in shared memory are read and written here, where the client
+        registered its regions: a replica, another process and perhaps on another machine, knows
+        none, so its request carries those inputs' values and its answer those outputs'."""
 
         def __call__(self, body, headers=None, **kwargs):
+            into_regions = {}
             if isinstance(body, InferRequest):
                 body.parameters = plain_parameters(body.parameters)
                 for part in [*body.inputs, *(body.request_outputs or [])]:
                     part.parameters = plain_parameters(part.parameters)
                 for part in body.inputs:
                     part.shape = [int(d) for d in part.shape]
-            return super().__call__(body, headers=dict(headers) if headers else headers, **kwargs)
+                    if uses_shared_memory(part.parameters):
+                        _value_from_region(part)
+                for part in body.request_outputs or []:
+                    if uses_shared_memory(part.parameters):
+                        into_regions[part.name] = part.parameters
+                        part.parameters = _without_region(part.parameters)
+            answer = super().__call__(body, headers=dict(headers) if headers else headers, **kwargs)
+            return _answer_into_regions(answer, into_regions, body.from_grpc) if into_regions else answer
+
+    def _without_region(parameters: dict) -> dict | None:
+        return {k: v for k, v in parameters.items() if not k.startswith("shared_memory_")} or None
+
+    def _value_from_region(part) -> None:
+        """An input given in a region (the front's registration) as its value, in the request."""
+        dtype = _V2_TO_NUMPY.get(part.datatype)
+        if dtype is None:
+            raise InvalidInput(f"input '{part.name}' has the datatype {part.datatype}, which kiln does not serve")
+        try:
+            a = shared_memory.REGIONS.read(part.parameters, np.dtype(dtype), list(part.shape), f"input '{part.name}'")
+        except SharedMemoryError as e:
+            raise InvalidInput(str(e)) from e
+        part.parameters = _without_region(part.parameters)
+        part.set_data_from_numpy(np.ascontiguousarray(a), binary_data=True)
+
+    async def _answer_into_regions(answer, regions: dict, from_grpc: bool):
+        """The replica's answer with the outputs the client asked for in regions written there."""
+        response, response_headers = await answer
+        for i, out in enumerate(response.outputs):
+            if out.name not in regions:
+                continue
+            a = np.ascontiguousarray(out.as_numpy())
+            try:
+                shared_memory.REGIONS.write(regions[out.name], a, f"output '{out.name}'")
+            except SharedMemoryError as e:
+                raise InvalidInput(str(e)) from e
+            where = {"shared_memory_region": regions[out.name]["shared_memory_region"],
+                     "shared_memory_byte_size": a.nbytes}
+            written = InferOutput(name=out.name, shape=list(a.shape), datatype=out.datatype, data=[], parameters=where)
+            if from_grpc:
+                written._raw_data = b""  # keeps each later output at its index among the raw contents
+            response.outputs[i] = written
+        return response, response_headers
 
     ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
     serve.start(proxy_location="Disabled")

@@ -409,8 +409,44 @@ def test_ray_serve_replicas_answer_as_the_engine_does(kiln_bin, tmp_path, refere
         status, answer = _post(s.url, json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 5],
                                                               "data": [0.0] * 5}]}), "/v2/models/dynamic_classifier/infer")
         assert status == 400 and "must have shape" in answer
+        _shared_memory_through_the_front(s, x, reference(x))
     finally:
         assert s.stop() == 0, s.output()
+
+
+def _shared_memory_through_the_front(s, x: np.ndarray, want: np.ndarray) -> None:
+    """Over HTTP and gRPC, x in a region of the client's shared memory (at an offset) and y asked
+    for in another: the regions are registered with the front, which reads x and writes y there
+    (a Ray replica knows no region); a request naming a region never registered is refused."""
+    import uuid
+
+    import tritonclient.grpc as grpc
+    import tritonclient.http as http
+    import tritonclient.utils.shared_memory as shm
+
+    keys = [f"/kiln_ray_{uuid.uuid4().hex[:12]}" for _ in range(2)]
+    region_in = shm.create_shared_memory_region(keys[0].strip("/"), keys[0], 4096 + x.nbytes)
+    region_out = shm.create_shared_memory_region(keys[1].strip("/"), keys[1], 4096)
+    try:
+        shm.set_shared_memory_region(region_in, [x], offset=4096)
+        for lib, client in ((http, http.InferenceServerClient(s.url)),
+                            (grpc, grpc.InferenceServerClient(f"localhost:{s.grpc_port}"))):
+            shm.set_shared_memory_region(region_out, [np.zeros(want.shape, np.float32)])
+            client.register_system_shared_memory("in", keys[0], 4096 + x.nbytes)
+            client.register_system_shared_memory("out", keys[1], 4096)
+            inp = lib.InferInput("x", list(x.shape), "FP32")
+            inp.set_shared_memory("in", x.nbytes, offset=4096)
+            out = lib.InferRequestedOutput("y")
+            out.set_shared_memory("out", 4096)
+            client.infer("dynamic_classifier", [inp], outputs=[out])
+            np.testing.assert_allclose(shm.get_contents_as_numpy(region_out, np.float32, list(want.shape)), want, rtol=1e-6)
+            inp.set_shared_memory("nowhere", x.nbytes)
+            with pytest.raises(Exception, match="nowhere"):
+                client.infer("dynamic_classifier", [inp])
+            client.unregister_system_shared_memory()
+    finally:
+        shm.destroy_shared_memory_region(region_in)
+        shm.destroy_shared_memory_region(region_out)
 
 
 def test_planned_batch_sizes_and_padding():
