@@ -9,7 +9,6 @@
 // batched = 1 (opset 8's form) every input it carries or scans has a batch axis first, each batch
 // entry scanned on its own. All three: output_dtypes and output_ranks. Output shapes are known only once the node has run, even on the CPU engine,
 // whose kernels make their outputs themselves.
-#include <map>
 #include <optional>
 
 #include "ir/subgraph_types.h"
@@ -152,8 +151,10 @@ void set_declared_outputs(InferContext& ctx) {
                          : ctx.node.op == "Scan" ? static_cast<size_t>(ctx.node.attrs.get_int("states", 0))
                                                  : 0;
   std::vector<TensorType> inferred;
-  std::map<size_t, Dims> known_dims;
   for (size_t i = 0; i < dtypes.size(); ++i) {
+    // An If's inferred dims (those both branches give as one number, or the taken branch's):
+    // whichever branch runs, they hold, so the shape arithmetic after it stays known.
+    std::optional<Dims> if_dims;
     // -1: a Loop's carried value whose body does not declare it: its initial value's type.
     if (dtypes[i] == -1 && ctx.node.op == "Loop" && ctx.has_input(2 + i)) dtypes[i] = static_cast<int64_t>(ctx.dtype(2 + i));
     // A Scan state that its body does not declare: its initial value's type.
@@ -167,18 +168,13 @@ void set_declared_outputs(InferContext& ctx) {
       const bool stacked = ctx.node.op != "If" && i >= carried;
       const bool batched = ctx.node.op == "Scan" && ctx.node.attrs.get_int("batched", 0) != 0;
       ranks[i] = t.shape ? static_cast<int64_t>(t.shape->size()) + (stacked ? 1 : 0) + (batched ? 1 : 0) : -1;
-      // An If's dims that both branches give as the same number (a Split of a shape into
-      // one-element pieces) are that number whichever branch runs: the shape arithmetic after
-      // it stays known.
-      if (ctx.node.op == "If" && t.shape) known_dims[i] = *t.shape;
+      if (ctx.node.op == "If") if_dims = t.shape;
     }
     if (dtypes[i] < 0 || dtypes[i] > INT32_MAX || !is_known_dtype(static_cast<int32_t>(dtypes[i])))
       ctx.fail("output " + std::to_string(i) + " has an unknown type");
     std::optional<Dims> shape;
     if (ranks[i] >= 0 && ranks[i] <= 64) shape = Dims(static_cast<size_t>(ranks[i]), Dim::unknown());
-    if (shape && known_dims.count(i))
-      for (size_t d = 0; d < shape->size(); ++d)
-        if (known_dims[i][d].known()) (*shape)[d] = Dim(known_dims[i][d].value);
+    if (shape && if_dims) shape = if_dims;
     ctx.set_output(i, static_cast<DType>(dtypes[i]), shape);
   }
 }

@@ -14,16 +14,14 @@ int expand_gemm_c(ir::Graph& graph) {
   for (size_t n = 0; n < graph.nodes.size(); ++n) {
     ir::Node& node = graph.nodes[n];
     if (node.op != "Gemm" || !node.domain.empty() || !node.has_input(2) || graph.constant(node.inputs[2])) continue;
-    const ir::Value* c = graph.find_value(node.inputs[2]);
-    const ir::Value* y = graph.find_value(node.outputs[0]);
-    if (!c || !y || !c->type.shape || !y->type.shape || y->type.shape->size() != 2 || !ir::all_known(*y->type.shape)) continue;
-    const std::vector<int64_t> out = ir::known_values(*y->type.shape);
-    if (c->type.shape->size() == 2 && ir::all_known(*c->type.shape) && ir::known_values(*c->type.shape) == out) continue;
-    const std::string shape = graph.add_constant(node.name + "/c_shape", Tensor::from_vector<int64_t>({2}, out));
+    const ir::TensorType* c = type_of(graph, node.inputs[2]);
+    const std::optional<std::vector<int64_t>> out = static_shape(graph, node.outputs[0]);
+    if (!c || !c->shape || !out || out->size() != 2 || static_shape(graph, node.inputs[2]) == out) continue;
+    const std::string shape = graph.add_constant(node.name + "/c_shape", Tensor::from_vector<int64_t>({2}, *out));
     ir::Value full;
     full.name = names.fresh(node.name + "/c_expanded");
-    full.type.dtype = c->type.dtype;
-    full.type.shape = *y->type.shape;
+    full.type.dtype = c->dtype;
+    full.type.shape = ir::dims_of(*out);
     graph.set_value(full);
     ir::Node expand;
     expand.op = "Expand";

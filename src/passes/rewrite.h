@@ -98,6 +98,13 @@ inline const ir::TensorType* type_of(const ir::Graph& g, const std::string& name
   return v ? &v->type : nullptr;
 }
 
+// The shape of `name` when every dimension is known.
+inline std::optional<std::vector<int64_t>> static_shape(const ir::Graph& g, const std::string& name) {
+  const ir::TensorType* t = type_of(g, name);
+  if (!t || !t->shape || !ir::all_known(*t->shape)) return std::nullopt;
+  return ir::known_values(*t->shape);
+}
+
 // Replaces a value's entry by a constant with the same name (type taken from the tensor).
 inline void make_constant(ir::Graph& g, const std::string& name, Tensor t) {
   ir::Value v;

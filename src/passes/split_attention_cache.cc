@@ -20,12 +20,6 @@ namespace kiln::passes {
 
 namespace {
 
-std::optional<std::vector<int64_t>> static_shape(const ir::Graph& graph, const std::string& name) {
-  const ir::Value* v = graph.find_value(name);
-  if (!v || !v->type.shape || !ir::all_known(*v->type.shape)) return std::nullopt;
-  return ir::known_values(*v->type.shape);
-}
-
 class CacheSplit {
  public:
   CacheSplit(ir::Graph& graph, NodeNames& names, const ir::Node& node) : graph_(graph), names_(names), node_(node) {}
